@@ -1,0 +1,1 @@
+//! PISA attention on the GPU through wgpu.
