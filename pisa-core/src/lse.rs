@@ -1,0 +1,256 @@
+//! LogSumExp and online-softmax math (PISA.md sections 2 and 4), in `f32` and `f64`, plus
+//! conversions from the f16 and bf16 storage formats.
+
+/// The float operations the LSE math needs; implemented for `f32` and `f64`.
+pub trait Real:
+    Copy
+    + PartialOrd
+    + core::ops::Add<Output = Self>
+    + core::ops::Sub<Output = Self>
+    + core::ops::Mul<Output = Self>
+    + core::ops::Div<Output = Self>
+{
+    /// Additive identity.
+    const ZERO: Self;
+    /// Multiplicative identity.
+    const ONE: Self;
+    /// Minus infinity: the LSE of an empty set.
+    const NEG_INFINITY: Self;
+    /// `e^x`.
+    fn exp(self) -> Self;
+    /// Natural logarithm.
+    fn ln(self) -> Self;
+    /// `ln(1 + x)`, accurate near 0.
+    fn ln_1p(self) -> Self;
+}
+
+impl Real for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INFINITY: Self = f32::NEG_INFINITY;
+    fn exp(self) -> Self {
+        libm::expf(self)
+    }
+    fn ln(self) -> Self {
+        libm::logf(self)
+    }
+    fn ln_1p(self) -> Self {
+        libm::log1pf(self)
+    }
+}
+
+impl Real for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INFINITY: Self = f64::NEG_INFINITY;
+    fn exp(self) -> Self {
+        libm::exp(self)
+    }
+    fn ln(self) -> Self {
+        libm::log(self)
+    }
+    fn ln_1p(self) -> Self {
+        libm::log1p(self)
+    }
+}
+
+/// `log(e^a + e^b)` without overflow; `-inf` is the identity.
+pub fn log_add_exp<T: Real>(a: T, b: T) -> T {
+    let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
+    if hi == T::NEG_INFINITY {
+        return hi;
+    }
+    hi + (lo - hi).exp().ln_1p()
+}
+
+/// `log sum_i e^{x_i}`, stable (max-shifted); `-inf` for an empty slice.
+pub fn logsumexp<T: Real>(xs: &[T]) -> T {
+    let mut m = T::NEG_INFINITY;
+    for &x in xs {
+        if x > m {
+            m = x;
+        }
+    }
+    if m == T::NEG_INFINITY {
+        return m;
+    }
+    let mut s = T::ZERO;
+    for &x in xs {
+        s = s + (x - m).exp();
+    }
+    m + s.ln()
+}
+
+/// Online (FlashAttention) softmax state of one row: running max `m` and running sum `l` of
+/// `e^{score - m}`. The caller keeps the accumulator `acc` (D values, `sum_t e^{s_t - m} v_t`)
+/// beside it, so the state works without allocation (PISA.md section 4).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OnlineSoftmax<T> {
+    /// Running max of the scores seen (`-inf` before any).
+    pub max: T,
+    /// Running sum of `e^{score - max}`.
+    pub sum: T,
+}
+
+impl<T: Real> Default for OnlineSoftmax<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Real> OnlineSoftmax<T> {
+    /// The empty state.
+    pub fn new() -> Self {
+        Self {
+            max: T::NEG_INFINITY,
+            sum: T::ZERO,
+        }
+    }
+
+    /// Adds one key with score `s` (already scaled) and value row `v` into `acc`.
+    pub fn push(&mut self, s: T, v: &[T], acc: &mut [T]) {
+        debug_assert_eq!(v.len(), acc.len());
+        if s == T::NEG_INFINITY {
+            return;
+        }
+        if s > self.max {
+            let alpha = if self.max == T::NEG_INFINITY {
+                T::ZERO
+            } else {
+                (self.max - s).exp()
+            };
+            for a in acc.iter_mut() {
+                *a = *a * alpha;
+            }
+            self.sum = self.sum * alpha;
+            self.max = s;
+        }
+        let p = (s - self.max).exp();
+        self.sum = self.sum + p;
+        for (a, &x) in acc.iter_mut().zip(v) {
+            *a = *a + p * x;
+        }
+    }
+
+    /// Merges another partial state (`other`, `other_acc`) into this one (`acc`): the result is
+    /// as if every key of both had been pushed here.
+    pub fn merge(&mut self, acc: &mut [T], other: &Self, other_acc: &[T]) {
+        if other.max == T::NEG_INFINITY {
+            return;
+        }
+        if self.max == T::NEG_INFINITY {
+            *self = *other;
+            acc.copy_from_slice(other_acc);
+            return;
+        }
+        let m = if self.max >= other.max {
+            self.max
+        } else {
+            other.max
+        };
+        let a = (self.max - m).exp();
+        let b = (other.max - m).exp();
+        for (x, &y) in acc.iter_mut().zip(other_acc) {
+            *x = *x * a + y * b;
+        }
+        self.sum = self.sum * a + other.sum * b;
+        self.max = m;
+    }
+
+    /// The row's LogSumExp `m + ln l` (`-inf` if nothing was pushed).
+    pub fn lse(&self) -> T {
+        if self.max == T::NEG_INFINITY {
+            T::NEG_INFINITY
+        } else {
+            self.max + self.sum.ln()
+        }
+    }
+
+    /// Divides `acc` by the running sum, turning it into the attention output; returns the LSE.
+    /// An empty row gives zeros and `-inf`.
+    pub fn finish(&self, acc: &mut [T]) -> T {
+        if self.max == T::NEG_INFINITY {
+            for a in acc.iter_mut() {
+                *a = T::ZERO;
+            }
+            return T::NEG_INFINITY;
+        }
+        let inv = T::ONE / self.sum;
+        for a in acc.iter_mut() {
+            *a = *a * inv;
+        }
+        self.lse()
+    }
+}
+
+/// f16 bits to f32.
+pub fn f16_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+/// bf16 bits to f32.
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    half::bf16::from_bits(bits).to_f32()
+}
+/// f32 to f16 bits (round to nearest even).
+pub fn f32_to_f16(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+/// f32 to bf16 bits (round to nearest even).
+pub fn f32_to_bf16(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+/// Rounds every value through f16 storage and back (what f16 storage does to an input).
+pub fn round_through_f16(xs: &mut [f32]) {
+    for x in xs {
+        *x = f16_to_f32(f32_to_f16(*x));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lse_is_stable() {
+        assert_eq!(logsumexp::<f64>(&[]), f64::NEG_INFINITY);
+        let v = logsumexp(&[1000.0f64, 1000.0]);
+        assert!((v - (1000.0 + core::f64::consts::LN_2)).abs() < 1e-12);
+        assert!(
+            (log_add_exp(-1000.0f32, -1000.0) - (-1000.0 + core::f32::consts::LN_2)).abs() < 1e-3
+        );
+        assert_eq!(log_add_exp(f64::NEG_INFINITY, 3.0), 3.0);
+    }
+
+    #[test]
+    fn online_softmax_merge_equals_sequential() {
+        let s = [0.3f64, -2.0, 5.0, 1.0, 4.9];
+        let v = [
+            [1.0f64, 2.0],
+            [-1.0, 0.5],
+            [3.0, 3.0],
+            [0.0, -4.0],
+            [2.0, 1.0],
+        ];
+        let mut all = OnlineSoftmax::new();
+        let mut acc = [0.0; 2];
+        for i in 0..5 {
+            all.push(s[i], &v[i], &mut acc);
+        }
+        let (mut a, mut b) = (OnlineSoftmax::new(), OnlineSoftmax::new());
+        let (mut acc_a, mut acc_b) = ([0.0; 2], [0.0; 2]);
+        for i in 0..2 {
+            a.push(s[i], &v[i], &mut acc_a);
+        }
+        for i in 2..5 {
+            b.push(s[i], &v[i], &mut acc_b);
+        }
+        a.merge(&mut acc_a, &b, &acc_b);
+        let lse_all = all.finish(&mut acc);
+        let lse_m = a.finish(&mut acc_a);
+        assert!((lse_all - lse_m).abs() < 1e-12);
+        assert!((lse_all - logsumexp(&s)).abs() < 1e-12);
+        for d in 0..2 {
+            assert!((acc[d] - acc_a[d]).abs() < 1e-12);
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Complexity-bounded candidate scheduling (PISA.md sections 3 and 5): the start level, the
+//! bound on scored candidates per level, the per-query work bound, and every buffer and grid
+//! size the GPU runtime derives from them, so that no GPU code sizes anything by hand.
+
+use crate::config::SelectionConfig;
+use crate::error::{PisaError, Result};
+use crate::layout::PyramidLayout;
+use crate::shape::AttentionShape;
+
+/// The candidate schedule of one (shape, configuration) pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    /// Coarsest level whose node count exceeds K (PISA.md 3.1); `None` when `nb_0 <= K`, where
+    /// every query simply gets all its visible leaves.
+    pub start_level: Option<usize>,
+    /// Most candidates a level ever holds for one query: `g * (K + 1)` (PISA.md 3.2). Stage 1 of
+    /// prefill writes this many leaf-candidate slots per (query, KV head).
+    pub max_candidates: usize,
+    /// K.
+    pub top_k: usize,
+    /// g.
+    pub merge_factor: usize,
+    /// C.
+    pub block_size: usize,
+    /// Levels of the pyramid.
+    pub num_levels: usize,
+}
+
+impl Schedule {
+    /// Derives the schedule. Errors: the configuration's own validation errors.
+    pub fn new(layout: &PyramidLayout, cfg: &SelectionConfig) -> Result<Self> {
+        cfg.validate()?;
+        let k = cfg.top_k;
+        let start_level = (0..layout.num_levels())
+            .rev()
+            .find(|&l| layout.nodes(l) > k);
+        Ok(Self {
+            start_level,
+            max_candidates: cfg.merge_factor * (k + 1),
+            top_k: k,
+            merge_factor: cfg.merge_factor,
+            block_size: cfg.block_size,
+            num_levels: layout.num_levels(),
+        })
+    }
+
+    /// Most node scorings one selection (one query, one KV head, one query head of the group)
+    /// performs: `max_candidates` per level from the start level down to the leaves.
+    /// Grows as O(log N): the count the tests hold the reference to.
+    pub fn max_scored_nodes(&self) -> usize {
+        self.start_level
+            .map_or(0, |s| (s + 1) * self.max_candidates)
+    }
+
+    /// Dot products of length D one selection needs at most, per query head: an intermediate
+    /// candidate reads its g children's means (`lse`) and a leaf candidate its C keys.
+    pub fn max_dot_products(&self) -> usize {
+        match self.start_level {
+            None => 0,
+            Some(s) => {
+                s * self.max_candidates * self.merge_factor + self.max_candidates * self.block_size
+            }
+        }
+    }
+
+    /// Elements of the stage-1 leaf-candidate buffer: `B * Hkv * Nq * max_candidates` (i32).
+    pub fn candidates_len(&self, shape: &AttentionShape) -> usize {
+        shape.batch * shape.kv_heads * shape.q_len * self.max_candidates
+    }
+
+    /// Elements of the selection buffer: `B * Hkv * Nq * K` (i32, ascending, -1 padded),
+    /// layout `[B, Hkv, Nq, K]`.
+    pub fn selection_len(&self, shape: &AttentionShape) -> usize {
+        shape.batch * shape.kv_heads * shape.q_len * self.top_k
+    }
+}
+
+/// Elements of a pyramid buffer of means: `B * Hkv * total_nodes * D` (f32), layout
+/// `[B, Hkv, node, D]` with nodes in [`PyramidLayout::flat`] order.
+pub fn pyramid_len(
+    layout: &PyramidLayout,
+    batch: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> usize {
+    batch * kv_heads * layout.total_nodes() * head_dim
+}
+
+/// A compute grid `[x, y, z]` covering `workgroups` workgroups with no dimension above
+/// `max_per_dim` (65535 on most adapters). Shaders recover the linear id as
+/// `x + y * gx + z * gx * gy` and skip ids `>= workgroups`.
+///
+/// Errors: [`PisaError::TooLarge`] when even `max_per_dim^3` is not enough.
+pub fn grid_for(workgroups: u64, max_per_dim: u32) -> Result<[u32; 3]> {
+    let m = max_per_dim.max(1) as u64;
+    if workgroups == 0 {
+        return Ok([0, 1, 1]);
+    }
+    if workgroups <= m {
+        return Ok([workgroups as u32, 1, 1]);
+    }
+    let y = workgroups.div_ceil(m);
+    if y <= m {
+        return Ok([m as u32, y as u32, 1]);
+    }
+    let z = y.div_ceil(m);
+    if z <= m {
+        return Ok([m as u32, m as u32, z as u32]);
+    }
+    Err(PisaError::TooLarge {
+        what: "workgroups of one dispatch",
+        value: workgroups,
+        limit: m * m * m,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_level_is_coarsest_level_above_k() {
+        let l = PyramidLayout::new(64 * 100, 64, 2).unwrap(); // 100, 50, 25, 13, 7, 4, 2, 1
+        let s = Schedule::new(&l, &SelectionConfig::new(64, 16).unwrap()).unwrap();
+        assert_eq!(s.start_level, Some(2));
+        assert_eq!(s.max_candidates, 34);
+        let l = PyramidLayout::new(64 * 16, 64, 2).unwrap();
+        let s = Schedule::new(&l, &SelectionConfig::new(64, 16).unwrap()).unwrap();
+        assert_eq!(s.start_level, None);
+    }
+
+    #[test]
+    fn grid_splits_past_the_limit() {
+        assert_eq!(grid_for(10, 65535).unwrap(), [10, 1, 1]);
+        assert_eq!(grid_for(70000, 65535).unwrap(), [65535, 2, 1]);
+        let g = grid_for(65535u64 * 65535 + 1, 65535).unwrap();
+        assert_eq!(g, [65535, 65535, 2]);
+        assert!(grid_for(u64::MAX, 65535).is_err());
+    }
+}

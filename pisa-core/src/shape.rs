@@ -1,0 +1,143 @@
+//! Attention shapes and tensor layouts (PISA.md "Notation").
+
+use crate::error::{PisaError, Result};
+
+/// Memory layout of a 4-D attention tensor of logical shape `[B, H, N, D]`
+/// (batch, head, token, head dim). The last dimension `D` is always contiguous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum TensorLayout {
+    /// `[B, H, N, D]` row-major: all tokens of a head are contiguous (PyTorch SDPA's layout).
+    #[default]
+    Bhnd,
+    /// `[B, N, H, D]` row-major: all heads of a token are contiguous (FlashAttention's layout).
+    Bnhd,
+}
+
+impl TensorLayout {
+    /// Element strides `(batch, head, token)` for a tensor of `heads` heads, `tokens` tokens and
+    /// head dim `dim` (the stride of `d` is 1).
+    pub fn strides(self, heads: usize, tokens: usize, dim: usize) -> (usize, usize, usize) {
+        match self {
+            TensorLayout::Bhnd => (heads * tokens * dim, tokens * dim, dim),
+            TensorLayout::Bnhd => (heads * tokens * dim, dim, heads * dim),
+        }
+    }
+
+    /// Flat index of element `(b, h, n, d)` in a tensor with `heads` heads, `tokens` tokens and
+    /// head dim `dim`.
+    #[inline]
+    pub fn index(
+        self,
+        heads: usize,
+        tokens: usize,
+        dim: usize,
+        b: usize,
+        h: usize,
+        n: usize,
+        d: usize,
+    ) -> usize {
+        let (sb, sh, sn) = self.strides(heads, tokens, dim);
+        b * sb + h * sh + n * sn + d
+    }
+}
+
+/// The shape of one attention call. Query `i` sits at absolute position
+/// `p_i = k_len - q_len + i` (PISA.md "Notation"); prefill has `q_len == k_len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttentionShape {
+    /// B: independent sequences.
+    pub batch: usize,
+    /// Hq: query heads.
+    pub q_heads: usize,
+    /// Hkv: key/value heads; `q_heads % kv_heads == 0`.
+    pub kv_heads: usize,
+    /// Nq: query tokens.
+    pub q_len: usize,
+    /// Nk: key (and value) tokens, `k_len >= q_len`.
+    pub k_len: usize,
+    /// D: head dimension of queries, keys and values.
+    pub head_dim: usize,
+}
+
+impl AttentionShape {
+    /// Validates and builds a shape.
+    ///
+    /// Errors: [`PisaError::Zero`] for any zero size, [`PisaError::GqaNotDivisible`] when
+    /// `q_heads % kv_heads != 0`, [`PisaError::QueryLongerThanKeys`] when `q_len > k_len`.
+    pub fn new(
+        batch: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        q_len: usize,
+        k_len: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        for (what, v) in [
+            ("batch", batch),
+            ("q_heads", q_heads),
+            ("kv_heads", kv_heads),
+            ("q_len", q_len),
+            ("k_len", k_len),
+            ("head_dim", head_dim),
+        ] {
+            if v == 0 {
+                return Err(PisaError::Zero { what });
+            }
+        }
+        if q_heads % kv_heads != 0 {
+            return Err(PisaError::GqaNotDivisible { q_heads, kv_heads });
+        }
+        if q_len > k_len {
+            return Err(PisaError::QueryLongerThanKeys { q_len, k_len });
+        }
+        Ok(Self {
+            batch,
+            q_heads,
+            kv_heads,
+            q_len,
+            k_len,
+            head_dim,
+        })
+    }
+
+    /// A prefill shape: `q_len == k_len == len`.
+    pub fn prefill(
+        batch: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        len: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        Self::new(batch, q_heads, kv_heads, len, len, head_dim)
+    }
+
+    /// g_q = Hq / Hkv: query heads sharing one key/value head (and one selection).
+    pub fn gqa_group(&self) -> usize {
+        self.q_heads / self.kv_heads
+    }
+
+    /// Absolute position of query `i`: `k_len - q_len + i`.
+    pub fn query_position(&self, i: usize) -> usize {
+        self.k_len - self.q_len + i
+    }
+
+    /// Elements of Q (`B * Hq * Nq * D`), also of O.
+    pub fn q_elems(&self) -> usize {
+        self.batch * self.q_heads * self.q_len * self.head_dim
+    }
+
+    /// Elements of K or V (`B * Hkv * Nk * D`).
+    pub fn kv_elems(&self) -> usize {
+        self.batch * self.kv_heads * self.k_len * self.head_dim
+    }
+
+    /// Elements of the per-row LSE (`B * Hq * Nq`), stored `[B, Hq, Nq]`.
+    pub fn lse_elems(&self) -> usize {
+        self.batch * self.q_heads * self.q_len
+    }
+
+    /// KV head serving query head `h` (`h / g_q`).
+    pub fn kv_head_of(&self, h: usize) -> usize {
+        h / self.gqa_group()
+    }
+}
