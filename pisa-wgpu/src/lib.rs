@@ -1,1 +1,19 @@
-//! PISA attention on the GPU through wgpu.
+//! # pisa-wgpu
+//!
+//! PISA block-sparse attention (project `docs/PISA.md`) as WGSL compute shaders through wgpu:
+//! runs on any Vulkan GPU, on Metal and DX12, and on Mesa's lavapipe CPU Vulkan driver. Every
+//! kernel is tested against the CPU reference in `pisa-core`.
+//!
+//! Layout: [`runtime`] (device, pipelines, buffers, timestamps) and one module per kernel
+//! family under [`ops`], each beside its shader in `shaders/` and its tests in `tests/`.
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod ops;
+pub mod runtime;
+
+pub use error::{GpuError, Result};
+pub use runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
+pub use runtime::context::{list_adapters, AdapterChoice, AdapterReport, Context};
+pub use runtime::pipeline::{ShaderSource, Storage};
+pub use runtime::profiler::{Profiler, StageTimes};

@@ -1,0 +1,61 @@
+//! Errors of the GPU runtime. Every wgpu failure mode the library can meet (no adapter, device
+//! request, validation, out of memory, device loss, limits) becomes a [`GpuError`] with a message
+//! that says what to do, never a panic.
+
+use pisa_core::PisaError;
+
+/// Result alias of `pisa-wgpu`.
+pub type Result<T> = std::result::Result<T, GpuError>;
+
+/// What went wrong on the GPU side.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// No adapter matched (or none exists).
+    #[error("no GPU adapter found{0}: install a Vulkan/Metal/DX12 driver, or Mesa's lavapipe CPU Vulkan driver (Debian/Ubuntu: apt-get install -y mesa-vulkan-drivers)")]
+    NoAdapter(String),
+    /// The adapter refused the device request.
+    #[error("could not open the GPU device: {0}")]
+    RequestDevice(String),
+    /// wgpu reported a validation error (a bug in pisa or a limit the checks missed).
+    #[error("GPU validation error in {op}: {message}")]
+    Validation {
+        /// Operation that was running.
+        op: &'static str,
+        /// wgpu's description.
+        message: String,
+    },
+    /// The device ran out of memory.
+    #[error(
+        "GPU out of memory in {op}: {message}; try a shorter sequence or fewer heads per call"
+    )]
+    OutOfMemory {
+        /// Operation that was running.
+        op: &'static str,
+        /// wgpu's description.
+        message: String,
+    },
+    /// The device was lost (driver reset, removal); create a new [`crate::Context`].
+    #[error("GPU device lost: {0}; create a new context")]
+    DeviceLost(String),
+    /// A size is above what this adapter allows and cannot be split further.
+    #[error("{what} needs {needed} bytes, above this adapter's limit of {limit} bytes ({hint})")]
+    Limit {
+        /// The resource.
+        what: String,
+        /// Bytes needed.
+        needed: u64,
+        /// The adapter's limit.
+        limit: u64,
+        /// What to do about it.
+        hint: &'static str,
+    },
+    /// The request is valid but this build or adapter does not support it.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A shape or configuration error from `pisa-core`.
+    #[error(transparent)]
+    Input(#[from] PisaError),
+    /// Waiting for the GPU failed or timed out.
+    #[error("waiting for the GPU failed: {0}")]
+    Poll(String),
+}

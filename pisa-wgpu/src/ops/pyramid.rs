@@ -1,0 +1,167 @@
+//! Pyramid build on the GPU (PISA.md section 1); shader `shaders/pyramid.wgsl`.
+//!
+//! One pass pools the leaf blocks from K, then one pass per coarser level pools the children.
+//! Node counts follow [`PyramidLayout`] of the valid length, offsets that of the capacity (so a
+//! KV cache can grow inside one allocation).
+
+use bytemuck::{Pod, Zeroable};
+use pisa_core::{PyramidLayout, TensorLayout};
+
+use crate::error::Result;
+use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::context::Context;
+use crate::runtime::pipeline::{ShaderSource, Storage};
+use crate::runtime::profiler::Profiler;
+
+/// `shaders/pyramid.wgsl`.
+pub const SHADER: ShaderSource = ShaderSource {
+    name: "pyramid",
+    wgsl: include_str!("../../../shaders/pyramid.wgsl"),
+};
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+struct Params {
+    k_sb: u32,
+    k_sh: u32,
+    k_sn: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    k_len: u32,
+    block_size: u32,
+    merge: u32,
+    num_bh: u32,
+    nodes: u32,
+    node_off: u32,
+    child_off: u32,
+    child_nodes: u32,
+    child_tokens: u32,
+    total_nodes: u32,
+    wg_count: u32,
+}
+
+/// A key pyramid in GPU memory.
+#[derive(Debug)]
+pub struct GpuPyramid {
+    /// Node means, f32 `[B*Hkv, capacity.total_nodes(), D]`.
+    pub means: GpuTensor,
+    /// Node second moments E[k^2] (same layout), present when built for `meanvar`.
+    pub sq: Option<GpuTensor>,
+    /// Layout of the allocation (the capacity).
+    pub capacity: PyramidLayout,
+}
+
+/// Key geometry the pyramid kernels read: strides of K and its head/length counts.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyGeometry {
+    /// Batch.
+    pub batch: usize,
+    /// Hkv.
+    pub kv_heads: usize,
+    /// Tokens in the K buffer's token dimension (its allocated length).
+    pub tokens: usize,
+    /// D.
+    pub head_dim: usize,
+    /// Layout of K.
+    pub layout: TensorLayout,
+}
+
+impl KeyGeometry {
+    /// Element strides (batch, head, token).
+    pub fn strides(&self) -> (u32, u32, u32) {
+        let (a, b, c) = self
+            .layout
+            .strides(self.kv_heads, self.tokens, self.head_dim);
+        (a as u32, b as u32, c as u32)
+    }
+}
+
+/// Allocates a pyramid for `capacity` (poisoned) for `batch * kv_heads` rows.
+pub fn alloc(
+    ctx: &Context,
+    capacity: PyramidLayout,
+    geo: &KeyGeometry,
+    with_sq: bool,
+) -> Result<GpuPyramid> {
+    let len = geo.batch * geo.kv_heads * capacity.total_nodes() * geo.head_dim;
+    let means = ctx.alloc("pyramid means", len, Storage::F32, POISON_F32)?;
+    let sq = if with_sq {
+        Some(ctx.alloc("pyramid second moments", len, Storage::F32, POISON_F32)?)
+    } else {
+        None
+    };
+    Ok(GpuPyramid {
+        means,
+        sq,
+        capacity,
+    })
+}
+
+/// Records the passes that build every level of `pyr` from the first `k_len` keys of `k`.
+pub fn record_build(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    k: &GpuTensor,
+    geo: &KeyGeometry,
+    k_len: usize,
+    pyr: &GpuPyramid,
+    mut prof: Option<&mut Profiler>,
+) -> Result<()> {
+    let cap = pyr.capacity;
+    let valid = PyramidLayout::new(k_len, cap.block_size(), cap.merge_factor())?;
+    let with_sq = pyr.sq.is_some();
+    let dummy;
+    let sq_buf = match &pyr.sq {
+        Some(s) => &s.buffer,
+        None => {
+            dummy = ctx.alloc("unused", 1, Storage::F32, 0)?;
+            &dummy.buffer
+        }
+    };
+    let (k_sb, k_sh, k_sn) = geo.strides();
+    let num_bh = (geo.batch * geo.kv_heads) as u32;
+    let base = Params {
+        k_sb,
+        k_sh,
+        k_sn,
+        kv_heads: geo.kv_heads as u32,
+        head_dim: geo.head_dim as u32,
+        k_len: k_len as u32,
+        block_size: cap.block_size() as u32,
+        merge: cap.merge_factor() as u32,
+        num_bh,
+        total_nodes: cap.total_nodes() as u32,
+        ..Default::default()
+    };
+    let ov = [("WITH_SQ", if with_sq { 1.0 } else { 0.0 })];
+    let leaves = ctx
+        .pipelines
+        .get(&ctx.device, &SHADER, "pool_leaves", k.storage, &[], &ov)?;
+    let levels = ctx
+        .pipelines
+        .get(&ctx.device, &SHADER, "pool_level", k.storage, &[], &ov)?;
+    for l in 0..valid.num_levels() {
+        let nodes = valid.nodes(l) as u32;
+        let mut p = Params {
+            nodes,
+            node_off: cap.offset(l) as u32,
+            wg_count: nodes * num_bh,
+            ..base
+        };
+        if l > 0 {
+            p.child_off = cap.offset(l - 1) as u32;
+            p.child_nodes = valid.nodes(l - 1) as u32;
+            p.child_tokens = (cap.block_size() * cap.leaves_per_node(l - 1)) as u32;
+        }
+        let u = ctx.uniform("pyramid params", &p);
+        let timer = prof.as_deref_mut().map(|pr| (pr, "pyramid"));
+        if l == 0 {
+            let b = [(0, &u), (1, &k.buffer), (2, &pyr.means.buffer), (3, sq_buf)];
+            ctx.dispatch(enc, &leaves, &b, p.wg_count as u64, timer)?;
+        } else {
+            let b = [(0, &u), (2, &pyr.means.buffer), (3, sq_buf)];
+            ctx.dispatch(enc, &levels, &b, p.wg_count as u64, timer)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! Storage buffers: upload (with f16 conversion), poisoned output allocation, readback, uniform
+//! parameters, binding-size checks, and the dispatch helper that splits grids past the
+//! per-dimension workgroup limit.
+//!
+//! Invariants: every buffer a kernel binds is checked against [`Context::max_binding_bytes`]
+//! before creation (a tensor that does not fit is split by the operation, or refused with
+//! [`GpuError::Limit`]); output buffers are filled with a poison pattern (NaN for floats,
+//! `i32::MIN` for indices) so an element a kernel forgets to write shows in every test.
+
+use bytemuck::Pod;
+use wgpu::util::DeviceExt;
+
+use super::context::Context;
+use super::pipeline::Storage;
+use super::profiler::Profiler;
+use crate::error::{GpuError, Result};
+
+/// Poison for float outputs: a quiet NaN bit pattern (also NaN as two f16 halves: 0xFFFF).
+pub const POISON_F32: u32 = 0xFFFF_FFFF;
+/// Poison for index outputs: `i32::MIN`, never a valid block index nor the -1 padding.
+pub const POISON_I32: u32 = 0x8000_0000;
+
+/// A tensor in GPU memory: a storage buffer holding `len` elements of `storage` precision
+/// (f32 or f16; index buffers use `Storage::F32`, whose 4-byte element is an i32 or u32).
+#[derive(Debug)]
+pub struct GpuTensor {
+    /// The buffer, size padded up to a multiple of 4 bytes.
+    pub buffer: wgpu::Buffer,
+    /// Elements.
+    pub len: usize,
+    /// Element precision.
+    pub storage: Storage,
+}
+
+fn padded(bytes: u64) -> u64 {
+    bytes.div_ceil(4).max(1) * 4
+}
+
+impl Context {
+    /// Errors with [`GpuError::Limit`] when `bytes` exceed the storage-binding limit.
+    pub fn check_binding(&self, what: &str, bytes: u64) -> Result<()> {
+        let limit = self.max_binding_bytes();
+        if bytes > limit {
+            return Err(GpuError::Limit {
+                what: what.to_string(),
+                needed: bytes,
+                limit,
+                hint: "split the call into fewer heads or a shorter sequence",
+            });
+        }
+        Ok(())
+    }
+
+    /// Uploads `data` as a storage tensor of `storage` precision.
+    pub fn upload(&self, label: &str, data: &[f32], storage: Storage) -> Result<GpuTensor> {
+        let bytes: Vec<u8> = match storage {
+            Storage::F32 => bytemuck::cast_slice(data).to_vec(),
+            Storage::F16 => {
+                if !self.has_f16() {
+                    return Err(GpuError::Unsupported(format!(
+                        "f16 storage on {} (no SHADER_F16); use f32 storage",
+                        self.report().name
+                    )));
+                }
+                let h: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+                bytemuck::cast_slice(&h).to_vec()
+            }
+        };
+        self.upload_bytes(label, bytes, data.len(), storage)
+    }
+
+    /// Uploads 4-byte integers (indices, lengths) as a storage tensor.
+    pub fn upload_u32<T: Pod>(&self, label: &str, data: &[T]) -> Result<GpuTensor> {
+        self.upload_bytes(
+            label,
+            bytemuck::cast_slice(data).to_vec(),
+            data.len(),
+            Storage::F32,
+        )
+    }
+
+    fn upload_bytes(
+        &self,
+        label: &str,
+        mut bytes: Vec<u8>,
+        len: usize,
+        storage: Storage,
+    ) -> Result<GpuTensor> {
+        self.check_binding(label, bytes.len() as u64)?;
+        bytes.resize(padded(bytes.len() as u64) as usize, 0);
+        let buffer = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            });
+        Ok(GpuTensor {
+            buffer,
+            len,
+            storage,
+        })
+    }
+
+    /// A storage tensor of `len` elements filled with the 4-byte `poison` pattern.
+    pub fn alloc(
+        &self,
+        label: &str,
+        len: usize,
+        storage: Storage,
+        poison: u32,
+    ) -> Result<GpuTensor> {
+        let bytes = padded(len as u64 * storage.bytes());
+        self.check_binding(label, bytes)?;
+        let words = vec![poison; (bytes / 4) as usize];
+        let buffer = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            });
+        Ok(GpuTensor {
+            buffer,
+            len,
+            storage,
+        })
+    }
+
+    /// A uniform buffer holding `params`.
+    pub fn uniform<T: Pod>(&self, label: &str, params: &T) -> wgpu::Buffer {
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::bytes_of(params),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+
+    /// Reads a tensor back as f32 (f16 storage is widened).
+    pub fn read_f32(&self, t: &GpuTensor) -> Result<Vec<f32>> {
+        let bytes = self.read_bytes(&t.buffer)?;
+        Ok(match t.storage {
+            Storage::F32 => bytemuck::cast_slice::<u8, f32>(&bytes)[..t.len].to_vec(),
+            Storage::F16 => bytemuck::cast_slice::<u8, half::f16>(&bytes)[..t.len]
+                .iter()
+                .map(|h| h.to_f32())
+                .collect(),
+        })
+    }
+
+    /// Reads a tensor of 4-byte integers back.
+    pub fn read_i32(&self, t: &GpuTensor) -> Result<Vec<i32>> {
+        let bytes = self.read_bytes(&t.buffer)?;
+        Ok(bytemuck::cast_slice::<u8, i32>(&bytes)[..t.len].to_vec())
+    }
+
+    /// Copies a buffer into a mappable one and returns its bytes.
+    pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
+        let size = buffer.size();
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        let slice = staging.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|e| GpuError::Poll(e.to_string()))?
+            .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?;
+        let data = slice
+            .get_mapped_range()
+            .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?
+            .to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+
+    /// Records one compute pass running `pipeline` over `workgroups` workgroups, with
+    /// each `(i, buffer)` of `bindings` bound at `@group(0) @binding(i)`. Name exactly the
+    /// bindings the entry point uses: wgpu derives the layout from the entry point, so a binding
+    /// it does not use is not in the layout. The grid is split over x, y, z so no
+    /// dimension exceeds the device limit; shaders rebuild the linear id from
+    /// `@builtin(num_workgroups)` and skip ids past the count they are given. `timer` labels the
+    /// pass for GPU timestamps.
+    pub fn dispatch(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        pipeline: &wgpu::ComputePipeline,
+        bindings: &[(u32, &wgpu::Buffer)],
+        workgroups: u64,
+        timer: Option<(&mut Profiler, &'static str)>,
+    ) -> Result<()> {
+        if workgroups == 0 {
+            return Ok(());
+        }
+        let grid = pisa_core::grid_for(
+            workgroups,
+            self.limits().max_compute_workgroups_per_dimension,
+        )?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry> = bindings
+            .iter()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: *i,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        });
+        let writes = timer.and_then(|(p, label)| p.pass_writes(label));
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: writes,
+        });
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &bg, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        Ok(())
+    }
+}

@@ -1,0 +1,306 @@
+//! The GPU context: adapter choice, device with the adapter's own limits, optional features,
+//! and the conversion of wgpu's error channels (error scopes, the uncaptured-error handler, the
+//! device-lost callback) into [`GpuError`] results.
+//!
+//! Invariant: after construction no wgpu error reaches wgpu's default uncaptured-error handler
+//! (which panics); every submission is wrapped in validation and out-of-memory error scopes,
+//! and a lost device is reported by every later call.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::pipeline::PipelineCache;
+use crate::error::{GpuError, Result};
+
+/// Which adapter to open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AdapterChoice {
+    /// The highest-performance adapter wgpu finds (discrete GPU first).
+    #[default]
+    HighPerformance,
+    /// The first adapter whose name contains this text (case-insensitive).
+    Name(String),
+    /// The adapter at this index of [`list_adapters`].
+    Index(usize),
+}
+
+/// What an adapter is and can do, as far as PISA cares (printed by `pisa info`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AdapterReport {
+    /// Adapter name, e.g. "NVIDIA H200" or "llvmpipe (LLVM 15.0.6, 256 bits)".
+    pub name: String,
+    /// PCI vendor id.
+    pub vendor: u32,
+    /// PCI device id.
+    pub device: u32,
+    /// Backend: Vulkan, Metal, Dx12, Gl.
+    pub backend: String,
+    /// Device type: DiscreteGpu, IntegratedGpu, Cpu, ...
+    pub device_type: String,
+    /// Driver name.
+    pub driver: String,
+    /// Driver version / info string.
+    pub driver_info: String,
+    /// SHADER_F16: f16 storage and arithmetic in shaders.
+    pub shader_f16: bool,
+    /// SUBGROUP operations.
+    pub subgroups: bool,
+    /// Smallest and largest subgroup size the adapter reports.
+    pub subgroup_size: (u32, u32),
+    /// TIMESTAMP_QUERY: GPU time per stage.
+    pub timestamps: bool,
+    /// EXPERIMENTAL_COOPERATIVE_MATRIX (tensor cores from WGSL).
+    pub cooperative_matrix: bool,
+    /// Largest storage buffer binding, bytes.
+    pub max_storage_binding: u64,
+    /// Largest buffer, bytes.
+    pub max_buffer: u64,
+    /// Workgroup (shared) memory per workgroup, bytes.
+    pub workgroup_memory: u32,
+    /// Workgroups per grid dimension.
+    pub max_workgroups_per_dim: u32,
+    /// Invocations per workgroup.
+    pub max_invocations: u32,
+}
+
+impl AdapterReport {
+    fn of(adapter: &wgpu::Adapter) -> Self {
+        let i = adapter.get_info();
+        let f = adapter.features();
+        let l = adapter.limits();
+        Self {
+            name: i.name.clone(),
+            vendor: i.vendor,
+            device: i.device,
+            backend: format!("{:?}", i.backend),
+            device_type: format!("{:?}", i.device_type),
+            driver: i.driver.clone(),
+            driver_info: i.driver_info.clone(),
+            shader_f16: f.contains(wgpu::Features::SHADER_F16),
+            subgroups: f.contains(wgpu::Features::SUBGROUP),
+            subgroup_size: (i.subgroup_min_size, i.subgroup_max_size),
+            timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+            cooperative_matrix: f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            max_storage_binding: l.max_storage_buffer_binding_size as u64,
+            max_buffer: l.max_buffer_size,
+            workgroup_memory: l.max_compute_workgroup_storage_size,
+            max_workgroups_per_dim: l.max_compute_workgroups_per_dimension,
+            max_invocations: l.max_compute_invocations_per_workgroup,
+        }
+    }
+}
+
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if wgpu::Backends::from_env().is_none() {
+        desc.backends = wgpu::Backends::PRIMARY;
+    }
+    wgpu::Instance::new(desc)
+}
+
+/// Every adapter wgpu finds (the primary backends, or those named by `WGPU_BACKEND`).
+pub fn list_adapters() -> Vec<AdapterReport> {
+    let inst = instance();
+    pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()))
+        .iter()
+        .map(AdapterReport::of)
+        .collect()
+}
+
+/// An open GPU device with its queue, its report and the pipeline cache. `Send + Sync`: calls
+/// from several threads are serialised by wgpu's queue (see `docs/reliability.md`).
+pub struct Context {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) pipelines: PipelineCache,
+    report: AdapterReport,
+    features: wgpu::Features,
+    limits: wgpu::Limits,
+    lost: Arc<Mutex<Option<String>>>,
+    uncaptured: Arc<Mutex<Option<String>>>,
+    binding_limit: AtomicU64,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("adapter", &self.report.name)
+            .finish()
+    }
+}
+
+impl Context {
+    /// Opens the adapter `choice` and a device with the adapter's own limits and the optional
+    /// features PISA uses (SHADER_F16, SUBGROUP, TIMESTAMP_QUERY) where present.
+    ///
+    /// Errors: [`GpuError::NoAdapter`] (none found or none matches), [`GpuError::RequestDevice`].
+    pub fn new(choice: &AdapterChoice) -> Result<Self> {
+        let inst = instance();
+        let adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
+        let adapter = match choice {
+            AdapterChoice::HighPerformance => {
+                let best = pollster::block_on(inst.request_adapter(&wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::HighPerformance,
+                    ..Default::default()
+                }));
+                best.ok().or_else(|| adapters.into_iter().next())
+            }
+            AdapterChoice::Name(n) => {
+                let n = n.to_lowercase();
+                adapters
+                    .into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&n))
+            }
+            AdapterChoice::Index(i) => adapters.into_iter().nth(*i),
+        };
+        let adapter = adapter.ok_or_else(|| {
+            GpuError::NoAdapter(match choice {
+                AdapterChoice::HighPerformance => String::new(),
+                AdapterChoice::Name(n) => format!(" matching {n:?} (see `pisa info`)"),
+                AdapterChoice::Index(i) => format!(" at index {i} (see `pisa info`)"),
+            })
+        })?;
+        Self::from_adapter(adapter)
+    }
+
+    fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
+        let wanted =
+            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let features = adapter.features() & wanted;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("pisa"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let lost = Arc::new(Mutex::new(None));
+        let l2 = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            if reason != wgpu::DeviceLostReason::Destroyed {
+                *l2.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{reason:?}: {msg}"));
+            }
+        });
+        let uncaptured = Arc::new(Mutex::new(None));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            log::error!("uncaptured wgpu error: {e}");
+            *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        }));
+        let mut report = AdapterReport::of(&adapter);
+        report.shader_f16 = features.contains(wgpu::Features::SHADER_F16);
+        Ok(Self {
+            device,
+            queue,
+            pipelines: PipelineCache::default(),
+            report,
+            features,
+            binding_limit: AtomicU64::new(limits.max_storage_buffer_binding_size as u64),
+            limits,
+            lost,
+            uncaptured,
+        })
+    }
+
+    /// The adapter's report (name, backend, driver, features, limits).
+    pub fn report(&self) -> &AdapterReport {
+        &self.report
+    }
+    /// Features enabled on the device.
+    pub fn features(&self) -> wgpu::Features {
+        self.features
+    }
+    /// Limits of the device (the adapter's own).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+    /// Whether GPU timestamps are available.
+    pub fn has_timestamps(&self) -> bool {
+        self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+    /// Whether f16 storage is available.
+    pub fn has_f16(&self) -> bool {
+        self.features.contains(wgpu::Features::SHADER_F16)
+    }
+
+    /// Largest storage binding the kernels may use, bytes (the device limit unless lowered).
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.binding_limit
+            .load(Ordering::Relaxed)
+            .min(self.limits.max_buffer_size)
+    }
+
+    /// Lowers the storage-binding limit the operations plan with (never raises it above the
+    /// device's). Used by tests to exercise the split paths on small inputs.
+    pub fn set_max_binding_bytes(&self, bytes: u64) {
+        let cap = self.limits.max_storage_buffer_binding_size as u64;
+        self.binding_limit
+            .store(bytes.min(cap).max(256), Ordering::Relaxed);
+    }
+
+    /// Fails with [`GpuError::DeviceLost`] once the device is lost.
+    pub fn check_alive(&self) -> Result<()> {
+        if let Some(m) = self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Err(GpuError::DeviceLost(m));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` (which creates resources and submits work) inside validation and out-of-memory
+    /// error scopes, waits for the queue, and turns any error into a [`GpuError`] naming `op`.
+    pub fn scoped<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.check_alive()?;
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let wait = self.wait();
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        self.check_alive()?;
+        if let Some(e) = o {
+            return Err(GpuError::OutOfMemory {
+                op,
+                message: e.to_string(),
+            });
+        }
+        if let Some(e) = v {
+            return Err(GpuError::Validation {
+                op,
+                message: e.to_string(),
+            });
+        }
+        if let Some(m) = self
+            .uncaptured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            return Err(GpuError::Validation { op, message: m });
+        }
+        wait?;
+        out
+    }
+
+    /// Blocks until all submitted work finished.
+    pub fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| GpuError::Poll(e.to_string()))
+    }
+}
+
+impl Context {
+    /// The wgpu device (for callers that record their own passes).
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+    /// The wgpu queue.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+}

@@ -1,0 +1,149 @@
+//! Shader variants and the pipeline cache.
+//!
+//! Shaders are plain `.wgsl` files under `shaders/`, one family per file, loaded with
+//! `include_str!`. Two conventions make one file serve every variant:
+//! - storage precision: each file declares `alias store_t = f32;`; the f16 variant prepends
+//!   `enable f16;` and turns the alias into `f16`. Arithmetic is always f32 (loads convert).
+//! - sizes that WGSL needs as true constants (private array lengths) are declared
+//!   `const NAME: u32 = <default>u;` and substituted per variant; everything else that varies
+//!   is an `override` set through pipeline constants.
+//!
+//! Pipelines are cached by (shader, storage, substituted constants, overrides).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{GpuError, Result};
+
+/// Element type of Q, K, V and O in GPU memory. Arithmetic is f32 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+pub enum Storage {
+    /// 4-byte floats.
+    #[default]
+    F32,
+    /// 2-byte IEEE half floats (needs SHADER_F16); bf16 inputs are converted to this or f32.
+    F16,
+}
+
+impl Storage {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Storage::F32 => 4,
+            Storage::F16 => 2,
+        }
+    }
+}
+
+/// One shader family: a name (for labels and errors) and its WGSL text.
+#[derive(Debug, Clone, Copy)]
+pub struct ShaderSource {
+    /// File stem under `shaders/`.
+    pub name: &'static str,
+    /// WGSL source.
+    pub wgsl: &'static str,
+}
+
+/// The WGSL text of `shader` for `storage`, with the `const NAME: u32 = ...;` lines of `consts`
+/// replaced. Errors if a named constant is not declared in the file.
+pub fn preprocess(
+    shader: &ShaderSource,
+    storage: Storage,
+    consts: &[(&str, u32)],
+) -> Result<String> {
+    let mut out = String::with_capacity(shader.wgsl.len() + 64);
+    if storage == Storage::F16 {
+        out.push_str("enable f16;\n");
+    }
+    let mut seen = vec![false; consts.len()];
+    for line in shader.wgsl.lines() {
+        let t = line.trim_start();
+        let mut replaced = false;
+        if t.starts_with("alias store_t = f32;") && storage == Storage::F16 {
+            out.push_str("alias store_t = f16;\n");
+            continue;
+        }
+        for (i, (name, val)) in consts.iter().enumerate() {
+            if t.starts_with(&format!("const {name}: u32 =")) {
+                out.push_str(&format!("const {name}: u32 = {val}u;\n"));
+                seen[i] = true;
+                replaced = true;
+            }
+        }
+        if !replaced {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if let Some(i) = seen.iter().position(|s| !s) {
+        return Err(GpuError::Unsupported(format!(
+            "shader {} declares no constant {}",
+            shader.name, consts[i].0
+        )));
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    name: &'static str,
+    entry: &'static str,
+    storage: Storage,
+    consts: Vec<(String, u32)>,
+    overrides: Vec<(String, u64)>,
+}
+
+/// Compute pipelines built so far, shared by every operation of a context.
+#[derive(Default)]
+pub struct PipelineCache {
+    map: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl PipelineCache {
+    /// The pipeline of `shader`'s entry point `entry` for this variant, built on first use.
+    pub fn get(
+        &self,
+        device: &wgpu::Device,
+        shader: &ShaderSource,
+        entry: &'static str,
+        storage: Storage,
+        consts: &[(&str, u32)],
+        overrides: &[(&str, f64)],
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let key = Key {
+            name: shader.name,
+            entry,
+            storage,
+            consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+            overrides: overrides
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_bits()))
+                .collect(),
+        };
+        if let Some(p) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(p.clone());
+        }
+        let src = preprocess(shader, storage, consts)?;
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(shader.name),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(shader.name),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: overrides,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        let p = Arc::new(pipeline);
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, p.clone());
+        Ok(p)
+    }
+}

@@ -1,0 +1,63 @@
+//! Shared helpers of the GPU tests: one context per test binary, seeded random inputs (the
+//! seed is printed, and `PISA_SEED` replays it), and comparison with stated tolerances.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use pisa_wgpu::{AdapterChoice, Context};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// The context all tests of a binary share (lavapipe in CI).
+pub fn ctx() -> &'static Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(|| {
+        Context::new(&AdapterChoice::HighPerformance)
+            .expect("a GPU adapter (install mesa-vulkan-drivers)")
+    })
+}
+
+/// A fresh seed (time-based) unless `PISA_SEED` is set; printed so a failure can be replayed.
+pub fn seed(test: &str) -> u64 {
+    let s = std::env::var("PISA_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("{test}: seed {s} (replay with PISA_SEED={s})");
+    s
+}
+
+/// A seeded generator.
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// `n` values uniform in [-scale, scale] (never all zero).
+pub fn random(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// Values rounded through f16 (what f16 storage holds), so the CPU reference sees the same input.
+pub fn through_f16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+}
+
+/// Relative error `||a - b|| / ||b||` (L2); panics on NaN (poison left unwritten shows here).
+pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            x.is_finite(),
+            "element {i} is {x} (unwritten or overflow), reference {y}"
+        );
+        num += (x as f64 - y) * (x as f64 - y);
+        den += y * y;
+    }
+    (num / den.max(1e-300)).sqrt()
+}
