@@ -26,6 +26,7 @@ impl TensorLayout {
     /// Flat index of element `(b, h, n, d)` in a tensor with `heads` heads, `tokens` tokens and
     /// head dim `dim`.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // one argument per tensor dimension, as in the math
     pub fn index(
         self,
         heads: usize,
@@ -84,7 +85,7 @@ impl AttentionShape {
                 return Err(PisaError::Zero { what });
             }
         }
-        if q_heads % kv_heads != 0 {
+        if !q_heads.is_multiple_of(kv_heads) {
             return Err(PisaError::GqaNotDivisible { q_heads, kv_heads });
         }
         if q_len > k_len {

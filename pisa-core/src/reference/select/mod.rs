@@ -1,0 +1,163 @@
+//! Block selection (PISA.md section 3): PISA's coarse-to-fine Top-K, the BSA baseline, and the
+//! full-attention oracle.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::config::SelectionConfig;
+use crate::error::Result;
+use crate::schedule::Schedule;
+use crate::shape::{AttentionShape, TensorLayout};
+
+use super::pyramid::{build_pyramid, Pyramid};
+use super::tensor::{check_len, View};
+
+mod baseline;
+mod pisa;
+
+pub use baseline::{block_mass, select_bsa, select_oracle, select_oracle_from_mass};
+pub(crate) use pisa::{select_one, QueryCtx};
+
+/// The leaf blocks selected for every (sequence, KV head, query) (PISA.md section 3.4).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    /// K: entries per row.
+    pub top_k: usize,
+    /// `[B, Hkv, Nq, K]` i32: ascending leaf-block indices, padded with -1.
+    pub indices: Vec<i32>,
+    /// `[B, Hkv, Nq]`: the smallest gap, over every cut of this row (each intermediate level
+    /// that kept K of more candidates, and the final leaf cut), between the worst kept score
+    /// and the best dropped score (scores are summed over the GQA group, natural-log units;
+    /// the oracle's are probability mass). `f64::INFINITY` when nothing was cut. A selection
+    /// computed with different rounding may legitimately differ only where this is tiny.
+    pub margin: Vec<f64>,
+    /// `[B, Hkv, Nq]`: candidates scored by this row (one per candidate, not per query head).
+    /// A level whose candidates all fit is not scored and counts 0.
+    pub scored_nodes: Vec<u32>,
+}
+
+impl Selection {
+    /// Row `r = (b * Hkv + h) * Nq + i` of `indices` (K entries). Panics when out of range.
+    pub fn row(&self, r: usize) -> &[i32] {
+        &self.indices[r * self.top_k..(r + 1) * self.top_k]
+    }
+
+    /// Number of rows (`B * Hkv * Nq`).
+    pub fn rows(&self) -> usize {
+        self.margin.len()
+    }
+
+    pub(crate) fn with_rows(rows: usize, top_k: usize) -> Self {
+        Self {
+            top_k,
+            indices: vec![-1; rows * top_k],
+            margin: vec![f64::INFINITY; rows],
+            scored_nodes: vec![0; rows],
+        }
+    }
+
+    /// Writes row `r` from ascending `blocks` (at most K of them).
+    pub(crate) fn set_row(&mut self, r: usize, blocks: &[usize], margin: f64, scored: u32) {
+        let k = self.top_k;
+        for (slot, &b) in self.indices[r * k..(r + 1) * k].iter_mut().zip(blocks) {
+            *slot = b as i32;
+        }
+        self.margin[r] = margin;
+        self.scored_nodes[r] = scored;
+    }
+}
+
+/// Keeps the best `keep` of `(score, index)` candidates: higher score first, then lower index
+/// (PISA.md 3.4). Returns the kept indices (in rank order) and the gap between the worst kept
+/// and the best dropped score (`INFINITY` when nothing is dropped or nothing is kept).
+pub(crate) fn cut(mut scored: Vec<(f64, usize)>, keep: usize) -> (Vec<usize>, f64) {
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let gap = if keep == 0 || keep >= scored.len() {
+        f64::INFINITY
+    } else {
+        scored[keep - 1].0 - scored[keep].0
+    };
+    scored.truncate(keep);
+    (scored.into_iter().map(|(_, j)| j).collect(), gap)
+}
+
+/// Validates the configuration and the Q and K buffers of a selection.
+fn views<'a>(
+    q: &'a [f32],
+    k: &'a [f32],
+    shape: &AttentionShape,
+    layout: TensorLayout,
+    cfg: &SelectionConfig,
+) -> Result<(View<'a>, View<'a>)> {
+    cfg.validate()?;
+    let s = shape;
+    let qv = View::new("q", q, layout, [s.batch, s.q_heads, s.q_len, s.head_dim])?;
+    let kv = View::new("k", k, layout, [s.batch, s.kv_heads, s.k_len, s.head_dim])?;
+    Ok((qv, kv))
+}
+
+/// PISA selection (PISA.md section 3) of every query: builds the pyramid of `k`, then
+/// [`select_pisa_with`].
+///
+/// `q`: `[B, Hq, Nq, D]`, `k`: `[B, Hkv, Nk, D]`, both in `layout`. Errors: the configuration's
+/// validation errors, [`crate::PisaError::BufferLen`] for a buffer whose length does not match
+/// `shape`.
+pub fn select_pisa(
+    q: &[f32],
+    k: &[f32],
+    shape: &AttentionShape,
+    layout: TensorLayout,
+    cfg: &SelectionConfig,
+) -> Result<Selection> {
+    views(q, k, shape, layout, cfg)?;
+    let pyr = build_pyramid(k, shape, layout, cfg)?;
+    select_pisa_with(&pyr, q, k, shape, layout, cfg)
+}
+
+/// PISA selection with a pyramid built beforehand (by [`build_pyramid`] over the same `k`, or
+/// by a decode state). Query `i` sits at `p = Nk - Nq + i` (causal: sees `0..=p`).
+///
+/// Returns a [`Selection`] `[B, Hkv, Nq, K]`. Intermediate scores follow `cfg.scoring`, leaf
+/// scores are exact LSE over raw keys, all summed over the GQA group (PISA.md section 2).
+/// Errors: as [`select_pisa`], plus [`crate::PisaError::InvalidValue`] when the pyramid does
+/// not match `shape` and `cfg`.
+pub fn select_pisa_with(
+    pyramid: &Pyramid,
+    q: &[f32],
+    k: &[f32],
+    shape: &AttentionShape,
+    layout: TensorLayout,
+    cfg: &SelectionConfig,
+) -> Result<Selection> {
+    let (qv, kv) = views(q, k, shape, layout, cfg)?;
+    pyramid.check_matches(shape, cfg)?;
+    check_len("k", k.len(), shape.kv_elems())?;
+    let start_level = Schedule::new(&pyramid.layout, cfg)?.start_level;
+    let g = shape.gqa_group();
+    let mut sel = Selection::with_rows(shape.batch * shape.kv_heads * shape.q_len, cfg.top_k);
+    for b in 0..shape.batch {
+        for h in 0..shape.kv_heads {
+            for i in 0..shape.q_len {
+                let q_rows: Vec<&[f32]> = (h * g..(h + 1) * g).map(|hq| qv.row(b, hq, i)).collect();
+                let ctx = QueryCtx {
+                    pyramid,
+                    keys: &kv,
+                    b,
+                    kv_head: h,
+                    q_rows: &q_rows,
+                    scale: cfg.softmax_scale(shape.head_dim) as f64,
+                    cfg,
+                    start_level,
+                };
+                let (blocks, margin, scored) = select_one(&ctx, shape.query_position(i));
+                sel.set_row(
+                    (b * shape.kv_heads + h) * shape.q_len + i,
+                    &blocks,
+                    margin,
+                    scored,
+                );
+            }
+        }
+    }
+    Ok(sel)
+}

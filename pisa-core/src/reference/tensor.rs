@@ -1,0 +1,79 @@
+//! Strided read-only views of `[B, H, N, D]` f32 tensors and the dot products of the reference
+//! (PISA.md "Notation"). Internal to the reference.
+
+use crate::error::{PisaError, Result};
+use crate::shape::TensorLayout;
+
+/// A validated view of one `[B, H, N, D]` tensor in a [`TensorLayout`].
+#[derive(Clone, Copy)]
+pub(crate) struct View<'a> {
+    data: &'a [f32],
+    layout: TensorLayout,
+    heads: usize,
+    tokens: usize,
+    dim: usize,
+}
+
+/// `a * b * ...` with overflow reported as [`PisaError::TooLarge`].
+pub(crate) fn checked_elems(what: &'static str, dims: &[usize]) -> Result<usize> {
+    dims.iter().try_fold(1usize, |acc, &d| {
+        acc.checked_mul(d).ok_or(PisaError::TooLarge {
+            what,
+            value: u64::MAX,
+            limit: usize::MAX as u64,
+        })
+    })
+}
+
+/// Checks `data.len() == expected`, naming the buffer.
+pub(crate) fn check_len(what: &'static str, actual: usize, expected: usize) -> Result<()> {
+    if actual != expected {
+        return Err(PisaError::BufferLen {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+impl<'a> View<'a> {
+    /// Errors: [`PisaError::BufferLen`] when `data.len() != batch * heads * tokens * dim`.
+    pub(crate) fn new(
+        what: &'static str,
+        data: &'a [f32],
+        layout: TensorLayout,
+        [batch, heads, tokens, dim]: [usize; 4],
+    ) -> Result<Self> {
+        let expected = checked_elems(what, &[batch, heads, tokens, dim])?;
+        check_len(what, data.len(), expected)?;
+        Ok(Self {
+            data,
+            layout,
+            heads,
+            tokens,
+            dim,
+        })
+    }
+
+    /// The `D` values of `(b, h, n)`.
+    #[inline]
+    pub(crate) fn row(&self, b: usize, h: usize, n: usize) -> &'a [f32] {
+        let i = self
+            .layout
+            .index(self.heads, self.tokens, self.dim, b, h, n, 0);
+        &self.data[i..i + self.dim]
+    }
+}
+
+/// `sum_d a_d * b_d` accumulated in f64.
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+}
+
+/// `sum_d a_d * b_d` of an f32 query row and an f64 pyramid row, in f64.
+#[inline]
+pub(crate) fn dot_mean(a: &[f32], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| x as f64 * y).sum()
+}
