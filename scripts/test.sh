@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command of README.md (and of CI): a Vulkan driver (lavapipe when no GPU), the whole
+# workspace's tests, and the no_std build of pisa-core.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup-vulkan.sh
+cargo build -p pisa-core --no-default-features
+cargo test --workspace --locked
