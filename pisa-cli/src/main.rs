@@ -1,6 +1,58 @@
-//! The `pisa` command line.
+//! `pisa`: PISA block-sparse attention from the command line (prefill, decode, selection
+//! quality, adapter info, benchmarks). See the README for examples.
+
+mod args;
+mod cmd;
+mod input;
 mod io;
 
+use clap::{Parser, Subcommand};
+
+/// PISA: pyramid Top-K block-sparse attention on any Vulkan/Metal/DX12 GPU.
+#[derive(Parser)]
+#[command(name = "pisa", version, about, long_about = None)]
+struct Cli {
+    /// Log more (-v info, -vv debug).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Adapters found, with the features and limits that matter to PISA.
+    Info(cmd::info::InfoArgs),
+    /// Prefill: block selection + sparse attention over Q, K, V read from files.
+    Forward(cmd::forward::ForwardArgs),
+    /// Prefill the first P tokens, then decode the rest one token at a time through the KV cache.
+    Decode(cmd::decode::DecodeArgs),
+    /// Selection quality: Recall@K and mass recall of lse, mean, meanvar and BSA vs the oracle.
+    Recall(cmd::recall::RecallArgs),
+    /// Forward, decode and recall on the embedded default input (no arguments needed).
+    Demo(cmd::demo::DemoArgs),
+    /// GPU-timed benchmark of PISA against BSA and dense attention.
+    Bench(cmd::bench::BenchArgs),
+}
+
 fn main() {
-    println!("pisa {}", env!("CARGO_PKG_VERSION"));
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
+    let res = match cli.command {
+        Command::Info(a) => cmd::info::run(a),
+        Command::Forward(a) => cmd::forward::run(a),
+        Command::Decode(a) => cmd::decode::run(a),
+        Command::Recall(a) => cmd::recall::run(a),
+        Command::Demo(a) => cmd::demo::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
 }

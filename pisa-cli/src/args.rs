@@ -1,0 +1,158 @@
+//! Argument groups shared by several commands.
+
+use clap::{Args, ValueEnum};
+use pisa_core::{Scoring, SelectionConfig, TensorLayout};
+use pisa_wgpu::{AdapterChoice, Context, Storage};
+
+/// Intermediate-level scoring (PISA.md section 2).
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum ScoringArg {
+    /// PISA: LSE over the children's means.
+    Lse,
+    /// PISA-1: mean key + log count.
+    Mean,
+    /// PISA-2: PISA-1 + variance term.
+    Meanvar,
+}
+
+impl From<ScoringArg> for Scoring {
+    fn from(s: ScoringArg) -> Self {
+        match s {
+            ScoringArg::Lse => Scoring::Lse,
+            ScoringArg::Mean => Scoring::Mean,
+            ScoringArg::Meanvar => Scoring::MeanVar,
+        }
+    }
+}
+
+/// Tensor layout of the input files.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum LayoutArg {
+    /// [B, H, N, D] (or [H, N, D]).
+    Bhnd,
+    /// [B, N, H, D] (or [N, H, D]).
+    Bnhd,
+}
+
+impl From<LayoutArg> for TensorLayout {
+    fn from(l: LayoutArg) -> Self {
+        match l {
+            LayoutArg::Bhnd => TensorLayout::Bhnd,
+            LayoutArg::Bnhd => TensorLayout::Bnhd,
+        }
+    }
+}
+
+/// GPU storage precision of Q/K/V.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum StorageArg {
+    /// 4-byte floats.
+    F32,
+    /// 2-byte floats (needs SHADER_F16).
+    F16,
+}
+
+impl From<StorageArg> for Storage {
+    fn from(s: StorageArg) -> Self {
+        match s {
+            StorageArg::F32 => Storage::F32,
+            StorageArg::F16 => Storage::F16,
+        }
+    }
+}
+
+/// Selection options (PISA.md "Notation" and section 3).
+#[derive(Args, Clone, Debug)]
+pub struct SelectArgs {
+    /// Leaf block size C in tokens.
+    #[arg(long, default_value_t = 64)]
+    pub block_size: usize,
+    /// K: leaf blocks per query, forced blocks included.
+    #[arg(long, default_value_t = 16)]
+    pub top_k: usize,
+    /// Merge factor g of the pyramid.
+    #[arg(long, default_value_t = 2)]
+    pub merge: usize,
+    /// Intermediate-level scoring.
+    #[arg(long, value_enum, default_value_t = ScoringArg::Lse)]
+    pub scoring: ScoringArg,
+    /// Forced first blocks (attention sinks).
+    #[arg(long, default_value_t = 0)]
+    pub sink_blocks: usize,
+    /// Forced blocks just before each query's own block.
+    #[arg(long, default_value_t = 0)]
+    pub local_blocks: usize,
+    /// Attend to every key (encoders); default is causal.
+    #[arg(long)]
+    pub non_causal: bool,
+    /// Softmax scale; default: the file's metadata, else 1/sqrt(D).
+    #[arg(long)]
+    pub scale: Option<f32>,
+    /// Consecutive queries per stage-2 tile (PISA.md section 5).
+    #[arg(long, default_value_t = 4)]
+    pub q_tile: usize,
+}
+
+impl SelectArgs {
+    /// The validated configuration (scale from the file when not given).
+    pub fn config(&self, file_scale: Option<f32>) -> anyhow::Result<SelectionConfig> {
+        let c = SelectionConfig {
+            block_size: self.block_size,
+            top_k: self.top_k,
+            merge_factor: self.merge,
+            scoring: self.scoring.into(),
+            sink_blocks: self.sink_blocks,
+            local_blocks: self.local_blocks,
+            causal: !self.non_causal,
+            scale: self.scale.or(file_scale),
+        };
+        c.validate()?;
+        if self.q_tile == 0 {
+            anyhow::bail!("--q-tile must be at least 1");
+        }
+        Ok(c)
+    }
+}
+
+/// Which GPU and precision.
+#[derive(Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// Adapter: a name fragment or an index from `pisa info` (default: highest performance).
+    #[arg(long)]
+    pub adapter: Option<String>,
+    /// GPU storage precision of Q, K, V and O (arithmetic is f32).
+    #[arg(long, value_enum, default_value_t = StorageArg::F32)]
+    pub storage: StorageArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl DeviceArgs {
+    /// Opens the chosen adapter.
+    pub fn context(&self) -> anyhow::Result<Context> {
+        let choice = match &self.adapter {
+            None => AdapterChoice::HighPerformance,
+            Some(s) => match s.parse::<usize>() {
+                Ok(i) => AdapterChoice::Index(i),
+                Err(_) => AdapterChoice::Name(s.clone()),
+            },
+        };
+        Ok(Context::new(&choice)?)
+    }
+}
+
+/// A progress bar on a terminal, hidden when stderr is piped.
+pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb.set_message(what.to_string());
+    pb
+}

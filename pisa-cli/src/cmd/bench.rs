@@ -1,0 +1,12 @@
+//! `pisa bench`.
+
+use clap::Args;
+
+/// Arguments of `pisa bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {}
+
+/// Runs `pisa bench`.
+pub fn run(_a: BenchArgs) -> anyhow::Result<()> {
+    anyhow::bail!("pisa bench: not built yet")
+}

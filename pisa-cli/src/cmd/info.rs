@@ -1,0 +1,57 @@
+//! `pisa info`: adapters found, with the features and limits that matter.
+
+use clap::Args;
+
+/// Arguments of `pisa info`.
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// Lists every adapter.
+pub fn run(a: InfoArgs) -> anyhow::Result<()> {
+    let list = pisa_wgpu::list_adapters();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    if list.is_empty() {
+        anyhow::bail!("{}", pisa_wgpu::GpuError::NoAdapter(String::new()));
+    }
+    for (i, r) in list.iter().enumerate() {
+        println!("[{i}] {} ({}, {})", r.name, r.backend, r.device_type);
+        println!(
+            "    vendor 0x{:04x} device 0x{:04x}, driver {} {}",
+            r.vendor, r.device, r.driver, r.driver_info
+        );
+        println!(
+            "    f16 {}, subgroups {} (size {}..{}), timestamps {}, cooperative matrix {}",
+            yes(r.shader_f16),
+            yes(r.subgroups),
+            r.subgroup_size.0,
+            r.subgroup_size.1,
+            yes(r.timestamps),
+            yes(r.cooperative_matrix)
+        );
+        println!(
+            "    max storage binding {} MiB, max buffer {} MiB, workgroup memory {} KiB, {} workgroups/dim, {} invocations/workgroup",
+            r.max_storage_binding >> 20,
+            r.max_buffer >> 20,
+            r.workgroup_memory / 1024,
+            r.max_workgroups_per_dim,
+            r.max_invocations
+        );
+        println!("    kernel path: portable (f32 arithmetic, any subgroup size)");
+    }
+    Ok(())
+}

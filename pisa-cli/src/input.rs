@@ -1,0 +1,222 @@
+//! Loading Q, K, V for a command: from a `.safetensors` file (tensor names selectable, or
+//! `--layer N` for `layer{N}.q/k/v`), from three `.npy` files, or from the embedded demo input.
+//! Shapes are `[H, N, D]` (batch 1) or `[B, H, N, D]` in BHND, `[N, H, D]` or `[B, N, H, D]`
+//! in BNHD. Every problem is one error naming the file and what is wrong.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, ensure, Context as _, Result};
+use clap::Args;
+use pisa_core::{AttentionShape, TensorLayout};
+
+use crate::args::LayoutArg;
+use crate::io::{self, HostTensor};
+
+/// The embedded default input: SmolLM2-135M-Instruct layer 15, tokens 0..4096, f16
+/// (provenance in data/README.md).
+pub const DEMO_INPUT: &[u8] = include_bytes!("../../data/demo-smollm2-layer15-4096.safetensors");
+
+/// Where Q, K, V come from.
+#[derive(Args, Clone, Debug)]
+pub struct InputArgs {
+    /// Input file: `.safetensors` holding Q, K and V, or a `.npy` holding Q (then --k-file, --v-file).
+    #[arg(long, short = 'i')]
+    pub input: Option<PathBuf>,
+    /// `.npy` file of K (when --input is a `.npy`).
+    #[arg(long)]
+    pub k_file: Option<PathBuf>,
+    /// `.npy` file of V (when --input is a `.npy`).
+    #[arg(long)]
+    pub v_file: Option<PathBuf>,
+    /// Tensor name of Q in a safetensors file.
+    #[arg(long, default_value = "q")]
+    pub q_name: String,
+    /// Tensor name of K.
+    #[arg(long, default_value = "k")]
+    pub k_name: String,
+    /// Tensor name of V.
+    #[arg(long, default_value = "v")]
+    pub v_name: String,
+    /// Read `layer{N}.q`, `layer{N}.k`, `layer{N}.v` (and that layer's scale from the metadata).
+    #[arg(long)]
+    pub layer: Option<usize>,
+    /// Use only the first N tokens.
+    #[arg(long)]
+    pub tokens: Option<usize>,
+    /// Layout of the tensors in the files.
+    #[arg(long, value_enum, default_value_t = LayoutArg::Bhnd)]
+    pub layout: LayoutArg,
+    /// Pass NaN/Inf inputs to the GPU instead of refusing them.
+    #[arg(long)]
+    pub allow_nonfinite: bool,
+}
+
+/// Q, K, V in f32 with their shape.
+pub struct Loaded {
+    /// Q, `shape.q_elems()` values in `layout`.
+    pub q: Vec<f32>,
+    /// K.
+    pub k: Vec<f32>,
+    /// V.
+    pub v: Vec<f32>,
+    /// Shape (prefill: q_len == k_len).
+    pub shape: AttentionShape,
+    /// Layout of q, k, v.
+    pub layout: TensorLayout,
+    /// Softmax scale from the file's metadata, if any.
+    pub file_scale: Option<f32>,
+    /// Where it came from (for messages).
+    pub source: String,
+}
+
+struct Axes {
+    batch: Option<usize>,
+    heads: usize,
+    tokens: usize,
+}
+
+fn axes(rank: usize, layout: TensorLayout) -> Option<Axes> {
+    match (rank, layout) {
+        (3, TensorLayout::Bhnd) => Some(Axes {
+            batch: None,
+            heads: 0,
+            tokens: 1,
+        }),
+        (4, TensorLayout::Bhnd) => Some(Axes {
+            batch: Some(0),
+            heads: 1,
+            tokens: 2,
+        }),
+        (3, TensorLayout::Bnhd) => Some(Axes {
+            batch: None,
+            heads: 1,
+            tokens: 0,
+        }),
+        (4, TensorLayout::Bnhd) => Some(Axes {
+            batch: Some(0),
+            heads: 2,
+            tokens: 1,
+        }),
+        _ => None,
+    }
+}
+
+/// (batch, heads, tokens, dim) of a tensor, or an error naming it.
+fn dims(t: &HostTensor, layout: TensorLayout, src: &str) -> Result<(usize, usize, usize, usize)> {
+    let a = axes(t.shape.len(), layout).with_context(|| {
+        format!(
+            "{src}: tensor `{}` has shape {:?}; expected 3 or 4 dimensions ({layout:?})",
+            t.name, t.shape
+        )
+    })?;
+    let b = a.batch.map_or(1, |i| t.shape[i]);
+    Ok((
+        b,
+        t.shape[a.heads],
+        t.shape[a.tokens],
+        *t.shape.last().unwrap_or(&0),
+    ))
+}
+
+impl InputArgs {
+    fn names(&self) -> (String, String, String) {
+        match self.layer {
+            Some(l) => (
+                format!("layer{l}.q"),
+                format!("layer{l}.k"),
+                format!("layer{l}.v"),
+            ),
+            None => (
+                self.q_name.clone(),
+                self.k_name.clone(),
+                self.v_name.clone(),
+            ),
+        }
+    }
+
+    /// Loads Q, K, V (the embedded demo input when `--input` is absent and `allow_demo`).
+    pub fn load(&self, allow_demo: bool) -> Result<Loaded> {
+        let layout: TensorLayout = self.layout.into();
+        let (qn, kn, vn) = self.names();
+        let demo_file;
+        let (qp, kp, vp): (PathBuf, PathBuf, PathBuf) = match &self.input {
+            Some(p) if io::Format::from_path(p)? == io::Format::Npy => {
+                let k = self.k_file.clone().context("--input is a .npy file: give K and V with --k-file and --v-file")?;
+                let v = self.v_file.clone().context("--input is a .npy file: give V with --v-file")?;
+                (p.clone(), k, v)
+            }
+            Some(p) => (p.clone(), p.clone(), p.clone()),
+            None if allow_demo => {
+                demo_file = tempfile::Builder::new().suffix(".safetensors").tempfile()?;
+                std::fs::write(demo_file.path(), DEMO_INPUT)?;
+                let p = demo_file.path().to_path_buf();
+                (p.clone(), p.clone(), p)
+            }
+            None => bail!("no input: give --input FILE (.safetensors with q/k/v, or .npy with --k-file/--v-file)"),
+        };
+        let source = self
+            .input
+            .as_ref()
+            .map_or("embedded demo input".to_string(), |p| {
+                p.display().to_string()
+            });
+        let read = |p: &Path, n: &str| -> Result<HostTensor> {
+            let t = io::read_tensor(p, n)?;
+            if !self.allow_nonfinite {
+                io::check_finite(&t).with_context(|| {
+                    format!(
+                        "{}: refusing non-finite input (--allow-nonfinite passes it on)",
+                        p.display()
+                    )
+                })?;
+            }
+            Ok(t)
+        };
+        let (mut q, mut k, mut v) = (read(&qp, &qn)?, read(&kp, &kn)?, read(&vp, &vn)?);
+        let meta = io::read_metadata(&qp)?;
+        let file_scale = io::softmax_scale(&meta, self.layer)?;
+        let (qb, qh, qt, qd) = dims(&q, layout, &source)?;
+        let (kb, kh, kt, kd) = dims(&k, layout, &source)?;
+        ensure!(
+            k.shape == v.shape,
+            "{source}: K has shape {:?} but V has {:?}; they must match",
+            k.shape,
+            v.shape
+        );
+        ensure!(
+            q.shape.len() == k.shape.len(),
+            "{source}: Q has shape {:?}, K has {:?}: different ranks",
+            q.shape,
+            k.shape
+        );
+        ensure!(qb == kb, "{source}: Q has batch {qb}, K has {kb}");
+        ensure!(qd == kd, "{source}: Q has head dim {qd}, K has {kd}");
+        ensure!(
+            qt == kt,
+            "{source}: Q has {qt} tokens, K has {kt}; prefill needs the same length"
+        );
+        let mut n = qt;
+        if let Some(t) = self.tokens {
+            ensure!(
+                t >= 1 && t <= qt,
+                "--tokens {t} is out of range 1..={qt} for {source}"
+            );
+            let ax = axes(q.shape.len(), layout).map(|a| a.tokens).unwrap_or(1);
+            q = q.narrow(ax, 0, t)?;
+            k = k.narrow(ax, 0, t)?;
+            v = v.narrow(ax, 0, t)?;
+            n = t;
+        }
+        let shape = AttentionShape::prefill(qb, qh, kh, n, qd)
+            .with_context(|| format!("{source}: bad shapes"))?;
+        Ok(Loaded {
+            q: q.data,
+            k: k.data,
+            v: v.data,
+            shape,
+            layout,
+            file_scale,
+            source,
+        })
+    }
+}
