@@ -1,10 +1,10 @@
 //! `pisa`: PISA block-sparse attention from the command line (prefill, decode, selection
 //! quality, adapter info, benchmarks). See the README for examples.
 
-mod args;
 mod cmd;
-mod input;
-mod io;
+
+#[allow(unused_imports)]
+pub(crate) use pisa_cli::{args, input, io};
 
 use clap::{Parser, Subcommand};
 

@@ -1,4 +1,6 @@
-//! `pisa bench`.
+//! `pisa bench`: GPU-timed comparison of PISA against BSA and dense attention.
+
+pub mod report;
 
 use clap::Args;
 

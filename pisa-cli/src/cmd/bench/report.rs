@@ -1,0 +1,302 @@
+//! Benchmark results: the JSON written by `pisa bench`, the printed table, `--compare` across
+//! files (adapters, vendors), and a log-log SVG plot of time against N.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use serde::{Deserialize, Serialize};
+
+/// One measured quantity at one size.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    /// What was timed: `pyramid`, `route`, `leaf_select`, `pisa_select`, `bsa_select`,
+    /// `attention`, `pisa_prefill`, `dense`, `decode_pisa`, `decode_dense`, `copy`.
+    pub op: String,
+    /// Tokens (prefill length or KV-cache length).
+    pub n: usize,
+    /// `f32` or `f16`.
+    pub storage: String,
+    /// Median milliseconds over the repetitions.
+    pub ms: f64,
+    /// Repetitions behind the median.
+    pub reps: usize,
+    /// True when timed by GPU timestamps, false for wall-clock.
+    pub gpu_timed: bool,
+    /// Achieved TFLOP/s against the FLOPs counted for the op, if meaningful.
+    pub tflops: Option<f64>,
+    /// Achieved GB/s against the bytes counted for the op, if meaningful.
+    pub gbps: Option<f64>,
+    /// Kernel path: `portable` or `coopmat`.
+    pub path: String,
+}
+
+/// A whole `pisa bench` run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// Adapter name.
+    pub adapter: String,
+    /// PCI vendor id.
+    pub vendor: u32,
+    /// Backend (Vulkan, Metal, Dx12).
+    pub backend: String,
+    /// Driver and its version.
+    pub driver: String,
+    /// The command line.
+    pub command: String,
+    /// Shape parameters: Hq, Hkv, D, C, K, g.
+    pub shape: String,
+    /// Every measurement.
+    pub records: Vec<Record>,
+}
+
+impl Report {
+    /// Milliseconds of `op` at `n` in `storage`.
+    pub fn ms(&self, op: &str, n: usize, storage: &str) -> Option<f64> {
+        self.records
+            .iter()
+            .find(|r| r.op == op && r.n == n && r.storage == storage)
+            .map(|r| r.ms)
+    }
+
+    /// Reads a report written by `pisa bench --json`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let s = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read", path.display()))?;
+        serde_json::from_str(&s)
+            .with_context(|| format!("{}: not a pisa bench JSON file", path.display()))
+    }
+}
+
+fn cell(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x >= 100.0 => format!("{x:.1}"),
+        Some(x) if x >= 1.0 => format!("{x:.3}"),
+        Some(x) => format!("{x:.4}"),
+        None => "-".into(),
+    }
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => "-".into(),
+    }
+}
+
+/// The prefill and decode tables of one report.
+pub fn table(r: &Report) -> String {
+    let mut s = String::new();
+    let timing = if r.records.iter().all(|x| x.gpu_timed) {
+        "GPU timestamps"
+    } else {
+        "WALL-CLOCK (no timestamps on this adapter)"
+    };
+    let _ = writeln!(
+        s,
+        "{} ({}, {}), {}; times in ms, median, {timing}",
+        r.adapter, r.backend, r.driver, r.shape
+    );
+    let storages: BTreeSet<&str> = r.records.iter().map(|x| x.storage.as_str()).collect();
+    for st in storages {
+        let ns: BTreeSet<usize> = r
+            .records
+            .iter()
+            .filter(|x| x.storage == st && !x.op.starts_with("decode"))
+            .map(|x| x.n)
+            .collect();
+        if !ns.is_empty() {
+            let _ = writeln!(s, "\nprefill, {st} storage");
+            let _ = writeln!(
+                s,
+                "{:>8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>9} {:>10} {:>10} {:>8} {:>8}",
+                "N",
+                "pyramid",
+                "route",
+                "leaf",
+                "PISA sel",
+                "BSA sel",
+                "BSA/PISA",
+                "attn",
+                "PISA pre",
+                "dense",
+                "dns/PISA",
+                "TFLOP/s"
+            );
+            for n in ns {
+                let g = |op: &str| r.ms(op, n, st);
+                let tf = r
+                    .records
+                    .iter()
+                    .find(|x| x.op == "dense" && x.n == n && x.storage == st)
+                    .and_then(|x| x.tflops);
+                let _ = writeln!(
+                    s,
+                    "{:>8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>9} {:>10} {:>10} {:>8} {:>8}",
+                    n,
+                    cell(g("pyramid")),
+                    cell(g("route")),
+                    cell(g("leaf_select")),
+                    cell(g("pisa_select")),
+                    cell(g("bsa_select")),
+                    ratio(g("bsa_select"), g("pisa_select")),
+                    cell(g("attention")),
+                    cell(g("pisa_prefill")),
+                    cell(g("dense")),
+                    ratio(g("dense"), g("pisa_prefill")),
+                    tf.map_or("-".into(), |t| format!("{t:.1}")),
+                );
+            }
+        }
+        let ds: BTreeSet<usize> = r
+            .records
+            .iter()
+            .filter(|x| x.storage == st && x.op.starts_with("decode"))
+            .map(|x| x.n)
+            .collect();
+        if !ds.is_empty() {
+            let _ = writeln!(s, "\ndecode step (all heads, batch 1), {st} storage");
+            let _ = writeln!(
+                s,
+                "{:>8} {:>12} {:>12} {:>10}",
+                "cache", "PISA ms", "dense ms", "dns/PISA"
+            );
+            for n in ds {
+                let (p, d) = (r.ms("decode_pisa", n, st), r.ms("decode_dense", n, st));
+                let _ = writeln!(
+                    s,
+                    "{:>8} {:>12} {:>12} {:>10}",
+                    n,
+                    cell(p),
+                    cell(d),
+                    ratio(d, p)
+                );
+            }
+        }
+    }
+    s
+}
+
+/// One table of every (op, N, storage) across several reports, a column per adapter.
+pub fn compare(reports: &[Report]) -> String {
+    let mut keys: Vec<(String, usize, String)> = Vec::new();
+    for r in reports {
+        for x in &r.records {
+            let k = (x.op.clone(), x.n, x.storage.clone());
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+    }
+    let mut s = String::new();
+    let _ = write!(s, "{:<14} {:>8} {:>5}", "op", "N", "st");
+    for r in reports {
+        let name: String = r.adapter.chars().take(22).collect();
+        let _ = write!(s, " {:>24}", name);
+    }
+    s.push('\n');
+    for (op, n, st) in keys {
+        let _ = write!(s, "{:<14} {:>8} {:>5}", op, n, st);
+        for r in reports {
+            let _ = write!(s, " {:>24}", cell(r.ms(&op, n, &st)));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// A log-log SVG of ms against N: one line per (adapter, op, storage) for the prefill ops.
+pub fn svg(reports: &[Report]) -> String {
+    let ops = [
+        "pisa_select",
+        "bsa_select",
+        "pisa_prefill",
+        "dense",
+        "decode_pisa",
+        "decode_dense",
+    ];
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in reports {
+        let st: BTreeSet<&str> = r.records.iter().map(|x| x.storage.as_str()).collect();
+        for s in st {
+            for op in ops {
+                let mut pts: Vec<(f64, f64)> = r
+                    .records
+                    .iter()
+                    .filter(|x| x.op == op && x.storage == s && x.ms > 0.0)
+                    .map(|x| (x.n as f64, x.ms))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                if !pts.is_empty() {
+                    series.push((format!("{} {op} {s}", r.adapter), pts));
+                }
+            }
+        }
+    }
+    let all: Vec<(f64, f64)> = series.iter().flat_map(|s| s.1.iter().copied()).collect();
+    let (w, h, m) = (900.0, 560.0, 70.0);
+    let lx = |v: f64| v.log10();
+    let (x0, x1) = all.iter().fold((f64::MAX, f64::MIN), |a, p| {
+        (a.0.min(lx(p.0)), a.1.max(lx(p.0)))
+    });
+    let (y0, y1) = all.iter().fold((f64::MAX, f64::MIN), |a, p| {
+        (a.0.min(lx(p.1)), a.1.max(lx(p.1)))
+    });
+    let (x0, x1) = (x0.floor(), x1.ceil().max(x0.floor() + 1.0));
+    let (y0, y1) = (y0.floor(), y1.ceil().max(y0.floor() + 1.0));
+    let px = |v: f64| m + (lx(v) - x0) / (x1 - x0) * (w - 2.0 * m - 220.0);
+    let py = |v: f64| h - m - (lx(v) - y0) / (y1 - y0) * (h - 2.0 * m);
+    let colors = [
+        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+        "#bcbd22", "#17becf",
+    ];
+    let mut s = format!("<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n");
+    let _ = writeln!(s, "<text x='{}' y='20' font-size='14'>pisa bench: GPU time (ms) against tokens N, log-log</text>", m);
+    for e in (x0 as i32)..=(x1 as i32) {
+        let x = px(10f64.powi(e));
+        let _ = writeln!(s, "<line x1='{x}' y1='{}' x2='{x}' y2='{}' stroke='#ddd'/><text x='{x}' y='{}' text-anchor='middle'>1e{e}</text>", m, h - m, h - m + 16.0);
+    }
+    for e in (y0 as i32)..=(y1 as i32) {
+        let y = py(10f64.powi(e));
+        let _ = writeln!(s, "<line x1='{m}' y1='{y}' x2='{}' y2='{y}' stroke='#ddd'/><text x='{}' y='{}' text-anchor='end'>1e{e} ms</text>", w - m - 220.0, m - 4.0, y + 4.0);
+    }
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let c = colors[i % colors.len()];
+        let path: Vec<String> = pts
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", px(p.0), py(p.1)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>",
+            path.join(" ")
+        );
+        for p in pts {
+            let _ = writeln!(
+                s,
+                "<circle cx='{:.1}' cy='{:.1}' r='3' fill='{c}'/>",
+                px(p.0),
+                py(p.1)
+            );
+        }
+        let ly = m + 16.0 * i as f64;
+        let _ = writeln!(
+            s,
+            "<rect x='{}' y='{}' width='10' height='10' fill='{c}'/><text x='{}' y='{}'>{}</text>",
+            w - 280.0,
+            ly - 9.0,
+            w - 265.0,
+            ly,
+            xml(name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
