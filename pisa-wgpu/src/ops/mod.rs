@@ -1,10 +1,11 @@
 //! Operations, one module per kernel family; each names its shader file in `shaders/`.
 
+pub mod fill;
 pub mod pyramid;
 
 use crate::runtime::pipeline::ShaderSource;
 
 /// Every shader family, for the naga validation test.
 pub fn all_shaders() -> Vec<ShaderSource> {
-    vec![pyramid::SHADER]
+    vec![fill::SHADER, pyramid::SHADER]
 }

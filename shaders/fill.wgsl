@@ -1,0 +1,27 @@
+// Fills a tensor with pseudo-random values uniform in [-scale, scale) from a counter-based hash
+// (PCG-style) of (seed, index): benchmark inputs made on the GPU, never zeros.
+alias store_t = f32;
+
+struct Params { len: u32, seed: u32, scale: f32, per_thread: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> out: array<store_t>;
+
+fn pcg(v: u32) -> u32 {
+    let s = v * 747796405u + 2891336453u;
+    let w = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
+    return (w >> 22u) ^ w;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let g = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lid;
+    for (var j = 0u; j < p.per_thread; j++) {
+        let i = g * p.per_thread + j;
+        if (i >= p.len) { return; }
+        let h = pcg(i ^ pcg(p.seed));
+        let u = f32(h >> 8u) * (1.0 / 16777216.0);
+        out[i] = store_t((2.0 * u - 1.0) * p.scale);
+    }
+}

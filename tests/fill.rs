@@ -1,0 +1,35 @@
+//! The GPU fill writes every element, stays in range, is not constant, and repeats per seed.
+mod common;
+
+use pisa_wgpu::ops::fill::random_tensor;
+use pisa_wgpu::Storage;
+
+#[test]
+fn fill_writes_every_element_in_range() {
+    let ctx = common::ctx();
+    for (len, storage) in [
+        (1usize, Storage::F32),
+        (4099, Storage::F32),
+        (100_003, Storage::F16),
+    ] {
+        let a = ctx
+            .read_f32(&random_tensor(ctx, "a", len, storage, 7, 2.0).unwrap())
+            .unwrap();
+        let b = ctx
+            .read_f32(&random_tensor(ctx, "b", len, storage, 7, 2.0).unwrap())
+            .unwrap();
+        let c = ctx
+            .read_f32(&random_tensor(ctx, "c", len, storage, 8, 2.0).unwrap())
+            .unwrap();
+        assert!(
+            a.iter().all(|x| x.is_finite() && (-2.0..=2.0).contains(x)),
+            "unwritten or out of range"
+        );
+        assert_eq!(a, b, "same seed, same values");
+        if len > 1 {
+            assert_ne!(a, c, "different seed, different values");
+            let mean = a.iter().map(|&x| x as f64).sum::<f64>() / len as f64;
+            assert!(mean.abs() < 0.2, "mean {mean}");
+        }
+    }
+}
