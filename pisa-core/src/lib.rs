@@ -5,7 +5,7 @@
 //! The pure math of PISA (Pyramid Top-K Selection Attention; `docs/PISA.md` of the project,
 //! paper arXiv 2609.31093): shapes and configuration, the pyramid layout, complexity-bounded
 //! candidate scheduling, LogSumExp / online-softmax math, and, with the `alloc` feature (on by
-//! default), the CPU reference of every operation in [`reference`]. No GPU types live here.
+//! default), the CPU reference of every operation in [`mod@reference`]. No GPU types live here.
 
 #[cfg(feature = "alloc")]
 extern crate alloc;

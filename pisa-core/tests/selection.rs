@@ -10,7 +10,7 @@ use pisa_core::{
     AttentionShape, PisaError, PyramidLayout, Schedule, Scoring, SelectionConfig, TensorLayout,
 };
 use proptest::prelude::*;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 /// Differences from the brute force are accepted only where the reference's margin says the
 /// two are within rounding of a tie.
@@ -39,8 +39,73 @@ fn config() -> impl Strategy<Value = SelectionConfig> {
         })
 }
 
+/// Compares every row of a random case with the brute force and checks the invariants.
+#[allow(clippy::too_many_arguments)]
+fn check_case(
+    cfg: SelectionConfig,
+    gq: usize,
+    hkv: usize,
+    nk: usize,
+    nq: usize,
+    d: usize,
+    layout: TensorLayout,
+    seed: u64,
+) -> Result<(), String> {
+    let shape = AttentionShape::new(1, gq * hkv, hkv, nq, nk, d).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let q = tensor(&mut rng, shape.q_elems(), 2.0);
+    let k = tensor(&mut rng, shape.kv_elems(), 2.0);
+    let sel = select_pisa(&q, &k, &shape, layout, &cfg).unwrap();
+    let naive = Naive {
+        q: &q,
+        k: &k,
+        shape,
+        layout,
+        cfg,
+    };
+    let pl = PyramidLayout::new(nk, cfg.block_size, cfg.merge_factor).unwrap();
+    let bound = Schedule::new(&pl, &cfg).unwrap().max_scored_nodes();
+    let ctx = format!(
+        "seed {seed}, cfg {cfg:?}, g_q {gq}, Hkv {hkv}, Nk {nk}, Nq {nq}, D {d}, {layout:?}"
+    );
+    for h in 0..hkv {
+        for i in 0..nq {
+            let r = h * nq + i;
+            let got = blocks(sel.row(r));
+            let bq = shape.query_position(i) / cfg.block_size;
+            let visible = if cfg.causal { bq + 1 } else { pl.leaves() };
+            // Invariants: ascending, unique, visible, forced included, min(K, visible) long.
+            let mut forced_in = true;
+            cfg.for_each_forced(bq, |f| {
+                forced_in &= visible <= cfg.top_k || got.contains(&f)
+            });
+            if !got.windows(2).all(|w| w[0] < w[1])
+                || !got.iter().all(|&j| j < visible)
+                || got.len() != cfg.top_k.min(visible)
+                || !forced_in
+            {
+                return Err(format!("{ctx}: row {r} breaks an invariant: {got:?}"));
+            }
+            if sel.scored_nodes[r] as usize > bound {
+                return Err(format!(
+                    "{ctx}: row {r} scored {} > bound {bound}",
+                    sel.scored_nodes[r]
+                ));
+            }
+            let (want, _) = naive.select(0, h, i);
+            if got != want && sel.margin[r] >= TIE {
+                return Err(format!(
+                    "{ctx}: row {r}: reference {got:?} vs brute force {want:?}, margin {}",
+                    sel.margin[r]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn matches_brute_force(
@@ -48,30 +113,35 @@ proptest! {
         d in 1usize..5, bnhd in any::<bool>(), seed in any::<u64>(),
     ) {
         let nq = ((nk as f64 * nq_frac) as usize).clamp(1, 12);
-        let shape = AttentionShape::new(1, gq * hkv, hkv, nq, nk, d).unwrap();
         let layout = if bnhd { TensorLayout::Bnhd } else { TensorLayout::Bhnd };
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let q = tensor(&mut rng, shape.q_elems(), 2.0);
-        let k = tensor(&mut rng, shape.kv_elems(), 2.0);
-        let sel = select_pisa(&q, &k, &shape, layout, &cfg).unwrap();
-        let naive = Naive { q: &q, k: &k, shape, layout, cfg };
-        let pl = PyramidLayout::new(nk, cfg.block_size, cfg.merge_factor).unwrap();
-        let bound = Schedule::new(&pl, &cfg).unwrap().max_scored_nodes();
-        for h in 0..hkv {
-            for i in 0..nq {
-                let r = h * nq + i;
-                let got = blocks(sel.row(r));
-                let bq = shape.query_position(i) / cfg.block_size;
-                let visible = if cfg.causal { bq + 1 } else { pl.leaves() };
-                // Invariants: ascending, unique, visible, forced included, min(K, visible) long.
-                prop_assert!(got.windows(2).all(|w| w[0] < w[1]), "row {r}: {got:?}");
-                prop_assert!(got.iter().all(|&j| j < visible), "row {r}: {got:?}");
-                prop_assert_eq!(got.len(), cfg.top_k.min(visible), "row {}: {:?}", r, got);
-                cfg.for_each_forced(bq, |f| assert!(visible <= cfg.top_k || got.contains(&f)));
-                prop_assert!(sel.scored_nodes[r] as usize <= bound);
-                let (want, _) = naive.select(0, h, i);
-                if got != want {
-                    prop_assert!(sel.margin[r] < TIE, "row {r} (cfg {cfg:?}): reference {got:?} vs brute force {want:?}, margin {}", sel.margin[r]);
+        if let Err(e) = check_case(cfg, gq, hkv, nk, nq, d, layout, seed) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+}
+
+#[test]
+fn brute_force_sweep_of_every_combination() {
+    // Every scoring x GQA group 1, 2, 3 x g = 2, 3 x causal or not x with or without sink and
+    // local blocks, on random lengths and block sizes.
+    let (mut rng, _) = seeded("brute_force_sweep_of_every_combination");
+    for scoring in [Scoring::Lse, Scoring::Mean, Scoring::MeanVar] {
+        for gq in 1..=3 {
+            for g in [2, 3] {
+                for causal in [true, false] {
+                    for (sink, local) in [(0, 0), (1, 2)] {
+                        let cfg =
+                            SelectionConfig::new(rng.random_range(1..5), rng.random_range(4..7))
+                                .unwrap()
+                                .with_scoring(scoring)
+                                .with_merge_factor(g)
+                                .with_causal(causal)
+                                .with_forced(sink, local);
+                        let nk = rng.random_range(40..200);
+                        let nq = rng.random_range(1..10);
+                        check_case(cfg, gq, 2, nk, nq, 3, TensorLayout::Bhnd, rng.random())
+                            .unwrap();
+                    }
                 }
             }
         }
