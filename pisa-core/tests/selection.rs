@@ -286,4 +286,24 @@ fn bad_inputs_are_errors_not_panics() {
         select_pisa_with(&pyr, &q, &k, &shape, l, &cfg),
         Err(PisaError::InvalidValue { .. })
     ));
+    // Shapes built field by field are re-validated, never divided by.
+    for bad in [
+        AttentionShape {
+            kv_heads: 0,
+            ..shape
+        },
+        AttentionShape {
+            q_heads: 3,
+            kv_heads: 2,
+            ..shape
+        },
+        AttentionShape { q_len: 17, ..shape },
+    ] {
+        assert!(select_pisa(&q, &k, &bad, l, &cfg).is_err(), "{bad:?}");
+        assert!(select_bsa(&q, &k, &bad, l, &cfg).is_err(), "{bad:?}");
+        assert!(build_pyramid(&k, &bad, l, &cfg).is_err(), "{bad:?}");
+        let v = &k;
+        assert!(pisa_core::reference::dense_attention(&q, &k, v, &bad, l, true, 0.5).is_err());
+        assert!(pisa_core::reference::block_mass(&q, &k, &bad, l, &cfg).is_err());
+    }
 }

@@ -8,7 +8,7 @@ use crate::error::{PisaError, Result};
 use crate::lse::OnlineSoftmax;
 use crate::shape::{AttentionShape, TensorLayout};
 
-use super::tensor::{check_len, dot, View};
+use super::tensor::{check_len, check_shape, dot, View};
 
 /// Attends one query row over the keys `tokens` (ascending), skipping `t > limit`; writes the
 /// output into `out` (D values) and returns the LSE. `scratch` holds D values.
@@ -47,6 +47,7 @@ fn qkv<'a>(
     s: &AttentionShape,
     layout: TensorLayout,
 ) -> Result<Views<'a>> {
+    check_shape(s, None)?;
     let qs = [s.batch, s.q_heads, s.q_len, s.head_dim];
     let ks = [s.batch, s.kv_heads, s.k_len, s.head_dim];
     Ok((
@@ -101,7 +102,7 @@ pub fn sparse_attention(
     cfg: &SelectionConfig,
     selection: &[i32],
 ) -> Result<(Vec<f64>, Vec<f64>)> {
-    cfg.validate()?;
+    check_shape(shape, Some(cfg))?;
     let (qv, kv, vv) = qkv(q, k, v, shape, layout)?;
     let kk = cfg.top_k;
     check_len(
@@ -110,7 +111,7 @@ pub fn sparse_attention(
         shape.kv_heads * shape.batch * shape.q_len * kk,
     )?;
     let nb0 = shape.k_len.div_ceil(cfg.block_size);
-    if selection.iter().any(|&j| j < -1 || j >= nb0 as i32) {
+    if selection.iter().any(|&j| j < -1 || j as i64 >= nb0 as i64) {
         return Err(PisaError::InvalidValue {
             what: "selection holds a block index below -1 or past the last leaf",
         });

@@ -9,7 +9,7 @@ use crate::error::{PisaError, Result};
 use crate::shape::AttentionShape;
 
 use super::select::Selection;
-use super::tensor::check_len;
+use super::tensor::{check_len, check_shape};
 
 /// Selection quality averaged over the rows that count.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,7 +45,8 @@ pub fn recall(
 }
 
 /// [`recall`] reporting size mismatches. Errors: [`PisaError::BufferLen`],
-/// [`PisaError::InvalidValue`] when the two selections have different K.
+/// [`PisaError::InvalidValue`] when the two selections have different K, the shape's and the
+/// configuration's validation errors.
 pub fn try_recall(
     selection: &Selection,
     oracle: &Selection,
@@ -83,8 +84,9 @@ pub fn try_recall_per_kv_head(
             what: "selection and oracle must have the same nonzero top_k",
         });
     }
+    check_shape(shape, Some(cfg))?;
     let rows = shape.batch * shape.kv_heads * shape.q_len;
-    let nb0 = shape.k_len.div_ceil(cfg.block_size.max(1));
+    let nb0 = shape.k_len.div_ceil(cfg.block_size);
     check_len("selection", selection.indices.len(), rows * k)?;
     check_len("oracle", oracle.indices.len(), rows * k)?;
     check_len("mass", mass.len(), rows * nb0)?;
@@ -92,7 +94,7 @@ pub fn try_recall_per_kv_head(
     for r in 0..rows {
         let p = shape.query_position(r % shape.q_len);
         let vis = if cfg.causal {
-            p / cfg.block_size.max(1) + 1
+            p / cfg.block_size + 1
         } else {
             nb0
         };

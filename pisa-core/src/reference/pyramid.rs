@@ -8,7 +8,7 @@ use crate::error::{PisaError, Result};
 use crate::layout::PyramidLayout;
 use crate::shape::{AttentionShape, TensorLayout};
 
-use super::tensor::{checked_elems, View};
+use super::tensor::{check_shape, checked_elems, View};
 
 /// The key pyramid of `B` sequences with `Hkv` key heads (PISA.md section 1), in f64.
 ///
@@ -164,7 +164,7 @@ pub fn build_pyramid(
     layout: TensorLayout,
     cfg: &SelectionConfig,
 ) -> Result<Pyramid> {
-    cfg.validate()?;
+    check_shape(shape, Some(cfg))?;
     let keys = View::new(
         "k",
         k,

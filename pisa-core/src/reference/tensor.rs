@@ -1,8 +1,9 @@
 //! Strided read-only views of `[B, H, N, D]` f32 tensors and the dot products of the reference
 //! (PISA.md "Notation"). Internal to the reference.
 
+use crate::config::SelectionConfig;
 use crate::error::{PisaError, Result};
-use crate::shape::TensorLayout;
+use crate::shape::{AttentionShape, TensorLayout};
 
 /// A validated view of one `[B, H, N, D]` tensor in a [`TensorLayout`].
 #[derive(Clone, Copy)]
@@ -33,6 +34,26 @@ pub(crate) fn check_len(what: &'static str, actual: usize, expected: usize) -> R
             expected,
             actual,
         });
+    }
+    Ok(())
+}
+
+/// Re-validates a shape (its fields are public, so it may not come from
+/// [`AttentionShape::new`]) and, with a configuration, that leaf indices fit in i32 and that a
+/// `[B, Hkv, Nq, K]` selection's size fits in `usize`.
+pub(crate) fn check_shape(s: &AttentionShape, cfg: Option<&SelectionConfig>) -> Result<()> {
+    AttentionShape::new(s.batch, s.q_heads, s.kv_heads, s.q_len, s.k_len, s.head_dim)?;
+    if let Some(cfg) = cfg {
+        cfg.validate()?;
+        let leaves = s.k_len.div_ceil(cfg.block_size);
+        if leaves > i32::MAX as usize {
+            return Err(PisaError::TooLarge {
+                what: "leaf blocks (i32 indices)",
+                value: leaves as u64,
+                limit: i32::MAX as u64,
+            });
+        }
+        checked_elems("selection", &[s.batch, s.kv_heads, s.q_len, cfg.top_k])?;
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use crate::lse::log_add_exp;
 use crate::shape::{AttentionShape, TensorLayout};
 
 use super::super::pyramid::build_pyramid;
-use super::super::tensor::{check_len, dot, dot_mean};
+use super::super::tensor::{check_len, check_shape, dot, dot_mean};
 use super::{cut, views, Selection};
 
 /// Leaves visible to the query at `p`: `0..=p/C` when causal, else all `nb_0`.
@@ -149,7 +149,7 @@ pub fn select_oracle_from_mass(
     shape: &AttentionShape,
     cfg: &SelectionConfig,
 ) -> Result<Selection> {
-    cfg.validate()?;
+    check_shape(shape, Some(cfg))?;
     let nb0 = shape.k_len.div_ceil(cfg.block_size);
     let rows = shape.batch * shape.kv_heads * shape.q_len;
     check_len("mass", mass.len(), rows * nb0)?;

@@ -10,7 +10,7 @@ use crate::schedule::Schedule;
 use crate::shape::{AttentionShape, TensorLayout};
 
 use super::pyramid::{build_pyramid, Pyramid};
-use super::tensor::{check_len, View};
+use super::tensor::{check_shape, View};
 
 mod baseline;
 mod pisa;
@@ -89,7 +89,7 @@ fn views<'a>(
     layout: TensorLayout,
     cfg: &SelectionConfig,
 ) -> Result<(View<'a>, View<'a>)> {
-    cfg.validate()?;
+    check_shape(shape, Some(cfg))?;
     let s = shape;
     let qv = View::new("q", q, layout, [s.batch, s.q_heads, s.q_len, s.head_dim])?;
     let kv = View::new("k", k, layout, [s.batch, s.kv_heads, s.k_len, s.head_dim])?;
@@ -131,7 +131,6 @@ pub fn select_pisa_with(
 ) -> Result<Selection> {
     let (qv, kv) = views(q, k, shape, layout, cfg)?;
     pyramid.check_matches(shape, cfg)?;
-    check_len("k", k.len(), shape.kv_elems())?;
     let start_level = Schedule::new(&pyramid.layout, cfg)?.start_level;
     let g = shape.gqa_group();
     let mut sel = Selection::with_rows(shape.batch * shape.kv_heads * shape.q_len, cfg.top_k);
