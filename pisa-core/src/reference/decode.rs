@@ -127,6 +127,7 @@ impl DecodeState {
     /// One decode step for the query row `q_row` (`[Hq, D]`) at position `len() - 1`: PISA
     /// selection (PISA.md 3, same as prefill at that position) and attention over it
     /// (PISA.md 4). Returns `(selection [Hkv, K] ascending -1 padded, out [Hq, D], lse [Hq])`.
+    /// With `cfg.causal == false` the selection is the non-causal one over the keys so far.
     /// Errors: [`PisaError::Zero`] before any append, [`PisaError::BufferLen`].
     pub fn step(&self, q_row: &[f32]) -> Result<(Vec<i32>, Vec<f64>, Vec<f64>)> {
         let s = self.step_detailed(q_row)?;
