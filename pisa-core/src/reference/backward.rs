@@ -17,7 +17,6 @@ use alloc::vec::Vec;
 
 use crate::config::SelectionConfig;
 use crate::error::{PisaError, Result};
-use crate::lse::Real;
 use crate::shape::{AttentionShape, TensorLayout};
 
 use super::tensor::{check_len, dot, View};
@@ -120,7 +119,7 @@ pub fn sparse_attention_backward(
                     .flat_map(|&j| j * c..((j + 1) * c).min(s.k_len).min(end));
                 for t in tokens {
                     let (kr, vr) = (kv.row(b, h, t), vv.row(b, h, t));
-                    let p = (scale * dot(qr, kr) - l).exp();
+                    let p = libm::exp(scale * dot(qr, kr) - l);
                     let ds = p * (dot(dor, vr) - di);
                     let ko = layout.index(s.kv_heads, s.k_len, d, b, h, t, 0);
                     for x in 0..d {
