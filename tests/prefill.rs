@@ -1,0 +1,146 @@
+//! End-to-end prefill (pyramid, routing, leaf selection, sparse attention) against the CPU
+//! reference, and the binding-size split path against the unsplit result.
+//!
+//! Tie rule: a GPU selection row may differ from the reference's only where the reference's
+//! `margin` (smallest gap between a kept and a dropped score at any cut) is within rounding
+//! (`TIE` for f32, `TIE_F16` for f16); the output is always checked against the reference
+//! attention over the GPU's own selection, so it is exact whatever ties did.
+mod common;
+
+use common::*;
+use pisa_core::reference::{select_pisa, sparse_attention};
+use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions};
+use pisa_wgpu::{AdapterChoice, Context, Storage};
+
+const TIE: f64 = 1e-3;
+const TIE_F16: f64 = 2e-2;
+
+fn check(
+    ctx: &Context,
+    shape: AttentionShape,
+    cfg: SelectionConfig,
+    layout: TensorLayout,
+    storage: Storage,
+    seed: u64,
+) {
+    let mut r = rng(seed);
+    let mut q = random(&mut r, shape.q_elems(), 1.0);
+    let mut k = random(&mut r, shape.kv_elems(), 1.0);
+    let mut v = random(&mut r, shape.kv_elems(), 1.0);
+    if storage == Storage::F16 {
+        (q, k, v) = (through_f16(&q), through_f16(&k), through_f16(&v));
+    }
+    let opts = PrefillOptions {
+        cfg,
+        layout,
+        storage,
+        q_tile: 4,
+        return_selection: true,
+    };
+    let got = prefill_host(ctx, &q, &k, &v, &shape, &opts).unwrap();
+    let sel = got.selection.as_ref().unwrap();
+    let want = select_pisa(&q, &k, &shape, layout, &cfg).unwrap();
+    let tie = if storage == Storage::F16 {
+        TIE_F16
+    } else {
+        TIE
+    };
+    let (mut ties, kk) = (0, cfg.top_k);
+    for row in 0..want.rows() {
+        let g = &sel[row * kk..(row + 1) * kk];
+        if g != want.row(row) {
+            assert!(
+                want.margin[row] < tie,
+                "row {row}: GPU {g:?} vs reference {:?}, margin {} (seed {seed})",
+                want.row(row),
+                want.margin[row]
+            );
+            ties += 1;
+        }
+    }
+    eprintln!(
+        "{shape:?} {storage:?}: {ties} of {} rows differ within a tie",
+        want.rows()
+    );
+    let (o, lse) = sparse_attention(&q, &k, &v, &shape, layout, &cfg, sel).unwrap();
+    let tol = if storage == Storage::F16 { 5e-3 } else { 1e-4 };
+    let e = rel_err(&got.out, &o);
+    assert!(e < tol, "O rel err {e} (seed {seed})");
+    let e = rel_err(&got.lse, &lse);
+    assert!(e < tol, "LSE rel err {e} (seed {seed})");
+    assert!(
+        got.times.stages.iter().any(|s| s.0 == "attention"),
+        "stage times: {:?}",
+        got.times
+    );
+}
+
+#[test]
+fn prefill_matches_reference() {
+    let ctx = ctx();
+    let seed = seed("prefill");
+    let cfg = SelectionConfig::new(64, 4).unwrap();
+    check(
+        ctx,
+        AttentionShape::prefill(2, 6, 2, 1000, 64).unwrap(),
+        cfg,
+        TensorLayout::Bhnd,
+        Storage::F32,
+        seed,
+    );
+    let cfg = SelectionConfig::new(16, 6).unwrap().with_forced(1, 1);
+    check(
+        ctx,
+        AttentionShape::prefill(1, 8, 8, 300, 80).unwrap(),
+        cfg,
+        TensorLayout::Bnhd,
+        Storage::F32,
+        seed + 1,
+    );
+    let cfg = SelectionConfig::new(32, 5)
+        .unwrap()
+        .with_merge_factor(3)
+        .with_scoring(pisa_core::Scoring::MeanVar);
+    check(
+        ctx,
+        AttentionShape::prefill(1, 4, 1, 777, 128).unwrap(),
+        cfg,
+        TensorLayout::Bhnd,
+        Storage::F16,
+        seed + 2,
+    );
+}
+
+#[test]
+fn split_prefill_equals_unsplit() {
+    let seed = seed("split prefill");
+    let mut r = rng(seed);
+    let shape = AttentionShape::prefill(2, 6, 3, 200, 64).unwrap();
+    let (q, k, v) = (
+        random(&mut r, shape.q_elems(), 1.0),
+        random(&mut r, shape.kv_elems(), 1.0),
+        random(&mut r, shape.kv_elems(), 1.0),
+    );
+    let opts = PrefillOptions {
+        cfg: SelectionConfig::new(16, 4).unwrap(),
+        return_selection: true,
+        ..Default::default()
+    };
+    let whole = prefill_host(ctx(), &q, &k, &v, &shape, &opts).unwrap();
+    assert_eq!(whole.chunks, 1);
+    let small = Context::new(&AdapterChoice::HighPerformance).unwrap();
+    small.set_max_binding_bytes(2 * 200 * 64 * 4 + 1024); // about one KV head's Q slice
+    let split = prefill_host(&small, &q, &k, &v, &shape, &opts).unwrap();
+    assert!(
+        split.chunks > 1,
+        "expected a split, got {} chunk",
+        split.chunks
+    );
+    assert_eq!(split.selection, whole.selection);
+    assert_eq!(split.out, whole.out, "split output differs");
+    assert_eq!(split.lse, whole.lse);
+    small.set_max_binding_bytes(1024);
+    let err = prefill_host(&small, &q, &k, &v, &shape, &opts).unwrap_err();
+    assert!(matches!(err, pisa_wgpu::GpuError::Limit { .. }), "{err}");
+}
