@@ -67,6 +67,15 @@ pub struct Loaded {
     pub file_scale: Option<f32>,
     /// Where it came from (for messages).
     pub source: String,
+    /// Shape of the Q tensor as read (3-D without batch or 4-D), after `--tokens`.
+    pub q_dims: Vec<usize>,
+}
+
+impl Loaded {
+    /// Whether the inputs had a batch dimension (4-D).
+    pub fn batched(&self) -> bool {
+        self.q_dims.len() == 4
+    }
 }
 
 struct Axes {
@@ -210,6 +219,7 @@ impl InputArgs {
         let shape = AttentionShape::prefill(qb, qh, kh, n, qd)
             .with_context(|| format!("{source}: bad shapes"))?;
         Ok(Loaded {
+            q_dims: q.shape.clone(),
             q: q.data,
             k: k.data,
             v: v.data,

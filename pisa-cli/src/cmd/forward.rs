@@ -1,12 +1,140 @@
-//! `pisa forward`.
+//! `pisa forward`: prefill (PISA selection + block-sparse attention) of Q, K, V from files;
+//! writes O, LSE and optionally the selected leaves, and prints a one-line summary with the GPU
+//! time per stage.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
 use clap::Args;
+use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions, PrefillOutput};
+
+use crate::args::{DeviceArgs, SelectArgs};
+use crate::input::{InputArgs, Loaded};
+use crate::io::{self, DType, HostTensor, IndexTensor, Outputs};
 
 /// Arguments of `pisa forward`.
 #[derive(Args, Debug)]
-pub struct ForwardArgs {}
+pub struct ForwardArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Output file (`.safetensors`: tensors o, lse, indices; `.npy`: OUT.o.npy, OUT.lse.npy, ...).
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+    /// Element type of O in the output file (LSE is always f32, indices i32).
+    #[arg(long, value_enum, default_value_t = DType::F32)]
+    pub out_dtype: DType,
+    /// Also write the selected leaf blocks ([B,] Hkv, N, K; ascending, -1 padded).
+    #[arg(long)]
+    pub save_selection: bool,
+}
+
+/// Output tensor shapes that mirror the input's rank.
+pub fn output_tensors(
+    l: &Loaded,
+    r: &PrefillOutput,
+    top_k: usize,
+) -> Result<(HostTensor, HostTensor, Option<IndexTensor>)> {
+    let s = &l.shape;
+    let lead: Vec<usize> = if l.batched() { vec![s.batch] } else { vec![] };
+    let o = HostTensor::new("o", l.q_dims.clone(), r.out.clone())?;
+    let lse = HostTensor::new(
+        "lse",
+        [lead.clone(), vec![s.q_heads, s.q_len]].concat(),
+        r.lse.clone(),
+    )?;
+    let idx = match &r.selection {
+        Some(sel) => Some(IndexTensor::new(
+            "indices",
+            [lead, vec![s.kv_heads, s.q_len, top_k]].concat(),
+            sel.clone(),
+        )?),
+        None => None,
+    };
+    Ok((o, lse, idx))
+}
 
 /// Runs `pisa forward`.
-pub fn run(_a: ForwardArgs) -> anyhow::Result<()> {
-    anyhow::bail!("pisa forward: not built yet")
+pub fn run(a: ForwardArgs) -> Result<()> {
+    let l = a.input.load(false)?;
+    let cfg = a.select.config(l.file_scale)?;
+    let ctx = a.device.context()?;
+    let opts = PrefillOptions {
+        cfg,
+        layout: l.layout,
+        storage: a.device.storage.into(),
+        q_tile: a.select.q_tile,
+        return_selection: a.save_selection,
+    };
+    let r = prefill_host(&ctx, &l.q, &l.k, &l.v, &l.shape, &opts)
+        .with_context(|| format!("{}: prefill failed", l.source))?;
+    let mut written = Vec::new();
+    if let Some(path) = &a.output {
+        let (o, lse, idx) = output_tensors(&l, &r, cfg.top_k)?;
+        let mut meta = BTreeMap::new();
+        meta.insert(
+            "scale".to_string(),
+            cfg.softmax_scale(l.shape.head_dim).to_string(),
+        );
+        meta.insert("config".to_string(), format!("{cfg:?}"));
+        meta.insert("source".to_string(), l.source.clone());
+        written = io::write_outputs(
+            path,
+            &Outputs {
+                o: &o,
+                lse: Some(&lse),
+                indices: idx.as_ref(),
+            },
+            a.out_dtype,
+            &meta,
+        )?;
+    }
+    let s = &l.shape;
+    let clock = if r.times.gpu { "GPU" } else { "wall-clock" };
+    if a.device.json {
+        let j = serde_json::json!({
+            "adapter": ctx.report().name, "source": l.source, "shape": format!("{s:?}"),
+            "config": format!("{cfg:?}"), "gpu_timed": r.times.gpu, "stages_ms": r.times.stages,
+            "total_ms": r.times.total(), "chunks": r.chunks, "written": written,
+        });
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        let stages: Vec<String> = r
+            .times
+            .stages
+            .iter()
+            .map(|(n, ms)| format!("{n} {ms:.3}"))
+            .collect();
+        println!(
+            "forward: B={} Hq={} Hkv={} N={} D={} C={} K={} {:?} on {}: {clock} {:.3} ms ({}){}",
+            s.batch,
+            s.q_heads,
+            s.kv_heads,
+            s.q_len,
+            s.head_dim,
+            cfg.block_size,
+            cfg.top_k,
+            cfg.scoring,
+            ctx.report().name,
+            r.times.total(),
+            stages.join(", "),
+            if written.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; wrote {}",
+                    written
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        );
+    }
+    Ok(())
 }
