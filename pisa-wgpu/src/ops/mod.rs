@@ -1,5 +1,6 @@
 //! Operations, one module per kernel family; each names its shader file in `shaders/`.
 
+pub mod attention;
 pub mod fill;
 pub mod pyramid;
 
@@ -7,5 +8,5 @@ use crate::runtime::pipeline::ShaderSource;
 
 /// Every shader family, for the naga validation test.
 pub fn all_shaders() -> Vec<ShaderSource> {
-    vec![fill::SHADER, pyramid::SHADER]
+    vec![attention::SHADER, fill::SHADER, pyramid::SHADER]
 }

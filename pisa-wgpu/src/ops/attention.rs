@@ -1,0 +1,301 @@
+//! Block-sparse attention over selected leaves and the dense FlashAttention baseline on the GPU
+//! (PISA.md section 4); shader `shaders/attention.wgsl`.
+//!
+//! Both kernels share one workgroup design (see [`Tiling`]): a workgroup owns some query heads
+//! of one KV head times some consecutive queries, streams key tiles through workgroup memory
+//! once for all of them, and keeps the online softmax (running max, running sum, f32
+//! accumulators) per row. Sparse attention walks the ascending union of the tile's selected
+//! leaves; dense attention walks every visible key tile, so the benchmark compares the same
+//! inner loop. Host-slice entry points with binding-size splitting are in [`host`].
+
+pub mod host;
+pub mod tiling;
+
+use bytemuck::{Pod, Zeroable};
+use pisa_core::{AttentionShape, PisaError, SelectionConfig, TensorLayout};
+
+pub use host::{dense_attention_host, sparse_attention_host};
+pub use tiling::Tiling;
+
+use crate::error::{GpuError, Result};
+use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::context::Context;
+use crate::runtime::pipeline::{ShaderSource, Storage};
+use crate::runtime::profiler::Profiler;
+
+/// `shaders/attention.wgsl`.
+pub const SHADER: ShaderSource = ShaderSource {
+    name: "attention",
+    wgsl: include_str!("../../../shaders/attention.wgsl"),
+};
+
+/// Head dims the kernels accept (the tested ones are 64, 80, 96, 128 and 256).
+pub const SUPPORTED_HEAD_DIMS: &str = "multiples of 4 from 4 to 256";
+
+/// Layouts of Q (and of the output O), K and V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QkvLayouts {
+    /// Layout of Q `[B, Hq, Nq, D]` and of O.
+    pub q: TensorLayout,
+    /// Layout of K `[B, Hkv, Nk, D]`.
+    pub k: TensorLayout,
+    /// Layout of V `[B, Hkv, Nk, D]`.
+    pub v: TensorLayout,
+}
+
+impl From<TensorLayout> for QkvLayouts {
+    fn from(l: TensorLayout) -> Self {
+        Self { q: l, k: l, v: l }
+    }
+}
+
+/// Which attention to run.
+#[derive(Debug, Clone, Copy)]
+pub enum AttentionKind<'a> {
+    /// Block-sparse over `selection` `[B, Hkv, Nq, K]` i32 (`K = cfg.top_k`, ascending leaf
+    /// indices, -1 padded); leaf size, masking and scale from `cfg`.
+    Sparse {
+        /// Selected leaves.
+        selection: &'a GpuTensor,
+        /// Block size C, top_k K, causal flag and softmax scale.
+        cfg: &'a SelectionConfig,
+    },
+    /// Every key (`t <= p_i` when `causal`), scores `scale * q.k`.
+    Dense {
+        /// Causal masking.
+        causal: bool,
+        /// Softmax scale s.
+        scale: f32,
+    },
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+struct Params {
+    q_s: [u32; 3],
+    k_s: [u32; 3],
+    v_s: [u32; 3],
+    kv_heads: u32,
+    q_heads: u32,
+    group: u32,
+    gh: u32,
+    head_chunks: u32,
+    q_len: u32,
+    k_len: u32,
+    block_size: u32,
+    n_qtiles: u32,
+    top_k: u32,
+    nb0: u32,
+    causal: u32,
+    wg_count: u32,
+    scale_log2: f32,
+    pad: u32,
+}
+
+fn u32_of(what: &'static str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| {
+        GpuError::Input(PisaError::TooLarge {
+            what,
+            value: v as u64,
+            limit: u32::MAX as u64,
+        })
+    })
+}
+
+fn check_len(what: &'static str, t: &GpuTensor, expected: usize) -> Result<()> {
+    if t.len != expected {
+        return Err(PisaError::BufferLen {
+            what,
+            expected,
+            actual: t.len,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Checks the head dim, buffer lengths, storages, configuration and u32 indexing of a call.
+pub(crate) fn validate(
+    shape: &AttentionShape,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    kind: &AttentionKind<'_>,
+) -> Result<()> {
+    let d = shape.head_dim;
+    if !d.is_multiple_of(4) || d > 256 {
+        return Err(PisaError::HeadDim {
+            head_dim: d,
+            supported: SUPPORTED_HEAD_DIMS,
+        }
+        .into());
+    }
+    u32_of("query elements", shape.q_elems())?;
+    u32_of("key elements", shape.kv_elems())?;
+    check_len("q", q, shape.q_elems())?;
+    check_len("k", k, shape.kv_elems())?;
+    check_len("v", v, shape.kv_elems())?;
+    if k.storage != q.storage || v.storage != q.storage {
+        return Err(GpuError::Unsupported(format!(
+            "q, k, v in different storage precisions ({:?}, {:?}, {:?}); use one",
+            q.storage, k.storage, v.storage
+        )));
+    }
+    match kind {
+        AttentionKind::Sparse { selection, cfg } => {
+            cfg.validate()?;
+            let n = shape.batch * shape.kv_heads * shape.q_len * cfg.top_k;
+            u32_of("selection elements", n)?;
+            check_len("selection", selection, n)?;
+        }
+        AttentionKind::Dense { scale, .. } => {
+            if !scale.is_finite() || *scale <= 0.0 {
+                return Err(PisaError::InvalidValue {
+                    what: "softmax scale must be finite and positive",
+                }
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn strides(l: TensorLayout, heads: usize, tokens: usize, d: usize) -> [u32; 3] {
+    let (a, b, c) = l.strides(heads, tokens, d);
+    [(a / 4) as u32, (b / 4) as u32, (c / 4) as u32]
+}
+
+/// Records block-sparse attention (PISA.md section 4): `O_i = sum_{t in selected leaves,
+/// t <= p_i if causal} softmax(s q_i.k_t) v_t`, with the default [`Tiling`].
+///
+/// `q`: `[B, Hq, Nq, D]` in `layouts.q`; `k`, `v`: `[B, Hkv, Nk, D]` in `layouts.k` /
+/// `layouts.v`, all three in one storage precision; `selection`: `[B, Hkv, Nq, K]` i32 with
+/// `K = cfg.top_k`, ascending leaf indices padded with -1 (a -1, an index past the last leaf,
+/// or an entry not above its predecessor is ignored). Returns `(O, LSE)`: O in Q's layout and
+/// storage, LSE f32 `[B, Hq, Nq]` = ln sum exp(s q.k) over the attended keys (natural log); a
+/// row attending to no key gets zeros and -inf. Outputs are freshly allocated (poisoned, then
+/// fully written). Profiler stage "attention".
+///
+/// Errors: [`PisaError::HeadDim`] (see [`SUPPORTED_HEAD_DIMS`]), [`PisaError::BufferLen`],
+/// configuration errors, [`GpuError::Limit`] for outputs above the binding limit (split with
+/// [`sparse_attention_host`]) or a workgroup-memory shortfall.
+#[allow(clippy::too_many_arguments)]
+pub fn record_sparse_attention(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    selection: &GpuTensor,
+    shape: &AttentionShape,
+    layouts: QkvLayouts,
+    cfg: &SelectionConfig,
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
+    let kind = AttentionKind::Sparse { selection, cfg };
+    record_attention(ctx, enc, q, k, v, shape, layouts, &kind, None, prof)
+}
+
+/// Records dense attention (the baseline of PISA.md section 4): every key, masked to
+/// `t <= p_i` when `causal`, scores `scale * q.k`. Shapes, layouts, outputs and errors as
+/// [`record_sparse_attention`]; profiler stage "dense".
+#[allow(clippy::too_many_arguments)]
+pub fn record_dense_attention(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    shape: &AttentionShape,
+    layouts: QkvLayouts,
+    causal: bool,
+    scale: f32,
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
+    let kind = AttentionKind::Dense { causal, scale };
+    record_attention(ctx, enc, q, k, v, shape, layouts, &kind, None, prof)
+}
+
+/// Records sparse or dense attention with an explicit [`Tiling`] (`None`: the default for the
+/// kind, shrunk to the device's workgroup memory). Everything else as
+/// [`record_sparse_attention`].
+#[allow(clippy::too_many_arguments)]
+pub fn record_attention(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    shape: &AttentionShape,
+    layouts: QkvLayouts,
+    kind: &AttentionKind<'_>,
+    tiling: Option<Tiling>,
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
+    validate(shape, q, k, v, kind)?;
+    let s = shape;
+    let g = s.gqa_group();
+    let (sparse_c, top_k, causal, scale) = match kind {
+        AttentionKind::Sparse { cfg, .. } => (
+            Some(cfg.block_size),
+            cfg.top_k,
+            cfg.causal,
+            cfg.softmax_scale(s.head_dim),
+        ),
+        AttentionKind::Dense { causal, scale } => (None, 1, *causal, *scale),
+    };
+    let want = tiling.unwrap_or_else(|| Tiling::default_for(g, sparse_c));
+    let (_, var) = want.fit(ctx, s.head_dim, g, top_k)?;
+    let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
+    let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
+    let head_chunks = g.div_ceil(var.gh as usize);
+    let n_qtiles = s.q_len.div_ceil(var.qt as usize);
+    let wg_count = u32_of(
+        "attention workgroups",
+        s.batch * s.kv_heads * head_chunks * n_qtiles,
+    )?;
+    let c = sparse_c.unwrap_or(var.kt as usize);
+    let p = Params {
+        q_s: strides(layouts.q, s.q_heads, s.q_len, s.head_dim),
+        k_s: strides(layouts.k, s.kv_heads, s.k_len, s.head_dim),
+        v_s: strides(layouts.v, s.kv_heads, s.k_len, s.head_dim),
+        kv_heads: s.kv_heads as u32,
+        q_heads: s.q_heads as u32,
+        group: g as u32,
+        gh: var.gh,
+        head_chunks: head_chunks as u32,
+        q_len: s.q_len as u32,
+        k_len: s.k_len as u32,
+        block_size: u32_of("block size", c)?,
+        n_qtiles: n_qtiles as u32,
+        top_k: top_k as u32,
+        nb0: s.k_len.div_ceil(c) as u32,
+        causal: causal as u32,
+        wg_count,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        pad: 0,
+    };
+    let u = ctx.uniform("attention params", &p);
+    let consts = var.consts();
+    let (entry, label) = match kind {
+        AttentionKind::Sparse { .. } => ("sparse", "attention"),
+        AttentionKind::Dense { .. } => ("dense", "dense"),
+    };
+    let pipe = ctx
+        .pipelines
+        .get(&ctx.device, &SHADER, entry, q.storage, &consts, &[])?;
+    let mut b = vec![
+        (0, &u),
+        (1, &q.buffer),
+        (2, &k.buffer),
+        (3, &v.buffer),
+        (5, &o.buffer),
+        (6, &lse.buffer),
+    ];
+    if let AttentionKind::Sparse { selection, .. } = kind {
+        b.push((4, &selection.buffer));
+    }
+    let timer = prof.map(|pr| (pr, label));
+    ctx.dispatch(enc, &pipe, &b, wg_count as u64, timer)?;
+    Ok((o, lse))
+}

@@ -1,0 +1,160 @@
+//! How an attention dispatch is cut into workgroups (PISA.md section 5): query heads and queries
+//! per workgroup, keys per workgroup-memory tile, and the shader constants that follow, sized to
+//! the device's workgroup-memory and invocation limits.
+
+use crate::error::{GpuError, Result};
+use crate::runtime::context::Context;
+
+/// Work decomposition of one attention dispatch. Each workgroup owns `head_chunk` query heads of
+/// one KV head times `query_tile` consecutive queries, and streams the keys through workgroup
+/// memory `key_tile` at a time, so every loaded key serves all of those rows (PISA.md section 5,
+/// "GQA" and "Qtile").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tiling {
+    /// GH: query heads per workgroup (a GQA group larger than this is split into
+    /// `ceil(g_q / GH)` chunks; values above g_q are clamped to it). 1..=32.
+    pub head_chunk: usize,
+    /// QT: consecutive queries per workgroup; 1..=32. Sparse: their selections are merged and a
+    /// block serves every query of the tile that chose it.
+    pub query_tile: usize,
+    /// KT: keys per workgroup-memory tile, 1..=128. Sparse: a leaf block of C keys is walked in
+    /// `ceil(C / KT)` tiles.
+    pub key_tile: usize,
+}
+
+/// Shader constants of one pipeline variant (see `shaders/attention.wgsl`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Variant {
+    pub hd4: u32,
+    pub rm: u32,
+    pub rp: u32,
+    pub kt: u32,
+    pub qt: u32,
+    pub selk: u32,
+    pub wg: u32,
+    pub gh: u32,
+}
+
+impl Variant {
+    /// Workgroup memory the shader declares, bytes (mirrors its `var<workgroup>` list).
+    pub fn shared_bytes(&self) -> u64 {
+        let row4 = (self.hd4 + 1) as u64;
+        let (rp, kt, wg) = (self.rp as u64, self.kt as u64, self.wg as u64);
+        let maxu = (self.qt * self.selk) as u64;
+        16 * (rp + kt) * row4 + 4 * (kt * rp + wg + rp) + 12 * maxu + 4
+    }
+
+    /// The `(name, value)` constants for [`crate::runtime::pipeline::preprocess`].
+    pub fn consts(&self) -> [(&'static str, u32); 6] {
+        [
+            ("HD4", self.hd4),
+            ("RM", self.rm),
+            ("RP", self.rp),
+            ("KT", self.kt),
+            ("QT", self.qt),
+            ("SELK", self.selk),
+        ]
+    }
+}
+
+/// Largest workgroup the kernels use (WebGPU's default limit).
+const MAX_WG: u32 = 256;
+
+impl Tiling {
+    /// The default tiling: sparse (`top_k` given) GH = min(g_q, 8), QT = 4 (the paper's Qtile),
+    /// KT = min(C, 32); dense GH = min(g_q, 8), QT = 32 / GH, KT = 32.
+    pub fn default_for(group: usize, sparse_block: Option<usize>) -> Self {
+        let gh = group.clamp(1, 8);
+        match sparse_block {
+            Some(c) => Self {
+                head_chunk: gh,
+                query_tile: 4,
+                key_tile: c.clamp(1, 32),
+            },
+            None => Self {
+                head_chunk: gh,
+                query_tile: (32 / gh).max(1),
+                key_tile: 32,
+            },
+        }
+    }
+
+    /// The shader variant of this tiling for head dim `head_dim` (a multiple of 4), GQA group
+    /// `group` and `top_k` (1 for dense), or `None` when no thread layout fits the invocation
+    /// limit.
+    pub(crate) fn variant(
+        &self,
+        ctx: &Context,
+        head_dim: usize,
+        group: usize,
+        top_k: usize,
+    ) -> Option<Variant> {
+        let hd4 = (head_dim / 4) as u32;
+        let gh = self.head_chunk.clamp(1, 32).min(group) as u32;
+        let qt = self.query_tile.clamp(1, 32) as u32;
+        let kt = self.key_tile.clamp(1, 128) as u32;
+        let rows = gh * qt;
+        let l = ctx.limits();
+        let wg_max = MAX_WG
+            .min(l.max_compute_invocations_per_workgroup)
+            .min(l.max_compute_workgroup_size_x);
+        let divisors = (1..=16u32).filter(|d| hd4.is_multiple_of(*d));
+        let wg_of = |rm: u32| hd4 * rows.div_ceil(rm);
+        // Smallest rows-per-thread giving <= 128 invocations, else the one closest under wg_max.
+        let rm = divisors
+            .clone()
+            .find(|&rm| wg_of(rm) <= 128)
+            .or_else(|| divisors.rev().find(|&rm| wg_of(rm) <= wg_max))?;
+        Some(Variant {
+            hd4,
+            rm,
+            rp: rows.div_ceil(rm) * rm,
+            kt,
+            qt,
+            selk: top_k as u32,
+            wg: wg_of(rm),
+            gh,
+        })
+    }
+
+    /// This tiling if it fits the device, else the nearest smaller one: KT halves down to 8,
+    /// then QT, then GH halve. Errors with [`GpuError::Limit`] when even GH = QT = 1, KT = 4
+    /// does not fit the workgroup memory (head dims up to 256 always fit 16 KiB).
+    pub(crate) fn fit(
+        mut self,
+        ctx: &Context,
+        head_dim: usize,
+        group: usize,
+        top_k: usize,
+    ) -> Result<(Tiling, Variant)> {
+        let budget = ctx.limits().max_compute_workgroup_storage_size as u64;
+        loop {
+            if let Some(v) = self.variant(ctx, head_dim, group, top_k) {
+                if v.shared_bytes() <= budget {
+                    return Ok((self, v));
+                }
+            }
+            if self.key_tile > 8 {
+                self.key_tile /= 2;
+            } else if self.query_tile > 1 {
+                self.query_tile /= 2;
+            } else if self.head_chunk > 1 {
+                self.head_chunk /= 2;
+            } else if self.key_tile > 4 {
+                self.key_tile = 4;
+            } else {
+                let need = self
+                    .variant(ctx, head_dim, group, top_k)
+                    .map_or(u64::MAX, |v| v.shared_bytes());
+                return Err(GpuError::Limit {
+                    what: format!(
+                        "attention workgroup memory (head dim {head_dim}, top_k {top_k})"
+                    ),
+                    needed: need,
+                    limit: budget,
+                    hint: "use a smaller head dim or top_k",
+                });
+            }
+        }
+    }
+}

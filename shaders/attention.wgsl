@@ -1,0 +1,292 @@
+// Block-sparse attention over selected leaves and the dense FlashAttention baseline
+// (PISA.md section 4). Host: pisa-wgpu/src/ops/attention.rs.
+//
+// One workgroup owns RP rows = (query head, query) pairs of one KV head: the GH query heads of
+// a head chunk times QT consecutive queries (row r: query r / GH, head r % GH; rows past
+// GH * QT are padding). Every key tile (KT keys) is loaded once into workgroup memory and
+// serves every row, with the online softmax (running max, running sum, f32 accumulators):
+//   1. K tile -> kv_sh;                                                 barrier
+//   2. S phase: thread (row srow, split scol) scores keys scol + j*SPLIT; tile max -> red_sh; barrier
+//   3. row max, P = exp2(s - m) -> p_sh, rescale factor -> alpha_sh; V tile -> kv_sh; barrier
+//   4. PV phase: thread (row group rg, column c) updates RM rows x one vec4 of O;       barrier
+// Scores are in log2 units (Q is pre-multiplied by scale * log2(e)); LSE = ln2 * (m + log2 l).
+// Sparse: the tile's queries' selections are merged (ascending union, a bit mask of the queries
+// that chose each block) and each selected block is walked in KT-key tiles; rows whose query
+// did not choose a block are masked (and skip their work). Dense: every visible KT-key tile.
+//
+// Layouts: Q, K, V, O are vec4<store_t> arrays; element (b, h, n, 4c..4c+3) at
+// b*sb + h*sh + n*sn + c (strides in vec4 units; O uses Q's). sel: i32 [B, Hkv, Nq, K];
+// lse: f32 [B, Hq, Nq].
+alias store_t = f32;
+
+const HD4: u32 = 32u;  // head dim / 4
+const RM: u32 = 4u;    // rows per thread in the PV phase (divides HD4 and RP)
+const RP: u32 = 16u;   // rows per workgroup (GH * QT rounded up to a multiple of RM)
+const KT: u32 = 32u;   // keys per tile
+const QT: u32 = 4u;    // queries per workgroup (<= 32)
+const SELK: u32 = 16u; // top_k (sparse; 1 for dense)
+
+const ROW4: u32 = HD4 + 1u;        // padded workgroup row stride, vec4 (bank spread)
+const WG: u32 = HD4 * (RP / RM);   // invocations
+const SPLIT: u32 = HD4 / RM;       // S-phase threads per row (= WG / RP)
+const KM: u32 = (KT + SPLIT - 1u) / SPLIT; // keys per S-phase thread
+const MAXU: u32 = QT * SELK;
+const NEG: f32 = -1.0e30;          // "no score yet" (finite: no reliance on infinities)
+
+struct Params {
+    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
+    k_sh: u32, k_sn: u32, v_sb: u32, v_sh: u32,
+    v_sn: u32, kv_heads: u32, q_heads: u32, group: u32,
+    gh: u32, head_chunks: u32, q_len: u32, k_len: u32,
+    block_size: u32, n_qtiles: u32, top_k: u32, nb0: u32,
+    causal: u32, wg_count: u32, scale_log2: f32, pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<store_t>>;
+@group(0) @binding(2) var<storage, read> k: array<vec4<store_t>>;
+@group(0) @binding(3) var<storage, read> v: array<vec4<store_t>>;
+@group(0) @binding(4) var<storage, read> sel: array<i32>;
+@group(0) @binding(5) var<storage, read_write> o: array<vec4<store_t>>;
+@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
+
+var<workgroup> q_sh: array<vec4<f32>, RP * ROW4>;
+var<workgroup> kv_sh: array<vec4<f32>, KT * ROW4>;
+var<workgroup> p_sh: array<f32, KT * RP>;   // P[key][row]
+var<workgroup> red_sh: array<f32, WG>;
+var<workgroup> alpha_sh: array<f32, RP>;
+var<workgroup> sel_sh: array<i32, MAXU>;
+var<workgroup> ublk: array<u32, MAXU>;
+var<workgroup> umask: array<u32, MAXU>;
+var<workgroup> ucount: u32;
+
+// Per-invocation state.
+var<private> acc: array<vec4<f32>, RM>; // PV rows rg*RM + j, column c
+var<private> m_run: f32;                // running max of the S-phase row (log2 units)
+var<private> l_run: f32;                // running sum over this thread's share of keys
+var<private> lid: u32;
+var<private> b: u32;
+var<private> kvh: u32;
+var<private> hq0: u32;    // first query head of the chunk
+var<private> heads: u32;  // valid heads in the chunk
+var<private> i0: u32;     // first query of the tile
+
+fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+}
+
+fn row_valid(r: u32) -> bool {
+    return r % p.gh < heads && r / p.gh < QT && i0 + r / p.gh < p.q_len;
+}
+
+// Decodes the workgroup, loads the Q tile (scaled) and resets the running state.
+fn setup(id: u32, qt: u32) {
+    let hc = id % p.head_chunks;
+    let bh = id / (p.head_chunks * p.n_qtiles);
+    b = bh / p.kv_heads;
+    kvh = bh % p.kv_heads;
+    hq0 = kvh * p.group + hc * p.gh;
+    heads = min(p.gh, p.group - hc * p.gh);
+    i0 = qt * QT;
+    for (var x = lid; x < RP * HD4; x += WG) {
+        let r = x / HD4;
+        let c = x % HD4;
+        var val = vec4<f32>(0.0);
+        if (row_valid(r)) {
+            let at = b * p.q_sb + (hq0 + r % p.gh) * p.q_sh + (i0 + r / p.gh) * p.q_sn + c;
+            val = vec4<f32>(q[at]) * p.scale_log2;
+        }
+        q_sh[r * ROW4 + c] = val;
+    }
+    for (var j = 0u; j < RM; j++) { acc[j] = vec4<f32>(0.0); }
+    m_run = NEG;
+    l_run = 0.0;
+}
+
+fn load_tile(from_v: bool, t0: u32, tcount: u32) {
+    for (var x = lid; x < KT * HD4; x += WG) {
+        let kk = x / HD4;
+        let c = x % HD4;
+        var val = vec4<f32>(0.0);
+        let t = t0 + kk;
+        if (kk < tcount && t < p.k_len) {
+            if (from_v) {
+                val = vec4<f32>(v[b * p.v_sb + kvh * p.v_sh + t * p.v_sn + c]);
+            } else {
+                val = vec4<f32>(k[b * p.k_sb + kvh * p.k_sh + t * p.k_sn + c]);
+            }
+        }
+        kv_sh[kk * ROW4 + c] = val;
+    }
+}
+
+// One tile of keys t0 .. t0 + tcount (tcount <= KT) for the rows whose query bit is in `mask`.
+// Must be called in uniform control flow.
+fn process_tile(t0: u32, tcount: u32, mask: u32) {
+    load_tile(false, t0, tcount);
+    workgroupBarrier();
+    // S phase.
+    let srow = lid / SPLIT;
+    let scol = lid % SPLIT;
+    let sq = srow / p.gh;
+    let row_on = row_valid(srow) && ((mask >> sq) & 1u) != 0u;
+    let pos = p.k_len - p.q_len + i0 + sq;
+    var s: array<f32, KM>;
+    for (var j = 0u; j < KM; j++) { s[j] = 0.0; }
+    if (row_on) {
+        for (var c = 0u; c < HD4; c++) {
+            let qv = q_sh[srow * ROW4 + c];
+            for (var j = 0u; j < KM; j++) {
+                let kk = min(scol + j * SPLIT, KT - 1u);
+                s[j] += dot(qv, kv_sh[kk * ROW4 + c]);
+            }
+        }
+    }
+    var tmax = NEG;
+    for (var j = 0u; j < KM; j++) {
+        let kk = scol + j * SPLIT;
+        let t = t0 + kk;
+        let ok = row_on && kk < tcount && t < p.k_len && (p.causal == 0u || t <= pos);
+        if (!ok) { s[j] = NEG; } else { tmax = max(tmax, s[j]); }
+    }
+    red_sh[lid] = tmax;
+    workgroupBarrier();
+    var rmax = m_run;
+    for (var x = 0u; x < SPLIT; x++) { rmax = max(rmax, red_sh[srow * SPLIT + x]); }
+    let alpha = exp2(m_run - rmax);
+    l_run *= alpha;
+    for (var j = 0u; j < KM; j++) {
+        let kk = scol + j * SPLIT;
+        let pj = select(0.0, exp2(s[j] - rmax), s[j] > NEG);
+        l_run += pj;
+        if (kk < KT) { p_sh[kk * RP + srow] = pj; }
+    }
+    m_run = rmax;
+    if (scol == 0u) { alpha_sh[srow] = alpha; }
+    load_tile(true, t0, tcount);
+    workgroupBarrier();
+    // PV phase (skipped when none of this thread's rows chose the block).
+    let c = lid % HD4;
+    let r0 = (lid / HD4) * RM;
+    var any_on = false;
+    for (var j = 0u; j < RM; j++) { any_on = any_on || ((mask >> ((r0 + j) / p.gh)) & 1u) != 0u; }
+    if (any_on) {
+        for (var j = 0u; j < RM; j++) { acc[j] *= alpha_sh[r0 + j]; }
+        for (var kk = 0u; kk < KT; kk++) {
+            let vv = kv_sh[kk * ROW4 + c];
+            for (var j = 0u; j < RM; j++) { acc[j] += p_sh[kk * RP + r0 + j] * vv; }
+        }
+    }
+    workgroupBarrier();
+}
+
+// Reduces the running sums, writes O = acc / l and LSE (zeros and -inf for an empty row).
+fn finish() {
+    red_sh[lid] = l_run;
+    workgroupBarrier();
+    let srow = lid / SPLIT;
+    if (lid % SPLIT == 0u) {
+        var l = 0.0;
+        for (var x = 0u; x < SPLIT; x++) { l += red_sh[srow * SPLIT + x]; }
+        alpha_sh[srow] = l;
+        if (row_valid(srow)) {
+            let i = i0 + srow / p.gh;
+            let hq = hq0 + srow % p.gh;
+            var out = bitcast<f32>(0xff800000u);
+            if (l > 0.0) { out = (m_run + log2(l)) * 0.6931471805599453; }
+            lse[(b * p.q_heads + hq) * p.q_len + i] = out;
+        }
+    }
+    workgroupBarrier();
+    let c = lid % HD4;
+    let r0 = (lid / HD4) * RM;
+    for (var j = 0u; j < RM; j++) {
+        let r = r0 + j;
+        if (row_valid(r)) {
+            let l = alpha_sh[r];
+            var val = vec4<f32>(0.0);
+            if (l > 0.0) { val = acc[j] / l; }
+            let at = b * p.q_sb + (hq0 + r % p.gh) * p.q_sh + (i0 + r / p.gh) * p.q_sn + c;
+            o[at] = vec4<store_t>(val);
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) li: u32) {
+    let id = linear_id(wid, nwg);
+    if (id >= p.wg_count) { return; }
+    lid = li;
+    setup(id, (id / p.head_chunks) % p.n_qtiles);
+    // Selections of the tile's queries (padding -1 past the last query).
+    let row0 = (b * p.kv_heads + kvh) * p.q_len;
+    for (var x = lid; x < QT * SELK; x += WG) {
+        let i = i0 + x / SELK;
+        var e = -1;
+        if (i < p.q_len) { e = sel[(row0 + i) * p.top_k + x % SELK]; }
+        sel_sh[x] = e;
+    }
+    workgroupBarrier();
+    // Ascending union of the QT lists; an entry that is -1, past the last leaf, or not above
+    // the previous block taken (a repeat, or out of order) is skipped.
+    if (lid == 0u) {
+        var at: array<u32, QT>;
+        var n = 0u;
+        var last = -1;
+        loop {
+            var best = 0x7fffffff;
+            for (var qi = 0u; qi < QT; qi++) {
+                while (at[qi] < SELK) {
+                    let e = sel_sh[qi * SELK + at[qi]];
+                    if (e > last && u32(e) < p.nb0) { break; }
+                    at[qi] += 1u;
+                }
+                if (at[qi] < SELK) { best = min(best, sel_sh[qi * SELK + at[qi]]); }
+            }
+            if (best == 0x7fffffff) { break; }
+            var m = 0u;
+            for (var qi = 0u; qi < QT; qi++) {
+                if (at[qi] < SELK && sel_sh[qi * SELK + at[qi]] == best) {
+                    m |= 1u << qi;
+                    at[qi] += 1u;
+                }
+            }
+            ublk[n] = u32(best);
+            umask[n] = m;
+            n += 1u;
+            last = best;
+        }
+        ucount = n;
+    }
+    let nu = workgroupUniformLoad(&ucount);
+    for (var u = 0u; u < nu; u++) {
+        let blk0 = ublk[u] * p.block_size;
+        let m = umask[u];
+        for (var off = 0u; off < p.block_size; off += KT) {
+            process_tile(blk0 + off, min(p.block_size - off, KT), m);
+        }
+    }
+    finish();
+}
+
+@compute @workgroup_size(WG)
+fn dense(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) li: u32) {
+    let id = linear_id(wid, nwg);
+    if (id >= p.wg_count) { return; }
+    lid = li;
+    var qt = (id / p.head_chunks) % p.n_qtiles;
+    if (p.causal != 0u) { qt = p.n_qtiles - 1u - qt; } // longest rows first
+    setup(id, qt);
+    var n_keys = p.k_len;
+    if (p.causal != 0u) {
+        let last = min(qt * QT + QT, p.q_len) - 1u;
+        n_keys = p.k_len - p.q_len + last + 1u;
+    }
+    let tiles = (n_keys + KT - 1u) / KT;
+    for (var j = 0u; j < tiles; j++) {
+        process_tile(j * KT, KT, 0xffffffffu);
+    }
+    finish();
+}
