@@ -1,12 +1,148 @@
-//! `pisa recall`.
+//! `pisa recall`: selection quality on given Q/K (PISA.md section 3): Recall@K and mass recall
+//! of PISA with each intermediate scoring (`lse`, `mean`, `meanvar`) and of BSA, against the
+//! full-attention oracle, per KV head and averaged. All selections run on the GPU; the metrics
+//! are `pisa_core::reference::metrics`.
 
+use anyhow::{Context as _, Result};
 use clap::Args;
+use pisa_core::reference::metrics::{try_recall_per_kv_head, Recall};
+use pisa_core::reference::Selection;
+use pisa_core::Scoring;
+use pisa_wgpu::ops::select::{oracle_host, select_host, Method};
+
+use crate::args::{progress, DeviceArgs, SelectArgs};
+use crate::input::InputArgs;
 
 /// Arguments of `pisa recall`.
 #[derive(Args, Debug)]
-pub struct RecallArgs {}
+pub struct RecallArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// One method's quality: per KV head and averaged.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MethodRecall {
+    /// `pisa-lse`, `pisa-mean`, `pisa-meanvar`, `bsa`.
+    pub method: String,
+    /// Recall@K averaged over every counted query and KV head.
+    pub recall_at_k: f64,
+    /// Mass recall averaged likewise.
+    pub mass_recall: f64,
+    /// Per KV head `(recall@K, mass recall)`.
+    pub per_kv_head: Vec<(f64, f64)>,
+    /// Queries counted (those seeing more than K leaves) over all KV heads.
+    pub queries: usize,
+}
+
+fn average(per: &[Recall]) -> (f64, f64, usize) {
+    let n: usize = per.iter().map(|r| r.queries).sum();
+    let w = |f: fn(&Recall) -> f64| {
+        per.iter()
+            .filter(|r| r.queries > 0)
+            .map(|r| f(r) * r.queries as f64)
+            .sum::<f64>()
+            / n.max(1) as f64
+    };
+    (w(|r| r.recall_at_k), w(|r| r.mass_recall), n)
+}
+
+/// Computes the quality table; shared with `pisa demo`.
+pub fn measure(
+    ctx: &pisa_wgpu::Context,
+    l: &crate::input::Loaded,
+    a: &SelectArgs,
+    storage: pisa_wgpu::Storage,
+) -> Result<Vec<MethodRecall>> {
+    let cfg = a.config(l.file_scale)?;
+    let pb = progress(5, "recall");
+    let (oracle_idx, mass) = oracle_host(ctx, &l.q, &l.k, &l.shape, l.layout, &cfg, storage)
+        .context("oracle selection")?;
+    pb.inc(1);
+    let mass: Vec<f64> = mass.iter().map(|&x| x as f64).collect();
+    let wrap = |indices: Vec<i32>| Selection {
+        top_k: cfg.top_k,
+        indices,
+        margin: Vec::new(),
+        scored_nodes: Vec::new(),
+    };
+    let oracle = wrap(oracle_idx);
+    let mut out = Vec::new();
+    let runs = [
+        ("pisa-lse", Method::Pisa, Scoring::Lse),
+        ("pisa-mean", Method::Pisa, Scoring::Mean),
+        ("pisa-meanvar", Method::Pisa, Scoring::MeanVar),
+        ("bsa", Method::Bsa, Scoring::Lse),
+    ];
+    for (name, method, scoring) in runs {
+        let c = cfg.with_scoring(scoring);
+        let sel = select_host(
+            ctx, &l.q, &l.k, &l.shape, l.layout, &c, storage, method, a.q_tile,
+        )
+        .with_context(|| format!("{name} selection"))?;
+        let per = try_recall_per_kv_head(&wrap(sel), &oracle, &mass, &l.shape, &c)?;
+        let (r, m, n) = average(&per);
+        out.push(MethodRecall {
+            method: name.to_string(),
+            recall_at_k: r,
+            mass_recall: m,
+            per_kv_head: per.iter().map(|p| (p.recall_at_k, p.mass_recall)).collect(),
+            queries: n,
+        });
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(out)
+}
+
+/// The table as text.
+pub fn table(rows: &[MethodRecall], top_k: usize) -> String {
+    let mut s = format!(
+        "{:<14} {:>10} {:>12}   per KV head: Recall@{top_k} / mass\n",
+        "method",
+        format!("Recall@{top_k}"),
+        "mass recall"
+    );
+    for r in rows {
+        let per: Vec<String> = r
+            .per_kv_head
+            .iter()
+            .map(|(a, b)| format!("{:.3}/{:.3}", a, b))
+            .collect();
+        s.push_str(&format!(
+            "{:<14} {:>9.2}% {:>11.2}%   {}\n",
+            r.method,
+            100.0 * r.recall_at_k,
+            100.0 * r.mass_recall,
+            per.join("  ")
+        ));
+    }
+    if let Some(r) = rows.first() {
+        s.push_str(&format!(
+            "({} query rows counted: those seeing more than {top_k} leaves)\n",
+            r.queries
+        ));
+    }
+    s
+}
 
 /// Runs `pisa recall`.
-pub fn run(_a: RecallArgs) -> anyhow::Result<()> {
-    anyhow::bail!("pisa recall: not built yet")
+pub fn run(a: RecallArgs) -> Result<()> {
+    let l = a.input.load(false)?;
+    let ctx = a.device.context()?;
+    let rows = measure(&ctx, &l, &a.select, a.device.storage.into())?;
+    if a.device.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        println!(
+            "selection quality on {} ({:?}), C={} K={}:",
+            l.source, l.shape, a.select.block_size, a.select.top_k
+        );
+        print!("{}", table(&rows, a.select.top_k));
+    }
+    Ok(())
 }
