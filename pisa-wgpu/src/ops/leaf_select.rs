@@ -1,0 +1,69 @@
+//! Stage 2 of PISA prefill selection (PISA.md sections 3.3, 3.4 and 5): exact-LSE scoring of the
+//! stage-1 leaf candidates with query tiling, and the final top-K; shader
+//! `shaders/leaf_select.wgsl`.
+
+use super::select::{fit_tile, Plan};
+use crate::error::Result;
+use crate::runtime::buffers::{GpuTensor, POISON_I32};
+use crate::runtime::context::Context;
+use crate::runtime::pipeline::{ShaderSource, Storage};
+use crate::runtime::profiler::Profiler;
+
+/// `shaders/leaf_select.wgsl`.
+pub const SHADER: ShaderSource = ShaderSource {
+    name: "leaf_select",
+    wgsl: include_str!("../../../shaders/leaf_select.wgsl"),
+};
+
+/// Invocations per workgroup (the shader's `WG`): key tokens per chunk.
+const WG: u32 = 64;
+
+/// Workgroup bytes of stage 2 for a tile of `t` queries.
+fn wg_bytes(t: u32, gq: u32, d: u32, mc: u32) -> u64 {
+    4 * (t * gq * d + 4 * t * mc + t * mc * t + WG * t * gq + 2 * t * gq + t + 1) as u64
+}
+
+/// Records stage 2 over the candidates `cand` (`[B, Hkv, Nq, g*(K+1)]` from
+/// [`super::route`]) and returns the selection `[B, Hkv, Nq, K]` i32, ascending, -1 padded.
+/// `q_tile` (Qtile) consecutive queries share each loaded key block; it is clamped to what fits
+/// in workgroup memory and does not change the result. Profiler stage "leaf_select".
+/// Errors: [`crate::GpuError::Limit`] (buffers, workgroup memory).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    plan: &Plan,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    cand: &GpuTensor,
+    q_tile: usize,
+    prof: Option<&mut Profiler>,
+) -> Result<GpuTensor> {
+    let (gq, d, mc) = (plan.gq, plan.params.head_dim, plan.params.mc);
+    let t = fit_tile(ctx, "leaf_select", q_tile.max(1), |t| {
+        wg_bytes(t, gq, d, mc)
+    })?;
+    let len = plan.sched.selection_len(&plan.shape);
+    let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
+    let consts = [("GQ", gq), ("QT", t), ("MC", mc), ("QBUF", t * gq * d)];
+    let pipe = ctx.pipelines.get(
+        &ctx.device,
+        &SHADER,
+        "leaf_select",
+        plan.storage,
+        &consts,
+        &[],
+    )?;
+    let p = plan.tiled(t);
+    let u = ctx.uniform("leaf_select params", &p);
+    let b = [
+        (0, &u),
+        (1, &q.buffer),
+        (2, &k.buffer),
+        (3, &cand.buffer),
+        (4, &sel.buffer),
+    ];
+    let timer = prof.map(|pr| (pr, "leaf_select"));
+    ctx.dispatch(enc, &pipe, &b, p.wg_count as u64, timer)?;
+    Ok(sel)
+}

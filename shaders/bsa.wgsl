@@ -1,0 +1,214 @@
+// BSA selection baseline (PISA.md section 3, "BSA baseline"): every complete-past, non-forced
+// leaf j is scored by s * q.mu_j summed over the GQA group (= (s * sum_h q_h) . mu_j), and the
+// best K - |forced| join the forced leaves. O(N / C) per query.
+//
+// One workgroup per (b, KV head, tile of QB consecutive queries). The leaves are scanned in
+// chunks of WG, one leaf per invocation: its mean row is read once and scored against every
+// query of the tile. Each query keeps a running top list in workgroup memory, sorted best first
+// (position = rank). A scored leaf that beats the list's worst entry (or any leaf while the list
+// is not full) joins the query's survivors (atomic append); after each chunk the list and the
+// survivors are merged by rank (rank = number strictly better: higher score, then lower index),
+// which is deterministic whatever the append order. The row is written ascending: forced + kept,
+// -1 padded; a query that sees K or fewer leaves gets them all.
+//
+// Q: store_t, (b, h, n, d) at b*q_sb + h*q_sh + n*q_sn + d; means: f32 [B*Hkv, total_nodes, D]
+// (level 0 at levels[0].x); out: i32 [B, Hkv, Nq, K].
+alias store_t = f32;
+
+const GQ: u32 = 1u;
+const QB: u32 = 8u;
+const KS: u32 = 16u;
+const QBUF: u32 = 512u;
+const WG: u32 = 64u;
+const LIST: u32 = QB * KS;
+
+struct Params {
+    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
+    k_sh: u32, k_sn: u32, q_heads: u32, kv_heads: u32,
+    q_len: u32, k_len: u32, head_dim: u32, block_size: u32,
+    merge: u32, top_k: u32, causal: u32, sink: u32,
+    local: u32, nb0: u32, total_nodes: u32, start_level: u32,
+    scoring: u32, tiles: u32, wg_count: u32, scale: f32,
+    q_pos0: u32, mc: u32, routed: u32, pad1: u32,
+    levels: array<vec4<u32>, 64>,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<store_t>;
+@group(0) @binding(2) var<storage, read> means: array<f32>;
+@group(0) @binding(3) var<storage, read_write> sel: array<i32>;
+
+var<workgroup> qs: array<f32, QBUF>;
+var<workgroup> ts: array<f32, 2u * LIST>;
+var<workgroup> ti: array<u32, 2u * LIST>;
+var<workgroup> tn: array<u32, QB>;
+var<workgroup> ss: array<f32, QB * WG>;
+var<workgroup> si: array<u32, QB * WG>;
+var<workgroup> sn: array<atomic<u32>, QB>;
+
+fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+}
+
+fn local_start(bq: u32) -> u32 { return bq - min(p.local, bq); }
+fn sink_end(bq: u32) -> u32 { return min(p.sink, local_start(bq)); }
+fn n_forced(bq: u32) -> u32 { return sink_end(bq) + bq + 1u - local_start(bq); }
+fn is_forced(bq: u32, j: u32) -> bool {
+    return j <= bq && (j < p.sink || j + p.local >= bq);
+}
+fn forced_below(bq: u32, x: u32) -> u32 {
+    let ls = local_start(bq);
+    var n = min(x, sink_end(bq));
+    if (x > ls) { n += min(x, bq + 1u) - ls; }
+    return n;
+}
+fn visible(bq: u32) -> u32 {
+    if (p.causal != 0u) { return bq + 1u; }
+    return p.nb0;
+}
+// Slots left after the forced leaves, 0 for a query that does not choose.
+fn slots_of(i: u32) -> u32 {
+    if (i >= p.q_len) { return 0u; }
+    let bq = (p.q_pos0 + i) / p.block_size;
+    if (visible(bq) <= p.top_k) { return 0u; }
+    return p.top_k - n_forced(bq);
+}
+fn better(s: f32, j: u32, so: f32, jo: u32) -> bool {
+    return s > so || (s == so && j < jo);
+}
+
+@compute @workgroup_size(WG)
+fn bsa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let id = linear_id(wid, nwg);
+    if (id >= p.wg_count) { return; }
+    let bh = id / p.tiles;
+    let i0 = (id % p.tiles) * QB;
+    let b = bh / p.kv_heads;
+    let hkv = bh % p.kv_heads;
+    let d_n = p.head_dim;
+    let kk = p.top_k;
+    for (var e = lid; e < QB * d_n; e += WG) {
+        let i = i0 + e / d_n;
+        var v = 0.0;
+        if (i < p.q_len) {
+            let base = b * p.q_sb + i * p.q_sn + e % d_n;
+            for (var h = 0u; h < GQ; h++) { v += f32(q[base + (hkv * GQ + h) * p.q_sh]); }
+        }
+        qs[e] = p.scale * v;
+    }
+    if (lid < QB) {
+        tn[lid] = 0u;
+        atomicStore(&sn[lid], 0u);
+    }
+    let i_last = min(i0 + QB, p.q_len) - 1u;
+    var pmax = p.nb0;
+    if (p.causal != 0u) { pmax = (p.q_pos0 + i_last) / p.block_size; }
+    let row0 = (bh * p.total_nodes + p.levels[0].x) * d_n;
+    var par = 0u;
+    workgroupBarrier();
+    for (var c0 = 0u; c0 < pmax; c0 += WG) {
+        let j = c0 + lid;
+        if (j < pmax) {
+            var acc: array<f32, QB>;
+            for (var qi = 0u; qi < QB; qi++) { acc[qi] = 0.0; }
+            let row = row0 + j * d_n;
+            for (var d = 0u; d < d_n; d++) {
+                let x = means[row + d];
+                for (var qi = 0u; qi < QB; qi++) { acc[qi] += qs[qi * d_n + d] * x; }
+            }
+            for (var qi = 0u; qi < QB; qi++) {
+                let i = i0 + qi;
+                let slots = slots_of(i);
+                let bq = (p.q_pos0 + i) / p.block_size;
+                var past = p.nb0;
+                if (p.causal != 0u) { past = bq; }
+                if (slots > 0u && j < past && !is_forced(bq, j)) {
+                    let w = par * LIST + qi * KS + slots - 1u;
+                    if (tn[qi] < slots || better(acc[qi], j, ts[w], ti[w])) {
+                        let at = atomicAdd(&sn[qi], 1u);
+                        ss[qi * WG + at] = acc[qi];
+                        si[qi * WG + at] = j;
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+        let np = 1u - par;
+        for (var e = lid; e < QB * (KS + WG); e += WG) {
+            let qi = e / (KS + WG);
+            let r = e % (KS + WG);
+            let n = tn[qi];
+            let m = atomicLoad(&sn[qi]);
+            if (r < n + m) {
+                var s: f32;
+                var x: u32;
+                if (r < n) { s = ts[par * LIST + qi * KS + r]; x = ti[par * LIST + qi * KS + r]; }
+                else { s = ss[qi * WG + r - n]; x = si[qi * WG + r - n]; }
+                var rank = r;
+                if (m > 0u) {
+                    rank = 0u;
+                    for (var o = 0u; o < n; o++) {
+                        if (better(ts[par * LIST + qi * KS + o], ti[par * LIST + qi * KS + o], s, x)) { rank++; }
+                    }
+                    for (var o = 0u; o < m; o++) {
+                        if (better(ss[qi * WG + o], si[qi * WG + o], s, x)) { rank++; }
+                    }
+                }
+                if (rank < slots_of(i0 + qi)) {
+                    ts[np * LIST + qi * KS + rank] = s;
+                    ti[np * LIST + qi * KS + rank] = x;
+                }
+            }
+        }
+        workgroupBarrier();
+        if (lid < QB) {
+            tn[lid] = min(slots_of(i0 + lid), tn[lid] + atomicLoad(&sn[lid]));
+            atomicStore(&sn[lid], 0u);
+        }
+        par = np;
+        workgroupBarrier();
+    }
+    // Kept leaves at their ascending positions among forced + kept.
+    for (var e = lid; e < LIST; e += WG) {
+        let qi = e / KS;
+        let r = e % KS;
+        let i = i0 + qi;
+        if (i < p.q_len && r < tn[qi]) {
+            let x = ti[par * LIST + e];
+            let bq = (p.q_pos0 + i) / p.block_size;
+            var pos = forced_below(bq, x);
+            for (var o = 0u; o < tn[qi]; o++) {
+                if (ti[par * LIST + qi * KS + o] < x) { pos++; }
+            }
+            sel[(bh * p.q_len + i) * kk + pos] = i32(x);
+        }
+    }
+    if (lid < QB && i0 + lid < p.q_len) {
+        let i = i0 + lid;
+        let out = (bh * p.q_len + i) * kk;
+        let bq = (p.q_pos0 + i) / p.block_size;
+        let vis = visible(bq);
+        var total = 0u;
+        if (vis <= kk) {
+            for (var j = 0u; j < vis; j++) { sel[out + j] = i32(j); }
+            total = vis;
+        } else {
+            let nk = tn[lid];
+            let ls = local_start(bq);
+            let se = sink_end(bq);
+            var idx = 0u;
+            for (var f = 0u; f <= bq; f++) {
+                if (f == se && se < ls) { f = ls; }
+                var pos = idx;
+                for (var o = 0u; o < nk; o++) {
+                    if (ti[par * LIST + lid * KS + o] < f) { pos++; }
+                }
+                sel[out + pos] = i32(f);
+                idx++;
+            }
+            total = idx + nk;
+        }
+        for (var r = total; r < kk; r++) { sel[out + r] = -1; }
+    }
+}

@@ -1,0 +1,266 @@
+// Stage 2 of PISA prefill selection (PISA.md sections 2, 3.3, 3.4 and 5): score the stage-1
+// leaf candidates with exact LSE over their raw keys and write the final selection.
+//
+// One workgroup per (b, KV head, tile of QT consecutive queries). The tile's non-forced
+// candidates (of queries that must choose) are deduplicated into a union; each union leaf is
+// loaded once, chunk by chunk of WG tokens, one token per invocation, and that key row serves
+// every (query, head) pair of the tile (QT*GQ dot products per key read). A workgroup reduction
+// folds the chunk into a running (max, sum) per (query, head); a leaf's score for a query is the
+// sum over the GQ heads of log sum_t exp(s q.k_t). The final pick is rank-based (rank = number of
+// candidates strictly better: higher score, then lower index; keep rank < K - |forced|), and the
+// row is written ascending: forced + kept, -1 padded. A query that sees K or fewer leaves gets
+// them all.
+//
+// Q, K: store_t, (b, h, n, d) at b*sb + h*sh + n*sn + d. cand: i32 [B, Hkv, Nq, MC] (-1 padded);
+// out: i32 [B, Hkv, Nq, K].
+alias store_t = f32;
+
+const GQ: u32 = 1u;
+const QT: u32 = 4u;
+const MC: u32 = 34u;
+const QBUF: u32 = 256u;
+const WG: u32 = 64u;
+const QG: u32 = QT * GQ;
+const NEG: f32 = -3.0e38;
+const NONE: u32 = 0xffffffffu;
+
+struct Params {
+    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
+    k_sh: u32, k_sn: u32, q_heads: u32, kv_heads: u32,
+    q_len: u32, k_len: u32, head_dim: u32, block_size: u32,
+    merge: u32, top_k: u32, causal: u32, sink: u32,
+    local: u32, nb0: u32, total_nodes: u32, start_level: u32,
+    scoring: u32, tiles: u32, wg_count: u32, scale: f32,
+    q_pos0: u32, mc: u32, routed: u32, pad1: u32,
+    levels: array<vec4<u32>, 64>,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<store_t>;
+@group(0) @binding(2) var<storage, read> k: array<store_t>;
+@group(0) @binding(3) var<storage, read> cand: array<i32>;
+@group(0) @binding(4) var<storage, read_write> sel: array<i32>;
+
+var<workgroup> qs: array<f32, QBUF>;
+var<workgroup> cl: array<u32, QT * MC>;
+var<workgroup> ui: array<u32, QT * MC>;
+var<workgroup> ul: array<u32, QT * MC>;
+var<workgroup> kf: array<u32, QT * MC>;
+var<workgroup> us: array<f32, QT * MC * QT>;
+var<workgroup> sc: array<f32, WG * QG>;
+var<workgroup> rm: array<f32, QG>;
+var<workgroup> rl: array<f32, QG>;
+var<workgroup> nd: array<u32, QT>;
+var<workgroup> nu: u32;
+
+fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+}
+
+// Forced leaves of own block bq (PISA.md 3.3): 0..sink_end, then local_start..=bq.
+fn local_start(bq: u32) -> u32 { return bq - min(p.local, bq); }
+fn sink_end(bq: u32) -> u32 { return min(p.sink, local_start(bq)); }
+fn n_forced(bq: u32) -> u32 { return sink_end(bq) + bq + 1u - local_start(bq); }
+fn is_forced(bq: u32, j: u32) -> bool {
+    return j <= bq && (j < p.sink || j + p.local >= bq);
+}
+// Forced leaves below leaf x.
+fn forced_below(bq: u32, x: u32) -> u32 {
+    let ls = local_start(bq);
+    var n = min(x, sink_end(bq));
+    if (x > ls) { n += min(x, bq + 1u) - ls; }
+    return n;
+}
+fn visible(bq: u32) -> u32 {
+    if (p.causal != 0u) { return bq + 1u; }
+    return p.nb0;
+}
+
+@compute @workgroup_size(WG)
+fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let id = linear_id(wid, nwg);
+    if (id >= p.wg_count) { return; }
+    let bh = id / p.tiles;
+    let i0 = (id % p.tiles) * QT;
+    let b = bh / p.kv_heads;
+    let hkv = bh % p.kv_heads;
+    let d_n = p.head_dim;
+    let kk = p.top_k;
+    for (var e = lid; e < QG * d_n; e += WG) {
+        let qi = e / (GQ * d_n);
+        let r = e % (GQ * d_n);
+        let i = i0 + qi;
+        var v = 0.0;
+        if (i < p.q_len) {
+            let hq = hkv * GQ + r / d_n;
+            v = p.scale * f32(q[b * p.q_sb + hq * p.q_sh + i * p.q_sn + r % d_n]);
+        }
+        qs[e] = v;
+    }
+    // Non-forced candidates of queries that see more than K leaves.
+    for (var e = lid; e < QT * MC; e += WG) {
+        let i = i0 + e / MC;
+        var v = NONE;
+        if (i < p.q_len) {
+            let bq = (p.q_pos0 + i) / p.block_size;
+            if (visible(bq) > kk) {
+                let c = cand[(bh * p.q_len + i) * MC + e % MC];
+                if (c >= 0 && !is_forced(bq, u32(c))) { v = u32(c); }
+            }
+        }
+        cl[e] = v;
+    }
+    workgroupBarrier();
+    if (lid < QT) {
+        let bq = (p.q_pos0 + i0 + lid) / p.block_size;
+        var n = 0u;
+        for (var o = 0u; o < MC; o++) { n += select(0u, 1u, cl[lid * MC + o] != NONE); }
+        let slots = kk - n_forced(bq);
+        nd[lid] = select(0u, 1u, n > slots && slots > 0u);
+    }
+    workgroupBarrier();
+    // Union of the leaves to score: first occurrences, compacted in entry order.
+    for (var e = lid; e < QT * MC; e += WG) {
+        let x = cl[e];
+        var f = 0u;
+        if (x != NONE && nd[e / MC] != 0u) {
+            f = 1u;
+            for (var o = 0u; o < e; o++) {
+                if (cl[o] == x && nd[o / MC] != 0u) { f = 0u; break; }
+            }
+        }
+        kf[e] = f;
+    }
+    workgroupBarrier();
+    for (var e = lid; e < QT * MC; e += WG) {
+        if (kf[e] != 0u) {
+            var u = 0u;
+            for (var o = 0u; o < e; o++) { u += kf[o]; }
+            ul[u] = cl[e];
+            ui[e] = u;
+        }
+    }
+    if (lid == 0u) {
+        var n = 0u;
+        for (var o = 0u; o < QT * MC; o++) { n += kf[o]; }
+        nu = n;
+    }
+    workgroupBarrier();
+    for (var e = lid; e < QT * MC; e += WG) {
+        let x = cl[e];
+        if (x != NONE && nd[e / MC] != 0u && kf[e] == 0u) {
+            for (var o = 0u; o < e; o++) {
+                if (kf[o] != 0u && cl[o] == x) { ui[e] = ui[o]; break; }
+            }
+        }
+    }
+    let n_union = workgroupUniformLoad(&nu);
+    let kbase = b * p.k_sb + hkv * p.k_sh;
+    for (var u = 0u; u < n_union; u++) {
+        let leaf = ul[u];
+        for (var t0 = 0u; t0 < p.block_size; t0 += WG) {
+            let t = t0 + lid;
+            let tok = leaf * p.block_size + t;
+            var acc: array<f32, QG>;
+            for (var j = 0u; j < QG; j++) { acc[j] = 0.0; }
+            let valid = t < p.block_size && tok < p.k_len;
+            if (valid) {
+                let row = kbase + tok * p.k_sn;
+                for (var d = 0u; d < d_n; d++) {
+                    let x = f32(k[row + d]);
+                    for (var j = 0u; j < QG; j++) { acc[j] += qs[j * d_n + d] * x; }
+                }
+            }
+            for (var j = 0u; j < QG; j++) { sc[lid * QG + j] = select(NEG, acc[j], valid); }
+            workgroupBarrier();
+            let cnt = min(WG, p.block_size - t0);
+            for (var j = lid; j < QG; j += WG) {
+                var m = NEG;
+                for (var r = 0u; r < cnt; r++) { m = max(m, sc[r * QG + j]); }
+                var mo = NEG;
+                var lo = 0.0;
+                if (t0 > 0u) { mo = rm[j]; lo = rl[j]; }
+                let mn = max(mo, m);
+                var s = lo * exp(mo - mn);
+                for (var r = 0u; r < cnt; r++) { s += exp(sc[r * QG + j] - mn); }
+                rm[j] = mn;
+                rl[j] = s;
+            }
+            workgroupBarrier();
+        }
+        if (lid < QT) {
+            var tot = 0.0;
+            for (var h = 0u; h < GQ; h++) { tot += rm[lid * GQ + h] + log(rl[lid * GQ + h]); }
+            us[u * QT + lid] = tot;
+        }
+    }
+    workgroupBarrier();
+    // Keep rank < slots (higher score, then lower index).
+    for (var e = lid; e < QT * MC; e += WG) {
+        let qi = e / MC;
+        let x = cl[e];
+        var keep = 0u;
+        if (x != NONE) {
+            let bq = (p.q_pos0 + i0 + qi) / p.block_size;
+            let slots = kk - n_forced(bq);
+            if (nd[qi] != 0u) {
+                let s = us[ui[e] * QT + qi];
+                var rank = 0u;
+                for (var o = qi * MC; o < qi * MC + MC; o++) {
+                    let xo = cl[o];
+                    if (xo != NONE) {
+                        let so = us[ui[o] * QT + qi];
+                        if (so > s || (so == s && xo < x)) { rank++; }
+                    }
+                }
+                keep = select(0u, 1u, rank < slots);
+            } else {
+                keep = select(0u, 1u, slots > 0u);
+            }
+        }
+        kf[e] = keep;
+    }
+    workgroupBarrier();
+    for (var e = lid; e < QT * MC; e += WG) {
+        let qi = e / MC;
+        let i = i0 + qi;
+        if (kf[e] != 0u) {
+            let x = cl[e];
+            let bq = (p.q_pos0 + i) / p.block_size;
+            var pos = forced_below(bq, x);
+            for (var o = qi * MC; o < qi * MC + MC; o++) {
+                if (kf[o] != 0u && cl[o] < x) { pos++; }
+            }
+            sel[(bh * p.q_len + i) * kk + pos] = i32(x);
+        }
+    }
+    if (lid < QT && i0 + lid < p.q_len) {
+        let i = i0 + lid;
+        let out = (bh * p.q_len + i) * kk;
+        let bq = (p.q_pos0 + i) / p.block_size;
+        let vis = visible(bq);
+        var total = 0u;
+        if (vis <= kk) {
+            for (var j = 0u; j < vis; j++) { sel[out + j] = i32(j); }
+            total = vis;
+        } else {
+            var nk = 0u;
+            for (var o = lid * MC; o < lid * MC + MC; o++) { nk += kf[o]; }
+            let ls = local_start(bq);
+            let se = sink_end(bq);
+            var idx = 0u;
+            for (var f = 0u; f <= bq; f++) {
+                if (f == se && se < ls) { f = ls; }
+                var pos = idx;
+                for (var o = lid * MC; o < lid * MC + MC; o++) {
+                    if (kf[o] != 0u && cl[o] < f) { pos++; }
+                }
+                sel[out + pos] = i32(f);
+                idx++;
+            }
+            total = idx + nk;
+        }
+        for (var r = total; r < kk; r++) { sel[out + r] = -1; }
+    }
+}

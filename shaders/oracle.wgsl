@@ -1,0 +1,148 @@
+// Oracle block selection for quality measurement (PISA.md section 3, "Quality"): the
+// full-attention softmax mass of every leaf, averaged over the GQA group, and the top K leaves by
+// mass (ties: lower index), no forced leaves. O(Nq * Nk * D) per head: only for measurement.
+//
+// `mass`: one workgroup per (b, KV head, query). Pass 1 (invocations stride over the visible
+// keys, each key row read once for all GQ heads): per-invocation online (max, sum) per head,
+// combined in workgroup memory into the row LSE of every head. Pass 2 (invocations stride over
+// the leaves): mass_j = (1/GQ) sum_h sum_{t in leaf j, visible} exp(s q_h.k_t - lse_h); 0 for
+// leaves with no visible key.
+// `topk`: one workgroup per row; rank of each visible leaf = number of visible leaves with more
+// mass (or equal mass and lower index); rank < K is kept, then written ascending, -1 padded.
+//
+// Q, K: store_t, (b, h, n, d) at b*sb + h*sh + n*sn + d. mass: f32 [B, Hkv, Nq, nb0];
+// out: i32 [B, Hkv, Nq, K].
+alias store_t = f32;
+
+const GQ: u32 = 1u;
+const KS: u32 = 16u;
+const QBUF: u32 = 64u;
+const WG: u32 = 64u;
+const NEG: f32 = -3.0e38;
+
+struct Params {
+    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
+    k_sh: u32, k_sn: u32, q_heads: u32, kv_heads: u32,
+    q_len: u32, k_len: u32, head_dim: u32, block_size: u32,
+    merge: u32, top_k: u32, causal: u32, sink: u32,
+    local: u32, nb0: u32, total_nodes: u32, start_level: u32,
+    scoring: u32, tiles: u32, wg_count: u32, scale: f32,
+    q_pos0: u32, mc: u32, routed: u32, pad1: u32,
+    levels: array<vec4<u32>, 64>,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<store_t>;
+@group(0) @binding(2) var<storage, read> k: array<store_t>;
+@group(0) @binding(3) var<storage, read_write> mass: array<f32>;
+@group(0) @binding(4) var<storage, read_write> sel: array<i32>;
+
+var<workgroup> qs: array<f32, QBUF>;
+var<workgroup> rm: array<f32, WG * GQ>;
+var<workgroup> rl: array<f32, WG * GQ>;
+var<workgroup> lse: array<f32, GQ>;
+var<workgroup> pick: array<u32, KS>;
+
+fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+}
+
+@compute @workgroup_size(WG)
+fn oracle_mass(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = linear_id(wid, nwg);
+    if (row >= p.wg_count) { return; }
+    let bh = row / p.q_len;
+    let i = row % p.q_len;
+    let b = bh / p.kv_heads;
+    let hkv = bh % p.kv_heads;
+    let d_n = p.head_dim;
+    for (var e = lid; e < GQ * d_n; e += WG) {
+        let hq = hkv * GQ + e / d_n;
+        qs[e] = p.scale * f32(q[b * p.q_sb + hq * p.q_sh + i * p.q_sn + e % d_n]);
+    }
+    var nvis = p.k_len;
+    if (p.causal != 0u) { nvis = p.q_pos0 + i + 1u; }
+    let kbase = b * p.k_sb + hkv * p.k_sh;
+    workgroupBarrier();
+    var m: array<f32, GQ>;
+    var l: array<f32, GQ>;
+    var acc: array<f32, GQ>;
+    for (var h = 0u; h < GQ; h++) { m[h] = NEG; l[h] = 0.0; }
+    for (var t = lid; t < nvis; t += WG) {
+        for (var h = 0u; h < GQ; h++) { acc[h] = 0.0; }
+        let kr = kbase + t * p.k_sn;
+        for (var d = 0u; d < d_n; d++) {
+            let x = f32(k[kr + d]);
+            for (var h = 0u; h < GQ; h++) { acc[h] += qs[h * d_n + d] * x; }
+        }
+        for (var h = 0u; h < GQ; h++) {
+            let mn = max(m[h], acc[h]);
+            l[h] = l[h] * exp(m[h] - mn) + exp(acc[h] - mn);
+            m[h] = mn;
+        }
+    }
+    for (var h = 0u; h < GQ; h++) {
+        rm[lid * GQ + h] = m[h];
+        rl[lid * GQ + h] = l[h];
+    }
+    workgroupBarrier();
+    for (var h = lid; h < GQ; h += WG) {
+        var mx = NEG;
+        for (var r = 0u; r < WG; r++) { mx = max(mx, rm[r * GQ + h]); }
+        var s = 0.0;
+        for (var r = 0u; r < WG; r++) { s += rl[r * GQ + h] * exp(rm[r * GQ + h] - mx); }
+        lse[h] = mx + log(s);
+    }
+    workgroupBarrier();
+    for (var j = lid; j < p.nb0; j += WG) {
+        let t0 = j * p.block_size;
+        let t1 = min(t0 + p.block_size, nvis);
+        var total = 0.0;
+        for (var t = t0; t < t1; t++) {
+            for (var h = 0u; h < GQ; h++) { acc[h] = 0.0; }
+            let kr = kbase + t * p.k_sn;
+            for (var d = 0u; d < d_n; d++) {
+                let x = f32(k[kr + d]);
+                for (var h = 0u; h < GQ; h++) { acc[h] += qs[h * d_n + d] * x; }
+            }
+            for (var h = 0u; h < GQ; h++) { total += exp(acc[h] - lse[h]); }
+        }
+        mass[row * p.nb0 + j] = total / f32(GQ);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn oracle_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = linear_id(wid, nwg);
+    if (row >= p.wg_count) { return; }
+    let i = row % p.q_len;
+    let kk = p.top_k;
+    var vis = p.nb0;
+    if (p.causal != 0u) { vis = (p.q_pos0 + i) / p.block_size + 1u; }
+    let base = row * p.nb0;
+    for (var j = lid; j < vis; j += WG) {
+        let mj = mass[base + j];
+        var rank = 0u;
+        for (var o = 0u; o < vis && rank < kk; o++) {
+            let mo = mass[base + o];
+            if (mo > mj || (mo == mj && o < j)) { rank++; }
+        }
+        if (rank < kk) { pick[rank] = j; }
+    }
+    workgroupBarrier();
+    let n = min(kk, vis);
+    for (var r = lid; r < kk; r += WG) {
+        if (r < n) {
+            let x = pick[r];
+            var pos = 0u;
+            for (var o = 0u; o < n; o++) {
+                if (pick[o] < x) { pos++; }
+            }
+            sel[row * kk + pos] = i32(x);
+        } else {
+            sel[row * kk + r] = -1;
+        }
+    }
+}

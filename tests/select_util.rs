@@ -1,0 +1,145 @@
+//! Helpers of the selection tests (included with `#[path]` by `select*.rs`): test cases, inputs,
+//! and the comparison of a GPU selection with the CPU reference that accepts a differing row
+//! only where the reference's own margin says it is a near-tie.
+#![allow(dead_code)]
+
+use pisa_core::reference::Selection;
+use pisa_core::{AttentionShape, Scoring, SelectionConfig, TensorLayout};
+use pisa_wgpu::Storage;
+use rand_chacha::ChaCha8Rng;
+
+use crate::common::{random, through_f16};
+
+/// One selection test case.
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    pub b: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub nq: usize,
+    pub nk: usize,
+    pub d: usize,
+    pub c: usize,
+    pub k: usize,
+    pub g: usize,
+    pub scoring: Scoring,
+    pub causal: bool,
+    pub sink: usize,
+    pub local: usize,
+    pub layout: TensorLayout,
+    pub storage: Storage,
+}
+
+impl Case {
+    /// A causal prefill case with `lse` scoring, g = 2, no forced extras, Bhnd, f32.
+    pub fn new(b: usize, hq: usize, hkv: usize, n: usize, d: usize, c: usize, k: usize) -> Self {
+        Self {
+            b,
+            hq,
+            hkv,
+            nq: n,
+            nk: n,
+            d,
+            c,
+            k,
+            g: 2,
+            scoring: Scoring::Lse,
+            causal: true,
+            sink: 0,
+            local: 0,
+            layout: TensorLayout::Bhnd,
+            storage: Storage::F32,
+        }
+    }
+
+    pub fn shape(&self) -> AttentionShape {
+        AttentionShape::new(self.b, self.hq, self.hkv, self.nq, self.nk, self.d).unwrap()
+    }
+
+    pub fn cfg(&self) -> SelectionConfig {
+        SelectionConfig::new(self.c, self.k)
+            .unwrap()
+            .with_merge_factor(self.g)
+            .with_scoring(self.scoring)
+            .with_causal(self.causal)
+            .with_forced(self.sink, self.local)
+    }
+
+    /// Random Q and K (uniform in [-1, 1], plus a per-(head, block) key offset so blocks
+    /// differ), rounded through f16 when the case stores f16 (both GPU and reference see it).
+    pub fn inputs(&self, r: &mut ChaCha8Rng) -> (Vec<f32>, Vec<f32>) {
+        let s = self.shape();
+        let q = random(r, s.q_elems(), 1.0);
+        let mut k = random(r, s.kv_elems(), 1.0);
+        let nb = self.nk.div_ceil(self.c);
+        let offs = random(r, self.b * self.hkv * nb * self.d, 0.5);
+        for b in 0..self.b {
+            for h in 0..self.hkv {
+                for t in 0..self.nk {
+                    for d in 0..self.d {
+                        let i = self.layout.index(self.hkv, self.nk, self.d, b, h, t, d);
+                        k[i] += offs[((b * self.hkv + h) * nb + t / self.c) * self.d + d];
+                    }
+                }
+            }
+        }
+        match self.storage {
+            Storage::F32 => (q, k),
+            Storage::F16 => (through_f16(&q), through_f16(&k)),
+        }
+    }
+
+    /// Tie tolerance on the reference margin: see [`tie_tol`].
+    pub fn tol(&self, q: &[f32], k: &[f32]) -> f64 {
+        let s = self.cfg().softmax_scale(self.d) as f64;
+        tie_tol(self.hq / self.hkv, self.d, s, q, k, self.storage)
+    }
+}
+
+/// Tie tolerance on a reference margin (natural-log score units summed over the g_q heads of the
+/// group): the f32 GPU arithmetic differs from the f64 reference by about
+/// `eps_f32 * sqrt(D) * |s q.k|` per score, so a row may legitimately differ only where the
+/// margin is below `2e-5 (4e-5 for f16 storage) * g_q * (1 + s * max|q| * max|k| * sqrt(D))`.
+pub fn tie_tol(gq: usize, d: usize, scale: f64, q: &[f32], k: &[f32], storage: Storage) -> f64 {
+    let amax = |v: &[f32]| v.iter().fold(0f64, |m, &x| m.max(x.abs() as f64));
+    let per_head = match storage {
+        Storage::F32 => 2e-5,
+        Storage::F16 => 4e-5,
+    };
+    per_head * gq as f64 * (1.0 + scale * amax(q) * amax(k) * (d as f64).sqrt())
+}
+
+/// Compares a GPU selection with the reference row by row. A row that differs is accepted only
+/// when the reference's margin is below `tol` (a near-tie that f32 rounding may flip) and the
+/// GPU row is still a valid selection (ascending, same count); anything else panics. Returns
+/// the number of rows accepted as ties.
+pub fn check(what: &str, gpu: &[i32], want: &Selection, tol: f64) -> usize {
+    let k = want.top_k;
+    assert_eq!(gpu.len(), want.indices.len(), "{what}: length");
+    let mut ties = 0;
+    for r in 0..want.rows() {
+        let g = &gpu[r * k..(r + 1) * k];
+        let w = want.row(r);
+        if g == w {
+            continue;
+        }
+        let m = want.margin[r];
+        let count = |x: &[i32]| x.iter().filter(|&&v| v >= 0).count();
+        let ascending = g[..count(g)].windows(2).all(|p| p[0] < p[1]);
+        assert!(
+            m < tol && count(g) == count(w) && ascending && g[count(g)..].iter().all(|&v| v == -1),
+            "{what}: row {r}: gpu {g:?} reference {w:?}, reference margin {m:.3e} (tie tolerance {tol:.1e})"
+        );
+        ties += 1;
+    }
+    ties
+}
+
+/// Prints the tie count of a case (ties must be rare; the test fails above 5% of the rows).
+pub fn report(what: &str, ties: usize, rows: usize) {
+    eprintln!("{what}: {rows} rows, {ties} accepted as near-ties");
+    assert!(
+        ties * 20 <= rows.max(20),
+        "{what}: {ties} ties out of {rows} rows"
+    );
+}
