@@ -1,14 +1,291 @@
-//! `pisa bench`: GPU-timed comparison of PISA against BSA and dense attention.
+//! `pisa bench`: GPU-timed comparison of PISA against BSA and dense attention on the same
+//! inputs, in one run; `--compare` sets several runs (adapters, vendors) side by side.
 
+pub mod measure;
 pub mod report;
 
+use std::path::PathBuf;
+
+use anyhow::{bail, Context as _, Result};
 use clap::Args;
+use pisa_core::SelectionConfig;
+use pisa_wgpu::Storage;
+
+use crate::args::{progress, DeviceArgs, ScoringArg, StorageArg};
+use report::{Record, Report};
 
 /// Arguments of `pisa bench`.
 #[derive(Args, Debug)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Prefill lengths N (comma separated; k/K and m/M suffixes: 4k = 4096).
+    #[arg(long, default_value = "4k,16k,64k,128k,256k")]
+    pub sizes: String,
+    /// KV-cache lengths of the decode benchmark (empty: none).
+    #[arg(long, default_value = "64k,256k,1m")]
+    pub decode_sizes: String,
+    /// Query heads.
+    #[arg(long, default_value_t = 32)]
+    pub hq: usize,
+    /// Key/value heads.
+    #[arg(long, default_value_t = 8)]
+    pub hkv: usize,
+    /// Head dim.
+    #[arg(long, default_value_t = 128)]
+    pub d: usize,
+    /// Leaf block size C.
+    #[arg(long, default_value_t = 64)]
+    pub block_size: usize,
+    /// top_k K.
+    #[arg(long, default_value_t = 16)]
+    pub top_k: usize,
+    /// Intermediate scoring.
+    #[arg(long, value_enum, default_value_t = ScoringArg::Lse)]
+    pub scoring: ScoringArg,
+    /// Stage-2 query tile.
+    #[arg(long, default_value_t = 4)]
+    pub q_tile: usize,
+    /// Storage precisions to run (comma separated: f16,f32).
+    #[arg(long, default_value = "f16,f32")]
+    pub storages: String,
+    /// Time dense attention only up to this N (the portable kernel is O(N^2)).
+    #[arg(long, default_value = "64k")]
+    pub dense_max: String,
+    /// Timed repetitions per size (fewer when a size would exceed --budget-s).
+    #[arg(long, default_value_t = 10)]
+    pub reps: usize,
+    /// Seconds one size may take.
+    #[arg(long, default_value_t = 8.0)]
+    pub budget_s: f64,
+    /// Write the results as JSON here (and an SVG plot beside it).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Instead of measuring: print these result files side by side (and write compare.svg).
+    #[arg(long, num_args = 1..)]
+    pub compare: Vec<PathBuf>,
+    /// Adapter name fragment or index.
+    #[arg(long)]
+    pub adapter: Option<String>,
+}
+
+/// Parses "4k,16K,1m,1000" into token counts.
+pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| {
+            let (num, mul) = match x.chars().last() {
+                Some('k' | 'K') => (&x[..x.len() - 1], 1024),
+                Some('m' | 'M') => (&x[..x.len() - 1], 1024 * 1024),
+                _ => (x, 1),
+            };
+            let n: usize = num
+                .parse()
+                .with_context(|| format!("bad size {x:?} (examples: 4096, 4k, 1m)"))?;
+            if n == 0 {
+                bail!("size {x:?} must be at least 1");
+            }
+            Ok(n * mul)
+        })
+        .collect()
+}
+
+fn storages(s: &str) -> Result<Vec<Storage>> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| match x {
+            "f32" => Ok(Storage::F32),
+            "f16" => Ok(Storage::F16),
+            _ => bail!("unknown storage {x:?}: use f16 and/or f32"),
+        })
+        .collect()
+}
+
+/// FLOPs of causal dense attention (QK^T and PV, half the square).
+fn dense_flops(hq: usize, n: usize, d: usize) -> f64 {
+    4.0 * hq as f64 * n as f64 * n as f64 * d as f64 / 2.0
+}
 
 /// Runs `pisa bench`.
-pub fn run(_a: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("pisa bench: not built yet")
+pub fn run(a: BenchArgs) -> Result<()> {
+    if !a.compare.is_empty() {
+        let reports: Vec<Report> = a
+            .compare
+            .iter()
+            .map(|p| Report::load(p))
+            .collect::<Result<_>>()?;
+        print!("{}", report::compare(&reports));
+        let svg = a.compare[0].with_file_name("compare.svg");
+        std::fs::write(&svg, report::svg(&reports))
+            .with_context(|| format!("{}: cannot write", svg.display()))?;
+        println!("plot: {}", svg.display());
+        return Ok(());
+    }
+    let sizes = parse_sizes(&a.sizes)?;
+    let decode_sizes = parse_sizes(&a.decode_sizes)?;
+    let dense_max = parse_sizes(&a.dense_max)?.first().copied().unwrap_or(0);
+    let cfg = SelectionConfig {
+        block_size: a.block_size,
+        top_k: a.top_k,
+        scoring: a.scoring.into(),
+        ..SelectionConfig::default()
+    };
+    cfg.validate()?;
+    if a.hkv == 0 || a.hq % a.hkv != 0 {
+        bail!(
+            "--hq {} must be a positive multiple of --hkv {}",
+            a.hq,
+            a.hkv
+        );
+    }
+    let dev = DeviceArgs {
+        adapter: a.adapter.clone(),
+        storage: StorageArg::F32,
+        json: false,
+    };
+    let ctx = dev.context()?;
+    let r = ctx.report().clone();
+    let mut out = Report {
+        adapter: r.name.clone(),
+        vendor: r.vendor,
+        backend: r.backend.clone(),
+        driver: format!("{} {}", r.driver, r.driver_info),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        shape: format!(
+            "Hq={} Hkv={} D={} C={} K={} g=2 {:?} Qtile={}",
+            a.hq, a.hkv, a.d, a.block_size, a.top_k, cfg.scoring, a.q_tile
+        ),
+        records: Vec::new(),
+    };
+    let sts = storages(&a.storages)?;
+    let pb = progress(
+        (sts.len() * (sizes.len() + decode_sizes.len())) as u64,
+        "bench",
+    );
+    for &st in &sts {
+        if st == Storage::F16 && !ctx.has_f16() {
+            eprintln!("skipping f16: {} has no SHADER_F16", r.name);
+            continue;
+        }
+        let stn = if st == Storage::F16 { "f16" } else { "f32" };
+        for &n in &sizes {
+            let plan = measure::Plan {
+                n,
+                hq: a.hq,
+                hkv: a.hkv,
+                d: a.d,
+                cfg,
+                storage: st,
+                q_tile: a.q_tile,
+                dense: n <= dense_max,
+                reps: a.reps,
+                budget_s: a.budget_s,
+            };
+            pb.set_message(format!("prefill {stn} N={n}"));
+            let (t, reps) = match measure::prefill(&ctx, &plan) {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!("N={n} {stn}: skipped: {e:#}");
+                    pb.inc(1);
+                    continue;
+                }
+            };
+            let rec = |op: &str, ms: f64, tflops: Option<f64>| Record {
+                op: op.into(),
+                n,
+                storage: stn.into(),
+                ms,
+                reps,
+                gpu_timed: t.gpu,
+                tflops,
+                gbps: None,
+                path: "portable".into(),
+            };
+            let g = |s: &str| t.get(s);
+            let sel = g("pyramid") + g("route") + g("leaf_select");
+            let attn_flops =
+                4.0 * a.hq as f64 * n as f64 * (a.top_k * a.block_size).min(n) as f64 * a.d as f64;
+            if t.gpu {
+                for s in ["pyramid", "route", "leaf_select"] {
+                    out.records.push(rec(s, g(s), None));
+                }
+                out.records.push(rec("pisa_select", sel, None));
+                out.records
+                    .push(rec("bsa_select", g("pyramid") + g("bsa"), None));
+                out.records.push(rec(
+                    "attention",
+                    g("attention"),
+                    Some(attn_flops / g("attention").max(1e-9) * 1e-9),
+                ));
+                out.records
+                    .push(rec("pisa_prefill", sel + g("attention"), None));
+                if plan.dense {
+                    out.records.push(rec(
+                        "dense",
+                        g("dense"),
+                        Some(dense_flops(a.hq, n, a.d) / g("dense").max(1e-9) * 1e-9),
+                    ));
+                }
+            } else {
+                out.records.push(rec("all_wall", g("wall"), None));
+            }
+            pb.inc(1);
+        }
+        for &n in &decode_sizes {
+            pb.set_message(format!("decode {stn} cache={n}"));
+            match measure::decode(
+                &ctx,
+                &measure::Plan {
+                    n,
+                    hq: a.hq,
+                    hkv: a.hkv,
+                    d: a.d,
+                    cfg,
+                    storage: st,
+                    q_tile: a.q_tile,
+                    dense: true,
+                    reps: a.reps.max(20),
+                    budget_s: a.budget_s,
+                },
+            ) {
+                Ok((pisa_ms, dense_ms, reps, gpu)) => {
+                    let bytes = 2.0 * (a.hkv * n * a.d) as f64 * st.bytes() as f64;
+                    for (op, ms, gbps) in [
+                        ("decode_pisa", pisa_ms, None),
+                        (
+                            "decode_dense",
+                            dense_ms,
+                            Some(bytes / dense_ms.max(1e-9) * 1e-6),
+                        ),
+                    ] {
+                        out.records.push(Record {
+                            op: op.into(),
+                            n,
+                            storage: stn.into(),
+                            ms,
+                            reps,
+                            gpu_timed: gpu,
+                            tflops: None,
+                            gbps,
+                            path: "portable".into(),
+                        });
+                    }
+                }
+                Err(e) => eprintln!("decode cache={n} {stn}: skipped: {e:#}"),
+            }
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    print!("{}", report::table(&out));
+    if let Some(path) = &a.json {
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(&out)?)
+            .with_context(|| format!("{}: cannot write", tmp.display()))?;
+        std::fs::rename(&tmp, path)?;
+        let svg = path.with_extension("svg");
+        std::fs::write(&svg, report::svg(std::slice::from_ref(&out)))?;
+        println!("wrote {} and {}", path.display(), svg.display());
+    }
+    Ok(())
 }
