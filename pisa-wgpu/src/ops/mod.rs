@@ -1,6 +1,7 @@
 //! Operations, one module per kernel family; each names its shader file in `shaders/`.
 
 pub mod attention;
+pub mod backward;
 pub mod bsa;
 pub mod fill;
 pub mod leaf_select;
@@ -15,6 +16,8 @@ use crate::runtime::pipeline::ShaderSource;
 pub fn all_shaders() -> Vec<ShaderSource> {
     vec![
         attention::SHADER,
+        backward::SHADER,
+        backward::index::SHADER,
         fill::SHADER,
         pyramid::SHADER,
         route::SHADER,

@@ -1,0 +1,279 @@
+//! Backward pass of block-sparse attention on the GPU (PISA.md section 4); shaders
+//! `shaders/backward.wgsl` and `shaders/backward_index.wgsl`.
+//!
+//! Gradients flow through the attention over the selected leaves only; the selection is an
+//! input held fixed. FlashAttention-2 math: P is recomputed from Q, K and the forward's LSE,
+//! `D_i = rowsum(dO_i * O_i)`, `dS = P * (dO V^T - D)`, `dQ = s dS K`, `dK = s dS^T Q`,
+//! `dV = P^T dO`; the dK and dV of a KV head sum over its GQA group. Passes:
+//!
+//! 1. `row_dot`: D (and a copy of the LSE beside it), 16 rows per workgroup.
+//! 2. [`index::record_block_index`]: the key-block-major index of the selection.
+//! 3. `grad_q`, a gather: one workgroup per (b, KV head, query) holds the query's g_q heads and
+//!    walks its selected blocks; nothing else writes its dQ rows.
+//! 4. `grad_kv`: one workgroup per (b, KV head, leaf block, sub-tile of keys) keeps its keys' dK
+//!    and dV in registers and loops over the queries that selected the block (times their g_q
+//!    heads), read from the index.
+//!
+//! Why a transposed index for dK/dV: every query that selected a block contributes to it, a
+//! scatter. Float atomics (absent from WGSL anyway) or an order decided by scheduling would make
+//! the sums, hence the gradients, differ from run to run; a block-major list lets one
+//! workgroup own each key and add its queries in a fixed order, and costs O(Nq * K) to build.
+//! The list is built on the GPU by a stable radix sort (see [`index`]) rather than by each block
+//! scanning all selections in query order, which would cost O(nb_0 * Nq * K), quadratic in N.
+//! Every sum runs in a fixed order, so two runs are bitwise equal.
+//!
+//! Known cost: a block selected by every query (a sink) gives its workgroups `Nq * g_q` rows
+//! while the average is about `K * C * g_q`; splitting long lists into chunks with a second,
+//! ordered reduction would balance it.
+
+pub mod index;
+mod tiles;
+
+pub use tiles::BackwardTiles;
+
+use bytemuck::{Pod, Zeroable};
+use pisa_core::{AttentionShape, PisaError, SelectionConfig, TensorLayout};
+
+use crate::error::{GpuError, Result};
+use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::context::Context;
+use crate::runtime::pipeline::{ShaderSource, Storage};
+use crate::runtime::profiler::Profiler;
+
+/// `shaders/backward.wgsl`.
+pub const SHADER: ShaderSource = ShaderSource {
+    name: "backward",
+    wgsl: include_str!("../../../shaders/backward.wgsl"),
+};
+
+/// Rows of D per `row_dot` workgroup (`DROWS` of the shader).
+const DROWS: u64 = 16;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+struct Params {
+    q_sb: u32,
+    q_sh: u32,
+    q_sn: u32,
+    k_sb: u32,
+    k_sh: u32,
+    k_sn: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    q_len: u32,
+    k_len: u32,
+    top_k: u32,
+    block_size: u32,
+    nb0: u32,
+    q_offset: u32,
+    causal: u32,
+    scale: f32,
+    entries: u32,
+    ksub: u32,
+    wg_count: u32,
+    rows: u32,
+}
+
+pub(crate) fn check_u32(what: &'static str, n: u64) -> Result<usize> {
+    if n > u32::MAX as u64 {
+        return Err(PisaError::TooLarge {
+            what,
+            value: n,
+            limit: u32::MAX as u64,
+        }
+        .into());
+    }
+    Ok(n as usize)
+}
+
+pub(crate) fn check_len(what: &'static str, actual: usize, expected: usize) -> Result<()> {
+    if actual != expected {
+        return Err(PisaError::BufferLen {
+            what,
+            expected,
+            actual,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Records the backward pass of block-sparse attention (PISA.md section 4) into `enc`.
+///
+/// Inputs, as the forward's: `q`, `o`, `d_o` (dL/dO): `[B, Hq, Nq, D]`; `k`, `v`:
+/// `[B, Hkv, Nk, D]`; all in `layout` and one storage precision (f32 or f16). `lse`: the
+/// forward's per-row LSE, f32 `[B, Hq, Nq]`. `selection`: i32 `[B, Hkv, Nq, K]`, `K =
+/// cfg.top_k` (-1 padding; a repeated block counts once; indices outside `0..nb_0` and, when
+/// causal, blocks wholly after the query are ignored).
+///
+/// Returns `(dQ, dK, dV)`, f32 storage: dQ `[B, Hq, Nq, D]`, dK and dV `[B, Hkv, Nk, D]`, in
+/// `layout`; keys no query attended to get exactly 0. Deterministic: two runs are bitwise
+/// equal. Passes are labelled "backward" in `prof`.
+///
+/// Errors: [`PisaError::BufferLen`] for a tensor of the wrong length,
+/// [`GpuError::Unsupported`] for mixed storage precisions or a head dim and GQA group that do
+/// not fit workgroup memory, [`GpuError::Limit`] / [`PisaError::TooLarge`] for tensors past a
+/// storage binding or u32 indexing, configuration errors.
+#[allow(clippy::too_many_arguments)] // the forward's inputs and outputs, dO and the selection
+pub fn record_backward(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    o: &GpuTensor,
+    lse: &GpuTensor,
+    d_o: &GpuTensor,
+    selection: &GpuTensor,
+    shape: &AttentionShape,
+    layout: TensorLayout,
+    cfg: &SelectionConfig,
+    mut prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
+    cfg.validate()?;
+    let s = shape;
+    let (hd, g, c) = (s.head_dim, s.gqa_group(), cfg.block_size);
+    check_u32("Q elements", s.q_elems() as u64)?;
+    check_u32("K elements", s.kv_elems() as u64)?;
+    for (what, t, n) in [
+        ("q", q, s.q_elems()),
+        ("o", o, s.q_elems()),
+        ("d_o", d_o, s.q_elems()),
+    ]
+    .into_iter()
+    .chain([("k", k, s.kv_elems()), ("v", v, s.kv_elems())])
+    {
+        check_len(what, t.len, n)?;
+        if t.storage != q.storage {
+            return Err(GpuError::Unsupported(format!(
+                "backward: {what} is {:?} but q is {:?}; use one storage for q, k, v, o, d_o",
+                t.storage, q.storage
+            )));
+        }
+    }
+    check_len("lse", lse.len, s.lse_elems())?;
+    let tiles = BackwardTiles::for_device(ctx, hd, g, c)?;
+    let nb0 = s.k_len.div_ceil(c);
+    let ksub = c.div_ceil(tiles.kv_keys);
+    let (q_sb, q_sh, q_sn) = layout.strides(s.q_heads, s.q_len, hd);
+    let (k_sb, k_sh, k_sn) = layout.strides(s.kv_heads, s.k_len, hd);
+    let base = Params {
+        q_sb: q_sb as u32,
+        q_sh: q_sh as u32,
+        q_sn: q_sn as u32,
+        k_sb: k_sb as u32,
+        k_sh: k_sh as u32,
+        k_sn: k_sn as u32,
+        q_heads: s.q_heads as u32,
+        kv_heads: s.kv_heads as u32,
+        q_len: s.q_len as u32,
+        k_len: s.k_len as u32,
+        top_k: cfg.top_k as u32,
+        block_size: c as u32,
+        nb0: nb0 as u32,
+        q_offset: (s.k_len - s.q_len) as u32,
+        causal: cfg.causal as u32,
+        scale: cfg.softmax_scale(hd),
+        entries: (s.q_len * cfg.top_k) as u32,
+        ksub: ksub as u32,
+        rows: s.lse_elems() as u32,
+        wg_count: 0,
+    };
+    let stats = ctx.alloc(
+        "backward stats",
+        2 * s.lse_elems(),
+        Storage::F32,
+        POISON_F32,
+    )?;
+    let dq = ctx.alloc("dq", s.q_elems(), Storage::F32, POISON_F32)?;
+    let dk = ctx.alloc("dk", s.kv_elems(), Storage::F32, POISON_F32)?;
+    let dv = ctx.alloc("dv", s.kv_elems(), Storage::F32, POISON_F32)?;
+    let st = q.storage;
+    let (hd32, g32) = (hd as u32, g as u32);
+    let pipe = |entry, keys: usize, rows: usize| {
+        let consts = [
+            ("HD", hd32),
+            ("G", g32),
+            ("KTILE", keys as u32),
+            ("QROWS", rows as u32),
+        ];
+        ctx.pipelines
+            .get(&ctx.device, &SHADER, entry, st, &consts, &[])
+    };
+    let uni = |wg: u64| {
+        let p = Params {
+            wg_count: wg as u32,
+            ..base
+        };
+        (ctx.uniform("backward params", &p), wg)
+    };
+
+    let (u, wg) = uni((s.lse_elems() as u64).div_ceil(DROWS));
+    let (ob, db, lb) = (&o.buffer, &d_o.buffer, &lse.buffer);
+    let bind = [(0, &u), (4, ob), (5, db), (6, lb), (7, &stats.buffer)];
+    let timer = prof.as_deref_mut().map(|p| (p, "backward"));
+    ctx.dispatch(enc, &*pipe("row_dot", 1, 1)?, &bind, wg, timer)?;
+
+    let idx = index::record_block_index(ctx, enc, selection, s, cfg, prof.as_deref_mut())?;
+
+    let (u, wg) = uni((s.batch * s.kv_heads * s.q_len) as u64);
+    let qkv = [
+        (1, &q.buffer),
+        (2, &k.buffer),
+        (3, &v.buffer),
+        (5, &d_o.buffer),
+    ];
+    let mut bind = vec![(0, &u), (7, &stats.buffer)];
+    bind.extend(qkv);
+    bind.extend([(9, &selection.buffer), (10, &dq.buffer)]);
+    let timer = prof.as_deref_mut().map(|p| (p, "backward"));
+    ctx.dispatch(enc, &*pipe("grad_q", tiles.q_keys, g)?, &bind, wg, timer)?;
+
+    let (u, wg) = uni((s.batch * s.kv_heads * nb0 * ksub) as u64);
+    let mut bind = vec![(0, &u), (7, &stats.buffer), (8, &idx.pairs.buffer)];
+    bind.extend(qkv);
+    bind.extend([(11, &dk.buffer), (12, &dv.buffer)]);
+    let timer = prof.map(|p| (p, "backward"));
+    let kv = pipe("grad_kv", tiles.kv_keys, tiles.kv_rows)?;
+    ctx.dispatch(enc, &kv, &bind, wg, timer)?;
+    Ok((dq, dk, dv))
+}
+
+/// Uploads the inputs (Q, K, V, O, dO in `storage`; LSE f32; the selection as i32), runs
+/// [`record_backward`] and reads `(dQ, dK, dV)` back as f32 (shapes as there). Errors: as
+/// [`record_backward`], plus [`GpuError::Unsupported`] for f16 without SHADER_F16 and wgpu
+/// validation, memory or device-loss errors.
+#[allow(clippy::too_many_arguments)] // as record_backward, with host slices
+pub fn backward_host(
+    ctx: &Context,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    o: &[f32],
+    lse: &[f32],
+    d_o: &[f32],
+    shape: &AttentionShape,
+    layout: TensorLayout,
+    cfg: &SelectionConfig,
+    storage: Storage,
+    selection: &[i32],
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    let t = |name, x: &[f32], st| ctx.upload(name, x, st);
+    let (qt, kt, vt) = (
+        t("q", q, storage)?,
+        t("k", k, storage)?,
+        t("v", v, storage)?,
+    );
+    let (ot, dot) = (t("o", o, storage)?, t("d_o", d_o, storage)?);
+    let lt = t("lse", lse, Storage::F32)?;
+    let sel = ctx.upload_u32("selection", selection)?;
+    let (dq, dk, dv) = ctx.scoped("backward", || {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let out = record_backward(
+            ctx, &mut enc, &qt, &kt, &vt, &ot, &lt, &dot, &sel, shape, layout, cfg, None,
+        )?;
+        ctx.queue().submit([enc.finish()]);
+        Ok(out)
+    })?;
+    Ok((ctx.read_f32(&dq)?, ctx.read_f32(&dk)?, ctx.read_f32(&dv)?))
+}

@@ -1,0 +1,304 @@
+//! GPU backward pass of block-sparse attention (PISA.md section 4) against the f64 CPU
+//! reference: GQA groups 1, 3, 4; head dims 64, 80, 128; lengths not multiples of C; batch 2;
+//! both layouts; f32 and f16 storage; causal and not; PISA's selections (a sink block every
+//! query selected), a block no query selected (exactly zero dK/dV), random selections with
+//! padding, repeats and future blocks; bitwise determinism; the key-block-major index against a
+//! CPU stable sort.
+mod common;
+
+use common::*;
+use pisa_core::reference::{select_pisa, sparse_attention, sparse_attention_backward};
+use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::backward::{self, index};
+use pisa_wgpu::{GpuError, Storage};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use TensorLayout::{Bhnd, Bnhd};
+
+enum Sel {
+    /// PISA's selection; `Some(j)`: then block j removed from every row.
+    Pisa(Option<i32>),
+    /// Random entries in `0..nb0` or -1 (repeats and, when causal, future blocks included).
+    Random,
+}
+
+struct Case {
+    shape: AttentionShape,
+    layout: TensorLayout,
+    cfg: SelectionConfig,
+    storage: Storage,
+    sel: Sel,
+}
+
+fn random_sel(r: &mut ChaCha8Rng, s: &AttentionShape, cfg: &SelectionConfig) -> Vec<i32> {
+    let nb0 = s.k_len.div_ceil(cfg.block_size) as i32;
+    let n = s.batch * s.kv_heads * s.q_len * cfg.top_k;
+    (0..n)
+        .map(|_| match r.random_range(0..4) {
+            0 => -1,
+            _ => r.random_range(0..nb0),
+        })
+        .collect()
+}
+
+type Grads = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// Runs one case on the GPU and checks it against the reference; returns the GPU gradients
+/// and the selection.
+fn run(case: &Case, r: &mut ChaCha8Rng, seed: u64) -> (Grads, Vec<i32>) {
+    let (s, l, cfg, st) = (&case.shape, case.layout, &case.cfg, case.storage);
+    let mut q = random(r, s.q_elems(), 1.5);
+    let mut k = random(r, s.kv_elems(), 1.5);
+    let mut v = random(r, s.kv_elems(), 1.0);
+    let mut d_o = random(r, s.q_elems(), 1.0);
+    if st == Storage::F16 {
+        (q, k, v, d_o) = (
+            through_f16(&q),
+            through_f16(&k),
+            through_f16(&v),
+            through_f16(&d_o),
+        );
+    }
+    let sel = match case.sel {
+        Sel::Pisa(drop) => {
+            let mut sel = select_pisa(&q, &k, s, l, cfg).unwrap().indices;
+            if let Some(j) = drop {
+                sel.iter_mut().filter(|x| **x == j).for_each(|x| *x = -1);
+            }
+            sel
+        }
+        Sel::Random => random_sel(r, s, cfg),
+    };
+    let (o, lse) = sparse_attention(&q, &k, &v, s, l, cfg, &sel).unwrap();
+    let mut o32: Vec<f32> = o.iter().map(|&x| x as f32).collect();
+    if st == Storage::F16 {
+        o32 = through_f16(&o32);
+    }
+    let o_ref: Vec<f64> = o32.iter().map(|&x| x as f64).collect();
+    let lse32: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
+    let want = sparse_attention_backward(&q, &k, &v, &o_ref, &lse, &d_o, s, l, cfg, &sel).unwrap();
+    let got = backward::backward_host(ctx(), &q, &k, &v, &o32, &lse32, &d_o, s, l, cfg, st, &sel)
+        .unwrap();
+    let tol = if st == Storage::F16 { 5e-3 } else { 1e-4 };
+    for (name, g, w) in [
+        ("dQ", &got.0, &want.dq),
+        ("dK", &got.1, &want.dk),
+        ("dV", &got.2, &want.dv),
+    ] {
+        let e = rel_err(g, w);
+        eprintln!("  {name}: rel err {e:.2e}");
+        assert!(
+            e <= tol,
+            "{name} rel err {e} > {tol} ({s:?}, {l:?}, {st:?}, seed {seed})"
+        );
+    }
+    // Keys no query attended to (reference dV exactly 0) get exactly zero dK and dV.
+    for (e, &w) in want.dv.iter().enumerate() {
+        assert!(
+            w != 0.0 || (got.1[e] == 0.0 && got.2[e] == 0.0),
+            "unattended key element {e}: dK {} dV {} (seed {seed})",
+            got.1[e],
+            got.2[e]
+        );
+    }
+    (got, sel)
+}
+
+#[test]
+fn gradients_match_reference() {
+    let seed = seed("backward");
+    let mut r = rng(seed);
+    let sh = |b, hq, hkv, nq, nk, d| AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
+    let cfg = |c, k| SelectionConfig::new(c, k).unwrap();
+    let cases = [
+        // GQA 1, D 64, 75 = 4*16 + 11; block 0 is every query's sink.
+        Case {
+            shape: sh(2, 2, 2, 75, 75, 64),
+            layout: Bhnd,
+            cfg: cfg(16, 3).with_forced(1, 0),
+            storage: Storage::F32,
+            sel: Sel::Pisa(None),
+        },
+        // GQA 3, D 128, C 48 (several key tiles per block), queries the suffix of the keys;
+        // block 1 removed from every row: its dK, dV must be exactly 0.
+        Case {
+            shape: sh(2, 6, 2, 100, 150, 128),
+            layout: Bnhd,
+            cfg: cfg(48, 3).with_forced(1, 0),
+            storage: Storage::F32,
+            sel: Sel::Pisa(Some(1)),
+        },
+        // GQA 4, D 80, not causal, random rows (padding, repeats, rows with nothing).
+        Case {
+            shape: sh(1, 4, 1, 45, 45, 80),
+            layout: Bnhd,
+            cfg: cfg(8, 4).with_causal(false),
+            storage: Storage::F32,
+            sel: Sel::Random,
+        },
+        // GQA 3, causal random rows with future blocks (ignored) and a short query suffix.
+        Case {
+            shape: sh(2, 3, 1, 5, 33, 64),
+            layout: Bhnd,
+            cfg: cfg(16, 3),
+            storage: Storage::F32,
+            sel: Sel::Random,
+        },
+    ];
+    for (n, case) in cases.iter().enumerate() {
+        eprintln!("case {n}");
+        let (_, sel) = run(case, &mut r, seed);
+        if n == 0 {
+            let k = case.cfg.top_k;
+            assert!(
+                sel.chunks(k).all(|row| row.contains(&0)),
+                "sink in every row"
+            );
+        }
+    }
+}
+
+#[test]
+fn f16_storage_matches_reference_on_rounded_inputs() {
+    if !ctx().has_f16() {
+        eprintln!("no SHADER_F16: skipped");
+        return;
+    }
+    let seed = seed("backward_f16");
+    let mut r = rng(seed);
+    let case = Case {
+        shape: AttentionShape::prefill(2, 8, 2, 40, 128).unwrap(),
+        layout: Bhnd,
+        cfg: SelectionConfig::new(12, 3).unwrap().with_forced(1, 1),
+        storage: Storage::F16,
+        sel: Sel::Pisa(None),
+    };
+    run(&case, &mut r, seed);
+}
+
+#[test]
+fn two_runs_are_bitwise_equal() {
+    let seed = seed("backward_determinism");
+    let case = Case {
+        shape: AttentionShape::prefill(2, 6, 2, 70, 64).unwrap(),
+        layout: Bhnd,
+        cfg: SelectionConfig::new(16, 3).unwrap().with_forced(1, 0),
+        storage: Storage::F32,
+        sel: Sel::Pisa(None),
+    };
+    let a = run(&case, &mut rng(seed), seed).0;
+    let b = run(&case, &mut rng(seed), seed).0;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        bits(&a.0) == bits(&b.0),
+        "dQ differs between runs (seed {seed})"
+    );
+    assert!(
+        bits(&a.1) == bits(&b.1),
+        "dK differs between runs (seed {seed})"
+    );
+    assert!(
+        bits(&a.2) == bits(&b.2),
+        "dV differs between runs (seed {seed})"
+    );
+}
+
+/// The index equals a stable sort by block of (key, query) with unusable entries keyed nb0.
+#[test]
+fn block_index_is_a_stable_sort_by_block() {
+    let ctx = ctx();
+    let seed = seed("backward_index");
+    let mut r = rng(seed);
+    // nb0 = 88 (two 4-bit passes, 4 tiles) and 263 (three passes).
+    for (nq, nk, c, k, causal) in [(700, 700, 8, 5, true), (300, 2100, 8, 4, false)] {
+        let s = AttentionShape::new(2, 2, 2, nq, nk, 64).unwrap();
+        let cfg = SelectionConfig::new(c, k).unwrap().with_causal(causal);
+        let sel = random_sel(&mut r, &s, &cfg);
+        let nb0 = nk.div_ceil(c) as u32;
+        let mut want = Vec::new();
+        for row in sel.chunks(k * nq) {
+            let mut seg: Vec<(u32, u32)> = Vec::new();
+            for (e, &j) in row.iter().enumerate() {
+                let (i, slot) = (e / k, e % k);
+                let ok = j >= 0
+                    && (!causal || j as usize * c <= nk - nq + i)
+                    && !row[e - slot..e].contains(&j);
+                seg.push((if ok { j as u32 } else { nb0 }, i as u32));
+            }
+            seg.sort_by_key(|p| p.0);
+            want.extend(seg.into_iter().flat_map(|(a, b)| [a, b]));
+        }
+        let st = ctx.upload_u32("sel", &sel).unwrap();
+        let idx = ctx
+            .scoped("test", || {
+                let mut enc = ctx.device().create_command_encoder(&Default::default());
+                let idx = index::record_block_index(ctx, &mut enc, &st, &s, &cfg, None)?;
+                ctx.queue().submit([enc.finish()]);
+                Ok(idx)
+            })
+            .unwrap();
+        let got: Vec<u32> = ctx
+            .read_i32(&idx.pairs)
+            .unwrap()
+            .into_iter()
+            .map(|x| x as u32)
+            .collect();
+        assert!(
+            got == want,
+            "index differs (nq {nq}, nb0 {nb0}, seed {seed})"
+        );
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let ctx = ctx();
+    let s = AttentionShape::prefill(1, 2, 1, 10, 64).unwrap();
+    let cfg = SelectionConfig::new(4, 2).unwrap();
+    let x = vec![0.5f32; s.q_elems()];
+    let kv = vec![0.5f32; s.kv_elems()];
+    let lse = vec![0.0f32; s.lse_elems()];
+    let sel = vec![0i32; s.q_len * 2];
+    let run = |lse: &[f32], sel: &[i32]| {
+        backward::backward_host(
+            ctx,
+            &x,
+            &kv,
+            &kv,
+            &x,
+            lse,
+            &x,
+            &s,
+            Bhnd,
+            &cfg,
+            Storage::F32,
+            sel,
+        )
+    };
+    assert!(matches!(run(&lse[1..], &sel), Err(GpuError::Input(_))));
+    assert!(matches!(run(&lse, &sel[1..]), Err(GpuError::Input(_))));
+}
+
+#[test]
+fn tiles_fit_and_split_blocks() {
+    use backward::BackwardTiles;
+    for budget in [16384u64, 32768, 49152] {
+        for hd in [64, 80, 96, 128, 256] {
+            for g in [1, 3, 4, 8] {
+                for c in [1, 16, 20, 48, 64, 128] {
+                    let Ok(t) = BackwardTiles::plan(budget, hd, g, c) else {
+                        // Only when the g_q rows of grad_q alone nearly fill the budget.
+                        assert!(8 * (g * hd) as u64 + 2200 > budget, "{budget} {hd} {g}");
+                        continue;
+                    };
+                    assert!(t.q_keys >= 1 && t.q_keys <= c, "{t:?}");
+                    assert!(t.kv_keys >= 1 && t.kv_keys <= c && t.kv_rows >= 1, "{t:?}");
+                }
+            }
+        }
+    }
+    // The C = 48, D = 128, g_q = 3 case above walks several tiles per block on lavapipe.
+    let t = BackwardTiles::plan(32768, 128, 3, 48).unwrap();
+    assert!(t.q_keys < 48 && t.kv_keys < 48, "{t:?}");
+    assert!(BackwardTiles::plan(16384, 256, 8, 64).is_err());
+}
