@@ -1,0 +1,188 @@
+//! GPU BSA selection against `select_bsa` and the GPU oracle (mass and selection) against
+//! `block_mass` / `select_oracle`.
+mod common;
+#[path = "select_util.rs"]
+mod select_util;
+
+use common::*;
+use pisa_core::reference::{block_mass, select_bsa, select_oracle};
+use pisa_core::TensorLayout::*;
+use pisa_wgpu::ops::select::{oracle_host, select_host, Method};
+use pisa_wgpu::Storage::{self, *};
+use select_util::{check, report, Case};
+
+fn skip_f16(name: &str, s: Storage) -> bool {
+    let skip = s == F16 && !ctx().has_f16();
+    if skip {
+        eprintln!("{name}: skipped (adapter has no SHADER_F16)");
+    }
+    skip
+}
+
+#[test]
+fn bsa_matches_reference() {
+    let seed = seed("bsa_matches_reference");
+    let mut r = rng(seed);
+    let base = Case::new(2, 2, 2, 1000, 64, 8, 6);
+    let cases = [
+        ("gq1 d64 C8 K6 b2 (125 leaves, two chunks)", base),
+        (
+            "gq3 d128 C4 K16 sink1 local2 bnhd (250 leaves)",
+            Case {
+                b: 1,
+                hq: 3,
+                hkv: 1,
+                d: 128,
+                c: 4,
+                k: 16,
+                sink: 1,
+                local: 2,
+                layout: Bnhd,
+                ..base
+            },
+        ),
+        (
+            "gq8 d80 non-causal f16",
+            Case {
+                b: 1,
+                hq: 8,
+                hkv: 1,
+                nq: 301,
+                nk: 301,
+                d: 80,
+                c: 16,
+                k: 4,
+                causal: false,
+                storage: F16,
+                ..base
+            },
+        ),
+        (
+            "gq2 d96 decode-like nq 9 of nk 700, local1",
+            Case {
+                hq: 4,
+                nq: 9,
+                nk: 700,
+                d: 96,
+                local: 1,
+                ..base
+            },
+        ),
+        (
+            "n 1",
+            Case {
+                nq: 1,
+                nk: 1,
+                ..base
+            },
+        ),
+        (
+            "n 9 (C+1) non-causal",
+            Case {
+                nq: 9,
+                nk: 9,
+                k: 2,
+                causal: false,
+                ..base
+            },
+        ),
+    ];
+    for (name, c) in cases {
+        if skip_f16(name, c.storage) {
+            continue;
+        }
+        let (q, k) = c.inputs(&mut r);
+        let (shape, cfg) = (c.shape(), c.cfg());
+        let want = select_bsa(&q, &k, &shape, c.layout, &cfg).unwrap();
+        let got = select_host(
+            ctx(),
+            &q,
+            &k,
+            &shape,
+            c.layout,
+            &cfg,
+            c.storage,
+            Method::Bsa,
+            4,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ties = check(name, &got, &want, c.tol(&q, &k));
+        report(name, ties, want.rows());
+    }
+}
+
+#[test]
+fn oracle_matches_reference() {
+    let seed = seed("oracle_matches_reference");
+    let mut r = rng(seed);
+    let base = Case::new(2, 4, 2, 300, 64, 8, 6);
+    let cases = [
+        ("gq2 d64 C8 K6 b2", base),
+        (
+            "gq3 d128 non-causal bnhd f16",
+            Case {
+                b: 1,
+                hq: 3,
+                hkv: 1,
+                nq: 203,
+                nk: 203,
+                d: 128,
+                c: 16,
+                k: 4,
+                causal: false,
+                layout: Bnhd,
+                storage: F16,
+                ..base
+            },
+        ),
+        (
+            "gq7 d80 decode-like nq 5 of nk 400",
+            Case {
+                b: 1,
+                hq: 7,
+                hkv: 1,
+                nq: 5,
+                nk: 400,
+                d: 80,
+                ..base
+            },
+        ),
+        (
+            "n 7 (C-1)",
+            Case {
+                nq: 7,
+                nk: 7,
+                ..base
+            },
+        ),
+    ];
+    for (name, c) in cases {
+        if skip_f16(name, c.storage) {
+            continue;
+        }
+        let (q, k) = c.inputs(&mut r);
+        let (shape, cfg) = (c.shape(), c.cfg());
+        let want_mass = block_mass(&q, &k, &shape, c.layout, &cfg).unwrap();
+        let want = select_oracle(&q, &k, &shape, c.layout, &cfg).unwrap();
+        let (got, mass) = oracle_host(ctx(), &q, &k, &shape, c.layout, &cfg, c.storage)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let e = rel_err(&mass, &want_mass);
+        assert!(e < 1e-4, "{name}: mass rel err {e} (seed {seed})");
+        // Masses are probabilities: the f32 sums are good to ~1e-6 absolute.
+        let ties = check(name, &got, &want, 2e-6);
+        report(name, ties, want.rows());
+        let only = select_host(
+            ctx(),
+            &q,
+            &k,
+            &shape,
+            c.layout,
+            &cfg,
+            c.storage,
+            Method::Oracle,
+            4,
+        )
+        .unwrap();
+        assert_eq!(only, got, "{name}: select(Oracle) differs from oracle_host");
+    }
+}
