@@ -112,6 +112,32 @@ pub fn read_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
     }
 }
 
+/// Parses float tensor `name` from the bytes of a whole tensor file of format `format`: the
+/// parser behind [`read_tensor`], without the file system (used by the fuzz targets in `fuzz/`).
+pub fn parse_tensor_bytes(format: Format, bytes: &[u8], name: &str) -> Result<HostTensor> {
+    match format {
+        Format::Safetensors => st::read_float(bytes, name),
+        Format::Npy => npy::read_float(bytes, name),
+    }
+}
+
+/// Parses integer tensor `name` from the bytes of a whole tensor file: the parser behind
+/// [`read_index_tensor`], without the file system.
+pub fn parse_index_tensor_bytes(format: Format, bytes: &[u8], name: &str) -> Result<IndexTensor> {
+    match format {
+        Format::Safetensors => st::read_index(bytes, name),
+        Format::Npy => npy::read_index(bytes, name),
+    }
+}
+
+/// The sorted tensor names and the metadata map of a `.safetensors` file's bytes: the parsers
+/// behind [`tensor_names`] and [`read_metadata`], without the file system.
+pub fn parse_safetensors_header_bytes(
+    bytes: &[u8],
+) -> Result<(Vec<String>, BTreeMap<String, String>)> {
+    Ok((st::names(bytes)?, st::metadata(bytes)?))
+}
+
 /// Looks up the softmax scale in a metadata map.
 ///
 /// Lookup order: `layer{layer}.scale`; then the key `layers`, a JSON object such as

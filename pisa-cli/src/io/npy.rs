@@ -70,7 +70,7 @@ fn parse(bytes: &[u8]) -> Result<Npy<'_>> {
     let numel = checked_numel(&shape)?;
     let need = numel
         .checked_mul(item_size(&descr)?)
-        .context("npy tensor too large")?;
+        .with_context(|| format!("npy shape {shape:?} of {descr} is too large (bytes overflow)"))?;
     ensure!(
         need == data.len(),
         "npy header declares shape {shape:?} of {descr} ({need} bytes) but the file holds {} data bytes",
@@ -114,11 +114,13 @@ impl<'a> Lexer<'a> {
         self.0 = &rest[end + 1..];
         Ok(&rest[..end])
     }
+    /// A run of ASCII letters, digits and signs (signs so that a negative dimension is
+    /// reported as itself, not as an empty word).
     fn word(&mut self) -> &'a str {
         self.skip_ws();
         let end = self
             .0
-            .find(|c: char| !c.is_ascii_alphanumeric())
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '+'))
             .unwrap_or(self.0.len());
         let (w, rest) = self.0.split_at(end);
         self.0 = rest;
