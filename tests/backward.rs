@@ -1,5 +1,5 @@
 //! GPU backward pass of block-sparse attention (PISA.md section 4) against the f64 CPU
-//! reference: GQA groups 1, 3, 4; head dims 64, 80, 128; lengths not multiples of C; batch 2;
+//! reference: GQA groups 1, 3, 4; head dims 64, 80, 128, 256; lengths not multiples of C; batch 2;
 //! both layouts; f32 and f16 storage; causal and not; PISA's selections (a sink block every
 //! query selected), a block no query selected (exactly zero dK/dV), random selections with
 //! padding, repeats and future blocks; bitwise determinism; the key-block-major index against a
@@ -144,6 +144,14 @@ fn gradients_match_reference() {
             storage: Storage::F32,
             sel: Sel::Random,
         },
+        // D 256 (several dK/dV key sub-tiles per block on a 32 KiB device), GQA 1.
+        Case {
+            shape: sh(1, 2, 2, 20, 20, 256),
+            layout: Bnhd,
+            cfg: cfg(8, 2).with_forced(0, 1),
+            storage: Storage::F32,
+            sel: Sel::Pisa(None),
+        },
     ];
     for (n, case) in cases.iter().enumerate() {
         eprintln!("case {n}");
@@ -277,6 +285,18 @@ fn bad_inputs_are_errors() {
     };
     assert!(matches!(run(&lse[1..], &sel), Err(GpuError::Input(_))));
     assert!(matches!(run(&lse, &sel[1..]), Err(GpuError::Input(_))));
+    if ctx.has_f16() {
+        // One storage for q, k, v, o, d_o.
+        let up = |x: &[f32], st| ctx.upload("t", x, st).unwrap();
+        let (q16, k32) = (up(&x, Storage::F16), up(&kv, Storage::F32));
+        let (o32, l32) = (up(&x, Storage::F32), up(&lse, Storage::F32));
+        let st = ctx.upload_u32("sel", &sel).unwrap();
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let e = backward::record_backward(
+            ctx, &mut enc, &q16, &k32, &k32, &o32, &l32, &o32, &st, &s, Bhnd, &cfg, None,
+        );
+        assert!(matches!(e, Err(GpuError::Unsupported(_))));
+    }
 }
 
 #[test]
