@@ -177,6 +177,7 @@ def main():
                    help="SDPA backends: default,flash,cudnn,efficient,math (torch 2.11 on H200: default = cuDNN)")
     p.add_argument("--reps", type=int, default=20, help="max repetitions per measurement")
     p.add_argument("--budget-s", type=float, default=4.0, help="target seconds per measurement (min 3 reps)")
+    p.add_argument("--backward-max", type=int, default=65536, help="largest N of sdpa_backward")
     p.add_argument("--skip-dense-above", type=int, default=None, help="skip sdpa_prefill for N above this")
     p.add_argument("--chunk", type=int, default=8192, help="bsa_select queries per chunk")
     p.add_argument("--sets", type=int, default=2, help="input sets rotated between repetitions")
@@ -232,6 +233,20 @@ def main():
             if a.check:
                 check_bsa(fns[0](), sets[0][0], sets[0][1], a.block, a.top_k)
         del sets
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+
+    # 1b. sdpa_backward: dQ, dK, dV of dense causal attention (default backend), forward graph
+    # kept and only autograd.grad timed; FLOPs = 5 matmuls * 2 * Hq*N*N*D / 2 (causal).
+    for n in [x for x in a.sizes if x <= a.backward_max]:
+        sets = []
+        for _ in range(a.sets):
+            q, k, v = (rnd(1, h, n, a.d).requires_grad_(True) for h in (a.hq, a.hkv, a.hkv))
+            o = sdpa(q, k, v, True, backends[0])
+            sets.append((o, (q, k, v), torch.randn_like(o)))
+        fns = [lambda s=s: torch.autograd.grad(s[0], s[1], s[2], retain_graph=True) for s in sets]
+        record("sdpa_backward", backends[0], n, fns, tflops=10 * a.hq * n * n * a.d / 2)
+        del sets, fns
         if dev == "cuda":
             torch.cuda.empty_cache()
 
