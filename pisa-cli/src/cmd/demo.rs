@@ -1,12 +1,143 @@
-//! `pisa demo`.
+//! `pisa demo`: forward, decode and recall on the embedded default input (SmolLM2-135M layer
+//! 15, tokens 0..4096, see data/README.md) and a short report. No arguments needed.
 
+use anyhow::Result;
 use clap::Args;
+use pisa_core::reference;
+use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions};
+
+use crate::args::{DeviceArgs, LayoutArg, ScoringArg, SelectArgs, StorageArg};
+use crate::input::InputArgs;
 
 /// Arguments of `pisa demo`.
 #[derive(Args, Debug)]
-pub struct DemoArgs {}
+pub struct DemoArgs {
+    /// Tokens of the embedded input to use (at most 4096).
+    #[arg(long, default_value_t = 2048)]
+    pub tokens: usize,
+    /// Decode steps after a prefill of `tokens - steps` tokens.
+    #[arg(long, default_value_t = 64)]
+    pub steps: usize,
+    /// Adapter name fragment or index.
+    #[arg(long)]
+    pub adapter: Option<String>,
+}
 
 /// Runs `pisa demo`.
-pub fn run(_a: DemoArgs) -> anyhow::Result<()> {
-    anyhow::bail!("pisa demo: not built yet")
+pub fn run(a: DemoArgs) -> Result<()> {
+    let input = InputArgs {
+        input: None,
+        k_file: None,
+        v_file: None,
+        q_name: "q".into(),
+        k_name: "k".into(),
+        v_name: "v".into(),
+        layer: None,
+        tokens: Some(a.tokens),
+        layout: LayoutArg::Bhnd,
+        allow_nonfinite: false,
+    };
+    let l = input.load(true)?;
+    let sel = SelectArgs {
+        block_size: 64,
+        top_k: 8,
+        merge: 2,
+        scoring: ScoringArg::Lse,
+        sink_blocks: 0,
+        local_blocks: 0,
+        non_causal: false,
+        scale: None,
+        q_tile: 4,
+    };
+    let cfg = sel.config(l.file_scale)?;
+    let dev = DeviceArgs {
+        adapter: a.adapter.clone(),
+        storage: StorageArg::F32,
+        json: false,
+    };
+    let ctx = dev.context()?;
+    let s = &l.shape;
+    println!(
+        "pisa demo on {} ({}, {})",
+        ctx.report().name,
+        ctx.report().backend,
+        ctx.report().driver_info
+    );
+    println!(
+        "input: {} - SmolLM2-135M-Instruct layer 15, {} tokens, {} query heads, {} KV heads (GQA {}), D={}, scale {}",
+        l.source,
+        s.q_len,
+        s.q_heads,
+        s.kv_heads,
+        s.gqa_group(),
+        s.head_dim,
+        cfg.softmax_scale(s.head_dim)
+    );
+    println!(
+        "config: C={} top_k={} g={} scoring={:?} causal\n",
+        cfg.block_size, cfg.top_k, cfg.merge_factor, cfg.scoring
+    );
+
+    // 1. forward (prefill), checked against the f64 CPU reference on the GPU's selection.
+    let opts = PrefillOptions {
+        cfg,
+        layout: l.layout,
+        storage: pisa_wgpu::Storage::F32,
+        q_tile: 4,
+        return_selection: true,
+    };
+    let r = prefill_host(&ctx, &l.q, &l.k, &l.v, s, &opts)?;
+    let sel_gpu = r.selection.clone().unwrap_or_default();
+    let want = reference::select_pisa(&l.q, &l.k, s, l.layout, &cfg)?;
+    let same = want
+        .indices
+        .chunks(cfg.top_k)
+        .zip(sel_gpu.chunks(cfg.top_k))
+        .filter(|(a, b)| a == b)
+        .count();
+    let (o_ref, _) = reference::sparse_attention(&l.q, &l.k, &l.v, s, l.layout, &cfg, &sel_gpu)?;
+    let err = rel_err(&r.out, &o_ref);
+    let stages: Vec<String> = r
+        .times
+        .stages
+        .iter()
+        .map(|(n, ms)| format!("{n} {ms:.2}"))
+        .collect();
+    println!(
+        "forward: {} ms {} ({})",
+        fmt(r.times.total()),
+        if r.times.gpu { "GPU" } else { "wall" },
+        stages.join(", ")
+    );
+    println!("  selection equal to the CPU reference for {same} of {} (query, KV head) rows; output rel. error {err:.2e}", want.rows());
+    let visible: f64 = (0..s.q_len)
+        .map(|i| {
+            (i / cfg.block_size + 1).min(cfg.top_k) as f64 * cfg.block_size as f64 / (i + 1) as f64
+        })
+        .sum::<f64>()
+        / s.q_len as f64;
+    println!("  each query attends to at most {} keys ({} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.top_k * cfg.block_size, cfg.top_k, cfg.block_size, 100.0 * visible.min(1.0));
+
+    // 2. decode
+    super::decode::demo(&ctx, &l, &cfg, a.steps)?;
+
+    // 3. recall
+    println!("\nselection quality against the full-attention oracle (PISA.md section 3):");
+    let rows = super::recall::measure(&ctx, &l, &sel, pisa_wgpu::Storage::F32)?;
+    print!("{}", super::recall::table(&rows, cfg.top_k));
+    Ok(())
+}
+
+fn fmt(ms: f64) -> String {
+    format!("{ms:.2}")
+}
+
+/// Relative L2 error of `a` against `b`.
+pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+    let (mut n, mut d) = (0.0, 0.0);
+    for (&x, &y) in a.iter().zip(b) {
+        n += (x as f64 - y).powi(2);
+        d += y * y;
+    }
+    (n / d.max(1e-300)).sqrt()
 }

@@ -9,6 +9,7 @@
 use anyhow::Result;
 use pisa_core::{AttentionShape, PyramidLayout, Scoring, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::attention::{record_dense_attention, record_sparse_attention, QkvLayouts};
+use pisa_wgpu::ops::backward::record_backward;
 use pisa_wgpu::ops::fill::random_tensor;
 use pisa_wgpu::ops::pyramid::{self, KeyGeometry};
 use pisa_wgpu::ops::select::{select, Layouts, Method};
@@ -33,6 +34,8 @@ pub struct Plan {
     pub q_tile: usize,
     /// Also time dense attention.
     pub dense: bool,
+    /// Also time the backward pass (dQ, dK, dV through the selected blocks).
+    pub backward: bool,
     /// Timed repetitions (at most).
     pub reps: usize,
     /// Seconds of GPU time one size may take (caps the repetitions).
@@ -43,6 +46,7 @@ struct Inputs {
     q: GpuTensor,
     k: GpuTensor,
     v: GpuTensor,
+    d_o: Option<GpuTensor>,
 }
 
 /// Median of each stage over repetitions (ms); stages missing from a repetition count 0.
@@ -92,6 +96,18 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
             q: random_tensor(ctx, "q", shape.q_elems(), p.storage, s, 1.0)?,
             k: random_tensor(ctx, "k", shape.kv_elems(), p.storage, s + 1, 1.0)?,
             v: random_tensor(ctx, "v", shape.kv_elems(), p.storage, s + 2, 1.0)?,
+            d_o: if p.backward {
+                Some(random_tensor(
+                    ctx,
+                    "dO",
+                    shape.q_elems(),
+                    p.storage,
+                    s + 100,
+                    1.0,
+                )?)
+            } else {
+                None
+            },
         });
     }
     let layout = TensorLayout::Bhnd;
@@ -130,7 +146,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
                     &mut enc,
                     Some(&mut prof),
                 )?;
-                record_sparse_attention(
+                let (o, lse) = record_sparse_attention(
                     ctx,
                     &mut enc,
                     &inp.q,
@@ -142,6 +158,24 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
                     &p.cfg,
                     Some(&mut prof),
                 )?;
+                if let Some(d_o) = &inp.d_o {
+                    let (q, k, v) = (&inp.q, &inp.k, &inp.v);
+                    record_backward(
+                        ctx,
+                        &mut enc,
+                        q,
+                        k,
+                        v,
+                        &o,
+                        &lse,
+                        d_o,
+                        &sel,
+                        &shape,
+                        layout,
+                        &p.cfg,
+                        Some(&mut prof),
+                    )?;
+                }
                 select(
                     ctx,
                     &inp.q,

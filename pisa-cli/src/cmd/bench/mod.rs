@@ -50,6 +50,9 @@ pub struct BenchArgs {
     /// Time dense attention only up to this N (the portable kernel is O(N^2)).
     #[arg(long, default_value = "64k")]
     pub dense_max: String,
+    /// Time the backward pass only up to this N (0: never).
+    #[arg(long, default_value = "64k")]
+    pub backward_max: String,
     /// Timed repetitions per size (fewer when a size would exceed --budget-s).
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
@@ -124,6 +127,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let sizes = parse_sizes(&a.sizes)?;
     let decode_sizes = parse_sizes(&a.decode_sizes)?;
     let dense_max = parse_sizes(&a.dense_max)?.first().copied().unwrap_or(0);
+    let backward_max = if a.backward_max.trim() == "0" {
+        0
+    } else {
+        parse_sizes(&a.backward_max)?.first().copied().unwrap_or(0)
+    };
     let cfg = SelectionConfig {
         block_size: a.block_size,
         top_k: a.top_k,
@@ -178,6 +186,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 storage: st,
                 q_tile: a.q_tile,
                 dense: n <= dense_max,
+                backward: n <= backward_max,
                 reps: a.reps,
                 budget_s: a.budget_s,
             };
@@ -219,6 +228,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 ));
                 out.records
                     .push(rec("pisa_prefill", sel + g("attention"), None));
+                if plan.backward {
+                    let f = 2.5 * attn_flops / g("backward").max(1e-9) * 1e-9;
+                    out.records.push(rec("backward", g("backward"), Some(f)));
+                }
                 if plan.dense {
                     out.records.push(rec(
                         "dense",
@@ -244,6 +257,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     storage: st,
                     q_tile: a.q_tile,
                     dense: true,
+                    backward: false,
                     reps: a.reps.max(20),
                     budget_s: a.budget_s,
                 },

@@ -149,6 +149,27 @@ pub fn table(r: &Report) -> String {
                 );
             }
         }
+        let bw: Vec<&Record> = r
+            .records
+            .iter()
+            .filter(|x| x.storage == st && x.op == "backward")
+            .collect();
+        if !bw.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nbackward (dQ, dK, dV through the selected blocks), {st} storage"
+            );
+            let _ = writeln!(s, "{:>8} {:>12} {:>10}", "N", "ms", "TFLOP/s");
+            for x in bw {
+                let _ = writeln!(
+                    s,
+                    "{:>8} {:>12} {:>10}",
+                    x.n,
+                    cell(Some(x.ms)),
+                    x.tflops.map_or("-".into(), |t| format!("{t:.2}"))
+                );
+            }
+        }
         let ds: BTreeSet<usize> = r
             .records
             .iter()
