@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod backward;
 pub mod bsa;
+pub mod decode;
 pub mod fill;
 pub mod leaf_select;
 pub mod oracle;
@@ -24,5 +25,7 @@ pub fn all_shaders() -> Vec<ShaderSource> {
         leaf_select::SHADER,
         bsa::SHADER,
         oracle::SHADER,
+        decode::SHADER,
+        decode::APPEND_SHADER,
     ]
 }

@@ -1,0 +1,228 @@
+//! Decode (PISA.md sections 1, 3, 4, 5): a GPU KV cache of B sequences with an incrementally
+//! updated key pyramid, and a decode step that runs selection, leaf scoring and attention for
+//! the new token of every sequence in ONE dispatch. Shaders `shaders/decode.wgsl` and
+//! `shaders/decode_attend.wgsl` (the step, one module) and `shaders/decode_append.wgsl` (the
+//! append and the prefill copy).
+//!
+//! Design: one workgroup per (sequence, KV head) handles the g_q query heads of its group
+//! together (they share every loaded pyramid row and key): it routes through the levels
+//! (candidates of a level scored in parallel, one invocation per (candidate, child); the
+//! top-K cut by ranks), scores the leaf candidates by exact LSE (several invocations per
+//! leaf, partial LSEs merged), keeps the best K next to the forced leaves, then attends over
+//! them with the online softmax (scores of a chunk of keys, per-head max, exponentials, then
+//! P.V with invocations owning output dimensions). Lengths live in a storage buffer, so
+//! sequences of different lengths share the dispatch. The semantics are those of
+//! `pisa_core::reference::select_pisa` at position `len - 1` (causal, ancestor never scored,
+//! ties: higher score then lower index) and of `reference::DecodeState::step`.
+
+mod plan;
+
+use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig, TensorLayout};
+
+use self::plan::{needs_sq, Params, Plan};
+use crate::error::{GpuError, Result};
+use crate::ops::pyramid::{self, GpuPyramid, KeyGeometry};
+use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
+use crate::runtime::context::Context;
+use crate::runtime::pipeline::{ShaderSource, Storage};
+
+/// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl`: the fused decode step.
+pub const SHADER: ShaderSource = ShaderSource {
+    name: "decode",
+    wgsl: concat!(
+        include_str!("../../../shaders/decode.wgsl"),
+        include_str!("../../../shaders/decode_attend.wgsl")
+    ),
+};
+/// `shaders/decode_append.wgsl`: append with ancestor-path update, prefill copy.
+pub const APPEND_SHADER: ShaderSource = ShaderSource {
+    name: "decode_append",
+    wgsl: include_str!("../../../shaders/decode_append.wgsl"),
+};
+
+const APPEND_WG: u32 = 128;
+
+/// What one decode step returns, read back to the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeOutput {
+    /// `[B, Hq, D]` attention output (storage precision widened to f32).
+    pub out: Vec<f32>,
+    /// `[B, Hq]` natural-log LSE of the scaled scores attended (`-inf` for an empty sequence).
+    pub lse: Vec<f32>,
+    /// `[B, Hkv, K]` selected leaves, ascending, -1 padded, when asked for.
+    pub selection: Option<Vec<i32>>,
+}
+
+/// A GPU KV cache of `B` sequences growing up to `capacity` tokens each, with its key pyramid.
+///
+/// Keys and values are stored `[B, Hkv, capacity, D]` in the storage precision; the pyramid is
+/// [`ops::pyramid`](crate::ops::pyramid)'s, allocated for the layout of `capacity` (a shorter
+/// length's nodes are a prefix of each level), f32. Lengths are tracked per sequence on the
+/// host and passed to every dispatch in a storage buffer.
+#[derive(Debug)]
+pub struct KvCache<'c> {
+    ctx: &'c Context,
+    shape: AttentionShape,
+    cfg: SelectionConfig,
+    storage: Storage,
+    layout: PyramidLayout,
+    plan: Plan,
+    k: GpuTensor,
+    v: GpuTensor,
+    pyr: GpuPyramid,
+    dummy: GpuTensor,
+    out: GpuTensor,
+    lse: GpuTensor,
+    sel: GpuTensor,
+    lens: Vec<usize>,
+}
+
+fn input(e: PisaError) -> GpuError {
+    GpuError::Input(e)
+}
+
+fn check_len(what: &'static str, actual: usize, expected: usize) -> Result<()> {
+    if actual != expected {
+        return Err(input(PisaError::BufferLen {
+            what,
+            expected,
+            actual,
+        }));
+    }
+    Ok(())
+}
+
+impl<'c> KvCache<'c> {
+    /// An empty cache (every length 0) for `batch` sequences of up to `capacity` tokens,
+    /// `q_heads` (Hq) query heads, `kv_heads` (Hkv) KV heads, head dim D, selection `cfg`, keys,
+    /// values, queries and outputs in `storage` precision.
+    ///
+    /// Errors: the shape's and configuration's validation errors ([`GpuError::Input`]);
+    /// [`PisaError::TooLarge`] when an index would not fit u32 (cache elements, pyramid
+    /// elements, `capacity * g`); [`GpuError::Limit`] when K/V or the pyramid exceeds the
+    /// device's storage-binding limit, or the step's workgroup memory its limit;
+    /// [`GpuError::Unsupported`] for f16 without SHADER_F16 or a device with fewer than 9
+    /// storage buffers per stage.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &'c Context,
+        batch: usize,
+        capacity: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        cfg: SelectionConfig,
+        storage: Storage,
+    ) -> Result<Self> {
+        let shape = AttentionShape::new(batch, q_heads, kv_heads, 1, capacity, head_dim)?;
+        cfg.validate()?;
+        let layout = PyramidLayout::new(capacity, cfg.block_size, cfg.merge_factor)?;
+        let u32_max = u32::MAX as u64;
+        let big = |what, value: u64| {
+            (value > u32_max).then_some(input(PisaError::TooLarge {
+                what,
+                value,
+                limit: u32_max,
+            }))
+        };
+        let bh = (batch * kv_heads) as u64;
+        let d = head_dim as u64;
+        let kv_elems = bh * capacity as u64 * d;
+        let checks = [
+            big("KV cache elements", kv_elems),
+            big("pyramid elements", bh * layout.total_nodes() as u64 * d),
+            big(
+                "capacity * merge factor",
+                capacity as u64 * cfg.merge_factor as u64,
+            ),
+            big("top_k * block_size", (cfg.top_k * cfg.block_size) as u64),
+        ];
+        if let Some(e) = checks.into_iter().flatten().next() {
+            return Err(e);
+        }
+        if storage == Storage::F16 && !ctx.has_f16() {
+            return Err(GpuError::Unsupported(format!(
+                "f16 storage on {} (no SHADER_F16); use f32 storage",
+                ctx.report().name
+            )));
+        }
+        if ctx.limits().max_storage_buffers_per_shader_stage < 9 {
+            return Err(GpuError::Unsupported(
+                "decode needs 9 storage buffers per shader stage".into(),
+            ));
+        }
+        let plan = Plan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg)?;
+        let k = ctx.alloc("kv cache keys", kv_elems as usize, storage, POISON_F32)?;
+        let v = ctx.alloc("kv cache values", kv_elems as usize, storage, POISON_F32)?;
+        let geo = Self::geometry(batch, kv_heads, capacity, head_dim, TensorLayout::Bhnd);
+        let pyr = pyramid::alloc(ctx, layout, &geo, needs_sq(&cfg))?;
+        let q_elems = batch * q_heads * head_dim;
+        Ok(Self {
+            ctx,
+            shape,
+            cfg,
+            storage,
+            layout,
+            plan,
+            k,
+            v,
+            pyr,
+            dummy: ctx.alloc("unused", 1, Storage::F32, 0)?,
+            out: ctx.alloc("decode out", q_elems, storage, POISON_F32)?,
+            lse: ctx.alloc("decode lse", batch * q_heads, Storage::F32, POISON_F32)?,
+            sel: ctx.alloc(
+                "decode selection",
+                batch * kv_heads * cfg.top_k,
+                Storage::F32,
+                POISON_I32,
+            )?,
+            lens: vec![0; batch],
+        })
+    }
+
+    fn geometry(b: usize, h: usize, tokens: usize, d: usize, l: TensorLayout) -> KeyGeometry {
+        KeyGeometry {
+            batch: b,
+            kv_heads: h,
+            tokens,
+            head_dim: d,
+            layout: l,
+        }
+    }
+
+    fn base(&self) -> Params {
+        let s = &self.shape;
+        Params::base(
+            s.batch,
+            s.q_heads,
+            s.kv_heads,
+            s.head_dim,
+            &self.layout,
+            &self.cfg,
+        )
+    }
+
+    fn check_seq(&self, seq: usize) -> Result<()> {
+        if seq >= self.shape.batch {
+            return Err(input(PisaError::TooLarge {
+                what: "sequence index",
+                value: seq as u64,
+                limit: self.shape.batch as u64 - 1,
+            }));
+        }
+        Ok(())
+    }
+
+    fn check_tensor(&self, what: &'static str, t: &GpuTensor, len: usize) -> Result<()> {
+        if t.storage != self.storage {
+            return Err(GpuError::Unsupported(format!(
+                "{what} in {:?} storage for a {:?} cache",
+                t.storage, self.storage
+            )));
+        }
+        check_len(what, t.len, len)
+    }
+}
+
+mod step;
+mod write;

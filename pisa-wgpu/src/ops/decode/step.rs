@@ -1,0 +1,250 @@
+//! The host side of the decode step: [`KvCache::record_step`] and the synchronous wrappers
+//! (append, step, append-and-step, reset, accessors).
+
+use super::{check_len, DecodeOutput, KvCache, Params, Plan, SHADER};
+use crate::error::{GpuError, Result};
+use crate::ops::pyramid::GpuPyramid;
+use crate::runtime::buffers::GpuTensor;
+use crate::runtime::pipeline::Storage;
+use crate::runtime::profiler::Profiler;
+use pisa_core::{AttentionShape, PyramidLayout, SelectionConfig};
+
+impl KvCache<'_> {
+    /// Records the fused decode step (PISA.md 3, 4, 5) of every sequence, labelled "decode" in
+    /// `prof`: ONE dispatch, one workgroup per (sequence, KV head). `q`: `[B, Hq, D]` in the
+    /// cache's storage precision, the token at position `len(b) - 1` of each sequence (append
+    /// its key first). Writes [`Self::outputs`]: O `[B, Hq, D]` (storage precision), LSE
+    /// `[B, Hq]` f32, selection `[B, Hkv, K]` i32. An empty sequence gets zeros, LSE `-inf`
+    /// and no blocks. Errors: [`pisa_core::PisaError::BufferLen`] or
+    /// [`crate::GpuError::Unsupported`] for a `q` of the wrong size or precision.
+    pub fn record_step(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        q: &GpuTensor,
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let s = &self.shape;
+        self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
+        let ctx = self.ctx;
+        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
+        let lens_buf = ctx.upload_u32("decode lengths", &lens)?;
+        let wg = (s.batch * s.kv_heads) as u32;
+        let u = ctx.uniform(
+            "decode params",
+            &Params {
+                wg_count: wg,
+                ..self.base()
+            },
+        );
+        let consts = self.plan.consts();
+        let pipe = ctx
+            .pipelines
+            .get(&ctx.device, &SHADER, "step", self.storage, &consts, &[])?;
+        let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
+        let b = [
+            (0, &u),
+            (1, &lens_buf.buffer),
+            (2, &q.buffer),
+            (3, &self.k.buffer),
+            (4, &self.v.buffer),
+            (5, &self.pyr.means.buffer),
+            (6, &sq.buffer),
+            (7, &self.out.buffer),
+            (8, &self.lse.buffer),
+            (9, &self.sel.buffer),
+        ];
+        ctx.dispatch(enc, &pipe, &b, wg as u64, prof.map(|p| (p, "decode")))
+    }
+
+    /// Appends one key and value per active sequence (`k_rows`, `v_rows`: `[B, Hkv, D]` f32;
+    /// `active`: `[B]`), in one submission. Errors: [`pisa_core::PisaError::BufferLen`] for
+    /// rows or `active` of the wrong length, [`pisa_core::PisaError::TooLarge`] when an active
+    /// sequence is full; nothing changes on error.
+    pub fn append(&mut self, k_rows: &[f32], v_rows: &[f32], active: &[bool]) -> Result<()> {
+        self.run(Some((k_rows, v_rows, active)), None, false)
+            .map(|_| ())
+    }
+
+    /// One decode step for `q` (`[B, Hq, D]` f32, one token per sequence at position
+    /// `len - 1`) in one submission; reads back O, LSE and, if `with_selection`, the selection.
+    /// Errors: [`pisa_core::PisaError::BufferLen`] for a `q` of the wrong length, GPU errors.
+    pub fn step(&mut self, q: &[f32], with_selection: bool) -> Result<DecodeOutput> {
+        self.run(None, Some(q), with_selection)
+            .map(|o| o.expect("step output"))
+    }
+
+    /// The inference-loop step: append (as [`Self::append`]) then step (as [`Self::step`]),
+    /// both recorded into ONE submission. Errors: those of both; nothing changes on error.
+    pub fn append_and_step(
+        &mut self,
+        k_rows: &[f32],
+        v_rows: &[f32],
+        active: &[bool],
+        q: &[f32],
+        with_selection: bool,
+    ) -> Result<DecodeOutput> {
+        self.run(Some((k_rows, v_rows, active)), Some(q), with_selection)
+            .map(|o| o.expect("step output"))
+    }
+
+    fn run(
+        &mut self,
+        rows: Option<(&[f32], &[f32], &[bool])>,
+        q: Option<&[f32]>,
+        with_selection: bool,
+    ) -> Result<Option<DecodeOutput>> {
+        let s = self.shape;
+        let n = s.batch * s.kv_heads * s.head_dim;
+        if let Some((k, v, active)) = rows {
+            check_len("appended keys", k.len(), n)?;
+            check_len("appended values", v.len(), n)?;
+            self.check_append(n, active)?;
+        }
+        if let Some(q) = q {
+            check_len("q", q.len(), s.batch * s.q_heads * s.head_dim)?;
+        }
+        let ctx = self.ctx;
+        let up = |what, x| ctx.upload(what, x, self.storage);
+        let rows = match rows {
+            Some((k, v, a)) => Some((up("appended keys", k)?, up("appended values", v)?, a)),
+            None => None,
+        };
+        let q = q.map(|q| up("q", q)).transpose()?;
+        // The step, its outputs' copy to a mappable buffer, one submission, one map.
+        let sizes = [
+            self.out.buffer.size(),
+            self.lse.buffer.size(),
+            self.sel.buffer.size(),
+        ];
+        let staging = q.as_ref().map(|_| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("decode readback"),
+                size: sizes.iter().sum(),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        ctx.scoped("decode step", || {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            if let Some((k, v, a)) = &rows {
+                self.record_append(&mut enc, k, v, a, None)?;
+            }
+            if let (Some(q), Some(st)) = (&q, &staging) {
+                self.record_step(&mut enc, q, None)?;
+                let mut off = 0;
+                for (t, n) in [&self.out, &self.lse, &self.sel].iter().zip(sizes) {
+                    enc.copy_buffer_to_buffer(&t.buffer, 0, st, off, n);
+                    off += n;
+                }
+            }
+            ctx.queue.submit([enc.finish()]);
+            Ok(())
+        })?;
+        let Some(st) = staging else {
+            return Ok(None);
+        };
+        let bytes = map_read(ctx, &st)?;
+        let (o_bytes, rest) = bytes.split_at(sizes[0] as usize);
+        let (l_bytes, s_bytes) = rest.split_at(sizes[1] as usize);
+        let n_out = self.out.len;
+        let out = match self.storage {
+            Storage::F32 => bytemuck::cast_slice::<u8, f32>(o_bytes)[..n_out].to_vec(),
+            Storage::F16 => bytemuck::cast_slice::<u8, half::f16>(o_bytes)[..n_out]
+                .iter()
+                .map(|h| h.to_f32())
+                .collect(),
+        };
+        let lse = bytemuck::cast_slice::<u8, f32>(l_bytes)[..self.lse.len].to_vec();
+        let sel = bytemuck::cast_slice::<u8, i32>(s_bytes)[..self.sel.len].to_vec();
+        Ok(Some(DecodeOutput {
+            out,
+            lse,
+            selection: with_selection.then_some(sel),
+        }))
+    }
+
+    /// Empties sequence `seq` (its length becomes 0; the next append or prefill refills it).
+    /// Errors: [`pisa_core::PisaError::TooLarge`] for a `seq` out of range.
+    pub fn reset(&mut self, seq: usize) -> Result<()> {
+        self.check_seq(seq)?;
+        self.lens[seq] = 0;
+        Ok(())
+    }
+
+    /// Tokens held by sequence `seq`. Panics when `seq >= B`.
+    pub fn len(&self, seq: usize) -> usize {
+        self.lens[seq]
+    }
+    /// Tokens held by every sequence, `[B]`.
+    pub fn lens(&self) -> &[usize] {
+        &self.lens
+    }
+    /// Whether sequence `seq` is empty. Panics when `seq >= B`.
+    pub fn is_empty(&self, seq: usize) -> bool {
+        self.lens[seq] == 0
+    }
+    /// Batch, heads and head dim (`q_len` 1, `k_len` = capacity).
+    pub fn shape(&self) -> &AttentionShape {
+        &self.shape
+    }
+    /// The selection configuration.
+    pub fn config(&self) -> &SelectionConfig {
+        &self.cfg
+    }
+    /// Storage precision of keys, values, queries and outputs.
+    pub fn storage(&self) -> Storage {
+        self.storage
+    }
+    /// The pyramid layout of the capacity (the allocation's offsets).
+    pub fn layout(&self) -> &PyramidLayout {
+        &self.layout
+    }
+    /// The key pyramid (means f32 `[B*Hkv, capacity nodes, D]`, second moments for `meanvar`);
+    /// only the nodes of each sequence's current layout are meaningful.
+    pub fn pyramid(&self) -> &GpuPyramid {
+        &self.pyr
+    }
+    /// Keys and values, `[B, Hkv, capacity, D]` in storage precision.
+    pub fn kv(&self) -> (&GpuTensor, &GpuTensor) {
+        (&self.k, &self.v)
+    }
+    /// The step's outputs: O `[B, Hq, D]`, LSE `[B, Hq]` f32, selection `[B, Hkv, K]` i32.
+    pub fn outputs(&self) -> (&GpuTensor, &GpuTensor, &GpuTensor) {
+        (&self.out, &self.lse, &self.sel)
+    }
+    /// Workgroup memory of the step kernel, bytes.
+    pub fn workgroup_memory(&self) -> u64 {
+        self.plan.smem
+    }
+
+    /// Caps the step kernel's workgroup memory at `bytes` (tuning and tests; the device's
+    /// limit still applies). The attention then scores fewer keys per chunk (more online-softmax
+    /// rescaling rounds); results agree within rounding. Errors: [`crate::GpuError::Limit`]
+    /// when the kernel's minimum does not fit.
+    pub fn set_workgroup_memory_limit(&mut self, bytes: u32) -> Result<()> {
+        let mut lim = self.ctx.limits().clone();
+        lim.max_compute_workgroup_storage_size = lim.max_compute_workgroup_storage_size.min(bytes);
+        self.plan = Plan::new(&lim, self.shape.gqa_group(), self.shape.head_dim, &self.cfg)?;
+        Ok(())
+    }
+}
+
+/// Maps a finished MAP_READ buffer and returns its bytes.
+fn map_read(ctx: &crate::Context, buf: &wgpu::Buffer) -> Result<Vec<u8>> {
+    let slice = buf.slice(..);
+    let (tx, rx) = std::sync::mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    ctx.wait()?;
+    let poll = |e: String| GpuError::Poll(format!("decode readback: {e}"));
+    rx.recv()
+        .map_err(|e| poll(e.to_string()))?
+        .map_err(|e| poll(e.to_string()))?;
+    let data = slice
+        .get_mapped_range()
+        .map_err(|e| poll(e.to_string()))?
+        .to_vec();
+    buf.unmap();
+    Ok(data)
+}

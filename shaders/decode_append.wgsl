@@ -1,0 +1,121 @@
+// KV cache writes of decode (PISA.md sections 1 and 5): `append` stores one new key/value per
+// (sequence, KV head) and recomputes only the ancestor path of its leaf (the leaf from its raw
+// keys, each ancestor from its children); `copy_rows` loads a prefill's keys and values.
+//
+// Layouts: kc, vc [B, Hkv, capacity, D] store_t; means, sq f32 [B*Hkv, cap_nodes, D], node j of
+// level l at cap_off[l] + j (the capacity's layout); rows_k, rows_v [B, Hkv, D] store_t;
+// pos [B] u32: the position the new key takes (the old length), 0xffffffff for a sequence that
+// does not append. Each invocation owns dimensions d (stride WG) from the key write up to the
+// top of the path, so it only ever reads pyramid values it wrote itself or an earlier dispatch
+// wrote: no barrier is needed.
+alias store_t = f32;
+
+override WG: u32 = 64u;
+override WITH_SQ: bool = false;
+
+struct Params {
+    batch: u32, kv_heads: u32, q_heads: u32, head_dim: u32,
+    block_size: u32, merge: u32, top_k: u32, scoring: u32,
+    causal: u32, sink: u32, local: u32, capacity: u32,
+    cap_nodes: u32, wg_count: u32, scale: f32, seq: u32,
+    src_sh: u32, src_sn: u32, count: u32, src_len: u32,
+    cap_off: array<vec4<u32>, 16>,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> pos: array<u32>;
+@group(0) @binding(2) var<storage, read> rows_k: array<store_t>;
+@group(0) @binding(3) var<storage, read> rows_v: array<store_t>;
+@group(0) @binding(4) var<storage, read_write> kc: array<store_t>;
+@group(0) @binding(5) var<storage, read_write> vc: array<store_t>;
+@group(0) @binding(6) var<storage, read_write> means: array<f32>;
+@group(0) @binding(7) var<storage, read_write> sq: array<f32>;
+
+fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+}
+fn cdiv(a: u32, b: u32) -> u32 { return a / b + select(0u, 1u, a % b != 0u); }
+fn cap_off(l: u32) -> u32 { return p.cap_off[l / 4u][l % 4u]; }
+
+// One workgroup per (sequence, KV head).
+@compute @workgroup_size(WG)
+fn append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let id = linear_id(wid, nwg);
+    if (id >= p.wg_count) { return; }
+    let t_new = pos[id / p.kv_heads];
+    if (t_new == 0xffffffffu) { return; }
+    let len = t_new + 1u;
+    let d_n = p.head_dim;
+    let c_n = p.block_size;
+    let g = p.merge;
+    let krow = (id * p.capacity + t_new) * d_n;
+    let node_base = id * p.cap_nodes;
+    let leaf = t_new / c_n;
+    let t0 = leaf * c_n;
+    let inv = 1.0 / f32(len - t0);
+    for (var d = lid; d < d_n; d += WG) {
+        let kn = rows_k[id * d_n + d];
+        kc[krow + d] = kn;
+        vc[krow + d] = rows_v[id * d_n + d];
+        // Leaf: mean (and E[k^2]) of its raw keys, the new one taken from the row itself.
+        var s = 0.0;
+        var s2 = 0.0;
+        for (var t = t0; t < len; t++) {
+            var x = f32(kn);
+            if (t != t_new) { x = f32(kc[(id * p.capacity + t) * d_n + d]); }
+            s += x;
+            s2 += x * x;
+        }
+        var o = (node_base + leaf) * d_n + d;
+        means[o] = s * inv;
+        if (WITH_SQ) { sq[o] = s2 * inv; }
+        // Ancestors: count-weighted mean of the valid children.
+        var j = leaf;
+        var n_child = cdiv(len, c_n);
+        var w = c_n;
+        var l = 1u;
+        while (n_child > 1u) {
+            let jp = j / g;
+            let c0 = jp * g;
+            let c1 = min(c0 + g, n_child);
+            var m = 0.0;
+            var m2 = 0.0;
+            for (var c = c0; c < c1; c++) {
+                let n = f32(min(len - c * w, w));
+                let src = (node_base + cap_off(l - 1u) + c) * d_n + d;
+                m += n * means[src];
+                if (WITH_SQ) { m2 += n * sq[src]; }
+            }
+            let n_tot = f32(min(len - c0 * w, w * (c1 - c0)));
+            o = (node_base + cap_off(l) + jp) * d_n + d;
+            means[o] = m / n_tot;
+            if (WITH_SQ) { sq[o] = m2 / n_tot; }
+            j = jp;
+            n_child = cdiv(n_child, g);
+            w = w * g;
+            l++;
+        }
+    }
+}
+
+// Prefill copy: element e of a source [Hkv, src_len, D] (strides src_sh, src_sn) to sequence
+// `seq` of the cache, tokens 0..src_len. WG invocations per workgroup, one element each.
+@group(0) @binding(8) var<storage, read> src_k: array<store_t>;
+@group(0) @binding(9) var<storage, read> src_v: array<store_t>;
+
+@compute @workgroup_size(WG)
+fn copy_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let e = linear_id(wid, nwg) * WG + lid;
+    if (e >= p.count) { return; }
+    let d_n = p.head_dim;
+    let hd = e / (p.src_len * d_n);
+    let r = e % (p.src_len * d_n);
+    let t = r / d_n;
+    let d = r % d_n;
+    let src = hd * p.src_sh + t * p.src_sn + d;
+    let dst = ((p.seq * p.kv_heads + hd) * p.capacity + t) * d_n + d;
+    kc[dst] = src_k[src];
+    vc[dst] = src_v[src];
+}

@@ -1,0 +1,277 @@
+//! GPU KV cache and fused decode step against the CPU reference (`DecodeState`, `select_pisa`
+//! on the prefix, `sparse_attention`), step by step.
+mod common;
+#[path = "decode_harness.rs"]
+mod decode_harness;
+
+use decode_harness::{base, cfg, Run};
+
+use common::*;
+use pisa_core::reference::{self, DecodeState};
+use pisa_core::{AttentionShape, PisaError, Scoring, TensorLayout};
+use pisa_wgpu::ops::decode::KvCache;
+use pisa_wgpu::{GpuError, Storage};
+
+#[test]
+fn steps_match_reference_group3_g2() {
+    Run::new(
+        base("group3_g2", 6, 2, 64, cfg(16, 4, 2, Scoring::Lse)),
+        300,
+    )
+    .run();
+}
+
+#[test]
+fn steps_match_reference_group3_g3_bnhd() {
+    let mut c = base("group3_g3", 6, 2, 64, cfg(16, 4, 3, Scoring::Lse));
+    c.layout = TensorLayout::Bnhd;
+    Run::new(c, 290).run();
+}
+
+/// Small blocks: 150 leaves for K = 4, so routing starts five levels up (and with g = 3,
+/// three levels up), where the ancestor's children matter at every level.
+#[test]
+fn steps_match_reference_deep_routing() {
+    let mut c = base("deep_g2", 8, 2, 64, cfg(2, 4, 2, Scoring::Lse));
+    c.steps = 150;
+    Run::new(c, 200).run();
+    let mut c = base(
+        "deep_g3",
+        3,
+        1,
+        64,
+        cfg(4, 3, 3, Scoring::Mean).with_forced(0, 1),
+    );
+    c.steps = 150;
+    c.layout = TensorLayout::Bnhd;
+    Run::new(c, 200).run();
+}
+
+#[test]
+fn steps_match_reference_group1_meanvar_sink_local() {
+    let cf = cfg(16, 4, 2, Scoring::MeanVar).with_forced(1, 1);
+    Run::new(base("group1_meanvar", 2, 2, 80, cf), 300).run();
+}
+
+#[test]
+fn exact_ties_prefer_lower_blocks() {
+    let mut c = base("ties", 4, 2, 64, cfg(4, 3, 2, Scoring::Lse));
+    c.prefill = vec![100, 61];
+    c.steps = 20;
+    c.tied = true;
+    Run::new(c, 130).run();
+    let mut c = base(
+        "ties_mean",
+        2,
+        1,
+        64,
+        cfg(4, 4, 3, Scoring::Mean).with_forced(1, 0),
+    );
+    c.steps = 20;
+    c.tied = true;
+    Run::new(c, 130).run();
+}
+
+#[test]
+fn batch_of_different_lengths_in_one_step() {
+    let mut c = base("batch3", 8, 2, 96, cfg(8, 3, 2, Scoring::Mean));
+    c.prefill = vec![1, 7, 9];
+    c.steps = 100;
+    c.active = 0.8;
+    c.layout = TensorLayout::Bnhd;
+    Run::new(c, 120).run();
+}
+
+#[test]
+fn attention_in_several_chunks() {
+    let mut c = base("chunks", 4, 2, 64, cfg(32, 10, 2, Scoring::Lse));
+    c.prefill = vec![400, 333];
+    c.steps = 30;
+    let mut r = Run::new(c, 450);
+    // The least workgroup memory the step accepts: K*C = 320 keys no longer fit one chunk.
+    let needed = match r.cache.set_workgroup_memory_limit(0) {
+        Err(GpuError::Limit { needed, .. }) => needed,
+        other => panic!("expected a Limit error, got {other:?}"),
+    };
+    r.cache.set_workgroup_memory_limit(needed as u32).unwrap();
+    r.run();
+}
+
+#[test]
+fn non_causal_decode() {
+    let mut c = base(
+        "non_causal",
+        4,
+        2,
+        64,
+        cfg(8, 4, 2, Scoring::Lse).with_causal(false),
+    );
+    c.prefill = vec![20, 45];
+    c.steps = 40;
+    Run::new(c, 100).run();
+}
+
+#[test]
+fn reset_then_reuse() {
+    let mut c = base(
+        "reset",
+        7,
+        1,
+        128,
+        cfg(16, 6, 2, Scoring::Lse).with_forced(2, 0),
+    );
+    c.prefill = vec![100, 30];
+    c.steps = 30;
+    let mut r = Run::new(c, 200).run();
+    r.cache.reset(0).unwrap();
+    r.refs[0] = DecodeState::new(7, 1, 128, r.case.cfg).unwrap();
+    // Seq 0 stays empty for a step (zeros, -inf, no blocks), then grows from nothing.
+    r.case.active = 1.0;
+    let q = random(&mut r.rng, 2 * 7 * 128, 1.0);
+    let o = r.cache.step(&q, true).unwrap();
+    r.check(0, 0, &q[..7 * 128], &o);
+    r.check(0, 1, &q[7 * 128..], &o);
+    r.case.steps = 120;
+    let mut r = r.run();
+    r.prefill(1, 150);
+    r.case.steps = 10;
+    r.run();
+}
+
+#[test]
+fn f16_storage() {
+    if !ctx().has_f16() {
+        eprintln!("f16_storage: skipped, no SHADER_F16 on this adapter");
+        return;
+    }
+    let mut c = base(
+        "f16",
+        8,
+        1,
+        256,
+        cfg(16, 4, 2, Scoring::Lse).with_forced(0, 1),
+    );
+    c.storage = Storage::F16;
+    c.prefill = vec![50, 17];
+    c.steps = 40;
+    Run::new(c, 120).run();
+}
+
+#[test]
+fn incremental_pyramid_equals_rebuild() {
+    let mut c = base("pyramid", 3, 3, 64, cfg(8, 4, 3, Scoring::MeanVar));
+    c.prefill = vec![5, 30];
+    c.steps = 100;
+    c.active = 0.7;
+    let r = Run::new(c, 160).run();
+    let (hkv, d) = (3, 64);
+    let mut fresh = KvCache::new(ctx(), 2, 160, 3, hkv, d, r.case.cfg, Storage::F32).unwrap();
+    for b in 0..2 {
+        let st = &r.refs[b];
+        fresh
+            .prefill(b, st.keys(), st.values(), TensorLayout::Bnhd)
+            .unwrap();
+    }
+    let read = |c: &KvCache| {
+        let p = c.pyramid();
+        (
+            ctx().read_f32(&p.means).unwrap(),
+            ctx().read_f32(p.sq.as_ref().unwrap()).unwrap(),
+        )
+    };
+    let (got_m, got_s) = read(&r.cache);
+    let (reb_m, reb_s) = read(&fresh);
+    let cap = r.cache.layout();
+    for b in 0..2 {
+        let st = &r.refs[b];
+        let shape = AttentionShape::new(1, 3, hkv, 1, st.len(), d).unwrap();
+        let cpu =
+            reference::build_pyramid(st.keys(), &shape, TensorLayout::Bnhd, &r.case.cfg).unwrap();
+        let lay = cpu.layout;
+        let (mut g, mut gs) = (Vec::<f32>::new(), Vec::<f32>::new());
+        let (mut w, mut ws, mut c_m, mut c_s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for h in 0..hkv {
+            for l in 0..lay.num_levels() {
+                for j in 0..lay.nodes(l) {
+                    let o = ((b * hkv + h) * cap.total_nodes() + cap.flat(l, j)) * d;
+                    g.extend_from_slice(&got_m[o..o + d]);
+                    gs.extend_from_slice(&got_s[o..o + d]);
+                    w.extend(reb_m[o..o + d].iter().map(|&x| x as f64));
+                    ws.extend(reb_s[o..o + d].iter().map(|&x| x as f64));
+                    let (m, v) = (cpu.mean(0, h, l, j), cpu.var(0, h, l, j));
+                    c_m.extend_from_slice(m);
+                    c_s.extend(m.iter().zip(v).map(|(m, v)| v + m * m));
+                }
+            }
+        }
+        let at = format!("seq {b} len {} seed {}", st.len(), r.seed);
+        for (what, e) in [
+            ("means vs rebuild", rel_err(&g, &w)),
+            ("second moments vs rebuild", rel_err(&gs, &ws)),
+            ("means vs CPU", rel_err(&g, &c_m)),
+            ("second moments vs CPU", rel_err(&gs, &c_s)),
+        ] {
+            assert!(e < 1e-5, "{what}: rel err {e} ({at})");
+        }
+    }
+}
+
+#[test]
+fn errors_are_typed_and_leave_the_cache_unchanged() {
+    let ctx = ctx();
+    let cf = cfg(4, 2, 2, Scoring::Lse);
+    let mut c = KvCache::new(ctx, 2, 6, 2, 1, 8, cf, Storage::F32).unwrap();
+    let row = vec![0.5f32; 2 * 8];
+    c.prefill(0, &[0.25; 5 * 8], &[0.25; 5 * 8], TensorLayout::Bhnd)
+        .unwrap();
+    c.append(&row, &row, &[true, false]).unwrap();
+    assert_eq!(c.lens(), &[6, 0]);
+    let full = c.append(&row, &row, &[true, true]).unwrap_err();
+    assert!(
+        matches!(
+            full,
+            GpuError::Input(PisaError::TooLarge {
+                value: 7,
+                limit: 6,
+                ..
+            })
+        ),
+        "{full}"
+    );
+    assert_eq!(c.lens(), &[6, 0]);
+    let short = c.append(&row[1..], &row, &[false, true]).unwrap_err();
+    assert!(
+        matches!(short, GpuError::Input(PisaError::BufferLen { .. })),
+        "{short}"
+    );
+    let mask = c.append(&row, &row, &[true]).unwrap_err();
+    assert!(
+        matches!(mask, GpuError::Input(PisaError::BufferLen { .. })),
+        "{mask}"
+    );
+    let q = c.step(&[1.0; 2 * 2 * 8 - 1], false).unwrap_err();
+    assert!(
+        matches!(q, GpuError::Input(PisaError::BufferLen { .. })),
+        "{q}"
+    );
+    let long = c.prefill(1, &[0.0; 7 * 8], &[0.0; 7 * 8], TensorLayout::Bhnd);
+    assert!(matches!(
+        long,
+        Err(GpuError::Input(PisaError::TooLarge { .. }))
+    ));
+    let ragged = c.prefill(1, &[0.0; 12], &[0.0; 12], TensorLayout::Bhnd);
+    assert!(matches!(
+        ragged,
+        Err(GpuError::Input(PisaError::BufferLen { .. }))
+    ));
+    assert!(c.reset(2).is_err());
+    assert_eq!(c.lens(), &[6, 0]);
+    // A capacity past the storage-binding limit (or past u32 indexing) is refused up front.
+    let cap = (ctx.max_binding_bytes() / (64 * 4) + 1) as usize;
+    match KvCache::new(ctx, 1, cap, 1, 1, 64, cf, Storage::F32) {
+        Err(GpuError::Limit { .. }) | Err(GpuError::Input(PisaError::TooLarge { .. })) => {}
+        other => panic!("capacity {cap}: {:?}", other.map(|_| ())),
+    }
+    let ok = c.step(&[1.0; 2 * 2 * 8], true).unwrap();
+    assert_eq!(&ok.selection.unwrap()[2..], &[-1, -1]);
+}
