@@ -284,6 +284,13 @@ pub fn write_npy(path: &Path, tensor: OutTensor) -> Result<()> {
 /// Writes every file to a temporary file beside it first, and renames them into place only
 /// when all were written; on error the temporary files are removed.
 fn write_atomic_all(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
+    // Each rename is atomic, the set is not: refuse a target that cannot be replaced (a
+    // directory) before anything is renamed, so such a failure leaves the old set whole.
+    for (path, _) in files {
+        if path.is_dir() {
+            bail!("cannot write {}: it is a directory", path.display());
+        }
+    }
     let mut temps = Vec::with_capacity(files.len());
     for (path, bytes) in files {
         let dir = match path.parent() {
@@ -304,7 +311,9 @@ fn write_atomic_all(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         temps.push((tmp, path));
     }
     for (tmp, path) in temps {
+        // `map_err` drops the temporary file now (the error would otherwise keep it alive).
         tmp.persist(path)
+            .map_err(|e| e.error)
             .with_context(|| format!("cannot rename output into place: {}", path.display()))?;
     }
     Ok(())

@@ -1,0 +1,225 @@
+//! Reliability of the `pisa` command line and its output writing (issue 7): non-finite inputs
+//! are refused by default with the position of the first bad value, `--allow-nonfinite` passes
+//! them on, a failing run (bad input, no adapter, bad configuration) writes nothing and leaves an
+//! existing output file untouched, and a failed write leaves no partial or temporary files.
+//! The `pisa forward` runs use the default adapter (lavapipe in CI).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use pisa_cli::io::{
+    write_outputs, write_safetensors, DType, HostTensor, IndexTensor, OutTensor, Outputs,
+};
+
+fn pisa() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pisa"))
+}
+
+/// Q `[2, 64, 32]`, K and V `[1, 64, 32]`, finite, in `dir/name`, with `edit` applied to K.
+fn input(dir: &Path, name: &str, edit: impl FnOnce(&mut [f32])) -> PathBuf {
+    let vals = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32) * s).sin()).collect() };
+    let q = HostTensor::new("q", vec![2, 64, 32], vals(2 * 64 * 32, 0.37)).unwrap();
+    let mut k = HostTensor::new("k", vec![1, 64, 32], vals(64 * 32, 0.11)).unwrap();
+    let v = HostTensor::new("v", vec![1, 64, 32], vals(64 * 32, 0.53)).unwrap();
+    edit(&mut k.data);
+    let p = dir.join(name);
+    write_safetensors(
+        &p,
+        &[
+            OutTensor::Float(&q, DType::F32),
+            OutTensor::Float(&k, DType::F32),
+            OutTensor::Float(&v, DType::F32),
+        ],
+        &BTreeMap::new(),
+    )
+    .unwrap();
+    p
+}
+
+/// Names in `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn forward(inp: &Path, out: &Path, extra: &[&str]) -> (bool, String) {
+    let o = pisa()
+        .args(["forward", "-i"])
+        .arg(inp)
+        .arg("-o")
+        .arg(out)
+        .args(["--block-size", "16", "--top-k", "2"])
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn nonfinite_input_is_refused_with_its_position_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    // K is [1, 64, 32]: flat index 5 * 32 + 2 is [0, 5, 2].
+    let inp = input(dir.path(), "in.safetensors", |k| k[5 * 32 + 2] = f32::NAN);
+    let out = dir.path().join("out.safetensors");
+    let (ok, err) = forward(&inp, &out, &[]);
+    assert!(!ok, "accepted a NaN input");
+    assert!(err.contains("NaN at [0, 5, 2]"), "{err}");
+    assert!(err.contains("--allow-nonfinite"), "{err}");
+    assert!(err.contains("in.safetensors"), "{err}");
+    assert_eq!(
+        listing(dir.path()),
+        ["in.safetensors"],
+        "something was written"
+    );
+    // An existing output survives the failed run untouched.
+    std::fs::write(&out, b"previous result").unwrap();
+    let (ok, _) = forward(&inp, &out, &[]);
+    assert!(!ok);
+    assert_eq!(std::fs::read(&out).unwrap(), b"previous result");
+    // Infinity too, reported as such.
+    let inf = input(dir.path(), "inf.safetensors", |k| {
+        k[64 * 32 - 1] = f32::NEG_INFINITY
+    });
+    let (ok, err) = forward(&inf, &dir.path().join("o2.safetensors"), &[]);
+    assert!(!ok);
+    assert!(err.contains("-inf at [0, 63, 31]"), "{err}");
+}
+
+#[test]
+fn allow_nonfinite_passes_the_input_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = input(dir.path(), "in.safetensors", |k| k[5 * 32 + 2] = f32::NAN);
+    let out = dir.path().join("out.safetensors");
+    let (ok, err) = forward(&inp, &out, &["--allow-nonfinite"]);
+    assert!(ok, "{err}");
+    let o = pisa_cli::io::read_tensor(&out, "o").unwrap();
+    assert_eq!(o.shape, [2, 64, 32]);
+    // Rows before the NaN key's block never see it (causal): finite.
+    assert!(o.data[..16 * 32].iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn failing_runs_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = input(dir.path(), "in.safetensors", |_| {});
+    let out = dir.path().join("out.npy");
+    for (what, extra) in [
+        ("no adapter", &["--adapter", "no-such-gpu"][..]),
+        ("top_k below forced", &["--sink-blocks", "2"][..]),
+        ("bad scale", &["--scale", "-1"][..]),
+        ("block size 0", &["--block-size", "0"][..]),
+    ] {
+        let (ok, err) = forward(&inp, &out, extra);
+        assert!(!ok, "{what}: accepted");
+        assert!(!err.trim().is_empty(), "{what}: no message");
+        assert_eq!(
+            listing(dir.path()),
+            ["in.safetensors"],
+            "{what}: something was written"
+        );
+        eprintln!("{what}: {}", err.trim());
+    }
+    let (ok, err) = forward(&inp, &out, &["--adapter", "no-such-gpu"]);
+    assert!(!ok && err.contains("no-such-gpu"), "{err}");
+    // And a good run writes exactly the npy siblings.
+    let (ok, err) = forward(&inp, &out, &[]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        listing(dir.path()),
+        ["in.safetensors", "out.lse.npy", "out.o.npy"]
+    );
+}
+
+fn outputs() -> (HostTensor, HostTensor, IndexTensor) {
+    (
+        HostTensor::new("o", vec![2, 3], vec![1.0; 6]).unwrap(),
+        HostTensor::new("lse", vec![2], vec![0.5; 2]).unwrap(),
+        IndexTensor::new("indices", vec![2, 1], vec![0, 1]).unwrap(),
+    )
+}
+
+#[test]
+fn a_failed_encode_writes_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (o, lse, idx) = outputs();
+    let out = Outputs {
+        o: &o,
+        lse: Some(&lse),
+        indices: Some(&idx),
+    };
+    // bf16 cannot be stored in npy: refused before any file is created.
+    let p = dir.path().join("out.npy");
+    assert!(write_outputs(&p, &out, DType::BF16, &BTreeMap::new()).is_err());
+    assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
+    // A directory that does not exist: error naming it, nothing created.
+    let p = dir.path().join("missing/out.safetensors");
+    let e = write_outputs(&p, &out, DType::F32, &BTreeMap::new()).unwrap_err();
+    assert!(format!("{e:#}").contains("missing"), "{e:#}");
+    assert!(listing(dir.path()).is_empty());
+}
+
+/// An npy output is several files, each renamed into place atomically. A target that cannot be
+/// replaced (here a directory) used to fail after the first rename, leaving a set that mixed new
+/// and old results; it is now refused before any rename (fixed in `io::write_atomic_all`).
+#[test]
+fn a_failed_rename_leaves_the_old_output_set_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let (o, lse, idx) = outputs();
+    let out = Outputs {
+        o: &o,
+        lse: Some(&lse),
+        indices: Some(&idx),
+    };
+    let p = dir.path().join("out.npy");
+    std::fs::write(dir.path().join("out.o.npy"), b"old o").unwrap();
+    // `out.lse.npy` is a non-empty directory: renaming a file onto it fails.
+    std::fs::create_dir(dir.path().join("out.lse.npy")).unwrap();
+    std::fs::write(dir.path().join("out.lse.npy/x"), b"").unwrap();
+    assert!(write_outputs(&p, &out, DType::F32, &BTreeMap::new()).is_err());
+    let names = listing(dir.path());
+    assert!(
+        !names.iter().any(|n| n.starts_with(".pisa-tmp-")),
+        "temporary files left: {names:?}"
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("out.o.npy")).unwrap(),
+        b"old o",
+        "out.o.npy was replaced although the output set failed"
+    );
+}
+
+/// A failed write leaves no temporary file behind, even while its error is alive (the error of
+/// a failed rename used to hold the temporary file open and undeleted).
+#[test]
+fn a_failed_rename_leaves_no_temporary_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (o, lse, idx) = outputs();
+    let out = Outputs {
+        o: &o,
+        lse: Some(&lse),
+        indices: Some(&idx),
+    };
+    std::fs::create_dir(dir.path().join("out.lse.npy")).unwrap();
+    std::fs::write(dir.path().join("out.lse.npy/x"), b"").unwrap();
+    let e = write_outputs(
+        &dir.path().join("out.npy"),
+        &out,
+        DType::F32,
+        &BTreeMap::new(),
+    )
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("out.lse.npy"), "{e:#}");
+    let names = listing(dir.path());
+    assert!(
+        !names.iter().any(|n| n.starts_with(".pisa-tmp-")),
+        "temporary files left: {names:?}"
+    );
+}
