@@ -10,6 +10,7 @@ use anyhow::Result;
 use pisa_core::{AttentionShape, PyramidLayout, Scoring, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::attention::{record_dense_attention, record_sparse_attention, QkvLayouts};
 use pisa_wgpu::ops::backward::record_backward;
+use pisa_wgpu::ops::decode::KvCache;
 use pisa_wgpu::ops::fill::random_tensor;
 use pisa_wgpu::ops::pyramid::{self, KeyGeometry};
 use pisa_wgpu::ops::select::{select, Layouts, Method};
@@ -236,8 +237,66 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
     Ok((medians(&all), reps))
 }
 
-/// Decode step at a cache of `p.n` tokens (batch 1): PISA's single-dispatch step against dense
-/// attention of one query over the whole cache. Returns (PISA ms, dense ms, reps, GPU-timed).
-pub fn decode(_ctx: &Context, _p: &Plan) -> Result<(f64, f64, usize, bool)> {
-    anyhow::bail!("decode benchmark not wired yet")
+/// Decode step at a cache of `p.n` tokens (batch 1): PISA's single-dispatch step (routing,
+/// leaf scoring and attention fused) against dense attention of one query over the whole cache.
+/// Returns (PISA ms, dense ms, reps, GPU-timed); each a median over repetitions, the query
+/// rotated between two sets.
+pub fn decode(ctx: &Context, p: &Plan) -> Result<(f64, f64, usize, bool)> {
+    let (hq, hkv, d, n) = (p.hq, p.hkv, p.d, p.n);
+    let mut cache = KvCache::new(ctx, 1, n, hq, hkv, d, p.cfg, p.storage)?;
+    let k = random_tensor(ctx, "k", hkv * n * d, p.storage, 11, 1.0)?;
+    let v = random_tensor(ctx, "v", hkv * n * d, p.storage, 12, 1.0)?;
+    cache.prefill_device(0, &k, &v, TensorLayout::Bhnd)?;
+    let qs = [
+        random_tensor(ctx, "q", hq * d, p.storage, 13, 1.0)?,
+        random_tensor(ctx, "q", hq * d, p.storage, 14, 1.0)?,
+    ];
+    let shape = AttentionShape::new(1, hq, hkv, 1, n, d)?;
+    let scale = p.cfg.softmax_scale(d);
+    let mut pisa = Vec::new();
+    let mut dense = Vec::new();
+    let mut gpu = true;
+    let reps = p.reps.max(5);
+    for r in 0..reps + 2 {
+        let q = &qs[r % 2];
+        let mut prof = Profiler::new(ctx, 8);
+        let started = std::time::Instant::now();
+        ctx.scoped("bench decode", || {
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            cache.record_step(&mut enc, q, Some(&mut prof))?;
+            ctx.queue().submit([enc.finish()]);
+            Ok(())
+        })?;
+        let wall_pisa = started.elapsed().as_secs_f64() * 1e3;
+        let started = std::time::Instant::now();
+        ctx.scoped("bench dense decode", || {
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            record_dense_attention(
+                ctx,
+                &mut enc,
+                q,
+                &k,
+                &v,
+                &shape,
+                QkvLayouts::from(TensorLayout::Bhnd),
+                true,
+                scale,
+                Some(&mut prof),
+            )?;
+            ctx.queue().submit([enc.finish()]);
+            Ok(())
+        })?;
+        let wall_dense = started.elapsed().as_secs_f64() * 1e3;
+        let t = prof.finish(ctx)?;
+        gpu &= t.gpu;
+        if r >= 2 {
+            pisa.push(if t.gpu { t.get("decode") } else { wall_pisa });
+            dense.push(if t.gpu { t.get("dense") } else { wall_dense });
+        }
+    }
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((med(pisa), med(dense), reps, gpu))
 }
