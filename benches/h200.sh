@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call on the H200 (see docs/benchmarks.md): Vulkan loader from .gl/, the release
 # `pisa` binary and test binaries from .bin/, results under $OUT.
-#   MODE=check  : pisa info + GPU correctness tests
+#   MODE=check  : pisa info + GPU correctness tests (.bin/tests.tar.xz: release test binaries)
 #   MODE=bench  : pisa bench (+ PyTorch peers when PEERS=1)
+#   MODE=all    : both (default)
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
@@ -11,12 +12,14 @@ export XDG_RUNTIME_DIR=/tmp
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 ./.bin/pisa info | tee "$OUT/info.txt"
-if [ "${MODE:-bench}" = check ]; then
+[ -f .bin/tests.tar.xz ] && tar xJf .bin/tests.tar.xz -C .bin
+MODE=${MODE:-all}
+if [ "$MODE" = check ] || [ "$MODE" = all ]; then
   for t in .bin/test-*; do
-    echo "== $t"; timeout 240 "$t" --test-threads 1 2>&1 | grep -v "^test .* ok$" | tail -25
+    echo "== $t"; timeout 120 "$t" --test-threads 4 2>&1 | grep -v "^test .* ok$" | tail -25
   done | tee "$OUT/check.txt"
 fi
-if [ "${MODE:-bench}" = bench ]; then
+if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   ./.bin/pisa bench ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
   if [ "${PEERS:-0}" = 1 ]; then
     python3 benches/peers/torch_peers.py --out "$OUT/peers.json" ${PEER_ARGS:-} 2>&1 \
