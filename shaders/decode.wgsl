@@ -5,10 +5,13 @@
 // make one module) the attention and the entry point. The pyramid update of an append and the
 // prefill copy live in decode_append.wgsl.
 //
-// Layouts: q, out [B, Hq, D]; kc, vc [B, Hkv, capacity, D] (store_t); means, sq f32
-// [B*Hkv, cap_nodes, D] with node j of level l at cap_off[l] + j (the capacity's layout; the
-// nodes of a shorter length are a prefix of each level); lens [B] u32; lse_out [B, Hq] f32;
-// sel_out [B, Hkv, K] i32 ascending, -1 padded.
+// Layouts: q, out [B, Hq, D]; kc, vc [B, Hkv, capacity, D] (store_t, read as vec4 rows: D is a
+// multiple of 4); means, sq f32 [B*Hkv, cap_nodes, D] with node j of level l at cap_off[l] + j
+// (the capacity's layout; the nodes of a shorter length are a prefix of each level); lens [B]
+// u32; lse_out [B, Hq] f32; sel_out [B, Hkv, K] i32 ascending, -1 padded.
+// Every dot product is one invocation's loop over the D/4 vec4s of a row (the head dim is a
+// compile-time constant, so the loads are unrolled and in flight together) against the group's
+// queries in workgroup memory (broadcast reads): a loaded row serves all GQ heads.
 alias store_t = f32;
 
 // Sizes substituted per pipeline (see ops/decode/plan.rs).
@@ -17,8 +20,9 @@ const GQ: u32 = 2u;      // g_q: query heads per KV head
 const KMAX: u32 = 4u;    // K (top_k)
 const MAXC: u32 = 10u;   // g * (K + 1): candidate slots of one level
 const XS: u32 = 256u;    // f32 scratch (scores, partial LSEs, attention chunk, merge)
-const QD: u32 = 128u;    // GQ * D
-const DPT: u32 = 1u;     // ceil(D / min(D, WG)): output dims per invocation
+const DD: u32 = 64u;     // D, the head dim (a multiple of 4)
+const PARTS: u32 = 1u;   // key subsets of the P.V phase (invocations per output vec4)
+const D4: u32 = DD / 4u;
 
 const INVALID: u32 = 0xffffffffu;
 // Finite stand-ins for -inf (WGSL may assume no infinities): "no score" and its test.
@@ -38,15 +42,15 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> lens: array<u32>;
 @group(0) @binding(2) var<storage, read> q: array<store_t>;
-@group(0) @binding(3) var<storage, read> kc: array<store_t>;
-@group(0) @binding(4) var<storage, read> vc: array<store_t>;
-@group(0) @binding(5) var<storage, read> means: array<f32>;
-@group(0) @binding(6) var<storage, read> sq: array<f32>;
+@group(0) @binding(3) var<storage, read> kc: array<vec4<store_t>>;
+@group(0) @binding(4) var<storage, read> vc: array<vec4<store_t>>;
+@group(0) @binding(5) var<storage, read> means: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> sq: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> out: array<store_t>;
 @group(0) @binding(8) var<storage, read_write> lse_out: array<f32>;
 @group(0) @binding(9) var<storage, read_write> sel_out: array<i32>;
 
-var<workgroup> qs: array<f32, QD>;
+var<workgroup> qs: array<vec4<f32>, GQ * D4>;
 var<workgroup> cand: array<u32, MAXC>;
 var<workgroup> byrank: array<u32, MAXC>;
 var<workgroup> score: array<f32, MAXC>;
@@ -85,10 +89,27 @@ fn node_len(l: u32, j: u32, len: u32) -> u32 {
     for (var i = 0u; i < l; i++) { w = sat_mul(w, p.merge); }
     return min(len - sat_mul(j, w), w);
 }
-fn node_row(bh: u32, l: u32, j: u32) -> u32 {
-    return (bh * p.cap_nodes + cap_off(l) + j) * p.head_dim;
+// First vec4 of a pyramid node's row and of a key's row.
+fn node_row(bh: u32, l: u32, j: u32) -> u32 { return (bh * p.cap_nodes + cap_off(l) + j) * D4; }
+fn key_row(bh: u32, t: u32) -> u32 { return (bh * p.capacity + t) * D4; }
+// q_h . mu for every head h of the group (a node's mean row).
+fn dots_mean(row: u32) -> array<f32, GQ> {
+    var a: array<f32, GQ>;
+    for (var j = 0u; j < D4; j++) {
+        let m = means[row + j];
+        for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], m); }
+    }
+    return a;
 }
-fn key_row(bh: u32, t: u32) -> u32 { return (bh * p.capacity + t) * p.head_dim; }
+// q_h . k_t for every head h of the group.
+fn dots_key(row: u32) -> array<f32, GQ> {
+    var a: array<f32, GQ>;
+    for (var j = 0u; j < D4; j++) {
+        let k = vec4<f32>(kc[row + j]);
+        for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], k); }
+    }
+    return a;
+}
 fn is_forced(bq: u32, j: u32) -> bool {
     return j <= bq && (j < p.sink || j + p.local >= bq);
 }
@@ -98,7 +119,6 @@ fn state_lse(m: f32, l: f32) -> f32 { return select(NEG, m + log(l), l > 0.0); }
 // score[slot] for the candidates of level l >= 1 (PISA.md 2), summed over the group.
 fn score_level(bh: u32, l: u32, len: u32, nb0: u32, lid: u32) {
     let g = p.merge;
-    let d_n = p.head_dim;
     if (p.scoring == 0u) {
         // lse: one item per (candidate, child); x = s * q.mu_c + log n_c per head.
         let nchild = level_nodes(nb0, l - 1u);
@@ -108,14 +128,9 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, lid: u32) {
             for (var hh = 0u; hh < GQ; hh++) { x[hh] = NEG; }
             let child = node * g + it % g;
             if (node != INVALID && child < nchild) {
-                let row = node_row(bh, l - 1u, child);
-                var acc: array<f32, GQ>;
-                for (var d = 0u; d < d_n; d++) {
-                    let mu = means[row + d];
-                    for (var hh = 0u; hh < GQ; hh++) { acc[hh] += qs[hh * d_n + d] * mu; }
-                }
+                let a = dots_mean(node_row(bh, l - 1u, child));
                 let ln = log(f32(node_len(l - 1u, child, len)));
-                for (var hh = 0u; hh < GQ; hh++) { x[hh] = p.scale * acc[hh] + ln; }
+                for (var hh = 0u; hh < GQ; hh++) { x[hh] = p.scale * a[hh] + ln; }
             }
             for (var hh = 0u; hh < GQ; hh++) { xs[it * GQ + hh] = x[hh]; }
         }
@@ -144,14 +159,14 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, lid: u32) {
             let row = node_row(bh, l, node);
             var a1: array<f32, GQ>;
             var a2: array<f32, GQ>;
-            for (var d = 0u; d < d_n; d++) {
-                let mu = means[row + d];
-                var var_d = 0.0;
-                if (mv) { var_d = max(sq[row + d] - mu * mu, 0.0); }
+            for (var j = 0u; j < D4; j++) {
+                let mu = means[row + j];
+                var var_d = vec4<f32>(0.0);
+                if (mv) { var_d = max(sq[row + j] - mu * mu, vec4<f32>(0.0)); }
                 for (var hh = 0u; hh < GQ; hh++) {
-                    let qv = qs[hh * d_n + d];
-                    a1[hh] += qv * mu;
-                    a2[hh] += qv * qv * var_d;
+                    let qv = qs[hh * D4 + j];
+                    a1[hh] += dot(qv, mu);
+                    a2[hh] += dot(qv * qv, var_d);
                 }
             }
             let ln = log(f32(node_len(l, node, len)));
@@ -167,7 +182,6 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, lid: u32) {
 // score[slot] = exact leaf LSE (PISA.md 2) summed over the group; S items per leaf split its keys.
 fn score_leaves(bh: u32, len: u32, lid: u32) {
     let sub_n = max(1u, WG / MAXC);
-    let d_n = p.head_dim;
     for (var it = lid; it < MAXC * sub_n; it += WG) {
         let leaf = cand[it / sub_n];
         var m: array<f32, GQ>;
@@ -177,12 +191,7 @@ fn score_leaves(bh: u32, len: u32, lid: u32) {
             let t0 = leaf * p.block_size;
             let t1 = min(t0 + p.block_size, len);
             for (var t = t0 + it % sub_n; t < t1; t += sub_n) {
-                let row = key_row(bh, t);
-                var acc: array<f32, GQ>;
-                for (var d = 0u; d < d_n; d++) {
-                    let k = f32(kc[row + d]);
-                    for (var hh = 0u; hh < GQ; hh++) { acc[hh] += qs[hh * d_n + d] * k; }
-                }
+                let acc = dots_key(key_row(bh, t));
                 for (var hh = 0u; hh < GQ; hh++) {
                     let x = p.scale * acc[hh];
                     if (x > m[hh]) {

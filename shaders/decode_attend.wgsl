@@ -2,19 +2,17 @@
 // attention over the selected leaves and the `step` entry point (PISA.md sections 4 and 5).
 
 // Attention (PISA.md 4) of the group's GQ heads over the selected leaves sel_s (ascending,
-// INVALID last), keys t <= len - 1, in chunks of CH token slots: scores, per-head chunk max,
-// exponentials in place, then P.V with each invocation owning output dims of one part of the
-// chunk's keys (the row sum l rides along as an extra dimension of the part leaders).
+// INVALID last), keys t <= len - 1, in chunks of CH token slots: scores (one invocation per
+// key), per-head chunk max, exponentials in place, then P.V with each invocation owning one
+// output vec4 of every head for one of PARTS key subsets (the row sum l rides along with the
+// vec4 0 owners); the parts are merged at the end.
 fn attend(bh: u32, qrow: u32, len: u32, lid: u32) {
-    let d_n = p.head_dim;
     let c_n = p.block_size;
     let total = KMAX * c_n;
-    let dw = min(d_n, WG);
-    let parts = max(1u, WG / d_n);
-    let part = lid / dw;
-    let d0 = lid % dw;
+    let part = lid / D4;
+    let j4 = lid % D4;
     let r_n = WG / GQ;
-    var acc: array<f32, DPT * GQ>;
+    var acc: array<vec4<f32>, GQ>;
     var lacc: array<f32, GQ>;
     if (lid < GQ) { hm[lid] = NEG; }
     for (var c0 = 0u; c0 < total; c0 += CH) {
@@ -25,12 +23,7 @@ fn attend(bh: u32, qrow: u32, len: u32, lid: u32) {
             if (si < total && sel_s[si / c_n] != INVALID) {
                 let t = sel_s[si / c_n] * c_n + si % c_n;
                 if (t < len) {
-                    let row = key_row(bh, t);
-                    var a: array<f32, GQ>;
-                    for (var d = 0u; d < d_n; d++) {
-                        let k = f32(kc[row + d]);
-                        for (var hh = 0u; hh < GQ; hh++) { a[hh] += qs[hh * d_n + d] * k; }
-                    }
+                    let a = dots_key(key_row(bh, t));
                     for (var hh = 0u; hh < GQ; hh++) { x[hh] = p.scale * a[hh]; }
                 }
             }
@@ -56,57 +49,51 @@ fn attend(bh: u32, qrow: u32, len: u32, lid: u32) {
             xs[e] = select(0.0, exp(x - hm[e % GQ]), x > NEG_T);
         }
         workgroupBarrier();
-        if (part < parts) {
+        if (part < PARTS) {
             for (var hh = 0u; hh < GQ; hh++) {
                 lacc[hh] *= halpha[hh];
-                for (var i = 0u; i < DPT; i++) { acc[i * GQ + hh] *= halpha[hh]; }
+                acc[hh] *= halpha[hh];
             }
-            for (var it = part; it < CH; it += parts) {
+            for (var it = part; it < CH; it += PARTS) {
                 let si = c0 + it;
                 if (si >= total || sel_s[si / c_n] == INVALID) { continue; }
                 let t = sel_s[si / c_n] * c_n + si % c_n;
                 if (t >= len) { continue; }
-                let row = key_row(bh, t);
-                for (var i = 0u; i < DPT; i++) {
-                    let d = d0 + i * dw;
-                    if (d < d_n) {
-                        let v = f32(vc[row + d]);
-                        for (var hh = 0u; hh < GQ; hh++) { acc[i * GQ + hh] += xs[it * GQ + hh] * v; }
-                    }
-                }
-                if (d0 == 0u) {
-                    for (var hh = 0u; hh < GQ; hh++) { lacc[hh] += xs[it * GQ + hh]; }
+                let v = vec4<f32>(vc[key_row(bh, t) + j4]);
+                for (var hh = 0u; hh < GQ; hh++) {
+                    let pr = xs[it * GQ + hh];
+                    acc[hh] += pr * v;
+                    lacc[hh] += pr;
                 }
             }
         }
         workgroupBarrier();
     }
-    // Merge the parts: xs = [parts][GQ][D] partial outputs, then [parts][GQ] row sums.
-    if (part < parts) {
-        for (var i = 0u; i < DPT; i++) {
-            let d = d0 + i * dw;
-            if (d < d_n) {
-                for (var hh = 0u; hh < GQ; hh++) { xs[(part * GQ + hh) * d_n + d] = acc[i * GQ + hh]; }
-            }
-        }
-        if (d0 == 0u) {
-            for (var hh = 0u; hh < GQ; hh++) { xs[parts * GQ * d_n + part * GQ + hh] = lacc[hh]; }
+    // Merge the parts: xs = [PARTS][GQ][D] partial outputs, then [PARTS][GQ] row sums.
+    if (part < PARTS) {
+        for (var hh = 0u; hh < GQ; hh++) {
+            let o = (part * GQ + hh) * DD + 4u * j4;
+            xs[o] = acc[hh].x;
+            xs[o + 1u] = acc[hh].y;
+            xs[o + 2u] = acc[hh].z;
+            xs[o + 3u] = acc[hh].w;
+            if (j4 == 0u) { xs[PARTS * GQ * DD + part * GQ + hh] = lacc[hh]; }
         }
     }
     workgroupBarrier();
-    for (var e = lid; e < GQ * d_n; e += WG) {
-        let hh = e / d_n;
-        let d = e % d_n;
+    for (var e = lid; e < GQ * DD; e += WG) {
+        let hh = e / DD;
+        let d = e % DD;
         var o = 0.0;
         var l = 0.0;
-        for (var pp = 0u; pp < parts; pp++) {
-            o += xs[(pp * GQ + hh) * d_n + d];
-            l += xs[parts * GQ * d_n + pp * GQ + hh];
+        for (var pp = 0u; pp < PARTS; pp++) {
+            o += xs[(pp * GQ + hh) * DD + d];
+            l += xs[PARTS * GQ * DD + pp * GQ + hh];
         }
         out[qrow + e] = store_t(select(0.0, o / l, l > 0.0));
         if (d == 0u) {
             let lse = select(bitcast<f32>(0xff800000u), hm[hh] + log(l), l > 0.0);
-            lse_out[qrow / d_n + hh] = lse;
+            lse_out[qrow / DD + hh] = lse;
         }
     }
 }
@@ -118,16 +105,18 @@ fn step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (id >= p.wg_count) { return; }
     let b = id / p.kv_heads;
     let h = id % p.kv_heads;
-    let d_n = p.head_dim;
-    let qrow = (b * p.q_heads + h * GQ) * d_n;
+    let qrow = (b * p.q_heads + h * GQ) * DD;
     if (lid == 0u) { wlen = lens[b]; }
-    for (var i = lid; i < GQ * d_n; i += WG) { qs[i] = f32(q[qrow + i]); }
+    for (var i = lid; i < GQ * D4; i += WG) {
+        let o = qrow + 4u * i;
+        qs[i] = vec4<f32>(f32(q[o]), f32(q[o + 1u]), f32(q[o + 2u]), f32(q[o + 3u]));
+    }
     let len = workgroupUniformLoad(&wlen);
     let so = id * KMAX;
     if (len == 0u) {
         // An empty sequence: zero output, LSE -inf, no blocks.
-        for (var i = lid; i < GQ * d_n; i += WG) { out[qrow + i] = store_t(0.0); }
-        if (lid < GQ) { lse_out[qrow / d_n + lid] = bitcast<f32>(0xff800000u); }
+        for (var i = lid; i < GQ * DD; i += WG) { out[qrow + i] = store_t(0.0); }
+        if (lid < GQ) { lse_out[qrow / DD + lid] = bitcast<f32>(0xff800000u); }
         if (lid < KMAX) { sel_out[so + lid] = -1; }
         return;
     }

@@ -167,7 +167,7 @@ impl<'c> KvCache<'c> {
             k,
             v,
             pyr,
-            dummy: ctx.alloc("unused", 1, Storage::F32, 0)?,
+            dummy: ctx.alloc("unused", 4, Storage::F32, 0)?,
             out: ctx.alloc("decode out", q_elems, storage, POISON_F32)?,
             lse: ctx.alloc("decode lse", batch * q_heads, Storage::F32, POISON_F32)?,
             sel: ctx.alloc(

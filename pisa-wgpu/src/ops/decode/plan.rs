@@ -79,72 +79,80 @@ pub(super) struct Plan {
     pub kmax: u32,
     pub maxc: u32,
     pub xs: u32,
-    pub qd: u32,
-    pub dpt: u32,
+    pub dd: u32,
+    pub parts: u32,
     /// Workgroup memory of the step kernel, bytes.
     pub smem: u64,
 }
 
 impl Plan {
-    /// Sizes the step kernel for group `gq`, head dim `d` and `cfg`. The attention scratch holds
-    /// all K*C selected keys' scores when the device's workgroup memory allows (one chunk),
-    /// else as many as fit. Errors: [`GpuError::Limit`] when even the minimum does not fit,
-    /// [`GpuError::Unsupported`] for a GQA group above the workgroup size.
+    /// Sizes the step kernel for group `gq`, head dim `d` and `cfg`. The P.V phase splits the
+    /// keys into as many parts as there are invocations per output vec4 (`WG / (D/4)`) and
+    /// memory allows; the attention scratch holds all K*C selected keys' scores when the
+    /// device's workgroup memory allows (one chunk), else as many as fit.
+    /// Errors: [`PisaError::HeadDim`] unless D is a multiple of 4 up to `4 * WG`;
+    /// [`GpuError::Limit`] when even the minimum does not fit; [`GpuError::Unsupported`] for a
+    /// GQA group above the workgroup size.
     pub fn new(limits: &wgpu::Limits, gq: usize, d: usize, cfg: &SelectionConfig) -> Result<Self> {
         let max_wg = limits
             .max_compute_invocations_per_workgroup
             .min(limits.max_compute_workgroup_size_x);
-        let wg = WG.min(1 << (31 - max_wg.max(1).leading_zeros()));
+        let wg = WG.min(1 << (31 - max_wg.max(1).leading_zeros())) as u64;
+        if !d.is_multiple_of(4) || d > 4 * wg as usize {
+            return Err(GpuError::Input(PisaError::HeadDim {
+                head_dim: d,
+                supported: "multiples of 4 up to 4 * the workgroup size (1024)",
+            }));
+        }
         let (gq, d) = (gq as u64, d as u64);
         let (k, c, g) = (
             cfg.top_k as u64,
             cfg.block_size as u64,
             cfg.merge_factor as u64,
         );
-        if gq > wg as u64 {
+        if gq > wg {
             return Err(GpuError::Unsupported(format!(
                 "decode with {gq} query heads per KV head (at most {wg})"
             )));
         }
-        let too_large = |what, value: u64| {
-            GpuError::Input(PisaError::TooLarge {
-                what,
-                value,
+        if k * c > u32::MAX as u64 {
+            return Err(GpuError::Input(PisaError::TooLarge {
+                what: "top_k * block_size",
+                value: k * c,
                 limit: u32::MAX as u64,
-            })
-        };
+            }));
+        }
         let maxc = g * (k + 1);
-        let sub = (wg as u64 / maxc).max(1);
-        let parts = (wg as u64 / d).max(1);
-        let need = (maxc * g * gq)
-            .max(maxc * sub * gq)
-            .max(parts * gq * d + parts * gq)
-            .max(gq);
-        let fixed = 4 * (gq * d + 3 * maxc + 2 * k + wg as u64 + 2 * gq + 1);
+        let sub = (wg / maxc).max(1);
+        // Scratch uses besides the merge: level scores, partial leaf LSEs, one attention key.
+        let need = (maxc * g * gq).max(maxc * sub * gq).max(gq);
+        let merge = |parts: u64| parts * gq * (d + 1);
+        let fixed = 4 * (gq * d + 3 * maxc + 2 * k + wg + 2 * gq + 1);
         let limit = limits.max_compute_workgroup_storage_size as u64;
         let budget = limit.saturating_sub(fixed) / 4;
-        let xs = need.max((k * c * gq).min(budget));
+        let mut parts = (wg / (d / 4)).max(1);
+        while parts > 1 && need.max(merge(parts)) > budget {
+            parts -= 1;
+        }
+        let floor = need.max(merge(parts));
+        let xs = floor.max((k * c * gq).min(budget));
         let smem = fixed + 4 * xs;
         if smem > limit {
             return Err(GpuError::Limit {
                 what: "decode workgroup memory".into(),
-                needed: smem,
+                needed: fixed + 4 * floor,
                 limit,
                 hint: "use a smaller top_k, merge factor, GQA group or head dim",
             });
         }
-        if k * c > u32::MAX as u64 {
-            return Err(too_large("top_k * block_size", k * c));
-        }
-        let dw = d.min(wg as u64);
         Ok(Self {
-            wg,
+            wg: wg as u32,
             gq: gq as u32,
             kmax: k as u32,
             maxc: maxc as u32,
             xs: xs as u32,
-            qd: (gq * d) as u32,
-            dpt: d.div_ceil(dw) as u32,
+            dd: d as u32,
+            parts: parts as u32,
             smem,
         })
     }
@@ -157,8 +165,8 @@ impl Plan {
             ("KMAX", self.kmax),
             ("MAXC", self.maxc),
             ("XS", self.xs),
-            ("QD", self.qd),
-            ("DPT", self.dpt),
+            ("DD", self.dd),
+            ("PARTS", self.parts),
         ]
     }
 }
