@@ -7,7 +7,11 @@
 //! accumulators) per row. Sparse attention walks the ascending union of the tile's selected
 //! leaves; dense attention walks every visible key tile, so the benchmark compares the same
 //! inner loop. Host-slice entry points with binding-size splitting are in [`host`].
+//!
+//! On a context whose [`KernelPath`] is CoopMat, f16-storage calls with the default tiling run
+//! the tensor-core twin in [`coop`] (same inputs, outputs and semantics) when the shape suits it.
 
+pub mod coop;
 pub mod host;
 pub mod tiling;
 
@@ -19,7 +23,7 @@ pub use tiling::Tiling;
 
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::{GpuTensor, POISON_F32};
-use crate::runtime::context::Context;
+use crate::runtime::context::{Context, KernelPath};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 
@@ -219,6 +223,10 @@ pub fn record_dense_attention(
 /// Records sparse or dense attention with an explicit [`Tiling`] (`None`: the default for the
 /// kind, shrunk to the device's workgroup memory). Everything else as
 /// [`record_sparse_attention`].
+///
+/// With `tiling: None`, f16 storage and a context on [`KernelPath::CoopMat`], a shape that
+/// [`coop::plan`] accepts runs the cooperative-matrix kernel instead ([`coop::attention_path`]
+/// tells which ran); an explicit tiling always runs the portable kernel.
 #[allow(clippy::too_many_arguments)]
 pub fn record_attention(
     ctx: &Context,
@@ -233,6 +241,11 @@ pub fn record_attention(
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
     validate(shape, q, k, v, kind)?;
+    if tiling.is_none() && q.storage == Storage::F16 && ctx.kernel_path() == KernelPath::CoopMat {
+        if let Some(cv) = coop::plan(ctx, shape, kind) {
+            return coop::record(ctx, enc, q, k, v, shape, layouts, kind, &cv, prof);
+        }
+    }
     let s = shape;
     let g = s.gqa_group();
     let (sparse_c, top_k, causal, scale) = match kind {

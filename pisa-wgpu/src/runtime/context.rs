@@ -6,7 +6,7 @@
 //! (which panics); every submission is wrapped in validation and out-of-memory error scopes,
 //! and a lost device is reported by every later call.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::pipeline::PipelineCache;
@@ -107,6 +107,59 @@ pub fn list_adapters() -> Vec<AdapterReport> {
         .collect()
 }
 
+/// Which family of attention kernels a context runs (chosen at [`Context::new`] from the
+/// adapter's features; see [`Context::kernel_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum KernelPath {
+    /// The portable WGSL kernels (any adapter, lavapipe included).
+    Portable,
+    /// Tensor cores through WGSL cooperative matrices (`coop_mat16x16`, f16 inputs, f32
+    /// accumulators) for f16-storage attention; everything else stays portable.
+    CoopMat,
+}
+
+impl std::fmt::Display for KernelPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KernelPath::Portable => "portable",
+            KernelPath::CoopMat => "coopmat",
+        })
+    }
+}
+
+/// Subgroups per workgroup of the cooperative-matrix kernels.
+pub const COOP_SUBGROUPS: u32 = 4;
+
+/// Whether a device with these features, limits, subgroup sizes and cooperative-matrix
+/// configurations can run the cooperative-matrix kernels: EXPERIMENTAL_COOPERATIVE_MATRIX,
+/// SHADER_F16 and SUBGROUP enabled, a 16x16x16 configuration with f16 inputs and f32
+/// accumulators, one fixed subgroup size (min = max, 4..=64, so the workgroup's subgroup count
+/// is known), [`COOP_SUBGROUPS`] subgroups per workgroup within the invocation limit, and at
+/// least 16 KiB of workgroup memory.
+pub fn coop_supported(
+    features: wgpu::Features,
+    limits: &wgpu::Limits,
+    subgroup_size: (u32, u32),
+    props: &[wgpu::CooperativeMatrixProperties],
+) -> bool {
+    let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP;
+    let f16_f32 = props.iter().any(|p| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    });
+    let (lo, hi) = subgroup_size;
+    features.contains(need)
+        && f16_f32
+        && lo == hi
+        && (4..=64).contains(&lo)
+        && lo * COOP_SUBGROUPS <= limits.max_compute_invocations_per_workgroup
+        && lo * COOP_SUBGROUPS <= limits.max_compute_workgroup_size_x
+        && limits.max_compute_workgroup_storage_size >= 16 * 1024
+}
+
 /// An open GPU device with its queue, its report and the pipeline cache. `Send + Sync`: calls
 /// from several threads are serialised by wgpu's queue (see `docs/reliability.md`).
 pub struct Context {
@@ -119,6 +172,9 @@ pub struct Context {
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<String>>>,
     binding_limit: AtomicU64,
+    coop_props: Vec<wgpu::CooperativeMatrixProperties>,
+    coop_ok: bool,
+    coop_on: AtomicBool,
 }
 
 impl std::fmt::Debug for Context {
@@ -131,7 +187,9 @@ impl std::fmt::Debug for Context {
 
 impl Context {
     /// Opens the adapter `choice` and a device with the adapter's own limits and the optional
-    /// features PISA uses (SHADER_F16, SUBGROUP, TIMESTAMP_QUERY) where present.
+    /// features PISA uses (SHADER_F16, SUBGROUP, TIMESTAMP_QUERY, and the experimental
+    /// EXPERIMENTAL_COOPERATIVE_MATRIX) where present. The experimental feature is requested
+    /// only when the adapter has it; the kernel path follows ([`Context::kernel_path`]).
     ///
     /// Errors: [`GpuError::NoAdapter`] (none found or none matches), [`GpuError::RequestDevice`].
     pub fn new(choice: &AdapterChoice) -> Result<Self> {
@@ -164,17 +222,34 @@ impl Context {
     }
 
     fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
-        let wanted =
-            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
+        let coop = features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        // SAFETY: the experimental-features token is only handed to wgpu when the adapter
+        // reports EXPERIMENTAL_COOPERATIVE_MATRIX, the one experimental feature requested; the
+        // cooperative-matrix shaders are tested against the CPU reference (tests/coopmat.rs).
+        let experimental = if coop {
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("pisa"),
             required_features: features,
             required_limits: limits.clone(),
+            experimental_features: experimental,
             ..Default::default()
         }))
         .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let coop_props = if coop {
+            adapter.cooperative_matrix_properties()
+        } else {
+            Vec::new()
+        };
         let lost = Arc::new(Mutex::new(None));
         let l2 = lost.clone();
         device.set_device_lost_callback(move |reason, msg| {
@@ -190,6 +265,8 @@ impl Context {
         }));
         let mut report = AdapterReport::of(&adapter);
         report.shader_f16 = features.contains(wgpu::Features::SHADER_F16);
+        let coop_ok = coop_supported(features, &limits, report.subgroup_size, &coop_props);
+        let coop_on = coop_ok && std::env::var("PISA_KERNEL_PATH").as_deref() != Ok("portable");
         Ok(Self {
             device,
             queue,
@@ -200,6 +277,9 @@ impl Context {
             limits,
             lost,
             uncaptured,
+            coop_props,
+            coop_ok,
+            coop_on: AtomicBool::new(coop_on),
         })
     }
 
@@ -222,6 +302,35 @@ impl Context {
     /// Whether f16 storage is available.
     pub fn has_f16(&self) -> bool {
         self.features.contains(wgpu::Features::SHADER_F16)
+    }
+
+    /// The cooperative-matrix configurations of the adapter (empty without
+    /// EXPERIMENTAL_COOPERATIVE_MATRIX).
+    pub fn cooperative_matrix_properties(&self) -> &[wgpu::CooperativeMatrixProperties] {
+        &self.coop_props
+    }
+
+    /// The attention kernel family in force: [`KernelPath::CoopMat`] when the adapter can run
+    /// it (see [`coop_supported`]) unless `PISA_KERNEL_PATH=portable` was set at
+    /// [`Context::new`] or [`Context::set_kernel_path`] chose otherwise; else
+    /// [`KernelPath::Portable`]. With CoopMat, f16-storage attention of a supported shape runs
+    /// on tensor cores and everything else on the portable kernels.
+    pub fn kernel_path(&self) -> KernelPath {
+        if self.coop_on.load(Ordering::Relaxed) {
+            KernelPath::CoopMat
+        } else {
+            KernelPath::Portable
+        }
+    }
+
+    /// Chooses the kernel family for later calls (benchmarks compare both on one device) and
+    /// returns the one now in force: asking for CoopMat where it is unsupported keeps Portable.
+    pub fn set_kernel_path(&self, path: KernelPath) -> KernelPath {
+        self.coop_on.store(
+            path == KernelPath::CoopMat && self.coop_ok,
+            Ordering::Relaxed,
+        );
+        self.kernel_path()
     }
 
     /// Largest storage binding the kernels may use, bytes (the device limit unless lowered).

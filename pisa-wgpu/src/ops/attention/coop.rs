@@ -1,0 +1,234 @@
+//! Tensor-core attention: the cooperative-matrix twin of the portable kernels
+//! (`shaders/attention_coop.wgsl`; PISA.md sections 4 and 5), for f16 storage on adapters whose
+//! [`KernelPath`] is [`KernelPath::CoopMat`].
+//!
+//! [`super::record_attention`] calls [`plan`] and dispatches here when it returns a variant;
+//! everything else (f32 storage, head dims that are not a multiple of 16 or above 128, an
+//! explicit [`super::Tiling`], adapters without cooperative matrices) runs the portable kernel.
+//! Same bindings, parameters, outputs and row mapping as the portable kernels; the differences
+//! are the workgroup cut (16-row blocks of (head, query) pairs, one subgroup per 16x16 tile) and
+//! the lazy softmax rescale described in the shader.
+
+use super::{strides, u32_of, AttentionKind, Params, QkvLayouts};
+use crate::error::Result;
+use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::context::{Context, KernelPath, COOP_SUBGROUPS};
+use crate::runtime::pipeline::{ShaderSource, Storage};
+use crate::runtime::profiler::Profiler;
+use pisa_core::AttentionShape;
+
+/// `shaders/attention_coop.wgsl` (f16 storage only; needs the cooperative-matrix capability).
+pub const SHADER: ShaderSource = ShaderSource {
+    name: "attention_coop",
+    wgsl: include_str!("../../../../shaders/attention_coop.wgsl"),
+};
+
+/// Largest head dim of the cooperative-matrix kernels (a multiple of 16 up to this).
+pub const MAX_COOP_HEAD_DIM: usize = 128;
+
+/// Shader constants of one cooperative-matrix pipeline variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoopVariant {
+    /// Head dim D (multiple of 16, <= 128).
+    pub hd: u32,
+    /// Row blocks of 16 (head, query) rows per workgroup: 1, 2 or 4.
+    pub rb: u32,
+    /// Keys per workgroup-memory tile (multiple of 16).
+    pub kt: u32,
+    /// Consecutive queries per workgroup.
+    pub qt: u32,
+    /// Query heads per workgroup (a GQA group above 16 is split into chunks).
+    pub gh: u32,
+    /// top_k (1 for dense).
+    pub selk: u32,
+    /// Subgroup size (fixed on the adapter).
+    pub sg: u32,
+}
+
+impl CoopVariant {
+    fn rt(&self) -> u32 {
+        16 * self.rb
+    }
+    fn kvh(&self) -> u32 {
+        (2 * self.kt * (self.hd + 8)).max(self.rt() * (self.hd + 8))
+    }
+
+    /// Workgroup memory the shader declares, bytes (mirrors its `var<workgroup>` list).
+    pub fn shared_bytes(&self) -> u64 {
+        let (rt, kt) = (self.rt() as u64, self.kt as u64);
+        let wg = (COOP_SUBGROUPS * self.sg) as u64;
+        let halves = self.kvh() as u64 + rt * (kt + 8);
+        let floats = rt * (kt + 4) + COOP_SUBGROUPS as u64 * 256 + wg + 2 * rt;
+        let maxu4 = (self.qt * self.selk).div_ceil(4) as u64 * 4;
+        2 * halves + 4 * floats + 12 * maxu4 + 32
+    }
+
+    /// The `(name, value)` constants for [`crate::runtime::pipeline::preprocess`].
+    pub fn consts(&self) -> [(&'static str, u32); 7] {
+        [
+            ("HD", self.hd),
+            ("RB", self.rb),
+            ("KT", self.kt),
+            ("QT", self.qt),
+            ("SELK", self.selk),
+            ("SG", self.sg),
+            ("KVH", self.kvh()),
+        ]
+    }
+}
+
+/// The cooperative-matrix variant for an f16 call of this shape and kind on `ctx`, or `None`
+/// when it must run the portable kernel (path not CoopMat, head dim not a multiple of 16 or
+/// above [`MAX_COOP_HEAD_DIM`], or nothing fits the workgroup memory).
+///
+/// Choice: GH = min(g_q, 16) heads; sparse QT = max(4, 16 / GH) queries (the paper's Qtile of
+/// 4 once the group fills a 16-row block) and KT = min(C rounded up to 16, 64); dense QT =
+/// 64 / GH (64 rows) and KT = 32. Rows are padded to 16, 32 or 64 and at most the workgroup
+/// size; KT halves (down to 16), then QT halves, until the workgroup memory fits.
+pub fn plan(
+    ctx: &Context,
+    shape: &AttentionShape,
+    kind: &AttentionKind<'_>,
+) -> Option<CoopVariant> {
+    if ctx.kernel_path() != KernelPath::CoopMat {
+        return None;
+    }
+    let d = shape.head_dim;
+    if d == 0 || !d.is_multiple_of(16) || d > MAX_COOP_HEAD_DIM {
+        return None;
+    }
+    let sg = ctx.report().subgroup_size.0;
+    let wg = COOP_SUBGROUPS * sg;
+    let gh = shape.gqa_group().clamp(1, 16) as u32;
+    let (mut qt, mut kt, selk) = match kind {
+        AttentionKind::Sparse { cfg, .. } => (
+            (16 / gh).max(4),
+            (cfg.block_size.div_ceil(16) * 16).clamp(16, 64) as u32,
+            cfg.top_k as u32,
+        ),
+        AttentionKind::Dense { .. } => ((64 / gh).max(1), 32, 1),
+    };
+    let budget = ctx.limits().max_compute_workgroup_storage_size as u64;
+    loop {
+        let rb = (gh * qt).div_ceil(16).next_power_of_two();
+        if rb <= 4 && 16 * rb <= wg {
+            let v = CoopVariant {
+                hd: d as u32,
+                rb,
+                kt,
+                qt,
+                gh,
+                selk,
+                sg,
+            };
+            if v.shared_bytes() <= budget {
+                return Some(v);
+            }
+            if kt > 16 {
+                kt = (kt / 2).div_ceil(16) * 16;
+                continue;
+            }
+        }
+        if qt == 1 {
+            return None;
+        }
+        qt /= 2;
+    }
+}
+
+/// Which kernel family [`super::record_attention`] runs for this call (default tiling).
+pub fn attention_path(
+    ctx: &Context,
+    shape: &AttentionShape,
+    storage: Storage,
+    kind: &AttentionKind<'_>,
+) -> KernelPath {
+    if storage == Storage::F16 && plan(ctx, shape, kind).is_some() {
+        KernelPath::CoopMat
+    } else {
+        KernelPath::Portable
+    }
+}
+
+/// Records the cooperative-matrix kernel of variant `var` (from [`plan`]); inputs validated by
+/// the caller. Shapes, layouts, outputs, profiler labels and errors as
+/// [`super::record_attention`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    s: &AttentionShape,
+    layouts: QkvLayouts,
+    kind: &AttentionKind<'_>,
+    var: &CoopVariant,
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
+    let g = s.gqa_group();
+    let (c, top_k, causal, scale) = match kind {
+        AttentionKind::Sparse { cfg, .. } => (
+            cfg.block_size,
+            cfg.top_k,
+            cfg.causal,
+            cfg.softmax_scale(s.head_dim),
+        ),
+        AttentionKind::Dense { causal, scale } => (var.kt as usize, 1, *causal, *scale),
+    };
+    let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
+    let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
+    let head_chunks = g.div_ceil(var.gh as usize);
+    let n_qtiles = s.q_len.div_ceil(var.qt as usize);
+    let wg_count = u32_of(
+        "attention workgroups",
+        s.batch * s.kv_heads * head_chunks * n_qtiles,
+    )?;
+    let p = Params {
+        q_s: strides(layouts.q, s.q_heads, s.q_len, s.head_dim),
+        k_s: strides(layouts.k, s.kv_heads, s.k_len, s.head_dim),
+        v_s: strides(layouts.v, s.kv_heads, s.k_len, s.head_dim),
+        kv_heads: s.kv_heads as u32,
+        q_heads: s.q_heads as u32,
+        group: g as u32,
+        gh: var.gh,
+        head_chunks: head_chunks as u32,
+        q_len: s.q_len as u32,
+        k_len: s.k_len as u32,
+        block_size: u32_of("block size", c)?,
+        n_qtiles: n_qtiles as u32,
+        top_k: top_k as u32,
+        nb0: s.k_len.div_ceil(c) as u32,
+        causal: causal as u32,
+        wg_count,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        pad: 0,
+    };
+    let u = ctx.uniform("attention params", &p);
+    let (entry, label) = match kind {
+        AttentionKind::Sparse { .. } => ("sparse", "attention"),
+        AttentionKind::Dense { .. } => ("dense", "dense"),
+    };
+    let pipe = ctx.pipelines.get(
+        &ctx.device,
+        &SHADER,
+        entry,
+        Storage::F16,
+        &var.consts(),
+        &[],
+    )?;
+    let mut b = vec![
+        (0, &u),
+        (1, &q.buffer),
+        (2, &k.buffer),
+        (3, &v.buffer),
+        (5, &o.buffer),
+        (6, &lse.buffer),
+    ];
+    if let AttentionKind::Sparse { selection, .. } = kind {
+        b.push((4, &selection.buffer));
+    }
+    let timer = prof.map(|pr| (pr, label));
+    ctx.dispatch(enc, &pipe, &b, wg_count as u64, timer)?;
+    Ok((o, lse))
+}

@@ -1,0 +1,408 @@
+// Block-sparse and dense flash attention on cooperative matrices (tensor cores), f16 storage,
+// f32 accumulation (PISA.md sections 4 and 5). Host: pisa-wgpu/src/ops/attention/coop.rs; the
+// portable twin is shaders/attention.wgsl (same bindings, same Params, same row mapping).
+//
+// f16 only: the host prepends `enable f16;` (Storage::F16). Needs the SUBGROUP feature (the
+// subgroup id picks each subgroup's tiles) and a fixed subgroup size SG (min = max), so the
+// workgroup has exactly NSG subgroups.
+//
+// One workgroup owns RT = 16 * RB rows = (query head, query) pairs of one KV head (row r:
+// query r / GH, head r % GH; rows past GH * QT are padding). Subgroup sg works on row block
+// rb = sg / NSR (NSR = NSG / RB subgroups per row block) and keeps in registers the Q block of
+// its rows (HD / 16 A matrices) and its share of the O block (OTS C matrices, f32). Per key tile
+// of KT keys (loaded once into workgroup memory for all rows):
+//   1. K and V tiles -> hsh (f16, padded rows);                                barrier
+//   2. S = Q K^T on tensor cores, each subgroup STS 16x16 tiles -> fsh (f32);  barrier
+//   3. SPLIT threads per row: scale to log2 units, mask, partial max -> red_sh; barrier
+//   4. row max; lazy online softmax: the running max m moves only when the tile max exceeds it
+//      by more than LAZY (log2 units), so P = exp2(s - m) <= 2^LAZY stays exact in f16 and O is
+//      rescaled (through workgroup memory) only on those rare tiles; P (f16) -> hsh; the
+//      workgroup-uniform "rescale" flag is read with workgroupUniformLoad (the barrier)
+//   5. O += P V on tensor cores;                                              barrier
+// Scores are in log2 units (s = scale * log2(e) * q.k, applied in f32 after the f16 MMA, so Q
+// stays exact); LSE = ln2 * (m + log2 l). Sparse walks the ascending union of the tile's
+// selected leaves (as the portable kernel), dense every visible KT-key tile.
+//
+// Cooperative loads/stores touch workgroup memory only (every offset and stride a multiple of
+// 16 bytes), never the storage buffers, so no out-of-bounds matrix access can happen.
+enable wgpu_cooperative_matrix;
+
+const HD: u32 = 128u;    // head dim (multiple of 16, <= 128)
+const RB: u32 = 1u;      // row blocks of 16 rows (1, 2 or 4)
+const KT: u32 = 64u;     // keys per tile (multiple of 16)
+const QT: u32 = 4u;      // queries per workgroup
+const SELK: u32 = 16u;   // top_k (sparse; 1 for dense)
+const SG: u32 = 32u;     // subgroup size (fixed)
+const KVH: u32 = 17408u; // halves of the K + V (or Q staging) region = max(2 KT KS, RT QS)
+
+const NSG: u32 = 4u;                 // subgroups per workgroup
+const WG: u32 = NSG * SG;            // invocations
+const RT: u32 = 16u * RB;            // rows per workgroup (<= WG)
+const NSR: u32 = NSG / RB;           // subgroups per row block
+const HD16: u32 = HD / 16u;
+const KT16: u32 = KT / 16u;
+const OTS: u32 = (HD16 + NSR - 1u) / NSR; // O tiles per subgroup (some may be dummies)
+const STS: u32 = (KT16 + NSR - 1u) / NSR; // S tiles per subgroup (some may be dummies)
+const KS: u32 = HD + 8u;             // K / V / Q row stride, halves (16-byte multiple)
+const PS: u32 = KT + 8u;             // P row stride, halves
+const SS: u32 = KT + 4u;             // S row stride, floats
+const V_OFF: u32 = KT * KS;          // V tile in hsh
+const P_OFF: u32 = KVH;              // P in hsh
+const ST_OFF: u32 = RT * SS;         // per-subgroup 16x16 f32 staging in fsh
+const SPLIT: u32 = WG / RT;          // softmax threads per row
+const KPT: u32 = KT / SPLIT;         // keys per softmax thread
+const MAXU: u32 = QT * SELK;
+const MAXU4: u32 = (MAXU + 3u) / 4u * 4u;
+const NEG: f32 = -1.0e30;            // "no score yet"
+const LAZY: f32 = 8.0;               // rescale threshold, log2 units (P <= 256)
+
+struct Params {
+    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
+    k_sh: u32, k_sn: u32, v_sb: u32, v_sh: u32,
+    v_sn: u32, kv_heads: u32, q_heads: u32, group: u32,
+    gh: u32, head_chunks: u32, q_len: u32, k_len: u32,
+    block_size: u32, n_qtiles: u32, top_k: u32, nb0: u32,
+    causal: u32, wg_count: u32, scale_log2: f32, pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f16>>;
+@group(0) @binding(2) var<storage, read> k: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read> v: array<vec4<f16>>;
+@group(0) @binding(4) var<storage, read> sel: array<i32>;
+@group(0) @binding(5) var<storage, read_write> o: array<vec4<f16>>;
+@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
+
+// Every workgroup variable is a multiple of 16 bytes long and the two that cooperative
+// matrices touch come first, so whatever order the driver packs them in, hsh and fsh start
+// 16-byte aligned (cooperative loads and stores need 16-byte aligned rows).
+var<workgroup> hsh: array<f16, KVH + RT * PS>;         // K | V tiles (Q staging), then P
+var<workgroup> fsh: array<f32, RT * SS + NSG * 256u>;   // S, then per-subgroup staging
+var<workgroup> red_sh: array<f32, WG>;
+var<workgroup> alpha_sh: array<f32, RT>;
+var<workgroup> m_sh: array<f32, RT>;   // running max per row as of the last finished tile
+var<workgroup> flag_sh: array<u32, 4>; // [0]: rescale flag of the tile
+var<workgroup> sel_sh: array<i32, MAXU4>;
+var<workgroup> ublk: array<u32, MAXU4>;
+var<workgroup> umask: array<u32, MAXU4>;
+var<workgroup> ucount: array<u32, 4>;  // [0]: union length
+
+var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
+var<private> oacc: array<coop_mat16x16<f32, C>, OTS>;
+var<private> m_run: f32;  // running max of the softmax row (log2 units)
+var<private> l_run: f32;  // running sum over this thread's share of keys
+var<private> lid: u32;
+var<private> sg: u32;
+var<private> lane: u32;
+var<private> b: u32;
+var<private> kvh: u32;
+var<private> hq0: u32;
+var<private> heads: u32;
+var<private> i0: u32;
+
+fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+}
+
+fn row_valid(r: u32) -> bool {
+    return r < RT && r % p.gh < heads && r / p.gh < QT && i0 + r / p.gh < p.q_len;
+}
+
+fn row_on(r: u32, mask: u32) -> bool {
+    return row_valid(r) && (mask == 0xffffffffu || ((mask >> (r / p.gh)) & 1u) != 0u);
+}
+
+// Decodes the workgroup, loads the Q block of this subgroup into registers, resets the state.
+fn setup(id: u32, qt: u32) {
+    let hc = id % p.head_chunks;
+    let bh = id / (p.head_chunks * p.n_qtiles);
+    b = bh / p.kv_heads;
+    kvh = bh % p.kv_heads;
+    hq0 = kvh * p.group + hc * p.gh;
+    heads = min(p.gh, p.group - hc * p.gh);
+    i0 = qt * QT;
+    for (var x = lid; x < RT * (HD / 4u); x += WG) {
+        let r = x / (HD / 4u);
+        let c = x % (HD / 4u);
+        var val = vec4<f16>(0.0h);
+        if (row_valid(r)) {
+            val = q[b * p.q_sb + (hq0 + r % p.gh) * p.q_sh + (i0 + r / p.gh) * p.q_sn + c];
+        }
+        let at = r * KS + 4u * c;
+        hsh[at] = val.x;
+        hsh[at + 1u] = val.y;
+        hsh[at + 2u] = val.z;
+        hsh[at + 3u] = val.w;
+    }
+    for (var r = lid; r < RT; r += WG) { m_sh[r] = NEG; }
+    workgroupBarrier();
+    let rb = sg / NSR;
+    for (var ds = 0u; ds < HD16; ds++) {
+        let at = rb * 16u * KS + ds * 16u;
+        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&hsh[at], KS);
+    }
+    for (var i = 0u; i < OTS; i++) { oacc[i] = coop_mat16x16<f32, C>(); }
+    m_run = NEG;
+    l_run = 0.0;
+    workgroupBarrier();
+}
+
+// Multiplies every O tile of this subgroup by its rows' alpha_sh, through the staging tile.
+// Uniform control flow only (barriers inside).
+fn rescale_o() {
+    let rb = sg / NSR;
+    let st = ST_OFF + sg * 256u;
+    for (var i = 0u; i < OTS; i++) {
+        workgroupBarrier();
+        coopStoreT(oacc[i], &fsh[st], 16u);
+        workgroupBarrier();
+        for (var e = lane; e < 256u; e += SG) {
+            fsh[st + e] *= alpha_sh[rb * 16u + e / 16u];
+        }
+        workgroupBarrier();
+        oacc[i] = coopLoadT<coop_mat16x16<f32, C>>(&fsh[st], 16u);
+    }
+    workgroupBarrier();
+}
+
+// One tile of keys t0 .. t0 + tcount (tcount <= KT) for the rows whose query bit is in `mask`
+// (all rows: 0xffffffff). `live`: O may be nonzero (false on the first tile). Uniform control
+// flow only.
+fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool) {
+    // 1. K and V tiles (zero past the tile / the sequence).
+    for (var x = lid; x < KT * (HD / 4u); x += WG) {
+        let kk = x / (HD / 4u);
+        let c = x % (HD / 4u);
+        let t = t0 + kk;
+        var kv = vec4<f16>(0.0h);
+        var vv = vec4<f16>(0.0h);
+        if (kk < tcount && t < p.k_len) {
+            kv = k[b * p.k_sb + kvh * p.k_sh + t * p.k_sn + c];
+            vv = v[b * p.v_sb + kvh * p.v_sh + t * p.v_sn + c];
+        }
+        let at = kk * KS + 4u * c;
+        hsh[at] = kv.x;
+        hsh[at + 1u] = kv.y;
+        hsh[at + 2u] = kv.z;
+        hsh[at + 3u] = kv.w;
+        let av = V_OFF + at;
+        hsh[av] = vv.x;
+        hsh[av + 1u] = vv.y;
+        hsh[av + 2u] = vv.z;
+        hsh[av + 3u] = vv.w;
+    }
+    workgroupBarrier();
+    // 2. S = Q K^T (a dummy tile past KT16 goes to this subgroup's staging tile).
+    let rb = sg / NSR;
+    let part = sg % NSR;
+    for (var j = 0u; j < STS; j++) {
+        let kc = part + j * NSR;
+        let kcc = min(kc, KT16 - 1u);
+        var acc = coop_mat16x16<f32, C>();
+        for (var ds = 0u; ds < HD16; ds++) {
+            let at = kcc * 16u * KS + ds * 16u;
+            let kb = coopLoad<coop_mat16x16<f16, B>>(&hsh[at], KS);
+            acc = coopMultiplyAdd(qa[ds], kb, acc);
+        }
+        var dst = ST_OFF + sg * 256u;
+        var stride = 16u;
+        if (kc < KT16) {
+            dst = rb * 16u * SS + kc * 16u;
+            stride = SS;
+        }
+        let d = dst;
+        let sd = stride;
+        coopStoreT(acc, &fsh[d], sd);
+    }
+    workgroupBarrier();
+    // 3. Scaled, masked scores and the partial max of this thread's keys.
+    let srow = lid / SPLIT;
+    let scol = lid % SPLIT;
+    let on = row_on(srow, mask);
+    let pos = p.k_len - p.q_len + i0 + srow / p.gh;
+    var s: array<f32, KPT>;
+    var tmax = NEG;
+    for (var j = 0u; j < KPT; j++) {
+        let kk = scol + j * SPLIT;
+        let t = t0 + kk;
+        let ok = on && kk < tcount && t < p.k_len && (p.causal == 0u || t <= pos);
+        s[j] = NEG;
+        if (ok) {
+            s[j] = fsh[srow * SS + kk] * p.scale_log2;
+            tmax = max(tmax, s[j]);
+        }
+    }
+    red_sh[lid] = tmax;
+    workgroupBarrier();
+    // 4. Lazy online softmax; P (f16) -> hsh. Thread 0 decides the uniform rescale flag from the
+    //    same partial maxima and the maxima of the last tile (m_sh), as every row does.
+    var rmax = NEG;
+    for (var x = 0u; x < SPLIT; x++) { rmax = max(rmax, red_sh[srow * SPLIT + x]); }
+    var m_new = m_run;
+    if (rmax > m_run + LAZY) { m_new = rmax; }
+    let alpha = exp2(m_run - m_new);
+    l_run *= alpha;
+    for (var j = 0u; j < KPT; j++) {
+        let kk = scol + j * SPLIT;
+        var pj = 0.0;
+        if (s[j] > NEG) { pj = exp2(s[j] - m_new); }
+        l_run += pj;
+        hsh[P_OFF + srow * PS + kk] = f16(pj);
+    }
+    m_run = m_new;
+    if (scol == 0u) { alpha_sh[srow] = alpha; }
+    if (lid == 0u) {
+        var any = 0u;
+        for (var r = 0u; r < RT; r++) {
+            var mx = NEG;
+            for (var x = 0u; x < SPLIT; x++) { mx = max(mx, red_sh[r * SPLIT + x]); }
+            if (mx > m_sh[r] + LAZY) { any = 1u; }
+        }
+        flag_sh[0] = select(0u, any, live);
+    }
+    let resc = workgroupUniformLoad(&flag_sh);
+    if (resc[0] != 0u) { rescale_o(); }
+    if (scol == 0u) { m_sh[srow] = m_run; }
+    // 5. O += P V (a dummy O tile past HD16 reads the last V columns and is never stored).
+    for (var ks = 0u; ks < KT16; ks++) {
+        let ap = P_OFF + rb * 16u * PS + ks * 16u;
+        let pa = coopLoadT<coop_mat16x16<f16, A>>(&hsh[ap], PS);
+        for (var i = 0u; i < OTS; i++) {
+            let dc = min(part + i * NSR, HD16 - 1u);
+            let av = V_OFF + ks * 16u * KS + dc * 16u;
+            let vb = coopLoadT<coop_mat16x16<f16, B>>(&hsh[av], KS);
+            oacc[i] = coopMultiplyAdd(pa, vb, oacc[i]);
+        }
+    }
+    workgroupBarrier();
+}
+
+// Reduces the running sums, writes LSE and O = acc / l (zeros and -inf for an empty row).
+fn finish() {
+    red_sh[lid] = l_run;
+    workgroupBarrier();
+    let srow = lid / SPLIT;
+    if (lid % SPLIT == 0u) {
+        var l = 0.0;
+        for (var x = 0u; x < SPLIT; x++) { l += red_sh[srow * SPLIT + x]; }
+        alpha_sh[srow] = l;
+        if (row_valid(srow)) {
+            let i = i0 + srow / p.gh;
+            let hq = hq0 + srow % p.gh;
+            var out = bitcast<f32>(0xff800000u);
+            if (l > 0.0) { out = (m_run + log2(l)) * 0.6931471805599453; }
+            lse[(b * p.q_heads + hq) * p.q_len + i] = out;
+        }
+    }
+    let rb = sg / NSR;
+    let part = sg % NSR;
+    let st = ST_OFF + sg * 256u;
+    for (var i = 0u; i < OTS; i++) {
+        workgroupBarrier();
+        coopStoreT(oacc[i], &fsh[st], 16u);
+        workgroupBarrier();
+        let dc = part + i * NSR;
+        for (var e = lane; e < 64u; e += SG) {
+            let r = rb * 16u + e / 4u;
+            let c4 = e % 4u;
+            if (dc < HD16 && row_valid(r)) {
+                let l = alpha_sh[r];
+                var val = vec4<f32>(0.0);
+                if (l > 0.0) {
+                    let x = st + (e / 4u) * 16u + 4u * c4;
+                    val = vec4<f32>(fsh[x], fsh[x + 1u], fsh[x + 2u], fsh[x + 3u]) / l;
+                }
+                let at = b * p.q_sb + (hq0 + r % p.gh) * p.q_sh + (i0 + r / p.gh) * p.q_sn
+                    + dc * 4u + c4;
+                o[at] = vec4<f16>(val);
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sgid: u32,
+          @builtin(subgroup_invocation_id) sli: u32) {
+    let id = linear_id(wid, nwg);
+    if (id >= p.wg_count) { return; }
+    lid = li;
+    sg = sgid;
+    lane = sli;
+    setup(id, (id / p.head_chunks) % p.n_qtiles);
+    // Selections of the tile's queries (padding -1 past the last query).
+    let row0 = (b * p.kv_heads + kvh) * p.q_len;
+    for (var x = lid; x < QT * SELK; x += WG) {
+        let i = i0 + x / SELK;
+        var e = -1;
+        if (i < p.q_len) { e = sel[(row0 + i) * p.top_k + x % SELK]; }
+        sel_sh[x] = e;
+    }
+    workgroupBarrier();
+    // Ascending union of the QT lists; an entry that is -1, past the last leaf, or not above
+    // the previous block taken (a repeat, or out of order) is skipped.
+    if (lid == 0u) {
+        var at: array<u32, QT>;
+        var n = 0u;
+        var last = -1;
+        loop {
+            var best = 0x7fffffff;
+            for (var qi = 0u; qi < QT; qi++) {
+                while (at[qi] < SELK) {
+                    let e = sel_sh[qi * SELK + at[qi]];
+                    if (e > last && u32(e) < p.nb0) { break; }
+                    at[qi] += 1u;
+                }
+                if (at[qi] < SELK) { best = min(best, sel_sh[qi * SELK + at[qi]]); }
+            }
+            if (best == 0x7fffffff) { break; }
+            var m = 0u;
+            for (var qi = 0u; qi < QT; qi++) {
+                if (at[qi] < SELK && sel_sh[qi * SELK + at[qi]] == best) {
+                    m |= 1u << qi;
+                    at[qi] += 1u;
+                }
+            }
+            ublk[n] = u32(best);
+            umask[n] = m;
+            n += 1u;
+            last = best;
+        }
+        ucount[0] = n;
+    }
+    let nu = workgroupUniformLoad(&ucount)[0];
+    var live = false;
+    for (var u = 0u; u < nu; u++) {
+        let blk0 = ublk[u] * p.block_size;
+        let m = umask[u];
+        for (var off = 0u; off < p.block_size; off += KT) {
+            process_tile(blk0 + off, min(p.block_size - off, KT), m, live);
+            live = true;
+        }
+    }
+    finish();
+}
+
+@compute @workgroup_size(WG)
+fn dense(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sgid: u32,
+         @builtin(subgroup_invocation_id) sli: u32) {
+    let id = linear_id(wid, nwg);
+    if (id >= p.wg_count) { return; }
+    lid = li;
+    sg = sgid;
+    lane = sli;
+    var qt = (id / p.head_chunks) % p.n_qtiles;
+    if (p.causal != 0u) { qt = p.n_qtiles - 1u - qt; } // longest rows first
+    setup(id, qt);
+    var n_keys = p.k_len;
+    if (p.causal != 0u) {
+        let last = min(qt * QT + QT, p.q_len) - 1u;
+        n_keys = p.k_len - p.q_len + last + 1u;
+    }
+    let tiles = (n_keys + KT - 1u) / KT;
+    for (var j = 0u; j < tiles; j++) {
+        process_tile(j * KT, KT, 0xffffffffu, j > 0u);
+    }
+    finish();
+}

@@ -1,0 +1,353 @@
+//! Tensor-core (cooperative-matrix) attention, PISA.md sections 4 and 5: kernel-path selection
+//! (run everywhere: lavapipe without the feature must be Portable), naga validation and SPIR-V
+//! generation of the coop shader variants (run everywhere), and the coop kernels against the
+//! f64 CPU reference on f16-rounded inputs (tolerance 5e-3; skipped with a message on adapters
+//! without cooperative matrices). `bench_coop_vs_portable` (ignored) prints GPU-timed TFLOP/s
+//! of coop vs portable dense and sparse attention at 16K and 64K tokens.
+mod common;
+
+use common::*;
+use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::attention::coop::{self, CoopVariant};
+use pisa_wgpu::ops::attention::{self, AttentionKind};
+use pisa_wgpu::runtime::context::coop_supported;
+use pisa_wgpu::runtime::pipeline::preprocess;
+use pisa_wgpu::{Context, KernelPath, Storage};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use TensorLayout::{Bhnd, Bnhd};
+
+const TOL_F16: f64 = 5e-3;
+
+fn coop_ctx(test: &str) -> Option<&'static Context> {
+    let ctx = ctx();
+    if ctx.kernel_path() != KernelPath::CoopMat {
+        eprintln!(
+            "{test}: SKIPPED: adapter {:?} has no cooperative-matrix path (kernel path {})",
+            ctx.report().name,
+            ctx.kernel_path()
+        );
+        return None;
+    }
+    Some(ctx)
+}
+
+#[test]
+fn kernel_path_follows_the_adapter() {
+    let ctx = ctx();
+    let r = ctx.report();
+    let props = ctx.cooperative_matrix_properties();
+    eprintln!(
+        "adapter {:?}: coop feature {}, subgroups {:?}, {} coop configs, path {}",
+        r.name,
+        r.cooperative_matrix,
+        r.subgroup_size,
+        props.len(),
+        ctx.kernel_path()
+    );
+    for p in props {
+        eprintln!("  {p:?}");
+    }
+    let ok = coop_supported(ctx.features(), ctx.limits(), r.subgroup_size, props);
+    let env_portable = std::env::var("PISA_KERNEL_PATH").as_deref() == Ok("portable");
+    let want = if ok && !env_portable {
+        KernelPath::CoopMat
+    } else {
+        KernelPath::Portable
+    };
+    assert_eq!(ctx.kernel_path(), want);
+    if !r.cooperative_matrix {
+        assert_eq!(ctx.kernel_path(), KernelPath::Portable);
+        assert!(!ctx
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX));
+    }
+    if r.name.to_lowercase().contains("llvmpipe") && !r.cooperative_matrix {
+        eprintln!("lavapipe without cooperative matrices: Portable, as it must be");
+    }
+    // f32 storage never takes the coop path; asking for CoopMat where unsupported keeps Portable.
+    let s = AttentionShape::new(1, 4, 1, 64, 64, 64).unwrap();
+    let dense = AttentionKind::Dense {
+        causal: true,
+        scale: 0.125,
+    };
+    assert_eq!(
+        coop::attention_path(ctx, &s, Storage::F32, &dense),
+        KernelPath::Portable
+    );
+    let before = ctx.kernel_path();
+    assert_eq!(
+        ctx.set_kernel_path(KernelPath::Portable),
+        KernelPath::Portable
+    );
+    assert_eq!(
+        coop::attention_path(ctx, &s, Storage::F16, &dense),
+        KernelPath::Portable
+    );
+    assert_eq!(ctx.set_kernel_path(KernelPath::CoopMat), want);
+    assert_eq!(ctx.set_kernel_path(before), before);
+    // Path and shape: D 256 and D 72 stay portable even on CoopMat.
+    let s256 = AttentionShape::new(1, 4, 1, 64, 64, 256).unwrap();
+    let s72 = AttentionShape::new(1, 4, 1, 64, 64, 72).unwrap();
+    for sh in [s256, s72] {
+        assert_eq!(
+            coop::attention_path(ctx, &sh, Storage::F16, &dense),
+            KernelPath::Portable
+        );
+    }
+}
+
+fn variants() -> Vec<CoopVariant> {
+    let mut out = Vec::new();
+    for (hd, rb, kt, qt, gh, selk, sg) in [
+        (128, 1, 64, 4, 4, 16, 32),
+        (128, 2, 64, 4, 8, 16, 32),
+        (64, 1, 32, 16, 1, 8, 32),
+        (128, 4, 32, 16, 4, 1, 32),
+        (64, 4, 32, 64, 1, 1, 32),
+        (80, 2, 16, 8, 3, 1, 8),
+        (96, 1, 48, 4, 4, 3, 16),
+        (128, 4, 16, 4, 16, 4, 64),
+    ] {
+        out.push(CoopVariant {
+            hd,
+            rb,
+            kt,
+            qt,
+            gh,
+            selk,
+            sg,
+        });
+    }
+    out
+}
+
+/// naga parses and validates every coop variant (f16 only; the cooperative-matrix capability
+/// enabled) and writes SPIR-V for it (the path wgpu takes on Vulkan).
+#[test]
+fn coop_shader_validates_and_writes_spirv() {
+    for v in variants() {
+        let src = preprocess(&coop::SHADER, Storage::F16, &v.consts()).unwrap();
+        let module = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("{v:?}: {}", e.emit_to_string(&src)));
+        let mut val = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        );
+        let info = val
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{v:?}: {}", e.emit_to_string(&src)));
+        let opts = naga::back::spv::Options {
+            lang_version: (1, 3),
+            ..Default::default()
+        };
+        for entry in ["sparse", "dense"] {
+            let pipe = naga::back::spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: entry.into(),
+            };
+            let words = naga::back::spv::write_vec(&module, &info, &opts, Some(&pipe))
+                .unwrap_or_else(|e| panic!("{v:?} {entry}: {e}"));
+            assert!(words.len() > 100);
+        }
+        eprintln!("  {v:?}: {} bytes of workgroup memory", v.shared_bytes());
+    }
+}
+
+fn inputs(r: &mut ChaCha8Rng, s: &AttentionShape) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let q = through_f16(&random(r, s.q_elems(), 1.5));
+    let k = through_f16(&random(r, s.kv_elems(), 1.5));
+    let v = through_f16(&random(r, s.kv_elems(), 1.0));
+    (q, k, v)
+}
+
+/// A random valid selection: ascending, unique, the own block included when causal, some rows
+/// shorter than K, -1 padded.
+fn random_selection(r: &mut ChaCha8Rng, s: &AttentionShape, cfg: &SelectionConfig) -> Vec<i32> {
+    let nb0 = s.k_len.div_ceil(cfg.block_size);
+    let mut out = Vec::new();
+    for _ in 0..s.batch * s.kv_heads {
+        for i in 0..s.q_len {
+            let own = s.query_position(i) / cfg.block_size;
+            let visible = if cfg.causal { own + 1 } else { nb0 };
+            let want = r.random_range(1..=cfg.top_k.min(visible));
+            let mut row: Vec<i32> = if cfg.causal { vec![own as i32] } else { vec![] };
+            while row.len() < want {
+                let j = r.random_range(0..visible) as i32;
+                if !row.contains(&j) {
+                    row.push(j);
+                }
+            }
+            row.sort_unstable();
+            row.resize(cfg.top_k, -1);
+            out.extend(row);
+        }
+    }
+    out
+}
+
+fn check(what: &str, (o, lse): (&[f32], &[f32]), (ro, rl): (&[f64], &[f64])) {
+    let eo = rel_err(o, ro);
+    let el = rel_err(lse, rl);
+    eprintln!("  {what}: O rel err {eo:.2e}, LSE rel err {el:.2e}");
+    assert!(eo <= TOL_F16, "{what}: O rel err {eo}");
+    assert!(el <= TOL_F16, "{what}: LSE rel err {el}");
+}
+
+/// (B, Hq, Hkv, Nq, Nk, D, C, K, layout, causal, selection from PISA)
+type Case = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    TensorLayout,
+    bool,
+    bool,
+);
+
+#[test]
+fn coop_sparse_matches_reference() {
+    let Some(ctx) = coop_ctx("coop_sparse_matches_reference") else {
+        return;
+    };
+    let seed = seed("coop sparse");
+    let mut r = rng(seed);
+    let cases: &[Case] = &[
+        (2, 8, 2, 200, 200, 64, 64, 4, Bhnd, true, true),
+        (2, 4, 4, 150, 150, 128, 32, 3, Bnhd, true, false),
+        (1, 16, 2, 131, 131, 128, 48, 3, Bhnd, false, false),
+        (2, 8, 1, 97, 97, 64, 64, 2, Bnhd, true, true),
+        (1, 8, 1, 40, 203, 128, 20, 5, Bhnd, true, false),
+        (1, 12, 1, 33, 70, 64, 16, 3, Bnhd, true, false),
+        (1, 4, 1, 1, 1, 64, 64, 1, Bhnd, true, true),
+    ];
+    for &(b, hq, hkv, nq, nk, d, c, kk, layout, causal, pisa) in cases {
+        let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
+        let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
+        let (q, k, v) = inputs(&mut r, &s);
+        let sel = if pisa {
+            reference::select_pisa(&q, &k, &s, layout, &cfg)
+                .unwrap()
+                .indices
+        } else {
+            random_selection(&mut r, &s, &cfg)
+        };
+        let kind_sel = ctx.upload_u32("sel", &sel).unwrap();
+        let kind = AttentionKind::Sparse {
+            selection: &kind_sel,
+            cfg: &cfg,
+        };
+        assert_eq!(
+            coop::attention_path(ctx, &s, Storage::F16, &kind),
+            KernelPath::CoopMat,
+            "{s:?} C {c} should run on cooperative matrices ({:?})",
+            coop::plan(ctx, &s, &kind)
+        );
+        let (ro, rl) = reference::sparse_attention(&q, &k, &v, &s, layout, &cfg, &sel).unwrap();
+        let got =
+            attention::sparse_attention_host(ctx, &q, &k, &v, &s, layout, &cfg, Storage::F16, &sel)
+                .unwrap();
+        let what = format!(
+            "{s:?} C {c} K {kk} {layout:?} causal {causal} pisa {pisa} {:?} seed {seed}",
+            coop::plan(ctx, &s, &kind).unwrap()
+        );
+        check(&what, (&got.0, &got.1), (&ro, &rl));
+    }
+}
+
+#[test]
+fn coop_dense_matches_reference() {
+    let Some(ctx) = coop_ctx("coop_dense_matches_reference") else {
+        return;
+    };
+    let seed = seed("coop dense");
+    let mut r = rng(seed);
+    // (B, Hq, Hkv, Nq, Nk, D, layout, causal, scale)
+    let cases = [
+        (2, 4, 1, 77, 77, 64, Bhnd, true, 0.125),
+        (1, 8, 2, 130, 130, 128, Bnhd, true, 0.0884),
+        (2, 8, 1, 65, 65, 128, Bhnd, false, 0.0884),
+        (1, 2, 2, 50, 130, 64, Bnhd, true, 0.2),
+        (1, 3, 1, 100, 100, 96, Bhnd, true, 0.1),
+        (1, 32, 1, 20, 33, 64, Bnhd, false, 0.125),
+        (1, 1, 1, 1, 1, 64, Bhnd, true, 0.125),
+    ];
+    for (b, hq, hkv, nq, nk, d, layout, causal, scale) in cases {
+        let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
+        let (q, k, v) = inputs(&mut r, &s);
+        let kind = AttentionKind::Dense { causal, scale };
+        assert_eq!(
+            coop::attention_path(ctx, &s, Storage::F16, &kind),
+            KernelPath::CoopMat
+        );
+        let (ro, rl) = reference::dense_attention(&q, &k, &v, &s, layout, causal, scale).unwrap();
+        let got = attention::dense_attention_host(
+            ctx,
+            &q,
+            &k,
+            &v,
+            &s,
+            layout,
+            causal,
+            scale,
+            Storage::F16,
+        )
+        .unwrap();
+        let what = format!(
+            "{s:?} {layout:?} causal {causal} {:?} seed {seed}",
+            coop::plan(ctx, &s, &kind).unwrap()
+        );
+        check(&what, (&got.0, &got.1), (&ro, &rl));
+    }
+}
+
+/// Large score ranges: the lazy rescale must fire (keys whose scores grow along the sequence,
+/// so the running max keeps moving by more than 2^8) and stay exact.
+#[test]
+fn coop_rescale_with_growing_scores() {
+    let Some(ctx) = coop_ctx("coop_rescale_with_growing_scores") else {
+        return;
+    };
+    let seed = seed("coop rescale");
+    let mut r = rng(seed);
+    let s = AttentionShape::new(1, 4, 1, 300, 300, 64).unwrap();
+    let (mut q, mut k, v) = inputs(&mut r, &s);
+    // Q positive-ish, K growing with the position: scores rise by ~40 (natural log) over the
+    // sequence, far beyond the lazy threshold.
+    for x in q.iter_mut() {
+        *x = half::f16::from_f32(x.abs() * 0.5 + 0.5).to_f32();
+    }
+    for (i, x) in k.iter_mut().enumerate() {
+        let t = (i / s.head_dim) % s.k_len;
+        *x = half::f16::from_f32(x.abs() * 0.2 + t as f32 / 60.0).to_f32();
+    }
+    for causal in [true, false] {
+        let (ro, rl) = reference::dense_attention(&q, &k, &v, &s, Bhnd, causal, 0.125).unwrap();
+        let got =
+            attention::dense_attention_host(ctx, &q, &k, &v, &s, Bhnd, causal, 0.125, Storage::F16)
+                .unwrap();
+        check(
+            &format!("dense growing scores causal {causal} seed {seed}"),
+            (&got.0, &got.1),
+            (&ro, &rl),
+        );
+        let cfg = SelectionConfig::new(32, 4).unwrap().with_causal(causal);
+        let sel = random_selection(&mut r, &s, &cfg);
+        let (ro, rl) = reference::sparse_attention(&q, &k, &v, &s, Bhnd, &cfg, &sel).unwrap();
+        let got =
+            attention::sparse_attention_host(ctx, &q, &k, &v, &s, Bhnd, &cfg, Storage::F16, &sel)
+                .unwrap();
+        check(
+            &format!("sparse growing scores causal {causal} seed {seed}"),
+            (&got.0, &got.1),
+            (&ro, &rl),
+        );
+    }
+}
+
+#[path = "coopmat_bench.rs"]
+mod bench;
