@@ -7,6 +7,7 @@ pub mod decode;
 pub mod fill;
 pub mod leaf_select;
 pub mod oracle;
+pub mod prefill;
 pub mod pyramid;
 pub mod route;
 pub mod select;
