@@ -11,7 +11,8 @@
 // rb = sg / NSR (NSR = NSG / RB subgroups per row block) and keeps in registers the Q block of
 // its rows (HD / 16 A matrices) and its share of the O block (OTS C matrices, f32). Per key tile
 // of KT keys (loaded once into workgroup memory for all rows):
-//   1. K and V tiles -> hsh (f16, padded rows);                                barrier
+//   1. K and V tiles -> hsh (f16, padded rows) from registers, then (PF = 1) the next tile's
+//      K and V are loaded into registers, in flight while this tile computes;   barrier
 //   2. S = Q K^T on tensor cores, each subgroup STS 16x16 tiles -> fsh (f32);  barrier
 //   3. SPLIT threads per row: scale to log2 units, mask, partial max -> red_sh; barrier
 //   4. row max; lazy online softmax: the running max m moves only when the tile max exceeds it
@@ -34,6 +35,7 @@ const QT: u32 = 4u;      // queries per workgroup
 const SELK: u32 = 16u;   // top_k (sparse; 1 for dense)
 const SG: u32 = 32u;     // subgroup size (fixed)
 const KVH: u32 = 17408u; // halves of the K + V (or Q staging) region = max(2 KT KS, RT QS)
+const PF: u32 = 1u;      // 1: load the next tile's K and V into registers during this tile
 
 const NSG: u32 = 4u;                 // subgroups per workgroup
 const WG: u32 = NSG * SG;            // invocations
@@ -51,6 +53,7 @@ const P_OFF: u32 = KVH;              // P in hsh
 const ST_OFF: u32 = RT * SS;         // per-subgroup 16x16 f32 staging in fsh
 const SPLIT: u32 = WG / RT;          // softmax threads per row
 const KPT: u32 = KT / SPLIT;         // keys per softmax thread
+const NPF: u32 = (KT * (HD / 4u) + WG - 1u) / WG; // K (and V) vec4 per thread per tile
 const MAXU: u32 = QT * SELK;
 const MAXU4: u32 = (MAXU + 3u) / 4u * 4u;
 const NEG: f32 = -1.0e30;            // "no score yet"
@@ -80,8 +83,7 @@ var<workgroup> hsh: array<f16, KVH + RT * PS>;         // K | V tiles (Q staging
 var<workgroup> fsh: array<f32, RT * SS + NSG * 256u>;   // S, then per-subgroup staging
 var<workgroup> red_sh: array<f32, WG>;
 var<workgroup> alpha_sh: array<f32, RT>;
-var<workgroup> m_sh: array<f32, RT>;   // running max per row as of the last finished tile
-var<workgroup> flag_sh: array<u32, 4>; // [0]: rescale flag of the tile
+var<workgroup> flag_sh: array<atomic<u32>, 4>; // [0]: some row's running max moved this tile
 var<workgroup> sel_sh: array<i32, MAXU4>;
 var<workgroup> ublk: array<u32, MAXU4>;
 var<workgroup> umask: array<u32, MAXU4>;
@@ -89,6 +91,8 @@ var<workgroup> ucount: array<u32, 4>;  // [0]: union length
 
 var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
 var<private> oacc: array<coop_mat16x16<f32, C>, OTS>;
+var<private> kpre: array<vec4<f16>, NPF>; // K / V of the tile to stage next
+var<private> vpre: array<vec4<f16>, NPF>;
 var<private> m_run: f32;  // running max of the softmax row (log2 units)
 var<private> l_run: f32;  // running sum over this thread's share of keys
 var<private> lid: u32;
@@ -134,7 +138,6 @@ fn setup(id: u32, qt: u32) {
         hsh[at + 2u] = val.z;
         hsh[at + 3u] = val.w;
     }
-    for (var r = lid; r < RT; r += WG) { m_sh[r] = NEG; }
     workgroupBarrier();
     let rb = sg / NSR;
     for (var ds = 0u; ds < HD16; ds++) {
@@ -165,33 +168,56 @@ fn rescale_o() {
     workgroupBarrier();
 }
 
-// One tile of keys t0 .. t0 + tcount (tcount <= KT) for the rows whose query bit is in `mask`
-// (all rows: 0xffffffff). `live`: O may be nonzero (false on the first tile). Uniform control
-// flow only.
-fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool) {
-    // 1. K and V tiles (zero past the tile / the sequence).
-    for (var x = lid; x < KT * (HD / 4u); x += WG) {
+// Loads K and V of keys t0 .. t0 + tcount (zero past the tile / the sequence) into registers.
+fn prefetch(t0: u32, tcount: u32) {
+    for (var j = 0u; j < NPF; j++) {
+        let x = lid + j * WG;
         let kk = x / (HD / 4u);
         let c = x % (HD / 4u);
         let t = t0 + kk;
         var kv = vec4<f16>(0.0h);
         var vv = vec4<f16>(0.0h);
-        if (kk < tcount && t < p.k_len) {
+        if (x < KT * (HD / 4u) && kk < tcount && t < p.k_len) {
             kv = k[b * p.k_sb + kvh * p.k_sh + t * p.k_sn + c];
             vv = v[b * p.v_sb + kvh * p.v_sh + t * p.v_sn + c];
         }
-        let at = kk * KS + 4u * c;
-        hsh[at] = kv.x;
-        hsh[at + 1u] = kv.y;
-        hsh[at + 2u] = kv.z;
-        hsh[at + 3u] = kv.w;
-        let av = V_OFF + at;
-        hsh[av] = vv.x;
-        hsh[av + 1u] = vv.y;
-        hsh[av + 2u] = vv.z;
-        hsh[av + 3u] = vv.w;
+        kpre[j] = kv;
+        vpre[j] = vv;
     }
+}
+
+// Writes the prefetched K and V tiles into hsh.
+fn stage_kv() {
+    for (var j = 0u; j < NPF; j++) {
+        let x = lid + j * WG;
+        if (x < KT * (HD / 4u)) {
+            let kv = kpre[j];
+            let vv = vpre[j];
+            let at = (x / (HD / 4u)) * KS + 4u * (x % (HD / 4u));
+            hsh[at] = kv.x;
+            hsh[at + 1u] = kv.y;
+            hsh[at + 2u] = kv.z;
+            hsh[at + 3u] = kv.w;
+            let av = V_OFF + at;
+            hsh[av] = vv.x;
+            hsh[av + 1u] = vv.y;
+            hsh[av + 2u] = vv.z;
+            hsh[av + 3u] = vv.w;
+        }
+    }
+}
+
+// One tile of keys t0 .. t0 + tcount (tcount <= KT) for the rows whose query bit is in `mask`
+// (all rows: 0xffffffff). `live`: O may be nonzero (false on the first tile). With PF = 1 the
+// registers already hold this tile (the caller prefetched it) and the tile after it,
+// n0 .. n0 + ncount (ncount 0: none), is prefetched here. Uniform control flow only.
+fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u32) {
+    // 1. K and V tiles; reset the rescale flag (last read before the previous tile's end).
+    if (lid == 0u) { atomicStore(&flag_sh[0], 0u); }
+    if (PF == 0u) { prefetch(t0, tcount); }
+    stage_kv();
     workgroupBarrier();
+    if (PF == 1u) { prefetch(n0, ncount); }
     // 2. S = Q K^T (a dummy tile past KT16 goes to this subgroup's staging tile).
     let rb = sg / NSR;
     let part = sg % NSR;
@@ -234,8 +260,8 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool) {
     }
     red_sh[lid] = tmax;
     workgroupBarrier();
-    // 4. Lazy online softmax; P (f16) -> hsh. Thread 0 decides the uniform rescale flag from the
-    //    same partial maxima and the maxima of the last tile (m_sh), as every row does.
+    // 4. Lazy online softmax; P (f16) -> hsh. A row whose running max moves raises the
+    //    workgroup's rescale flag (not on the first tile: O is still zero).
     var rmax = NEG;
     for (var x = 0u; x < SPLIT; x++) { rmax = max(rmax, red_sh[srow * SPLIT + x]); }
     var m_new = m_run;
@@ -249,20 +275,13 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool) {
         l_run += pj;
         hsh[P_OFF + srow * PS + kk] = f16(pj);
     }
-    m_run = m_new;
-    if (scol == 0u) { alpha_sh[srow] = alpha; }
-    if (lid == 0u) {
-        var any = 0u;
-        for (var r = 0u; r < RT; r++) {
-            var mx = NEG;
-            for (var x = 0u; x < SPLIT; x++) { mx = max(mx, red_sh[r * SPLIT + x]); }
-            if (mx > m_sh[r] + LAZY) { any = 1u; }
-        }
-        flag_sh[0] = select(0u, any, live);
+    if (scol == 0u) {
+        alpha_sh[srow] = alpha;
+        if (live && m_new != m_run) { atomicOr(&flag_sh[0], 1u); }
     }
-    let resc = workgroupUniformLoad(&flag_sh);
-    if (resc[0] != 0u) { rescale_o(); }
-    if (scol == 0u) { m_sh[srow] = m_run; }
+    m_run = m_new;
+    let resc = workgroupUniformLoad(&flag_sh[0]);
+    if (resc != 0u) { rescale_o(); }
     // 5. O += P V (a dummy O tile past HD16 reads the last V columns and is never stored).
     for (var ks = 0u; ks < KT16; ks++) {
         let ap = P_OFF + rb * 16u * PS + ks * 16u;
@@ -371,14 +390,23 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         ucount[0] = n;
     }
     let nu = workgroupUniformLoad(&ucount)[0];
-    var live = false;
-    for (var u = 0u; u < nu; u++) {
-        let blk0 = ublk[u] * p.block_size;
-        let m = umask[u];
-        for (var off = 0u; off < p.block_size; off += KT) {
-            process_tile(blk0 + off, min(p.block_size - off, KT), m, live);
-            live = true;
+    // Flat walk over (block, KT-key piece): tile j is piece j % tpb of union entry j / tpb.
+    let tpb = (p.block_size + KT - 1u) / KT;
+    let total = nu * tpb;
+    if (PF == 1u && total > 0u) { prefetch(ublk[0] * p.block_size, min(p.block_size, KT)); }
+    for (var j = 0u; j < total; j++) {
+        let u = j / tpb;
+        let off = (j % tpb) * KT;
+        let un = (j + 1u) / tpb;
+        let offn = ((j + 1u) % tpb) * KT;
+        var n0 = 0u;
+        var ncount = 0u;
+        if (j + 1u < total) {
+            n0 = ublk[un] * p.block_size + offn;
+            ncount = min(p.block_size - offn, KT);
         }
+        process_tile(ublk[u] * p.block_size + off, min(p.block_size - off, KT), umask[u], j > 0u,
+                     n0, ncount);
     }
     finish();
 }
@@ -401,8 +429,11 @@ fn dense(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         n_keys = p.k_len - p.q_len + last + 1u;
     }
     let tiles = (n_keys + KT - 1u) / KT;
+    if (PF == 1u) { prefetch(0u, KT); }
     for (var j = 0u; j < tiles; j++) {
-        process_tile(j * KT, KT, 0xffffffffu, j > 0u);
+        var ncount = 0u;
+        if (j + 1u < tiles) { ncount = KT; }
+        process_tile(j * KT, KT, 0xffffffffu, j > 0u, (j + 1u) * KT, ncount);
     }
     finish();
 }

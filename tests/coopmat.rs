@@ -2,7 +2,8 @@
 //! (run everywhere: lavapipe without the feature must be Portable), naga validation and SPIR-V
 //! generation of the coop shader variants (run everywhere), and the coop kernels against the
 //! f64 CPU reference on f16-rounded inputs (tolerance 5e-3; skipped with a message on adapters
-//! without cooperative matrices). `bench_coop_vs_portable` (ignored) prints GPU-timed TFLOP/s
+//! without cooperative matrices): GQA groups 1 to 32, head dims 64, 80, 96, 128, lengths and
+//! block sizes that are not multiples of the key tile, both layouts, causal or not, Nq < Nk. `bench_coop_vs_portable` (ignored) prints GPU-timed TFLOP/s
 //! of coop vs portable dense and sparse attention at 16K and 64K tokens.
 mod common;
 
@@ -117,6 +118,7 @@ fn variants() -> Vec<CoopVariant> {
             gh,
             selk,
             sg,
+            prefetch: out.len() % 2 == 0,
         });
     }
     out
@@ -223,6 +225,7 @@ fn coop_sparse_matches_reference() {
         (2, 8, 1, 97, 97, 64, 64, 2, Bnhd, true, true),
         (1, 8, 1, 40, 203, 128, 20, 5, Bhnd, true, false),
         (1, 12, 1, 33, 70, 64, 16, 3, Bnhd, true, false),
+        (2, 4, 1, 90, 90, 80, 64, 3, Bhnd, true, false),
         (1, 4, 1, 1, 1, 64, 64, 1, Bhnd, true, true),
     ];
     for &(b, hq, hkv, nq, nk, d, c, kk, layout, causal, pisa) in cases {
@@ -273,6 +276,7 @@ fn coop_dense_matches_reference() {
         (2, 8, 1, 65, 65, 128, Bhnd, false, 0.0884),
         (1, 2, 2, 50, 130, 64, Bnhd, true, 0.2),
         (1, 3, 1, 100, 100, 96, Bhnd, true, 0.1),
+        (1, 4, 1, 70, 70, 80, Bnhd, true, 0.1),
         (1, 32, 1, 20, 33, 64, Bnhd, false, 0.125),
         (1, 1, 1, 1, 1, 64, Bhnd, true, 0.125),
     ];

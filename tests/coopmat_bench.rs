@@ -166,6 +166,17 @@ fn bench_coop_vs_portable() {
                 coop::plan(ctx, &s, &sk),
             );
         }
+        if start == KernelPath::CoopMat && n == lens[0] {
+            ctx.set_kernel_path(KernelPath::CoopMat);
+            sweep(
+                ctx,
+                &s,
+                (&q, &k, &v, &sel),
+                &cfg,
+                scale,
+                (dense_flop, sparse_flop),
+            );
+        }
         if outs.len() == 2 {
             let reference: Vec<f64> = outs[1].1.iter().map(|&x| x as f64).collect();
             let e = rel_err(&outs[0].1, &reference);
@@ -174,4 +185,85 @@ fn bench_coop_vs_portable() {
         }
     }
     ctx.set_kernel_path(start);
+}
+
+/// Times variants around the planned ones (prefetch off, other key tiles, fewer rows) so one
+/// device run shows which way to tune; a variant that does not fit is reported and skipped.
+fn sweep(
+    ctx: &Context,
+    s: &AttentionShape,
+    (q, k, v, sel): (&GpuTensor, &GpuTensor, &GpuTensor, &GpuTensor),
+    cfg: &SelectionConfig,
+    scale: f32,
+    (dense_flop, sparse_flop): (f64, f64),
+) {
+    let dk = AttentionKind::Dense {
+        causal: true,
+        scale,
+    };
+    let sk = AttentionKind::Sparse {
+        selection: sel,
+        cfg,
+    };
+    for (kind, flop, label) in [(&dk, dense_flop, "dense"), (&sk, sparse_flop, "attention")] {
+        let base = coop::plan(ctx, s, kind).unwrap();
+        let mut vars = vec![
+            base,
+            CoopVariant {
+                prefetch: false,
+                ..base
+            },
+        ];
+        for kt in [16, 32, 64] {
+            if kt != base.kt {
+                vars.push(CoopVariant { kt, ..base });
+            }
+        }
+        if base.rb > 1 {
+            vars.push(CoopVariant {
+                rb: base.rb / 2,
+                qt: (base.qt / 2).max(1),
+                ..base
+            });
+        }
+        let mut base_o: Option<Vec<f64>> = None;
+        for var in vars {
+            let fits = std::cell::Cell::new(true);
+            let (ms, o) = time_ms(ctx, label, &|enc, prof| {
+                match coop::record_coop(ctx, enc, q, k, v, s, Bhnd.into(), kind, &var, prof) {
+                    Ok(out) => out,
+                    Err(_) => {
+                        // Does not fit this device: run the planned one to keep the encoder valid.
+                        fits.set(false);
+                        coop::record_coop(ctx, enc, q, k, v, s, Bhnd.into(), kind, &base, None)
+                            .unwrap()
+                    }
+                }
+            });
+            let got = ctx.read_f32(&o).unwrap();
+            drop(o);
+            if fits.get() {
+                let diff = match &base_o {
+                    None => {
+                        base_o = Some(got.iter().map(|&x| x as f64).collect());
+                        0.0
+                    }
+                    Some(b) => rel_err(&got, b),
+                };
+                eprintln!(
+                    "  sweep {label:>9} N {}: {ms:9.3} ms {:7.2} TFLOP/s {var:?} ({} B shared), \
+                     O rel diff vs planned {diff:.1e}",
+                    s.q_len,
+                    flop / ms / 1e9,
+                    var.shared_bytes()
+                );
+                assert!(
+                    diff <= TOL_F16,
+                    "variant {var:?} differs from the planned one"
+                );
+            } else {
+                eprintln!("  sweep {label:>9}: {var:?} does not fit this device, skipped");
+            }
+        }
+    }
 }

@@ -9,8 +9,8 @@
 //! are the workgroup cut (16-row blocks of (head, query) pairs, one subgroup per 16x16 tile) and
 //! the lazy softmax rescale described in the shader.
 
-use super::{strides, u32_of, AttentionKind, Params, QkvLayouts};
-use crate::error::Result;
+use super::{strides, u32_of, validate, AttentionKind, Params, QkvLayouts};
+use crate::error::{GpuError, Result};
 use crate::runtime::buffers::{GpuTensor, POISON_F32};
 use crate::runtime::context::{Context, KernelPath, COOP_SUBGROUPS};
 use crate::runtime::pipeline::{ShaderSource, Storage};
@@ -43,6 +43,9 @@ pub struct CoopVariant {
     pub selk: u32,
     /// Subgroup size (fixed on the adapter).
     pub sg: u32,
+    /// Load the next key tile into registers while this one computes (more registers, fewer
+    /// stalls).
+    pub prefetch: bool,
 }
 
 impl CoopVariant {
@@ -58,13 +61,13 @@ impl CoopVariant {
         let (rt, kt) = (self.rt() as u64, self.kt as u64);
         let wg = (COOP_SUBGROUPS * self.sg) as u64;
         let halves = self.kvh() as u64 + rt * (kt + 8);
-        let floats = rt * (kt + 4) + COOP_SUBGROUPS as u64 * 256 + wg + 2 * rt;
+        let floats = rt * (kt + 4) + COOP_SUBGROUPS as u64 * 256 + wg + rt;
         let maxu4 = (self.qt * self.selk).div_ceil(4) as u64 * 4;
         2 * halves + 4 * floats + 12 * maxu4 + 32
     }
 
     /// The `(name, value)` constants for [`crate::runtime::pipeline::preprocess`].
-    pub fn consts(&self) -> [(&'static str, u32); 7] {
+    pub fn consts(&self) -> [(&'static str, u32); 8] {
         [
             ("HD", self.hd),
             ("RB", self.rb),
@@ -73,6 +76,7 @@ impl CoopVariant {
             ("SELK", self.selk),
             ("SG", self.sg),
             ("KVH", self.kvh()),
+            ("PF", self.prefetch as u32),
         ]
     }
 }
@@ -120,6 +124,7 @@ pub fn plan(
                 gh,
                 selk,
                 sg,
+                prefetch: true,
             };
             if v.shared_bytes() <= budget {
                 return Some(v);
@@ -148,6 +153,54 @@ pub fn attention_path(
     } else {
         KernelPath::Portable
     }
+}
+
+/// Records the cooperative-matrix kernel with an explicit variant (tuning and benchmarks; the
+/// public API picks one with [`plan`]). Inputs as [`super::record_attention`] with f16 storage.
+///
+/// Errors: as [`super::record_attention`], plus [`GpuError::Unsupported`] when the context is
+/// not on [`KernelPath::CoopMat`], the storage is not f16, or the variant does not suit the
+/// shape and device (head dim, subgroup size, row blocks, key tile, workgroup memory).
+#[allow(clippy::too_many_arguments)]
+pub fn record_coop(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    shape: &AttentionShape,
+    layouts: QkvLayouts,
+    kind: &AttentionKind<'_>,
+    var: &CoopVariant,
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
+    validate(shape, q, k, v, kind)?;
+    let wg = COOP_SUBGROUPS * ctx.report().subgroup_size.0;
+    let ok = ctx.kernel_path() == KernelPath::CoopMat
+        && q.storage == Storage::F16
+        && var.hd as usize == shape.head_dim
+        && var.hd.is_multiple_of(16)
+        && var.hd as usize <= MAX_COOP_HEAD_DIM
+        && var.sg == ctx.report().subgroup_size.0
+        && [1, 2, 4].contains(&var.rb)
+        && 16 * var.rb <= wg
+        && var.gh >= 1
+        && var.gh as usize <= shape.gqa_group()
+        && var.qt >= 1
+        && var.gh * var.qt <= 16 * var.rb
+        && var.kt >= 16
+        && var.kt.is_multiple_of(16)
+        && var.shared_bytes() <= ctx.limits().max_compute_workgroup_storage_size as u64
+        && match kind {
+            AttentionKind::Sparse { cfg, .. } => var.qt <= 32 && var.selk as usize == cfg.top_k,
+            AttentionKind::Dense { .. } => true,
+        };
+    if !ok {
+        return Err(GpuError::Unsupported(format!(
+            "cooperative-matrix variant {var:?} for {shape:?} on this context"
+        )));
+    }
+    record(ctx, enc, q, k, v, shape, layouts, kind, var, prof)
 }
 
 /// Records the cooperative-matrix kernel of variant `var` (from [`plan`]); inputs validated by
