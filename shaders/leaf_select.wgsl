@@ -3,8 +3,10 @@
 //
 // One workgroup per (b, KV head, tile of QT consecutive queries). The tile's non-forced
 // candidates (of queries that must choose) are deduplicated into a union; each union leaf is
-// loaded once, chunk by chunk of WG tokens, one token per invocation, and that key row serves
-// every (query, head) pair of the tile (QT*GQ dot products per key read). A workgroup reduction
+// loaded once, chunk by chunk of WG tokens and DC dims, with coalesced reads into workgroup
+// memory; then one token per invocation, each key value serves every (query, head) pair of the
+// tile (QT*GQ dot products per key read; the queries are held [D][QG4] as vec4 so that one
+// broadcast load feeds four accumulators; accumulators are unrolled by hand). A workgroup reduction
 // folds the chunk into a running (max, sum) per (query, head); a leaf's score for a query is the
 // sum over the GQ heads of log sum_t exp(s q.k_t). The final pick is rank-based (rank = number of
 // candidates strictly better: higher score, then lower index; keep rank < K - |forced|), and the
@@ -18,9 +20,12 @@ alias store_t = f32;
 const GQ: u32 = 1u;
 const QT: u32 = 4u;
 const MC: u32 = 34u;
-const QBUF: u32 = 256u;
+// vec4 slots of the query buffer: QG4 * (D rounded up to DC).
+const QBUF: u32 = 64u;
 const WG: u32 = 64u;
+const DC: u32 = 32u;
 const QG: u32 = QT * GQ;
+const QG4: u32 = (QG + 3u) / 4u;
 const NEG: f32 = -3.0e38;
 const NONE: u32 = 0xffffffffu;
 
@@ -41,17 +46,22 @@ struct Params {
 @group(0) @binding(3) var<storage, read> cand: array<i32>;
 @group(0) @binding(4) var<storage, read_write> sel: array<i32>;
 
-var<workgroup> qs: array<f32, QBUF>;
+var<workgroup> qs: array<vec4<f32>, QBUF>;
+var<workgroup> ks: array<f32, WG * (DC + 1u)>;
 var<workgroup> cl: array<u32, QT * MC>;
 var<workgroup> ui: array<u32, QT * MC>;
 var<workgroup> ul: array<u32, QT * MC>;
 var<workgroup> kf: array<u32, QT * MC>;
 var<workgroup> us: array<f32, QT * MC * QT>;
-var<workgroup> sc: array<f32, WG * QG>;
+var<workgroup> sc: array<vec4<f32>, WG * QG4>;
 var<workgroup> rm: array<f32, QG>;
 var<workgroup> rl: array<f32, QG>;
 var<workgroup> nd: array<u32, QT>;
 var<workgroup> nu: u32;
+var<workgroup> pm: array<f32, WG>;
+var<workgroup> ps: array<f32, WG>;
+// Base of this workgroup's (b, KV head) in K.
+var<private> kbase_g: u32;
 
 fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
@@ -76,6 +86,17 @@ fn visible(bq: u32) -> u32 {
     return p.nb0;
 }
 
+// Stages element e (token e / DC, dim e % DC of the chunk) of leaf `leaf`'s tokens t0.. and
+// dims d0..: branch-free (clamped index, zero outside the leaf, K or D).
+fn stage_k(e: u32, leaf: u32, t0: u32, d0: u32) {
+    let tt = t0 + e / DC;
+    let tok = leaf * p.block_size + tt;
+    let d = d0 + e % DC;
+    let ok = tt < p.block_size && tok < p.k_len && d < p.head_dim;
+    let i = select(0u, kbase_g + tok * p.k_sn + d, ok);
+    ks[(e / DC) * (DC + 1u) + e % DC] = select(0.0, f32(k[i]), ok);
+}
+
 @compute @workgroup_size(WG)
 fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -87,16 +108,19 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let hkv = bh % p.kv_heads;
     let d_n = p.head_dim;
     let kk = p.top_k;
-    for (var e = lid; e < QG * d_n; e += WG) {
-        let qi = e / (GQ * d_n);
-        let r = e % (GQ * d_n);
+    // Scaled queries, [Dp][QG4] vec4 (component j % 4 of slot j / 4), zero-padded.
+    let d_p = (d_n + DC - 1u) / DC * DC;
+    for (var e = lid; e < QG4 * 4u * d_p; e += WG) {
+        let j = e / d_p;
+        let d = e % d_p;
+        let qi = j / GQ;
         let i = i0 + qi;
         var v = 0.0;
-        if (i < p.q_len) {
-            let hq = hkv * GQ + r / d_n;
-            v = p.scale * f32(q[b * p.q_sb + hq * p.q_sh + i * p.q_sn + r % d_n]);
+        if (j < QG && i < p.q_len && d < d_n) {
+            let hq = hkv * GQ + j % GQ;
+            v = p.scale * f32(q[b * p.q_sb + hq * p.q_sh + i * p.q_sn + d]);
         }
-        qs[e] = v;
+        qs[d * QG4 + j / 4u][j % 4u] = v;
     }
     // Non-forced candidates of queries that see more than K leaves.
     for (var e = lid; e < QT * MC; e += WG) {
@@ -156,34 +180,108 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         }
     }
     let n_union = workgroupUniformLoad(&nu);
-    let kbase = b * p.k_sb + hkv * p.k_sh;
+    kbase_g = b * p.k_sb + hkv * p.k_sh;
     for (var u = 0u; u < n_union; u++) {
         let leaf = ul[u];
         for (var t0 = 0u; t0 < p.block_size; t0 += WG) {
             let t = t0 + lid;
-            let tok = leaf * p.block_size + t;
-            var acc: array<f32, QG>;
-            for (var j = 0u; j < QG; j++) { acc[j] = 0.0; }
-            let valid = t < p.block_size && tok < p.k_len;
-            if (valid) {
-                let row = kbase + tok * p.k_sn;
-                for (var d = 0u; d < d_n; d++) {
-                    let x = f32(k[row + d]);
-                    for (var j = 0u; j < QG; j++) { acc[j] += qs[j * d_n + d] * x; }
+            let valid = t < p.block_size && leaf * p.block_size + t < p.k_len;
+            var a0 = vec4<f32>(0.0);
+            var a1 = vec4<f32>(0.0);
+            var a2 = vec4<f32>(0.0);
+            var a3 = vec4<f32>(0.0);
+            var a4 = vec4<f32>(0.0);
+            var a5 = vec4<f32>(0.0);
+            var a6 = vec4<f32>(0.0);
+            var a7 = vec4<f32>(0.0);
+            for (var d0 = 0u; d0 < d_p; d0 += DC) {
+                // Stage WG tokens x DC dims, coalesced (consecutive invocations, consecutive d),
+                // straight-line so that all loads are in flight together.
+                stage_k(lid + 0u, leaf, t0, d0);
+                stage_k(lid + 64u, leaf, t0, d0);
+                stage_k(lid + 128u, leaf, t0, d0);
+                stage_k(lid + 192u, leaf, t0, d0);
+                stage_k(lid + 256u, leaf, t0, d0);
+                stage_k(lid + 320u, leaf, t0, d0);
+                stage_k(lid + 384u, leaf, t0, d0);
+                stage_k(lid + 448u, leaf, t0, d0);
+                stage_k(lid + 512u, leaf, t0, d0);
+                stage_k(lid + 576u, leaf, t0, d0);
+                stage_k(lid + 640u, leaf, t0, d0);
+                stage_k(lid + 704u, leaf, t0, d0);
+                stage_k(lid + 768u, leaf, t0, d0);
+                stage_k(lid + 832u, leaf, t0, d0);
+                stage_k(lid + 896u, leaf, t0, d0);
+                stage_k(lid + 960u, leaf, t0, d0);
+                stage_k(lid + 1024u, leaf, t0, d0);
+                stage_k(lid + 1088u, leaf, t0, d0);
+                stage_k(lid + 1152u, leaf, t0, d0);
+                stage_k(lid + 1216u, leaf, t0, d0);
+                stage_k(lid + 1280u, leaf, t0, d0);
+                stage_k(lid + 1344u, leaf, t0, d0);
+                stage_k(lid + 1408u, leaf, t0, d0);
+                stage_k(lid + 1472u, leaf, t0, d0);
+                stage_k(lid + 1536u, leaf, t0, d0);
+                stage_k(lid + 1600u, leaf, t0, d0);
+                stage_k(lid + 1664u, leaf, t0, d0);
+                stage_k(lid + 1728u, leaf, t0, d0);
+                stage_k(lid + 1792u, leaf, t0, d0);
+                stage_k(lid + 1856u, leaf, t0, d0);
+                stage_k(lid + 1920u, leaf, t0, d0);
+                stage_k(lid + 1984u, leaf, t0, d0);
+                workgroupBarrier();
+                let kr = lid * (DC + 1u);
+                for (var dd = 0u; dd < DC; dd++) {
+                    let x = ks[kr + dd];
+                    let o = (d0 + dd) * QG4;
+                    a0 += qs[o] * x;
+                    if (QG4 > 1u) { a1 += qs[o + 1u] * x; }
+                    if (QG4 > 2u) { a2 += qs[o + 2u] * x; }
+                    if (QG4 > 3u) { a3 += qs[o + 3u] * x; }
+                    if (QG4 > 4u) { a4 += qs[o + 4u] * x; }
+                    if (QG4 > 5u) { a5 += qs[o + 5u] * x; }
+                    if (QG4 > 6u) { a6 += qs[o + 6u] * x; }
+                    if (QG4 > 7u) { a7 += qs[o + 7u] * x; }
                 }
+                workgroupBarrier();
             }
-            for (var j = 0u; j < QG; j++) { sc[lid * QG + j] = select(NEG, acc[j], valid); }
+            let neg = vec4<f32>(NEG);
+            let so = lid * QG4;
+            sc[so] = select(neg, a0, valid);
+            if (QG4 > 1u) { sc[so + 1u] = select(neg, a1, valid); }
+            if (QG4 > 2u) { sc[so + 2u] = select(neg, a2, valid); }
+            if (QG4 > 3u) { sc[so + 3u] = select(neg, a3, valid); }
+            if (QG4 > 4u) { sc[so + 4u] = select(neg, a4, valid); }
+            if (QG4 > 5u) { sc[so + 5u] = select(neg, a5, valid); }
+            if (QG4 > 6u) { sc[so + 6u] = select(neg, a6, valid); }
+            if (QG4 > 7u) { sc[so + 7u] = select(neg, a7, valid); }
             workgroupBarrier();
+            // Fold the chunk into the running (max, sum) of every (query, head) column: `parts`
+            // invocations per column each reduce a strided share, then one merges them.
             let cnt = min(WG, p.block_size - t0);
-            for (var j = lid; j < QG; j += WG) {
+            let parts = max(1u, WG / QG);
+            if (lid < parts * QG) {
+                let j = lid / parts;
                 var m = NEG;
-                for (var r = 0u; r < cnt; r++) { m = max(m, sc[r * QG + j]); }
+                var s = 0.0;
+                for (var r = lid % parts; r < cnt; r += parts) {
+                    let x = sc[r * QG4 + j / 4u][j % 4u];
+                    let mn = max(m, x);
+                    s = s * exp(m - mn) + exp(x - mn);
+                    m = mn;
+                }
+                pm[lid] = m;
+                ps[lid] = s;
+            }
+            workgroupBarrier();
+            for (var j = lid; j < QG; j += WG) {
                 var mo = NEG;
                 var lo = 0.0;
                 if (t0 > 0u) { mo = rm[j]; lo = rl[j]; }
-                let mn = max(mo, m);
+                var mn = mo;
+                for (var r = 0u; r < parts; r++) { mn = max(mn, pm[j * parts + r]); }
                 var s = lo * exp(mo - mn);
-                for (var r = 0u; r < cnt; r++) { s += exp(sc[r * QG + j] - mn); }
+                for (var r = 0u; r < parts; r++) { s += ps[j * parts + r] * exp(pm[j * parts + r] - mn); }
                 rm[j] = mn;
                 rl[j] = s;
             }

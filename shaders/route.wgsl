@@ -3,9 +3,11 @@
 //
 // One workgroup per (b, KV head, tile of QT consecutive queries). Candidates, scores and keep
 // flags live in workgroup memory; no query-by-block matrix is ever written. Per level:
-//   1. score: one invocation per (query, candidate) computes the candidate's score for all GQ
-//      query heads at once (each pyramid row is read once and serves the whole group) and sums
-//      them (`lse`: LSE over the children's means; `mean`, `meanvar`: the node's own row);
+//   1. score: the pyramid rows the scored candidates need (`lse`: each candidate's children;
+//      `mean`, `meanvar`: its own row) are listed, then staged WG rows x DC dims at a time into
+//      workgroup memory with coalesced reads; one invocation per row computes its dot products
+//      with all GQ query heads at once (vec4 accumulators unrolled by hand), and one invocation
+//      per candidate combines them into the score summed over the heads;
 //   2. keep: a level with more than K candidates keeps those of rank < K, where the rank is the
 //      number of candidates strictly better (higher score, then lower node index): deterministic,
 //      no sort;
@@ -22,8 +24,15 @@ alias store_t = f32;
 const GQ: u32 = 1u;
 const QT: u32 = 4u;
 const MC: u32 = 34u;
-const QBUF: u32 = 256u;
+// Merge factor g (rows per `lse` candidate).
+const G: u32 = 2u;
+// 1 when scoring is `meanvar` (sizes the variance buffers).
+const MV: u32 = 0u;
+// vec4 slots of the query buffer: QT * GQ4 * (D rounded up to DC).
+const QBUF: u32 = 64u;
 const WG: u32 = 64u;
+const DC: u32 = 32u;
+const GQ4: u32 = (GQ + 3u) / 4u;
 const NEG: f32 = -3.0e38;
 
 struct Params {
@@ -44,7 +53,13 @@ struct Params {
 @group(0) @binding(3) var<storage, read> sq: array<f32>;
 @group(0) @binding(4) var<storage, read_write> cand: array<i32>;
 
-var<workgroup> qs: array<f32, QBUF>;
+var<workgroup> qs: array<vec4<f32>, QBUF>;
+var<workgroup> ms: array<f32, WG * (DC + 1u)>;
+var<workgroup> vs: array<f32, MV * WG * (DC + 1u) + 1u>;
+var<workgroup> rd: array<vec4<f32>, QT * MC * G * GQ4>;
+var<workgroup> rv: array<vec4<f32>, MV * QT * MC * GQ4 + 1u>;
+var<workgroup> ra: array<u32, QT * MC * G>;
+var<workgroup> nr: atomic<u32>;
 var<workgroup> cl: array<u32, 2u * QT * MC>;
 var<workgroup> sc: array<f32, QT * MC>;
 var<workgroup> kp: array<u32, QT * MC>;
@@ -61,51 +76,45 @@ fn node_len(j: u32, tpn: u32) -> u32 {
     return min((j + 1u) * tpn, p.k_len) - j * tpn;
 }
 
-// Score of node j of level l >= 1 for query qi of the tile, summed over the GQ heads.
-fn score(qi: u32, row0: u32, l: u32, j: u32) -> f32 {
-    let d_n = p.head_dim;
-    let qb = qi * GQ * d_n;
-    var acc: array<f32, GQ>;
+// Stages element e (listed row r0 + e / DC, dim d0 + e % DC) of the rows to score, branch-free:
+// slot e*G + c is child c of entry e's node (`lse`), or the node itself (`mean`, `meanvar`).
+fn stage_r(e: u32, r0: u32, n_rows: u32, d0: u32, cur: u32, l: u32, row0: u32) {
+    let ri = r0 + e / DC;
+    let d = d0 + e % DC;
+    let ok = ri < n_rows && d < p.head_dim;
+    let slot = ra[select(0u, ri, ok)];
+    let c = cl[cur + slot / G];
+    let node = select(p.levels[l].x + c, p.levels[l - 1u].x + c * p.merge + slot % G, p.scoring == 0u);
+    let o = select(0u, (row0 + node) * p.head_dim + d, ok);
+    let v = select(0.0, means[o], ok);
+    let at = (e / DC) * (DC + 1u) + e % DC;
+    ms[at] = v;
+    if (MV != 0u) { vs[at] = select(0.0, max(sq[o] - v * v, 0.0), ok && p.scoring == 2u); }
+}
+
+// Score of entry e (node j of level l >= 1) from the row dots, summed over the GQ heads.
+fn score(e: u32, l: u32, j: u32) -> f32 {
     var total = 0.0;
     if (p.scoring == 0u) {
         let lc = p.levels[l - 1u];
-        var m: array<f32, GQ>;
-        var s: array<f32, GQ>;
-        for (var h = 0u; h < GQ; h++) { m[h] = NEG; s[h] = 0.0; }
         let c1 = min(j * p.merge + p.merge, lc.y);
-        for (var c = j * p.merge; c < c1; c++) {
-            let row = (row0 + lc.x + c) * d_n;
-            for (var h = 0u; h < GQ; h++) { acc[h] = 0.0; }
-            for (var d = 0u; d < d_n; d++) {
-                let x = means[row + d];
-                for (var h = 0u; h < GQ; h++) { acc[h] += qs[qb + h * d_n + d] * x; }
+        for (var h = 0u; h < GQ; h++) {
+            var m = NEG;
+            var s = 0.0;
+            for (var c = j * p.merge; c < c1; c++) {
+                let v = rd[(e * G + c - j * p.merge) * GQ4 + h / 4u][h % 4u] + log(f32(node_len(c, lc.w)));
+                let mn = max(m, v);
+                s = s * exp(m - mn) + exp(v - mn);
+                m = mn;
             }
-            let ln_n = log(f32(node_len(c, lc.w)));
-            for (var h = 0u; h < GQ; h++) {
-                let v = acc[h] + ln_n;
-                let mn = max(m[h], v);
-                s[h] = s[h] * exp(m[h] - mn) + exp(v - mn);
-                m[h] = mn;
-            }
+            total += m + log(s);
         }
-        for (var h = 0u; h < GQ; h++) { total += m[h] + log(s[h]); }
     } else {
-        let lv = p.levels[l];
-        let row = (row0 + lv.x + j) * d_n;
-        var v2: array<f32, GQ>;
-        for (var h = 0u; h < GQ; h++) { acc[h] = 0.0; v2[h] = 0.0; }
-        for (var d = 0u; d < d_n; d++) {
-            let x = means[row + d];
-            var var_d = 0.0;
-            if (p.scoring == 2u) { var_d = max(sq[row + d] - x * x, 0.0); }
-            for (var h = 0u; h < GQ; h++) {
-                let qv = qs[qb + h * d_n + d];
-                acc[h] += qv * x;
-                v2[h] += qv * qv * var_d;
-            }
+        let ln_n = log(f32(node_len(j, p.levels[l].w)));
+        for (var h = 0u; h < GQ; h++) {
+            total += rd[e * G * GQ4 + h / 4u][h % 4u] + ln_n;
+            if (p.scoring == 2u) { total += 0.5 * rv[e * GQ4 + h / 4u][h % 4u]; }
         }
-        let ln_n = log(f32(node_len(j, lv.w)));
-        for (var h = 0u; h < GQ; h++) { total += acc[h] + ln_n + 0.5 * v2[h]; }
     }
     return total;
 }
@@ -123,18 +132,21 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let row0 = bh * p.total_nodes;
     let k = p.top_k;
     let g = p.merge;
-    // Scaled queries of the tile, [QT][GQ][D].
-    for (var e = lid; e < QT * GQ * d_n; e += WG) {
-        let qi = e / (GQ * d_n);
-        let r = e % (GQ * d_n);
+    // Scaled queries of the tile, [Dp][QT][GQ4] vec4 (component h % 4), zero-padded.
+    let d_p = (d_n + DC - 1u) / DC * DC;
+    for (var e = lid; e < QT * GQ4 * 4u * d_p; e += WG) {
+        let r = e / d_p;
+        let d = e % d_p;
+        let qi = r / (GQ4 * 4u);
+        let hh = r % (GQ4 * 4u);
         let i = i0 + qi;
         var v = 0.0;
-        if (i < p.q_len) {
-            let hq = hkv * GQ + r / d_n;
-            v = p.scale * f32(q[b * p.q_sb + hq * p.q_sh + i * p.q_sn + r % d_n]);
+        if (hh < GQ && i < p.q_len && d < d_n) {
+            v = p.scale * f32(q[b * p.q_sb + (hkv * GQ + hh) * p.q_sh + i * p.q_sn + d]);
         }
-        qs[e] = v;
+        qs[(d * QT + qi) * GQ4 + hh / 4u][hh % 4u] = v;
     }
+    if (lid == 0u) { atomicStore(&nr, 0u); }
     // Start-level candidates: the complete-past nodes 0..n (the ancestor is implicit).
     let top = p.levels[p.start_level];
     if (lid < QT) {
@@ -163,11 +175,106 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         let lc = p.levels[l - 1u];
         let nxt = QT * MC - cur;
         workgroupBarrier();
-        // 1. score
+        // 1. score: list the rows, stage them, dot them with the group's heads, combine.
         for (var e = lid; e < QT * MC; e += WG) {
-            let qi = e / MC;
-            let n = nc[qi];
-            if (e % MC < n && n > k) { sc[e] = score(qi, row0, l, cl[cur + e]); }
+            let n = nc[e / MC];
+            if (e % MC < n && n > k) {
+                var rows = 1u;
+                if (p.scoring == 0u) {
+                    let j = cl[cur + e];
+                    rows = min(j * g + g, lc.y) - j * g;
+                }
+                let at = atomicAdd(&nr, rows);
+                for (var c = 0u; c < rows; c++) { ra[at + c] = e * G + c; }
+            }
+        }
+        let n_rows = workgroupUniformLoad(&nr);
+        for (var r0 = 0u; r0 < n_rows; r0 += WG) {
+            var a0 = vec4<f32>(0.0);
+            var a1 = vec4<f32>(0.0);
+            var a2 = vec4<f32>(0.0);
+            var a3 = vec4<f32>(0.0);
+            var b0 = vec4<f32>(0.0);
+            var b1 = vec4<f32>(0.0);
+            var b2 = vec4<f32>(0.0);
+            var b3 = vec4<f32>(0.0);
+            let my = r0 + lid;
+            var qi = 0u;
+            if (my < n_rows) { qi = (ra[my] / G) / MC; }
+            for (var d0 = 0u; d0 < d_p; d0 += DC) {
+                // Straight-line coalesced staging: all loads in flight together.
+                stage_r(lid + 0u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 64u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 128u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 192u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 256u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 320u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 384u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 448u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 512u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 576u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 640u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 704u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 768u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 832u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 896u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 960u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1024u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1088u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1152u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1216u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1280u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1344u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1408u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1472u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1536u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1600u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1664u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1728u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1792u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1856u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1920u, r0, n_rows, d0, cur, l, row0);
+                stage_r(lid + 1984u, r0, n_rows, d0, cur, l, row0);
+                workgroupBarrier();
+                let mr = lid * (DC + 1u);
+                for (var dd = 0u; dd < DC; dd++) {
+                    let x = ms[mr + dd];
+                    let o = ((d0 + dd) * QT + qi) * GQ4;
+                    let q0 = qs[o];
+                    a0 += q0 * x;
+                    if (GQ4 > 1u) { a1 += qs[o + 1u] * x; }
+                    if (GQ4 > 2u) { a2 += qs[o + 2u] * x; }
+                    if (GQ4 > 3u) { a3 += qs[o + 3u] * x; }
+                    if (MV != 0u) {
+                        let y = vs[mr + dd];
+                        b0 += q0 * q0 * y;
+                        if (GQ4 > 1u) { b1 += qs[o + 1u] * qs[o + 1u] * y; }
+                        if (GQ4 > 2u) { b2 += qs[o + 2u] * qs[o + 2u] * y; }
+                        if (GQ4 > 3u) { b3 += qs[o + 3u] * qs[o + 3u] * y; }
+                    }
+                }
+                workgroupBarrier();
+            }
+            if (my < n_rows) {
+                let slot = ra[my];
+                rd[slot * GQ4] = a0;
+                if (GQ4 > 1u) { rd[slot * GQ4 + 1u] = a1; }
+                if (GQ4 > 2u) { rd[slot * GQ4 + 2u] = a2; }
+                if (GQ4 > 3u) { rd[slot * GQ4 + 3u] = a3; }
+                if (MV != 0u) {
+                    let v = (slot / G) * GQ4;
+                    rv[v] = b0;
+                    if (GQ4 > 1u) { rv[v + 1u] = b1; }
+                    if (GQ4 > 2u) { rv[v + 2u] = b2; }
+                    if (GQ4 > 3u) { rv[v + 3u] = b3; }
+                }
+            }
+        }
+        workgroupBarrier();
+        if (lid == 0u) { atomicStore(&nr, 0u); }
+        for (var e = lid; e < QT * MC; e += WG) {
+            let n = nc[e / MC];
+            if (e % MC < n && n > k) { sc[e] = score(e, l, cl[cur + e]); }
         }
         workgroupBarrier();
         // 2. keep: rank < K under (higher score, then lower index)

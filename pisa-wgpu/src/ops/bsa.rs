@@ -16,12 +16,22 @@ pub const SHADER: ShaderSource = ShaderSource {
     wgsl: include_str!("../../../shaders/bsa.wgsl"),
 };
 
-/// Queries per BSA workgroup at most: each leaf mean read serves all of them.
-pub const BSA_TILE: usize = 8;
+/// Queries per BSA workgroup at most: each staged leaf mean serves all of them (the shader
+/// unrolls eight vec4 accumulators, so at most 32).
+pub const BSA_TILE: usize = 16;
 const WG: u32 = 64;
+const DC: u32 = 32;
 
+/// Vec4 slots of the query-sum buffer for a tile of `t` queries.
+fn q_slots(t: u32, d: u32) -> u32 {
+    t.div_ceil(4) * d.div_ceil(DC) * DC
+}
+
+/// Workgroup bytes of the BSA kernel for a tile of `t` queries and top_k `k`.
 fn wg_bytes(t: u32, d: u32, k: u32) -> u64 {
-    4 * (t * d + 4 * t * k + t + 2 * t * WG + t) as u64
+    let words =
+        4 * q_slots(t, d) + WG * (DC + 1) + 4 * WG * t.div_ceil(4) + 4 * t * k + 5 * t + 2 * t * WG;
+    4 * words as u64
 }
 
 /// Records BSA selection from the pyramid's leaf means and returns `[B, Hkv, Nq, K]` i32,
@@ -38,7 +48,7 @@ pub(crate) fn record(
     let t = fit_tile(ctx, "bsa", BSA_TILE, |t| wg_bytes(t, d, k))?;
     let len = plan.sched.selection_len(&plan.shape);
     let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
-    let consts = [("GQ", gq), ("QB", t), ("KS", k), ("QBUF", t * d)];
+    let consts = [("GQ", gq), ("QB", t), ("KS", k), ("QBUF", q_slots(t, d))];
     let pipe = ctx
         .pipelines
         .get(&ctx.device, &SHADER, "bsa", plan.storage, &consts, &[])?;

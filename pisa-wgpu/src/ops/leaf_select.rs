@@ -17,10 +17,28 @@ pub const SHADER: ShaderSource = ShaderSource {
 
 /// Invocations per workgroup (the shader's `WG`): key tokens per chunk.
 const WG: u32 = 64;
+/// Head dims staged per step (the shader's `DC`).
+const DC: u32 = 32;
+/// Most (query, head) pairs of a tile: the shader unrolls eight vec4 accumulators.
+const MAX_QG: u32 = 32;
 
-/// Workgroup bytes of stage 2 for a tile of `t` queries.
+/// Vec4 slots of the query buffer for `qg` (query, head) pairs: `ceil(qg/4) * D rounded to DC`.
+fn q_slots(qg: u32, d: u32) -> u32 {
+    qg.div_ceil(4) * d.div_ceil(DC) * DC
+}
+
+/// Workgroup bytes of stage 2 for a tile of `t` queries (see the shader's `var<workgroup>`s).
 fn wg_bytes(t: u32, gq: u32, d: u32, mc: u32) -> u64 {
-    4 * (t * gq * d + 4 * t * mc + t * mc * t + WG * t * gq + 2 * t * gq + t + 1) as u64
+    let qg = t * gq;
+    let words = 4 * q_slots(qg, d)
+        + WG * (DC + 1)
+        + 4 * WG * qg.div_ceil(4)
+        + 4 * t * mc
+        + t * mc * t
+        + 2 * qg
+        + t
+        + 1;
+    4 * words as u64
 }
 
 /// Records stage 2 over the candidates `cand` (`[B, Hkv, Nq, g*(K+1)]` from
@@ -40,12 +58,21 @@ pub(crate) fn record(
     prof: Option<&mut Profiler>,
 ) -> Result<GpuTensor> {
     let (gq, d, mc) = (plan.gq, plan.params.head_dim, plan.params.mc);
-    let t = fit_tile(ctx, "leaf_select", q_tile.max(1), |t| {
-        wg_bytes(t, gq, d, mc)
-    })?;
+    if gq > MAX_QG {
+        return Err(crate::GpuError::Unsupported(format!(
+            "PISA selection with {gq} query heads per KV head (at most {MAX_QG})"
+        )));
+    }
+    let max_tile = q_tile.clamp(1, (MAX_QG / gq) as usize);
+    let t = fit_tile(ctx, "leaf_select", max_tile, |t| wg_bytes(t, gq, d, mc))?;
     let len = plan.sched.selection_len(&plan.shape);
     let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
-    let consts = [("GQ", gq), ("QT", t), ("MC", mc), ("QBUF", t * gq * d)];
+    let consts = [
+        ("GQ", gq),
+        ("QT", t),
+        ("MC", mc),
+        ("QBUF", q_slots(t * gq, d)),
+    ];
     let pipe = ctx.pipelines.get(
         &ctx.device,
         &SHADER,

@@ -250,9 +250,8 @@ pub(crate) fn plan(
     })
 }
 
-/// The largest query tile `t <= max_tile` whose workgroup memory `bytes(t)` fits: first under
-/// 16 KiB (portable), else under the device limit. Errors with [`GpuError::Limit`] when even
-/// one query does not fit.
+/// The largest query tile `t <= max_tile` whose workgroup memory `bytes(t)` fits the device
+/// limit. Errors with [`GpuError::Limit`] when even one query does not fit.
 pub(crate) fn fit_tile(
     ctx: &Context,
     what: &str,
@@ -260,20 +259,15 @@ pub(crate) fn fit_tile(
     bytes: impl Fn(u32) -> u64,
 ) -> Result<u32> {
     let dev = ctx.limits().max_compute_workgroup_storage_size as u64;
-    for limit in [dev.min(16384), dev] {
-        if let Some(t) = (1..=max_tile.max(1) as u32)
-            .rev()
-            .find(|&t| bytes(t) <= limit)
-        {
-            return Ok(t);
-        }
-    }
-    Err(GpuError::Limit {
-        what: format!("workgroup memory of {what}"),
-        needed: bytes(1),
-        limit: dev,
-        hint: "use a smaller head dim, top_k, merge factor or GQA group",
-    })
+    (1..=max_tile.max(1) as u32)
+        .rev()
+        .find(|&t| bytes(t) <= dev)
+        .ok_or_else(|| GpuError::Limit {
+            what: format!("workgroup memory of {what}"),
+            needed: bytes(1),
+            limit: dev,
+            hint: "use a smaller head dim, top_k, merge factor or GQA group",
+        })
 }
 
 /// Records the selection `method` into `enc` and returns the indices tensor
