@@ -11,7 +11,7 @@ fn attend(bh: u32, qrow: u32, len: u32, lid: u32) {
     let total = KMAX * c_n;
     let part = lid / D4;
     let j4 = lid % D4;
-    let r_n = WG / GQ;
+    let r_n = min(WG / GQ, 32u);
     var acc: array<vec4<f32>, GQ>;
     var lacc: array<f32, GQ>;
     if (lid < GQ) { hm[lid] = NEG; }

@@ -275,3 +275,23 @@ fn errors_are_typed_and_leave_the_cache_unchanged() {
     let ok = c.step(&[1.0; 2 * 2 * 8], true).unwrap();
     assert_eq!(&ok.selection.unwrap()[2..], &[-1, -1]);
 }
+
+#[test]
+fn head_dim_must_be_a_multiple_of_4() {
+    let e = KvCache::new(
+        ctx(),
+        1,
+        8,
+        1,
+        1,
+        6,
+        cfg(4, 2, 2, Scoring::Lse),
+        Storage::F32,
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert!(
+        matches!(e, GpuError::Input(PisaError::HeadDim { head_dim: 6, .. })),
+        "{e}"
+    );
+}

@@ -4,16 +4,24 @@
 //! `shaders/decode_attend.wgsl` (the step, one module) and `shaders/decode_append.wgsl` (the
 //! append and the prefill copy).
 //!
-//! Design: one workgroup per (sequence, KV head) handles the g_q query heads of its group
-//! together (they share every loaded pyramid row and key): it routes through the levels
-//! (candidates of a level scored in parallel, one invocation per (candidate, child); the
-//! top-K cut by ranks), scores the leaf candidates by exact LSE (several invocations per
-//! leaf, partial LSEs merged), keeps the best K next to the forced leaves, then attends over
-//! them with the online softmax (scores of a chunk of keys, per-head max, exponentials, then
-//! P.V with invocations owning output dimensions). Lengths live in a storage buffer, so
-//! sequences of different lengths share the dispatch. The semantics are those of
-//! `pisa_core::reference::select_pisa` at position `len - 1` (causal, ancestor never scored,
-//! ties: higher score then lower index) and of `reference::DecodeState::step`.
+//! Design: one workgroup (256 invocations) per (sequence, KV head) handles the g_q query heads
+//! of its group together: every dot product is one invocation's unrolled loop over the D/4
+//! vec4s of a pyramid row or key (D is a pipeline constant), against the group's queries held
+//! in workgroup memory, so one loaded row serves all g_q heads. It routes through the levels
+//! (one invocation per (candidate, child) for `lse`, per candidate for `mean`/`meanvar`; the
+//! top-K cut by ranks, ties to the lower index), scores the leaf candidates by exact LSE
+//! (`WG / (g(K+1))` invocations per leaf, partial LSEs merged), keeps the best next to the
+//! forced leaves, then attends with the online softmax: scores of a chunk of keys (all K*C
+//! when workgroup memory allows), per-head max, exponentials, then P.V with invocations owning
+//! one output vec4 of every head for a subset of the keys, merged at the end. f32 arithmetic
+//! throughout. Lengths live in a storage buffer, so sequences of different lengths share the
+//! dispatch. The semantics are those of `pisa_core::reference::select_pisa` at position
+//! `len - 1` (causal, ancestor never scored, a level with <= K candidates keeps all; ties:
+//! higher score then lower index) and of `reference::DecodeState::step`.
+//!
+//! Requirements: D a multiple of 4 (at most 1024), g_q at most 256, the device's 9 storage
+//! buffers per stage and the workgroup memory [`KvCache::workgroup_memory`] reports (about
+//! 20 KiB for g_q = 4, D = 128, K = 16, C = 64).
 
 mod plan;
 
@@ -101,8 +109,9 @@ impl<'c> KvCache<'c> {
     /// [`PisaError::TooLarge`] when an index would not fit u32 (cache elements, pyramid
     /// elements, `capacity * g`); [`GpuError::Limit`] when K/V or the pyramid exceeds the
     /// device's storage-binding limit, or the step's workgroup memory its limit;
-    /// [`GpuError::Unsupported`] for f16 without SHADER_F16 or a device with fewer than 9
-    /// storage buffers per stage.
+    /// [`PisaError::HeadDim`] for D not a multiple of 4 (or above 1024);
+    /// [`GpuError::Unsupported`] for f16 without SHADER_F16, a device with fewer than 9
+    /// storage buffers per stage, or g_q above the workgroup size.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         ctx: &'c Context,
