@@ -5,11 +5,15 @@
 // a head chunk times QT consecutive queries (row r: query r / GH, head r % GH; rows past
 // GH * QT are padding). Every key tile (KT keys) is loaded once into workgroup memory and
 // serves every row, with the online softmax (running max, running sum, f32 accumulators):
-//   1. K tile -> kv_sh;                                                 barrier
-//   2. S phase: thread (row srow, split scol) scores keys scol + j*SPLIT; tile max -> red_sh; barrier
-//   3. row max, P = exp2(s - m) -> p_sh, rescale factor -> alpha_sh; V tile -> kv_sh; barrier
-//   4. PV phase: thread (row group rg, column c) updates RM rows x one vec4 of O;       barrier
-// Scores are in log2 units (Q is pre-multiplied by scale * log2(e)); LSE = ln2 * (m + log2 l).
+//   1. K tile -> kv_sh;                                                              barrier
+//   2. S phase: thread (row srow, split scol) scores groups of 4 keys (scol + j*SPLIT,
+//      j = 0..3, per group of KG = 4*SPLIT keys) into p_sh; its max -> red_sh;       barrier
+//   3. row max; P = exp2(s - m) in place in p_sh; rescale factor -> alpha_sh;
+//      V tile -> kv_sh;                                                              barrier
+//   4. PV phase: thread (row group rg, column c) updates RM rows x one vec4 of O;    barrier
+// Accumulators are vectors and matrices, never dynamically indexed arrays, so they stay in
+// registers. Scores are in log2 units (Q is pre-multiplied by scale * log2(e));
+// LSE = ln2 * (m + log2 l).
 // Sparse: the tile's queries' selections are merged (ascending union, a bit mask of the queries
 // that chose each block) and each selected block is walked in KT-key tiles; rows whose query
 // did not choose a block are masked (and skip their work). Dense: every visible KT-key tile.
@@ -20,18 +24,20 @@
 alias store_t = f32;
 
 const HD4: u32 = 32u;  // head dim / 4
-const RM: u32 = 4u;    // rows per thread in the PV phase (divides HD4 and RP)
+const RM: u32 = 4u;    // rows per thread in the PV phase: 4 or 8 (divides HD4)
 const RP: u32 = 16u;   // rows per workgroup (GH * QT rounded up to a multiple of RM)
-const KT: u32 = 32u;   // keys per tile
+const KT: u32 = 32u;   // keys per tile (a multiple of KG, or below KG: some S threads idle)
 const QT: u32 = 4u;    // queries per workgroup (<= 32)
 const SELK: u32 = 16u; // top_k (sparse; 1 for dense)
 
 const ROW4: u32 = HD4 + 1u;        // padded workgroup row stride, vec4 (bank spread)
 const WG: u32 = HD4 * (RP / RM);   // invocations
 const SPLIT: u32 = HD4 / RM;       // S-phase threads per row (= WG / RP)
-const KM: u32 = (KT + SPLIT - 1u) / SPLIT; // keys per S-phase thread
+const KG: u32 = 4u * SPLIT;        // keys per S-phase group
+const NG: u32 = (KT + KG - 1u) / KG; // groups per tile
+const RP4: u32 = RP / 4u;
 const MAXU: u32 = QT * SELK;
-const NEG: f32 = -1.0e30;          // "no score yet" (finite: no reliance on infinities)
+const NEG: f32 = -1.0e30;          // "no score" (finite: no reliance on infinities)
 
 struct Params {
     q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
@@ -52,18 +58,19 @@ struct Params {
 
 var<workgroup> q_sh: array<vec4<f32>, RP * ROW4>;
 var<workgroup> kv_sh: array<vec4<f32>, KT * ROW4>;
-var<workgroup> p_sh: array<f32, KT * RP>;   // P[key][row]
+var<workgroup> p_sh: array<vec4<f32>, KT * RP4>; // P[key][row], rows packed by 4
 var<workgroup> red_sh: array<f32, WG>;
-var<workgroup> alpha_sh: array<f32, RP>;
+var<workgroup> alpha_sh: array<vec4<f32>, RP4>;
 var<workgroup> sel_sh: array<i32, MAXU>;
 var<workgroup> ublk: array<u32, MAXU>;
 var<workgroup> umask: array<u32, MAXU>;
 var<workgroup> ucount: u32;
 
 // Per-invocation state.
-var<private> acc: array<vec4<f32>, RM>; // PV rows rg*RM + j, column c
-var<private> m_run: f32;                // running max of the S-phase row (log2 units)
-var<private> l_run: f32;                // running sum over this thread's share of keys
+var<private> acc0: mat4x4<f32>; // PV rows rg*RM + j (column j), vec4 column c of O
+var<private> acc1: mat4x4<f32>; // rows rg*RM + 4 + j when RM == 8
+var<private> m_run: f32;        // running max of the S-phase row (log2 units)
+var<private> l_run: f32;        // running sum over this thread's share of keys
 var<private> lid: u32;
 var<private> b: u32;
 var<private> kvh: u32;
@@ -98,7 +105,8 @@ fn setup(id: u32, qt: u32) {
         }
         q_sh[r * ROW4 + c] = val;
     }
-    for (var j = 0u; j < RM; j++) { acc[j] = vec4<f32>(0.0); }
+    acc0 = mat4x4<f32>();
+    acc1 = mat4x4<f32>();
     m_run = NEG;
     l_run = 0.0;
 }
@@ -120,49 +128,90 @@ fn load_tile(from_v: bool, t0: u32, tcount: u32) {
     }
 }
 
+fn key_ok(row_on: bool, kk: u32, t0: u32, tcount: u32, pos: u32) -> bool {
+    let t = t0 + kk;
+    return row_on && kk < KT && kk < tcount && t < p.k_len && (p.causal == 0u || t <= pos);
+}
+
+fn set_p(kk: u32, r: u32, x: f32) {
+    p_sh[kk * RP4 + r / 4u][r % 4u] = x;
+}
+
+fn get_p(kk: u32, r: u32) -> f32 {
+    return p_sh[kk * RP4 + r / 4u][r % 4u];
+}
+
+// acc + outer(vv, pv): column j (row j of O) gains pv[j] * vv.
+fn pv_update(acc: mat4x4<f32>, pv: vec4<f32>, vv: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(acc[0] + pv.x * vv, acc[1] + pv.y * vv, acc[2] + pv.z * vv,
+                       acc[3] + pv.w * vv);
+}
+
+fn scale_cols(acc: mat4x4<f32>, a: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(acc[0] * a.x, acc[1] * a.y, acc[2] * a.z, acc[3] * a.w);
+}
+
 // One tile of keys t0 .. t0 + tcount (tcount <= KT) for the rows whose query bit is in `mask`.
 // Must be called in uniform control flow.
 fn process_tile(t0: u32, tcount: u32, mask: u32) {
     load_tile(false, t0, tcount);
     workgroupBarrier();
-    // S phase.
+    // S phase: raw scores of 4 keys at a time into p_sh, and their max.
     let srow = lid / SPLIT;
     let scol = lid % SPLIT;
     let sq = srow / p.gh;
     let row_on = row_valid(srow) && ((mask >> sq) & 1u) != 0u;
     let pos = p.k_len - p.q_len + i0 + sq;
-    var s: array<f32, KM>;
-    for (var j = 0u; j < KM; j++) { s[j] = 0.0; }
-    if (row_on) {
-        for (var c = 0u; c < HD4; c++) {
-            let qv = q_sh[srow * ROW4 + c];
-            for (var j = 0u; j < KM; j++) {
-                let kk = min(scol + j * SPLIT, KT - 1u);
-                s[j] += dot(qv, kv_sh[kk * ROW4 + c]);
+    var tmax = NEG;
+    for (var g = 0u; g < NG; g++) {
+        let k0 = g * KG + scol;
+        let k1 = k0 + SPLIT;
+        let k2 = k0 + 2u * SPLIT;
+        let k3 = k0 + 3u * SPLIT;
+        var s4 = vec4<f32>(0.0);
+        if (row_on) {
+            let qa = srow * ROW4;
+            let ka0 = min(k0, KT - 1u) * ROW4;
+            let ka1 = min(k1, KT - 1u) * ROW4;
+            let ka2 = min(k2, KT - 1u) * ROW4;
+            let ka3 = min(k3, KT - 1u) * ROW4;
+            for (var c = 0u; c < HD4; c++) {
+                let qv = q_sh[qa + c];
+                s4 += vec4<f32>(dot(qv, kv_sh[ka0 + c]), dot(qv, kv_sh[ka1 + c]),
+                                dot(qv, kv_sh[ka2 + c]), dot(qv, kv_sh[ka3 + c]));
             }
         }
-    }
-    var tmax = NEG;
-    for (var j = 0u; j < KM; j++) {
-        let kk = scol + j * SPLIT;
-        let t = t0 + kk;
-        let ok = row_on && kk < tcount && t < p.k_len && (p.causal == 0u || t <= pos);
-        if (!ok) { s[j] = NEG; } else { tmax = max(tmax, s[j]); }
+        let ok = vec4<bool>(key_ok(row_on, k0, t0, tcount, pos),
+                            key_ok(row_on, k1, t0, tcount, pos),
+                            key_ok(row_on, k2, t0, tcount, pos),
+                            key_ok(row_on, k3, t0, tcount, pos));
+        s4 = select(vec4<f32>(NEG), s4, ok);
+        tmax = max(tmax, max(max(s4.x, s4.y), max(s4.z, s4.w)));
+        if (k0 < KT) { set_p(k0, srow, s4.x); }
+        if (k1 < KT) { set_p(k1, srow, s4.y); }
+        if (k2 < KT) { set_p(k2, srow, s4.z); }
+        if (k3 < KT) { set_p(k3, srow, s4.w); }
     }
     red_sh[lid] = tmax;
     workgroupBarrier();
     var rmax = m_run;
     for (var x = 0u; x < SPLIT; x++) { rmax = max(rmax, red_sh[srow * SPLIT + x]); }
     let alpha = exp2(m_run - rmax);
-    l_run *= alpha;
-    for (var j = 0u; j < KM; j++) {
-        let kk = scol + j * SPLIT;
-        let pj = select(0.0, exp2(s[j] - rmax), s[j] > NEG);
-        l_run += pj;
-        if (kk < KT) { p_sh[kk * RP + srow] = pj; }
+    var lsum = 0.0;
+    for (var g = 0u; g < NG; g++) {
+        for (var j = 0u; j < 4u; j++) {
+            let kk = g * KG + scol + j * SPLIT;
+            if (kk < KT) {
+                let sj = get_p(kk, srow);
+                let pj = select(0.0, exp2(sj - rmax), sj > NEG);
+                lsum += pj;
+                set_p(kk, srow, pj);
+            }
+        }
     }
+    l_run = l_run * alpha + lsum;
     m_run = rmax;
-    if (scol == 0u) { alpha_sh[srow] = alpha; }
+    if (scol == 0u) { alpha_sh[srow / 4u][srow % 4u] = alpha; }
     load_tile(true, t0, tcount);
     workgroupBarrier();
     // PV phase (skipped when none of this thread's rows chose the block).
@@ -171,13 +220,29 @@ fn process_tile(t0: u32, tcount: u32, mask: u32) {
     var any_on = false;
     for (var j = 0u; j < RM; j++) { any_on = any_on || ((mask >> ((r0 + j) / p.gh)) & 1u) != 0u; }
     if (any_on) {
-        for (var j = 0u; j < RM; j++) { acc[j] *= alpha_sh[r0 + j]; }
+        let g0 = r0 / 4u;
+        var a0 = scale_cols(acc0, alpha_sh[g0]);
+        var a1 = acc1;
+        if (RM == 8u) { a1 = scale_cols(acc1, alpha_sh[g0 + 1u]); }
         for (var kk = 0u; kk < KT; kk++) {
             let vv = kv_sh[kk * ROW4 + c];
-            for (var j = 0u; j < RM; j++) { acc[j] += p_sh[kk * RP + r0 + j] * vv; }
+            a0 = pv_update(a0, p_sh[kk * RP4 + g0], vv);
+            if (RM == 8u) { a1 = pv_update(a1, p_sh[kk * RP4 + g0 + 1u], vv); }
         }
+        acc0 = a0;
+        acc1 = a1;
     }
     workgroupBarrier();
+}
+
+fn write_row(r: u32, c: u32, x: vec4<f32>) {
+    if (row_valid(r)) {
+        let l = alpha_sh[r / 4u][r % 4u];
+        var val = vec4<f32>(0.0);
+        if (l > 0.0) { val = x / l; }
+        let at = b * p.q_sb + (hq0 + r % p.gh) * p.q_sh + (i0 + r / p.gh) * p.q_sn + c;
+        o[at] = vec4<store_t>(val);
+    }
 }
 
 // Reduces the running sums, writes O = acc / l and LSE (zeros and -inf for an empty row).
@@ -188,7 +253,7 @@ fn finish() {
     if (lid % SPLIT == 0u) {
         var l = 0.0;
         for (var x = 0u; x < SPLIT; x++) { l += red_sh[srow * SPLIT + x]; }
-        alpha_sh[srow] = l;
+        alpha_sh[srow / 4u][srow % 4u] = l;
         if (row_valid(srow)) {
             let i = i0 + srow / p.gh;
             let hq = hq0 + srow % p.gh;
@@ -200,15 +265,15 @@ fn finish() {
     workgroupBarrier();
     let c = lid % HD4;
     let r0 = (lid / HD4) * RM;
-    for (var j = 0u; j < RM; j++) {
-        let r = r0 + j;
-        if (row_valid(r)) {
-            let l = alpha_sh[r];
-            var val = vec4<f32>(0.0);
-            if (l > 0.0) { val = acc[j] / l; }
-            let at = b * p.q_sb + (hq0 + r % p.gh) * p.q_sh + (i0 + r / p.gh) * p.q_sn + c;
-            o[at] = vec4<store_t>(val);
-        }
+    write_row(r0, c, acc0[0]);
+    write_row(r0 + 1u, c, acc0[1]);
+    write_row(r0 + 2u, c, acc0[2]);
+    write_row(r0 + 3u, c, acc0[3]);
+    if (RM == 8u) {
+        write_row(r0 + 4u, c, acc1[0]);
+        write_row(r0 + 5u, c, acc1[1]);
+        write_row(r0 + 6u, c, acc1[2]);
+        write_row(r0 + 7u, c, acc1[3]);
     }
 }
 

@@ -151,11 +151,19 @@ fn forced_tilings_match_reference() {
         up(&x.v),
         ctx.upload_u32("sel", &sel).unwrap(),
     );
-    for (gh, qtile, ktile) in [(1, 1, 4), (2, 3, 5), (3, 8, 16), (1, 32, 7), (3, 2, 128)] {
+    for (gh, qtile, ktile, rm) in [
+        (1, 1, 4, 0),
+        (2, 3, 5, 8),
+        (3, 8, 16, 0),
+        (1, 32, 7, 8),
+        (3, 2, 128, 8),
+        (2, 4, 64, 4),
+    ] {
         let tiling = Tiling {
             head_chunk: gh,
             query_tile: qtile,
             key_tile: ktile,
+            rows_per_thread: rm,
         };
         for sparse in [true, false] {
             let kind = if sparse {

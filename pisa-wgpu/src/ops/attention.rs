@@ -34,7 +34,7 @@ pub const SHADER: ShaderSource = ShaderSource {
 };
 
 /// Head dims the kernels accept (the tested ones are 64, 80, 96, 128 and 256).
-pub const SUPPORTED_HEAD_DIMS: &str = "multiples of 4 from 4 to 256";
+pub const SUPPORTED_HEAD_DIMS: &str = "multiples of 16 from 16 to 256";
 
 /// Layouts of Q (and of the output O), K and V.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -127,7 +127,7 @@ pub(crate) fn validate(
     kind: &AttentionKind<'_>,
 ) -> Result<()> {
     let d = shape.head_dim;
-    if !d.is_multiple_of(4) || d > 256 {
+    if !d.is_multiple_of(16) || d > 256 {
         return Err(PisaError::HeadDim {
             head_dim: d,
             supported: SUPPORTED_HEAD_DIMS,

@@ -17,9 +17,13 @@ pub struct Tiling {
     /// QT: consecutive queries per workgroup; 1..=32. Sparse: their selections are merged and a
     /// block serves every query of the tile that chose it.
     pub query_tile: usize,
-    /// KT: keys per workgroup-memory tile, 1..=128. Sparse: a leaf block of C keys is walked in
-    /// `ceil(C / KT)` tiles.
+    /// KT: keys per workgroup-memory tile, 1..=128; above the kernel's key group D / RM (32 for
+    /// D = 128 and RM = 4) it is rounded up to a multiple of it. Sparse: a leaf block of C keys is
+    /// walked in `ceil(C / KT)` tiles.
     pub key_tile: usize,
+    /// RM: query rows each invocation accumulates, 4 or 8; 0 picks 4 unless that needs more
+    /// than 256 invocations.
+    pub rows_per_thread: usize,
 }
 
 /// Shader constants of one pipeline variant (see `shaders/attention.wgsl`).
@@ -62,26 +66,31 @@ const MAX_WG: u32 = 256;
 
 impl Tiling {
     /// The default tiling: sparse (`top_k` given) GH = min(g_q, 8), QT = 4 (the paper's Qtile),
-    /// KT = min(C, 32); dense GH = min(g_q, 8), QT = 32 / GH, KT = 32.
+    /// KT = min(C, 64); dense GH = min(g_q, 8), QT = min(64 / GH, 32), KT = 32 (64 rows per
+    /// workgroup: each loaded key serves them all).
     pub fn default_for(group: usize, sparse_block: Option<usize>) -> Self {
         let gh = group.clamp(1, 8);
         match sparse_block {
             Some(c) => Self {
                 head_chunk: gh,
                 query_tile: 4,
-                key_tile: c.clamp(1, 32),
+                key_tile: c.clamp(1, 64),
+                rows_per_thread: 0,
             },
             None => Self {
                 head_chunk: gh,
-                query_tile: (32 / gh).max(1),
+                query_tile: (64 / gh).clamp(1, 32),
                 key_tile: 32,
+                rows_per_thread: 0,
             },
         }
     }
 
-    /// The shader variant of this tiling for head dim `head_dim` (a multiple of 4), GQA group
+    /// The shader variant of this tiling for head dim `head_dim` (a multiple of 16), GQA group
     /// `group` and `top_k` (1 for dense), or `None` when no thread layout fits the invocation
-    /// limit.
+    /// limit. Rows per PV thread (RM) are 4, or 8 when 4 would need more than 256 invocations
+    /// (or `rows_per_thread` asks for 8); KT is rounded up to a multiple of the S-phase key
+    /// group KG = D / RM (a smaller KT leaves some S-phase invocations idle).
     pub(crate) fn variant(
         &self,
         ctx: &Context,
@@ -92,19 +101,26 @@ impl Tiling {
         let hd4 = (head_dim / 4) as u32;
         let gh = self.head_chunk.clamp(1, 32).min(group) as u32;
         let qt = self.query_tile.clamp(1, 32) as u32;
-        let kt = self.key_tile.clamp(1, 128) as u32;
         let rows = gh * qt;
         let l = ctx.limits();
         let wg_max = MAX_WG
             .min(l.max_compute_invocations_per_workgroup)
             .min(l.max_compute_workgroup_size_x);
-        let divisors = (1..=16u32).filter(|d| hd4.is_multiple_of(*d));
         let wg_of = |rm: u32| hd4 * rows.div_ceil(rm);
-        // Smallest rows-per-thread giving <= 128 invocations, else the one closest under wg_max.
-        let rm = divisors
-            .clone()
-            .find(|&rm| wg_of(rm) <= 128)
-            .or_else(|| divisors.rev().find(|&rm| wg_of(rm) <= wg_max))?;
+        let ok = |rm: u32| hd4.is_multiple_of(rm) && wg_of(rm) <= wg_max;
+        let rm = match self.rows_per_thread {
+            8 if ok(8) => 8,
+            _ if ok(4) => 4,
+            _ if ok(8) => 8,
+            _ => return None,
+        };
+        let kg = 4 * hd4 / rm;
+        let want = self.key_tile.clamp(1, 128) as u32;
+        let kt = if want >= kg {
+            want.div_ceil(kg) * kg
+        } else {
+            want
+        };
         Some(Variant {
             hd4,
             rm,
@@ -117,9 +133,9 @@ impl Tiling {
         })
     }
 
-    /// This tiling if it fits the device, else the nearest smaller one: KT halves down to 8,
-    /// then QT, then GH halve. Errors with [`GpuError::Limit`] when even GH = QT = 1, KT = 4
-    /// does not fit the workgroup memory (head dims up to 256 always fit 16 KiB).
+    /// This tiling if it fits the device, else the nearest smaller one: KT halves down to 1,
+    /// then QT, then GH halve. Errors with [`GpuError::Limit`] when even GH = QT = KT = 1
+    /// does not fit the workgroup memory.
     pub(crate) fn fit(
         mut self,
         ctx: &Context,
@@ -134,14 +150,12 @@ impl Tiling {
                     return Ok((self, v));
                 }
             }
-            if self.key_tile > 8 {
+            if self.key_tile > 1 {
                 self.key_tile /= 2;
             } else if self.query_tile > 1 {
                 self.query_tile /= 2;
             } else if self.head_chunk > 1 {
                 self.head_chunk /= 2;
-            } else if self.key_tile > 4 {
-                self.key_tile = 4;
             } else {
                 let need = self
                     .variant(ctx, head_dim, group, top_k)
