@@ -5,8 +5,8 @@
 // One workgroup per (b, KV head, tile of QB consecutive queries). The leaves are scanned in
 // chunks of WG: the chunk's mean rows are staged DC dims at a time into workgroup memory with
 // coalesced reads, then each invocation scores one leaf against every query of the tile (query
-// sums held [D][QB4] as vec4, accumulators unrolled by hand). Each query keeps a running top list in workgroup memory, sorted best first
-// (position = rank). A scored leaf that beats the list's worst entry (or any leaf while the list
+// sums held [D][QB4] as vec4, accumulators unrolled by hand). Each query keeps a running top
+// list in workgroup memory, sorted best first (position = rank). A scored leaf that beats the list's worst entry (or any leaf while the list
 // is not full) joins the query's survivors (atomic append); after each chunk the list and the
 // survivors are merged by rank (rank = number strictly better: higher score, then lower index),
 // which is deterministic whatever the append order. The row is written ascending: forced + kept,
@@ -95,6 +95,13 @@ fn stage_m(e: u32, c0: u32, d0: u32, pmax: u32, row0: u32) {
     ms[(e / DC) * (DC + 1u) + e % DC] = select(0.0, means[select(0u, row0 + jj * p.head_dim + d, ok)], ok);
 }
 
+fn stage_m4(e: u32, c0: u32, d0: u32, pmax: u32, row0: u32) {
+    stage_m(e + 0u, c0, d0, pmax, row0);
+    stage_m(e + 64u, c0, d0, pmax, row0);
+    stage_m(e + 128u, c0, d0, pmax, row0);
+    stage_m(e + 192u, c0, d0, pmax, row0);
+}
+
 @compute @workgroup_size(WG)
 fn bsa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
@@ -145,38 +152,10 @@ fn bsa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var a7 = vec4<f32>(0.0);
         for (var d0 = 0u; d0 < d_p; d0 += DC) {
             // Straight-line coalesced staging: all loads in flight together.
-            stage_m(lid + 0u, c0, d0, pmax, row0);
-            stage_m(lid + 64u, c0, d0, pmax, row0);
-            stage_m(lid + 128u, c0, d0, pmax, row0);
-            stage_m(lid + 192u, c0, d0, pmax, row0);
-            stage_m(lid + 256u, c0, d0, pmax, row0);
-            stage_m(lid + 320u, c0, d0, pmax, row0);
-            stage_m(lid + 384u, c0, d0, pmax, row0);
-            stage_m(lid + 448u, c0, d0, pmax, row0);
-            stage_m(lid + 512u, c0, d0, pmax, row0);
-            stage_m(lid + 576u, c0, d0, pmax, row0);
-            stage_m(lid + 640u, c0, d0, pmax, row0);
-            stage_m(lid + 704u, c0, d0, pmax, row0);
-            stage_m(lid + 768u, c0, d0, pmax, row0);
-            stage_m(lid + 832u, c0, d0, pmax, row0);
-            stage_m(lid + 896u, c0, d0, pmax, row0);
-            stage_m(lid + 960u, c0, d0, pmax, row0);
-            stage_m(lid + 1024u, c0, d0, pmax, row0);
-            stage_m(lid + 1088u, c0, d0, pmax, row0);
-            stage_m(lid + 1152u, c0, d0, pmax, row0);
-            stage_m(lid + 1216u, c0, d0, pmax, row0);
-            stage_m(lid + 1280u, c0, d0, pmax, row0);
-            stage_m(lid + 1344u, c0, d0, pmax, row0);
-            stage_m(lid + 1408u, c0, d0, pmax, row0);
-            stage_m(lid + 1472u, c0, d0, pmax, row0);
-            stage_m(lid + 1536u, c0, d0, pmax, row0);
-            stage_m(lid + 1600u, c0, d0, pmax, row0);
-            stage_m(lid + 1664u, c0, d0, pmax, row0);
-            stage_m(lid + 1728u, c0, d0, pmax, row0);
-            stage_m(lid + 1792u, c0, d0, pmax, row0);
-            stage_m(lid + 1856u, c0, d0, pmax, row0);
-            stage_m(lid + 1920u, c0, d0, pmax, row0);
-            stage_m(lid + 1984u, c0, d0, pmax, row0);
+            stage_m4(lid + 0u, c0, d0, pmax, row0); stage_m4(lid + 256u, c0, d0, pmax, row0);
+            stage_m4(lid + 512u, c0, d0, pmax, row0); stage_m4(lid + 768u, c0, d0, pmax, row0);
+            stage_m4(lid + 1024u, c0, d0, pmax, row0); stage_m4(lid + 1280u, c0, d0, pmax, row0);
+            stage_m4(lid + 1536u, c0, d0, pmax, row0); stage_m4(lid + 1792u, c0, d0, pmax, row0);
             workgroupBarrier();
             let mr = lid * (DC + 1u);
             for (var dd = 0u; dd < DC; dd++) {

@@ -97,6 +97,13 @@ fn stage_k(e: u32, leaf: u32, t0: u32, d0: u32) {
     ks[(e / DC) * (DC + 1u) + e % DC] = select(0.0, f32(k[i]), ok);
 }
 
+fn stage_k4(e: u32, leaf: u32, t0: u32, d0: u32) {
+    stage_k(e + 0u, leaf, t0, d0);
+    stage_k(e + 64u, leaf, t0, d0);
+    stage_k(e + 128u, leaf, t0, d0);
+    stage_k(e + 192u, leaf, t0, d0);
+}
+
 @compute @workgroup_size(WG)
 fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -197,38 +204,10 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             for (var d0 = 0u; d0 < d_p; d0 += DC) {
                 // Stage WG tokens x DC dims, coalesced (consecutive invocations, consecutive d),
                 // straight-line so that all loads are in flight together.
-                stage_k(lid + 0u, leaf, t0, d0);
-                stage_k(lid + 64u, leaf, t0, d0);
-                stage_k(lid + 128u, leaf, t0, d0);
-                stage_k(lid + 192u, leaf, t0, d0);
-                stage_k(lid + 256u, leaf, t0, d0);
-                stage_k(lid + 320u, leaf, t0, d0);
-                stage_k(lid + 384u, leaf, t0, d0);
-                stage_k(lid + 448u, leaf, t0, d0);
-                stage_k(lid + 512u, leaf, t0, d0);
-                stage_k(lid + 576u, leaf, t0, d0);
-                stage_k(lid + 640u, leaf, t0, d0);
-                stage_k(lid + 704u, leaf, t0, d0);
-                stage_k(lid + 768u, leaf, t0, d0);
-                stage_k(lid + 832u, leaf, t0, d0);
-                stage_k(lid + 896u, leaf, t0, d0);
-                stage_k(lid + 960u, leaf, t0, d0);
-                stage_k(lid + 1024u, leaf, t0, d0);
-                stage_k(lid + 1088u, leaf, t0, d0);
-                stage_k(lid + 1152u, leaf, t0, d0);
-                stage_k(lid + 1216u, leaf, t0, d0);
-                stage_k(lid + 1280u, leaf, t0, d0);
-                stage_k(lid + 1344u, leaf, t0, d0);
-                stage_k(lid + 1408u, leaf, t0, d0);
-                stage_k(lid + 1472u, leaf, t0, d0);
-                stage_k(lid + 1536u, leaf, t0, d0);
-                stage_k(lid + 1600u, leaf, t0, d0);
-                stage_k(lid + 1664u, leaf, t0, d0);
-                stage_k(lid + 1728u, leaf, t0, d0);
-                stage_k(lid + 1792u, leaf, t0, d0);
-                stage_k(lid + 1856u, leaf, t0, d0);
-                stage_k(lid + 1920u, leaf, t0, d0);
-                stage_k(lid + 1984u, leaf, t0, d0);
+                stage_k4(lid + 0u, leaf, t0, d0); stage_k4(lid + 256u, leaf, t0, d0);
+                stage_k4(lid + 512u, leaf, t0, d0); stage_k4(lid + 768u, leaf, t0, d0);
+                stage_k4(lid + 1024u, leaf, t0, d0); stage_k4(lid + 1280u, leaf, t0, d0);
+                stage_k4(lid + 1536u, leaf, t0, d0); stage_k4(lid + 1792u, leaf, t0, d0);
                 workgroupBarrier();
                 let kr = lid * (DC + 1u);
                 for (var dd = 0u; dd < DC; dd++) {

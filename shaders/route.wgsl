@@ -92,6 +92,13 @@ fn stage_r(e: u32, r0: u32, n_rows: u32, d0: u32, cur: u32, l: u32, row0: u32) {
     if (MV != 0u) { vs[at] = select(0.0, max(sq[o] - v * v, 0.0), ok && p.scoring == 2u); }
 }
 
+fn stage_r4(e: u32, r0: u32, n_rows: u32, d0: u32, cur: u32, l: u32, row0: u32) {
+    stage_r(e + 0u, r0, n_rows, d0, cur, l, row0);
+    stage_r(e + 64u, r0, n_rows, d0, cur, l, row0);
+    stage_r(e + 128u, r0, n_rows, d0, cur, l, row0);
+    stage_r(e + 192u, r0, n_rows, d0, cur, l, row0);
+}
+
 // Score of entry e (node j of level l >= 1) from the row dots, summed over the GQ heads.
 fn score(e: u32, l: u32, j: u32) -> f32 {
     var total = 0.0;
@@ -203,38 +210,10 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             if (my < n_rows) { qi = (ra[my] / G) / MC; }
             for (var d0 = 0u; d0 < d_p; d0 += DC) {
                 // Straight-line coalesced staging: all loads in flight together.
-                stage_r(lid + 0u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 64u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 128u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 192u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 256u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 320u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 384u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 448u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 512u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 576u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 640u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 704u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 768u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 832u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 896u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 960u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1024u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1088u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1152u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1216u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1280u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1344u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1408u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1472u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1536u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1600u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1664u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1728u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1792u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1856u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1920u, r0, n_rows, d0, cur, l, row0);
-                stage_r(lid + 1984u, r0, n_rows, d0, cur, l, row0);
+                stage_r4(lid + 0u, r0, n_rows, d0, cur, l, row0); stage_r4(lid + 256u, r0, n_rows, d0, cur, l, row0);
+                stage_r4(lid + 512u, r0, n_rows, d0, cur, l, row0); stage_r4(lid + 768u, r0, n_rows, d0, cur, l, row0);
+                stage_r4(lid + 1024u, r0, n_rows, d0, cur, l, row0); stage_r4(lid + 1280u, r0, n_rows, d0, cur, l, row0);
+                stage_r4(lid + 1536u, r0, n_rows, d0, cur, l, row0); stage_r4(lid + 1792u, r0, n_rows, d0, cur, l, row0);
                 workgroupBarrier();
                 let mr = lid * (DC + 1u);
                 for (var dd = 0u; dd < DC; dd++) {
