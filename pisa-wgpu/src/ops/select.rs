@@ -68,9 +68,16 @@ impl Layouts {
 /// what fits in workgroup memory; results do not depend on it). Profiler stages: "route",
 /// "leaf_select", "bsa", "oracle".
 ///
-/// Errors: configuration and shape errors ([`GpuError::Input`]: buffer lengths, head dim above
-/// [`MAX_HEAD_DIM`], forced blocks above K, missing pyramid), [`GpuError::Limit`] for buffers
-/// or workgroup memory beyond the device's limits.
+/// Errors: configuration and shape errors ([`crate::GpuError::Input`]: buffer lengths, head dim
+/// above [`MAX_HEAD_DIM`], forced blocks above K, missing or mismatched pyramid),
+/// [`crate::GpuError::Unsupported`] (q and k in different storages; PISA with more than
+/// [`super::route::MAX_GQ`] query heads per KV head), [`crate::GpuError::Limit`] for buffers or
+/// workgroup memory beyond the device's limits.
+///
+/// Performance note: the kernels stage key / mean rows through workgroup memory with coalesced
+/// reads and unroll their accumulators by hand; on NVIDIA through Vulkan they run several times
+/// faster when the pipeline cache creates modules without wgpu's runtime checks (loop bounding
+/// keeps the driver from unrolling).
 #[allow(clippy::too_many_arguments)]
 pub fn select(
     ctx: &Context,
