@@ -51,7 +51,11 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             r.max_workgroups_per_dim,
             r.max_invocations
         );
-        println!("    kernel path: portable (f32 arithmetic, any subgroup size)");
+        if r.cooperative_matrix {
+            println!("    kernel path: portable (f32 arithmetic, any subgroup size); tensor-core attention (f16) opt-in: PISA_KERNEL_PATH=coopmat");
+        } else {
+            println!("    kernel path: portable (f32 arithmetic, any subgroup size)");
+        }
     }
     Ok(())
 }

@@ -160,12 +160,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
         driver: format!("{} {}", r.driver, r.driver_info),
         command: std::env::args().collect::<Vec<_>>().join(" "),
         shape: format!(
-            "Hq={} Hkv={} D={} C={} K={} g=2 {:?} Qtile={}",
-            a.hq, a.hkv, a.d, a.block_size, a.top_k, cfg.scoring, a.q_tile
+            "Hq={} Hkv={} D={} C={} K={} g=2 {:?} Qtile={}, kernel path {} (tensor cores: f16 attention only)",
+            a.hq,
+            a.hkv,
+            a.d,
+            a.block_size,
+            a.top_k,
+            cfg.scoring,
+            a.q_tile,
+            ctx.kernel_path()
         ),
         records: Vec::new(),
     };
     let sts = storages(&a.storages)?;
+    // Which attention kernels ran: the tensor-core family applies to f16 attention only.
+    let path_of = |st: Storage| match (ctx.kernel_path(), st) {
+        (pisa_wgpu::KernelPath::CoopMat, Storage::F16) => {
+            "coopmat attention, portable selection".to_string()
+        }
+        _ => "portable".to_string(),
+    };
     let pb = progress(
         (sts.len() * (sizes.len() + decode_sizes.len())) as u64,
         "bench",
@@ -176,6 +190,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             continue;
         }
         let stn = if st == Storage::F16 { "f16" } else { "f32" };
+        let path = path_of(st);
         for &n in &sizes {
             let plan = measure::Plan {
                 n,
@@ -208,7 +223,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 gpu_timed: t.gpu,
                 tflops,
                 gbps: None,
-                path: "portable".into(),
+                path: path.clone(),
             };
             let g = |s: &str| t.get(s);
             let sel = g("pyramid") + g("route") + g("leaf_select");
@@ -281,7 +296,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                             gpu_timed: gpu,
                             tflops: None,
                             gbps,
-                            path: "portable".into(),
+                            path: path.clone(),
                         });
                     }
                 }
