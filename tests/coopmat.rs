@@ -22,6 +22,8 @@ const TOL_F16: f64 = 5e-3;
 
 fn coop_ctx(test: &str) -> Option<&'static Context> {
     let ctx = ctx();
+    // CoopMat is opt-in: ask for it (kept only where the adapter supports it).
+    ctx.set_kernel_path(KernelPath::CoopMat);
     if ctx.kernel_path() != KernelPath::CoopMat {
         eprintln!(
             "{test}: SKIPPED: adapter {:?} has no cooperative-matrix path (kernel path {})",
@@ -35,7 +37,9 @@ fn coop_ctx(test: &str) -> Option<&'static Context> {
 
 #[test]
 fn kernel_path_follows_the_adapter() {
-    let ctx = ctx();
+    // A context of its own: the shared one may have been switched to CoopMat by another test.
+    let own = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+    let ctx = &own;
     let r = ctx.report();
     let props = ctx.cooperative_matrix_properties();
     eprintln!(
@@ -50,8 +54,8 @@ fn kernel_path_follows_the_adapter() {
         eprintln!("  {p:?}");
     }
     let ok = coop_supported(ctx.features(), ctx.limits(), r.subgroup_size, props);
-    let env_portable = std::env::var("PISA_KERNEL_PATH").as_deref() == Ok("portable");
-    let want = if ok && !env_portable {
+    let env_coop = std::env::var("PISA_KERNEL_PATH").as_deref() == Ok("coopmat");
+    let want = if ok && env_coop {
         KernelPath::CoopMat
     } else {
         KernelPath::Portable
