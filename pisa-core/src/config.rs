@@ -105,13 +105,17 @@ impl SelectionConfig {
         self
     }
 
-    /// Upper bound on forced leaves per query: own block + sink + local (PISA.md section 3.3).
+    /// Upper bound on forced leaves per query: own block + sink + local (PISA.md section 3.3),
+    /// saturating at `usize::MAX` (which [`SelectionConfig::validate`] refuses).
     pub fn max_forced(&self) -> usize {
-        1 + self.sink_blocks + self.local_blocks
+        1usize
+            .saturating_add(self.sink_blocks)
+            .saturating_add(self.local_blocks)
     }
 
     /// Checks every field. Errors: [`PisaError::Zero`] (block size or top_k 0),
     /// [`PisaError::MergeFactor`] (g < 2), [`PisaError::TopKBelowForced`] (forced > K),
+    /// [`PisaError::TooLarge`] (`1 + sink_blocks + local_blocks` overflows `usize`),
     /// [`PisaError::InvalidValue`] (non-finite or non-positive scale).
     pub fn validate(&self) -> Result<()> {
         if self.block_size == 0 {
@@ -125,10 +129,20 @@ impl SelectionConfig {
                 merge_factor: self.merge_factor,
             });
         }
-        if self.max_forced() > self.top_k {
+        let Some(forced) = 1usize
+            .checked_add(self.sink_blocks)
+            .and_then(|f| f.checked_add(self.local_blocks))
+        else {
+            return Err(PisaError::TooLarge {
+                what: "forced blocks (1 + sink_blocks + local_blocks)",
+                value: u64::MAX,
+                limit: self.top_k as u64,
+            });
+        };
+        if forced > self.top_k {
             return Err(PisaError::TopKBelowForced {
                 top_k: self.top_k,
-                forced: self.max_forced(),
+                forced,
             });
         }
         if let Some(s) = self.scale {
@@ -163,7 +177,8 @@ impl SelectionConfig {
 
     /// Whether leaf `block` is forced for a query whose own leaf is `own_block`.
     pub fn is_forced(&self, own_block: usize, block: usize) -> bool {
-        block <= own_block && (block < self.sink_blocks || block + self.local_blocks >= own_block)
+        block <= own_block
+            && (block < self.sink_blocks || block.saturating_add(self.local_blocks) >= own_block)
     }
 }
 

@@ -39,7 +39,9 @@ pub struct PyramidLayout {
 
 impl PyramidLayout {
     /// Layout over `key_len` keys. Errors: [`PisaError::Zero`] for a zero length or block size,
-    /// [`PisaError::MergeFactor`] for g < 2.
+    /// [`PisaError::MergeFactor`] for g < 2, [`PisaError::TooLarge`] when the pyramid would need
+    /// more than [`MAX_LEVELS`] levels or its node total overflows `usize` (only for key lengths
+    /// near `usize::MAX`).
     pub fn new(key_len: usize, block_size: usize, merge_factor: usize) -> Result<Self> {
         if key_len == 0 {
             return Err(PisaError::Zero { what: "k_len" });
@@ -56,9 +58,25 @@ impl PyramidLayout {
         let mut levels = 0;
         let mut total = 0;
         loop {
+            if levels == MAX_LEVELS {
+                return Err(PisaError::TooLarge {
+                    what: "pyramid levels",
+                    value: levels as u64 + 1,
+                    limit: MAX_LEVELS as u64,
+                });
+            }
             counts[levels] = n;
             offsets[levels] = total;
-            total += n;
+            total = match total.checked_add(n) {
+                Some(t) => t,
+                None => {
+                    return Err(PisaError::TooLarge {
+                        what: "pyramid nodes (all levels)",
+                        value: u64::MAX,
+                        limit: usize::MAX as u64,
+                    })
+                }
+            };
             levels += 1;
             if n == 1 {
                 break;

@@ -64,7 +64,9 @@ impl AttentionShape {
     /// Validates and builds a shape.
     ///
     /// Errors: [`PisaError::Zero`] for any zero size, [`PisaError::GqaNotDivisible`] when
-    /// `q_heads % kv_heads != 0`, [`PisaError::QueryLongerThanKeys`] when `q_len > k_len`.
+    /// `q_heads % kv_heads != 0`, [`PisaError::QueryLongerThanKeys`] when `q_len > k_len`,
+    /// [`PisaError::TooLarge`] when an element count (of Q, of K/V or of the LSE) does not fit in
+    /// `usize`.
     pub fn new(
         batch: usize,
         q_heads: usize,
@@ -90,6 +92,26 @@ impl AttentionShape {
         }
         if q_len > k_len {
             return Err(PisaError::QueryLongerThanKeys { q_len, k_len });
+        }
+        // Every element count must fit, so that `q_elems` and friends are exact and a buffer
+        // length check against them cannot pass through an overflow.
+        for (what, dims) in [
+            (
+                "query elements (B * Hq * Nq * D)",
+                [batch, q_heads, q_len, head_dim],
+            ),
+            (
+                "key/value elements (B * Hkv * Nk * D)",
+                [batch, kv_heads, k_len, head_dim],
+            ),
+        ] {
+            if checked_product(&dims).is_none() {
+                return Err(PisaError::TooLarge {
+                    what,
+                    value: u64::MAX,
+                    limit: usize::MAX as u64,
+                });
+            }
         }
         Ok(Self {
             batch,
@@ -122,23 +144,34 @@ impl AttentionShape {
         self.k_len - self.q_len + i
     }
 
-    /// Elements of Q (`B * Hq * Nq * D`), also of O.
+    /// Elements of Q (`B * Hq * Nq * D`), also of O. Exact for a shape from
+    /// [`AttentionShape::new`]; for a hand-built shape whose count overflows, `usize::MAX`
+    /// (saturated, never wrapped, so it matches no real buffer length).
     pub fn q_elems(&self) -> usize {
-        self.batch * self.q_heads * self.q_len * self.head_dim
+        saturating_product(&[self.batch, self.q_heads, self.q_len, self.head_dim])
     }
 
-    /// Elements of K or V (`B * Hkv * Nk * D`).
+    /// Elements of K or V (`B * Hkv * Nk * D`); saturates like [`AttentionShape::q_elems`].
     pub fn kv_elems(&self) -> usize {
-        self.batch * self.kv_heads * self.k_len * self.head_dim
+        saturating_product(&[self.batch, self.kv_heads, self.k_len, self.head_dim])
     }
 
-    /// Elements of the per-row LSE (`B * Hq * Nq`), stored `[B, Hq, Nq]`.
+    /// Elements of the per-row LSE (`B * Hq * Nq`), stored `[B, Hq, Nq]`; saturates like
+    /// [`AttentionShape::q_elems`].
     pub fn lse_elems(&self) -> usize {
-        self.batch * self.q_heads * self.q_len
+        saturating_product(&[self.batch, self.q_heads, self.q_len])
     }
 
     /// KV head serving query head `h` (`h / g_q`).
     pub fn kv_head_of(&self, h: usize) -> usize {
         h / self.gqa_group()
     }
+}
+
+fn checked_product(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+fn saturating_product(dims: &[usize]) -> usize {
+    checked_product(dims).unwrap_or(usize::MAX)
 }

@@ -254,41 +254,77 @@ fn decode_state_validation() {
     assert!(st.step(&[0.0; 16]).is_ok());
 }
 
-/// Sizes near `usize::MAX`: each call must return (Ok or a typed error), not panic.
-/// Findings (see docs/reliability.md): `PyramidLayout::new(usize::MAX, 1, 2)` overflows the
-/// node total (and would need 65 levels, one past `MAX_LEVELS`); `SelectionConfig::validate`
-/// overflows `1 + sink + local` for huge forced counts; `AttentionShape::new` accepts shapes
-/// whose element counts overflow, so `q_elems()` panics (debug) or wraps (release).
+/// Sizes near `usize::MAX`: each call must return a typed [`PisaError::TooLarge`], not panic.
+/// Found by the reliability review (docs/reliability.md): `PyramidLayout::new(usize::MAX, 1, 2)`
+/// overflowed the node total (and would need 65 levels, one past `MAX_LEVELS`);
+/// `SelectionConfig::validate` overflowed `1 + sink + local` for huge forced counts;
+/// `AttentionShape::new` accepted shapes whose element counts overflow, so `q_elems()` panicked
+/// (debug) or wrapped (release).
 #[test]
-#[ignore = "finding (issue 7): pisa-core constructors panic on sizes near usize::MAX; owner of pisa-core to fix"]
 fn huge_sizes_give_errors_not_panics() {
-    let mut panics = Vec::new();
-    let mut check = |what: &str, r: Result<bool, String>| match r {
-        Ok(true) => {}
-        Ok(false) => panics.push(format!("{what}: accepted")),
-        Err(m) => panics.push(format!("{what}: panicked: {m}")),
+    let mut bad = Vec::new();
+    let mut check = |what: &str, r: Result<Option<PisaError>, String>| match r {
+        Ok(Some(PisaError::TooLarge { .. })) => {}
+        Ok(Some(e)) => bad.push(format!("{what}: {e:?}, expected TooLarge")),
+        Ok(None) => bad.push(format!("{what}: accepted")),
+        Err(m) => bad.push(format!("{what}: panicked: {m}")),
     };
-    check(
-        "PyramidLayout::new(usize::MAX, 1, 2)",
-        no_panic(|| PyramidLayout::new(usize::MAX, 1, 2).is_err()),
-    );
-    check(
-        "SelectionConfig with_forced(usize::MAX, 0)",
-        no_panic(|| {
-            SelectionConfig::default()
-                .with_forced(usize::MAX, 0)
-                .validate()
-                .is_err()
-        }),
-    );
-    check(
-        "AttentionShape::new(2^40, 2^40, 1, 1, 1, 1)",
-        no_panic(|| AttentionShape::new(1 << 40, 1 << 40, 1, 1, 1, 1).is_err()),
-    );
-    assert!(panics.is_empty(), "{panics:#?}");
+    for (n, c, g) in [
+        (usize::MAX, 1, 2),
+        (usize::MAX, 1, 3),
+        (usize::MAX, 1, usize::MAX),
+    ] {
+        check(
+            &format!("PyramidLayout::new({n}, {c}, {g})"),
+            no_panic(|| PyramidLayout::new(n, c, g).err()),
+        );
+    }
+    for (sink, local) in [
+        (usize::MAX, 0),
+        (0, usize::MAX),
+        (usize::MAX / 2 + 1, usize::MAX / 2),
+    ] {
+        check(
+            &format!("SelectionConfig with_forced({sink}, {local})"),
+            no_panic(|| {
+                SelectionConfig::default()
+                    .with_forced(sink, local)
+                    .validate()
+                    .err()
+            }),
+        );
+    }
+    for dims in [
+        [1 << 40, 1 << 40, 1, 1, 1, 1],
+        [1, 1, 1, 1 << 40, 1 << 40, 1 << 40],
+        [1, 1, 1, 1, usize::MAX, 2],
+        [usize::MAX, 1, 1, 1, 1, 2],
+    ] {
+        let [b, hq, hkv, nq, nk, d] = dims;
+        check(
+            &format!("AttentionShape::new{dims:?}"),
+            no_panic(|| AttentionShape::new(b, hq, hkv, nq, nk, d).err()),
+        );
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+    // A hand-built shape (public fields) saturates rather than wrapping.
+    let s = AttentionShape {
+        batch: 1 << 40,
+        q_heads: 1 << 40,
+        kv_heads: 1,
+        q_len: 1,
+        k_len: 1,
+        head_dim: 1,
+    };
+    assert_eq!(s.q_elems(), usize::MAX);
+    assert_eq!(s.lse_elems(), usize::MAX);
+    assert_eq!(s.kv_elems(), 1 << 40);
+    // The largest counts that fit are still accepted.
+    assert!(AttentionShape::new(1, 1, 1, 1, usize::MAX, 1).is_ok());
+    assert!(PyramidLayout::new(usize::MAX, 2, 2).is_ok());
 }
 
-/// The parts of [`huge_sizes_give_errors_not_panics`] that already hold.
+/// Large sizes that fit, and the reference's own checks.
 #[test]
 fn large_but_valid_sizes() {
     let cfg = SelectionConfig::new(64, 16).unwrap();
@@ -297,8 +333,25 @@ fn large_but_valid_sizes() {
         .unwrap();
     assert_eq!(l.num_levels(), 63);
     assert!(no_panic(|| Schedule::new(&l, &cfg)).unwrap().is_ok());
-    // The reference re-checks element counts before allocating.
-    let shape = AttentionShape::new(1 << 20, 1 << 20, 1, 1 << 20, 1 << 20, 1 << 20).unwrap();
+    // Element counts past usize: refused by `AttentionShape::new`, and the reference re-checks a
+    // hand-built shape (public fields) before allocating.
+    let r = AttentionShape::new(1 << 20, 1 << 20, 1, 1 << 20, 1 << 20, 1 << 20);
+    assert!(matches!(r, Err(PisaError::TooLarge { .. })), "{r:?}");
+    let shape = AttentionShape {
+        batch: 1 << 20,
+        q_heads: 1 << 20,
+        kv_heads: 1,
+        q_len: 1 << 20,
+        k_len: 1 << 20,
+        head_dim: 1 << 20,
+    };
+    let r = no_panic(|| {
+        sparse_attention(&[], &[], &[], &shape, TensorLayout::Bhnd, &cfg, &[]).map(|_| ())
+    })
+    .unwrap();
+    assert!(matches!(r, Err(PisaError::TooLarge { .. })), "{r:?}");
+    // A valid shape whose leaf count is past i32 indices.
+    let shape = AttentionShape::new(1, 1, 1, 1, 1 << 40, 16).unwrap();
     let r = no_panic(|| {
         sparse_attention(&[], &[], &[], &shape, TensorLayout::Bhnd, &cfg, &[]).map(|_| ())
     })
