@@ -403,31 +403,63 @@ fn validation_error_is_returned_and_the_context_stays_usable() {
     prefill_host(ctx, &q, &k, &v, &shape, &opts(cfg)).unwrap();
 }
 
-/// A destroyed device (what a driver reset looks like from wgpu): every later call returns an
-/// error, none panics, and a new context works.
+/// A destroyed device (what a driver reset looks like from wgpu): every later call returns
+/// [`GpuError::DeviceLost`], none panics, and a new context works. (Found by the reliability
+/// review: `upload`/`alloc` panicked inside wgpu's `create_buffer_init`, and the device-lost
+/// callback ignored the `Destroyed` reason.)
 #[test]
-#[ignore = "finding (issue 7): Context::upload/alloc panic inside wgpu's create_buffer_init on a \
-            destroyed device (\"Failed to get mapped range ... Buffer is invalid\"); runtime \
-            owner to fix (check_alive before creating buffers, and treat Destroyed as lost)"]
 fn destroyed_device_gives_errors_and_a_new_context_works() {
     let (shape, cfg) = small();
     let (q, k, v) = inputs(&shape, 5);
     let want = prefill_host(ctx(), &q, &k, &v, &shape, &opts(cfg)).unwrap();
     let dead = private_ctx();
     let mut cache = KvCache::new(&dead, 1, 64, 4, 2, 32, cfg, Storage::F32).unwrap();
+    let live = dead.upload("before", &[1.0; 8], Storage::F32).unwrap();
     dead.device().destroy();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let a = prefill_host(&dead, &q, &k, &v, &shape, &opts(cfg)).map(|_| ());
-        let b = cache
-            .append_and_step(&[0.1; 64], &[0.1; 64], &[true], &[0.1; 128], true)
-            .map(|_| ());
-        let c = KvCache::new(&dead, 1, 64, 4, 2, 32, cfg, Storage::F32).map(|_| ());
-        (a, b, c)
+        let lost = |r: pisa_wgpu::Result<()>| matches!(r, Err(GpuError::DeviceLost(_)));
+        let checks: Vec<(&str, pisa_wgpu::Result<()>)> = vec![
+            ("check_alive", dead.check_alive()),
+            (
+                "upload",
+                dead.upload("x", &[1.0; 8], Storage::F32).map(|_| ()),
+            ),
+            ("upload_u32", dead.upload_u32("x", &[1u32; 8]).map(|_| ())),
+            ("alloc", dead.alloc("x", 8, Storage::F32, 0).map(|_| ())),
+            ("uniform", dead.uniform("x", &[1u32; 4]).map(|_| ())),
+            ("read_f32", dead.read_f32(&live).map(|_| ())),
+            ("wait", dead.wait()),
+            ("scoped", dead.scoped("x", || Ok(()))),
+            (
+                "prefill",
+                prefill_host(&dead, &q, &k, &v, &shape, &opts(cfg)).map(|_| ()),
+            ),
+            (
+                "decode",
+                cache
+                    .append_and_step(&[0.1; 64], &[0.1; 64], &[true], &[0.1; 128], true)
+                    .map(|_| ()),
+            ),
+            (
+                "new cache",
+                KvCache::new(&dead, 1, 64, 4, 2, 32, cfg, Storage::F32).map(|_| ()),
+            ),
+        ];
+        checks
+            .into_iter()
+            .map(|(what, r)| (what, format!("{r:?}"), lost(r)))
+            .collect::<Vec<_>>()
     }));
-    let (a, b, c) = r.expect("a call on a destroyed device panicked");
-    eprintln!("destroyed device: prefill {a:?}\n  decode {b:?}\n  new cache {c:?}");
-    assert!(a.is_err(), "prefill on a destroyed device returned Ok");
-    assert!(b.is_err(), "decode on a destroyed device returned Ok");
+    let results = r.expect("a call on a destroyed device panicked");
+    for (what, r, ok) in &results {
+        eprintln!("destroyed device: {what}: {r}");
+        assert!(ok, "{what} on a destroyed device gave {r}, not DeviceLost");
+    }
+    let msg = dead.check_alive().unwrap_err().to_string();
+    assert!(
+        msg.contains("destroyed") && msg.contains("new context"),
+        "{msg}"
+    );
     // A fresh context gives the same result as before.
     let fresh = private_ctx();
     let got = prefill_host(&fresh, &q, &k, &v, &shape, &opts(cfg)).unwrap();

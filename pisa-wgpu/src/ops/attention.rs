@@ -288,7 +288,7 @@ pub fn record_attention(
         scale_log2: scale * std::f32::consts::LOG2_E,
         pad: 0,
     };
-    let u = ctx.uniform("attention params", &p);
+    let u = ctx.uniform("attention params", &p)?;
     let consts = var.consts();
     let (entry, label) = match kind {
         AttentionKind::Sparse { .. } => ("sparse", "attention"),

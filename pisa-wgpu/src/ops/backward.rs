@@ -205,10 +205,10 @@ pub fn record_backward(
             wg_count: wg as u32,
             ..base
         };
-        (ctx.uniform("backward params", &p), wg)
+        Ok::<_, GpuError>((ctx.uniform("backward params", &p)?, wg))
     };
 
-    let (u, wg) = uni((s.lse_elems() as u64).div_ceil(DROWS));
+    let (u, wg) = uni((s.lse_elems() as u64).div_ceil(DROWS))?;
     let (ob, db, lb) = (&o.buffer, &d_o.buffer, &lse.buffer);
     let bind = [(0, &u), (4, ob), (5, db), (6, lb), (7, &stats.buffer)];
     let timer = prof.as_deref_mut().map(|p| (p, "backward"));
@@ -216,7 +216,7 @@ pub fn record_backward(
 
     let idx = index::record_block_index(ctx, enc, selection, s, cfg, prof.as_deref_mut())?;
 
-    let (u, wg) = uni((s.batch * s.kv_heads * s.q_len) as u64);
+    let (u, wg) = uni((s.batch * s.kv_heads * s.q_len) as u64)?;
     let qkv = [
         (1, &q.buffer),
         (2, &k.buffer),
@@ -229,7 +229,7 @@ pub fn record_backward(
     let timer = prof.as_deref_mut().map(|p| (p, "backward"));
     ctx.dispatch(enc, &*pipe("grad_q", tiles.q_keys, g)?, &bind, wg, timer)?;
 
-    let (u, wg) = uni((s.batch * s.kv_heads * nb0 * ksub) as u64);
+    let (u, wg) = uni((s.batch * s.kv_heads * nb0 * ksub) as u64)?;
     let mut bind = vec![(0, &u), (7, &stats.buffer), (8, &idx.pairs.buffer)];
     bind.extend(qkv);
     bind.extend([(11, &dk.buffer), (12, &dv.buffer)]);

@@ -53,7 +53,7 @@ pub(crate) fn record(
         .pipelines
         .get(&ctx.device, &SHADER, "bsa", plan.storage, &consts, &[])?;
     let p = plan.tiled(t);
-    let u = ctx.uniform("bsa params", &p);
+    let u = ctx.uniform("bsa params", &p)?;
     let b = [
         (0, &u),
         (1, &q.buffer),

@@ -40,7 +40,7 @@ pub fn random_tensor(
         scale,
         per_thread,
     };
-    let u = ctx.uniform("fill params", &p);
+    let u = ctx.uniform("fill params", &p)?;
     let pipe = ctx
         .pipelines
         .get(&ctx.device, &SHADER, "main", storage, &[], &[])?;

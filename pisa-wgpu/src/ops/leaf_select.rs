@@ -82,7 +82,7 @@ pub(crate) fn record(
         &[],
     )?;
     let p = plan.tiled(t);
-    let u = ctx.uniform("leaf_select params", &p);
+    let u = ctx.uniform("leaf_select params", &p)?;
     let b = [
         (0, &u),
         (1, &q.buffer),

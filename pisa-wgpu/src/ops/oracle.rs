@@ -49,7 +49,7 @@ pub(crate) fn record(
     };
     let (pm, pt) = (get("oracle_mass")?, get("oracle_topk")?);
     let p = plan.tiled(1);
-    let u = ctx.uniform("oracle params", &p);
+    let u = ctx.uniform("oracle params", &p)?;
     let b = [(0, &u), (1, &q.buffer), (2, &k.buffer), (3, &mass.buffer)];
     let timer = prof.as_deref_mut().map(|pr| (pr, "oracle"));
     ctx.dispatch(enc, &pm, &b, p.wg_count as u64, timer)?;

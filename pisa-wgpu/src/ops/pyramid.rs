@@ -153,7 +153,7 @@ pub fn record_build(
             p.child_nodes = valid.nodes(l - 1) as u32;
             p.child_tokens = (cap.block_size() * cap.leaves_per_node(l - 1)) as u32;
         }
-        let u = ctx.uniform("pyramid params", &p);
+        let u = ctx.uniform("pyramid params", &p)?;
         let timer = prof.as_deref_mut().map(|pr| (pr, "pyramid"));
         if l == 0 {
             let b = [(0, &u), (1, &k.buffer), (2, &pyr.means.buffer), (3, sq_buf)];

@@ -98,7 +98,7 @@ pub(crate) fn record(
         .pipelines
         .get(&ctx.device, &SHADER, "route", plan.storage, &consts, &[])?;
     let p = plan.tiled(t);
-    let u = ctx.uniform("route params", &p);
+    let u = ctx.uniform("route params", &p)?;
     let b = [
         (0, &u),
         (1, &q.buffer),

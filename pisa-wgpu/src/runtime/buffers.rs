@@ -6,9 +6,12 @@
 //! before creation (a tensor that does not fit is split by the operation, or refused with
 //! [`GpuError::Limit`]); output buffers are filled with a poison pattern (NaN for floats,
 //! `i32::MIN` for indices) so an element a kernel forgets to write shows in every test.
+//! Every entry point starts with [`Context::check_alive`], so a lost or destroyed device is a
+//! [`GpuError::DeviceLost`]; buffers are created unmapped and filled with `Queue::write_buffer`
+//! (never `mapped_at_creation`, whose mapping panics inside wgpu on a dead device), so a device
+//! lost in the middle of a call gives a wgpu error, not a panic.
 
 use bytemuck::Pod;
-use wgpu::util::DeviceExt;
 
 use super::context::Context;
 use super::pipeline::Storage;
@@ -32,8 +35,10 @@ pub struct GpuTensor {
     pub storage: Storage,
 }
 
+/// `bytes` rounded up to a whole, non-zero number of 4-byte words (saturating at `u64::MAX`,
+/// which no binding limit admits).
 fn padded(bytes: u64) -> u64 {
-    bytes.div_ceil(4).max(1) * 4
+    bytes.div_ceil(4).max(1).saturating_mul(4)
 }
 
 impl Context {
@@ -51,8 +56,32 @@ impl Context {
         Ok(())
     }
 
-    /// Uploads `data` as a storage tensor of `storage` precision.
+    /// A buffer of `size` bytes (a multiple of 4) holding `contents` (at most `size` bytes; the
+    /// rest is zero), created unmapped and written through the queue.
+    fn buffer_with(
+        &self,
+        label: &str,
+        size: u64,
+        contents: &[u8],
+        usage: wgpu::BufferUsages,
+    ) -> wgpu::Buffer {
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: usage | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if !contents.is_empty() {
+            self.queue.write_buffer(&buffer, 0, contents);
+        }
+        buffer
+    }
+
+    /// Uploads `data` as a storage tensor of `storage` precision. Errors:
+    /// [`GpuError::DeviceLost`], [`GpuError::Limit`] past the binding limit,
+    /// [`GpuError::Unsupported`] for f16 storage without SHADER_F16.
     pub fn upload(&self, label: &str, data: &[f32], storage: Storage) -> Result<GpuTensor> {
+        self.check_alive()?;
         let bytes: Vec<u8> = match storage {
             Storage::F32 => bytemuck::cast_slice(data).to_vec(),
             Storage::F16 => {
@@ -71,6 +100,7 @@ impl Context {
 
     /// Uploads 4-byte integers (indices, lengths) as a storage tensor.
     pub fn upload_u32<T: Pod>(&self, label: &str, data: &[T]) -> Result<GpuTensor> {
+        self.check_alive()?;
         self.upload_bytes(
             label,
             bytemuck::cast_slice(data).to_vec(),
@@ -88,15 +118,12 @@ impl Context {
     ) -> Result<GpuTensor> {
         self.check_binding(label, bytes.len() as u64)?;
         bytes.resize(padded(bytes.len() as u64) as usize, 0);
-        let buffer = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
-            });
+        let buffer = self.buffer_with(
+            label,
+            bytes.len() as u64,
+            &bytes,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        );
         Ok(GpuTensor {
             buffer,
             len,
@@ -104,7 +131,9 @@ impl Context {
         })
     }
 
-    /// A storage tensor of `len` elements filled with the 4-byte `poison` pattern.
+    /// A storage tensor of `len` elements filled with the 4-byte `poison` pattern. Errors:
+    /// [`GpuError::DeviceLost`], [`PisaError::TooLarge`](pisa_core::PisaError::TooLarge) when
+    /// the byte size overflows `u64`, [`GpuError::Limit`] past the binding limit.
     pub fn alloc(
         &self,
         label: &str,
@@ -112,18 +141,24 @@ impl Context {
         storage: Storage,
         poison: u32,
     ) -> Result<GpuTensor> {
-        let bytes = padded(len as u64 * storage.bytes());
+        self.check_alive()?;
+        let bytes =
+            (len as u64)
+                .checked_mul(storage.bytes())
+                .ok_or(pisa_core::PisaError::TooLarge {
+                    what: "buffer bytes",
+                    value: u64::MAX,
+                    limit: self.max_binding_bytes(),
+                })?;
+        let bytes = padded(bytes);
         self.check_binding(label, bytes)?;
         let words = vec![poison; (bytes / 4) as usize];
-        let buffer = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
-            });
+        let buffer = self.buffer_with(
+            label,
+            bytes,
+            bytemuck::cast_slice(&words),
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        );
         Ok(GpuTensor {
             buffer,
             len,
@@ -131,14 +166,18 @@ impl Context {
         })
     }
 
-    /// A uniform buffer holding `params`.
-    pub fn uniform<T: Pod>(&self, label: &str, params: &T) -> wgpu::Buffer {
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytemuck::bytes_of(params),
-                usage: wgpu::BufferUsages::UNIFORM,
-            })
+    /// A uniform buffer holding `params`. Errors: [`GpuError::DeviceLost`].
+    pub fn uniform<T: Pod>(&self, label: &str, params: &T) -> Result<wgpu::Buffer> {
+        self.check_alive()?;
+        let bytes = bytemuck::bytes_of(params);
+        let mut words = vec![0u8; padded(bytes.len() as u64) as usize];
+        words[..bytes.len()].copy_from_slice(bytes);
+        Ok(self.buffer_with(
+            label,
+            words.len() as u64,
+            &words,
+            wgpu::BufferUsages::UNIFORM,
+        ))
     }
 
     /// Reads a tensor back as f32 (f16 storage is widened).
@@ -159,8 +198,10 @@ impl Context {
         Ok(bytemuck::cast_slice::<u8, i32>(&bytes)[..t.len].to_vec())
     }
 
-    /// Copies a buffer into a mappable one and returns its bytes.
+    /// Copies a buffer into a mappable one and returns its bytes. Errors:
+    /// [`GpuError::DeviceLost`] (before or during the read), [`GpuError::Poll`].
     pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
+        self.check_alive()?;
         let size = buffer.size();
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -177,9 +218,15 @@ impl Context {
             let _ = tx.send(r);
         });
         self.wait()?;
-        rx.recv()
-            .map_err(|e| GpuError::Poll(e.to_string()))?
-            .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?;
+        // A map that fails because the device died meanwhile is reported as such.
+        let mapped = rx
+            .recv()
+            .map_err(|e| GpuError::Poll(e.to_string()))
+            .and_then(|r| r.map_err(|e| GpuError::Poll(format!("buffer map failed: {e}"))));
+        if mapped.is_err() {
+            self.check_alive()?;
+        }
+        mapped?;
         let data = slice
             .get_mapped_range()
             .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?
@@ -203,6 +250,7 @@ impl Context {
         workgroups: u64,
         timer: Option<(&mut Profiler, &'static str)>,
     ) -> Result<()> {
+        self.check_alive()?;
         if workgroups == 0 {
             return Ok(());
         }

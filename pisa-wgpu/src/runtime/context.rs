@@ -252,10 +252,20 @@ impl Context {
         };
         let lost = Arc::new(Mutex::new(None));
         let l2 = lost.clone();
+        // Every reason counts, `Destroyed` included: wgpu reports an explicit
+        // `Device::destroy()` with it (at the next poll), and a destroyed device fails every
+        // later call just like one lost to a driver reset.
         device.set_device_lost_callback(move |reason, msg| {
-            if reason != wgpu::DeviceLostReason::Destroyed {
-                *l2.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{reason:?}: {msg}"));
-            }
+            let m = match reason {
+                wgpu::DeviceLostReason::Destroyed if msg.is_empty() => {
+                    "the device was destroyed (Device::destroy)".to_string()
+                }
+                _ if msg.is_empty() => format!("{reason:?}"),
+                _ => format!("{reason:?}: {msg}"),
+            };
+            l2.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(m);
         });
         let uncaptured = Arc::new(Mutex::new(None));
         let sink = uncaptured.clone();
@@ -352,8 +362,24 @@ impl Context {
             .store(bytes.min(cap).max(256), Ordering::Relaxed);
     }
 
-    /// Fails with [`GpuError::DeviceLost`] once the device is lost.
+    /// Fails with [`GpuError::DeviceLost`] once the device is lost or destroyed.
+    ///
+    /// wgpu runs the device-lost callback from its maintenance, so a device destroyed since the
+    /// last poll is noticed through a non-blocking poll here. Called at the start of every
+    /// entry point that creates or reads GPU resources ([`Context::upload`], [`Context::alloc`],
+    /// [`Context::uniform`], [`Context::read_bytes`], [`Context::dispatch`],
+    /// [`Context::scoped`]).
     pub fn check_alive(&self) -> Result<()> {
+        self.lost_error()?;
+        // A failed poll means the device is gone; its callback has then usually run too.
+        let polled = self.device.poll(wgpu::PollType::Poll);
+        self.lost_error()?;
+        polled
+            .map(|_| ())
+            .map_err(|e| GpuError::Poll(e.to_string()))
+    }
+
+    fn lost_error(&self) -> Result<()> {
         if let Some(m) = self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Err(GpuError::DeviceLost(m));
         }
@@ -395,15 +421,15 @@ impl Context {
         out
     }
 
-    /// Blocks until all submitted work finished.
+    /// Blocks until all submitted work finished. Errors: [`GpuError::DeviceLost`] when the
+    /// device is lost or destroyed, [`GpuError::Poll`] for another failed wait.
     pub fn wait(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: None,
-            })
-            .map(|_| ())
-            .map_err(|e| GpuError::Poll(e.to_string()))
+        let r = self.device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        });
+        self.lost_error()?;
+        r.map(|_| ()).map_err(|e| GpuError::Poll(e.to_string()))
     }
 }
 

@@ -257,7 +257,7 @@ pub(crate) fn record(
         scale_log2: scale * std::f32::consts::LOG2_E,
         pad: 0,
     };
-    let u = ctx.uniform("attention params", &p);
+    let u = ctx.uniform("attention params", &p)?;
     let (entry, label) = match kind {
         AttentionKind::Sparse { .. } => ("sparse", "attention"),
         AttentionKind::Dense { .. } => ("dense", "dense"),

@@ -96,7 +96,7 @@ pub fn record_block_index(
         ctx.pipelines
             .get(&ctx.device, &SHADER, entry, Storage::F32, &[], &[])
     };
-    let u = ctx.uniform("backward index params", &base);
+    let u = ctx.uniform("backward index params", &base)?;
     let timer = prof.as_deref_mut().map(|p| (p, "backward"));
     let bind = [(0, &u), (1, &selection.buffer), (3, &a.buffer)];
     let groups = (total as u64 / 2).div_ceil(WG);
@@ -109,7 +109,7 @@ pub fn record_block_index(
             wg_count: (num_bh * tiles) as u32,
             ..base
         };
-        let u = ctx.uniform("backward index params", &p);
+        let u = ctx.uniform("backward index params", &p)?;
         let tiles_wg = p.wg_count as u64;
         let bind = [(0, &u), (2, &src.buffer), (4, &hist.buffer)];
         let timer = prof.as_deref_mut().map(|p| (p, "backward"));

@@ -35,7 +35,7 @@ impl KvCache<'_> {
                 wg_count: wg,
                 ..self.base()
             },
-        );
+        )?;
         let consts = self.plan.consts();
         let pipe = ctx
             .pipelines

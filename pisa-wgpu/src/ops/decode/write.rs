@@ -64,7 +64,7 @@ impl KvCache<'_> {
             src_len: p_len as u32,
             ..self.base()
         };
-        let u = ctx.uniform("decode copy params", &pr);
+        let u = ctx.uniform("decode copy params", &pr)?;
         let pipe = self.append_pipeline("copy_rows")?;
         let row_bytes = (hkv * self.layout.total_nodes() * d * 4) as u64;
         ctx.scoped("decode prefill", || {
@@ -152,7 +152,7 @@ impl KvCache<'_> {
                 wg_count: wg,
                 ..self.base()
             },
-        );
+        )?;
         let pipe = self.append_pipeline("append")?;
         let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
         let b = [
