@@ -223,16 +223,29 @@ fn score_leaves(bh: u32, len: u32, lid: u32) {
     }
 }
 
+// Ranking key of a score (PISA.md 3.4): an order-preserving map of f32 onto u32, compared as
+// integers so that the top-K is a strict total order whatever the scores: every NaN ranks as
+// -inf (it never wins, and never makes two candidates share a rank), -0 as +0. (WGSL float
+// compares may assume no NaN, and NaN compares false both ways, which broke the rank count.)
+fn rank_key(s: f32) -> u32 {
+    var b = bitcast<u32>(s);
+    if ((b & 0x7fffffffu) > 0x7f800000u) { b = 0xff800000u; }
+    if (b == 0x80000000u) { b = 0u; }
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
 // byrank[r] = candidate of rank r < keep (higher score first, then lower index: PISA.md 3.4).
+// Scores are compared through `rank_key`, so ranks are distinct (no two writes to one slot)
+// even when a score is NaN.
 fn cut(keep: u32, lid: u32) {
     for (var i = lid; i < MAXC; i += WG) {
         let v = cand[i];
         if (v == INVALID) { continue; }
-        let sc = score[i];
+        let sc = rank_key(score[i]);
         var r = 0u;
         for (var j = 0u; j < MAXC; j++) {
             let u = cand[j];
-            let sj = score[j];
+            let sj = rank_key(score[j]);
             if (u != INVALID && (sj > sc || (sj == sc && u < v))) { r++; }
         }
         if (r < keep) { byrank[r] = v; }

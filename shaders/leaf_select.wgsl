@@ -9,9 +9,11 @@
 // broadcast load feeds four accumulators; accumulators are unrolled by hand). A workgroup reduction
 // folds the chunk into a running (max, sum) per (query, head); a leaf's score for a query is the
 // sum over the GQ heads of log sum_t exp(s q.k_t). The final pick is rank-based (rank = number of
-// candidates strictly better: higher score, then lower index; keep rank < K - |forced|), and the
-// row is written ascending: forced + kept, -1 padded. A query that sees K or fewer leaves gets
-// them all.
+// candidates strictly better: higher score, then lower index; keep rank < K - |forced|), with
+// scores compared through `rank_key` (a NaN ranks as -inf), so exactly K - |forced| candidates
+// are kept whatever the scores; the row is written ascending: forced + kept, -1 padded. The
+// forced leaves are written outside the ranking and are always in the row. A query that sees K
+// or fewer leaves gets them all.
 //
 // Q, K: store_t, (b, h, n, d) at b*sb + h*sh + n*sn + d. cand: i32 [B, Hkv, Nq, MC] (-1 padded);
 // out: i32 [B, Hkv, Nq, K].
@@ -52,7 +54,7 @@ var<workgroup> cl: array<u32, QT * MC>;
 var<workgroup> ui: array<u32, QT * MC>;
 var<workgroup> ul: array<u32, QT * MC>;
 var<workgroup> kf: array<u32, QT * MC>;
-var<workgroup> us: array<f32, QT * MC * QT>;
+var<workgroup> us: array<u32, QT * MC * QT>;
 var<workgroup> sc: array<vec4<f32>, WG * QG4>;
 var<workgroup> rm: array<f32, QG>;
 var<workgroup> rl: array<f32, QG>;
@@ -65,6 +67,17 @@ var<private> kbase_g: u32;
 
 fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+}
+
+// Ranking key of a score (PISA.md 3.4): an order-preserving map of f32 onto u32, compared as
+// integers so that the top-K is a strict total order whatever the scores: every NaN ranks as
+// -inf (it never wins, and never makes two candidates share a rank), -0 as +0. (WGSL float
+// compares may assume no NaN, and NaN compares false both ways, which broke the rank count.)
+fn rank_key(s: f32) -> u32 {
+    var b = bitcast<u32>(s);
+    if ((b & 0x7fffffffu) > 0x7f800000u) { b = 0xff800000u; }
+    if (b == 0x80000000u) { b = 0u; }
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }
 
 // Forced leaves of own block bq (PISA.md 3.3): 0..sink_end, then local_start..=bq.
@@ -269,7 +282,7 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         if (lid < QT) {
             var tot = 0.0;
             for (var h = 0u; h < GQ; h++) { tot += rm[lid * GQ + h] + log(rl[lid * GQ + h]); }
-            us[u * QT + lid] = tot;
+            us[u * QT + lid] = rank_key(tot);
         }
     }
     workgroupBarrier();

@@ -9,8 +9,8 @@
 //      with all GQ query heads at once (vec4 accumulators unrolled by hand), and one invocation
 //      per candidate combines them into the score summed over the heads;
 //   2. keep: a level with more than K candidates keeps those of rank < K, where the rank is the
-//      number of candidates strictly better (higher score, then lower node index): deterministic,
-//      no sort;
+//      number of candidates strictly better (higher score, then lower node index; scores compared
+//      through `rank_key`, so a NaN ranks as -inf): deterministic, exactly K kept, no sort;
 //   3. expand: kept nodes (in ascending index order, so the list stays sorted) write their
 //      children at g * (kept nodes before them); one invocation per query appends the
 //      complete-past children of the ancestor.
@@ -61,7 +61,7 @@ var<workgroup> rv: array<vec4<f32>, MV * QT * MC * GQ4 + 1u>;
 var<workgroup> ra: array<u32, QT * MC * G>;
 var<workgroup> nr: atomic<u32>;
 var<workgroup> cl: array<u32, 2u * QT * MC>;
-var<workgroup> sc: array<f32, QT * MC>;
+var<workgroup> sc: array<u32, QT * MC>;
 var<workgroup> kp: array<u32, QT * MC>;
 var<workgroup> nc: array<u32, QT>;
 var<workgroup> ncn: array<u32, QT>;
@@ -69,6 +69,17 @@ var<workgroup> rt: array<u32, QT>;
 
 fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+}
+
+// Ranking key of a score (PISA.md 3.4): an order-preserving map of f32 onto u32, compared as
+// integers so that the top-K is a strict total order whatever the scores: every NaN ranks as
+// -inf (it never wins, and never makes two candidates share a rank), -0 as +0. (WGSL float
+// compares may assume no NaN, and NaN compares false both ways, which broke the rank count.)
+fn rank_key(s: f32) -> u32 {
+    var b = bitcast<u32>(s);
+    if ((b & 0x7fffffffu) > 0x7f800000u) { b = 0xff800000u; }
+    if (b == 0x80000000u) { b = 0u; }
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }
 
 // Tokens of node j of a level with `tpn` tokens per full node.
@@ -253,10 +264,10 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         if (lid == 0u) { atomicStore(&nr, 0u); }
         for (var e = lid; e < QT * MC; e += WG) {
             let n = nc[e / MC];
-            if (e % MC < n && n > k) { sc[e] = score(e, l, cl[cur + e]); }
+            if (e % MC < n && n > k) { sc[e] = rank_key(score(e, l, cl[cur + e])); }
         }
         workgroupBarrier();
-        // 2. keep: rank < K under (higher score, then lower index)
+        // 2. keep: rank < K under (higher score key, then lower index)
         for (var e = lid; e < QT * MC; e += WG) {
             let qi = e / MC;
             let ci = e % MC;
