@@ -147,6 +147,30 @@ fn pv_update(acc: mat4x4<f32>, pv: vec4<f32>, vv: vec4<f32>) -> mat4x4<f32> {
                        acc[3] + pv.w * vv);
 }
 
+// pv_update for the columns j with on[j] only: a masked (row, key) pair is skipped with select,
+// never weighted by p = 0, since 0 * NaN = NaN would carry a non-finite value into a row that
+// must not see it (a future key of the row, or a block the row did not select).
+fn pv_update_masked(acc: mat4x4<f32>, pv: vec4<f32>, vv: vec4<f32>, on: vec4<bool>)
+    -> mat4x4<f32> {
+    return mat4x4<f32>(select(acc[0], acc[0] + pv.x * vv, on.x),
+                       select(acc[1], acc[1] + pv.y * vv, on.y),
+                       select(acc[2], acc[2] + pv.z * vv, on.z),
+                       select(acc[3], acc[3] + pv.w * vv, on.w));
+}
+
+// Keys of the tile (kk < keys) that row r attends: 0 for a padding row or one whose query did
+// not choose the block; else the tile's loaded keys up to the row's position (causal). Every
+// bound of key_ok is an upper bound on kk, so the attended keys are a prefix of the tile.
+fn row_keys(r: u32, t0: u32, tcount: u32, mask: u32) -> u32 {
+    if (!row_valid(r) || ((mask >> (r / p.gh)) & 1u) == 0u || t0 >= p.k_len) { return 0u; }
+    var n = min(min(tcount, KT), p.k_len - t0);
+    if (p.causal != 0u) {
+        let pos = p.k_len - p.q_len + i0 + r / p.gh;
+        n = select(0u, min(n, pos + 1u - t0), pos >= t0);
+    }
+    return n;
+}
+
 fn scale_cols(acc: mat4x4<f32>, a: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(acc[0] * a.x, acc[1] * a.y, acc[2] * a.z, acc[3] * a.w);
 }
@@ -214,7 +238,11 @@ fn process_tile(t0: u32, tcount: u32, mask: u32) {
     if (scol == 0u) { alpha_sh[srow / 4u][srow % 4u] = alpha; }
     load_tile(true, t0, tcount);
     workgroupBarrier();
-    // PV phase (skipped when none of this thread's rows chose the block).
+    // PV phase (skipped when none of this thread's rows chose the block). When every row of the
+    // thread attends every loaded key (the keys past them are zero in kv_sh), all keys are
+    // accumulated; otherwise (the diagonal tile, the tile's last keys, or a row that did not
+    // choose the block) each row takes only the keys it attends: a masked key is skipped, not
+    // weighted by 0.
     let c = lid % HD4;
     let r0 = (lid / HD4) * RM;
     var any_on = false;
@@ -224,10 +252,28 @@ fn process_tile(t0: u32, tcount: u32, mask: u32) {
         var a0 = scale_cols(acc0, alpha_sh[g0]);
         var a1 = acc1;
         if (RM == 8u) { a1 = scale_cols(acc1, alpha_sh[g0 + 1u]); }
-        for (var kk = 0u; kk < KT; kk++) {
-            let vv = kv_sh[kk * ROW4 + c];
-            a0 = pv_update(a0, p_sh[kk * RP4 + g0], vv);
-            if (RM == 8u) { a1 = pv_update(a1, p_sh[kk * RP4 + g0 + 1u], vv); }
+        let full = select(0u, min(min(tcount, KT), p.k_len - min(t0, p.k_len)), t0 < p.k_len);
+        let n0 = vec4<u32>(row_keys(r0, t0, tcount, mask), row_keys(r0 + 1u, t0, tcount, mask),
+                           row_keys(r0 + 2u, t0, tcount, mask), row_keys(r0 + 3u, t0, tcount, mask));
+        var n1 = vec4<u32>(0u);
+        if (RM == 8u) {
+            n1 = vec4<u32>(row_keys(r0 + 4u, t0, tcount, mask), row_keys(r0 + 5u, t0, tcount, mask),
+                           row_keys(r0 + 6u, t0, tcount, mask), row_keys(r0 + 7u, t0, tcount, mask));
+        }
+        if (all(n0 >= vec4<u32>(full)) && (RM != 8u || all(n1 >= vec4<u32>(full)))) {
+            for (var kk = 0u; kk < KT; kk++) {
+                let vv = kv_sh[kk * ROW4 + c];
+                a0 = pv_update(a0, p_sh[kk * RP4 + g0], vv);
+                if (RM == 8u) { a1 = pv_update(a1, p_sh[kk * RP4 + g0 + 1u], vv); }
+            }
+        } else {
+            let kmax = max(max(max(n0.x, n0.y), max(n0.z, n0.w)), max(max(n1.x, n1.y), max(n1.z, n1.w)));
+            for (var kk = 0u; kk < kmax; kk++) {
+                let vv = kv_sh[kk * ROW4 + c];
+                let kv = vec4<u32>(kk);
+                a0 = pv_update_masked(a0, p_sh[kk * RP4 + g0], vv, kv < n0);
+                if (RM == 8u) { a1 = pv_update_masked(a1, p_sh[kk * RP4 + g0 + 1u], vv, kv < n1); }
+            }
         }
         acc0 = a0;
         acc1 = a1;

@@ -279,9 +279,13 @@ fn grad_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             if (t < n) {
                 var ak = acc_k[m];
                 var av = acc_v[m];
+                // A row in the key's past (causal) is skipped with select, not weighted by
+                // P = dS = 0: 0 * NaN = NaN would carry a non-finite Q or dO of that row into
+                // the gradient of a key it never saw.
                 for (var r = 0u; r < nr; r++) {
-                    av += ps[r * KTILE + t] * dos[r * HD + d];
-                    ak += dss[r * KTILE + t] * qs[r * HD + d];
+                    let on = p.causal == 0u || t0 + t <= rpos[r];
+                    av = select(av, av + ps[r * KTILE + t] * dos[r * HD + d], on);
+                    ak = select(ak, ak + dss[r * KTILE + t] * qs[r * HD + d], on);
                 }
                 acc_k[m] = ak;
                 acc_v[m] = av;

@@ -187,7 +187,25 @@ fn bad_inputs_give_typed_errors_and_the_context_stays_usable() {
         Storage::F32,
     );
     check("dense short k", r.map(|_| ()), &buf_len("k"));
-    // (`select_host` clamps a q_tile of 0 to 1 where `prefill_host` refuses it: not an error.)
+    // A q_tile of 0 is refused by selection as by prefill (it was clamped to 1).
+    for method in [Method::Pisa, Method::Bsa] {
+        let r = select_host(
+            ctx,
+            &q,
+            &k,
+            &shape,
+            TensorLayout::Bhnd,
+            &cfg,
+            Storage::F32,
+            method,
+            0,
+        );
+        check(
+            &format!("select q_tile 0 ({method:?})"),
+            r.map(|_| ()),
+            &|e| matches!(e, GpuError::Input(PisaError::Zero { what: "q_tile" })),
+        );
+    }
     let r = select_host(
         ctx,
         &q[..8],
@@ -894,22 +912,19 @@ fn nonfinite_keys_keep_routed_selections_well_formed() {
     }
 }
 
-/// A masked (future) key of the own block must not touch the output of an earlier query.
+/// A masked (future) key of the own block must not touch the output of an earlier query. (Found
+/// by the reliability review: a NaN or +inf value at token 20 made rows 16 to 19 NaN, because
+/// masked keys were weighted by p = 0 in P.V, and 0 * NaN = NaN.)
 #[test]
-#[ignore = "finding (issue 7): a NaN/inf VALUE at token t reaches the outputs of earlier queries \
-            of its block (masked keys weighted by p = 0, and 0 * NaN = NaN); attention kernel's \
-            owner to fix (skip masked keys in P.V)"]
 fn masked_future_values_do_not_reach_earlier_rows() {
     let f = nonfinite_rows();
     assert!(f.leaked.iter().all(|(_, r)| r.is_empty()), "{:?}", f.leaked);
 }
 
 /// A block a row did not select must not touch its output (e.g. through a neighbour of the same
-/// query tile that did select it).
+/// query tile that did select it). (Found by the reliability review: the query-tiled kernel
+/// weighted such a block by 0 for the rows that skipped it.)
 #[test]
-#[ignore = "finding (issue 7): with the query-tiled attention kernel of the working tree, a NaN \
-            VALUE reaches rows that did not select its block (0 * NaN for a tile neighbour's \
-            block); attention kernel's owner to fix"]
 fn unselected_blocks_do_not_reach_a_row() {
     let f = nonfinite_rows();
     assert!(
@@ -917,6 +932,73 @@ fn unselected_blocks_do_not_reach_a_row() {
         "{:?}",
         f.unselected
     );
+}
+
+/// Backward with a NaN or infinity in one row of dO (query 20, block 2): dQ of every other row
+/// and dK, dV of every key the row does not attend (its future, and blocks it did not select)
+/// are bitwise unchanged. (The dK/dV kernel weighted a row by P = dS = 0 for the keys in its
+/// future, and 0 * NaN = NaN.)
+#[test]
+fn nonfinite_grad_row_stays_out_of_keys_it_does_not_attend() {
+    let ctx = ctx();
+    let (n, d, c, kk) = (64usize, 16usize, 8usize, 3usize);
+    let shape = AttentionShape::new(1, 1, 1, n, n, d).unwrap();
+    let cfg = SelectionConfig::new(c, kk).unwrap();
+    let (q, k, v) = inputs(&shape, 13);
+    let fwd = prefill_host(ctx, &q, &k, &v, &shape, &opts(cfg)).unwrap();
+    let sel = fwd.selection.clone().unwrap();
+    let mut r = ChaCha8Rng::seed_from_u64(14);
+    let d_o = random(&mut r, shape.q_elems(), 1.0);
+    let grads = |d_o: &[f32]| {
+        pisa_wgpu::ops::backward::backward_host(
+            ctx,
+            &q,
+            &k,
+            &v,
+            &fwd.out,
+            &fwd.lse,
+            d_o,
+            &shape,
+            TensorLayout::Bhnd,
+            &cfg,
+            Storage::F32,
+            &sel,
+        )
+        .unwrap()
+    };
+    let (dq0, dk0, dv0) = grads(&d_o);
+    let row = 20;
+    let seen: Vec<usize> = sel[row * kk..(row + 1) * kk]
+        .iter()
+        .filter(|&&j| j >= 0)
+        .flat_map(|&j| j as usize * c..(j as usize + 1) * c)
+        .filter(|&t| t <= row)
+        .collect();
+    for x in [f32::NAN, f32::INFINITY] {
+        let mut d_o2 = d_o.clone();
+        d_o2[row * d + 3] = x;
+        let (dq, dk, dv) = grads(&d_o2);
+        for i in (0..n).filter(|&i| i != row) {
+            let at = i * d..(i + 1) * d;
+            assert_eq!(
+                bits(&dq[at.clone()]),
+                bits(&dq0[at]),
+                "dO {x}: dQ row {i} changed"
+            );
+        }
+        let changed: Vec<usize> = (0..n)
+            .filter(|&t| {
+                let at = t * d..(t + 1) * d;
+                bits(&dk[at.clone()]) != bits(&dk0[at.clone()])
+                    || bits(&dv[at.clone()]) != bits(&dv0[at])
+            })
+            .collect();
+        eprintln!("dO {x} in row {row}: keys whose dK/dV changed {changed:?} (attended {seen:?})");
+        assert!(
+            changed.iter().all(|t| seen.contains(t)),
+            "dO {x}: {changed:?}"
+        );
+    }
 }
 
 #[test]

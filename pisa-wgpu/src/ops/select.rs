@@ -64,12 +64,13 @@ impl Layouts {
 ///
 /// `q`: `[B, Hq, Nq, D]` in `layouts.q`; `k`: `[B, Hkv, layouts.k_tokens, D]` in `layouts.k`,
 /// same storage; `pyramid`: built over the first `Nk` keys of `k` (needed by PISA and BSA, with
-/// second moments for `meanvar`); `q_tile`: queries per workgroup of PISA stage 2 (clamped to
-/// what fits in workgroup memory; results do not depend on it). Profiler stages: "route",
-/// "leaf_select", "bsa", "oracle".
+/// second moments for `meanvar`); `q_tile`: queries per workgroup of PISA stage 2 (at least 1,
+/// for every method; clamped to what fits in workgroup memory; results do not depend on it).
+/// Profiler stages: "route", "leaf_select", "bsa", "oracle".
 ///
 /// Errors: configuration and shape errors ([`crate::GpuError::Input`]: buffer lengths, head dim
-/// above [`MAX_HEAD_DIM`], forced blocks above K, missing or mismatched pyramid),
+/// above [`MAX_HEAD_DIM`], forced blocks above K, missing or mismatched pyramid,
+/// [`PisaError::Zero`] `{ what: "q_tile" }` for a `q_tile` of 0, as [`super::prefill::prefill_host`]),
 /// [`crate::GpuError::Unsupported`] (q and k in different storages; PISA with more than
 /// [`super::route::MAX_GQ`] query heads per KV head), [`crate::GpuError::Limit`] for buffers or
 /// workgroup memory beyond the device's limits.
@@ -92,6 +93,7 @@ pub fn select(
     enc: &mut wgpu::CommandEncoder,
     mut prof: Option<&mut Profiler>,
 ) -> Result<GpuTensor> {
+    check_q_tile(q_tile)?;
     let plan = plan(q, k, pyramid, shape, layouts, cfg, method)?;
     match method {
         Method::Pisa => {
@@ -106,7 +108,8 @@ pub fn select(
 
 /// Uploads host tensors, builds the pyramid (PISA, BSA), runs `method` and reads the selection
 /// back: `[B, Hkv, Nq, K]` i32. `q`, `k`: `[B, Hq, Nq, D]`, `[B, Hkv, Nk, D]` in `layout`,
-/// stored on the GPU as `storage`. Errors as [`select`], plus upload and device errors.
+/// stored on the GPU as `storage`. Errors as [`select`] (a `q_tile` of 0 included, refused
+/// before any upload), plus upload and device errors.
 #[allow(clippy::too_many_arguments)]
 pub fn select_host(
     ctx: &Context,
@@ -120,6 +123,7 @@ pub fn select_host(
     q_tile: usize,
 ) -> Result<Vec<i32>> {
     check_host(q, k, shape)?;
+    check_q_tile(q_tile)?;
     let qt = ctx.upload("q", q, storage)?;
     let kt = ctx.upload("k", k, storage)?;
     let layouts = Layouts::new(layout, shape);
@@ -172,6 +176,14 @@ pub fn oracle_host(
     })?;
     let mass = mass.expect("requested");
     Ok((ctx.read_i32(&sel)?, ctx.read_f32(&mass)?))
+}
+
+/// A `q_tile` of 0 is refused ([`PisaError::Zero`]), by selection and prefill alike.
+fn check_q_tile(q_tile: usize) -> Result<()> {
+    if q_tile == 0 {
+        return Err(PisaError::Zero { what: "q_tile" }.into());
+    }
+    Ok(())
 }
 
 fn check_host(q: &[f32], k: &[f32], shape: &AttentionShape) -> Result<()> {
