@@ -86,7 +86,7 @@ pub struct SelectArgs {
     #[arg(long)]
     pub non_causal: bool,
     /// Softmax scale; default: the file's metadata, else 1/sqrt(D).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub scale: Option<f32>,
     /// Consecutive queries per stage-2 tile (PISA.md section 5).
     #[arg(long, default_value_t = 4)]
@@ -96,6 +96,11 @@ pub struct SelectArgs {
 impl SelectArgs {
     /// The validated configuration (scale from the file when not given).
     pub fn config(&self, file_scale: Option<f32>) -> anyhow::Result<SelectionConfig> {
+        if let Some(s) = self.scale {
+            if !(s.is_finite() && s > 0.0) {
+                anyhow::bail!("--scale {s}: the softmax scale must be finite and positive");
+            }
+        }
         let c = SelectionConfig {
             block_size: self.block_size,
             top_k: self.top_k,

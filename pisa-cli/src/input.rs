@@ -127,6 +127,31 @@ fn dims(t: &HostTensor, layout: TensorLayout, src: &str) -> Result<(usize, usize
     ))
 }
 
+/// ` (read as bnhd; as bhnd Q and K agree: is --layout right?)` when Q and K disagree in the
+/// given layout but agree in the other one, else empty.
+fn layout_hint(q: &HostTensor, k: &HostTensor, layout: TensorLayout) -> String {
+    let other = match layout {
+        TensorLayout::Bhnd => TensorLayout::Bnhd,
+        TensorLayout::Bnhd => TensorLayout::Bhnd,
+    };
+    let agree = |l| match (dims(q, l, ""), dims(k, l, "")) {
+        (Ok((qb, qh, qt, qd)), Ok((kb, kh, kt, kd))) => {
+            qb == kb && qt == kt && qd == kd && kh > 0 && qh % kh == 0
+        }
+        _ => false,
+    };
+    let name = |l: TensorLayout| format!("{l:?}").to_ascii_lowercase();
+    if !agree(layout) && agree(other) {
+        format!(
+            " (read as {}; as {} Q and K agree: is --layout right?)",
+            name(layout),
+            name(other)
+        )
+    } else {
+        String::new()
+    }
+}
+
 impl InputArgs {
     fn names(&self) -> (String, String, String) {
         match self.layer {
@@ -143,6 +168,15 @@ impl InputArgs {
         }
     }
 
+    /// The input files named on the command line (`--input`, `--k-file`, `--v-file`).
+    pub fn files(&self) -> Vec<&Path> {
+        [&self.input, &self.k_file, &self.v_file]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path)
+            .collect()
+    }
+
     /// Loads Q, K, V (the embedded demo input when `--input` is absent and `allow_demo`).
     pub fn load(&self, allow_demo: bool) -> Result<Loaded> {
         let layout: TensorLayout = self.layout.into();
@@ -150,11 +184,23 @@ impl InputArgs {
         let demo_file;
         let (qp, kp, vp): (PathBuf, PathBuf, PathBuf) = match &self.input {
             Some(p) if io::Format::from_path(p)? == io::Format::Npy => {
+                ensure!(
+                    self.layer.is_none(),
+                    "{}: --layer picks tensors of a .safetensors file; a .npy file holds one tensor",
+                    p.display()
+                );
                 let k = self.k_file.clone().context("--input is a .npy file: give K and V with --k-file and --v-file")?;
                 let v = self.v_file.clone().context("--input is a .npy file: give V with --v-file")?;
                 (p.clone(), k, v)
             }
-            Some(p) => (p.clone(), p.clone(), p.clone()),
+            Some(p) => {
+                ensure!(
+                    self.k_file.is_none() && self.v_file.is_none(),
+                    "{}: --k-file and --v-file go with a .npy --input; a .safetensors input holds K and V (--k-name, --v-name)",
+                    p.display()
+                );
+                (p.clone(), p.clone(), p.clone())
+            }
             None if allow_demo => {
                 demo_file = tempfile::Builder::new().suffix(".safetensors").tempfile()?;
                 std::fs::write(demo_file.path(), DEMO_INPUT)?;
@@ -198,11 +244,16 @@ impl InputArgs {
             q.shape,
             k.shape
         );
-        ensure!(qb == kb, "{source}: Q has batch {qb}, K has {kb}");
-        ensure!(qd == kd, "{source}: Q has head dim {qd}, K has {kd}");
+        let hint = layout_hint(&q, &k, layout);
+        ensure!(qb == kb, "{source}: Q has batch {qb}, K has {kb}{hint}");
+        ensure!(qd == kd, "{source}: Q has head dim {qd}, K has {kd}{hint}");
         ensure!(
             qt == kt,
-            "{source}: Q has {qt} tokens, K has {kt}; prefill needs the same length"
+            "{source}: Q has {qt} tokens, K has {kt}; prefill needs the same length{hint}"
+        );
+        ensure!(
+            kh > 0 && qh % kh == 0,
+            "{source}: Q has {qh} heads, K has {kh}; query heads must be a multiple of key/value heads (GQA){hint}"
         );
         let mut n = qt;
         if let Some(t) = self.tokens {

@@ -102,6 +102,17 @@ pub struct DecodeRun {
     pub gpu: bool,
 }
 
+/// Errors unless `1 <= p < n`: at least one token prefilled and one decoded.
+pub fn check_prefill(p: usize, n: usize) -> Result<()> {
+    if n < 2 {
+        bail!("decode needs at least 2 tokens (one prefilled, one decoded); the input has {n}");
+    }
+    if p == 0 || p >= n {
+        bail!("--prefill {p} must be in 1..{n} (the input has {n} tokens; the rest are decoded)");
+    }
+    Ok(())
+}
+
 /// Prefill `p` tokens into a KV cache, then decode the rest token by token.
 pub fn run_decode(
     ctx: &Context,
@@ -114,9 +125,7 @@ pub fn run_decode(
     let (b_count, hq, hkv, n, d, k) = (
         s.batch, s.q_heads, s.kv_heads, s.q_len, s.head_dim, cfg.top_k,
     );
-    if p == 0 || p >= n {
-        bail!("--prefill {p} must be in 1..{n} (the input has {n} tokens; the rest are decoded)");
-    }
+    check_prefill(p, n)?;
     // Rows before P: a prefill of the first P tokens (what an inference server does first).
     let pre_shape = AttentionShape::new(b_count, hq, hkv, p, p, d)?;
     let (mut q_pre, mut k_pre, mut v_pre) = (Vec::new(), Vec::new(), Vec::new());
@@ -310,19 +319,33 @@ pub fn check(
 
 /// Runs `pisa decode`.
 pub fn run(a: DecodeArgs) -> Result<()> {
+    if let Some(path) = &a.output {
+        super::forward::check_output(path, a.out_dtype, a.save_selection, &a.input)?;
+    }
     let l = a.input.load(false)?;
     let cfg = a.select.config(l.file_scale)?;
+    let p = a.prefill.unwrap_or(l.shape.q_len / 2);
+    check_prefill(p, l.shape.q_len).with_context(|| l.source.clone())?;
     let ctx = a.device.context()?;
     let storage: Storage = a.device.storage.into();
-    let p = a.prefill.unwrap_or(l.shape.q_len / 2);
     let r = run_decode(&ctx, &l, &cfg, storage, p)
         .with_context(|| format!("{}: decode failed", l.source))?;
     // The first step compiles the decode pipelines: left out of the latency statistics.
     let skip = usize::from(r.step_ms.len() > 1);
     let (med, p99) = percentiles(&r.step_ms[skip..]);
     let (wmed, wp99) = percentiles(&r.wall_ms[skip..]);
+    // The check runs before anything is written: a failing run leaves no output file.
+    let checked = if a.check {
+        Some(check(&ctx, &l, &cfg, storage, p, &r)?)
+    } else {
+        None
+    };
+    let tol = if storage == Storage::F16 { 5e-3 } else { 1e-4 };
+    let check_ok = checked
+        .as_ref()
+        .is_none_or(|c| c.out_err <= tol && c.lse_err <= tol);
     let mut written = Vec::new();
-    if let Some(path) = &a.output {
+    if let (Some(path), true) = (&a.output, check_ok) {
         let s = &l.shape;
         let lead: Vec<usize> = if l.batched() { vec![s.batch] } else { vec![] };
         let o = HostTensor::new("o", l.q_dims.clone(), r.out.clone())?;
@@ -354,11 +377,6 @@ pub fn run(a: DecodeArgs) -> Result<()> {
             &meta,
         )?;
     }
-    let checked = if a.check {
-        Some(check(&ctx, &l, &cfg, storage, p, &r)?)
-    } else {
-        None
-    };
     let clock = if r.gpu { "GPU" } else { "wall-clock" };
     if a.device.json {
         let mut j = serde_json::json!({
@@ -384,11 +402,16 @@ pub fn run(a: DecodeArgs) -> Result<()> {
             );
         }
     }
-    if let Some(c) = checked {
-        let tol = if storage == Storage::F16 { 5e-3 } else { 1e-4 };
-        if !(c.out_err <= tol && c.lse_err <= tol) {
-            bail!("--check failed: decode differs from forward beyond the tolerance {tol}");
-        }
+    if !check_ok {
+        bail!(
+            "{}: --check failed: decode differs from forward beyond the tolerance {tol}{}",
+            l.source,
+            if a.output.is_some() {
+                " (nothing written)"
+            } else {
+                ""
+            }
+        );
     }
     Ok(())
 }
@@ -397,6 +420,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
 /// checked against the forward pass.
 pub fn demo(ctx: &Context, l: &Loaded, cfg: &SelectionConfig, steps: usize) -> Result<()> {
     let n = l.shape.q_len;
+    check_prefill(n.saturating_sub(1), n)?;
     let steps = steps.clamp(1, n - 1);
     let p = n - steps;
     let r = run_decode(ctx, l, cfg, Storage::F32, p)?;

@@ -3,9 +3,9 @@
 //! time per stage.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions, PrefillOutput};
 
@@ -58,8 +58,34 @@ pub fn output_tensors(
     Ok((o, lse, idx))
 }
 
+/// Checks an output path before any work: a known extension, bf16 only in `.safetensors`, an
+/// existing directory, and no output file that is one of the input files.
+pub fn check_output(
+    path: &Path,
+    out_dtype: DType,
+    save_selection: bool,
+    input: &InputArgs,
+) -> Result<()> {
+    let names: &[&str] = if save_selection {
+        &["o", "lse", "indices"]
+    } else {
+        &["o", "lse"]
+    };
+    let outs = io::output_paths(path, names)?;
+    if out_dtype == DType::BF16 && io::Format::from_path(path)? == io::Format::Npy {
+        bail!(
+            "{}: bf16 cannot be stored in npy (no standard descr); use --out-dtype f16 or f32, or a .safetensors output",
+            path.display()
+        );
+    }
+    io::check_output_paths(&outs, &input.files())
+}
+
 /// Runs `pisa forward`.
 pub fn run(a: ForwardArgs) -> Result<()> {
+    if let Some(path) = &a.output {
+        check_output(path, a.out_dtype, a.save_selection, &a.input)?;
+    }
     let l = a.input.load(false)?;
     let cfg = a.select.config(l.file_scale)?;
     let ctx = a.device.context()?;

@@ -221,6 +221,64 @@ pub fn npy_sibling(path: &Path, name: &str) -> PathBuf {
     path.with_file_name(format!("{stem}.{name}.npy"))
 }
 
+/// The files [`write_outputs`] writes for `path`: `path` itself for `.safetensors`, the
+/// [`npy_sibling`] of each of `names` for `.npy` (an unknown extension is an error).
+pub fn output_paths(path: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
+    Ok(match Format::from_path(path)? {
+        Format::Safetensors => vec![path.to_path_buf()],
+        Format::Npy => names.iter().map(|n| npy_sibling(path, n)).collect(),
+    })
+}
+
+/// Whether `a` and `b` are the same existing file (hard and symbolic links included).
+fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+            (Ok(x), Ok(y)) => x == y,
+            _ => false,
+        }
+    }
+}
+
+/// Checks, before any work is done, that `outputs` can be written: each one's directory
+/// exists, none is a directory, and none is one of the `inputs` (writing it would destroy the
+/// input). The error names the output file and the problem.
+pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
+    for out in outputs {
+        let dir = match out.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !dir.is_dir() {
+            bail!(
+                "cannot write {}: directory {} does not exist",
+                out.display(),
+                dir.display()
+            );
+        }
+        if out.is_dir() {
+            bail!("cannot write {}: it is a directory", out.display());
+        }
+        if let Some(inp) = inputs.iter().find(|i| same_file(out, i)) {
+            bail!(
+                "cannot write {}: it is the input file {}; choose another output path",
+                out.display(),
+                inp.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Writes O (as `o_dtype`), LSE (f32) and indices (i32) to `path`, atomically.
 ///
 /// `.safetensors`: one file with tensors `o`, `lse`, `indices` and `metadata`.
