@@ -25,6 +25,15 @@ pub struct DemoArgs {
 
 /// Runs `pisa demo`.
 pub fn run(a: DemoArgs) -> Result<()> {
+    if a.tokens < 2 {
+        anyhow::bail!(
+            "--tokens {} is too few: the demo prefills and then decodes, which needs at least 2",
+            a.tokens
+        );
+    }
+    if a.steps == 0 {
+        anyhow::bail!("--steps must be at least 1");
+    }
     let input = InputArgs {
         input: None,
         k_file: None,

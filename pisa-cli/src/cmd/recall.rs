@@ -39,8 +39,12 @@ pub struct MethodRecall {
     pub queries: usize,
 }
 
+/// Query-weighted averages; NaN (JSON `null`, "n/a" in the table) when no query counted.
 fn average(per: &[Recall]) -> (f64, f64, usize) {
     let n: usize = per.iter().map(|r| r.queries).sum();
+    if n == 0 {
+        return (f64::NAN, f64::NAN, 0);
+    }
     let w = |f: fn(&Recall) -> f64| {
         per.iter()
             .filter(|r| r.queries > 0)
@@ -99,6 +103,15 @@ pub fn measure(
     Ok(out)
 }
 
+/// `x * scale` with `prec` decimals, or `n/a` for NaN (nothing counted).
+fn num(x: f64, scale: f64, prec: usize) -> String {
+    if x.is_nan() {
+        "n/a".into()
+    } else {
+        format!("{:.prec$}", x * scale)
+    }
+}
+
 /// The table as text.
 pub fn table(rows: &[MethodRecall], top_k: usize) -> String {
     let mut s = format!(
@@ -111,20 +124,25 @@ pub fn table(rows: &[MethodRecall], top_k: usize) -> String {
         let per: Vec<String> = r
             .per_kv_head
             .iter()
-            .map(|(a, b)| format!("{:.3}/{:.3}", a, b))
+            .map(|&(a, b)| format!("{}/{}", num(a, 1.0, 3), num(b, 1.0, 3)))
             .collect();
         s.push_str(&format!(
-            "{:<14} {:>9.2}% {:>11.2}%   {}\n",
+            "{:<14} {:>10} {:>12}   {}\n",
             r.method,
-            100.0 * r.recall_at_k,
-            100.0 * r.mass_recall,
+            num(r.recall_at_k, 100.0, 2) + "%",
+            num(r.mass_recall, 100.0, 2) + "%",
             per.join("  ")
         ));
     }
     if let Some(r) = rows.first() {
         s.push_str(&format!(
-            "({} query rows counted: those seeing more than {top_k} leaves)\n",
-            r.queries
+            "({} query rows counted: those seeing more than {top_k} leaves{})\n",
+            r.queries,
+            if r.queries == 0 {
+                "; none here: use more tokens or a smaller --top-k or --block-size"
+            } else {
+                ""
+            }
         ));
     }
     s
@@ -134,7 +152,8 @@ pub fn table(rows: &[MethodRecall], top_k: usize) -> String {
 pub fn run(a: RecallArgs) -> Result<()> {
     let l = a.input.load(false)?;
     let ctx = a.device.context()?;
-    let rows = measure(&ctx, &l, &a.select, a.device.storage.into())?;
+    let rows = measure(&ctx, &l, &a.select, a.device.storage.into())
+        .with_context(|| format!("{}: recall failed", l.source))?;
     if a.device.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {

@@ -87,7 +87,8 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
             if n == 0 {
                 bail!("size {x:?} must be at least 1");
             }
-            Ok(n * mul)
+            n.checked_mul(mul)
+                .with_context(|| format!("size {x:?} is too large"))
         })
         .collect()
 }
@@ -117,20 +118,42 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .iter()
             .map(|p| Report::load(p))
             .collect::<Result<_>>()?;
-        print!("{}", report::compare(&reports));
         let svg = a.compare[0].with_file_name("compare.svg");
+        let inputs: Vec<&std::path::Path> = a.compare.iter().map(PathBuf::as_path).collect();
+        crate::io::check_output_paths(std::slice::from_ref(&svg), &inputs)?;
+        print!("{}", report::compare(&reports));
         std::fs::write(&svg, report::svg(&reports))
             .with_context(|| format!("{}: cannot write", svg.display()))?;
         println!("plot: {}", svg.display());
         return Ok(());
     }
-    let sizes = parse_sizes(&a.sizes)?;
-    let decode_sizes = parse_sizes(&a.decode_sizes)?;
-    let dense_max = parse_sizes(&a.dense_max)?.first().copied().unwrap_or(0);
+    let sizes = parse_sizes(&a.sizes).context("--sizes")?;
+    let decode_sizes = parse_sizes(&a.decode_sizes).context("--decode-sizes")?;
+    if sizes.is_empty() && decode_sizes.is_empty() {
+        bail!("--sizes and --decode-sizes are both empty: nothing to measure");
+    }
+    if a.hq == 0 {
+        bail!("--hq must be at least 1");
+    }
+    if a.d == 0 {
+        bail!("--d must be at least 1");
+    }
+    if let Some(path) = &a.json {
+        crate::io::check_output_paths(&[path.clone(), path.with_extension("svg")], &[])?;
+    }
+    let dense_max = parse_sizes(&a.dense_max)
+        .context("--dense-max")?
+        .first()
+        .copied()
+        .unwrap_or(0);
     let backward_max = if a.backward_max.trim() == "0" {
         0
     } else {
-        parse_sizes(&a.backward_max)?.first().copied().unwrap_or(0)
+        parse_sizes(&a.backward_max)
+            .context("--backward-max")?
+            .first()
+            .copied()
+            .unwrap_or(0)
     };
     let cfg = SelectionConfig {
         block_size: a.block_size,
@@ -306,6 +329,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     pb.finish_and_clear();
+    if out.records.is_empty() {
+        bail!("nothing was measured: every size was skipped (the reasons are above)");
+    }
     print!("{}", report::table(&out));
     if let Some(path) = &a.json {
         let tmp = path.with_extension("json.tmp");

@@ -257,6 +257,9 @@ pub fn svg(reports: &[Report]) -> String {
     }
     let all: Vec<(f64, f64)> = series.iter().flat_map(|s| s.1.iter().copied()).collect();
     let (w, h, m) = (900.0, 560.0, 70.0);
+    if all.is_empty() {
+        return format!("<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='14'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{m}' y='40'>pisa bench: no timed results to plot</text>\n</svg>\n");
+    }
     let lx = |v: f64| v.log10();
     let (x0, x1) = all.iter().fold((f64::MAX, f64::MIN), |a, p| {
         (a.0.min(lx(p.0)), a.1.max(lx(p.0)))
