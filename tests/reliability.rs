@@ -672,6 +672,55 @@ fn an_error_in_one_thread_does_not_leak_into_another() {
 // ---------------------------------------------------------------------------------------------
 // Non-finite inputs. What the kernels do is documented in docs/reliability.md and held here.
 
+/// The opt-in host-side check: the first non-finite value of the first bad tensor (q, k, v
+/// order), by flat index, with its value; block boundaries of the scan included.
+#[test]
+fn check_finite_names_the_first_bad_value() {
+    use pisa_wgpu::ops::{check_finite, prefill};
+    let (shape, _) = small();
+    let (q, k, v) = inputs(&shape, 16);
+    prefill::check_finite(&q, &k, &v).unwrap();
+    check_finite("empty", &[]).unwrap();
+    for (at, x) in [
+        (0usize, f32::NAN),
+        (1023, f32::INFINITY),
+        (1024, f32::NEG_INFINITY),
+        (k.len() - 1, f32::NAN),
+    ] {
+        let (mut k2, mut v2) = (k.clone(), v.clone());
+        k2[at] = x;
+        v2[0] = f32::NAN; // a later tensor: k is reported first
+        if at + 7 < k2.len() {
+            k2[at + 7] = f32::NAN; // a later element: the first is reported
+        }
+        match prefill::check_finite(&q, &k2, &v2) {
+            Err(GpuError::NonFinite {
+                tensor: "k",
+                index,
+                value,
+            }) if index == at && value.to_bits() == x.to_bits() => {}
+            r => panic!("k[{at}] = {x}: {r:?}"),
+        }
+        let msg = prefill::check_finite(&q, &k2, &v2).unwrap_err().to_string();
+        assert!(
+            msg.contains(" k ") && msg.contains(&at.to_string()),
+            "{msg}"
+        );
+    }
+    let mut v2 = v.clone();
+    v2[5] = f32::INFINITY;
+    assert!(matches!(
+        prefill::check_finite(&q, &k, &v2),
+        Err(GpuError::NonFinite {
+            tensor: "v",
+            index: 5,
+            ..
+        })
+    ));
+    // Large finite values are fine.
+    check_finite("x", &[f32::MAX, f32::MIN, f32::MIN_POSITIVE, -0.0]).unwrap();
+}
+
 /// Which rows of a prefill are finite, per query, as a string of `.` (finite) and `N`.
 fn finite_map(out: &[f32], lse: &[f32], rows: usize, d: usize) -> String {
     (0..rows)
@@ -809,6 +858,11 @@ fn nonfinite_rows() -> NonFinite {
             if !row_sel.contains(&(b_bad as i32)) {
                 if !finite {
                     unselected.push(r);
+                }
+                if !on_key && finite {
+                    // A value does not enter the scores: same selection, same output.
+                    assert_eq!(row_sel, &clean_sel[r * kk..(r + 1) * kk], "{what}: row {r}");
+                    assert!(unchanged, "{what}: row {r} skips the bad block but changed");
                 }
                 classes.push(if finite { 'x' } else { 'X' });
             } else if got.lse[r] == f32::NEG_INFINITY && o.iter().all(|&x| x == 0.0) {
@@ -1213,6 +1267,74 @@ fn nonfinite_keys_keep_decode_selections_well_formed() {
         );
         if lavapipe && x.is_infinite() {
             assert!(differ.is_empty(), "{x}, {cfg:?}: {differ:?}");
+        }
+    }
+}
+
+/// Decode with a non-finite element in one query (sequence 0, head 1, step 30 of 40): the other
+/// sequence, every other step and the other KV head are bitwise unchanged (a query is not
+/// stored); the selection stays well formed. Prints what the step's rows get.
+#[test]
+fn nonfinite_decode_query_reaches_only_its_step() {
+    let ctx = ctx();
+    let cfg = SelectionConfig::new(8, 3).unwrap();
+    let (hq, hkv, d, steps, t_bad) = (4usize, 2usize, 16usize, 40usize, 30usize);
+    let run = |x: Option<f32>| {
+        let mut cache = KvCache::new(ctx, 2, 64, hq, hkv, d, cfg, Storage::F32).unwrap();
+        let mut r = ChaCha8Rng::seed_from_u64(15);
+        (0..steps)
+            .map(|t| {
+                let kr = random(&mut r, 2 * hkv * d, 1.0);
+                let vr = random(&mut r, 2 * hkv * d, 1.0);
+                let mut q = random(&mut r, 2 * hq * d, 1.0);
+                if let (Some(x), true) = (x, t == t_bad) {
+                    q[d + 5] = x; // sequence 0, head 1 (KV head 0)
+                }
+                cache
+                    .append_and_step(&kr, &vr, &[true, true], &q, true)
+                    .unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    let clean = run(None);
+    for x in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let got = run(Some(x));
+        for (t, (o, c)) in got.iter().zip(&clean).enumerate() {
+            let sel = o.selection.as_ref().unwrap();
+            for row in sel.chunks(cfg.top_k) {
+                let picked: Vec<i32> = row.iter().copied().filter(|&j| j >= 0).collect();
+                assert_eq!(
+                    picked.len(),
+                    cfg.top_k.min(t / 8 + 1),
+                    "{x} step {t}: {row:?}"
+                );
+                assert!(picked.contains(&((t / 8) as i32)), "{x} step {t}: {row:?}");
+            }
+            if t != t_bad {
+                assert_eq!(bits(&o.out), bits(&c.out), "{x}: step {t} changed");
+                assert_eq!(o.selection, c.selection, "{x}: step {t} changed");
+                continue;
+            }
+            // Sequence 1, and KV head 1 (query heads 2, 3) of sequence 0: unchanged.
+            assert_eq!(bits(&o.out[2 * d..]), bits(&c.out[2 * d..]), "{x}");
+            assert_eq!(bits(&o.lse[2..]), bits(&c.lse[2..]), "{x}");
+            let map: String = (0..2)
+                .map(|h| {
+                    let row = &o.out[h * d..(h + 1) * d];
+                    if row.iter().all(|v| v.is_finite()) && o.lse[h].is_finite() {
+                        if bits(row) == bits(&c.out[h * d..(h + 1) * d]) {
+                            '='
+                        } else {
+                            'f'
+                        }
+                    } else {
+                        'N'
+                    }
+                })
+                .collect();
+            eprintln!(
+                "decode, q = {x} in head 1 at step {t_bad}: heads 0, 1 of its KV head: {map}"
+            );
         }
     }
 }

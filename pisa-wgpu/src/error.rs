@@ -52,6 +52,19 @@ pub enum GpuError {
     /// The request is valid but this build or adapter does not support it.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A NaN or infinite input value, reported by the opt-in host-side checks
+    /// ([`crate::ops::check_finite`], [`crate::ops::prefill::check_finite`]); the GPU functions
+    /// themselves do not scan their inputs.
+    #[error("non-finite input: {tensor} holds {value} at flat index {index} (its first non-finite value)")]
+    NonFinite {
+        /// The tensor, as named by the caller ("q", "k", "v", ...).
+        tensor: &'static str,
+        /// Flat index of the first non-finite element in the slice as passed (in the tensor's
+        /// own layout, e.g. `((b * H + h) * N + n) * D + d` for `[B, H, N, D]` row-major).
+        index: usize,
+        /// The value: NaN, `inf` or `-inf`.
+        value: f32,
+    },
     /// A shape or configuration error from `pisa-core`.
     #[error(transparent)]
     Input(#[from] PisaError),

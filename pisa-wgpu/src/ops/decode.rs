@@ -67,6 +67,23 @@ pub struct DecodeOutput {
 /// [`ops::pyramid`](crate::ops::pyramid)'s, allocated for the layout of `capacity` (a shorter
 /// length's nodes are a prefix of each level), f32. Lengths are tracked per sequence on the
 /// host and passed to every dispatch in a storage buffer.
+///
+/// # Non-finite inputs (NaN, ±inf)
+///
+/// [`KvCache::append`], [`KvCache::step`] and [`KvCache::append_and_step`] do not scan their
+/// inputs; check them with [`crate::ops::check_finite`] (e.g. `check_finite("q", q)`, which
+/// returns [`GpuError::NonFinite`] with the flat index of the first bad value) where non-finite
+/// activations cannot be ruled out. Without the check, on every adapter: the calls succeed;
+/// every selection is well formed (exactly `min(K, visible leaves)` leaves, ascending, the own
+/// block and the other forced leaves always in it; a NaN score ranks as `-inf`, ties to the lower
+/// block index); the other sequences of the batch are bitwise unaffected; the sequence's steps
+/// before the bad token are unaffected; and [`KvCache::reset`] clears it. The outputs of the
+/// later steps of that sequence that attend the bad key or value are unspecified. On Mesa
+/// lavapipe: a NaN key gives **finite** outputs, as if the key were absent; a +inf key gives NaN,
+/// zeros with LSE -inf (like an empty sequence) or finite outputs depending on the step; a NaN
+/// value gives NaN; a non-finite query element makes that step's row of its head NaN. Once a bad
+/// key is in the cache it also enters the pyramid means above it, so it can change the selection
+/// (not only the output) of every later step of its sequence until a reset.
 #[derive(Debug)]
 pub struct KvCache<'c> {
     ctx: &'c Context,

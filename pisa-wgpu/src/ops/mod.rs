@@ -12,7 +12,34 @@ pub mod pyramid;
 pub mod route;
 pub mod select;
 
+use crate::error::{GpuError, Result};
 use crate::runtime::pipeline::ShaderSource;
+
+/// Opt-in finiteness check of a host tensor: [`GpuError::NonFinite`] naming `tensor`, the flat
+/// index of the first NaN or infinite element and its value; `Ok` when every element is finite.
+/// One pass over the data (branch-free inside blocks of 1024 elements), no allocation.
+///
+/// The GPU functions do not check their inputs: what a non-finite input produces is documented
+/// on [`prefill::prefill_host`] and [`decode::KvCache`]. Call this first where non-finite
+/// activations cannot be ruled out upstream (the `pisa` CLI refuses them by default).
+pub fn check_finite(tensor: &'static str, data: &[f32]) -> Result<()> {
+    const BLOCK: usize = 1024;
+    for (i, chunk) in data.chunks(BLOCK).enumerate() {
+        if chunk.iter().fold(true, |ok, x| ok & x.is_finite()) {
+            continue;
+        }
+        let j = chunk
+            .iter()
+            .position(|x| !x.is_finite())
+            .expect("the block holds a non-finite value");
+        return Err(GpuError::NonFinite {
+            tensor,
+            index: i * BLOCK + j,
+            value: chunk[j],
+        });
+    }
+    Ok(())
+}
 
 /// Every shader family, for the naga validation test.
 pub fn all_shaders() -> Vec<ShaderSource> {

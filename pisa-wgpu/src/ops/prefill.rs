@@ -6,6 +6,43 @@
 //! ([`Context::max_binding_bytes`]) runs in chunks of KV heads (each chunk taking its heads'
 //! query heads along), since every (batch, KV head) is independent; a single head too large for
 //! a binding is refused with [`GpuError::Limit`]. Results are identical with or without chunks.
+//!
+//! # Non-finite inputs (NaN, ±inf)
+//!
+//! Nothing here scans the inputs; [`check_finite`] is the opt-in check (one host-side pass,
+//! [`GpuError::NonFinite`] with the tensor and the flat index of the first bad value). WGSL
+//! leaves NaN and infinity arithmetic to the implementation, so with a non-finite element in
+//! Q, K or V the following holds on every adapter (portable kernels; tested in
+//! `tests/reliability.rs`):
+//!
+//! - the call succeeds (no error, no panic);
+//! - every selection row is well formed: exactly `min(K, visible leaves)` leaves, strictly
+//!   ascending, none in the query's future, every forced leaf (own block, sinks, locals) present,
+//!   `-1` padded. Scores are ranked as a strict total order in which a NaN score counts as
+//!   `-inf` (ties go to the lower block index) and `+inf` beats every finite score; which
+//!   scores come out NaN or infinite is up to the adapter;
+//! - a bad **key or value** at position `t` reaches only the rows that attend it (their
+//!   selection holds its block and their position is `>= t`): rows at earlier positions
+//!   (earlier blocks, and earlier rows of its own block) are bitwise unchanged, and a row whose
+//!   selection skips its block only reads finite data. A bad value leaves every selection
+//!   unchanged, so those rows are bitwise unchanged too; a bad key can change the selection (and
+//!   so the finite output) of later rows, because it enters the scores of its block and of the
+//!   block's ancestors in the pyramid;
+//! - a bad **query** element reaches only its own row, and the selection of its token for its
+//!   KV head (shared by the GQA group), which can change the other heads' rows of that token.
+//!
+//! What a row that attends the bad value gets is unspecified. On Mesa lavapipe (llvmpipe, LLVM
+//! 15) it is: NaN key: a **finite** result equal to attention without that key (the NaN is
+//! silently dropped); +inf or -inf key: either that (finite) or, where the score is +inf or NaN
+//! after scaling, **zeros with LSE -inf**, which looks like an empty row; NaN or ±inf value:
+//! NaN; NaN or ±inf in a query row: that row NaN. So a non-finite input need not show up as NaN
+//! in the output: check the inputs where it cannot be ruled out upstream.
+//!
+//! Also: with `Storage::F16`, finite values above 65504 in magnitude become ±inf on upload
+//! ([`check_finite`] sees the f32 input, not the f16 copy). On the opt-in cooperative-matrix
+//! path ([`crate::KernelPath::CoopMat`]), the tensor-core P·V multiplies masked probabilities
+//! (zeros) by the whole value tile, so a non-finite **value** can also reach the rows of its
+//! query tile that mask it (earlier rows of its block, rows that skip its block).
 
 use pisa_core::{
     AttentionShape, PisaError, PyramidLayout, Schedule, Scoring, SelectionConfig, TensorLayout,
@@ -64,6 +101,8 @@ pub struct PrefillOutput {
 
 /// Records the whole prefill of device tensors: returns (O, LSE, selection). Shapes: `q`
 /// `[B, Hq, N, D]`, `k`/`v` `[B, Hkv, N, D]` in `opts.layout`. Errors: as the stages'.
+/// Non-finite inputs are not checked: see the [module docs](self#non-finite-inputs-nan-inf)
+/// for what they produce.
 #[allow(clippy::too_many_arguments)]
 pub fn record_prefill(
     ctx: &Context,
@@ -112,6 +151,17 @@ pub fn record_prefill(
         prof,
     )?;
     Ok((o, lse, sel))
+}
+
+/// Opt-in check of prefill inputs: `Ok` when every element of `q`, `k` and `v` is finite, else
+/// [`GpuError::NonFinite`] naming the first tensor (in the order q, k, v) holding a NaN or
+/// infinity, the flat index of its first such element (in the tensor's layout) and the value.
+/// Host-side, one pass over each tensor; [`prefill_host`] does not call it (see the
+/// [module docs](self#non-finite-inputs-nan-inf) for what non-finite inputs produce).
+pub fn check_finite(q: &[f32], k: &[f32], v: &[f32]) -> Result<()> {
+    super::check_finite("q", q)?;
+    super::check_finite("k", k)?;
+    super::check_finite("v", v)
 }
 
 /// Largest number of (batch, KV head) units whose buffers all fit one binding.
@@ -176,7 +226,14 @@ fn heads_slice(
 /// Prefill of host tensors: uploads, runs [`record_prefill`] (in KV-head chunks when the
 /// tensors exceed one storage binding), reads back. `q`: `[B, Hq, N, D]`, `k`, `v`:
 /// `[B, Hkv, N, D]`, all in `opts.layout`. Errors: [`PisaError::BufferLen`] for wrong lengths,
-/// configuration errors, [`GpuError::Limit`] when one head alone exceeds a binding, device errors.
+/// configuration errors ([`PisaError::Zero`] for a `q_tile` of 0 included), [`GpuError::Limit`]
+/// when one head alone exceeds a binding, device errors.
+///
+/// Non-finite values in `q`, `k` or `v` are **not** an error: the call succeeds, selections stay
+/// well formed with every forced leaf, rows that do not attend a bad key or value are unaffected
+/// by it, and rows that attend it get an unspecified result that can be finite and wrong (on
+/// lavapipe a NaN key is silently dropped). Details in the
+/// [module docs](self#non-finite-inputs-nan-inf); call [`check_finite`] first to refuse them.
 pub fn prefill_host(
     ctx: &Context,
     q: &[f32],

@@ -59,7 +59,8 @@ impl KvCache<'_> {
     /// Appends one key and value per active sequence (`k_rows`, `v_rows`: `[B, Hkv, D]` f32;
     /// `active`: `[B]`), in one submission. Errors: [`pisa_core::PisaError::BufferLen`] for
     /// rows or `active` of the wrong length, [`pisa_core::PisaError::TooLarge`] when an active
-    /// sequence is full; nothing changes on error.
+    /// sequence is full; nothing changes on error. Non-finite rows are not checked (see
+    /// [`KvCache`]'s "Non-finite inputs").
     pub fn append(&mut self, k_rows: &[f32], v_rows: &[f32], active: &[bool]) -> Result<()> {
         self.run(Some((k_rows, v_rows, active)), None, false)
             .map(|_| ())
@@ -68,6 +69,7 @@ impl KvCache<'_> {
     /// One decode step for `q` (`[B, Hq, D]` f32, one token per sequence at position
     /// `len - 1`) in one submission; reads back O, LSE and, if `with_selection`, the selection.
     /// Errors: [`pisa_core::PisaError::BufferLen`] for a `q` of the wrong length, GPU errors.
+    /// A non-finite `q` is not checked (see [`KvCache`]'s "Non-finite inputs").
     pub fn step(&mut self, q: &[f32], with_selection: bool) -> Result<DecodeOutput> {
         self.run(None, Some(q), with_selection)
             .map(|o| o.expect("step output"))
@@ -75,6 +77,7 @@ impl KvCache<'_> {
 
     /// The inference-loop step: append (as [`Self::append`]) then step (as [`Self::step`]),
     /// both recorded into ONE submission. Errors: those of both; nothing changes on error.
+    /// Non-finite inputs are not checked (see [`KvCache`]'s "Non-finite inputs").
     pub fn append_and_step(
         &mut self,
         k_rows: &[f32],
