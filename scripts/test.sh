@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-vulkan.sh
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}  # quiets Mesa's WSI warning on headless machines
 cargo build -p pisa-core --no-default-features
 cargo test --workspace --locked
