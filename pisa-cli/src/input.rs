@@ -9,7 +9,7 @@ use anyhow::{bail, ensure, Context as _, Result};
 use clap::Args;
 use pisa_core::{AttentionShape, TensorLayout};
 
-use crate::args::LayoutArg;
+use crate::args::{LayoutArg, StorageArg};
 use crate::io::{self, HostTensor};
 
 /// The embedded default input: SmolLM2-135M-Instruct layer 15, tokens 0..4096, f16
@@ -69,9 +69,34 @@ pub struct Loaded {
     pub source: String,
     /// Shape of the Q tensor as read (3-D without batch or 4-D), after `--tokens`.
     pub q_dims: Vec<usize>,
+    /// Shape of K (and V) as read, after `--tokens`.
+    pub kv_dims: Vec<usize>,
 }
 
 impl Loaded {
+    /// Errors when a value of Q, K or V (V only `with_v`) would overflow to infinity in f16
+    /// storage (beyond +-65504 after rounding), naming the tensor and the position of the first.
+    pub fn check_f16_range(&self, with_v: bool) -> Result<()> {
+        let mut list = vec![("q", &self.q, &self.q_dims), ("k", &self.k, &self.kv_dims)];
+        if with_v {
+            list.push(("v", &self.v, &self.kv_dims));
+        }
+        for (name, data, dims) in list {
+            if let Some(i) = data
+                .iter()
+                .position(|&x| x.is_finite() && half::f16::from_f32(x).is_infinite())
+            {
+                bail!(
+                    "{}: tensor `{name}` has {} at {:?}, beyond the f16 range (+-65504) of --storage f16; use --storage f32 (--allow-nonfinite passes it on as inf)",
+                    self.source,
+                    data[i],
+                    io::unravel(i, dims)
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the inputs had a batch dimension (4-D).
     pub fn batched(&self) -> bool {
         self.q_dims.len() == 4
@@ -168,6 +193,16 @@ impl InputArgs {
         }
     }
 
+    /// [`InputArgs::load`] of a file (no demo input) for GPU storage `storage`: with f16 storage,
+    /// values that f16 cannot hold are refused unless `--allow-nonfinite` (`with_v`: V is used).
+    pub fn load_for(&self, storage: StorageArg, with_v: bool) -> Result<Loaded> {
+        let l = self.load(false)?;
+        if storage == StorageArg::F16 && !self.allow_nonfinite {
+            l.check_f16_range(with_v)?;
+        }
+        Ok(l)
+    }
+
     /// The input files named on the command line (`--input`, `--k-file`, `--v-file`).
     pub fn files(&self) -> Vec<&Path> {
         [&self.input, &self.k_file, &self.v_file]
@@ -229,7 +264,8 @@ impl InputArgs {
         };
         let (mut q, mut k, mut v) = (read(&qp, &qn)?, read(&kp, &kn)?, read(&vp, &vn)?);
         let meta = io::read_metadata(&qp)?;
-        let file_scale = io::softmax_scale(&meta, self.layer)?;
+        let file_scale = io::softmax_scale(&meta, self.layer)
+            .with_context(|| format!("{}: bad softmax scale", qp.display()))?;
         let (qb, qh, qt, qd) = dims(&q, layout, &source)?;
         let (kb, kh, kt, kd) = dims(&k, layout, &source)?;
         ensure!(
@@ -271,6 +307,7 @@ impl InputArgs {
             .with_context(|| format!("{source}: bad shapes"))?;
         Ok(Loaded {
             q_dims: q.shape.clone(),
+            kv_dims: k.shape.clone(),
             q: q.data,
             k: k.data,
             v: v.data,

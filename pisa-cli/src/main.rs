@@ -36,6 +36,12 @@ enum Command {
 }
 
 fn main() {
+    // Mesa's Vulkan drivers (lavapipe on headless machines) print "error: XDG_RUNTIME_DIR is
+    // invalid or not set" once per WSI probe when it is unset, burying pisa's own one-line
+    // errors; any existing directory quiets them. Set before any thread starts.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
     let cli = Cli::parse();
     let level = match cli.verbose {
         0 => "warn",

@@ -390,6 +390,67 @@ fn a_sequence_past_the_binding_limit() {
     );
 }
 
+/// Regression: with f16 storage a value beyond f16's range became inf on the GPU and the run
+/// wrote non-finite outputs with exit code 0; now refused like NaN/Inf (`Loaded::check_f16_range`).
+#[test]
+fn values_beyond_f16_with_f16_storage() {
+    let dir = setup();
+    let d = dir.path();
+    let s = Spec::small();
+    let [q, k, mut v] = s.qkv();
+    v.data[5 * 32 + 3] = 1e6; // [0, 5, 3]
+    write_st(d, "big.safetensors", &[q, k, v], DType::F32);
+    let base = ["forward", "-i", "big.safetensors", "-o", "o.safetensors"];
+    fails(
+        d,
+        &[&base[..], &SMALL[..], &["--storage", "f16"]].concat(),
+        &[
+            "big.safetensors",
+            "`v` has 1000000 at [0, 5, 3]",
+            "--storage f32",
+        ],
+    );
+    // f32 storage holds it; `recall` does not use V.
+    run_in(d, &[&base[..], &SMALL[..]].concat()).ok();
+    let recall = ["recall", "-i", "big.safetensors", "--storage", "f16"];
+    run_in(d, &[&recall[..], &SMALL[..]].concat()).ok();
+}
+
+/// Regression: a bad softmax scale in the metadata was reported without the file's name.
+#[test]
+fn bad_scale_metadata_names_the_file() {
+    let dir = setup();
+    let d = dir.path();
+    let meta = [("scale".to_string(), "abc".to_string())].into();
+    common::write_st_meta(
+        d,
+        "meta.safetensors",
+        &Spec::small().qkv(),
+        DType::F32,
+        &meta,
+    );
+    fails(
+        d,
+        &["forward", "-i", "meta.safetensors"],
+        &["meta.safetensors", "`scale` = \"abc\" is not a number"],
+    );
+}
+
+/// Regression: without XDG_RUNTIME_DIR, Mesa's drivers printed several "error: XDG_RUNTIME_DIR
+/// is invalid" lines around pisa's own error; `main` now sets it when unset.
+#[test]
+fn one_error_line_without_xdg_runtime_dir() {
+    let dir = setup();
+    let r = common::run_cmd(
+        common::pisa()
+            .current_dir(dir.path())
+            .env_remove("XDG_RUNTIME_DIR")
+            .args(["forward", "-i", "in.safetensors", "--adapter", "nosuch"]),
+    );
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+}
+
 #[test]
 fn bad_selection_options() {
     let dir = setup();

@@ -322,7 +322,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     if let Some(path) = &a.output {
         super::forward::check_output(path, a.out_dtype, a.save_selection, &a.input)?;
     }
-    let l = a.input.load(false)?;
+    let l = a.input.load_for(a.device.storage, true)?;
     let cfg = a.select.config(l.file_scale)?;
     let p = a.prefill.unwrap_or(l.shape.q_len / 2);
     check_prefill(p, l.shape.q_len).with_context(|| l.source.clone())?;

@@ -86,7 +86,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
     if let Some(path) = &a.output {
         check_output(path, a.out_dtype, a.save_selection, &a.input)?;
     }
-    let l = a.input.load(false)?;
+    let l = a.input.load_for(a.device.storage, true)?;
     let cfg = a.select.config(l.file_scale)?;
     let ctx = a.device.context()?;
     let opts = PrefillOptions {

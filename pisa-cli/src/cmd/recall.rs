@@ -150,7 +150,7 @@ pub fn table(rows: &[MethodRecall], top_k: usize) -> String {
 
 /// Runs `pisa recall`.
 pub fn run(a: RecallArgs) -> Result<()> {
-    let l = a.input.load(false)?;
+    let l = a.input.load_for(a.device.storage, false)?;
     let ctx = a.device.context()?;
     let rows = measure(&ctx, &l, &a.select, a.device.storage.into())
         .with_context(|| format!("{}: recall failed", l.source))?;

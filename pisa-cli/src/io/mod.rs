@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+pub(crate) use tensor::unravel;
 pub use tensor::{check_finite, DType, HostTensor, IndexTensor};
 
 /// File format of a tensor file, chosen by its extension.

@@ -11,12 +11,7 @@ use pisa_core::TensorLayout;
 
 /// The `pisa` binary built by cargo for these tests.
 pub fn pisa() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_pisa"));
-    // Quiets Mesa's warning about a missing runtime dir on headless machines.
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        c.env("XDG_RUNTIME_DIR", std::env::temp_dir());
-    }
-    c
+    Command::new(env!("CARGO_BIN_EXE_pisa"))
 }
 
 /// What a run gave.
@@ -51,7 +46,12 @@ impl Run {
 
 /// Runs `pisa args...` in `dir`.
 pub fn run_in(dir: &Path, args: &[&str]) -> Run {
-    let o = pisa().current_dir(dir).args(args).output().unwrap();
+    run_cmd(pisa().current_dir(dir).args(args))
+}
+
+/// Runs a prepared command.
+pub fn run_cmd(c: &mut Command) -> Run {
+    let o = c.output().unwrap();
     Run {
         code: o.status.code(),
         stdout: String::from_utf8_lossy(&o.stdout).into_owned(),

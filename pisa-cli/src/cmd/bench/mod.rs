@@ -162,7 +162,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ..SelectionConfig::default()
     };
     cfg.validate()?;
-    if a.hkv == 0 || a.hq % a.hkv != 0 {
+    if a.hkv == 0 || !a.hq.is_multiple_of(a.hkv) {
         bail!(
             "--hq {} must be a positive multiple of --hkv {}",
             a.hq,
