@@ -249,6 +249,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 path: path.clone(),
             };
             let g = |s: &str| t.get(s);
+            let before = out.records.len();
             let sel = g("pyramid") + g("route") + g("leaf_select");
             let attn_flops =
                 4.0 * a.hq as f64 * n as f64 * (a.top_k * a.block_size).min(n) as f64 * a.d as f64;
@@ -279,6 +280,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 }
             } else {
                 out.records.push(rec("all_wall", g("wall"), None));
+            }
+            progress_line(&out, before);
+            if let Some(path) = &a.json {
+                save(path, &out)?;
             }
             pb.inc(1);
         }
@@ -325,6 +330,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 }
                 Err(e) => eprintln!("decode cache={n} {stn}: skipped: {e:#}"),
             }
+            if out
+                .records
+                .last()
+                .is_some_and(|r| r.n == n && r.op == "decode_dense")
+            {
+                progress_line(&out, out.records.len() - 2);
+                if let Some(path) = &a.json {
+                    save(path, &out)?;
+                }
+            }
             pb.inc(1);
         }
     }
@@ -334,13 +349,37 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     print!("{}", report::table(&out));
     if let Some(path) = &a.json {
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_string_pretty(&out)?)
-            .with_context(|| format!("{}: cannot write", tmp.display()))?;
-        std::fs::rename(&tmp, path)?;
-        let svg = path.with_extension("svg");
-        std::fs::write(&svg, report::svg(std::slice::from_ref(&out)))?;
-        println!("wrote {} and {}", path.display(), svg.display());
+        save(path, &out)?;
+        println!(
+            "wrote {} and {}",
+            path.display(),
+            path.with_extension("svg").display()
+        );
     }
     Ok(())
+}
+
+/// Writes the report (atomically) and its plot; called after every size, so a run that is cut
+/// short keeps what it measured.
+fn save(path: &std::path::Path, out: &Report) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(out)?)
+        .with_context(|| format!("{}: cannot write", tmp.display()))?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::write(
+        path.with_extension("svg"),
+        report::svg(std::slice::from_ref(out)),
+    )?;
+    Ok(())
+}
+
+/// One line per measured size on stderr, as the run goes (the table comes at the end).
+fn progress_line(out: &Report, first_new: usize) {
+    let line: Vec<String> = out.records[first_new..]
+        .iter()
+        .map(|r| format!("{} {:.4} ms", r.op, r.ms))
+        .collect();
+    if let Some(r) = out.records.get(first_new) {
+        eprintln!("[{} N={}] {}", r.storage, r.n, line.join(", "));
+    }
 }
