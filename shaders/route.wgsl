@@ -6,7 +6,7 @@
 //   1. score: the pyramid rows the scored candidates need (`lse`: each candidate's children;
 //      `mean`, `meanvar`: its own row) are listed, then staged WG rows x DC dims at a time into
 //      workgroup memory with coalesced reads; one invocation per row computes its dot products
-//      with all GQ query heads at once (vec4 accumulators unrolled by hand), and one invocation
+//      with all GQ query heads at once (vec4 accumulators unrolled by hand, 16 heads per pass), and one invocation
 //      per candidate combines them into the score summed over the heads;
 //   2. keep: a level with more than K candidates keeps those of rank < K, where the rank is the
 //      number of candidates strictly better (higher score, then lower node index; scores compared
@@ -208,6 +208,8 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         let n_rows = workgroupUniformLoad(&nr);
         for (var r0 = 0u; r0 < n_rows; r0 += WG) {
+          // Heads in chunks of 16 (four vec4 accumulators); one chunk unless GQ > 16.
+          for (var hc = 0u; hc < GQ4; hc += 4u) {
             var a0 = vec4<f32>(0.0);
             var a1 = vec4<f32>(0.0);
             var a2 = vec4<f32>(0.0);
@@ -229,36 +231,38 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 let mr = lid * (DC + 1u);
                 for (var dd = 0u; dd < DC; dd++) {
                     let x = ms[mr + dd];
-                    let o = ((d0 + dd) * QT + qi) * GQ4;
+                    let o = ((d0 + dd) * QT + qi) * GQ4 + hc;
                     let q0 = qs[o];
                     a0 += q0 * x;
-                    if (GQ4 > 1u) { a1 += qs[o + 1u] * x; }
-                    if (GQ4 > 2u) { a2 += qs[o + 2u] * x; }
-                    if (GQ4 > 3u) { a3 += qs[o + 3u] * x; }
+                    if (GQ4 > 1u && hc + 1u < GQ4) { a1 += qs[o + 1u] * x; }
+                    if (GQ4 > 2u && hc + 2u < GQ4) { a2 += qs[o + 2u] * x; }
+                    if (GQ4 > 3u && hc + 3u < GQ4) { a3 += qs[o + 3u] * x; }
                     if (MV != 0u) {
                         let y = vs[mr + dd];
                         b0 += q0 * q0 * y;
-                        if (GQ4 > 1u) { b1 += qs[o + 1u] * qs[o + 1u] * y; }
-                        if (GQ4 > 2u) { b2 += qs[o + 2u] * qs[o + 2u] * y; }
-                        if (GQ4 > 3u) { b3 += qs[o + 3u] * qs[o + 3u] * y; }
+                        if (GQ4 > 1u && hc + 1u < GQ4) { b1 += qs[o + 1u] * qs[o + 1u] * y; }
+                        if (GQ4 > 2u && hc + 2u < GQ4) { b2 += qs[o + 2u] * qs[o + 2u] * y; }
+                        if (GQ4 > 3u && hc + 3u < GQ4) { b3 += qs[o + 3u] * qs[o + 3u] * y; }
                     }
                 }
                 workgroupBarrier();
             }
             if (my < n_rows) {
                 let slot = ra[my];
-                rd[slot * GQ4] = a0;
-                if (GQ4 > 1u) { rd[slot * GQ4 + 1u] = a1; }
-                if (GQ4 > 2u) { rd[slot * GQ4 + 2u] = a2; }
-                if (GQ4 > 3u) { rd[slot * GQ4 + 3u] = a3; }
+                let w = slot * GQ4 + hc;
+                rd[w] = a0;
+                if (GQ4 > 1u && hc + 1u < GQ4) { rd[w + 1u] = a1; }
+                if (GQ4 > 2u && hc + 2u < GQ4) { rd[w + 2u] = a2; }
+                if (GQ4 > 3u && hc + 3u < GQ4) { rd[w + 3u] = a3; }
                 if (MV != 0u) {
-                    let v = (slot / G) * GQ4;
+                    let v = (slot / G) * GQ4 + hc;
                     rv[v] = b0;
-                    if (GQ4 > 1u) { rv[v + 1u] = b1; }
-                    if (GQ4 > 2u) { rv[v + 2u] = b2; }
-                    if (GQ4 > 3u) { rv[v + 3u] = b3; }
+                    if (GQ4 > 1u && hc + 1u < GQ4) { rv[v + 1u] = b1; }
+                    if (GQ4 > 2u && hc + 2u < GQ4) { rv[v + 2u] = b2; }
+                    if (GQ4 > 3u && hc + 3u < GQ4) { rv[v + 3u] = b3; }
                 }
             }
+          }
         }
         workgroupBarrier();
         if (lid == 0u) { atomicStore(&nr, 0u); }

@@ -144,3 +144,39 @@ fn split_prefill_equals_unsplit() {
     let err = prefill_host(&small, &q, &k, &v, &shape, &opts).unwrap_err();
     assert!(matches!(err, pisa_wgpu::GpuError::Limit { .. }), "{err}");
 }
+
+#[test]
+fn large_gqa_groups_multi_query() {
+    // MQA-style groups above 16 query heads per KV head (routing takes heads 16 at a time):
+    // the selection sums the scores of all of them (PISA.md section 2).
+    let ctx = ctx();
+    let seed = seed("large groups");
+    let cfg = SelectionConfig::new(16, 4).unwrap();
+    check(
+        ctx,
+        AttentionShape::prefill(1, 32, 1, 700, 64).unwrap(),
+        cfg,
+        TensorLayout::Bhnd,
+        Storage::F32,
+        seed,
+    );
+    let cfg = cfg.with_scoring(pisa_core::Scoring::MeanVar);
+    check(
+        ctx,
+        AttentionShape::prefill(1, 40, 2, 300, 64).unwrap(),
+        cfg,
+        TensorLayout::Bnhd,
+        Storage::F32,
+        seed + 1,
+    );
+    // Past the kernels' group limit: a typed error, not a wrong answer.
+    let shape = AttentionShape::prefill(1, 33, 1, 300, 64).unwrap();
+    let x = vec![0.5f32; shape.q_elems()];
+    let kv = vec![0.25f32; shape.kv_elems()];
+    let opts = PrefillOptions {
+        cfg,
+        ..Default::default()
+    };
+    let err = prefill_host(ctx, &x, &kv, &kv, &shape, &opts).unwrap_err();
+    assert!(matches!(err, pisa_wgpu::GpuError::Unsupported(_)), "{err}");
+}

@@ -21,7 +21,7 @@ pub const ROUTE_TILE: usize = 4;
 const WG: u32 = 64;
 const DC: u32 = 32;
 /// Most query heads per KV head the routing kernel unrolls (four vec4 accumulators).
-pub const MAX_GQ: u32 = 16;
+pub const MAX_GQ: u32 = 32;
 
 /// Vec4 slots of the query buffer for a tile of `t` queries.
 fn q_slots(t: u32, gq: u32, d: u32) -> u32 {
