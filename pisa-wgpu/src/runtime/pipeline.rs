@@ -146,7 +146,10 @@ impl PipelineCache {
             return Ok(p.clone());
         }
         let src = preprocess(shader, storage, consts)?;
-        let desc = wgpu::ShaderModuleDescriptor { label: Some(shader.name), source: wgpu::ShaderSource::Wgsl(src.into()) };
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(shader.name),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        };
         // SAFETY: see `runtime_checks`: bounds checks stay on unless PISA_SHADER_CHECKS=none;
         // every loop of our shaders is a counted loop over host-validated sizes, and every
         // integer divisor is a size the host checked to be non-zero.
