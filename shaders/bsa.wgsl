@@ -14,7 +14,7 @@
 //
 // Q: store_t, (b, h, n, d) at b*q_sb + h*q_sh + n*q_sn + d; means: f32 [B*Hkv, total_nodes, D]
 // (level 0 at levels[0].x); out: i32 [B, Hkv, Nq, K].
-alias store_t = f32;
+// (store_t, Params, p and the shared helpers: select_common.wgsl, prepended)
 
 const GQ: u32 = 1u;
 const QB: u32 = 8u;
@@ -26,18 +26,6 @@ const DC: u32 = 32u;
 const QB4: u32 = (QB + 3u) / 4u;
 const LIST: u32 = QB * KS;
 
-struct Params {
-    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
-    k_sh: u32, k_sn: u32, q_heads: u32, kv_heads: u32,
-    q_len: u32, k_len: u32, head_dim: u32, block_size: u32,
-    merge: u32, top_k: u32, causal: u32, sink: u32,
-    local: u32, nb0: u32, total_nodes: u32, start_level: u32,
-    scoring: u32, tiles: u32, wg_count: u32, scale: f32,
-    q_pos0: u32, mc: u32, routed: u32, pad1: u32,
-    levels: array<vec4<u32>, 64>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<store_t>;
 @group(0) @binding(2) var<storage, read> means: array<f32>;
 @group(0) @binding(3) var<storage, read_write> sel: array<i32>;
@@ -56,26 +44,6 @@ var<workgroup> qbq: array<u32, QB>;
 var<workgroup> qsl: array<u32, QB>;
 var<workgroup> qpa: array<u32, QB>;
 
-fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
-}
-
-fn local_start(bq: u32) -> u32 { return bq - min(p.local, bq); }
-fn sink_end(bq: u32) -> u32 { return min(p.sink, local_start(bq)); }
-fn n_forced(bq: u32) -> u32 { return sink_end(bq) + bq + 1u - local_start(bq); }
-fn is_forced(bq: u32, j: u32) -> bool {
-    return j <= bq && (j < p.sink || j + p.local >= bq);
-}
-fn forced_below(bq: u32, x: u32) -> u32 {
-    let ls = local_start(bq);
-    var n = min(x, sink_end(bq));
-    if (x > ls) { n += min(x, bq + 1u) - ls; }
-    return n;
-}
-fn visible(bq: u32) -> u32 {
-    if (p.causal != 0u) { return bq + 1u; }
-    return p.nb0;
-}
 // Slots left after the forced leaves, 0 for a query that does not choose.
 fn slots_of(i: u32) -> u32 {
     if (i >= p.q_len) { return 0u; }

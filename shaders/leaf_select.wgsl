@@ -17,7 +17,7 @@
 //
 // Q, K: store_t, (b, h, n, d) at b*sb + h*sh + n*sn + d. cand: i32 [B, Hkv, Nq, MC] (-1 padded);
 // out: i32 [B, Hkv, Nq, K].
-alias store_t = f32;
+// (store_t, Params, p and the shared helpers: select_common.wgsl, prepended)
 
 const GQ: u32 = 1u;
 const QT: u32 = 4u;
@@ -31,18 +31,6 @@ const QG4: u32 = (QG + 3u) / 4u;
 const NEG: f32 = -3.0e38;
 const NONE: u32 = 0xffffffffu;
 
-struct Params {
-    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
-    k_sh: u32, k_sn: u32, q_heads: u32, kv_heads: u32,
-    q_len: u32, k_len: u32, head_dim: u32, block_size: u32,
-    merge: u32, top_k: u32, causal: u32, sink: u32,
-    local: u32, nb0: u32, total_nodes: u32, start_level: u32,
-    scoring: u32, tiles: u32, wg_count: u32, scale: f32,
-    q_pos0: u32, mc: u32, routed: u32, pad1: u32,
-    levels: array<vec4<u32>, 64>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<store_t>;
 @group(0) @binding(2) var<storage, read> k: array<store_t>;
 @group(0) @binding(3) var<storage, read> cand: array<i32>;
@@ -64,40 +52,6 @@ var<workgroup> pm: array<f32, WG>;
 var<workgroup> ps: array<f32, WG>;
 // Base of this workgroup's (b, KV head) in K.
 var<private> kbase_g: u32;
-
-fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
-}
-
-// Ranking key of a score (PISA.md 3.4): an order-preserving map of f32 onto u32, compared as
-// integers so that the top-K is a strict total order whatever the scores: every NaN ranks as
-// -inf (it never wins, and never makes two candidates share a rank), -0 as +0. (WGSL float
-// compares may assume no NaN, and NaN compares false both ways, which broke the rank count.)
-fn rank_key(s: f32) -> u32 {
-    var b = bitcast<u32>(s);
-    if ((b & 0x7fffffffu) > 0x7f800000u) { b = 0xff800000u; }
-    if (b == 0x80000000u) { b = 0u; }
-    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
-}
-
-// Forced leaves of own block bq (PISA.md 3.3): 0..sink_end, then local_start..=bq.
-fn local_start(bq: u32) -> u32 { return bq - min(p.local, bq); }
-fn sink_end(bq: u32) -> u32 { return min(p.sink, local_start(bq)); }
-fn n_forced(bq: u32) -> u32 { return sink_end(bq) + bq + 1u - local_start(bq); }
-fn is_forced(bq: u32, j: u32) -> bool {
-    return j <= bq && (j < p.sink || j + p.local >= bq);
-}
-// Forced leaves below leaf x.
-fn forced_below(bq: u32, x: u32) -> u32 {
-    let ls = local_start(bq);
-    var n = min(x, sink_end(bq));
-    if (x > ls) { n += min(x, bq + 1u) - ls; }
-    return n;
-}
-fn visible(bq: u32) -> u32 {
-    if (p.causal != 0u) { return bq + 1u; }
-    return p.nb0;
-}
 
 // Stages element e (token e / DC, dim e % DC of the chunk) of leaf `leaf`'s tokens t0.. and
 // dims d0..: branch-free (clamped index, zero outside the leaf, K or D).

@@ -12,7 +12,7 @@
 //
 // Q, K: store_t, (b, h, n, d) at b*sb + h*sh + n*sn + d. mass: f32 [B, Hkv, Nq, nb0];
 // out: i32 [B, Hkv, Nq, K].
-alias store_t = f32;
+// (store_t, Params, p and the shared helpers: select_common.wgsl, prepended)
 
 const GQ: u32 = 1u;
 const KS: u32 = 16u;
@@ -20,18 +20,6 @@ const QBUF: u32 = 64u;
 const WG: u32 = 64u;
 const NEG: f32 = -3.0e38;
 
-struct Params {
-    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
-    k_sh: u32, k_sn: u32, q_heads: u32, kv_heads: u32,
-    q_len: u32, k_len: u32, head_dim: u32, block_size: u32,
-    merge: u32, top_k: u32, causal: u32, sink: u32,
-    local: u32, nb0: u32, total_nodes: u32, start_level: u32,
-    scoring: u32, tiles: u32, wg_count: u32, scale: f32,
-    q_pos0: u32, mc: u32, routed: u32, pad1: u32,
-    levels: array<vec4<u32>, 64>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<store_t>;
 @group(0) @binding(2) var<storage, read> k: array<store_t>;
 @group(0) @binding(3) var<storage, read_write> mass: array<f32>;
@@ -42,10 +30,6 @@ var<workgroup> rm: array<f32, WG * GQ>;
 var<workgroup> rl: array<f32, WG * GQ>;
 var<workgroup> lse: array<f32, GQ>;
 var<workgroup> pick: array<u32, KS>;
-
-fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
-}
 
 @compute @workgroup_size(WG)
 fn oracle_mass(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

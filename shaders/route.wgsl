@@ -19,7 +19,7 @@
 //
 // Q is store_t, element (b, h, n, d) at b*q_sb + h*q_sh + n*q_sn + d; means / sq are f32
 // [B*Hkv, total_nodes, D] (the second moment E[k^2]; var = E[k^2] - mu^2, clamped at 0).
-alias store_t = f32;
+// (store_t, Params, p and the shared helpers: select_common.wgsl, prepended)
 
 const GQ: u32 = 1u;
 const QT: u32 = 4u;
@@ -35,19 +35,6 @@ const DC: u32 = 32u;
 const GQ4: u32 = (GQ + 3u) / 4u;
 const NEG: f32 = -3.0e38;
 
-struct Params {
-    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
-    k_sh: u32, k_sn: u32, q_heads: u32, kv_heads: u32,
-    q_len: u32, k_len: u32, head_dim: u32, block_size: u32,
-    merge: u32, top_k: u32, causal: u32, sink: u32,
-    local: u32, nb0: u32, total_nodes: u32, start_level: u32,
-    scoring: u32, tiles: u32, wg_count: u32, scale: f32,
-    q_pos0: u32, mc: u32, routed: u32, pad1: u32,
-    // per level: (node offset in the allocation, valid nodes, leaves per node, tokens per node)
-    levels: array<vec4<u32>, 64>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<store_t>;
 @group(0) @binding(2) var<storage, read> means: array<f32>;
 @group(0) @binding(3) var<storage, read> sq: array<f32>;
@@ -66,26 +53,6 @@ var<workgroup> kp: array<u32, QT * MC>;
 var<workgroup> nc: array<u32, QT>;
 var<workgroup> ncn: array<u32, QT>;
 var<workgroup> rt: array<u32, QT>;
-
-fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
-}
-
-// Ranking key of a score (PISA.md 3.4): an order-preserving map of f32 onto u32, compared as
-// integers so that the top-K is a strict total order whatever the scores: every NaN ranks as
-// -inf (it never wins, and never makes two candidates share a rank), -0 as +0. (WGSL float
-// compares may assume no NaN, and NaN compares false both ways, which broke the rank count.)
-fn rank_key(s: f32) -> u32 {
-    var b = bitcast<u32>(s);
-    if ((b & 0x7fffffffu) > 0x7f800000u) { b = 0xff800000u; }
-    if (b == 0x80000000u) { b = 0u; }
-    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
-}
-
-// Tokens of node j of a level with `tpn` tokens per full node.
-fn node_len(j: u32, tpn: u32) -> u32 {
-    return min((j + 1u) * tpn, p.k_len) - j * tpn;
-}
 
 // Stages element e (listed row r0 + e / DC, dim d0 + e % DC) of the rows to score, branch-free:
 // slot e*G + c is child c of entry e's node (`lse`), or the node itself (`mean`, `meanvar`).

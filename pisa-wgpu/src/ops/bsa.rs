@@ -13,7 +13,10 @@ use crate::runtime::profiler::Profiler;
 /// `shaders/bsa.wgsl`.
 pub const SHADER: ShaderSource = ShaderSource {
     name: "bsa",
-    wgsl: include_str!("../../../shaders/bsa.wgsl"),
+    wgsl: concat!(
+        include_str!("../../../shaders/select_common.wgsl"),
+        include_str!("../../../shaders/bsa.wgsl")
+    ),
 };
 
 /// Queries per BSA workgroup at most: each staged leaf mean serves all of them (the shader

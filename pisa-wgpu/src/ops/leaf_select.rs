@@ -12,7 +12,10 @@ use crate::runtime::profiler::Profiler;
 /// `shaders/leaf_select.wgsl`.
 pub const SHADER: ShaderSource = ShaderSource {
     name: "leaf_select",
-    wgsl: include_str!("../../../shaders/leaf_select.wgsl"),
+    wgsl: concat!(
+        include_str!("../../../shaders/select_common.wgsl"),
+        include_str!("../../../shaders/leaf_select.wgsl")
+    ),
 };
 
 /// Invocations per workgroup (the shader's `WG`): key tokens per chunk.

@@ -11,7 +11,10 @@ use crate::runtime::profiler::Profiler;
 /// `shaders/oracle.wgsl`.
 pub const SHADER: ShaderSource = ShaderSource {
     name: "oracle",
-    wgsl: include_str!("../../../shaders/oracle.wgsl"),
+    wgsl: concat!(
+        include_str!("../../../shaders/select_common.wgsl"),
+        include_str!("../../../shaders/oracle.wgsl")
+    ),
 };
 
 const WG: u32 = 64;

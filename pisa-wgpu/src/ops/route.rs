@@ -12,7 +12,10 @@ use crate::runtime::profiler::Profiler;
 /// `shaders/route.wgsl`.
 pub const SHADER: ShaderSource = ShaderSource {
     name: "route",
-    wgsl: include_str!("../../../shaders/route.wgsl"),
+    wgsl: concat!(
+        include_str!("../../../shaders/select_common.wgsl"),
+        include_str!("../../../shaders/route.wgsl")
+    ),
 };
 
 /// Queries per routing workgroup at most (fewer when workgroup memory is short).
