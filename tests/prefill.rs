@@ -25,9 +25,23 @@ fn check(
     seed: u64,
 ) {
     let mut r = rng(seed);
-    let mut q = random(&mut r, shape.q_elems(), 1.0);
-    let mut k = random(&mut r, shape.kv_elems(), 1.0);
-    let mut v = random(&mut r, shape.kv_elems(), 1.0);
+    let q = random(&mut r, shape.q_elems(), 1.0);
+    let k = random(&mut r, shape.kv_elems(), 1.0);
+    let v = random(&mut r, shape.kv_elems(), 1.0);
+    check_inputs(ctx, shape, cfg, layout, storage, [q, k, v], seed);
+}
+
+/// [`check`] on given inputs (rounded through f16 first for f16 storage, so the reference sees
+/// what the GPU stores).
+fn check_inputs(
+    ctx: &Context,
+    shape: AttentionShape,
+    cfg: SelectionConfig,
+    layout: TensorLayout,
+    storage: Storage,
+    [mut q, mut k, mut v]: [Vec<f32>; 3],
+    seed: u64,
+) {
     if storage == Storage::F16 {
         (q, k, v) = (through_f16(&q), through_f16(&k), through_f16(&v));
     }
@@ -179,4 +193,60 @@ fn large_gqa_groups_multi_query() {
     };
     let err = prefill_host(ctx, &x, &kv, &kv, &shape, &opts).unwrap_err();
     assert!(matches!(err, pisa_wgpu::GpuError::Unsupported(_)), "{err}");
+}
+
+/// `layer{layer}.{q,k,v}` of the first `n` tokens of the shared real activations (SmolLM2-135M:
+/// Hq 9, Hkv 3, D 64, bf16) as f32 `[1, H, n, 64]`, or None when the file is absent.
+fn real_qkv(layer: usize, n: usize) -> Option<[Vec<f32>; 3]> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/data/smollm2-rustbook-8k.safetensors"
+    );
+    let Ok(bytes) = std::fs::read(path) else {
+        eprintln!("skipped: {path} not readable");
+        return None;
+    };
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors file");
+    let get = |name: &str| -> Vec<f32> {
+        let t = st
+            .tensor(&format!("layer{layer}.{name}"))
+            .expect("tensor present");
+        let [heads, tokens, d] = t.shape() else {
+            panic!("{name}: shape {:?}", t.shape())
+        };
+        let mut out = Vec::with_capacity(heads * n * d);
+        for h in 0..*heads {
+            let o = h * tokens * d;
+            out.extend(
+                t.data()[2 * o..2 * (o + n * d)]
+                    .chunks_exact(2)
+                    .map(|x| half::bf16::from_le_bytes([x[0], x[1]]).to_f32()),
+            );
+        }
+        out
+    };
+    Some([get("q"), get("k"), get("v")])
+}
+
+#[test]
+fn prefill_on_real_activations() {
+    // Layers 15 and 29 (peaked attention, token 0 a sink), GQA group 3, D 64, scale 1/8, f16
+    // storage: selections equal the reference's within ties, outputs within 5e-3.
+    let ctx = ctx();
+    for layer in [15, 29] {
+        let Some(qkv) = real_qkv(layer, 1024) else {
+            return;
+        };
+        let shape = AttentionShape::prefill(1, 9, 3, 1024, 64).unwrap();
+        let cfg = SelectionConfig::new(32, 8).unwrap().with_scale(Some(0.125));
+        check_inputs(
+            ctx,
+            shape,
+            cfg,
+            TensorLayout::Bhnd,
+            Storage::F16,
+            qkv,
+            layer as u64,
+        );
+    }
 }
