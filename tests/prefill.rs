@@ -250,3 +250,53 @@ fn prefill_on_real_activations() {
         );
     }
 }
+
+#[test]
+fn repeated_calls_reuse_buffers_and_stay_correct() {
+    // Buffers come back to the context's pool after a call and serve the next call of the same
+    // shape, rewritten first: the second call on new inputs must equal a fresh context's.
+    let seed = seed("buffer reuse");
+    let mut r = rng(seed);
+    let shape = AttentionShape::prefill(1, 4, 2, 300, 64).unwrap();
+    let opts = PrefillOptions {
+        cfg: SelectionConfig::new(16, 4).unwrap(),
+        return_selection: true,
+        ..Default::default()
+    };
+    let own = Context::new(&AdapterChoice::HighPerformance).unwrap();
+    let mut inputs = || {
+        (
+            random(&mut r, shape.q_elems(), 1.0),
+            random(&mut r, shape.kv_elems(), 1.0),
+            random(&mut r, shape.kv_elems(), 1.0),
+        )
+    };
+    let (q1, k1, v1) = inputs();
+    prefill_host(&own, &q1, &k1, &v1, &shape, &opts).unwrap();
+    assert!(
+        own.pooled_bytes() > 0,
+        "buffers should come back to the pool"
+    );
+    let pooled = own.pooled_bytes();
+    let (q2, k2, v2) = inputs();
+    let reused = prefill_host(&own, &q2, &k2, &v2, &shape, &opts).unwrap();
+    assert_eq!(
+        own.pooled_bytes(),
+        pooled,
+        "the same buffers went out and came back"
+    );
+    let fresh = prefill_host(
+        &Context::new(&AdapterChoice::HighPerformance).unwrap(),
+        &q2,
+        &k2,
+        &v2,
+        &shape,
+        &opts,
+    )
+    .unwrap();
+    assert_eq!(reused.out, fresh.out);
+    assert_eq!(reused.lse, fresh.lse);
+    assert_eq!(reused.selection, fresh.selection);
+    own.clear_pool();
+    assert_eq!(own.pooled_bytes(), 0);
+}

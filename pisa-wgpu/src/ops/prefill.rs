@@ -288,12 +288,17 @@ pub fn prefill_host(
             Ok(r)
         })?;
         let times = prof.finish(ctx)?;
-        let sel = if opts.return_selection {
+        let sel_host = if opts.return_selection {
             ctx.read_i32(&sel)?
         } else {
             Vec::new()
         };
-        Ok((ctx.read_f32(&o)?, ctx.read_f32(&lse)?, sel, times))
+        let (o_host, lse_host) = (ctx.read_f32(&o)?, ctx.read_f32(&lse)?);
+        // The next call of the same shape (a chunk, a later request) reuses these buffers.
+        for t in [qt, kt, vt, o, lse, sel] {
+            ctx.recycle(t);
+        }
+        Ok((o_host, lse_host, sel_host, times))
     };
     if units >= shape.batch * hkv {
         let (out, lse, sel, times) = run(q, k, v, &shape)?;

@@ -35,13 +35,64 @@ pub struct GpuTensor {
     pub storage: Storage,
 }
 
+/// Most bytes the pool of recycled buffers keeps; a buffer returned past it is freed.
+pub const POOL_MAX_BYTES: u64 = 1 << 30;
+
+/// Storage buffers kept for reuse, keyed by byte size. Buffers of one shape's call come back
+/// from [`Context::recycle`] and serve the next call of the same shape (an inference loop, a
+/// benchmark's repetitions) without a new allocation; every reuse is fully rewritten (upload
+/// data or poison) before any kernel reads it.
+#[derive(Default)]
+pub struct BufferPool {
+    free: std::collections::HashMap<u64, Vec<wgpu::Buffer>>,
+    bytes: u64,
+}
+
 /// `bytes` rounded up to a whole, non-zero number of 4-byte words (saturating at `u64::MAX`,
 /// which no binding limit admits).
 fn padded(bytes: u64) -> u64 {
     bytes.div_ceil(4).max(1).saturating_mul(4)
 }
 
+/// Usage of every storage tensor (the pooled kind).
+const STORAGE_USAGE: wgpu::BufferUsages =
+    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC);
+
 impl Context {
+    fn take_pooled(&self, size: u64) -> Option<wgpu::Buffer> {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let b = pool.free.get_mut(&size)?.pop()?;
+        pool.bytes -= size;
+        Some(b)
+    }
+
+    /// Returns a tensor's buffer to the context's pool, for the next allocation of the same
+    /// byte size (kept up to [`POOL_MAX_BYTES`] in all; freed beyond). Call it when the tensor
+    /// is no longer needed, e.g. after reading an output back.
+    pub fn recycle(&self, t: GpuTensor) {
+        let size = t.buffer.size();
+        if t.buffer.usage() != STORAGE_USAGE | wgpu::BufferUsages::COPY_DST {
+            return;
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.bytes + size <= POOL_MAX_BYTES {
+            pool.bytes += size;
+            pool.free.entry(size).or_default().push(t.buffer);
+        }
+    }
+
+    /// Frees every pooled buffer.
+    pub fn clear_pool(&self) {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.free.clear();
+        pool.bytes = 0;
+    }
+
+    /// Bytes held by the pool of recycled buffers.
+    pub fn pooled_bytes(&self) -> u64 {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).bytes
+    }
+
     /// Errors with [`GpuError::Limit`] when `bytes` exceed the storage-binding limit.
     pub fn check_binding(&self, what: &str, bytes: u64) -> Result<()> {
         let limit = self.max_binding_bytes();
@@ -65,11 +116,16 @@ impl Context {
         contents: &[u8],
         usage: wgpu::BufferUsages,
     ) -> wgpu::Buffer {
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage: usage | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
+        let pooled = (usage == STORAGE_USAGE)
+            .then(|| self.take_pooled(size))
+            .flatten();
+        let buffer = pooled.unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage: usage | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
         });
         if !contents.is_empty() {
             self.queue.write_buffer(&buffer, 0, contents);

@@ -172,6 +172,9 @@ pub struct Context {
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<String>>>,
     binding_limit: AtomicU64,
+    /// Storage buffers returned by [`Context::recycle`], by byte size, for reuse by the next
+    /// call of the same shape (see `buffers.rs`).
+    pub(crate) pool: Mutex<super::buffers::BufferPool>,
     coop_props: Vec<wgpu::CooperativeMatrixProperties>,
     coop_ok: bool,
     coop_on: AtomicBool,
@@ -293,6 +296,7 @@ impl Context {
             coop_props,
             coop_ok,
             coop_on: AtomicBool::new(coop_on),
+            pool: Mutex::new(Default::default()),
         })
     }
 
