@@ -206,9 +206,44 @@ pub fn round_through_f16(xs: &mut [f32]) {
     }
 }
 
+/// Widens bf16 storage (raw bits, e.g. a model's activations) to the f32 the GPU operations
+/// take; the GPU then stores them as f32 or f16 (`Storage`). Exact: every bf16 is an f32.
+#[cfg(feature = "alloc")]
+pub fn bf16_to_f32_vec(bits: &[u16]) -> alloc::vec::Vec<f32> {
+    bits.iter().map(|&b| bf16_to_f32(b)).collect()
+}
+
+/// Widens f16 storage (raw bits) to f32. Exact.
+#[cfg(feature = "alloc")]
+pub fn f16_to_f32_vec(bits: &[u16]) -> alloc::vec::Vec<f32> {
+    bits.iter().map(|&b| f16_to_f32(b)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn half_conversions_are_exact_widenings() {
+        let xs = [1.5f32, -0.0, 65504.0, 1e-3, -3.25];
+        let bf: alloc::vec::Vec<u16> = xs.iter().map(|&x| f32_to_bf16(x)).collect();
+        let h: alloc::vec::Vec<u16> = xs.iter().map(|&x| f32_to_f16(x)).collect();
+        for (i, (a, b)) in bf16_to_f32_vec(&bf)
+            .iter()
+            .zip(f16_to_f32_vec(&h))
+            .enumerate()
+        {
+            assert_eq!(*a, bf16_to_f32(bf[i]));
+            assert_eq!(b, f16_to_f32(h[i]));
+            assert!(
+                (a - xs[i]).abs() <= xs[i].abs() / 128.0,
+                "bf16 keeps 8 bits: {a} vs {}",
+                xs[i]
+            );
+        }
+        assert_eq!(bf16_to_f32(f32_to_bf16(1.5)), 1.5);
+        assert_eq!(f16_to_f32(f32_to_f16(65504.0)), 65504.0);
+    }
 
     #[test]
     fn lse_is_stable() {

@@ -64,7 +64,8 @@ pub struct PrefillOptions {
     pub cfg: SelectionConfig,
     /// Layout of Q, K, V and O.
     pub layout: TensorLayout,
-    /// GPU storage precision of Q, K, V and O.
+    /// GPU storage precision of Q, K, V and O (f32 or f16). bf16 inputs: widen them with
+    /// `pisa_core::lse::bf16_to_f32_vec` (exact), then store as f16 or f32.
     pub storage: Storage,
     /// Consecutive queries per stage-2 tile (PISA.md section 5; 4 in the paper).
     pub q_tile: usize,
