@@ -15,7 +15,7 @@ use pisa_wgpu::{Context, Profiler, Storage};
 
 use crate::args::{progress, DeviceArgs, SelectArgs};
 use crate::input::{InputArgs, Loaded};
-use crate::io::{self, DType, HostTensor, IndexTensor, Outputs};
+use crate::io::{self, DType, Outputs};
 
 /// Arguments of `pisa decode`.
 #[derive(Args, Debug)]
@@ -346,23 +346,8 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         .is_none_or(|c| c.out_err <= tol && c.lse_err <= tol);
     let mut written = Vec::new();
     if let (Some(path), true) = (&a.output, check_ok) {
-        let s = &l.shape;
-        let lead: Vec<usize> = if l.batched() { vec![s.batch] } else { vec![] };
-        let o = HostTensor::new("o", l.q_dims.clone(), r.out.clone())?;
-        let lse = HostTensor::new(
-            "lse",
-            [lead.clone(), vec![s.q_heads, s.q_len]].concat(),
-            r.lse.clone(),
-        )?;
-        let idx = if a.save_selection {
-            Some(IndexTensor::new(
-                "indices",
-                [lead, vec![s.kv_heads, s.q_len, cfg.top_k]].concat(),
-                r.selection.clone(),
-            )?)
-        } else {
-            None
-        };
+        let sel = a.save_selection.then_some(&r.selection[..]);
+        let (o, lse, idx) = super::forward::output_tensors_of(&l, &r.out, &r.lse, sel, cfg.top_k)?;
         let mut meta = BTreeMap::new();
         meta.insert("prefill_tokens".to_string(), p.to_string());
         meta.insert("config".to_string(), format!("{cfg:?}"));

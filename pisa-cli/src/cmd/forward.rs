@@ -39,19 +39,31 @@ pub fn output_tensors(
     r: &PrefillOutput,
     top_k: usize,
 ) -> Result<(HostTensor, HostTensor, Option<IndexTensor>)> {
+    output_tensors_of(l, &r.out, &r.lse, r.selection.as_deref(), top_k)
+}
+
+/// O, LSE and (when given) the selection as output tensors whose ranks mirror the input's:
+/// O like Q, LSE `[B,] Hq, N`, indices `[B,] Hkv, N, K`. Shared with `pisa decode`.
+pub fn output_tensors_of(
+    l: &Loaded,
+    out: &[f32],
+    lse: &[f32],
+    selection: Option<&[i32]>,
+    top_k: usize,
+) -> Result<(HostTensor, HostTensor, Option<IndexTensor>)> {
     let s = &l.shape;
     let lead: Vec<usize> = if l.batched() { vec![s.batch] } else { vec![] };
-    let o = HostTensor::new("o", l.q_dims.clone(), r.out.clone())?;
+    let o = HostTensor::new("o", l.q_dims.clone(), out.to_vec())?;
     let lse = HostTensor::new(
         "lse",
         [lead.clone(), vec![s.q_heads, s.q_len]].concat(),
-        r.lse.clone(),
+        lse.to_vec(),
     )?;
-    let idx = match &r.selection {
+    let idx = match selection {
         Some(sel) => Some(IndexTensor::new(
             "indices",
             [lead, vec![s.kv_heads, s.q_len, top_k]].concat(),
-            sel.clone(),
+            sel.to_vec(),
         )?),
         None => None,
     };
