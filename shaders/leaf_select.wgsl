@@ -8,16 +8,13 @@
 // tile (QT*GQ dot products per key read; the queries are held [D][QG4] as vec4 so that one
 // broadcast load feeds four accumulators; accumulators are unrolled by hand). A workgroup reduction
 // folds the chunk into a running (max, sum) per (query, head); a leaf's score for a query is the
-// sum over the GQ heads of log sum_t exp(s q.k_t). The final pick is rank-based (rank = number of
-// candidates strictly better: higher score, then lower index; keep rank < K - |forced|), with
-// scores compared through `rank_key` (a NaN ranks as -inf), so exactly K - |forced| candidates
-// are kept whatever the scores; the row is written ascending: forced + kept, -1 padded. The
-// forced leaves are written outside the ranking and are always in the row. A query that sees K
-// or fewer leaves gets them all.
+// sum over the GQ heads of log sum_t exp(s q.k_t). The union and the final rank-based pick are
+// leaf_common.wgsl's (appended). The tensor-core twin of this kernel is leaf_select_coop.wgsl.
 //
 // Q, K: store_t, (b, h, n, d) at b*sb + h*sh + n*sn + d. cand: i32 [B, Hkv, Nq, MC] (-1 padded);
 // out: i32 [B, Hkv, Nq, K].
-// (store_t, Params, p and the shared helpers: select_common.wgsl, prepended)
+// (store_t, Params, p and the shared helpers: select_common.wgsl, prepended; cand, sel and the
+// union: leaf_common.wgsl, appended)
 
 const GQ: u32 = 1u;
 const QT: u32 = 4u;
@@ -29,25 +26,15 @@ const DC: u32 = 32u;
 const QG: u32 = QT * GQ;
 const QG4: u32 = (QG + 3u) / 4u;
 const NEG: f32 = -3.0e38;
-const NONE: u32 = 0xffffffffu;
 
 @group(0) @binding(1) var<storage, read> q: array<store_t>;
 @group(0) @binding(2) var<storage, read> k: array<store_t>;
-@group(0) @binding(3) var<storage, read> cand: array<i32>;
-@group(0) @binding(4) var<storage, read_write> sel: array<i32>;
 
 var<workgroup> qs: array<vec4<f32>, QBUF>;
 var<workgroup> ks: array<f32, WG * (DC + 1u)>;
-var<workgroup> cl: array<u32, QT * MC>;
-var<workgroup> ui: array<u32, QT * MC>;
-var<workgroup> ul: array<u32, QT * MC>;
-var<workgroup> kf: array<u32, QT * MC>;
-var<workgroup> us: array<u32, QT * MC * QT>;
 var<workgroup> sc: array<vec4<f32>, WG * QG4>;
 var<workgroup> rm: array<f32, QG>;
 var<workgroup> rl: array<f32, QG>;
-var<workgroup> nd: array<u32, QT>;
-var<workgroup> nu: u32;
 var<workgroup> pm: array<f32, WG>;
 var<workgroup> ps: array<f32, WG>;
 // Base of this workgroup's (b, KV head) in K.
@@ -81,7 +68,6 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let b = bh / p.kv_heads;
     let hkv = bh % p.kv_heads;
     let d_n = p.head_dim;
-    let kk = p.top_k;
     // Scaled queries, [Dp][QG4] vec4 (component j % 4 of slot j / 4), zero-padded.
     let d_p = (d_n + DC - 1u) / DC * DC;
     for (var e = lid; e < QG4 * 4u * d_p; e += WG) {
@@ -96,64 +82,7 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         }
         qs[d * QG4 + j / 4u][j % 4u] = v;
     }
-    // Non-forced candidates of queries that see more than K leaves.
-    for (var e = lid; e < QT * MC; e += WG) {
-        let i = i0 + e / MC;
-        var v = NONE;
-        if (i < p.q_len) {
-            let bq = (p.q_pos0 + i) / p.block_size;
-            if (visible(bq) > kk) {
-                let c = cand[(bh * p.q_len + i) * MC + e % MC];
-                if (c >= 0 && !is_forced(bq, u32(c))) { v = u32(c); }
-            }
-        }
-        cl[e] = v;
-    }
-    workgroupBarrier();
-    if (lid < QT) {
-        let bq = (p.q_pos0 + i0 + lid) / p.block_size;
-        var n = 0u;
-        for (var o = 0u; o < MC; o++) { n += select(0u, 1u, cl[lid * MC + o] != NONE); }
-        let slots = kk - n_forced(bq);
-        nd[lid] = select(0u, 1u, n > slots && slots > 0u);
-    }
-    workgroupBarrier();
-    // Union of the leaves to score: first occurrences, compacted in entry order.
-    for (var e = lid; e < QT * MC; e += WG) {
-        let x = cl[e];
-        var f = 0u;
-        if (x != NONE && nd[e / MC] != 0u) {
-            f = 1u;
-            for (var o = 0u; o < e; o++) {
-                if (cl[o] == x && nd[o / MC] != 0u) { f = 0u; break; }
-            }
-        }
-        kf[e] = f;
-    }
-    workgroupBarrier();
-    for (var e = lid; e < QT * MC; e += WG) {
-        if (kf[e] != 0u) {
-            var u = 0u;
-            for (var o = 0u; o < e; o++) { u += kf[o]; }
-            ul[u] = cl[e];
-            ui[e] = u;
-        }
-    }
-    if (lid == 0u) {
-        var n = 0u;
-        for (var o = 0u; o < QT * MC; o++) { n += kf[o]; }
-        nu = n;
-    }
-    workgroupBarrier();
-    for (var e = lid; e < QT * MC; e += WG) {
-        let x = cl[e];
-        if (x != NONE && nd[e / MC] != 0u && kf[e] == 0u) {
-            for (var o = 0u; o < e; o++) {
-                if (kf[o] != 0u && cl[o] == x) { ui[e] = ui[o]; break; }
-            }
-        }
-    }
-    let n_union = workgroupUniformLoad(&nu);
+    let n_union = gather_union(lid, bh, i0);
     kbase_g = b * p.k_sb + hkv * p.k_sh;
     for (var u = 0u; u < n_union; u++) {
         let leaf = ul[u];
@@ -239,72 +168,5 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             us[u * QT + lid] = rank_key(tot);
         }
     }
-    workgroupBarrier();
-    // Keep rank < slots (higher score, then lower index).
-    for (var e = lid; e < QT * MC; e += WG) {
-        let qi = e / MC;
-        let x = cl[e];
-        var keep = 0u;
-        if (x != NONE) {
-            let bq = (p.q_pos0 + i0 + qi) / p.block_size;
-            let slots = kk - n_forced(bq);
-            if (nd[qi] != 0u) {
-                let s = us[ui[e] * QT + qi];
-                var rank = 0u;
-                for (var o = qi * MC; o < qi * MC + MC; o++) {
-                    let xo = cl[o];
-                    if (xo != NONE) {
-                        let so = us[ui[o] * QT + qi];
-                        if (so > s || (so == s && xo < x)) { rank++; }
-                    }
-                }
-                keep = select(0u, 1u, rank < slots);
-            } else {
-                keep = select(0u, 1u, slots > 0u);
-            }
-        }
-        kf[e] = keep;
-    }
-    workgroupBarrier();
-    for (var e = lid; e < QT * MC; e += WG) {
-        let qi = e / MC;
-        let i = i0 + qi;
-        if (kf[e] != 0u) {
-            let x = cl[e];
-            let bq = (p.q_pos0 + i) / p.block_size;
-            var pos = forced_below(bq, x);
-            for (var o = qi * MC; o < qi * MC + MC; o++) {
-                if (kf[o] != 0u && cl[o] < x) { pos++; }
-            }
-            sel[(bh * p.q_len + i) * kk + pos] = i32(x);
-        }
-    }
-    if (lid < QT && i0 + lid < p.q_len) {
-        let i = i0 + lid;
-        let out = (bh * p.q_len + i) * kk;
-        let bq = (p.q_pos0 + i) / p.block_size;
-        let vis = visible(bq);
-        var total = 0u;
-        if (vis <= kk) {
-            for (var j = 0u; j < vis; j++) { sel[out + j] = i32(j); }
-            total = vis;
-        } else {
-            var nk = 0u;
-            for (var o = lid * MC; o < lid * MC + MC; o++) { nk += kf[o]; }
-            let ls = local_start(bq);
-            let se = sink_end(bq);
-            var idx = 0u;
-            for (var f = 0u; f <= bq; f++) {
-                if (f == se && se < ls) { f = ls; }
-                var pos = idx;
-                for (var o = lid * MC; o < lid * MC + MC; o++) {
-                    if (kf[o] != 0u && cl[o] < f) { pos++; }
-                }
-                sel[out + pos] = i32(f);
-                idx++;
-            }
-            total = idx + nk;
-        }
-        for (var r = total; r < kk; r++) { sel[out + r] = -1; }
-    }
+    write_selection(lid, bh, i0);
 }

@@ -1,11 +1,15 @@
 //! Stage 2 of PISA prefill selection (PISA.md sections 3.3, 3.4 and 5): exact-LSE scoring of the
 //! stage-1 leaf candidates with query tiling, and the final top-K; shader
-//! `shaders/leaf_select.wgsl`.
+//! `shaders/leaf_select.wgsl` (portable) or, on tensor cores, [`coop`]
+//! (`shaders/leaf_select_coop.wgsl`). Both append `shaders/leaf_common.wgsl` (the union of a
+//! tile's candidates and the rank-based pick).
+
+pub mod coop;
 
 use super::select::{fit_tile, Plan};
 use crate::error::Result;
 use crate::runtime::buffers::{GpuTensor, POISON_I32};
-use crate::runtime::context::Context;
+use crate::runtime::context::{Context, KernelPath};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 
@@ -14,7 +18,8 @@ pub const SHADER: ShaderSource = ShaderSource {
     name: "leaf_select",
     wgsl: concat!(
         include_str!("../../../shaders/select_common.wgsl"),
-        include_str!("../../../shaders/leaf_select.wgsl")
+        include_str!("../../../shaders/leaf_select.wgsl"),
+        include_str!("../../../shaders/leaf_common.wgsl")
     ),
 };
 
@@ -33,21 +38,36 @@ fn q_slots(qg: u32, d: u32) -> u32 {
 /// Workgroup bytes of stage 2 for a tile of `t` queries (see the shader's `var<workgroup>`s).
 fn wg_bytes(t: u32, gq: u32, d: u32, mc: u32) -> u64 {
     let qg = t * gq;
-    let words = 4 * q_slots(qg, d)
-        + WG * (DC + 1)
-        + 4 * WG * qg.div_ceil(4)
-        + 4 * t * mc
-        + t * mc * t
-        + 2 * qg
-        + t
-        + 1;
-    4 * words as u64
+    let words = 4 * q_slots(qg, d) + WG * (DC + 1) + 4 * WG * qg.div_ceil(4) + 2 * qg + 2 * WG;
+    4 * words as u64 + common_bytes(t, mc)
+}
+
+/// Which kernel family stage 2 (leaf scoring) runs for a PISA selection of this shape,
+/// configuration, storage and query tile on `ctx` (see [`coop::plan_for`]).
+pub fn leaf_path(
+    ctx: &Context,
+    shape: &pisa_core::AttentionShape,
+    cfg: &pisa_core::SelectionConfig,
+    storage: Storage,
+    q_tile: usize,
+) -> KernelPath {
+    match coop::plan_for(ctx, shape, cfg, storage, q_tile) {
+        Some(_) => KernelPath::CoopMat,
+        None => KernelPath::Portable,
+    }
+}
+
+/// Workgroup bytes of leaf_common.wgsl's arrays for a tile of `t` queries, `mc` candidates each.
+fn common_bytes(t: u32, mc: u32) -> u64 {
+    let qmc4 = (t * mc).div_ceil(4) * 4;
+    4 * (4 * qmc4 + qmc4 * t + t.div_ceil(4) * 4 + 4) as u64
 }
 
 /// Records stage 2 over the candidates `cand` (`[B, Hkv, Nq, g*(K+1)]` from
 /// [`super::route`]) and returns the selection `[B, Hkv, Nq, K]` i32, ascending, -1 padded.
 /// `q_tile` (Qtile) consecutive queries share each loaded key block; it is clamped to what fits
-/// in workgroup memory and does not change the result. Profiler stage "leaf_select".
+/// in workgroup memory and does not change the result. On the CoopMat path, f16 selections of a
+/// supported shape score on tensor cores ([`coop`]). Profiler stage "leaf_select".
 /// Errors: [`crate::GpuError::Limit`] (buffers, workgroup memory).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
@@ -66,9 +86,16 @@ pub(crate) fn record(
             "PISA selection with {gq} query heads per KV head (at most {MAX_QG})"
         )));
     }
+    let len = plan.sched.selection_len(&plan.shape);
+    if let Some(var) = coop::plan(ctx, plan, q_tile) {
+        let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
+        let timer = prof.map(|pr| (pr, "leaf_select"));
+        let b = [&q.buffer, &k.buffer, &cand.buffer];
+        coop::record(ctx, enc, plan, b, &sel, &var, timer)?;
+        return Ok(sel);
+    }
     let max_tile = q_tile.clamp(1, (MAX_QG / gq) as usize);
     let t = fit_tile(ctx, "leaf_select", max_tile, |t| wg_bytes(t, gq, d, mc))?;
-    let len = plan.sched.selection_len(&plan.shape);
     let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
     let consts = [
         ("GQ", gq),

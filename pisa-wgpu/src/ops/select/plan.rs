@@ -52,6 +52,7 @@ pub(crate) struct Plan {
     pub params: SelParams,
     pub sched: Schedule,
     pub shape: AttentionShape,
+    pub cfg: SelectionConfig,
     pub storage: Storage,
     /// B * Hkv.
     pub bh: u64,
@@ -197,6 +198,7 @@ pub(crate) fn plan(
         params,
         sched,
         shape: *s,
+        cfg: *cfg,
         storage: q.storage,
         bh: (s.batch * s.kv_heads) as u64,
         gq: s.gqa_group() as u32,

@@ -1,0 +1,155 @@
+//! Stage 2 of PISA prefill selection on tensor cores: the cooperative-matrix twin of the
+//! portable leaf scorer (`shaders/leaf_select_coop.wgsl`; PISA.md sections 2, 3.3, 3.4 and 5),
+//! for f16 storage on adapters whose [`KernelPath`] is [`KernelPath::CoopMat`].
+//!
+//! [`super::record`] calls [`plan`] and dispatches here when it returns a variant; everything
+//! else (f32 storage, head dims that are not a multiple of 16 or above 128, GQA groups above 16,
+//! adapters without cooperative matrices) runs the portable kernel. Same bindings, parameters
+//! and output as the portable kernel: the selection `[B, Hkv, Nq, K]` i32.
+//!
+//! Numerics: Q and K enter the tensor cores as the f16 values stored (exact), products are
+//! accumulated in f32 and scaled afterwards, so the leaf scores differ from the portable
+//! kernel's (f32 FMA order) only by f32 rounding; selections are equal except where two
+//! candidates tie within that rounding (tests/coopmat.rs checks against the f64 reference).
+
+use super::{common_bytes, Plan};
+use crate::error::Result;
+use crate::runtime::buffers::GpuTensor;
+use crate::runtime::context::{Context, KernelPath, COOP_SUBGROUPS};
+use crate::runtime::pipeline::{ShaderSource, Storage};
+use pisa_core::{AttentionShape, SelectionConfig};
+
+/// `shaders/leaf_select_coop.wgsl` (its `enable` first), the shared selection prelude and the
+/// union / pick code of `shaders/leaf_common.wgsl`.
+pub const SHADER: ShaderSource = ShaderSource {
+    name: "leaf_select_coop",
+    wgsl: concat!(
+        include_str!("../../../../shaders/leaf_select_coop.wgsl"),
+        include_str!("../../../../shaders/select_common.wgsl"),
+        include_str!("../../../../shaders/leaf_common.wgsl")
+    ),
+};
+
+/// Largest head dim of the cooperative-matrix leaf scorer (a multiple of 16 up to this).
+pub const MAX_COOP_HEAD_DIM: u32 = 128;
+
+/// Shader constants of one cooperative-matrix leaf-scoring pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeafCoopVariant {
+    /// Query heads per KV head (g_q <= 16).
+    pub gq: u32,
+    /// Consecutive queries per workgroup (`qt * gq <= 16`: one 16-row block).
+    pub qt: u32,
+    /// Candidate slots per query, g * (K + 1).
+    pub mc: u32,
+    /// Head dim (multiple of 16, <= 128).
+    pub hd: u32,
+    /// 16-key column tiles per leaf block: ceil(C / 16).
+    pub ct: u32,
+    /// Subgroup size (fixed on the adapter).
+    pub sg: u32,
+}
+
+impl LeafCoopVariant {
+    /// Workgroup memory the shader declares, bytes (mirrors its `var<workgroup>` list).
+    pub fn shared_bytes(&self) -> u64 {
+        let ks = (self.hd + 8) as u64;
+        let cw = 16 * self.ct as u64;
+        let wg = (COOP_SUBGROUPS * self.sg) as u64;
+        let halves = (16 + cw) * ks;
+        let floats = 16 * (cw + 4) + COOP_SUBGROUPS as u64 * 256 + 2 * wg;
+        2 * halves + 4 * floats + common_bytes(self.qt, self.mc)
+    }
+
+    /// The `(name, value)` constants for [`crate::runtime::pipeline::preprocess`].
+    pub fn consts(&self) -> [(&'static str, u32); 6] {
+        [
+            ("GQ", self.gq),
+            ("QT", self.qt),
+            ("MC", self.mc),
+            ("HD", self.hd),
+            ("CT", self.ct),
+            ("SG", self.sg),
+        ]
+    }
+}
+
+/// The cooperative-matrix variant for a PISA selection of this shape and configuration on
+/// `ctx` (Q and K in the layouts of [`pisa_core::TensorLayout`], whose strides are multiples of
+/// the head dim), or `None` when stage 2 runs the portable kernel: path not CoopMat, storage not
+/// f16, head dim not a multiple of 16 or above [`MAX_COOP_HEAD_DIM`], g_q above 16, fewer than
+/// 16 invocations per workgroup, or workgroup memory too small.
+///
+/// Choice: QT = min(q_tile, 16 / g_q) queries (the paper's Qtile of 4 at g_q = 4), so that the
+/// tile's (query, head) rows fill one 16-row block.
+pub fn plan_for(
+    ctx: &Context,
+    shape: &AttentionShape,
+    cfg: &SelectionConfig,
+    storage: Storage,
+    q_tile: usize,
+) -> Option<LeafCoopVariant> {
+    let sg = ctx.report().subgroup_size.0;
+    let (gq, hd) = (shape.gqa_group(), shape.head_dim);
+    if ctx.kernel_path() != KernelPath::CoopMat
+        || storage != Storage::F16
+        || hd == 0
+        || !hd.is_multiple_of(16)
+        || hd > MAX_COOP_HEAD_DIM as usize
+        || gq == 0
+        || gq > 16
+        || COOP_SUBGROUPS * sg < 16
+        || cfg.block_size == 0
+    {
+        return None;
+    }
+    let v = LeafCoopVariant {
+        gq: gq as u32,
+        qt: (q_tile.max(1) as u32).min(16 / gq as u32),
+        mc: (cfg.merge_factor * (cfg.top_k + 1)) as u32,
+        hd: hd as u32,
+        ct: cfg.block_size.div_ceil(16) as u32,
+        sg,
+    };
+    let budget = ctx.limits().max_compute_workgroup_storage_size as u64;
+    (v.shared_bytes() <= budget).then_some(v)
+}
+
+/// [`plan_for`] of a validated selection call, with its strides checked (multiples of 4
+/// elements: the shader reads Q and K as vec4).
+pub(crate) fn plan(ctx: &Context, plan: &Plan, q_tile: usize) -> Option<LeafCoopVariant> {
+    let p = &plan.params;
+    let strides = [p.q_sb, p.q_sh, p.q_sn, p.k_sb, p.k_sh, p.k_sn];
+    if strides.iter().any(|s| !s.is_multiple_of(4)) {
+        return None;
+    }
+    let v = plan_for(ctx, &plan.shape, &plan.cfg, plan.storage, q_tile)?;
+    (v.mc == p.mc).then_some(v)
+}
+
+/// Records the cooperative-matrix stage 2 of variant `var` (from [`plan`]); arguments, output and
+/// errors as [`super::record`].
+pub(crate) fn record(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    plan: &Plan,
+    bindings: [&wgpu::Buffer; 3],
+    sel: &GpuTensor,
+    var: &LeafCoopVariant,
+    timer: Option<(&mut crate::runtime::profiler::Profiler, &'static str)>,
+) -> Result<()> {
+    let pipe = ctx.pipelines.get(
+        &ctx.device,
+        &SHADER,
+        "leaf_select",
+        Storage::F16,
+        &var.consts(),
+        &[],
+    )?;
+    let p = plan.tiled(var.qt);
+    let u = ctx.uniform("leaf_select params", &p)?;
+    let [q, k, cand] = bindings;
+    let b = [(0, &u), (1, q), (2, k), (3, cand), (4, &sel.buffer)];
+    ctx.dispatch(enc, &pipe, &b, p.wg_count as u64, timer)?;
+    Ok(())
+}

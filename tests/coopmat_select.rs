@@ -1,0 +1,239 @@
+//! Tensor-core (cooperative-matrix) stage 2 of PISA selection (leaf scoring, PISA.md sections
+//! 2, 3 and 5; `shaders/leaf_select_coop.wgsl`): naga validation and SPIR-V generation of its
+//! variants and the kernel-path choice (run everywhere), and the coop selection against the f64
+//! CPU reference on f16-rounded inputs (on adapters with cooperative matrices; skipped with a
+//! message elsewhere): GQA groups 1, 2, 3, 4, 7, 8 and 16, head dims 64, 80, 96 and 128, block
+//! sizes 16, 20, 64 and 100 (not all multiples of the 16-key tile), lengths that are not
+//! multiples of the block, both layouts, forced blocks, causal and not, Nq < Nk. Rows may differ
+//! from the reference only where its margin is a near-tie (`select_util::check`).
+mod common;
+#[path = "select_util.rs"]
+mod select_util;
+
+use common::*;
+use pisa_core::reference::select_pisa;
+use pisa_core::{AttentionShape, Scoring, SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::leaf_select::{coop, leaf_path};
+use pisa_wgpu::ops::select::{select_host, Method};
+use pisa_wgpu::runtime::pipeline::preprocess;
+use pisa_wgpu::{KernelPath, Storage};
+use select_util::{check, report, Case};
+
+fn variants() -> Vec<coop::LeafCoopVariant> {
+    let mut out = Vec::new();
+    for (gq, qt, mc, hd, ct, sg) in [
+        (4, 4, 34, 128, 4, 32),
+        (1, 4, 34, 64, 4, 32),
+        (2, 8, 10, 80, 1, 32),
+        (3, 5, 12, 96, 2, 8),
+        (7, 2, 34, 128, 7, 64),
+        (8, 2, 27, 64, 8, 16),
+        (16, 1, 34, 128, 4, 32),
+    ] {
+        out.push(coop::LeafCoopVariant {
+            gq,
+            qt,
+            mc,
+            hd,
+            ct,
+            sg,
+        });
+    }
+    out
+}
+
+/// naga parses and validates every variant (f16, the cooperative-matrix capability enabled) and
+/// writes SPIR-V for it (the path wgpu takes on Vulkan).
+#[test]
+fn leaf_coop_shader_validates_and_writes_spirv() {
+    for v in variants() {
+        let src = preprocess(&coop::SHADER, Storage::F16, &v.consts()).unwrap();
+        let module = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("{v:?}: {}", e.emit_to_string(&src)));
+        let mut val = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        );
+        let info = val
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{v:?}: {}", e.emit_to_string(&src)));
+        let opts = naga::back::spv::Options {
+            lang_version: (1, 3),
+            ..Default::default()
+        };
+        let pipe = naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: "leaf_select".into(),
+        };
+        let words = naga::back::spv::write_vec(&module, &info, &opts, Some(&pipe))
+            .unwrap_or_else(|e| panic!("{v:?}: {e}"));
+        assert!(words.len() > 100);
+        eprintln!("  {v:?}: {} bytes of workgroup memory", v.shared_bytes());
+    }
+}
+
+/// The coop leaf scorer runs exactly for f16 storage, head dims that are multiples of 16 up to
+/// 128 and GQA groups up to 16, on a CoopMat context; everything else (and every adapter
+/// without cooperative matrices, lavapipe included) is Portable.
+#[test]
+fn leaf_path_follows_shape_and_adapter() {
+    let ctx = ctx();
+    let before = ctx.kernel_path();
+    let coop_on = ctx.set_kernel_path(KernelPath::CoopMat) == KernelPath::CoopMat;
+    let cfg = SelectionConfig::new(64, 16).unwrap();
+    let sh = |hq, d| AttentionShape::new(1, hq, 1, 100, 100, d).unwrap();
+    let want = if coop_on {
+        KernelPath::CoopMat
+    } else {
+        KernelPath::Portable
+    };
+    for (hq, d) in [(4, 128), (1, 64), (16, 80), (7, 96)] {
+        assert_eq!(
+            leaf_path(ctx, &sh(hq, d), &cfg, Storage::F16, 4),
+            want,
+            "{hq} {d}"
+        );
+        assert_eq!(
+            leaf_path(ctx, &sh(hq, d), &cfg, Storage::F32, 4),
+            KernelPath::Portable
+        );
+    }
+    for (hq, d) in [(4, 72), (4, 256), (20, 64), (32, 128)] {
+        assert_eq!(
+            leaf_path(ctx, &sh(hq, d), &cfg, Storage::F16, 4),
+            KernelPath::Portable
+        );
+    }
+    ctx.set_kernel_path(KernelPath::Portable);
+    assert_eq!(
+        leaf_path(ctx, &sh(4, 128), &cfg, Storage::F16, 4),
+        KernelPath::Portable
+    );
+    ctx.set_kernel_path(before);
+}
+
+#[test]
+fn leaf_coop_matches_reference() {
+    let ctx = ctx();
+    let before = ctx.kernel_path();
+    if ctx.set_kernel_path(KernelPath::CoopMat) != KernelPath::CoopMat {
+        eprintln!(
+            "leaf_coop_matches_reference: SKIPPED: adapter {:?} has no cooperative-matrix path",
+            ctx.report().name
+        );
+        ctx.set_kernel_path(before);
+        return;
+    }
+    let mut r = rng(seed("leaf_coop_matches_reference"));
+    let base = Case {
+        storage: Storage::F16,
+        ..Case::new(1, 4, 1, 1000, 128, 64, 16)
+    };
+    let cases = [
+        ("gq4 d128 C64 K16", base),
+        (
+            "gq1 d64 C16 K6 b2 bnhd",
+            Case {
+                b: 2,
+                hq: 2,
+                hkv: 2,
+                d: 64,
+                c: 16,
+                k: 6,
+                layout: TensorLayout::Bnhd,
+                ..base
+            },
+        ),
+        (
+            "gq2 d80 C20 K5 sink1 local1",
+            Case {
+                hq: 4,
+                hkv: 2,
+                nq: 777,
+                nk: 777,
+                d: 80,
+                c: 20,
+                k: 5,
+                sink: 1,
+                local: 1,
+                ..base
+            },
+        ),
+        (
+            "gq3 d96 C64 K8 g3 non-causal",
+            Case {
+                hq: 3,
+                nq: 900,
+                nk: 900,
+                d: 96,
+                k: 8,
+                g: 3,
+                causal: false,
+                ..base
+            },
+        ),
+        (
+            "gq7 d128 C100 K4",
+            Case {
+                hq: 7,
+                nq: 1500,
+                nk: 1500,
+                c: 100,
+                k: 4,
+                ..base
+            },
+        ),
+        (
+            "gq8 d64 C32 K8 mean Nq<Nk",
+            Case {
+                hq: 8,
+                nq: 300,
+                nk: 1100,
+                d: 64,
+                c: 32,
+                k: 8,
+                scoring: Scoring::Mean,
+                ..base
+            },
+        ),
+        (
+            "gq16 d128 C64 K4 bnhd",
+            Case {
+                hq: 16,
+                nq: 600,
+                nk: 600,
+                k: 4,
+                layout: TensorLayout::Bnhd,
+                ..base
+            },
+        ),
+    ];
+    for (name, c) in cases {
+        let (q, k) = c.inputs(&mut r);
+        let (shape, cfg) = (c.shape(), c.cfg());
+        assert_eq!(
+            leaf_path(ctx, &shape, &cfg, Storage::F16, 4),
+            KernelPath::CoopMat,
+            "{name}"
+        );
+        let want = select_pisa(&q, &k, &shape, c.layout, &cfg).unwrap();
+        for tile in [4, 1] {
+            let got = select_host(
+                ctx,
+                &q,
+                &k,
+                &shape,
+                c.layout,
+                &cfg,
+                c.storage,
+                Method::Pisa,
+                tile,
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let what = format!("{name} Qtile {tile}");
+            let ties = check(&what, &got, &want, c.tol(&q, &k));
+            report(&what, ties, want.rows());
+        }
+    }
+    ctx.set_kernel_path(before);
+}
