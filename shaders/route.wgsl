@@ -1,24 +1,29 @@
 // Stage 1 of PISA prefill selection (PISA.md sections 2, 3 and 5): route every query through
 // the intermediate pyramid levels (start level down to 1) and write its level-0 candidates.
 //
-// One workgroup per (b, KV head, tile of QT consecutive queries). Candidates, scores and keep
-// flags live in workgroup memory; no query-by-block matrix is ever written. Per level:
-//   1. score: the pyramid rows the scored candidates need (`lse`: each candidate's children;
-//      `mean`, `meanvar`: its own row) are listed, then staged WG rows x DC dims at a time into
-//      workgroup memory with coalesced reads; one invocation per row computes its dot products
-//      with all GQ query heads at once (vec4 accumulators unrolled by hand, 16 heads per pass), and one invocation
-//      per candidate combines them into the score summed over the heads;
+// One workgroup of WG invocations per (b, KV head, tile of QT consecutive queries), QT chosen by
+// the host so that QT * MC * GQ4 work items roughly fill the workgroup. Candidates, scores and
+// keep flags live in workgroup memory; no query-by-block matrix is ever written. Per level
+// (five barriers, four when GQ <= 4):
+//   1. score: one invocation per (query, candidate, group of 4 query heads) reads the pyramid
+//      rows the candidate needs (`lse`: its children; `mean`, `meanvar`: its own row) straight
+//      from global memory (f32 means, L2-resident; vec4 loads when D % 4 == 0) and dots them with
+//      its heads' scaled queries (workgroup memory); it combines them into the candidate's score
+//      summed over its heads; with more than 4 heads the per-group partial scores are summed
+//      after a barrier;
 //   2. keep: a level with more than K candidates keeps those of rank < K, where the rank is the
 //      number of candidates strictly better (higher score, then lower node index; scores compared
 //      through `rank_key`, so a NaN ranks as -inf): deterministic, exactly K kept, no sort;
 //   3. expand: kept nodes (in ascending index order, so the list stays sorted) write their
-//      children at g * (kept nodes before them); one invocation per query appends the
-//      complete-past children of the ancestor.
+//      children at g * (kept nodes before them) and add their child count to the query's total;
+//      then one invocation per query appends the complete-past children of the ancestor.
 // Output: cand [B, Hkv, Nq, MC] i32, ascending leaf indices, -1 padded. Queries that see K or
 // fewer leaves (and every query when nb_0 <= K) get an all -1 row: stage 2 gives them all leaves.
 //
 // Q is store_t, element (b, h, n, d) at b*q_sb + h*q_sh + n*q_sn + d; means / sq are f32
-// [B*Hkv, total_nodes, D] (the second moment E[k^2]; var = E[k^2] - mu^2, clamped at 0).
+// [B*Hkv, total_nodes, D] (the second moment E[k^2]; var = E[k^2] - mu^2, clamped at 0), bound
+// twice: as f32 (bindings 2, 3; used when D % 4 != 0) and as vec4 (bindings 5, 6; used when
+// V4 = 1, i.e. D % 4 == 0); the host binds a dummy to the pair that is not used.
 // (store_t, Params, p and the shared helpers: select_common.wgsl, prepended)
 
 const GQ: u32 = 1u;
@@ -26,12 +31,13 @@ const QT: u32 = 4u;
 const MC: u32 = 34u;
 // Merge factor g (rows per `lse` candidate).
 const G: u32 = 2u;
-// 1 when scoring is `meanvar` (sizes the variance buffers).
+// 1 when scoring is `meanvar` (reads the second moments).
 const MV: u32 = 0u;
-// vec4 slots of the query buffer: QT * GQ4 * (D rounded up to DC).
-const QBUF: u32 = 64u;
-const WG: u32 = 64u;
-const DC: u32 = 32u;
+// vec4 slots per query head row: ceil(D / 4).
+const D4: u32 = 32u;
+// 1 when D % 4 == 0 (vec4 loads of the pyramid rows).
+const V4: u32 = 1u;
+const WG: u32 = 256u;
 const GQ4: u32 = (GQ + 3u) / 4u;
 const NEG: f32 = -3.0e38;
 
@@ -39,66 +45,114 @@ const NEG: f32 = -3.0e38;
 @group(0) @binding(2) var<storage, read> means: array<f32>;
 @group(0) @binding(3) var<storage, read> sq: array<f32>;
 @group(0) @binding(4) var<storage, read_write> cand: array<i32>;
+@group(0) @binding(5) var<storage, read> means4: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> sq4: array<vec4<f32>>;
 
-var<workgroup> qs: array<vec4<f32>, QBUF>;
-var<workgroup> ms: array<f32, WG * (DC + 1u)>;
-var<workgroup> vs: array<f32, MV * WG * (DC + 1u) + 1u>;
-var<workgroup> rd: array<vec4<f32>, QT * MC * G * GQ4>;
-var<workgroup> rv: array<vec4<f32>, MV * QT * MC * GQ4 + 1u>;
-var<workgroup> ra: array<u32, QT * MC * G>;
-var<workgroup> nr: atomic<u32>;
+// Scaled queries of the tile: [QT][GQ][D4] vec4 (dims 4*d4 .. 4*d4+3), zero-padded.
+var<workgroup> qs: array<vec4<f32>, QT * GQ * D4>;
+// Candidate lists (two halves: current level, next level), per query MC slots.
 var<workgroup> cl: array<u32, 2u * QT * MC>;
+// Rank keys of the scored candidates.
 var<workgroup> sc: array<u32, QT * MC>;
+// Partial scores per (candidate, head group) when GQ > 4.
+var<workgroup> ps: array<f32, QT * MC * GQ4>;
 var<workgroup> kp: array<u32, QT * MC>;
 var<workgroup> nc: array<u32, QT>;
-var<workgroup> ncn: array<u32, QT>;
+var<workgroup> ncn: array<atomic<u32>, QT>;
 var<workgroup> rt: array<u32, QT>;
 
-// Stages element e (listed row r0 + e / DC, dim d0 + e % DC) of the rows to score, branch-free:
-// slot e*G + c is child c of entry e's node (`lse`), or the node itself (`mean`, `meanvar`).
-fn stage_r(e: u32, r0: u32, n_rows: u32, d0: u32, cur: u32, l: u32, row0: u32) {
-    let ri = r0 + e / DC;
-    let d = d0 + e % DC;
-    let ok = ri < n_rows && d < p.head_dim;
-    let slot = ra[select(0u, ri, ok)];
-    let c = cl[cur + slot / G];
-    let node = select(p.levels[l].x + c, p.levels[l - 1u].x + c * p.merge + slot % G, p.scoring == 0u);
-    let o = select(0u, (row0 + node) * p.head_dim + d, ok);
-    let v = select(0.0, means[o], ok);
-    let at = (e / DC) * (DC + 1u) + e % DC;
-    ms[at] = v;
-    if (MV != 0u) { vs[at] = select(0.0, max(sq[o] - v * v, 0.0), ok && p.scoring == 2u); }
+// Dims 4*d4 .. 4*d4+3 of the pyramid row starting at element `base` (zero past D).
+fn ld_mean(base: u32, d4: u32) -> vec4<f32> {
+    if (V4 != 0u) { return means4[base / 4u + d4]; }
+    let d = d4 * 4u;
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if (d + i < p.head_dim) { v[i] = means[base + d + i]; }
+    }
+    return v;
 }
 
-fn stage_r4(e: u32, r0: u32, n_rows: u32, d0: u32, cur: u32, l: u32, row0: u32) {
-    stage_r(e + 0u, r0, n_rows, d0, cur, l, row0);
-    stage_r(e + 64u, r0, n_rows, d0, cur, l, row0);
-    stage_r(e + 128u, r0, n_rows, d0, cur, l, row0);
-    stage_r(e + 192u, r0, n_rows, d0, cur, l, row0);
+fn ld_sq(base: u32, d4: u32) -> vec4<f32> {
+    if (V4 != 0u) { return sq4[base / 4u + d4]; }
+    let d = d4 * 4u;
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if (d + i < p.head_dim) { v[i] = sq[base + d + i]; }
+    }
+    return v;
 }
 
-// Score of entry e (node j of level l >= 1) from the row dots, summed over the GQ heads.
-fn score(e: u32, l: u32, j: u32) -> f32 {
-    var total = 0.0;
+// Whether head t (0..4) of head group hg exists (constant-folded when GQ % 4 == 0).
+fn head_ok(hg: u32, t: u32) -> bool {
+    return GQ % 4u == 0u || hg * 4u + t < GQ;
+}
+
+// Partial score of candidate node j of level l >= 1 for query qi, summed over the heads of
+// head group hg: `lse`: per head LSE over the children of n_c * exp(s q.mu_c); `mean`:
+// s q.mu_j + log n_j; `meanvar`: plus (s^2 / 2) sum_d q_d^2 var_d.
+fn score_part(qi: u32, hg: u32, l: u32, j: u32, row0: u32) -> f32 {
+    let qb = (qi * GQ + hg * 4u) * D4;
+    var acc: array<vec4<f32>, G>;
+    var vacc = vec4<f32>(0.0);
+    for (var c = 0u; c < G; c++) { acc[c] = vec4<f32>(0.0); }
     if (p.scoring == 0u) {
         let lc = p.levels[l - 1u];
-        let c1 = min(j * p.merge + p.merge, lc.y);
-        for (var h = 0u; h < GQ; h++) {
-            var m = NEG;
-            var s = 0.0;
-            for (var c = j * p.merge; c < c1; c++) {
-                let v = rd[(e * G + c - j * p.merge) * GQ4 + h / 4u][h % 4u] + log(f32(node_len(c, lc.w)));
-                let mn = max(m, v);
-                s = s * exp(m - mn) + exp(v - mn);
-                m = mn;
+        let nch = min(j * G + G, lc.y) - j * G;
+        let base = (row0 + lc.x + j * G) * p.head_dim;
+        for (var d4 = 0u; d4 < D4; d4++) {
+            let q0 = qs[qb + d4];
+            var q1 = vec4<f32>(0.0);
+            var q2 = vec4<f32>(0.0);
+            var q3 = vec4<f32>(0.0);
+            if (head_ok(hg, 1u)) { q1 = qs[qb + D4 + d4]; }
+            if (head_ok(hg, 2u)) { q2 = qs[qb + 2u * D4 + d4]; }
+            if (head_ok(hg, 3u)) { q3 = qs[qb + 3u * D4 + d4]; }
+            for (var c = 0u; c < G; c++) {
+                if (c < nch) {
+                    let m = ld_mean(base + c * p.head_dim, d4);
+                    acc[c] += vec4<f32>(dot(q0, m), dot(q1, m), dot(q2, m), dot(q3, m));
+                }
             }
-            total += m + log(s);
         }
-    } else {
-        let ln_n = log(f32(node_len(j, p.levels[l].w)));
-        for (var h = 0u; h < GQ; h++) {
-            total += rd[e * G * GQ4 + h / 4u][h % 4u] + ln_n;
-            if (p.scoring == 2u) { total += 0.5 * rv[e * GQ4 + h / 4u][h % 4u]; }
+        var total = 0.0;
+        for (var t = 0u; t < 4u; t++) {
+            if (head_ok(hg, t)) {
+                var m = NEG;
+                var s = 0.0;
+                for (var c = 0u; c < nch; c++) {
+                    let v = acc[c][t] + log(f32(node_len(j * G + c, lc.w)));
+                    let mn = max(m, v);
+                    s = s * exp(m - mn) + exp(v - mn);
+                    m = mn;
+                }
+                total += m + log(s);
+            }
+        }
+        return total;
+    }
+    let lv = p.levels[l];
+    let base = (row0 + lv.x + j) * p.head_dim;
+    for (var d4 = 0u; d4 < D4; d4++) {
+        let q0 = qs[qb + d4];
+        var q1 = vec4<f32>(0.0);
+        var q2 = vec4<f32>(0.0);
+        var q3 = vec4<f32>(0.0);
+        if (head_ok(hg, 1u)) { q1 = qs[qb + D4 + d4]; }
+        if (head_ok(hg, 2u)) { q2 = qs[qb + 2u * D4 + d4]; }
+        if (head_ok(hg, 3u)) { q3 = qs[qb + 3u * D4 + d4]; }
+        let m = ld_mean(base, d4);
+        acc[0] += vec4<f32>(dot(q0, m), dot(q1, m), dot(q2, m), dot(q3, m));
+        if (MV != 0u && p.scoring == 2u) {
+            let v = max(ld_sq(base, d4) - m * m, vec4<f32>(0.0));
+            vacc += vec4<f32>(dot(q0 * q0, v), dot(q1 * q1, v), dot(q2 * q2, v), dot(q3 * q3, v));
+        }
+    }
+    let ln_n = log(f32(node_len(j, lv.w)));
+    var total = 0.0;
+    for (var t = 0u; t < 4u; t++) {
+        if (head_ok(hg, t)) {
+            total += acc[0][t] + ln_n;
+            if (MV != 0u && p.scoring == 2u) { total += 0.5 * vacc[t]; }
         }
     }
     return total;
@@ -117,21 +171,19 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let row0 = bh * p.total_nodes;
     let k = p.top_k;
     let g = p.merge;
-    // Scaled queries of the tile, [Dp][QT][GQ4] vec4 (component h % 4), zero-padded.
-    let d_p = (d_n + DC - 1u) / DC * DC;
-    for (var e = lid; e < QT * GQ4 * 4u * d_p; e += WG) {
-        let r = e / d_p;
-        let d = e % d_p;
-        let qi = r / (GQ4 * 4u);
-        let hh = r % (GQ4 * 4u);
+    // Scaled queries of the tile, [QT][GQ][D4] vec4, zero-padded.
+    for (var e = lid; e < QT * GQ * D4 * 4u; e += WG) {
+        let r = e / (D4 * 4u);
+        let d = e % (D4 * 4u);
+        let qi = r / GQ;
+        let hh = r % GQ;
         let i = i0 + qi;
         var v = 0.0;
-        if (hh < GQ && i < p.q_len && d < d_n) {
+        if (i < p.q_len && d < d_n) {
             v = p.scale * f32(q[b * p.q_sb + (hkv * GQ + hh) * p.q_sh + i * p.q_sn + d]);
         }
-        qs[(d * QT + qi) * GQ4 + hh / 4u][hh % 4u] = v;
+        qs[r * D4 + d / 4u][d % 4u] = v;
     }
-    if (lid == 0u) { atomicStore(&nr, 0u); }
     // Start-level candidates: the complete-past nodes 0..n (the ancestor is implicit).
     let top = p.levels[p.start_level];
     if (lid < QT) {
@@ -150,8 +202,8 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         nc[lid] = n;
         rt[lid] = routed;
+        atomicStore(&ncn[lid], 0u);
     }
-    workgroupBarrier();
     for (var e = lid; e < QT * MC; e += WG) {
         cl[e] = e % MC;
     }
@@ -160,82 +212,27 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         let lc = p.levels[l - 1u];
         let nxt = QT * MC - cur;
         workgroupBarrier();
-        // 1. score: list the rows, stage them, dot them with the group's heads, combine.
-        for (var e = lid; e < QT * MC; e += WG) {
-            let n = nc[e / MC];
-            if (e % MC < n && n > k) {
-                var rows = 1u;
-                if (p.scoring == 0u) {
-                    let j = cl[cur + e];
-                    rows = min(j * g + g, lc.y) - j * g;
-                }
-                let at = atomicAdd(&nr, rows);
-                for (var c = 0u; c < rows; c++) { ra[at + c] = e * G + c; }
+        // 1. score: one invocation per (query, candidate, head group).
+        for (var e = lid; e < QT * MC * GQ4; e += WG) {
+            let ce = e / GQ4;
+            let hg = e % GQ4;
+            let qi = ce / MC;
+            let n = nc[qi];
+            if (ce % MC < n && n > k) {
+                let s = score_part(qi, hg, l, cl[cur + ce], row0);
+                if (GQ4 == 1u) { sc[ce] = rank_key(s); } else { ps[e] = s; }
             }
         }
-        let n_rows = workgroupUniformLoad(&nr);
-        for (var r0 = 0u; r0 < n_rows; r0 += WG) {
-          // Heads in chunks of 16 (four vec4 accumulators); one chunk unless GQ > 16.
-          for (var hc = 0u; hc < GQ4; hc += 4u) {
-            var a0 = vec4<f32>(0.0);
-            var a1 = vec4<f32>(0.0);
-            var a2 = vec4<f32>(0.0);
-            var a3 = vec4<f32>(0.0);
-            var b0 = vec4<f32>(0.0);
-            var b1 = vec4<f32>(0.0);
-            var b2 = vec4<f32>(0.0);
-            var b3 = vec4<f32>(0.0);
-            let my = r0 + lid;
-            var qi = 0u;
-            if (my < n_rows) { qi = (ra[my] / G) / MC; }
-            for (var d0 = 0u; d0 < d_p; d0 += DC) {
-                // Straight-line coalesced staging: all loads in flight together.
-                stage_r4(lid + 0u, r0, n_rows, d0, cur, l, row0); stage_r4(lid + 256u, r0, n_rows, d0, cur, l, row0);
-                stage_r4(lid + 512u, r0, n_rows, d0, cur, l, row0); stage_r4(lid + 768u, r0, n_rows, d0, cur, l, row0);
-                stage_r4(lid + 1024u, r0, n_rows, d0, cur, l, row0); stage_r4(lid + 1280u, r0, n_rows, d0, cur, l, row0);
-                stage_r4(lid + 1536u, r0, n_rows, d0, cur, l, row0); stage_r4(lid + 1792u, r0, n_rows, d0, cur, l, row0);
-                workgroupBarrier();
-                let mr = lid * (DC + 1u);
-                for (var dd = 0u; dd < DC; dd++) {
-                    let x = ms[mr + dd];
-                    let o = ((d0 + dd) * QT + qi) * GQ4 + hc;
-                    let q0 = qs[o];
-                    a0 += q0 * x;
-                    if (GQ4 > 1u && hc + 1u < GQ4) { a1 += qs[o + 1u] * x; }
-                    if (GQ4 > 2u && hc + 2u < GQ4) { a2 += qs[o + 2u] * x; }
-                    if (GQ4 > 3u && hc + 3u < GQ4) { a3 += qs[o + 3u] * x; }
-                    if (MV != 0u) {
-                        let y = vs[mr + dd];
-                        b0 += q0 * q0 * y;
-                        if (GQ4 > 1u && hc + 1u < GQ4) { b1 += qs[o + 1u] * qs[o + 1u] * y; }
-                        if (GQ4 > 2u && hc + 2u < GQ4) { b2 += qs[o + 2u] * qs[o + 2u] * y; }
-                        if (GQ4 > 3u && hc + 3u < GQ4) { b3 += qs[o + 3u] * qs[o + 3u] * y; }
-                    }
-                }
-                workgroupBarrier();
-            }
-            if (my < n_rows) {
-                let slot = ra[my];
-                let w = slot * GQ4 + hc;
-                rd[w] = a0;
-                if (GQ4 > 1u && hc + 1u < GQ4) { rd[w + 1u] = a1; }
-                if (GQ4 > 2u && hc + 2u < GQ4) { rd[w + 2u] = a2; }
-                if (GQ4 > 3u && hc + 3u < GQ4) { rd[w + 3u] = a3; }
-                if (MV != 0u) {
-                    let v = (slot / G) * GQ4 + hc;
-                    rv[v] = b0;
-                    if (GQ4 > 1u && hc + 1u < GQ4) { rv[v + 1u] = b1; }
-                    if (GQ4 > 2u && hc + 2u < GQ4) { rv[v + 2u] = b2; }
-                    if (GQ4 > 3u && hc + 3u < GQ4) { rv[v + 3u] = b3; }
+        if (GQ4 > 1u) {
+            workgroupBarrier();
+            for (var e = lid; e < QT * MC; e += WG) {
+                let n = nc[e / MC];
+                if (e % MC < n && n > k) {
+                    var total = 0.0;
+                    for (var hg = 0u; hg < GQ4; hg++) { total += ps[e * GQ4 + hg]; }
+                    sc[e] = rank_key(total);
                 }
             }
-          }
-        }
-        workgroupBarrier();
-        if (lid == 0u) { atomicStore(&nr, 0u); }
-        for (var e = lid; e < QT * MC; e += WG) {
-            let n = nc[e / MC];
-            if (e % MC < n && n > k) { sc[e] = rank_key(score(e, l, cl[cur + e])); }
         }
         workgroupBarrier();
         // 2. keep: rank < K under (higher score key, then lower index)
@@ -253,7 +250,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                     for (var o = 0u; o < n; o++) {
                         let so = sc[qi * MC + o];
                         let jo = cl[cur + qi * MC + o];
-                        if (so > s || (so == s && jo < j)) { rank++; }
+                        rank += select(0u, 1u, so > s || (so == s && jo < j));
                     }
                     keep = select(0u, 1u, rank < k);
                 }
@@ -274,17 +271,14 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 for (var c = j * g; c < c1; c++) {
                     cl[nxt + qi * MC + before * g + c - j * g] = c;
                 }
+                atomicAdd(&ncn[qi], c1 - j * g);
             }
         }
+        workgroupBarrier();
         if (lid < QT) {
             let qi = lid;
-            var total = 0u;
-            for (var o = 0u; o < nc[qi]; o++) {
-                if (kp[qi * MC + o] != 0u) {
-                    let j = cl[cur + qi * MC + o];
-                    total += min(j * g + g, lc.y) - j * g;
-                }
-            }
+            var total = atomicLoad(&ncn[qi]);
+            atomicStore(&ncn[qi], 0u);
             if (p.causal != 0u && rt[qi] != 0u) {
                 let bq = (p.q_pos0 + i0 + qi) / p.block_size;
                 let below = bq / lc.z;
@@ -293,10 +287,8 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                     total++;
                 }
             }
-            ncn[qi] = total;
+            nc[qi] = total;
         }
-        workgroupBarrier();
-        if (lid < QT) { nc[lid] = ncn[lid]; }
         cur = nxt;
     }
     workgroupBarrier();

@@ -272,3 +272,85 @@ fn invalid_inputs_are_typed_errors() {
         other => panic!("head dim 600: {other:?}"),
     }
 }
+
+/// Routing code paths: head dims not a multiple of 4 (scalar pyramid loads), GQA groups of
+/// several head groups (partial scores summed across invocations, up to the 32-head limit),
+/// and small candidate lists (the widest query tile, with a partial last tile).
+#[test]
+fn pisa_route_paths() {
+    let seed = seed("pisa_route_paths");
+    let mut r = rng(seed);
+    let base = base();
+    let cases = [
+        (
+            "gq5 d30 meanvar sink1",
+            Case {
+                b: 1,
+                hq: 5,
+                hkv: 1,
+                nq: 500,
+                nk: 500,
+                d: 30,
+                c: 8,
+                k: 6,
+                sink: 1,
+                scoring: MeanVar,
+                ..base
+            },
+            true,
+        ),
+        (
+            "gq32 d64 lse non-causal",
+            Case {
+                b: 1,
+                hq: 32,
+                hkv: 1,
+                nq: 300,
+                nk: 300,
+                c: 8,
+                k: 4,
+                causal: false,
+                ..base
+            },
+            false,
+        ),
+        (
+            "gq16 d34 mean local1 f16 bnhd",
+            Case {
+                b: 1,
+                hq: 16,
+                hkv: 1,
+                nq: 400,
+                nk: 400,
+                d: 34,
+                c: 8,
+                k: 5,
+                local: 1,
+                scoring: Mean,
+                storage: F16,
+                layout: Bnhd,
+                ..base
+            },
+            false,
+        ),
+        (
+            "gq1 d6 lse K3 g4 wide tile",
+            Case {
+                b: 1,
+                hq: 2,
+                hkv: 2,
+                nq: 777,
+                nk: 777,
+                d: 6,
+                c: 4,
+                k: 3,
+                g: 4,
+                ..base
+            },
+            true,
+        ),
+    ];
+    for (name, c, tile1) in cases {
+        run_case(name, c, &mut r, tile1);
+    }
+}

@@ -18,41 +18,33 @@ pub const SHADER: ShaderSource = ShaderSource {
     ),
 };
 
-/// Queries per routing workgroup at most (fewer when workgroup memory is short).
-pub const ROUTE_TILE: usize = 4;
-
-const WG: u32 = 64;
-const DC: u32 = 32;
-/// Most query heads per KV head the routing kernel unrolls (four vec4 accumulators).
+/// Invocations per routing workgroup.
+const WG: u32 = 256;
+/// Most queries per routing workgroup (the tile is sized so that its (query, candidate, head
+/// group) work items roughly fill the workgroup; nothing is shared between the tile's queries,
+/// so the output does not depend on the tile).
+const MAX_TILE: u32 = 16;
+/// Most query heads per KV head the routing kernel supports.
 pub const MAX_GQ: u32 = 32;
 
-/// Vec4 slots of the query buffer for a tile of `t` queries.
-fn q_slots(t: u32, gq: u32, d: u32) -> u32 {
-    t * gq.div_ceil(4) * d.div_ceil(DC) * DC
+/// Workgroup bytes of the routing kernel for a tile of `t` queries (see the shader's
+/// `var<workgroup>`s).
+fn wg_bytes(t: u32, gq: u32, d: u32, mc: u32) -> u64 {
+    let gq4 = gq.div_ceil(4) as u64;
+    let (t, gq, d4, mc) = (t as u64, gq as u64, d.div_ceil(4) as u64, mc as u64);
+    16 * t * gq * d4 + 4 * (2 * t * mc + t * mc + t * mc * gq4 + t * mc + 3 * t)
 }
 
-/// Workgroup bytes of the routing kernel for a tile of `t` queries (see the shader's
-/// `var<workgroup>`s); `mv`: 1 for `meanvar`.
-fn wg_bytes(t: u32, gq: u32, d: u32, mc: u32, g: u32, mv: u32) -> u64 {
-    let gq4 = gq.div_ceil(4);
-    let stage = WG * (DC + 1);
-    let words = 4 * q_slots(t, gq, d)
-        + stage
-        + mv * stage
-        + 1
-        + 4 * t * mc * g * gq4
-        + 4 * mv * t * mc * gq4
-        + 4
-        + t * mc * g
-        + 1
-        + 4 * t * mc
-        + 3 * t;
-    4 * words as u64
+/// Queries per workgroup wanted before the memory fit: enough (query, candidate, head group)
+/// items to fill the workgroup.
+fn wanted_tile(gq: u32, mc: u32) -> u32 {
+    (WG / (mc * gq.div_ceil(4)).max(1)).clamp(1, MAX_TILE)
 }
 
 /// Records stage 1 and returns the candidates `[B, Hkv, Nq, g*(K+1)]` i32: per query its
 /// level-0 candidate leaves, ascending, -1 padded (all -1 for a query that sees K or fewer
-/// leaves, which stage 2 handles without scoring). `q_tile` bounds the queries per workgroup.
+/// leaves, which stage 2 handles without scoring). `_q_tile` (stage 2's query tile) is not used:
+/// the routing sizes its own tile (see [`wanted_tile`]); its output does not depend on it.
 /// Profiler stage "route". Errors: [`crate::GpuError::Limit`] (buffers, workgroup memory).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
@@ -61,7 +53,7 @@ pub(crate) fn record(
     plan: &Plan,
     q: &GpuTensor,
     pyr: &GpuPyramid,
-    q_tile: usize,
+    _q_tile: usize,
     prof: Option<&mut Profiler>,
 ) -> Result<GpuTensor> {
     let (gq, d, mc, g) = (
@@ -76,18 +68,20 @@ pub(crate) fn record(
         )));
     }
     let mv = (plan.params.scoring == 2) as u32;
-    let t = fit_tile(ctx, "route", q_tile.clamp(1, ROUTE_TILE), |t| {
-        wg_bytes(t, gq, d, mc, g, mv)
+    let v4 = (d % 4 == 0) as u32;
+    let t = fit_tile(ctx, "route", wanted_tile(gq, mc) as usize, |t| {
+        wg_bytes(t, gq, d, mc)
     })?;
     let len = plan.sched.candidates_len(&plan.shape);
     let cand = ctx.alloc("candidates", len, Storage::F32, POISON_I32)?;
-    let dummy;
-    let sq = match &pyr.sq {
-        Some(s) => &s.buffer,
-        None => {
-            dummy = ctx.alloc("unused", 1, Storage::F32, 0)?;
-            &dummy.buffer
-        }
+    // The scalar (bindings 2, 3) or the vec4 (bindings 5, 6) views of means and second moments
+    // are read (V4); the other pair, and sq without `meanvar`, get a 16-byte dummy.
+    let dummy = ctx.alloc("unused", 4, Storage::F32, 0)?;
+    let sq = pyr.sq.as_ref().map_or(&dummy.buffer, |s| &s.buffer);
+    let (m1, s1, m4, s4) = if v4 != 0 {
+        (&dummy.buffer, &dummy.buffer, &pyr.means.buffer, sq)
+    } else {
+        (&pyr.means.buffer, sq, &dummy.buffer, &dummy.buffer)
     };
     let consts = [
         ("GQ", gq),
@@ -95,7 +89,9 @@ pub(crate) fn record(
         ("MC", mc),
         ("G", g),
         ("MV", mv),
-        ("QBUF", q_slots(t, gq, d)),
+        ("D4", d.div_ceil(4)),
+        ("V4", v4),
+        ("WG", WG),
     ];
     let pipe = ctx
         .pipelines
@@ -105,9 +101,11 @@ pub(crate) fn record(
     let b = [
         (0, &u),
         (1, &q.buffer),
-        (2, &pyr.means.buffer),
-        (3, sq),
+        (2, m1),
+        (3, s1),
         (4, &cand.buffer),
+        (5, m4),
+        (6, s4),
     ];
     ctx.dispatch(
         enc,
