@@ -22,7 +22,7 @@ const TOL_F16: f64 = 5e-3;
 
 fn coop_ctx(test: &str) -> Option<&'static Context> {
     let ctx = ctx();
-    // CoopMat is opt-in: ask for it (kept only where the adapter supports it).
+    // Ask for CoopMat (the default where supported; kept only where the adapter supports it).
     ctx.set_kernel_path(KernelPath::CoopMat);
     if ctx.kernel_path() != KernelPath::CoopMat {
         eprintln!(
@@ -54,7 +54,7 @@ fn kernel_path_follows_the_adapter() {
         eprintln!("  {p:?}");
     }
     let ok = coop_supported(ctx.features(), ctx.limits(), r.subgroup_size, props);
-    let env_coop = std::env::var("PISA_KERNEL_PATH").as_deref() == Ok("coopmat");
+    let env_coop = std::env::var("PISA_KERNEL_PATH").as_deref() != Ok("portable");
     let want = if ok && env_coop {
         KernelPath::CoopMat
     } else {

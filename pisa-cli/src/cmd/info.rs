@@ -52,7 +52,12 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             r.max_invocations
         );
         if r.cooperative_matrix {
-            println!("    kernel path: portable (f32 arithmetic, any subgroup size); tensor-core attention (f16) opt-in: PISA_KERNEL_PATH=coopmat");
+            let path = if std::env::var("PISA_KERNEL_PATH").as_deref() == Ok("portable") {
+                "portable (PISA_KERNEL_PATH=portable)"
+            } else {
+                "coopmat where the device supports it: f16 attention and PISA leaf scoring on tensor cores, the rest portable (PISA_KERNEL_PATH=portable turns it off)"
+            };
+            println!("    kernel path: {path}");
         } else {
             println!("    kernel path: portable (f32 arithmetic, any subgroup size)");
         }

@@ -39,7 +39,7 @@
 //! in the output: check the inputs where it cannot be ruled out upstream.
 //!
 //! Also: with `Storage::F16`, finite values above 65504 in magnitude become ±inf on upload
-//! ([`check_finite`] sees the f32 input, not the f16 copy). On the opt-in cooperative-matrix
+//! ([`check_finite`] sees the f32 input, not the f16 copy). On the cooperative-matrix
 //! path ([`crate::KernelPath::CoopMat`]), the tensor-core P·V multiplies masked probabilities
 //! (zeros) by the whole value tile, so a non-finite **value** can also reach the rows of its
 //! query tile that mask it (earlier rows of its block, rows that skip its block).

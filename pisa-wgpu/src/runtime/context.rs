@@ -279,10 +279,10 @@ impl Context {
         let mut report = AdapterReport::of(&adapter);
         report.shader_f16 = features.contains(wgpu::Features::SHADER_F16);
         let coop_ok = coop_supported(features, &limits, report.subgroup_size, &coop_props);
-        // Opt-in until the cooperative-matrix kernels have run on real tensor cores: they were
-        // validated by naga and on Mesa lavapipe only (docs/benchmarks.md). `PISA_KERNEL_PATH=coopmat`
-        // or `set_kernel_path` turns them on where the adapter supports them.
-        let coop_on = coop_ok && std::env::var("PISA_KERNEL_PATH").as_deref() == Ok("coopmat");
+        // On by default where the adapter supports them (their reference tests passed on an
+        // NVIDIA H200: docs/runs/h200-2026-11-29b-coopmat.txt); `PISA_KERNEL_PATH=portable` or
+        // `set_kernel_path` keeps the portable kernels.
+        let coop_on = coop_ok && std::env::var("PISA_KERNEL_PATH").as_deref() != Ok("portable");
         Ok(Self {
             device,
             queue,
@@ -327,12 +327,11 @@ impl Context {
         &self.coop_props
     }
 
-    /// The attention kernel family in force: [`KernelPath::Portable`] by default;
-    /// [`KernelPath::CoopMat`] when the adapter can run it (see [`coop_supported`]) and it was
-    /// asked for, by `PISA_KERNEL_PATH=coopmat` at [`Context::new`] or by
-    /// [`Context::set_kernel_path`]. (Opt-in until the tensor-core kernels are verified on
-    /// NVIDIA hardware.) With CoopMat, f16-storage attention of a supported shape runs
-    /// on tensor cores and everything else on the portable kernels.
+    /// The kernel family in force: [`KernelPath::CoopMat`] when the adapter can run it (see
+    /// [`coop_supported`]) unless `PISA_KERNEL_PATH=portable` was set at [`Context::new`] or
+    /// [`Context::set_kernel_path`] chose Portable; [`KernelPath::Portable`] otherwise. With
+    /// CoopMat, f16-storage attention (sparse and dense) and PISA leaf scoring (selection stage
+    /// 2) of a supported shape run on tensor cores, everything else on the portable kernels.
     pub fn kernel_path(&self) -> KernelPath {
         if self.coop_on.load(Ordering::Relaxed) {
             KernelPath::CoopMat

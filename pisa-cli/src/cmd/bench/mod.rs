@@ -183,7 +183,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         driver: format!("{} {}", r.driver, r.driver_info),
         command: std::env::args().collect::<Vec<_>>().join(" "),
         shape: format!(
-            "Hq={} Hkv={} D={} C={} K={} g=2 {:?} Qtile={}, kernel path {} (tensor cores: f16 attention only)",
+            "Hq={} Hkv={} D={} C={} K={} g=2 {:?} Qtile={}, kernel path {} (coopmat: f16 attention and leaf scoring on tensor cores)",
             a.hq,
             a.hkv,
             a.d,
