@@ -1,27 +1,41 @@
 //! Decode (PISA.md sections 1, 3, 4, 5): a GPU KV cache of B sequences with an incrementally
 //! updated key pyramid, and a decode step that runs selection, leaf scoring and attention for
-//! the new token of every sequence in ONE dispatch. Shaders `shaders/decode.wgsl` and
-//! `shaders/decode_attend.wgsl` (the step, one module) and `shaders/decode_append.wgsl` (the
-//! append and the prefill copy).
+//! the new token of every sequence in ONE compute pass of three dispatches. Shaders
+//! `shaders/decode.wgsl` (shared declarations) followed by `decode_route.wgsl`,
+//! `decode_attend.wgsl` or `decode_merge.wgsl` (the step's three modules), and
+//! `shaders/decode_append.wgsl` (the append and the prefill copy).
 //!
-//! Design: one workgroup (256 invocations) per (sequence, KV head) handles the g_q query heads
-//! of its group together: every dot product is one invocation's unrolled loop over the D/4
-//! vec4s of a pyramid row or key (D is a pipeline constant), against the group's queries held
-//! in workgroup memory, so one loaded row serves all g_q heads. It routes through the levels
-//! (one invocation per (candidate, child) for `lse`, per candidate for `mean`/`meanvar`; the
-//! top-K cut by ranks, ties to the lower index), scores the leaf candidates by exact LSE
-//! (`WG / (g(K+1))` invocations per leaf, partial LSEs merged), keeps the best next to the
-//! forced leaves, then attends with the online softmax: scores of a chunk of keys (all K*C
-//! when workgroup memory allows), per-head max, exponentials, then P.V with invocations owning
-//! one output vec4 of every head for a subset of the keys, merged at the end. f32 arithmetic
-//! throughout. Lengths live in a storage buffer, so sequences of different lengths share the
-//! dispatch. The semantics are those of `pisa_core::reference::select_pisa` at position
-//! `len - 1` (causal, ancestor never scored, a level with <= K candidates keeps all; ties:
-//! higher score then lower index) and of `reference::DecodeState::step`.
+//! Design. PISA.md 5 asks for one fused dispatch; a single workgroup per (sequence, KV head)
+//! is what that gives, and at B = 1, Hkv = 8 it leaves a 132-SM GPU nearly idle and every
+//! key load of the step on one SM's critical path. So the step is split where the work fans
+//! out, all three dispatches recorded in one compute pass (wgpu orders them with barriers):
+//! 1. `route`, one workgroup (256 invocations) per (sequence, KV head), walks the intermediate
+//!    levels (serial by nature) with the g_q heads of its group together: one invocation per
+//!    (candidate, child) dot product for `lse` (per candidate for `mean`/`meanvar`), an unrolled
+//!    loop over the D/4 vec4s of the row against the queries in workgroup memory; the top-K cut
+//!    by ranks (ties to the lower index), each kept node writing its children straight into
+//!    the next level's slots: three barriers per level. It writes g(K+1) leaf candidates and
+//!    the forced leaves (`cands`).
+//! 2. `leaf`, one workgroup per (sequence, KV head, slot) (B * Hkv * (g(K+1) + K) workgroups,
+//!    400 at Hkv = 8, K = 16, g = 2; empty slots exit at once), computes the slot block's
+//!    online-softmax state per head (max, sum, unnormalised P.V) over its C keys: scores one
+//!    key per invocation, per-head max, exponentials, P.V with invocations owning one output
+//!    vec4 for a subset of the keys. Candidates are attended speculatively: at most g(K+1)
+//!    blocks instead of K, ~2x the key/value bytes of the step, spread over many SMs.
+//! 3. `merge`, one workgroup per (sequence, KV head): a candidate's score is its block LSE
+//!    summed over the group (exactly PISA.md 2's leaf score), the forced leaves plus the best
+//!    K - forced are the selection (ascending), and the K blocks' states are merged
+//!    (FlashDecoding) into O and LSE.
+//! f32 arithmetic throughout; no subgroup operations (right for any subgroup size). Lengths
+//! live in a storage buffer, so sequences of different lengths share the dispatches. The
+//! semantics are those of `pisa_core::reference::select_pisa` at position `len - 1` (causal,
+//! ancestor never scored, a level with <= K candidates keeps all; ties: higher score then lower
+//! index) and of `reference::DecodeState::step`; results agree with the fused formulation
+//! within f32 rounding (the attention sums per block, then across blocks).
 //!
 //! Requirements: D a multiple of 4 (at most 1024), g_q at most 256, the device's 9 storage
 //! buffers per stage and the workgroup memory [`KvCache::workgroup_memory`] reports (about
-//! 20 KiB for g_q = 4, D = 128, K = 16, C = 64).
+//! 20 KiB for g_q = 4, D = 128, C = 64).
 
 mod plan;
 
@@ -34,12 +48,28 @@ use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::{ShaderSource, Storage};
 
-/// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl`: the fused decode step.
+/// `shaders/decode.wgsl` followed by `shaders/decode_route.wgsl`: step dispatch 1 (`route`).
+pub const ROUTE_SHADER: ShaderSource = ShaderSource {
+    name: "decode_route",
+    wgsl: concat!(
+        include_str!("../../../shaders/decode.wgsl"),
+        include_str!("../../../shaders/decode_route.wgsl")
+    ),
+};
+/// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl`: step dispatch 2 (`leaf`).
 pub const SHADER: ShaderSource = ShaderSource {
     name: "decode",
     wgsl: concat!(
         include_str!("../../../shaders/decode.wgsl"),
         include_str!("../../../shaders/decode_attend.wgsl")
+    ),
+};
+/// `shaders/decode.wgsl` followed by `shaders/decode_merge.wgsl`: step dispatch 3 (`merge`).
+pub const MERGE_SHADER: ShaderSource = ShaderSource {
+    name: "decode_merge",
+    wgsl: concat!(
+        include_str!("../../../shaders/decode.wgsl"),
+        include_str!("../../../shaders/decode_merge.wgsl")
     ),
 };
 /// `shaders/decode_append.wgsl`: append with ancestor-path update, prefill copy.
@@ -99,6 +129,9 @@ pub struct KvCache<'c> {
     out: GpuTensor,
     lse: GpuTensor,
     sel: GpuTensor,
+    /// Step scratch: leaf slots `[B*Hkv, NS]` u32 and their states `[B*Hkv, NS, g_q, D+2]` f32.
+    cands: GpuTensor,
+    parts: GpuTensor,
     lens: Vec<usize>,
 }
 
@@ -183,6 +216,8 @@ impl<'c> KvCache<'c> {
         let geo = Self::geometry(batch, kv_heads, capacity, head_dim, TensorLayout::Bhnd);
         let pyr = pyramid::alloc(ctx, layout, &geo, needs_sq(&cfg))?;
         let q_elems = batch * q_heads * head_dim;
+        let slots = batch * kv_heads * plan.slots() as usize;
+        let part_elems = slots * shape.gqa_group() * (head_dim + 2);
         Ok(Self {
             ctx,
             shape,
@@ -202,6 +237,8 @@ impl<'c> KvCache<'c> {
                 Storage::F32,
                 POISON_I32,
             )?,
+            cands: ctx.alloc("decode leaf slots", slots, Storage::F32, POISON_I32)?,
+            parts: ctx.alloc("decode block states", part_elems, Storage::F32, POISON_F32)?,
             lens: vec![0; batch],
         })
     }

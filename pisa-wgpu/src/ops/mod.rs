@@ -53,7 +53,9 @@ pub fn all_shaders() -> Vec<ShaderSource> {
         leaf_select::SHADER,
         bsa::SHADER,
         oracle::SHADER,
+        decode::ROUTE_SHADER,
         decode::SHADER,
+        decode::MERGE_SHADER,
         decode::APPEND_SHADER,
     ]
 }

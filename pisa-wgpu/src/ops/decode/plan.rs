@@ -1,5 +1,6 @@
-//! Sizing of the fused decode kernel (`shaders/decode.wgsl`): workgroup size, the constants
-//! substituted per pipeline, and the workgroup memory they need, checked against the device.
+//! Sizing of the decode step's three kernels (`shaders/decode.wgsl` + `decode_route.wgsl`,
+//! `decode_attend.wgsl`, `decode_merge.wgsl`): workgroup size, the constants substituted per
+//! pipeline, and the workgroup memory they need, checked against the device.
 
 use bytemuck::{Pod, Zeroable};
 use pisa_core::{PisaError, PyramidLayout, Scoring, SelectionConfig};
@@ -68,31 +69,35 @@ impl Params {
     }
 }
 
-/// Invocations per decode workgroup (lowered to the device's limit).
+/// Invocations per decode workgroup, in each of the three kernels (lowered to the device's
+/// limit).
 const WG: u32 = 256;
 
-/// The constants of one decode pipeline and the workgroup memory they take.
+/// The constants of the decode pipelines (`route`, `leaf`, `merge`: one set for all three
+/// modules) and the workgroup memory they take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Plan {
     pub wg: u32,
     pub gq: u32,
     pub kmax: u32,
     pub maxc: u32,
+    pub xr: u32,
     pub xs: u32,
     pub dd: u32,
     pub parts: u32,
-    /// Workgroup memory of the step kernel, bytes.
+    /// Workgroup memory of the largest of the three kernels, bytes.
     pub smem: u64,
 }
 
 impl Plan {
-    /// Sizes the step kernel for group `gq`, head dim `d` and `cfg`. The P.V phase splits the
-    /// keys into as many parts as there are invocations per output vec4 (`WG / (D/4)`) and
-    /// memory allows; the attention scratch holds all K*C selected keys' scores when the
-    /// device's workgroup memory allows (one chunk), else as many as fit.
+    /// Sizes the step's kernels for group `gq`, head dim `d` and `cfg`. `route` needs the
+    /// level scratch (`g * (K+1) * g * gq` per-child scores); `leaf` splits the P.V phase into
+    /// as many key subsets as there are invocations per output vec4 (`WG / (D/4)`) and memory
+    /// allows, and scores a whole block of C keys in one chunk when memory allows (else as many
+    /// keys as fit); `merge` needs only the slot lists.
     /// Errors: [`PisaError::HeadDim`] unless D is a multiple of 4 up to `4 * WG`;
-    /// [`GpuError::Limit`] when even the minimum does not fit; [`GpuError::Unsupported`] for a
-    /// GQA group above the workgroup size.
+    /// [`GpuError::Limit`] when even the minimum of a kernel does not fit;
+    /// [`GpuError::Unsupported`] for a GQA group above the workgroup size.
     pub fn new(limits: &wgpu::Limits, gq: usize, d: usize, cfg: &SelectionConfig) -> Result<Self> {
         let max_wg = limits
             .max_compute_invocations_per_workgroup
@@ -123,33 +128,38 @@ impl Plan {
             }));
         }
         let maxc = g * (k + 1);
-        let sub = (wg / maxc).max(1);
-        // Scratch uses besides the merge: level scores, partial leaf LSEs, one attention key.
-        let need = (maxc * g * gq).max(maxc * sub * gq).max(gq);
-        let merge = |parts: u64| parts * gq * (d + 1);
-        let fixed = 4 * (gq * d + 3 * maxc + 2 * k + wg + 2 * gq + 1);
+        let ns = maxc + k;
+        let common = 4 * (gq * d + 1);
+        let xr = (maxc * g * gq).max(1);
+        let route = common + 4 * (3 * maxc + xr);
+        let merge_k = common + 4 * (ns + maxc + 3 * k);
+        let leaf_fixed = common + 4 * (wg + 2 * gq + 1);
         let limit = limits.max_compute_workgroup_storage_size as u64;
-        let budget = limit.saturating_sub(fixed) / 4;
+        let budget = limit.saturating_sub(leaf_fixed) / 4;
+        // Leaf scratch: one key's scores per chunk at least, and the merge of the P.V parts.
+        let merge = |parts: u64| parts * gq * (d + 1);
         let mut parts = (wg / (d / 4)).max(1);
-        while parts > 1 && need.max(merge(parts)) > budget {
+        while parts > 1 && gq.max(merge(parts)) > budget {
             parts -= 1;
         }
-        let floor = need.max(merge(parts));
-        let xs = floor.max((k * c * gq).min(budget));
-        let smem = fixed + 4 * xs;
-        if smem > limit {
+        let floor = gq.max(merge(parts));
+        let needed = route.max(merge_k).max(leaf_fixed + 4 * floor);
+        if needed > limit {
             return Err(GpuError::Limit {
                 what: "decode workgroup memory".into(),
-                needed: fixed + 4 * floor,
+                needed,
                 limit,
                 hint: "use a smaller top_k, merge factor, GQA group or head dim",
             });
         }
+        let xs = floor.max((c * gq).min(budget));
+        let smem = route.max(merge_k).max(leaf_fixed + 4 * xs);
         Ok(Self {
             wg: wg as u32,
             gq: gq as u32,
             kmax: k as u32,
             maxc: maxc as u32,
+            xr: xr as u32,
             xs: xs as u32,
             dd: d as u32,
             parts: parts as u32,
@@ -157,13 +167,19 @@ impl Plan {
         })
     }
 
-    /// The `const` substitutions of `decode.wgsl`.
-    pub fn consts(&self) -> [(&'static str, u32); 7] {
+    /// Leaf slots per (sequence, KV head): `g * (K+1)` candidates and `K` forced leaves.
+    pub fn slots(&self) -> u32 {
+        self.maxc + self.kmax
+    }
+
+    /// The `const` substitutions of `decode.wgsl` (shared by the three modules).
+    pub fn consts(&self) -> [(&'static str, u32); 8] {
         [
             ("WG", self.wg),
             ("GQ", self.gq),
             ("KMAX", self.kmax),
             ("MAXC", self.maxc),
+            ("XR", self.xr),
             ("XS", self.xs),
             ("DD", self.dd),
             ("PARTS", self.parts),

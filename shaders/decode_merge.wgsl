@@ -1,0 +1,109 @@
+// Decode step, dispatch 3 of 3 (appended to decode.wgsl, whose header describes the design):
+// `merge`, one workgroup per (sequence, KV head). A candidate's score is its block LSE summed
+// over the group, sum_h (m_h + log l_h) (PISA.md 2: exact leaf LSE); the forced leaves plus the
+// best K - forced candidates (higher score first, then lower block; ranks compared through
+// rank_key) are the selection, written ascending, -1 padded. Their states are then merged per
+// head (FlashDecoding): M = max m, L = sum l e^(m - M), O = sum O_b e^(m - M) / L, LSE = M + log L.
+
+var<workgroup> mc: array<u32, NS>;
+var<workgroup> msc: array<f32, MAXC>;
+var<workgroup> mrank: array<u32, KMAX>;
+var<workgroup> mtmp: array<u32, KMAX>;
+var<workgroup> msel: array<u32, KMAX>;
+
+@compute @workgroup_size(WG)
+fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let id = linear_id(wid, nwg);
+    if (id >= p.wg_count) { return; }
+    let b = id / p.kv_heads;
+    let h = id % p.kv_heads;
+    let qrow = (b * p.q_heads + h * GQ) * DD;
+    if (lid == 0u) { wlen = lens[b]; }
+    let len = workgroupUniformLoad(&wlen);
+    let so = id * KMAX;
+    if (len == 0u) {
+        // An empty sequence: zero output, LSE -inf, no blocks.
+        for (var i = lid; i < GQ * DD; i += WG) { out[qrow + i] = store_t(0.0); }
+        if (lid < GQ) { lse_out[qrow / DD + lid] = bitcast<f32>(0xff800000u); }
+        if (lid < KMAX) { sel_out[so + lid] = -1; }
+        return;
+    }
+    let po = id * NS * GQ * PW;
+    for (var i = lid; i < NS; i += WG) { mc[i] = cands[id * NS + i]; }
+    for (var i = lid; i < KMAX; i += WG) { mrank[i] = INVALID; }
+    for (var s = lid; s < MAXC; s += WG) {
+        if (cands[id * NS + s] == INVALID) { continue; }
+        var tot = 0.0;
+        for (var hh = 0u; hh < GQ; hh++) {
+            let w = po + (s * GQ + hh) * PW;
+            tot += state_lse(parts[w + DD], parts[w + DD + 1u]);
+        }
+        msc[s] = tot;
+    }
+    workgroupBarrier();
+    var nf = 0u;
+    for (var i = 0u; i < KMAX; i++) { nf += select(0u, 1u, mc[MAXC + i] != INVALID); }
+    for (var i = lid; i < MAXC; i += WG) {
+        let v = mc[i];
+        if (v == INVALID) { continue; }
+        let sc = rank_key(msc[i]);
+        var r = 0u;
+        for (var j = 0u; j < MAXC; j++) {
+            let u = mc[j];
+            let sj = rank_key(msc[j]);
+            if (u != INVALID && (sj > sc || (sj == sc && u < v))) { r++; }
+        }
+        if (r + nf < KMAX) { mrank[r] = i; }
+    }
+    workgroupBarrier();
+    // Slots of the selection: forced first, then by rank.
+    for (var i = lid; i < KMAX; i += WG) {
+        mtmp[i] = select(mrank[i - min(i, nf)], MAXC + i, i < nf);
+    }
+    workgroupBarrier();
+    // Ascending block order, INVALID (-1) last.
+    for (var i = lid; i < KMAX; i += WG) {
+        let sv = mtmp[i];
+        var v = INVALID;
+        if (sv != INVALID) { v = mc[sv]; }
+        var pos = 0u;
+        for (var j = 0u; j < KMAX; j++) {
+            let sj = mtmp[j];
+            var u = INVALID;
+            if (sj != INVALID) { u = mc[sj]; }
+            if (v != INVALID) {
+                pos += select(0u, 1u, u < v);
+            } else {
+                pos += select(0u, 1u, u != INVALID || j < i);
+            }
+        }
+        msel[pos] = sv;
+        sel_out[so + pos] = select(i32(v), -1, v == INVALID);
+    }
+    workgroupBarrier();
+    for (var e = lid; e < GQ * DD; e += WG) {
+        let hh = e / DD;
+        let d = e % DD;
+        var m = NEG;
+        for (var i = 0u; i < KMAX; i++) {
+            let s = msel[i];
+            if (s != INVALID) { m = max(m, parts[po + (s * GQ + hh) * PW + DD]); }
+        }
+        var o = 0.0;
+        var l = 0.0;
+        for (var i = 0u; i < KMAX; i++) {
+            let s = msel[i];
+            if (s == INVALID) { continue; }
+            let w = po + (s * GQ + hh) * PW;
+            let a = exp(parts[w + DD] - m);
+            o += a * parts[w + d];
+            l += a * parts[w + DD + 1u];
+        }
+        out[qrow + e] = store_t(select(0.0, o / l, l > 0.0));
+        if (d == 0u) {
+            let lse = select(bitcast<f32>(0xff800000u), m + log(l), l > 0.0);
+            lse_out[qrow / DD + hh] = lse;
+        }
+    }
+}
