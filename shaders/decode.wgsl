@@ -31,8 +31,11 @@ const WG: u32 = 64u;     // invocations per workgroup
 const GQ: u32 = 2u;      // g_q: query heads per KV head
 const KMAX: u32 = 4u;    // K (top_k)
 const MAXC: u32 = 10u;   // g * (K + 1): candidate slots of one level
-const XR: u32 = 40u;     // route scratch (per-child scores of a level)
-const XS: u32 = 256u;    // leaf scratch (attention chunk scores, merge of the P.V parts)
+const LR: u32 = 4u;      // route: invocations sharing one pyramid row's dot products
+const XR: u32 = 80u;     // route scratch (partial per-child scores of a level)
+const XS: u32 = 256u;    // leaf scratch (chunk scores and partial scores; merge of the P.V parts)
+const CH: u32 = 64u;     // leaf: keys per chunk (C when memory allows)
+const LK: u32 = 4u;      // leaf: invocations sharing one key row's dot products
 const DD: u32 = 64u;     // D, the head dim (a multiple of 4)
 const PARTS: u32 = 1u;   // key subsets of the P.V phase (invocations per output vec4)
 const D4: u32 = DD / 4u;
@@ -107,15 +110,6 @@ fn load_q(qrow: u32, b: u32, lid: u32) {
         let o = qrow + 4u * i;
         qs[i] = vec4<f32>(f32(q[o]), f32(q[o + 1u]), f32(q[o + 2u]), f32(q[o + 3u]));
     }
-}
-// q_h . k_t for every head h of the group.
-fn dots_key(row: u32) -> array<f32, GQ> {
-    var a: array<f32, GQ>;
-    for (var j = 0u; j < D4; j++) {
-        let k = vec4<f32>(kc[row + j]);
-        for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], k); }
-    }
-    return a;
 }
 fn is_forced(bq: u32, j: u32) -> bool {
     return j <= bq && (j < p.sink || j + p.local >= bq);

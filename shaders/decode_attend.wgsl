@@ -2,18 +2,31 @@
 // `leaf`, one workgroup per (sequence, KV head, leaf slot), computes the slot's block attention
 // state for the group's GQ heads over keys t < len of the block (PISA.md 2 and 4): max m, sum l
 // and unnormalised O = sum_t exp(s q.k_t - m) v_t, f32. In chunks of CH keys (the whole block
-// when workgroup memory allows): scores (one invocation per key, a loaded key row serving all
-// GQ heads), per-head chunk max, exponentials in place, then P.V with each invocation owning
-// one output vec4 of every head for one of PARTS key subsets (the row sum l rides along with
-// the vec4 0 owners); the parts are summed at the end into `parts`.
+// when workgroup memory allows), five barriers a chunk: partial scores (LK consecutive
+// invocations per key row, so a warp's loads are coalesced, each row serving all GQ heads) |
+// per-(key, head) sums and per-head partial maxima | chunk max | exponentials in place | P.V,
+// each invocation owning one output vec4 of every head for one of PARTS key subsets, a fixed
+// trip count so the value loads are in flight together (the row sum l rides along with the
+// vec4 0 owners). The parts are summed at the end into `parts`.
 
-const CH: u32 = XS / GQ; // keys per chunk
+const PV_IT: u32 = (CH + PARTS - 1u) / PARTS; // keys of a chunk per P.V invocation
+const XP: u32 = CH * GQ;                       // start of the partial scores in xs
 
 var<workgroup> xs: array<f32, XS>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> hm: array<f32, GQ>;
 var<workgroup> halpha: array<f32, GQ>;
 var<workgroup> wleaf: u32;
+
+// Partial q_h . k over the vec4s j = u, u + LK, ... of a key row, every head h of the group.
+fn dots_key_part(row: u32, u: u32) -> array<f32, GQ> {
+    var a: array<f32, GQ>;
+    for (var j = u; j < D4; j += LK) {
+        let k = vec4<f32>(kc[row + j]);
+        for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], k); }
+    }
+    return a;
+}
 
 fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
     let part = lid / D4;
@@ -23,14 +36,17 @@ fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
     var lacc: array<f32, GQ>;
     if (lid < GQ) { hm[lid] = NEG; }
     for (var c0 = 0u; c0 < n; c0 += CH) {
-        for (var it = lid; it < CH; it += WG) {
-            var x: array<f32, GQ>;
-            for (var hh = 0u; hh < GQ; hh++) { x[hh] = NEG; }
-            if (c0 + it < n) {
-                let a = dots_key(key_row(bh, t0 + c0 + it));
-                for (var hh = 0u; hh < GQ; hh++) { x[hh] = p.scale * a[hh]; }
-            }
-            for (var hh = 0u; hh < GQ; hh++) { xs[it * GQ + hh] = x[hh]; }
+        let cn = min(CH, n - c0);
+        for (var it = lid; it < CH * LK; it += WG) {
+            var a: array<f32, GQ>;
+            if (it / LK < cn) { a = dots_key_part(key_row(bh, t0 + c0 + it / LK), it % LK); }
+            for (var hh = 0u; hh < GQ; hh++) { xs[XP + it * GQ + hh] = a[hh]; }
+        }
+        workgroupBarrier();
+        for (var e = lid; e < CH * GQ; e += WG) {
+            var a = 0.0;
+            for (var u = 0u; u < LK; u++) { a += xs[XP + ((e / GQ) * LK + u) * GQ + e % GQ]; }
+            xs[e] = select(NEG, p.scale * a, e / GQ < cn);
         }
         workgroupBarrier();
         if (lid < r_n * GQ) {
@@ -57,13 +73,17 @@ fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
                 lacc[hh] *= halpha[hh];
                 acc[hh] *= halpha[hh];
             }
-            let cn = min(CH, n - c0);
-            for (var it = part; it < cn; it += PARTS) {
-                let v = vec4<f32>(vc[key_row(bh, t0 + c0 + it) + j4]);
-                for (var hh = 0u; hh < GQ; hh++) {
-                    let pr = xs[it * GQ + hh];
-                    acc[hh] += pr * v;
-                    lacc[hh] += pr;
+            for (var i = 0u; i < PV_IT; i++) {
+                let it = part + i * PARTS;
+                // Loads clamped to the chunk (in flight together); masked keys skipped.
+                let ti = min(it, cn - 1u);
+                let v = vec4<f32>(vc[key_row(bh, t0 + c0 + ti) + j4]);
+                if (it < cn) {
+                    for (var hh = 0u; hh < GQ; hh++) {
+                        let pr = xs[ti * GQ + hh];
+                        acc[hh] += pr * v;
+                        lacc[hh] += pr;
+                    }
                 }
             }
         }

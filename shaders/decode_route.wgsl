@@ -6,79 +6,114 @@
 // into the next level's slots (double-buffered `cand`).
 
 var<workgroup> cand: array<u32, 2u * MAXC>;
-var<workgroup> score: array<f32, MAXC>;
+var<workgroup> rk: array<u32, MAXC>;
 var<workgroup> xr: array<f32, XR>;
 
-// q_h . mu for every head h of the group (a node's mean row).
-fn dots_mean(row: u32) -> array<f32, GQ> {
+// Partial q_h . mu over the vec4s j = u, u + LR, ... of a node's mean row, every head h of
+// the group: LR consecutive invocations share one row, so a warp's loads are coalesced.
+fn dots_mean(row: u32, u: u32) -> array<f32, GQ> {
     var a: array<f32, GQ>;
-    for (var j = 0u; j < D4; j++) {
+    for (var j = u; j < D4; j += LR) {
         let m = means[row + j];
         for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], m); }
     }
     return a;
 }
 
-// score[slot] for the candidates cand[co..co + MAXC] of level l >= 1 (PISA.md 2), summed over
-// the group. Ends with the scores written and a barrier.
-fn score_level(bh: u32, l: u32, len: u32, nb0: u32, co: u32, lid: u32) {
+// x = s * q.mu_c + log n_c of child c of the candidate in slot s, head hh (NEG past the end),
+// from the LR partial dots in xr; w is a child's width in tokens.
+fn child_x(s: u32, c: u32, hh: u32, node: u32, nchild: u32, len: u32, w: u32) -> f32 {
+    let child = node * p.merge + c;
+    if (child >= nchild) { return NEG; }
+    var a = 0.0;
+    for (var u = 0u; u < LR; u++) { a += xr[((s * p.merge + c) * LR + u) * GQ + hh]; }
+    return p.scale * a + log(f32(min(len - child * w, w)));
+}
+
+// rk[slot] = rank_key of the score of the candidates cand[co..co + MAXC] of level l >= 1
+// (PISA.md 2), summed over the group; 0 (below every score's key) for an empty slot. `pw` is
+// g^(l-1), the leaves under a child. Ends with rk written (the caller's barrier orders it).
+fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) {
     let g = p.merge;
+    let nchild = cdiv(nb0, pw);
+    let w = sat_mul(p.block_size, pw);
     if (p.scoring == 0u) {
-        // lse: one item per (candidate, child); x = s * q.mu_c + log n_c per head.
-        let nchild = level_nodes(nb0, l - 1u);
-        for (var it = lid; it < MAXC * g; it += WG) {
-            let node = cand[co + it / g];
-            var x: array<f32, GQ>;
-            for (var hh = 0u; hh < GQ; hh++) { x[hh] = NEG; }
-            let child = node * g + it % g;
-            if (node != INVALID && child < nchild) {
-                let a = dots_mean(node_row(bh, l - 1u, child));
-                let ln = log(f32(node_len(l - 1u, child, len)));
-                for (var hh = 0u; hh < GQ; hh++) { x[hh] = p.scale * a[hh] + ln; }
-            }
-            for (var hh = 0u; hh < GQ; hh++) { xr[it * GQ + hh] = x[hh]; }
+        // lse: LR items per (candidate, child), partial dots of the child's mean.
+        for (var it = lid; it < MAXC * g * LR; it += WG) {
+            let ci = it / LR;
+            let node = cand[co + ci / g];
+            let child = node * g + ci % g;
+            var a: array<f32, GQ>;
+            if (node != INVALID && child < nchild) { a = dots_mean(node_row(bh, l - 1u, child), it % LR); }
+            for (var hh = 0u; hh < GQ; hh++) { xr[it * GQ + hh] = a[hh]; }
         }
         workgroupBarrier();
-        for (var s = lid; s < MAXC; s += WG) {
-            if (cand[co + s] == INVALID) { continue; }
-            var tot = 0.0;
-            for (var hh = 0u; hh < GQ; hh++) {
-                var m = NEG;
-                for (var c = 0u; c < g; c++) { m = max(m, xr[(s * g + c) * GQ + hh]); }
-                var sum = 0.0;
-                for (var c = 0u; c < g; c++) {
-                    let x = xr[(s * g + c) * GQ + hh];
-                    if (x > NEG_T) { sum += exp(x - m); }
-                }
-                tot += m + log(sum);
-            }
-            score[s] = tot;
-        }
-    } else {
-        // mean / meanvar: s * q.mu + log n (+ s^2/2 * sum_d q_d^2 var_d), var = E[k^2] - mu^2.
-        let mv = p.scoring == 2u;
+        // The score is the LSE over the children of x_c, summed over the heads.
         for (var s = lid; s < MAXC; s += WG) {
             let node = cand[co + s];
-            if (node == INVALID) { continue; }
-            let row = node_row(bh, l, node);
+            var key = 0u;
+            if (node != INVALID) {
+                var tot = 0.0;
+                for (var hh = 0u; hh < GQ; hh++) {
+                    var m = NEG;
+                    for (var c = 0u; c < g; c++) { m = max(m, child_x(s, c, hh, node, nchild, len, w)); }
+                    var sum = 0.0;
+                    for (var c = 0u; c < g; c++) {
+                        let x = child_x(s, c, hh, node, nchild, len, w);
+                        if (x > NEG_T) { sum += exp(x - m); }
+                    }
+                    tot += m + log(sum);
+                }
+                key = rank_key(tot);
+            }
+            rk[s] = key;
+        }
+    } else {
+        // mean / meanvar: s * q.mu + log n (+ s^2/2 * sum_d q_d^2 var_d), var = E[k^2] - mu^2;
+        // LR items per candidate, partial sums of both terms.
+        let mv = p.scoring == 2u;
+        for (var it = lid; it < MAXC * LR; it += WG) {
+            let node = cand[co + it / LR];
             var a1: array<f32, GQ>;
             var a2: array<f32, GQ>;
-            for (var j = 0u; j < D4; j++) {
-                let mu = means[row + j];
-                var var_d = vec4<f32>(0.0);
-                if (mv) { var_d = max(sq[row + j] - mu * mu, vec4<f32>(0.0)); }
-                for (var hh = 0u; hh < GQ; hh++) {
-                    let qv = qs[hh * D4 + j];
-                    a1[hh] += dot(qv, mu);
-                    a2[hh] += dot(qv * qv, var_d);
+            if (node != INVALID) {
+                let row = node_row(bh, l, node);
+                for (var j = it % LR; j < D4; j += LR) {
+                    let mu = means[row + j];
+                    var var_d = vec4<f32>(0.0);
+                    if (mv) { var_d = max(sq[row + j] - mu * mu, vec4<f32>(0.0)); }
+                    for (var hh = 0u; hh < GQ; hh++) {
+                        let qv = qs[hh * D4 + j];
+                        a1[hh] += dot(qv, mu);
+                        a2[hh] += dot(qv * qv, var_d);
+                    }
                 }
             }
-            let ln = log(f32(node_len(l, node, len)));
-            var tot = 0.0;
             for (var hh = 0u; hh < GQ; hh++) {
-                tot += p.scale * a1[hh] + ln + 0.5 * p.scale * p.scale * a2[hh];
+                xr[(it * GQ + hh) * 2u] = a1[hh];
+                xr[(it * GQ + hh) * 2u + 1u] = a2[hh];
             }
-            score[s] = tot;
+        }
+        workgroupBarrier();
+        let wn = sat_mul(w, g);
+        for (var s = lid; s < MAXC; s += WG) {
+            let node = cand[co + s];
+            var key = 0u;
+            if (node != INVALID) {
+                let ln = log(f32(min(len - node * wn, wn)));
+                var tot = 0.0;
+                for (var hh = 0u; hh < GQ; hh++) {
+                    var a1 = 0.0;
+                    var a2 = 0.0;
+                    for (var u = 0u; u < LR; u++) {
+                        a1 += xr[((s * LR + u) * GQ + hh) * 2u];
+                        a2 += xr[((s * LR + u) * GQ + hh) * 2u + 1u];
+                    }
+                    tot += p.scale * a1 + ln + 0.5 * p.scale * p.scale * a2;
+                }
+                key = rank_key(tot);
+            }
+            rk[s] = key;
         }
     }
 }
@@ -91,13 +126,15 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
     let causal = p.causal != 0u;
     var s = 0u;
     var n = nb0;
+    var pw = 1u; // g^s
     loop {
         n = cdiv(n, g);
         if (n <= KMAX) { break; }
         s++;
+        pw *= g;
     }
-    var first = level_nodes(nb0, s);
-    if (causal) { first = anc(bq, s); }
+    var first = cdiv(nb0, pw);
+    if (causal) { first = bq / pw; }
     for (var i = lid; i < MAXC; i += WG) {
         cand[i] = select(INVALID, i, i < first && !(s == 0u && is_forced(bq, i)));
     }
@@ -105,12 +142,13 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
     var co = 0u;
     for (var l = s; l >= 1u; l--) {
         let cn = MAXC - co; // the next level's slots
-        score_level(bh, l, len, nb0, co, lid);
+        let pc = pw / g;    // g^(l-1)
+        score_level(bh, l, len, nb0, pc, co, lid);
         // Clear the next slots; the ancestor's children below the own path go after the
         // K * g children of the kept nodes.
-        let nchild = level_nodes(nb0, l - 1u);
-        let a_hi = anc(bq, l) * g;
-        let a_lo = anc(bq, l - 1u);
+        let nchild = cdiv(nb0, pc);
+        let a_hi = (bq / pw) * g;
+        let a_lo = bq / pc;
         for (var i = lid; i < MAXC; i += WG) {
             var c = INVALID;
             if (i >= KMAX * g && causal && a_hi + (i - KMAX * g) < a_lo) {
@@ -120,17 +158,17 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
             cand[cn + i] = c;
         }
         workgroupBarrier();
-        // Cut (higher score first, then lower index; scores compared through rank_key, so
-        // ranks are distinct): a kept node of rank r writes its children to slots r*g...
+        // Cut (higher score first, then lower index; distinct keys unless the same score, and
+        // an empty slot's key 0 is below every score's): a kept node of rank r writes its
+        // children to slots r*g...
         for (var i = lid; i < MAXC; i += WG) {
             let v = cand[co + i];
             if (v == INVALID) { continue; }
-            let sc = rank_key(score[i]);
+            let sc = rk[i];
             var r = 0u;
             for (var j = 0u; j < MAXC; j++) {
-                let u = cand[co + j];
-                let sj = rank_key(score[j]);
-                if (u != INVALID && (sj > sc || (sj == sc && u < v))) { r++; }
+                let sj = rk[j];
+                r += select(0u, 1u, sj > sc || (sj == sc && cand[co + j] < v));
             }
             if (r < KMAX) {
                 for (var c = 0u; c < g; c++) {
@@ -142,6 +180,7 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
         }
         workgroupBarrier();
         co = cn;
+        pw = pc;
     }
     return co;
 }

@@ -81,8 +81,11 @@ pub(super) struct Plan {
     pub gq: u32,
     pub kmax: u32,
     pub maxc: u32,
+    pub lr: u32,
     pub xr: u32,
     pub xs: u32,
+    pub ch: u32,
+    pub lk: u32,
     pub dd: u32,
     pub parts: u32,
     /// Workgroup memory of the largest of the three kernels, bytes.
@@ -91,10 +94,11 @@ pub(super) struct Plan {
 
 impl Plan {
     /// Sizes the step's kernels for group `gq`, head dim `d` and `cfg`. `route` needs the
-    /// level scratch (`g * (K+1) * g * gq` per-child scores); `leaf` splits the P.V phase into
-    /// as many key subsets as there are invocations per output vec4 (`WG / (D/4)`) and memory
-    /// allows, and scores a whole block of C keys in one chunk when memory allows (else as many
-    /// keys as fit); `merge` needs only the slot lists.
+    /// level scratch (`g(K+1) * g * LR * gq` partial per-child scores, LR lanes per row);
+    /// `leaf` splits the P.V phase into as many key subsets as there are invocations per
+    /// output vec4 (`WG / (D/4)`) and memory allows, and scores a whole block of C keys in one
+    /// chunk (LK lanes per key row) when memory allows, else as many keys as fit; `merge`
+    /// needs only the slot lists.
     /// Errors: [`PisaError::HeadDim`] unless D is a multiple of 4 up to `4 * WG`;
     /// [`GpuError::Limit`] when even the minimum of a kernel does not fit;
     /// [`GpuError::Unsupported`] for a GQA group above the workgroup size.
@@ -130,20 +134,28 @@ impl Plan {
         let maxc = g * (k + 1);
         let ns = maxc + k;
         let common = 4 * (gq * d + 1);
-        let xr = (maxc * g * gq).max(1);
-        let route = common + 4 * (3 * maxc + xr);
+        let limit = limits.max_compute_workgroup_storage_size as u64;
+        // Route: LR invocations per pyramid row (8 f32 vec4s = one 128-byte line), fewer when
+        // the level scratch would not fit.
+        let route_mem = |lr: u64| common + 4 * (3 * maxc + maxc * g.max(2) * lr * gq);
+        let mut lr = 8.min(d / 4).max(1);
+        while lr > 1 && route_mem(lr) > limit.max(route_mem(1)) {
+            lr /= 2;
+        }
+        let xr = maxc * g.max(2) * lr * gq;
+        let route = route_mem(lr);
         let merge_k = common + 4 * (ns + maxc + 3 * k);
         let leaf_fixed = common + 4 * (wg + 2 * gq + 1);
-        let limit = limits.max_compute_workgroup_storage_size as u64;
         let budget = limit.saturating_sub(leaf_fixed) / 4;
-        // Leaf scratch: one key's scores per chunk at least, and the merge of the P.V parts.
+        // Leaf scratch: a chunk's scores and partial scores (at least one key, CH*gq*(1+LK)
+        // floats), and the merge of the P.V parts.
         let merge = |parts: u64| parts * gq * (d + 1);
         let mut parts = (wg / (d / 4)).max(1);
-        while parts > 1 && gq.max(merge(parts)) > budget {
+        while parts > 1 && merge(parts).max(2 * gq) > budget {
             parts -= 1;
         }
-        let floor = gq.max(merge(parts));
-        let needed = route.max(merge_k).max(leaf_fixed + 4 * floor);
+        let floor = merge(parts).max(2 * gq);
+        let needed = route_mem(1).max(merge_k).max(leaf_fixed + 4 * floor);
         if needed > limit {
             return Err(GpuError::Limit {
                 what: "decode workgroup memory".into(),
@@ -152,15 +164,26 @@ impl Plan {
                 hint: "use a smaller top_k, merge factor, GQA group or head dim",
             });
         }
-        let xs = floor.max((c * gq).min(budget));
+        // The whole block in one chunk, LK invocations per key row (8 vec4s: a 128-byte line
+        // of f32), fewer lanes and then fewer keys while that does not fit.
+        let room = budget.max(floor);
+        let mut lk = 8.min(d / 4).max(1);
+        while lk > 1 && c * gq * (1 + lk) > room {
+            lk /= 2;
+        }
+        let ch = c.min(room / (gq * (1 + lk))).max(1);
+        let xs = floor.max(ch * gq * (1 + lk));
         let smem = route.max(merge_k).max(leaf_fixed + 4 * xs);
         Ok(Self {
             wg: wg as u32,
             gq: gq as u32,
             kmax: k as u32,
             maxc: maxc as u32,
+            lr: lr as u32,
             xr: xr as u32,
             xs: xs as u32,
+            ch: ch as u32,
+            lk: lk as u32,
             dd: d as u32,
             parts: parts as u32,
             smem,
@@ -173,14 +196,17 @@ impl Plan {
     }
 
     /// The `const` substitutions of `decode.wgsl` (shared by the three modules).
-    pub fn consts(&self) -> [(&'static str, u32); 8] {
+    pub fn consts(&self) -> [(&'static str, u32); 11] {
         [
             ("WG", self.wg),
             ("GQ", self.gq),
             ("KMAX", self.kmax),
             ("MAXC", self.maxc),
+            ("LR", self.lr),
             ("XR", self.xr),
             ("XS", self.xs),
+            ("CH", self.ch),
+            ("LK", self.lk),
             ("DD", self.dd),
             ("PARTS", self.parts),
         ]
