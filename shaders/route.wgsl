@@ -1,22 +1,24 @@
 // Stage 1 of PISA prefill selection (PISA.md sections 2, 3 and 5): route every query through
 // the intermediate pyramid levels (start level down to 1) and write its level-0 candidates.
 //
-// One workgroup of WG invocations per (b, KV head, tile of QT consecutive queries), QT chosen by
-// the host so that QT * MC * GQ4 work items roughly fill the workgroup. Candidates, scores and
-// keep flags live in workgroup memory; no query-by-block matrix is ever written. Per level
-// (five barriers, four when GQ <= 4):
-//   1. score: one invocation per (query, candidate, group of 4 query heads) reads the pyramid
-//      rows the candidate needs (`lse`: its children; `mean`, `meanvar`: its own row) straight
-//      from global memory (f32 means, L2-resident; vec4 loads when D % 4 == 0) and dots them with
-//      its heads' scaled queries (workgroup memory); it combines them into the candidate's score
-//      summed over its heads; with more than 4 heads the per-group partial scores are summed
-//      after a barrier;
+// One workgroup of WG invocations per (b, KV head, tile of QT consecutive queries); the host
+// sizes QT, L and WG so that the score tasks fill the workgroup (nothing is shared between the
+// tile's queries: the output does not depend on the tile). Candidates, scores and keep flags
+// live in workgroup memory; no query-by-block matrix is ever written. Per level, five barriers:
+//   1. score: one invocation per task (query, candidate, group of 4 query heads, lane) reads
+//      every L-th vec4 of the pyramid rows the candidate needs (`lse`: its children; `mean`,
+//      `meanvar`: its own row) straight from global memory (f32 means, L2-resident; vec4 loads
+//      when D % 4 == 0; the L lanes of a row read L * 16 consecutive bytes together) and dots
+//      them with its heads' scaled queries (workgroup memory) into partial sums; after a
+//      barrier, one invocation per candidate sums the lanes and forms the score summed over
+//      the GQ heads;
 //   2. keep: a level with more than K candidates keeps those of rank < K, where the rank is the
 //      number of candidates strictly better (higher score, then lower node index; scores compared
 //      through `rank_key`, so a NaN ranks as -inf): deterministic, exactly K kept, no sort;
 //   3. expand: kept nodes (in ascending index order, so the list stays sorted) write their
 //      children at g * (kept nodes before them) and add their child count to the query's total;
-//      then one invocation per query appends the complete-past children of the ancestor.
+//      after a barrier, one invocation per query appends the complete-past children of the
+//      ancestor (at most g - 1 of them).
 // Output: cand [B, Hkv, Nq, MC] i32, ascending leaf indices, -1 padded. Queries that see K or
 // fewer leaves (and every query when nb_0 <= K) get an all -1 row: stage 2 gives them all leaves.
 //
@@ -38,6 +40,8 @@ const D4: u32 = 32u;
 // 1 when D % 4 == 0 (vec4 loads of the pyramid rows).
 const V4: u32 = 1u;
 const WG: u32 = 256u;
+// Lanes per (candidate, head group): each reads every L-th vec4 of the rows.
+const L: u32 = 4u;
 const GQ4: u32 = (GQ + 3u) / 4u;
 const NEG: f32 = -3.0e38;
 
@@ -54,8 +58,9 @@ var<workgroup> qs: array<vec4<f32>, QT * GQ * D4>;
 var<workgroup> cl: array<u32, 2u * QT * MC>;
 // Rank keys of the scored candidates.
 var<workgroup> sc: array<u32, QT * MC>;
-// Partial scores per (candidate, head group) when GQ > 4.
-var<workgroup> ps: array<f32, QT * MC * GQ4>;
+// Partial dot products per score task (candidate, head group, lane) and row slot.
+var<workgroup> pr: array<vec4<f32>, QT * MC * GQ4 * L * G>;
+var<workgroup> pv: array<vec4<f32>, MV * QT * MC * GQ4 * L + 1u>;
 var<workgroup> kp: array<u32, QT * MC>;
 var<workgroup> nc: array<u32, QT>;
 var<workgroup> ncn: array<atomic<u32>, QT>;
@@ -87,19 +92,26 @@ fn head_ok(hg: u32, t: u32) -> bool {
     return GQ % 4u == 0u || hg * 4u + t < GQ;
 }
 
-// Partial score of candidate node j of level l >= 1 for query qi, summed over the heads of
-// head group hg: `lse`: per head LSE over the children of n_c * exp(s q.mu_c); `mean`:
-// s q.mu_j + log n_j; `meanvar`: plus (s^2 / 2) sum_d q_d^2 var_d.
-fn score_part(qi: u32, hg: u32, l: u32, j: u32, row0: u32) -> f32 {
+// Task e = (candidate ce, head group hg, lane) of the score step: the partial dot products of
+// lane `lane` (dims 4*d4 .. 4*d4+3 for d4 = lane, lane + L, ...) of the candidate's rows (`lse`:
+// its G children, slot c; `mean`, `meanvar`: its own row, slot 0) with the 4 scaled queries of
+// head group hg, into pr[e * G + c] (component t: head 4*hg + t); `meanvar` also the partial
+// sum_d q_d^2 var_d into pv[e]. The L lanes of a row read L * 16 consecutive bytes together.
+fn score_task(e: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
     let qb = (qi * GQ + hg * 4u) * D4;
     var acc: array<vec4<f32>, G>;
-    var vacc = vec4<f32>(0.0);
     for (var c = 0u; c < G; c++) { acc[c] = vec4<f32>(0.0); }
+    var vacc = vec4<f32>(0.0);
+    var nr = 1u;
+    var base = (row0 + p.levels[l].x + j) * p.head_dim;
     if (p.scoring == 0u) {
         let lc = p.levels[l - 1u];
-        let nch = min(j * G + G, lc.y) - j * G;
-        let base = (row0 + lc.x + j * G) * p.head_dim;
-        for (var d4 = 0u; d4 < D4; d4++) {
+        nr = min(j * G + G, lc.y) - j * G;
+        base = (row0 + lc.x + j * G) * p.head_dim;
+    }
+    for (var i = 0u; i < (D4 + L - 1u) / L; i++) {
+        let d4 = i * L + lane;
+        if (D4 % L == 0u || d4 < D4) {
             let q0 = qs[qb + d4];
             var q1 = vec4<f32>(0.0);
             var q2 = vec4<f32>(0.0);
@@ -108,51 +120,69 @@ fn score_part(qi: u32, hg: u32, l: u32, j: u32, row0: u32) -> f32 {
             if (head_ok(hg, 2u)) { q2 = qs[qb + 2u * D4 + d4]; }
             if (head_ok(hg, 3u)) { q3 = qs[qb + 3u * D4 + d4]; }
             for (var c = 0u; c < G; c++) {
-                if (c < nch) {
+                if (c < nr) {
                     let m = ld_mean(base + c * p.head_dim, d4);
                     acc[c] += vec4<f32>(dot(q0, m), dot(q1, m), dot(q2, m), dot(q3, m));
+                    if (MV != 0u && p.scoring == 2u && c == 0u) {
+                        let v = max(ld_sq(base, d4) - m * m, vec4<f32>(0.0));
+                        vacc += vec4<f32>(dot(q0 * q0, v), dot(q1 * q1, v), dot(q2 * q2, v),
+                                          dot(q3 * q3, v));
+                    }
                 }
             }
         }
-        var total = 0.0;
+    }
+    for (var c = 0u; c < G; c++) { pr[e * G + c] = acc[c]; }
+    if (MV != 0u) { pv[e] = vacc; }
+}
+
+// Score of candidate ce (node j of level l >= 1) from the lanes' partial dot products, summed
+// over the GQ heads: `lse`: per head LSE over the children of n_c * exp(s q.mu_c); `mean`:
+// s q.mu_j + log n_j; `meanvar`: plus (s^2 / 2) sum_d q_d^2 var_d.
+fn score(ce: u32, l: u32, j: u32) -> f32 {
+    var total = 0.0;
+    let lc = p.levels[l - 1u];
+    let lse = p.scoring == 0u;
+    var nr = 1u;
+    if (lse) { nr = min(j * G + G, lc.y) - j * G; }
+    var ln: array<f32, G>;
+    for (var c = 0u; c < G; c++) {
+        if (lse) {
+            ln[c] = log(f32(node_len(j * G + c, lc.w)));
+        } else {
+            ln[c] = log(f32(node_len(j, p.levels[l].w)));
+        }
+    }
+    for (var hg = 0u; hg < GQ4; hg++) {
+        let e0 = (ce * GQ4 + hg) * L;
+        // (zeroed by statements: a declaration's initializer may run once, not per iteration)
+        var dots: array<vec4<f32>, G>;
+        var vs: vec4<f32>;
+        vs = vec4<f32>(0.0);
+        for (var c = 0u; c < G; c++) { dots[c] = vec4<f32>(0.0); }
+        for (var lane = 0u; lane < L; lane++) {
+            for (var c = 0u; c < G; c++) { dots[c] += pr[(e0 + lane) * G + c]; }
+            if (MV != 0u) { vs += pv[e0 + lane]; }
+        }
         for (var t = 0u; t < 4u; t++) {
             if (head_ok(hg, t)) {
-                var m = NEG;
-                var s = 0.0;
-                for (var c = 0u; c < nch; c++) {
-                    let v = acc[c][t] + log(f32(node_len(j * G + c, lc.w)));
-                    let mn = max(m, v);
-                    s = s * exp(m - mn) + exp(v - mn);
-                    m = mn;
+                if (lse) {
+                    var m = NEG;
+                    var s = 0.0;
+                    for (var c = 0u; c < G; c++) {
+                        if (c < nr) {
+                            let v = dots[c][t] + ln[c];
+                            let mn = max(m, v);
+                            s = s * exp(m - mn) + exp(v - mn);
+                            m = mn;
+                        }
+                    }
+                    total += m + log(s);
+                } else {
+                    total += dots[0][t] + ln[0];
+                    if (MV != 0u && p.scoring == 2u) { total += 0.5 * vs[t]; }
                 }
-                total += m + log(s);
             }
-        }
-        return total;
-    }
-    let lv = p.levels[l];
-    let base = (row0 + lv.x + j) * p.head_dim;
-    for (var d4 = 0u; d4 < D4; d4++) {
-        let q0 = qs[qb + d4];
-        var q1 = vec4<f32>(0.0);
-        var q2 = vec4<f32>(0.0);
-        var q3 = vec4<f32>(0.0);
-        if (head_ok(hg, 1u)) { q1 = qs[qb + D4 + d4]; }
-        if (head_ok(hg, 2u)) { q2 = qs[qb + 2u * D4 + d4]; }
-        if (head_ok(hg, 3u)) { q3 = qs[qb + 3u * D4 + d4]; }
-        let m = ld_mean(base, d4);
-        acc[0] += vec4<f32>(dot(q0, m), dot(q1, m), dot(q2, m), dot(q3, m));
-        if (MV != 0u && p.scoring == 2u) {
-            let v = max(ld_sq(base, d4) - m * m, vec4<f32>(0.0));
-            vacc += vec4<f32>(dot(q0 * q0, v), dot(q1 * q1, v), dot(q2 * q2, v), dot(q3 * q3, v));
-        }
-    }
-    let ln_n = log(f32(node_len(j, lv.w)));
-    var total = 0.0;
-    for (var t = 0u; t < 4u; t++) {
-        if (head_ok(hg, t)) {
-            total += acc[0][t] + ln_n;
-            if (MV != 0u && p.scoring == 2u) { total += 0.5 * vacc[t]; }
         }
     }
     return total;
@@ -212,27 +242,21 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         let lc = p.levels[l - 1u];
         let nxt = QT * MC - cur;
         workgroupBarrier();
-        // 1. score: one invocation per (query, candidate, head group).
-        for (var e = lid; e < QT * MC * GQ4; e += WG) {
-            let ce = e / GQ4;
-            let hg = e % GQ4;
+        // 1. score: one invocation per (query, candidate, head group, lane), then one per
+        // candidate sums the lanes and heads.
+        for (var e = lid; e < QT * MC * GQ4 * L; e += WG) {
+            let it = e / L;
+            let ce = it / GQ4;
             let qi = ce / MC;
             let n = nc[qi];
             if (ce % MC < n && n > k) {
-                let s = score_part(qi, hg, l, cl[cur + ce], row0);
-                if (GQ4 == 1u) { sc[ce] = rank_key(s); } else { ps[e] = s; }
+                score_task(e, qi, it % GQ4, e % L, l, cl[cur + ce], row0);
             }
         }
-        if (GQ4 > 1u) {
-            workgroupBarrier();
-            for (var e = lid; e < QT * MC; e += WG) {
-                let n = nc[e / MC];
-                if (e % MC < n && n > k) {
-                    var total = 0.0;
-                    for (var hg = 0u; hg < GQ4; hg++) { total += ps[e * GQ4 + hg]; }
-                    sc[e] = rank_key(total);
-                }
-            }
+        workgroupBarrier();
+        for (var e = lid; e < QT * MC; e += WG) {
+            let n = nc[e / MC];
+            if (e % MC < n && n > k) { sc[e] = rank_key(score(e, l, cl[cur + e])); }
         }
         workgroupBarrier();
         // 2. keep: rank < K under (higher score key, then lower index)

@@ -2,7 +2,7 @@
 //! intermediate pyramid levels and writes its leaf candidates; shader `shaders/route.wgsl`.
 
 use super::pyramid::GpuPyramid;
-use super::select::{fit_tile, Plan};
+use super::select::Plan;
 use crate::error::Result;
 use crate::runtime::buffers::{GpuTensor, POISON_I32};
 use crate::runtime::context::Context;
@@ -18,33 +18,107 @@ pub const SHADER: ShaderSource = ShaderSource {
     ),
 };
 
-/// Invocations per routing workgroup.
-const WG: u32 = 256;
-/// Most queries per routing workgroup (the tile is sized so that its (query, candidate, head
-/// group) work items roughly fill the workgroup; nothing is shared between the tile's queries,
-/// so the output does not depend on the tile).
+/// Most invocations per routing workgroup (fewer where the device allows fewer).
+const MAX_WG: u32 = 512;
+/// Most queries per routing workgroup. Nothing is shared between the tile's queries, so the
+/// output does not depend on the tile; it is sized so that the score tasks fill the workgroup.
 const MAX_TILE: u32 = 16;
+/// Lanes per (candidate, head group) by default: each lane reads every L-th vec4 of the rows,
+/// so the L lanes of a row read L * 16 consecutive bytes together. `PISA_ROUTE_LANES` (1, 2,
+/// 4, 8 or 16) overrides it, for tuning; the lanes actually used divide ceil(D / 4).
+const DEFAULT_LANES: u32 = 4;
 /// Most query heads per KV head the routing kernel supports.
 pub const MAX_GQ: u32 = 32;
 
-/// Workgroup bytes of the routing kernel for a tile of `t` queries (see the shader's
-/// `var<workgroup>`s).
-fn wg_bytes(t: u32, gq: u32, d: u32, mc: u32) -> u64 {
+/// Workgroup bytes of the routing kernel (see the shader's `var<workgroup>`s) for a tile of `t`
+/// queries and `l` lanes.
+fn wg_bytes(t: u32, l: u32, gq: u32, d: u32, mc: u32, g: u32, mv: u32) -> u64 {
     let gq4 = gq.div_ceil(4) as u64;
-    let (t, gq, d4, mc) = (t as u64, gq as u64, d.div_ceil(4) as u64, mc as u64);
-    16 * t * gq * d4 + 4 * (2 * t * mc + t * mc + t * mc * gq4 + t * mc + 3 * t)
+    let (t, l, gq, d4) = (t as u64, l as u64, gq as u64, d.div_ceil(4) as u64);
+    let (mc, g, mv) = (mc as u64, g as u64, mv as u64);
+    16 * t * gq * d4
+        + 16 * t * mc * gq4 * l * g
+        + 16 * (mv * t * mc * gq4 * l + 1)
+        + 4 * (2 * t * mc + t * mc + t * mc + 3 * t)
 }
 
-/// Queries per workgroup wanted before the memory fit: enough (query, candidate, head group)
-/// items to fill the workgroup.
-fn wanted_tile(gq: u32, mc: u32) -> u32 {
-    (WG / (mc * gq.div_ceil(4)).max(1)).clamp(1, MAX_TILE)
+/// The routing workgroup shape: queries per workgroup, lanes per score task, invocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    tile: u32,
+    lanes: u32,
+    wg: u32,
+}
+
+/// The lanes asked for: `PISA_ROUTE_LANES` if set to 1, 2, 4, 8 or 16, else [`DEFAULT_LANES`].
+fn lanes_asked() -> u32 {
+    std::env::var("PISA_ROUTE_LANES")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|l| [1, 2, 4, 8, 16].contains(l))
+        .unwrap_or(DEFAULT_LANES)
+}
+
+/// Chooses the workgroup shape: the most lanes up to `asked` that divide ceil(D / 4), then the
+/// tile whose score tasks (tile * MC * ceil(GQ / 4) * lanes) best fill whole 64-invocation
+/// steps of at most `max_wg` invocations, within `mem` bytes of workgroup memory (fewer lanes
+/// if even one query does not fit). `None` when nothing fits.
+#[allow(clippy::too_many_arguments)]
+fn choose_shape(
+    asked: u32,
+    max_wg: u32,
+    mem: u64,
+    gq: u32,
+    d: u32,
+    mc: u32,
+    g: u32,
+    mv: u32,
+) -> Option<Shape> {
+    let d4 = d.div_ceil(4);
+    let max_wg = (max_wg.min(MAX_WG) / 64 * 64).max(64);
+    let mut l = asked.max(1);
+    loop {
+        if d4 % l == 0 {
+            let per_query = mc * gq.div_ceil(4) * l;
+            let mut best: Option<(u64, Shape)> = None;
+            for t in 1..=MAX_TILE {
+                if t > 1 && t * per_query > max_wg {
+                    break;
+                }
+                if wg_bytes(t, l, gq, d, mc, g, mv) > mem {
+                    break;
+                }
+                let tasks = t * per_query;
+                let wg = tasks.div_ceil(64).saturating_mul(64).min(max_wg);
+                // Utilisation in parts per 1024: tasks over invocation slots used.
+                let slots = tasks.div_ceil(wg) as u64 * wg as u64;
+                let util = tasks as u64 * 1024 / slots;
+                if best.is_none_or(|(u, _)| util > u) {
+                    best = Some((
+                        util,
+                        Shape {
+                            tile: t,
+                            lanes: l,
+                            wg,
+                        },
+                    ));
+                }
+            }
+            if let Some((_, s)) = best {
+                return Some(s);
+            }
+        }
+        if l == 1 {
+            return None;
+        }
+        l /= 2;
+    }
 }
 
 /// Records stage 1 and returns the candidates `[B, Hkv, Nq, g*(K+1)]` i32: per query its
 /// level-0 candidate leaves, ascending, -1 padded (all -1 for a query that sees K or fewer
 /// leaves, which stage 2 handles without scoring). `_q_tile` (stage 2's query tile) is not used:
-/// the routing sizes its own tile (see [`wanted_tile`]); its output does not depend on it.
+/// the routing sizes its own tile (see [`choose_shape`]); its output does not depend on it.
 /// Profiler stage "route". Errors: [`crate::GpuError::Limit`] (buffers, workgroup memory).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
@@ -69,9 +143,20 @@ pub(crate) fn record(
     }
     let mv = (plan.params.scoring == 2) as u32;
     let v4 = (d % 4 == 0) as u32;
-    let t = fit_tile(ctx, "route", wanted_tile(gq, mc) as usize, |t| {
-        wg_bytes(t, gq, d, mc)
+    let lim = ctx.limits();
+    let mem = lim.max_compute_workgroup_storage_size as u64;
+    let max_wg = lim
+        .max_compute_invocations_per_workgroup
+        .min(lim.max_compute_workgroup_size_x);
+    let shape = choose_shape(lanes_asked(), max_wg, mem, gq, d, mc, g, mv).ok_or_else(|| {
+        crate::GpuError::Limit {
+            what: "workgroup memory of route".into(),
+            needed: wg_bytes(1, 1, gq, d, mc, g, mv),
+            limit: mem,
+            hint: "use a smaller head dim, top_k, merge factor or GQA group",
+        }
     })?;
+    let t = shape.tile;
     let len = plan.sched.candidates_len(&plan.shape);
     let cand = ctx.alloc("candidates", len, Storage::F32, POISON_I32)?;
     // The scalar (bindings 2, 3) or the vec4 (bindings 5, 6) views of means and second moments
@@ -91,7 +176,8 @@ pub(crate) fn record(
         ("MV", mv),
         ("D4", d.div_ceil(4)),
         ("V4", v4),
-        ("WG", WG),
+        ("WG", shape.wg),
+        ("L", shape.lanes),
     ];
     let pipe = ctx
         .pipelines
@@ -115,4 +201,35 @@ pub(crate) fn record(
         prof.map(|pr| (pr, "route")),
     )?;
     Ok(cand)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_fill_the_workgroup_and_fit_memory() {
+        // The bench shape (GQ 4, D 128, K 16, g 2: MC 34), `lse`, 48 KiB.
+        let s = choose_shape(4, 1024, 48 << 10, 4, 128, 34, 2, 0).unwrap();
+        assert_eq!((s.lanes, s.tile), (4, 3));
+        assert_eq!(s.wg, 448);
+        for (asked, gq, d, mc, g, mv) in [
+            (1, 1, 64, 10, 2, 0),
+            (8, 32, 128, 34, 2, 0),
+            (16, 32, 512, 34, 2, 1),
+            (4, 7, 30, 9, 3, 1),
+            (2, 2, 6, 16, 4, 0),
+        ] {
+            for mem in [16u64 << 10, 32 << 10, 48 << 10] {
+                let Some(s) = choose_shape(asked, 1024, mem, gq, d, mc, g, mv) else {
+                    assert!(wg_bytes(1, 1, gq, d, mc, g, mv) > mem);
+                    continue;
+                };
+                assert!(wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv) <= mem);
+                assert!(s.lanes <= asked && d.div_ceil(4) % s.lanes == 0);
+                assert!(s.wg % 64 == 0 && s.wg <= MAX_WG && s.wg >= s.tile);
+                assert!(s.tile == 1 || s.tile * mc * gq.div_ceil(4) * s.lanes <= s.wg);
+            }
+        }
+    }
 }
