@@ -268,13 +268,13 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             if (ci < n) {
                 keep = 1u;
                 if (n > k) {
+                    // The list is ascending by node index, so "lower index" is "earlier slot".
+                    // Constant trip count and no branch, so the loads can be pipelined.
                     let s = sc[e];
-                    let j = cl[cur + e];
                     var rank = 0u;
-                    for (var o = 0u; o < n; o++) {
+                    for (var o = 0u; o < MC; o++) {
                         let so = sc[qi * MC + o];
-                        let jo = cl[cur + qi * MC + o];
-                        rank += select(0u, 1u, so > s || (so == s && jo < j));
+                        rank += select(0u, 1u, o < n && (so > s || (so == s && o < ci)));
                     }
                     keep = select(0u, 1u, rank < k);
                 }
@@ -289,7 +289,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let ci = e % MC;
             if (ci < nc[qi] && kp[e] != 0u) {
                 var before = 0u;
-                for (var o = 0u; o < ci; o++) { before += kp[qi * MC + o]; }
+                for (var o = 0u; o < MC; o++) { before += select(0u, kp[qi * MC + o], o < ci); }
                 let j = cl[cur + e];
                 let c1 = min(j * g + g, lc.y);
                 for (var c = j * g; c < c1; c++) {

@@ -78,7 +78,7 @@ fn choose_shape(
     let max_wg = (max_wg.min(MAX_WG) / 64 * 64).max(64);
     let mut l = asked.max(1);
     loop {
-        if d4 % l == 0 {
+        if d4.is_multiple_of(l) {
             let per_query = mc * gq.div_ceil(4) * l;
             let mut best: Option<(u64, Shape)> = None;
             for t in 1..=MAX_TILE {
@@ -226,8 +226,8 @@ mod tests {
                     continue;
                 };
                 assert!(wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv) <= mem);
-                assert!(s.lanes <= asked && d.div_ceil(4) % s.lanes == 0);
-                assert!(s.wg % 64 == 0 && s.wg <= MAX_WG && s.wg >= s.tile);
+                assert!(s.lanes <= asked && d.div_ceil(4).is_multiple_of(s.lanes));
+                assert!(s.wg.is_multiple_of(64) && s.wg <= MAX_WG && s.wg >= s.tile);
                 assert!(s.tile == 1 || s.tile * mc * gq.div_ceil(4) * s.lanes <= s.wg);
             }
         }
