@@ -9,25 +9,21 @@ var<workgroup> cand: array<u32, 2u * MAXC>;
 var<workgroup> rk: array<u32, MAXC>;
 var<workgroup> xr: array<f32, XR>;
 
+const DLR: u32 = (D4 + LR - 1u) / LR; // vec4s of a row per invocation
+
 // Partial q_h . mu over the vec4s j = u, u + LR, ... of a node's mean row, every head h of
-// the group: LR consecutive invocations share one row, so a warp's loads are coalesced.
+// the group: LR consecutive invocations share one row, so a warp's loads are coalesced; a
+// fixed trip count, so the loads are in flight together.
 fn dots_mean(row: u32, u: u32) -> array<f32, GQ> {
     var a: array<f32, GQ>;
-    for (var j = u; j < D4; j += LR) {
-        let m = means[row + j];
-        for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], m); }
+    for (var i = 0u; i < DLR; i++) {
+        let j = u + i * LR;
+        if (j < D4) {
+            let m = means[row + j];
+            for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], m); }
+        }
     }
     return a;
-}
-
-// x = s * q.mu_c + log n_c of child c of the candidate in slot s, head hh (NEG past the end),
-// from the LR partial dots in xr; w is a child's width in tokens.
-fn child_x(s: u32, c: u32, hh: u32, node: u32, nchild: u32, len: u32, w: u32) -> f32 {
-    let child = node * p.merge + c;
-    if (child >= nchild) { return NEG; }
-    var a = 0.0;
-    for (var u = 0u; u < LR; u++) { a += xr[((s * p.merge + c) * LR + u) * GQ + hh]; }
-    return p.scale * a + log(f32(min(len - child * w, w)));
 }
 
 // rk[slot] = rank_key of the score of the candidates cand[co..co + MAXC] of level l >= 1
@@ -48,22 +44,34 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
             for (var hh = 0u; hh < GQ; hh++) { xr[it * GQ + hh] = a[hh]; }
         }
         workgroupBarrier();
-        // The score is the LSE over the children of x_c, summed over the heads.
+        // The score: per head, the LSE over the children of x_c = s * q.mu_c + log n_c;
+        // summed over the heads.
         for (var s = lid; s < MAXC; s += WG) {
             let node = cand[co + s];
             var key = 0u;
             if (node != INVALID) {
-                var tot = 0.0;
-                for (var hh = 0u; hh < GQ; hh++) {
-                    var m = NEG;
-                    for (var c = 0u; c < g; c++) { m = max(m, child_x(s, c, hh, node, nchild, len, w)); }
-                    var sum = 0.0;
-                    for (var c = 0u; c < g; c++) {
-                        let x = child_x(s, c, hh, node, nchild, len, w);
-                        if (x > NEG_T) { sum += exp(x - m); }
+                // Online LSE over the children, every head at once.
+                var m: array<f32, GQ>;
+                var sum: array<f32, GQ>;
+                for (var hh = 0u; hh < GQ; hh++) { m[hh] = NEG; }
+                for (var c = 0u; c < g; c++) {
+                    let child = node * g + c;
+                    if (child >= nchild) { break; }
+                    let ln = log(f32(min(len - child * w, w)));
+                    for (var hh = 0u; hh < GQ; hh++) {
+                        var a = 0.0;
+                        for (var u = 0u; u < LR; u++) { a += xr[((s * g + c) * LR + u) * GQ + hh]; }
+                        let x = p.scale * a + ln;
+                        if (x > m[hh]) {
+                            sum[hh] = sum[hh] * exp(m[hh] - x) + 1.0;
+                            m[hh] = x;
+                        } else {
+                            sum[hh] += exp(x - m[hh]);
+                        }
                     }
-                    tot += m + log(sum);
                 }
+                var tot = 0.0;
+                for (var hh = 0u; hh < GQ; hh++) { tot += state_lse(m[hh], sum[hh]); }
                 key = rank_key(tot);
             }
             rk[s] = key;

@@ -402,3 +402,24 @@ fn decode_equals_prefill_at_every_position() {
         }
     }
 }
+
+/// The bench's selection shape (K = 16, g = 2: 34 candidates, a 1024-invocation `route`
+/// workgroup where the device allows it) and a wide merge factor (g = 4: 68 candidates of 4
+/// children, fewer lanes per row), with small blocks so routing starts several levels up.
+#[test]
+fn wide_levels_top16() {
+    let mut c = base("top16_g2", 8, 2, 128, cfg(4, 16, 2, Scoring::Lse));
+    c.prefill = vec![701, 333];
+    c.steps = 10;
+    Run::new(c, 800).run();
+    let mut c = base(
+        "top16_g4",
+        4,
+        1,
+        64,
+        cfg(4, 16, 4, Scoring::Lse).with_forced(1, 2),
+    );
+    c.prefill = vec![1203];
+    c.steps = 10;
+    Run::new(c, 1300).run();
+}

@@ -78,6 +78,8 @@ const WG: u32 = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Plan {
     pub wg: u32,
+    /// Invocations per `route` workgroup.
+    pub wr: u32,
     pub gq: u32,
     pub kmax: u32,
     pub maxc: u32,
@@ -106,7 +108,8 @@ impl Plan {
         let max_wg = limits
             .max_compute_invocations_per_workgroup
             .min(limits.max_compute_workgroup_size_x);
-        let wg = WG.min(1 << (31 - max_wg.max(1).leading_zeros())) as u64;
+        let max_pow2 = 1u64 << (31 - max_wg.max(1).leading_zeros());
+        let wg = (WG as u64).min(max_pow2);
         if !d.is_multiple_of(4) || d > 4 * wg as usize {
             return Err(GpuError::Input(PisaError::HeadDim {
                 head_dim: d,
@@ -135,11 +138,15 @@ impl Plan {
         let ns = maxc + k;
         let common = 4 * (gq * d + 1);
         let limit = limits.max_compute_workgroup_storage_size as u64;
-        // Route: LR invocations per pyramid row (8 f32 vec4s = one 128-byte line), fewer when
+        // Route: LR invocations per pyramid row (8 f32 vec4s = one 128-byte line), all the
+        // level's rows at once: a workgroup of up to 1024 invocations (WR); fewer lanes when
         // the level scratch would not fit.
+        let wr = (maxc * g * 8)
+            .next_power_of_two()
+            .clamp(wg.min(64), max_pow2.min(1024));
         let route_mem = |lr: u64| common + 4 * (3 * maxc + maxc * g.max(2) * lr * gq);
         let mut lr = 8.min(d / 4).max(1);
-        while lr > 1 && route_mem(lr) > limit.max(route_mem(1)) {
+        while lr > 1 && (route_mem(lr) > limit.max(route_mem(1)) || maxc * g * lr > wr) {
             lr /= 2;
         }
         let xr = maxc * g.max(2) * lr * gq;
@@ -164,11 +171,12 @@ impl Plan {
                 hint: "use a smaller top_k, merge factor, GQA group or head dim",
             });
         }
-        // The whole block in one chunk, LK invocations per key row (8 vec4s: a 128-byte line
-        // of f32), fewer lanes and then fewer keys while that does not fit.
+        // The whole block in one chunk, LK invocations per key row (up to 8 vec4s: a 128-byte
+        // line of f32), one row per invocation group (C * LK <= WG); fewer lanes and then
+        // fewer keys while that does not fit.
         let room = budget.max(floor);
         let mut lk = 8.min(d / 4).max(1);
-        while lk > 1 && c * gq * (1 + lk) > room {
+        while lk > 1 && (c * gq * (1 + lk) > room || c * lk > wg) {
             lk /= 2;
         }
         let ch = c.min(room / (gq * (1 + lk))).max(1);
@@ -176,6 +184,7 @@ impl Plan {
         let smem = route.max(merge_k).max(leaf_fixed + 4 * xs);
         Ok(Self {
             wg: wg as u32,
+            wr: wr as u32,
             gq: gq as u32,
             kmax: k as u32,
             maxc: maxc as u32,
@@ -195,10 +204,11 @@ impl Plan {
         self.maxc + self.kmax
     }
 
-    /// The `const` substitutions of `decode.wgsl` (shared by the three modules).
-    pub fn consts(&self) -> [(&'static str, u32); 11] {
+    /// The `const` substitutions of `decode.wgsl` (shared by the three modules; `route`'s
+    /// workgroup size is `wr` when `route` is true, else `wg`).
+    pub fn consts(&self, route: bool) -> [(&'static str, u32); 11] {
         [
-            ("WG", self.wg),
+            ("WG", if route { self.wr } else { self.wg }),
             ("GQ", self.gq),
             ("KMAX", self.kmax),
             ("MAXC", self.maxc),

@@ -45,8 +45,8 @@ impl KvCache<'_> {
             )
         };
         let (u_heads, u_slots) = (uniform(heads)?, uniform(slots)?);
-        let consts = self.plan.consts();
-        let pipe = |shader, entry| {
+        let pipe = |shader, entry, route| {
+            let consts = self.plan.consts(route);
             ctx.pipelines
                 .get(&ctx.device, shader, entry, self.storage, &consts, &[])
         };
@@ -79,9 +79,9 @@ impl KvCache<'_> {
             (11, pa),
         ];
         let stages = [
-            (pipe(&ROUTE_SHADER, "route")?, route, heads),
-            (pipe(&SHADER, "leaf")?, leaf, slots),
-            (pipe(&MERGE_SHADER, "merge")?, merge, heads),
+            (pipe(&ROUTE_SHADER, "route", true)?, route, heads),
+            (pipe(&SHADER, "leaf", false)?, leaf, slots),
+            (pipe(&MERGE_SHADER, "merge", false)?, merge, heads),
         ];
         let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
         let mut work = Vec::new();
