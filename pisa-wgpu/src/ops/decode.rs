@@ -5,27 +5,37 @@
 //! `decode_attend.wgsl` or `decode_merge.wgsl` (the step's three modules), and
 //! `shaders/decode_append.wgsl` (the append and the prefill copy).
 //!
-//! Design. PISA.md 5 asks for one fused dispatch; a single workgroup per (sequence, KV head)
-//! is what that gives, and at B = 1, Hkv = 8 it leaves a 132-SM GPU nearly idle and every
-//! key load of the step on one SM's critical path. So the step is split where the work fans
-//! out, all three dispatches recorded in one compute pass (wgpu orders them with barriers):
-//! 1. `route`, one workgroup (256 invocations) per (sequence, KV head), walks the intermediate
-//!    levels (serial by nature) with the g_q heads of its group together: one invocation per
-//!    (candidate, child) dot product for `lse` (per candidate for `mean`/`meanvar`), an unrolled
-//!    loop over the D/4 vec4s of the row against the queries in workgroup memory; the top-K cut
-//!    by ranks (ties to the lower index), each kept node writing its children straight into
-//!    the next level's slots: three barriers per level. It writes g(K+1) leaf candidates and
-//!    the forced leaves (`cands`).
-//! 2. `leaf`, one workgroup per (sequence, KV head, slot) (B * Hkv * (g(K+1) + K) workgroups,
+//! Design. PISA.md 5 describes one fused dispatch; a single workgroup per (sequence, KV head)
+//! is what that gives (the previous version of this module), and at B = 1, Hkv = 8 it left a
+//! 132-SM GPU nearly idle with every key load of the step on one SM's critical path (0.48 ms
+//! at 1M tokens on an H200). So the step is split where the work fans out; the three
+//! dispatches are recorded in ONE compute pass (wgpu puts a barrier between them), so a step
+//! is still one pass and one timestamp pair ("decode"):
+//! 1. `route`, one workgroup of WR invocations (up to 1024, enough for all rows of a level) per
+//!    (sequence, KV head), walks the intermediate levels (serial by nature) with the g_q heads
+//!    of its group together. Per level: the g(K+1) candidates' g children's mean rows (`lse`;
+//!    the candidates' own rows for `mean`/`meanvar`), LR = 8 consecutive invocations per row
+//!    (coalesced, fixed-trip loads all in flight: one memory round trip a level) against the
+//!    queries in workgroup memory | per-candidate LSE over the children, summed over the heads,
+//!    as an order-preserving integer key | the rank-based top-K cut (ties to the lower index),
+//!    each kept node writing its children straight into the next level's slots: three
+//!    barriers per level, no serial loop over candidates. It writes g(K+1) leaf candidates and
+//!    the forced leaves (`cands`, NS = g(K+1) + K slots).
+//! 2. `leaf`, one workgroup of 256 per (sequence, KV head, slot) (B * Hkv * NS workgroups,
 //!    400 at Hkv = 8, K = 16, g = 2; empty slots exit at once), computes the slot block's
-//!    online-softmax state per head (max, sum, unnormalised P.V) over its C keys: scores one
-//!    key per invocation, per-head max, exponentials, P.V with invocations owning one output
-//!    vec4 for a subset of the keys. Candidates are attended speculatively: at most g(K+1)
-//!    blocks instead of K, ~2x the key/value bytes of the step, spread over many SMs.
+//!    online-softmax state per head (max, sum, unnormalised P.V) over its C keys: scores with
+//!    LK consecutive invocations per key row (one round trip), per-head max, exponentials,
+//!    P.V with invocations owning one output vec4 for a subset of the keys (fixed trip count,
+//!    loads in flight together); five barriers per chunk of keys (one chunk = the whole block
+//!    when workgroup memory allows). Candidates are attended speculatively: g(K+1) blocks
+//!    instead of K, ~2x the key/value bytes of the step, spread over the whole GPU, in
+//!    exchange for no second dependent pass over the keys.
 //! 3. `merge`, one workgroup per (sequence, KV head): a candidate's score is its block LSE
 //!    summed over the group (exactly PISA.md 2's leaf score), the forced leaves plus the best
 //!    K - forced are the selection (ascending), and the K blocks' states are merged
-//!    (FlashDecoding) into O and LSE.
+//!    (FlashDecoding: M = max m, L = sum l e^(m-M), O = sum O e^(m-M) / L) into O and LSE.
+//! Scratch between the dispatches: `cands` (u32 `[B*Hkv, NS]`) and the block states (f32
+//! `[B*Hkv, NS, g_q, D+2]`), allocated with the cache.
 //! f32 arithmetic throughout; no subgroup operations (right for any subgroup size). Lengths
 //! live in a storage buffer, so sequences of different lengths share the dispatches. The
 //! semantics are those of `pisa_core::reference::select_pisa` at position `len - 1` (causal,
