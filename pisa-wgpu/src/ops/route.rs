@@ -18,8 +18,12 @@ pub const SHADER: ShaderSource = ShaderSource {
     ),
 };
 
-/// Most invocations per routing workgroup (fewer where the device allows fewer).
-const MAX_WG: u32 = 512;
+/// Most invocations per routing workgroup by default (smaller workgroups leave the
+/// scheduler more of them per core to hide each one's barriers); `PISA_ROUTE_MAX_WG` (32 to
+/// 1024) overrides it, for tuning. Never above the device limits.
+const DEFAULT_MAX_WG: u32 = 256;
+/// Workgroup sizes are multiples of this.
+const WG_STEP: u32 = 32;
 /// Most queries per routing workgroup. Nothing is shared between the tile's queries, so the
 /// output does not depend on the tile; it is sized so that the score tasks fill the workgroup.
 const MAX_TILE: u32 = 16;
@@ -52,16 +56,26 @@ struct Shape {
 
 /// The lanes asked for: `PISA_ROUTE_LANES` if set to 1, 2, 4, 8 or 16, else [`DEFAULT_LANES`].
 fn lanes_asked() -> u32 {
-    std::env::var("PISA_ROUTE_LANES")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
+    env_u32("PISA_ROUTE_LANES")
         .filter(|l| [1, 2, 4, 8, 16].contains(l))
         .unwrap_or(DEFAULT_LANES)
 }
 
+/// The largest workgroup asked for: `PISA_ROUTE_MAX_WG` if set within 32..=1024, else
+/// [`DEFAULT_MAX_WG`].
+fn max_wg_asked() -> u32 {
+    env_u32("PISA_ROUTE_MAX_WG")
+        .filter(|w| (32..=1024).contains(w))
+        .unwrap_or(DEFAULT_MAX_WG)
+}
+
+fn env_u32(name: &str) -> Option<u32> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
 /// Chooses the workgroup shape: the most lanes up to `asked` that divide ceil(D / 4), then the
-/// tile whose score tasks (tile * MC * ceil(GQ / 4) * lanes) best fill whole 64-invocation
-/// steps of at most `max_wg` invocations, within `mem` bytes of workgroup memory (fewer lanes
+/// tile whose score tasks (tile * MC * ceil(GQ / 4) * lanes) best fill a workgroup of whole
+/// [`WG_STEP`]s of at most `max_wg` invocations, within `mem` bytes of workgroup memory (fewer lanes
 /// if even one query does not fit). `None` when nothing fits.
 #[allow(clippy::too_many_arguments)]
 fn choose_shape(
@@ -75,7 +89,7 @@ fn choose_shape(
     mv: u32,
 ) -> Option<Shape> {
     let d4 = d.div_ceil(4);
-    let max_wg = (max_wg.min(MAX_WG) / 64 * 64).max(64);
+    let max_wg = (max_wg / WG_STEP * WG_STEP).max(WG_STEP);
     let mut l = asked.max(1);
     loop {
         if d4.is_multiple_of(l) {
@@ -89,7 +103,7 @@ fn choose_shape(
                     break;
                 }
                 let tasks = t * per_query;
-                let wg = tasks.div_ceil(64).saturating_mul(64).min(max_wg);
+                let wg = tasks.div_ceil(WG_STEP).saturating_mul(WG_STEP).min(max_wg);
                 // Utilisation in parts per 1024: tasks over invocation slots used.
                 let slots = tasks.div_ceil(wg) as u64 * wg as u64;
                 let util = tasks as u64 * 1024 / slots;
@@ -145,8 +159,8 @@ pub(crate) fn record(
     let v4 = (d % 4 == 0) as u32;
     let lim = ctx.limits();
     let mem = lim.max_compute_workgroup_storage_size as u64;
-    let max_wg = lim
-        .max_compute_invocations_per_workgroup
+    let max_wg = max_wg_asked()
+        .min(lim.max_compute_invocations_per_workgroup)
         .min(lim.max_compute_workgroup_size_x);
     let shape = choose_shape(lanes_asked(), max_wg, mem, gq, d, mc, g, mv).ok_or_else(|| {
         crate::GpuError::Limit {
@@ -210,9 +224,10 @@ mod tests {
     #[test]
     fn shapes_fill_the_workgroup_and_fit_memory() {
         // The bench shape (GQ 4, D 128, K 16, g 2: MC 34), `lse`, 48 KiB.
-        let s = choose_shape(4, 1024, 48 << 10, 4, 128, 34, 2, 0).unwrap();
-        assert_eq!((s.lanes, s.tile), (4, 3));
-        assert_eq!(s.wg, 448);
+        let s = choose_shape(4, 256, 48 << 10, 4, 128, 34, 2, 0).unwrap();
+        assert_eq!((s.lanes, s.tile, s.wg), (4, 1, 160));
+        let s = choose_shape(2, 256, 48 << 10, 4, 128, 34, 2, 0).unwrap();
+        assert_eq!((s.lanes, s.tile, s.wg), (2, 3, 224));
         for (asked, gq, d, mc, g, mv) in [
             (1, 1, 64, 10, 2, 0),
             (8, 32, 128, 34, 2, 0),
@@ -221,14 +236,16 @@ mod tests {
             (2, 2, 6, 16, 4, 0),
         ] {
             for mem in [16u64 << 10, 32 << 10, 48 << 10] {
-                let Some(s) = choose_shape(asked, 1024, mem, gq, d, mc, g, mv) else {
-                    assert!(wg_bytes(1, 1, gq, d, mc, g, mv) > mem);
-                    continue;
-                };
-                assert!(wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv) <= mem);
-                assert!(s.lanes <= asked && d.div_ceil(4).is_multiple_of(s.lanes));
-                assert!(s.wg.is_multiple_of(64) && s.wg <= MAX_WG && s.wg >= s.tile);
-                assert!(s.tile == 1 || s.tile * mc * gq.div_ceil(4) * s.lanes <= s.wg);
+                for max_wg in [64, 256, 1024] {
+                    let Some(s) = choose_shape(asked, max_wg, mem, gq, d, mc, g, mv) else {
+                        assert!(wg_bytes(1, 1, gq, d, mc, g, mv) > mem);
+                        continue;
+                    };
+                    assert!(wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv) <= mem);
+                    assert!(s.lanes <= asked && d.div_ceil(4).is_multiple_of(s.lanes));
+                    assert!(s.wg.is_multiple_of(WG_STEP) && s.wg <= max_wg && s.wg >= s.tile);
+                    assert!(s.tile == 1 || s.tile * mc * gq.div_ceil(4) * s.lanes <= s.wg);
+                }
             }
         }
     }
