@@ -7,23 +7,24 @@
 // One workgroup of NSG subgroups per (b, KV head, tile of QT consecutive queries); its RT = 16
 // rows are the tile's (query, head) pairs, row r = query r / GQ, head r % GQ (QT * GQ <= 16;
 // rows past that are zero padding). The raw Q rows (f16, unscaled, so exact) sit in registers as
-// HD / 16 A matrices in every subgroup. Per union leaf (one at a time, all subgroups):
-//   1. its CW = 16 * CT key rows (C tokens, zero past the leaf or the sequence) go from
-//      registers to workgroup memory, and the next leaf's rows are loaded into registers, in
-//      flight while this leaf computes;                                           barrier
-//   2. S = Q K^T on tensor cores: subgroup sg computes the 16x16 tiles sg, sg + NSG, ... of
-//      the leaf's CT column tiles and stores them (f32) to fsh;                   barrier
-//   3. SPLIT invocations per row: scale (s = scale * q.k, f32), mask, and a partial (max, sum
-//      of exp) over KPT keys each;                                                barrier
-//   4. one invocation per query: merge the row partials into the LSE of each of its GQ heads
-//      and write the sum over the heads as the leaf's ranking key us[u * QT + qi].
-// Steps 3 and 4 read the previous step's data only after a barrier, and step 1 of the next
-// leaf writes a region (the K tile) that nobody reads after step 2: three barriers per leaf.
+// HD / 16 A matrices in every subgroup. The union leaves are taken LPI at a time:
+//   1. S = Q K^T on tensor cores: the LPI leaves have LPI * CT 16-key column tiles; subgroup sg
+//      computes tiles sg, sg + NSG, ... loading K straight from the storage buffer (each key
+//      is used by exactly one multiply of the workgroup, so staging it through workgroup
+//      memory would buy no reuse), and stores them (f32) to fsh;                  barrier
+//   2. SPLIT invocations per row: scale (s = scale * q.k, f32), mask, and a partial (max, sum
+//      of exp) per leaf over its keys;                                            barrier
+//   3. one invocation per (leaf, query): merge the row partials into the LSE of each of the
+//      query's GQ heads and write their sum as the leaf's ranking key us[u * QT + qi].
+// Step 1 of the next leaves writes fsh, last read in step 2, and step 2 writes red_*, last read
+// in step 3 of the leaves before, each across a barrier: two barriers per LPI leaves.
 //
-// Cooperative loads and stores touch workgroup memory only (every offset and stride a multiple
-// of 16 bytes), never the storage buffers, so no out-of-bounds matrix access can happen.
-// Q, K: vec4<f16>, (b, h, n, d) at (b*sb + h*sh + n*sn + d) / 4 (D and the strides are
-// multiples of 4).
+// Bounds: a 16-key tile starting at token t0 is loaded from min(t0, Nk - 16) (the host requires
+// Nk >= 16), so a matrix load never reads past token Nk - 1 of its head, hence never past the
+// buffer; step 2 maps each column back to its token and drops those outside the tile's own
+// range, so no key is counted twice or out of its leaf.
+// Q: vec4<f16>, (b, h, n, d) at (b*sb + h*sh + n*sn + d) / 4; K: f16 at b*sb + h*sh + n*sn + d
+// (D and the strides are multiples of 16, so every matrix row is 32-byte aligned).
 enable wgpu_cooperative_matrix;
 
 const GQ: u32 = 4u;      // query heads per KV head (<= 16)
@@ -31,6 +32,7 @@ const QT: u32 = 4u;      // queries per workgroup (QT * GQ <= 16)
 const MC: u32 = 34u;     // candidate slots per query (g * (K + 1))
 const HD: u32 = 128u;    // head dim (multiple of 16, <= 128)
 const CT: u32 = 4u;      // 16-key column tiles per leaf: ceil(C / 16)
+const LPI: u32 = 2u;     // leaves per iteration
 const SG: u32 = 32u;     // subgroup size (fixed)
 
 const NSG: u32 = 4u;                 // subgroups per workgroup
@@ -38,86 +40,61 @@ const WG: u32 = NSG * SG;            // invocations
 const RT: u32 = 16u;                 // rows
 const HD16: u32 = HD / 16u;
 const HD4: u32 = HD / 4u;
-const CW: u32 = CT * 16u;            // key rows staged per leaf
-const KS: u32 = HD + 8u;             // Q / K row stride, halves (16-byte multiple)
-const SS: u32 = CW + 4u;             // S row stride, floats
-const K_OFF: u32 = RT * KS;          // K tile in hsh (after the Q rows)
-const STS: u32 = (CT + NSG - 1u) / NSG; // S tiles per subgroup (some may be dummies)
-const ST_OFF: u32 = RT * SS;         // per-subgroup 16x16 f32 staging in fsh
-const SPLIT: u32 = WG / RT;          // invocations per row in step 3
-const KPT: u32 = (CW + SPLIT - 1u) / SPLIT; // keys per invocation in step 3
-const NPF: u32 = (CW * HD4 + WG - 1u) / WG; // K vec4 per invocation per leaf
+const CW: u32 = CT * 16u;            // S columns per leaf
+const NT: u32 = LPI * CT;            // column tiles per iteration
+const STS: u32 = (NT + NSG - 1u) / NSG; // S tiles per subgroup (some may be dummies)
+const QS: u32 = HD + 8u;             // Q row stride, halves (16-byte multiple)
+const SS: u32 = LPI * CW + 4u;       // S row stride, floats
+const ST_OFF: u32 = RT * SS;         // per-subgroup 16x16 f32 staging in fsh (dummy tiles)
+const SPLIT: u32 = WG / RT;          // invocations per row in step 2
+const KPT: u32 = (CW + SPLIT - 1u) / SPLIT; // keys per invocation per leaf in step 2
 const NEG: f32 = -3.0e38;
 
 @group(0) @binding(1) var<storage, read> q: array<vec4<f16>>;
-@group(0) @binding(2) var<storage, read> k: array<vec4<f16>>;
+@group(0) @binding(2) var<storage, read> k: array<f16>;
 
-// Every workgroup variable is a multiple of 16 bytes long (see leaf_common.wgsl), so hsh and
+// Every workgroup variable is a multiple of 16 bytes long (see leaf_common.wgsl), so qsh and
 // fsh start 16-byte aligned whatever order the driver packs them in.
-var<workgroup> hsh: array<f16, K_OFF + CW * KS>;   // Q rows, then the K tile
-var<workgroup> fsh: array<f32, RT * SS + NSG * 256u>; // S, then per-subgroup staging
-var<workgroup> red_m: array<f32, WG>;
-var<workgroup> red_l: array<f32, WG>;
+var<workgroup> qsh: array<f16, RT * QS>;                 // Q rows
+var<workgroup> fsh: array<f32, RT * SS + NSG * 256u>;    // S, then per-subgroup staging
+var<workgroup> red_m: array<f32, LPI * WG>;
+var<workgroup> red_l: array<f32, LPI * WG>;
 
 var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
-var<private> kpre: array<vec4<f16>, NPF>;
 
-// Loads key rows 0 .. CW of `leaf` (zero past the leaf or the sequence) into registers.
-fn prefetch(lid: u32, kbase: u32, leaf: u32) {
-    for (var j = 0u; j < NPF; j++) {
-        let x = lid + j * WG;
-        let kk = x / HD4;
-        let t = leaf * p.block_size + kk;
-        var kv = vec4<f16>(0.0h);
-        if (x < CW * HD4 && kk < p.block_size && t < p.k_len) {
-            let at = kbase + t * (p.k_sn / 4u) + x % HD4;
-            kv = k[at];
-        }
-        kpre[j] = kv;
-    }
-}
-
-// Writes the prefetched key rows into the K tile.
-fn stage_k(lid: u32) {
-    for (var j = 0u; j < NPF; j++) {
-        let x = lid + j * WG;
-        if (x < CW * HD4) {
-            let kv = kpre[j];
-            let at = K_OFF + (x / HD4) * KS + 4u * (x % HD4);
-            hsh[at] = kv.x;
-            hsh[at + 1u] = kv.y;
-            hsh[at + 2u] = kv.z;
-            hsh[at + 3u] = kv.w;
-        }
-    }
-}
-
-// The Q rows (hsh[0 .. K_OFF)) as HD / 16 A matrices, in every subgroup. (The cooperative
-// operations live in functions: naga checks their uniformity per function, and the entry
-// point's early return for padding workgroups would otherwise make them non-uniform.)
+// The Q rows as HD / 16 A matrices, in every subgroup. (The cooperative operations live in
+// functions: naga checks their uniformity per function, and the entry point's early return for
+// padding workgroups would otherwise make them non-uniform.)
 fn load_q() {
     for (var ds = 0u; ds < HD16; ds++) {
         let at = ds * 16u;
-        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&hsh[at], KS);
+        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&qsh[at], QS);
     }
 }
 
-// S = Q K^T of the leaf in the K tile -> fsh (f32, row-major, stride SS).
-fn score_tiles(sg: u32) {
-    // One 16x16 tile per (subgroup, column tile); the loop is uniform (a dummy tile past CT
-    // recomputes the last one into this subgroup's staging tile).
+// First token of the keys loaded for column tile ct (< NT) of the iteration whose leaves are
+// `leaves` (component lj: the leaf of slot lj).
+fn tile_start(leaves: vec4<u32>, ct: u32) -> u32 {
+    let t0 = leaves[ct / CT] * p.block_size + (ct % CT) * 16u;
+    return min(t0, p.k_len - 16u);
+}
+
+// S = Q K^T of the iteration's leaves -> fsh (f32, row-major, stride SS). The loop is uniform
+// (a dummy tile past NT recomputes the last one into this subgroup's staging tile).
+fn score_tiles(sg: u32, leaves: vec4<u32>, kbase: u32) {
     for (var j = 0u; j < STS; j++) {
         let ct = sg + j * NSG;
-        let ctc = min(ct, CT - 1u);
+        let ctc = min(ct, NT - 1u);
+        let row0 = kbase + tile_start(leaves, ctc) * p.k_sn;
         var acc = coop_mat16x16<f32, C>();
         for (var ds = 0u; ds < HD16; ds++) {
-            let at = K_OFF + ctc * 16u * KS + ds * 16u;
-            let kb = coopLoad<coop_mat16x16<f16, B>>(&hsh[at], KS);
+            let at = row0 + ds * 16u;
+            let kb = coopLoad<coop_mat16x16<f16, B>>(&k[at], p.k_sn);
             acc = coopMultiplyAdd(qa[ds], kb, acc);
         }
         var dst = ST_OFF + sg * 256u;
         var stride = 16u;
-        if (ct < CT) {
+        if (ct < NT) {
             dst = ct * 16u;
             stride = SS;
         }
@@ -147,51 +124,57 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             let at = (b * p.q_sb + hq * p.q_sh + i * p.q_sn) / 4u + c;
             val = q[at];
         }
-        let at = r * KS + 4u * c;
-        hsh[at] = val.x;
-        hsh[at + 1u] = val.y;
-        hsh[at + 2u] = val.z;
-        hsh[at + 3u] = val.w;
+        let at = r * QS + 4u * c;
+        qsh[at] = val.x;
+        qsh[at + 1u] = val.y;
+        qsh[at + 2u] = val.z;
+        qsh[at + 3u] = val.w;
     }
     let n_union = gather_union(lid, bh, i0); // (its barriers also publish the Q rows)
     load_q();
-    let kbase = (b * p.k_sb + hkv * p.k_sh) / 4u;
-    if (n_union > 0u) { prefetch(lid, kbase, ul[0]); }
+    let kbase = b * p.k_sb + hkv * p.k_sh;
     let srow = lid / SPLIT;
     let scol = lid % SPLIT;
-    for (var u = 0u; u < n_union; u++) {
-        let leaf = ul[u];
-        // 1. This leaf's keys to the K tile; the next leaf's into registers.
-        stage_k(lid);
+    for (var u = 0u; u < n_union; u += LPI) {
+        // The iteration's leaves (a slot past the union repeats the last leaf; never written).
+        var leaves = vec4<u32>(0u);
+        for (var lj = 0u; lj < LPI; lj++) { leaves[lj] = ul[min(u + lj, n_union - 1u)]; }
+        // 1. S = Q K^T on tensor cores.
+        score_tiles(sg, leaves, kbase);
         workgroupBarrier();
-        if (u + 1u < n_union) { prefetch(lid, kbase, ul[u + 1u]); }
-        // 2. S = Q K^T on tensor cores.
-        score_tiles(sg);
-        workgroupBarrier();
-        // 3. Partial (max, sum of exp) of this invocation's keys of row srow.
-        var s: array<f32, KPT>;
-        var m = NEG;
-        for (var j = 0u; j < KPT; j++) {
-            let kk = scol + j * SPLIT;
-            let ok = kk < p.block_size && kk < CW && leaf * p.block_size + kk < p.k_len;
-            s[j] = NEG;
-            if (ok) {
-                s[j] = p.scale * fsh[srow * SS + kk];
-                m = max(m, s[j]);
+        // 2. Per leaf, the partial (max, sum of exp) of this invocation's keys of row srow.
+        for (var lj = 0u; lj < LPI; lj++) {
+            let leaf0 = leaves[lj] * p.block_size;
+            let leaf1 = min(leaf0 + p.block_size, p.k_len);
+            var s: array<f32, KPT>;
+            var m = NEG;
+            for (var j = 0u; j < KPT; j++) {
+                let kk = scol + j * SPLIT;
+                let ct = lj * CT + kk / 16u;
+                let want = leaf0 + kk;
+                let tok = tile_start(leaves, min(ct, NT - 1u)) + kk % 16u;
+                let ok = kk < CW && tok == want && want < leaf1;
+                s[j] = NEG;
+                if (ok) {
+                    s[j] = p.scale * fsh[srow * SS + lj * CW + kk];
+                    m = max(m, s[j]);
+                }
             }
+            var l = 0.0;
+            for (var j = 0u; j < KPT; j++) {
+                if (s[j] > NEG) { l += exp(s[j] - m); }
+            }
+            red_m[lj * WG + lid] = m;
+            red_l[lj * WG + lid] = l;
         }
-        var l = 0.0;
-        for (var j = 0u; j < KPT; j++) {
-            if (s[j] > NEG) { l += exp(s[j] - m); }
-        }
-        red_m[lid] = m;
-        red_l[lid] = l;
         workgroupBarrier();
-        // 4. Row LSEs, summed over the query's heads: the leaf's ranking key for query lid.
-        if (lid < QT) {
+        // 3. Row LSEs summed over the query's heads: leaf slot lid / QT's key for query lid % QT.
+        if (lid < LPI * QT && u + lid / QT < n_union) {
+            let qi = lid % QT;
+            let lj = lid / QT;
             var tot = 0.0;
             for (var h = 0u; h < GQ; h++) {
-                let r0 = (lid * GQ + h) * SPLIT;
+                let r0 = lj * WG + (qi * GQ + h) * SPLIT;
                 var mr = NEG;
                 for (var x = 0u; x < SPLIT; x++) { mr = max(mr, red_m[r0 + x]); }
                 var lr = 0.0;
@@ -200,7 +183,7 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                 }
                 tot += mr + log(lr);
             }
-            us[u * QT + lid] = rank_key(tot);
+            us[(u + lj) * QT + qi] = rank_key(tot);
         }
     }
     write_selection(lid, bh, i0);

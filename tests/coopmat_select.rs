@@ -21,14 +21,14 @@ use select_util::{check, report, Case};
 
 fn variants() -> Vec<coop::LeafCoopVariant> {
     let mut out = Vec::new();
-    for (gq, qt, mc, hd, ct, sg) in [
-        (4, 4, 34, 128, 4, 32),
-        (1, 4, 34, 64, 4, 32),
-        (2, 8, 10, 80, 1, 32),
-        (3, 5, 12, 96, 2, 8),
-        (7, 2, 34, 128, 7, 64),
-        (8, 2, 27, 64, 8, 16),
-        (16, 1, 34, 128, 4, 32),
+    for (gq, qt, mc, hd, ct, lpi, sg) in [
+        (4, 4, 34, 128, 4, 2, 32),
+        (1, 4, 34, 64, 4, 1, 32),
+        (2, 8, 10, 80, 1, 4, 32),
+        (3, 5, 12, 96, 2, 3, 8),
+        (7, 2, 34, 128, 7, 2, 64),
+        (8, 2, 27, 64, 8, 1, 16),
+        (16, 1, 34, 128, 4, 2, 32),
     ] {
         out.push(coop::LeafCoopVariant {
             gq,
@@ -36,6 +36,7 @@ fn variants() -> Vec<coop::LeafCoopVariant> {
             mc,
             hd,
             ct,
+            lpi,
             sg,
         });
     }
@@ -104,6 +105,10 @@ fn leaf_path_follows_shape_and_adapter() {
             KernelPath::Portable
         );
     }
+    // Fewer than 16 keys: the kernel's 16-key tiles would not fit; portable.
+    let short = AttentionShape::new(1, 4, 1, 12, 12, 64).unwrap();
+    let c2 = SelectionConfig::new(2, 2).unwrap();
+    assert_eq!(leaf_path(ctx, &short, &c2, Storage::F16, 4), KernelPath::Portable);
     ctx.set_kernel_path(KernelPath::Portable);
     assert_eq!(
         leaf_path(ctx, &sh(4, 128), &cfg, Storage::F16, 4),

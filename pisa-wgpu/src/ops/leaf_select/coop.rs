@@ -46,6 +46,8 @@ pub struct LeafCoopVariant {
     pub hd: u32,
     /// 16-key column tiles per leaf block: ceil(C / 16).
     pub ct: u32,
+    /// Leaves scored per iteration (1 to 4): more matrix loads in flight per barrier.
+    pub lpi: u32,
     /// Subgroup size (fixed on the adapter).
     pub sg: u32,
 }
@@ -53,17 +55,19 @@ pub struct LeafCoopVariant {
 impl LeafCoopVariant {
     /// Workgroup memory the shader declares, bytes (mirrors its `var<workgroup>` list).
     pub fn shared_bytes(&self) -> u64 {
-        let ks = (self.hd + 8) as u64;
+        let qs = (self.hd + 8) as u64;
         let cw = 16 * self.ct as u64;
+        let lpi = self.lpi as u64;
         let wg = (COOP_SUBGROUPS * self.sg) as u64;
-        let halves = (16 + cw) * ks;
-        let floats = 16 * (cw + 4) + COOP_SUBGROUPS as u64 * 256 + 2 * wg;
+        let halves = 16 * qs;
+        let floats = 16 * (lpi * cw + 4) + COOP_SUBGROUPS as u64 * 256 + 2 * lpi * wg;
         2 * halves + 4 * floats + common_bytes(self.qt, self.mc)
     }
 
     /// The `(name, value)` constants for [`crate::runtime::pipeline::preprocess`].
-    pub fn consts(&self) -> [(&'static str, u32); 6] {
+    pub fn consts(&self) -> [(&'static str, u32); 7] {
         [
+            ("LPI", self.lpi),
             ("GQ", self.gq),
             ("QT", self.qt),
             ("MC", self.mc),
@@ -78,10 +82,11 @@ impl LeafCoopVariant {
 /// `ctx` (Q and K in the layouts of [`pisa_core::TensorLayout`], whose strides are multiples of
 /// the head dim), or `None` when stage 2 runs the portable kernel: path not CoopMat, storage not
 /// f16, head dim not a multiple of 16 or above [`MAX_COOP_HEAD_DIM`], g_q above 16, fewer than
-/// 16 invocations per workgroup, or workgroup memory too small.
+/// 16 keys (the kernel loads 16-key tiles clamped to the last 16 keys), fewer than 16
+/// invocations per workgroup, or workgroup memory too small.
 ///
 /// Choice: QT = min(q_tile, 16 / g_q) queries (the paper's Qtile of 4 at g_q = 4), so that the
-/// tile's (query, head) rows fill one 16-row block.
+/// tile's (query, head) rows fill one 16-row block; LPI = 2 leaves per iteration.
 pub fn plan_for(
     ctx: &Context,
     shape: &AttentionShape,
@@ -100,6 +105,7 @@ pub fn plan_for(
         || gq > 16
         || COOP_SUBGROUPS * sg < 16
         || cfg.block_size == 0
+        || shape.k_len < 16
     {
         return None;
     }
@@ -109,6 +115,7 @@ pub fn plan_for(
         mc: (cfg.merge_factor * (cfg.top_k + 1)) as u32,
         hd: hd as u32,
         ct: cfg.block_size.div_ceil(16) as u32,
+        lpi: 2,
         sg,
     };
     let budget = ctx.limits().max_compute_workgroup_storage_size as u64;
