@@ -32,8 +32,9 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let po = id * NS * GQ * PW;
     for (var i = lid; i < NS; i += WG) { mc[i] = cands[id * NS + i]; }
     for (var i = lid; i < KMAX; i += WG) { mrank[i] = INVALID; }
+    // Scores of every candidate slot, loaded together with the slots (an empty slot's stale
+    // state is never ranked: the cut reads a score only beside a valid slot).
     for (var s = lid; s < MAXC; s += WG) {
-        if (cands[id * NS + s] == INVALID) { continue; }
         var tot = 0.0;
         for (var hh = 0u; hh < GQ; hh++) {
             let w = po + (s * GQ + hh) * PW;
@@ -82,23 +83,28 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         sel_out[so + pos] = select(i32(v), -1, v == INVALID);
     }
     workgroupBarrier();
+    // Branch-free over the K slots (an empty one reads the first selected block, always
+    // present, with weight 0), so every load is issued at once.
     for (var e = lid; e < GQ * DD; e += WG) {
         let hh = e / DD;
         let d = e % DD;
         var m = NEG;
         for (var i = 0u; i < KMAX; i++) {
-            let s = msel[i];
-            if (s != INVALID) { m = max(m, parts[po + (s * GQ + hh) * PW + DD]); }
+            let s = select(msel[0], msel[i], msel[i] != INVALID);
+            m = max(m, parts[po + (s * GQ + hh) * PW + DD]);
         }
         var o = 0.0;
         var l = 0.0;
         for (var i = 0u; i < KMAX; i++) {
-            let s = msel[i];
-            if (s == INVALID) { continue; }
-            let w = po + (s * GQ + hh) * PW;
-            let a = exp(parts[w + DD] - m);
-            o += a * parts[w + d];
-            l += a * parts[w + DD + 1u];
+            let ok = msel[i] != INVALID;
+            let w = po + (select(msel[0], msel[i], ok) * GQ + hh) * PW;
+            let a = select(0.0, exp(parts[w + DD] - m), ok);
+            let od = parts[w + d];
+            let ld = parts[w + DD + 1u];
+            if (ok) {
+                o += a * od;
+                l += a * ld;
+            }
         }
         out[qrow + e] = store_t(select(0.0, o / l, l > 0.0));
         if (d == 0u) {

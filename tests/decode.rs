@@ -88,7 +88,8 @@ fn attention_in_several_chunks() {
     c.prefill = vec![400, 333];
     c.steps = 30;
     let mut r = Run::new(c, 450);
-    // The least workgroup memory the step accepts: K*C = 320 keys no longer fit one chunk.
+    // The least workgroup memory the step accepts (fewer P.V parts in the leaf kernel; a
+    // 32-key block still fits one chunk: `leaf_blocks_in_several_chunks` splits blocks).
     let needed = match r.cache.set_workgroup_memory_limit(0) {
         Err(GpuError::Limit { needed, .. }) => needed,
         other => panic!("expected a Limit error, got {other:?}"),
