@@ -273,15 +273,16 @@ impl KvCache<'_> {
     pub fn outputs(&self) -> (&GpuTensor, &GpuTensor, &GpuTensor) {
         (&self.out, &self.lse, &self.sel)
     }
-    /// Workgroup memory of the step kernel, bytes.
+    /// Workgroup memory of the step's largest kernel (`route`, `leaf`, `merge`), bytes.
     pub fn workgroup_memory(&self) -> u64 {
         self.plan.smem
     }
 
-    /// Caps the step kernel's workgroup memory at `bytes` (tuning and tests; the device's
-    /// limit still applies). The attention then scores fewer keys per chunk (more online-softmax
-    /// rescaling rounds); results agree within rounding. Errors: [`crate::GpuError::Limit`]
-    /// when the kernel's minimum does not fit.
+    /// Caps the step kernels' workgroup memory at `bytes` (tuning and tests; the device's
+    /// limit still applies). `leaf` then uses fewer P.V parts, fewer lanes per key and, at the
+    /// least, blocks in several chunks of keys (more online-softmax rescaling rounds); `route`
+    /// fewer lanes per row. Results agree within rounding. Errors: [`crate::GpuError::Limit`]
+    /// when a kernel's minimum does not fit.
     pub fn set_workgroup_memory_limit(&mut self, bytes: u32) -> Result<()> {
         let mut lim = self.ctx.limits().clone();
         lim.max_compute_workgroup_storage_size = lim.max_compute_workgroup_storage_size.min(bytes);
