@@ -24,8 +24,13 @@
 // stays exact); LSE = ln2 * (m + log2 l). Sparse walks the ascending union of the tile's
 // selected leaves (as the portable kernel), dense every visible KT-key tile.
 //
-// Cooperative loads/stores touch workgroup memory only (every offset and stride a multiple of
-// 16 bytes), never the storage buffers, so no out-of-bounds matrix access can happen.
+// DIRECT = 1 (sparse with one row block: every key feeds one multiply of the workgroup, so
+// staging buys no reuse): step 1 is skipped, and the K (step 2) and V (step 5) matrices are
+// loaded straight from k16 / v16, 16-key tiles starting at min(t0 + 16 j, Nk - 16) (the host
+// requires Nk >= 16), so no matrix load reads past the last key of its head; step 3 maps each
+// column back to its token and masks those outside the tile's own range (P = 0 there).
+// Otherwise cooperative loads/stores touch workgroup memory only (every offset and stride a
+// multiple of 16 bytes), so no out-of-bounds matrix access can happen.
 enable wgpu_cooperative_matrix;
 
 const HD: u32 = 128u;    // head dim (multiple of 16, <= 128)
@@ -36,6 +41,7 @@ const SELK: u32 = 16u;   // top_k (sparse; 1 for dense)
 const SG: u32 = 32u;     // subgroup size (fixed)
 const KVH: u32 = 17408u; // halves of the K + V (or Q staging) region = max(2 KT KS, RT QS)
 const PF: u32 = 1u;      // 1: load the next tile's K and V into registers during this tile
+const DIRECT: u32 = 0u;  // 1: K and V go to the tensor cores straight from the storage buffers
 
 const NSG: u32 = 4u;                 // subgroups per workgroup
 const WG: u32 = NSG * SG;            // invocations
@@ -75,6 +81,9 @@ struct Params {
 @group(0) @binding(4) var<storage, read> sel: array<i32>;
 @group(0) @binding(5) var<storage, read_write> o: array<vec4<f16>>;
 @group(0) @binding(6) var<storage, read_write> lse: array<f32>;
+// The K and V buffers again, as f16 scalars (the host binds them at 2 / 7 and 3 / 8).
+@group(0) @binding(7) var<storage, read> k16: array<f16>;
+@group(0) @binding(8) var<storage, read> v16: array<f16>;
 
 // Every workgroup variable is a multiple of 16 bytes long and the two that cooperative
 // matrices touch come first, so whatever order the driver packs them in, hsh and fsh start
@@ -150,6 +159,11 @@ fn setup(id: u32, qt: u32) {
     workgroupBarrier();
 }
 
+// First key of 16-key tile j of the tile starting at t0 (DIRECT), clamped into the sequence.
+fn tstart(t0: u32, j: u32) -> u32 {
+    return min(t0 + j * 16u, p.k_len - 16u);
+}
+
 // Multiplies every O tile of this subgroup by its rows' alpha_sh, through the staging tile.
 // Uniform control flow only (barriers inside).
 fn rescale_o() {
@@ -214,10 +228,12 @@ fn stage_kv() {
 fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u32) {
     // 1. K and V tiles; reset the rescale flag (last read before the previous tile's end).
     if (lid == 0u) { atomicStore(&flag_sh[0], 0u); }
-    if (PF == 0u) { prefetch(t0, tcount); }
-    stage_kv();
-    workgroupBarrier();
-    if (PF == 1u) { prefetch(n0, ncount); }
+    if (DIRECT == 0u) {
+        if (PF == 0u) { prefetch(t0, tcount); }
+        stage_kv();
+        workgroupBarrier();
+        if (PF == 1u) { prefetch(n0, ncount); }
+    }
     // 2. S = Q K^T (a dummy tile past KT16 goes to this subgroup's staging tile).
     let rb = sg / NSR;
     let part = sg % NSR;
@@ -225,10 +241,19 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
         let kc = part + j * NSR;
         let kcc = min(kc, KT16 - 1u);
         var acc = coop_mat16x16<f32, C>();
-        for (var ds = 0u; ds < HD16; ds++) {
-            let at = kcc * 16u * KS + ds * 16u;
-            let kb = coopLoad<coop_mat16x16<f16, B>>(&hsh[at], KS);
-            acc = coopMultiplyAdd(qa[ds], kb, acc);
+        if (DIRECT == 1u) {
+            let row0 = 4u * (b * p.k_sb + kvh * p.k_sh + tstart(t0, kcc) * p.k_sn);
+            for (var ds = 0u; ds < HD16; ds++) {
+                let at = row0 + ds * 16u;
+                let kb = coopLoad<coop_mat16x16<f16, B>>(&k16[at], 4u * p.k_sn);
+                acc = coopMultiplyAdd(qa[ds], kb, acc);
+            }
+        } else {
+            for (var ds = 0u; ds < HD16; ds++) {
+                let at = kcc * 16u * KS + ds * 16u;
+                let kb = coopLoad<coop_mat16x16<f16, B>>(&hsh[at], KS);
+                acc = coopMultiplyAdd(qa[ds], kb, acc);
+            }
         }
         var dst = ST_OFF + sg * 256u;
         var stride = 16u;
@@ -250,8 +275,13 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
     var tmax = NEG;
     for (var j = 0u; j < KPT; j++) {
         let kk = scol + j * SPLIT;
-        let t = t0 + kk;
-        let ok = on && kk < tcount && t < p.k_len && (p.causal == 0u || t <= pos);
+        var t = t0 + kk;
+        var own = true;
+        if (DIRECT == 1u) {
+            t = tstart(t0, kk / 16u) + kk % 16u;
+            own = t == t0 + kk;
+        }
+        let ok = on && own && kk < tcount && t < p.k_len && (p.causal == 0u || t <= pos);
         s[j] = NEG;
         if (ok) {
             s[j] = fsh[srow * SS + kk] * p.scale_log2;
@@ -288,9 +318,15 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
         let pa = coopLoadT<coop_mat16x16<f16, A>>(&hsh[ap], PS);
         for (var i = 0u; i < OTS; i++) {
             let dc = min(part + i * NSR, HD16 - 1u);
-            let av = V_OFF + ks * 16u * KS + dc * 16u;
-            let vb = coopLoadT<coop_mat16x16<f16, B>>(&hsh[av], KS);
-            oacc[i] = coopMultiplyAdd(pa, vb, oacc[i]);
+            if (DIRECT == 1u) {
+                let av = 4u * (b * p.v_sb + kvh * p.v_sh + tstart(t0, ks) * p.v_sn) + dc * 16u;
+                let vb = coopLoadT<coop_mat16x16<f16, B>>(&v16[av], 4u * p.v_sn);
+                oacc[i] = coopMultiplyAdd(pa, vb, oacc[i]);
+            } else {
+                let av = V_OFF + ks * 16u * KS + dc * 16u;
+                let vb = coopLoadT<coop_mat16x16<f16, B>>(&hsh[av], KS);
+                oacc[i] = coopMultiplyAdd(pa, vb, oacc[i]);
+            }
         }
     }
     workgroupBarrier();
@@ -393,7 +429,9 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     // Flat walk over (block, KT-key piece): tile j is piece j % tpb of union entry j / tpb.
     let tpb = (p.block_size + KT - 1u) / KT;
     let total = nu * tpb;
-    if (PF == 1u && total > 0u) { prefetch(ublk[0] * p.block_size, min(p.block_size, KT)); }
+    if (DIRECT == 0u && PF == 1u && total > 0u) {
+        prefetch(ublk[0] * p.block_size, min(p.block_size, KT));
+    }
     for (var j = 0u; j < total; j++) {
         let u = j / tpb;
         let off = (j % tpb) * KT;
@@ -429,7 +467,7 @@ fn dense(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         n_keys = p.k_len - p.q_len + last + 1u;
     }
     let tiles = (n_keys + KT - 1u) / KT;
-    if (PF == 1u) { prefetch(0u, KT); }
+    if (DIRECT == 0u && PF == 1u) { prefetch(0u, KT); }
     for (var j = 0u; j < tiles; j++) {
         var ncount = 0u;
         if (j + 1u < tiles) { ncount = KT; }

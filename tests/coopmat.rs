@@ -123,6 +123,7 @@ fn variants() -> Vec<CoopVariant> {
             selk,
             sg,
             prefetch: out.len() % 2 == 0,
+            direct: out.len() % 3 == 1,
         });
     }
     out

@@ -213,6 +213,10 @@ fn sweep(
                 prefetch: false,
                 ..base
             },
+            CoopVariant {
+                direct: !base.direct,
+                ..base
+            },
         ];
         for kt in [16, 32, 64] {
             if kt != base.kt {
