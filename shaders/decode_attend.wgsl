@@ -5,11 +5,12 @@
 // when workgroup memory allows), five barriers a chunk: partial scores (LK consecutive
 // invocations per key row, so a warp's loads are coalesced, each row serving all GQ heads) |
 // per-(key, head) sums and per-head partial maxima | chunk max | exponentials in place | P.V,
-// each invocation owning one output vec4 of every head for one of PARTS key subsets, a fixed
-// trip count so the value loads are in flight together (the row sum l rides along with the
-// vec4 0 owners). The parts are summed at the end into `parts`.
+// each invocation owning one output vec4 of every head for one of PARTS key subsets, its value
+// rows loaded at the chunk's start so that their memory round trip overlaps the keys' (the row
+// sum l rides along with the vec4 0 owners). The parts are summed at the end into `parts`.
 
 const PV_IT: u32 = (CH + PARTS - 1u) / PARTS; // keys of a chunk per P.V invocation
+const PREFETCH: bool = PVR == PV_IT;           // value rows loaded with the keys (see below)
 const XP: u32 = CH * GQ;                       // start of the partial scores in xs
 
 var<workgroup> xs: array<f32, XS>;
@@ -43,6 +44,14 @@ fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
     if (lid < GQ) { hm[lid] = NEG; }
     for (var c0 = 0u; c0 < n; c0 += CH) {
         let cn = min(CH, n - c0);
+        // The chunk's value rows of this P.V invocation, loaded now (when they fit in
+        // registers: PVR = PV_IT <= 16) so that their memory round trip overlaps the keys'.
+        var vv: array<vec4<store_t>, PVR>;
+        if (PREFETCH && part < PARTS) {
+            for (var i = 0u; i < PVR; i++) {
+                vv[i] = vc[key_row(bh, t0 + c0 + min(part + i * PARTS, cn - 1u)) + j4];
+            }
+        }
         for (var it = lid; it < CH * LK; it += WG) {
             var a: array<f32, GQ>;
             if (it / LK < cn) { a = dots_key_part(key_row(bh, t0 + c0 + it / LK), it % LK); }
@@ -83,7 +92,12 @@ fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
                 let it = part + i * PARTS;
                 // Loads clamped to the chunk (in flight together); masked keys skipped.
                 let ti = min(it, cn - 1u);
-                let v = vec4<f32>(vc[key_row(bh, t0 + c0 + ti) + j4]);
+                var v: vec4<f32>;
+                if (PREFETCH) {
+                    v = vec4<f32>(vv[i]);
+                } else {
+                    v = vec4<f32>(vc[key_row(bh, t0 + c0 + ti) + j4]);
+                }
                 if (it < cn) {
                     for (var hh = 0u; hh < GQ; hh++) {
                         let pr = xs[ti * GQ + hh];

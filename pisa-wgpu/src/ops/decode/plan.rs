@@ -199,6 +199,17 @@ impl Plan {
         })
     }
 
+    /// Value rows each `leaf` P.V invocation loads with the keys, `ceil(CH / PARTS)` when at
+    /// most 16 (registers), else 1 (no prefetch: loaded in the P.V loop).
+    pub fn prefetch_rows(&self) -> u32 {
+        let n = self.ch.div_ceil(self.parts);
+        if n <= 16 {
+            n
+        } else {
+            1
+        }
+    }
+
     /// Leaf slots per (sequence, KV head): `g * (K+1)` candidates and `K` forced leaves.
     pub fn slots(&self) -> u32 {
         self.maxc + self.kmax
@@ -206,7 +217,7 @@ impl Plan {
 
     /// The `const` substitutions of `decode.wgsl` (shared by the three modules; `route`'s
     /// workgroup size is `wr` when `route` is true, else `wg`).
-    pub fn consts(&self, route: bool) -> [(&'static str, u32); 11] {
+    pub fn consts(&self, route: bool) -> [(&'static str, u32); 12] {
         [
             ("WG", if route { self.wr } else { self.wg }),
             ("GQ", self.gq),
@@ -219,6 +230,7 @@ impl Plan {
             ("LK", self.lk),
             ("DD", self.dd),
             ("PARTS", self.parts),
+            ("PVR", self.prefetch_rows()),
         ]
     }
 }
