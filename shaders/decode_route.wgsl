@@ -1,6 +1,8 @@
 // Decode step, dispatch 1 of 3 (appended to decode.wgsl, whose header describes the design):
 // `route`, one workgroup per (sequence, KV head), walks the intermediate pyramid levels of the
 // token at position len - 1 (PISA.md 3.1-3.2) and writes its leaf slots to `cands`.
+// Partial dot products live in `xr` with the candidate slot fastest, so the per-candidate
+// sums (one invocation per slot) read consecutive words: no bank conflicts.
 // A level costs three barriers: per-child partial scores | per-candidate scores (and the next
 // level's slots cleared) | rank-based cut, where each kept node writes its children straight
 // into the next level's slots (double-buffered `cand`).
@@ -41,7 +43,8 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
             let child = node * g + ci % g;
             var a: array<f32, GQ>;
             if (node != INVALID && child < nchild) { a = dots_mean(node_row(bh, l - 1u, child), it % LR); }
-            for (var hh = 0u; hh < GQ; hh++) { xr[it * GQ + hh] = a[hh]; }
+            let xo = (it % (g * LR)) * GQ * MAXC + it / (g * LR); // [child, lane, head, slot]
+            for (var hh = 0u; hh < GQ; hh++) { xr[xo + hh * MAXC] = a[hh]; }
         }
         workgroupBarrier();
         // The score: per head, the LSE over the children of x_c = s * q.mu_c + log n_c;
@@ -60,7 +63,7 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
                     let ln = log(f32(min(len - child * w, w)));
                     for (var hh = 0u; hh < GQ; hh++) {
                         var a = 0.0;
-                        for (var u = 0u; u < LR; u++) { a += xr[((s * g + c) * LR + u) * GQ + hh]; }
+                        for (var u = 0u; u < LR; u++) { a += xr[((c * LR + u) * GQ + hh) * MAXC + s]; }
                         let x = p.scale * a + ln;
                         if (x > m[hh]) {
                             sum[hh] = sum[hh] * exp(m[hh] - x) + 1.0;
@@ -98,8 +101,9 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
                 }
             }
             for (var hh = 0u; hh < GQ; hh++) {
-                xr[(it * GQ + hh) * 2u] = a1[hh];
-                xr[(it * GQ + hh) * 2u + 1u] = a2[hh];
+                let xo = (((it % LR) * GQ + hh) * 2u) * MAXC + it / LR; // [lane, head, term, slot]
+                xr[xo] = a1[hh];
+                xr[xo + MAXC] = a2[hh];
             }
         }
         workgroupBarrier();
@@ -114,8 +118,8 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
                     var a1 = 0.0;
                     var a2 = 0.0;
                     for (var u = 0u; u < LR; u++) {
-                        a1 += xr[((s * LR + u) * GQ + hh) * 2u];
-                        a2 += xr[((s * LR + u) * GQ + hh) * 2u + 1u];
+                        a1 += xr[((u * GQ + hh) * 2u) * MAXC + s];
+                        a2 += xr[((u * GQ + hh) * 2u + 1u) * MAXC + s];
                     }
                     tot += p.scale * a1 + ln + 0.5 * p.scale * p.scale * a2;
                 }
