@@ -424,3 +424,17 @@ fn wide_levels_top16() {
     c.steps = 10;
     Run::new(c, 1300).run();
 }
+
+/// More leaf workgroups than one grid dimension holds (2400 sequences x 2 KV heads x 14 slots
+/// = 67200 > 65535): the grid is split over y, and the one non-empty sequence, the last
+/// (its workgroups past the first row of the grid), matches the reference; the empty ones give
+/// zeros, LSE -inf and no blocks.
+#[test]
+fn leaf_grid_past_one_dimension() {
+    let mut c = base("grid_2d", 4, 2, 16, cfg(8, 4, 2, Scoring::Lse));
+    c.prefill = vec![0; 2400];
+    c.prefill[2399] = 75;
+    c.steps = 2;
+    c.active = 0.0;
+    Run::new(c, 80).run();
+}
