@@ -34,8 +34,10 @@
 //!    summed over the group (exactly PISA.md 2's leaf score), the forced leaves plus the best
 //!    K - forced are the selection (ascending), and the K blocks' states are merged
 //!    (FlashDecoding: M = max m, L = sum l e^(m-M), O = sum O e^(m-M) / L) into O and LSE.
+//!
 //! Scratch between the dispatches: `cands` (u32 `[B*Hkv, NS]`) and the block states (f32
 //! `[B*Hkv, NS, g_q, D+2]`), allocated with the cache.
+//!
 //! f32 arithmetic throughout; no subgroup operations (right for any subgroup size). Lengths
 //! live in a storage buffer, so sequences of different lengths share the dispatches. The
 //! semantics are those of `pisa_core::reference::select_pisa` at position `len - 1` (causal,
