@@ -278,10 +278,12 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
         var t = t0 + kk;
         var own = true;
         if (DIRECT == 1u) {
+            // Column kk holds key tstart + kk % 16; keep it only inside this 16-key tile's range.
+            let lo = t0 + (kk / 16u) * 16u;
             t = tstart(t0, kk / 16u) + kk % 16u;
-            own = t == t0 + kk;
+            own = t >= lo && t < lo + 16u;
         }
-        let ok = on && own && kk < tcount && t < p.k_len && (p.causal == 0u || t <= pos);
+        let ok = on && own && t - t0 < tcount && t < p.k_len && (p.causal == 0u || t <= pos);
         s[j] = NEG;
         if (ok) {
             s[j] = fsh[srow * SS + kk] * p.scale_log2;

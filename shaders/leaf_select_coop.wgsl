@@ -22,7 +22,8 @@
 // Bounds: a 16-key tile starting at token t0 is loaded from min(t0, Nk - 16) (the host requires
 // Nk >= 16), so a matrix load never reads past token Nk - 1 of its head, hence never past the
 // buffer; step 2 maps each column back to its token and drops those outside the tile's own
-// range, so no key is counted twice or out of its leaf.
+// range (a clamped tile holds its own keys in its last columns), so no key is counted twice,
+// missed, or counted out of its leaf.
 // Q: vec4<f16>, (b, h, n, d) at (b*sb + h*sh + n*sn + d) / 4; K: f16 at b*sb + h*sh + n*sn + d
 // (D and the strides are multiples of 16, so every matrix row is 32-byte aligned).
 enable wgpu_cooperative_matrix;
@@ -150,10 +151,12 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             var m = NEG;
             for (var j = 0u; j < KPT; j++) {
                 let kk = scol + j * SPLIT;
+                // Column kk holds key tile_start + kk % 16; keep it only inside the range of its
+                // 16-key tile (lo ..= lo + 15) and of the leaf.
                 let ct = lj * CT + kk / 16u;
-                let want = leaf0 + kk;
+                let lo = leaf0 + (kk / 16u) * 16u;
                 let tok = tile_start(leaves, min(ct, NT - 1u)) + kk % 16u;
-                let ok = kk < CW && tok == want && want < leaf1;
+                let ok = kk < CW && tok >= lo && tok < lo + 16u && tok < leaf1;
                 s[j] = NEG;
                 if (ok) {
                     s[j] = p.scale * fsh[srow * SS + lj * CW + kk];

@@ -108,7 +108,10 @@ fn leaf_path_follows_shape_and_adapter() {
     // Fewer than 16 keys: the kernel's 16-key tiles would not fit; portable.
     let short = AttentionShape::new(1, 4, 1, 12, 12, 64).unwrap();
     let c2 = SelectionConfig::new(2, 2).unwrap();
-    assert_eq!(leaf_path(ctx, &short, &c2, Storage::F16, 4), KernelPath::Portable);
+    assert_eq!(
+        leaf_path(ctx, &short, &c2, Storage::F16, 4),
+        KernelPath::Portable
+    );
     ctx.set_kernel_path(KernelPath::Portable);
     assert_eq!(
         leaf_path(ctx, &sh(4, 128), &cfg, Storage::F16, 4),
@@ -241,4 +244,64 @@ fn leaf_coop_matches_reference() {
         }
     }
     ctx.set_kernel_path(before);
+}
+
+/// A partial last leaf whose few keys dominate every query (non-causal, so every query may pick
+/// it): the coop kernel loads that leaf's last 16-key tile clamped back into the sequence, and
+/// must still count exactly its keys. Every row must equal the reference (which picks the leaf),
+/// on whatever path the adapter runs (the portable kernel on lavapipe).
+#[test]
+fn partial_last_leaf_is_scored_on_its_own_keys() {
+    let ctx = ctx();
+    let mut r = rng(seed("partial_last_leaf_is_scored_on_its_own_keys"));
+    for (n, c) in [(165, 16), (300, 20), (1000, 64)] {
+        let case = Case {
+            causal: false,
+            storage: Storage::F16,
+            ..Case::new(1, 4, 1, n, 64, c, 3)
+        };
+        let (mut q, mut k) = case.inputs(&mut r);
+        let (shape, cfg) = (case.shape(), case.cfg());
+        // A direction u shared by every query (q += u) and the last leaf's keys = 2u, so that
+        // leaf's mass dominates every row.
+        let u = random(&mut r, 64, 1.0);
+        for (i, x) in q.iter_mut().enumerate() {
+            *x = half::f16::from_f32(*x + u[i % 64]).to_f32();
+        }
+        let last = (n - 1) / c * c;
+        for t in last..n {
+            for d in 0..64 {
+                k[t * 64 + d] = half::f16::from_f32(2.0 * u[d]).to_f32();
+            }
+        }
+        let want = select_pisa(&q, &k, &shape, case.layout, &cfg).unwrap();
+        let got = select_host(
+            ctx,
+            &q,
+            &k,
+            &shape,
+            case.layout,
+            &cfg,
+            case.storage,
+            Method::Pisa,
+            4,
+        )
+        .unwrap();
+        let nb = n.div_ceil(c) as i32;
+        let picked = (0..want.rows())
+            .filter(|&i| want.row(i).contains(&(nb - 1)))
+            .count();
+        assert!(
+            picked * 2 > want.rows(),
+            "n {n} C {c}: the last leaf must dominate"
+        );
+        let ties = check(&format!("n {n} C {c}"), &got, &want, case.tol(&q, &k));
+        assert_eq!(ties, 0, "n {n} C {c}");
+        eprintln!(
+            "n {n} C {c}: {} of {} rows pick the last leaf; path {}",
+            picked,
+            want.rows(),
+            leaf_path(ctx, &shape, &cfg, Storage::F16, 4)
+        );
+    }
 }
