@@ -28,6 +28,16 @@ fn dots_mean(row: u32, u: u32) -> array<f32, GQ> {
     return a;
 }
 
+// x = s * q.mu_c + log n_c of child c of the candidate in slot s, head hh (NEG past the end),
+// from the LR partial dots in xr; w is a child's width in tokens.
+fn child_x(s: u32, c: u32, hh: u32, node: u32, nchild: u32, len: u32, w: u32) -> f32 {
+    let child = node * p.merge + c;
+    if (child >= nchild) { return NEG; }
+    var a = 0.0;
+    for (var u = 0u; u < LR; u++) { a += xr[((c * LR + u) * GQ + hh) * MAXC + s]; }
+    return p.scale * a + log(f32(min(len - child * w, w)));
+}
+
 // rk[slot] = rank_key of the score of the candidates cand[co..co + MAXC] of level l >= 1
 // (PISA.md 2), summed over the group; 0 (below every score's key) for an empty slot. `pw` is
 // g^(l-1), the leaves under a child. Ends with rk written (the caller's barrier orders it).
@@ -53,28 +63,20 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
             let node = cand[co + s];
             var key = 0u;
             if (node != INVALID) {
-                // Online LSE over the children, every head at once.
-                var m: array<f32, GQ>;
-                var sum: array<f32, GQ>;
-                for (var hh = 0u; hh < GQ; hh++) { m[hh] = NEG; }
-                for (var c = 0u; c < g; c++) {
-                    let child = node * g + c;
-                    if (child >= nchild) { break; }
-                    let ln = log(f32(min(len - child * w, w)));
-                    for (var hh = 0u; hh < GQ; hh++) {
-                        var a = 0.0;
-                        for (var u = 0u; u < LR; u++) { a += xr[((c * LR + u) * GQ + hh) * MAXC + s]; }
-                        let x = p.scale * a + ln;
-                        if (x > m[hh]) {
-                            sum[hh] = sum[hh] * exp(m[hh] - x) + 1.0;
-                            m[hh] = x;
-                        } else {
-                            sum[hh] += exp(x - m[hh]);
-                        }
-                    }
-                }
+                // Two passes per head, as in the prefill route: max over the children, then
+                // the sum of exp(x - max) over the scored ones. (An online update would rank a
+                // +inf child differently: max-then-sum makes it NaN, ranked as -inf.)
                 var tot = 0.0;
-                for (var hh = 0u; hh < GQ; hh++) { tot += state_lse(m[hh], sum[hh]); }
+                for (var hh = 0u; hh < GQ; hh++) {
+                    var m = NEG;
+                    for (var c = 0u; c < g; c++) { m = max(m, child_x(s, c, hh, node, nchild, len, w)); }
+                    var sum = 0.0;
+                    for (var c = 0u; c < g; c++) {
+                        let x = child_x(s, c, hh, node, nchild, len, w);
+                        if (x > NEG_T) { sum += exp(x - m); }
+                    }
+                    tot += m + log(sum);
+                }
                 key = rank_key(tot);
             }
             rk[s] = key;
