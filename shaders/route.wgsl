@@ -4,7 +4,7 @@
 // One workgroup of WG invocations per (b, KV head, tile of QT consecutive queries); the host
 // sizes QT, L and WG so that the score tasks fill the workgroup (nothing is shared between the
 // tile's queries: the output does not depend on the tile). Candidates, scores and keep flags
-// live in workgroup memory; no query-by-block matrix is ever written. Per level, five barriers:
+// live in workgroup memory; no query-by-block matrix is ever written. Per level, four barriers:
 //   1. score: one invocation per task (query, candidate, group of 4 query heads, lane) reads
 //      every L-th vec4 of the pyramid rows the candidate needs (`lse`: its children; `mean`,
 //      `meanvar`: its own row) straight from global memory (f32 means, L2-resident; vec4 loads
@@ -16,9 +16,9 @@
 //      number of candidates strictly better (higher score, then lower node index; scores compared
 //      through `rank_key`, so a NaN ranks as -inf): deterministic, exactly K kept, no sort;
 //   3. expand: kept nodes (in ascending index order, so the list stays sorted) write their
-//      children at g * (kept nodes before them) and add their child count to the query's total;
-//      after a barrier, one invocation per query appends the complete-past children of the
-//      ancestor (at most g - 1 of them).
+//      children at g * (kept nodes before them); meanwhile one invocation per query counts the
+//      kept children (min(n, K) * g, less the shortfall of the level's last node if kept) and
+//      appends the complete-past children of the ancestor (at most g - 1 of them) after them.
 // Output: cand [B, Hkv, Nq, MC] i32, ascending leaf indices, -1 padded. Queries that see K or
 // fewer leaves (and every query when nb_0 <= K) get an all -1 row: stage 2 gives them all leaves.
 //
@@ -62,8 +62,8 @@ var<workgroup> sc: array<u32, QT * MC>;
 var<workgroup> pr: array<vec4<f32>, QT * MC * GQ4 * L * G>;
 var<workgroup> pv: array<vec4<f32>, MV * QT * MC * GQ4 * L + 1u>;
 var<workgroup> kp: array<u32, QT * MC>;
-var<workgroup> nc: array<u32, QT>;
-var<workgroup> ncn: array<atomic<u32>, QT>;
+// Candidate counts per query, two halves like `cl` (current level, next level).
+var<workgroup> nc: array<u32, 2u * QT>;
 var<workgroup> rt: array<u32, QT>;
 
 // Dims 4*d4 .. 4*d4+3 of the pyramid row starting at element `base` (zero past D).
@@ -232,7 +232,6 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         nc[lid] = n;
         rt[lid] = routed;
-        atomicStore(&ncn[lid], 0u);
     }
     for (var e = lid; e < QT * MC; e += WG) {
         cl[e] = e % MC;
@@ -241,6 +240,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     for (var l = p.start_level; l >= 1u; l--) {
         let lc = p.levels[l - 1u];
         let nxt = QT * MC - cur;
+        let hc = select(0u, QT, cur != 0u);
         workgroupBarrier();
         // 1. score: one invocation per (query, candidate, head group, lane), then one per
         // candidate sums the lanes and heads.
@@ -248,14 +248,14 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let it = e / L;
             let ce = it / GQ4;
             let qi = ce / MC;
-            let n = nc[qi];
+            let n = nc[hc + qi];
             if (ce % MC < n && n > k) {
                 score_task(e, qi, it % GQ4, e % L, l, cl[cur + ce], row0);
             }
         }
         workgroupBarrier();
         for (var e = lid; e < QT * MC; e += WG) {
-            let n = nc[e / MC];
+            let n = nc[hc + e / MC];
             if (e % MC < n && n > k) { sc[e] = rank_key(score(e, l, cl[cur + e])); }
         }
         workgroupBarrier();
@@ -263,7 +263,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         for (var e = lid; e < QT * MC; e += WG) {
             let qi = e / MC;
             let ci = e % MC;
-            let n = nc[qi];
+            let n = nc[hc + qi];
             var keep = 0u;
             if (ci < n) {
                 keep = 1u;
@@ -287,7 +287,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         for (var e = lid; e < QT * MC; e += WG) {
             let qi = e / MC;
             let ci = e % MC;
-            if (ci < nc[qi] && kp[e] != 0u) {
+            if (ci < nc[hc + qi] && kp[e] != 0u) {
                 var before = 0u;
                 for (var o = 0u; o < MC; o++) { before += select(0u, kp[qi * MC + o], o < ci); }
                 let j = cl[cur + e];
@@ -295,14 +295,20 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 for (var c = j * g; c < c1; c++) {
                     cl[nxt + qi * MC + before * g + c - j * g] = c;
                 }
-                atomicAdd(&ncn[qi], c1 - j * g);
             }
         }
-        workgroupBarrier();
+        // Meanwhile one invocation per query counts the kept nodes' children (g each, but the
+        // level's last node, which can only be the list's last entry) and appends the
+        // ancestor's complete-past children after them.
         if (lid < QT) {
             let qi = lid;
-            var total = atomicLoad(&ncn[qi]);
-            atomicStore(&ncn[qi], 0u);
+            let n = nc[hc + qi];
+            var total = min(n, k) * g;
+            if (n > 0u) {
+                let last = qi * MC + n - 1u;
+                let j = cl[cur + last];
+                if (kp[last] != 0u && j + 1u == p.levels[l].y) { total -= j * g + g - lc.y; }
+            }
             if (p.causal != 0u && rt[qi] != 0u) {
                 let bq = (p.q_pos0 + i0 + qi) / p.block_size;
                 let below = bq / lc.z;
@@ -311,18 +317,19 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                     total++;
                 }
             }
-            nc[qi] = total;
+            nc[QT - hc + qi] = total;
         }
         cur = nxt;
     }
     workgroupBarrier();
+    let hc = select(0u, QT, cur != 0u);
     for (var e = lid; e < QT * MC; e += WG) {
         let qi = e / MC;
         let ci = e % MC;
         let i = i0 + qi;
         if (i < p.q_len && ci < p.mc) {
             var v = -1;
-            if (ci < nc[qi]) { v = i32(cl[cur + e]); }
+            if (ci < nc[hc + qi]) { v = i32(cl[cur + e]); }
             cand[(bh * p.q_len + i) * p.mc + ci] = v;
         }
     }
