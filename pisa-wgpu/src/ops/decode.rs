@@ -299,5 +299,6 @@ impl<'c> KvCache<'c> {
     }
 }
 
+mod record;
 mod step;
 mod write;

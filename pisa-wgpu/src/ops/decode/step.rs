@@ -1,119 +1,14 @@
-//! The host side of the decode step: [`KvCache::record_step`] and the synchronous wrappers
-//! (append, step, append-and-step, reset, accessors).
+//! The synchronous wrappers of the decode step (append, step, append-and-step, reset,
+//! accessors); the recording itself is in `record.rs`.
 
-use super::{check_len, DecodeOutput, KvCache, Params, Plan, MERGE_SHADER, ROUTE_SHADER, SHADER};
+use super::{check_len, DecodeOutput, KvCache, Plan};
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::GpuPyramid;
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::pipeline::Storage;
-use crate::runtime::profiler::Profiler;
 use pisa_core::{AttentionShape, PyramidLayout, SelectionConfig};
 
-/// Bindings of one dispatch: `(binding, buffer)`.
-type Binds<'a> = Vec<(u32, &'a wgpu::Buffer)>;
-
 impl KvCache<'_> {
-    /// Records the decode step (PISA.md 3, 4, 5) of every sequence, labelled "decode" in
-    /// `prof`: ONE compute pass of three dispatches (see the module docs: `route`, one
-    /// workgroup per (sequence, KV head); `leaf`, one per (sequence, KV head, leaf slot);
-    /// `merge`, one per (sequence, KV head)). `q`: `[B, Hq, D]` in the cache's storage
-    /// precision, the token at position `len(b) - 1` of each sequence (append its key first).
-    /// Writes [`Self::outputs`]: O `[B, Hq, D]` (storage precision), LSE `[B, Hq]` f32,
-    /// selection `[B, Hkv, K]` i32. An empty sequence gets zeros, LSE `-inf` and no blocks.
-    /// Errors: [`pisa_core::PisaError::BufferLen`] or [`crate::GpuError::Unsupported`] for a
-    /// `q` of the wrong size or precision.
-    pub fn record_step(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        q: &GpuTensor,
-        prof: Option<&mut Profiler>,
-    ) -> Result<()> {
-        let s = &self.shape;
-        self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
-        let ctx = self.ctx;
-        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
-        let lens_buf = ctx.upload_u32("decode lengths", &lens)?;
-        let heads = (s.batch * s.kv_heads) as u64;
-        let slots = heads * self.plan.slots() as u64;
-        let uniform = |wg_count: u64| {
-            ctx.uniform(
-                "decode params",
-                &Params {
-                    wg_count: wg_count as u32,
-                    ..self.base()
-                },
-            )
-        };
-        let (u_heads, u_slots) = (uniform(heads)?, uniform(slots)?);
-        let pipe = |shader, entry, route| {
-            let consts = self.plan.consts(route);
-            ctx.pipelines
-                .get(&ctx.device, shader, entry, self.storage, &consts, &[])
-        };
-        let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
-        let (l, c, pa) = (&lens_buf.buffer, &self.cands.buffer, &self.parts.buffer);
-        let route: Binds = vec![
-            (0, &u_heads),
-            (1, l),
-            (2, &q.buffer),
-            (5, &self.pyr.means.buffer),
-            (6, &sq.buffer),
-            (10, c),
-        ];
-        let leaf: Binds = vec![
-            (0, &u_slots),
-            (1, l),
-            (2, &q.buffer),
-            (3, &self.k.buffer),
-            (4, &self.v.buffer),
-            (10, c),
-            (11, pa),
-        ];
-        let merge: Binds = vec![
-            (0, &u_heads),
-            (1, l),
-            (7, &self.out.buffer),
-            (8, &self.lse.buffer),
-            (9, &self.sel.buffer),
-            (10, c),
-            (11, pa),
-        ];
-        let stages = [
-            (pipe(&ROUTE_SHADER, "route", true)?, route, heads),
-            (pipe(&SHADER, "leaf", false)?, leaf, slots),
-            (pipe(&MERGE_SHADER, "merge", false)?, merge, heads),
-        ];
-        let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
-        let mut work = Vec::new();
-        for (p, b, n) in &stages {
-            let layout = p.get_bind_group_layout(0);
-            let entries: Vec<wgpu::BindGroupEntry> = b
-                .iter()
-                .map(|(i, buf)| wgpu::BindGroupEntry {
-                    binding: *i,
-                    resource: buf.as_entire_binding(),
-                })
-                .collect();
-            let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("decode step"),
-                layout: &layout,
-                entries: &entries,
-            });
-            work.push((bg, pisa_core::grid_for(*n, max_dim)?));
-        }
-        let writes = prof.and_then(|p| p.pass_writes("decode"));
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("decode step"),
-            timestamp_writes: writes,
-        });
-        for ((p, _, _), (bg, grid)) in stages.iter().zip(&work) {
-            pass.set_pipeline(p);
-            pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-        }
-        Ok(())
-    }
-
     /// Appends one key and value per active sequence (`k_rows`, `v_rows`: `[B, Hkv, D]` f32;
     /// `active`: `[B]`), in one submission. Errors: [`pisa_core::PisaError::BufferLen`] for
     /// rows or `active` of the wrong length, [`pisa_core::PisaError::TooLarge`] when an active

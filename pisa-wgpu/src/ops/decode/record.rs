@@ -1,0 +1,152 @@
+//! Recording of the decode step: [`KvCache::record_step`] and [`KvCache::record_steps`], ONE
+//! compute pass of three dispatches (`route`, `leaf`, `merge`; see the module docs of
+//! [`crate::ops::decode`] for why the step is split).
+
+use std::sync::Arc;
+
+use super::{KvCache, Params, MERGE_SHADER, ROUTE_SHADER, SHADER};
+use crate::error::{GpuError, Result};
+use crate::runtime::buffers::GpuTensor;
+use crate::runtime::profiler::Profiler;
+
+/// Bindings of one dispatch: `(binding, buffer)`.
+type Binds<'a> = Vec<(u32, &'a wgpu::Buffer)>;
+
+/// One recorded dispatch: pipeline, bind group, grid.
+type Stage = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, [u32; 3]);
+
+impl KvCache<'_> {
+    /// Records the decode step (PISA.md 3, 4, 5) of every sequence, labelled "decode" in
+    /// `prof`: ONE compute pass of three dispatches (see the module docs: `route`, one
+    /// workgroup per (sequence, KV head); `leaf`, one per (sequence, KV head, leaf slot);
+    /// `merge`, one per (sequence, KV head)). `q`: `[B, Hq, D]` in the cache's storage
+    /// precision, the token at position `len(b) - 1` of each sequence (append its key first).
+    /// Writes [`Self::outputs`]: O `[B, Hq, D]` (storage precision), LSE `[B, Hq]` f32,
+    /// selection `[B, Hkv, K]` i32. An empty sequence gets zeros, LSE `-inf` and no blocks.
+    /// Errors: [`pisa_core::PisaError::BufferLen`] or [`crate::GpuError::Unsupported`] for a
+    /// `q` of the wrong size or precision.
+    pub fn record_step(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        q: &GpuTensor,
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        Self::record_steps(enc, &[(self, q)], prof)
+    }
+
+    /// Records the steps of several caches (each as [`Self::record_step`], with its own `q`)
+    /// in ONE compute pass labelled "decode": every cache's `route`, then every `leaf`, then
+    /// every `merge`, so the caches' steps run side by side as one dependent chain of three
+    /// dispatches instead of one chain per cache. For KV heads split over several caches
+    /// (K or V of all heads past one storage binding, e.g. 1M tokens x 8 heads x 128 x f16).
+    /// Outputs are bitwise those of separate steps. Errors: those of [`Self::record_step`];
+    /// [`GpuError::Unsupported`] for caches of different contexts. Nothing is recorded on
+    /// error.
+    pub fn record_steps(
+        enc: &mut wgpu::CommandEncoder,
+        steps: &[(&KvCache<'_>, &GpuTensor)],
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let Some(first) = steps.first() else {
+            return Ok(());
+        };
+        let mut stages: [Vec<Stage>; 3] = Default::default();
+        for (cache, q) in steps {
+            if !std::ptr::eq(cache.ctx, first.0.ctx) {
+                return Err(GpuError::Unsupported(
+                    "decode steps of caches from different contexts in one pass".into(),
+                ));
+            }
+            for (all, st) in stages.iter_mut().zip(cache.stages(q)?) {
+                all.push(st);
+            }
+        }
+        let writes = prof.and_then(|p| p.pass_writes("decode"));
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("decode step"),
+            timestamp_writes: writes,
+        });
+        for (p, bg, grid) in stages.iter().flatten() {
+            pass.set_pipeline(p);
+            pass.set_bind_group(0, bg, &[]);
+            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        }
+        Ok(())
+    }
+
+    /// The three dispatches of this cache's step for `q`: `route`, `leaf`, `merge`.
+    fn stages(&self, q: &GpuTensor) -> Result<[Stage; 3]> {
+        let s = &self.shape;
+        self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
+        let ctx = self.ctx;
+        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
+        let lens_buf = ctx.upload_u32("decode lengths", &lens)?;
+        let heads = (s.batch * s.kv_heads) as u64;
+        let slots = heads * self.plan.slots() as u64;
+        let uniform = |wg_count: u64| {
+            ctx.uniform(
+                "decode params",
+                &Params {
+                    wg_count: wg_count as u32,
+                    ..self.base()
+                },
+            )
+        };
+        let (u_heads, u_slots) = (uniform(heads)?, uniform(slots)?);
+        let pipe = |shader, entry, route| {
+            let consts = self.plan.consts(route);
+            ctx.pipelines
+                .get(&ctx.device, shader, entry, self.storage, &consts, &[])
+        };
+        let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
+        let (l, c, pa) = (&lens_buf.buffer, &self.cands.buffer, &self.parts.buffer);
+        let route: Binds = vec![
+            (0, &u_heads),
+            (1, l),
+            (2, &q.buffer),
+            (5, &self.pyr.means.buffer),
+            (6, &sq.buffer),
+            (10, c),
+        ];
+        let leaf: Binds = vec![
+            (0, &u_slots),
+            (1, l),
+            (2, &q.buffer),
+            (3, &self.k.buffer),
+            (4, &self.v.buffer),
+            (10, c),
+            (11, pa),
+        ];
+        let merge: Binds = vec![
+            (0, &u_heads),
+            (1, l),
+            (7, &self.out.buffer),
+            (8, &self.lse.buffer),
+            (9, &self.sel.buffer),
+            (10, c),
+            (11, pa),
+        ];
+        let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
+        let stage = |p: Arc<wgpu::ComputePipeline>, b: Binds, n: u64| -> Result<Stage> {
+            let layout = p.get_bind_group_layout(0);
+            let entries: Vec<wgpu::BindGroupEntry> = b
+                .iter()
+                .map(|(i, buf)| wgpu::BindGroupEntry {
+                    binding: *i,
+                    resource: buf.as_entire_binding(),
+                })
+                .collect();
+            let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("decode step"),
+                layout: &layout,
+                entries: &entries,
+            });
+            Ok((p, bg, pisa_core::grid_for(n, max_dim)?))
+        };
+        Ok([
+            stage(pipe(&ROUTE_SHADER, "route", true)?, route, heads)?,
+            stage(pipe(&SHADER, "leaf", false)?, leaf, slots)?,
+            stage(pipe(&MERGE_SHADER, "merge", false)?, merge, heads)?,
+        ])
+    }
+}

@@ -1,0 +1,209 @@
+//! Tests of the decode step's split into route | leaf | merge dispatches (a module of
+//! `tests/decode.rs`): GQA groups and head dims, blocks in several chunks, decode against
+//! prefill at every position, wide levels, a grid past one dimension, several caches in one
+//! pass.
+
+use super::common::*;
+use super::decode_harness::{self, base, cfg, Run};
+use pisa_core::reference;
+use pisa_core::{AttentionShape, Scoring, TensorLayout};
+use pisa_wgpu::ops::decode::KvCache;
+use pisa_wgpu::{GpuError, Storage};
+
+/// The split step (route | leaf | merge) across GQA groups 1, 2, 3, 4, 7, 8 and head dims 64,
+/// 80, 128, with odd cache lengths (partial last blocks) and a sink and a local block: deep
+/// routing (C = 16, K = 4: 19+ leaves), so every step fills many leaf slots.
+#[test]
+fn gqa_groups_and_head_dims() {
+    const NAMES: [&str; 6] = [
+        "gqa1_d64",
+        "gqa2_d80",
+        "gqa3_d128",
+        "gqa4_d128",
+        "gqa7_d64",
+        "gqa8_d80",
+    ];
+    let cases = [(1, 64), (2, 80), (3, 128), (4, 128), (7, 64), (8, 80)];
+    for (i, (g_q, d)) in cases.into_iter().enumerate() {
+        let cf = cfg(16, 4, 2, Scoring::Lse).with_forced(1, 1);
+        let mut c = base(NAMES[i], 2 * g_q, 2, d, cf);
+        c.prefill = vec![301 + 2 * i, 77];
+        c.steps = 12;
+        Run::new(c, 400).run();
+    }
+}
+
+/// Blocks longer than a chunk of the leaf kernel: at the least workgroup memory the step
+/// accepts, D = 32 and g_q = 2 leave 66 floats of leaf scratch (the P.V merge's minimum), so a
+/// 64-key block is scored and attended in chunks of 16 keys with online-softmax rescaling.
+#[test]
+fn leaf_blocks_in_several_chunks() {
+    let mut c = base("leaf_chunks", 4, 2, 32, cfg(64, 4, 2, Scoring::Lse));
+    c.prefill = vec![333, 290];
+    c.steps = 30;
+    let mut r = Run::new(c, 400);
+    let full = r.cache.workgroup_memory();
+    let needed = match r.cache.set_workgroup_memory_limit(0) {
+        Err(GpuError::Limit { needed, .. }) => needed,
+        other => panic!("expected a Limit error, got {other:?}"),
+    };
+    r.cache.set_workgroup_memory_limit(needed as u32).unwrap();
+    assert!(r.cache.workgroup_memory() < full);
+    r.run();
+}
+
+/// Decode at length t + 1 equals prefill's row t: selection exactly (unless the reference's
+/// margin of that row is a tie), output and LSE within f32 rounding; odd lengths, GQA 3 and 8.
+#[test]
+fn decode_equals_prefill_at_every_position() {
+    use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions};
+    for (hq, hkv, d, n, c, k) in [(3, 1, 80, 203, 8, 4), (16, 2, 64, 157, 4, 3)] {
+        let cf = cfg(c, k, 2, Scoring::Lse);
+        let mut r = rng(seed("decode_vs_prefill") ^ hq as u64);
+        let q = random(&mut r, hq * n * d, 1.5);
+        let kk = random(&mut r, hkv * n * d, 1.0);
+        let v = random(&mut r, hkv * n * d, 1.0);
+        let shape = AttentionShape::prefill(1, hq, hkv, n, d).unwrap();
+        let opts = PrefillOptions {
+            cfg: cf,
+            layout: TensorLayout::Bhnd,
+            storage: Storage::F32,
+            q_tile: 4,
+            return_selection: true,
+        };
+        let pre = prefill_host(ctx(), &q, &kk, &v, &shape, &opts).unwrap();
+        let psel = pre.selection.unwrap();
+        let margin = reference::select_pisa(&q, &kk, &shape, TensorLayout::Bhnd, &cf)
+            .unwrap()
+            .margin;
+        let mut cache = KvCache::new(ctx(), 1, n, hq, hkv, d, cf, Storage::F32).unwrap();
+        let rows = |x: &[f32], h: usize, t: usize| -> Vec<f32> {
+            (0..h)
+                .flat_map(|i| x[(i * n + t) * d..(i * n + t + 1) * d].to_vec())
+                .collect()
+        };
+        for t in 0..n {
+            let (kr, vr, qr) = (rows(&kk, hkv, t), rows(&v, hkv, t), rows(&q, hq, t));
+            let o = cache.append_and_step(&kr, &vr, &[true], &qr, true).unwrap();
+            let sel = o.selection.unwrap();
+            let mut same = true;
+            for h in 0..hkv {
+                let want = &psel[(h * n + t) * k..(h * n + t + 1) * k];
+                if &sel[h * k..(h + 1) * k] != want {
+                    let m = margin[h * n + t];
+                    assert!(
+                        m < decode_harness::TIE,
+                        "row {t} kv head {h}: {sel:?} vs {want:?}"
+                    );
+                    same = false;
+                }
+            }
+            if !same {
+                continue;
+            }
+            for hh in 0..hq {
+                let got = &o.out[hh * d..(hh + 1) * d];
+                let want = &pre.out[(hh * n + t) * d..(hh * n + t + 1) * d];
+                let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
+                let e = rel_err(got, &want);
+                assert!(e < 1e-4, "row {t} head {hh}: output rel err {e}");
+                let (a, b) = (o.lse[hh], pre.lse[hh * n + t]);
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "row {t} head {hh}: lse {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+/// The bench's selection shape (K = 16, g = 2: 34 candidates, a 1024-invocation `route`
+/// workgroup where the device allows it) and a wide merge factor (g = 4: 68 candidates of 4
+/// children, fewer lanes per row), with small blocks so routing starts several levels up.
+#[test]
+fn wide_levels_top16() {
+    let mut c = base("top16_g2", 8, 2, 128, cfg(4, 16, 2, Scoring::Lse));
+    c.prefill = vec![701, 333];
+    c.steps = 10;
+    Run::new(c, 800).run();
+    let mut c = base(
+        "top16_g4",
+        4,
+        1,
+        64,
+        cfg(4, 16, 4, Scoring::Lse).with_forced(1, 2),
+    );
+    c.prefill = vec![1203];
+    c.steps = 10;
+    Run::new(c, 1300).run();
+}
+
+/// More leaf workgroups than one grid dimension holds (2400 sequences x 2 KV heads x 14 slots
+/// = 67200 > 65535): the grid is split over y, and the one non-empty sequence, the last
+/// (its workgroups past the first row of the grid), matches the reference; the empty ones give
+/// zeros, LSE -inf and no blocks.
+#[test]
+fn leaf_grid_past_one_dimension() {
+    let mut c = base("grid_2d", 4, 2, 16, cfg(8, 4, 2, Scoring::Lse));
+    c.prefill = vec![0; 2400];
+    c.prefill[2399] = 75;
+    c.steps = 2;
+    c.active = 0.0;
+    Run::new(c, 80).run();
+}
+
+/// `KvCache::record_steps`: the KV heads of one cache split over two caches, both steps in ONE
+/// compute pass (routes, then leaves, then merges), give bitwise the single cache's outputs.
+#[test]
+fn steps_of_several_caches_in_one_pass() {
+    let ctx = ctx();
+    let cf = cfg(8, 4, 2, Scoring::Lse).with_forced(1, 0);
+    let (hq, hkv, d, n) = (6, 2, 32, 151);
+    let g = hq / hkv;
+    let mut r = rng(seed("several_caches"));
+    let k = random(&mut r, hkv * n * d, 1.0);
+    let v = random(&mut r, hkv * n * d, 1.0);
+    let q = random(&mut r, hq * d, 1.5);
+    let mut full = KvCache::new(ctx, 1, n, hq, hkv, d, cf, Storage::F32).unwrap();
+    full.prefill(0, &k, &v, TensorLayout::Bhnd).unwrap();
+    let want = full.step(&q, true).unwrap();
+    let want_sel = want.selection.unwrap();
+    let caches: Vec<KvCache> = (0..hkv)
+        .map(|h| {
+            let mut c = KvCache::new(ctx, 1, n, g, 1, d, cf, Storage::F32).unwrap();
+            let rows = h * n * d..(h + 1) * n * d;
+            c.prefill(0, &k[rows.clone()], &v[rows], TensorLayout::Bhnd)
+                .unwrap();
+            c
+        })
+        .collect();
+    let qs: Vec<_> = (0..hkv)
+        .map(|h| {
+            ctx.upload("q", &q[h * g * d..(h + 1) * g * d], Storage::F32)
+                .unwrap()
+        })
+        .collect();
+    let steps: Vec<_> = caches.iter().zip(&qs).collect();
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    KvCache::record_steps(&mut enc, &steps, None).unwrap();
+    ctx.queue().submit([enc.finish()]);
+    let kk = cf.top_k;
+    for (h, c) in caches.iter().enumerate() {
+        let (o, l, s) = c.outputs();
+        let bits = |x: Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let o = ctx.read_f32(o).unwrap();
+        let l = ctx.read_f32(l).unwrap();
+        let s = ctx.read_i32(s).unwrap();
+        assert_eq!(
+            bits(o),
+            bits(want.out[h * g * d..(h + 1) * g * d].to_vec()),
+            "head {h}"
+        );
+        assert_eq!(
+            bits(l),
+            bits(want.lse[h * g..(h + 1) * g].to_vec()),
+            "head {h}"
+        );
+        assert_eq!(s, want_sel[h * kk..(h + 1) * kk], "head {h}");
+    }
+}
