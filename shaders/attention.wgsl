@@ -36,7 +36,6 @@ const SPLIT: u32 = HD4 / RM;       // S-phase threads per row (= WG / RP)
 const KG: u32 = 4u * SPLIT;        // keys per S-phase group
 const NG: u32 = (KT + KG - 1u) / KG; // groups per tile
 const RP4: u32 = RP / 4u;
-const MAXU: u32 = QT * SELK;
 const NEG: f32 = -1.0e30;          // "no score" (finite: no reliance on infinities)
 
 struct Params {
@@ -61,10 +60,6 @@ var<workgroup> kv_sh: array<vec4<f32>, KT * ROW4>;
 var<workgroup> p_sh: array<vec4<f32>, KT * RP4>; // P[key][row], rows packed by 4
 var<workgroup> red_sh: array<f32, WG>;
 var<workgroup> alpha_sh: array<vec4<f32>, RP4>;
-var<workgroup> sel_sh: array<i32, MAXU>;
-var<workgroup> ublk: array<u32, MAXU>;
-var<workgroup> umask: array<u32, MAXU>;
-var<workgroup> ucount: u32;
 
 // Per-invocation state.
 var<private> acc0: mat4x4<f32>; // PV rows rg*RM + j (column j), vec4 column c of O
@@ -330,47 +325,8 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (id >= p.wg_count) { return; }
     lid = li;
     setup(id, (id / p.head_chunks) % p.n_qtiles);
-    // Selections of the tile's queries (padding -1 past the last query).
-    let row0 = (b * p.kv_heads + kvh) * p.q_len;
-    for (var x = lid; x < QT * SELK; x += WG) {
-        let i = i0 + x / SELK;
-        var e = -1;
-        if (i < p.q_len) { e = sel[(row0 + i) * p.top_k + x % SELK]; }
-        sel_sh[x] = e;
-    }
-    workgroupBarrier();
-    // Ascending union of the QT lists; an entry that is -1, past the last leaf, or not above
-    // the previous block taken (a repeat, or out of order) is skipped.
-    if (lid == 0u) {
-        var at: array<u32, QT>;
-        var n = 0u;
-        var last = -1;
-        loop {
-            var best = 0x7fffffff;
-            for (var qi = 0u; qi < QT; qi++) {
-                while (at[qi] < SELK) {
-                    let e = sel_sh[qi * SELK + at[qi]];
-                    if (e > last && u32(e) < p.nb0) { break; }
-                    at[qi] += 1u;
-                }
-                if (at[qi] < SELK) { best = min(best, sel_sh[qi * SELK + at[qi]]); }
-            }
-            if (best == 0x7fffffff) { break; }
-            var m = 0u;
-            for (var qi = 0u; qi < QT; qi++) {
-                if (at[qi] < SELK && sel_sh[qi * SELK + at[qi]] == best) {
-                    m |= 1u << qi;
-                    at[qi] += 1u;
-                }
-            }
-            ublk[n] = u32(best);
-            umask[n] = m;
-            n += 1u;
-            last = best;
-        }
-        ucount = n;
-    }
-    let nu = workgroupUniformLoad(&ucount);
+    // The ascending union of the tile's selections (attention_union.wgsl).
+    let nu = build_union(lid, (b * p.kv_heads + kvh) * p.q_len, i0);
     for (var u = 0u; u < nu; u++) {
         let blk0 = ublk[u] * p.block_size;
         let m = umask[u];

@@ -60,8 +60,6 @@ const ST_OFF: u32 = RT * SS;         // per-subgroup 16x16 f32 staging in fsh
 const SPLIT: u32 = WG / RT;          // softmax threads per row
 const KPT: u32 = KT / SPLIT;         // keys per softmax thread
 const NPF: u32 = (KT * (HD / 4u) + WG - 1u) / WG; // K (and V) vec4 per thread per tile
-const MAXU: u32 = QT * SELK;
-const MAXU4: u32 = (MAXU + 3u) / 4u * 4u;
 const NEG: f32 = -1.0e30;            // "no score yet"
 const LAZY: f32 = 8.0;               // rescale threshold, log2 units (P <= 256)
 
@@ -93,10 +91,6 @@ var<workgroup> fsh: array<f32, RT * SS + NSG * 256u>;   // S, then per-subgroup 
 var<workgroup> red_sh: array<f32, WG>;
 var<workgroup> alpha_sh: array<f32, RT>;
 var<workgroup> flag_sh: array<atomic<u32>, 4>; // [0]: some row's running max moved this tile
-var<workgroup> sel_sh: array<i32, MAXU4>;
-var<workgroup> ublk: array<u32, MAXU4>;
-var<workgroup> umask: array<u32, MAXU4>;
-var<workgroup> ucount: array<u32, 4>;  // [0]: union length
 
 var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
 var<private> oacc: array<coop_mat16x16<f32, C>, OTS>;
@@ -387,47 +381,8 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     sg = sgid;
     lane = sli;
     setup(id, (id / p.head_chunks) % p.n_qtiles);
-    // Selections of the tile's queries (padding -1 past the last query).
-    let row0 = (b * p.kv_heads + kvh) * p.q_len;
-    for (var x = lid; x < QT * SELK; x += WG) {
-        let i = i0 + x / SELK;
-        var e = -1;
-        if (i < p.q_len) { e = sel[(row0 + i) * p.top_k + x % SELK]; }
-        sel_sh[x] = e;
-    }
-    workgroupBarrier();
-    // Ascending union of the QT lists; an entry that is -1, past the last leaf, or not above
-    // the previous block taken (a repeat, or out of order) is skipped.
-    if (lid == 0u) {
-        var at: array<u32, QT>;
-        var n = 0u;
-        var last = -1;
-        loop {
-            var best = 0x7fffffff;
-            for (var qi = 0u; qi < QT; qi++) {
-                while (at[qi] < SELK) {
-                    let e = sel_sh[qi * SELK + at[qi]];
-                    if (e > last && u32(e) < p.nb0) { break; }
-                    at[qi] += 1u;
-                }
-                if (at[qi] < SELK) { best = min(best, sel_sh[qi * SELK + at[qi]]); }
-            }
-            if (best == 0x7fffffff) { break; }
-            var m = 0u;
-            for (var qi = 0u; qi < QT; qi++) {
-                if (at[qi] < SELK && sel_sh[qi * SELK + at[qi]] == best) {
-                    m |= 1u << qi;
-                    at[qi] += 1u;
-                }
-            }
-            ublk[n] = u32(best);
-            umask[n] = m;
-            n += 1u;
-            last = best;
-        }
-        ucount[0] = n;
-    }
-    let nu = workgroupUniformLoad(&ucount)[0];
+    // The ascending union of the tile's selections (attention_union.wgsl).
+    let nu = build_union(lid, (b * p.kv_heads + kvh) * p.q_len, i0);
     // Flat walk over (block, KT-key piece): tile j is piece j % tpb of union entry j / tpb.
     let tpb = (p.block_size + KT - 1u) / KT;
     let total = nu * tpb;

@@ -30,7 +30,10 @@ use crate::runtime::profiler::Profiler;
 /// `shaders/attention.wgsl`.
 pub const SHADER: ShaderSource = ShaderSource {
     name: "attention",
-    wgsl: include_str!("../../../shaders/attention.wgsl"),
+    wgsl: concat!(
+        include_str!("../../../shaders/attention.wgsl"),
+        include_str!("../../../shaders/attention_union.wgsl")
+    ),
 };
 
 /// Head dims the kernels accept (the tested ones are 64, 80, 96, 128 and 256).

@@ -20,7 +20,10 @@ use pisa_core::AttentionShape;
 /// `shaders/attention_coop.wgsl` (f16 storage only; needs the cooperative-matrix capability).
 pub const SHADER: ShaderSource = ShaderSource {
     name: "attention_coop",
-    wgsl: include_str!("../../../../shaders/attention_coop.wgsl"),
+    wgsl: concat!(
+        include_str!("../../../../shaders/attention_coop.wgsl"),
+        include_str!("../../../../shaders/attention_union.wgsl")
+    ),
 };
 
 /// Largest head dim of the cooperative-matrix kernels (a multiple of 16 up to this).
@@ -69,7 +72,8 @@ impl CoopVariant {
         let halves = self.kvh() as u64 + rt * (kt + 8);
         let floats = rt * (kt + 4) + COOP_SUBGROUPS as u64 * 256 + wg + rt;
         let maxu4 = (self.qt * self.selk).div_ceil(4) as u64 * 4;
-        2 * halves + 4 * floats + 12 * maxu4 + 32
+        // attention_union.wgsl: five arrays of MAXU4 words and the count; flag_sh.
+        2 * halves + 4 * floats + 20 * maxu4 + 32
     }
 
     /// The `(name, value)` constants for [`crate::runtime::pipeline::preprocess`].
