@@ -28,14 +28,12 @@ fn dots_mean(row: u32, u: u32) -> array<f32, GQ> {
     return a;
 }
 
-// x = s * q.mu_c + log n_c of child c of the candidate in slot s, head hh (NEG past the end),
-// from the LR partial dots in xr; w is a child's width in tokens.
-fn child_x(s: u32, c: u32, hh: u32, node: u32, nchild: u32, len: u32, w: u32) -> f32 {
-    let child = node * p.merge + c;
-    if (child >= nchild) { return NEG; }
+// x = s * q.mu_c + log n_c of child c of the candidate in slot s, head hh, from the LR
+// partial dots in xr (ln = log n_c).
+fn child_x(s: u32, c: u32, hh: u32, ln: f32) -> f32 {
     var a = 0.0;
     for (var u = 0u; u < LR; u++) { a += xr[((c * LR + u) * GQ + hh) * MAXC + s]; }
-    return p.scale * a + log(f32(min(len - child * w, w)));
+    return p.scale * a + ln;
 }
 
 // rk[slot] = rank_key of the score of the candidates cand[co..co + MAXC] of level l >= 1
@@ -65,18 +63,28 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
             if (node != INVALID) {
                 // Two passes per head, as in the prefill route: max over the children, then
                 // the sum of exp(x - max) over the scored ones. (An online update would rank a
-                // +inf child differently: max-then-sum makes it NaN, ranked as -inf.)
-                var tot = 0.0;
-                for (var hh = 0u; hh < GQ; hh++) {
-                    var m = NEG;
-                    for (var c = 0u; c < g; c++) { m = max(m, child_x(s, c, hh, node, nchild, len, w)); }
-                    var sum = 0.0;
-                    for (var c = 0u; c < g; c++) {
-                        let x = child_x(s, c, hh, node, nchild, len, w);
-                        if (x > NEG_T) { sum += exp(x - m); }
-                    }
-                    tot += m + log(sum);
+                // +inf child differently: max-then-sum makes it NaN, ranked as -inf.) Every
+                // head at once, so a child's log n is taken once a pass.
+                var m: array<f32, GQ>;
+                var sum: array<f32, GQ>;
+                for (var hh = 0u; hh < GQ; hh++) { m[hh] = NEG; }
+                for (var c = 0u; c < g; c++) {
+                    let child = node * g + c;
+                    if (child >= nchild) { continue; }
+                    let ln = log(f32(min(len - child * w, w)));
+                    for (var hh = 0u; hh < GQ; hh++) { m[hh] = max(m[hh], child_x(s, c, hh, ln)); }
                 }
+                for (var c = 0u; c < g; c++) {
+                    let child = node * g + c;
+                    if (child >= nchild) { continue; }
+                    let ln = log(f32(min(len - child * w, w)));
+                    for (var hh = 0u; hh < GQ; hh++) {
+                        let x = child_x(s, c, hh, ln);
+                        if (x > NEG_T) { sum[hh] += exp(x - m[hh]); }
+                    }
+                }
+                var tot = 0.0;
+                for (var hh = 0u; hh < GQ; hh++) { tot += m[hh] + log(sum[hh]); }
                 key = rank_key(tot);
             }
             rk[s] = key;
