@@ -4,14 +4,15 @@
 // One workgroup of WG invocations per (b, KV head, tile of QT consecutive queries); the host
 // sizes QT, L and WG so that the score tasks fill the workgroup (nothing is shared between the
 // tile's queries: the output does not depend on the tile). Candidates, scores and keep flags
-// live in workgroup memory; no query-by-block matrix is ever written. Per level, four barriers:
+// live in workgroup memory; no query-by-block matrix is ever written. Per level, four barriers (three when L = 1 and
+// GQ <= 4):
 //   1. score: one invocation per task (query, candidate, group of 4 query heads, lane) reads
 //      every L-th vec4 of the pyramid rows the candidate needs (`lse`: its children; `mean`,
 //      `meanvar`: its own row) straight from global memory (f32 means, L2-resident; vec4 loads
 //      when D % 4 == 0; the L lanes of a row read L * 16 consecutive bytes together) and dots
 //      them with its heads' scaled queries (workgroup memory) into partial sums; after a
-//      barrier, one invocation per candidate sums the lanes and forms the score summed over
-//      the GQ heads;
+//      barrier (none when one task is the whole candidate), one invocation per candidate sums
+//      the lanes and forms the score summed over the GQ heads;
 //   2. keep: a level with more than K candidates keeps those of rank < K, where the rank is the
 //      number of candidates strictly better (higher score, then lower node index; scores compared
 //      through `rank_key`, so a NaN ranks as -inf): deterministic, exactly K kept, no sort;
@@ -250,13 +251,18 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let qi = ce / MC;
             let n = nc[hc + qi];
             if (ce % MC < n && n > k) {
-                score_task(e, qi, it % GQ4, e % L, l, cl[cur + ce], row0);
+                let j = cl[cur + ce];
+                score_task(e, qi, it % GQ4, e % L, l, j, row0);
+                // One task per candidate: it reads back its own partials, no barrier needed.
+                if (L == 1u && GQ4 == 1u) { sc[ce] = rank_key(score(ce, l, j)); }
             }
         }
-        workgroupBarrier();
-        for (var e = lid; e < QT * MC; e += WG) {
-            let n = nc[hc + e / MC];
-            if (e % MC < n && n > k) { sc[e] = rank_key(score(e, l, cl[cur + e])); }
+        if (L != 1u || GQ4 != 1u) {
+            workgroupBarrier();
+            for (var e = lid; e < QT * MC; e += WG) {
+                let n = nc[hc + e / MC];
+                if (e % MC < n && n > k) { sc[e] = rank_key(score(e, l, cl[cur + e])); }
+            }
         }
         workgroupBarrier();
         // 2. keep: rank < K under (higher score key, then lower index)

@@ -273,9 +273,11 @@ fn invalid_inputs_are_typed_errors() {
     }
 }
 
-/// Routing code paths: head dims not a multiple of 4 (scalar pyramid loads), GQA groups of
+/// Routing code paths: head dims not a multiple of 4 (scalar pyramid loads; an odd number of
+/// vec4s gives one lane per candidate, scored without the partial-sum barrier), GQA groups of
 /// several head groups (partial scores summed across invocations, up to the 32-head limit),
 /// and small candidate lists (the widest query tile, with a partial last tile).
+/// `PISA_ROUTE_LANES`, `PISA_ROUTE_TILE`, `PISA_ROUTE_MAX_WG` select other shapes.
 #[test]
 fn pisa_route_paths() {
     let seed = seed("pisa_route_paths");
@@ -329,6 +331,23 @@ fn pisa_route_paths() {
                 scoring: Mean,
                 storage: F16,
                 layout: Bnhd,
+                ..base
+            },
+            false,
+        ),
+        (
+            "gq3 d18 lse g3 local1 (one task per candidate)",
+            Case {
+                b: 1,
+                hq: 3,
+                hkv: 1,
+                nq: 450,
+                nk: 450,
+                d: 18,
+                c: 8,
+                k: 5,
+                g: 3,
+                local: 1,
                 ..base
             },
             false,

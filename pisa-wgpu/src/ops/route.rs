@@ -69,6 +69,12 @@ fn max_wg_asked() -> u32 {
         .unwrap_or(DEFAULT_MAX_WG)
 }
 
+/// The tile asked for: `PISA_ROUTE_TILE` if set within 1..=[`MAX_TILE`] (then used as is,
+/// only lowered to fit the workgroup memory), else `None` (the tile that fills the workgroup).
+fn tile_asked() -> Option<u32> {
+    env_u32("PISA_ROUTE_TILE").filter(|t| (1..=MAX_TILE).contains(t))
+}
+
 fn env_u32(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
@@ -80,6 +86,7 @@ fn env_u32(name: &str) -> Option<u32> {
 #[allow(clippy::too_many_arguments)]
 fn choose_shape(
     asked: u32,
+    tile: Option<u32>,
     max_wg: u32,
     mem: u64,
     gq: u32,
@@ -95,8 +102,8 @@ fn choose_shape(
         if d4.is_multiple_of(l) {
             let per_query = mc * gq.div_ceil(4) * l;
             let mut best: Option<(u64, Shape)> = None;
-            for t in 1..=MAX_TILE {
-                if t > 1 && t * per_query > max_wg {
+            for t in 1..=tile.unwrap_or(MAX_TILE) {
+                if tile.is_none() && t > 1 && t * per_query > max_wg {
                     break;
                 }
                 if wg_bytes(t, l, gq, d, mc, g, mv) > mem {
@@ -107,7 +114,7 @@ fn choose_shape(
                 // Utilisation in parts per 1024: tasks over invocation slots used.
                 let slots = tasks.div_ceil(wg) as u64 * wg as u64;
                 let util = tasks as u64 * 1024 / slots;
-                if best.is_none_or(|(u, _)| util > u) {
+                if tile.is_some() || best.is_none_or(|(u, _)| util > u) {
                     best = Some((
                         util,
                         Shape {
@@ -162,14 +169,13 @@ pub(crate) fn record(
     let max_wg = max_wg_asked()
         .min(lim.max_compute_invocations_per_workgroup)
         .min(lim.max_compute_workgroup_size_x);
-    let shape = choose_shape(lanes_asked(), max_wg, mem, gq, d, mc, g, mv).ok_or_else(|| {
-        crate::GpuError::Limit {
+    let shape = choose_shape(lanes_asked(), tile_asked(), max_wg, mem, gq, d, mc, g, mv)
+        .ok_or_else(|| crate::GpuError::Limit {
             what: "workgroup memory of route".into(),
             needed: wg_bytes(1, 1, gq, d, mc, g, mv),
             limit: mem,
             hint: "use a smaller head dim, top_k, merge factor or GQA group",
-        }
-    })?;
+        })?;
     let t = shape.tile;
     let len = plan.sched.candidates_len(&plan.shape);
     let cand = ctx.alloc("candidates", len, Storage::F32, POISON_I32)?;
@@ -224,10 +230,12 @@ mod tests {
     #[test]
     fn shapes_fill_the_workgroup_and_fit_memory() {
         // The bench shape (GQ 4, D 128, K 16, g 2: MC 34), `lse`, 48 KiB.
-        let s = choose_shape(4, 256, 48 << 10, 4, 128, 34, 2, 0).unwrap();
+        let s = choose_shape(4, None, 256, 48 << 10, 4, 128, 34, 2, 0).unwrap();
         assert_eq!((s.lanes, s.tile, s.wg), (4, 1, 160));
-        let s = choose_shape(2, 256, 48 << 10, 4, 128, 34, 2, 0).unwrap();
+        let s = choose_shape(2, None, 256, 48 << 10, 4, 128, 34, 2, 0).unwrap();
         assert_eq!((s.lanes, s.tile, s.wg), (2, 3, 224));
+        let s = choose_shape(4, Some(4), 256, 48 << 10, 4, 128, 34, 2, 0).unwrap();
+        assert_eq!((s.lanes, s.tile, s.wg), (4, 4, 256));
         for (asked, gq, d, mc, g, mv) in [
             (1, 1, 64, 10, 2, 0),
             (8, 32, 128, 34, 2, 0),
@@ -236,15 +244,16 @@ mod tests {
             (2, 2, 6, 16, 4, 0),
         ] {
             for mem in [16u64 << 10, 32 << 10, 48 << 10] {
-                for max_wg in [64, 256, 1024] {
-                    let Some(s) = choose_shape(asked, max_wg, mem, gq, d, mc, g, mv) else {
+                for (max_wg, tile) in [(64, None), (256, None), (1024, None), (256, Some(16))] {
+                    let Some(s) = choose_shape(asked, tile, max_wg, mem, gq, d, mc, g, mv) else {
                         assert!(wg_bytes(1, 1, gq, d, mc, g, mv) > mem);
                         continue;
                     };
                     assert!(wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv) <= mem);
                     assert!(s.lanes <= asked && d.div_ceil(4).is_multiple_of(s.lanes));
                     assert!(s.wg.is_multiple_of(WG_STEP) && s.wg <= max_wg && s.wg >= s.tile);
-                    assert!(s.tile == 1 || s.tile * mc * gq.div_ceil(4) * s.lanes <= s.wg);
+                    let fills = s.tile * mc * gq.div_ceil(4) * s.lanes <= s.wg;
+                    assert!(s.tile == 1 || tile.is_some() || fills);
                 }
             }
         }
