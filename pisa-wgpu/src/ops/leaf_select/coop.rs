@@ -86,7 +86,8 @@ impl LeafCoopVariant {
 /// invocations per workgroup, or workgroup memory too small.
 ///
 /// Choice: QT = min(q_tile, 16 / g_q) queries (the paper's Qtile of 4 at g_q = 4), so that the
-/// tile's (query, head) rows fill one 16-row block; LPI = 2 leaves per iteration.
+/// tile's (query, head) rows fill one 16-row block; LPI = 2 leaves per iteration
+/// (`PISA_LEAF_LPI` overrides it for tuning).
 pub fn plan_for(
     ctx: &Context,
     shape: &AttentionShape,
@@ -115,11 +116,20 @@ pub fn plan_for(
         mc: (cfg.merge_factor * (cfg.top_k + 1)) as u32,
         hd: hd as u32,
         ct: cfg.block_size.div_ceil(16) as u32,
-        lpi: 2,
+        lpi: leaves_per_iteration(),
         sg,
     };
     let budget = ctx.limits().max_compute_workgroup_storage_size as u64;
     (v.shared_bytes() <= budget).then_some(v)
+}
+
+/// Leaves per iteration: `PISA_LEAF_LPI` (1 to 4, a tuning knob) or 2.
+fn leaves_per_iteration() -> u32 {
+    std::env::var("PISA_LEAF_LPI")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|n| (1..=4).contains(n))
+        .unwrap_or(2)
 }
 
 /// [`plan_for`] of a validated selection call, with its strides checked (multiples of 4
