@@ -44,6 +44,8 @@ const WG: u32 = 256u;
 // Lanes per (candidate, head group): each reads every L-th vec4 of the rows.
 const L: u32 = 4u;
 const GQ4: u32 = (GQ + 3u) / 4u;
+// Score items (query, candidate, head group) of the tile.
+const NIT: u32 = QT * MC * GQ4;
 const NEG: f32 = -3.0e38;
 
 @group(0) @binding(1) var<storage, read> q: array<store_t>;
@@ -96,9 +98,11 @@ fn head_ok(hg: u32, t: u32) -> bool {
 // Task e = (candidate ce, head group hg, lane) of the score step: the partial dot products of
 // lane `lane` (dims 4*d4 .. 4*d4+3 for d4 = lane, lane + L, ...) of the candidate's rows (`lse`:
 // its G children, slot c; `mean`, `meanvar`: its own row, slot 0) with the 4 scaled queries of
-// head group hg, into pr[e * G + c] (component t: head 4*hg + t); `meanvar` also the partial
-// sum_d q_d^2 var_d into pv[e]. The L lanes of a row read L * 16 consecutive bytes together.
-fn score_task(e: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
+// head group hg, into pr[(c * L + lane) * NIT + it] (it = ce * GQ4 + hg; component t: head
+// 4*hg + t); `meanvar` also the partial sum_d q_d^2 var_d into pv[lane * NIT + it]. The L lanes
+// of a row read L * 16 consecutive bytes together; items are the fastest index of pr, pv so
+// that the per-candidate sums read consecutive vec4s (no bank conflicts).
+fn score_task(it: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
     let qb = (qi * GQ + hg * 4u) * D4;
     var acc: array<vec4<f32>, G>;
     for (var c = 0u; c < G; c++) { acc[c] = vec4<f32>(0.0); }
@@ -133,8 +137,8 @@ fn score_task(e: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
             }
         }
     }
-    for (var c = 0u; c < G; c++) { pr[e * G + c] = acc[c]; }
-    if (MV != 0u) { pv[e] = vacc; }
+    for (var c = 0u; c < G; c++) { pr[(c * L + lane) * NIT + it] = acc[c]; }
+    if (MV != 0u) { pv[lane * NIT + it] = vacc; }
 }
 
 // Score of candidate ce (node j of level l >= 1) from the lanes' partial dot products, summed
@@ -155,15 +159,15 @@ fn score(ce: u32, l: u32, j: u32) -> f32 {
         }
     }
     for (var hg = 0u; hg < GQ4; hg++) {
-        let e0 = (ce * GQ4 + hg) * L;
+        let it = ce * GQ4 + hg;
         // (zeroed by statements: a declaration's initializer may run once, not per iteration)
         var dots: array<vec4<f32>, G>;
         var vs: vec4<f32>;
         vs = vec4<f32>(0.0);
         for (var c = 0u; c < G; c++) { dots[c] = vec4<f32>(0.0); }
         for (var lane = 0u; lane < L; lane++) {
-            for (var c = 0u; c < G; c++) { dots[c] += pr[(e0 + lane) * G + c]; }
-            if (MV != 0u) { vs += pv[e0 + lane]; }
+            for (var c = 0u; c < G; c++) { dots[c] += pr[(c * L + lane) * NIT + it]; }
+            if (MV != 0u) { vs += pv[lane * NIT + it]; }
         }
         for (var t = 0u; t < 4u; t++) {
             if (head_ok(hg, t)) {
@@ -252,7 +256,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let n = nc[hc + qi];
             if (ce % MC < n && n > k) {
                 let j = cl[cur + ce];
-                score_task(e, qi, it % GQ4, e % L, l, j, row0);
+                score_task(it, qi, it % GQ4, e % L, l, j, row0);
                 // One task per candidate: it reads back its own partials, no barrier needed.
                 if (L == 1u && GQ4 == 1u) { sc[ce] = rank_key(score(ce, l, j)); }
             }
