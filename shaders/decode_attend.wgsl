@@ -2,9 +2,9 @@
 // `leaf`, one workgroup per (sequence, KV head, leaf slot), computes the slot's block attention
 // state for the group's GQ heads over keys t < len of the block (PISA.md 2 and 4): max m, sum l
 // and unnormalised O = sum_t exp(s q.k_t - m) v_t, f32. In chunks of CH keys (the whole block
-// when workgroup memory allows), five barriers a chunk: partial scores (LK consecutive
+// when workgroup memory allows), six barriers a chunk: partial scores (LK consecutive
 // invocations per key row, so a warp's loads are coalesced, each row serving all GQ heads) |
-// per-(key, head) sums and per-head partial maxima | chunk max | exponentials in place | P.V,
+// per-(key, head) sums | per-head partial maxima | chunk max | exponentials in place | P.V,
 // each invocation owning one output vec4 of every head for one of PARTS key subsets, its value
 // rows loaded at the chunk's start so that their memory round trip overlaps the keys' (the row
 // sum l rides along with the vec4 0 owners). The parts are summed at the end into `parts`.

@@ -26,7 +26,7 @@
 //!    online-softmax state per head (max, sum, unnormalised P.V) over its C keys: scores with
 //!    LK consecutive invocations per key row (one round trip), per-head max, exponentials,
 //!    P.V with invocations owning one output vec4 for a subset of the keys (their value rows
-//!    loaded before the scores, so both round trips overlap); five barriers per chunk of keys (one chunk = the whole block
+//!    loaded before the scores, so both round trips overlap); six barriers per chunk of keys (one chunk = the whole block
 //!    when workgroup memory allows). Candidates are attended speculatively: g(K+1) blocks
 //!    instead of K, ~2x the key/value bytes of the step, spread over the whole GPU, in
 //!    exchange for no second dependent pass over the keys.
