@@ -31,6 +31,7 @@ const WG: u32 = 64u;     // invocations per workgroup
 const GQ: u32 = 2u;      // g_q: query heads per KV head
 const KMAX: u32 = 4u;    // K (top_k)
 const MAXC: u32 = 10u;   // g * (K + 1): candidate slots of one level
+const MG: u32 = 2u;      // g, the merge factor (= p.merge)
 const LR: u32 = 4u;      // route: invocations sharing one pyramid row's dot products
 const XR: u32 = 80u;     // route scratch (partial per-child scores of a level)
 const XS: u32 = 256u;    // leaf scratch (chunk scores and partial scores; merge of the P.V parts)

@@ -64,22 +64,25 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
                 // Two passes per head, as in the prefill route: max over the children, then
                 // the sum of exp(x - max) over the scored ones. (An online update would rank a
                 // +inf child differently: max-then-sum makes it NaN, ranked as -inf.) Every
-                // head at once, so a child's log n is taken once a pass.
+                // head at once, each x computed once (MG = g is a pipeline constant).
+                var xv: array<f32, MG * GQ>; // x of every (child, head), computed once
                 var m: array<f32, GQ>;
                 var sum: array<f32, GQ>;
                 for (var hh = 0u; hh < GQ; hh++) { m[hh] = NEG; }
-                for (var c = 0u; c < g; c++) {
-                    let child = node * g + c;
-                    if (child >= nchild) { continue; }
-                    let ln = log(f32(min(len - child * w, w)));
-                    for (var hh = 0u; hh < GQ; hh++) { m[hh] = max(m[hh], child_x(s, c, hh, ln)); }
-                }
-                for (var c = 0u; c < g; c++) {
-                    let child = node * g + c;
-                    if (child >= nchild) { continue; }
-                    let ln = log(f32(min(len - child * w, w)));
+                for (var c = 0u; c < MG; c++) {
+                    let child = node * MG + c;
+                    var ln = 0.0;
+                    if (child < nchild) { ln = log(f32(min(len - child * w, w))); }
                     for (var hh = 0u; hh < GQ; hh++) {
-                        let x = child_x(s, c, hh, ln);
+                        var x = NEG;
+                        if (child < nchild) { x = child_x(s, c, hh, ln); }
+                        xv[c * GQ + hh] = x;
+                        m[hh] = max(m[hh], x);
+                    }
+                }
+                for (var c = 0u; c < MG; c++) {
+                    for (var hh = 0u; hh < GQ; hh++) {
+                        let x = xv[c * GQ + hh];
                         if (x > NEG_T) { sum[hh] += exp(x - m[hh]); }
                     }
                 }

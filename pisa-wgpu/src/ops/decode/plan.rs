@@ -83,6 +83,8 @@ pub(super) struct Plan {
     pub gq: u32,
     pub kmax: u32,
     pub maxc: u32,
+    /// g, the merge factor.
+    pub mg: u32,
     pub lr: u32,
     pub xr: u32,
     pub xs: u32,
@@ -188,6 +190,7 @@ impl Plan {
             gq: gq as u32,
             kmax: k as u32,
             maxc: maxc as u32,
+            mg: g as u32,
             lr: lr as u32,
             xr: xr as u32,
             xs: xs as u32,
@@ -217,12 +220,13 @@ impl Plan {
 
     /// The `const` substitutions of `decode.wgsl` (shared by the three modules; `route`'s
     /// workgroup size is `wr` when `route` is true, else `wg`).
-    pub fn consts(&self, route: bool) -> [(&'static str, u32); 12] {
+    pub fn consts(&self, route: bool) -> [(&'static str, u32); 13] {
         [
             ("WG", if route { self.wr } else { self.wg }),
             ("GQ", self.gq),
             ("KMAX", self.kmax),
             ("MAXC", self.maxc),
+            ("MG", self.mg),
             ("LR", self.lr),
             ("XR", self.xr),
             ("XS", self.xs),
