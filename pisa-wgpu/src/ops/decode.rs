@@ -35,6 +35,10 @@
 //!    K - forced are the selection (ascending), and the K blocks' states are merged
 //!    (FlashDecoding: M = max m, L = sum l e^(m-M), O = sum O e^(m-M) / L) into O and LSE.
 //!
+//! [`KvCache::record_steps`] records the steps of several caches (KV heads split over caches
+//! past one storage binding) in one pass, their dispatches interleaved by stage, so they run as
+//! one chain of three dispatches rather than one chain per cache.
+//!
 //! Scratch between the dispatches: `cands` (u32 `[B*Hkv, NS]`) and the block states (f32
 //! `[B*Hkv, NS, g_q, D+2]`), allocated with the cache.
 //!
