@@ -237,11 +237,11 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
     Ok((medians(&all), reps))
 }
 
-/// Decode step at a cache of `p.n` tokens (batch 1): PISA's single-dispatch step (routing,
-/// leaf scoring and attention fused) against dense attention of one query over the whole cache.
-/// When K or V of all KV heads exceed one storage binding (1M tokens x 8 heads x 128 x f16 is
-/// exactly 2 GiB), the heads are split over several caches whose steps are recorded in the same
-/// submission, and the step time is their sum. Returns (PISA ms, dense ms, reps, GPU-timed);
+/// Decode step at a cache of `p.n` tokens (batch 1): PISA's step (one compute pass: route,
+/// leaf, merge) against dense attention of one query over the whole cache. When K or V of all
+/// KV heads exceed one storage binding (1M tokens x 8 heads x 128 x f16 is exactly 2 GiB), the
+/// heads are split over several caches whose steps are recorded side by side in the same pass
+/// ([`KvCache::record_steps`]), as a server would run them. Returns (PISA ms, dense ms, reps, GPU-timed);
 /// medians over repetitions, the query rotated between two sets.
 pub fn decode(ctx: &Context, p: &Plan) -> Result<(f64, f64, usize, bool)> {
     let (hq, hkv, d, n) = (p.hq, p.hkv, p.d, p.n);
@@ -272,9 +272,11 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<(f64, f64, usize, bool)> {
         let started = std::time::Instant::now();
         ctx.scoped("bench decode", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            for (cache, _, _, qs, _) in &parts {
-                cache.record_step(&mut enc, &qs[r % 2], Some(&mut prof))?;
-            }
+            let steps: Vec<_> = parts
+                .iter()
+                .map(|(c, _, _, qs, _)| (c, &qs[r % 2]))
+                .collect();
+            KvCache::record_steps(&mut enc, &steps, Some(&mut prof))?;
             ctx.queue().submit([enc.finish()]);
             Ok(())
         })?;
