@@ -1,0 +1,185 @@
+//! Reliability of the GPU library (issue 7, `docs/reliability.md`), device limits and faults: a
+//! binding limit gives a typed `Limit` error, then a split call with bitwise the same result; a
+//! dispatch past the grid limit is a typed error (past one dimension it is split); a wgpu
+//! validation error comes back as `GpuError::Validation` with the context usable; a destroyed
+//! device gives `DeviceLost` from every call, no panic, and a new context works. Results are
+//! compared bitwise with fixed-seed runs (`reliability_util`).
+mod common;
+#[path = "reliability_util.rs"]
+mod reliability_util;
+
+use common::*;
+use pisa_core::PisaError;
+use pisa_wgpu::ops::decode::KvCache;
+use pisa_wgpu::ops::prefill::prefill_host;
+use pisa_wgpu::{GpuError, Storage};
+use reliability_util::{inputs, opts, private_ctx, same_output, small};
+
+#[test]
+fn binding_limit_gives_limit_error_then_the_context_recovers() {
+    let ctx = private_ctx();
+    let (shape, cfg) = small();
+    let (q, k, v) = inputs(&shape, 3);
+    let want = prefill_host(&ctx, &q, &k, &v, &shape, &opts(cfg)).unwrap();
+    assert_eq!(want.chunks, 1);
+    // One KV head of K is 200 * 32 * 4 = 25,600 bytes: a 4 KiB binding cannot hold it.
+    ctx.set_max_binding_bytes(4096);
+    let e = prefill_host(&ctx, &q, &k, &v, &shape, &opts(cfg)).unwrap_err();
+    match &e {
+        GpuError::Limit { needed, limit, .. } => {
+            assert_eq!(*limit, 4096);
+            assert!(*needed > 4096);
+        }
+        other => panic!("expected GpuError::Limit, got {other:?}"),
+    }
+    let msg = e.to_string();
+    assert!(msg.contains("4096"), "{msg}");
+    // Enough for one KV head but not two: the call is split, with identical results.
+    ctx.set_max_binding_bytes(60_000);
+    let split = prefill_host(&ctx, &q, &k, &v, &shape, &opts(cfg)).unwrap();
+    assert!(split.chunks > 1);
+    assert!(same_output(&want, &split), "split result differs");
+    // Back to the device limit: same result again.
+    ctx.set_max_binding_bytes(u64::MAX);
+    let again = prefill_host(&ctx, &q, &k, &v, &shape, &opts(cfg)).unwrap();
+    assert!(same_output(&want, &again));
+}
+
+#[test]
+fn dispatch_past_the_grid_limit_is_a_typed_error() {
+    let ctx = ctx();
+    let module = ctx
+        .device()
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("noop"),
+            source: wgpu::ShaderSource::Wgsl("@compute @workgroup_size(1) fn main() {}".into()),
+        });
+    let pipe = ctx
+        .device()
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("noop"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let e = ctx
+        .dispatch(&mut enc, &pipe, &[], u64::MAX, None)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GpuError::Input(PisaError::TooLarge {
+                value: u64::MAX,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    // A grid past one dimension's limit is split, not refused.
+    let per_dim = ctx.limits().max_compute_workgroups_per_dimension as u64;
+    ctx.scoped("noop", || {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        ctx.dispatch(&mut enc, &pipe, &[], per_dim + 1, None)?;
+        ctx.queue().submit([enc.finish()]);
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// A wgpu validation error raised inside `Context::scoped` comes back as
+/// `GpuError::Validation`, and the next call on the same context succeeds.
+#[test]
+fn validation_error_is_returned_and_the_context_stays_usable() {
+    let ctx = ctx();
+    let too_big = ctx.limits().max_buffer_size + 4;
+    let e = ctx
+        .scoped("oversized buffer", || {
+            let _b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some("too big"),
+                size: too_big,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            });
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GpuError::Validation {
+                op: "oversized buffer",
+                ..
+            } | GpuError::OutOfMemory { .. }
+        ),
+        "{e:?}"
+    );
+    let (shape, cfg) = small();
+    let (q, k, v) = inputs(&shape, 4);
+    prefill_host(ctx, &q, &k, &v, &shape, &opts(cfg)).unwrap();
+}
+
+/// A destroyed device (what a driver reset looks like from wgpu): every later call returns
+/// [`GpuError::DeviceLost`], none panics, and a new context works. (Found by the reliability
+/// review: `upload`/`alloc` panicked inside wgpu's `create_buffer_init`, and the device-lost
+/// callback ignored the `Destroyed` reason.)
+#[test]
+fn destroyed_device_gives_errors_and_a_new_context_works() {
+    let (shape, cfg) = small();
+    let (q, k, v) = inputs(&shape, 5);
+    let want = prefill_host(ctx(), &q, &k, &v, &shape, &opts(cfg)).unwrap();
+    let dead = private_ctx();
+    let mut cache = KvCache::new(&dead, 1, 64, 4, 2, 32, cfg, Storage::F32).unwrap();
+    let live = dead.upload("before", &[1.0; 8], Storage::F32).unwrap();
+    dead.device().destroy();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let lost = |r: pisa_wgpu::Result<()>| matches!(r, Err(GpuError::DeviceLost(_)));
+        let checks: Vec<(&str, pisa_wgpu::Result<()>)> = vec![
+            ("check_alive", dead.check_alive()),
+            (
+                "upload",
+                dead.upload("x", &[1.0; 8], Storage::F32).map(|_| ()),
+            ),
+            ("upload_u32", dead.upload_u32("x", &[1u32; 8]).map(|_| ())),
+            ("alloc", dead.alloc("x", 8, Storage::F32, 0).map(|_| ())),
+            ("uniform", dead.uniform("x", &[1u32; 4]).map(|_| ())),
+            ("read_f32", dead.read_f32(&live).map(|_| ())),
+            ("wait", dead.wait()),
+            ("scoped", dead.scoped("x", || Ok(()))),
+            (
+                "prefill",
+                prefill_host(&dead, &q, &k, &v, &shape, &opts(cfg)).map(|_| ()),
+            ),
+            (
+                "decode",
+                cache
+                    .append_and_step(&[0.1; 64], &[0.1; 64], &[true], &[0.1; 128], true)
+                    .map(|_| ()),
+            ),
+            (
+                "new cache",
+                KvCache::new(&dead, 1, 64, 4, 2, 32, cfg, Storage::F32).map(|_| ()),
+            ),
+        ];
+        checks
+            .into_iter()
+            .map(|(what, r)| (what, format!("{r:?}"), lost(r)))
+            .collect::<Vec<_>>()
+    }));
+    let results = r.expect("a call on a destroyed device panicked");
+    for (what, r, ok) in &results {
+        eprintln!("destroyed device: {what}: {r}");
+        assert!(ok, "{what} on a destroyed device gave {r}, not DeviceLost");
+    }
+    let msg = dead.check_alive().unwrap_err().to_string();
+    assert!(
+        msg.contains("destroyed") && msg.contains("new context"),
+        "{msg}"
+    );
+    // A fresh context gives the same result as before.
+    let fresh = private_ctx();
+    let got = prefill_host(&fresh, &q, &k, &v, &shape, &opts(cfg)).unwrap();
+    assert!(same_output(&want, &got));
+}
