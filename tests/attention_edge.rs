@@ -1,0 +1,174 @@
+//! GPU attention edge cases against exact values and the f64 CPU reference: rows that see a
+//! single key (output V's row within 1e-6 relative, LSE the one scaled score within 1e-5), rows
+//! that select nothing (zeros and -inf, every other row finite, so a row the kernel left
+//! unwritten in the poisoned output fails), the binding-size split path (bitwise equal to the
+//! whole call; below one pair's slice a typed `Limit` error), and invalid inputs as typed
+//! errors. Comparisons with the reference use the tolerances of `attention_util.rs` (relative L2
+//! error at most 1e-4 for f32 storage).
+#[path = "attention_util.rs"]
+mod attention_util;
+mod common;
+
+use attention_util::{check, inputs, random_selection};
+use common::*;
+use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::attention;
+use pisa_wgpu::{AdapterChoice, Context, GpuError, Storage};
+use TensorLayout::{Bhnd, Bnhd};
+
+/// Every row selects only its own block; the query at position 0 then sees a single key, so
+/// its output is exactly V's first row and its LSE the one scaled score. A row selecting
+/// nothing gets zeros and -inf, like the reference.
+#[test]
+fn single_key_and_empty_rows() {
+    let ctx = ctx();
+    let seed = seed("single key");
+    let mut r = rng(seed);
+    let (c, kk) = (16, 3);
+    let s = AttentionShape::new(1, 2, 1, 40, 40, 64).unwrap();
+    let cfg = SelectionConfig::new(c, kk).unwrap();
+    let x = inputs(&mut r, &s, Storage::F32);
+    let mut sel = Vec::new();
+    for i in 0..s.q_len {
+        sel.extend([(i / c) as i32, -1, -1]);
+    }
+    let (ro, rl) = reference::sparse_attention(&x.q, &x.k, &x.v, &s, Bhnd, &cfg, &sel).unwrap();
+    let run = |sel: &[i32]| {
+        attention::sparse_attention_host(ctx, &x.q, &x.k, &x.v, &s, Bhnd, &cfg, Storage::F32, sel)
+            .unwrap()
+    };
+    let (o, l) = run(&sel);
+    check(
+        &format!("own block only, seed {seed}"),
+        (&o, &l),
+        (&ro, &rl),
+        Storage::F32,
+    );
+    for h in 0..2 {
+        let row = &o[h * 40 * 64..h * 40 * 64 + 64];
+        let e = rel_err(
+            row,
+            &x.v[..64].iter().map(|&y| y as f64).collect::<Vec<_>>(),
+        );
+        assert!(
+            e < 1e-6,
+            "head {h}: single-key output is not V[0] (rel err {e})"
+        );
+        let score: f64 = (0..64)
+            .map(|dd| x.q[h * 40 * 64 + dd] as f64 * x.k[dd] as f64)
+            .sum::<f64>()
+            / 8.0;
+        assert!(
+            (l[h * 40] as f64 - score).abs() < 1e-5,
+            "head {h}: LSE {} vs {score}",
+            l[h * 40]
+        );
+    }
+    // Row 5 selects nothing.
+    sel[5 * kk] = -1;
+    let (o, l) = run(&sel);
+    for h in 0..2 {
+        assert_eq!(l[h * 40 + 5], f32::NEG_INFINITY, "empty row LSE");
+        assert!(
+            o[(h * 40 + 5) * 64..][..64].iter().all(|&y| y == 0.0),
+            "empty row O"
+        );
+        assert!(
+            l.iter()
+                .enumerate()
+                .all(|(i, y)| i % 40 == 5 || y.is_finite()),
+            "unwritten LSE"
+        );
+        assert!(o.iter().all(|y| y.is_finite()), "unwritten O");
+    }
+}
+
+/// A lowered binding limit splits the call into (batch, KV head) chunks with the same result,
+/// bit for bit; a limit below one pair's slice is a typed error.
+#[test]
+fn split_path_is_identical() {
+    let ctx = Context::new(&AdapterChoice::HighPerformance).expect("a GPU adapter");
+    let seed = seed("split");
+    let mut r = rng(seed);
+    let s = AttentionShape::new(2, 6, 3, 40, 40, 64).unwrap();
+    let cfg = SelectionConfig::new(16, 2).unwrap();
+    let x = inputs(&mut r, &s, Storage::F32);
+    let sel = random_selection(&mut r, &s, &cfg);
+    let sparse = |layout| {
+        attention::sparse_attention_host(
+            &ctx,
+            &x.q,
+            &x.k,
+            &x.v,
+            &s,
+            layout,
+            &cfg,
+            Storage::F32,
+            &sel,
+        )
+    };
+    let dense = |layout| {
+        attention::dense_attention_host(&ctx, &x.q, &x.k, &x.v, &s, layout, true, 0.2, Storage::F32)
+    };
+    for layout in [Bhnd, Bnhd] {
+        let whole = sparse(layout).unwrap();
+        let whole_dense = dense(layout).unwrap();
+        // One pair's Q slice is 2 * 40 * 64 * 4 = 20480 bytes: chunks of 3 pairs (whole
+        // sequences), then 2 (head ranges of one sequence).
+        for limit in [3 * 20480, 2 * 20480] {
+            ctx.set_max_binding_bytes(limit);
+            let split = sparse(layout).unwrap();
+            assert!(
+                split == whole,
+                "sparse split at {limit} bytes differs ({layout:?}, seed {seed})"
+            );
+            let split = dense(layout).unwrap();
+            assert!(
+                split == whole_dense,
+                "dense split at {limit} bytes differs ({layout:?}, seed {seed})"
+            );
+            ctx.set_max_binding_bytes(u64::MAX);
+        }
+    }
+    ctx.set_max_binding_bytes(20000);
+    let e = sparse(Bhnd);
+    assert!(matches!(e, Err(GpuError::Limit { .. })), "{e:?}");
+}
+
+#[test]
+fn invalid_inputs_are_typed_errors() {
+    let ctx = ctx();
+    let s = AttentionShape::new(1, 2, 1, 8, 8, 66).unwrap();
+    let cfg = SelectionConfig::new(4, 2).unwrap();
+    let q = vec![0.5; s.q_elems()];
+    let kv = vec![0.5; s.kv_elems()];
+    let e = attention::dense_attention_host(ctx, &q, &kv, &kv, &s, Bhnd, true, 0.1, Storage::F32);
+    assert!(
+        matches!(
+            e,
+            Err(GpuError::Input(pisa_core::PisaError::HeadDim { .. }))
+        ),
+        "{e:?}"
+    );
+    let s = AttentionShape::new(1, 2, 1, 8, 8, 64).unwrap();
+    let q = vec![0.5; s.q_elems()];
+    let kv = vec![0.5; s.kv_elems()];
+    let e =
+        attention::sparse_attention_host(ctx, &q, &kv, &kv, &s, Bhnd, &cfg, Storage::F32, &[0; 3]);
+    assert!(
+        matches!(
+            e,
+            Err(GpuError::Input(pisa_core::PisaError::BufferLen { .. }))
+        ),
+        "{e:?}"
+    );
+    let e =
+        attention::dense_attention_host(ctx, &q[1..], &kv, &kv, &s, Bhnd, true, 0.1, Storage::F32);
+    assert!(
+        matches!(
+            e,
+            Err(GpuError::Input(pisa_core::PisaError::BufferLen { .. }))
+        ),
+        "{e:?}"
+    );
+}

@@ -1,0 +1,78 @@
+//! Helpers of the attention tests (included with `#[path]` by `attention.rs` and
+//! `attention_edge.rs`): seeded inputs (f16-rounded for f16 storage, so the f64 reference sees
+//! what the GPU holds), random valid selections, and the comparison with the reference by relative
+//! L2 error of O and LSE: at most 1e-4 for f32 storage, 5e-3 for f16.
+#![allow(dead_code)]
+
+use pisa_core::{AttentionShape, SelectionConfig};
+use pisa_wgpu::{Context, Storage};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::common::{random, rel_err, through_f16};
+
+/// Tolerance of the relative L2 error for a storage precision (f16: vs f16-rounded inputs).
+pub fn tol(storage: Storage) -> f64 {
+    match storage {
+        Storage::F32 => 1e-4,
+        Storage::F16 => 5e-3,
+    }
+}
+
+pub struct Inputs {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+pub fn inputs(r: &mut ChaCha8Rng, s: &AttentionShape, storage: Storage) -> Inputs {
+    let mut q = random(r, s.q_elems(), 1.5);
+    let mut k = random(r, s.kv_elems(), 1.5);
+    let mut v = random(r, s.kv_elems(), 1.0);
+    if storage == Storage::F16 {
+        (q, k, v) = (through_f16(&q), through_f16(&k), through_f16(&v));
+    }
+    Inputs { q, k, v }
+}
+
+/// A random valid selection: ascending, unique, the own block included when causal, some rows
+/// shorter than K, -1 padded.
+pub fn random_selection(r: &mut ChaCha8Rng, s: &AttentionShape, cfg: &SelectionConfig) -> Vec<i32> {
+    let nb0 = s.k_len.div_ceil(cfg.block_size);
+    let mut out = Vec::new();
+    for _ in 0..s.batch * s.kv_heads {
+        for i in 0..s.q_len {
+            let own = s.query_position(i) / cfg.block_size;
+            let visible = if cfg.causal { own + 1 } else { nb0 };
+            let want = r.random_range(1..=cfg.top_k.min(visible));
+            let mut row: Vec<i32> = if cfg.causal { vec![own as i32] } else { vec![] };
+            while row.len() < want {
+                let j = r.random_range(0..visible) as i32;
+                if !row.contains(&j) {
+                    row.push(j);
+                }
+            }
+            row.sort_unstable();
+            row.resize(cfg.top_k, -1);
+            out.extend(row);
+        }
+    }
+    out
+}
+
+pub fn check(what: &str, (o, lse): (&[f32], &[f32]), (ro, rl): (&[f64], &[f64]), storage: Storage) {
+    let eo = rel_err(o, ro);
+    let el = rel_err(lse, rl);
+    eprintln!("  {what}: O rel err {eo:.2e}, LSE rel err {el:.2e}");
+    assert!(eo <= tol(storage), "{what}: O rel err {eo}");
+    assert!(el <= tol(storage), "{what}: LSE rel err {el}");
+}
+
+/// True, after saying so, when an f16 case must be skipped: the adapter has no SHADER_F16.
+pub fn skip_f16(ctx: &Context, storage: Storage) -> bool {
+    let skip = storage == Storage::F16 && !ctx.has_f16();
+    if skip {
+        eprintln!("  skipping an f16 case: adapter has no SHADER_F16");
+    }
+    skip
+}
