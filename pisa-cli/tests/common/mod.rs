@@ -1,5 +1,6 @@
 //! Helpers shared by the command-line tests: running the real `pisa` binary, writing small
-//! Q/K/V files, and checking that a failing run is one clear error line that left nothing behind.
+//! Q/K/V files, the small input directory and flags the runs share, and checking that a failing
+//! run is one clear error line that left nothing behind.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -221,4 +222,60 @@ pub fn write_npy_input(dir: &Path, spec: &Spec) -> [PathBuf; 3] {
         out.push(p);
     }
     out.try_into().unwrap()
+}
+
+/// A temporary directory holding `in.safetensors` (the small spec) and `q/k/v.npy` (BNHD).
+pub fn setup() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path(), "in.safetensors", &Spec::small());
+    write_npy_input(
+        dir.path(),
+        &Spec {
+            layout: TensorLayout::Bnhd,
+            ..Spec::small()
+        },
+    );
+    dir
+}
+
+/// The selection flags of the small runs: C = 16, K = 4.
+pub const SMALL: [&str; 4] = ["--block-size", "16", "--top-k", "4"];
+
+/// A tiny `pisa bench` configuration (Hq 2, Hkv 1, D 32, C 16, K 4, f32 storage, one
+/// repetition), to add sizes to.
+pub const TINY_BENCH: [&str; 14] = [
+    "--hq",
+    "2",
+    "--hkv",
+    "1",
+    "--d",
+    "32",
+    "--block-size",
+    "16",
+    "--top-k",
+    "4",
+    "--storages",
+    "f32",
+    "--reps",
+    "1",
+];
+
+/// `base`, then the `(flag, value)` pairs of `defaults` whose flag `extra` does not give, then
+/// `extra` (clap refuses a flag given twice).
+pub fn args<'a>(base: &[&'a str], defaults: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = base.to_vec();
+    for pair in defaults.chunks(2) {
+        if !extra.iter().any(|e| e.split('=').next() == Some(pair[0])) {
+            v.extend_from_slice(pair);
+        }
+    }
+    v.extend_from_slice(extra);
+    v
+}
+
+/// `pisa forward -i in.safetensors -o out.safetensors` + small config + `extra` must fail as
+/// [`fails`] says.
+pub fn forward_fails(dir: &Path, extra: &[&str], want: &[&str]) -> String {
+    let base = ["forward", "-i", "in.safetensors", "-o", "out.safetensors"];
+    fails(dir, &args(&base, &SMALL, extra), want)
 }

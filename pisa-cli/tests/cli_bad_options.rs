@@ -1,0 +1,253 @@
+//! Bad options and outputs given to the `pisa` binary (issue 4): selection options, an output
+//! path over an input or that cannot be written, `demo` and `bench` arguments, a benchmark that
+//! measures nothing, and malformed command lines (clap's exit code 2). Bad files are in
+//! `cli_bad_input.rs`, bad shapes and sizes in `cli_bad_shapes.rs`.
+//!
+//! Every case is one `error: ` line naming the file (where there is one) and the problem, exit
+//! code 1, no panic, and no file written or changed (see [`common::fails`]). Cases marked
+//! "regression" broke before the fix named there.
+
+mod common;
+
+use common::{args, fails, forward_fails, run_in, setup, SMALL, TINY_BENCH};
+
+#[test]
+fn bad_selection_options() {
+    let dir = setup();
+    let d = dir.path();
+    forward_fails(d, &["--tokens", "0"], &["--tokens 0", "in.safetensors"]);
+    forward_fails(
+        d,
+        &["--tokens", "1000000000"],
+        &["--tokens 1000000000", "1..=150"],
+    );
+    forward_fails(d, &["--top-k", "0"], &["top_k must be at least 1"]);
+    forward_fails(
+        d,
+        &["--block-size", "0"],
+        &["block_size must be at least 1"],
+    );
+    forward_fails(d, &["--merge", "1"], &["merge factor"]);
+    forward_fails(d, &["--q-tile", "0"], &["--q-tile"]);
+    forward_fails(d, &["--sink-blocks", "4"], &["forced blocks"]);
+    // Regression: `--scale -1` was taken for a flag (clap usage error, exit 2); now parsed
+    // and refused by name (`allow_hyphen_values` on --scale).
+    forward_fails(
+        d,
+        &["--scale", "-1"],
+        &["--scale -1", "finite and positive"],
+    );
+    forward_fails(
+        d,
+        &["--scale", "-0.5e-3"],
+        &["--scale", "finite and positive"],
+    );
+    forward_fails(d, &["--scale=0"], &["--scale 0"]);
+    forward_fails(d, &["--adapter", "nosuch"], &["nosuch", "adapter"]);
+    fails(
+        d,
+        &["recall", "-i", "in.safetensors", "--top-k", "0"],
+        &["top_k"],
+    );
+}
+
+/// Regression: an output path equal to an input file replaced the input with the results (the
+/// atomic rename happily renamed over it); now refused before any work
+/// (`io::check_output_paths`), also through a symbolic link and for `.npy` siblings.
+#[test]
+fn output_over_an_input_is_refused() {
+    let dir = setup();
+    let d = dir.path();
+    let base = ["-i", "in.safetensors"];
+    for cmd in ["forward", "decode"] {
+        fails(
+            d,
+            &[&[cmd][..], &base[..], &["-o", "in.safetensors"], &SMALL[..]].concat(),
+            &["cannot write in.safetensors", "input file"],
+        );
+        fails(
+            d,
+            &[
+                &[cmd][..],
+                &base[..],
+                &["-o", "./in.safetensors"],
+                &SMALL[..],
+            ]
+            .concat(),
+            &["input file in.safetensors"],
+        );
+    }
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink("in.safetensors", d.join("link.safetensors")).unwrap();
+        fails(
+            d,
+            &["forward", "-i", "link.safetensors", "-o", "in.safetensors"],
+            &["input file link.safetensors"],
+        );
+    }
+    // `-o q.npy` writes q.o.npy and q.lse.npy: K given as q.o.npy would be overwritten.
+    std::fs::copy(d.join("k.npy"), d.join("q.o.npy")).unwrap();
+    fails(
+        d,
+        &[
+            "forward", "-i", "q.npy", "--k-file", "q.o.npy", "--v-file", "v.npy", "--layout",
+            "bnhd", "-o", "q.npy",
+        ],
+        &["cannot write q.o.npy", "input file q.o.npy"],
+    );
+}
+
+/// Regression: an output in a missing directory, a directory as output, or bf16 in npy failed
+/// only after the whole computation (with a temporary-file path in the message); now refused
+/// first, naming the output.
+#[test]
+fn unwritable_outputs_are_refused_first() {
+    let dir = setup();
+    let d = dir.path();
+    for cmd in ["forward", "decode"] {
+        let run = |o: &str, extra: &[&str], want: &[&str]| {
+            fails(
+                d,
+                &[
+                    &[cmd, "-i", "in.safetensors", "-o", o][..],
+                    &SMALL[..],
+                    extra,
+                ]
+                .concat(),
+                want,
+            )
+        };
+        run(
+            "nodir/out.safetensors",
+            &[],
+            &[
+                "cannot write nodir/out.safetensors",
+                "directory nodir does not exist",
+            ],
+        );
+        std::fs::create_dir_all(d.join("sub.safetensors")).unwrap();
+        run(
+            "sub.safetensors",
+            &[],
+            &["sub.safetensors", "is a directory"],
+        );
+        run("out.npy", &["--out-dtype", "bf16"], &["out.npy", "bf16"]);
+        run("out.txt", &[], &["out.txt", "unknown tensor file format"]);
+    }
+}
+
+#[test]
+fn bad_demo_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fails(d, &["demo", "--tokens", "0"], &["--tokens 0"]);
+    // Regression: `--tokens 1` panicked (`clamp` with min > max in the decode part).
+    fails(d, &["demo", "--tokens", "1"], &["--tokens 1", "at least 2"]);
+    fails(
+        d,
+        &["demo", "--tokens", "99999"],
+        &["--tokens 99999", "1..=4096"],
+    );
+    fails(d, &["demo", "--steps", "0"], &["--steps"]);
+    fails(d, &["demo", "--adapter", "nosuch"], &["nosuch"]);
+}
+
+#[test]
+fn bad_bench_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bench =
+        |extra: &[&str], want: &[&str]| fails(d, &args(&["bench"], &TINY_BENCH, extra), want);
+    bench(&["--sizes", "abc"], &["--sizes", "bad size \"abc\""]);
+    // Regression: a size whose k/m suffix overflowed panicked (attempt to multiply with overflow).
+    bench(
+        &["--sizes", "18446744073709551615k"],
+        &["--sizes", "too large"],
+    );
+    bench(&["--sizes", "0"], &["at least 1"]);
+    bench(
+        &["--sizes", "", "--decode-sizes", ""],
+        &["nothing to measure"],
+    );
+    bench(&["--storages", "f64"], &["unknown storage \"f64\""]);
+    bench(&["--dense-max", "x"], &["--dense-max"]);
+    bench(&["--hkv", "3"], &["--hq 2", "--hkv 3"]);
+    // Regression: `--hq 0` "skipped" every size and exited 0 with an empty table.
+    bench(&["--hq", "0"], &["--hq"]);
+    bench(&["--top-k", "0"], &["top_k"]);
+    // Regression: `--json` into a missing directory failed only after the whole benchmark.
+    bench(
+        &["--sizes", "64", "--json", "nodir/b.json"],
+        &["nodir/b.json", "does not exist"],
+    );
+    fails(
+        d,
+        &["bench", "--compare", "missing.json"],
+        &["missing.json", "No such file"],
+    );
+    std::fs::write(d.join("bad.json"), b"{\"adapter\": 1}").unwrap();
+    fails(
+        d,
+        &["bench", "--compare", "bad.json"],
+        &["bad.json", "not a pisa bench JSON file"],
+    );
+    std::fs::write(d.join("compare.svg"), b"<svg/>").unwrap();
+    fails(d, &["bench", "--compare", "compare.svg"], &["compare.svg"]);
+}
+
+/// Regression: a head dim the kernels do not support "skipped" every size and exited 0; now the
+/// skip reasons are printed and the run fails.
+#[test]
+fn bench_where_every_size_is_skipped_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run_in(
+        dir.path(),
+        &[
+            "bench",
+            "--sizes",
+            "64",
+            "--decode-sizes",
+            "",
+            "--hq",
+            "2",
+            "--hkv",
+            "1",
+            "--d",
+            "24",
+            "--storages",
+            "f32",
+            "--reps",
+            "1",
+        ],
+    );
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("head dim 24"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .lines()
+            .last()
+            .unwrap()
+            .contains("nothing was measured"),
+        "{}",
+        r.stderr
+    );
+    assert!(common::snapshot(dir.path()).is_empty());
+}
+
+/// Command-line syntax errors are clap's: exit code 2, the first line says what is wrong.
+#[test]
+fn malformed_command_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["forward", "--scale", "abc"][..],
+        &["forward", "--layout", "nhd"],
+        &["nosuch"],
+        &["forward", "--bogus"],
+    ] {
+        let r = run_in(dir.path(), args);
+        assert_eq!(r.code, Some(2), "{args:?}: {}", r.stderr);
+        assert!(r.stderr.starts_with("error: "), "{args:?}: {}", r.stderr);
+        assert!(!r.stderr.contains("panicked"));
+    }
+}
