@@ -25,7 +25,7 @@ fn blocks(text: &str, lang: &str) -> Vec<String> {
 }
 
 /// The README's library example (compiled, not run: its shape is a real model's, too slow for
-/// lavapipe; `cli.rs` runs `prefill_host` through `pisa forward`).
+/// lavapipe; `cli_forward.rs` runs `prefill_host` through `pisa forward`).
 #[allow(dead_code)]
 #[rustfmt::skip]
 fn readme_library_example() -> anyhow::Result<()> {
