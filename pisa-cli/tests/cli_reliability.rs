@@ -4,17 +4,15 @@
 //! existing output file untouched, and a failed write leaves no partial or temporary files.
 //! The `pisa forward` runs use the default adapter (lavapipe in CI).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use common::pisa;
 use pisa_cli::io::{
     write_outputs, write_safetensors, DType, HostTensor, IndexTensor, OutTensor, Outputs,
 };
-
-fn pisa() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pisa"))
-}
 
 /// Q `[2, 64, 32]`, K and V `[1, 64, 32]`, finite, in `dir/name`, with `edit` applied to K.
 fn input(dir: &Path, name: &str, edit: impl FnOnce(&mut [f32])) -> PathBuf {
@@ -138,23 +136,48 @@ fn failing_runs_write_nothing() {
     );
 }
 
-fn outputs() -> (HostTensor, HostTensor, IndexTensor) {
-    (
-        HostTensor::new("o", vec![2, 3], vec![1.0; 6]).unwrap(),
-        HostTensor::new("lse", vec![2], vec![0.5; 2]).unwrap(),
-        IndexTensor::new("indices", vec![2, 1], vec![0, 1]).unwrap(),
-    )
+/// Small O, LSE and indices tensors for `write_outputs`.
+struct Tensors(HostTensor, HostTensor, IndexTensor);
+
+impl Tensors {
+    fn new() -> Tensors {
+        Tensors(
+            HostTensor::new("o", vec![2, 3], vec![1.0; 6]).unwrap(),
+            HostTensor::new("lse", vec![2], vec![0.5; 2]).unwrap(),
+            IndexTensor::new("indices", vec![2, 1], vec![0, 1]).unwrap(),
+        )
+    }
+
+    /// All three, as one output set.
+    fn outputs(&self) -> Outputs<'_> {
+        Outputs {
+            o: &self.0,
+            lse: Some(&self.1),
+            indices: Some(&self.2),
+        }
+    }
+}
+
+/// Makes `dir/out.lse.npy` a non-empty directory: renaming a file onto it fails.
+fn block_lse_target(dir: &Path) {
+    std::fs::create_dir(dir.join("out.lse.npy")).unwrap();
+    std::fs::write(dir.join("out.lse.npy/x"), b"").unwrap();
+}
+
+/// Asserts that no temporary file of an atomic write is left in `dir`.
+fn assert_no_temporary_files(dir: &Path) {
+    let names = listing(dir);
+    assert!(
+        !names.iter().any(|n| n.starts_with(".pisa-tmp-")),
+        "temporary files left: {names:?}"
+    );
 }
 
 #[test]
 fn a_failed_encode_writes_no_file() {
     let dir = tempfile::tempdir().unwrap();
-    let (o, lse, idx) = outputs();
-    let out = Outputs {
-        o: &o,
-        lse: Some(&lse),
-        indices: Some(&idx),
-    };
+    let tensors = Tensors::new();
+    let out = tensors.outputs();
     // bf16 cannot be stored in npy: refused before any file is created.
     let p = dir.path().join("out.npy");
     assert!(write_outputs(&p, &out, DType::BF16, &BTreeMap::new()).is_err());
@@ -172,23 +195,14 @@ fn a_failed_encode_writes_no_file() {
 #[test]
 fn a_failed_rename_leaves_the_old_output_set_intact() {
     let dir = tempfile::tempdir().unwrap();
-    let (o, lse, idx) = outputs();
-    let out = Outputs {
-        o: &o,
-        lse: Some(&lse),
-        indices: Some(&idx),
-    };
+    let tensors = Tensors::new();
+    let out = tensors.outputs();
     let p = dir.path().join("out.npy");
     std::fs::write(dir.path().join("out.o.npy"), b"old o").unwrap();
     // `out.lse.npy` is a non-empty directory: renaming a file onto it fails.
-    std::fs::create_dir(dir.path().join("out.lse.npy")).unwrap();
-    std::fs::write(dir.path().join("out.lse.npy/x"), b"").unwrap();
+    block_lse_target(dir.path());
     assert!(write_outputs(&p, &out, DType::F32, &BTreeMap::new()).is_err());
-    let names = listing(dir.path());
-    assert!(
-        !names.iter().any(|n| n.starts_with(".pisa-tmp-")),
-        "temporary files left: {names:?}"
-    );
+    assert_no_temporary_files(dir.path());
     assert_eq!(
         std::fs::read(dir.path().join("out.o.npy")).unwrap(),
         b"old o",
@@ -201,14 +215,9 @@ fn a_failed_rename_leaves_the_old_output_set_intact() {
 #[test]
 fn a_failed_rename_leaves_no_temporary_files() {
     let dir = tempfile::tempdir().unwrap();
-    let (o, lse, idx) = outputs();
-    let out = Outputs {
-        o: &o,
-        lse: Some(&lse),
-        indices: Some(&idx),
-    };
-    std::fs::create_dir(dir.path().join("out.lse.npy")).unwrap();
-    std::fs::write(dir.path().join("out.lse.npy/x"), b"").unwrap();
+    let tensors = Tensors::new();
+    let out = tensors.outputs();
+    block_lse_target(dir.path());
     let e = write_outputs(
         &dir.path().join("out.npy"),
         &out,
@@ -217,9 +226,5 @@ fn a_failed_rename_leaves_no_temporary_files() {
     )
     .unwrap_err();
     assert!(format!("{e:#}").contains("out.lse.npy"), "{e:#}");
-    let names = listing(dir.path());
-    assert!(
-        !names.iter().any(|n| n.starts_with(".pisa-tmp-")),
-        "temporary files left: {names:?}"
-    );
+    assert_no_temporary_files(dir.path());
 }
