@@ -1,14 +1,16 @@
 //! Helpers of the selection tests (included with `#[path]` by `select*.rs`): test cases, inputs,
-//! and the comparison of a GPU selection with the CPU reference that accepts a differing row
-//! only where the reference's own margin says it is a near-tie.
+//! the comparison of a GPU selection with the CPU reference that accepts a differing row only
+//! where the reference's own margin says it is a near-tie, and [`run_case`], one PISA case of
+//! `select.rs` / `select_route.rs` against `select_pisa`.
 #![allow(dead_code)]
 
-use pisa_core::reference::Selection;
+use pisa_core::reference::{select_pisa, Selection};
 use pisa_core::{AttentionShape, Scoring, SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::select::{select_host, Method};
 use pisa_wgpu::Storage;
 use rand_chacha::ChaCha8Rng;
 
-use crate::common::{random, through_f16};
+use crate::common::{ctx, random, through_f16};
 
 /// One selection test case.
 #[derive(Debug, Clone, Copy)]
@@ -142,4 +144,48 @@ pub fn report(what: &str, ties: usize, rows: usize) {
         ties * 20 <= rows.max(20),
         "{what}: {ties} ties out of {rows} rows"
     );
+}
+
+/// Runs one case with Qtile 4 against the reference; with `tile1`, also Qtile 1 (must be equal).
+pub fn run_case(name: &str, c: Case, r: &mut rand_chacha::ChaCha8Rng, tile1: bool) {
+    let ctx = ctx();
+    if c.storage == Storage::F16 && !ctx.has_f16() {
+        eprintln!("{name}: skipped (adapter has no SHADER_F16)");
+        return;
+    }
+    let (q, k) = c.inputs(r);
+    let (shape, cfg) = (c.shape(), c.cfg());
+    let t0 = std::time::Instant::now();
+    let want = select_pisa(&q, &k, &shape, c.layout, &cfg).unwrap();
+    let t_ref = t0.elapsed();
+    let run = |tile| {
+        select_host(
+            ctx,
+            &q,
+            &k,
+            &shape,
+            c.layout,
+            &cfg,
+            c.storage,
+            Method::Pisa,
+            tile,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let t0 = std::time::Instant::now();
+    let got = run(4);
+    eprintln!(
+        "{name}: reference {t_ref:.2?}, gpu (Qtile 4) {:.2?}",
+        t0.elapsed()
+    );
+    let ties = check(name, &got, &want, c.tol(&q, &k));
+    report(name, ties, want.rows());
+    if tile1 {
+        assert_eq!(got, run(1), "{name}: Qtile 1 and 4 differ");
+    }
+}
+
+/// Causal b = 2, Hq = Hkv = 2, N = 1000, D = 64, C = 16, K = 4, g = 2, `lse`, Bhnd, f32.
+pub fn base() -> Case {
+    Case::new(2, 2, 2, 1000, 64, 16, 4)
 }
