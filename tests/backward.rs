@@ -197,18 +197,12 @@ fn two_runs_are_bitwise_equal() {
     let a = run(&case, &mut rng(seed), seed).0;
     let b = run(&case, &mut rng(seed), seed).0;
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert!(
-        bits(&a.0) == bits(&b.0),
-        "dQ differs between runs (seed {seed})"
-    );
-    assert!(
-        bits(&a.1) == bits(&b.1),
-        "dK differs between runs (seed {seed})"
-    );
-    assert!(
-        bits(&a.2) == bits(&b.2),
-        "dV differs between runs (seed {seed})"
-    );
+    for (name, x, y) in [("dQ", &a.0, &b.0), ("dK", &a.1, &b.1), ("dV", &a.2, &b.2)] {
+        assert!(
+            bits(x) == bits(y),
+            "{name} differs between runs (seed {seed})"
+        );
+    }
 }
 
 /// The index equals a stable sort by block of (key, query) with unusable entries keyed nb0.
