@@ -75,11 +75,22 @@ fn medians(reps: &[StageTimes]) -> StageTimes {
     }
 }
 
-/// KV heads per chunk so that Q (the largest input) and O fit one binding.
+/// KV heads per chunk so that Q (the largest input) and O fit one binding: the fewest equal
+/// chunks that divide Hkv (every chunk has the same shape, so together they cover exactly the
+/// Hkv heads; 8 heads of which 7 would fit run as 2 chunks of 4, not 2 of 7).
 pub fn heads_per_chunk(ctx: &Context, p: &Plan) -> usize {
     let g = (p.hq / p.hkv) as u64;
     let per_head = g * p.n as u64 * p.d as u64 * p.storage.bytes();
-    ((ctx.max_binding_bytes() / per_head.max(1)) as usize).clamp(1, p.hkv)
+    even_chunk(ctx.max_binding_bytes(), per_head, p.hkv)
+}
+
+/// The largest divisor of `heads` whose heads of `per_head` bytes fit `limit` bytes (at least 1).
+fn even_chunk(limit: u64, per_head: u64, heads: usize) -> usize {
+    let fit = ((limit / per_head.max(1)) as usize).clamp(1, heads.max(1));
+    (1..=fit)
+        .rev()
+        .find(|h| heads.is_multiple_of(*h))
+        .unwrap_or(1)
 }
 
 /// Runs the prefill measurements of one size; returns the median stage times (ms) and the
@@ -314,4 +325,27 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<(f64, f64, usize, bool)> {
         v[v.len() / 2]
     };
     Ok((med(pisa), med(dense), reps, gpu))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::even_chunk;
+
+    #[test]
+    fn chunks_are_equal_and_cover_the_heads() {
+        // 256K tokens, g 4, D 128, f16: 256 MiB per KV head against a 2047 MiB binding.
+        let mib = 1u64 << 20;
+        assert_eq!(even_chunk(2047 * mib, 256 * mib, 8), 4);
+        assert_eq!(even_chunk(2048 * mib, 256 * mib, 8), 8);
+        assert_eq!(even_chunk(2047 * mib, 128 * mib, 16), 8);
+        assert_eq!(even_chunk(5 * mib, mib, 7), 1);
+        assert_eq!(even_chunk(100 * mib, mib, 6), 6);
+        assert_eq!(even_chunk(mib, 2 * mib, 8), 1);
+        for heads in 1..=32 {
+            for fit in 1..=heads {
+                let h = even_chunk(fit as u64 * mib, mib, heads);
+                assert!(h <= fit && heads % h == 0, "{heads} {fit} -> {h}");
+            }
+        }
+    }
 }
