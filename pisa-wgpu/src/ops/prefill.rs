@@ -13,7 +13,7 @@
 //! [`GpuError::NonFinite`] with the tensor and the flat index of the first bad value). WGSL
 //! leaves NaN and infinity arithmetic to the implementation, so with a non-finite element in
 //! Q, K or V the following holds on every adapter (portable kernels; tested in
-//! `tests/reliability.rs`):
+//! `tests/reliability_nonfinite*.rs`):
 //!
 //! - the call succeeds (no error, no panic);
 //! - every selection row is well formed: exactly `min(K, visible leaves)` leaves, strictly
