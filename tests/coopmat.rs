@@ -5,8 +5,11 @@
 //! without cooperative matrices): GQA groups 1 to 32, head dims 64, 80, 96, 128, lengths and
 //! block sizes that are not multiples of the key tile, both layouts, causal or not, Nq < Nk. `bench_coop_vs_portable` (ignored) prints GPU-timed TFLOP/s
 //! of coop vs portable dense and sparse attention at 16K and 64K tokens.
+#[path = "attention_util.rs"]
+mod attention_util;
 mod common;
 
+use attention_util::{check, inputs, random_selection, Inputs};
 use common::*;
 use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::attention::coop::{self, CoopVariant};
@@ -17,8 +20,6 @@ use pisa_wgpu::{Context, KernelPath, Storage};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use TensorLayout::{Bhnd, Bnhd};
-
-const TOL_F16: f64 = 5e-3;
 
 fn coop_ctx(test: &str) -> Option<&'static Context> {
     let ctx = ctx();
@@ -161,45 +162,8 @@ fn coop_shader_validates_and_writes_spirv() {
     }
 }
 
-fn inputs(r: &mut ChaCha8Rng, s: &AttentionShape) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let q = through_f16(&random(r, s.q_elems(), 1.5));
-    let k = through_f16(&random(r, s.kv_elems(), 1.5));
-    let v = through_f16(&random(r, s.kv_elems(), 1.0));
-    (q, k, v)
-}
-
 /// A random valid selection: ascending, unique, the own block included when causal, some rows
 /// shorter than K, -1 padded.
-fn random_selection(r: &mut ChaCha8Rng, s: &AttentionShape, cfg: &SelectionConfig) -> Vec<i32> {
-    let nb0 = s.k_len.div_ceil(cfg.block_size);
-    let mut out = Vec::new();
-    for _ in 0..s.batch * s.kv_heads {
-        for i in 0..s.q_len {
-            let own = s.query_position(i) / cfg.block_size;
-            let visible = if cfg.causal { own + 1 } else { nb0 };
-            let want = r.random_range(1..=cfg.top_k.min(visible));
-            let mut row: Vec<i32> = if cfg.causal { vec![own as i32] } else { vec![] };
-            while row.len() < want {
-                let j = r.random_range(0..visible) as i32;
-                if !row.contains(&j) {
-                    row.push(j);
-                }
-            }
-            row.sort_unstable();
-            row.resize(cfg.top_k, -1);
-            out.extend(row);
-        }
-    }
-    out
-}
-
-fn check(what: &str, (o, lse): (&[f32], &[f32]), (ro, rl): (&[f64], &[f64])) {
-    let eo = rel_err(o, ro);
-    let el = rel_err(lse, rl);
-    eprintln!("  {what}: O rel err {eo:.2e}, LSE rel err {el:.2e}");
-    assert!(eo <= TOL_F16, "{what}: O rel err {eo}");
-    assert!(el <= TOL_F16, "{what}: LSE rel err {el}");
-}
 
 /// (B, Hq, Hkv, Nq, Nk, D, C, K, layout, causal, selection from PISA)
 type Case = (
@@ -236,7 +200,7 @@ fn coop_sparse_matches_reference() {
     for &(b, hq, hkv, nq, nk, d, c, kk, layout, causal, pisa) in cases {
         let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
         let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
-        let (q, k, v) = inputs(&mut r, &s);
+        let Inputs { q, k, v } = inputs(&mut r, &s, Storage::F16);
         let sel = if pisa {
             reference::select_pisa(&q, &k, &s, layout, &cfg)
                 .unwrap()
@@ -263,7 +227,7 @@ fn coop_sparse_matches_reference() {
             "{s:?} C {c} K {kk} {layout:?} causal {causal} pisa {pisa} {:?} seed {seed}",
             coop::plan(ctx, &s, &kind).unwrap()
         );
-        check(&what, (&got.0, &got.1), (&ro, &rl));
+        check(&what, (&got.0, &got.1), (&ro, &rl), Storage::F16);
     }
 }
 
@@ -287,7 +251,7 @@ fn coop_dense_matches_reference() {
     ];
     for (b, hq, hkv, nq, nk, d, layout, causal, scale) in cases {
         let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
-        let (q, k, v) = inputs(&mut r, &s);
+        let Inputs { q, k, v } = inputs(&mut r, &s, Storage::F16);
         let kind = AttentionKind::Dense { causal, scale };
         assert_eq!(
             coop::attention_path(ctx, &s, Storage::F16, &kind),
@@ -310,7 +274,7 @@ fn coop_dense_matches_reference() {
             "{s:?} {layout:?} causal {causal} {:?} seed {seed}",
             coop::plan(ctx, &s, &kind).unwrap()
         );
-        check(&what, (&got.0, &got.1), (&ro, &rl));
+        check(&what, (&got.0, &got.1), (&ro, &rl), Storage::F16);
     }
 }
 
@@ -324,7 +288,7 @@ fn coop_rescale_with_growing_scores() {
     let seed = seed("coop rescale");
     let mut r = rng(seed);
     let s = AttentionShape::new(1, 4, 1, 300, 300, 64).unwrap();
-    let (mut q, mut k, v) = inputs(&mut r, &s);
+    let Inputs { mut q, mut k, v } = inputs(&mut r, &s, Storage::F16);
     // Q positive-ish, K growing with the position: scores rise by ~40 (natural log) over the
     // sequence, far beyond the lazy threshold.
     for x in q.iter_mut() {
@@ -343,6 +307,7 @@ fn coop_rescale_with_growing_scores() {
             &format!("dense growing scores causal {causal} seed {seed}"),
             (&got.0, &got.1),
             (&ro, &rl),
+            Storage::F16,
         );
         let cfg = SelectionConfig::new(32, 4).unwrap().with_causal(causal);
         let sel = random_selection(&mut r, &s, &cfg);
@@ -354,6 +319,7 @@ fn coop_rescale_with_growing_scores() {
             &format!("sparse growing scores causal {causal} seed {seed}"),
             (&got.0, &got.1),
             (&ro, &rl),
+            Storage::F16,
         );
     }
 }

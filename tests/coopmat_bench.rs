@@ -181,7 +181,10 @@ fn bench_coop_vs_portable() {
             let reference: Vec<f64> = outs[1].1.iter().map(|&x| x as f64).collect();
             let e = rel_err(&outs[0].1, &reference);
             eprintln!("N {n:>6}: dense O, coop vs portable: rel diff {e:.2e}");
-            assert!(e <= TOL_F16, "coop vs portable dense O differ: {e}");
+            assert!(
+                e <= attention_util::tol(Storage::F16),
+                "coop vs portable dense O differ: {e}"
+            );
         }
     }
     ctx.set_kernel_path(start);
@@ -262,7 +265,7 @@ fn sweep(
                     var.shared_bytes()
                 );
                 assert!(
-                    diff <= TOL_F16,
+                    diff <= attention_util::tol(Storage::F16),
                     "variant {var:?} differs from the planned one"
                 );
             } else {
