@@ -1,6 +1,9 @@
-//! The GPU context: adapter choice, device with the adapter's own limits, optional features,
-//! and the conversion of wgpu's error channels (error scopes, the uncaptured-error handler, the
-//! device-lost callback) into [`GpuError`] results.
+//! The GPU context: the device opened on the chosen adapter with the adapter's own limits,
+//! optional features, and the conversion of wgpu's error channels (error scopes, the
+//! uncaptured-error handler, the device-lost callback) into [`GpuError`] results.
+//!
+//! Adapter choice and reports live in [`adapter`](super::adapter), kernel paths and the
+//! cooperative-matrix support check in [`coop`](super::coop); both are re-exported here.
 //!
 //! Invariant: after construction no wgpu error reaches wgpu's default uncaptured-error handler
 //! (which panics); every submission is wrapped in validation and out-of-memory error scopes,
@@ -9,156 +12,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::adapter::find_adapter;
 use super::pipeline::PipelineCache;
 use crate::error::{GpuError, Result};
 
-/// Which adapter to open.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum AdapterChoice {
-    /// The highest-performance adapter wgpu finds (discrete GPU first).
-    #[default]
-    HighPerformance,
-    /// The first adapter whose name contains this text (case-insensitive).
-    Name(String),
-    /// The adapter at this index of [`list_adapters`].
-    Index(usize),
-}
-
-/// What an adapter is and can do, as far as PISA cares (printed by `pisa info`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct AdapterReport {
-    /// Adapter name, e.g. "NVIDIA H200" or "llvmpipe (LLVM 15.0.6, 256 bits)".
-    pub name: String,
-    /// PCI vendor id.
-    pub vendor: u32,
-    /// PCI device id.
-    pub device: u32,
-    /// Backend: Vulkan, Metal, Dx12, Gl.
-    pub backend: String,
-    /// Device type: DiscreteGpu, IntegratedGpu, Cpu, ...
-    pub device_type: String,
-    /// Driver name.
-    pub driver: String,
-    /// Driver version / info string.
-    pub driver_info: String,
-    /// SHADER_F16: f16 storage and arithmetic in shaders.
-    pub shader_f16: bool,
-    /// SUBGROUP operations.
-    pub subgroups: bool,
-    /// Smallest and largest subgroup size the adapter reports.
-    pub subgroup_size: (u32, u32),
-    /// TIMESTAMP_QUERY: GPU time per stage.
-    pub timestamps: bool,
-    /// EXPERIMENTAL_COOPERATIVE_MATRIX (tensor cores from WGSL).
-    pub cooperative_matrix: bool,
-    /// Largest storage buffer binding, bytes.
-    pub max_storage_binding: u64,
-    /// Largest buffer, bytes.
-    pub max_buffer: u64,
-    /// Workgroup (shared) memory per workgroup, bytes.
-    pub workgroup_memory: u32,
-    /// Workgroups per grid dimension.
-    pub max_workgroups_per_dim: u32,
-    /// Invocations per workgroup.
-    pub max_invocations: u32,
-}
-
-impl AdapterReport {
-    fn of(adapter: &wgpu::Adapter) -> Self {
-        let i = adapter.get_info();
-        let f = adapter.features();
-        let l = adapter.limits();
-        Self {
-            name: i.name.clone(),
-            vendor: i.vendor,
-            device: i.device,
-            backend: format!("{:?}", i.backend),
-            device_type: format!("{:?}", i.device_type),
-            driver: i.driver.clone(),
-            driver_info: i.driver_info.clone(),
-            shader_f16: f.contains(wgpu::Features::SHADER_F16),
-            subgroups: f.contains(wgpu::Features::SUBGROUP),
-            subgroup_size: (i.subgroup_min_size, i.subgroup_max_size),
-            timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
-            cooperative_matrix: f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
-            max_storage_binding: l.max_storage_buffer_binding_size as u64,
-            max_buffer: l.max_buffer_size,
-            workgroup_memory: l.max_compute_workgroup_storage_size,
-            max_workgroups_per_dim: l.max_compute_workgroups_per_dimension,
-            max_invocations: l.max_compute_invocations_per_workgroup,
-        }
-    }
-}
-
-fn instance() -> wgpu::Instance {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-    if wgpu::Backends::from_env().is_none() {
-        desc.backends = wgpu::Backends::PRIMARY;
-    }
-    wgpu::Instance::new(desc)
-}
-
-/// Every adapter wgpu finds (the primary backends, or those named by `WGPU_BACKEND`).
-pub fn list_adapters() -> Vec<AdapterReport> {
-    let inst = instance();
-    pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()))
-        .iter()
-        .map(AdapterReport::of)
-        .collect()
-}
-
-/// Which family of attention kernels a context runs (chosen at [`Context::new`] from the
-/// adapter's features; see [`Context::kernel_path`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum KernelPath {
-    /// The portable WGSL kernels (any adapter, lavapipe included).
-    Portable,
-    /// Tensor cores through WGSL cooperative matrices (`coop_mat16x16`, f16 inputs, f32
-    /// accumulators) for f16-storage attention; everything else stays portable.
-    CoopMat,
-}
-
-impl std::fmt::Display for KernelPath {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            KernelPath::Portable => "portable",
-            KernelPath::CoopMat => "coopmat",
-        })
-    }
-}
-
-/// Subgroups per workgroup of the cooperative-matrix kernels.
-pub const COOP_SUBGROUPS: u32 = 4;
-
-/// Whether a device with these features, limits, subgroup sizes and cooperative-matrix
-/// configurations can run the cooperative-matrix kernels: EXPERIMENTAL_COOPERATIVE_MATRIX,
-/// SHADER_F16 and SUBGROUP enabled, a 16x16x16 configuration with f16 inputs and f32
-/// accumulators, one fixed subgroup size (min = max, 4..=64, so the workgroup's subgroup count
-/// is known), [`COOP_SUBGROUPS`] subgroups per workgroup within the invocation limit, and at
-/// least 16 KiB of workgroup memory.
-pub fn coop_supported(
-    features: wgpu::Features,
-    limits: &wgpu::Limits,
-    subgroup_size: (u32, u32),
-    props: &[wgpu::CooperativeMatrixProperties],
-) -> bool {
-    let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
-        | wgpu::Features::SHADER_F16
-        | wgpu::Features::SUBGROUP;
-    let f16_f32 = props.iter().any(|p| {
-        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
-            && p.ab_type == wgpu::CooperativeScalarType::F16
-            && p.cr_type == wgpu::CooperativeScalarType::F32
-    });
-    let (lo, hi) = subgroup_size;
-    features.contains(need)
-        && f16_f32
-        && lo == hi
-        && (4..=64).contains(&lo)
-        && lo * COOP_SUBGROUPS <= limits.max_compute_invocations_per_workgroup
-        && lo * COOP_SUBGROUPS <= limits.max_compute_workgroup_size_x
-        && limits.max_compute_workgroup_storage_size >= 16 * 1024
-}
+pub use super::adapter::{list_adapters, AdapterChoice, AdapterReport};
+pub use super::coop::{coop_supported, KernelPath, COOP_SUBGROUPS};
 
 /// An open GPU device with its queue, its report and the pipeline cache. `Send + Sync`: calls
 /// from several threads are serialised by wgpu's queue (see `docs/reliability.md`).
@@ -196,32 +55,7 @@ impl Context {
     ///
     /// Errors: [`GpuError::NoAdapter`] (none found or none matches), [`GpuError::RequestDevice`].
     pub fn new(choice: &AdapterChoice) -> Result<Self> {
-        let inst = instance();
-        let adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
-        let adapter = match choice {
-            AdapterChoice::HighPerformance => {
-                let best = pollster::block_on(inst.request_adapter(&wgpu::RequestAdapterOptions {
-                    power_preference: wgpu::PowerPreference::HighPerformance,
-                    ..Default::default()
-                }));
-                best.ok().or_else(|| adapters.into_iter().next())
-            }
-            AdapterChoice::Name(n) => {
-                let n = n.to_lowercase();
-                adapters
-                    .into_iter()
-                    .find(|a| a.get_info().name.to_lowercase().contains(&n))
-            }
-            AdapterChoice::Index(i) => adapters.into_iter().nth(*i),
-        };
-        let adapter = adapter.ok_or_else(|| {
-            GpuError::NoAdapter(match choice {
-                AdapterChoice::HighPerformance => String::new(),
-                AdapterChoice::Name(n) => format!(" matching {n:?} (see `pisa info`)"),
-                AdapterChoice::Index(i) => format!(" at index {i} (see `pisa info`)"),
-            })
-        })?;
-        Self::from_adapter(adapter)
+        Self::from_adapter(find_adapter(choice)?)
     }
 
     fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
@@ -289,7 +123,7 @@ impl Context {
             pipelines: PipelineCache::default(),
             report,
             features,
-            binding_limit: AtomicU64::new(limits.max_storage_buffer_binding_size as u64),
+            binding_limit: AtomicU64::new(limits.max_storage_buffer_binding_size),
             limits,
             lost,
             uncaptured,
@@ -360,7 +194,7 @@ impl Context {
     /// Lowers the storage-binding limit the operations plan with (never raises it above the
     /// device's). Used by tests to exercise the split paths on small inputs.
     pub fn set_max_binding_bytes(&self, bytes: u64) {
-        let cap = self.limits.max_storage_buffer_binding_size as u64;
+        let cap = self.limits.max_storage_buffer_binding_size;
         self.binding_limit
             .store(bytes.min(cap).max(256), Ordering::Relaxed);
     }

@@ -1,8 +1,11 @@
-//! The runtime, split by role: [`context`] (adapter, device, limits, features, errors),
+//! The runtime, split by role: [`context`] (device, limits, features, errors), [`adapter`]
+//! (adapter choice and reports), [`coop`] (kernel paths, cooperative-matrix support),
 //! [`pipeline`] (shader variants and the pipeline cache), [`buffers`] (storage buffers, upload,
 //! readback, binding-size checks) and [`profiler`] (GPU timestamps).
 
+pub mod adapter;
 pub mod buffers;
 pub mod context;
+pub mod coop;
 pub mod pipeline;
 pub mod profiler;

@@ -1,0 +1,134 @@
+//! Adapters: which one to open ([`AdapterChoice`]), what each can do ([`AdapterReport`],
+//! [`list_adapters`], printed by `pisa info`), and the lookup [`Context::new`] opens.
+//!
+//! [`Context::new`]: super::context::Context::new
+
+use crate::error::{GpuError, Result};
+
+/// Which adapter to open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AdapterChoice {
+    /// The highest-performance adapter wgpu finds (discrete GPU first).
+    #[default]
+    HighPerformance,
+    /// The first adapter whose name contains this text (case-insensitive).
+    Name(String),
+    /// The adapter at this index of [`list_adapters`].
+    Index(usize),
+}
+
+/// What an adapter is and can do, as far as PISA cares (printed by `pisa info`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AdapterReport {
+    /// Adapter name, e.g. "NVIDIA H200" or "llvmpipe (LLVM 15.0.6, 256 bits)".
+    pub name: String,
+    /// PCI vendor id.
+    pub vendor: u32,
+    /// PCI device id.
+    pub device: u32,
+    /// Backend: Vulkan, Metal, Dx12, Gl.
+    pub backend: String,
+    /// Device type: DiscreteGpu, IntegratedGpu, Cpu, ...
+    pub device_type: String,
+    /// Driver name.
+    pub driver: String,
+    /// Driver version / info string.
+    pub driver_info: String,
+    /// SHADER_F16: f16 storage and arithmetic in shaders.
+    pub shader_f16: bool,
+    /// SUBGROUP operations.
+    pub subgroups: bool,
+    /// Smallest and largest subgroup size the adapter reports.
+    pub subgroup_size: (u32, u32),
+    /// TIMESTAMP_QUERY: GPU time per stage.
+    pub timestamps: bool,
+    /// EXPERIMENTAL_COOPERATIVE_MATRIX (tensor cores from WGSL).
+    pub cooperative_matrix: bool,
+    /// Largest storage buffer binding, bytes.
+    pub max_storage_binding: u64,
+    /// Largest buffer, bytes.
+    pub max_buffer: u64,
+    /// Workgroup (shared) memory per workgroup, bytes.
+    pub workgroup_memory: u32,
+    /// Workgroups per grid dimension.
+    pub max_workgroups_per_dim: u32,
+    /// Invocations per workgroup.
+    pub max_invocations: u32,
+}
+
+impl AdapterReport {
+    /// The report of `adapter` (its own features and limits, before a device is opened).
+    pub(super) fn of(adapter: &wgpu::Adapter) -> Self {
+        let i = adapter.get_info();
+        let f = adapter.features();
+        let l = adapter.limits();
+        Self {
+            name: i.name.clone(),
+            vendor: i.vendor,
+            device: i.device,
+            backend: format!("{:?}", i.backend),
+            device_type: format!("{:?}", i.device_type),
+            driver: i.driver.clone(),
+            driver_info: i.driver_info.clone(),
+            shader_f16: f.contains(wgpu::Features::SHADER_F16),
+            subgroups: f.contains(wgpu::Features::SUBGROUP),
+            subgroup_size: (i.subgroup_min_size, i.subgroup_max_size),
+            timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+            cooperative_matrix: f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            max_storage_binding: l.max_storage_buffer_binding_size,
+            max_buffer: l.max_buffer_size,
+            workgroup_memory: l.max_compute_workgroup_storage_size,
+            max_workgroups_per_dim: l.max_compute_workgroups_per_dimension,
+            max_invocations: l.max_compute_invocations_per_workgroup,
+        }
+    }
+}
+
+/// The wgpu instance: the backends named by `WGPU_BACKEND`, else the primary ones.
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if wgpu::Backends::from_env().is_none() {
+        desc.backends = wgpu::Backends::PRIMARY;
+    }
+    wgpu::Instance::new(desc)
+}
+
+/// Every adapter wgpu finds (the primary backends, or those named by `WGPU_BACKEND`).
+pub fn list_adapters() -> Vec<AdapterReport> {
+    let inst = instance();
+    pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()))
+        .iter()
+        .map(AdapterReport::of)
+        .collect()
+}
+
+/// The adapter `choice` names: for [`AdapterChoice::HighPerformance`] wgpu's high-performance
+/// pick, else the first adapter found. Errors: [`GpuError::NoAdapter`] (none found or none
+/// matches).
+pub(super) fn find_adapter(choice: &AdapterChoice) -> Result<wgpu::Adapter> {
+    let inst = instance();
+    let adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
+    let adapter = match choice {
+        AdapterChoice::HighPerformance => {
+            let best = pollster::block_on(inst.request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            }));
+            best.ok().or_else(|| adapters.into_iter().next())
+        }
+        AdapterChoice::Name(n) => {
+            let n = n.to_lowercase();
+            adapters
+                .into_iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&n))
+        }
+        AdapterChoice::Index(i) => adapters.into_iter().nth(*i),
+    };
+    adapter.ok_or_else(|| {
+        GpuError::NoAdapter(match choice {
+            AdapterChoice::HighPerformance => String::new(),
+            AdapterChoice::Name(n) => format!(" matching {n:?} (see `pisa info`)"),
+            AdapterChoice::Index(i) => format!(" at index {i} (see `pisa info`)"),
+        })
+    })
+}
