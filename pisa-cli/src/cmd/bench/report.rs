@@ -200,6 +200,23 @@ pub fn table(r: &Report) -> String {
 }
 
 /// One table of every (op, N, storage) across several reports, a column per adapter.
+/// A report's column / series label: the adapter and, when the shape line names one, the kernel
+/// path that ran (`portable`, `coopmat`), so runs of one GPU on both paths stay apart.
+pub fn label(r: &Report) -> String {
+    let path = r
+        .shape
+        .split("kernel path ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next());
+    match path {
+        Some(p) => {
+            let name: String = r.adapter.chars().take(22 - p.len().min(12) - 3).collect();
+            format!("{name} ({p})")
+        }
+        None => r.adapter.clone(),
+    }
+}
+
 pub fn compare(reports: &[Report]) -> String {
     let mut keys: Vec<(String, usize, String)> = Vec::new();
     for r in reports {
@@ -213,7 +230,7 @@ pub fn compare(reports: &[Report]) -> String {
     let mut s = String::new();
     let _ = write!(s, "{:<14} {:>8} {:>5}", "op", "N", "st");
     for r in reports {
-        let name: String = r.adapter.chars().take(22).collect();
+        let name: String = label(r).chars().take(24).collect();
         let _ = write!(s, " {:>24}", name);
     }
     s.push('\n');
@@ -250,7 +267,7 @@ pub fn svg(reports: &[Report]) -> String {
                     .collect();
                 pts.sort_by(|a, b| a.0.total_cmp(&b.0));
                 if !pts.is_empty() {
-                    series.push((format!("{} {op} {s}", r.adapter), pts));
+                    series.push((format!("{} {op} {s}", label(r)), pts));
                 }
             }
         }
@@ -323,4 +340,41 @@ fn xml(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{label, Report};
+
+    fn report(adapter: &str, shape: &str) -> Report {
+        Report {
+            adapter: adapter.into(),
+            vendor: 0,
+            backend: "Vulkan".into(),
+            driver: String::new(),
+            command: String::new(),
+            shape: shape.into(),
+            records: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn labels_name_the_kernel_path() {
+        let shape =
+            |p: &str| format!("Hq=32 Hkv=8 D=128 C=64 K=16 g=2 Lse Qtile=4, kernel path {p} (x)");
+        assert_eq!(
+            label(&report("NVIDIA H200", &shape("coopmat"))),
+            "NVIDIA H200 (coopmat)"
+        );
+        assert_eq!(
+            label(&report("NVIDIA H200", &shape("portable"))),
+            "NVIDIA H200 (portable)"
+        );
+        assert_eq!(label(&report("llvmpipe", "Hq=8")), "llvmpipe");
+        let long = label(&report(
+            "AMD Radeon RX 7900 XTX (RADV NAVI31)",
+            &shape("portable"),
+        ));
+        assert!(long.len() <= 24 && long.ends_with("(portable)"), "{long}");
+    }
 }
