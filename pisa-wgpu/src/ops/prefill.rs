@@ -6,6 +6,7 @@
 //! ([`Context::max_binding_bytes`]) runs in chunks of KV heads (each chunk taking its heads'
 //! query heads along), since every (batch, KV head) is independent; a single head too large for
 //! a binding is refused with [`GpuError::Limit`]. Results are identical with or without chunks.
+//! The host-side chunking is in the private `chunks` submodule.
 //!
 //! # Non-finite inputs (NaN, ±inf)
 //!
@@ -44,18 +45,22 @@
 //! (zeros) by the whole value tile, so a non-finite **value** can also reach the rows of its
 //! query tile that mask it (earlier rows of its block, rows that skip its block).
 
-use pisa_core::{
-    AttentionShape, PisaError, PyramidLayout, Schedule, Scoring, SelectionConfig, TensorLayout,
-};
+mod chunks;
+
+use pisa_core::{AttentionShape, PisaError, PyramidLayout, Scoring, SelectionConfig, TensorLayout};
 
 use super::attention::{record_sparse_attention, QkvLayouts};
 use super::pyramid::{self, KeyGeometry};
 use super::select::{select, Layouts, Method};
-use crate::error::{GpuError, Result};
+use crate::error::Result;
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::{Profiler, StageTimes};
+
+// Only named in the docs here (the chunk limit error is raised in `chunks`).
+#[cfg(doc)]
+use crate::error::GpuError;
 
 /// Options of a prefill call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -165,65 +170,6 @@ pub fn check_finite(q: &[f32], k: &[f32], v: &[f32]) -> Result<()> {
     super::check_finite("v", v)
 }
 
-/// Largest number of (batch, KV head) units whose buffers all fit one binding.
-fn units_per_chunk(ctx: &Context, shape: &AttentionShape, opts: &PrefillOptions) -> Result<usize> {
-    let lay = PyramidLayout::new(shape.k_len, opts.cfg.block_size, opts.cfg.merge_factor)?;
-    let sched = Schedule::new(&lay, &opts.cfg)?;
-    let (g, d, e) = (
-        shape.gqa_group() as u64,
-        shape.head_dim as u64,
-        opts.storage.bytes(),
-    );
-    let per_unit = [
-        g * shape.q_len as u64 * d * e,                       // Q and O
-        shape.k_len as u64 * d * e,                           // K, V
-        lay.total_nodes() as u64 * d * 4,                     // pyramid
-        shape.q_len as u64 * sched.max_candidates as u64 * 4, // stage-1 candidates
-        g * shape.q_len as u64 * 4,                           // LSE
-    ]
-    .into_iter()
-    .max()
-    .unwrap_or(1);
-    let limit = ctx.max_binding_bytes();
-    if per_unit > limit {
-        return Err(GpuError::Limit {
-            what: format!("one head of a {}-token prefill", shape.k_len),
-            needed: per_unit,
-            limit,
-            hint: "use f16 storage or a shorter sequence",
-        });
-    }
-    Ok((limit / per_unit) as usize)
-}
-
-/// Copies heads `h0..h1` (of `heads`) of batch entry `b` out of `src` (`[B, H, N, D]` in
-/// `layout`) into a `[1, h1-h0, N, D]` tensor of the same layout; `back` copies the other way.
-fn heads_slice(
-    src: &mut [f32],
-    dst: &mut [f32],
-    layout: TensorLayout,
-    heads: usize,
-    n: usize,
-    d: usize,
-    b: usize,
-    h0: usize,
-    h1: usize,
-    back: bool,
-) {
-    let hc = h1 - h0;
-    for h in h0..h1 {
-        for t in 0..n {
-            let s = layout.index(heads, n, d, b, h, t, 0);
-            let o = layout.index(hc, n, d, 0, h - h0, t, 0);
-            if back {
-                src[s..s + d].copy_from_slice(&dst[o..o + d]);
-            } else {
-                dst[o..o + d].copy_from_slice(&src[s..s + d]);
-            }
-        }
-    }
-}
-
 /// Prefill of host tensors: uploads, runs [`record_prefill`] (in KV-head chunks when the
 /// tensors exceed one storage binding), reads back. `q`: `[B, Hq, N, D]`, `k`, `v`:
 /// `[B, Hkv, N, D]`, all in `opts.layout`. Errors: [`PisaError::BufferLen`] for wrong lengths,
@@ -269,140 +215,67 @@ pub fn prefill_host(
     if opts.q_tile == 0 {
         return Err(PisaError::Zero { what: "q_tile" }.into());
     }
-    let units = units_per_chunk(ctx, &shape, opts)?;
-    let (g, d, hkv) = (shape.gqa_group(), shape.head_dim, shape.kv_heads);
-    let run = |q: &[f32],
-               k: &[f32],
-               v: &[f32],
-               s: &AttentionShape|
-     -> Result<(Vec<f32>, Vec<f32>, Vec<i32>, StageTimes)> {
-        let (qt, kt, vt) = (
-            ctx.upload("q", q, opts.storage)?,
-            ctx.upload("k", k, opts.storage)?,
-            ctx.upload("v", v, opts.storage)?,
-        );
-        let mut prof = Profiler::new(ctx, 64);
-        let (o, lse, sel) = ctx.scoped("prefill", || {
-            let mut enc = ctx.device.create_command_encoder(&Default::default());
-            let r = record_prefill(ctx, &mut enc, &qt, &kt, &vt, s, opts, Some(&mut prof))?;
-            ctx.queue.submit([enc.finish()]);
-            Ok(r)
-        })?;
-        let times = prof.finish(ctx)?;
-        let sel_host = if opts.return_selection {
-            ctx.read_i32(&sel)?
-        } else {
-            Vec::new()
-        };
-        let (o_host, lse_host) = (ctx.read_f32(&o)?, ctx.read_f32(&lse)?);
-        // The next call of the same shape (a chunk, a later request) reuses these buffers.
-        for t in [qt, kt, vt, o, lse, sel] {
-            ctx.recycle(t);
-        }
-        Ok((o_host, lse_host, sel_host, times))
-    };
-    if units >= shape.batch * hkv {
-        let (out, lse, sel, times) = run(q, k, v, &shape)?;
+    let units = chunks::units_per_chunk(ctx, &shape, opts)?;
+    if units >= shape.batch * shape.kv_heads {
+        let r = run_once(ctx, q, k, v, &shape, opts)?;
         return Ok(PrefillOutput {
-            out,
-            lse,
-            selection: opts.return_selection.then_some(sel),
-            times,
+            out: r.out,
+            lse: r.lse,
+            selection: opts.return_selection.then_some(r.selection),
+            times: r.times,
             chunks: 1,
         });
     }
-    let heads_per = units.clamp(1, hkv);
-    let (mut out, mut lse) = (vec![0f32; shape.q_elems()], vec![0f32; shape.lse_elems()]);
-    let mut selection = vec![
-        -1i32;
-        if opts.return_selection {
-            shape.batch * hkv * shape.q_len * opts.cfg.top_k
-        } else {
-            0
-        }
-    ];
-    let mut times = StageTimes::default();
-    let mut chunks = 0;
-    let (mut q, mut k, mut v) = (q.to_vec(), k.to_vec(), v.to_vec());
-    for b in 0..shape.batch {
-        for h0 in (0..hkv).step_by(heads_per) {
-            let h1 = (h0 + heads_per).min(hkv);
-            let s = AttentionShape::new(1, (h1 - h0) * g, h1 - h0, shape.q_len, shape.k_len, d)?;
-            let (mut qc, mut kc, mut vc) = (
-                vec![0f32; s.q_elems()],
-                vec![0f32; s.kv_elems()],
-                vec![0f32; s.kv_elems()],
-            );
-            heads_slice(
-                &mut q,
-                &mut qc,
-                opts.layout,
-                shape.q_heads,
-                shape.q_len,
-                d,
-                b,
-                h0 * g,
-                h1 * g,
-                false,
-            );
-            heads_slice(
-                &mut k,
-                &mut kc,
-                opts.layout,
-                hkv,
-                shape.k_len,
-                d,
-                b,
-                h0,
-                h1,
-                false,
-            );
-            heads_slice(
-                &mut v,
-                &mut vc,
-                opts.layout,
-                hkv,
-                shape.k_len,
-                d,
-                b,
-                h0,
-                h1,
-                false,
-            );
-            let (mut oc, lc, sc, t) = run(&qc, &kc, &vc, &s)?;
-            heads_slice(
-                &mut out,
-                &mut oc,
-                opts.layout,
-                shape.q_heads,
-                shape.q_len,
-                d,
-                b,
-                h0 * g,
-                h1 * g,
-                true,
-            );
-            let lo = (b * shape.q_heads + h0 * g) * shape.q_len;
-            lse[lo..lo + lc.len()].copy_from_slice(&lc);
-            if opts.return_selection {
-                let so = (b * hkv + h0) * shape.q_len * opts.cfg.top_k;
-                selection[so..so + sc.len()].copy_from_slice(&sc);
-            }
-            for (name, ms) in t.stages {
-                match times.stages.iter_mut().find(|x| x.0 == name) {
-                    Some(x) => x.1 += ms,
-                    None => times.stages.push((name, ms)),
-                }
-            }
-            times.gpu = t.gpu;
-            chunks += 1;
-        }
+    chunks::prefill_chunked(ctx, q, k, v, &shape, opts, units)
+}
+
+/// What one uploaded prefill (the whole call, or one chunk of KV heads) reads back: O and LSE
+/// as [`PrefillOutput`] holds them, the selection (empty unless `return_selection`) and the
+/// GPU time per stage.
+struct HostRun {
+    out: Vec<f32>,
+    lse: Vec<f32>,
+    selection: Vec<i32>,
+    times: StageTimes,
+}
+
+/// Uploads `q`, `k`, `v` (shape `s`), records and submits [`record_prefill`] in one error
+/// scope, reads the outputs back and returns the buffers to the context's pool.
+fn run_once(
+    ctx: &Context,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttentionShape,
+    opts: &PrefillOptions,
+) -> Result<HostRun> {
+    let (qt, kt, vt) = (
+        ctx.upload("q", q, opts.storage)?,
+        ctx.upload("k", k, opts.storage)?,
+        ctx.upload("v", v, opts.storage)?,
+    );
+    let mut prof = Profiler::new(ctx, 64);
+    let (o, lse, sel) = ctx.scoped("prefill", || {
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        let r = record_prefill(ctx, &mut enc, &qt, &kt, &vt, s, opts, Some(&mut prof))?;
+        ctx.queue.submit([enc.finish()]);
+        Ok(r)
+    })?;
+    let times = prof.finish(ctx)?;
+    let sel_host = if opts.return_selection {
+        ctx.read_i32(&sel)?
+    } else {
+        Vec::new()
+    };
+    let (o_host, lse_host) = (ctx.read_f32(&o)?, ctx.read_f32(&lse)?);
+    // The next call of the same shape (a chunk, a later request) reuses these buffers.
+    for t in [qt, kt, vt, o, lse, sel] {
+        ctx.recycle(t);
     }
-    Ok(PrefillOutput {
-        out,
-        lse,
-        selection: opts.return_selection.then_some(selection),
+    Ok(HostRun {
+        out: o_host,
+        lse: lse_host,
+        selection: sel_host,
         times,
-        chunks,
     })
 }
