@@ -153,7 +153,9 @@ fn leaf_grid_past_one_dimension() {
 }
 
 /// `KvCache::record_steps`: the KV heads of one cache split over two caches, both steps in ONE
-/// compute pass (routes, then leaves, then merges), give bitwise the single cache's outputs.
+/// compute pass (routes, then leaves, then merges), give bitwise the single cache's outputs; so
+/// does `record_steps_by_stage` (the same dispatches in three timed passes), whose profile names
+/// the three stages where the adapter has timestamps.
 #[test]
 fn steps_of_several_caches_in_one_pass() {
     let ctx = ctx();
@@ -167,7 +169,7 @@ fn steps_of_several_caches_in_one_pass() {
     let mut full = KvCache::new(ctx, 1, n, hq, hkv, d, cf, Storage::F32).unwrap();
     full.prefill(0, &k, &v, TensorLayout::Bhnd).unwrap();
     let want = full.step(&q, true).unwrap();
-    let want_sel = want.selection.unwrap();
+    let want_sel = want.selection.clone().unwrap();
     let caches: Vec<KvCache> = (0..hkv)
         .map(|h| {
             let mut c = KvCache::new(ctx, 1, n, g, 1, d, cf, Storage::F32).unwrap();
@@ -184,10 +186,36 @@ fn steps_of_several_caches_in_one_pass() {
         })
         .collect();
     let steps: Vec<_> = caches.iter().zip(&qs).collect();
-    let mut enc = ctx.device().create_command_encoder(&Default::default());
-    KvCache::record_steps(&mut enc, &steps, None).unwrap();
-    ctx.queue().submit([enc.finish()]);
-    let kk = cf.top_k;
+    for by_stage in [false, true] {
+        let mut prof = pisa_wgpu::Profiler::new(ctx, 8);
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        if by_stage {
+            KvCache::record_steps_by_stage(&mut enc, &steps, Some(&mut prof)).unwrap();
+        } else {
+            KvCache::record_steps(&mut enc, &steps, Some(&mut prof)).unwrap();
+        }
+        ctx.queue().submit([enc.finish()]);
+        let t = prof.finish(ctx).unwrap();
+        let names: Vec<&str> = t.stages.iter().map(|s| s.0.as_str()).collect();
+        if t.gpu {
+            let want_names: &[&str] = if by_stage {
+                &["decode_route", "decode_leaf", "decode_merge"]
+            } else {
+                &["decode"]
+            };
+            assert_eq!(names, want_names, "by_stage {by_stage}");
+        }
+        check_outputs(ctx, &caches, &want, &want_sel, (g, d, cf.top_k));
+    }
+}
+
+fn check_outputs(
+    ctx: &pisa_wgpu::Context,
+    caches: &[KvCache],
+    want: &pisa_wgpu::ops::decode::DecodeOutput,
+    want_sel: &[i32],
+    (g, d, kk): (usize, usize, usize),
+) {
     for (h, c) in caches.iter().enumerate() {
         let (o, l, s) = c.outputs();
         let bits = |x: Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();

@@ -199,6 +199,15 @@ fn bench_tiny_json_then_compare() {
     for op in ["pisa_select", "attention", "dense", "decode_pisa"] {
         assert!(ops.contains(&op), "{op} missing: {ops:?}");
     }
+    // With GPU timestamps the decode step is also split into its three timed passes.
+    let timed = j["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["gpu_timed"] == true);
+    for op in ["decode_route", "decode_leaf", "decode_merge"] {
+        assert_eq!(ops.contains(&op), timed, "{op}: {ops:?}");
+    }
     assert!(dir.path().join("a.svg").exists());
     let c = run_in(dir.path(), &["bench", "--compare", "a.json", "a.json"]).ok();
     assert!(c.stdout.contains("pisa_select"), "{}", c.stdout);

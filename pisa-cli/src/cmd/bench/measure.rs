@@ -252,9 +252,12 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
 /// leaf, merge) against dense attention of one query over the whole cache. When K or V of all
 /// KV heads exceed one storage binding (1M tokens x 8 heads x 128 x f16 is exactly 2 GiB), the
 /// heads are split over several caches whose steps are recorded side by side in the same pass
-/// ([`KvCache::record_steps`]), as a server would run them. Returns (PISA ms, dense ms, reps, GPU-timed);
+/// ([`KvCache::record_steps`]), as a server would run them. With GPU timestamps, the same
+/// step is also recorded as three timed passes ([`KvCache::record_steps_by_stage`]) to split
+/// its time into `route`, `leaf` and `merge` (the sum exceeds the one-pass step by the pass
+/// boundaries). Returns (PISA ms, dense ms, reps, GPU-timed);
 /// medians over repetitions, the query rotated between two sets.
-pub fn decode(ctx: &Context, p: &Plan) -> Result<(f64, f64, usize, bool)> {
+pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     let (hq, hkv, d, n) = (p.hq, p.hkv, p.d, p.n);
     let g = hq / hkv;
     let per_head = (n * d) as u64 * p.storage.bytes();
@@ -276,6 +279,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<(f64, f64, usize, bool)> {
     let scale = p.cfg.softmax_scale(d);
     let mut pisa = Vec::new();
     let mut dense = Vec::new();
+    let mut by_stage: [Vec<f64>; 3] = Default::default();
     let mut gpu = true;
     let reps = p.reps.max(5);
     for r in 0..reps + 2 {
@@ -313,18 +317,56 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<(f64, f64, usize, bool)> {
             Ok(())
         })?;
         let wall_dense = started.elapsed().as_secs_f64() * 1e3;
+        ctx.scoped("bench decode by stage", || {
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            let steps: Vec<_> = parts
+                .iter()
+                .map(|(c, _, _, qs, _)| (c, &qs[r % 2]))
+                .collect();
+            KvCache::record_steps_by_stage(&mut enc, &steps, Some(&mut prof))?;
+            ctx.queue().submit([enc.finish()]);
+            Ok(())
+        })?;
         let t = prof.finish(ctx)?;
         gpu &= t.gpu;
         if r >= 2 {
             pisa.push(if t.gpu { t.get("decode") } else { wall_pisa });
             dense.push(if t.gpu { t.get("dense") } else { wall_dense });
+            for (v, stage) in
+                by_stage
+                    .iter_mut()
+                    .zip(["decode_route", "decode_leaf", "decode_merge"])
+            {
+                v.push(t.get(stage));
+            }
         }
     }
     let med = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    Ok((med(pisa), med(dense), reps, gpu))
+    let [a, b, c] = by_stage;
+    Ok(DecodeTimes {
+        pisa: med(pisa),
+        dense: med(dense),
+        stages: gpu.then(|| [med(a), med(b), med(c)]),
+        reps,
+        gpu,
+    })
+}
+
+/// Medians of [`decode`], ms.
+pub struct DecodeTimes {
+    /// The PISA step (one compute pass).
+    pub pisa: f64,
+    /// Dense attention of one query over the whole cache.
+    pub dense: f64,
+    /// The step's `route`, `leaf` and `merge` passes timed apart (GPU timestamps only).
+    pub stages: Option<[f64; 3]>,
+    /// Repetitions.
+    pub reps: usize,
+    /// True when timed by GPU timestamps (else wall clock).
+    pub gpu: bool,
 }
 
 #[cfg(test)]

@@ -305,16 +305,27 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     budget_s: a.budget_s,
                 },
             ) {
-                Ok((pisa_ms, dense_ms, reps, gpu)) => {
+                Ok(measure::DecodeTimes {
+                    pisa: pisa_ms,
+                    dense: dense_ms,
+                    stages,
+                    reps,
+                    gpu,
+                }) => {
                     let bytes = 2.0 * (a.hkv * n * a.d) as f64 * st.bytes() as f64;
-                    for (op, ms, gbps) in [
+                    let staged = ["decode_route", "decode_leaf", "decode_merge"]
+                        .into_iter()
+                        .zip(stages.unwrap_or_default())
+                        .filter(|_| stages.is_some())
+                        .map(|(op, ms)| (op, ms, None));
+                    for (op, ms, gbps) in staged.chain([
                         ("decode_pisa", pisa_ms, None),
                         (
                             "decode_dense",
                             dense_ms,
                             Some(bytes / dense_ms.max(1e-9) * 1e-6),
                         ),
-                    ] {
+                    ]) {
                         out.records.push(Record {
                             op: op.into(),
                             n,

@@ -180,20 +180,28 @@ pub fn table(r: &Report) -> String {
             let _ = writeln!(s, "\ndecode step (all heads, batch 1), {st} storage");
             let _ = writeln!(
                 s,
-                "{:>8} {:>12} {:>12} {:>10}",
-                "cache", "PISA ms", "dense ms", "dns/PISA"
+                "{:>8} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}",
+                "cache", "PISA ms", "dense ms", "dns/PISA", "route", "leaf", "merge"
             );
             for n in ds {
                 let (p, d) = (r.ms("decode_pisa", n, st), r.ms("decode_dense", n, st));
+                let stage = |op| cell(r.ms(op, n, st));
                 let _ = writeln!(
                     s,
-                    "{:>8} {:>12} {:>12} {:>10}",
+                    "{:>8} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}",
                     n,
                     cell(p),
                     cell(d),
-                    ratio(d, p)
+                    ratio(d, p),
+                    stage("decode_route"),
+                    stage("decode_leaf"),
+                    stage("decode_merge")
                 );
             }
+            let _ = writeln!(
+                s,
+                "(route / leaf / merge: the step's three dispatches timed as separate passes)"
+            );
         }
     }
     s

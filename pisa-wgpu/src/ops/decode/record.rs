@@ -47,6 +47,27 @@ impl KvCache<'_> {
         steps: &[(&KvCache<'_>, &GpuTensor)],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
+        Self::record_passes(enc, steps, prof, false)
+    }
+
+    /// As [`Self::record_steps`], but each of the three dispatches (every cache's `route`, then
+    /// `leaf`, then `merge`) in its own timed compute pass, labelled "decode_route",
+    /// "decode_leaf" and "decode_merge" in `prof`: where a step's GPU time goes (benchmarks;
+    /// the pass boundaries add a little time against the one-pass step). Same outputs, errors.
+    pub fn record_steps_by_stage(
+        enc: &mut wgpu::CommandEncoder,
+        steps: &[(&KvCache<'_>, &GpuTensor)],
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        Self::record_passes(enc, steps, prof, true)
+    }
+
+    fn record_passes(
+        enc: &mut wgpu::CommandEncoder,
+        steps: &[(&KvCache<'_>, &GpuTensor)],
+        mut prof: Option<&mut Profiler>,
+        by_stage: bool,
+    ) -> Result<()> {
         let Some(first) = steps.first() else {
             return Ok(());
         };
@@ -61,15 +82,26 @@ impl KvCache<'_> {
                 all.push(st);
             }
         }
-        let writes = prof.and_then(|p| p.pass_writes("decode"));
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("decode step"),
-            timestamp_writes: writes,
-        });
-        for (p, bg, grid) in stages.iter().flatten() {
-            pass.set_pipeline(p);
-            pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        let passes: Vec<(&'static str, Vec<&Stage>)> = if by_stage {
+            ["decode_route", "decode_leaf", "decode_merge"]
+                .into_iter()
+                .zip(stages.iter())
+                .map(|(label, group)| (label, group.iter().collect()))
+                .collect()
+        } else {
+            vec![("decode", stages.iter().flatten().collect())]
+        };
+        for (label, group) in passes {
+            let writes = prof.as_deref_mut().and_then(|p| p.pass_writes(label));
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(label),
+                timestamp_writes: writes,
+            });
+            for (p, bg, grid) in group {
+                pass.set_pipeline(p);
+                pass.set_bind_group(0, bg, &[]);
+                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            }
         }
         Ok(())
     }
