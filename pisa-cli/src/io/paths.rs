@@ -1,0 +1,76 @@
+//! Output paths: the `.npy` sibling naming ([`npy_sibling`]), the files an output path stands
+//! for ([`output_paths`]), and the check, before any work, that they can be written without
+//! destroying an input ([`check_output_paths`]).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+use super::Format;
+
+/// The sibling path for tensor `name` of an `.npy` output: `dir/out.npy` → `dir/out.{name}.npy`.
+pub fn npy_sibling(path: &Path, name: &str) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!("{stem}.{name}.npy"))
+}
+
+/// The files [`write_outputs`](super::write_outputs) writes for `path`: `path` itself for `.safetensors`, the
+/// [`npy_sibling`] of each of `names` for `.npy` (an unknown extension is an error).
+pub fn output_paths(path: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
+    Ok(match Format::from_path(path)? {
+        Format::Safetensors => vec![path.to_path_buf()],
+        Format::Npy => names.iter().map(|n| npy_sibling(path, n)).collect(),
+    })
+}
+
+/// Whether `a` and `b` are the same existing file (hard and symbolic links included).
+fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+            (Ok(x), Ok(y)) => x == y,
+            _ => false,
+        }
+    }
+}
+
+/// Checks, before any work is done, that `outputs` can be written: each one's directory
+/// exists, none is a directory, and none is one of the `inputs` (writing it would destroy the
+/// input). The error names the output file and the problem.
+pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
+    for out in outputs {
+        let dir = match out.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !dir.is_dir() {
+            bail!(
+                "cannot write {}: directory {} does not exist",
+                out.display(),
+                dir.display()
+            );
+        }
+        if out.is_dir() {
+            bail!("cannot write {}: it is a directory", out.display());
+        }
+        if let Some(inp) = inputs.iter().find(|i| same_file(out, i)) {
+            bail!(
+                "cannot write {}: it is the input file {}; choose another output path",
+                out.display(),
+                inp.display()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! Writing outputs: the tensors to write ([`OutTensor`], [`Outputs`]), [`write_outputs`],
+//! [`write_safetensors`], [`write_npy`], and the temporary-file-and-rename step that makes every
+//! write atomic (a failure never leaves a partial output file).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use super::paths::npy_sibling;
+use super::{npy, st, DType, Format, HostTensor, IndexTensor};
+
+/// One tensor to write: floats with the dtype to store them in, or i32 indices.
+#[derive(Clone, Copy, Debug)]
+pub enum OutTensor<'a> {
+    /// Float values, stored as the given dtype (values out of f16 range become ±inf).
+    Float(&'a HostTensor, DType),
+    /// Integer values, stored as i32.
+    Index(&'a IndexTensor),
+}
+
+impl OutTensor<'_> {
+    /// The tensor's name (its key in a safetensors file).
+    pub fn name(&self) -> &str {
+        match self {
+            OutTensor::Float(t, _) => &t.name,
+            OutTensor::Index(t) => &t.name,
+        }
+    }
+}
+
+/// The outputs of an attention run, as written by [`write_outputs`].
+#[derive(Clone, Copy, Debug)]
+pub struct Outputs<'a> {
+    /// Attention output O, written under the name `o` in the dtype given to [`write_outputs`].
+    pub o: &'a HostTensor,
+    /// Log-sum-exp per query row, written under the name `lse`, always f32.
+    pub lse: Option<&'a HostTensor>,
+    /// Selected leaf block indices, written under the name `indices` as i32.
+    pub indices: Option<&'a IndexTensor>,
+}
+
+/// Writes O (as `o_dtype`), LSE (f32) and indices (i32) to `path`, atomically.
+///
+/// `.safetensors`: one file with tensors `o`, `lse`, `indices` and `metadata`.
+/// `.npy`: one file per tensor at [`npy_sibling`] paths; metadata is dropped.
+/// Returns the paths written.
+pub fn write_outputs(
+    path: &Path,
+    out: &Outputs,
+    o_dtype: DType,
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<PathBuf>> {
+    let o = HostTensor {
+        name: "o".into(),
+        ..out.o.clone()
+    };
+    let lse = out.lse.map(|t| HostTensor {
+        name: "lse".into(),
+        ..t.clone()
+    });
+    let idx = out.indices.map(|t| IndexTensor {
+        name: "indices".into(),
+        ..t.clone()
+    });
+    let mut list = vec![OutTensor::Float(&o, o_dtype)];
+    list.extend(lse.as_ref().map(|t| OutTensor::Float(t, DType::F32)));
+    list.extend(idx.as_ref().map(OutTensor::Index));
+    match Format::from_path(path)? {
+        Format::Safetensors => {
+            write_safetensors(path, &list, metadata)?;
+            Ok(vec![path.to_path_buf()])
+        }
+        Format::Npy => {
+            let files: Vec<(PathBuf, Vec<u8>)> = list
+                .iter()
+                .map(|t| Ok((npy_sibling(path, t.name()), npy::encode(t)?)))
+                .collect::<Result<_>>()?;
+            write_atomic_all(&files)?;
+            Ok(files.into_iter().map(|(p, _)| p).collect())
+        }
+    }
+}
+
+/// Writes several named tensors and a metadata map into one `.safetensors` file, atomically.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[OutTensor],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let bytes = st::encode(tensors, metadata)
+        .with_context(|| format!("{}: cannot encode safetensors", path.display()))?;
+    write_atomic_all(&[(path.to_path_buf(), bytes)])
+}
+
+/// Writes one tensor to an `.npy` file, atomically (bf16 is refused: npy has no bf16).
+pub fn write_npy(path: &Path, tensor: OutTensor) -> Result<()> {
+    let bytes =
+        npy::encode(&tensor).with_context(|| format!("{}: cannot encode npy", path.display()))?;
+    write_atomic_all(&[(path.to_path_buf(), bytes)])
+}
+
+/// Writes every file to a temporary file beside it first, and renames them into place only
+/// when all were written; on error the temporary files are removed.
+fn write_atomic_all(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
+    // Each rename is atomic, the set is not: refuse a target that cannot be replaced (a
+    // directory) before anything is renamed, so such a failure leaves the old set whole.
+    for (path, _) in files {
+        if path.is_dir() {
+            bail!("cannot write {}: it is a directory", path.display());
+        }
+    }
+    let mut temps = Vec::with_capacity(files.len());
+    for (path, bytes) in files {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(".pisa-tmp-");
+        // Ordinary file permissions (0666 less the umask), not tempfile's private 0600.
+        #[cfg(unix)]
+        builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+        let mut tmp = builder
+            .tempfile_in(dir)
+            .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+        tmp.write_all(bytes)
+            .and_then(|_| tmp.as_file().sync_all())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        temps.push((tmp, path));
+    }
+    for (tmp, path) in temps {
+        // `map_err` drops the temporary file now (the error would otherwise keep it alive).
+        tmp.persist(path)
+            .map_err(|e| e.error)
+            .with_context(|| format!("cannot rename output into place: {}", path.display()))?;
+    }
+    Ok(())
+}
