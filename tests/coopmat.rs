@@ -162,9 +162,6 @@ fn coop_shader_validates_and_writes_spirv() {
     }
 }
 
-/// A random valid selection: ascending, unique, the own block included when causal, some rows
-/// shorter than K, -1 padded.
-
 /// (B, Hq, Hkv, Nq, Nk, D, C, K, layout, causal, selection from PISA)
 type Case = (
     usize,
