@@ -1,6 +1,8 @@
 //! `pisa bench`: GPU-timed comparison of PISA against BSA and dense attention on the same
 //! inputs, in one run; `--compare` sets several runs (adapters, vendors) side by side.
 
+pub mod compare;
+pub mod decode;
 pub mod measure;
 pub mod report;
 
@@ -121,8 +123,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let svg = a.compare[0].with_file_name("compare.svg");
         let inputs: Vec<&std::path::Path> = a.compare.iter().map(PathBuf::as_path).collect();
         crate::io::check_output_paths(std::slice::from_ref(&svg), &inputs)?;
-        print!("{}", report::compare(&reports));
-        std::fs::write(&svg, report::svg(&reports))
+        print!("{}", compare::compare(&reports));
+        std::fs::write(&svg, compare::svg(&reports))
             .with_context(|| format!("{}: cannot write", svg.display()))?;
         println!("plot: {}", svg.display());
         return Ok(());
@@ -289,7 +291,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         for &n in &decode_sizes {
             pb.set_message(format!("decode {stn} cache={n}"));
-            match measure::decode(
+            match decode::decode(
                 &ctx,
                 &measure::Plan {
                     n,
@@ -305,7 +307,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     budget_s: a.budget_s,
                 },
             ) {
-                Ok(measure::DecodeTimes {
+                Ok(decode::DecodeTimes {
                     pisa: pisa_ms,
                     dense: dense_ms,
                     stages,
@@ -379,7 +381,7 @@ fn save(path: &std::path::Path, out: &Report) -> Result<()> {
     std::fs::rename(&tmp, path)?;
     std::fs::write(
         path.with_extension("svg"),
-        report::svg(std::slice::from_ref(out)),
+        compare::svg(std::slice::from_ref(out)),
     )?;
     Ok(())
 }

@@ -1,0 +1,189 @@
+//! Reports side by side: `pisa bench --compare` (one table, a column per report named by
+//! adapter and kernel path) and the log-log SVG plot of time against N (also written beside
+//! every `--json` report).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use super::report::{cell, Report};
+
+/// A report's column / series label: the adapter and, when the shape line names one, the kernel
+/// path that ran (`portable`, `coopmat`), so runs of one GPU on both paths stay apart.
+pub fn label(r: &Report) -> String {
+    let path = r
+        .shape
+        .split("kernel path ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next());
+    match path {
+        Some(p) => {
+            let name: String = r.adapter.chars().take(22 - p.len().min(12) - 3).collect();
+            format!("{name} ({p})")
+        }
+        None => r.adapter.clone(),
+    }
+}
+
+/// One table of every (op, N, storage) across several reports, a column per report
+/// ([`label`]).
+pub fn compare(reports: &[Report]) -> String {
+    let mut keys: Vec<(String, usize, String)> = Vec::new();
+    for r in reports {
+        for x in &r.records {
+            let k = (x.op.clone(), x.n, x.storage.clone());
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+    }
+    let mut s = String::new();
+    let _ = write!(s, "{:<14} {:>8} {:>5}", "op", "N", "st");
+    for r in reports {
+        let name: String = label(r).chars().take(24).collect();
+        let _ = write!(s, " {:>24}", name);
+    }
+    s.push('\n');
+    for (op, n, st) in keys {
+        let _ = write!(s, "{:<14} {:>8} {:>5}", op, n, st);
+        for r in reports {
+            let _ = write!(s, " {:>24}", cell(r.ms(&op, n, &st)));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// A log-log SVG of ms against N: one line per (adapter, op, storage) for the prefill ops.
+pub fn svg(reports: &[Report]) -> String {
+    let ops = [
+        "pisa_select",
+        "bsa_select",
+        "pisa_prefill",
+        "dense",
+        "decode_pisa",
+        "decode_dense",
+    ];
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in reports {
+        let st: BTreeSet<&str> = r.records.iter().map(|x| x.storage.as_str()).collect();
+        for s in st {
+            for op in ops {
+                let mut pts: Vec<(f64, f64)> = r
+                    .records
+                    .iter()
+                    .filter(|x| x.op == op && x.storage == s && x.ms > 0.0)
+                    .map(|x| (x.n as f64, x.ms))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                if !pts.is_empty() {
+                    series.push((format!("{} {op} {s}", label(r)), pts));
+                }
+            }
+        }
+    }
+    let all: Vec<(f64, f64)> = series.iter().flat_map(|s| s.1.iter().copied()).collect();
+    let (w, h, m) = (900.0, 560.0, 70.0);
+    if all.is_empty() {
+        return format!("<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='14'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{m}' y='40'>pisa bench: no timed results to plot</text>\n</svg>\n");
+    }
+    let lx = |v: f64| v.log10();
+    let (x0, x1) = all.iter().fold((f64::MAX, f64::MIN), |a, p| {
+        (a.0.min(lx(p.0)), a.1.max(lx(p.0)))
+    });
+    let (y0, y1) = all.iter().fold((f64::MAX, f64::MIN), |a, p| {
+        (a.0.min(lx(p.1)), a.1.max(lx(p.1)))
+    });
+    let (x0, x1) = (x0.floor(), x1.ceil().max(x0.floor() + 1.0));
+    let (y0, y1) = (y0.floor(), y1.ceil().max(y0.floor() + 1.0));
+    let px = |v: f64| m + (lx(v) - x0) / (x1 - x0) * (w - 2.0 * m - 220.0);
+    let py = |v: f64| h - m - (lx(v) - y0) / (y1 - y0) * (h - 2.0 * m);
+    let colors = [
+        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+        "#bcbd22", "#17becf",
+    ];
+    let mut s = format!("<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n");
+    let _ = writeln!(s, "<text x='{}' y='20' font-size='14'>pisa bench: GPU time (ms) against tokens N, log-log</text>", m);
+    for e in (x0 as i32)..=(x1 as i32) {
+        let x = px(10f64.powi(e));
+        let _ = writeln!(s, "<line x1='{x}' y1='{}' x2='{x}' y2='{}' stroke='#ddd'/><text x='{x}' y='{}' text-anchor='middle'>1e{e}</text>", m, h - m, h - m + 16.0);
+    }
+    for e in (y0 as i32)..=(y1 as i32) {
+        let y = py(10f64.powi(e));
+        let _ = writeln!(s, "<line x1='{m}' y1='{y}' x2='{}' y2='{y}' stroke='#ddd'/><text x='{}' y='{}' text-anchor='end'>1e{e} ms</text>", w - m - 220.0, m - 4.0, y + 4.0);
+    }
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let c = colors[i % colors.len()];
+        let path: Vec<String> = pts
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", px(p.0), py(p.1)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>",
+            path.join(" ")
+        );
+        for p in pts {
+            let _ = writeln!(
+                s,
+                "<circle cx='{:.1}' cy='{:.1}' r='3' fill='{c}'/>",
+                px(p.0),
+                py(p.1)
+            );
+        }
+        let ly = m + 16.0 * i as f64;
+        let _ = writeln!(
+            s,
+            "<rect x='{}' y='{}' width='10' height='10' fill='{c}'/><text x='{}' y='{}'>{}</text>",
+            w - 280.0,
+            ly - 9.0,
+            w - 265.0,
+            ly,
+            xml(name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{label, Report};
+
+    fn report(adapter: &str, shape: &str) -> Report {
+        Report {
+            adapter: adapter.into(),
+            vendor: 0,
+            backend: "Vulkan".into(),
+            driver: String::new(),
+            command: String::new(),
+            shape: shape.into(),
+            records: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn labels_name_the_kernel_path() {
+        let shape =
+            |p: &str| format!("Hq=32 Hkv=8 D=128 C=64 K=16 g=2 Lse Qtile=4, kernel path {p} (x)");
+        assert_eq!(
+            label(&report("NVIDIA H200", &shape("coopmat"))),
+            "NVIDIA H200 (coopmat)"
+        );
+        assert_eq!(
+            label(&report("NVIDIA H200", &shape("portable"))),
+            "NVIDIA H200 (portable)"
+        );
+        assert_eq!(label(&report("llvmpipe", "Hq=8")), "llvmpipe");
+        let long = label(&report(
+            "AMD Radeon RX 7900 XTX (RADV NAVI31)",
+            &shape("portable"),
+        ));
+        assert!(long.len() <= 24 && long.ends_with("(portable)"), "{long}");
+    }
+}
