@@ -13,6 +13,7 @@
 
 pub mod coop;
 pub mod host;
+mod launch;
 pub mod tiling;
 
 use bytemuck::{Pod, Zeroable};
@@ -22,10 +23,11 @@ pub use host::{dense_attention_host, sparse_attention_host};
 pub use tiling::Tiling;
 
 use crate::error::{GpuError, Result};
-use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::{Context, KernelPath};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
+use launch::Launch;
 
 /// `shaders/attention.wgsl`.
 pub const SHADER: ShaderSource = ShaderSource {
@@ -251,67 +253,32 @@ pub fn record_attention(
     }
     let s = shape;
     let g = s.gqa_group();
-    let (sparse_c, top_k, causal, scale) = match kind {
-        AttentionKind::Sparse { cfg, .. } => (
-            Some(cfg.block_size),
-            cfg.top_k,
-            cfg.causal,
-            cfg.softmax_scale(s.head_dim),
-        ),
-        AttentionKind::Dense { causal, scale } => (None, 1, *causal, *scale),
+    let top_k = match kind {
+        AttentionKind::Sparse { cfg, .. } => cfg.top_k,
+        AttentionKind::Dense { .. } => 1,
+    };
+    let sparse_c = match kind {
+        AttentionKind::Sparse { cfg, .. } => Some(cfg.block_size),
+        AttentionKind::Dense { .. } => None,
     };
     let want = tiling.unwrap_or_else(|| Tiling::default_for(g, sparse_c));
     let (_, var) = want.fit(ctx, s.head_dim, g, top_k)?;
-    let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
-    let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
-    let head_chunks = g.div_ceil(var.gh as usize);
-    let n_qtiles = s.q_len.div_ceil(var.qt as usize);
-    let wg_count = u32_of(
-        "attention workgroups",
-        s.batch * s.kv_heads * head_chunks * n_qtiles,
+    let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt))?;
+    let pipe = ctx.pipelines.get(
+        &ctx.device,
+        &SHADER,
+        l.entry(),
+        q.storage,
+        &var.consts(),
+        &[],
     )?;
-    let c = sparse_c.unwrap_or(var.kt as usize);
-    let p = Params {
-        q_s: strides(layouts.q, s.q_heads, s.q_len, s.head_dim),
-        k_s: strides(layouts.k, s.kv_heads, s.k_len, s.head_dim),
-        v_s: strides(layouts.v, s.kv_heads, s.k_len, s.head_dim),
-        kv_heads: s.kv_heads as u32,
-        q_heads: s.q_heads as u32,
-        group: g as u32,
-        gh: var.gh,
-        head_chunks: head_chunks as u32,
-        q_len: s.q_len as u32,
-        k_len: s.k_len as u32,
-        block_size: u32_of("block size", c)?,
-        n_qtiles: n_qtiles as u32,
-        top_k: top_k as u32,
-        nb0: s.k_len.div_ceil(c) as u32,
-        causal: causal as u32,
-        wg_count,
-        scale_log2: scale * std::f32::consts::LOG2_E,
-        pad: 0,
-    };
-    let u = ctx.uniform("attention params", &p)?;
-    let consts = var.consts();
-    let (entry, label) = match kind {
-        AttentionKind::Sparse { .. } => ("sparse", "attention"),
-        AttentionKind::Dense { .. } => ("dense", "dense"),
-    };
-    let pipe = ctx
-        .pipelines
-        .get(&ctx.device, &SHADER, entry, q.storage, &consts, &[])?;
-    let mut b = vec![
-        (0, &u),
-        (1, &q.buffer),
-        (2, &k.buffer),
-        (3, &v.buffer),
-        (5, &o.buffer),
-        (6, &lse.buffer),
-    ];
-    if let AttentionKind::Sparse { selection, .. } = kind {
-        b.push((4, &selection.buffer));
-    }
-    let timer = prof.map(|pr| (pr, label));
-    ctx.dispatch(enc, &pipe, &b, wg_count as u64, timer)?;
-    Ok((o, lse))
+    l.dispatch(
+        ctx,
+        enc,
+        &pipe,
+        [&q.buffer, &k.buffer, &v.buffer],
+        kind,
+        &[],
+        prof,
+    )
 }

@@ -9,9 +9,10 @@
 //! are the workgroup cut (16-row blocks of (head, query) pairs, one subgroup per 16x16 tile) and
 //! the lazy softmax rescale described in the shader.
 
-use super::{strides, u32_of, validate, AttentionKind, Params, QkvLayouts};
+use super::launch::Launch;
+use super::{validate, AttentionKind, QkvLayouts};
 use crate::error::{GpuError, Result};
-use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::{Context, KernelPath, COOP_SUBGROUPS};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
@@ -237,71 +238,24 @@ pub(crate) fn record(
     var: &CoopVariant,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
-    let g = s.gqa_group();
-    let (c, top_k, causal, scale) = match kind {
-        AttentionKind::Sparse { cfg, .. } => (
-            cfg.block_size,
-            cfg.top_k,
-            cfg.causal,
-            cfg.softmax_scale(s.head_dim),
-        ),
-        AttentionKind::Dense { causal, scale } => (var.kt as usize, 1, *causal, *scale),
-    };
-    let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
-    let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
-    let head_chunks = g.div_ceil(var.gh as usize);
-    let n_qtiles = s.q_len.div_ceil(var.qt as usize);
-    let wg_count = u32_of(
-        "attention workgroups",
-        s.batch * s.kv_heads * head_chunks * n_qtiles,
-    )?;
-    let p = Params {
-        q_s: strides(layouts.q, s.q_heads, s.q_len, s.head_dim),
-        k_s: strides(layouts.k, s.kv_heads, s.k_len, s.head_dim),
-        v_s: strides(layouts.v, s.kv_heads, s.k_len, s.head_dim),
-        kv_heads: s.kv_heads as u32,
-        q_heads: s.q_heads as u32,
-        group: g as u32,
-        gh: var.gh,
-        head_chunks: head_chunks as u32,
-        q_len: s.q_len as u32,
-        k_len: s.k_len as u32,
-        block_size: u32_of("block size", c)?,
-        n_qtiles: n_qtiles as u32,
-        top_k: top_k as u32,
-        nb0: s.k_len.div_ceil(c) as u32,
-        causal: causal as u32,
-        wg_count,
-        scale_log2: scale * std::f32::consts::LOG2_E,
-        pad: 0,
-    };
-    let u = ctx.uniform("attention params", &p)?;
-    let (entry, label) = match kind {
-        AttentionKind::Sparse { .. } => ("sparse", "attention"),
-        AttentionKind::Dense { .. } => ("dense", "dense"),
-    };
+    let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt))?;
     let pipe = ctx.pipelines.get(
         &ctx.device,
         &SHADER,
-        entry,
+        l.entry(),
         Storage::F16,
         &var.consts(),
         &[],
     )?;
-    let mut b = vec![
-        (0, &u),
-        (1, &q.buffer),
-        (2, &k.buffer),
-        (3, &v.buffer),
-        (5, &o.buffer),
-        (6, &lse.buffer),
-        (7, &k.buffer),
-        (8, &v.buffer),
-    ];
-    if let AttentionKind::Sparse { selection, .. } = kind {
-        b.push((4, &selection.buffer));
-    }
-    let timer = prof.map(|pr| (pr, label));
-    ctx.dispatch(enc, &pipe, &b, wg_count as u64, timer)?;
-    Ok((o, lse))
+    // K and V again as f16 scalars for the direct (unstaged) tensor-core loads.
+    let extra = [(7, &k.buffer), (8, &v.buffer)];
+    l.dispatch(
+        ctx,
+        enc,
+        &pipe,
+        [&q.buffer, &k.buffer, &v.buffer],
+        kind,
+        &extra,
+        prof,
+    )
 }

@@ -1,0 +1,124 @@
+//! One launch of an attention kernel, shared by the portable (`shaders/attention.wgsl`) and
+//! cooperative-matrix (`shaders/attention_coop.wgsl`) paths: they have the same bindings,
+//! `Params` and row mapping, and differ only in the pipeline and its workgroup cut.
+
+use pisa_core::AttentionShape;
+
+use super::{strides, u32_of, AttentionKind, Params, QkvLayouts};
+use crate::error::Result;
+use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::context::Context;
+use crate::runtime::pipeline::Storage;
+use crate::runtime::profiler::Profiler;
+
+/// One launch of a sparse or dense attention kernel (portable or cooperative-matrix: same
+/// bindings, parameters and row mapping): its poisoned outputs, parameters, entry point and
+/// profiler label.
+pub(crate) struct Launch {
+    /// O, in Q's layout and storage.
+    pub o: GpuTensor,
+    /// LSE `[B, Hq, Nq]` f32.
+    pub lse: GpuTensor,
+    params: Params,
+    entry: &'static str,
+    label: &'static str,
+}
+
+impl Launch {
+    /// Allocates the outputs and builds the parameters for a kernel cut into workgroups of `gh`
+    /// query heads x `qt` queries; `dense_kt`, the key tile, is the dense kernel's block size.
+    pub(crate) fn new(
+        ctx: &Context,
+        q: &GpuTensor,
+        s: &AttentionShape,
+        layouts: QkvLayouts,
+        kind: &AttentionKind<'_>,
+        (gh, qt, dense_kt): (u32, u32, u32),
+    ) -> Result<Self> {
+        let g = s.gqa_group();
+        let (c, top_k, causal, scale) = match kind {
+            AttentionKind::Sparse { cfg, .. } => (
+                cfg.block_size,
+                cfg.top_k,
+                cfg.causal,
+                cfg.softmax_scale(s.head_dim),
+            ),
+            AttentionKind::Dense { causal, scale } => (dense_kt as usize, 1, *causal, *scale),
+        };
+        let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
+        let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
+        let head_chunks = g.div_ceil(gh as usize);
+        let n_qtiles = s.q_len.div_ceil(qt as usize);
+        let wg_count = u32_of(
+            "attention workgroups",
+            s.batch * s.kv_heads * head_chunks * n_qtiles,
+        )?;
+        let params = Params {
+            q_s: strides(layouts.q, s.q_heads, s.q_len, s.head_dim),
+            k_s: strides(layouts.k, s.kv_heads, s.k_len, s.head_dim),
+            v_s: strides(layouts.v, s.kv_heads, s.k_len, s.head_dim),
+            kv_heads: s.kv_heads as u32,
+            q_heads: s.q_heads as u32,
+            group: g as u32,
+            gh,
+            head_chunks: head_chunks as u32,
+            q_len: s.q_len as u32,
+            k_len: s.k_len as u32,
+            block_size: u32_of("block size", c)?,
+            n_qtiles: n_qtiles as u32,
+            top_k: top_k as u32,
+            nb0: s.k_len.div_ceil(c) as u32,
+            causal: causal as u32,
+            wg_count,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            pad: 0,
+        };
+        let (entry, label) = match kind {
+            AttentionKind::Sparse { .. } => ("sparse", "attention"),
+            AttentionKind::Dense { .. } => ("dense", "dense"),
+        };
+        Ok(Self {
+            o,
+            lse,
+            params,
+            entry,
+            label,
+        })
+    }
+
+    /// The entry point of the kind ("sparse" or "dense").
+    pub(crate) fn entry(&self) -> &'static str {
+        self.entry
+    }
+
+    /// Dispatches `pipe` with the shared bindings (0 params, 1-3 Q K V, 4 the selection when
+    /// sparse, 5-6 O and LSE) plus `extra`, and returns `(O, LSE)`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dispatch(
+        self,
+        ctx: &Context,
+        enc: &mut wgpu::CommandEncoder,
+        pipe: &wgpu::ComputePipeline,
+        [q, k, v]: [&wgpu::Buffer; 3],
+        kind: &AttentionKind<'_>,
+        extra: &[(u32, &wgpu::Buffer)],
+        prof: Option<&mut Profiler>,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        let u = ctx.uniform("attention params", &self.params)?;
+        let mut b = vec![
+            (0, &u),
+            (1, q),
+            (2, k),
+            (3, v),
+            (5, &self.o.buffer),
+            (6, &self.lse.buffer),
+        ];
+        if let AttentionKind::Sparse { selection, .. } = kind {
+            b.push((4, &selection.buffer));
+        }
+        b.extend_from_slice(extra);
+        let timer = prof.map(|pr| (pr, self.label));
+        ctx.dispatch(enc, pipe, &b, self.params.wg_count as u64, timer)?;
+        Ok((self.o, self.lse))
+    }
+}
