@@ -49,26 +49,7 @@ fn variants() -> Vec<coop::LeafCoopVariant> {
 fn leaf_coop_shader_validates_and_writes_spirv() {
     for v in variants() {
         let src = preprocess(&coop::SHADER, Storage::F16, &v.consts()).unwrap();
-        let module = naga::front::wgsl::parse_str(&src)
-            .unwrap_or_else(|e| panic!("{v:?}: {}", e.emit_to_string(&src)));
-        let mut val = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
-        );
-        let info = val
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{v:?}: {}", e.emit_to_string(&src)));
-        let opts = naga::back::spv::Options {
-            lang_version: (1, 3),
-            ..Default::default()
-        };
-        let pipe = naga::back::spv::PipelineOptions {
-            shader_stage: naga::ShaderStage::Compute,
-            entry_point: "leaf_select".into(),
-        };
-        let words = naga::back::spv::write_vec(&module, &info, &opts, Some(&pipe))
-            .unwrap_or_else(|e| panic!("{v:?}: {e}"));
-        assert!(words.len() > 100);
+        assert_spirv(&format!("{v:?}"), &src, &["leaf_select"]);
         eprintln!("  {v:?}: {} bytes of workgroup memory", v.shared_bytes());
     }
 }

@@ -61,3 +61,31 @@ pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
     }
     (num / den.max(1e-300)).sqrt()
 }
+
+/// naga parses and validates `src` (every capability enabled, as for the cooperative-matrix
+/// shaders) and writes SPIR-V 1.3 for each compute entry point in `entries` (the path wgpu takes
+/// on Vulkan); panics naming `what` with naga's message otherwise.
+pub fn assert_spirv(what: &str, src: &str, entries: &[&str]) {
+    let module = naga::front::wgsl::parse_str(src)
+        .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(src)));
+    let mut val = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    );
+    let info = val
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(src)));
+    let opts = naga::back::spv::Options {
+        lang_version: (1, 3),
+        ..Default::default()
+    };
+    for entry in entries {
+        let pipe = naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: (*entry).into(),
+        };
+        let words = naga::back::spv::write_vec(&module, &info, &opts, Some(&pipe))
+            .unwrap_or_else(|e| panic!("{what} {entry}: {e}"));
+        assert!(words.len() > 100, "{what} {entry}: {} words", words.len());
+    }
+}
