@@ -1,5 +1,7 @@
 // Block-sparse attention over selected leaves and the dense FlashAttention baseline
-// (PISA.md section 4). Host: pisa-wgpu/src/ops/attention.rs.
+// (PISA.md section 4). Host: pisa-wgpu/src/ops/attention.rs. Params, the bindings shared with
+// the tensor-core twin (attention_coop.wgsl) and the selection union: attention_common.wgsl,
+// appended.
 //
 // One workgroup owns RP rows = (query head, query) pairs of one KV head: the GH query heads of
 // a head chunk times QT consecutive queries (row r: query r / GH, head r % GH; rows past
@@ -38,22 +40,10 @@ const NG: u32 = (KT + KG - 1u) / KG; // groups per tile
 const RP4: u32 = RP / 4u;
 const NEG: f32 = -1.0e30;          // "no score" (finite: no reliance on infinities)
 
-struct Params {
-    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
-    k_sh: u32, k_sn: u32, v_sb: u32, v_sh: u32,
-    v_sn: u32, kv_heads: u32, q_heads: u32, group: u32,
-    gh: u32, head_chunks: u32, q_len: u32, k_len: u32,
-    block_size: u32, n_qtiles: u32, top_k: u32, nb0: u32,
-    causal: u32, wg_count: u32, scale_log2: f32, pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<store_t>>;
 @group(0) @binding(2) var<storage, read> k: array<vec4<store_t>>;
 @group(0) @binding(3) var<storage, read> v: array<vec4<store_t>>;
-@group(0) @binding(4) var<storage, read> sel: array<i32>;
 @group(0) @binding(5) var<storage, read_write> o: array<vec4<store_t>>;
-@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 
 var<workgroup> q_sh: array<vec4<f32>, RP * ROW4>;
 var<workgroup> kv_sh: array<vec4<f32>, KT * ROW4>;
@@ -72,10 +62,6 @@ var<private> kvh: u32;
 var<private> hq0: u32;    // first query head of the chunk
 var<private> heads: u32;  // valid heads in the chunk
 var<private> i0: u32;     // first query of the tile
-
-fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
-}
 
 fn row_valid(r: u32) -> bool {
     return r % p.gh < heads && r / p.gh < QT && i0 + r / p.gh < p.q_len;
@@ -325,7 +311,7 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (id >= p.wg_count) { return; }
     lid = li;
     setup(id, (id / p.head_chunks) % p.n_qtiles);
-    // The ascending union of the tile's selections (attention_union.wgsl).
+    // The ascending union of the tile's selections (attention_common.wgsl).
     let nu = build_union(lid, (b * p.kv_heads + kvh) * p.q_len, i0);
     for (var u = 0u; u < nu; u++) {
         let blk0 = ublk[u] * p.block_size;

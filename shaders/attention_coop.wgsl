@@ -1,6 +1,7 @@
 // Block-sparse and dense flash attention on cooperative matrices (tensor cores), f16 storage,
 // f32 accumulation (PISA.md sections 4 and 5). Host: pisa-wgpu/src/ops/attention/coop.rs; the
-// portable twin is shaders/attention.wgsl (same bindings, same Params, same row mapping).
+// portable twin is shaders/attention.wgsl (same bindings, same Params, same row mapping; Params,
+// the shared bindings and the selection union: attention_common.wgsl, appended).
 //
 // f16 only: the host prepends `enable f16;` (Storage::F16). Needs the SUBGROUP feature (the
 // subgroup id picks each subgroup's tiles) and a fixed subgroup size SG (min = max), so the
@@ -63,22 +64,10 @@ const NPF: u32 = (KT * (HD / 4u) + WG - 1u) / WG; // K (and V) vec4 per thread p
 const NEG: f32 = -1.0e30;            // "no score yet"
 const LAZY: f32 = 8.0;               // rescale threshold, log2 units (P <= 256)
 
-struct Params {
-    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
-    k_sh: u32, k_sn: u32, v_sb: u32, v_sh: u32,
-    v_sn: u32, kv_heads: u32, q_heads: u32, group: u32,
-    gh: u32, head_chunks: u32, q_len: u32, k_len: u32,
-    block_size: u32, n_qtiles: u32, top_k: u32, nb0: u32,
-    causal: u32, wg_count: u32, scale_log2: f32, pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f16>>;
 @group(0) @binding(2) var<storage, read> k: array<vec4<f16>>;
 @group(0) @binding(3) var<storage, read> v: array<vec4<f16>>;
-@group(0) @binding(4) var<storage, read> sel: array<i32>;
 @group(0) @binding(5) var<storage, read_write> o: array<vec4<f16>>;
-@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 // The K and V buffers again, as f16 scalars (the host binds them at 2 / 7 and 3 / 8).
 @group(0) @binding(7) var<storage, read> k16: array<f16>;
 @group(0) @binding(8) var<storage, read> v16: array<f16>;
@@ -106,10 +95,6 @@ var<private> kvh: u32;
 var<private> hq0: u32;
 var<private> heads: u32;
 var<private> i0: u32;
-
-fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
-}
 
 fn row_valid(r: u32) -> bool {
     return r < RT && r % p.gh < heads && r / p.gh < QT && i0 + r / p.gh < p.q_len;
@@ -381,7 +366,7 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     sg = sgid;
     lane = sli;
     setup(id, (id / p.head_chunks) % p.n_qtiles);
-    // The ascending union of the tile's selections (attention_union.wgsl).
+    // The ascending union of the tile's selections (attention_common.wgsl).
     let nu = build_union(lid, (b * p.kv_heads + kvh) * p.q_len, i0);
     // Flat walk over (block, KT-key piece): tile j is piece j % tpb of union entry j / tpb.
     let tpb = (p.block_size + KT - 1u) / KT;

@@ -1,4 +1,4 @@
-//! The ascending union of a query tile's selections (`shaders/attention_union.wgsl`, shared by
+//! The ascending union of a query tile's selections (`shaders/attention_common.wgsl`, shared by
 //! the portable and the tensor-core sparse attention): lists with -1 holes anywhere and repeated
 //! blocks (both allowed: ignored, and counted once) must give the reference's result, on the
 //! portable kernels and, where the adapter has them, the cooperative-matrix ones. Queries of one

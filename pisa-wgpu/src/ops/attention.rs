@@ -34,7 +34,7 @@ pub const SHADER: ShaderSource = ShaderSource {
     name: "attention",
     wgsl: concat!(
         include_str!("../../../shaders/attention.wgsl"),
-        include_str!("../../../shaders/attention_union.wgsl")
+        include_str!("../../../shaders/attention_common.wgsl")
     ),
 };
 

@@ -23,7 +23,7 @@ pub const SHADER: ShaderSource = ShaderSource {
     name: "attention_coop",
     wgsl: concat!(
         include_str!("../../../../shaders/attention_coop.wgsl"),
-        include_str!("../../../../shaders/attention_union.wgsl")
+        include_str!("../../../../shaders/attention_common.wgsl")
     ),
 };
 
@@ -73,7 +73,7 @@ impl CoopVariant {
         let halves = self.kvh() as u64 + rt * (kt + 8);
         let floats = rt * (kt + 4) + COOP_SUBGROUPS as u64 * 256 + wg + rt;
         let maxu4 = (self.qt * self.selk).div_ceil(4) as u64 * 4;
-        // attention_union.wgsl: five arrays of MAXU4 words and the count; flag_sh.
+        // attention_common.wgsl: five arrays of MAXU4 words and the count; flag_sh.
         2 * halves + 4 * floats + 20 * maxu4 + 32
     }
 

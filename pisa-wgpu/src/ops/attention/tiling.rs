@@ -45,7 +45,7 @@ impl Variant {
         let row4 = (self.hd4 + 1) as u64;
         let (rp, kt, wg) = (self.rp as u64, self.kt as u64, self.wg as u64);
         let maxu4 = (self.qt * self.selk).div_ceil(4) as u64 * 4;
-        // attention_union.wgsl: five arrays of MAXU4 words and the count.
+        // attention_common.wgsl: five arrays of MAXU4 words and the count.
         16 * (rp + kt) * row4 + 4 * (kt * rp + wg + rp) + 20 * maxu4 + 16
     }
 

@@ -1,15 +1,35 @@
-// The ascending union of a query tile's block selections, shared by the sparse entry points of
-// attention.wgsl (portable) and attention_coop.wgsl (tensor cores), appended to each by its host
-// module. Needs from the kernel: QT (queries per tile), SELK (top_k), WG (invocations), the
-// `sel` binding and Params `p` (q_len, top_k, kv_heads, nb0).
+// The part the sparse and dense attention kernels share, appended to each by its host module
+// (ops/attention.rs for attention.wgsl, the portable kernels; ops/attention/coop.rs for
+// attention_coop.wgsl, the tensor-core ones): the parameter block (host side:
+// ops/attention.rs `Params`, filled by ops/attention/launch.rs), the bindings whose type does
+// not depend on the storage precision, the workgroup index, and the ascending union of a query
+// tile's block selections. Needs from the kernel: QT (queries per tile), SELK (top_k), WG
+// (invocations).
 //
-// Per list (one query's K entries), an entry is valid when it is a leaf (0 <= e < nb0) above
-// every valid entry before it in the list (a -1, a leaf past the last, a repeat or an
+// Union: per list (one query's K entries), an entry is valid when it is a leaf (0 <= e < nb0)
+// above every valid entry before it in the list (a -1, a leaf past the last, a repeat or an
 // out-of-order entry is skipped; well-formed lists are ascending and all valid). The union is
 // the ascending set of valid entries; umask[u] has bit qi set when query qi's list holds
 // ublk[u]. Built in parallel, one invocation per entry, in three passes: valid, first valid
 // occurrence of its value, then (first occurrences) rank among the distinct values (the union
 // slot) and mask. O(QT * K) steps per invocation instead of one invocation's serial merge.
+
+struct Params {
+    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
+    k_sh: u32, k_sn: u32, v_sb: u32, v_sh: u32,
+    v_sn: u32, kv_heads: u32, q_heads: u32, group: u32,
+    gh: u32, head_chunks: u32, q_len: u32, k_len: u32,
+    block_size: u32, n_qtiles: u32, top_k: u32, nb0: u32,
+    causal: u32, wg_count: u32, scale_log2: f32, pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(4) var<storage, read> sel: array<i32>;
+@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
+
+fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+}
 
 const MAXU: u32 = QT * SELK;
 const MAXU4: u32 = (MAXU + 3u) / 4u * 4u;
