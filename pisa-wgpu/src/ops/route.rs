@@ -6,7 +6,7 @@ use super::select::Plan;
 use crate::error::Result;
 use crate::runtime::buffers::{GpuTensor, POISON_I32};
 use crate::runtime::context::Context;
-use crate::runtime::pipeline::{ShaderSource, Storage};
+use crate::runtime::pipeline::{env_u32, ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 
 /// `shaders/route.wgsl`.
@@ -73,10 +73,6 @@ fn max_wg_asked() -> u32 {
 /// only lowered to fit the workgroup memory), else `None` (the tile that fills the workgroup).
 fn tile_asked() -> Option<u32> {
     env_u32("PISA_ROUTE_TILE").filter(|t| (1..=MAX_TILE).contains(t))
-}
-
-fn env_u32(name: &str) -> Option<u32> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
 /// Chooses the workgroup shape: the most lanes up to `asked` that divide ceil(D / 4), then the

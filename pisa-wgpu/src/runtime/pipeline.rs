@@ -173,3 +173,9 @@ impl PipelineCache {
         Ok(p)
     }
 }
+
+/// A numeric tuning knob from the environment (`PISA_ROUTE_LANES`, `PISA_LEAF_LPI`, ...): the
+/// variable's value parsed as u32, or `None` when unset or not a number. Callers check the range.
+pub(crate) fn env_u32(name: &str) -> Option<u32> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}

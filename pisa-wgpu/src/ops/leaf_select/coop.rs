@@ -17,7 +17,7 @@ use super::{common_bytes, Plan};
 use crate::error::Result;
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::{Context, KernelPath, COOP_SUBGROUPS};
-use crate::runtime::pipeline::{ShaderSource, Storage};
+use crate::runtime::pipeline::{env_u32, ShaderSource, Storage};
 use pisa_core::{AttentionShape, SelectionConfig};
 
 /// `shaders/leaf_select_coop.wgsl` (its `enable` first), the shared selection prelude and the
@@ -126,9 +126,7 @@ pub fn plan_for(
 
 /// Leaves per iteration: `PISA_LEAF_LPI` (1 to 4, a tuning knob) or 2.
 fn leaves_per_iteration() -> u32 {
-    std::env::var("PISA_LEAF_LPI")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
+    env_u32("PISA_LEAF_LPI")
         .filter(|n| (1..=4).contains(n))
         .unwrap_or(2)
 }
