@@ -1,7 +1,8 @@
 //! The `pisa` binary on small inputs (issue 4): `--help` of every command, `info` (text and
-//! JSON), `decode --check`, `recall --json`, a tiny `bench --json` and `bench --compare`, and
-//! `demo`. `forward` against the CPU reference is in `cli_forward.rs`, bad inputs in
-//! `cli_bad_*.rs`. Everything runs on the default adapter (lavapipe in CI) at N <= 300.
+//! JSON), `decode --check`, `recall --json`, a tiny `bench --json` (with the burst decode
+//! records) and `bench --compare`, and `demo`. `forward` against the CPU reference is in
+//! `cli_forward.rs`, bad inputs in `cli_bad_*.rs`. Everything runs on the default adapter
+//! (lavapipe in CI) at N <= 300.
 
 mod common;
 
@@ -208,6 +209,19 @@ fn bench_tiny_json_then_compare() {
     for op in ["decode_route", "decode_leaf", "decode_merge"] {
         assert_eq!(ops.contains(&op), timed, "{op}: {ops:?}");
     }
+    // The burst decode (10 back-to-back steps in one submission, ms per step), beside the
+    // isolated step: finite, positive, and printed in the decode table.
+    for op in ["decode_pisa_burst", "decode_dense_burst"] {
+        let rec = j["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["op"] == op && r["n"] == 128)
+            .unwrap_or_else(|| panic!("{op} missing: {ops:?}"));
+        let ms = rec["ms"].as_f64().unwrap();
+        assert!(ms.is_finite() && ms > 0.0, "{op}: {rec}");
+    }
+    assert!(r.stdout.contains("PISA burst"), "{}", r.stdout);
     assert!(dir.path().join("a.svg").exists());
     let c = run_in(dir.path(), &["bench", "--compare", "a.json", "a.json"]).ok();
     assert!(c.stdout.contains("pisa_select"), "{}", c.stdout);

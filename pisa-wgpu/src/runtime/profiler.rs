@@ -1,8 +1,11 @@
 //! GPU time per stage from timestamp queries (where the adapter has TIMESTAMP_QUERY).
 //!
 //! Each timed compute pass writes a begin and an end timestamp; [`Profiler::finish`] resolves
-//! them and sums the time per stage label. Without timestamps every method is a no-op and
-//! [`StageTimes::gpu`] is false, so callers can fall back to wall-clock and say so.
+//! them and sums the time per stage label (the passes alone, not the gaps between them);
+//! [`Profiler::finish_span`] instead gives the span of a label's passes, first begin to last
+//! end, gaps included (a burst of passes recorded back to back). Without timestamps every
+//! method is a no-op and [`StageTimes::gpu`] is false, so callers can fall back to wall-clock
+//! and say so.
 
 use super::context::Context;
 use crate::error::Result;
@@ -42,6 +45,8 @@ pub struct Profiler {
     set: Option<wgpu::QuerySet>,
     capacity: u32,
     labels: Vec<&'static str>,
+    /// Passes asked for past `capacity` (recorded untimed).
+    untimed: usize,
 }
 
 impl Profiler {
@@ -58,6 +63,7 @@ impl Profiler {
             set,
             capacity: passes,
             labels: Vec::new(),
+            untimed: 0,
         }
     }
 
@@ -67,6 +73,7 @@ impl Profiler {
             set: None,
             capacity: 0,
             labels: Vec::new(),
+            untimed: 0,
         }
     }
 
@@ -78,6 +85,7 @@ impl Profiler {
         let set = self.set.as_ref()?;
         let i = self.labels.len() as u32;
         if i >= self.capacity {
+            self.untimed += 1;
             return None;
         }
         self.labels.push(stage);
@@ -90,27 +98,9 @@ impl Profiler {
 
     /// Resolves the timestamps of a finished submission (call after the work was submitted).
     pub fn finish(self, ctx: &Context) -> Result<StageTimes> {
-        let Some(set) = self.set else {
+        let Some(ticks) = self.ticks(ctx)? else {
             return Ok(StageTimes::default());
         };
-        let n = self.labels.len() as u32;
-        if n == 0 {
-            return Ok(StageTimes {
-                stages: Vec::new(),
-                gpu: true,
-            });
-        }
-        let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("timestamps"),
-            size: 16 * n as u64,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        enc.resolve_query_set(&set, 0..2 * n, &resolve, 0);
-        ctx.queue.submit([enc.finish()]);
-        let bytes = ctx.read_bytes(&resolve)?;
-        let ticks: &[u64] = bytemuck::cast_slice(&bytes);
         let period = ctx.queue.get_timestamp_period() as f64;
         let mut t = StageTimes {
             stages: Vec::new(),
@@ -121,5 +111,77 @@ impl Profiler {
             t.add(label, dt);
         }
         Ok(t)
+    }
+
+    /// Resolves the timestamps of a finished submission and returns the span of the passes
+    /// labelled `stage`, ms: from the earliest begin to the latest end timestamp of those
+    /// passes, so the gaps between them (pass boundaries, barriers, idle time) count, where
+    /// [`Self::finish`] sums the passes alone. For a burst of steps recorded back to back in
+    /// one command encoder this is the burst's GPU time, as two CUDA events around the burst
+    /// would measure it. `None` without timestamps, when no pass has that label, or when a
+    /// pass went untimed because more passes were recorded than the profiler was made for
+    /// (the span would be cut short).
+    pub fn finish_span(self, ctx: &Context, stage: &str) -> Result<Option<f64>> {
+        if self.untimed > 0 {
+            return Ok(None);
+        }
+        let Some(ticks) = self.ticks(ctx)? else {
+            return Ok(None);
+        };
+        let period = ctx.queue.get_timestamp_period() as f64;
+        Ok(span_ticks(&self.labels, &ticks, stage).map(|t| t as f64 * period * 1e-6))
+    }
+
+    /// The resolved timestamps, begin and end per timed pass (`None` without timestamps).
+    fn ticks(&self, ctx: &Context) -> Result<Option<Vec<u64>>> {
+        let Some(set) = &self.set else {
+            return Ok(None);
+        };
+        let n = self.labels.len() as u32;
+        if n == 0 {
+            return Ok(Some(Vec::new()));
+        }
+        let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps"),
+            size: 16 * n as u64,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        enc.resolve_query_set(set, 0..2 * n, &resolve, 0);
+        ctx.queue.submit([enc.finish()]);
+        let bytes = ctx.read_bytes(&resolve)?;
+        Ok(Some(bytemuck::cast_slice(&bytes).to_vec()))
+    }
+}
+
+/// Ticks from the earliest begin to the latest end of the passes labelled `stage` (`ticks`:
+/// begin and end per pass, in the order of `labels`); `None` when no pass has that label.
+fn span_ticks(labels: &[&str], ticks: &[u64], stage: &str) -> Option<u64> {
+    let pairs = labels
+        .iter()
+        .zip(ticks.chunks_exact(2))
+        .filter(|(l, _)| **l == stage)
+        .map(|(_, t)| (t[0], t[1]));
+    let (begin, end) = pairs.fold(None, |acc: Option<(u64, u64)>, (b, e)| {
+        Some(acc.map_or((b, e), |(b0, e0)| (b0.min(b), e0.max(e))))
+    })?;
+    Some(end.saturating_sub(begin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::span_ticks;
+
+    #[test]
+    fn span_is_first_begin_to_last_end_of_the_label() {
+        // Three "burst" passes with gaps between them, and another label in the middle.
+        let labels = ["burst", "other", "burst", "burst"];
+        let ticks = [100, 110, 111, 500, 120, 130, 140, 175];
+        assert_eq!(span_ticks(&labels, &ticks, "burst"), Some(75));
+        // Summing the passes alone (what `finish` does) would give 10 + 10 + 35 = 55.
+        assert_eq!(span_ticks(&labels, &ticks, "other"), Some(389));
+        assert_eq!(span_ticks(&labels, &ticks, "absent"), None);
+        assert_eq!(span_ticks(&[], &[], "burst"), None);
     }
 }

@@ -1,16 +1,34 @@
 //! The decode measurement of `pisa bench`: PISA's decode step (one compute pass of three
 //! dispatches, and the same dispatches timed apart) against dense attention of one query over
 //! the whole cache, at one cache length, with the KV heads split over caches past one storage
-//! binding.
+//! binding; each both as one isolated step per submission and as a burst of [`BURST`] steps
+//! back to back in one submission (how the PyTorch peer times SDPA decode); and the records
+//! `pisa bench` writes for them.
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use pisa_core::{AttentionShape, TensorLayout};
 use pisa_wgpu::ops::attention::{record_dense_attention, QkvLayouts};
 use pisa_wgpu::ops::decode::KvCache;
 use pisa_wgpu::ops::fill::random_tensor;
-use pisa_wgpu::{Context, Profiler};
+use pisa_wgpu::{Context, GpuTensor, Profiler, Storage};
 
 use super::measure::Plan;
+use super::report::Record;
+
+/// Steps per burst: as `benches/peers/torch_peers.py` (`timeit`, `inner=10`) times decode.
+pub const BURST: usize = 10;
+
+/// One cache of the KV heads it holds (all of them unless they exceed one storage binding).
+struct Part<'a> {
+    cache: KvCache<'a>,
+    k: GpuTensor,
+    v: GpuTensor,
+    /// The two queries of the isolated steps, used in rotation.
+    qs: [GpuTensor; 2],
+    /// [`BURST`] distinct queries, one per step of a burst.
+    burst_qs: Vec<GpuTensor>,
+    shape: AttentionShape,
+}
 
 /// Decode step at a cache of `p.n` tokens (batch 1): PISA's step (one compute pass: route,
 /// leaf, merge) against dense attention of one query over the whole cache. When K or V of all
@@ -19,8 +37,8 @@ use super::measure::Plan;
 /// ([`KvCache::record_steps`]), as a server would run them. With GPU timestamps, the same
 /// step is also recorded as three timed passes ([`KvCache::record_steps_by_stage`]) to split
 /// its time into `route`, `leaf` and `merge` (the sum exceeds the one-pass step by the pass
-/// boundaries). Returns (PISA ms, dense ms, reps, GPU-timed);
-/// medians over repetitions, the query rotated between two sets.
+/// boundaries). Each repetition also times a burst of [`BURST`] steps (see [`burst`]).
+/// Medians over repetitions, the isolated step's query rotated between two sets.
 pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     let (hq, hkv, d, n) = (p.hq, p.hkv, p.d, p.n);
     let g = hq / hkv;
@@ -37,12 +55,27 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
             random_tensor(ctx, "q", h * g * d, p.storage, 13, 1.0)?,
             random_tensor(ctx, "q", h * g * d, p.storage, 14, 1.0)?,
         ];
+        let burst_qs = (0..BURST as u32)
+            .map(|s| {
+                let seed = 1000 + 100 * h0 as u32 + s;
+                random_tensor(ctx, "burst q", h * g * d, p.storage, seed, 1.0)
+            })
+            .collect::<pisa_wgpu::Result<_>>()?;
         let shape = AttentionShape::new(1, h * g, h, 1, n, d)?;
-        parts.push((cache, k, v, qs, shape));
+        parts.push(Part {
+            cache,
+            k,
+            v,
+            qs,
+            burst_qs,
+            shape,
+        });
     }
     let scale = p.cfg.softmax_scale(d);
+    let dense_layouts = QkvLayouts::from(TensorLayout::Bhnd);
     let mut pisa = Vec::new();
     let mut dense = Vec::new();
+    let mut bursts: [Vec<f64>; 2] = Default::default();
     let mut by_stage: [Vec<f64>; 3] = Default::default();
     let mut gpu = true;
     let reps = p.reps.max(5);
@@ -51,10 +84,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let started = std::time::Instant::now();
         ctx.scoped("bench decode", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            let steps: Vec<_> = parts
-                .iter()
-                .map(|(c, _, _, qs, _)| (c, &qs[r % 2]))
-                .collect();
+            let steps: Vec<_> = parts.iter().map(|x| (&x.cache, &x.qs[r % 2])).collect();
             KvCache::record_steps(&mut enc, &steps, Some(&mut prof))?;
             ctx.queue().submit([enc.finish()]);
             Ok(())
@@ -63,15 +93,15 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let started = std::time::Instant::now();
         ctx.scoped("bench dense decode", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            for (_, k, v, qs, shape) in &parts {
+            for x in &parts {
                 record_dense_attention(
                     ctx,
                     &mut enc,
-                    &qs[r % 2],
-                    k,
-                    v,
-                    shape,
-                    QkvLayouts::from(TensorLayout::Bhnd),
+                    &x.qs[r % 2],
+                    &x.k,
+                    &x.v,
+                    &x.shape,
+                    dense_layouts,
                     true,
                     scale,
                     Some(&mut prof),
@@ -83,19 +113,56 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let wall_dense = started.elapsed().as_secs_f64() * 1e3;
         ctx.scoped("bench decode by stage", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            let steps: Vec<_> = parts
-                .iter()
-                .map(|(c, _, _, qs, _)| (c, &qs[r % 2]))
-                .collect();
+            let steps: Vec<_> = parts.iter().map(|x| (&x.cache, &x.qs[r % 2])).collect();
             KvCache::record_steps_by_stage(&mut enc, &steps, Some(&mut prof))?;
             ctx.queue().submit([enc.finish()]);
             Ok(())
         })?;
         let t = prof.finish(ctx)?;
         gpu &= t.gpu;
+        let pisa_burst = burst(ctx, &parts, "decode", |prof, _| {
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            for s in 0..BURST {
+                let steps: Vec<_> = parts.iter().map(|x| (&x.cache, &x.burst_qs[s])).collect();
+                KvCache::record_steps(&mut enc, &steps, Some(&mut *prof))?;
+            }
+            ctx.queue().submit([enc.finish()]);
+            Ok(())
+        })?;
+        let dense_burst = burst(ctx, &parts, "dense", |prof, outs| {
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            let np = parts.len();
+            for s in 0..BURST {
+                for (i, x) in parts.iter().enumerate() {
+                    // Step s > 0 reads step s-1's output as its query (see `burst`).
+                    let q = match s {
+                        0 => &x.burst_qs[0],
+                        _ => &outs[(s - 1) * np + i].0,
+                    };
+                    let prof = Some(&mut *prof);
+                    let o = record_dense_attention(
+                        ctx,
+                        &mut enc,
+                        q,
+                        &x.k,
+                        &x.v,
+                        &x.shape,
+                        dense_layouts,
+                        true,
+                        scale,
+                        prof,
+                    )?;
+                    outs.push(o);
+                }
+            }
+            ctx.queue().submit([enc.finish()]);
+            Ok(())
+        })?;
         if r >= 2 {
             pisa.push(if t.gpu { t.get("decode") } else { wall_pisa });
             dense.push(if t.gpu { t.get("dense") } else { wall_dense });
+            bursts[0].push(pisa_burst);
+            bursts[1].push(dense_burst);
             for (v, stage) in
                 by_stage
                     .iter_mut()
@@ -110,13 +177,53 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         v[v.len() / 2]
     };
     let [a, b, c] = by_stage;
+    let [pb, db] = bursts;
     Ok(DecodeTimes {
         pisa: med(pisa),
         dense: med(dense),
+        pisa_burst: med(pb),
+        dense_burst: med(db),
         stages: gpu.then(|| [med(a), med(b), med(c)]),
         reps,
         gpu,
     })
+}
+
+/// Dense attention outputs `(O, LSE)` of a burst, kept alive until it has run.
+type Outs = Vec<(GpuTensor, GpuTensor)>;
+
+/// Times a burst: `record` records [`BURST`] steps back to back into ONE command encoder
+/// (each step's passes labelled `label` in the profiler) and submits it; returns ms per step.
+/// With GPU timestamps it is [`Profiler::finish_span`] over the `label` passes (the first
+/// step's begin to the last step's end, gaps between the steps included, as two CUDA events
+/// around the PyTorch peer's 10 calls measure) divided by [`BURST`]; without, the wall clock
+/// of recording, submitting and waiting, divided by [`BURST`] (the table then says
+/// WALL-CLOCK). The PISA steps of a burst are ordered by the cache's scratch and outputs,
+/// which each step rewrites. Dense steps share no buffer they write, and Vulkan may overlap
+/// dispatches that nothing orders (a CUDA stream runs its kernels one after another), so the
+/// dense `record` chains them: a step's query is the previous step's output O (same shape and
+/// precision; the dense kernel's work does not depend on the values). `record` pushes the
+/// dense outputs to its `Outs`, part-minor.
+fn burst(
+    ctx: &Context,
+    parts: &[Part<'_>],
+    label: &'static str,
+    record: impl FnOnce(&mut Profiler, &mut Outs) -> pisa_wgpu::Result<()>,
+) -> Result<f64> {
+    // Passes: a PISA step is one pass for all parts, a dense step one pass per part.
+    let mut prof = Profiler::new(ctx, (BURST * parts.len()) as u32);
+    let mut outs = Outs::new();
+    let started = std::time::Instant::now();
+    ctx.scoped("bench decode burst", || record(&mut prof, &mut outs))?;
+    let wall = started.elapsed().as_secs_f64() * 1e3;
+    drop(outs);
+    if !ctx.has_timestamps() {
+        return Ok(wall / BURST as f64);
+    }
+    let span = prof
+        .finish_span(ctx, label)?
+        .with_context(|| format!("no GPU span for the {label} burst"))?;
+    Ok(span / BURST as f64)
 }
 
 /// Medians of [`decode`], ms.
@@ -125,10 +232,54 @@ pub struct DecodeTimes {
     pub pisa: f64,
     /// Dense attention of one query over the whole cache.
     pub dense: f64,
+    /// The PISA step within a burst of [`BURST`] back-to-back steps: the burst / [`BURST`].
+    pub pisa_burst: f64,
+    /// Dense attention of one query within a burst of [`BURST`]: the burst / [`BURST`].
+    pub dense_burst: f64,
     /// The step's `route`, `leaf` and `merge` passes timed apart (GPU timestamps only).
     pub stages: Option<[f64; 3]>,
     /// Repetitions.
     pub reps: usize,
     /// True when timed by GPU timestamps (else wall clock).
     pub gpu: bool,
+}
+
+/// The records of one decode measurement at cache length `n`: `decode_route`, `decode_leaf`,
+/// `decode_merge` (GPU timestamps only), `decode_pisa`, `decode_dense`, `decode_pisa_burst`,
+/// `decode_dense_burst` (ms per step); the dense ones with GB/s against reading K and V of
+/// `hkv` heads of dimension `d` once.
+pub fn records(
+    t: &DecodeTimes,
+    n: usize,
+    (hkv, d): (usize, usize),
+    st: Storage,
+    path: &str,
+) -> Vec<Record> {
+    let bytes = 2.0 * (hkv * n * d) as f64 * st.bytes() as f64;
+    let gbps = |ms: f64| Some(bytes / ms.max(1e-9) * 1e-6);
+    let staged = ["decode_route", "decode_leaf", "decode_merge"]
+        .into_iter()
+        .zip(t.stages.unwrap_or_default())
+        .filter(|_| t.stages.is_some())
+        .map(|(op, ms)| (op, ms, None));
+    let stn = if st == Storage::F16 { "f16" } else { "f32" };
+    staged
+        .chain([
+            ("decode_pisa", t.pisa, None),
+            ("decode_dense", t.dense, gbps(t.dense)),
+            ("decode_pisa_burst", t.pisa_burst, None),
+            ("decode_dense_burst", t.dense_burst, gbps(t.dense_burst)),
+        ])
+        .map(|(op, ms, gbps)| Record {
+            op: op.into(),
+            n,
+            storage: stn.into(),
+            ms,
+            reps: t.reps,
+            gpu_timed: t.gpu,
+            tflops: None,
+            gbps,
+            path: path.into(),
+        })
+        .collect()
 }

@@ -291,67 +291,30 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         for &n in &decode_sizes {
             pb.set_message(format!("decode {stn} cache={n}"));
-            match decode::decode(
-                &ctx,
-                &measure::Plan {
-                    n,
-                    hq: a.hq,
-                    hkv: a.hkv,
-                    d: a.d,
-                    cfg,
-                    storage: st,
-                    q_tile: a.q_tile,
-                    dense: true,
-                    backward: false,
-                    reps: a.reps.max(20),
-                    budget_s: a.budget_s,
-                },
-            ) {
-                Ok(decode::DecodeTimes {
-                    pisa: pisa_ms,
-                    dense: dense_ms,
-                    stages,
-                    reps,
-                    gpu,
-                }) => {
-                    let bytes = 2.0 * (a.hkv * n * a.d) as f64 * st.bytes() as f64;
-                    let staged = ["decode_route", "decode_leaf", "decode_merge"]
-                        .into_iter()
-                        .zip(stages.unwrap_or_default())
-                        .filter(|_| stages.is_some())
-                        .map(|(op, ms)| (op, ms, None));
-                    for (op, ms, gbps) in staged.chain([
-                        ("decode_pisa", pisa_ms, None),
-                        (
-                            "decode_dense",
-                            dense_ms,
-                            Some(bytes / dense_ms.max(1e-9) * 1e-6),
-                        ),
-                    ]) {
-                        out.records.push(Record {
-                            op: op.into(),
-                            n,
-                            storage: stn.into(),
-                            ms,
-                            reps,
-                            gpu_timed: gpu,
-                            tflops: None,
-                            gbps,
-                            path: path.clone(),
-                        });
+            let plan = measure::Plan {
+                n,
+                hq: a.hq,
+                hkv: a.hkv,
+                d: a.d,
+                cfg,
+                storage: st,
+                q_tile: a.q_tile,
+                dense: true,
+                backward: false,
+                reps: a.reps.max(20),
+                budget_s: a.budget_s,
+            };
+            match decode::decode(&ctx, &plan) {
+                Ok(t) => {
+                    let before = out.records.len();
+                    let recs = decode::records(&t, n, (a.hkv, a.d), st, &path);
+                    out.records.extend(recs);
+                    progress_line(&out, before);
+                    if let Some(path) = &a.json {
+                        save(path, &out)?;
                     }
                 }
                 Err(e) => eprintln!("decode cache={n} {stn}: skipped: {e:#}"),
-            }
-            if out
-                .records
-                .last()
-                .is_some_and(|r| r.n == n && r.op == "decode_dense")
-            {
-                progress_line(&out, out.records.len() - 2);
-                if let Some(path) = &a.json {
-                    save(path, &out)?;
-                }
             }
             pb.inc(1);
         }

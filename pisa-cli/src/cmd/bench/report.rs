@@ -12,7 +12,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
     /// What was timed: `pyramid`, `route`, `leaf_select`, `pisa_select`, `bsa_select`,
-    /// `attention`, `pisa_prefill`, `dense`, `decode_pisa`, `decode_dense`, `copy`.
+    /// `attention`, `pisa_prefill`, `dense`, `backward`, `copy`; decode: `decode_pisa`,
+    /// `decode_dense` (one isolated step per submission), `decode_route`, `decode_leaf`,
+    /// `decode_merge` (its three dispatches timed apart), `decode_pisa_burst`,
+    /// `decode_dense_burst` (ms per step of a burst of 10 back-to-back steps in one
+    /// submission, timed first begin to last end, as the PyTorch peer times decode).
     pub op: String,
     /// Tokens (prefill length or KV-cache length).
     pub n: usize,
@@ -180,27 +184,44 @@ pub fn table(r: &Report) -> String {
             let _ = writeln!(s, "\ndecode step (all heads, batch 1), {st} storage");
             let _ = writeln!(
                 s,
-                "{:>8} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}",
-                "cache", "PISA ms", "dense ms", "dns/PISA", "route", "leaf", "merge"
+                "{:>8} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}",
+                "cache",
+                "PISA ms",
+                "dense ms",
+                "dns/PISA",
+                "PISA burst",
+                "dense burst",
+                "dns/PISA",
+                "route",
+                "leaf",
+                "merge"
             );
             for n in ds {
-                let (p, d) = (r.ms("decode_pisa", n, st), r.ms("decode_dense", n, st));
-                let stage = |op| cell(r.ms(op, n, st));
+                let g = |op| r.ms(op, n, st);
+                let (p, d) = (g("decode_pisa"), g("decode_dense"));
+                let (pb, db) = (g("decode_pisa_burst"), g("decode_dense_burst"));
                 let _ = writeln!(
                     s,
-                    "{:>8} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}",
+                    "{:>8} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}",
                     n,
                     cell(p),
                     cell(d),
                     ratio(d, p),
-                    stage("decode_route"),
-                    stage("decode_leaf"),
-                    stage("decode_merge")
+                    cell(pb),
+                    cell(db),
+                    ratio(db, pb),
+                    cell(g("decode_route")),
+                    cell(g("decode_leaf")),
+                    cell(g("decode_merge"))
                 );
             }
+            let b = super::decode::BURST;
             let _ = writeln!(
                 s,
-                "(route / leaf / merge: the step's three dispatches timed as separate passes)"
+                "(PISA / dense ms: one isolated step per submission; burst: ms per step of {b} \
+                 back-to-back steps\n in one submission, first begin to last end / {b}, as the \
+                 PyTorch peer times decode;\n route / leaf / merge: the step's three dispatches \
+                 timed as separate passes)"
             );
         }
     }
