@@ -1,5 +1,6 @@
 //! Tensor-core (cooperative-matrix) stage 2 of PISA selection (leaf scoring, PISA.md sections
-//! 2, 3 and 5; `shaders/leaf_select_coop.wgsl`): naga validation and SPIR-V generation of its
+//! 2, 3 and 5; the tile kernel `shaders/leaf_select_coop.wgsl` and the leaf-major scorer
+//! `shaders/leaf_score_coop.wgsl`, each case run in both orders): naga validation and SPIR-V generation of its
 //! variants and the kernel-path choice (run everywhere), and the coop selection against the f64
 //! CPU reference on f16-rounded inputs (on adapters with cooperative matrices; skipped with a
 //! message elsewhere): GQA groups 1, 2, 3, 4, 7, 8 and 16, head dims 64, 80, 96 and 128, block
@@ -13,10 +14,11 @@ mod select_util;
 use common::*;
 use pisa_core::reference::select_pisa;
 use pisa_core::{AttentionShape, Scoring, SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::leaf_select::by_leaf;
 use pisa_wgpu::ops::leaf_select::{coop, leaf_path};
 use pisa_wgpu::ops::select::{select_host, Method};
 use pisa_wgpu::runtime::pipeline::preprocess;
-use pisa_wgpu::{KernelPath, Storage};
+use pisa_wgpu::{KernelPath, LeafOrder, Storage};
 use select_util::{check, report, Case};
 
 fn variants() -> Vec<coop::LeafCoopVariant> {
@@ -50,6 +52,19 @@ fn leaf_coop_shader_validates_and_writes_spirv() {
     for v in variants() {
         let src = preprocess(&coop::SHADER, Storage::F16, &v.consts()).unwrap();
         assert_spirv(&format!("{v:?}"), &src, &["leaf_select"]);
+        // The leaf-major scorer with the same constants (chunks of 64 / g_q entries; SG >= 16).
+        if v.sg >= 16 {
+            let consts = [
+                ("GQ", v.gq),
+                ("QPC", 64 / v.gq),
+                ("MC", v.mc),
+                ("HD", v.hd),
+                ("CT", v.ct),
+                ("SG", v.sg),
+            ];
+            let src = preprocess(&by_leaf::SCORE_COOP_SHADER, Storage::F16, &consts).unwrap();
+            assert_spirv(&format!("leaf_score_coop {v:?}"), &src, &["leaf_score"]);
+        }
         eprintln!("  {v:?}: {} bytes of workgroup memory", v.shared_bytes());
     }
 }
@@ -206,7 +221,12 @@ fn leaf_coop_matches_reference() {
             "{name}"
         );
         let want = select_pisa(&q, &k, &shape, c.layout, &cfg).unwrap();
-        for tile in [4, 1] {
+        for (order, tile) in [
+            (LeafOrder::Tiles, 4),
+            (LeafOrder::Tiles, 1),
+            (LeafOrder::Leaves, 4),
+        ] {
+            ctx.set_leaf_order(order);
             let got = select_host(
                 ctx,
                 &q,
@@ -219,18 +239,19 @@ fn leaf_coop_matches_reference() {
                 tile,
             )
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let what = format!("{name} Qtile {tile}");
+            let what = format!("{name} {order:?} Qtile {tile}");
             let ties = check(&what, &got, &want, c.tol(&q, &k));
             report(&what, ties, want.rows());
         }
     }
+    ctx.set_leaf_order(LeafOrder::Auto);
     ctx.set_kernel_path(before);
 }
 
 /// A partial last leaf whose few keys dominate every query (non-causal, so every query may pick
 /// it): the coop kernel loads that leaf's last 16-key tile clamped back into the sequence, and
 /// must still count exactly its keys. Every row must equal the reference (which picks the leaf),
-/// on whatever path the adapter runs (the portable kernel on lavapipe).
+/// in both stage-2 orders, on whatever path the adapter runs (the portable kernels on lavapipe).
 #[test]
 fn partial_last_leaf_is_scored_on_its_own_keys() {
     let ctx = ctx();
@@ -256,18 +277,6 @@ fn partial_last_leaf_is_scored_on_its_own_keys() {
             }
         }
         let want = select_pisa(&q, &k, &shape, case.layout, &cfg).unwrap();
-        let got = select_host(
-            ctx,
-            &q,
-            &k,
-            &shape,
-            case.layout,
-            &cfg,
-            case.storage,
-            Method::Pisa,
-            4,
-        )
-        .unwrap();
         let nb = n.div_ceil(c) as i32;
         let picked = (0..want.rows())
             .filter(|&i| want.row(i).contains(&(nb - 1)))
@@ -276,8 +285,25 @@ fn partial_last_leaf_is_scored_on_its_own_keys() {
             picked * 2 > want.rows(),
             "n {n} C {c}: the last leaf must dominate"
         );
-        let ties = check(&format!("n {n} C {c}"), &got, &want, case.tol(&q, &k));
-        assert_eq!(ties, 0, "n {n} C {c}");
+        for order in [LeafOrder::Tiles, LeafOrder::Leaves] {
+            ctx.set_leaf_order(order);
+            let got = select_host(
+                ctx,
+                &q,
+                &k,
+                &shape,
+                case.layout,
+                &cfg,
+                case.storage,
+                Method::Pisa,
+                4,
+            )
+            .unwrap();
+            let what = format!("n {n} C {c} {order:?}");
+            let ties = check(&what, &got, &want, case.tol(&q, &k));
+            assert_eq!(ties, 0, "{what}");
+        }
+        ctx.set_leaf_order(LeafOrder::Auto);
         eprintln!(
             "n {n} C {c}: {} of {} rows pick the last leaf; path {}",
             picked,

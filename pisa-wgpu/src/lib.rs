@@ -14,6 +14,8 @@ pub mod runtime;
 
 pub use error::{GpuError, Result};
 pub use runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
-pub use runtime::context::{list_adapters, AdapterChoice, AdapterReport, Context, KernelPath};
+pub use runtime::context::{
+    list_adapters, AdapterChoice, AdapterReport, Context, KernelPath, LeafOrder,
+};
 pub use runtime::pipeline::{ShaderSource, Storage};
 pub use runtime::profiler::{Profiler, StageTimes};

@@ -4,12 +4,13 @@
 //! (`shaders/leaf_select_coop.wgsl`). Both append `shaders/leaf_common.wgsl` (the union of a
 //! tile's candidates and the rank-based pick).
 
+pub mod by_leaf;
 pub mod coop;
 
 use super::select::{fit_tile, Plan};
 use crate::error::Result;
 use crate::runtime::buffers::{GpuTensor, POISON_I32};
-use crate::runtime::context::{Context, KernelPath};
+use crate::runtime::context::{Context, KernelPath, LeafOrder};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 
@@ -57,6 +58,21 @@ pub fn leaf_path(
     }
 }
 
+/// The leaf-major plan ([`by_leaf`]) when the context's [`LeafOrder`] asks for it (Auto: where
+/// the scorer runs on tensor cores, i.e. `coop` is a variant) and it fits; else `None` (tiles).
+fn leaf_major(
+    ctx: &Context,
+    plan: &Plan,
+    coop: Option<coop::LeafCoopVariant>,
+) -> Option<by_leaf::ByLeaf> {
+    let scorer = match (ctx.leaf_order(), coop) {
+        (LeafOrder::Tiles, _) | (LeafOrder::Auto, None) => return None,
+        (_, Some(v)) => by_leaf::Scorer::Coop(v),
+        (LeafOrder::Leaves, None) => by_leaf::Scorer::Portable,
+    };
+    by_leaf::plan(ctx, plan, scorer)
+}
+
 /// Workgroup bytes of leaf_common.wgsl's arrays for a tile of `t` queries, `mc` candidates each.
 fn common_bytes(t: u32, mc: u32) -> u64 {
     let qmc4 = (t * mc).div_ceil(4) * 4;
@@ -87,7 +103,11 @@ pub(crate) fn record(
         )));
     }
     let len = plan.sched.selection_len(&plan.shape);
-    if let Some(var) = coop::plan(ctx, plan, q_tile) {
+    let coop_var = coop::plan(ctx, plan, q_tile);
+    if let Some(bl) = leaf_major(ctx, plan, coop_var) {
+        return by_leaf::record(ctx, enc, plan, q, k, cand, &bl, prof);
+    }
+    if let Some(var) = coop_var {
         let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
         let timer = prof.map(|pr| (pr, "leaf_select"));
         let b = [&q.buffer, &k.buffer, &cand.buffer];

@@ -9,7 +9,7 @@
 //! (which panics); every submission is wrapped in validation and out-of-memory error scopes,
 //! and a lost device is reported by every later call.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::adapter::find_adapter;
@@ -17,7 +17,7 @@ use super::pipeline::PipelineCache;
 use crate::error::{GpuError, Result};
 
 pub use super::adapter::{list_adapters, AdapterChoice, AdapterReport};
-pub use super::coop::{coop_supported, KernelPath, COOP_SUBGROUPS};
+pub use super::coop::{coop_supported, KernelPath, LeafOrder, COOP_SUBGROUPS};
 
 /// An open GPU device with its queue, its report and the pipeline cache. `Send + Sync`: calls
 /// from several threads are serialised by wgpu's queue (see `docs/reliability.md`).
@@ -37,6 +37,7 @@ pub struct Context {
     coop_props: Vec<wgpu::CooperativeMatrixProperties>,
     coop_ok: bool,
     coop_on: AtomicBool,
+    leaf_order: AtomicU8,
 }
 
 impl std::fmt::Debug for Context {
@@ -130,6 +131,7 @@ impl Context {
             coop_props,
             coop_ok,
             coop_on: AtomicBool::new(coop_on),
+            leaf_order: AtomicU8::new(LeafOrder::from_env().to_u8()),
             pool: Mutex::new(Default::default()),
         })
     }
@@ -182,6 +184,19 @@ impl Context {
             Ordering::Relaxed,
         );
         self.kernel_path()
+    }
+
+    /// The order of PISA selection's stage 2 ([`LeafOrder`]): `PISA_LEAF_ORDER` (`tiles` or
+    /// `leaves`) at [`Context::new`], or [`Context::set_leaf_order`]; [`LeafOrder::Auto`] by
+    /// default. Every order gives the same selection (up to near-ties of f32 rounding).
+    pub fn leaf_order(&self) -> LeafOrder {
+        LeafOrder::from_u8(self.leaf_order.load(Ordering::Relaxed))
+    }
+
+    /// Chooses the order of PISA selection's stage 2 for later calls (tests and benchmarks
+    /// compare them on one device).
+    pub fn set_leaf_order(&self, order: LeafOrder) {
+        self.leaf_order.store(order.to_u8(), Ordering::Relaxed);
     }
 
     /// Largest storage binding the kernels may use, bytes (the device limit unless lowered).

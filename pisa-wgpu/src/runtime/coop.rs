@@ -56,3 +56,47 @@ pub fn coop_supported(
         && lo * COOP_SUBGROUPS <= limits.max_compute_workgroup_size_x
         && limits.max_compute_workgroup_storage_size >= 16 * 1024
 }
+
+/// How stage 2 of PISA prefill selection (exact-LSE leaf scoring) walks its work (see
+/// [`Context::leaf_order`]).
+///
+/// [`Context::leaf_order`]: super::context::Context::leaf_order
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum LeafOrder {
+    /// The default: [`LeafOrder::Leaves`] where the leaf scorer runs on tensor cores, else
+    /// [`LeafOrder::Tiles`].
+    Auto,
+    /// Query tiles (PISA.md 5): a workgroup per Qtile consecutive queries scores the union of
+    /// their candidates.
+    Tiles,
+    /// Leaf-major: candidates bucketed by (b, KV head, leaf); a workgroup per chunk of a
+    /// leaf's queries scores only rows that listed it.
+    Leaves,
+}
+
+impl LeafOrder {
+    /// `PISA_LEAF_ORDER` = `tiles` or `leaves` (anything else: Auto).
+    pub(crate) fn from_env() -> Self {
+        match std::env::var("PISA_LEAF_ORDER").as_deref() {
+            Ok("tiles") => LeafOrder::Tiles,
+            Ok("leaves") => LeafOrder::Leaves,
+            _ => LeafOrder::Auto,
+        }
+    }
+
+    pub(crate) fn to_u8(self) -> u8 {
+        match self {
+            LeafOrder::Auto => 0,
+            LeafOrder::Tiles => 1,
+            LeafOrder::Leaves => 2,
+        }
+    }
+
+    pub(crate) fn from_u8(v: u8) -> Self {
+        match v {
+            1 => LeafOrder::Tiles,
+            2 => LeafOrder::Leaves,
+            _ => LeafOrder::Auto,
+        }
+    }
+}

@@ -1,0 +1,109 @@
+// Leaf-major stage 2 of PISA prefill selection, part 1 of 3 (PISA.md 3.3 and 5; host:
+// pisa-wgpu/src/ops/leaf_select/by_leaf.rs): bucket the stage-1 candidates by (b, KV head, leaf)
+// so that a leaf's raw keys are read once per chunk of the queries that list it, not once per
+// query tile (the tile kernels' union of 4 queries' candidates is mostly disjoint on inputs
+// without locality: up to 4x the useful matrix work there).
+//   count:   cnt[x] = entries of bucket x = bh * nb0 + leaf (atomics; cnt starts at zero);
+//   scan:    off[x] (first entry of x in `list`) and coff[x] (first chunk of x: a bucket of n
+//            entries has ceil(n / QPC) chunks), exclusive prefix sums, one workgroup;
+//            off[buckets] = entries, coff[buckets] = chunks;
+//   scatter: list[off[x] + slot] = i * MC + o for every entry (query i, candidate slot o); the
+//            slot comes from counting cnt back down to zero (order within a bucket is
+//            unspecified, and does not matter: each entry's score goes to its own slot).
+// An entry is a non-forced candidate of a query that must choose (it sees more than K leaves
+// and has slots left after its forced ones); the others are never read by the pick.
+// (Params, p, visible, is_forced, n_forced, linear_id: select_common.wgsl, prepended.)
+
+const MC: u32 = 34u;   // candidate slots per query, g * (K + 1)
+const QPC: u32 = 16u;  // entries per scoring chunk
+const NONE: u32 = 0xffffffffu;
+
+// items: entries (count, scatter) or buckets (scan).
+struct Buckets { items: u32, buckets: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(3) var<storage, read> cand: array<i32>;
+@group(0) @binding(5) var<storage, read_write> cnt: array<atomic<u32>>;
+@group(0) @binding(6) var<storage, read_write> off: array<u32>;
+@group(0) @binding(7) var<storage, read_write> coff: array<u32>;
+@group(0) @binding(8) var<storage, read_write> list: array<u32>;
+@group(0) @binding(10) var<uniform> bl: Buckets;
+
+// The leaf of entry e = (bh * q_len + i) * MC + o when it is to be scored, else NONE.
+fn entry_leaf(e: u32) -> u32 {
+    let i = (e / MC) % p.q_len;
+    let bq = (p.q_pos0 + i) / p.block_size;
+    if (visible(bq) <= p.top_k || n_forced(bq) >= p.top_k) { return NONE; }
+    let c = cand[e];
+    if (c < 0 || is_forced(bq, u32(c))) { return NONE; }
+    return u32(c);
+}
+
+@compute @workgroup_size(256)
+fn count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let e = linear_id(wid, nwg) * 256u + lid;
+    if (e >= bl.items) { return; }
+    let j = entry_leaf(e);
+    if (j != NONE) { atomicAdd(&cnt[(e / (p.q_len * MC)) * p.nb0 + j], 1u); }
+}
+
+var<workgroup> part: array<u32, 256>;
+var<workgroup> cpart: array<u32, 256>;
+
+@compute @workgroup_size(256)
+fn scan(@builtin(local_invocation_index) lid: u32) {
+    let n = bl.buckets;
+    let per = (n + 255u) / 256u;
+    let a = min(lid * per, n);
+    let z = min(a + per, n);
+    var s = 0u;
+    var cs = 0u;
+    for (var x = a; x < z; x++) {
+        let c = atomicLoad(&cnt[x]);
+        s += c;
+        cs += (c + QPC - 1u) / QPC;
+    }
+    part[lid] = s;
+    cpart[lid] = cs;
+    workgroupBarrier();
+    // Inclusive scan of the 256 segment sums (Hillis-Steele).
+    for (var d = 1u; d < 256u; d *= 2u) {
+        var v = 0u;
+        var cv = 0u;
+        if (lid >= d) {
+            v = part[lid - d];
+            cv = cpart[lid - d];
+        }
+        workgroupBarrier();
+        part[lid] += v;
+        cpart[lid] += cv;
+        workgroupBarrier();
+    }
+    var o = part[lid] - s;
+    var co = cpart[lid] - cs;
+    for (var x = a; x < z; x++) {
+        let c = atomicLoad(&cnt[x]);
+        off[x] = o;
+        coff[x] = co;
+        o += c;
+        co += (c + QPC - 1u) / QPC;
+    }
+    if (lid == 255u) {
+        off[n] = part[255];
+        coff[n] = cpart[255];
+    }
+}
+
+@compute @workgroup_size(256)
+fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let e = linear_id(wid, nwg) * 256u + lid;
+    if (e >= bl.items) { return; }
+    let j = entry_leaf(e);
+    if (j != NONE) {
+        let per_bh = p.q_len * MC;
+        let x = (e / per_bh) * p.nb0 + j;
+        let slot = atomicSub(&cnt[x], 1u) - 1u;
+        list[off[x] + slot] = e % per_bh;
+    }
+}

@@ -1,0 +1,212 @@
+//! Leaf-major stage 2 of PISA selection (`ops::leaf_select::by_leaf`: bucket the candidates by
+//! leaf, score chunks of each leaf's queries, pick; PISA.md 3 and 5) against the CPU reference
+//! `select_pisa`. Every test of this binary sets `LeafOrder::Leaves` on the shared context, so
+//! the whole binary runs the leaf-major path: the portable scorer (`leaf_score.wgsl`) on
+//! adapters without cooperative matrices (lavapipe, CI), the tensor-core scorer
+//! (`leaf_score_coop.wgsl`) for supported f16 shapes where they exist. Cases: GQA groups 1, 2,
+//! 3, 4, 7, 8 and 32, head dims 32 to 256, lengths that are not multiples of the block, both
+//! layouts, every scoring, causal and not, forced blocks, Nq < Nk, batch 2, f32 and f16. A GPU
+//! row may differ from the reference only where the reference's margin is a near-tie
+//! (`select_util::check`, at most 5% of the rows); Qtile 1 and 4 must agree exactly (the
+//! leaf-major path does not depend on Qtile).
+mod common;
+#[path = "select_util.rs"]
+mod select_util;
+
+use common::*;
+use pisa_core::{Scoring, TensorLayout};
+use pisa_wgpu::LeafOrder;
+use pisa_wgpu::Storage;
+use select_util::{base, run_case, Case};
+
+use Scoring::*;
+use Storage::*;
+use TensorLayout::*;
+
+fn leaves() {
+    ctx().set_leaf_order(LeafOrder::Leaves);
+    assert_eq!(ctx().leaf_order(), LeafOrder::Leaves);
+}
+
+#[test]
+fn by_leaf_groups_head_dims_and_scorings() {
+    leaves();
+    let mut r = rng(seed("by_leaf_groups_head_dims_and_scorings"));
+    let base = base();
+    let cases = [
+        ("gq1 d64 lse b2", base),
+        (
+            "gq2 d80 mean g3 sink+local bnhd",
+            Case {
+                b: 1,
+                hq: 4,
+                nq: 600,
+                nk: 600,
+                d: 80,
+                k: 6,
+                g: 3,
+                scoring: Mean,
+                sink: 1,
+                local: 1,
+                layout: Bnhd,
+                ..base
+            },
+        ),
+        (
+            "gq3 d96 meanvar non-causal f16",
+            Case {
+                b: 1,
+                hq: 3,
+                hkv: 1,
+                nq: 700,
+                nk: 700,
+                d: 96,
+                k: 5,
+                scoring: MeanVar,
+                causal: false,
+                storage: F16,
+                ..base
+            },
+        ),
+        (
+            "gq4 d128 C64 K16 f16 (the benchmark shape, short)",
+            Case {
+                b: 1,
+                hq: 8,
+                nq: 3000,
+                nk: 3000,
+                d: 128,
+                c: 64,
+                k: 16,
+                storage: F16,
+                ..base
+            },
+        ),
+        (
+            "gq4 d128 lse local2 bnhd f16 C8",
+            Case {
+                b: 1,
+                hq: 8,
+                nq: 333,
+                nk: 333,
+                d: 128,
+                c: 8,
+                k: 8,
+                local: 2,
+                layout: Bnhd,
+                storage: F16,
+                ..base
+            },
+        ),
+        (
+            "gq7 d256 lse g3 sink1",
+            Case {
+                b: 1,
+                hq: 7,
+                hkv: 1,
+                nq: 130,
+                nk: 130,
+                d: 256,
+                c: 8,
+                g: 3,
+                sink: 1,
+                ..base
+            },
+        ),
+        (
+            "gq8 d64 meanvar bnhd b2 f16",
+            Case {
+                hq: 8,
+                hkv: 1,
+                nq: 150,
+                nk: 150,
+                c: 4,
+                k: 6,
+                scoring: MeanVar,
+                layout: Bnhd,
+                storage: F16,
+                ..base
+            },
+        ),
+        (
+            "gq32 d32 C20",
+            Case {
+                b: 1,
+                hq: 32,
+                hkv: 1,
+                nq: 211,
+                nk: 211,
+                d: 32,
+                c: 20,
+                k: 4,
+                ..base
+            },
+        ),
+    ];
+    for (name, c) in cases {
+        run_case(name, c, &mut r, true);
+    }
+}
+
+#[test]
+fn by_leaf_lengths_and_partial_blocks() {
+    leaves();
+    let mut r = rng(seed("by_leaf_lengths_and_partial_blocks"));
+    let base = base();
+    let cases = [
+        (
+            "nq 37 of nk 1000, mean, local1, gq2",
+            Case {
+                hq: 4,
+                nq: 37,
+                scoring: Mean,
+                local: 1,
+                ..base
+            },
+        ),
+        (
+            "non-causal partial last block bnhd sink1 f16",
+            Case {
+                b: 1,
+                hkv: 1,
+                nq: 999,
+                nk: 999,
+                causal: false,
+                sink: 1,
+                layout: Bnhd,
+                storage: F16,
+                ..base
+            },
+        ),
+        (
+            "n 4099 d32 K8 C100",
+            Case {
+                b: 1,
+                hq: 1,
+                hkv: 1,
+                nq: 4099,
+                nk: 4099,
+                d: 32,
+                c: 100,
+                k: 8,
+                ..base
+            },
+        ),
+    ];
+    for (name, c) in cases {
+        run_case(name, c, &mut r, true);
+    }
+    for n in [1, 15, 17, 70] {
+        let c = Case {
+            hq: 2,
+            hkv: 1,
+            nq: n,
+            nk: n,
+            k: 2,
+            ..base
+        };
+        run_case(&format!("n {n}"), c, &mut r, true);
+        let nc = Case { causal: false, ..c };
+        run_case(&format!("n {n} non-causal"), nc, &mut r, true);
+    }
+}
