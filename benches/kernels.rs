@@ -113,7 +113,17 @@ fn time_op(ctx: &Context, op: Op, n: usize, iters: u64) -> Duration {
         let wall = start.elapsed();
         let t = prof.finish(ctx).unwrap();
         let ms = match op {
-            Op::PisaSelect => t.get("pyramid") + t.get("route") + t.get("leaf_select"),
+            Op::PisaSelect => [
+                "pyramid",
+                "route",
+                "leaf_select",
+                "leaf_bucket",
+                "leaf_score",
+                "leaf_pick",
+            ]
+            .iter()
+            .map(|s| t.get(s))
+            .sum(),
             Op::BsaSelect => t.get("pyramid") + t.get("bsa"),
             Op::SparseAttention => t.get("attention"),
             Op::Dense => t.get("dense"),

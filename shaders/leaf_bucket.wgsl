@@ -9,7 +9,9 @@
 //            off[buckets] = entries, coff[buckets] = chunks;
 //   scatter: list[off[x] + slot] = i * MC + o for every entry (query i, candidate slot o); the
 //            slot comes from counting cnt back down to zero (order within a bucket is
-//            unspecified, and does not matter: each entry's score goes to its own slot).
+//            unspecified, and does not matter: each entry's score goes to its own slot); the
+//            entry that takes a slot that is a multiple of QPC also writes its chunk's bucket,
+//            cdesc[coff[x] + slot / QPC] = x, so a scorer finds its chunk in one load.
 // An entry is a non-forced candidate of a query that must choose (it sees more than K leaves
 // and has slots left after its forced ones); the others are never read by the pick.
 // (Params, p, visible, is_forced, n_forced, linear_id: select_common.wgsl, prepended.)
@@ -27,6 +29,7 @@ struct Buckets { items: u32, buckets: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(7) var<storage, read_write> coff: array<u32>;
 @group(0) @binding(8) var<storage, read_write> list: array<u32>;
 @group(0) @binding(10) var<uniform> bl: Buckets;
+@group(0) @binding(11) var<storage, read_write> cdesc: array<u32>;
 
 // The leaf of entry e = (bh * q_len + i) * MC + o when it is to be scored, else NONE.
 fn entry_leaf(e: u32) -> u32 {
@@ -105,5 +108,6 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         let x = (e / per_bh) * p.nb0 + j;
         let slot = atomicSub(&cnt[x], 1u) - 1u;
         list[off[x] + slot] = e % per_bh;
+        if (slot % QPC == 0u) { cdesc[coff[x] + slot / QPC] = x; }
     }
 }

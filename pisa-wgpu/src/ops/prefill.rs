@@ -99,7 +99,8 @@ pub struct PrefillOutput {
     pub lse: Vec<f32>,
     /// Selected leaves `[B, Hkv, Nq, K]` ascending, -1 padded (when requested).
     pub selection: Option<Vec<i32>>,
-    /// GPU time per stage: "pyramid", "route", "leaf_select", "attention" (summed over chunks).
+    /// GPU time per stage: "pyramid", "route", "leaf_select" (or, leaf-major, "leaf_bucket",
+    /// "leaf_score", "leaf_pick"), "attention" (summed over chunks).
     pub times: StageTimes,
     /// Number of chunks the call was split into (1 when everything fit one binding).
     pub chunks: usize,

@@ -66,7 +66,8 @@ impl Layouts {
 /// same storage; `pyramid`: built over the first `Nk` keys of `k` (needed by PISA and BSA, with
 /// second moments for `meanvar`); `q_tile`: queries per workgroup of PISA stage 2 (at least 1,
 /// for every method; clamped to what fits in workgroup memory; results do not depend on it).
-/// Profiler stages: "route", "leaf_select", "bsa", "oracle".
+/// Profiler stages: "route", "leaf_select" (tile order) or "leaf_bucket", "leaf_score" and
+/// "leaf_pick" (leaf-major order), "bsa", "oracle".
 ///
 /// Errors: configuration and shape errors ([`crate::GpuError::Input`]: buffer lengths, head dim
 /// above [`MAX_HEAD_DIM`], forced blocks above K, missing or mismatched pyramid,

@@ -252,11 +252,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
             };
             let g = |s: &str| t.get(s);
             let before = out.records.len();
-            let sel = g("pyramid") + g("route") + g("leaf_select");
+            // Stage 2 is one "leaf_select" dispatch (tile order) or the leaf-major order's
+            // three timed parts, recorded apart as well.
+            let leaf_parts = ["leaf_bucket", "leaf_score", "leaf_pick"];
+            let leaf = g("leaf_select") + leaf_parts.iter().map(|s| g(s)).sum::<f64>();
+            let sel = g("pyramid") + g("route") + leaf;
             let attn_flops =
                 4.0 * a.hq as f64 * n as f64 * (a.top_k * a.block_size).min(n) as f64 * a.d as f64;
             if t.gpu {
-                for s in ["pyramid", "route", "leaf_select"] {
+                for s in ["pyramid", "route"] {
+                    out.records.push(rec(s, g(s), None));
+                }
+                out.records.push(rec("leaf_select", leaf, None));
+                for s in leaf_parts.into_iter().filter(|s| g(s) > 0.0) {
                     out.records.push(rec(s, g(s), None));
                 }
                 out.records.push(rec("pisa_select", sel, None));

@@ -8,10 +8,12 @@
 //! every query tile reads its leaves' keys again. Here a leaf's keys are read once per chunk of
 //! up to QPC of its queries.
 //!
-//! Five dispatches, all timed as stage "leaf_select":
+//! Five dispatches, timed as profiler stages "leaf_bucket" (1-3), "leaf_score" (4) and
+//! "leaf_pick" (5):
 //! 1. `count` (`shaders/leaf_bucket.wgsl`): entries per bucket (atomics);
 //! 2. `scan`: first entry and first chunk of every bucket (one workgroup);
-//! 3. `scatter`: the bucket lists of entries `i * MC + o` (query, candidate slot);
+//! 3. `scatter`: the bucket lists of entries `i * MC + o` (query, candidate slot) and the
+//!    bucket of every chunk;
 //! 4. `leaf_score` (`shaders/leaf_score.wgsl`, or `shaders/leaf_score_coop.wgsl` on tensor
 //!    cores): one workgroup per chunk, the candidate's exact-LSE score summed over the group,
 //!    as a ranking key in its own slot of `scores` `[B, Hkv, Nq, MC]`;
@@ -22,8 +24,8 @@
 //! score is computed from its own rows only and lands in its own slot, so the output is the
 //! same bit for bit from run to run.
 //!
-//! Memory: three buffers of `B * Hkv * Nq * MC` u32 (candidates, lists, scores) plus
-//! `3 * (B * Hkv * nb0 + 1)` u32; [`plan`] returns `None` (the caller runs the tile kernel) when
+//! Memory: three buffers of `B * Hkv * Nq * MC` u32 (candidates, lists, scores), one of about
+//! a QPC-th of that (chunk buckets), plus `3 * (B * Hkv * nb0 + 1)` u32; [`plan`] returns `None` (the caller runs the tile kernel) when
 //! a buffer would pass the binding limit or an index would pass u32.
 
 use bytemuck::{Pod, Zeroable};
@@ -181,6 +183,8 @@ pub(crate) fn record(
         POISON_I32,
     )?;
     let list = ctx.alloc("leaf bucket lists", n_entries, Storage::F32, POISON_I32)?;
+    let n_chunks = bl.entries.div_ceil(bl.qpc as u64) + bl.buckets;
+    let cdesc = ctx.alloc("leaf chunks", n_chunks as usize, Storage::F32, POISON_I32)?;
     let scores = ctx.alloc("leaf scores", n_entries, Storage::F32, POISON_F32)?;
     let sel_len = plan.sched.selection_len(&plan.shape);
     let sel = ctx.alloc("selection", sel_len, Storage::F32, POISON_I32)?;
@@ -212,32 +216,33 @@ pub(crate) fn record(
         &count,
         &b,
         bl.entries.div_ceil(BUCKET_WG),
-        timer(&mut prof),
+        timer(&mut prof, "leaf_bucket"),
     )?;
     let u_buckets = uniform(bl.buckets)?;
     let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket_consts)?;
     let b = [(5, c), (6, o), (7, co), (10, &u_buckets)];
-    ctx.dispatch(enc, &scan, &b, 1, timer(&mut prof))?;
+    ctx.dispatch(enc, &scan, &b, 1, timer(&mut prof, "leaf_bucket"))?;
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket_consts)?;
     let b = [
         (0, &params),
         (3, &cand.buffer),
         (5, c),
         (6, o),
+        (7, co),
         (8, l),
         (10, &u_entries),
+        (11, &cdesc.buffer),
     ];
     ctx.dispatch(
         enc,
         &scatter,
         &b,
         bl.entries.div_ceil(BUCKET_WG),
-        timer(&mut prof),
+        timer(&mut prof, "leaf_bucket"),
     )?;
 
     // 4: score every chunk.
-    let chunks = bl.entries.div_ceil(bl.qpc as u64) + bl.buckets;
-    let u_chunks = uniform(chunks)?;
+    let u_chunks = uniform(n_chunks)?;
     let score = match bl.scorer {
         Scorer::Portable => {
             let consts = [("GQ", plan.gq), ("QPC", bl.qpc), ("MC", mc)];
@@ -264,8 +269,9 @@ pub(crate) fn record(
         (8, l),
         (9, &scores.buffer),
         (10, &u_chunks),
+        (11, &cdesc.buffer),
     ];
-    ctx.dispatch(enc, &score, &b, chunks, timer(&mut prof))?;
+    ctx.dispatch(enc, &score, &b, n_chunks, timer(&mut prof, "leaf_score"))?;
 
     // 5: the pick, one query per workgroup.
     let tiled = plan.tiled(1);
@@ -277,11 +283,20 @@ pub(crate) fn record(
         (4, &sel.buffer),
         (9, &scores.buffer),
     ];
-    ctx.dispatch(enc, &pick, &b, tiled.wg_count as u64, timer(&mut prof))?;
+    ctx.dispatch(
+        enc,
+        &pick,
+        &b,
+        tiled.wg_count as u64,
+        timer(&mut prof, "leaf_pick"),
+    )?;
     Ok(sel)
 }
 
-/// The profiler slot of one of the stage's dispatches (all labelled "leaf_select").
-fn timer<'a>(prof: &'a mut Option<&mut Profiler>) -> Option<(&'a mut Profiler, &'static str)> {
-    prof.as_deref_mut().map(|p| (p, "leaf_select"))
+/// The profiler slot of one of the stage's dispatches, labelled `label`.
+fn timer<'a>(
+    prof: &'a mut Option<&mut Profiler>,
+    label: &'static str,
+) -> Option<(&'a mut Profiler, &'static str)> {
+    prof.as_deref_mut().map(|p| (p, label))
 }
