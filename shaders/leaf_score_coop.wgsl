@@ -28,7 +28,7 @@ const HD: u32 = 128u;  // head dim (multiple of 16, <= 128)
 const CT: u32 = 4u;    // 16-key column tiles per leaf: ceil(C / 16)
 const SG: u32 = 32u;   // subgroup size (fixed)
 
-const NSG: u32 = 4u;             // subgroups per workgroup = 16-row tiles
+const NSG: u32 = 4u;             // subgroups per workgroup = 16-row tiles (host: 2 or 4)
 const WG: u32 = NSG * SG;        // invocations
 const RT: u32 = NSG * 16u;       // rows
 const HD16: u32 = HD / 16u;

@@ -52,18 +52,27 @@ fn leaf_coop_shader_validates_and_writes_spirv() {
     for v in variants() {
         let src = preprocess(&coop::SHADER, Storage::F16, &v.consts()).unwrap();
         assert_spirv(&format!("{v:?}"), &src, &["leaf_select"]);
-        // The leaf-major scorer with the same constants (chunks of 64 / g_q entries; SG >= 16).
-        if v.sg >= 16 {
+        // The leaf-major scorer with the same constants, 2 or 4 subgroups (chunks of
+        // 16 * NSG / g_q entries; SG >= 16).
+        for nsg in [2, 4] {
+            if v.sg < 16 || v.gq > 16 * nsg {
+                continue;
+            }
             let consts = [
                 ("GQ", v.gq),
-                ("QPC", 64 / v.gq),
+                ("QPC", 16 * nsg / v.gq),
                 ("MC", v.mc),
                 ("HD", v.hd),
                 ("CT", v.ct),
                 ("SG", v.sg),
+                ("NSG", nsg),
             ];
             let src = preprocess(&by_leaf::SCORE_COOP_SHADER, Storage::F16, &consts).unwrap();
-            assert_spirv(&format!("leaf_score_coop {v:?}"), &src, &["leaf_score"]);
+            assert_spirv(
+                &format!("leaf_score_coop {v:?} NSG {nsg}"),
+                &src,
+                &["leaf_score"],
+            );
         }
         eprintln!("  {v:?}: {} bytes of workgroup memory", v.shared_bytes());
     }

@@ -35,7 +35,7 @@ use super::Plan;
 use crate::error::Result;
 use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::{Context, COOP_SUBGROUPS};
-use crate::runtime::pipeline::{ShaderSource, Storage};
+use crate::runtime::pipeline::{env_u32, ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 
 /// `shaders/leaf_bucket.wgsl`: `count`, `scan`, `scatter`.
@@ -82,8 +82,13 @@ pub const PICK_SHADER: ShaderSource = ShaderSource {
 const BUCKET_WG: u64 = 256;
 /// Rows of a portable scoring chunk (entries * GQ), at least one entry.
 const PORTABLE_ROWS: u32 = 16;
-/// Rows of a tensor-core scoring chunk: one 16-row tile per subgroup.
-const COOP_ROWS: u32 = 16 * COOP_SUBGROUPS;
+/// Subgroups (16-row tiles) of a tensor-core scoring workgroup: `PISA_LEAF_NSG` (2 or 4, a
+/// tuning knob) or [`COOP_SUBGROUPS`].
+fn coop_subgroups() -> u32 {
+    env_u32("PISA_LEAF_NSG")
+        .filter(|n| [2, 4].contains(n))
+        .unwrap_or(COOP_SUBGROUPS)
+}
 
 /// The `Buckets` uniform of the shaders.
 #[repr(C)]
@@ -113,6 +118,8 @@ pub(crate) struct ByLeaf {
     buckets: u64,
     /// Entries per scoring chunk.
     qpc: u32,
+    /// Subgroups of a tensor-core scoring workgroup.
+    nsg: u32,
 }
 
 /// The leaf-major plan of a validated selection with this scorer, or `None` when a buffer or
@@ -120,14 +127,17 @@ pub(crate) struct ByLeaf {
 pub(crate) fn plan(ctx: &Context, plan: &Plan, scorer: Scorer) -> Option<ByLeaf> {
     let p = &plan.params;
     let entries = plan.bh * p.q_len as u64 * p.mc as u64;
+    let nsg = coop_subgroups();
     let buckets = plan.bh * p.nb0 as u64;
     let qpc = match scorer {
         Scorer::Portable => (PORTABLE_ROWS / plan.gq).max(1),
         Scorer::Coop(v) => {
-            if COOP_SUBGROUPS * v.sg < COOP_ROWS || plan.gq > COOP_ROWS {
+            // SG >= 16: at least one invocation per row in the scalar step.
+            let rows = 16 * nsg;
+            if v.sg < 16 || plan.gq > rows {
                 return None;
             }
-            COOP_ROWS / plan.gq
+            rows / plan.gq
         }
     };
     let chunks = entries.div_ceil(qpc as u64) + buckets;
@@ -135,19 +145,20 @@ pub(crate) fn plan(ctx: &Context, plan: &Plan, scorer: Scorer) -> Option<ByLeaf>
     let mem = ctx.limits().max_compute_workgroup_storage_size as u64;
     let shared = match scorer {
         Scorer::Portable => 4 * (4 + qpc as u64 + (qpc * plan.gq) as u64 * 66),
-        Scorer::Coop(v) => coop_bytes(&v),
+        Scorer::Coop(v) => coop_bytes(&v, nsg),
     };
     (fits(entries) && fits(buckets + 1) && fits(chunks) && shared <= mem).then_some(ByLeaf {
         scorer,
         entries,
         buckets,
         qpc,
+        nsg,
     })
 }
 
 /// Workgroup bytes of `leaf_score_coop.wgsl` (mirrors its `var<workgroup>` list).
-fn coop_bytes(v: &LeafCoopVariant) -> u64 {
-    let (rt, wg) = (COOP_ROWS as u64, (COOP_SUBGROUPS * v.sg) as u64);
+fn coop_bytes(v: &LeafCoopVariant, nsg: u32) -> u64 {
+    let (rt, wg) = (16 * nsg as u64, (nsg * v.sg) as u64);
     let cw = 16 * v.ct as u64;
     2 * rt * (v.hd as u64 + 8) + 4 * rt * (cw + 4) + 8 * wg + 4 * rt + 16
 }
@@ -256,6 +267,7 @@ pub(crate) fn record(
                 ("HD", v.hd),
                 ("CT", v.ct),
                 ("SG", v.sg),
+                ("NSG", bl.nsg),
             ];
             pipe(&SCORE_COOP_SHADER, "leaf_score", Storage::F16, &consts)?
         }
