@@ -29,6 +29,7 @@ const CT: u32 = 4u;    // 16-key column tiles per leaf: ceil(C / 16)
 const SG: u32 = 32u;   // subgroup size (fixed)
 
 const NSG: u32 = 4u;             // subgroups per workgroup = 16-row tiles (host: 2 or 4)
+const KSTAGE: u32 = 0u;          // 1: stage the leaf's keys in workgroup memory (needs CT <= NSG)
 const WG: u32 = NSG * SG;        // invocations
 const RT: u32 = NSG * 16u;       // rows
 const HD16: u32 = HD / 16u;
@@ -42,6 +43,8 @@ const NEG: f32 = -3.0e38;
 
 @group(0) @binding(1) var<storage, read> q: array<vec4<f16>>;
 @group(0) @binding(2) var<storage, read> k: array<f16>;
+// The same K buffer, read 16 bytes at a time by the staging copy (KSTAGE = 1).
+@group(0) @binding(12) var<storage, read> k16: array<vec4<u32>>;
 
 // Every workgroup variable is a multiple of 16 bytes long, so qsh and fsh start 16-byte aligned
 // whatever order the driver packs them in.
@@ -57,6 +60,54 @@ var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
 // First token of the keys loaded for column tile ct of `leaf`.
 fn tile_start(leaf: u32, ct: u32) -> u32 {
     return min(leaf * p.block_size + ct * 16u, p.k_len - 16u);
+}
+
+// The Q rows of subgroup sg's 16-row tile as HD / 16 A matrices.
+fn load_rows(sg: u32) {
+    let r0 = sg * 16u;
+    for (var ds = 0u; ds < HD16; ds++) {
+        let at = r0 * QS + ds * 16u;
+        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&qsh[at], QS);
+    }
+}
+
+// KSTAGE = 1: the leaf's CW keys (its CT 16-key tiles, each from tile_start) into qsh rows
+// 0 .. CW, 16 bytes per load (the Q rows are in registers by then).
+fn stage_keys(lid: u32, leaf: u32, kbase: u32) {
+    for (var x = lid; x < CW * (HD / 8u); x += WG) {
+        let r = x / (HD / 8u);
+        let c = x % (HD / 8u);
+        let tok = tile_start(leaf, r / 16u) + r % 16u;
+        let v = k16[(kbase + tok * p.k_sn) / 8u + c];
+        let at = r * QS + 8u * c;
+        let h0 = vec2<f16>(unpack2x16float(v.x));
+        let h1 = vec2<f16>(unpack2x16float(v.y));
+        let h2 = vec2<f16>(unpack2x16float(v.z));
+        let h3 = vec2<f16>(unpack2x16float(v.w));
+        qsh[at] = h0.x;
+        qsh[at + 1u] = h0.y;
+        qsh[at + 2u] = h1.x;
+        qsh[at + 3u] = h1.y;
+        qsh[at + 4u] = h2.x;
+        qsh[at + 5u] = h2.y;
+        qsh[at + 6u] = h3.x;
+        qsh[at + 7u] = h3.y;
+    }
+}
+
+// KSTAGE = 1: S = Q K^T for subgroup sg's rows, K from the staged rows.
+fn score_rows_staged(sg: u32) {
+    let r0 = sg * 16u;
+    for (var ct = 0u; ct < CT; ct++) {
+        var acc = coop_mat16x16<f32, C>();
+        for (var ds = 0u; ds < HD16; ds++) {
+            let at = ct * 16u * QS + ds * 16u;
+            let kb = coopLoad<coop_mat16x16<f16, B>>(&qsh[at], QS);
+            acc = coopMultiplyAdd(qa[ds], kb, acc);
+        }
+        let d = r0 * SS + ct * 16u;
+        coopStoreT(acc, &fsh[d], SS);
+    }
 }
 
 // Step 2 for subgroup sg (its own 16 rows; uniform, so in a function of its own: naga checks
@@ -117,7 +168,16 @@ fn leaf_score(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
     workgroupBarrier();
     // 2. S = Q K^T on tensor cores.
-    score_rows(sg, leaf, b * p.k_sb + hkv * p.k_sh);
+    let kbase = b * p.k_sb + hkv * p.k_sh;
+    if (KSTAGE == 1u) {
+        load_rows(sg);
+        workgroupBarrier();
+        stage_keys(lid, leaf, kbase);
+        workgroupBarrier();
+        score_rows_staged(sg);
+    } else {
+        score_rows(sg, leaf, kbase);
+    }
     workgroupBarrier();
     // 3. Partial (max, sum of exp) of this invocation's keys of row srow.
     let srow = lid / SPLIT;

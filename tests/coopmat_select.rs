@@ -53,9 +53,9 @@ fn leaf_coop_shader_validates_and_writes_spirv() {
         let src = preprocess(&coop::SHADER, Storage::F16, &v.consts()).unwrap();
         assert_spirv(&format!("{v:?}"), &src, &["leaf_select"]);
         // The leaf-major scorer with the same constants, 2 or 4 subgroups (chunks of
-        // 16 * NSG / g_q entries; SG >= 16).
-        for nsg in [2, 4] {
-            if v.sg < 16 || v.gq > 16 * nsg {
+        // 16 * NSG / g_q entries; SG >= 16), keys direct or staged.
+        for (nsg, kstage) in [(2, 0), (4, 0), (4, 1)] {
+            if v.sg < 16 || v.gq > 16 * nsg || (kstage == 1 && v.ct > nsg) {
                 continue;
             }
             let consts = [
@@ -66,6 +66,7 @@ fn leaf_coop_shader_validates_and_writes_spirv() {
                 ("CT", v.ct),
                 ("SG", v.sg),
                 ("NSG", nsg),
+                ("KSTAGE", kstage),
             ];
             let src = preprocess(&by_leaf::SCORE_COOP_SHADER, Storage::F16, &consts).unwrap();
             assert_spirv(

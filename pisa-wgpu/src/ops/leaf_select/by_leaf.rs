@@ -156,6 +156,16 @@ pub(crate) fn plan(ctx: &Context, plan: &Plan, scorer: Scorer) -> Option<ByLeaf>
     })
 }
 
+/// Whether the tensor-core scorer stages the leaf's keys in workgroup memory (`PISA_LEAF_KSTAGE`
+/// = 1, a tuning knob; only where the key rows fit in the Q rows' space, CT <= NSG,
+/// and K's strides are multiples of 8 halves, as its 16-byte loads need).
+fn stage_keys(plan: &Plan, ct: u32, nsg: u32) -> bool {
+    let p = &plan.params;
+    env_u32("PISA_LEAF_KSTAGE") == Some(1)
+        && ct <= nsg
+        && [p.k_sb, p.k_sh, p.k_sn].iter().all(|s| s % 8 == 0)
+}
+
 /// Workgroup bytes of `leaf_score_coop.wgsl` (mirrors its `var<workgroup>` list).
 fn coop_bytes(v: &LeafCoopVariant, nsg: u32) -> u64 {
     let (rt, wg) = (16 * nsg as u64, (nsg * v.sg) as u64);
@@ -268,6 +278,7 @@ pub(crate) fn record(
                 ("CT", v.ct),
                 ("SG", v.sg),
                 ("NSG", bl.nsg),
+                ("KSTAGE", u32::from(stage_keys(plan, v.ct, bl.nsg))),
             ];
             pipe(&SCORE_COOP_SHADER, "leaf_score", Storage::F16, &consts)?
         }
@@ -283,6 +294,10 @@ pub(crate) fn record(
         (10, &u_chunks),
         (11, &cdesc.buffer),
     ];
+    let mut b = b.to_vec();
+    if matches!(bl.scorer, Scorer::Coop(_)) {
+        b.push((12, &k.buffer));
+    }
     ctx.dispatch(enc, &score, &b, n_chunks, timer(&mut prof, "leaf_score"))?;
 
     // 5: the pick, one query per workgroup.
