@@ -156,12 +156,14 @@ pub(crate) fn plan(ctx: &Context, plan: &Plan, scorer: Scorer) -> Option<ByLeaf>
     })
 }
 
-/// Whether the tensor-core scorer stages the leaf's keys in workgroup memory (`PISA_LEAF_KSTAGE`
-/// = 1, a tuning knob; only where the key rows fit in the Q rows' space, CT <= NSG,
-/// and K's strides are multiples of 8 halves, as its 16-byte loads need).
+/// Whether the tensor-core scorer stages the leaf's keys in workgroup memory: by default where
+/// the key rows fit in the Q rows' space (CT <= NSG) and K's strides are multiples of 8 halves
+/// (its 16-byte loads); `PISA_LEAF_KSTAGE=0` (a tuning knob) loads the key matrices straight
+/// from the storage buffer instead. On the H200 staging took the scorer from 98 to 76 ms at
+/// 64K tokens (each staged key matrix serves the NSG subgroups; docs/benchmarks.md).
 fn stage_keys(plan: &Plan, ct: u32, nsg: u32) -> bool {
     let p = &plan.params;
-    env_u32("PISA_LEAF_KSTAGE") == Some(1)
+    env_u32("PISA_LEAF_KSTAGE") != Some(0)
         && ct <= nsg
         && [p.k_sb, p.k_sh, p.k_sn].iter().all(|s| s % 8 == 0)
 }
