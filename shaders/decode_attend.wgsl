@@ -19,22 +19,6 @@ var<workgroup> hm: array<f32, GQ>;
 var<workgroup> halpha: array<f32, GQ>;
 var<workgroup> wleaf: u32;
 
-const DLK: u32 = (D4 + LK - 1u) / LK; // vec4s of a key row per invocation
-
-// Partial q_h . k over the vec4s j = u, u + LK, ... of a key row, every head h of the group
-// (a fixed trip count, so the loads are in flight together).
-fn dots_key_part(row: u32, u: u32) -> array<f32, GQ> {
-    var a: array<f32, GQ>;
-    for (var i = 0u; i < DLK; i++) {
-        let j = u + i * LK;
-        if (j < D4) {
-            let k = vec4<f32>(kc[row + j]);
-            for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], k); }
-        }
-    }
-    return a;
-}
-
 fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
     let part = lid / D4;
     let j4 = lid % D4;

@@ -1,15 +1,7 @@
-// Decode step, dispatch 3 of 3 (appended to decode.wgsl, whose header describes the design):
-// `merge`, one workgroup per (sequence, KV head). A candidate's score is its block LSE summed
-// over the group, sum_h (m_h + log l_h) (PISA.md 2: exact leaf LSE); the forced leaves plus the
-// best K - forced candidates (higher score first, then lower block; ranks compared through
-// rank_key) are the selection, written ascending, -1 padded. Their states are then merged per
-// head (FlashDecoding): M = max m, L = sum l e^(m - M), O = sum O_b e^(m - M) / L, LSE = M + log L.
-
-var<workgroup> mc: array<u32, NS>;
-var<workgroup> msc: array<f32, MAXC>;
-var<workgroup> mrank: array<u32, KMAX>;
-var<workgroup> mtmp: array<u32, KMAX>;
-var<workgroup> msel: array<u32, KMAX>;
+// Decode step, dispatch 3 of 3 (appended to decode.wgsl and decode_cut.wgsl, whose headers
+// describe the design): `merge`, one workgroup per (sequence, KV head): the top-K cut of the
+// slots by their block LSE (cut_top_k), then the selected blocks' states are merged per head
+// (FlashDecoding): M = max m, L = sum l e^(m - M), O = sum O_b e^(m - M) / L, LSE = M + log L.
 
 @compute @workgroup_size(WG)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -43,46 +35,7 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         msc[s] = tot;
     }
     workgroupBarrier();
-    var nf = 0u;
-    for (var i = 0u; i < KMAX; i++) { nf += select(0u, 1u, mc[MAXC + i] != INVALID); }
-    for (var i = lid; i < MAXC; i += WG) {
-        let v = mc[i];
-        if (v == INVALID) { continue; }
-        let sc = rank_key(msc[i]);
-        var r = 0u;
-        for (var j = 0u; j < MAXC; j++) {
-            let u = mc[j];
-            let sj = rank_key(msc[j]);
-            if (u != INVALID && (sj > sc || (sj == sc && u < v))) { r++; }
-        }
-        if (r + nf < KMAX) { mrank[r] = i; }
-    }
-    workgroupBarrier();
-    // Slots of the selection: forced first, then by rank.
-    for (var i = lid; i < KMAX; i += WG) {
-        mtmp[i] = select(mrank[i - min(i, nf)], MAXC + i, i < nf);
-    }
-    workgroupBarrier();
-    // Ascending block order, INVALID (-1) last.
-    for (var i = lid; i < KMAX; i += WG) {
-        let sv = mtmp[i];
-        var v = INVALID;
-        if (sv != INVALID) { v = mc[sv]; }
-        var pos = 0u;
-        for (var j = 0u; j < KMAX; j++) {
-            let sj = mtmp[j];
-            var u = INVALID;
-            if (sj != INVALID) { u = mc[sj]; }
-            if (v != INVALID) {
-                pos += select(0u, 1u, u < v);
-            } else {
-                pos += select(0u, 1u, u != INVALID || j < i);
-            }
-        }
-        msel[pos] = sv;
-        sel_out[so + pos] = select(i32(v), -1, v == INVALID);
-    }
-    workgroupBarrier();
+    cut_top_k(so, lid);
     // Branch-free over the K slots (an empty one reads the first selected block, always
     // present, with weight 0), so every load is issued at once.
     for (var e = lid; e < GQ * DD; e += WG) {

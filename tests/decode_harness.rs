@@ -65,6 +65,12 @@ impl Run<'static> {
             c.storage,
         )
         .unwrap();
+        if pisa_wgpu::ops::decode::default_fused() && !cache.is_fused() {
+            eprintln!(
+                "{}: PISA_DECODE=fused, but the fused step does not fit: split",
+                c.name
+            );
+        }
         let refs = (0..c.prefill.len())
             .map(|_| DecodeState::new(c.hq, c.hkv, c.d, c.cfg).unwrap())
             .collect();

@@ -166,13 +166,16 @@ fn steps_of_several_caches_in_one_pass() {
     let k = random(&mut r, hkv * n * d, 1.0);
     let v = random(&mut r, hkv * n * d, 1.0);
     let q = random(&mut r, hq * d, 1.5);
+    // The split step whatever PISA_DECODE says (the fused one: `decode_fused`).
     let mut full = KvCache::new(ctx, 1, n, hq, hkv, d, cf, Storage::F32).unwrap();
+    full.set_fused(false);
     full.prefill(0, &k, &v, TensorLayout::Bhnd).unwrap();
     let want = full.step(&q, true).unwrap();
     let want_sel = want.selection.clone().unwrap();
     let caches: Vec<KvCache> = (0..hkv)
         .map(|h| {
             let mut c = KvCache::new(ctx, 1, n, g, 1, d, cf, Storage::F32).unwrap();
+            c.set_fused(false);
             let rows = h * n * d..(h + 1) * n * d;
             c.prefill(0, &k[rows.clone()], &v[rows], TensorLayout::Bhnd)
                 .unwrap();
@@ -209,7 +212,7 @@ fn steps_of_several_caches_in_one_pass() {
     }
 }
 
-fn check_outputs(
+pub(crate) fn check_outputs(
     ctx: &pisa_wgpu::Context,
     caches: &[KvCache],
     want: &pisa_wgpu::ops::decode::DecodeOutput,

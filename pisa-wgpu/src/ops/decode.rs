@@ -1,16 +1,34 @@
 //! Decode (PISA.md sections 1, 3, 4, 5): a GPU KV cache of B sequences with an incrementally
 //! updated key pyramid, and a decode step that runs selection, leaf scoring and attention for
-//! the new token of every sequence in ONE compute pass of three dispatches. Shaders
-//! `shaders/decode.wgsl` (shared declarations) followed by `decode_route.wgsl`,
-//! `decode_attend.wgsl` or `decode_merge.wgsl` (the step's three modules), and
-//! `shaders/decode_append.wgsl` (the append and the prefill copy).
+//! the new token of every sequence in ONE compute pass, of one dispatch (the fused step) or
+//! three (the split step). Shaders `shaders/decode.wgsl` (shared declarations),
+//! `decode_levels.wgsl` (the routing) and `decode_cut.wgsl` (the top-K cut), followed by
+//! `decode_route.wgsl`, `decode_attend.wgsl` or `decode_merge.wgsl` (the split step's three
+//! modules) or `decode_fused.wgsl` (the fused step), and `shaders/decode_append.wgsl` (the
+//! append and the prefill copy).
 //!
-//! Design. PISA.md 5 describes one fused dispatch; a single workgroup per (sequence, KV head)
-//! is what that gives (the previous version of this module), and at B = 1, Hkv = 8 it left a
-//! 132-SM GPU nearly idle with every key load of the step on one SM's critical path (0.48 ms
-//! at 1M tokens on an H200). So the step is split where the work fans out; the three
-//! dispatches are recorded in ONE compute pass (wgpu puts a barrier between them), so a step
-//! is still one pass and one timestamp pair ("decode"):
+//! Paths. `PISA_DECODE=fused|split`, read once ([`default_fused`]; default `split` for now),
+//! or [`KvCache::set_fused`] per cache; [`KvCache::is_fused`] says which runs (the fused step
+//! falls back to split where its workgroup memory does not fit).
+//!
+//! Fused step (`decode_fused.wgsl`): ONE dispatch, one workgroup of up to 1024 invocations per
+//! (sequence, KV head). On an H200 each dispatch of the step costs ~15 us of fixed overhead
+//! whatever it does (the split step's trivial `merge` measures 19.5 us), so fewer dispatches
+//! is the lever. The workgroup routes (as `route`, three barriers a level), computes the
+//! exact block state (m, l) per head of every slot (candidates and forced: g(K+1) + K at most)
+//! in passes of whole blocks (LK = 4 invocations per key row, two barriers a pass), cuts the
+//! top K (as `merge`), then attends the K selected blocks only, their keys read again (from
+//! cache): the selection's max and sum per head are known from the states, so a pass is
+//! scores | exp | P.V (two barriers), and the P.V parts are summed through workgroup memory
+//! at the end. About 30 KiB of workgroup memory at g_q = 4, D = 128, C = 64, K = 16
+//! ([`KvCache::workgroup_memory`]). The shader's header has the details.
+//!
+//! Split step. PISA.md 5 describes one fused dispatch; a single workgroup per (sequence, KV
+//! head) is what that gives, and at B = 1, Hkv = 8 an earlier version of it left a 132-SM GPU
+//! nearly idle with every key load of the step on one SM's critical path (0.48 ms at 1M tokens
+//! on an H200). So this path splits the step where the work fans out; the three dispatches are
+//! recorded in ONE compute pass (wgpu puts a barrier between them), so a step is still one pass
+//! and one timestamp pair ("decode"):
 //! 1. `route`, one workgroup of WR invocations (up to 1024, enough for all rows of a level) per
 //!    (sequence, KV head), walks the intermediate levels (serial by nature) with the g_q heads
 //!    of its group together. Per level: the g(K+1) candidates' g children's mean rows (`lse`;
@@ -50,25 +68,27 @@
 //! within f32 rounding (the attention sums per block, then across blocks).
 //!
 //! Requirements: D a multiple of 4 (at most 1024), g_q at most 256, the device's 9 storage
-//! buffers per stage and the workgroup memory [`KvCache::workgroup_memory`] reports (about
-//! 20 KiB for g_q = 4, D = 128, C = 64).
+//! buffers per stage and the workgroup memory of the split kernels (about 20 KiB for g_q = 4,
+//! D = 128, C = 64; the fused kernel, when it fits, about 30 KiB).
 
 mod plan;
 
 use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig, TensorLayout};
 
-use self::plan::{needs_sq, Params, Plan};
+use self::plan::{needs_sq, FusedPlan, Params, Plan};
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::{self, GpuPyramid, KeyGeometry};
 use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::{ShaderSource, Storage};
 
-/// `shaders/decode.wgsl` followed by `shaders/decode_route.wgsl`: step dispatch 1 (`route`).
+/// `shaders/decode.wgsl`, `decode_levels.wgsl` (the routing, shared with the fused step) and
+/// `decode_route.wgsl`: split step dispatch 1 (`route`).
 pub const ROUTE_SHADER: ShaderSource = ShaderSource {
     name: "decode_route",
     wgsl: concat!(
         include_str!("../../../shaders/decode.wgsl"),
+        include_str!("../../../shaders/decode_levels.wgsl"),
         include_str!("../../../shaders/decode_route.wgsl")
     ),
 };
@@ -80,12 +100,25 @@ pub const SHADER: ShaderSource = ShaderSource {
         include_str!("../../../shaders/decode_attend.wgsl")
     ),
 };
-/// `shaders/decode.wgsl` followed by `shaders/decode_merge.wgsl`: step dispatch 3 (`merge`).
+/// `shaders/decode.wgsl`, `decode_cut.wgsl` (the top-K cut, shared with the fused step) and
+/// `decode_merge.wgsl`: split step dispatch 3 (`merge`).
 pub const MERGE_SHADER: ShaderSource = ShaderSource {
     name: "decode_merge",
     wgsl: concat!(
         include_str!("../../../shaders/decode.wgsl"),
+        include_str!("../../../shaders/decode_cut.wgsl"),
         include_str!("../../../shaders/decode_merge.wgsl")
+    ),
+};
+/// `shaders/decode.wgsl`, `decode_levels.wgsl`, `decode_cut.wgsl` and `decode_fused.wgsl`: the
+/// fused step (`fused`), one dispatch.
+pub const FUSED_SHADER: ShaderSource = ShaderSource {
+    name: "decode_fused",
+    wgsl: concat!(
+        include_str!("../../../shaders/decode.wgsl"),
+        include_str!("../../../shaders/decode_levels.wgsl"),
+        include_str!("../../../shaders/decode_cut.wgsl"),
+        include_str!("../../../shaders/decode_fused.wgsl")
     ),
 };
 /// `shaders/decode_append.wgsl`: append with ancestor-path update, prefill copy.
@@ -138,6 +171,11 @@ pub struct KvCache<'c> {
     storage: Storage,
     layout: PyramidLayout,
     plan: Plan,
+    /// The fused kernel's sizes, `None` when it does not fit the device.
+    fplan: Option<FusedPlan>,
+    /// Whether the step runs fused (when `fplan` allows): [`default_fused`], or
+    /// [`KvCache::set_fused`].
+    fused: bool,
     k: GpuTensor,
     v: GpuTensor,
     pyr: GpuPyramid,
@@ -149,6 +187,16 @@ pub struct KvCache<'c> {
     cands: GpuTensor,
     parts: GpuTensor,
     lens: Vec<usize>,
+}
+
+/// The decode step path new caches take, read once per process from `PISA_DECODE`: `fused`
+/// (one dispatch per step: `shaders/decode_fused.wgsl`) or `split` (three dispatches: route,
+/// leaf, merge); unset or anything else: `split`, the default for now. A cache's path can be
+/// changed with [`KvCache::set_fused`]; the fused one falls back to split where its workgroup
+/// memory does not fit ([`KvCache::is_fused`]).
+pub fn default_fused() -> bool {
+    static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FUSED.get_or_init(|| std::env::var("PISA_DECODE").as_deref() == Ok("fused"))
 }
 
 fn input(e: PisaError) -> GpuError {
@@ -227,6 +275,7 @@ impl<'c> KvCache<'c> {
             ));
         }
         let plan = Plan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg)?;
+        let fplan = FusedPlan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg);
         let k = ctx.alloc("kv cache keys", kv_elems as usize, storage, POISON_F32)?;
         let v = ctx.alloc("kv cache values", kv_elems as usize, storage, POISON_F32)?;
         let geo = Self::geometry(batch, kv_heads, capacity, head_dim, TensorLayout::Bhnd);
@@ -241,6 +290,8 @@ impl<'c> KvCache<'c> {
             storage,
             layout,
             plan,
+            fplan,
+            fused: default_fused(),
             k,
             v,
             pyr,

@@ -59,6 +59,7 @@ pub fn all_shaders() -> Vec<ShaderSource> {
         decode::ROUTE_SHADER,
         decode::SHADER,
         decode::MERGE_SHADER,
+        decode::FUSED_SHADER,
         decode::APPEND_SHADER,
     ]
 }

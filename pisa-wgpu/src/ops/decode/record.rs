@@ -1,10 +1,10 @@
 //! Recording of the decode step: [`KvCache::record_step`] and [`KvCache::record_steps`], ONE
-//! compute pass of three dispatches (`route`, `leaf`, `merge`; see the module docs of
-//! [`crate::ops::decode`] for why the step is split).
+//! compute pass of one dispatch per cache (`fused`) or three (`route`, `leaf`, `merge`; see the
+//! module docs of [`crate::ops::decode`] for the two paths).
 
 use std::sync::Arc;
 
-use super::{KvCache, Params, MERGE_SHADER, ROUTE_SHADER, SHADER};
+use super::{KvCache, Params, FUSED_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER};
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::profiler::Profiler;
@@ -17,9 +17,10 @@ type Stage = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, [u32; 3]);
 
 impl KvCache<'_> {
     /// Records the decode step (PISA.md 3, 4, 5) of every sequence, labelled "decode" in
-    /// `prof`: ONE compute pass of three dispatches (see the module docs: `route`, one
-    /// workgroup per (sequence, KV head); `leaf`, one per (sequence, KV head, leaf slot);
-    /// `merge`, one per (sequence, KV head)). `q`: `[B, Hq, D]` in the cache's storage
+    /// `prof`: ONE compute pass of one dispatch when the cache runs fused ([`Self::is_fused`]:
+    /// `fused`, one workgroup per (sequence, KV head)), else of three (see the module docs:
+    /// `route`, one workgroup per (sequence, KV head); `leaf`, one per (sequence, KV head,
+    /// leaf slot); `merge`, one per (sequence, KV head)). `q`: `[B, Hq, D]` in the cache's storage
     /// precision, the token at position `len(b) - 1` of each sequence (append its key first).
     /// Writes [`Self::outputs`]: O `[B, Hq, D]` (storage precision), LSE `[B, Hq]` f32,
     /// selection `[B, Hkv, K]` i32. An empty sequence gets zeros, LSE `-inf` and no blocks.
@@ -35,9 +36,10 @@ impl KvCache<'_> {
     }
 
     /// Records the steps of several caches (each as [`Self::record_step`], with its own `q`)
-    /// in ONE compute pass labelled "decode": every cache's `route`, then every `leaf`, then
-    /// every `merge`, so the caches' steps run side by side as one dependent chain of three
-    /// dispatches instead of one chain per cache. For KV heads split over several caches
+    /// in ONE compute pass labelled "decode": every fused cache's `fused` and every split
+    /// cache's `route`, then every `leaf`, then every `merge`, so the caches' steps run side by
+    /// side as one dependent chain (of one dispatch when all are fused, else three) instead of
+    /// one chain per cache. For KV heads split over several caches
     /// (K or V of all heads past one storage binding, e.g. 1M tokens x 8 heads x 128 x f16).
     /// Outputs are bitwise those of separate steps. Errors: those of [`Self::record_step`];
     /// [`GpuError::Unsupported`] for caches of different contexts. Nothing is recorded on
@@ -50,10 +52,12 @@ impl KvCache<'_> {
         Self::record_passes(enc, steps, prof, false)
     }
 
-    /// As [`Self::record_steps`], but each of the three dispatches (every cache's `route`, then
-    /// `leaf`, then `merge`) in its own timed compute pass, labelled "decode_route",
-    /// "decode_leaf" and "decode_merge" in `prof`: where a step's GPU time goes (benchmarks;
-    /// the pass boundaries add a little time against the one-pass step). Same outputs, errors.
+    /// As [`Self::record_steps`], but always the split step (whatever [`Self::is_fused`] says),
+    /// each of its three dispatches (every cache's `route`, then `leaf`, then `merge`) in its
+    /// own timed compute pass, labelled "decode_route", "decode_leaf" and "decode_merge" in
+    /// `prof`: where a split step's GPU time goes (benchmarks; the pass boundaries add a little
+    /// time against the one-pass step). Same errors; the outputs of the split step (those of
+    /// the fused step within rounding).
     pub fn record_steps_by_stage(
         enc: &mut wgpu::CommandEncoder,
         steps: &[(&KvCache<'_>, &GpuTensor)],
@@ -78,6 +82,10 @@ impl KvCache<'_> {
                     "decode steps of caches from different contexts in one pass".into(),
                 ));
             }
+            if cache.is_fused() && !by_stage {
+                stages[0].push(cache.fused_stage(q)?);
+                continue;
+            }
             for (all, st) in stages.iter_mut().zip(cache.stages(q)?) {
                 all.push(st);
             }
@@ -86,6 +94,7 @@ impl KvCache<'_> {
             ["decode_route", "decode_leaf", "decode_merge"]
                 .into_iter()
                 .zip(stages.iter())
+                .filter(|(_, group)| !group.is_empty())
                 .map(|(label, group)| (label, group.iter().collect()))
                 .collect()
         } else {
@@ -106,13 +115,78 @@ impl KvCache<'_> {
         Ok(())
     }
 
-    /// The three dispatches of this cache's step for `q`: `route`, `leaf`, `merge`.
+    /// The one dispatch of this cache's fused step for `q` (one workgroup per (sequence, KV
+    /// head)). Panics unless [`Self::is_fused`].
+    fn fused_stage(&self, q: &GpuTensor) -> Result<Stage> {
+        let s = &self.shape;
+        self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
+        let ctx = self.ctx;
+        let fp = self.fplan.expect("fused plan");
+        let lens_buf = self.lens_buffer()?;
+        let heads = (s.batch * s.kv_heads) as u64;
+        let u = ctx.uniform(
+            "decode params",
+            &Params {
+                wg_count: heads as u32,
+                ..self.base()
+            },
+        )?;
+        let consts = fp.consts(&self.plan);
+        let pipe = ctx.pipelines.get(
+            &ctx.device,
+            &FUSED_SHADER,
+            "fused",
+            self.storage,
+            &consts,
+            &[],
+        )?;
+        let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
+        let b: Binds = vec![
+            (0, &u),
+            (1, &lens_buf.buffer),
+            (2, &q.buffer),
+            (3, &self.k.buffer),
+            (4, &self.v.buffer),
+            (5, &self.pyr.means.buffer),
+            (6, &sq.buffer),
+            (7, &self.out.buffer),
+            (8, &self.lse.buffer),
+            (9, &self.sel.buffer),
+        ];
+        self.make_stage(pipe, &b, heads)
+    }
+
+    fn lens_buffer(&self) -> Result<GpuTensor> {
+        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
+        self.ctx.upload_u32("decode lengths", &lens)
+    }
+
+    /// A dispatch of `n` workgroups of pipeline `p` with bindings `b`.
+    fn make_stage(&self, p: Arc<wgpu::ComputePipeline>, b: &Binds, n: u64) -> Result<Stage> {
+        let ctx = self.ctx;
+        let layout = p.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry> = b
+            .iter()
+            .map(|(i, buf)| wgpu::BindGroupEntry {
+                binding: *i,
+                resource: buf.as_entire_binding(),
+            })
+            .collect();
+        let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("decode step"),
+            layout: &layout,
+            entries: &entries,
+        });
+        let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
+        Ok((p, bg, pisa_core::grid_for(n, max_dim)?))
+    }
+
+    /// The three dispatches of this cache's split step for `q`: `route`, `leaf`, `merge`.
     fn stages(&self, q: &GpuTensor) -> Result<[Stage; 3]> {
         let s = &self.shape;
         self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
         let ctx = self.ctx;
-        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
-        let lens_buf = ctx.upload_u32("decode lengths", &lens)?;
+        let lens_buf = self.lens_buffer()?;
         let heads = (s.batch * s.kv_heads) as u64;
         let slots = heads * self.plan.slots() as u64;
         let uniform = |wg_count: u64| {
@@ -158,23 +232,7 @@ impl KvCache<'_> {
             (10, c),
             (11, pa),
         ];
-        let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
-        let stage = |p: Arc<wgpu::ComputePipeline>, b: Binds, n: u64| -> Result<Stage> {
-            let layout = p.get_bind_group_layout(0);
-            let entries: Vec<wgpu::BindGroupEntry> = b
-                .iter()
-                .map(|(i, buf)| wgpu::BindGroupEntry {
-                    binding: *i,
-                    resource: buf.as_entire_binding(),
-                })
-                .collect();
-            let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("decode step"),
-                layout: &layout,
-                entries: &entries,
-            });
-            Ok((p, bg, pisa_core::grid_for(n, max_dim)?))
-        };
+        let stage = |p, b: Binds, n| self.make_stage(p, &b, n);
         Ok([
             stage(pipe(&ROUTE_SHADER, "route", true)?, route, heads)?,
             stage(pipe(&SHADER, "leaf", false)?, leaf, slots)?,

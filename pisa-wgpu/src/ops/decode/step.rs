@@ -1,7 +1,7 @@
 //! The synchronous wrappers of the decode step (append, step, append-and-step, reset,
 //! accessors); the recording itself is in `record.rs`.
 
-use super::{check_len, DecodeOutput, KvCache, Plan};
+use super::{check_len, DecodeOutput, FusedPlan, KvCache, Plan};
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::GpuPyramid;
 use crate::runtime::buffers::GpuTensor;
@@ -168,20 +168,49 @@ impl KvCache<'_> {
     pub fn outputs(&self) -> (&GpuTensor, &GpuTensor, &GpuTensor) {
         (&self.out, &self.lse, &self.sel)
     }
-    /// Workgroup memory of the step's largest kernel (`route`, `leaf`, `merge`), bytes.
+    /// Workgroup memory of the step's largest kernel, bytes: the fused kernel's when the step
+    /// runs fused ([`Self::is_fused`]), else the largest of `route`, `leaf`, `merge`.
     pub fn workgroup_memory(&self) -> u64 {
-        self.plan.smem
+        match self.fplan {
+            Some(f) if self.fused => f.smem,
+            _ => self.plan.smem,
+        }
+    }
+
+    /// Workgroup memory of the fused kernel, bytes; `None` where it does not fit the device (or
+    /// the limit of [`Self::set_workgroup_memory_limit`]), so that the step runs split.
+    pub fn fused_workgroup_memory(&self) -> Option<u64> {
+        self.fplan.map(|f| f.smem)
+    }
+
+    /// Selects the step's path: `true`, the fused step (ONE dispatch per step: routing, leaf
+    /// scores, cut and attention in one workgroup per (sequence, KV head)) where its workgroup
+    /// memory fits, else the split one; `false`, the split step (three dispatches: `route`,
+    /// `leaf`, `merge`). New caches take [`super::default_fused`] (`PISA_DECODE`). Results agree
+    /// within rounding.
+    pub fn set_fused(&mut self, fused: bool) {
+        self.fused = fused;
+    }
+
+    /// Whether the step runs fused: selected ([`Self::set_fused`]) and within the device's
+    /// workgroup memory.
+    pub fn is_fused(&self) -> bool {
+        self.fused && self.fplan.is_some()
     }
 
     /// Caps the step kernels' workgroup memory at `bytes` (tuning and tests; the device's
     /// limit still applies). `leaf` then uses fewer P.V parts, fewer lanes per key and, at the
     /// least, blocks in several chunks of keys (more online-softmax rescaling rounds); `route`
-    /// fewer lanes per row. Results agree within rounding. Errors: [`crate::GpuError::Limit`]
-    /// when a kernel's minimum does not fit.
+    /// fewer lanes per row; the fused kernel fewer lanes per key, then fewer keys per block and
+    /// pass, and where even its minimum does not fit the step runs split. Results agree within
+    /// rounding. Errors: [`crate::GpuError::Limit`] when a split kernel's minimum does not
+    /// fit (the split step is the fallback); nothing changes on error.
     pub fn set_workgroup_memory_limit(&mut self, bytes: u32) -> Result<()> {
         let mut lim = self.ctx.limits().clone();
         lim.max_compute_workgroup_storage_size = lim.max_compute_workgroup_storage_size.min(bytes);
-        self.plan = Plan::new(&lim, self.shape.gqa_group(), self.shape.head_dim, &self.cfg)?;
+        let (gq, d) = (self.shape.gqa_group(), self.shape.head_dim);
+        self.plan = Plan::new(&lim, gq, d, &self.cfg)?;
+        self.fplan = FusedPlan::new(&lim, gq, d, &self.cfg);
         Ok(())
     }
 }
