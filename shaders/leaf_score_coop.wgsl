@@ -17,8 +17,9 @@
 // Bounds: as in leaf_select_coop.wgsl, a 16-key tile starting at token t0 is loaded from
 // min(t0, Nk - 16) (the host requires Nk >= 16) and step 3 keeps a column only when its token
 // lies in its own tile's range and in the leaf.
-// Q: vec4<f16>, (b, h, n, d) at (b*sb + h*sh + n*sn + d) / 4; K: f16 at b*sb + h*sh + n*sn + d
-// (D and the strides are multiples of 16).
+// Q: 16-byte pieces, (b, h, n, d) at (b*sb + h*sh + n*sn + d) / 8; K: f16 at
+// b*sb + h*sh + n*sn + d (and 16-byte pieces, for the staging copy); D and the strides are
+// multiples of 16 halves.
 enable wgpu_cooperative_matrix;
 
 const GQ: u32 = 4u;    // query heads per KV head (<= 16)
@@ -33,7 +34,9 @@ const KSTAGE: u32 = 0u;          // 1: stage the leaf's keys in workgroup memory
 const WG: u32 = NSG * SG;        // invocations
 const RT: u32 = NSG * 16u;       // rows
 const HD16: u32 = HD / 16u;
-const HD4: u32 = HD / 4u;
+const HD8: u32 = HD / 8u;        // 16-byte pieces of a row
+const QL: u32 = (RT * HD8 + WG - 1u) / WG; // 16-byte Q loads per invocation
+const KL: u32 = (CW * HD8 + WG - 1u) / WG; // 16-byte K loads per invocation (KSTAGE = 1)
 const CW: u32 = CT * 16u;        // S columns
 const QS: u32 = HD + 8u;         // Q row stride, halves (16-byte multiple)
 const SS: u32 = CW + 4u;         // S row stride, floats
@@ -41,7 +44,8 @@ const SPLIT: u32 = WG / RT;      // invocations per row in step 3 (the host need
 const KPT: u32 = (CW + SPLIT - 1u) / SPLIT; // keys per invocation in step 3
 const NEG: f32 = -3.0e38;
 
-@group(0) @binding(1) var<storage, read> q: array<vec4<f16>>;
+// Q read 16 bytes (8 halves) at a time.
+@group(0) @binding(1) var<storage, read> q: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> k: array<f16>;
 // The same K buffer, read 16 bytes at a time by the staging copy (KSTAGE = 1).
 @group(0) @binding(12) var<storage, read> k16: array<vec4<u32>>;
@@ -71,27 +75,61 @@ fn load_rows(sg: u32) {
     }
 }
 
+// Eight halves (16 bytes) into qsh at `at`.
+fn put8(at: u32, v: vec4<u32>) {
+    let h0 = vec2<f16>(unpack2x16float(v.x));
+    let h1 = vec2<f16>(unpack2x16float(v.y));
+    let h2 = vec2<f16>(unpack2x16float(v.z));
+    let h3 = vec2<f16>(unpack2x16float(v.w));
+    qsh[at] = h0.x;
+    qsh[at + 1u] = h0.y;
+    qsh[at + 2u] = h1.x;
+    qsh[at + 3u] = h1.y;
+    qsh[at + 4u] = h2.x;
+    qsh[at + 5u] = h2.y;
+    qsh[at + 6u] = h3.x;
+    qsh[at + 7u] = h3.y;
+}
+
+// The chunk's RT Q rows into qsh (zero past its n entries): every load of the invocation is
+// issued before the first store (a fixed trip count into registers), so their memory round
+// trips overlap instead of queueing one after another.
+fn gather_q(lid: u32, b: u32, hkv: u32, n: u32) {
+    var buf: array<vec4<u32>, QL>;
+    for (var j = 0u; j < QL; j++) {
+        let x = lid + j * WG;
+        let r = x / HD8;
+        let e = r / GQ;
+        var val = vec4<u32>(0u);
+        if (x < RT * HD8 && e < n) {
+            let hq = hkv * GQ + r % GQ;
+            val = q[(b * p.q_sb + hq * p.q_sh + (ent[e] / MC) * p.q_sn) / 8u + x % HD8];
+        }
+        buf[j] = val;
+    }
+    for (var j = 0u; j < QL; j++) {
+        let x = lid + j * WG;
+        if (x < RT * HD8) { put8((x / HD8) * QS + 8u * (x % HD8), buf[j]); }
+    }
+}
+
 // KSTAGE = 1: the leaf's CW keys (its CT 16-key tiles, each from tile_start) into qsh rows
-// 0 .. CW, 16 bytes per load (the Q rows are in registers by then).
+// 0 .. CW (the Q rows are in registers by then), loads first as in gather_q.
 fn stage_keys(lid: u32, leaf: u32, kbase: u32) {
-    for (var x = lid; x < CW * (HD / 8u); x += WG) {
-        let r = x / (HD / 8u);
-        let c = x % (HD / 8u);
-        let tok = tile_start(leaf, r / 16u) + r % 16u;
-        let v = k16[(kbase + tok * p.k_sn) / 8u + c];
-        let at = r * QS + 8u * c;
-        let h0 = vec2<f16>(unpack2x16float(v.x));
-        let h1 = vec2<f16>(unpack2x16float(v.y));
-        let h2 = vec2<f16>(unpack2x16float(v.z));
-        let h3 = vec2<f16>(unpack2x16float(v.w));
-        qsh[at] = h0.x;
-        qsh[at + 1u] = h0.y;
-        qsh[at + 2u] = h1.x;
-        qsh[at + 3u] = h1.y;
-        qsh[at + 4u] = h2.x;
-        qsh[at + 5u] = h2.y;
-        qsh[at + 6u] = h3.x;
-        qsh[at + 7u] = h3.y;
+    var buf: array<vec4<u32>, KL>;
+    for (var j = 0u; j < KL; j++) {
+        let x = lid + j * WG;
+        let r = x / HD8;
+        var val = vec4<u32>(0u);
+        if (x < CW * HD8) {
+            let tok = tile_start(leaf, r / 16u) + r % 16u;
+            val = k16[(kbase + tok * p.k_sn) / 8u + x % HD8];
+        }
+        buf[j] = val;
+    }
+    for (var j = 0u; j < KL; j++) {
+        let x = lid + j * WG;
+        if (x < CW * HD8) { put8((x / HD8) * QS + 8u * (x % HD8), buf[j]); }
     }
 }
 
@@ -151,21 +189,7 @@ fn leaf_score(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
     workgroupBarrier();
     // 1. The chunk's Q rows; zero past its entries.
-    for (var x = lid; x < RT * HD4; x += WG) {
-        let r = x / HD4;
-        let cc = x % HD4;
-        let e = r / GQ;
-        var val = vec4<f16>(0.0h);
-        if (e < n) {
-            let hq = hkv * GQ + r % GQ;
-            val = q[(b * p.q_sb + hq * p.q_sh + (ent[e] / MC) * p.q_sn) / 4u + cc];
-        }
-        let at = r * QS + 4u * cc;
-        qsh[at] = val.x;
-        qsh[at + 1u] = val.y;
-        qsh[at + 2u] = val.z;
-        qsh[at + 3u] = val.w;
-    }
+    gather_q(lid, b, hkv, n);
     workgroupBarrier();
     // 2. S = Q K^T on tensor cores.
     let kbase = b * p.k_sb + hkv * p.k_sh;

@@ -133,8 +133,10 @@ pub(crate) fn plan(ctx: &Context, plan: &Plan, scorer: Scorer) -> Option<ByLeaf>
         Scorer::Portable => (PORTABLE_ROWS / plan.gq).max(1),
         Scorer::Coop(v) => {
             // SG >= 16: at least one invocation per row in the scalar step.
+            // Q (and K, when staged) are read 16 bytes at a time: strides of 8 halves.
             let rows = 16 * nsg;
-            if v.sg < 16 || plan.gq > rows {
+            let strides = [p.q_sb, p.q_sh, p.q_sn, p.k_sb, p.k_sh, p.k_sn];
+            if v.sg < 16 || plan.gq > rows || strides.iter().any(|s| s % 8 != 0) {
                 return None;
             }
             rows / plan.gq
