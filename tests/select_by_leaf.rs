@@ -73,8 +73,8 @@ fn by_leaf_groups_head_dims_and_scorings() {
             Case {
                 b: 1,
                 hq: 8,
-                nq: 3000,
-                nk: 3000,
+                nq: 1500,
+                nk: 1500,
                 d: 128,
                 c: 64,
                 k: 16,
@@ -179,13 +179,13 @@ fn by_leaf_lengths_and_partial_blocks() {
             },
         ),
         (
-            "n 4099 d32 K8 C100",
+            "n 2099 d32 K8 C100",
             Case {
                 b: 1,
                 hq: 1,
                 hkv: 1,
-                nq: 4099,
-                nk: 4099,
+                nq: 2099,
+                nk: 2099,
                 d: 32,
                 c: 100,
                 k: 8,
