@@ -8,9 +8,13 @@
 // e * GQ + h; QPC * GQ <= RT, the rest zero padding). Unlike the tile kernel
 // (leaf_select_coop.wgsl), every row of a multiply belongs to a query that listed the leaf, and
 // the leaf's keys are loaded once per chunk and shared by its NSG subgroups through the cache.
-//   1. gather the chunk's Q rows (f16, unscaled, so exact) into qsh;                   barrier
+//   1. gather the chunk's Q rows (f16, unscaled, so exact) into qsh, every 16-byte load of an
+//      invocation issued before its first store;                                      barrier
 //   2. subgroup sg: its 16 rows as HD / 16 A matrices, times the CT 16-key column tiles of
-//      the leaf (K straight from the storage buffer), stored (f32) to fsh;            barrier
+//      the leaf, stored (f32) to fsh. KSTAGE = 1 (the host's default where CT <= NSG): the
+//      Q rows go to registers (barrier), the leaf's keys are staged into qsh with 16-byte
+//      loads (barrier) and every subgroup multiplies from there; KSTAGE = 0: the key matrices
+//      are loaded straight from the storage buffer;                                   barrier
 //   3. SPLIT invocations per row: scale, mask, partial (max, sum of exp);             barrier
 //   4. one invocation per entry: the LSE of each of its GQ rows, summed, as rank_key to the
 //      entry's slot in `scores`.
@@ -18,8 +22,8 @@
 // min(t0, Nk - 16) (the host requires Nk >= 16) and step 3 keeps a column only when its token
 // lies in its own tile's range and in the leaf.
 // Q: 16-byte pieces, (b, h, n, d) at (b*sb + h*sh + n*sn + d) / 8; K: f16 at
-// b*sb + h*sh + n*sn + d (and 16-byte pieces, for the staging copy); D and the strides are
-// multiples of 16 halves.
+// b*sb + h*sh + n*sn + d (and 16-byte pieces, for the staging copy); D is a multiple of 16
+// and the strides of 8 halves (the host checks both).
 enable wgpu_cooperative_matrix;
 
 const GQ: u32 = 4u;    // query heads per KV head (<= 16)
@@ -152,10 +156,7 @@ fn score_rows_staged(sg: u32) {
 // the uniformity of cooperative operations per function).
 fn score_rows(sg: u32, leaf: u32, kbase: u32) {
     let r0 = sg * 16u;
-    for (var ds = 0u; ds < HD16; ds++) {
-        let at = r0 * QS + ds * 16u;
-        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&qsh[at], QS);
-    }
+    load_rows(sg);
     for (var ct = 0u; ct < CT; ct++) {
         let row0 = kbase + tile_start(leaf, ct) * p.k_sn;
         var acc = coop_mat16x16<f32, C>();

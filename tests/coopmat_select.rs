@@ -54,7 +54,7 @@ fn leaf_coop_shader_validates_and_writes_spirv() {
         assert_spirv(&format!("{v:?}"), &src, &["leaf_select"]);
         // The leaf-major scorer with the same constants, 2 or 4 subgroups (chunks of
         // 16 * NSG / g_q entries; SG >= 16), keys direct or staged.
-        for (nsg, kstage) in [(2, 0), (4, 0), (4, 1)] {
+        for (nsg, kstage) in [(2, 0), (2, 1), (4, 0), (4, 1)] {
             if v.sg < 16 || v.gq > 16 * nsg || (kstage == 1 && v.ct > nsg) {
                 continue;
             }
@@ -84,6 +84,7 @@ fn leaf_coop_shader_validates_and_writes_spirv() {
 /// without cooperative matrices, lavapipe included) is Portable.
 #[test]
 fn leaf_path_follows_shape_and_adapter() {
+    let _settings = settings_lock();
     let ctx = ctx();
     let before = ctx.kernel_path();
     let coop_on = ctx.set_kernel_path(KernelPath::CoopMat) == KernelPath::CoopMat;
@@ -128,6 +129,7 @@ fn leaf_path_follows_shape_and_adapter() {
 
 #[test]
 fn leaf_coop_matches_reference() {
+    let _settings = settings_lock();
     let ctx = ctx();
     let before = ctx.kernel_path();
     if ctx.set_kernel_path(KernelPath::CoopMat) != KernelPath::CoopMat {
@@ -264,6 +266,7 @@ fn leaf_coop_matches_reference() {
 /// in both stage-2 orders, on whatever path the adapter runs (the portable kernels on lavapipe).
 #[test]
 fn partial_last_leaf_is_scored_on_its_own_keys() {
+    let _settings = settings_lock();
     let ctx = ctx();
     let mut r = rng(seed("partial_last_leaf_is_scored_on_its_own_keys"));
     for (n, c) in [(165, 16), (300, 20), (1000, 64)] {

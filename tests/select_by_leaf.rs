@@ -8,15 +8,16 @@
 //! layouts, every scoring, causal and not, forced blocks, Nq < Nk, batch 2, f32 and f16. A GPU
 //! row may differ from the reference only where the reference's margin is a near-tie
 //! (`select_util::check`, at most 5% of the rows); Qtile 1 and 4 must agree exactly (the
-//! leaf-major path does not depend on Qtile).
+//! leaf-major path does not depend on Qtile, so this checks that two runs agree bit for bit).
+//! `by_leaf_path_is_taken` checks, through the profiler stages, that the leaf-major path runs.
 mod common;
 #[path = "select_util.rs"]
 mod select_util;
 
 use common::*;
 use pisa_core::{Scoring, TensorLayout};
-use pisa_wgpu::LeafOrder;
-use pisa_wgpu::Storage;
+use pisa_wgpu::ops::select::{build_pyramid, select, Layouts, Method};
+use pisa_wgpu::{LeafOrder, Profiler, Storage};
 use select_util::{base, run_case, Case};
 
 use Scoring::*;
@@ -208,5 +209,73 @@ fn by_leaf_lengths_and_partial_blocks() {
         run_case(&format!("n {n}"), c, &mut r, true);
         let nc = Case { causal: false, ..c };
         run_case(&format!("n {n} non-causal"), nc, &mut r, true);
+    }
+}
+
+/// The leaf-major path really runs (no silent fall-back to the query tiles): its profiler stages
+/// ("leaf_bucket", "leaf_score", "leaf_pick") appear and the tile kernel's ("leaf_select") does
+/// not, for f32 and (where the adapter has it) f16 storage, i.e. the portable scorer on lavapipe
+/// and the tensor-core one where cooperative matrices exist. Skipped without timestamp queries.
+#[test]
+fn by_leaf_path_is_taken() {
+    leaves();
+    let ctx = ctx();
+    let mut r = rng(seed("by_leaf_path_is_taken"));
+    for storage in [F32, F16] {
+        if storage == F16 && !ctx.has_f16() {
+            continue;
+        }
+        let c = Case {
+            b: 1,
+            hq: 8,
+            nq: 700,
+            nk: 700,
+            d: 128,
+            c: 64,
+            k: 4,
+            storage,
+            ..base()
+        };
+        let (q, k) = c.inputs(&mut r);
+        let (shape, cfg) = (c.shape(), c.cfg());
+        let qt = ctx.upload("q", &q, storage).unwrap();
+        let kt = ctx.upload("k", &k, storage).unwrap();
+        let mut prof = Profiler::new(ctx, 16);
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let pyr = build_pyramid(ctx, &mut enc, &kt, &shape, c.layout, &cfg).unwrap();
+        let layouts = Layouts::new(c.layout, &shape);
+        let sel = select(
+            ctx,
+            &qt,
+            &kt,
+            Some(&pyr),
+            &shape,
+            &layouts,
+            &cfg,
+            Method::Pisa,
+            4,
+            &mut enc,
+            Some(&mut prof),
+        )
+        .unwrap();
+        ctx.queue().submit([enc.finish()]);
+        let t = prof.finish(ctx).unwrap();
+        if !t.gpu {
+            eprintln!("by_leaf_path_is_taken: SKIPPED: no timestamp queries");
+            return;
+        }
+        let names: Vec<&str> = t.stages.iter().map(|s| s.0.as_str()).collect();
+        for stage in ["leaf_bucket", "leaf_score", "leaf_pick"] {
+            assert!(names.contains(&stage), "{storage:?}: stages {names:?}");
+        }
+        assert!(
+            !names.contains(&"leaf_select"),
+            "{storage:?}: stages {names:?}"
+        );
+        let got = ctx.read_i32(&sel).unwrap();
+        assert!(
+            got.iter().all(|&x| x >= -1),
+            "{storage:?}: unwritten selection"
+        );
     }
 }

@@ -17,6 +17,14 @@ pub fn ctx() -> &'static Context {
     })
 }
 
+/// Serialises the tests of one binary that change the shared context's settings (kernel path,
+/// stage-2 order): hold the guard while setting and using them, so a parallel test cannot switch
+/// them in between and let a case run on another path than it names.
+pub fn settings_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A fresh seed (time-based) unless `PISA_SEED` is set; printed so a failure can be replayed.
 pub fn seed(test: &str) -> u64 {
     let s = std::env::var("PISA_SEED")

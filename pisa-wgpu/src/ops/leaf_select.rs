@@ -1,8 +1,13 @@
 //! Stage 2 of PISA prefill selection (PISA.md sections 3.3, 3.4 and 5): exact-LSE scoring of the
-//! stage-1 leaf candidates with query tiling, and the final top-K; shader
-//! `shaders/leaf_select.wgsl` (portable) or, on tensor cores, [`coop`]
-//! (`shaders/leaf_select_coop.wgsl`). Both append `shaders/leaf_common.wgsl` (the union of a
-//! tile's candidates and the rank-based pick).
+//! stage-1 leaf candidates and the final top-K, in one of two orders ([`LeafOrder`]):
+//! - query tiles: `shaders/leaf_select.wgsl` (portable) or, on tensor cores, [`coop`]
+//!   (`shaders/leaf_select_coop.wgsl`), one workgroup per Qtile consecutive queries over the
+//!   union of their candidates; profiler stage "leaf_select";
+//! - leaf-major ([`by_leaf`]): candidates bucketed by leaf, each leaf scored against chunks of
+//!   the queries that listed it; profiler stages "leaf_bucket", "leaf_score", "leaf_pick".
+//!
+//! Both orders append `shaders/leaf_common.wgsl` (the union of a tile's candidates and the
+//! rank-based pick) and give the same selection up to near-ties of f32 rounding.
 
 pub mod by_leaf;
 pub mod coop;
@@ -58,19 +63,26 @@ pub fn leaf_path(
     }
 }
 
-/// The leaf-major plan ([`by_leaf`]) when the context's [`LeafOrder`] asks for it (Auto: where
-/// the scorer runs on tensor cores, i.e. `coop` is a variant) and it fits; else `None` (tiles).
+/// The leaf-major plan ([`by_leaf`]) when the context's [`LeafOrder`] asks for it and it fits,
+/// else `None` (query tiles). Auto: leaf-major where the scorer runs on tensor cores (`coop` is
+/// a variant and the tensor-core scorer's plan fits). Leaves: the tensor-core scorer where it
+/// fits, else the portable one (tiles only when neither fits).
 fn leaf_major(
     ctx: &Context,
     plan: &Plan,
     coop: Option<coop::LeafCoopVariant>,
 ) -> Option<by_leaf::ByLeaf> {
-    let scorer = match (ctx.leaf_order(), coop) {
-        (LeafOrder::Tiles, _) | (LeafOrder::Auto, None) => return None,
-        (_, Some(v)) => by_leaf::Scorer::Coop(v),
-        (LeafOrder::Leaves, None) => by_leaf::Scorer::Portable,
-    };
-    by_leaf::plan(ctx, plan, scorer)
+    let order = ctx.leaf_order();
+    if order == LeafOrder::Tiles {
+        return None;
+    }
+    let on_tensor_cores = coop.and_then(|v| by_leaf::plan(ctx, plan, by_leaf::Scorer::Coop(v)));
+    match order {
+        LeafOrder::Leaves => {
+            on_tensor_cores.or_else(|| by_leaf::plan(ctx, plan, by_leaf::Scorer::Portable))
+        }
+        _ => on_tensor_cores,
+    }
 }
 
 /// Workgroup bytes of leaf_common.wgsl's arrays for a tile of `t` queries, `mc` candidates each.
@@ -82,8 +94,9 @@ fn common_bytes(t: u32, mc: u32) -> u64 {
 /// Records stage 2 over the candidates `cand` (`[B, Hkv, Nq, g*(K+1)]` from
 /// [`super::route`]) and returns the selection `[B, Hkv, Nq, K]` i32, ascending, -1 padded.
 /// `q_tile` (Qtile) consecutive queries share each loaded key block; it is clamped to what fits
-/// in workgroup memory and does not change the result. On the CoopMat path, f16 selections of a
-/// supported shape score on tensor cores ([`coop`]). Profiler stage "leaf_select".
+/// in workgroup memory and does not change the result. The order follows [`leaf_major`]; on
+/// the CoopMat path, f16 selections of a supported shape score on tensor cores ([`coop`],
+/// [`by_leaf`]). Profiler stages: see the module docs.
 /// Errors: [`crate::GpuError::Limit`] (buffers, workgroup memory).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(

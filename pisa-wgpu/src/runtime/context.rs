@@ -194,7 +194,8 @@ impl Context {
     }
 
     /// Chooses the order of PISA selection's stage 2 for later calls (tests and benchmarks
-    /// compare them on one device).
+    /// compare them on one device). The setting is the context's: it applies to every thread
+    /// using this context, from the next selection each records.
     pub fn set_leaf_order(&self, order: LeafOrder) {
         self.leaf_order.store(order.to_u8(), Ordering::Relaxed);
     }

@@ -63,14 +63,16 @@ pub fn coop_supported(
 /// [`Context::leaf_order`]: super::context::Context::leaf_order
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum LeafOrder {
-    /// The default: [`LeafOrder::Leaves`] where the leaf scorer runs on tensor cores, else
-    /// [`LeafOrder::Tiles`].
+    /// The default: [`LeafOrder::Leaves`] where the leaf scorer runs on tensor cores and the
+    /// leaf-major plan fits (buffers within the binding limit, workgroup memory, 16-byte
+    /// aligned strides), else [`LeafOrder::Tiles`].
     Auto,
     /// Query tiles (PISA.md 5): a workgroup per Qtile consecutive queries scores the union of
     /// their candidates.
     Tiles,
     /// Leaf-major: candidates bucketed by (b, KV head, leaf); a workgroup per chunk of a
-    /// leaf's queries scores only rows that listed it.
+    /// leaf's queries scores only rows that listed it (on tensor cores where they exist, else
+    /// the portable scorer; query tiles only where neither plan fits).
     Leaves,
 }
 

@@ -24,19 +24,36 @@
 //! score is computed from its own rows only and lands in its own slot, so the output is the
 //! same bit for bit from run to run.
 //!
-//! Memory: three buffers of `B * Hkv * Nq * MC` u32 (candidates, lists, scores), one of about
-//! a QPC-th of that (chunk buckets), plus `3 * (B * Hkv * nb0 + 1)` u32; [`plan`] returns `None` (the caller runs the tile kernel) when
-//! a buffer would pass the binding limit or an index would pass u32.
+//! Memory: beside the candidates `[B, Hkv, Nq, MC]` (the input), two buffers of the same size
+//! (bucket lists, scores), one of about a QPC-th of that (chunk buckets) and
+//! `3 * (B * Hkv * nb0 + 1)` u32 (counts and offsets); [`plan`] returns `None` when a buffer
+//! would pass the binding limit or an index would pass u32.
 
 use bytemuck::{Pod, Zeroable};
 
-use super::coop::LeafCoopVariant;
 use super::Plan;
 use crate::error::Result;
 use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
-use crate::runtime::context::{Context, COOP_SUBGROUPS};
-use crate::runtime::pipeline::{env_u32, ShaderSource, Storage};
+use crate::runtime::context::Context;
+use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
+
+mod plan;
+
+use plan::stage_keys;
+pub(crate) use plan::{plan, ByLeaf, Scorer};
+
+/// Invocations of `count` and `scatter` workgroups (the shader's `@workgroup_size`).
+const BUCKET_WG: u64 = 256;
+
+/// The `Buckets` uniform of the shaders.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+struct Buckets {
+    items: u32,
+    buckets: u32,
+    pad: [u32; 2],
+}
 
 /// `shaders/leaf_bucket.wgsl`: `count`, `scan`, `scatter`.
 pub const BUCKET_SHADER: ShaderSource = ShaderSource {
@@ -78,105 +95,6 @@ pub const PICK_SHADER: ShaderSource = ShaderSource {
     ),
 };
 
-/// Invocations of `count` and `scatter` workgroups (the shader's `@workgroup_size`).
-const BUCKET_WG: u64 = 256;
-/// Rows of a portable scoring chunk (entries * GQ), at least one entry.
-const PORTABLE_ROWS: u32 = 16;
-/// Subgroups (16-row tiles) of a tensor-core scoring workgroup: `PISA_LEAF_NSG` (2 or 4, a
-/// tuning knob) or [`COOP_SUBGROUPS`].
-fn coop_subgroups() -> u32 {
-    env_u32("PISA_LEAF_NSG")
-        .filter(|n| [2, 4].contains(n))
-        .unwrap_or(COOP_SUBGROUPS)
-}
-
-/// The `Buckets` uniform of the shaders.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
-struct Buckets {
-    items: u32,
-    buckets: u32,
-    pad: [u32; 2],
-}
-
-/// The scorer of a leaf-major stage 2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Scorer {
-    /// `leaf_score.wgsl` (any storage, any adapter).
-    Portable,
-    /// `leaf_score_coop.wgsl` with the tile kernel's variant constants (f16, tensor cores).
-    Coop(LeafCoopVariant),
-}
-
-/// Sizes of one leaf-major stage 2.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ByLeaf {
-    scorer: Scorer,
-    /// Candidate entries `B * Hkv * Nq * MC` (count / scatter items).
-    entries: u64,
-    /// Buckets `B * Hkv * nb0`.
-    buckets: u64,
-    /// Entries per scoring chunk.
-    qpc: u32,
-    /// Subgroups of a tensor-core scoring workgroup.
-    nsg: u32,
-}
-
-/// The leaf-major plan of a validated selection with this scorer, or `None` when a buffer or
-/// an index would not fit (the caller then runs the tile kernel).
-pub(crate) fn plan(ctx: &Context, plan: &Plan, scorer: Scorer) -> Option<ByLeaf> {
-    let p = &plan.params;
-    let entries = plan.bh * p.q_len as u64 * p.mc as u64;
-    let nsg = coop_subgroups();
-    let buckets = plan.bh * p.nb0 as u64;
-    let qpc = match scorer {
-        Scorer::Portable => (PORTABLE_ROWS / plan.gq).max(1),
-        Scorer::Coop(v) => {
-            // SG >= 16: at least one invocation per row in the scalar step.
-            // Q (and K, when staged) are read 16 bytes at a time: strides of 8 halves.
-            let rows = 16 * nsg;
-            let strides = [p.q_sb, p.q_sh, p.q_sn, p.k_sb, p.k_sh, p.k_sn];
-            if v.sg < 16 || plan.gq > rows || strides.iter().any(|s| s % 8 != 0) {
-                return None;
-            }
-            rows / plan.gq
-        }
-    };
-    let chunks = entries.div_ceil(qpc as u64) + buckets;
-    let fits = |n: u64| n < u32::MAX as u64 && 4 * n <= ctx.max_binding_bytes();
-    let mem = ctx.limits().max_compute_workgroup_storage_size as u64;
-    let shared = match scorer {
-        Scorer::Portable => 4 * (4 + qpc as u64 + (qpc * plan.gq) as u64 * 66),
-        Scorer::Coop(v) => coop_bytes(&v, nsg),
-    };
-    (fits(entries) && fits(buckets + 1) && fits(chunks) && shared <= mem).then_some(ByLeaf {
-        scorer,
-        entries,
-        buckets,
-        qpc,
-        nsg,
-    })
-}
-
-/// Whether the tensor-core scorer stages the leaf's keys in workgroup memory: by default where
-/// the key rows fit in the Q rows' space (CT <= NSG) and K's strides are multiples of 8 halves
-/// (its 16-byte loads); `PISA_LEAF_KSTAGE=0` (a tuning knob) loads the key matrices straight
-/// from the storage buffer instead. On the H200 staging took the scorer from 98 to 76 ms at
-/// 64K tokens (each staged key matrix serves the NSG subgroups; docs/benchmarks.md).
-fn stage_keys(plan: &Plan, ct: u32, nsg: u32) -> bool {
-    let p = &plan.params;
-    env_u32("PISA_LEAF_KSTAGE") != Some(0)
-        && ct <= nsg
-        && [p.k_sb, p.k_sh, p.k_sn].iter().all(|s| s % 8 == 0)
-}
-
-/// Workgroup bytes of `leaf_score_coop.wgsl` (mirrors its `var<workgroup>` list).
-fn coop_bytes(v: &LeafCoopVariant, nsg: u32) -> u64 {
-    let (rt, wg) = (16 * nsg as u64, (nsg * v.sg) as u64);
-    let cw = 16 * v.ct as u64;
-    2 * rt * (v.hd as u64 + 8) + 4 * rt * (cw + 4) + 8 * wg + 4 * rt + 16
-}
-
 /// Records the leaf-major stage 2 `bl` over the candidates `cand` (`[B, Hkv, Nq, MC]` from
 /// [`crate::ops::route`]) and returns the selection `[B, Hkv, Nq, K]` i32, ascending, -1
 /// padded; equal to the tile kernels' up to near-ties. Errors: [`crate::GpuError::Limit`].
@@ -208,7 +126,7 @@ pub(crate) fn record(
         POISON_I32,
     )?;
     let list = ctx.alloc("leaf bucket lists", n_entries, Storage::F32, POISON_I32)?;
-    let n_chunks = bl.entries.div_ceil(bl.qpc as u64) + bl.buckets;
+    let n_chunks = bl.chunk_bound();
     let cdesc = ctx.alloc("leaf chunks", n_chunks as usize, Storage::F32, POISON_I32)?;
     let scores = ctx.alloc("leaf scores", n_entries, Storage::F32, POISON_F32)?;
     let sel_len = plan.sched.selection_len(&plan.shape);

@@ -2,11 +2,13 @@
 //! portable leaf scorer (`shaders/leaf_select_coop.wgsl`; PISA.md sections 2, 3.3, 3.4 and 5),
 //! for f16 storage on adapters whose [`KernelPath`] is [`KernelPath::CoopMat`].
 //!
-//! `super::record` calls `plan` (the crate-private twin of [`plan_for`]) and dispatches here
-//! when it returns a variant; everything else (f32 storage, head dims that are not a multiple
-//! of 16 or above 128, GQA groups above 16, fewer than 16 keys, adapters without cooperative
-//! matrices) runs the portable kernel. Same bindings, parameters and output as the portable
-//! kernel: the selection `[B, Hkv, Nq, K]` i32.
+//! `super::record` calls `plan` (the crate-private twin of [`plan_for`]); when it returns a
+//! variant, stage 2 runs on tensor cores: leaf-major ([`super::by_leaf`], whose scorer takes
+//! this variant's constants) under the default [`crate::LeafOrder`], else this query-tile
+//! kernel. Everything else (f32 storage, head dims that are not a multiple of 16 or above 128,
+//! GQA groups above 16, fewer than 16 keys, adapters without cooperative matrices) runs the
+//! portable kernels. Same bindings, parameters and output as the portable kernel: the
+//! selection `[B, Hkv, Nq, K]` i32.
 //!
 //! Numerics: Q and K enter the tensor cores as the f16 values stored (exact), products are
 //! accumulated in f32 and scaled afterwards, so the leaf scores differ from the portable
