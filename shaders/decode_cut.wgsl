@@ -2,13 +2,23 @@
 // of the split step (decode_merge.wgsl) and the fused step (decode_fused.wgsl); appended to
 // decode.wgsl. A candidate's score is its block LSE summed over the group, sum_h (m_h + log l_h)
 // (PISA.md 2: exact leaf LSE); the forced leaves plus the best K - forced candidates (higher
-// score first, then lower block; ranks compared through rank_key) are the selection.
+// score first, then lower block; ranks compared through rank_key) are the selection. Also the
+// outputs of an empty sequence (write_empty), which both write.
 
 var<workgroup> mc: array<u32, NS>;     // the leaf slots (block index or INVALID)
 var<workgroup> msc: array<f32, MAXC>;  // scores of the candidate slots
 var<workgroup> mrank: array<u32, KMAX>;
 var<workgroup> mtmp: array<u32, KMAX>;
 var<workgroup> msel: array<u32, KMAX>; // slots of the selection, ascending block, INVALID last
+
+// The outputs of an empty sequence (called by the whole workgroup; strided, so any GQ * DD,
+// GQ and K against WG): zero output at out[qrow..], LSE -inf, no blocks (K entries of -1 at
+// sel_out[so..]).
+fn write_empty(qrow: u32, so: u32, lid: u32) {
+    for (var i = lid; i < GQ * DD; i += WG) { out[qrow + i] = store_t(0.0); }
+    for (var i = lid; i < GQ; i += WG) { lse_out[qrow / DD + i] = bitcast<f32>(0xff800000u); }
+    for (var i = lid; i < KMAX; i += WG) { sel_out[so + i] = -1; }
+}
 
 // Called by the whole workgroup once mc, msc (of the valid candidate slots; an empty slot's
 // score is never read) and mrank = INVALID are written and a barrier passed. Writes msel and

@@ -78,10 +78,7 @@ fn fused(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let len = workgroupUniformLoad(&wlen);
     let so = id * KMAX;
     if (len == 0u) {
-        // An empty sequence: zero output, LSE -inf, no blocks.
-        for (var i = lid; i < GQ * DD; i += WG) { out[qrow + i] = store_t(0.0); }
-        if (lid < GQ) { lse_out[qrow / DD + lid] = bitcast<f32>(0xff800000u); }
-        if (lid < KMAX) { sel_out[so + lid] = -1; }
+        write_empty(qrow, so, lid); // zeros, LSE -inf, no blocks
         return;
     }
     // 1. Routing, the slots into mc, then the valid ones listed in lst.

@@ -15,10 +15,7 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let len = workgroupUniformLoad(&wlen);
     let so = id * KMAX;
     if (len == 0u) {
-        // An empty sequence: zero output, LSE -inf, no blocks.
-        for (var i = lid; i < GQ * DD; i += WG) { out[qrow + i] = store_t(0.0); }
-        if (lid < GQ) { lse_out[qrow / DD + lid] = bitcast<f32>(0xff800000u); }
-        if (lid < KMAX) { sel_out[so + lid] = -1; }
+        write_empty(qrow, so, lid); // zeros, LSE -inf, no blocks
         return;
     }
     let po = id * NS * GQ * PW;

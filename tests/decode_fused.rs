@@ -255,3 +255,9 @@ fn fused_agrees_with_split() {
         }
     }
 }
+
+/// An empty sequence's row is written in full when K exceeds the fused workgroup.
+#[test]
+fn fused_empty_sequence_with_top_k_past_workgroup() {
+    super::decode_harness::empty_beside_top_k_past_workgroup("fused_empty_k300", true);
+}

@@ -246,3 +246,25 @@ pub fn base(name: &'static str, hq: usize, hkv: usize, d: usize, cfg: SelectionC
         tied: false,
     }
 }
+
+/// A step with top_k above the workgroup size (K = 300, C = 1, g_q = 1, D = 4) of an empty
+/// sequence beside a non-empty one: every one of the empty row's K selection entries is -1
+/// (and its output zeros, its LSE -inf), none left as the buffer's poison; the other row as
+/// the reference. `fused` pins the path, whose workgroup is capped at 256 invocations (K
+/// above it; the split kernels' workgroup is 256 already).
+pub fn empty_beside_top_k_past_workgroup(name: &'static str, fused: bool) {
+    let mut c = base(name, 1, 1, 4, cfg(1, 300, 2, Scoring::Lse));
+    c.prefill = vec![0, 400];
+    let mut r = Run::new(c, 400);
+    r.cache.set_fused(fused);
+    r.cache.set_workgroup_size_limit(256).unwrap();
+    assert_eq!(
+        r.cache.is_fused(),
+        fused,
+        "{name}: the fused step does not fit"
+    );
+    let q = random(&mut r.rng, 2 * 4, 1.0);
+    let o = r.cache.step(&q, true).unwrap();
+    r.check(0, 0, &q[..4], &o);
+    r.check(0, 1, &q[4..], &o);
+}

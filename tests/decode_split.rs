@@ -238,3 +238,9 @@ pub(crate) fn check_outputs(
         assert_eq!(s, want_sel[h * kk..(h + 1) * kk], "head {h}");
     }
 }
+
+/// An empty sequence's row is written in full when K exceeds the `merge` workgroup.
+#[test]
+fn empty_sequence_with_top_k_past_workgroup() {
+    decode_harness::empty_beside_top_k_past_workgroup("split_empty_k300", false);
+}

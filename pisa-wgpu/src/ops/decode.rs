@@ -170,6 +170,9 @@ pub struct KvCache<'c> {
     cfg: SelectionConfig,
     storage: Storage,
     layout: PyramidLayout,
+    /// The limits the step's kernels are sized for: the device's, lowered by
+    /// [`KvCache::set_workgroup_memory_limit`] and [`KvCache::set_workgroup_size_limit`].
+    limits: wgpu::Limits,
     plan: Plan,
     /// The fused kernel's sizes, `None` when it does not fit the device.
     fplan: Option<FusedPlan>,
@@ -289,6 +292,7 @@ impl<'c> KvCache<'c> {
             cfg,
             storage,
             layout,
+            limits: ctx.limits().clone(),
             plan,
             fplan,
             fused: default_fused(),

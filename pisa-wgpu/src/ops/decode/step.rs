@@ -199,18 +199,40 @@ impl KvCache<'_> {
     }
 
     /// Caps the step kernels' workgroup memory at `bytes` (tuning and tests; the device's
-    /// limit still applies). `leaf` then uses fewer P.V parts, fewer lanes per key and, at the
-    /// least, blocks in several chunks of keys (more online-softmax rescaling rounds); `route`
-    /// fewer lanes per row; the fused kernel fewer lanes per key, then fewer keys per block and
-    /// pass, and where even its minimum does not fit the step runs split. Results agree within
-    /// rounding. Errors: [`crate::GpuError::Limit`] when a split kernel's minimum does not
-    /// fit (the split step is the fallback); nothing changes on error.
+    /// limit still applies, and so does [`Self::set_workgroup_size_limit`]). `leaf` then uses
+    /// fewer P.V parts, fewer lanes per key and, at the least, blocks in several chunks of keys
+    /// (more online-softmax rescaling rounds); `route` fewer lanes per row; the fused kernel
+    /// fewer lanes per key, then fewer keys per block and pass, and where even its minimum does
+    /// not fit the step runs split. Results agree within rounding. Errors:
+    /// [`crate::GpuError::Limit`] when a split kernel's minimum does not fit (the split step is
+    /// the fallback); nothing changes on error.
     pub fn set_workgroup_memory_limit(&mut self, bytes: u32) -> Result<()> {
-        let mut lim = self.ctx.limits().clone();
-        lim.max_compute_workgroup_storage_size = lim.max_compute_workgroup_storage_size.min(bytes);
+        let mut lim = self.limits.clone();
+        let dev = self.ctx.limits().max_compute_workgroup_storage_size;
+        lim.max_compute_workgroup_storage_size = dev.min(bytes);
+        self.replan(lim)
+    }
+
+    /// Caps the invocations per workgroup of the step kernels at `invocations` (tests: the
+    /// workgroup-size dependent paths of a smaller device; the device's limit still applies,
+    /// and so does [`Self::set_workgroup_memory_limit`]). Each kernel takes the largest power
+    /// of two within the cap. Results agree within rounding. Errors: those of
+    /// [`KvCache::new`] for the step's sizes ([`pisa_core::PisaError::HeadDim`] for D above 4
+    /// times the workgroup, [`crate::GpuError::Unsupported`] for g_q above it,
+    /// [`crate::GpuError::Limit`]); nothing changes on error.
+    pub fn set_workgroup_size_limit(&mut self, invocations: u32) -> Result<()> {
+        let mut lim = self.limits.clone();
+        let dev = self.ctx.limits().max_compute_invocations_per_workgroup;
+        lim.max_compute_invocations_per_workgroup = dev.min(invocations.max(1));
+        self.replan(lim)
+    }
+
+    /// Sizes both paths' kernels for `lim`, kept only when the split step fits.
+    fn replan(&mut self, lim: wgpu::Limits) -> Result<()> {
         let (gq, d) = (self.shape.gqa_group(), self.shape.head_dim);
         self.plan = Plan::new(&lim, gq, d, &self.cfg)?;
         self.fplan = FusedPlan::new(&lim, gq, d, &self.cfg);
+        self.limits = lim;
         Ok(())
     }
 }
