@@ -116,12 +116,17 @@ impl KvCache<'_> {
     }
 
     /// The one dispatch of this cache's fused step for `q` (one workgroup per (sequence, KV
-    /// head)). Panics unless [`Self::is_fused`].
+    /// head)). Errors: [`GpuError::Unsupported`] where the fused kernel does not fit the device
+    /// (callers take this path only when [`Self::is_fused`]).
     fn fused_stage(&self, q: &GpuTensor) -> Result<Stage> {
         let s = &self.shape;
         self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
         let ctx = self.ctx;
-        let fp = self.fplan.expect("fused plan");
+        let fp = self.fplan.ok_or_else(|| {
+            GpuError::Unsupported(
+                "the fused decode step: its workgroup memory does not fit this device".into(),
+            )
+        })?;
         let lens_buf = self.lens_buffer()?;
         let heads = (s.batch * s.kv_heads) as u64;
         let u = ctx.uniform(
