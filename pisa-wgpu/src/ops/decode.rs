@@ -71,61 +71,21 @@
 //! buffers per stage and the workgroup memory of the split kernels (about 20 KiB for g_q = 4,
 //! D = 128, C = 64; the fused kernel, when it fits, about 30 KiB).
 
+mod fused;
 mod plan;
+mod shaders;
 
 use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig, TensorLayout};
 
-use self::plan::{needs_sq, FusedPlan, Params, Plan};
+pub use self::fused::default_fused;
+use self::fused::FusedPlan;
+use self::plan::{needs_sq, Params, Plan};
+pub use self::shaders::{APPEND_SHADER, FUSED_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER};
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::{self, GpuPyramid, KeyGeometry};
 use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::Context;
-use crate::runtime::pipeline::{ShaderSource, Storage};
-
-/// `shaders/decode.wgsl`, `decode_levels.wgsl` (the routing, shared with the fused step) and
-/// `decode_route.wgsl`: split step dispatch 1 (`route`).
-pub const ROUTE_SHADER: ShaderSource = ShaderSource {
-    name: "decode_route",
-    wgsl: concat!(
-        include_str!("../../../shaders/decode.wgsl"),
-        include_str!("../../../shaders/decode_levels.wgsl"),
-        include_str!("../../../shaders/decode_route.wgsl")
-    ),
-};
-/// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl`: step dispatch 2 (`leaf`).
-pub const SHADER: ShaderSource = ShaderSource {
-    name: "decode",
-    wgsl: concat!(
-        include_str!("../../../shaders/decode.wgsl"),
-        include_str!("../../../shaders/decode_attend.wgsl")
-    ),
-};
-/// `shaders/decode.wgsl`, `decode_cut.wgsl` (the top-K cut, shared with the fused step) and
-/// `decode_merge.wgsl`: split step dispatch 3 (`merge`).
-pub const MERGE_SHADER: ShaderSource = ShaderSource {
-    name: "decode_merge",
-    wgsl: concat!(
-        include_str!("../../../shaders/decode.wgsl"),
-        include_str!("../../../shaders/decode_cut.wgsl"),
-        include_str!("../../../shaders/decode_merge.wgsl")
-    ),
-};
-/// `shaders/decode.wgsl`, `decode_levels.wgsl`, `decode_cut.wgsl` and `decode_fused.wgsl`: the
-/// fused step (`fused`), one dispatch.
-pub const FUSED_SHADER: ShaderSource = ShaderSource {
-    name: "decode_fused",
-    wgsl: concat!(
-        include_str!("../../../shaders/decode.wgsl"),
-        include_str!("../../../shaders/decode_levels.wgsl"),
-        include_str!("../../../shaders/decode_cut.wgsl"),
-        include_str!("../../../shaders/decode_fused.wgsl")
-    ),
-};
-/// `shaders/decode_append.wgsl`: append with ancestor-path update, prefill copy.
-pub const APPEND_SHADER: ShaderSource = ShaderSource {
-    name: "decode_append",
-    wgsl: include_str!("../../../shaders/decode_append.wgsl"),
-};
+use crate::runtime::pipeline::Storage;
 
 const APPEND_WG: u32 = 128;
 
@@ -190,16 +150,6 @@ pub struct KvCache<'c> {
     cands: GpuTensor,
     parts: GpuTensor,
     lens: Vec<usize>,
-}
-
-/// The decode step path new caches take, read once per process from `PISA_DECODE`: `fused`
-/// (one dispatch per step: `shaders/decode_fused.wgsl`) or `split` (three dispatches: route,
-/// leaf, merge); unset or anything else: `split`, the default for now. A cache's path can be
-/// changed with [`KvCache::set_fused`]; the fused one falls back to split where its workgroup
-/// memory does not fit ([`KvCache::is_fused`]).
-pub fn default_fused() -> bool {
-    static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FUSED.get_or_init(|| std::env::var("PISA_DECODE").as_deref() == Ok("fused"))
 }
 
 fn input(e: PisaError) -> GpuError {

@@ -1,13 +1,13 @@
-//! Sizing of the decode step's kernels: the split step's three (`shaders/decode.wgsl` +
-//! `decode_route.wgsl`, `decode_attend.wgsl`, `decode_merge.wgsl`, [`Plan`]) and the fused
-//! step's one (`decode_fused.wgsl`, [`FusedPlan`]): workgroup size, the constants substituted
-//! per pipeline, and the workgroup memory they need, checked against the device.
+//! Sizing of the split decode step's three kernels (`shaders/decode.wgsl` +
+//! `decode_route.wgsl`, `decode_attend.wgsl`, `decode_merge.wgsl`, [`Plan`]): workgroup size,
+//! the constants substituted per pipeline, and the workgroup memory they need, checked against
+//! the device; the uniform [`Params`]; and the sizing helpers shared with the fused step's
+//! [`FusedPlan`](super::fused::FusedPlan).
 
 use bytemuck::{Pod, Zeroable};
 use pisa_core::{PisaError, PyramidLayout, Scoring, SelectionConfig};
 
 use crate::error::{GpuError, Result};
-use crate::runtime::pipeline::env_u32;
 
 /// Uniform parameters shared by `decode.wgsl` and `decode_append.wgsl` (same field order).
 #[repr(C)]
@@ -109,10 +109,7 @@ impl Plan {
     /// [`GpuError::Limit`] when even the minimum of a kernel does not fit;
     /// [`GpuError::Unsupported`] for a GQA group above the workgroup size.
     pub fn new(limits: &wgpu::Limits, gq: usize, d: usize, cfg: &SelectionConfig) -> Result<Self> {
-        let max_wg = limits
-            .max_compute_invocations_per_workgroup
-            .min(limits.max_compute_workgroup_size_x);
-        let max_pow2 = 1u64 << (31 - max_wg.max(1).leading_zeros());
+        let max_pow2 = max_workgroup(limits);
         let wg = (WG as u64).min(max_pow2);
         if !d.is_multiple_of(4) || d > 4 * wg as usize {
             return Err(GpuError::Input(PisaError::HeadDim {
@@ -121,11 +118,7 @@ impl Plan {
             }));
         }
         let (gq, d) = (gq as u64, d as u64);
-        let (k, c, g) = (
-            cfg.top_k as u64,
-            cfg.block_size as u64,
-            cfg.merge_factor as u64,
-        );
+        let Dims { k, c, g, maxc, ns } = Dims::of(cfg);
         if gq > wg {
             return Err(GpuError::Unsupported(format!(
                 "decode with {gq} query heads per KV head (at most {wg})"
@@ -138,8 +131,6 @@ impl Plan {
                 limit: u32::MAX as u64,
             }));
         }
-        let maxc = g * (k + 1);
-        let ns = maxc + k;
         let common = 4 * (gq * d + 1);
         let limit = limits.max_compute_workgroup_storage_size as u64;
         // Route: LR invocations per pyramid row (8 f32 vec4s = one 128-byte line), all the
@@ -149,10 +140,9 @@ impl Plan {
             .next_power_of_two()
             .clamp(wg.min(64), max_pow2.min(1024));
         let route_mem = |lr: u64| common + 4 * (3 * maxc + maxc * g.max(2) * lr * gq);
-        let mut lr = 8.min(d / 4).max(1);
-        while lr > 1 && (route_mem(lr) > limit.max(route_mem(1)) || maxc * g * lr > wr) {
-            lr /= 2;
-        }
+        let lr = lanes(8, d / 4, |lr| {
+            route_mem(lr) <= limit.max(route_mem(1)) && maxc * g * lr <= wr
+        });
         let xr = maxc * g.max(2) * lr * gq;
         let route = route_mem(lr);
         let merge_k = common + 4 * (ns + maxc + 3 * k);
@@ -179,10 +169,7 @@ impl Plan {
         // line of f32), one row per invocation group (C * LK <= WG); fewer lanes and then
         // fewer keys while that does not fit.
         let room = budget.max(floor);
-        let mut lk = 8.min(d / 4).max(1);
-        while lk > 1 && (c * gq * (1 + lk) > room || c * lk > wg) {
-            lk /= 2;
-        }
+        let lk = lanes(8, d / 4, |lk| c * gq * (1 + lk) <= room && c * lk <= wg);
         let ch = c.min(room / (gq * (1 + lk))).max(1);
         let xs = floor.max(ch * gq * (1 + lk));
         let smem = route.max(merge_k).max(leaf_fixed + 4 * xs);
@@ -246,128 +233,50 @@ pub(super) fn needs_sq(cfg: &SelectionConfig) -> bool {
     cfg.scoring == Scoring::MeanVar
 }
 
-/// The constants of the fused decode kernel (`decode_fused.wgsl`: routing, every slot's block
-/// state, the cut and the attention over the selection in one workgroup per (sequence, KV
-/// head)) and the workgroup memory it takes; `None` from [`FusedPlan::new`] when it does not
-/// fit the device (the step then runs split).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct FusedPlan {
-    /// Invocations per workgroup (up to 1024).
-    pub wg: u32,
-    /// Route lanes per pyramid row.
-    pub lr: u32,
-    /// Floats of `xr`, the scratch shared by the route and the passes over key rows.
-    pub xr: u32,
-    /// Invocations per key row.
-    pub lk: u32,
-    /// Blocks per pass.
-    pub nb: u32,
-    /// Keys of each block per pass (C when memory allows).
-    pub ch: u32,
-    /// Sub-accumulators per (block, head).
-    pub rn: u32,
-    /// P.V parts summed per reduction round.
-    pub pb: u32,
-    /// Value rows prefetched per P.V invocation.
-    pub pv: u32,
-    /// Workgroup memory, bytes.
-    pub smem: u64,
+/// The largest power of two within the device's invocations per workgroup (and workgroup
+/// size in x): the workgroup of every decode kernel is this or less.
+pub(super) fn max_workgroup(limits: &wgpu::Limits) -> u64 {
+    let max_wg = limits
+        .max_compute_invocations_per_workgroup
+        .min(limits.max_compute_workgroup_size_x);
+    1u64 << (31 - max_wg.max(1).leading_zeros())
 }
 
-impl FusedPlan {
-    /// Sizes the fused kernel for group `gq`, head dim `d` (a multiple of 4, checked by
-    /// [`Plan::new`]) and `cfg` within `limits`. Largest workgroup (a power of two up to 1024);
-    /// LK = 4 invocations per key row (`PISA_DECODE_LK`, a power of two up to D/4, overrides:
-    /// an H200 tuning knob), one row per LK invocations a pass, whole blocks per pass when
-    /// memory allows (fewer lanes, then fewer keys per block and pass, when not). `None` when
-    /// even one key row per pass, one P.V part per round and the route's one lane per row do
-    /// not fit.
-    pub fn new(limits: &wgpu::Limits, gq: usize, d: usize, cfg: &SelectionConfig) -> Option<Self> {
-        let max_wg = limits
-            .max_compute_invocations_per_workgroup
-            .min(limits.max_compute_workgroup_size_x);
-        let wg = (1u64 << (31 - max_wg.max(1).leading_zeros())).min(1024);
-        let (gq, d) = (gq as u64, d as u64);
-        let d4 = d / 4;
-        if d4 == 0 || d4 > wg || gq > wg {
-            return None;
-        }
+/// Invocations sharing one row's dot products (route rows, key rows): `start` capped at the
+/// row's D/4 vec4s (at least 1), halved while `fits` refuses it, down to 1.
+pub(super) fn lanes(start: u64, d4: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    let mut n = start.min(d4).max(1);
+    while n > 1 && !fits(n) {
+        n /= 2;
+    }
+    n
+}
+
+/// The configuration's sizes, as u64: top_k K, block size C, merge factor g, the g(K+1)
+/// candidate slots of a level (MAXC) and the leaf slots with the K forced ones (NS).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dims {
+    pub k: u64,
+    pub c: u64,
+    pub g: u64,
+    pub maxc: u64,
+    pub ns: u64,
+}
+
+impl Dims {
+    pub fn of(cfg: &SelectionConfig) -> Self {
         let (k, c, g) = (
             cfg.top_k as u64,
             cfg.block_size as u64,
             cfg.merge_factor as u64,
         );
         let maxc = g * (k + 1);
-        let ns = maxc + k;
-        let rn = c.min(4);
-        // qs, wlen | cand, rk | mc, msc, mrank, mtmp, msel | lst, bst, hml, wnl.
-        let fixed = 4 * (gq * d + 1)
-            + 4 * 3 * maxc
-            + 4 * (ns + maxc + 3 * k)
-            + 4 * ns
-            + 8 * ns * gq * rn
-            + 8 * gq
-            + 4;
-        let limit = limits.max_compute_workgroup_storage_size as u64;
-        let budget = limit.checked_sub(fixed)? / 4;
-        let route = |lr: u64| maxc * g.max(2) * lr * gq;
-        if budget < route(1).max(2 * gq).max(gq * d) {
-            return None;
+        Self {
+            k,
+            c,
+            g,
+            maxc,
+            ns: maxc + k,
         }
-        let mut lr = 8.min(d4).max(1);
-        while lr > 1 && (route(lr) > budget || maxc * g * lr > wg) {
-            lr /= 2;
-        }
-        let lk_env = env_u32("PISA_DECODE_LK")
-            .map(|v| v as u64)
-            .filter(|v| v.is_power_of_two() && *v <= d4);
-        let mut lk = lk_env.unwrap_or(4).min(d4).max(1);
-        let rows = |lk: u64| (wg / lk).min(budget / (gq * (lk + 1)));
-        while lk > 1 && rows(lk) < c.min(wg / lk) {
-            lk /= 2;
-        }
-        let r = rows(lk).max(1);
-        let (nb, ch) = if r >= c { (r / c, c) } else { (1, r) };
-        // P.V parts summed per round: as many as the route's and the passes' scratch holds
-        // (at least one), not more: workgroup memory is taken from the L1 that caches the keys
-        // read again for the attention.
-        let parts = wg / d4;
-        let scratch = route(lr).max(nb * ch * gq * (lk + 1));
-        let pb = parts.min(scratch / (gq * d)).max(1);
-        let xr = scratch.max(pb * gq * d);
-        let pv_it = (nb * ch).div_ceil(parts);
-        Some(Self {
-            wg: wg as u32,
-            lr: lr as u32,
-            xr: xr as u32,
-            lk: lk as u32,
-            nb: nb as u32,
-            ch: ch as u32,
-            rn: rn as u32,
-            pb: pb as u32,
-            pv: if pv_it <= 8 { pv_it as u32 } else { 1 },
-            smem: fixed + 4 * xr,
-        })
-    }
-
-    /// The `const` substitutions of `decode.wgsl` + `decode_levels.wgsl` + `decode_cut.wgsl` +
-    /// `decode_fused.wgsl` (`split`: the shared sizes).
-    pub fn consts(&self, split: &Plan) -> [(&'static str, u32); 14] {
-        [
-            ("WG", self.wg),
-            ("GQ", split.gq),
-            ("KMAX", split.kmax),
-            ("MAXC", split.maxc),
-            ("MG", split.mg),
-            ("LR", self.lr),
-            ("XR", self.xr),
-            ("LK", self.lk),
-            ("DD", split.dd),
-            ("FNB", self.nb),
-            ("FCH", self.ch),
-            ("FRN", self.rn),
-            ("FPB", self.pb),
-            ("FPV", self.pv),
-        ]
     }
 }

@@ -4,16 +4,16 @@
 
 use std::sync::Arc;
 
-use super::{KvCache, Params, FUSED_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER};
+use super::{KvCache, Params, MERGE_SHADER, ROUTE_SHADER, SHADER};
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::profiler::Profiler;
 
 /// Bindings of one dispatch: `(binding, buffer)`.
-type Binds<'a> = Vec<(u32, &'a wgpu::Buffer)>;
+pub(super) type Binds<'a> = Vec<(u32, &'a wgpu::Buffer)>;
 
 /// One recorded dispatch: pipeline, bind group, grid.
-type Stage = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, [u32; 3]);
+pub(super) type Stage = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, [u32; 3]);
 
 impl KvCache<'_> {
     /// Records the decode step (PISA.md 3, 4, 5) of every sequence, labelled "decode" in
@@ -115,59 +115,18 @@ impl KvCache<'_> {
         Ok(())
     }
 
-    /// The one dispatch of this cache's fused step for `q` (one workgroup per (sequence, KV
-    /// head)). Errors: [`GpuError::Unsupported`] where the fused kernel does not fit the device
-    /// (callers take this path only when [`Self::is_fused`]).
-    fn fused_stage(&self, q: &GpuTensor) -> Result<Stage> {
-        let s = &self.shape;
-        self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
-        let ctx = self.ctx;
-        let fp = self.fplan.ok_or_else(|| {
-            GpuError::Unsupported(
-                "the fused decode step: its workgroup memory does not fit this device".into(),
-            )
-        })?;
-        let lens_buf = self.lens_buffer()?;
-        let heads = (s.batch * s.kv_heads) as u64;
-        let u = ctx.uniform(
-            "decode params",
-            &Params {
-                wg_count: heads as u32,
-                ..self.base()
-            },
-        )?;
-        let consts = fp.consts(&self.plan);
-        let pipe = ctx.pipelines.get(
-            &ctx.device,
-            &FUSED_SHADER,
-            "fused",
-            self.storage,
-            &consts,
-            &[],
-        )?;
-        let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
-        let b: Binds = vec![
-            (0, &u),
-            (1, &lens_buf.buffer),
-            (2, &q.buffer),
-            (3, &self.k.buffer),
-            (4, &self.v.buffer),
-            (5, &self.pyr.means.buffer),
-            (6, &sq.buffer),
-            (7, &self.out.buffer),
-            (8, &self.lse.buffer),
-            (9, &self.sel.buffer),
-        ];
-        self.make_stage(pipe, &b, heads)
-    }
-
-    fn lens_buffer(&self) -> Result<GpuTensor> {
+    pub(super) fn lens_buffer(&self) -> Result<GpuTensor> {
         let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
         self.ctx.upload_u32("decode lengths", &lens)
     }
 
     /// A dispatch of `n` workgroups of pipeline `p` with bindings `b`.
-    fn make_stage(&self, p: Arc<wgpu::ComputePipeline>, b: &Binds, n: u64) -> Result<Stage> {
+    pub(super) fn make_stage(
+        &self,
+        p: Arc<wgpu::ComputePipeline>,
+        b: &Binds,
+        n: u64,
+    ) -> Result<Stage> {
         let ctx = self.ctx;
         let layout = p.get_bind_group_layout(0);
         let entries: Vec<wgpu::BindGroupEntry> = b

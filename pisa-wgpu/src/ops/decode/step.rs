@@ -177,27 +177,6 @@ impl KvCache<'_> {
         }
     }
 
-    /// Workgroup memory of the fused kernel, bytes; `None` where it does not fit the device (or
-    /// the limit of [`Self::set_workgroup_memory_limit`]), so that the step runs split.
-    pub fn fused_workgroup_memory(&self) -> Option<u64> {
-        self.fplan.map(|f| f.smem)
-    }
-
-    /// Selects the step's path: `true`, the fused step (ONE dispatch per step: routing, leaf
-    /// scores, cut and attention in one workgroup per (sequence, KV head)) where its workgroup
-    /// memory fits, else the split one; `false`, the split step (three dispatches: `route`,
-    /// `leaf`, `merge`). New caches take [`super::default_fused`] (`PISA_DECODE`). Results agree
-    /// within rounding.
-    pub fn set_fused(&mut self, fused: bool) {
-        self.fused = fused;
-    }
-
-    /// Whether the step runs fused: selected ([`Self::set_fused`]) and within the device's
-    /// workgroup memory.
-    pub fn is_fused(&self) -> bool {
-        self.fused && self.fplan.is_some()
-    }
-
     /// Caps the step kernels' workgroup memory at `bytes` (tuning and tests; the device's
     /// limit still applies, and so does [`Self::set_workgroup_size_limit`]). `leaf` then uses
     /// fewer P.V parts, fewer lanes per key and, at the least, blocks in several chunks of keys

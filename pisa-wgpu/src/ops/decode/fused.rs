@@ -1,0 +1,202 @@
+//! The fused decode step (`shaders/decode_fused.wgsl`, ONE dispatch per step; see the module
+//! docs of [`crate::ops::decode`]): the path selection (`PISA_DECODE`, [`default_fused`],
+//! [`KvCache::set_fused`]), the kernel's sizing ([`FusedPlan`]) and its dispatch.
+
+use pisa_core::SelectionConfig;
+
+use super::plan::{lanes, max_workgroup, Dims, Params, Plan};
+use super::record::{Binds, Stage};
+use super::{KvCache, FUSED_SHADER};
+use crate::error::{GpuError, Result};
+use crate::runtime::buffers::GpuTensor;
+use crate::runtime::pipeline::env_u32;
+
+/// The decode step path new caches take, read once per process from `PISA_DECODE`: `fused`
+/// (one dispatch per step: `shaders/decode_fused.wgsl`) or `split` (three dispatches: route,
+/// leaf, merge); unset or anything else: `split`, the default for now. A cache's path can be
+/// changed with [`KvCache::set_fused`]; the fused one falls back to split where its workgroup
+/// memory does not fit ([`KvCache::is_fused`]).
+pub fn default_fused() -> bool {
+    static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FUSED.get_or_init(|| std::env::var("PISA_DECODE").as_deref() == Ok("fused"))
+}
+
+/// The constants of the fused decode kernel (`decode_fused.wgsl`: routing, every slot's block
+/// state, the cut and the attention over the selection in one workgroup per (sequence, KV
+/// head)) and the workgroup memory it takes; `None` from [`FusedPlan::new`] when it does not
+/// fit the device (the step then runs split).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FusedPlan {
+    /// Invocations per workgroup (up to 1024).
+    pub wg: u32,
+    /// Route lanes per pyramid row.
+    pub lr: u32,
+    /// Floats of `xr`, the scratch shared by the route and the passes over key rows.
+    pub xr: u32,
+    /// Invocations per key row.
+    pub lk: u32,
+    /// Blocks per pass.
+    pub nb: u32,
+    /// Keys of each block per pass (C when memory allows).
+    pub ch: u32,
+    /// Sub-accumulators per (block, head).
+    pub rn: u32,
+    /// P.V parts summed per reduction round.
+    pub pb: u32,
+    /// Value rows prefetched per P.V invocation.
+    pub pv: u32,
+    /// Workgroup memory, bytes.
+    pub smem: u64,
+}
+
+impl FusedPlan {
+    /// Sizes the fused kernel for group `gq`, head dim `d` (a multiple of 4, checked by
+    /// [`Plan::new`]) and `cfg` within `limits`. Largest workgroup (a power of two up to 1024);
+    /// LK = 4 invocations per key row (`PISA_DECODE_LK`, a power of two up to D/4, overrides:
+    /// an H200 tuning knob), one row per LK invocations a pass, whole blocks per pass when
+    /// memory allows (fewer lanes, then fewer keys per block and pass, when not). `None` when
+    /// even one key row per pass, one P.V part per round and the route's one lane per row do
+    /// not fit.
+    pub fn new(limits: &wgpu::Limits, gq: usize, d: usize, cfg: &SelectionConfig) -> Option<Self> {
+        let wg = max_workgroup(limits).min(1024);
+        let (gq, d) = (gq as u64, d as u64);
+        let d4 = d / 4;
+        if d4 == 0 || d4 > wg || gq > wg {
+            return None;
+        }
+        let Dims { k, c, g, maxc, ns } = Dims::of(cfg);
+        let rn = c.min(4);
+        // qs, wlen | cand, rk | mc, msc, mrank, mtmp, msel | lst, bst, hml, wnl.
+        let fixed = 4 * (gq * d + 1)
+            + 4 * 3 * maxc
+            + 4 * (ns + maxc + 3 * k)
+            + 4 * ns
+            + 8 * ns * gq * rn
+            + 8 * gq
+            + 4;
+        let limit = limits.max_compute_workgroup_storage_size as u64;
+        let budget = limit.checked_sub(fixed)? / 4;
+        let route = |lr: u64| maxc * g.max(2) * lr * gq;
+        if budget < route(1).max(2 * gq).max(gq * d) {
+            return None;
+        }
+        let lr = lanes(8, d4, |lr| route(lr) <= budget && maxc * g * lr <= wg);
+        let lk_env = env_u32("PISA_DECODE_LK")
+            .map(|v| v as u64)
+            .filter(|v| v.is_power_of_two() && *v <= d4);
+        let rows = |lk: u64| (wg / lk).min(budget / (gq * (lk + 1)));
+        let lk = lanes(lk_env.unwrap_or(4), d4, |lk| rows(lk) >= c.min(wg / lk));
+        let r = rows(lk).max(1);
+        let (nb, ch) = if r >= c { (r / c, c) } else { (1, r) };
+        // P.V parts summed per round: as many as the route's and the passes' scratch holds
+        // (at least one), not more: workgroup memory is taken from the L1 that caches the keys
+        // read again for the attention.
+        let parts = wg / d4;
+        let scratch = route(lr).max(nb * ch * gq * (lk + 1));
+        let pb = parts.min(scratch / (gq * d)).max(1);
+        let xr = scratch.max(pb * gq * d);
+        let pv_it = (nb * ch).div_ceil(parts);
+        Some(Self {
+            wg: wg as u32,
+            lr: lr as u32,
+            xr: xr as u32,
+            lk: lk as u32,
+            nb: nb as u32,
+            ch: ch as u32,
+            rn: rn as u32,
+            pb: pb as u32,
+            pv: if pv_it <= 8 { pv_it as u32 } else { 1 },
+            smem: fixed + 4 * xr,
+        })
+    }
+
+    /// The `const` substitutions of `decode.wgsl` + `decode_levels.wgsl` + `decode_cut.wgsl` +
+    /// `decode_fused.wgsl` (`split`: the shared sizes).
+    pub fn consts(&self, split: &Plan) -> [(&'static str, u32); 14] {
+        [
+            ("WG", self.wg),
+            ("GQ", split.gq),
+            ("KMAX", split.kmax),
+            ("MAXC", split.maxc),
+            ("MG", split.mg),
+            ("LR", self.lr),
+            ("XR", self.xr),
+            ("LK", self.lk),
+            ("DD", split.dd),
+            ("FNB", self.nb),
+            ("FCH", self.ch),
+            ("FRN", self.rn),
+            ("FPB", self.pb),
+            ("FPV", self.pv),
+        ]
+    }
+}
+
+impl KvCache<'_> {
+    /// Workgroup memory of the fused kernel, bytes; `None` where it does not fit the device (or
+    /// the limit of [`Self::set_workgroup_memory_limit`]), so that the step runs split.
+    pub fn fused_workgroup_memory(&self) -> Option<u64> {
+        self.fplan.map(|f| f.smem)
+    }
+
+    /// Selects the step's path: `true`, the fused step (ONE dispatch per step: routing, leaf
+    /// scores, cut and attention in one workgroup per (sequence, KV head)) where its workgroup
+    /// memory fits, else the split one; `false`, the split step (three dispatches: `route`,
+    /// `leaf`, `merge`). New caches take [`super::default_fused`] (`PISA_DECODE`). Results agree
+    /// within rounding.
+    pub fn set_fused(&mut self, fused: bool) {
+        self.fused = fused;
+    }
+
+    /// Whether the step runs fused: selected ([`Self::set_fused`]) and within the device's
+    /// workgroup memory.
+    pub fn is_fused(&self) -> bool {
+        self.fused && self.fplan.is_some()
+    }
+
+    /// The one dispatch of this cache's fused step for `q` (one workgroup per (sequence, KV
+    /// head)). Errors: [`GpuError::Unsupported`] where the fused kernel does not fit the device
+    /// (callers take this path only when [`Self::is_fused`]).
+    pub(super) fn fused_stage(&self, q: &GpuTensor) -> Result<Stage> {
+        let s = &self.shape;
+        self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
+        let ctx = self.ctx;
+        let fp = self.fplan.ok_or_else(|| {
+            GpuError::Unsupported(
+                "the fused decode step: its workgroup memory does not fit this device".into(),
+            )
+        })?;
+        let lens_buf = self.lens_buffer()?;
+        let heads = (s.batch * s.kv_heads) as u64;
+        let u = ctx.uniform(
+            "decode params",
+            &Params {
+                wg_count: heads as u32,
+                ..self.base()
+            },
+        )?;
+        let consts = fp.consts(&self.plan);
+        let pipe = ctx.pipelines.get(
+            &ctx.device,
+            &FUSED_SHADER,
+            "fused",
+            self.storage,
+            &consts,
+            &[],
+        )?;
+        let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
+        let b: Binds = vec![
+            (0, &u),
+            (1, &lens_buf.buffer),
+            (2, &q.buffer),
+            (3, &self.k.buffer),
+            (4, &self.v.buffer),
+            (5, &self.pyr.means.buffer),
+            (6, &sq.buffer),
+            (7, &self.out.buffer),
+            (8, &self.lse.buffer),
+            (9, &self.sel.buffer),
+        ];
+        self.make_stage(pipe, &b, heads)
+    }
+}

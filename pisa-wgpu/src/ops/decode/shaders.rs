@@ -1,0 +1,50 @@
+//! The WGSL sources of the decode kernels: `shaders/decode.wgsl` (shared declarations)
+//! followed by the parts each module needs (see the module docs of [`crate::ops::decode`]),
+//! and `shaders/decode_append.wgsl`.
+
+use crate::runtime::pipeline::ShaderSource;
+
+/// `shaders/decode.wgsl`, `decode_levels.wgsl` (the routing, shared with the fused step) and
+/// `decode_route.wgsl`: split step dispatch 1 (`route`).
+pub const ROUTE_SHADER: ShaderSource = ShaderSource {
+    name: "decode_route",
+    wgsl: concat!(
+        include_str!("../../../../shaders/decode.wgsl"),
+        include_str!("../../../../shaders/decode_levels.wgsl"),
+        include_str!("../../../../shaders/decode_route.wgsl")
+    ),
+};
+/// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl`: step dispatch 2 (`leaf`).
+pub const SHADER: ShaderSource = ShaderSource {
+    name: "decode",
+    wgsl: concat!(
+        include_str!("../../../../shaders/decode.wgsl"),
+        include_str!("../../../../shaders/decode_attend.wgsl")
+    ),
+};
+/// `shaders/decode.wgsl`, `decode_cut.wgsl` (the top-K cut, shared with the fused step) and
+/// `decode_merge.wgsl`: split step dispatch 3 (`merge`).
+pub const MERGE_SHADER: ShaderSource = ShaderSource {
+    name: "decode_merge",
+    wgsl: concat!(
+        include_str!("../../../../shaders/decode.wgsl"),
+        include_str!("../../../../shaders/decode_cut.wgsl"),
+        include_str!("../../../../shaders/decode_merge.wgsl")
+    ),
+};
+/// `shaders/decode.wgsl`, `decode_levels.wgsl`, `decode_cut.wgsl` and `decode_fused.wgsl`: the
+/// fused step (`fused`), one dispatch.
+pub const FUSED_SHADER: ShaderSource = ShaderSource {
+    name: "decode_fused",
+    wgsl: concat!(
+        include_str!("../../../../shaders/decode.wgsl"),
+        include_str!("../../../../shaders/decode_levels.wgsl"),
+        include_str!("../../../../shaders/decode_cut.wgsl"),
+        include_str!("../../../../shaders/decode_fused.wgsl")
+    ),
+};
+/// `shaders/decode_append.wgsl`: append with ancestor-path update, prefill copy.
+pub const APPEND_SHADER: ShaderSource = ShaderSource {
+    name: "decode_append",
+    wgsl: include_str!("../../../../shaders/decode_append.wgsl"),
+};
