@@ -19,9 +19,14 @@
 const MC: u32 = 34u;   // candidate slots per query, g * (K + 1)
 const QPC: u32 = 16u;  // entries per scoring chunk
 const NONE: u32 = 0xffffffffu;
+// 1: bucket a block selection for leaf-major attention (ops/attention/by_leaf.rs): the entries
+// are the valid slots of queries i0 .. i0 + nq of ONE (b, KV head) bh0, `cand` is the selection
+// [B, Hkv, Nq, MC] (MC = top_k), a bucket is a leaf, and list entries are i_local * MC + o.
+const ATTEND: u32 = 0u;
 
-// items: entries (count, scatter) or buckets (scan).
-struct Buckets { items: u32, buckets: u32, pad0: u32, pad1: u32 }
+// items: entries (count, scatter) or buckets (scan); i0, nq, bh0: the query range and the
+// (b, KV head) of an ATTEND = 1 bucketing.
+struct Buckets { items: u32, buckets: u32, i0: u32, nq: u32, bh0: u32, pad0: u32, pad1: u32, pad2: u32 }
 
 @group(0) @binding(3) var<storage, read> cand: array<i32>;
 @group(0) @binding(5) var<storage, read_write> cnt: array<atomic<u32>>;
@@ -30,6 +35,36 @@ struct Buckets { items: u32, buckets: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(8) var<storage, read_write> list: array<u32>;
 @group(0) @binding(10) var<uniform> bl: Buckets;
 @group(0) @binding(11) var<storage, read_write> cdesc: array<u32>;
+
+// ATTEND = 1: the leaf of local entry e = i_local * MC + o when that selection slot is valid
+// as the attention kernels' union defines it (a leaf below nb0 above every in-range entry
+// before it in its list: -1 padding, repeats and out-of-order entries are skipped), else NONE.
+fn attend_leaf(e: u32) -> u32 {
+    let o = e % MC;
+    let g = (bl.bh0 * p.q_len + bl.i0 + e / MC) * MC + o;
+    let c = cand[g];
+    if (c < 0 || u32(c) >= p.nb0) { return NONE; }
+    for (var j = g - o; j < g; j++) {
+        let x = cand[j];
+        if (x >= c && u32(x) < p.nb0) { return NONE; }
+    }
+    return u32(c);
+}
+
+// The bucket of entry e (NONE when it is not bucketed): ATTEND = 0, entry
+// e = (bh * q_len + i) * MC + o and bucket bh * nb0 + leaf; ATTEND = 1, bucket = leaf.
+fn entry_bucket(e: u32) -> u32 {
+    if (ATTEND == 1u) { return attend_leaf(e); }
+    let j = entry_leaf(e);
+    if (j == NONE) { return NONE; }
+    return (e / (p.q_len * MC)) * p.nb0 + j;
+}
+
+// The entry's value in its bucket's list: ATTEND = 0, i * MC + o; ATTEND = 1, e itself.
+fn entry_value(e: u32) -> u32 {
+    if (ATTEND == 1u) { return e; }
+    return e % (p.q_len * MC);
+}
 
 // The leaf of entry e = (bh * q_len + i) * MC + o when it is to be scored, else NONE.
 fn entry_leaf(e: u32) -> u32 {
@@ -46,8 +81,8 @@ fn count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
          @builtin(local_invocation_index) lid: u32) {
     let e = linear_id(wid, nwg) * 256u + lid;
     if (e >= bl.items) { return; }
-    let j = entry_leaf(e);
-    if (j != NONE) { atomicAdd(&cnt[(e / (p.q_len * MC)) * p.nb0 + j], 1u); }
+    let x = entry_bucket(e);
+    if (x != NONE) { atomicAdd(&cnt[x], 1u); }
 }
 
 var<workgroup> part: array<u32, 256>;
@@ -102,12 +137,10 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
            @builtin(local_invocation_index) lid: u32) {
     let e = linear_id(wid, nwg) * 256u + lid;
     if (e >= bl.items) { return; }
-    let j = entry_leaf(e);
-    if (j != NONE) {
-        let per_bh = p.q_len * MC;
-        let x = (e / per_bh) * p.nb0 + j;
+    let x = entry_bucket(e);
+    if (x != NONE) {
         let slot = atomicSub(&cnt[x], 1u) - 1u;
-        list[off[x] + slot] = e % per_bh;
+        list[off[x] + slot] = entry_value(e);
         if (slot % QPC == 0u) { cdesc[coff[x] + slot / QPC] = x; }
     }
 }

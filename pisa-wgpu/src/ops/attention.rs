@@ -11,6 +11,7 @@
 //! On a context whose [`KernelPath`] is CoopMat, f16-storage calls with the default tiling run
 //! the tensor-core twin in [`coop`] (same inputs, outputs and semantics) when the shape suits it.
 
+pub mod by_leaf;
 pub mod coop;
 pub mod host;
 mod launch;
@@ -246,6 +247,12 @@ pub fn record_attention(
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
     validate(shape, q, k, v, kind)?;
+    if let (None, AttentionKind::Sparse { selection, cfg }) = (tiling, kind) {
+        if let Some(la) = by_leaf::plan(ctx, q.storage, shape, layouts, cfg) {
+            let sel = *selection;
+            return by_leaf::record(ctx, enc, q, k, v, sel, shape, layouts, cfg, &la, prof);
+        }
+    }
     if tiling.is_none() && q.storage == Storage::F16 && ctx.kernel_path() == KernelPath::CoopMat {
         if let Some(cv) = coop::plan(ctx, shape, kind) {
             return coop::record(ctx, enc, q, k, v, shape, layouts, kind, &cv, prof);

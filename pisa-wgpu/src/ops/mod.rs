@@ -45,6 +45,8 @@ pub fn check_finite(tensor: &'static str, data: &[f32]) -> Result<()> {
 pub fn all_shaders() -> Vec<ShaderSource> {
     vec![
         attention::SHADER,
+        attention::by_leaf::SHADER,
+        attention::by_leaf::MERGE_SHADER,
         backward::SHADER,
         backward::index::SHADER,
         fill::SHADER,

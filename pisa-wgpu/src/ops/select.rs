@@ -18,7 +18,7 @@ use crate::runtime::profiler::Profiler;
 
 mod plan;
 
-pub(crate) use plan::{fit_tile, plan, Plan};
+pub(crate) use plan::{fit_tile, plan, Plan, SelParams};
 
 /// Largest head dimension the selection kernels accept.
 pub const MAX_HEAD_DIM: usize = 512;

@@ -44,15 +44,20 @@ use plan::stage_keys;
 pub(crate) use plan::{plan, ByLeaf, Scorer};
 
 /// Invocations of `count` and `scatter` workgroups (the shader's `@workgroup_size`).
-const BUCKET_WG: u64 = 256;
+pub(crate) const BUCKET_WG: u64 = 256;
 
-/// The `Buckets` uniform of the shaders.
+/// The `Buckets` uniform of `leaf_bucket.wgsl` and `leaf_chunk.wgsl`: the dispatch's items
+/// (entries, buckets or chunks), the bucket count, and for leaf-major attention
+/// ([`crate::ops::attention`]) the query range `i0 .. i0 + nq` and the (b, KV head) `bh0`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
-struct Buckets {
-    items: u32,
-    buckets: u32,
-    pad: [u32; 2],
+#[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
+pub(crate) struct Buckets {
+    pub items: u32,
+    pub buckets: u32,
+    pub i0: u32,
+    pub nq: u32,
+    pub bh0: u32,
+    pub pad: [u32; 3],
 }
 
 /// `shaders/leaf_bucket.wgsl`: `count`, `scan`, `scatter`.
@@ -138,11 +143,11 @@ pub(crate) fn record(
             &Buckets {
                 items: items as u32,
                 buckets: bl.buckets as u32,
-                pad: [0; 2],
+                ..Default::default()
             },
         )
     };
-    let bucket_consts = [("MC", mc), ("QPC", bl.qpc)];
+    let bucket_consts = [("MC", mc), ("QPC", bl.qpc), ("ATTEND", 0)];
     let pipe =
         |shader: &ShaderSource, entry: &'static str, storage: Storage, consts: &[(&str, u32)]| {
             ctx.pipelines

@@ -1,0 +1,364 @@
+//! Leaf-major block-sparse attention (PISA.md 4 and 5): the selection is bucketed by leaf, and
+//! each leaf's keys and values are multiplied against chunks of the queries that selected it;
+//! the per-(query, leaf) partial softmax states are then merged per query (FlashDecoding).
+//!
+//! Why: the tile kernels multiply a tile of Qtile queries x g_q heads (16 rows) against the
+//! union of the tile's selected leaves. Where neighbouring queries share few leaves (random
+//! inputs) about a quarter of each multiply is useful; here every row of a multiply belongs to
+//! a query that selected the leaf. The price is the partial states: `D + 2` floats per (query
+//! head, selected leaf), written and read once.
+//!
+//! Per (b, KV head) and range of queries (sized so the partial states fit one storage binding),
+//! one compute pass timed as "attention" with, per range:
+//! 1. `count`, `scan`, `scatter` of `shaders/leaf_bucket.wgsl` with `ATTEND = 1` (a bucket is a
+//!    leaf; -1 padding, repeats and out-of-order entries are skipped as the tile kernels' union
+//!    skips them);
+//! 2. `attend_leaf` (`shaders/attention_leaf_coop.wgsl` on tensor cores, f16; else the portable
+//!    `shaders/attention_leaf.wgsl`): a chunk's partial states;
+//! 3. `merge` (`shaders/attention_leaf_merge.wgsl`): O and LSE of the range's queries.
+//!
+//! Chosen by [`plan`] when the context's [`LeafOrder`] is `Leaves` (Auto keeps the tile kernels
+//! for attention), V has K's layout, C <= 64 and the scratch fits; same outputs and semantics as
+//! [`super::record_sparse_attention`]. Deterministic: a state depends only on its own rows.
+
+use pisa_core::{AttentionShape, SelectionConfig};
+
+use super::QkvLayouts;
+use crate::error::Result;
+use crate::ops::leaf_select::by_leaf::{Buckets, BUCKET_SHADER, BUCKET_WG};
+use crate::ops::select::SelParams;
+use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
+use crate::runtime::context::{Context, KernelPath, LeafOrder, COOP_SUBGROUPS};
+use crate::runtime::pipeline::{ShaderSource, Storage};
+use crate::runtime::profiler::Profiler;
+
+/// `shaders/attention_leaf.wgsl` (portable) with the chunk lookup.
+pub const SHADER: ShaderSource = ShaderSource {
+    name: "attention_leaf",
+    wgsl: concat!(
+        include_str!("../../../../shaders/select_common.wgsl"),
+        include_str!("../../../../shaders/attention_leaf.wgsl"),
+        include_str!("../../../../shaders/leaf_chunk.wgsl")
+    ),
+};
+
+/// `shaders/attention_leaf_coop.wgsl` (tensor cores; its `enable` first) with the chunk lookup.
+pub const COOP_SHADER: ShaderSource = ShaderSource {
+    name: "attention_leaf_coop",
+    wgsl: concat!(
+        include_str!("../../../../shaders/attention_leaf_coop.wgsl"),
+        include_str!("../../../../shaders/select_common.wgsl"),
+        include_str!("../../../../shaders/leaf_chunk.wgsl")
+    ),
+};
+
+/// `shaders/attention_leaf_merge.wgsl`.
+pub const MERGE_SHADER: ShaderSource = ShaderSource {
+    name: "attention_leaf_merge",
+    wgsl: concat!(
+        include_str!("../../../../shaders/select_common.wgsl"),
+        include_str!("../../../../shaders/attention_leaf_merge.wgsl"),
+        include_str!("../../../../shaders/leaf_chunk.wgsl")
+    ),
+};
+
+/// Most keys per leaf (one invocation per key in the portable kernel; at most 4 16-key tiles,
+/// one per subgroup, in the tensor-core one).
+const MAX_BLOCK: usize = 64;
+/// Most rows of a portable chunk (entries * g_q), at least one entry.
+const PORTABLE_ROWS: u32 = 16;
+
+/// The plan of one leaf-major attention call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeafAttention {
+    /// Tensor-core kernel (with its subgroup size) or portable.
+    coop: Option<u32>,
+    /// Entries per chunk.
+    qpc: u32,
+    /// Rows of a chunk's partial states (16 * subgroups on tensor cores, qpc * g_q portable).
+    rows: u32,
+    /// Queries per range.
+    nq: u32,
+}
+
+impl LeafAttention {
+    /// Chunks dispatched for a range of `nq` queries (an upper bound: each leaf's last chunk
+    /// may be partial).
+    fn chunk_bound(&self, nq: u32, top_k: usize, nb0: usize) -> u64 {
+        (nq as u64 * top_k as u64).div_ceil(self.qpc as u64) + nb0 as u64
+    }
+}
+
+/// Whether a sparse-attention call of this shape, layouts, configuration and storage on `ctx`
+/// runs leaf-major (else the tile kernels), and on tensor cores: `None` (tiles),
+/// `Some(KernelPath)` (leaf-major on that path).
+pub fn leaf_major_path(
+    ctx: &Context,
+    storage: Storage,
+    s: &AttentionShape,
+    layouts: QkvLayouts,
+    cfg: &SelectionConfig,
+) -> Option<KernelPath> {
+    plan(ctx, storage, s, layouts, cfg).map(|la| match la.coop {
+        Some(_) => KernelPath::CoopMat,
+        None => KernelPath::Portable,
+    })
+}
+
+/// The leaf-major plan for a validated sparse-attention call, or `None` (the tile kernels run).
+pub(crate) fn plan(
+    ctx: &Context,
+    storage: Storage,
+    s: &AttentionShape,
+    layouts: QkvLayouts,
+    cfg: &SelectionConfig,
+) -> Option<LeafAttention> {
+    let (g, d, c) = (s.gqa_group() as u32, s.head_dim, cfg.block_size);
+    if ctx.leaf_order() != LeafOrder::Leaves || layouts.k != layouts.v || c > MAX_BLOCK {
+        return None;
+    }
+    let sg = ctx.report().subgroup_size.0;
+    let el = |l: pisa_core::TensorLayout, h: usize, n: usize| {
+        let (a, b, cc) = l.strides(h, n, d);
+        [a, b, cc]
+    };
+    let aligned = el(layouts.q, s.q_heads, s.q_len)
+        .into_iter()
+        .chain(el(layouts.k, s.kv_heads, s.k_len))
+        .all(|x| x % 8 == 0);
+    let coop_ok = ctx.kernel_path() == KernelPath::CoopMat
+        && storage == Storage::F16
+        && d % 16 == 0
+        && d <= 128
+        && g <= 16 * COOP_SUBGROUPS
+        && sg >= 16
+        && s.k_len >= 16
+        && aligned;
+    let (coop, qpc, rows, shared) = if coop_ok {
+        let rt = 16 * COOP_SUBGROUPS;
+        let (cw, wg) = (16 * c.div_ceil(16) as u64, (COOP_SUBGROUPS * sg) as u64);
+        let rt64 = rt as u64;
+        let mem = 2 * rt64 * (d as u64 + 8) + 2 * rt64 * (cw + 8) + 4 * rt64 * (cw + 4);
+        (Some(sg), rt / g, rt, mem + 4 * wg + 4 * rt64 + 16)
+    } else {
+        if g > 32 {
+            return None;
+        }
+        let qpc = (PORTABLE_ROWS / g).max(1);
+        let r = (qpc * g) as u64;
+        (None, qpc, qpc * g, 16 + 4 * qpc as u64 + 4 * r * 64 + 8 * r)
+    };
+    if shared > ctx.limits().max_compute_workgroup_storage_size as u64 {
+        return None;
+    }
+    // Queries per range: the partial states of its chunks within one binding.
+    let nb0 = s.k_len.div_ceil(c) as u64;
+    let row_bytes = 4 * d as u64;
+    let max_rows = ctx.max_binding_bytes() / row_bytes;
+    let chunks = (max_rows / rows as u64).checked_sub(nb0 + 1)?;
+    let nq = (chunks * qpc as u64 / cfg.top_k as u64).min(s.q_len as u64);
+    (nq > 0 && nq < u32::MAX as u64).then_some(LeafAttention {
+        coop,
+        qpc,
+        rows,
+        nq: nq as u32,
+    })
+}
+
+/// Records leaf-major sparse attention of plan `la`: arguments, outputs and errors as
+/// [`super::record_sparse_attention`] (`selection`: `[B, Hkv, Nq, K]` i32). Profiler stage
+/// "attention" (one timed pass).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    selection: &GpuTensor,
+    s: &AttentionShape,
+    layouts: QkvLayouts,
+    cfg: &SelectionConfig,
+    la: &LeafAttention,
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
+    let (g, d, kk) = (s.gqa_group() as u32, s.head_dim as u32, cfg.top_k as u32);
+    let nb0 = s.k_len.div_ceil(cfg.block_size);
+    let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
+    let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
+    let (qs, ks) = (
+        layouts.q.strides(s.q_heads, s.q_len, s.head_dim),
+        layouts.k.strides(s.kv_heads, s.k_len, s.head_dim),
+    );
+    let mut params: SelParams = bytemuck::Zeroable::zeroed();
+    (params.q_sb, params.q_sh, params.q_sn) = (qs.0 as u32, qs.1 as u32, qs.2 as u32);
+    (params.k_sb, params.k_sh, params.k_sn) = (ks.0 as u32, ks.1 as u32, ks.2 as u32);
+    params.q_heads = s.q_heads as u32;
+    params.kv_heads = s.kv_heads as u32;
+    params.q_len = s.q_len as u32;
+    params.k_len = s.k_len as u32;
+    params.head_dim = d;
+    params.block_size = cfg.block_size as u32;
+    params.top_k = kk;
+    params.causal = cfg.causal as u32;
+    params.nb0 = nb0 as u32;
+    params.scale = cfg.softmax_scale(s.head_dim);
+    params.q_pos0 = (s.k_len - s.q_len) as u32;
+    params.mc = kk;
+    let u_params = ctx.uniform("attention params", &params)?;
+    // Scratch, sized for the largest range and reused by every range: the counts return to
+    // zero after each scatter, and the merge zeroes the slot table it reads.
+    let chunks = la.chunk_bound(la.nq, cfg.top_k, nb0);
+    let slots = la.nq as usize * cfg.top_k;
+    let cnt = ctx.alloc("attention buckets", nb0, Storage::F32, 0)?;
+    let off = ctx.alloc(
+        "attention bucket offsets",
+        nb0 + 1,
+        Storage::F32,
+        POISON_I32,
+    )?;
+    let coff = ctx.alloc("attention bucket chunks", nb0 + 1, Storage::F32, POISON_I32)?;
+    let list = ctx.alloc("attention bucket lists", slots, Storage::F32, POISON_I32)?;
+    let cdesc = ctx.alloc(
+        "attention chunks",
+        chunks as usize,
+        Storage::F32,
+        POISON_I32,
+    )?;
+    let spos = ctx.alloc("attention slot rows", slots, Storage::F32, 0)?;
+    let n_rows = chunks as usize * la.rows as usize;
+    let opart = ctx.alloc(
+        "attention partial O",
+        n_rows * d as usize,
+        Storage::F32,
+        POISON_F32,
+    )?;
+    let mlpart = ctx.alloc(
+        "attention partial m, l",
+        2 * n_rows,
+        Storage::F32,
+        POISON_F32,
+    )?;
+
+    let pipe = |shader: &ShaderSource, entry: &'static str, st: Storage, c: &[(&str, u32)]| {
+        ctx.pipelines.get(&ctx.device, shader, entry, st, c, &[])
+    };
+    let bucket = [("MC", kk), ("QPC", la.qpc), ("ATTEND", 1)];
+    let count = pipe(&BUCKET_SHADER, "count", Storage::F32, &bucket)?;
+    let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket)?;
+    let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;
+    let attend = match la.coop {
+        Some(sg) => {
+            let ct = cfg.block_size.div_ceil(16) as u32;
+            let consts = [
+                ("GQ", g),
+                ("QPC", la.qpc),
+                ("MC", kk),
+                ("HD", d),
+                ("CT", ct),
+                ("SG", sg),
+                ("NSG", COOP_SUBGROUPS),
+            ];
+            pipe(&COOP_SHADER, "attend_leaf", Storage::F16, &consts)?
+        }
+        None => {
+            let consts = [("GQ", g), ("QPC", la.qpc), ("MC", kk)];
+            pipe(&SHADER, "attend_leaf", q.storage, &consts)?
+        }
+    };
+    let merge = pipe(&MERGE_SHADER, "merge", q.storage, &[("GQ", g), ("MC", kk)])?;
+
+    let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
+    let (c, of, co, l) = (&cnt.buffer, &off.buffer, &coff.buffer, &list.buffer);
+    let (cd, sp, op, ml) = (&cdesc.buffer, &spos.buffer, &opart.buffer, &mlpart.buffer);
+    type Step = (
+        std::sync::Arc<wgpu::ComputePipeline>,
+        wgpu::BindGroup,
+        [u32; 3],
+    );
+    let mut steps: Vec<Step> = Vec::new();
+    let mut add = |p: &std::sync::Arc<wgpu::ComputePipeline>,
+                   binds: &[(u32, &wgpu::Buffer)],
+                   n: u64|
+     -> Result<()> {
+        let layout = p.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry> = binds
+            .iter()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: *i,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("leaf-major attention"),
+            layout: &layout,
+            entries: &entries,
+        });
+        steps.push((p.clone(), bg, pisa_core::grid_for(n, max_dim)?));
+        Ok(())
+    };
+    for bh in 0..s.batch * s.kv_heads {
+        for i0 in (0..s.q_len).step_by(la.nq as usize) {
+            let nq = la.nq.min((s.q_len - i0) as u32);
+            let entries = nq as u64 * kk as u64;
+            let n_chunks = la.chunk_bound(nq, cfg.top_k, nb0);
+            let uni = |items: u64| {
+                ctx.uniform(
+                    "attention buckets",
+                    &Buckets {
+                        items: items as u32,
+                        buckets: nb0 as u32,
+                        i0: i0 as u32,
+                        nq,
+                        bh0: bh as u32,
+                        pad: [0; 3],
+                    },
+                )
+            };
+            let (u_e, u_b, u_c, u_q) = (uni(entries)?, uni(nb0 as u64)?, uni(n_chunks)?, uni(0)?);
+            let sel = &selection.buffer;
+            let wgs = entries.div_ceil(BUCKET_WG);
+            add(&count, &[(0, &u_params), (3, sel), (5, c), (10, &u_e)], wgs)?;
+            add(&scan, &[(5, c), (6, of), (7, co), (10, &u_b)], 1)?;
+            let b = [(0, &u_params), (3, sel), (5, c), (6, of), (7, co)];
+            add(
+                &scatter,
+                &[&b[..], &[(8, l), (10, &u_e), (11, cd)]].concat(),
+                wgs,
+            )?;
+            let b = [
+                (0, &u_params),
+                (1, &q.buffer),
+                (2, &k.buffer),
+                (3, &v.buffer),
+            ];
+            let b2 = [(6, of), (7, co), (8, l), (10, &u_c), (11, cd)];
+            let b3 = [(12, op), (13, ml), (14, sp)];
+            add(&attend, &[&b[..], &b2[..], &b3[..]].concat(), n_chunks)?;
+            let b = [
+                (0, &u_params),
+                (5, &o.buffer),
+                (10, &u_q),
+                (12, op),
+                (13, ml),
+            ];
+            add(
+                &merge,
+                &[&b[..], &[(14, sp), (15, &lse.buffer)]].concat(),
+                nq as u64,
+            )?;
+        }
+    }
+    let writes = prof.and_then(|p| p.pass_writes("attention"));
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some("leaf-major attention"),
+        timestamp_writes: writes,
+    });
+    for (p, bg, grid) in &steps {
+        pass.set_pipeline(p);
+        pass.set_bind_group(0, bg, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    }
+    drop(pass);
+    Ok((o, lse))
+}

@@ -1,0 +1,236 @@
+// Leaf-major block-sparse attention, part 2 of 3, on cooperative matrices (tensor cores), f16
+// storage, f32 accumulation (PISA.md 4 and 5; host: pisa-wgpu/src/ops/attention/by_leaf.rs;
+// the portable twin is attention_leaf.wgsl, same bindings and outputs). Part 1 buckets the
+// selection by (b, KV head, leaf) (leaf_bucket.wgsl with ATTEND = 1); part 3 merges
+// (attention_leaf_merge.wgsl).
+//
+// One dispatch covers the queries i0 .. i0 + nq of one (b, KV head) bh0 (the Buckets
+// uniform); a bucket is a leaf. One workgroup of NSG subgroups per chunk: up to QPC entries
+// (local query i - i0, selection slot o; list value (i - i0) * MC + o) of one bucket, RT = 16 *
+// NSG rows (entry e, head h at row e * GQ + h). Per chunk, for the
+// leaf's CW = 16 * CT keys (tiles clamped into the sequence as in leaf_score_coop.wgsl):
+//   1. Q rows gathered into qsh;                                   barrier
+//   2. Q rows to registers (HD / 16 A matrices per subgroup);       barrier
+//   3. the leaf's keys staged into qsh;                            barrier
+//   4. S = Q K^T -> fsh (f32);                                     barrier
+//   5. SPLIT invocations per row: scale, mask (own tile's range, the leaf, t <= p_i when
+//      causal), partial max;                                       barrier
+//   6. row max m; P = exp(s - m) (f16, <= 1) -> psh, partial sums;  and the leaf's values
+//      staged into qsh (the keys are dead);                        barrier
+//   7. O_part = P V on tensor cores, stored (f32) to this chunk's rows of `opart`
+//      ([chunk, RT, HD]); one invocation per row writes (m, l) to `mlpart` ([chunk, RT]), one
+//      per entry 1 + the index of its first row to `spos` ([nq, MC], by list value; 0, as the
+//      host clears it, for a slot without a state).
+// A row whose keys are all masked has m = NEG, l = 0 and O_part = 0 (the merge skips it).
+// Q, K, V: 16-byte pieces, (b, h, n, d) at (b*sb + h*sh + n*sn + d) / 8 (V with K's strides).
+enable wgpu_cooperative_matrix;
+
+const GQ: u32 = 4u;    // query heads per KV head (<= RT)
+const QPC: u32 = 16u;  // entries per chunk (QPC * GQ <= RT)
+const MC: u32 = 16u;   // selection slots per query (top_k)
+const HD: u32 = 128u;  // head dim (multiple of 16, <= 128)
+const CT: u32 = 4u;    // 16-key tiles per leaf: ceil(C / 16) (<= NSG)
+const SG: u32 = 32u;   // subgroup size (fixed, >= 16)
+const NSG: u32 = 4u;   // subgroups = 16-row tiles
+
+const WG: u32 = NSG * SG;
+const RT: u32 = NSG * 16u;
+const HD16: u32 = HD / 16u;
+const HD8: u32 = HD / 8u;
+const CW: u32 = CT * 16u;
+const QS: u32 = HD + 8u;         // Q / K / V row stride in qsh, halves
+const SS: u32 = CW + 4u;         // S row stride, floats
+const PS: u32 = CW + 8u;         // P row stride, halves
+const SPLIT: u32 = WG / RT;
+const KPT: u32 = CW / SPLIT;
+const QL: u32 = (RT * HD8 + WG - 1u) / WG;
+const KL: u32 = (CW * HD8 + WG - 1u) / WG;
+const NEG: f32 = -3.0e38;
+const NONE: u32 = 0xffffffffu;
+
+@group(0) @binding(1) var<storage, read> q: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> k: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> v: array<vec4<u32>>;
+@group(0) @binding(12) var<storage, read_write> opart: array<f32>;
+@group(0) @binding(13) var<storage, read_write> mlpart: array<vec2<f32>>;
+@group(0) @binding(14) var<storage, read_write> spos: array<u32>;
+
+var<workgroup> qsh: array<f16, RT * QS>;
+var<workgroup> psh: array<f16, RT * PS>;
+var<workgroup> fsh: array<f32, RT * SS>;
+var<workgroup> red: array<f32, WG>;
+var<workgroup> ent: array<u32, RT>;
+var<workgroup> wch: array<u32, 4>;
+
+var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
+
+fn tile_start(leaf: u32, ct: u32) -> u32 {
+    return min(leaf * p.block_size + ct * 16u, p.k_len - 16u);
+}
+
+// The token of column kk of S when it is a key of the leaf inside its own tile's range, else
+// NONE.
+fn col_token(leaf: u32, kk: u32) -> u32 {
+    let leaf0 = leaf * p.block_size;
+    let lo = leaf0 + (kk / 16u) * 16u;
+    let tok = tile_start(leaf, min(kk / 16u, CT - 1u)) + kk % 16u;
+    let ok = kk < CW && tok >= lo && tok < lo + 16u && tok < min(leaf0 + p.block_size, p.k_len);
+    return select(NONE, tok, ok);
+}
+
+fn put8(at: u32, x: vec4<u32>) {
+    let h0 = vec2<f16>(unpack2x16float(x.x));
+    let h1 = vec2<f16>(unpack2x16float(x.y));
+    let h2 = vec2<f16>(unpack2x16float(x.z));
+    let h3 = vec2<f16>(unpack2x16float(x.w));
+    qsh[at] = h0.x;
+    qsh[at + 1u] = h0.y;
+    qsh[at + 2u] = h1.x;
+    qsh[at + 3u] = h1.y;
+    qsh[at + 4u] = h2.x;
+    qsh[at + 5u] = h2.y;
+    qsh[at + 6u] = h3.x;
+    qsh[at + 7u] = h3.y;
+}
+
+// Every load of the invocation first, then the stores (their round trips overlap).
+fn gather_q(lid: u32, b: u32, hkv: u32, n: u32) {
+    var buf: array<vec4<u32>, QL>;
+    for (var j = 0u; j < QL; j++) {
+        let x = lid + j * WG;
+        let r = x / HD8;
+        let e = r / GQ;
+        var val = vec4<u32>(0u);
+        if (x < RT * HD8 && e < n) {
+            let hq = hkv * GQ + r % GQ;
+            val = q[(b * p.q_sb + hq * p.q_sh + (bl.i0 + ent[e] / MC) * p.q_sn) / 8u + x % HD8];
+        }
+        buf[j] = val;
+    }
+    for (var j = 0u; j < QL; j++) {
+        let x = lid + j * WG;
+        if (x < RT * HD8) { put8((x / HD8) * QS + 8u * (x % HD8), buf[j]); }
+    }
+}
+
+// The leaf's CW key (values = false) or value (values = true) rows into qsh rows 0 .. CW.
+fn stage_rows(lid: u32, leaf: u32, kbase: u32, values: bool) {
+    var buf: array<vec4<u32>, KL>;
+    for (var j = 0u; j < KL; j++) {
+        let x = lid + j * WG;
+        let r = x / HD8;
+        var val = vec4<u32>(0u);
+        if (x < CW * HD8) {
+            let at = (kbase + (tile_start(leaf, r / 16u) + r % 16u) * p.k_sn) / 8u + x % HD8;
+            if (values) { val = v[at]; } else { val = k[at]; }
+        }
+        buf[j] = val;
+    }
+    for (var j = 0u; j < KL; j++) {
+        let x = lid + j * WG;
+        if (x < CW * HD8) { put8((x / HD8) * QS + 8u * (x % HD8), buf[j]); }
+    }
+}
+
+fn load_rows(sg: u32) {
+    for (var ds = 0u; ds < HD16; ds++) {
+        let at = sg * 16u * QS + ds * 16u;
+        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&qsh[at], QS);
+    }
+}
+
+fn score_tiles(sg: u32) {
+    for (var ct = 0u; ct < CT; ct++) {
+        var acc = coop_mat16x16<f32, C>();
+        for (var ds = 0u; ds < HD16; ds++) {
+            let at = ct * 16u * QS + ds * 16u;
+            let kb = coopLoad<coop_mat16x16<f16, B>>(&qsh[at], QS);
+            acc = coopMultiplyAdd(qa[ds], kb, acc);
+        }
+        let d = sg * 16u * SS + ct * 16u;
+        coopStoreT(acc, &fsh[d], SS);
+    }
+}
+
+// O_part of subgroup sg's rows = P V, to rows (cid * RT + 16 sg ..) of opart.
+fn pv(sg: u32, cid: u32) {
+    for (var dt = 0u; dt < HD16; dt++) {
+        var acc = coop_mat16x16<f32, C>();
+        for (var kt = 0u; kt < CT; kt++) {
+            let ap = sg * 16u * PS + kt * 16u;
+            let pa = coopLoadT<coop_mat16x16<f16, A>>(&psh[ap], PS);
+            let av = kt * 16u * QS + dt * 16u;
+            let vb = coopLoadT<coop_mat16x16<f16, B>>(&qsh[av], QS);
+            acc = coopMultiplyAdd(pa, vb, acc);
+        }
+        let d = (cid * RT + sg * 16u) * HD + dt * 16u;
+        coopStoreT(acc, &opart[d], HD);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32) {
+    let cid = linear_id(wid, nwg);
+    if (cid >= bl.items) { return; }
+    if (lid == 0u) { wch = chunk_of(cid); }
+    let c = workgroupUniformLoad(&wch);
+    if (c[0] == 0u) { return; }
+    let bh = bl.bh0;
+    let leaf = c[1];
+    let n = c[3];
+    let b = bh / p.kv_heads;
+    let hkv = bh % p.kv_heads;
+    if (lid < RT) {
+        var x = 0u;
+        if (lid < n) { x = list[c[2] + lid]; }
+        ent[lid] = x;
+    }
+    workgroupBarrier();
+    gather_q(lid, b, hkv, n);
+    workgroupBarrier();
+    load_rows(sg);
+    workgroupBarrier();
+    let kbase = b * p.k_sb + hkv * p.k_sh;
+    stage_rows(lid, leaf, kbase, false);
+    workgroupBarrier();
+    score_tiles(sg);
+    workgroupBarrier();
+    // 5. Partial max of this invocation's keys of row srow.
+    let srow = lid / SPLIT;
+    let scol = lid % SPLIT;
+    let e = srow / GQ;
+    var pos = 0xffffffffu; // p_i: keys after it are masked when causal
+    if (p.causal != 0u && e < n) { pos = p.q_pos0 + bl.i0 + ent[e] / MC; }
+    var m = NEG;
+    for (var j = 0u; j < KPT; j++) {
+        let kk = scol + j * SPLIT;
+        let tok = col_token(leaf, kk);
+        if (tok != NONE && tok <= pos) { m = max(m, p.scale * fsh[srow * SS + kk]); }
+    }
+    red[lid] = m;
+    workgroupBarrier();
+    var mr = NEG;
+    for (var x = 0u; x < SPLIT; x++) { mr = max(mr, red[srow * SPLIT + x]); }
+    var l = 0.0;
+    for (var j = 0u; j < KPT; j++) {
+        let kk = scol + j * SPLIT;
+        let tok = col_token(leaf, kk);
+        var pk = 0.0;
+        let s = p.scale * fsh[srow * SS + kk];
+        if (tok != NONE && tok <= pos && s > NEG) { pk = exp(s - mr); }
+        l += pk;
+        psh[srow * PS + kk] = f16(pk);
+    }
+    stage_rows(lid, leaf, kbase, true);
+    workgroupBarrier();
+    red[lid] = l;
+    pv(sg, cid);
+    workgroupBarrier();
+    if (scol == 0u) {
+        var lr = 0.0;
+        for (var x = 0u; x < SPLIT; x++) { lr += red[srow * SPLIT + x]; }
+        mlpart[cid * RT + srow] = vec2<f32>(mr, lr);
+    }
+    if (lid < n) { spos[ent[lid]] = cid * RT + lid * GQ + 1u; }
+}

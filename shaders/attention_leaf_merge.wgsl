@@ -1,0 +1,79 @@
+// Leaf-major block-sparse attention, part 3 of 3 (PISA.md 4; host:
+// pisa-wgpu/src/ops/attention/by_leaf.rs): merges the per-(query, leaf) partial states written
+// by attention_leaf(_coop).wgsl (FlashDecoding: M = max m, L = sum l e^(m - M),
+// O = sum O_part e^(m - M) / L, LSE = M + log L; a partial with l = 0 has no visible key and is
+// skipped; no state at all gives O = 0 and LSE = -inf, as the tile kernels write). One
+// workgroup per query i0 + i_local of (b, KV head) bh0, all GQ heads.
+// O: store_t in Q's layout; LSE: f32 [B, Hq, Nq]. (Params, p, linear_id: select_common.wgsl,
+// prepended; the Buckets uniform: leaf_chunk.wgsl, appended.)
+
+const GQ: u32 = 4u;   // query heads per KV head
+const MC: u32 = 16u;  // selection slots per query (top_k)
+const QPC: u32 = 1u;  // (unused here; leaf_chunk.wgsl's chunk lookup needs it)
+const WG: u32 = 64u;
+
+@group(0) @binding(5) var<storage, read_write> o: array<store_t>;
+@group(0) @binding(15) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(12) var<storage, read> opart: array<f32>;
+@group(0) @binding(13) var<storage, read> mlpart: array<vec2<f32>>;
+@group(0) @binding(14) var<storage, read_write> spos: array<u32>;
+
+var<workgroup> rows: array<u32, MC>;
+var<workgroup> hm: array<f32, GQ>;
+var<workgroup> hl: array<f32, GQ>;
+
+@compute @workgroup_size(WG)
+fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let il = linear_id(wid, nwg);
+    if (il >= bl.nq) { return; }
+    let i = bl.i0 + il;
+    let b = bl.bh0 / p.kv_heads;
+    let hkv = bl.bh0 % p.kv_heads;
+    // spos holds 1 + the first row of a slot's state, 0 for a slot without one; zeroed once
+    // read, ready for the host's next range.
+    for (var s = lid; s < MC; s += WG) {
+        rows[s] = spos[il * MC + s];
+        spos[il * MC + s] = 0u;
+    }
+    workgroupBarrier();
+    for (var h = lid; h < GQ; h += WG) {
+        var mx = -3.0e38;
+        for (var s = 0u; s < MC; s++) {
+            let r = rows[s] - 1u;
+            if (rows[s] != 0u) {
+                let ml = mlpart[r + h];
+                if (ml.y > 0.0) { mx = max(mx, ml.x); }
+            }
+        }
+        var l = 0.0;
+        for (var s = 0u; s < MC; s++) {
+            let r = rows[s] - 1u;
+            if (rows[s] != 0u) {
+                let ml = mlpart[r + h];
+                if (ml.y > 0.0) { l += ml.y * exp(ml.x - mx); }
+            }
+        }
+        hm[h] = mx;
+        hl[h] = l;
+        var out = bitcast<f32>(0xff800000u);
+        if (l > 0.0) { out = mx + log(l); }
+        lse[(b * p.q_heads + hkv * GQ + h) * p.q_len + i] = out;
+    }
+    workgroupBarrier();
+    for (var x = lid; x < GQ * p.head_dim; x += WG) {
+        let h = x / p.head_dim;
+        let d = x % p.head_dim;
+        var acc = 0.0;
+        for (var s = 0u; s < MC; s++) {
+            let r = rows[s] - 1u;
+            if (rows[s] != 0u) {
+                let ml = mlpart[r + h];
+                if (ml.y > 0.0) { acc += opart[(r + h) * p.head_dim + d] * exp(ml.x - hm[h]); }
+            }
+        }
+        var val = 0.0;
+        if (hl[h] > 0.0) { val = acc / hl[h]; }
+        o[b * p.q_sb + (hkv * GQ + h) * p.q_sh + i * p.q_sn + d] = store_t(val);
+    }
+}

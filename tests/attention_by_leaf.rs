@@ -1,0 +1,162 @@
+//! Leaf-major block-sparse attention (`ops::attention::by_leaf`: the selection bucketed by
+//! leaf, per-(query, leaf) partial states from chunks of each leaf's queries, then merged;
+//! PISA.md 4 and 5) against the f64 CPU reference. Every test of this binary sets
+//! `LeafOrder::Leaves`, and each case asserts the leaf-major path is the one that runs (the
+//! portable kernel on lavapipe, the tensor-core one for supported f16 shapes where cooperative
+//! matrices exist). Cases: GQA groups 1, 2, 3, 4, 7, 8, head dims 64 to 256, both layouts, f32
+//! and f16, causal and not, Nq < Nk, C not a power of two, selections from PISA and random ones
+//! with -1 holes and repeats (skipped, as the tile kernels skip them), and
+//! ranges of queries forced small through a lowered binding limit. Tolerances as
+//! `attention_util.rs`: relative L2 error of O and LSE <= 1e-4 (f32) or 5e-3 (f16).
+#[path = "attention_util.rs"]
+mod attention_util;
+mod common;
+
+use attention_util::{check, inputs, random_selection, skip_f16};
+use common::*;
+use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::attention::{self, by_leaf::leaf_major_path, QkvLayouts};
+use pisa_wgpu::{Context, LeafOrder, Storage};
+use rand::Rng;
+use Storage::{F16, F32};
+use TensorLayout::{Bhnd, Bnhd};
+
+/// (B, Hq, Hkv, Nq, Nk, D, C, K, layout, storage, causal, selection from PISA)
+type Case = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    TensorLayout,
+    Storage,
+    bool,
+    bool,
+);
+
+fn run(ctx: &Context, r: &mut rand_chacha::ChaCha8Rng, case: Case, messy: bool, seed: u64) {
+    let (b, hq, hkv, nq, nk, d, c, kk, layout, storage, causal, pisa) = case;
+    if skip_f16(ctx, storage) {
+        return;
+    }
+    let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
+    let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
+    let x = inputs(r, &s, storage);
+    let mut sel = if pisa {
+        reference::select_pisa(&x.q, &x.k, &s, layout, &cfg)
+            .unwrap()
+            .indices
+    } else {
+        random_selection(r, &s, &cfg)
+    };
+    if messy {
+        // Holes and repeats (the kernels skip an entry not above every valid one before it, the
+        // reference dedups: the same set for ascending lists with holes and repeats). Entry 0
+        // stays, so no row is left without a key (its LSE would be -inf).
+        for row in sel.chunks_mut(kk).filter(|_| kk > 1) {
+            let j = r.random_range(1..kk);
+            row[j] = if r.random_bool(0.5) { -1 } else { row[0] };
+        }
+    }
+    let path = leaf_major_path(ctx, storage, &s, QkvLayouts::from(layout), &cfg);
+    let what = format!("{s:?} C {c} K {kk} {layout:?} {storage:?} causal {causal} pisa {pisa} messy {messy} seed {seed}");
+    assert!(path.is_some(), "{what}: the leaf-major path does not run");
+    let (ro, rl) = reference::sparse_attention(&x.q, &x.k, &x.v, &s, layout, &cfg, &sel).unwrap();
+    let got =
+        attention::sparse_attention_host(ctx, &x.q, &x.k, &x.v, &s, layout, &cfg, storage, &sel)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+    check(
+        &format!("{what} path {:?}", path.unwrap()),
+        (&got.0, &got.1),
+        (&ro, &rl),
+        storage,
+    );
+}
+
+#[test]
+fn leaf_major_attention_matches_reference() {
+    let ctx = ctx();
+    ctx.set_leaf_order(LeafOrder::Leaves);
+    let seed = seed("leaf_major_attention");
+    let mut r = rng(seed);
+    let cases: &[(Case, bool)] = &[
+        ((2, 4, 2, 100, 100, 64, 16, 4, Bhnd, F32, true, true), false),
+        ((2, 3, 1, 65, 65, 80, 32, 3, Bnhd, F32, true, true), false),
+        ((1, 2, 1, 700, 700, 64, 64, 4, Bhnd, F32, true, true), false),
+        ((2, 7, 1, 33, 33, 96, 16, 3, Bnhd, F16, true, true), false),
+        ((1, 8, 1, 40, 63, 256, 16, 3, Bhnd, F32, true, false), true),
+        (
+            (1, 4, 1, 300, 300, 128, 64, 8, Bhnd, F16, true, true),
+            false,
+        ),
+        (
+            (1, 8, 2, 257, 257, 128, 48, 5, Bnhd, F16, true, false),
+            true,
+        ),
+        (
+            (2, 2, 2, 127, 127, 128, 20, 5, Bnhd, F16, false, true),
+            false,
+        ),
+        ((1, 4, 1, 64, 64, 80, 64, 1, Bnhd, F32, false, false), true),
+        ((1, 16, 2, 90, 200, 64, 12, 6, Bhnd, F32, true, false), true),
+    ];
+    for &(case, messy) in cases {
+        run(ctx, &mut r, case, messy, seed);
+    }
+}
+
+/// Query ranges forced small: a context of its own whose binding limit leaves room for the
+/// partial states of a few chunks, so one call runs many ranges and reuses its scratch.
+#[test]
+fn leaf_major_attention_in_small_ranges() {
+    let own = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+    own.set_leaf_order(LeafOrder::Leaves);
+    let seed = seed("leaf_major_attention_in_small_ranges");
+    let mut r = rng(seed);
+    // D 64, 16-row chunks: 4 KiB of partial state per chunk, so a range holds about 137
+    // queries (the Q, K, V slices of one (b, KV head), 512 KB at most, still fit).
+    own.set_max_binding_bytes(600_000);
+    for case in [
+        (1, 4, 1, 500, 500, 64, 64, 4, Bhnd, F32, true, true),
+        (2, 2, 2, 300, 300, 64, 40, 3, Bnhd, F32, false, false),
+    ] {
+        run(&own, &mut r, case, false, seed);
+    }
+}
+
+/// naga parses and validates the tensor-core kernel's variants (f16, the cooperative-matrix
+/// capability enabled) and writes SPIR-V for them (the path wgpu takes on Vulkan), on every
+/// adapter; the kernel itself runs where cooperative matrices exist.
+#[test]
+fn leaf_major_coop_shader_validates_and_writes_spirv() {
+    use pisa_wgpu::ops::attention::by_leaf::COOP_SHADER;
+    use pisa_wgpu::runtime::pipeline::preprocess;
+    for (gq, hd, ct, sg, kk) in [
+        (4, 128, 4, 32, 16),
+        (1, 64, 1, 32, 4),
+        (2, 80, 2, 64, 5),
+        (3, 96, 3, 16, 8),
+        (7, 128, 4, 32, 3),
+        (8, 64, 4, 32, 6),
+        (16, 128, 2, 32, 2),
+    ] {
+        let consts = [
+            ("GQ", gq),
+            ("QPC", 64 / gq),
+            ("MC", kk),
+            ("HD", hd),
+            ("CT", ct),
+            ("SG", sg),
+            ("NSG", 4),
+        ];
+        let src = preprocess(&COOP_SHADER, Storage::F16, &consts).unwrap();
+        assert_spirv(
+            &format!("attention_leaf_coop {consts:?}"),
+            &src,
+            &["attend_leaf"],
+        );
+    }
+}
