@@ -222,6 +222,31 @@ impl Context {
         })
     }
 
+    /// A storage scratch tensor of `len` elements whose contents are unspecified (zero when
+    /// new, stale when recycled from the pool): for intermediates whose every element a kernel
+    /// reads is written first by an earlier kernel, where a host-filled poison upload would cost
+    /// a transfer of the whole buffer per call (hundreds of MB for leaf-major attention).
+    /// Outputs keep [`Context::alloc`]'s poison. Errors as [`Context::alloc`].
+    pub fn scratch(&self, label: &str, len: usize, storage: Storage) -> Result<GpuTensor> {
+        self.check_alive()?;
+        let bytes =
+            (len as u64)
+                .checked_mul(storage.bytes())
+                .ok_or(pisa_core::PisaError::TooLarge {
+                    what: "buffer bytes",
+                    value: u64::MAX,
+                    limit: self.max_binding_bytes(),
+                })?;
+        let bytes = padded(bytes);
+        self.check_binding(label, bytes)?;
+        let buffer = self.buffer_with(label, bytes, &[], STORAGE_USAGE);
+        Ok(GpuTensor {
+            buffer,
+            len,
+            storage,
+        })
+    }
+
     /// A uniform buffer holding `params`. Errors: [`GpuError::DeviceLost`].
     pub fn uniform<T: Pod>(&self, label: &str, params: &T) -> Result<wgpu::Buffer> {
         self.check_alive()?;

@@ -17,8 +17,10 @@
 //!    `shaders/attention_leaf.wgsl`): a chunk's partial states;
 //! 3. `merge` (`shaders/attention_leaf_merge.wgsl`): O and LSE of the range's queries.
 //!
-//! Chosen by [`plan`] when the context's [`LeafOrder`] is `Leaves` (Auto keeps the tile kernels
-//! for attention), V has K's layout, C <= 64 and the scratch fits; same outputs and semantics as
+//! Chosen by [`plan`] as stage 2 of the selection is ([`LeafOrder`]): by default (Auto) where
+//! the tensor-core kernel applies (f16 storage, D a multiple of 16 up to 128, g_q <= 64, 16-byte
+//! aligned strides), with `Leaves` also on the portable kernel, never with `Tiles`; and only
+//! where V has K's layout, C <= 64 and the scratch fits. Same outputs and semantics as
 //! [`super::record_sparse_attention`]. Deterministic: a state depends only on its own rows.
 
 use pisa_core::{AttentionShape, SelectionConfig};
@@ -114,7 +116,8 @@ pub(crate) fn plan(
     cfg: &SelectionConfig,
 ) -> Option<LeafAttention> {
     let (g, d, c) = (s.gqa_group() as u32, s.head_dim, cfg.block_size);
-    if ctx.leaf_order() != LeafOrder::Leaves || layouts.k != layouts.v || c > MAX_BLOCK {
+    let order = ctx.leaf_order();
+    if order == LeafOrder::Tiles || layouts.k != layouts.v || c > MAX_BLOCK {
         return None;
     }
     let sg = ctx.report().subgroup_size.0;
@@ -134,6 +137,11 @@ pub(crate) fn plan(
         && sg >= 16
         && s.k_len >= 16
         && aligned;
+    // Auto: leaf-major on tensor cores only (2.4x / 2.7x faster than the tile kernel at 64K /
+    // 256K on the H200, docs/benchmarks.md); Leaves: the portable kernel elsewhere.
+    if order == LeafOrder::Auto && !coop_ok {
+        return None;
+    }
     let (coop, qpc, rows, shared) = if coop_ok {
         let rt = 16 * COOP_SUBGROUPS;
         let (cw, wg) = (16 * c.div_ceil(16) as u64, (COOP_SUBGROUPS * sg) as u64);
@@ -218,27 +226,13 @@ pub(crate) fn record(
         POISON_I32,
     )?;
     let coff = ctx.alloc("attention bucket chunks", nb0 + 1, Storage::F32, POISON_I32)?;
-    let list = ctx.alloc("attention bucket lists", slots, Storage::F32, POISON_I32)?;
-    let cdesc = ctx.alloc(
-        "attention chunks",
-        chunks as usize,
-        Storage::F32,
-        POISON_I32,
-    )?;
+    // Written before read: lists and chunk buckets (scatter), partial states (chunk kernel).
+    let list = ctx.scratch("attention bucket lists", slots, Storage::F32)?;
+    let cdesc = ctx.scratch("attention chunks", chunks as usize, Storage::F32)?;
     let spos = ctx.alloc("attention slot rows", slots, Storage::F32, 0)?;
     let n_rows = chunks as usize * la.rows as usize;
-    let opart = ctx.alloc(
-        "attention partial O",
-        n_rows * d as usize,
-        Storage::F32,
-        POISON_F32,
-    )?;
-    let mlpart = ctx.alloc(
-        "attention partial m, l",
-        2 * n_rows,
-        Storage::F32,
-        POISON_F32,
-    )?;
+    let opart = ctx.scratch("attention partial O", n_rows * d as usize, Storage::F32)?;
+    let mlpart = ctx.scratch("attention partial m, l", 2 * n_rows, Storage::F32)?;
 
     let pipe = |shader: &ShaderSource, entry: &'static str, st: Storage, c: &[(&str, u32)]| {
         ctx.pipelines.get(&ctx.device, shader, entry, st, c, &[])

@@ -33,7 +33,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::Plan;
 use crate::error::Result;
-use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
+use crate::runtime::buffers::{GpuTensor, POISON_I32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
@@ -130,10 +130,12 @@ pub(crate) fn record(
         Storage::F32,
         POISON_I32,
     )?;
-    let list = ctx.alloc("leaf bucket lists", n_entries, Storage::F32, POISON_I32)?;
+    // Written before read: the lists and chunk buckets (scatter), the scores (scorer; the pick
+    // reads only scored slots).
+    let list = ctx.scratch("leaf bucket lists", n_entries, Storage::F32)?;
     let n_chunks = bl.chunk_bound();
-    let cdesc = ctx.alloc("leaf chunks", n_chunks as usize, Storage::F32, POISON_I32)?;
-    let scores = ctx.alloc("leaf scores", n_entries, Storage::F32, POISON_F32)?;
+    let cdesc = ctx.scratch("leaf chunks", n_chunks as usize, Storage::F32)?;
+    let scores = ctx.scratch("leaf scores", n_entries, Storage::F32)?;
     let sel_len = plan.sched.selection_len(&plan.shape);
     let sel = ctx.alloc("selection", sel_len, Storage::F32, POISON_I32)?;
     let params = ctx.uniform("leaf_select params", &plan.params)?;
