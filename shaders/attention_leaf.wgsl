@@ -25,7 +25,6 @@ const NEG: f32 = -3.0e38;
 @group(0) @binding(13) var<storage, read_write> mlpart: array<vec2<f32>>;
 @group(0) @binding(14) var<storage, read_write> spos: array<u32>;
 
-var<workgroup> wch: array<u32, 4>;
 var<workgroup> ent: array<u32, QPC>;
 var<workgroup> sm: array<f32, R * WG>;
 var<workgroup> rm: array<f32, R>;
@@ -36,8 +35,7 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                @builtin(local_invocation_index) lid: u32) {
     let cid = linear_id(wid, nwg);
     if (cid >= bl.items) { return; }
-    if (lid == 0u) { wch = chunk_of(cid); }
-    let c = workgroupUniformLoad(&wch);
+    let c = chunk_uniform(cid, lid);
     if (c[0] == 0u) { return; }
     let leaf = c[1];
     let n = c[3];

@@ -60,13 +60,8 @@ var<workgroup> psh: array<f16, RT * PS>;
 var<workgroup> fsh: array<f32, RT * SS>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> ent: array<u32, RT>;
-var<workgroup> wch: array<u32, 4>;
 
 var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
-
-fn tile_start(leaf: u32, ct: u32) -> u32 {
-    return min(leaf * p.block_size + ct * 16u, p.k_len - 16u);
-}
 
 // The token of column kk of S when it is a key of the leaf inside its own tile's range, else
 // NONE.
@@ -78,65 +73,10 @@ fn col_token(leaf: u32, kk: u32) -> u32 {
     return select(NONE, tok, ok);
 }
 
-fn put8(at: u32, x: vec4<u32>) {
-    let h0 = vec2<f16>(unpack2x16float(x.x));
-    let h1 = vec2<f16>(unpack2x16float(x.y));
-    let h2 = vec2<f16>(unpack2x16float(x.z));
-    let h3 = vec2<f16>(unpack2x16float(x.w));
-    qsh[at] = h0.x;
-    qsh[at + 1u] = h0.y;
-    qsh[at + 2u] = h1.x;
-    qsh[at + 3u] = h1.y;
-    qsh[at + 4u] = h2.x;
-    qsh[at + 5u] = h2.y;
-    qsh[at + 6u] = h3.x;
-    qsh[at + 7u] = h3.y;
-}
-
-// Every load of the invocation first, then the stores (their round trips overlap).
-fn gather_q(lid: u32, b: u32, hkv: u32, n: u32) {
-    var buf: array<vec4<u32>, QL>;
-    for (var j = 0u; j < QL; j++) {
-        let x = lid + j * WG;
-        let r = x / HD8;
-        let e = r / GQ;
-        var val = vec4<u32>(0u);
-        if (x < RT * HD8 && e < n) {
-            let hq = hkv * GQ + r % GQ;
-            val = q[(b * p.q_sb + hq * p.q_sh + (bl.i0 + ent[e] / MC) * p.q_sn) / 8u + x % HD8];
-        }
-        buf[j] = val;
-    }
-    for (var j = 0u; j < QL; j++) {
-        let x = lid + j * WG;
-        if (x < RT * HD8) { put8((x / HD8) * QS + 8u * (x % HD8), buf[j]); }
-    }
-}
-
-// The leaf's CW key (values = false) or value (values = true) rows into qsh rows 0 .. CW.
-fn stage_rows(lid: u32, leaf: u32, kbase: u32, values: bool) {
-    var buf: array<vec4<u32>, KL>;
-    for (var j = 0u; j < KL; j++) {
-        let x = lid + j * WG;
-        let r = x / HD8;
-        var val = vec4<u32>(0u);
-        if (x < CW * HD8) {
-            let at = (kbase + (tile_start(leaf, r / 16u) + r % 16u) * p.k_sn) / 8u + x % HD8;
-            if (values) { val = v[at]; } else { val = k[at]; }
-        }
-        buf[j] = val;
-    }
-    for (var j = 0u; j < KL; j++) {
-        let x = lid + j * WG;
-        if (x < CW * HD8) { put8((x / HD8) * QS + 8u * (x % HD8), buf[j]); }
-    }
-}
-
-fn load_rows(sg: u32) {
-    for (var ds = 0u; ds < HD16; ds++) {
-        let at = sg * 16u * QS + ds * 16u;
-        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&qsh[at], QS);
-    }
+// 16-byte piece `at` of K, or of V when `values` (see leaf_rows_coop.wgsl).
+fn kv_piece(at: u32, values: bool) -> vec4<u32> {
+    if (values) { return v[at]; }
+    return k[at];
 }
 
 fn score_tiles(sg: u32) {
@@ -173,8 +113,7 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32) {
     let cid = linear_id(wid, nwg);
     if (cid >= bl.items) { return; }
-    if (lid == 0u) { wch = chunk_of(cid); }
-    let c = workgroupUniformLoad(&wch);
+    let c = chunk_uniform(cid, lid);
     if (c[0] == 0u) { return; }
     let bh = bl.bh0;
     let leaf = c[1];

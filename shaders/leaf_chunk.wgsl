@@ -24,3 +24,12 @@ fn chunk_of(cid: u32) -> array<u32, 4> {
     let first = off[x] + (cid - coff[x]) * QPC;
     return array<u32, 4>(1u, x, first, min(QPC, off[x + 1u] - first));
 }
+
+var<workgroup> wch: array<u32, 4>;
+
+// chunk_of(cid) as a workgroup-uniform value (invocation 0 looks it up; the load's barrier
+// publishes it), so the kernel may return on it and keep its barriers in uniform control flow.
+fn chunk_uniform(cid: u32, lid: u32) -> array<u32, 4> {
+    if (lid == 0u) { wch = chunk_of(cid); }
+    return workgroupUniformLoad(&wch);
+}

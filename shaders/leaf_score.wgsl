@@ -19,7 +19,6 @@ const NEG: f32 = -3.0e38;
 @group(0) @binding(1) var<storage, read> q: array<store_t>;
 @group(0) @binding(2) var<storage, read> k: array<store_t>;
 
-var<workgroup> wch: array<u32, 4>;
 var<workgroup> ent: array<u32, QPC>;
 var<workgroup> sm: array<f32, R * WG>;
 var<workgroup> rm: array<f32, R>;
@@ -30,8 +29,7 @@ fn leaf_score(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
               @builtin(local_invocation_index) lid: u32) {
     let cid = linear_id(wid, nwg);
     if (cid >= bl.items) { return; }
-    if (lid == 0u) { wch = chunk_of(cid); }
-    let c = workgroupUniformLoad(&wch);
+    let c = chunk_uniform(cid, lid);
     if (c[0] == 0u) { return; }
     let bh = c[1] / p.nb0;
     let leaf = c[1] % p.nb0;

@@ -61,80 +61,12 @@ var<workgroup> fsh: array<f32, RT * SS>;
 var<workgroup> red_m: array<f32, WG>;
 var<workgroup> red_l: array<f32, WG>;
 var<workgroup> ent: array<u32, RT>;
-var<workgroup> wch: array<u32, 4>;
 
 var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
 
-// First token of the keys loaded for column tile ct of `leaf`.
-fn tile_start(leaf: u32, ct: u32) -> u32 {
-    return min(leaf * p.block_size + ct * 16u, p.k_len - 16u);
-}
-
-// The Q rows of subgroup sg's 16-row tile as HD / 16 A matrices.
-fn load_rows(sg: u32) {
-    let r0 = sg * 16u;
-    for (var ds = 0u; ds < HD16; ds++) {
-        let at = r0 * QS + ds * 16u;
-        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&qsh[at], QS);
-    }
-}
-
-// Eight halves (16 bytes) into qsh at `at`.
-fn put8(at: u32, v: vec4<u32>) {
-    let h0 = vec2<f16>(unpack2x16float(v.x));
-    let h1 = vec2<f16>(unpack2x16float(v.y));
-    let h2 = vec2<f16>(unpack2x16float(v.z));
-    let h3 = vec2<f16>(unpack2x16float(v.w));
-    qsh[at] = h0.x;
-    qsh[at + 1u] = h0.y;
-    qsh[at + 2u] = h1.x;
-    qsh[at + 3u] = h1.y;
-    qsh[at + 4u] = h2.x;
-    qsh[at + 5u] = h2.y;
-    qsh[at + 6u] = h3.x;
-    qsh[at + 7u] = h3.y;
-}
-
-// The chunk's RT Q rows into qsh (zero past its n entries): every load of the invocation is
-// issued before the first store (a fixed trip count into registers), so their memory round
-// trips overlap instead of queueing one after another.
-fn gather_q(lid: u32, b: u32, hkv: u32, n: u32) {
-    var buf: array<vec4<u32>, QL>;
-    for (var j = 0u; j < QL; j++) {
-        let x = lid + j * WG;
-        let r = x / HD8;
-        let e = r / GQ;
-        var val = vec4<u32>(0u);
-        if (x < RT * HD8 && e < n) {
-            let hq = hkv * GQ + r % GQ;
-            val = q[(b * p.q_sb + hq * p.q_sh + (ent[e] / MC) * p.q_sn) / 8u + x % HD8];
-        }
-        buf[j] = val;
-    }
-    for (var j = 0u; j < QL; j++) {
-        let x = lid + j * WG;
-        if (x < RT * HD8) { put8((x / HD8) * QS + 8u * (x % HD8), buf[j]); }
-    }
-}
-
-// KSTAGE = 1: the leaf's CW keys (its CT 16-key tiles, each from tile_start) into qsh rows
-// 0 .. CW (the Q rows are in registers by then), loads first as in gather_q.
-fn stage_keys(lid: u32, leaf: u32, kbase: u32) {
-    var buf: array<vec4<u32>, KL>;
-    for (var j = 0u; j < KL; j++) {
-        let x = lid + j * WG;
-        let r = x / HD8;
-        var val = vec4<u32>(0u);
-        if (x < CW * HD8) {
-            let tok = tile_start(leaf, r / 16u) + r % 16u;
-            val = k16[(kbase + tok * p.k_sn) / 8u + x % HD8];
-        }
-        buf[j] = val;
-    }
-    for (var j = 0u; j < KL; j++) {
-        let x = lid + j * WG;
-        if (x < CW * HD8) { put8((x / HD8) * QS + 8u * (x % HD8), buf[j]); }
-    }
+// 16-byte piece `at` of K (the scorer stages keys only; see leaf_rows_coop.wgsl).
+fn kv_piece(at: u32, values: bool) -> vec4<u32> {
+    return k16[at];
 }
 
 // KSTAGE = 1: S = Q K^T for subgroup sg's rows, K from the staged rows.
@@ -175,8 +107,7 @@ fn leaf_score(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
               @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32) {
     let cid = linear_id(wid, nwg);
     if (cid >= bl.items) { return; }
-    if (lid == 0u) { wch = chunk_of(cid); }
-    let c = workgroupUniformLoad(&wch);
+    let c = chunk_uniform(cid, lid);
     if (c[0] == 0u) { return; }
     let bh = c[1] / p.nb0;
     let leaf = c[1] % p.nb0;
@@ -197,7 +128,7 @@ fn leaf_score(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     if (KSTAGE == 1u) {
         load_rows(sg);
         workgroupBarrier();
-        stage_keys(lid, leaf, kbase);
+        stage_rows(lid, leaf, kbase, false);
         workgroupBarrier();
         score_rows_staged(sg);
     } else {

@@ -197,17 +197,7 @@ impl Context {
         storage: Storage,
         poison: u32,
     ) -> Result<GpuTensor> {
-        self.check_alive()?;
-        let bytes =
-            (len as u64)
-                .checked_mul(storage.bytes())
-                .ok_or(pisa_core::PisaError::TooLarge {
-                    what: "buffer bytes",
-                    value: u64::MAX,
-                    limit: self.max_binding_bytes(),
-                })?;
-        let bytes = padded(bytes);
-        self.check_binding(label, bytes)?;
+        let bytes = self.storage_bytes(label, len, storage)?;
         let words = vec![poison; (bytes / 4) as usize];
         let buffer = self.buffer_with(
             label,
@@ -222,12 +212,9 @@ impl Context {
         })
     }
 
-    /// A storage scratch tensor of `len` elements whose contents are unspecified (zero when
-    /// new, stale when recycled from the pool): for intermediates whose every element a kernel
-    /// reads is written first by an earlier kernel, where a host-filled poison upload would cost
-    /// a transfer of the whole buffer per call (hundreds of MB for leaf-major attention).
-    /// Outputs keep [`Context::alloc`]'s poison. Errors as [`Context::alloc`].
-    pub fn scratch(&self, label: &str, len: usize, storage: Storage) -> Result<GpuTensor> {
+    /// Padded bytes of a storage tensor of `len` elements, checked against the binding limit
+    /// (errors as [`Context::alloc`]).
+    fn storage_bytes(&self, label: &str, len: usize, storage: Storage) -> Result<u64> {
         self.check_alive()?;
         let bytes =
             (len as u64)
@@ -239,6 +226,16 @@ impl Context {
                 })?;
         let bytes = padded(bytes);
         self.check_binding(label, bytes)?;
+        Ok(bytes)
+    }
+
+    /// A storage scratch tensor of `len` elements whose contents are unspecified (zero when
+    /// new, stale when recycled from the pool): for intermediates whose every element a kernel
+    /// reads is written first by an earlier kernel, where a host-filled poison upload would cost
+    /// a transfer of the whole buffer per call (hundreds of MB for leaf-major attention).
+    /// Outputs keep [`Context::alloc`]'s poison. Errors as [`Context::alloc`].
+    pub fn scratch(&self, label: &str, len: usize, storage: Storage) -> Result<GpuTensor> {
+        let bytes = self.storage_bytes(label, len, storage)?;
         let buffer = self.buffer_with(label, bytes, &[], STORAGE_USAGE);
         Ok(GpuTensor {
             buffer,

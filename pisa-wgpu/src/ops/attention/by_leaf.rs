@@ -44,13 +44,15 @@ pub const SHADER: ShaderSource = ShaderSource {
     ),
 };
 
-/// `shaders/attention_leaf_coop.wgsl` (tensor cores; its `enable` first) with the chunk lookup.
+/// `shaders/attention_leaf_coop.wgsl` (tensor cores; its `enable` first) with the chunk lookup
+/// and the row loads it shares with the leaf-major scorer (`shaders/leaf_rows_coop.wgsl`).
 pub const COOP_SHADER: ShaderSource = ShaderSource {
     name: "attention_leaf_coop",
     wgsl: concat!(
         include_str!("../../../../shaders/attention_leaf_coop.wgsl"),
         include_str!("../../../../shaders/select_common.wgsl"),
-        include_str!("../../../../shaders/leaf_chunk.wgsl")
+        include_str!("../../../../shaders/leaf_chunk.wgsl"),
+        include_str!("../../../../shaders/leaf_rows_coop.wgsl")
     ),
 };
 

@@ -80,13 +80,14 @@ pub const SCORE_SHADER: ShaderSource = ShaderSource {
 };
 
 /// `shaders/leaf_score_coop.wgsl` (tensor-core scorer; its `enable` first) with the chunk
-/// lookup.
+/// lookup and the row loads it shares with leaf-major attention (`shaders/leaf_rows_coop.wgsl`).
 pub const SCORE_COOP_SHADER: ShaderSource = ShaderSource {
     name: "leaf_score_coop",
     wgsl: concat!(
         include_str!("../../../../shaders/leaf_score_coop.wgsl"),
         include_str!("../../../../shaders/select_common.wgsl"),
-        include_str!("../../../../shaders/leaf_chunk.wgsl")
+        include_str!("../../../../shaders/leaf_chunk.wgsl"),
+        include_str!("../../../../shaders/leaf_rows_coop.wgsl")
     ),
 };
 
