@@ -17,7 +17,7 @@
 //!    `shaders/attention_leaf.wgsl`): a chunk's partial states;
 //! 3. `merge` (`shaders/attention_leaf_merge.wgsl`): O and LSE of the range's queries.
 //!
-//! Chosen by [`plan`] as stage 2 of the selection is ([`LeafOrder`]): by default (Auto) where
+//! Chosen by `plan` ([`leaf_major_path`] tells the outcome) as stage 2 of the selection is ([`LeafOrder`]): by default (Auto) where
 //! the tensor-core kernel applies (f16 storage, D a multiple of 16 up to 128, g_q <= 64, 16-byte
 //! aligned strides), with `Leaves` also on the portable kernel, never with `Tiles`; and only
 //! where V has K's layout, C <= 64 and the scratch fits. Same outputs and semantics as

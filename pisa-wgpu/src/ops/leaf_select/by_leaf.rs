@@ -2,7 +2,7 @@
 //! candidates are bucketed by (b, KV head, leaf) and each leaf's raw keys are scored against a
 //! chunk of the queries that listed it, so that every row of a matrix multiply is useful work.
 //!
-//! Why: the tile kernels ([`super::record`]'s default on portable adapters) score the union of
+//! Why: the tile kernels (stage 2's default on portable adapters) score the union of
 //! Qtile consecutive queries' candidates for every query of the tile. Where those lists are
 //! disjoint (random inputs; little locality) that is up to Qtile times the useful work, and
 //! every query tile reads its leaves' keys again. Here a leaf's keys are read once per chunk of
@@ -26,7 +26,7 @@
 //!
 //! Memory: beside the candidates `[B, Hkv, Nq, MC]` (the input), two buffers of the same size
 //! (bucket lists, scores), one of about a QPC-th of that (chunk buckets) and
-//! `3 * (B * Hkv * nb0 + 1)` u32 (counts and offsets); [`plan`] returns `None` when a buffer
+//! `3 * (B * Hkv * nb0 + 1)` u32 (counts and offsets); `plan` returns `None` when a buffer
 //! would pass the binding limit or an index would pass u32.
 
 use bytemuck::{Pod, Zeroable};
