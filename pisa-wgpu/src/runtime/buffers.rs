@@ -1,11 +1,13 @@
-//! Storage buffers: upload (with f16 conversion), poisoned output allocation, readback, uniform
+//! Storage buffers: upload (with f16 conversion), poisoned output allocation, scratch, uniform
 //! parameters, binding-size checks, and the dispatch helper that splits grids past the
-//! per-dimension workgroup limit.
+//! per-dimension workgroup limit (readback: `readback.rs`).
 //!
 //! Invariants: every buffer a kernel binds is checked against [`Context::max_binding_bytes`]
 //! before creation (a tensor that does not fit is split by the operation, or refused with
 //! [`GpuError::Limit`]); output buffers are filled with a poison pattern (NaN for floats,
-//! `i32::MIN` for indices) so an element a kernel forgets to write shows in every test.
+//! `i32::MIN` for indices) so an element a kernel forgets to write shows in every test; only
+//! intermediates whose every element read is written first by an earlier kernel are created
+//! unfilled ([`Context::scratch`]).
 //! Every entry point starts with [`Context::check_alive`], so a lost or destroyed device is a
 //! [`GpuError::DeviceLost`]; buffers are created unmapped and filled with `Queue::write_buffer`
 //! (never `mapped_at_creation`, whose mapping panics inside wgpu on a dead device), so a device
@@ -41,7 +43,8 @@ pub const POOL_MAX_BYTES: u64 = 1 << 30;
 /// Storage buffers kept for reuse, keyed by byte size. Buffers of one shape's call come back
 /// from [`Context::recycle`] and serve the next call of the same shape (an inference loop, a
 /// benchmark's repetitions) without a new allocation; every reuse is fully rewritten (upload
-/// data or poison) before any kernel reads it.
+/// data or poison) before any kernel reads it, except a scratch tensor's, whose elements the
+/// kernels write before they read them.
 #[derive(Default)]
 pub struct BufferPool {
     free: std::collections::HashMap<u64, Vec<wgpu::Buffer>>,
@@ -256,61 +259,6 @@ impl Context {
             &words,
             wgpu::BufferUsages::UNIFORM,
         ))
-    }
-
-    /// Reads a tensor back as f32 (f16 storage is widened).
-    pub fn read_f32(&self, t: &GpuTensor) -> Result<Vec<f32>> {
-        let bytes = self.read_bytes(&t.buffer)?;
-        Ok(match t.storage {
-            Storage::F32 => bytemuck::cast_slice::<u8, f32>(&bytes)[..t.len].to_vec(),
-            Storage::F16 => bytemuck::cast_slice::<u8, half::f16>(&bytes)[..t.len]
-                .iter()
-                .map(|h| h.to_f32())
-                .collect(),
-        })
-    }
-
-    /// Reads a tensor of 4-byte integers back.
-    pub fn read_i32(&self, t: &GpuTensor) -> Result<Vec<i32>> {
-        let bytes = self.read_bytes(&t.buffer)?;
-        Ok(bytemuck::cast_slice::<u8, i32>(&bytes)[..t.len].to_vec())
-    }
-
-    /// Copies a buffer into a mappable one and returns its bytes. Errors:
-    /// [`GpuError::DeviceLost`] (before or during the read), [`GpuError::Poll`].
-    pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
-        self.check_alive()?;
-        let size = buffer.size();
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-        self.queue.submit([enc.finish()]);
-        let slice = staging.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        // A map that fails because the device died meanwhile is reported as such.
-        let mapped = rx
-            .recv()
-            .map_err(|e| GpuError::Poll(e.to_string()))
-            .and_then(|r| r.map_err(|e| GpuError::Poll(format!("buffer map failed: {e}"))));
-        if mapped.is_err() {
-            self.check_alive()?;
-        }
-        mapped?;
-        let data = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?
-            .to_vec();
-        staging.unmap();
-        Ok(data)
     }
 
     /// Records one compute pass running `pipeline` over `workgroups` workgroups, with

@@ -1,7 +1,8 @@
 //! The runtime, split by role: [`context`] (device, limits, features, errors), [`adapter`]
 //! (adapter choice and reports), [`coop`] (kernel paths, cooperative-matrix support),
 //! [`pipeline`] (shader variants and the pipeline cache), [`buffers`] (storage buffers, upload,
-//! readback, binding-size checks) and [`profiler`] (GPU timestamps).
+//! poisoned outputs, scratch, binding-size checks, dispatch), [`readback`] (reading tensors back)
+//! and [`profiler`] (GPU timestamps).
 
 pub mod adapter;
 pub mod buffers;
@@ -9,3 +10,4 @@ pub mod context;
 pub mod coop;
 pub mod pipeline;
 pub mod profiler;
+pub mod readback;
