@@ -25,6 +25,29 @@ impl From<ScoringArg> for Scoring {
     }
 }
 
+/// Order of selection stage 2 and sparse attention (`pisa_wgpu::LeafOrder`).
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum LeafOrderArg {
+    /// Leaf-major where the kernels run on tensor cores, query tiles elsewhere (or
+    /// `PISA_LEAF_ORDER` when set).
+    Auto,
+    /// Query tiles: a workgroup per tile of consecutive queries, over the union of their leaves.
+    Tiles,
+    /// Leaf-major: each leaf against chunks of the queries that listed it.
+    Leaves,
+}
+
+impl LeafOrderArg {
+    /// Applies the order to `ctx` (Auto keeps what the context was opened with).
+    pub fn apply(self, ctx: &Context) {
+        match self {
+            LeafOrderArg::Auto => {}
+            LeafOrderArg::Tiles => ctx.set_leaf_order(pisa_wgpu::LeafOrder::Tiles),
+            LeafOrderArg::Leaves => ctx.set_leaf_order(pisa_wgpu::LeafOrder::Leaves),
+        }
+    }
+}
+
 /// Tensor layout of the input files.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum LayoutArg {

@@ -229,6 +229,37 @@ fn bench_tiny_json_then_compare() {
     assert!(svg.starts_with("<svg") && svg.contains("polyline"), "{svg}");
 }
 
+/// `--leaf-order leaves` runs selection stage 2 and the sparse attention leaf-major (on lavapipe
+/// the portable leaf-major kernels): the report names the order, and with GPU timestamps the
+/// leaf stage's three parts are recorded apart.
+#[test]
+fn bench_leaf_order_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = ["bench", "--sizes", "300", "--decode-sizes", ""];
+    let rest = [
+        "--backward-max",
+        "0",
+        "--leaf-order",
+        "leaves",
+        "--json",
+        "l.json",
+    ];
+    let r = run_in(dir.path(), &[&sizes[..], &TINY_BENCH, &rest].concat()).ok();
+    assert!(r.stdout.contains("order Leaves"), "{}", r.stdout);
+    let text = std::fs::read_to_string(dir.path().join("l.json")).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let recs = j["records"].as_array().unwrap();
+    let timed = recs.iter().all(|r| r["gpu_timed"] == true);
+    let ops: Vec<&str> = recs.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    for op in ["leaf_bucket", "leaf_score", "leaf_pick"] {
+        assert_eq!(ops.contains(&op), timed, "{op}: {ops:?}");
+    }
+    for op in ["pisa_select", "attention", "pisa_prefill"] {
+        let rec = recs.iter().find(|r| r["op"] == op);
+        assert!(rec.is_some() || !timed, "{op} missing: {ops:?}");
+    }
+}
+
 /// Regression: `--compare` of a report without records wrote a plot with coordinates from
 /// `f64::MAX`; now a plot that says there is nothing to show.
 #[test]

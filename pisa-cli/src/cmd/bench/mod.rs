@@ -13,7 +13,7 @@ use clap::Args;
 use pisa_core::SelectionConfig;
 use pisa_wgpu::Storage;
 
-use crate::args::{progress, DeviceArgs, ScoringArg, StorageArg};
+use crate::args::{progress, DeviceArgs, LeafOrderArg, ScoringArg, StorageArg};
 use report::{Record, Report};
 
 /// Arguments of `pisa bench`.
@@ -46,6 +46,9 @@ pub struct BenchArgs {
     /// Stage-2 query tile.
     #[arg(long, default_value_t = 4)]
     pub q_tile: usize,
+    /// Order of selection stage 2 and sparse attention (query tiles or leaf-major).
+    #[arg(long, value_enum, default_value_t = LeafOrderArg::Auto)]
+    pub leaf_order: LeafOrderArg,
     /// Storage precisions to run (comma separated: f16,f32).
     #[arg(long, default_value = "f16,f32")]
     pub storages: String,
@@ -177,6 +180,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         json: false,
     };
     let ctx = dev.context()?;
+    a.leaf_order.apply(&ctx);
     let r = ctx.report().clone();
     let mut out = Report {
         adapter: r.name.clone(),
@@ -185,7 +189,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         driver: format!("{} {}", r.driver, r.driver_info),
         command: std::env::args().collect::<Vec<_>>().join(" "),
         shape: format!(
-            "Hq={} Hkv={} D={} C={} K={} g=2 {:?} Qtile={}, kernel path {} (coopmat: f16 attention and leaf scoring on tensor cores)",
+            "Hq={} Hkv={} D={} C={} K={} g=2 {:?} Qtile={} order {:?}, kernel path {} (coopmat: f16 attention and leaf scoring on tensor cores)",
             a.hq,
             a.hkv,
             a.d,
@@ -193,6 +197,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             a.top_k,
             cfg.scoring,
             a.q_tile,
+            ctx.leaf_order(),
             ctx.kernel_path()
         ),
         records: Vec::new(),
@@ -201,7 +206,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // Which attention kernels ran: the tensor-core family applies to f16 attention only.
     let path_of = |st: Storage| match (ctx.kernel_path(), st) {
         (pisa_wgpu::KernelPath::CoopMat, Storage::F16) => {
-            "coopmat attention, portable selection".to_string()
+            "coopmat attention and leaf scoring, portable routing".to_string()
         }
         _ => "portable".to_string(),
     };
