@@ -30,6 +30,16 @@ var<workgroup> sm: array<f32, R * WG>;
 var<workgroup> rm: array<f32, R>;
 var<workgroup> rl: array<f32, R>;
 
+// Keys of the leaf (tokens leaf0 .. leaf1) row r may attend: all of them, none for a padding
+// row, and when causal those up to its query's position.
+fn row_keys(r: u32, n: u32, leaf0: u32, leaf1: u32) -> u32 {
+    let e = r / GQ;
+    if (e >= n) { return 0u; }
+    var end = leaf1;
+    if (p.causal != 0u) { end = min(end, p.q_pos0 + bl.i0 + ent[e] / MC + 1u); }
+    return select(0u, end - leaf0, end > leaf0);
+}
+
 @compute @workgroup_size(WG)
 fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -82,10 +92,12 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         rl[r] = l;
     }
     workgroupBarrier();
-    let nk = leaf1 - leaf0;
     for (var x = lid; x < R * p.head_dim; x += WG) {
         let r = x / p.head_dim;
         let d = x % p.head_dim;
+        // Only the keys this row may see (a masked key's value never enters the sum, so a
+        // non-finite future value cannot reach an earlier row through 0 * NaN).
+        let nk = row_keys(r, n, leaf0, leaf1);
         var acc = 0.0;
         for (var j = 0u; j < nk; j++) { acc += sm[r * WG + j] * f32(v[kb + (leaf0 + j) * p.k_sn + d]); }
         opart[(cid * R + r) * p.head_dim + d] = acc;

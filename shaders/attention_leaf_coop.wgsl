@@ -1,7 +1,7 @@
 // Leaf-major block-sparse attention, part 2 of 3, on cooperative matrices (tensor cores), f16
 // storage, f32 accumulation (PISA.md 4 and 5; host: pisa-wgpu/src/ops/attention/by_leaf.rs;
 // the portable twin is attention_leaf.wgsl, same bindings and outputs). Part 1 buckets the
-// selection by (b, KV head, leaf) (leaf_bucket.wgsl with ATTEND = 1); part 3 merges
+// selection of one (b, KV head) by leaf (leaf_bucket.wgsl with ATTEND = 1); part 3 merges
 // (attention_leaf_merge.wgsl).
 //
 // One dispatch covers the queries i0 .. i0 + nq of one (b, KV head) bh0 (the Buckets
@@ -20,7 +20,10 @@
 //   7. O_part = P V on tensor cores, stored (f32) to this chunk's rows of `opart`
 //      ([chunk, RT, HD]); one invocation per row writes (m, l) to `mlpart` ([chunk, RT]), one
 //      per entry 1 + the index of its first row to `spos` ([nq, MC], by list value; 0, as the
-//      host clears it, for a slot without a state).
+//      merge leaves it after reading, for a slot without a state).
+// Non-finite values: staged value rows outside the leaf are zeros, but a chunk's rows share the
+// leaf's value tile, so (as in attention_coop.wgsl) a non-finite value of a key that one row
+// masks causally still reaches that row through P = 0 times NaN (docs/reliability.md).
 // A row whose keys are all masked has m = NEG, l = 0 and O_part = 0 (the merge skips it).
 // Q, K, V: 16-byte pieces, (b, h, n, d) at (b*sb + h*sh + n*sn + d) / 8 (V with K's strides).
 enable wgpu_cooperative_matrix;
@@ -71,6 +74,11 @@ fn col_token(leaf: u32, kk: u32) -> u32 {
     let tok = tile_start(leaf, min(kk / 16u, CT - 1u)) + kk % 16u;
     let ok = kk < CW && tok >= lo && tok < lo + 16u && tok < min(leaf0 + p.block_size, p.k_len);
     return select(NONE, tok, ok);
+}
+
+// Whether staged row r holds a key of the leaf in its tile's own range.
+fn row_in_leaf(leaf: u32, r: u32) -> bool {
+    return col_token(leaf, r) != NONE;
 }
 
 // 16-byte piece `at` of K, or of V when `values` (see leaf_rows_coop.wgsl).

@@ -1,8 +1,12 @@
-// Shared by the two leaf-major scorers (leaf_score.wgsl, leaf_score_coop.wgsl; appended): the
-// buckets written by leaf_bucket.wgsl and the lookup of a workgroup's chunk (PISA.md 5).
-//   off[x], coff[x]: first entry and first chunk of bucket x = bh * nb0 + leaf;
+// Shared by the leaf-major kernels (appended): the scorers of selection stage 2
+// (leaf_score.wgsl, leaf_score_coop.wgsl) and the sparse attention (attention_leaf.wgsl,
+// attention_leaf_coop.wgsl, and attention_leaf_merge.wgsl for the Buckets uniform): the buckets
+// written by leaf_bucket.wgsl and the lookup of a workgroup's chunk (PISA.md 5).
+//   off[x], coff[x]: first entry and first chunk of bucket x (stage 2: x = bh * nb0 + leaf;
+//   attention, one (b, KV head) bl.bh0 at a time: x = leaf);
 //   cdesc[c]: the bucket of chunk c;
-//   list[off[x] .. off[x + 1]): the bucket's entries, i * MC + o (query i, candidate slot o);
+//   list[off[x] .. off[x + 1]): the bucket's entries, i * MC + o (stage 2: query i, candidate
+//   slot o; attention: local query i - bl.i0, selection slot o);
 //   scores[(bh * q_len + i) * MC + o]: rank_key of the candidate's exact-LSE score summed over
 //   the group (written by the scorers, read by leaf_pick.wgsl).
 // Needs QPC (entries per chunk) and MC from the scorer.

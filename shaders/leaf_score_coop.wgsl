@@ -69,6 +69,11 @@ fn kv_piece(at: u32, values: bool) -> vec4<u32> {
     return k16[at];
 }
 
+// (Values only; the scorer masks its keys' scores instead.)
+fn row_in_leaf(leaf: u32, r: u32) -> bool {
+    return true;
+}
+
 // KSTAGE = 1: S = Q K^T for subgroup sg's rows, K from the staged rows.
 fn score_rows_staged(sg: u32) {
     let r0 = sg * 16u;

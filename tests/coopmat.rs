@@ -16,7 +16,7 @@ use pisa_wgpu::ops::attention::coop::{self, CoopVariant};
 use pisa_wgpu::ops::attention::{self, AttentionKind};
 use pisa_wgpu::runtime::context::coop_supported;
 use pisa_wgpu::runtime::pipeline::preprocess;
-use pisa_wgpu::{Context, KernelPath, Storage};
+use pisa_wgpu::{Context, KernelPath, LeafOrder, Storage};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use TensorLayout::{Bhnd, Bnhd};
@@ -158,9 +158,13 @@ type Case = (
 
 #[test]
 fn coop_sparse_matches_reference() {
+    // The query-tile kernel of attention_coop.wgsl (under the default order, f16 sparse
+    // attention on tensor cores runs leaf-major: tests/attention_by_leaf.rs).
+    let _settings = settings_lock();
     let Some(ctx) = coop_ctx("coop_sparse_matches_reference") else {
         return;
     };
+    ctx.set_leaf_order(LeafOrder::Tiles);
     let seed = seed("coop sparse");
     let mut r = rng(seed);
     let cases: &[Case] = &[
@@ -258,9 +262,13 @@ fn coop_dense_matches_reference() {
 /// so the running max keeps moving by more than 2^8) and stay exact.
 #[test]
 fn coop_rescale_with_growing_scores() {
+    // The query-tile kernel of attention_coop.wgsl (under the default order, f16 sparse
+    // attention on tensor cores runs leaf-major: tests/attention_by_leaf.rs).
+    let _settings = settings_lock();
     let Some(ctx) = coop_ctx("coop_rescale_with_growing_scores") else {
         return;
     };
+    ctx.set_leaf_order(LeafOrder::Tiles);
     let seed = seed("coop rescale");
     let mut r = rng(seed);
     let s = AttentionShape::new(1, 4, 1, 300, 300, 64).unwrap();

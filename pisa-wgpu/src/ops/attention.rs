@@ -10,6 +10,9 @@
 //!
 //! On a context whose [`KernelPath`] is CoopMat, f16-storage calls with the default tiling run
 //! the tensor-core twin in [`coop`] (same inputs, outputs and semantics) when the shape suits it.
+//! Sparse attention may instead run leaf-major ([`by_leaf`]: the selection bucketed by leaf,
+//! per-leaf partial states merged per query), chosen by the context's [`crate::LeafOrder`]: by
+//! default on tensor cores for sequences of at least 8192 queries.
 
 pub mod by_leaf;
 pub mod coop;
@@ -230,9 +233,11 @@ pub fn record_dense_attention(
 /// kind, shrunk to the device's workgroup memory). Everything else as
 /// [`record_sparse_attention`].
 ///
-/// With `tiling: None`, f16 storage and a context on [`KernelPath::CoopMat`], a shape that
-/// [`coop::plan`] accepts runs the cooperative-matrix kernel instead ([`coop::attention_path`]
-/// tells which ran); an explicit tiling always runs the portable kernel.
+/// With `tiling: None`, sparse attention runs leaf-major where [`by_leaf`] plans it
+/// ([`by_leaf::leaf_major_path`] tells); otherwise, with f16 storage and a context on
+/// [`KernelPath::CoopMat`], a shape that [`coop::plan`] accepts runs the cooperative-matrix
+/// kernel ([`coop::attention_path`] tells which tile kernel); an explicit tiling always runs the
+/// portable tile kernel.
 #[allow(clippy::too_many_arguments)]
 pub fn record_attention(
     ctx: &Context,

@@ -186,14 +186,15 @@ impl Context {
         self.kernel_path()
     }
 
-    /// The order of PISA selection's stage 2 ([`LeafOrder`]): `PISA_LEAF_ORDER` (`tiles` or
-    /// `leaves`) at [`Context::new`], or [`Context::set_leaf_order`]; [`LeafOrder::Auto`] by
-    /// default. Every order gives the same selection (up to near-ties of f32 rounding).
+    /// The order of PISA selection's stage 2 and of block-sparse attention ([`LeafOrder`]):
+    /// `PISA_LEAF_ORDER` (`tiles` or `leaves`) at [`Context::new`], or
+    /// [`Context::set_leaf_order`]; [`LeafOrder::Auto`] by default. Every order gives the same
+    /// results (selections up to near-ties of f32 rounding, attention within f32 rounding).
     pub fn leaf_order(&self) -> LeafOrder {
         LeafOrder::from_u8(self.leaf_order.load(Ordering::Relaxed))
     }
 
-    /// Chooses the order of PISA selection's stage 2 for later calls (tests and benchmarks
+    /// Chooses the order of selection stage 2 and sparse attention for later calls (tests and benchmarks
     /// compare them on one device). The setting is the context's: it applies to every thread
     /// using this context, from the next selection each records.
     pub fn set_leaf_order(&self, order: LeafOrder) {

@@ -57,22 +57,23 @@ pub fn coop_supported(
         && limits.max_compute_workgroup_storage_size >= 16 * 1024
 }
 
-/// How stage 2 of PISA prefill selection (exact-LSE leaf scoring) walks its work (see
-/// [`Context::leaf_order`]).
+/// How stage 2 of PISA prefill selection (exact-LSE leaf scoring) and block-sparse attention
+/// walk their work (see [`Context::leaf_order`]).
 ///
 /// [`Context::leaf_order`]: super::context::Context::leaf_order
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum LeafOrder {
-    /// The default: [`LeafOrder::Leaves`] where the leaf scorer runs on tensor cores and the
+    /// The default: [`LeafOrder::Leaves`] where the kernels run on tensor cores and the
     /// leaf-major plan fits (buffers within the binding limit, workgroup memory, 16-byte
-    /// aligned strides), else [`LeafOrder::Tiles`].
+    /// aligned strides; for attention also at least 8192 queries), else [`LeafOrder::Tiles`].
     Auto,
-    /// Query tiles (PISA.md 5): a workgroup per Qtile consecutive queries scores the union of
-    /// their candidates.
+    /// Query tiles (PISA.md 5): a workgroup per Qtile consecutive queries over the union of
+    /// their candidates (stage 2) or selected leaves (attention).
     Tiles,
-    /// Leaf-major: candidates bucketed by (b, KV head, leaf); a workgroup per chunk of a
-    /// leaf's queries scores only rows that listed it (on tensor cores where they exist, else
-    /// the portable scorer; query tiles only where neither plan fits).
+    /// Leaf-major: candidates (or the selection) bucketed by (b, KV head, leaf); a workgroup
+    /// per chunk of a leaf's queries computes only rows that listed it, and attention merges the
+    /// per-leaf partial states per query (on tensor cores where they exist, else the portable
+    /// kernels; query tiles only where neither plan fits).
     Leaves,
 }
 

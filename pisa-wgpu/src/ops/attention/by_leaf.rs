@@ -17,11 +17,15 @@
 //!    `shaders/attention_leaf.wgsl`): a chunk's partial states;
 //! 3. `merge` (`shaders/attention_leaf_merge.wgsl`): O and LSE of the range's queries.
 //!
-//! Chosen by `plan` ([`leaf_major_path`] tells the outcome) as stage 2 of the selection is ([`LeafOrder`]): by default (Auto) where
-//! the tensor-core kernel applies (f16 storage, D a multiple of 16 up to 128, g_q <= 64, 16-byte
-//! aligned strides), with `Leaves` also on the portable kernel, never with `Tiles`; and only
-//! where V has K's layout, C <= 64 and the scratch fits. Same outputs and semantics as
-//! [`super::record_sparse_attention`]. Deterministic: a state depends only on its own rows.
+//! Chosen by `plan` ([`leaf_major_path`] tells the outcome) through the context's
+//! [`LeafOrder`], the same switch as selection stage 2: by default (Auto) for sequences of at
+//! least 8192 queries where the tensor-core kernel applies (f16 storage, D a multiple of 16 up to
+//! 128, g_q <= 64, 16-byte aligned strides, subgroups of at least 16, Nk >= 16); with `Leaves`
+//! wherever it fits, the portable kernel included; never with `Tiles`. In every case only where
+//! V has K's layout, C <= 64, and the scratch and workgroup memory fit. Same outputs and
+//! semantics as [`super::record_sparse_attention`] (the same entries skipped). Deterministic: a
+//! state depends only on its own rows. Memory: the partial states of a range take up to one
+//! storage binding (2 GiB on the H200) of scratch, reused by every range of the call.
 
 use pisa_core::{AttentionShape, SelectionConfig};
 
@@ -71,6 +75,10 @@ pub const MERGE_SHADER: ShaderSource = ShaderSource {
 const MAX_BLOCK: usize = 64;
 /// Most rows of a portable chunk (entries * g_q), at least one entry.
 const PORTABLE_ROWS: u32 = 16;
+/// Fewest queries for which the default order (Auto) runs leaf-major: its five dispatches per
+/// (b, KV head) and range pay off on long sequences (measured from 16K tokens on); shorter ones
+/// keep the tile kernel.
+const AUTO_MIN_QUERIES: usize = 8192;
 
 /// The plan of one leaf-major attention call.
 #[derive(Debug, Clone, Copy)]
@@ -139,9 +147,15 @@ pub(crate) fn plan(
         && sg >= 16
         && s.k_len >= 16
         && aligned;
-    // Auto: leaf-major on tensor cores only (2.4x / 2.7x faster than the tile kernel at 64K /
-    // 256K on the H200, docs/benchmarks.md); Leaves: the portable kernel elsewhere.
-    if order == LeafOrder::Auto && !coop_ok {
+    // Auto: leaf-major on tensor cores only, from AUTO_MIN_QUERIES queries on (2.4x / 2.7x
+    // faster than the tile kernel at 64K / 256K on the H200, 1.13x at 16K; docs/benchmarks.md);
+    // Leaves: everywhere it fits, the portable kernel included.
+    if order == LeafOrder::Auto && (!coop_ok || s.q_len < AUTO_MIN_QUERIES) {
+        return None;
+    }
+    // The merge's workgroup arrays: the slot rows (K) and a (max, sum) per head.
+    let limit = ctx.limits().max_compute_workgroup_storage_size as u64;
+    if 4 * cfg.top_k as u64 + 8 * g as u64 + 16 > limit {
         return None;
     }
     let (coop, qpc, rows, shared) = if coop_ok {
