@@ -99,7 +99,9 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         // non-finite future value cannot reach an earlier row through 0 * NaN).
         let nk = row_keys(r, n, leaf0, leaf1);
         var acc = 0.0;
-        for (var j = 0u; j < nk; j++) { acc += sm[r * WG + j] * f32(v[kb + (leaf0 + j) * p.k_sn + d]); }
+        for (var j = 0u; j < nk; j++) {
+            acc += sm[r * WG + j] * f32(v[kb + (leaf0 + j) * p.k_sn + d]);
+        }
         opart[(cid * R + r) * p.head_dim + d] = acc;
     }
     for (var r = lid; r < R; r += WG) { mlpart[cid * R + r] = vec2<f32>(rm[r], rl[r]); }

@@ -26,7 +26,10 @@ const ATTEND: u32 = 0u;
 
 // items: entries (count, scatter) or buckets (scan); i0, nq, bh0: the query range and the
 // (b, KV head) of an ATTEND = 1 bucketing.
-struct Buckets { items: u32, buckets: u32, i0: u32, nq: u32, bh0: u32, pad0: u32, pad1: u32, pad2: u32 }
+struct Buckets {
+    items: u32, buckets: u32, i0: u32, nq: u32,
+    bh0: u32, pad0: u32, pad1: u32, pad2: u32,
+}
 
 @group(0) @binding(3) var<storage, read> cand: array<i32>;
 @group(0) @binding(5) var<storage, read_write> cnt: array<atomic<u32>>;

@@ -11,7 +11,10 @@
 //   the group (written by the scorers, read by leaf_pick.wgsl).
 // Needs QPC (entries per chunk) and MC from the scorer.
 
-struct Buckets { items: u32, buckets: u32, i0: u32, nq: u32, bh0: u32, pad0: u32, pad1: u32, pad2: u32 }
+struct Buckets {
+    items: u32, buckets: u32, i0: u32, nq: u32,
+    bh0: u32, pad0: u32, pad1: u32, pad2: u32,
+}
 
 @group(0) @binding(6) var<storage, read> off: array<u32>;
 @group(0) @binding(7) var<storage, read> coff: array<u32>;
