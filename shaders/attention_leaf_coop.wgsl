@@ -128,11 +128,7 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let n = c[3];
     let b = bh / p.kv_heads;
     let hkv = bh % p.kv_heads;
-    if (lid < RT) {
-        var x = 0u;
-        if (lid < n) { x = list[c[2] + lid]; }
-        ent[lid] = x;
-    }
+    load_entries(c[2], n, lid);
     workgroupBarrier();
     gather_q(lid, b, hkv, n);
     workgroupBarrier();

@@ -5,7 +5,7 @@
 // memory round trips overlap instead of queueing behind the stores (on the H200 this halved the
 // stage-2 scorer).
 // Needs from the kernel: GQ, MC, HD16, HD8, RT, QS, QL, KL, CW, WG; `qsh` (f16 rows of stride
-// QS), `ent` (the chunk's entries, local query * MC + slot), `qa` (HD16 A matrices), the
+// QS), `ent` (RT entries: the chunk's, local query * MC + slot), `qa` (HD16 A matrices), the
 // binding `q` (Q as 16-byte pieces), `kv_piece(at, values)` (16-byte piece `at` of K, or of
 // V when `values`) and `row_in_leaf(leaf, r)` (whether staged row r is a key of the leaf);
 // p (select_common.wgsl) and bl (leaf_chunk.wgsl).
@@ -39,6 +39,15 @@ fn put8(at: u32, v: vec4<u32>) {
     qsh[at + 5u] = h2.y;
     qsh[at + 6u] = h3.x;
     qsh[at + 7u] = h3.y;
+}
+
+// The chunk's entries list[first .. first + n] into ent (0 past n, up to RT).
+fn load_entries(first: u32, n: u32, lid: u32) {
+    if (lid < RT) {
+        var x = 0u;
+        if (lid < n) { x = list[first + lid]; }
+        ent[lid] = x;
+    }
 }
 
 // The chunk's RT Q rows (entry e, head h at row e * GQ + h; query bl.i0 + ent[e] / MC of

@@ -119,11 +119,7 @@ fn leaf_score(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let n = c[3];
     let b = bh / p.kv_heads;
     let hkv = bh % p.kv_heads;
-    if (lid < RT) {
-        var x = 0u;
-        if (lid < n) { x = list[c[2] + lid]; }
-        ent[lid] = x;
-    }
+    load_entries(c[2], n, lid);
     workgroupBarrier();
     // 1. The chunk's Q rows; zero past its entries.
     gather_q(lid, b, hkv, n);

@@ -164,33 +164,15 @@ pub(crate) fn record(
     };
     let merge = pipe(&MERGE_SHADER, "merge", q.storage, &[("GQ", g), ("MC", kk)])?;
 
-    let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
     let (c, of, co, l) = (&cnt.buffer, &off.buffer, &coff.buffer, &list.buffer);
     let (cd, sp, op, ml) = (&cdesc.buffer, &spos.buffer, &opart.buffer, &mlpart.buffer);
-    type Step = (
-        std::sync::Arc<wgpu::ComputePipeline>,
-        wgpu::BindGroup,
-        [u32; 3],
-    );
-    let mut steps: Vec<Step> = Vec::new();
+    // Every range's five dispatches, in order, recorded as ONE pass (timed "attention").
+    let mut steps = Vec::new();
     let mut add = |p: &std::sync::Arc<wgpu::ComputePipeline>,
                    binds: &[(u32, &wgpu::Buffer)],
                    n: u64|
      -> Result<()> {
-        let layout = p.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> = binds
-            .iter()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: *i,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("leaf-major attention"),
-            layout: &layout,
-            entries: &entries,
-        });
-        steps.push((p.clone(), bg, pisa_core::grid_for(n, max_dim)?));
+        steps.push(ctx.stage(p, binds, n)?);
         Ok(())
     };
     for bh in 0..s.batch * s.kv_heads {
@@ -245,16 +227,6 @@ pub(crate) fn record(
             )?;
         }
     }
-    let writes = prof.and_then(|p| p.pass_writes("attention"));
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some("leaf-major attention"),
-        timestamp_writes: writes,
-    });
-    for (p, bg, grid) in &steps {
-        pass.set_pipeline(p);
-        pass.set_bind_group(0, bg, &[]);
-        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-    }
-    drop(pass);
+    ctx.record_pass(enc, "attention", &steps, prof);
     Ok((o, lse))
 }

@@ -12,8 +12,7 @@ use crate::runtime::profiler::Profiler;
 /// Bindings of one dispatch: `(binding, buffer)`.
 pub(super) type Binds<'a> = Vec<(u32, &'a wgpu::Buffer)>;
 
-/// One recorded dispatch: pipeline, bind group, grid.
-pub(super) type Stage = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, [u32; 3]);
+pub(super) use crate::runtime::buffers::Stage;
 
 impl KvCache<'_> {
     /// Records the decode step (PISA.md 3, 4, 5) of every sequence, labelled "decode" in
@@ -101,16 +100,10 @@ impl KvCache<'_> {
             vec![("decode", stages.iter().flatten().collect())]
         };
         for (label, group) in passes {
-            let writes = prof.as_deref_mut().and_then(|p| p.pass_writes(label));
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(label),
-                timestamp_writes: writes,
-            });
-            for (p, bg, grid) in group {
-                pass.set_pipeline(p);
-                pass.set_bind_group(0, bg, &[]);
-                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-            }
+            first
+                .0
+                .ctx
+                .record_pass(enc, label, group, prof.as_deref_mut());
         }
         Ok(())
     }
@@ -127,22 +120,7 @@ impl KvCache<'_> {
         b: &Binds,
         n: u64,
     ) -> Result<Stage> {
-        let ctx = self.ctx;
-        let layout = p.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> = b
-            .iter()
-            .map(|(i, buf)| wgpu::BindGroupEntry {
-                binding: *i,
-                resource: buf.as_entire_binding(),
-            })
-            .collect();
-        let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("decode step"),
-            layout: &layout,
-            entries: &entries,
-        });
-        let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
-        Ok((p, bg, pisa_core::grid_for(n, max_dim)?))
+        self.ctx.stage(&p, b, n)
     }
 
     /// The three dispatches of this cache's split step for `q`: `route`, `leaf`, `merge`.
