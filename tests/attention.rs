@@ -9,28 +9,12 @@
 mod attention_util;
 mod common;
 
-use attention_util::{check, inputs, random_selection, skip_f16};
+use attention_util::{check, inputs, random_selection, skip_f16, sparse_case, Case};
 use common::*;
 use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::attention::{self, AttentionKind, Tiling};
 use pisa_wgpu::Storage;
 use TensorLayout::{Bhnd, Bnhd};
-
-/// (B, Hq, Hkv, Nq, Nk, D, C, K, layout, storage, causal, selection from PISA)
-type Case = (
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    TensorLayout,
-    Storage,
-    bool,
-    bool,
-);
 
 #[test]
 fn sparse_matches_reference() {
@@ -50,20 +34,12 @@ fn sparse_matches_reference() {
         (1, 1, 1, 1, 1, 64, 64, 1, Bhnd, F32, true, true),
         (1, 4, 1, 64, 64, 80, 64, 1, Bnhd, F32, false, false),
     ];
-    for &(b, hq, hkv, nq, nk, d, c, kk, layout, storage, causal, pisa) in cases {
+    for &case in cases {
+        let (.., c, kk, layout, storage, causal, pisa) = case;
         if skip_f16(ctx, storage) {
             continue;
         }
-        let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
-        let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
-        let x = inputs(&mut r, &s, storage);
-        let sel = if pisa {
-            reference::select_pisa(&x.q, &x.k, &s, layout, &cfg)
-                .unwrap()
-                .indices
-        } else {
-            random_selection(&mut r, &s, &cfg)
-        };
+        let (s, cfg, x, sel) = sparse_case(&mut r, case);
         let (ro, rl) =
             reference::sparse_attention(&x.q, &x.k, &x.v, &s, layout, &cfg, &sel).unwrap();
         let got = attention::sparse_attention_host(

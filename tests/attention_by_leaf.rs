@@ -14,7 +14,7 @@
 mod attention_util;
 mod common;
 
-use attention_util::{check, inputs, random_selection, skip_f16};
+use attention_util::{check, inputs, skip_f16, sparse_case, Case};
 use common::*;
 use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::attention::{self, by_leaf::leaf_major_path, QkvLayouts};
@@ -23,37 +23,12 @@ use rand::Rng;
 use Storage::{F16, F32};
 use TensorLayout::{Bhnd, Bnhd};
 
-/// (B, Hq, Hkv, Nq, Nk, D, C, K, layout, storage, causal, selection from PISA)
-type Case = (
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    TensorLayout,
-    Storage,
-    bool,
-    bool,
-);
-
 fn run(ctx: &Context, r: &mut rand_chacha::ChaCha8Rng, case: Case, messy: bool, seed: u64) {
-    let (b, hq, hkv, nq, nk, d, c, kk, layout, storage, causal, pisa) = case;
+    let (.., c, kk, layout, storage, causal, pisa) = case;
     if skip_f16(ctx, storage) {
         return;
     }
-    let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
-    let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
-    let x = inputs(r, &s, storage);
-    let mut sel = if pisa {
-        reference::select_pisa(&x.q, &x.k, &s, layout, &cfg)
-            .unwrap()
-            .indices
-    } else {
-        random_selection(r, &s, &cfg)
-    };
+    let (s, cfg, x, mut sel) = sparse_case(r, case);
     if messy {
         // Holes and repeats (the kernels skip an entry not above every valid one before it, the
         // reference dedups: the same set for ascending lists with holes and repeats). Entry 0

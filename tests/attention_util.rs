@@ -4,7 +4,7 @@
 //! L2 error of O and LSE: at most 1e-4 for f32 storage, 5e-3 for f16.
 #![allow(dead_code)]
 
-use pisa_core::{AttentionShape, SelectionConfig};
+use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::{Context, Storage};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -75,4 +75,40 @@ pub fn skip_f16(ctx: &Context, storage: Storage) -> bool {
         eprintln!("  skipping an f16 case: adapter has no SHADER_F16");
     }
     skip
+}
+
+/// A sparse-attention case: (B, Hq, Hkv, Nq, Nk, D, C, K, layout, storage, causal, selection
+/// from the reference PISA selector (else a random valid one)).
+pub type Case = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    TensorLayout,
+    Storage,
+    bool,
+    bool,
+);
+
+/// A case's shape, configuration, inputs and selection (`[B, Hkv, Nq, K]`).
+pub fn sparse_case(
+    r: &mut ChaCha8Rng,
+    case: Case,
+) -> (AttentionShape, SelectionConfig, Inputs, Vec<i32>) {
+    let (b, hq, hkv, nq, nk, d, c, kk, layout, storage, causal, pisa) = case;
+    let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
+    let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
+    let x = inputs(r, &s, storage);
+    let sel = if pisa {
+        reference::select_pisa(&x.q, &x.k, &s, layout, &cfg)
+            .unwrap()
+            .indices
+    } else {
+        random_selection(r, &s, &cfg)
+    };
+    (s, cfg, x, sel)
 }
