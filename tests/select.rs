@@ -12,7 +12,7 @@ use common::*;
 use pisa_core::{PisaError, Scoring, TensorLayout};
 use pisa_wgpu::ops::select::{select_host, Method};
 use pisa_wgpu::{GpuError, Storage};
-use select_util::{base, run_case, Case};
+use select_util::{base, run_case, run_short_lengths, Case};
 
 use Scoring::*;
 use Storage::*;
@@ -163,19 +163,7 @@ fn pisa_lengths_layouts_and_tiles() {
     for (name, c, tile1) in cases {
         run_case(name, c, &mut r, tile1);
     }
-    for n in [1, 15, 17] {
-        let c = Case {
-            hq: 2,
-            hkv: 1,
-            nq: n,
-            nk: n,
-            k: 2,
-            ..base
-        };
-        run_case(&format!("n {n}"), c, &mut r, true);
-        let nc = Case { causal: false, ..c };
-        run_case(&format!("n {n} non-causal"), nc, &mut r, true);
-    }
+    run_short_lengths(&mut r, &[1, 15, 17]);
 }
 
 #[test]

@@ -18,7 +18,7 @@ use common::*;
 use pisa_core::{Scoring, TensorLayout};
 use pisa_wgpu::ops::select::{build_pyramid, select, Layouts, Method};
 use pisa_wgpu::{LeafOrder, Profiler, Storage};
-use select_util::{base, run_case, Case};
+use select_util::{base, run_case, run_short_lengths, Case};
 
 use Scoring::*;
 use Storage::*;
@@ -197,19 +197,7 @@ fn by_leaf_lengths_and_partial_blocks() {
     for (name, c) in cases {
         run_case(name, c, &mut r, true);
     }
-    for n in [1, 15, 17, 70] {
-        let c = Case {
-            hq: 2,
-            hkv: 1,
-            nq: n,
-            nk: n,
-            k: 2,
-            ..base
-        };
-        run_case(&format!("n {n}"), c, &mut r, true);
-        let nc = Case { causal: false, ..c };
-        run_case(&format!("n {n} non-causal"), nc, &mut r, true);
-    }
+    run_short_lengths(&mut r, &[1, 15, 17, 70]);
 }
 
 /// The leaf-major path really runs (no silent fall-back to the query tiles): its profiler stages

@@ -189,3 +189,21 @@ pub fn run_case(name: &str, c: Case, r: &mut rand_chacha::ChaCha8Rng, tile1: boo
 pub fn base() -> Case {
     Case::new(2, 2, 2, 1000, 64, 16, 4)
 }
+
+/// Very short sequences of `lengths` tokens (g_q 2, K 2), causal and not, each against the
+/// reference with Qtile 1 and 4: the queries that see K or fewer leaves and the first to choose.
+pub fn run_short_lengths(r: &mut rand_chacha::ChaCha8Rng, lengths: &[usize]) {
+    for &n in lengths {
+        let c = Case {
+            hq: 2,
+            hkv: 1,
+            nq: n,
+            nk: n,
+            k: 2,
+            ..base()
+        };
+        run_case(&format!("n {n}"), c, r, true);
+        let nc = Case { causal: false, ..c };
+        run_case(&format!("n {n} non-causal"), nc, r, true);
+    }
+}
