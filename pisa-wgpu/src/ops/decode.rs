@@ -44,10 +44,10 @@
 //!    online-softmax state per head (max, sum, unnormalised P.V) over its C keys: scores with
 //!    LK consecutive invocations per key row (one round trip), per-head max, exponentials,
 //!    P.V with invocations owning one output vec4 for a subset of the keys (their value rows
-//!    loaded before the scores, so both round trips overlap); six barriers per chunk of keys (one chunk = the whole block
-//!    when workgroup memory allows). Candidates are attended speculatively: g(K+1) blocks
-//!    instead of K, ~2x the key/value bytes of the step, spread over the whole GPU, in
-//!    exchange for no second dependent pass over the keys.
+//!    loaded before the scores, so both round trips overlap); six barriers per chunk of keys
+//!    (one chunk = the whole block when workgroup memory allows). Candidates are attended
+//!    speculatively: g(K+1) blocks instead of K, ~2x the key/value bytes of the step, spread
+//!    over the whole GPU, in exchange for no second dependent pass over the keys.
 //! 3. `merge`, one workgroup per (sequence, KV head): a candidate's score is its block LSE
 //!    summed over the group (exactly PISA.md 2's leaf score), the forced leaves plus the best
 //!    K - forced are the selection (ascending), and the K blocks' states are merged
@@ -71,19 +71,20 @@
 //! buffers per stage and the workgroup memory of the split kernels (about 20 KiB for g_q = 4,
 //! D = 128, C = 64; the fused kernel, when it fits, about 30 KiB).
 
+mod cache;
 mod fused;
 mod plan;
 mod shaders;
 
-use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig, TensorLayout};
+use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig};
 
 pub use self::fused::default_fused;
 use self::fused::FusedPlan;
-use self::plan::{needs_sq, Params, Plan};
+use self::plan::{Params, Plan};
 pub use self::shaders::{APPEND_SHADER, FUSED_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER};
 use crate::error::{GpuError, Result};
-use crate::ops::pyramid::{self, GpuPyramid, KeyGeometry};
-use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
+use crate::ops::pyramid::GpuPyramid;
+use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::Storage;
 
@@ -165,147 +166,6 @@ fn check_len(what: &'static str, actual: usize, expected: usize) -> Result<()> {
         }));
     }
     Ok(())
-}
-
-impl<'c> KvCache<'c> {
-    /// An empty cache (every length 0) for `batch` sequences of up to `capacity` tokens,
-    /// `q_heads` (Hq) query heads, `kv_heads` (Hkv) KV heads, head dim D, selection `cfg`, keys,
-    /// values, queries and outputs in `storage` precision.
-    ///
-    /// Errors: the shape's and configuration's validation errors ([`GpuError::Input`]);
-    /// [`PisaError::TooLarge`] when an index would not fit u32 (cache elements, pyramid
-    /// elements, `capacity * g`); [`GpuError::Limit`] when K/V or the pyramid exceeds the
-    /// device's storage-binding limit, or the step's workgroup memory its limit;
-    /// [`PisaError::HeadDim`] for D not a multiple of 4 (or above 1024);
-    /// [`GpuError::Unsupported`] for f16 without SHADER_F16, a device with fewer than 9
-    /// storage buffers per stage, or g_q above the workgroup size.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        ctx: &'c Context,
-        batch: usize,
-        capacity: usize,
-        q_heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        cfg: SelectionConfig,
-        storage: Storage,
-    ) -> Result<Self> {
-        let shape = AttentionShape::new(batch, q_heads, kv_heads, 1, capacity, head_dim)?;
-        cfg.validate()?;
-        let layout = PyramidLayout::new(capacity, cfg.block_size, cfg.merge_factor)?;
-        let u32_max = u32::MAX as u64;
-        let big = |what, value: u64| {
-            (value > u32_max).then_some(input(PisaError::TooLarge {
-                what,
-                value,
-                limit: u32_max,
-            }))
-        };
-        let bh = (batch * kv_heads) as u64;
-        let d = head_dim as u64;
-        let kv_elems = bh * capacity as u64 * d;
-        let checks = [
-            big("KV cache elements", kv_elems),
-            big("pyramid elements", bh * layout.total_nodes() as u64 * d),
-            big(
-                "capacity * merge factor",
-                capacity as u64 * cfg.merge_factor as u64,
-            ),
-            big("top_k * block_size", (cfg.top_k * cfg.block_size) as u64),
-        ];
-        if let Some(e) = checks.into_iter().flatten().next() {
-            return Err(e);
-        }
-        if storage == Storage::F16 && !ctx.has_f16() {
-            return Err(GpuError::Unsupported(format!(
-                "f16 storage on {} (no SHADER_F16); use f32 storage",
-                ctx.report().name
-            )));
-        }
-        if ctx.limits().max_storage_buffers_per_shader_stage < 9 {
-            return Err(GpuError::Unsupported(
-                "decode needs 9 storage buffers per shader stage".into(),
-            ));
-        }
-        let plan = Plan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg)?;
-        let fplan = FusedPlan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg);
-        let k = ctx.alloc("kv cache keys", kv_elems as usize, storage, POISON_F32)?;
-        let v = ctx.alloc("kv cache values", kv_elems as usize, storage, POISON_F32)?;
-        let geo = Self::geometry(batch, kv_heads, capacity, head_dim, TensorLayout::Bhnd);
-        let pyr = pyramid::alloc(ctx, layout, &geo, needs_sq(&cfg))?;
-        let q_elems = batch * q_heads * head_dim;
-        let slots = batch * kv_heads * plan.slots() as usize;
-        let part_elems = slots * shape.gqa_group() * (head_dim + 2);
-        Ok(Self {
-            ctx,
-            shape,
-            cfg,
-            storage,
-            layout,
-            limits: ctx.limits().clone(),
-            plan,
-            fplan,
-            fused: default_fused(),
-            k,
-            v,
-            pyr,
-            dummy: ctx.alloc("unused", 4, Storage::F32, 0)?,
-            out: ctx.alloc("decode out", q_elems, storage, POISON_F32)?,
-            lse: ctx.alloc("decode lse", batch * q_heads, Storage::F32, POISON_F32)?,
-            sel: ctx.alloc(
-                "decode selection",
-                batch * kv_heads * cfg.top_k,
-                Storage::F32,
-                POISON_I32,
-            )?,
-            cands: ctx.alloc("decode leaf slots", slots, Storage::F32, POISON_I32)?,
-            parts: ctx.alloc("decode block states", part_elems, Storage::F32, POISON_F32)?,
-            lens: vec![0; batch],
-        })
-    }
-
-    fn geometry(b: usize, h: usize, tokens: usize, d: usize, l: TensorLayout) -> KeyGeometry {
-        KeyGeometry {
-            batch: b,
-            kv_heads: h,
-            tokens,
-            head_dim: d,
-            layout: l,
-        }
-    }
-
-    fn base(&self) -> Params {
-        let s = &self.shape;
-        Params::base(
-            s.batch,
-            s.q_heads,
-            s.kv_heads,
-            s.head_dim,
-            &self.layout,
-            &self.cfg,
-        )
-    }
-
-    fn check_seq(&self, seq: usize) -> Result<()> {
-        if seq >= self.shape.batch {
-            return Err(input(PisaError::TooLarge {
-                what: "sequence index",
-                value: seq as u64,
-                limit: self.shape.batch as u64 - 1,
-            }));
-        }
-        Ok(())
-    }
-
-    fn check_tensor(&self, what: &'static str, t: &GpuTensor, len: usize) -> Result<()> {
-        if t.storage != self.storage {
-            return Err(GpuError::Unsupported(format!(
-                "{what} in {:?} storage for a {:?} cache",
-                t.storage, self.storage
-            )));
-        }
-        check_len(what, t.len, len)
-    }
 }
 
 mod record;

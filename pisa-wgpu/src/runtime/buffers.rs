@@ -1,6 +1,7 @@
 //! Storage buffers: upload (with f16 conversion), poisoned output allocation, scratch, uniform
-//! parameters, binding-size checks, and the dispatch helper that splits grids past the
-//! per-dimension workgroup limit (readback: `readback.rs`).
+//! parameters, binding-size checks, and the pool of recycled buffers; the dispatch helper that
+//! splits grids past the per-dimension workgroup limit, the bind groups and the multi-dispatch
+//! pass are in `buffers/dispatch.rs` (readback: `readback.rs`).
 //!
 //! Invariants: every buffer a kernel binds is checked against [`Context::max_binding_bytes`]
 //! before creation (a tensor that does not fit is split by the operation, or refused with
@@ -13,13 +14,13 @@
 //! (never `mapped_at_creation`, whose mapping panics inside wgpu on a dead device), so a device
 //! lost in the middle of a call gives a wgpu error, not a panic.
 
-use std::sync::Arc;
+mod dispatch;
 
 use bytemuck::Pod;
 
+pub(crate) use self::dispatch::Stage;
 use super::context::Context;
 use super::pipeline::Storage;
-use super::profiler::Profiler;
 use crate::error::{GpuError, Result};
 
 /// Poison for float outputs: a quiet NaN bit pattern (also NaN as two f16 halves: 0xFFFF).
@@ -58,10 +59,6 @@ pub struct BufferPool {
 fn padded(bytes: u64) -> u64 {
     bytes.div_ceil(4).max(1).saturating_mul(4)
 }
-
-/// One recorded dispatch of a multi-dispatch pass ([`Context::record_pass`]): pipeline, bind
-/// group, grid.
-pub(crate) type Stage = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, [u32; 3]);
 
 /// Usage of every storage tensor (the pooled kind).
 const STORAGE_USAGE: wgpu::BufferUsages =
@@ -265,101 +262,5 @@ impl Context {
             &words,
             wgpu::BufferUsages::UNIFORM,
         ))
-    }
-
-    /// The bind group of `bindings` (`(i, buffer)` at `@group(0) @binding(i)`) for
-    /// `pipeline`'s layout (derived from its entry point: name exactly the bindings it uses).
-    pub(crate) fn bind_group(
-        &self,
-        pipeline: &wgpu::ComputePipeline,
-        bindings: &[(u32, &wgpu::Buffer)],
-    ) -> wgpu::BindGroup {
-        let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> = bindings
-            .iter()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: *i,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &layout,
-            entries: &entries,
-        })
-    }
-
-    /// One dispatch of `workgroups` workgroups of `pipeline` with `bindings`, for
-    /// [`Context::record_pass`] (the grid split as [`Context::dispatch`] splits it).
-    pub(crate) fn stage(
-        &self,
-        pipeline: &Arc<wgpu::ComputePipeline>,
-        bindings: &[(u32, &wgpu::Buffer)],
-        workgroups: u64,
-    ) -> Result<Stage> {
-        let max_dim = self.limits().max_compute_workgroups_per_dimension;
-        Ok((
-            pipeline.clone(),
-            self.bind_group(pipeline, bindings),
-            pisa_core::grid_for(workgroups, max_dim)?,
-        ))
-    }
-
-    /// Records `stages` in order as ONE compute pass labelled `label`, timed as `label` in `prof`
-    /// (wgpu orders the dispatches of a pass: each sees the writes of those before it). For
-    /// dependent chains of small dispatches, where a pass per dispatch would add a pass
-    /// boundary each (the decode step, leaf-major attention).
-    pub(crate) fn record_pass<'s>(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        label: &'static str,
-        stages: impl IntoIterator<Item = &'s Stage>,
-        prof: Option<&mut Profiler>,
-    ) {
-        let writes = prof.and_then(|p| p.pass_writes(label));
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(label),
-            timestamp_writes: writes,
-        });
-        for (p, bg, grid) in stages {
-            pass.set_pipeline(p);
-            pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-        }
-    }
-
-    /// Records one compute pass running `pipeline` over `workgroups` workgroups, with
-    /// each `(i, buffer)` of `bindings` bound at `@group(0) @binding(i)`. Name exactly the
-    /// bindings the entry point uses: wgpu derives the layout from the entry point, so a binding
-    /// it does not use is not in the layout. The grid is split over x, y, z so no
-    /// dimension exceeds the device limit; shaders rebuild the linear id from
-    /// `@builtin(num_workgroups)` and skip ids past the count they are given. `timer` labels the
-    /// pass for GPU timestamps.
-    pub fn dispatch(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        pipeline: &wgpu::ComputePipeline,
-        bindings: &[(u32, &wgpu::Buffer)],
-        workgroups: u64,
-        timer: Option<(&mut Profiler, &'static str)>,
-    ) -> Result<()> {
-        self.check_alive()?;
-        if workgroups == 0 {
-            return Ok(());
-        }
-        let grid = pisa_core::grid_for(
-            workgroups,
-            self.limits().max_compute_workgroups_per_dimension,
-        )?;
-        let bg = self.bind_group(pipeline, bindings);
-        let writes = timer.and_then(|(p, label)| p.pass_writes(label));
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: None,
-            timestamp_writes: writes,
-        });
-        pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, &bg, &[]);
-        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-        Ok(())
     }
 }

@@ -1,0 +1,112 @@
+//! Recording dispatches: the bind group of a pipeline's bindings, [`Context::dispatch`] (one
+//! compute pass of one dispatch, the grid split past the per-dimension workgroup limit), and the
+//! multi-dispatch pass ([`Context::stage`], [`Context::record_pass`]) used by the decode step
+//! and leaf-major attention to record a dependent chain of small dispatches as ONE pass.
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::runtime::context::Context;
+use crate::runtime::profiler::Profiler;
+
+/// One recorded dispatch of a multi-dispatch pass ([`Context::record_pass`]): pipeline, bind
+/// group, grid.
+pub(crate) type Stage = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, [u32; 3]);
+
+impl Context {
+    /// The bind group of `bindings` (`(i, buffer)` at `@group(0) @binding(i)`) for
+    /// `pipeline`'s layout (derived from its entry point: name exactly the bindings it uses).
+    pub(crate) fn bind_group(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        bindings: &[(u32, &wgpu::Buffer)],
+    ) -> wgpu::BindGroup {
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry> = bindings
+            .iter()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: *i,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        })
+    }
+
+    /// One dispatch of `workgroups` workgroups of `pipeline` with `bindings`, for
+    /// [`Context::record_pass`] (the grid split as [`Context::dispatch`] splits it).
+    pub(crate) fn stage(
+        &self,
+        pipeline: &Arc<wgpu::ComputePipeline>,
+        bindings: &[(u32, &wgpu::Buffer)],
+        workgroups: u64,
+    ) -> Result<Stage> {
+        let max_dim = self.limits().max_compute_workgroups_per_dimension;
+        Ok((
+            pipeline.clone(),
+            self.bind_group(pipeline, bindings),
+            pisa_core::grid_for(workgroups, max_dim)?,
+        ))
+    }
+
+    /// Records `stages` in order as ONE compute pass labelled `label`, timed as `label` in `prof`
+    /// (wgpu orders the dispatches of a pass: each sees the writes of those before it). For
+    /// dependent chains of small dispatches, where a pass per dispatch would add a pass
+    /// boundary each (the decode step, leaf-major attention).
+    pub(crate) fn record_pass<'s>(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        label: &'static str,
+        stages: impl IntoIterator<Item = &'s Stage>,
+        prof: Option<&mut Profiler>,
+    ) {
+        let writes = prof.and_then(|p| p.pass_writes(label));
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(label),
+            timestamp_writes: writes,
+        });
+        for (p, bg, grid) in stages {
+            pass.set_pipeline(p);
+            pass.set_bind_group(0, bg, &[]);
+            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        }
+    }
+
+    /// Records one compute pass running `pipeline` over `workgroups` workgroups, with
+    /// each `(i, buffer)` of `bindings` bound at `@group(0) @binding(i)`. Name exactly the
+    /// bindings the entry point uses: wgpu derives the layout from the entry point, so a binding
+    /// it does not use is not in the layout. The grid is split over x, y, z so no
+    /// dimension exceeds the device limit; shaders rebuild the linear id from
+    /// `@builtin(num_workgroups)` and skip ids past the count they are given. `timer` labels the
+    /// pass for GPU timestamps.
+    pub fn dispatch(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        pipeline: &wgpu::ComputePipeline,
+        bindings: &[(u32, &wgpu::Buffer)],
+        workgroups: u64,
+        timer: Option<(&mut Profiler, &'static str)>,
+    ) -> Result<()> {
+        self.check_alive()?;
+        if workgroups == 0 {
+            return Ok(());
+        }
+        let grid = pisa_core::grid_for(
+            workgroups,
+            self.limits().max_compute_workgroups_per_dimension,
+        )?;
+        let bg = self.bind_group(pipeline, bindings);
+        let writes = timer.and_then(|(p, label)| p.pass_writes(label));
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: writes,
+        });
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &bg, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        Ok(())
+    }
+}
