@@ -18,6 +18,10 @@ pub struct BenchArgs {
     /// KV-cache lengths of the decode benchmark (empty: none).
     #[arg(long, default_value = "64k,256k,1m")]
     pub decode_sizes: String,
+    /// Decode steps per back-to-back burst (10, as the PyTorch peer; a long burst keeps the GPU
+    /// busy long enough to reach its sustained clocks, as an inference loop does).
+    #[arg(long, default_value_t = super::decode::BURST)]
+    pub decode_burst: usize,
     /// Query heads.
     #[arg(long, default_value_t = 32)]
     pub hq: usize,

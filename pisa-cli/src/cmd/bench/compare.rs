@@ -164,6 +164,7 @@ mod tests {
             command: String::new(),
             shape: shape.into(),
             records: Vec::new(),
+            decode_burst: 10,
         }
     }
 

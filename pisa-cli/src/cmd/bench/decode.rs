@@ -1,9 +1,9 @@
 //! The decode measurement of `pisa bench`: PISA's decode step (one compute pass of three
 //! dispatches, and the same dispatches timed apart) against dense attention of one query over
 //! the whole cache, at one cache length, with the KV heads split over caches past one storage
-//! binding; each both as one isolated step per submission and as a burst of [`BURST`] steps
-//! back to back in one submission (how the PyTorch peer times SDPA decode); and the records
-//! `pisa bench` writes for them.
+//! binding; each both as one isolated step per submission and as a burst of `--decode-burst`
+//! steps back to back in one submission (how the PyTorch peer times SDPA decode); and the
+//! records `pisa bench` writes for them.
 
 use anyhow::{Context as _, Result};
 use pisa_core::{AttentionShape, TensorLayout};
@@ -15,7 +15,8 @@ use pisa_wgpu::{Context, GpuTensor, Profiler, Storage};
 use super::measure::Plan;
 use super::report::Record;
 
-/// Steps per burst: as `benches/peers/torch_peers.py` (`timeit`, `inner=10`) times decode.
+/// Default steps per burst (`--decode-burst`): as `benches/peers/torch_peers.py` (`timeit`,
+/// `inner=10`) times decode.
 pub const BURST: usize = 10;
 
 /// One cache of the KV heads it holds (all of them unless they exceed one storage binding).
@@ -25,7 +26,7 @@ struct Part<'a> {
     v: GpuTensor,
     /// The two queries of the isolated steps, used in rotation.
     qs: [GpuTensor; 2],
-    /// [`BURST`] distinct queries, one per step of a burst.
+    /// [`BURST`] distinct queries, used in rotation by the steps of a burst.
     burst_qs: Vec<GpuTensor>,
     shape: AttentionShape,
 }
@@ -37,7 +38,7 @@ struct Part<'a> {
 /// ([`KvCache::record_steps`]), as a server would run them. With GPU timestamps, the same
 /// step is also recorded as three timed passes ([`KvCache::record_steps_by_stage`]) to split
 /// its time into `route`, `leaf` and `merge` (the sum exceeds the one-pass step by the pass
-/// boundaries). Each repetition also times a burst of [`BURST`] steps (see [`burst`]).
+/// boundaries). Each repetition also times a burst of `p.burst` steps (see [`burst`]).
 /// Medians over repetitions, the isolated step's query rotated between two sets.
 pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     let (hq, hkv, d, n) = (p.hq, p.hkv, p.d, p.n);
@@ -120,19 +121,22 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         })?;
         let t = prof.finish(ctx)?;
         gpu &= t.gpu;
-        let pisa_burst = burst(ctx, &parts, "decode", |prof, _| {
+        let pisa_burst = burst(ctx, &parts, p.burst, "decode", |prof, _| {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            for s in 0..BURST {
-                let steps: Vec<_> = parts.iter().map(|x| (&x.cache, &x.burst_qs[s])).collect();
+            for s in 0..p.burst {
+                let steps: Vec<_> = parts
+                    .iter()
+                    .map(|x| (&x.cache, &x.burst_qs[s % BURST]))
+                    .collect();
                 KvCache::record_steps(&mut enc, &steps, Some(&mut *prof))?;
             }
             ctx.queue().submit([enc.finish()]);
             Ok(())
         })?;
-        let dense_burst = burst(ctx, &parts, "dense", |prof, outs| {
+        let dense_burst = burst(ctx, &parts, p.burst, "dense", |prof, outs| {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
             let np = parts.len();
-            for s in 0..BURST {
+            for s in 0..p.burst {
                 for (i, x) in parts.iter().enumerate() {
                     // Step s > 0 reads step s-1's output as its query (see `burst`).
                     let q = match s {
@@ -192,12 +196,12 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
 /// Dense attention outputs `(O, LSE)` of a burst, kept alive until it has run.
 type Outs = Vec<(GpuTensor, GpuTensor)>;
 
-/// Times a burst: `record` records [`BURST`] steps back to back into ONE command encoder
+/// Times a burst: `record` records `steps` steps back to back into ONE command encoder
 /// (each step's passes labelled `label` in the profiler) and submits it; returns ms per step.
 /// With GPU timestamps it is [`Profiler::finish_span`] over the `label` passes (the first
 /// step's begin to the last step's end, gaps between the steps included, as two CUDA events
-/// around the PyTorch peer's 10 calls measure) divided by [`BURST`]; without, the wall clock
-/// of recording, submitting and waiting, divided by [`BURST`] (the table then says
+/// around the PyTorch peer's 10 calls measure) divided by `steps`; without, the wall clock
+/// of recording, submitting and waiting, divided by `steps` (the table then says
 /// WALL-CLOCK). The PISA steps of a burst are ordered by the cache's scratch and outputs,
 /// which each step rewrites. Dense steps share no buffer they write, and Vulkan may overlap
 /// dispatches that nothing orders (a CUDA stream runs its kernels one after another), so the
@@ -207,23 +211,24 @@ type Outs = Vec<(GpuTensor, GpuTensor)>;
 fn burst(
     ctx: &Context,
     parts: &[Part<'_>],
+    steps: usize,
     label: &'static str,
     record: impl FnOnce(&mut Profiler, &mut Outs) -> pisa_wgpu::Result<()>,
 ) -> Result<f64> {
     // Passes: a PISA step is one pass for all parts, a dense step one pass per part.
-    let mut prof = Profiler::new(ctx, (BURST * parts.len()) as u32);
+    let mut prof = Profiler::new(ctx, (steps.max(1) * parts.len()) as u32);
     let mut outs = Outs::new();
     let started = std::time::Instant::now();
     ctx.scoped("bench decode burst", || record(&mut prof, &mut outs))?;
     let wall = started.elapsed().as_secs_f64() * 1e3;
     drop(outs);
     if !ctx.has_timestamps() {
-        return Ok(wall / BURST as f64);
+        return Ok(wall / steps.max(1) as f64);
     }
     let span = prof
         .finish_span(ctx, label)?
         .with_context(|| format!("no GPU span for the {label} burst"))?;
-    Ok(span / BURST as f64)
+    Ok(span / steps.max(1) as f64)
 }
 
 /// Medians of [`decode`], ms.
@@ -232,9 +237,9 @@ pub struct DecodeTimes {
     pub pisa: f64,
     /// Dense attention of one query over the whole cache.
     pub dense: f64,
-    /// The PISA step within a burst of [`BURST`] back-to-back steps: the burst / [`BURST`].
+    /// The PISA step within a burst of back-to-back steps: the burst / its steps.
     pub pisa_burst: f64,
-    /// Dense attention of one query within a burst of [`BURST`]: the burst / [`BURST`].
+    /// Dense attention of one query within a burst: the burst / its steps.
     pub dense_burst: f64,
     /// The step's `route`, `leaf` and `merge` passes timed apart (GPU timestamps only).
     pub stages: Option<[f64; 3]>,

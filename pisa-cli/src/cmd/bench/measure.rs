@@ -40,6 +40,8 @@ pub struct Plan {
     pub reps: usize,
     /// Seconds of GPU time one size may take (caps the repetitions).
     pub budget_s: f64,
+    /// Decode steps per back-to-back burst (decode only).
+    pub burst: usize,
 }
 
 struct Inputs {

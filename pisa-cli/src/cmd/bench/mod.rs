@@ -100,6 +100,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         backend: r.backend.clone(),
         driver: format!("{} {}", r.driver, r.driver_info),
         command: std::env::args().collect::<Vec<_>>().join(" "),
+        decode_burst: a.decode_burst,
         shape: format!(
             "Hq={} Hkv={} D={} C={} K={} g=2 {:?} Qtile={} order {:?}, kernel path {} \
              (coopmat: f16 attention and leaf scoring on tensor cores)",
@@ -147,6 +148,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 backward: n <= backward_max,
                 reps: a.reps,
                 budget_s: a.budget_s,
+                burst: a.decode_burst,
             };
             pb.set_message(format!("prefill {stn} N={n}"));
             let (t, reps) = match measure::prefill(&ctx, &plan) {
@@ -229,6 +231,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 backward: false,
                 reps: a.reps.max(20),
                 budget_s: a.budget_s,
+                burst: a.decode_burst,
             };
             match decode::decode(&ctx, &plan) {
                 Ok(t) => {

@@ -53,6 +53,13 @@ pub struct Report {
     pub shape: String,
     /// Every measurement.
     pub records: Vec<Record>,
+    /// Decode steps per burst (`--decode-burst`; files written before it existed used 10).
+    #[serde(default = "default_burst")]
+    pub decode_burst: usize,
+}
+
+fn default_burst() -> usize {
+    super::decode::BURST
 }
 
 impl Report {
@@ -215,7 +222,7 @@ pub fn table(r: &Report) -> String {
                     cell(g("decode_merge"))
                 );
             }
-            let b = super::decode::BURST;
+            let b = r.decode_burst;
             let _ = writeln!(
                 s,
                 "(PISA / dense ms: one isolated step per submission; burst: ms per step of {b} \
