@@ -12,14 +12,16 @@
 // rb = sg / NSR (NSR = NSG / RB subgroups per row block) and keeps in registers the Q block of
 // its rows (HD / 16 A matrices) and its share of the O block (OTS C matrices, f32). Per key tile
 // of KT keys (loaded once into workgroup memory for all rows):
-//   1. K and V tiles -> hsh (f16, padded rows) from registers, then (PF = 1) the next tile's
-//      K and V are loaded into registers, in flight while this tile computes;   barrier
+//   1. K and V tiles -> hsh (f16, padded rows; V transposed, one row per head-dim column) from
+//      registers, then (PF = 1) the next tile's K and V are loaded into registers, in flight
+//      while this tile computes;                                                  barrier
 //   2. S = Q K^T on tensor cores, each subgroup STS 16x16 tiles -> fsh (f32);  barrier
 //   3. SPLIT threads per row: scale to log2 units, mask, partial max -> red_sh; barrier
 //   4. row max; lazy online softmax: the running max m moves only when the tile max exceeds it
 //      by more than LAZY (log2 units), so P = exp2(s - m) <= 2^LAZY stays exact in f16 and O is
 //      rescaled (through workgroup memory) only on those rare tiles; P (f16) -> hsh; the
-//      workgroup-uniform "rescale" flag is read with workgroupUniformLoad (the barrier)
+//      workgroup-uniform "rescale" flag is read with workgroupUniformLoad (the barrier);
+//      P is stored transposed (one row per key)
 //   5. O += P V on tensor cores;                                              barrier
 // Scores are in log2 units (s = scale * log2(e) * q.k, applied in f32 after the f16 MMA, so Q
 // stays exact); LSE = ln2 * (m + log2 l). Sparse walks the ascending union of the tile's
@@ -32,6 +34,11 @@
 // column back to its token and masks those outside the tile's own range (P = 0 there).
 // Otherwise cooperative loads/stores touch workgroup memory only (every offset and stride a
 // multiple of 16 bytes), so no out-of-bounds matrix access can happen.
+//
+// Every f16 matrix staged in workgroup memory is laid out so that it loads column-major
+// (`coopLoad`: K^T, V, P^T), never row-major (`coopLoadT`): on the H200 (driver 580) a
+// row-major B load of V cost about as much as everything else in the dense kernel together
+// (knock-out measurement in docs/benchmarks.md, session 4). Q (loaded once) keeps coopLoadT.
 enable wgpu_cooperative_matrix;
 
 const HD: u32 = 128u;    // head dim (multiple of 16, <= 128)
@@ -40,7 +47,7 @@ const KT: u32 = 64u;     // keys per tile (multiple of 16)
 const QT: u32 = 4u;      // queries per workgroup
 const SELK: u32 = 16u;   // top_k (sparse; 1 for dense)
 const SG: u32 = 32u;     // subgroup size (fixed)
-const KVH: u32 = 17408u; // halves of the K + V (or Q staging) region = max(2 KT KS, RT QS)
+const KVH: u32 = 17408u; // halves of the K + V (or Q staging) region = max(KT KS + HD VS, RT KS)
 const PF: u32 = 1u;      // 1: load the next tile's K and V into registers during this tile
 const DIRECT: u32 = 0u;  // 1: K and V go to the tensor cores straight from the storage buffers
 
@@ -53,7 +60,8 @@ const KT16: u32 = KT / 16u;
 const OTS: u32 = (HD16 + NSR - 1u) / NSR; // O tiles per subgroup (some may be dummies)
 const STS: u32 = (KT16 + NSR - 1u) / NSR; // S tiles per subgroup (some may be dummies)
 const KS: u32 = HD + 8u;             // K / V / Q row stride, halves (16-byte multiple)
-const PS: u32 = KT + 8u;             // P row stride, halves
+const VS: u32 = KT + 8u;             // V^T row stride (one row per head-dim column), halves
+const PS: u32 = RT + 8u;             // P^T row stride (one row per key), halves
 const SS: u32 = KT + 4u;             // S row stride, floats
 const V_OFF: u32 = KT * KS;          // V tile in hsh
 const P_OFF: u32 = KVH;              // P in hsh
@@ -75,7 +83,7 @@ const LAZY: f32 = 8.0;               // rescale threshold, log2 units (P <= 256)
 // Every workgroup variable is a multiple of 16 bytes long and the two that cooperative
 // matrices touch come first, so whatever order the driver packs them in, hsh and fsh start
 // 16-byte aligned (cooperative loads and stores need 16-byte aligned rows).
-var<workgroup> hsh: array<f16, KVH + RT * PS>;         // K | V tiles (Q staging), then P
+var<workgroup> hsh: array<f16, KVH + KT * PS>;         // K | V^T tiles (Q staging), then P^T
 var<workgroup> fsh: array<f32, RT * SS + NSG * 256u>;   // S, then per-subgroup staging
 var<workgroup> red_sh: array<f32, WG>;
 var<workgroup> alpha_sh: array<f32, RT>;
@@ -161,25 +169,31 @@ fn rescale_o() {
     workgroupBarrier();
 }
 
-// Loads K and V of keys t0 .. t0 + tcount (zero past the tile / the sequence) into registers.
+// Loads K and V of keys t0 .. t0 + tcount (zero past the tile / the sequence) into registers:
+// piece x of K is (key x / (HD/4), vec4 x % (HD/4)); piece x of V is (key x % KT, vec4 x / KT),
+// keys fastest, so the transposed stores of stage_kv spread over the banks.
 fn prefetch(t0: u32, tcount: u32) {
     for (var j = 0u; j < NPF; j++) {
         let x = lid + j * WG;
         let kk = x / (HD / 4u);
         let c = x % (HD / 4u);
-        let t = t0 + kk;
+        let kv_ = x % KT;
+        let cv = x / KT;
         var kv = vec4<f16>(0.0h);
         var vv = vec4<f16>(0.0h);
-        if (x < KT * (HD / 4u) && kk < tcount && t < p.k_len) {
-            kv = k[b * p.k_sb + kvh * p.k_sh + t * p.k_sn + c];
-            vv = v[b * p.v_sb + kvh * p.v_sh + t * p.v_sn + c];
+        if (x < KT * (HD / 4u) && kk < tcount && t0 + kk < p.k_len) {
+            kv = k[b * p.k_sb + kvh * p.k_sh + (t0 + kk) * p.k_sn + c];
+        }
+        if (x < KT * (HD / 4u) && kv_ < tcount && t0 + kv_ < p.k_len) {
+            vv = v[b * p.v_sb + kvh * p.v_sh + (t0 + kv_) * p.v_sn + cv];
         }
         kpre[j] = kv;
         vpre[j] = vv;
     }
 }
 
-// Writes the prefetched K and V tiles into hsh.
+// Writes the prefetched K tile ([key][d], stride KS) and V tile transposed ([d][key], stride
+// VS) into hsh.
 fn stage_kv() {
     for (var j = 0u; j < NPF; j++) {
         let x = lid + j * WG;
@@ -191,11 +205,11 @@ fn stage_kv() {
             hsh[at + 1u] = kv.y;
             hsh[at + 2u] = kv.z;
             hsh[at + 3u] = kv.w;
-            let av = V_OFF + at;
+            let av = V_OFF + 4u * (x / KT) * VS + x % KT;
             hsh[av] = vv.x;
-            hsh[av + 1u] = vv.y;
-            hsh[av + 2u] = vv.z;
-            hsh[av + 3u] = vv.w;
+            hsh[av + VS] = vv.y;
+            hsh[av + 2u * VS] = vv.z;
+            hsh[av + 3u * VS] = vv.w;
         }
     }
 }
@@ -284,7 +298,7 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
         var pj = 0.0;
         if (s[j] > NEG) { pj = exp2(s[j] - m_new); }
         l_run += pj;
-        hsh[P_OFF + srow * PS + kk] = f16(pj);
+        hsh[P_OFF + kk * PS + srow] = f16(pj);
     }
     if (scol == 0u) {
         alpha_sh[srow] = alpha;
@@ -295,8 +309,8 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
     if (resc != 0u) { rescale_o(); }
     // 5. O += P V (a dummy O tile past HD16 reads the last V columns and is never stored).
     for (var ks = 0u; ks < KT16; ks++) {
-        let ap = P_OFF + rb * 16u * PS + ks * 16u;
-        let pa = coopLoadT<coop_mat16x16<f16, A>>(&hsh[ap], PS);
+        let ap = P_OFF + ks * 16u * PS + rb * 16u;
+        let pa = coopLoad<coop_mat16x16<f16, A>>(&hsh[ap], PS);
         for (var i = 0u; i < OTS; i++) {
             let dc = min(part + i * NSR, HD16 - 1u);
             if (DIRECT == 1u) {
@@ -304,8 +318,8 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
                 let vb = coopLoadT<coop_mat16x16<f16, B>>(&v16[av], 4u * p.v_sn);
                 oacc[i] = coopMultiplyAdd(pa, vb, oacc[i]);
             } else {
-                let av = V_OFF + ks * 16u * KS + dc * 16u;
-                let vb = coopLoadT<coop_mat16x16<f16, B>>(&hsh[av], KS);
+                let av = V_OFF + dc * 16u * VS + ks * 16u;
+                let vb = coopLoad<coop_mat16x16<f16, B>>(&hsh[av], VS);
                 oacc[i] = coopMultiplyAdd(pa, vb, oacc[i]);
             }
         }

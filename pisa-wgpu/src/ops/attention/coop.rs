@@ -63,14 +63,15 @@ impl CoopVariant {
         if self.direct {
             return self.rt() * (self.hd + 8);
         }
-        (2 * self.kt * (self.hd + 8)).max(self.rt() * (self.hd + 8))
+        // K [key][d] (stride D + 8) and V^T [d][key] (stride KT + 8), or the Q staging.
+        (self.kt * (self.hd + 8) + self.hd * (self.kt + 8)).max(self.rt() * (self.hd + 8))
     }
 
     /// Workgroup memory the shader declares, bytes (mirrors its `var<workgroup>` list).
     pub fn shared_bytes(&self) -> u64 {
         let (rt, kt) = (self.rt() as u64, self.kt as u64);
         let wg = (COOP_SUBGROUPS * self.sg) as u64;
-        let halves = self.kvh() as u64 + rt * (kt + 8);
+        let halves = self.kvh() as u64 + kt * (rt + 8); // then P^T [key][row]
         let floats = rt * (kt + 4) + COOP_SUBGROUPS as u64 * 256 + wg + rt;
         let maxu4 = (self.qt * self.selk).div_ceil(4) as u64 * 4;
         // attention_common.wgsl: five arrays of MAXU4 words and the count; flag_sh.
