@@ -15,8 +15,9 @@
 //   4. S = Q K^T -> fsh (f32);                                     barrier
 //   5. SPLIT invocations per row: scale, mask (own tile's range, the leaf, t <= p_i when
 //      causal), partial max;                                       barrier
-//   6. row max m; P = exp(s - m) (f16, <= 1) -> psh, partial sums;  and the leaf's values
-//      staged into qsh (the keys are dead);                        barrier
+//   6. row max m; P = exp(s - m) (f16, <= 1) -> psh transposed (one row per key), partial
+//      sums; and the leaf's values staged transposed into qsh (one row per head-dim column;
+//      the keys are dead);                                         barrier
 //   7. O_part = P V on tensor cores, stored (f32) to this chunk's rows of `opart`
 //      ([chunk, RT, HD]); one invocation per row writes (m, l) to `mlpart` ([chunk, RT]), one
 //      per entry 1 + the index of its first row to `spos` ([nq, MC], by list value; 0, as the
@@ -26,6 +27,9 @@
 // masks causally still reaches that row through P = 0 times NaN (docs/reliability.md).
 // A row whose keys are all masked has m = NEG, l = 0 and O_part = 0 (the merge skips it).
 // Q, K, V: 16-byte pieces, (b, h, n, d) at (b*sb + h*sh + n*sn + d) / 8 (V with K's strides).
+// P and V are staged so that they load column-major (`coopLoad`), as K does: a row-major
+// (`coopLoadT`) B load of V was about 45% of the dense tile kernel on the H200 (docs/
+// benchmarks.md, session 4).
 enable wgpu_cooperative_matrix;
 
 const GQ: u32 = 4u;    // query heads per KV head (<= RT)
@@ -43,7 +47,9 @@ const HD8: u32 = HD / 8u;
 const CW: u32 = CT * 16u;
 const QS: u32 = HD + 8u;         // Q / K / V row stride in qsh, halves
 const SS: u32 = CW + 4u;         // S row stride, floats
-const PS: u32 = CW + 8u;         // P row stride, halves
+const PS: u32 = RT + 8u;         // P^T row stride (one row per key), halves
+const VS: u32 = CW + 8u;         // V^T row stride (one row per head-dim column), halves
+const QSH: u32 = max(RT * QS, HD * VS); // qsh: Q rows, K rows, then V^T
 const SPLIT: u32 = WG / RT;
 const KPT: u32 = CW / SPLIT;
 const QL: u32 = (RT * HD8 + WG - 1u) / WG;
@@ -58,8 +64,8 @@ const NONE: u32 = 0xffffffffu;
 @group(0) @binding(13) var<storage, read_write> mlpart: array<vec2<f32>>;
 @group(0) @binding(14) var<storage, read_write> spos: array<u32>;
 
-var<workgroup> qsh: array<f16, RT * QS>;
-var<workgroup> psh: array<f16, RT * PS>;
+var<workgroup> qsh: array<f16, QSH>;
+var<workgroup> psh: array<f16, CW * PS>;
 var<workgroup> fsh: array<f32, RT * SS>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> ent: array<u32, RT>;
@@ -87,6 +93,43 @@ fn kv_piece(at: u32, values: bool) -> vec4<u32> {
     return k[at];
 }
 
+// The leaf's CW value rows, transposed into qsh ([d][key], stride VS; the keys are dead by
+// then). Rows that are not keys of the leaf in their tile's own range are zeros, as in
+// stage_rows. Keys vary fastest across invocations, so the transposed 2-byte stores spread
+// over the banks; all loads are issued before the first store.
+fn stage_values_t(lid: u32, leaf: u32, kbase: u32) {
+    var buf: array<vec4<u32>, KL>;
+    for (var j = 0u; j < KL; j++) {
+        let x = lid + j * WG;
+        let r = x % CW;
+        var val = vec4<u32>(0u);
+        if (x < CW * HD8 && row_in_leaf(leaf, r)) {
+            let tok = tile_start(leaf, r / 16u) + r % 16u;
+            val = v[(kbase + tok * p.k_sn) / 8u + x / CW];
+        }
+        buf[j] = val;
+    }
+    for (var j = 0u; j < KL; j++) {
+        let x = lid + j * WG;
+        if (x < CW * HD8) {
+            let at = 8u * (x / CW) * VS + x % CW;
+            let w = buf[j];
+            let h0 = vec2<f16>(unpack2x16float(w.x));
+            let h1 = vec2<f16>(unpack2x16float(w.y));
+            let h2 = vec2<f16>(unpack2x16float(w.z));
+            let h3 = vec2<f16>(unpack2x16float(w.w));
+            qsh[at] = h0.x;
+            qsh[at + VS] = h0.y;
+            qsh[at + 2u * VS] = h1.x;
+            qsh[at + 3u * VS] = h1.y;
+            qsh[at + 4u * VS] = h2.x;
+            qsh[at + 5u * VS] = h2.y;
+            qsh[at + 6u * VS] = h3.x;
+            qsh[at + 7u * VS] = h3.y;
+        }
+    }
+}
+
 fn score_tiles(sg: u32) {
     for (var ct = 0u; ct < CT; ct++) {
         var acc = coop_mat16x16<f32, C>();
@@ -105,10 +148,10 @@ fn pv(sg: u32, cid: u32) {
     for (var dt = 0u; dt < HD16; dt++) {
         var acc = coop_mat16x16<f32, C>();
         for (var kt = 0u; kt < CT; kt++) {
-            let ap = sg * 16u * PS + kt * 16u;
-            let pa = coopLoadT<coop_mat16x16<f16, A>>(&psh[ap], PS);
-            let av = kt * 16u * QS + dt * 16u;
-            let vb = coopLoadT<coop_mat16x16<f16, B>>(&qsh[av], QS);
+            let ap = kt * 16u * PS + sg * 16u;
+            let pa = coopLoad<coop_mat16x16<f16, A>>(&psh[ap], PS);
+            let av = dt * 16u * VS + kt * 16u;
+            let vb = coopLoad<coop_mat16x16<f16, B>>(&qsh[av], VS);
             acc = coopMultiplyAdd(pa, vb, acc);
         }
         let d = (cid * RT + sg * 16u) * HD + dt * 16u;
@@ -163,9 +206,9 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         let s = p.scale * fsh[srow * SS + kk];
         if (tok != NONE && tok <= pos && s > NEG) { pk = exp(s - mr); }
         l += pk;
-        psh[srow * PS + kk] = f16(pk);
+        psh[kk * PS + srow] = f16(pk);
     }
-    stage_rows(lid, leaf, kbase, true);
+    stage_values_t(lid, leaf, kbase);
     workgroupBarrier();
     red[lid] = l;
     pv(sg, cid);

@@ -100,7 +100,9 @@ pub(crate) fn plan(
         let rt = 16 * COOP_SUBGROUPS;
         let (cw, wg) = (16 * c.div_ceil(16) as u64, (COOP_SUBGROUPS * sg) as u64);
         let rt64 = rt as u64;
-        let mem = 2 * rt64 * (d as u64 + 8) + 2 * rt64 * (cw + 8) + 4 * rt64 * (cw + 4);
+        // qsh (Q rows, K rows, then V^T [d][key]), psh (P^T [key][row]), fsh (S).
+        let qsh = (rt64 * (d as u64 + 8)).max(d as u64 * (cw + 8));
+        let mem = 2 * qsh + 2 * cw * (rt64 + 8) + 4 * rt64 * (cw + 4);
         (Some(sg), rt / g, rt, mem + 4 * wg + 4 * rt64 + 16)
     } else {
         if g > 32 {
