@@ -12,12 +12,14 @@
 //! the tensor-core twin in [`coop`] (same inputs, outputs and semantics) when the shape suits it.
 //! Sparse attention may instead run leaf-major ([`by_leaf`]: the selection bucketed by leaf,
 //! per-leaf partial states merged per query), chosen by the context's [`crate::LeafOrder`]: by
-//! default on tensor cores for sequences of at least 8192 queries.
+//! default on tensor cores for sequences of at least 8192 queries. Dense attention of few
+//! queries against many keys (decode) runs split-K ([`split_k`], FlashDecoding) instead.
 
 pub mod by_leaf;
 pub mod coop;
 pub mod host;
 mod launch;
+pub mod split_k;
 pub mod tiling;
 
 use bytemuck::{Pod, Zeroable};
@@ -233,7 +235,8 @@ pub fn record_dense_attention(
 /// kind, shrunk to the device's workgroup memory). Everything else as
 /// [`record_sparse_attention`].
 ///
-/// With `tiling: None`, sparse attention runs leaf-major where [`by_leaf`] plans it
+/// With `tiling: None`, dense attention runs split-K where [`split_k::plan`] says so (few
+/// queries, many keys: its rule), and sparse attention runs leaf-major where [`by_leaf`] plans it
 /// ([`by_leaf::leaf_major_path`] tells); otherwise, with f16 storage and a context on
 /// [`KernelPath::CoopMat`], a shape that [`coop::plan`] accepts runs the cooperative-matrix
 /// kernel ([`coop::attention_path`] tells which tile kernel); an explicit tiling always runs the
@@ -252,6 +255,12 @@ pub fn record_attention(
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
     validate(shape, q, k, v, kind)?;
+    if let (None, AttentionKind::Dense { causal, scale }) = (tiling, kind) {
+        if let Some(sk) = split_k::plan(ctx, shape, q.storage) {
+            let qkv = [q, k, v];
+            return split_k::record(ctx, enc, qkv, shape, layouts, (*causal, *scale), &sk, prof);
+        }
+    }
     if let (None, AttentionKind::Sparse { selection, cfg }) = (tiling, kind) {
         if let Some(la) = by_leaf::plan(ctx, q.storage, shape, layouts, cfg) {
             let sel = *selection;

@@ -1,0 +1,120 @@
+// Split-K dense attention (FlashDecoding), part 2 of 2: merges the per-split partial states of
+// attention_split.wgsl (same Params; host: pisa-wgpu/src/ops/attention/split_k.rs) into O and
+// LSE: M = max m, L = sum l 2^(m - M), O = sum O_part 2^(m - M) / L, LSE = ln 2 * (M + log2 L)
+// (m in log2 units). A split with l = 0 saw no key of the row and is skipped; a row with no
+// key at all gets O = 0 and LSE = -inf, as the tile kernel (attention.wgsl) writes.
+//
+// One workgroup per row of the host's range: id = (pair - pair0) * rows + r, row r = (query
+// r / group, query head kv head * group + r % group). The state of split s of row r is
+// ((pair - pair0) * rblocks + r / rb) * n_splits + s) * rb + r % rb (O part: D / 4 vec4s from
+// state * D / 4). The splits go in chunks of WG: each invocation computes one split's weight
+// 2^(m - M) into w_sh, then invocation (split lane sl, vec4 column dq) sums the chunk's splits
+// sl, sl + SL, ... (SL = WG / (D / 4) lanes) of column dq; the lanes' sums are added in a
+// fixed order at the end. O: store_t in Q's layout (element strides q_s*), LSE: f32
+// [B, Hq, Nq].
+alias store_t = f32;
+
+const WG: u32 = 256u;
+const NEG: f32 = -1.0e30;
+
+struct SplitParams {
+    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
+    k_sh: u32, k_sn: u32, v_sb: u32, v_sh: u32,
+    v_sn: u32, kv_heads: u32, q_heads: u32, group: u32,
+    q_len: u32, k_len: u32, rows: u32, rblocks: u32,
+    rb: u32, split_keys: u32, n_splits: u32, causal: u32,
+    pair0: u32, wg_count: u32, scale_log2: f32, head_dim: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: SplitParams;
+@group(0) @binding(4) var<storage, read> opart: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> ml: array<vec2<f32>>;
+@group(0) @binding(6) var<storage, read_write> o: array<store_t>;
+@group(0) @binding(7) var<storage, read_write> lse: array<f32>;
+
+var<workgroup> red: array<f32, WG>;
+var<workgroup> w_sh: array<f32, WG>;
+var<workgroup> acc_sh: array<vec4<f32>, WG>;
+
+// The tree reduction of red (max when `is_max`, else sum); every invocation gets the result.
+fn reduce(lid: u32, x: f32, is_max: bool) -> f32 {
+    workgroupBarrier();
+    red[lid] = x;
+    for (var s = WG / 2u; s > 0u; s /= 2u) {
+        workgroupBarrier();
+        if (lid < s) {
+            if (is_max) {
+                red[lid] = max(red[lid], red[lid + s]);
+            } else {
+                red[lid] += red[lid + s];
+            }
+        }
+    }
+    return workgroupUniformLoad(&red[0]);
+}
+
+@compute @workgroup_size(WG)
+fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let id = wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+    if (id >= p.wg_count) { return; }
+    let r = id % p.rows;
+    let pair = p.pair0 + id / p.rows;
+    let b = pair / p.kv_heads;
+    let h = (pair % p.kv_heads) * p.group + r % p.group;
+    let i = r / p.group;
+    let st0 = ((id / p.rows) * p.rblocks + r / p.rb) * p.n_splits;
+    let rr = r % p.rb;
+    var mx = NEG;
+    for (var s = lid; s < p.n_splits; s += WG) {
+        let e = ml[(st0 + s) * p.rb + rr];
+        if (e.y > 0.0) { mx = max(mx, e.x); }
+    }
+    let mm = reduce(lid, mx, true);
+    var ls = 0.0;
+    for (var s = lid; s < p.n_splits; s += WG) {
+        let e = ml[(st0 + s) * p.rb + rr];
+        if (e.y > 0.0) { ls += e.y * exp2(e.x - mm); }
+    }
+    let ll = reduce(lid, ls, false);
+    if (lid == 0u) {
+        var out = bitcast<f32>(0xff800000u);
+        if (ll > 0.0) { out = (mm + log2(ll)) * 0.6931471805599453; }
+        lse[(b * p.q_heads + h) * p.q_len + i] = out;
+    }
+    let hd4 = p.head_dim / 4u;
+    let sl_n = WG / hd4;
+    let sl = lid / hd4;
+    let dq = lid % hd4;
+    var acc = vec4<f32>(0.0);
+    for (var c0 = 0u; c0 < p.n_splits; c0 += WG) {
+        workgroupBarrier();
+        var w = 0.0;
+        if (c0 + lid < p.n_splits) {
+            let e = ml[(st0 + c0 + lid) * p.rb + rr];
+            if (e.y > 0.0) { w = exp2(e.x - mm); }
+        }
+        w_sh[lid] = w;
+        workgroupBarrier();
+        if (sl < sl_n) {
+            let n = min(WG, p.n_splits - c0);
+            for (var j = sl; j < n; j += sl_n) {
+                let wj = w_sh[j];
+                if (wj > 0.0) { acc += opart[((st0 + c0 + j) * p.rb + rr) * hd4 + dq] * wj; }
+            }
+        }
+    }
+    acc_sh[lid] = acc;
+    workgroupBarrier();
+    if (lid < hd4) {
+        var sum = vec4<f32>(0.0);
+        for (var j = 0u; j < sl_n; j++) { sum += acc_sh[j * hd4 + lid]; }
+        var val = vec4<f32>(0.0);
+        if (ll > 0.0) { val = sum / ll; }
+        let at = b * p.q_sb + h * p.q_sh + i * p.q_sn + 4u * lid;
+        o[at] = store_t(val.x);
+        o[at + 1u] = store_t(val.y);
+        o[at + 2u] = store_t(val.z);
+        o[at + 3u] = store_t(val.w);
+    }
+}
