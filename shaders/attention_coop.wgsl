@@ -308,33 +308,27 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
     let resc = workgroupUniformLoad(&flag_sh[0]);
     if (resc != 0u) { rescale_o(); }
     // 5. O += P V (a dummy O tile past HD16 reads the last V columns and is never stored).
-    //    Staged: O tile outer, its accumulator in a local across the key steps, so each O tile
-    //    of the private array is read and written once per tile (ks outer, as DIRECT keeps it,
-    //    was 1.2x to 1.5x slower for the dense kernel on the H200).
-    if (DIRECT == 0u) {
-        for (var i = 0u; i < OTS; i++) {
-            let dc = min(part + i * NSR, HD16 - 1u);
-            var acc = oacc[i];
-            for (var ks = 0u; ks < KT16; ks++) {
-                let ap = P_OFF + ks * 16u * PS + rb * 16u;
-                let pa = coopLoad<coop_mat16x16<f16, A>>(&hsh[ap], PS);
+    //    O tile outer, its accumulator in a local across the key steps, so each O tile of the
+    //    private array is read and written once per key tile (key steps outer, reading and
+    //    writing oacc[i] per multiply, was 1.2x to 1.5x slower for the dense kernel on the
+    //    H200); P is reloaded per O tile from workgroup memory.
+    for (var i = 0u; i < OTS; i++) {
+        let dc = min(part + i * NSR, HD16 - 1u);
+        var acc = oacc[i];
+        for (var ks = 0u; ks < KT16; ks++) {
+            let ap = P_OFF + ks * 16u * PS + rb * 16u;
+            let pa = coopLoad<coop_mat16x16<f16, A>>(&hsh[ap], PS);
+            if (DIRECT == 1u) {
+                let av = 4u * (b * p.v_sb + kvh * p.v_sh + tstart(t0, ks) * p.v_sn) + dc * 16u;
+                let vb = coopLoadT<coop_mat16x16<f16, B>>(&v16[av], 4u * p.v_sn);
+                acc = coopMultiplyAdd(pa, vb, acc);
+            } else {
                 let av = V_OFF + dc * 16u * VS + ks * 16u;
                 let vb = coopLoad<coop_mat16x16<f16, B>>(&hsh[av], VS);
                 acc = coopMultiplyAdd(pa, vb, acc);
             }
-            oacc[i] = acc;
         }
-    } else {
-        for (var ks = 0u; ks < KT16; ks++) {
-            let ap = P_OFF + ks * 16u * PS + rb * 16u;
-            let pa = coopLoad<coop_mat16x16<f16, A>>(&hsh[ap], PS);
-            for (var i = 0u; i < OTS; i++) {
-                let dc = min(part + i * NSR, HD16 - 1u);
-                let av = 4u * (b * p.v_sb + kvh * p.v_sh + tstart(t0, ks) * p.v_sn) + dc * 16u;
-                let vb = coopLoadT<coop_mat16x16<f16, B>>(&v16[av], 4u * p.v_sn);
-                oacc[i] = coopMultiplyAdd(pa, vb, oacc[i]);
-            }
-        }
+        oacc[i] = acc;
     }
     workgroupBarrier();
 }
