@@ -6,12 +6,12 @@
 //
 // One workgroup per row of the host's range: id = (pair - pair0) * rows + r, row r = (query
 // r / group, query head kv head * group + r % group). The state of split s of row r is
-// ((pair - pair0) * rblocks + r / rb) * n_splits + s) * rb + r % rb (O part: D / 4 vec4s from
-// state * D / 4). The splits go in chunks of WG: each invocation computes one split's weight
+// (((pair - pair0) * n_splits + s) * rblocks + r / rb) * rb + r % rb (O part: D / 4 vec4s
+// from state * D / 4). The splits go in chunks of WG: each invocation computes one split's weight
 // 2^(m - M) into w_sh, then invocation (split lane sl, vec4 column dq) sums the chunk's splits
-// sl, sl + SL, ... (SL = WG / (D / 4) lanes) of column dq; the lanes' sums are added in a
-// fixed order at the end. O: store_t in Q's layout (element strides q_s*), LSE: f32
-// [B, Hq, Nq].
+// sl, sl + SL, ... (SL = WG / (D / 4) lanes) of column dq, four loads in flight at a time into
+// four accumulators; the sums are added in a fixed order at the end. O: store_t in Q's layout
+// (element strides q_s*), LSE: f32 [B, Hq, Nq].
 alias store_t = f32;
 
 const WG: u32 = 256u;
@@ -53,6 +53,15 @@ fn reduce(lid: u32, x: f32, is_max: bool) -> f32 {
     return workgroupUniformLoad(&red[0]);
 }
 
+// Split j of the chunk (state at + j * rblocks * rb) weighted, or zero past the chunk's n
+// splits or for a split without keys (weight 0).
+fn term(at: u32, j: u32, n: u32, hd4: u32, dq: u32) -> vec4<f32> {
+    if (j >= n) { return vec4<f32>(0.0); }
+    let wj = w_sh[j];
+    if (wj > 0.0) { return opart[(at + j * p.rblocks * p.rb) * hd4 + dq] * wj; }
+    return vec4<f32>(0.0);
+}
+
 @compute @workgroup_size(WG)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
@@ -63,17 +72,18 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let b = pair / p.kv_heads;
     let h = (pair % p.kv_heads) * p.group + r % p.group;
     let i = r / p.group;
-    let st0 = ((id / p.rows) * p.rblocks + r / p.rb) * p.n_splits;
-    let rr = r % p.rb;
+    // State of split s: st0 + s * sstride.
+    let st0 = ((id / p.rows) * p.n_splits * p.rblocks + r / p.rb) * p.rb + r % p.rb;
+    let sstride = p.rblocks * p.rb;
     var mx = NEG;
     for (var s = lid; s < p.n_splits; s += WG) {
-        let e = ml[(st0 + s) * p.rb + rr];
+        let e = ml[st0 + s * sstride];
         if (e.y > 0.0) { mx = max(mx, e.x); }
     }
     let mm = reduce(lid, mx, true);
     var ls = 0.0;
     for (var s = lid; s < p.n_splits; s += WG) {
-        let e = ml[(st0 + s) * p.rb + rr];
+        let e = ml[st0 + s * sstride];
         if (e.y > 0.0) { ls += e.y * exp2(e.x - mm); }
     }
     let ll = reduce(lid, ls, false);
@@ -86,25 +96,29 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let sl_n = WG / hd4;
     let sl = lid / hd4;
     let dq = lid % hd4;
-    var acc = vec4<f32>(0.0);
+    var acc = mat4x4<f32>();
     for (var c0 = 0u; c0 < p.n_splits; c0 += WG) {
         workgroupBarrier();
         var w = 0.0;
         if (c0 + lid < p.n_splits) {
-            let e = ml[(st0 + c0 + lid) * p.rb + rr];
+            let e = ml[st0 + (c0 + lid) * sstride];
             if (e.y > 0.0) { w = exp2(e.x - mm); }
         }
         w_sh[lid] = w;
         workgroupBarrier();
         if (sl < sl_n) {
+            // Four independent loads in flight per step.
             let n = min(WG, p.n_splits - c0);
-            for (var j = sl; j < n; j += sl_n) {
-                let wj = w_sh[j];
-                if (wj > 0.0) { acc += opart[((st0 + c0 + j) * p.rb + rr) * hd4 + dq] * wj; }
+            let at = st0 + c0 * sstride;
+            for (var j = sl; j < n; j += 4u * sl_n) {
+                acc[0] += term(at, j, n, hd4, dq);
+                acc[1] += term(at, j + sl_n, n, hd4, dq);
+                acc[2] += term(at, j + 2u * sl_n, n, hd4, dq);
+                acc[3] += term(at, j + 3u * sl_n, n, hd4, dq);
             }
         }
     }
-    acc_sh[lid] = acc;
+    acc_sh[lid] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     workgroupBarrier();
     if (lid < hd4) {
         var sum = vec4<f32>(0.0);

@@ -213,8 +213,8 @@ fn binding_limit_ranges_and_errors() {
     let a = exec(&ctx, &c, &x, &format!("{s:?} {whole:?} seed {seed}"));
     let up = |n: usize| ctx.upload("t", &vec![0.5; n], Storage::F32).unwrap();
     let (q, kv) = (up(s.q_elems()), up(s.kv_elems()));
-    // One pair's partial states: splits * 2 rows (rb 2) * 64 * 4 bytes.
-    let per_pair = (2100usize.div_ceil(whole.split_keys) * 2 * 64 * 4) as u64;
+    // One pair's partial states: splits * 4 rows (one row block, padded) * 64 * 4 bytes.
+    let per_pair = (2100usize.div_ceil(whole.split_keys) * 4 * 64 * 4) as u64;
     ctx.set_max_binding_bytes(2 * per_pair + 100);
     let limited = split_k::plan(&ctx, &s, Storage::F32).unwrap();
     assert_eq!(limited.split_keys, whole.split_keys);

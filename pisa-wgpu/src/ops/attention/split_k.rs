@@ -3,10 +3,13 @@
 //! gives one workgroup per (KV head, query tile) and walks every key serially.
 //!
 //! Two dispatches, recorded as ONE compute pass labelled "dense" (the tile kernel's label):
-//! 1. `partial` (`shaders/attention_split.wgsl`): one workgroup per (batch, KV head, row block,
-//!    split of `split_keys` keys) writes the partial online-softmax state (unnormalised O,
-//!    running max m, sum l; f32) of each of its rows (query head, query) over the split's
-//!    visible keys to scratch ([`Context::scratch`]);
+//! 1. `partial` (`shaders/attention_split.wgsl`): one workgroup per (batch, KV head, split of
+//!    `split_keys` keys, block of 4 rows (query head, query)) writes the partial online-softmax
+//!    state (unnormalised O, running max m, sum l; f32) of each of its rows over the split's
+//!    visible keys to scratch ([`Context::scratch`]). Memory-bound design: K and V rows are
+//!    read with contiguous 16-byte loads by D / 8 lanes per key, the next batch of keys in
+//!    flight in registers while one is used, and the 4 rows are vector components, never a
+//!    dynamically indexed array (register spills);
 //! 2. `merge` (`shaders/attention_split_merge.wgsl`): per (batch, query head, query), M = max m,
 //!    L = sum l e^(m - M), O = sum O e^(m - M) / L, LSE = M + ln L.
 //!
@@ -31,11 +34,11 @@ use crate::runtime::profiler::Profiler;
 
 mod plan;
 
-use plan::variant;
 pub use plan::{
     plan, tile_workgroups, SplitK, MAX_ROWS, MIN_KEYS, MIN_SPLIT, TARGET_WORKGROUPS,
     TILE_WORKGROUPS_BELOW,
 };
+use plan::{variant, ROWS_PER_WG};
 
 /// `shaders/attention_split.wgsl` (the partial states).
 pub const SHADER: ShaderSource = ShaderSource {
@@ -125,8 +128,8 @@ pub(crate) fn record(
 ) -> Result<(GpuTensor, GpuTensor)> {
     let (g, d) = (s.gqa_group(), s.head_dim);
     let rows = g * s.q_len;
-    let var = variant(ctx, d, q.storage, rows)?;
-    let (rb, pairs) = (var.rb as usize, s.batch * s.kv_heads);
+    let var = variant(ctx, d, q.storage)?;
+    let (rb, pairs) = (ROWS_PER_WG, s.batch * s.kv_heads);
     let rblocks = rows.div_ceil(rb);
     let n_splits = s.k_len.div_ceil(plan.split_keys);
     let ppr = plan.pairs_per_range.min(pairs);
@@ -161,7 +164,7 @@ pub(crate) fn record(
         k_len: s.k_len as u32,
         rows: u32_of("split-K rows", rows)?,
         rblocks: rblocks as u32,
-        rb: var.rb,
+        rb: rb as u32,
         split_keys: u32_of("split-K split size", plan.split_keys.min(s.k_len))?,
         n_splits: n_splits as u32,
         causal: causal as u32,

@@ -28,6 +28,12 @@ pub struct SplitK {
     pub pairs_per_range: usize,
 }
 
+/// Rows (query head, query) per partial workgroup: the columns of the shader's 4x4 matrices.
+pub(super) const ROWS_PER_WG: usize = 4;
+/// Most invocations of a partial workgroup (fewer, smaller workgroups: more of them resident
+/// beside the registers each invocation holds).
+const MAX_WG: u32 = 128;
+
 /// Shader constants of the partial kernel (see `shaders/attention_split.wgsl`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Variant {
@@ -35,26 +41,23 @@ pub(super) struct Variant {
     dc: u32,
     kg: u32,
     nb: u32,
-    /// Rows per workgroup (row block).
-    pub rb: u32,
 }
 
 impl Variant {
+    /// vec4s of the shader's `red`: a batch's lane partials, or half the key groups' O shares.
     fn red(&self) -> u32 {
-        let (dc, kg, nb, rb) = (self.dc, self.kg, self.nb, self.rb);
-        (kg * nb * rb * (dc + 1)).max(kg / 2 * rb * dc * 8)
+        (self.kg * self.nb * (self.dc + 1)).max(self.kg / 2 * self.dc * 8)
     }
-    /// Workgroup memory the shader declares, bytes: red, sc, mk and lk.
+    /// Workgroup memory the shader declares, bytes: red, sc, mk and lk (vec4s).
     fn shared_bytes(&self) -> u64 {
-        4 * (self.red() + self.kg * self.nb * self.rb + 2 * self.kg * self.rb) as u64
+        16 * (self.red() + self.kg * self.nb + 2 * self.kg) as u64
     }
-    pub fn consts(&self) -> [(&'static str, u32); 6] {
+    pub fn consts(&self) -> [(&'static str, u32); 5] {
         [
             ("F16", self.f16 as u32),
             ("DC", self.dc),
             ("KG", self.kg),
             ("NB", self.nb),
-            ("RB", self.rb),
             ("RED", self.red()),
         ]
     }
@@ -64,43 +67,32 @@ impl Variant {
     }
 }
 
-/// The partial kernel's variant: D / 8 lanes per key group, as many key groups as fit 256
-/// invocations, 4 (f16) or 2 (f32) keys per key group per batch (128 bytes of K and V in
-/// flight per invocation), up to 4 rows per workgroup; rows, then key groups, halve until the
-/// workgroup memory fits. Errors with [`GpuError::Limit`] when nothing fits.
-pub(super) fn variant(
-    ctx: &Context,
-    head_dim: usize,
-    storage: Storage,
-    rows: usize,
-) -> Result<Variant> {
+/// The partial kernel's variant for head dim `head_dim` (a multiple of 16): D / 8 lanes per key
+/// group, as many key groups as fit 128 invocations (8 for D 128), 4 (f16) or 2 (f32) keys per
+/// key group per batch (128 bytes of K and V per invocation per batch, the next batch's in
+/// flight while one is used); key groups halve until the workgroup memory fits. Errors with
+/// [`GpuError::Limit`] when nothing fits.
+pub(super) fn variant(ctx: &Context, head_dim: usize, storage: Storage) -> Result<Variant> {
     let l = ctx.limits();
-    let wg_max = 256
+    let wg_max = MAX_WG
         .min(l.max_compute_invocations_per_workgroup)
         .min(l.max_compute_workgroup_size_x);
     let f16 = storage == Storage::F16;
     let dc = (head_dim / 8) as u32;
-    let rb = rows.clamp(1, 4).next_power_of_two() as u32;
     let mut v = Variant {
         f16,
         dc,
         kg: wg_max / dc.max(1),
         nb: if f16 { 4 } else { 2 },
-        rb,
     };
     let budget = l.max_compute_workgroup_storage_size as u64;
     while v.kg > 0 && v.shared_bytes() > budget {
-        if v.rb > 1 {
-            v.rb /= 2;
-        } else {
-            v.kg /= 2;
-        }
+        v.kg /= 2;
     }
     if v.kg == 0 || dc == 0 {
-        let least = Variant { kg: 1, rb: 1, ..v };
         return Err(GpuError::Limit {
             what: format!("split-K attention workgroup memory (head dim {head_dim})"),
-            needed: least.shared_bytes(),
+            needed: Variant { kg: 1, ..v }.shared_bytes(),
             limit: budget,
             hint: "use a smaller head dim or the tile kernel (an explicit tiling)",
         });
@@ -128,7 +120,7 @@ pub fn tile_workgroups(s: &AttentionShape) -> u64 {
 ///
 /// Split size: S is chosen for about [`TARGET_WORKGROUPS`] partial workgroups in all (the
 /// product B Hkv (row blocks) (splits)), at least [`MIN_SPLIT`] keys, rounded up to whole
-/// batches of the kernel (64 keys for f16 D 128), and few enough splits that one pair's partial
+/// batches of the kernel (32 keys for f16 D 128), and few enough splits that one pair's partial
 /// states fit a storage binding; `pairs_per_range` is as many pairs as fit one binding. The
 /// decode baseline (B 1, Hkv 8, g_q 4, Nq 1, Nk 1M) gets 256 splits of 4096 keys: 2048
 /// workgroups of 4 rows, each streaming 2 MB of f16 K and V; 4 MB of partial states.
@@ -137,10 +129,10 @@ pub fn plan(ctx: &Context, s: &AttentionShape, storage: Storage) -> Option<Split
     if rows > MAX_ROWS || s.k_len < MIN_KEYS || tile_workgroups(s) >= TILE_WORKGROUPS_BELOW {
         return None;
     }
-    let var = variant(ctx, s.head_dim, storage, rows).ok()?;
-    let rblocks = rows.div_ceil(var.rb as usize) as u64;
+    let var = variant(ctx, s.head_dim, storage).ok()?;
+    let rblocks = rows.div_ceil(ROWS_PER_WG) as u64;
     let pairs = (s.batch * s.kv_heads) as u64;
-    let per_split = rblocks * var.rb as u64 * s.head_dim as u64 * 4;
+    let per_split = rblocks * ROWS_PER_WG as u64 * s.head_dim as u64 * 4;
     let limit = ctx.max_binding_bytes();
     let most = (s.k_len.div_ceil(MIN_SPLIT) as u64).min(limit / per_split);
     let n = TARGET_WORKGROUPS
