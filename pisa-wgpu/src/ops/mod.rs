@@ -47,6 +47,8 @@ pub fn all_shaders() -> Vec<ShaderSource> {
         attention::SHADER,
         attention::by_leaf::SHADER,
         attention::by_leaf::MERGE_SHADER,
+        attention::split_k::SHADER,
+        attention::split_k::MERGE_SHADER,
         backward::SHADER,
         backward::index::SHADER,
         fill::SHADER,

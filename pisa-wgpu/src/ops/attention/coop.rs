@@ -161,14 +161,17 @@ pub fn plan(
     }
 }
 
-/// Which kernel family [`super::record_attention`] runs for this call (default tiling).
+/// Which kernel family [`super::record_attention`] runs for this call (default tiling): dense
+/// calls that run split-K ([`super::split_k::plan`]) report the portable path, which they are.
 pub fn attention_path(
     ctx: &Context,
     shape: &AttentionShape,
     storage: Storage,
     kind: &AttentionKind<'_>,
 ) -> KernelPath {
-    if storage == Storage::F16 && plan(ctx, shape, kind).is_some() {
+    let split_k = matches!(kind, AttentionKind::Dense { .. })
+        && super::split_k::plan(ctx, shape, storage).is_some();
+    if storage == Storage::F16 && !split_k && plan(ctx, shape, kind).is_some() {
         KernelPath::CoopMat
     } else {
         KernelPath::Portable
