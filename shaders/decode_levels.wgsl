@@ -3,9 +3,10 @@
 // (decode_fused.wgsl); appended to decode.wgsl, whose header describes the design.
 // Partial dot products live in `xr` with the candidate slot fastest, so the per-candidate
 // sums (one invocation per slot) read consecutive words: no bank conflicts.
-// A level costs three barriers: per-child partial scores | per-candidate scores (and the next
-// level's slots cleared) | rank-based cut, where each kept node writes its children straight
-// into the next level's slots (double-buffered `cand`). `xr` (XR floats) is also the fused
+// A level costs four barriers: per-child partial scores | per-candidate scores (and the next
+// level's slots cleared) | rank counts, the MAXC x MAXC comparisons split CP ways | the cut, where each kept node writes its children straight into the next level's
+// slots (double-buffered `cand`). (One invocation per candidate looping over all MAXC was 2.5 us
+// a level on the H200, 40% of the route: docs/benchmarks.md, session 4.) `xr` (XR floats) is also the fused
 // step's scratch after the routing.
 
 var<workgroup> cand: array<u32, 2u * MAXC>;
@@ -13,6 +14,8 @@ var<workgroup> rk: array<u32, MAXC>;
 var<workgroup> xr: array<f32, XR>;
 
 const DLR: u32 = (D4 + LR - 1u) / LR; // vec4s of a row per invocation
+// The cut's rank counts: CP invocations per candidate, their partial counts in xr (free then).
+const CP: u32 = max(min(min(WG / MAXC, XR / MAXC), 8u), 1u);
 
 // Partial q_h . mu over the vec4s j = u, u + LR, ... of a node's mean row, every head h of
 // the group: LR consecutive invocations share one row, so a warp's loads are coalesced; a
@@ -184,18 +187,30 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
             cand[cn + i] = c;
         }
         workgroupBarrier();
-        // Cut (higher score first, then lower index; distinct keys unless the same score, and
-        // an empty slot's key 0 is below every score's): a kept node of rank r writes its
-        // children to slots r*g...
-        for (var i = lid; i < MAXC; i += WG) {
+        // Rank counts: item (i, part) counts the candidates j = part, part + CP, ... ranked
+        // ahead of candidate i (higher score, then lower index; distinct keys unless the same
+        // score, and an empty slot's key 0 is below every score's) into xr[part * MAXC + i]
+        // (f32: exact for counts this small).
+        for (var it = lid; it < MAXC * CP; it += WG) {
+            let i = it % MAXC;
+            let part = it / MAXC;
             let v = cand[co + i];
-            if (v == INVALID) { continue; }
             let sc = rk[i];
             var r = 0u;
-            for (var j = 0u; j < MAXC; j++) {
+            for (var j = part; j < MAXC; j += CP) {
                 let sj = rk[j];
                 r += select(0u, 1u, sj > sc || (sj == sc && cand[co + j] < v));
             }
+            xr[part * MAXC + i] = f32(r);
+        }
+        workgroupBarrier();
+        // Cut: a kept node of rank r writes its children to slots r*g...
+        for (var i = lid; i < MAXC; i += WG) {
+            let v = cand[co + i];
+            if (v == INVALID) { continue; }
+            var rf = 0.0;
+            for (var part = 0u; part < CP; part++) { rf += xr[part * MAXC + i]; }
+            let r = u32(rf);
             if (r < KMAX) {
                 for (var c = 0u; c < g; c++) {
                     var ch = v * g + c;
