@@ -175,9 +175,16 @@ pub(crate) fn validate(
     Ok(())
 }
 
-fn strides(l: TensorLayout, heads: usize, tokens: usize, d: usize) -> [u32; 3] {
+/// Element strides (batch, head, token) of a `[B, heads, tokens, d]` tensor in layout `l`, as
+/// the kernels' parameters hold them (callers have checked the element counts fit u32).
+pub(crate) fn element_strides(l: TensorLayout, heads: usize, tokens: usize, d: usize) -> [u32; 3] {
     let (a, b, c) = l.strides(heads, tokens, d);
-    [(a / 4) as u32, (b / 4) as u32, (c / 4) as u32]
+    [a as u32, b as u32, c as u32]
+}
+
+/// [`element_strides`] in vec4 units (the tile kernels read Q, K, V as vec4 rows).
+fn strides(l: TensorLayout, heads: usize, tokens: usize, d: usize) -> [u32; 3] {
+    element_strides(l, heads, tokens, d).map(|x| x / 4)
 }
 
 /// Records block-sparse attention (PISA.md section 4): `O_i = sum_{t in selected leaves,

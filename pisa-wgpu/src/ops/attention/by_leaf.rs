@@ -29,7 +29,7 @@
 
 use pisa_core::{AttentionShape, SelectionConfig};
 
-use super::QkvLayouts;
+use super::{element_strides, QkvLayouts};
 use crate::error::Result;
 use crate::ops::leaf_select::by_leaf::{Buckets, BUCKET_SHADER, BUCKET_WG};
 use crate::ops::select::SelParams;
@@ -96,13 +96,11 @@ pub(crate) fn record(
     let nb0 = s.k_len.div_ceil(cfg.block_size);
     let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
     let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
-    let (qs, ks) = (
-        layouts.q.strides(s.q_heads, s.q_len, s.head_dim),
-        layouts.k.strides(s.kv_heads, s.k_len, s.head_dim),
-    );
+    let qs = element_strides(layouts.q, s.q_heads, s.q_len, s.head_dim);
+    let ks = element_strides(layouts.k, s.kv_heads, s.k_len, s.head_dim);
     let mut params: SelParams = bytemuck::Zeroable::zeroed();
-    (params.q_sb, params.q_sh, params.q_sn) = (qs.0 as u32, qs.1 as u32, qs.2 as u32);
-    (params.k_sb, params.k_sh, params.k_sn) = (ks.0 as u32, ks.1 as u32, ks.2 as u32);
+    [params.q_sb, params.q_sh, params.q_sn] = qs;
+    [params.k_sb, params.k_sh, params.k_sn] = ks;
     params.q_heads = s.q_heads as u32;
     params.kv_heads = s.kv_heads as u32;
     params.q_len = s.q_len as u32;

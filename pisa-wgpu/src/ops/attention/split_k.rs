@@ -25,7 +25,7 @@
 use bytemuck::{Pod, Zeroable};
 use pisa_core::{AttentionShape, PisaError};
 
-use super::{u32_of, validate, AttentionKind, QkvLayouts};
+use super::{element_strides, u32_of, validate, AttentionKind, QkvLayouts};
 use crate::error::Result;
 use crate::runtime::buffers::{GpuTensor, POISON_F32};
 use crate::runtime::context::Context;
@@ -149,14 +149,10 @@ pub(crate) fn record(
     let opart = ctx.scratch("split-K partial O", states, Storage::F32)?;
     let ml = ctx.scratch("split-K partial m, l", 2 * (states / d), Storage::F32)?;
     // Element strides (below the element counts, which `validate` checked to fit u32).
-    let el = |l: pisa_core::TensorLayout, h: usize, n: usize| {
-        let (a, b, c) = l.strides(h, n, d);
-        [a as u32, b as u32, c as u32]
-    };
     let base = SplitParams {
-        q_s: el(layouts.q, s.q_heads, s.q_len),
-        k_s: el(layouts.k, s.kv_heads, s.k_len),
-        v_s: el(layouts.v, s.kv_heads, s.k_len),
+        q_s: element_strides(layouts.q, s.q_heads, s.q_len, d),
+        k_s: element_strides(layouts.k, s.kv_heads, s.k_len, d),
+        v_s: element_strides(layouts.v, s.kv_heads, s.k_len, d),
         kv_heads: s.kv_heads as u32,
         q_heads: s.q_heads as u32,
         group: g as u32,

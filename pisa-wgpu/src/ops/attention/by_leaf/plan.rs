@@ -4,7 +4,7 @@
 
 use pisa_core::{AttentionShape, SelectionConfig};
 
-use super::super::QkvLayouts;
+use super::super::{element_strides, QkvLayouts};
 use crate::runtime::context::{Context, KernelPath, LeafOrder, COOP_SUBGROUPS};
 use crate::runtime::pipeline::Storage;
 
@@ -69,13 +69,9 @@ pub(crate) fn plan(
         return None;
     }
     let sg = ctx.report().subgroup_size.0;
-    let el = |l: pisa_core::TensorLayout, h: usize, n: usize| {
-        let (a, b, cc) = l.strides(h, n, d);
-        [a, b, cc]
-    };
-    let aligned = el(layouts.q, s.q_heads, s.q_len)
+    let aligned = element_strides(layouts.q, s.q_heads, s.q_len, d)
         .into_iter()
-        .chain(el(layouts.k, s.kv_heads, s.k_len))
+        .chain(element_strides(layouts.k, s.kv_heads, s.k_len, d))
         .all(|x| x % 8 == 0);
     let coop_ok = ctx.kernel_path() == KernelPath::CoopMat
         && storage == Storage::F16
