@@ -30,6 +30,7 @@
 //
 // Bindings: Q, K, V as 16-byte words (any storage; strides from the Params, in elements; every
 // row starts at a multiple of 16 elements); opart vec4<f32>, ml vec2<f32>.
+// The Params, the uniform `p` and NEG: attention_split_common.wgsl (appended by the host).
 alias store_t = f32;
 
 const F16: u32 = 0u;    // 1: Q, K, V hold f16 (8 per 16-byte word); 0: f32 (4 per word)
@@ -41,18 +42,7 @@ const RED: u32 = 544u;  // vec4s of red: max(KG * NB * (DC + 1), KG / 2 * DC * 8
 const WG: u32 = KG * DC;
 const KB: u32 = KG * NB;    // keys per batch
 const PSTR: u32 = DC + 1u;  // padded stride of one key's lane partials (bank spread)
-const NEG: f32 = -1.0e30;   // "no score" (finite: no reliance on infinities)
 
-struct SplitParams {
-    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
-    k_sh: u32, k_sn: u32, v_sb: u32, v_sh: u32,
-    v_sn: u32, kv_heads: u32, q_heads: u32, group: u32,
-    q_len: u32, k_len: u32, rows: u32, rblocks: u32,
-    rb: u32, split_keys: u32, n_splits: u32, causal: u32,
-    pair0: u32, wg_count: u32, scale_log2: f32, head_dim: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: SplitParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> k: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> v: array<vec4<u32>>;

@@ -1,6 +1,6 @@
 // Split-K dense attention (FlashDecoding), part 2 of 2: merges the per-split partial states of
-// attention_split.wgsl (same Params; host: pisa-wgpu/src/ops/attention/split_k.rs) into O and
-// LSE: M = max m, L = sum l 2^(m - M), O = sum O_part 2^(m - M) / L, LSE = ln 2 * (M + log2 L)
+// attention_split.wgsl (same Params, in attention_split_common.wgsl, appended; host:
+// pisa-wgpu/src/ops/attention/split_k.rs) into O and LSE: M = max m, L = sum l 2^(m - M), O = sum O_part 2^(m - M) / L, LSE = ln 2 * (M + log2 L)
 // (m in log2 units). A split with l = 0 saw no key of the row and is skipped; a row with no
 // key at all gets O = 0 and LSE = -inf, as the tile kernel (attention.wgsl) writes.
 //
@@ -15,18 +15,7 @@
 alias store_t = f32;
 
 const WG: u32 = 256u;
-const NEG: f32 = -1.0e30;
 
-struct SplitParams {
-    q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,
-    k_sh: u32, k_sn: u32, v_sb: u32, v_sh: u32,
-    v_sn: u32, kv_heads: u32, q_heads: u32, group: u32,
-    q_len: u32, k_len: u32, rows: u32, rblocks: u32,
-    rb: u32, split_keys: u32, n_splits: u32, causal: u32,
-    pair0: u32, wg_count: u32, scale_log2: f32, head_dim: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: SplitParams;
 @group(0) @binding(4) var<storage, read> opart: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> ml: array<vec2<f32>>;
 @group(0) @binding(6) var<storage, read_write> o: array<store_t>;

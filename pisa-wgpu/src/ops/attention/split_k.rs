@@ -43,13 +43,19 @@ use plan::{variant, ROWS_PER_WG};
 /// `shaders/attention_split.wgsl` (the partial states).
 pub const SHADER: ShaderSource = ShaderSource {
     name: "attention_split",
-    wgsl: include_str!("../../../../shaders/attention_split.wgsl"),
+    wgsl: concat!(
+        include_str!("../../../../shaders/attention_split.wgsl"),
+        include_str!("../../../../shaders/attention_split_common.wgsl")
+    ),
 };
 
 /// `shaders/attention_split_merge.wgsl` (the merge over the splits).
 pub const MERGE_SHADER: ShaderSource = ShaderSource {
     name: "attention_split_merge",
-    wgsl: include_str!("../../../../shaders/attention_split_merge.wgsl"),
+    wgsl: concat!(
+        include_str!("../../../../shaders/attention_split_merge.wgsl"),
+        include_str!("../../../../shaders/attention_split_common.wgsl")
+    ),
 };
 
 #[repr(C)]
