@@ -1,8 +1,9 @@
 // Split-K dense attention (FlashDecoding), part 2 of 2: merges the per-split partial states of
 // attention_split.wgsl (same Params, in attention_split_common.wgsl, appended; host:
-// pisa-wgpu/src/ops/attention/split_k.rs) into O and LSE: M = max m, L = sum l 2^(m - M), O = sum O_part 2^(m - M) / L, LSE = ln 2 * (M + log2 L)
-// (m in log2 units). A split with l = 0 saw no key of the row and is skipped; a row with no
-// key at all gets O = 0 and LSE = -inf, as the tile kernel (attention.wgsl) writes.
+// pisa-wgpu/src/ops/attention/split_k.rs) into O and LSE: M = max m, L = sum l 2^(m - M), O = sum
+// O_part 2^(m - M) / L, LSE = ln 2 * (M + log2 L) (m in log2 units). A split with l = 0 saw no key
+// of the row and is skipped; a row with no key at all gets O = 0 and LSE = -inf, as the tile kernel
+// (attention.wgsl) writes.
 //
 // One workgroup per row of the host's range: id = (pair - pair0) * rows + r, row r = (query
 // r / group, query head kv head * group + r % group). The state of split s of row r is
