@@ -55,6 +55,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.d == 0 {
         bail!("--d must be at least 1");
     }
+    if a.decode_burst == 0 {
+        bail!("--decode-burst must be at least 1");
+    }
     if let Some(path) = &a.json {
         crate::io::check_output_paths(&[path.clone(), path.with_extension("svg")], &[])?;
     }
