@@ -176,6 +176,7 @@ fn bad_bench_arguments() {
     // Regression: `--hq 0` "skipped" every size and exited 0 with an empty table.
     bench(&["--hq", "0"], &["--hq"]);
     bench(&["--decode-burst", "0"], &["--decode-burst must be at least 1"]);
+    bench(&["--decode-burst", "5000"], &["--decode-burst must be at most 2048"]);
     bench(&["--top-k", "0"], &["top_k"]);
     // Regression: `--json` into a missing directory failed only after the whole benchmark.
     bench(

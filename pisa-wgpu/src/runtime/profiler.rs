@@ -50,8 +50,14 @@ pub struct Profiler {
 }
 
 impl Profiler {
-    /// A profiler for up to `passes` timed passes (no-op without TIMESTAMP_QUERY).
+    /// Most timed passes of one profiler: two timestamps a pass in one query set, which wgpu
+    /// caps at `wgpu::QUERY_SET_MAX_QUERIES`.
+    pub const MAX_PASSES: u32 = wgpu::QUERY_SET_MAX_QUERIES / 2;
+
+    /// A profiler for up to `passes` timed passes, at most [`Self::MAX_PASSES`] (no-op without
+    /// TIMESTAMP_QUERY); passes past that are recorded untimed (see [`Self::finish_span`]).
     pub fn new(ctx: &Context, passes: u32) -> Self {
+        let passes = passes.min(Self::MAX_PASSES);
         let set = ctx.has_timestamps().then(|| {
             ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("pisa timestamps"),

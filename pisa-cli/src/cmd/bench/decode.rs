@@ -72,6 +72,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
             shape,
         });
     }
+    check_burst(p.burst, parts.len())?;
     let scale = p.cfg.softmax_scale(d);
     let dense_layouts = QkvLayouts::from(TensorLayout::Bhnd);
     let mut pisa = Vec::new();
@@ -193,6 +194,21 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     })
 }
 
+/// Refuses a burst whose timed passes (`steps` per cache, `caches` caches) exceed one
+/// profiler ([`Profiler::MAX_PASSES`]), before anything is measured (on every adapter, with
+/// timestamps or not, so the same command means the same on each).
+fn check_burst(steps: usize, caches: usize) -> Result<()> {
+    let most = Profiler::MAX_PASSES as usize;
+    if steps.saturating_mul(caches) > most {
+        anyhow::bail!(
+            "--decode-burst {steps}: {caches} cache(s) x {steps} steps exceed the {most} timed \
+             passes of one timestamp query set; use at most {}",
+            most / caches
+        );
+    }
+    Ok(())
+}
+
 /// Dense attention outputs `(O, LSE)` of a burst, kept alive until it has run.
 type Outs = Vec<(GpuTensor, GpuTensor)>;
 
@@ -216,7 +232,8 @@ fn burst(
     record: impl FnOnce(&mut Profiler, &mut Outs) -> pisa_wgpu::Result<()>,
 ) -> Result<f64> {
     // Passes: a PISA step is one pass for all parts, a dense step one pass per part.
-    let mut prof = Profiler::new(ctx, (steps.max(1) * parts.len()) as u32);
+    let passes = steps.max(1) * parts.len();
+    let mut prof = Profiler::new(ctx, passes as u32);
     let mut outs = Outs::new();
     let started = std::time::Instant::now();
     ctx.scoped("bench decode burst", || record(&mut prof, &mut outs))?;

@@ -58,6 +58,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.decode_burst == 0 {
         bail!("--decode-burst must be at least 1");
     }
+    let most = pisa_wgpu::Profiler::MAX_PASSES as usize;
+    if a.decode_burst > most {
+        bail!("--decode-burst must be at most {most} (the timed passes of one query set)");
+    }
     if let Some(path) = &a.json {
         crate::io::check_output_paths(&[path.clone(), path.with_extension("svg")], &[])?;
     }
