@@ -87,16 +87,17 @@ fn row_in_leaf(leaf: u32, r: u32) -> bool {
     return col_token(leaf, r) != NONE;
 }
 
-// 16-byte piece `at` of K, or of V when `values` (see leaf_rows_coop.wgsl).
-fn kv_piece(at: u32, values: bool) -> vec4<u32> {
-    if (values) { return v[at]; }
+// 16-byte piece `at` of K (see leaf_rows_coop.wgsl).
+fn key_piece(at: u32) -> vec4<u32> {
     return k[at];
 }
 
 // The leaf's CW value rows, transposed into qsh ([d][key], stride VS; the keys are dead by
-// then). Rows that are not keys of the leaf in their tile's own range are zeros, as in
-// stage_rows. Keys vary fastest across invocations, so the transposed 2-byte stores spread
-// over the banks; all loads are issued before the first store.
+// then). Rows that are not keys of the leaf in their tile's own range (`row_in_leaf`: a tile
+// clamped into the sequence or running past a leaf that is not a multiple of 16 keys) are
+// zeros, so another leaf's values (finite or not) never enter the multiply. Keys vary fastest
+// across invocations, so the transposed 2-byte stores spread over the banks; all loads are
+// issued before the first store.
 fn stage_values_t(lid: u32, leaf: u32, kbase: u32) {
     var buf: array<vec4<u32>, KL>;
     for (var j = 0u; j < KL; j++) {
@@ -178,7 +179,7 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     load_rows(sg);
     workgroupBarrier();
     let kbase = b * p.k_sb + hkv * p.k_sh;
-    stage_rows(lid, leaf, kbase, false);
+    stage_keys(lid, leaf, kbase);
     workgroupBarrier();
     score_tiles(sg);
     workgroupBarrier();

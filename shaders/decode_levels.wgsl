@@ -4,10 +4,11 @@
 // Partial dot products live in `xr` with the candidate slot fastest, so the per-candidate
 // sums (one invocation per slot) read consecutive words: no bank conflicts.
 // A level costs four barriers: per-child partial scores | per-candidate scores (and the next
-// level's slots cleared) | rank counts, the MAXC x MAXC comparisons split CP ways | the cut, where each kept node writes its children straight into the next level's
-// slots (double-buffered `cand`). (One invocation per candidate looping over all MAXC was 2.5 us
-// a level on the H200, 40% of the route: docs/benchmarks.md, session 4.) `xr` (XR floats) is also the fused
-// step's scratch after the routing.
+// level's slots cleared) | rank counts, the MAXC x MAXC comparisons split CP ways | the cut, where
+// each kept node writes its children straight into the next level's slots (double-buffered `cand`).
+// (One invocation per candidate looping over all MAXC was 2.5 us a level on the H200, 40% of the
+// route: docs/benchmarks.md, session 4.) `xr` (XR floats) is also the fused step's scratch after
+// the routing.
 
 var<workgroup> cand: array<u32, 2u * MAXC>;
 var<workgroup> rk: array<u32, MAXC>;

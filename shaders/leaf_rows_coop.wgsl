@@ -6,8 +6,7 @@
 // stage-2 scorer).
 // Needs from the kernel: GQ, MC, HD16, HD8, RT, QS, QL, KL, CW, WG; `qsh` (f16 rows of stride
 // QS), `ent` (RT entries: the chunk's, local query * MC + slot), `qa` (HD16 A matrices), the
-// binding `q` (Q as 16-byte pieces), `kv_piece(at, values)` (16-byte piece `at` of K, or of
-// V when `values`) and `row_in_leaf(leaf, r)` (whether staged row r is a key of the leaf);
+// binding `q` (Q as 16-byte pieces) and `key_piece(at)` (16-byte piece `at` of K);
 // p (select_common.wgsl) and bl (leaf_chunk.wgsl).
 
 // First token of the keys loaded for 16-key tile ct of `leaf`: clamped into the sequence (the
@@ -72,21 +71,18 @@ fn gather_q(lid: u32, b: u32, hkv: u32, n: u32) {
     }
 }
 
-// The leaf's CW key rows (its 16-key tiles, each from tile_start), or value rows when `values`,
-// into qsh rows 0 .. CW (the Q rows must be in registers by then). `kbase`: the (b, KV head)
-// offset in K (and V, which has K's strides), elements. Value rows that are not keys of the
-// leaf in their tile's own range (`row_in_leaf`: a tile clamped into the sequence or running
-// past a leaf that is not a multiple of 16 keys) are zeros, so another leaf's values (finite or
-// not) never enter the multiply.
-fn stage_rows(lid: u32, leaf: u32, kbase: u32, values: bool) {
+// The leaf's CW key rows (its 16-key tiles, each from tile_start) into qsh rows 0 .. CW (the Q
+// rows must be in registers by then). `kbase`: the (b, KV head) offset in K, elements. Keys
+// outside the leaf's own tile ranges are staged too; the kernels mask their scores.
+fn stage_keys(lid: u32, leaf: u32, kbase: u32) {
     var buf: array<vec4<u32>, KL>;
     for (var j = 0u; j < KL; j++) {
         let x = lid + j * WG;
         let r = x / HD8;
         var val = vec4<u32>(0u);
-        if (x < CW * HD8 && (!values || row_in_leaf(leaf, r))) {
+        if (x < CW * HD8) {
             let tok = tile_start(leaf, r / 16u) + r % 16u;
-            val = kv_piece((kbase + tok * p.k_sn) / 8u + x % HD8, values);
+            val = key_piece((kbase + tok * p.k_sn) / 8u + x % HD8);
         }
         buf[j] = val;
     }

@@ -64,14 +64,9 @@ var<workgroup> ent: array<u32, RT>;
 
 var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
 
-// 16-byte piece `at` of K (the scorer stages keys only; see leaf_rows_coop.wgsl).
-fn kv_piece(at: u32, values: bool) -> vec4<u32> {
+// 16-byte piece `at` of K (see leaf_rows_coop.wgsl).
+fn key_piece(at: u32) -> vec4<u32> {
     return k16[at];
-}
-
-// (Values only; the scorer masks its keys' scores instead.)
-fn row_in_leaf(leaf: u32, r: u32) -> bool {
-    return true;
 }
 
 // KSTAGE = 1: S = Q K^T for subgroup sg's rows, K from the staged rows.
@@ -129,7 +124,7 @@ fn leaf_score(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     if (KSTAGE == 1u) {
         load_rows(sg);
         workgroupBarrier();
-        stage_rows(lid, leaf, kbase, false);
+        stage_keys(lid, leaf, kbase);
         workgroupBarrier();
         score_rows_staged(sg);
     } else {
