@@ -1,0 +1,220 @@
+//! Ignored micro-benchmark: does the adapter's shader compiler unroll naga's constant-trip
+//! loops, so that the independent loads of one iteration space are in flight together, and does
+//! it keep a small private array indexed by a loop counter in registers? The kernels' comments
+//! assume both ("a fixed trip count, so the loads are in flight together"); this measures it.
+//!
+//! One workgroup of 64 invocations runs R dependent rounds (each round's addresses depend on
+//! the previous round's sum, which is 0 at run time but unknown to the compiler). A round is 16
+//! independent loads summed: as a `for` loop, hand-unrolled, or a loop of 4 loads per trip;
+//! from global memory (L2-resident, new lines each round) or workgroup memory; and 4 loads
+//! accumulated into a private `array<f32, 4>` indexed in loops against a `vec4`.
+//! If a loop's round costs about 16 load latencies and the unrolled one about 1, the loop was
+//! not unrolled. Run: `cargo test --release -p pisa-wgpu --test loop_unroll -- --ignored --nocapture`.
+
+mod common;
+
+use common::ctx;
+use pisa_wgpu::Profiler;
+
+const WGSL: &str = "
+@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
+@group(0) @binding(1) var<storage, read_write> outb: array<u32>;
+const R: u32 = 256u;
+var<workgroup> sh: array<u32, 2048>;
+
+fn at(idx: u32, r: u32, i: u32) -> u32 { return idx + (r * 16u + i) * 64u; }
+
+@compute @workgroup_size(64)
+fn gl_loop(@builtin(local_invocation_index) lid: u32) {
+    var idx = lid;
+    for (var r = 0u; r < R; r++) {
+        var s = 0u;
+        for (var i = 0u; i < 16u; i++) { s += buf[at(idx, r, i)]; }
+        idx = lid + s;
+    }
+    outb[lid] = idx;
+}
+
+@compute @workgroup_size(64)
+fn gl_loop4(@builtin(local_invocation_index) lid: u32) {
+    var idx = lid;
+    for (var r = 0u; r < R; r++) {
+        var s = 0u;
+        for (var i = 0u; i < 16u; i += 4u) {
+            let a = buf[at(idx, r, i)];
+            let b = buf[at(idx, r, i + 1u)];
+            let c = buf[at(idx, r, i + 2u)];
+            let d = buf[at(idx, r, i + 3u)];
+            s += a + b + c + d;
+        }
+        idx = lid + s;
+    }
+    outb[lid] = idx;
+}
+
+@compute @workgroup_size(64)
+fn gl_unroll(@builtin(local_invocation_index) lid: u32) {
+    var idx = lid;
+    for (var r = 0u; r < R; r++) {
+        let s = buf[at(idx, r, 0u)] + buf[at(idx, r, 1u)] + buf[at(idx, r, 2u)] + buf[at(idx, r, 3u)]
+            + buf[at(idx, r, 4u)] + buf[at(idx, r, 5u)] + buf[at(idx, r, 6u)] + buf[at(idx, r, 7u)]
+            + buf[at(idx, r, 8u)] + buf[at(idx, r, 9u)] + buf[at(idx, r, 10u)] + buf[at(idx, r, 11u)]
+            + buf[at(idx, r, 12u)] + buf[at(idx, r, 13u)] + buf[at(idx, r, 14u)] + buf[at(idx, r, 15u)];
+        idx = lid + s;
+    }
+    outb[lid] = idx;
+}
+
+fn fill_sh(lid: u32) {
+    for (var i = lid; i < 2048u; i += 64u) { sh[i] = buf[i]; }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(64)
+fn sh_loop(@builtin(local_invocation_index) lid: u32) {
+    fill_sh(lid);
+    var idx = lid;
+    for (var r = 0u; r < R; r++) {
+        var s = 0u;
+        for (var i = 0u; i < 16u; i++) { s += sh[(idx + i * 64u) & 2047u]; }
+        idx = lid + s;
+    }
+    outb[lid] = idx;
+}
+
+@compute @workgroup_size(64)
+fn sh_unroll(@builtin(local_invocation_index) lid: u32) {
+    fill_sh(lid);
+    var idx = lid;
+    for (var r = 0u; r < R; r++) {
+        let s = sh[idx & 2047u] + sh[(idx + 64u) & 2047u] + sh[(idx + 128u) & 2047u]
+            + sh[(idx + 192u) & 2047u] + sh[(idx + 256u) & 2047u] + sh[(idx + 320u) & 2047u]
+            + sh[(idx + 384u) & 2047u] + sh[(idx + 448u) & 2047u] + sh[(idx + 512u) & 2047u]
+            + sh[(idx + 576u) & 2047u] + sh[(idx + 640u) & 2047u] + sh[(idx + 704u) & 2047u]
+            + sh[(idx + 768u) & 2047u] + sh[(idx + 832u) & 2047u] + sh[(idx + 896u) & 2047u]
+            + sh[(idx + 960u) & 2047u];
+        idx = lid + s;
+    }
+    outb[lid] = idx;
+}
+
+@compute @workgroup_size(64)
+fn arr_loop(@builtin(local_invocation_index) lid: u32) {
+    fill_sh(lid);
+    var idx = lid;
+    for (var r = 0u; r < R; r++) {
+        var a: array<f32, 4>;
+        for (var i = 0u; i < 4u; i++) {
+            let m = f32(sh[(idx + i * 64u) & 2047u]);
+            for (var h = 0u; h < 4u; h++) { a[h] += m * f32(h + 1u); }
+        }
+        var t = 0.0;
+        for (var h = 0u; h < 4u; h++) { t += a[h]; }
+        idx = lid + u32(t);
+    }
+    outb[lid] = idx;
+}
+
+@compute @workgroup_size(64)
+fn arr_vec(@builtin(local_invocation_index) lid: u32) {
+    fill_sh(lid);
+    var idx = lid;
+    for (var r = 0u; r < R; r++) {
+        let m0 = f32(sh[idx & 2047u]);
+        let m1 = f32(sh[(idx + 64u) & 2047u]);
+        let m2 = f32(sh[(idx + 128u) & 2047u]);
+        let m3 = f32(sh[(idx + 192u) & 2047u]);
+        let w = vec4<f32>(1.0, 2.0, 3.0, 4.0);
+        let a = (m0 + m1 + m2 + m3) * w;
+        idx = lid + u32(a.x + a.y + a.z + a.w);
+    }
+    outb[lid] = idx;
+}
+";
+
+const KERNELS: [&str; 7] = [
+    "gl_loop",
+    "gl_loop4",
+    "gl_unroll",
+    "sh_loop",
+    "sh_unroll",
+    "arr_loop",
+    "arr_vec",
+];
+
+#[test]
+#[ignore]
+fn loop_unroll() {
+    let ctx = ctx();
+    if !ctx.has_timestamps() {
+        eprintln!("no timestamps: nothing to measure");
+        return;
+    }
+    let dev = ctx.device();
+    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("loop_unroll"),
+        source: wgpu::ShaderSource::Wgsl(WGSL.into()),
+    });
+    // 256 rounds x 16 loads x 64 words (+ 64): zero-filled at creation, 1 MiB (L2-resident).
+    let words = 256 * 16 * 64 + 64;
+    let mk = |size: u64| {
+        dev.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    };
+    let (buf, outb) = (mk(4 * words), mk(4 * 64));
+    for name in KERNELS {
+        let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: None,
+            module: &module,
+            entry_point: Some(name),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: buf.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: outb.as_entire_binding(),
+                },
+            ],
+        });
+        let mut spans = Vec::new();
+        for rep in 0..8 {
+            let mut prof = Profiler::new(ctx, 1);
+            let mut enc = dev.create_command_encoder(&Default::default());
+            {
+                let tw = prof.pass_writes(name);
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: tw,
+                });
+                pass.set_pipeline(&pipe);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(1, 1, 1);
+            }
+            ctx.queue().submit([enc.finish()]);
+            let _ = dev.poll(wgpu::PollType::wait_indefinitely());
+            let span = prof.finish_span(ctx, name).unwrap().unwrap();
+            if rep > 1 {
+                spans.push(span * 1e6);
+            }
+        }
+        spans.sort_by(f64::total_cmp);
+        let med = spans[spans.len() / 2];
+        eprintln!(
+            "{name:>10}: {med:9.1} ns per dispatch, {:7.2} ns per round",
+            med / 256.0
+        );
+    }
+}
