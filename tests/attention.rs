@@ -12,8 +12,9 @@ mod common;
 use attention_util::{check, inputs, random_selection, skip_f16, sparse_case, Case};
 use common::*;
 use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
-use pisa_wgpu::ops::attention::{self, AttentionKind, Tiling};
-use pisa_wgpu::Storage;
+use pisa_wgpu::ops::attention::{self, coop, AttentionKernel, AttentionKind, QkvLayouts, Tiling};
+use pisa_wgpu::ops::fill::random_tensor;
+use pisa_wgpu::{AdapterChoice, Context, KernelPath, LeafOrder, Storage};
 use TensorLayout::{Bhnd, Bnhd};
 
 #[test]
@@ -173,5 +174,104 @@ fn dense_matches_reference() {
         .unwrap();
         let what = format!("{s:?} {layout:?} {storage:?} causal {causal} seed {seed}");
         check(&what, (&got.0, &got.1), (&ro, &rl), storage);
+    }
+}
+
+/// The shaders of each kernel [`attention::attention_kernel`] can report.
+fn shaders_of(kernel: AttentionKernel) -> &'static [&'static str] {
+    match kernel {
+        AttentionKernel::SplitK => &["attention_split", "attention_split_merge"],
+        AttentionKernel::LeafMajor(KernelPath::Portable) => {
+            &["attention_leaf", "attention_leaf_merge", "leaf_bucket"]
+        }
+        AttentionKernel::LeafMajor(KernelPath::CoopMat) => {
+            &["attention_leaf_coop", "attention_leaf_merge", "leaf_bucket"]
+        }
+        AttentionKernel::CoopTile => &["attention_coop"],
+        AttentionKernel::PortableTile => &["attention"],
+    }
+}
+
+/// The kernel `attention_kernel` reports is the one `record_attention` runs: each case records
+/// one call on a context of its own (per kernel path the adapter has), and the shaders the call
+/// built are those of the reported kernel. On the portable path the kernel is also the expected
+/// one: split-K for few queries against many keys, leaf-major with `LeafOrder::Leaves` (not
+/// where V's layout differs from K's), the tile kernel for the rest and for an explicit tiling.
+#[test]
+fn reported_kernel_is_the_one_that_runs() {
+    use AttentionKernel::{LeafMajor, PortableTile, SplitK};
+    use LeafOrder::{Auto, Leaves};
+    use Storage::{F16, F32};
+    let mut r = rng(seed("reported kernel"));
+    let tiles = Tiling::default_for(4, None);
+    // (what, Hq, Hkv, Nq, Nk, sparse, order, V layout, tiling, storage, portable-path kernel)
+    #[rustfmt::skip]
+    let cases = [
+        ("dense decode", 8, 2, 1, 4096, false, Auto, Bhnd, None, F32, SplitK),
+        ("dense decode f16", 8, 2, 1, 4096, false, Auto, Bhnd, None, F16, SplitK),
+        ("dense decode, tiling", 8, 2, 1, 4096, false, Auto, Bhnd, Some(tiles), F32, PortableTile),
+        ("dense, 128 rows", 8, 2, 32, 4096, false, Auto, Bhnd, None, F32, PortableTile),
+        ("dense prefill", 4, 2, 128, 128, false, Auto, Bhnd, None, F16, PortableTile),
+        ("sparse, Auto", 4, 2, 256, 256, true, Auto, Bhnd, None, F32, PortableTile),
+        ("sparse, Leaves", 4, 2, 256, 256, true, Leaves, Bhnd, None, F32, LeafMajor(KernelPath::Portable)),
+        ("sparse f16, Leaves", 4, 2, 256, 256, true, Leaves, Bhnd, None, F16, LeafMajor(KernelPath::Portable)),
+        ("sparse, Leaves, V Bnhd", 4, 2, 256, 256, true, Leaves, Bnhd, None, F32, PortableTile),
+    ];
+    for (what, hq, hkv, nq, nk, sparse, order, v_layout, tiling, storage, portable) in cases {
+        for path in [KernelPath::Portable, KernelPath::CoopMat] {
+            let ctx = &Context::new(&AdapterChoice::HighPerformance).unwrap();
+            if ctx.set_kernel_path(path) != path || skip_f16(ctx, storage) {
+                continue;
+            }
+            ctx.set_leaf_order(order);
+            let s = AttentionShape::new(1, hq, hkv, nq, nk, 64).unwrap();
+            let cfg = SelectionConfig::new(16, 4).unwrap();
+            let t = |n, seed| random_tensor(ctx, "x", n, storage, seed, 1.0).unwrap();
+            let (q, k, v) = (t(s.q_elems(), 1), t(s.kv_elems(), 2), t(s.kv_elems(), 3));
+            let sel = ctx
+                .upload_u32("sel", &random_selection(&mut r, &s, &cfg))
+                .unwrap();
+            let kind = match sparse {
+                true => AttentionKind::Sparse {
+                    selection: &sel,
+                    cfg: &cfg,
+                },
+                false => AttentionKind::Dense {
+                    causal: true,
+                    scale: 0.125,
+                },
+            };
+            let layouts = QkvLayouts {
+                v: v_layout,
+                ..QkvLayouts::default()
+            };
+            let reported = attention::attention_kernel(ctx, &s, storage, layouts, &kind, tiling);
+            let before = ctx.built_shaders();
+            let (o, lse) = ctx
+                .scoped("test", || {
+                    let mut enc = ctx.device().create_command_encoder(&Default::default());
+                    let out = attention::record_attention(
+                        ctx, &mut enc, &q, &k, &v, &s, layouts, &kind, tiling, None,
+                    )?;
+                    ctx.queue().submit([enc.finish()]);
+                    Ok(out)
+                })
+                .unwrap();
+            let what = format!("{what} {s:?} {storage:?} on {path}: reported {reported}");
+            let built: Vec<_> = ctx.built_shaders();
+            let new: Vec<_> = built.into_iter().filter(|x| !before.contains(x)).collect();
+            assert_eq!(new, shaders_of(reported), "{what}: shaders built");
+            if path == KernelPath::Portable {
+                assert_eq!(reported, portable, "{what}");
+            }
+            if tiling.is_none() && layouts == QkvLayouts::default() {
+                let p = coop::attention_path(ctx, &s, storage, &kind);
+                assert_eq!(p, reported.path(), "{what}: attention_path");
+            }
+            for x in [ctx.read_f32(&o).unwrap(), ctx.read_f32(&lse).unwrap()] {
+                assert!(x.iter().all(|v| !v.is_nan()), "{what}: unwritten output");
+            }
+            eprintln!("{what}: ran {new:?}");
+        }
     }
 }

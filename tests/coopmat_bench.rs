@@ -120,8 +120,10 @@ fn bench_coop_vs_portable() {
                 selection: &sel,
                 cfg: &cfg,
             };
-            let ran_d = coop::attention_path(ctx, &s, Storage::F16, &dk);
-            let ran_s = coop::attention_path(ctx, &s, Storage::F16, &sk);
+            // The kernels the calls below run (split-K, leaf-major or a tile kernel).
+            let ran =
+                |kind| attention::attention_kernel(ctx, &s, Storage::F16, Bhnd.into(), kind, None);
+            let (ran_d, ran_s) = (ran(&dk), ran(&sk));
             let (dms, o) = time_ms(ctx, "dense", &|enc, prof| {
                 attention::record_dense_attention(
                     ctx,

@@ -8,7 +8,8 @@
 //! leaves; dense attention walks every visible key tile, so the benchmark compares the same
 //! inner loop. Host-slice entry points with binding-size splitting are in [`host`].
 //!
-//! On a context whose [`KernelPath`] is CoopMat, f16-storage calls with the default tiling run
+//! Which kernel runs is one rule, [`attention_kernel`] (also what reports name). On a context
+//! whose [`crate::KernelPath`] is CoopMat, f16-storage calls with the default tiling run
 //! the tensor-core twin in [`coop`] (same inputs, outputs and semantics) when the shape suits it.
 //! Sparse attention may instead run leaf-major ([`by_leaf`]: the selection bucketed by leaf,
 //! per-leaf partial states merged per query), chosen by the context's [`crate::LeafOrder`]: by
@@ -18,21 +19,23 @@
 pub mod by_leaf;
 pub mod coop;
 pub mod host;
+mod kernel;
 mod launch;
 pub mod split_k;
 pub mod tiling;
 
-use bytemuck::{Pod, Zeroable};
 use pisa_core::{AttentionShape, PisaError, SelectionConfig, TensorLayout};
 
 pub use host::{dense_attention_host, sparse_attention_host};
+pub use kernel::{attention_kernel, AttentionKernel};
 pub use tiling::Tiling;
 
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
-use crate::runtime::context::{Context, KernelPath};
-use crate::runtime::pipeline::{ShaderSource, Storage};
+use crate::runtime::context::Context;
+use crate::runtime::pipeline::ShaderSource;
 use crate::runtime::profiler::Profiler;
+use kernel::Plan;
 use launch::Launch;
 
 /// `shaders/attention.wgsl`.
@@ -82,29 +85,6 @@ pub enum AttentionKind<'a> {
         /// Softmax scale s.
         scale: f32,
     },
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable, Default)]
-struct Params {
-    q_s: [u32; 3],
-    k_s: [u32; 3],
-    v_s: [u32; 3],
-    kv_heads: u32,
-    q_heads: u32,
-    group: u32,
-    gh: u32,
-    head_chunks: u32,
-    q_len: u32,
-    k_len: u32,
-    block_size: u32,
-    n_qtiles: u32,
-    top_k: u32,
-    nb0: u32,
-    causal: u32,
-    wg_count: u32,
-    scale_log2: f32,
-    pad: u32,
 }
 
 fn u32_of(what: &'static str, v: usize) -> Result<u32> {
@@ -182,11 +162,6 @@ pub(crate) fn element_strides(l: TensorLayout, heads: usize, tokens: usize, d: u
     [a as u32, b as u32, c as u32]
 }
 
-/// [`element_strides`] in vec4 units (the tile kernels read Q, K, V as vec4 rows).
-fn strides(l: TensorLayout, heads: usize, tokens: usize, d: usize) -> [u32; 3] {
-    element_strides(l, heads, tokens, d).map(|x| x / 4)
-}
-
 /// Records block-sparse attention (PISA.md section 4): `O_i = sum_{t in selected leaves,
 /// t <= p_i if causal} softmax(s q_i.k_t) v_t`, with the default [`Tiling`].
 ///
@@ -242,12 +217,8 @@ pub fn record_dense_attention(
 /// kind, shrunk to the device's workgroup memory). Everything else as
 /// [`record_sparse_attention`].
 ///
-/// With `tiling: None`, dense attention runs split-K where [`split_k::plan`] says so (few
-/// queries, many keys: its rule), and sparse attention runs leaf-major where [`by_leaf`] plans it
-/// ([`by_leaf::leaf_major_path`] tells); otherwise, with f16 storage and a context on
-/// [`KernelPath::CoopMat`], a shape that [`coop::plan`] accepts runs the cooperative-matrix
-/// kernel ([`coop::attention_path`] tells which tile kernel); an explicit tiling always runs the
-/// portable tile kernel.
+/// The kernel (split-K, leaf-major, the cooperative-matrix or the portable tile kernel) is the
+/// one [`attention_kernel`] reports for these arguments: both read one rule (see there).
 #[allow(clippy::too_many_arguments)]
 pub fn record_attention(
     ctx: &Context,
@@ -262,23 +233,42 @@ pub fn record_attention(
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
     validate(shape, q, k, v, kind)?;
-    if let (None, AttentionKind::Dense { causal, scale }) = (tiling, kind) {
-        if let Some(sk) = split_k::plan(ctx, shape, q.storage) {
+    match kernel::plan(ctx, shape, q.storage, layouts, kind, tiling) {
+        Plan::SplitK {
+            plan,
+            causal,
+            scale,
+        } => {
             let qkv = [q, k, v];
-            return split_k::record(ctx, enc, qkv, shape, layouts, (*causal, *scale), &sk, prof);
+            split_k::record(ctx, enc, qkv, shape, layouts, (causal, scale), &plan, prof)
         }
+        Plan::LeafMajor {
+            plan,
+            selection,
+            cfg,
+        } => by_leaf::record(
+            ctx, enc, q, k, v, selection, shape, layouts, cfg, &plan, prof,
+        ),
+        Plan::CoopTile(cv) => coop::record(ctx, enc, q, k, v, shape, layouts, kind, &cv, prof),
+        Plan::PortableTile => record_tiles(ctx, enc, q, k, v, shape, layouts, kind, tiling, prof),
     }
-    if let (None, AttentionKind::Sparse { selection, cfg }) = (tiling, kind) {
-        if let Some(la) = by_leaf::plan(ctx, q.storage, shape, layouts, cfg) {
-            let sel = *selection;
-            return by_leaf::record(ctx, enc, q, k, v, sel, shape, layouts, cfg, &la, prof);
-        }
-    }
-    if tiling.is_none() && q.storage == Storage::F16 && ctx.kernel_path() == KernelPath::CoopMat {
-        if let Some(cv) = coop::plan(ctx, shape, kind) {
-            return coop::record(ctx, enc, q, k, v, shape, layouts, kind, &cv, prof);
-        }
-    }
+}
+
+/// Records the portable tile kernel (`shaders/attention.wgsl`) with `tiling` (`None`: the
+/// default for the kind); inputs validated by the caller.
+#[allow(clippy::too_many_arguments)]
+fn record_tiles(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    shape: &AttentionShape,
+    layouts: QkvLayouts,
+    kind: &AttentionKind<'_>,
+    tiling: Option<Tiling>,
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
     let s = shape;
     let g = s.gqa_group();
     let top_k = match kind {

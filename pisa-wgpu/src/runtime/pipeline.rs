@@ -174,6 +174,19 @@ impl PipelineCache {
     }
 }
 
+impl crate::Context {
+    /// The shaders ([`ShaderSource::name`]) this context has built pipelines of so far, sorted,
+    /// each once: the kernels it has recorded (diagnostics; the tests check with it that the
+    /// kernel [`crate::ops::attention::attention_kernel`] reports is the one that runs).
+    pub fn built_shaders(&self) -> Vec<&'static str> {
+        let map = self.pipelines.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut names: Vec<&'static str> = map.keys().map(|k| k.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+}
+
 /// A numeric tuning knob from the environment (`PISA_ROUTE_LANES`, `PISA_LEAF_LPI`, ...): the
 /// variable's value parsed as u32, or `None` when unset or not a number. Callers check the range.
 pub(crate) fn env_u32(name: &str) -> Option<u32> {

@@ -161,21 +161,16 @@ pub fn plan(
     }
 }
 
-/// Which kernel family [`super::record_attention`] runs for this call (default tiling): dense
-/// calls that run split-K ([`super::split_k::plan`]) report the portable path, which they are.
+/// The kernel family [`super::record_attention`] runs for this call with the default tiling
+/// and Q, K, V in the default layout ([`QkvLayouts::default`]): the path of
+/// [`super::attention_kernel`] (which names the kernel itself, e.g. split-K, portable).
 pub fn attention_path(
     ctx: &Context,
     shape: &AttentionShape,
     storage: Storage,
     kind: &AttentionKind<'_>,
 ) -> KernelPath {
-    let split_k = matches!(kind, AttentionKind::Dense { .. })
-        && super::split_k::plan(ctx, shape, storage).is_some();
-    if storage == Storage::F16 && !split_k && plan(ctx, shape, kind).is_some() {
-        KernelPath::CoopMat
-    } else {
-        KernelPath::Portable
-    }
+    super::attention_kernel(ctx, shape, storage, QkvLayouts::default(), kind, None).path()
 }
 
 /// Records the cooperative-matrix kernel with an explicit variant (tuning and benchmarks; the

@@ -2,14 +2,44 @@
 //! cooperative-matrix (`shaders/attention_coop.wgsl`) paths: they have the same bindings,
 //! `Params` and row mapping, and differ only in the pipeline and its workgroup cut.
 
-use pisa_core::AttentionShape;
+use bytemuck::{Pod, Zeroable};
+use pisa_core::{AttentionShape, TensorLayout};
 
-use super::{strides, u32_of, AttentionKind, Params, QkvLayouts};
+use super::{element_strides, u32_of, AttentionKind, QkvLayouts};
 use crate::error::Result;
 use crate::runtime::buffers::{GpuTensor, POISON_F32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
+
+/// The kernels' `Params` uniform (`shaders/attention_common.wgsl`).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+struct Params {
+    q_s: [u32; 3],
+    k_s: [u32; 3],
+    v_s: [u32; 3],
+    kv_heads: u32,
+    q_heads: u32,
+    group: u32,
+    gh: u32,
+    head_chunks: u32,
+    q_len: u32,
+    k_len: u32,
+    block_size: u32,
+    n_qtiles: u32,
+    top_k: u32,
+    nb0: u32,
+    causal: u32,
+    wg_count: u32,
+    scale_log2: f32,
+    pad: u32,
+}
+
+/// [`element_strides`] in vec4 units (the tile kernels read Q, K, V as vec4 rows).
+fn strides(l: TensorLayout, heads: usize, tokens: usize, d: usize) -> [u32; 3] {
+    element_strides(l, heads, tokens, d).map(|x| x / 4)
+}
 
 /// One launch of a sparse or dense attention kernel (portable or cooperative-matrix: same
 /// bindings, parameters and row mapping): its poisoned outputs, parameters, entry point and

@@ -41,7 +41,8 @@ impl LeafAttention {
 
 /// Whether a sparse-attention call of this shape, layouts, configuration and storage on `ctx`
 /// runs leaf-major (else the tile kernels), and on tensor cores: `None` (tiles),
-/// `Some(KernelPath)` (leaf-major on that path).
+/// `Some(KernelPath)` (leaf-major on that path). The same answer as
+/// [`crate::ops::attention::attention_kernel`] (the whole choice) gives for such a call.
 pub fn leaf_major_path(
     ctx: &Context,
     storage: Storage,

@@ -1,0 +1,170 @@
+//! Which attention kernel a call runs: ONE rule, [`plan`], that [`super::record_attention`]
+//! dispatches on and that every report of the choice reads ([`attention_kernel`],
+//! [`super::coop::attention_path`], `pisa bench`), so a reported kernel is the one that ran.
+
+use pisa_core::{AttentionShape, SelectionConfig};
+
+use super::by_leaf::{self, LeafAttention};
+use super::coop::{self, CoopVariant};
+use super::split_k::{self, SplitK};
+use super::{AttentionKind, QkvLayouts, Tiling};
+use crate::runtime::buffers::GpuTensor;
+use crate::runtime::context::{Context, KernelPath};
+use crate::runtime::pipeline::Storage;
+
+/// The kernel that runs one attention call (PISA.md sections 4 and 5); [`attention_kernel`]
+/// gives it for a call's arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttentionKernel {
+    /// Split-K dense attention, FlashDecoding ([`super::split_k`]): the keys cut into splits
+    /// whose partial softmax states are merged per row; for few queries against many keys.
+    SplitK,
+    /// Leaf-major sparse attention ([`super::by_leaf`]): the selection bucketed by leaf, a
+    /// partial state per (query, selected leaf), merged per query; on tensor cores
+    /// ([`KernelPath::CoopMat`], `attention_leaf_coop.wgsl`) or portable
+    /// (`attention_leaf.wgsl`).
+    LeafMajor(KernelPath),
+    /// The cooperative-matrix (tensor-core) query-tile kernel ([`super::coop`],
+    /// `attention_coop.wgsl`).
+    CoopTile,
+    /// The portable query-tile kernel (`attention.wgsl`, [`Tiling`]).
+    PortableTile,
+}
+
+impl AttentionKernel {
+    /// The kernel family: [`KernelPath::CoopMat`] for the tensor-core kernels (the coop tile
+    /// kernel, leaf-major on tensor cores), [`KernelPath::Portable`] for the others (split-K
+    /// included: it has no tensor-core twin).
+    pub fn path(self) -> KernelPath {
+        match self {
+            Self::CoopTile | Self::LeafMajor(KernelPath::CoopMat) => KernelPath::CoopMat,
+            Self::SplitK | Self::LeafMajor(KernelPath::Portable) | Self::PortableTile => {
+                KernelPath::Portable
+            }
+        }
+    }
+
+    /// A short stable name for reports: `split-k`, `leaf-major-coopmat`, `leaf-major-portable`,
+    /// `coop-tile` or `portable-tile`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SplitK => "split-k",
+            Self::LeafMajor(KernelPath::CoopMat) => "leaf-major-coopmat",
+            Self::LeafMajor(KernelPath::Portable) => "leaf-major-portable",
+            Self::CoopTile => "coop-tile",
+            Self::PortableTile => "portable-tile",
+        }
+    }
+}
+
+impl std::fmt::Display for AttentionKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A kernel with its plan and the parts of the call's [`AttentionKind`] it runs on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Plan<'a> {
+    SplitK {
+        plan: SplitK,
+        causal: bool,
+        scale: f32,
+    },
+    LeafMajor {
+        plan: LeafAttention,
+        selection: &'a GpuTensor,
+        cfg: &'a SelectionConfig,
+    },
+    CoopTile(CoopVariant),
+    PortableTile,
+}
+
+impl Plan<'_> {
+    /// The kernel this plan runs.
+    pub fn kernel(&self) -> AttentionKernel {
+        match self {
+            Self::SplitK { .. } => AttentionKernel::SplitK,
+            Self::LeafMajor { plan, .. } if plan.coop.is_some() => {
+                AttentionKernel::LeafMajor(KernelPath::CoopMat)
+            }
+            Self::LeafMajor { .. } => AttentionKernel::LeafMajor(KernelPath::Portable),
+            Self::CoopTile(_) => AttentionKernel::CoopTile,
+            Self::PortableTile => AttentionKernel::PortableTile,
+        }
+    }
+}
+
+/// The kernel and plan of an attention call (the rule of [`attention_kernel`]). Never panics on
+/// an invalid call: [`super::record_attention`] rejects those before it asks.
+pub(crate) fn plan<'a>(
+    ctx: &Context,
+    shape: &AttentionShape,
+    storage: Storage,
+    layouts: QkvLayouts,
+    kind: &AttentionKind<'a>,
+    tiling: Option<Tiling>,
+) -> Plan<'a> {
+    if tiling.is_some() {
+        return Plan::PortableTile;
+    }
+    match *kind {
+        AttentionKind::Dense { causal, scale } => {
+            if let Some(plan) = split_k::plan(ctx, shape, storage) {
+                return Plan::SplitK {
+                    plan,
+                    causal,
+                    scale,
+                };
+            }
+        }
+        AttentionKind::Sparse { selection, cfg } => {
+            if cfg.validate().is_ok() {
+                if let Some(plan) = by_leaf::plan(ctx, storage, shape, layouts, cfg) {
+                    return Plan::LeafMajor {
+                        plan,
+                        selection,
+                        cfg,
+                    };
+                }
+            }
+        }
+    }
+    if storage == Storage::F16 {
+        if let Some(cv) = coop::plan(ctx, shape, kind) {
+            return Plan::CoopTile(cv);
+        }
+    }
+    Plan::PortableTile
+}
+
+/// The kernel [`super::record_attention`] runs for these arguments (Q's storage as `storage`;
+/// the selection tensor of a sparse `kind` is not read). The same function picks it there, so
+/// the answer is the kernel that runs. Rule, first match:
+///
+/// 1. an explicit `tiling`: [`AttentionKernel::PortableTile`] (tests and tuning);
+/// 2. dense, where [`split_k::plan`] says so: [`AttentionKernel::SplitK`] (FlashDecoding,
+///    Dao et al. 2023). Few rows per (batch, KV head) (g_q * Nq <= [`split_k::MAX_ROWS`]), many
+///    keys (Nk >= [`split_k::MIN_KEYS`]) and a tile launch of fewer than
+///    [`split_k::TILE_WORKGROUPS_BELOW`] workgroups: the decode baseline, 287 -> 1.63 ms at 1M
+///    keys on the H200 (`docs/benchmarks.md`, split-K dense decode);
+/// 3. sparse, where the leaf-major plan takes it: [`AttentionKernel::LeafMajor`]. It follows
+///    [`Context::leaf_order`]: Auto on tensor cores from 8192 queries on (2.4x / 2.7x over the
+///    tile kernel at 64K / 256K on the H200, `docs/benchmarks.md`), Leaves wherever it fits,
+///    Tiles never; see [`by_leaf::leaf_major_path`];
+/// 4. f16 storage where [`coop::plan`] finds a variant (the context on
+///    [`KernelPath::CoopMat`], D a multiple of 16 up to 128): [`AttentionKernel::CoopTile`];
+/// 5. otherwise [`AttentionKernel::PortableTile`].
+///
+/// A call that [`super::record_attention`] rejects (bad head dim, lengths, configuration)
+/// runs no kernel; the answer for it means nothing (but this never panics).
+pub fn attention_kernel(
+    ctx: &Context,
+    shape: &AttentionShape,
+    storage: Storage,
+    layouts: QkvLayouts,
+    kind: &AttentionKind<'_>,
+    tiling: Option<Tiling>,
+) -> AttentionKernel {
+    plan(ctx, shape, storage, layouts, kind, tiling).kernel()
+}
