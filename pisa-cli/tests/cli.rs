@@ -185,7 +185,7 @@ fn recall_with_nothing_to_count_says_so() {
 #[test]
 fn bench_tiny_json_then_compare() {
     let dir = tempfile::tempdir().unwrap();
-    let sizes = ["bench", "--sizes", "128", "--decode-sizes", "128"];
+    let sizes = ["bench", "--sizes", "128", "--decode-sizes", "128,4k"];
     let rest = ["--backward-max", "0", "--json", "a.json"];
     let r = run_in(dir.path(), &[&sizes[..], &TINY_BENCH, &rest].concat()).ok();
     assert!(r.stdout.contains("wrote a.json"), "{}", r.stdout);
@@ -222,6 +222,32 @@ fn bench_tiny_json_then_compare() {
         assert!(ms.is_finite() && ms > 0.0, "{op}: {rec}");
     }
     assert!(r.stdout.contains("PISA burst"), "{}", r.stdout);
+    // The attention records name the kernel that ran (`attention_kernel`): the tile kernel for
+    // 128 tokens, split-K for the one query against 4096 keys; the table lists them. (Prefill
+    // records per op exist with GPU timestamps only.)
+    let kernel = |op: &str, n: usize| {
+        let recs = j["records"].as_array().unwrap();
+        let rec = recs.iter().find(|r| r["op"] == op && r["n"] == n);
+        rec.and_then(|r| r["kernel"].as_str()).map(str::to_string)
+    };
+    let mut want = vec![
+        ("decode_dense", 128, "portable-tile"),
+        ("decode_dense", 4096, "split-k"),
+        ("decode_dense_burst", 4096, "split-k"),
+    ];
+    if timed {
+        want.push(("dense", 128, "portable-tile"));
+        assert!(kernel("attention", 128).is_some(), "attention: no kernel");
+        assert_eq!(kernel("pisa_select", 128), None);
+    }
+    for (op, n, want) in want {
+        assert_eq!(kernel(op, n).as_deref(), Some(want), "{op} N {n}");
+    }
+    assert!(
+        r.stdout.contains("attention kernels: attention "),
+        "{}",
+        r.stdout
+    );
     assert!(dir.path().join("a.svg").exists());
     let c = run_in(dir.path(), &["bench", "--compare", "a.json", "a.json"]).ok();
     assert!(c.stdout.contains("pisa_select"), "{}", c.stdout);
@@ -257,6 +283,10 @@ fn bench_leaf_order_leaves() {
     for op in ["pisa_select", "attention", "pisa_prefill"] {
         let rec = recs.iter().find(|r| r["op"] == op);
         assert!(rec.is_some() || !timed, "{op} missing: {ops:?}");
+    }
+    // The sparse attention's record names the leaf-major kernel (portable: f32 storage).
+    if let Some(rec) = recs.iter().find(|r| r["op"] == "attention") {
+        assert_eq!(rec["kernel"], "leaf-major-portable", "{rec}");
     }
 }
 

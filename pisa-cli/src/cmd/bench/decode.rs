@@ -2,18 +2,19 @@
 //! dispatches, and the same dispatches timed apart) against dense attention of one query over
 //! the whole cache, at one cache length, with the KV heads split over caches past one storage
 //! binding; each both as one isolated step per submission and as a burst of `--decode-burst`
-//! steps back to back in one submission (how the PyTorch peer times SDPA decode); and the
-//! records `pisa bench` writes for them.
+//! steps back to back in one submission (how the PyTorch peer times SDPA decode). The records
+//! `pisa bench` writes for them are made by [`super::report::decode_records`].
 
 use anyhow::{Context as _, Result};
 use pisa_core::{AttentionShape, TensorLayout};
-use pisa_wgpu::ops::attention::{record_dense_attention, QkvLayouts};
+use pisa_wgpu::ops::attention::{
+    attention_kernel, record_dense_attention, AttentionKind, QkvLayouts,
+};
 use pisa_wgpu::ops::decode::KvCache;
 use pisa_wgpu::ops::fill::random_tensor;
-use pisa_wgpu::{Context, GpuTensor, Profiler, Storage};
+use pisa_wgpu::{Context, GpuTensor, Profiler};
 
 use super::measure::Plan;
-use super::report::Record;
 
 /// Default steps per burst (`--decode-burst`): as `benches/peers/torch_peers.py` (`timeit`,
 /// `inner=10`) times decode.
@@ -75,6 +76,15 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     check_burst(p.burst, parts.len())?;
     let scale = p.cfg.softmax_scale(d);
     let dense_layouts = QkvLayouts::from(TensorLayout::Bhnd);
+    // The kernel of the dense calls below (record_dense_attention: causal, `scale`, no tiling).
+    let kind = AttentionKind::Dense {
+        causal: true,
+        scale,
+    };
+    let kernels = parts
+        .iter()
+        .map(|x| attention_kernel(ctx, &x.shape, p.storage, dense_layouts, &kind, None));
+    let dense_kernel = super::kernels::names(kernels);
     let mut pisa = Vec::new();
     let mut dense = Vec::new();
     let mut bursts: [Vec<f64>; 2] = Default::default();
@@ -191,6 +201,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         stages: gpu.then(|| [med(a), med(b), med(c)]),
         reps,
         gpu,
+        dense_kernel,
     })
 }
 
@@ -264,44 +275,6 @@ pub struct DecodeTimes {
     pub reps: usize,
     /// True when timed by GPU timestamps (else wall clock).
     pub gpu: bool,
-}
-
-/// The records of one decode measurement at cache length `n`: `decode_route`, `decode_leaf`,
-/// `decode_merge` (GPU timestamps only), `decode_pisa`, `decode_dense`, `decode_pisa_burst`,
-/// `decode_dense_burst` (ms per step); the dense ones with GB/s against reading K and V of
-/// `hkv` heads of dimension `d` once.
-pub fn records(
-    t: &DecodeTimes,
-    n: usize,
-    (hkv, d): (usize, usize),
-    st: Storage,
-    path: &str,
-) -> Vec<Record> {
-    let bytes = 2.0 * (hkv * n * d) as f64 * st.bytes() as f64;
-    let gbps = |ms: f64| Some(bytes / ms.max(1e-9) * 1e-6);
-    let staged = ["decode_route", "decode_leaf", "decode_merge"]
-        .into_iter()
-        .zip(t.stages.unwrap_or_default())
-        .filter(|_| t.stages.is_some())
-        .map(|(op, ms)| (op, ms, None));
-    let stn = if st == Storage::F16 { "f16" } else { "f32" };
-    staged
-        .chain([
-            ("decode_pisa", t.pisa, None),
-            ("decode_dense", t.dense, gbps(t.dense)),
-            ("decode_pisa_burst", t.pisa_burst, None),
-            ("decode_dense_burst", t.dense_burst, gbps(t.dense_burst)),
-        ])
-        .map(|(op, ms, gbps)| Record {
-            op: op.into(),
-            n,
-            storage: stn.into(),
-            ms,
-            reps: t.reps,
-            gpu_timed: t.gpu,
-            tflops: None,
-            gbps,
-            path: path.into(),
-        })
-        .collect()
+    /// The dense calls' attention kernel ([`super::kernels::names`]).
+    pub dense_kernel: Option<String>,
 }

@@ -8,12 +8,14 @@
 
 use anyhow::Result;
 use pisa_core::{AttentionShape, PyramidLayout, Scoring, SelectionConfig, TensorLayout};
-use pisa_wgpu::ops::attention::{record_dense_attention, record_sparse_attention, QkvLayouts};
+use pisa_wgpu::ops::attention::{attention_kernel, record_attention, AttentionKind, QkvLayouts};
 use pisa_wgpu::ops::backward::record_backward;
 use pisa_wgpu::ops::fill::random_tensor;
 use pisa_wgpu::ops::pyramid::{self, KeyGeometry};
 use pisa_wgpu::ops::select::{select, Layouts, Method};
 use pisa_wgpu::{Context, GpuTensor, Profiler, StageTimes, Storage};
+
+use super::kernels::Kernels;
 
 /// What to measure at one size.
 #[derive(Debug, Clone, Copy)]
@@ -94,9 +96,9 @@ fn even_chunk(limit: u64, per_head: u64, heads: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Runs the prefill measurements of one size; returns the median stage times (ms) and the
-/// number of repetitions.
-pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
+/// Runs the prefill measurements of one size; returns the median stage times (ms), the number
+/// of repetitions and the attention kernels that ran.
+pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> {
     let hc = heads_per_chunk(ctx, p);
     let chunks = p.hkv.div_ceil(hc);
     let g = p.hq / p.hkv;
@@ -134,6 +136,8 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
     };
     let layouts = Layouts::new(layout, &shape);
     let scale = p.cfg.softmax_scale(p.d);
+    let qkv = QkvLayouts::from(layout);
+    let kernels = std::cell::Cell::new(Kernels::default());
     let one_rep = |rep: usize| -> Result<StageTimes> {
         let mut total = StageTimes {
             stages: Vec::new(),
@@ -159,20 +163,35 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
                     &mut enc,
                     Some(&mut prof),
                 )?;
-                let (o, lse) = record_sparse_attention(
+                let sparse = AttentionKind::Sparse {
+                    selection: &sel,
+                    cfg: &p.cfg,
+                };
+                let dense = AttentionKind::Dense {
+                    causal: p.cfg.causal,
+                    scale,
+                };
+                // The kernels these very calls run (the rule record_attention dispatches on).
+                kernels.set(Kernels {
+                    attention: Some(attention_kernel(ctx, &shape, p.storage, qkv, &sparse, None)),
+                    dense: p
+                        .dense
+                        .then(|| attention_kernel(ctx, &shape, p.storage, qkv, &dense, None)),
+                });
+                let (q, k, v) = (&inp.q, &inp.k, &inp.v);
+                let (o, lse) = record_attention(
                     ctx,
                     &mut enc,
-                    &inp.q,
-                    &inp.k,
-                    &inp.v,
-                    &sel,
+                    q,
+                    k,
+                    v,
                     &shape,
-                    QkvLayouts::from(layout),
-                    &p.cfg,
+                    qkv,
+                    &sparse,
+                    None,
                     Some(&mut prof),
                 )?;
                 if let Some(d_o) = &inp.d_o {
-                    let (q, k, v) = (&inp.q, &inp.k, &inp.v);
                     record_backward(
                         ctx,
                         &mut enc,
@@ -203,16 +222,16 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
                     Some(&mut prof),
                 )?;
                 if p.dense {
-                    record_dense_attention(
+                    record_attention(
                         ctx,
                         &mut enc,
-                        &inp.q,
-                        &inp.k,
-                        &inp.v,
+                        q,
+                        k,
+                        v,
                         &shape,
-                        QkvLayouts::from(layout),
-                        p.cfg.causal,
-                        scale,
+                        qkv,
+                        &dense,
+                        None,
                         Some(&mut prof),
                     )?;
                 }
@@ -246,7 +265,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize)> {
         }
         all.push(t);
     }
-    Ok((medians(&all), reps))
+    Ok((medians(&all), reps, kernels.get()))
 }
 
 #[cfg(test)]

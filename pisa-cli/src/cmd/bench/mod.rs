@@ -8,6 +8,7 @@
 mod args;
 pub mod compare;
 pub mod decode;
+pub mod kernels;
 pub mod measure;
 pub mod report;
 
@@ -158,7 +159,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 burst: a.decode_burst,
             };
             pb.set_message(format!("prefill {stn} N={n}"));
-            let (t, reps) = match measure::prefill(&ctx, &plan) {
+            let (t, reps, kernels) = match measure::prefill(&ctx, &plan) {
                 Ok(x) => x,
                 Err(e) => {
                     eprintln!("N={n} {stn}: skipped: {e:#}");
@@ -176,6 +177,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 tflops,
                 gbps: None,
                 path: path.clone(),
+                kernel: kernels.of(op),
             };
             let g = |s: &str| t.get(s);
             let before = out.records.len();
@@ -243,7 +245,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             match decode::decode(&ctx, &plan) {
                 Ok(t) => {
                     let before = out.records.len();
-                    let recs = decode::records(&t, n, (a.hkv, a.d), st, &path);
+                    let recs = report::decode_records(&t, n, (a.hkv, a.d), st, &path);
                     out.records.extend(recs);
                     progress_line(&out, before);
                     if let Some(path) = &a.json {

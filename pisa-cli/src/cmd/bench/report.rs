@@ -6,7 +6,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
+use pisa_wgpu::Storage;
 use serde::{Deserialize, Serialize};
+
+use super::decode::DecodeTimes;
 
 /// One measured quantity at one size.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -32,8 +35,15 @@ pub struct Record {
     pub tflops: Option<f64>,
     /// Achieved GB/s against the bytes counted for the op, if meaningful.
     pub gbps: Option<f64>,
-    /// Kernel path: `portable` or `coopmat`.
+    /// The kernel family in force for this storage: `portable`, or (f16 on a tensor-core
+    /// context) `coopmat attention and leaf scoring, portable routing`. The attention kernel a
+    /// record ran is [`Record::kernel`].
     pub path: String,
+    /// The attention kernel that ran (`split-k`, `leaf-major-coopmat`, `leaf-major-portable`,
+    /// `coop-tile`, `portable-tile`; see [`super::kernels`]) for `attention`, `dense`,
+    /// `decode_dense` and `decode_dense_burst`; absent for other ops and in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
 }
 
 /// A whole `pisa bench` run.
@@ -231,6 +241,53 @@ pub fn table(r: &Report) -> String {
                  timed as separate passes)"
             );
         }
+        if let Some(line) = super::kernels::note(r, st) {
+            let _ = writeln!(s, "{line}");
+        }
     }
     s
+}
+
+/// The records of one decode measurement ([`super::decode::decode`]) at cache length `n`: `decode_route`, `decode_leaf`,
+/// `decode_merge` (GPU timestamps only), `decode_pisa`, `decode_dense`, `decode_pisa_burst`,
+/// `decode_dense_burst` (ms per step); the dense ones with GB/s against reading K and V of
+/// `hkv` heads of dimension `d` once.
+pub fn decode_records(
+    t: &DecodeTimes,
+    n: usize,
+    (hkv, d): (usize, usize),
+    st: Storage,
+    path: &str,
+) -> Vec<Record> {
+    let bytes = 2.0 * (hkv * n * d) as f64 * st.bytes() as f64;
+    let gbps = |ms: f64| Some(bytes / ms.max(1e-9) * 1e-6);
+    let staged = ["decode_route", "decode_leaf", "decode_merge"]
+        .into_iter()
+        .zip(t.stages.unwrap_or_default())
+        .filter(|_| t.stages.is_some())
+        .map(|(op, ms)| (op, ms, None));
+    let stn = if st == Storage::F16 { "f16" } else { "f32" };
+    staged
+        .chain([
+            ("decode_pisa", t.pisa, None),
+            ("decode_dense", t.dense, gbps(t.dense)),
+            ("decode_pisa_burst", t.pisa_burst, None),
+            ("decode_dense_burst", t.dense_burst, gbps(t.dense_burst)),
+        ])
+        .map(|(op, ms, gbps)| Record {
+            op: op.into(),
+            n,
+            storage: stn.into(),
+            ms,
+            reps: t.reps,
+            gpu_timed: t.gpu,
+            tflops: None,
+            gbps,
+            path: path.into(),
+            kernel: op
+                .starts_with("decode_dense")
+                .then(|| t.dense_kernel.clone())
+                .flatten(),
+        })
+        .collect()
 }
