@@ -9,107 +9,18 @@ mod common;
 mod select_util;
 
 use common::*;
-use pisa_core::{PisaError, Scoring, TensorLayout};
+use pisa_core::PisaError;
 use pisa_wgpu::ops::select::{select_host, Method};
 use pisa_wgpu::{GpuError, Storage};
-use select_util::{base, run_case, run_short_lengths, Case};
-
-use Scoring::*;
-use Storage::*;
-use TensorLayout::*;
+use select_util::{base, group_cases, length_cases, run_case, run_short_lengths, Case};
 
 #[test]
 fn pisa_scorings_groups_and_head_dims() {
     let seed = seed("pisa_scorings_groups_and_head_dims");
     let mut r = rng(seed);
-    let base = base();
-    let cases = [
-        ("gq1 d64 lse b2", base, false),
-        (
-            "gq2 d80 mean g3 sink+local bnhd",
-            Case {
-                b: 1,
-                hq: 4,
-                nq: 600,
-                nk: 600,
-                d: 80,
-                k: 6,
-                g: 3,
-                scoring: Mean,
-                sink: 1,
-                local: 1,
-                layout: Bnhd,
-                ..base
-            },
-            false,
-        ),
-        (
-            "gq3 d96 meanvar non-causal f16",
-            Case {
-                b: 1,
-                hq: 3,
-                hkv: 1,
-                nq: 700,
-                nk: 700,
-                d: 96,
-                k: 5,
-                scoring: MeanVar,
-                causal: false,
-                storage: F16,
-                ..base
-            },
-            false,
-        ),
-        (
-            "gq4 d128 lse local2 bnhd f16",
-            Case {
-                b: 1,
-                hq: 8,
-                nq: 333,
-                nk: 333,
-                d: 128,
-                c: 8,
-                k: 8,
-                local: 2,
-                layout: Bnhd,
-                storage: F16,
-                ..base
-            },
-            true,
-        ),
-        (
-            "gq7 d256 lse g3 sink1",
-            Case {
-                b: 1,
-                hq: 7,
-                hkv: 1,
-                nq: 130,
-                nk: 130,
-                d: 256,
-                c: 8,
-                g: 3,
-                sink: 1,
-                ..base
-            },
-            false,
-        ),
-        (
-            "gq8 d64 meanvar bnhd b2",
-            Case {
-                hq: 8,
-                hkv: 1,
-                nq: 150,
-                nk: 150,
-                c: 4,
-                k: 6,
-                scoring: MeanVar,
-                layout: Bnhd,
-                ..base
-            },
-            false,
-        ),
-    ];
-    for (name, c, tile1) in cases {
+    // Qtile 1 against 4 as well for the C 8 case (select_by_leaf.rs checks it for every case).
+    let tile1 = [false, false, false, true, false, false];
+    for ((name, c), tile1) in group_cases().into_iter().zip(tile1) {
         run_case(name, c, &mut r, tile1);
     }
 }
@@ -118,49 +29,21 @@ fn pisa_scorings_groups_and_head_dims() {
 fn pisa_lengths_layouts_and_tiles() {
     let seed = seed("pisa_lengths_layouts_and_tiles");
     let mut r = rng(seed);
-    let base = base();
-    let cases = [
-        (
-            "decode-like nq 37 of nk 1000, mean, local1, gq2",
-            Case {
-                hq: 4,
-                nq: 37,
-                scoring: Mean,
-                local: 1,
-                ..base
-            },
-            true,
-        ),
-        (
-            "non-causal lse partial last block bnhd sink1",
-            Case {
-                b: 1,
-                hkv: 1,
-                nq: 999,
-                nk: 999,
-                causal: false,
-                sink: 1,
-                layout: Bnhd,
-                ..base
-            },
-            true,
-        ),
-        (
-            "n 4099 d32 lse K8",
-            Case {
-                b: 1,
-                hq: 1,
-                hkv: 1,
-                nq: 4099,
-                nk: 4099,
-                d: 32,
-                k: 8,
-                ..base
-            },
-            false,
-        ),
-    ];
-    for (name, c, tile1) in cases {
+    let long = Case {
+        b: 1,
+        hq: 1,
+        hkv: 1,
+        nq: 4099,
+        nk: 4099,
+        d: 32,
+        k: 8,
+        ..base()
+    };
+    let shared = length_cases().map(|(name, c)| (name, c, true));
+    for (name, c, tile1) in shared
+        .into_iter()
+        .chain([("n 4099 d32 lse K8", long, false)])
+    {
         run_case(name, c, &mut r, tile1);
     }
     run_short_lengths(&mut r, &[1, 15, 17]);

@@ -15,14 +15,11 @@ mod common;
 mod select_util;
 
 use common::*;
-use pisa_core::{Scoring, TensorLayout};
 use pisa_wgpu::ops::select::{build_pyramid, select, Layouts, Method};
 use pisa_wgpu::{LeafOrder, Profiler, Storage};
-use select_util::{base, run_case, run_short_lengths, Case};
+use select_util::{base, group_cases, length_cases, run_case, run_short_lengths, Case};
 
-use Scoring::*;
 use Storage::*;
-use TensorLayout::*;
 
 fn leaves() {
     ctx().set_leaf_order(LeafOrder::Leaves);
@@ -34,41 +31,11 @@ fn by_leaf_groups_head_dims_and_scorings() {
     leaves();
     let mut r = rng(seed("by_leaf_groups_head_dims_and_scorings"));
     let base = base();
+    let [gq1, gq2, gq3, gq4, gq7, (_, gq8)] = group_cases();
     let cases = [
-        ("gq1 d64 lse b2", base),
-        (
-            "gq2 d80 mean g3 sink+local bnhd",
-            Case {
-                b: 1,
-                hq: 4,
-                nq: 600,
-                nk: 600,
-                d: 80,
-                k: 6,
-                g: 3,
-                scoring: Mean,
-                sink: 1,
-                local: 1,
-                layout: Bnhd,
-                ..base
-            },
-        ),
-        (
-            "gq3 d96 meanvar non-causal f16",
-            Case {
-                b: 1,
-                hq: 3,
-                hkv: 1,
-                nq: 700,
-                nk: 700,
-                d: 96,
-                k: 5,
-                scoring: MeanVar,
-                causal: false,
-                storage: F16,
-                ..base
-            },
-        ),
+        gq1,
+        gq2,
+        gq3,
         (
             "gq4 d128 C64 K16 f16 (the benchmark shape, short)",
             Case {
@@ -83,50 +50,13 @@ fn by_leaf_groups_head_dims_and_scorings() {
                 ..base
             },
         ),
-        (
-            "gq4 d128 lse local2 bnhd f16 C8",
-            Case {
-                b: 1,
-                hq: 8,
-                nq: 333,
-                nk: 333,
-                d: 128,
-                c: 8,
-                k: 8,
-                local: 2,
-                layout: Bnhd,
-                storage: F16,
-                ..base
-            },
-        ),
-        (
-            "gq7 d256 lse g3 sink1",
-            Case {
-                b: 1,
-                hq: 7,
-                hkv: 1,
-                nq: 130,
-                nk: 130,
-                d: 256,
-                c: 8,
-                g: 3,
-                sink: 1,
-                ..base
-            },
-        ),
+        gq4,
+        gq7,
         (
             "gq8 d64 meanvar bnhd b2 f16",
             Case {
-                hq: 8,
-                hkv: 1,
-                nq: 150,
-                nk: 150,
-                c: 4,
-                k: 6,
-                scoring: MeanVar,
-                layout: Bnhd,
                 storage: F16,
-                ..base
+                ..gq8
             },
         ),
         (
@@ -153,30 +83,14 @@ fn by_leaf_groups_head_dims_and_scorings() {
 fn by_leaf_lengths_and_partial_blocks() {
     leaves();
     let mut r = rng(seed("by_leaf_lengths_and_partial_blocks"));
-    let base = base();
+    let [decode_like, (_, partial)] = length_cases();
     let cases = [
-        (
-            "nq 37 of nk 1000, mean, local1, gq2",
-            Case {
-                hq: 4,
-                nq: 37,
-                scoring: Mean,
-                local: 1,
-                ..base
-            },
-        ),
+        decode_like,
         (
             "non-causal partial last block bnhd sink1 f16",
             Case {
-                b: 1,
-                hkv: 1,
-                nq: 999,
-                nk: 999,
-                causal: false,
-                sink: 1,
-                layout: Bnhd,
                 storage: F16,
-                ..base
+                ..partial
             },
         ),
         (
@@ -190,7 +104,7 @@ fn by_leaf_lengths_and_partial_blocks() {
                 d: 32,
                 c: 100,
                 k: 8,
-                ..base
+                ..base()
             },
         ),
     ];

@@ -1,7 +1,8 @@
-//! Helpers of the selection tests (included with `#[path]` by `select*.rs`): test cases, inputs,
-//! the comparison of a GPU selection with the CPU reference that accepts a differing row only
-//! where the reference's own margin says it is a near-tie, and [`run_case`], one PISA case of
-//! `select.rs` / `select_route.rs` against `select_pisa`.
+//! Helpers of the selection tests (included with `#[path]` by `select*.rs`): test cases (and the
+//! case lists `select.rs` and `select_by_leaf.rs` share: [`group_cases`], [`length_cases`]),
+//! inputs, the comparison of a GPU selection with the CPU reference that accepts a differing row
+//! only where the reference's own margin says it is a near-tie, and [`run_case`], one PISA case
+//! of `select.rs` / `select_route.rs` / `select_by_leaf.rs` against `select_pisa`.
 #![allow(dead_code)]
 
 use pisa_core::reference::{select_pisa, Selection};
@@ -188,6 +189,91 @@ pub fn run_case(name: &str, c: Case, r: &mut rand_chacha::ChaCha8Rng, tile1: boo
 /// Causal b = 2, Hq = Hkv = 2, N = 1000, D = 64, C = 16, K = 4, g = 2, `lse`, Bhnd, f32.
 pub fn base() -> Case {
     Case::new(2, 2, 2, 1000, 64, 16, 4)
+}
+
+/// The GQA-group, head-dim and scoring cases that `select.rs` (query tiles) and
+/// `select_by_leaf.rs` (leaf-major) both run, in the order both run them (so `PISA_SEED` replays
+/// the same inputs): groups 1, 2, 3, 4, 7, 8, head dims 64 to 256, every scoring, forced blocks,
+/// merge factor 3, both layouts, f32 and f16. Each file adds its own Qtile-1 flags, storages and
+/// cases around them.
+pub fn group_cases() -> [(&'static str, Case); 6] {
+    use Scoring::{Mean, MeanVar};
+    use Storage::F16;
+    use TensorLayout::Bnhd;
+    // Case::new(b, hq, hkv, n, d, c, k): causal, lse, g 2, no forced blocks, Bhnd, f32.
+    [
+        ("gq1 d64 lse b2", base()),
+        (
+            "gq2 d80 mean g3 sink+local bnhd",
+            Case {
+                g: 3,
+                scoring: Mean,
+                sink: 1,
+                local: 1,
+                layout: Bnhd,
+                ..Case::new(1, 4, 2, 600, 80, 16, 6)
+            },
+        ),
+        (
+            "gq3 d96 meanvar non-causal f16",
+            Case {
+                scoring: MeanVar,
+                causal: false,
+                storage: F16,
+                ..Case::new(1, 3, 1, 700, 96, 16, 5)
+            },
+        ),
+        (
+            "gq4 d128 lse local2 bnhd f16 C8",
+            Case {
+                local: 2,
+                layout: Bnhd,
+                storage: F16,
+                ..Case::new(1, 8, 2, 333, 128, 8, 8)
+            },
+        ),
+        (
+            "gq7 d256 lse g3 sink1",
+            Case {
+                g: 3,
+                sink: 1,
+                ..Case::new(1, 7, 1, 130, 256, 8, 4)
+            },
+        ),
+        (
+            "gq8 d64 meanvar bnhd b2",
+            Case {
+                scoring: MeanVar,
+                layout: Bnhd,
+                ..Case::new(2, 8, 1, 150, 64, 4, 6)
+            },
+        ),
+    ]
+}
+
+/// The length cases that `select.rs` and `select_by_leaf.rs` both run first, in their order:
+/// few queries against many keys (Nq 37 of Nk 1000), and a partial last block, non-causal.
+pub fn length_cases() -> [(&'static str, Case); 2] {
+    [
+        (
+            "decode-like nq 37 of nk 1000, mean, local1, gq2",
+            Case {
+                nq: 37,
+                scoring: Scoring::Mean,
+                local: 1,
+                ..Case::new(2, 4, 2, 1000, 64, 16, 4)
+            },
+        ),
+        (
+            "non-causal lse partial last block bnhd sink1",
+            Case {
+                causal: false,
+                sink: 1,
+                layout: TensorLayout::Bnhd,
+                ..Case::new(1, 2, 1, 999, 64, 16, 4)
+            },
+        ),
+    ]
 }
 
 /// Very short sequences of `lengths` tokens (g_q 2, K 2), causal and not, each against the
