@@ -7,7 +7,9 @@
 //! the previous round's sum, which is 0 at run time but unknown to the compiler). A round is 16
 //! independent loads summed: as a `for` loop, hand-unrolled, or a loop of 4 loads per trip;
 //! from global memory (L2-resident, new lines each round) or workgroup memory; and 4 loads
-//! accumulated into a private `array<f32, 4>` indexed in loops against a `vec4`.
+//! accumulated into a private `array<f32, 4>` indexed in loops against a `vec4`. Also the cost
+//! of a workgroup barrier round (write, barrier, read a neighbour's word, barrier) at 64, 256
+//! and 1024 invocations.
 //! If a loop's round costs about 16 load latencies and the unrolled one about 1, the loop was
 //! not unrolled. Run: `cargo test --release -p pisa-wgpu --test loop_unroll -- --ignored --nocapture`.
 
@@ -130,9 +132,29 @@ fn arr_vec(@builtin(local_invocation_index) lid: u32) {
     }
     outb[lid] = idx;
 }
+
+var<workgroup> bx: array<u32, 1024>;
+
+// R rounds of: write a word, barrier, read a neighbour's, barrier (2 barriers a round).
+fn bar_rounds(lid: u32, n: u32) {
+    var idx = lid + buf[0]; // (every kernel uses both bindings: one bind group layout)
+    for (var r = 0u; r < R; r++) {
+        bx[lid] = idx;
+        workgroupBarrier();
+        idx = bx[(lid + 1u) % n] + 1u;
+        workgroupBarrier();
+    }
+    outb[lid % 64u] = idx;
+}
+@compute @workgroup_size(64)
+fn bar64(@builtin(local_invocation_index) lid: u32) { bar_rounds(lid, 64u); }
+@compute @workgroup_size(256)
+fn bar256(@builtin(local_invocation_index) lid: u32) { bar_rounds(lid, 256u); }
+@compute @workgroup_size(1024)
+fn bar1024(@builtin(local_invocation_index) lid: u32) { bar_rounds(lid, 1024u); }
 ";
 
-const KERNELS: [&str; 7] = [
+const KERNELS: [&str; 10] = [
     "gl_loop",
     "gl_loop4",
     "gl_unroll",
@@ -140,6 +162,9 @@ const KERNELS: [&str; 7] = [
     "sh_unroll",
     "arr_loop",
     "arr_vec",
+    "bar64",
+    "bar256",
+    "bar1024",
 ];
 
 #[test]
@@ -151,10 +176,16 @@ fn loop_unroll() {
         return;
     }
     let dev = ctx.device();
-    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("loop_unroll"),
-        source: wgpu::ShaderSource::Wgsl(WGSL.into()),
-    });
+    // wgpu's default checks (naga adds a counter to every loop), the library's (bounds checks
+    // only: `pipeline::runtime_checks`), and none.
+    let mut library = wgpu::ShaderRuntimeChecks::checked();
+    library.force_loop_bounding = false;
+    library.int_div_checks = false;
+    let checks = [
+        ("all checks", wgpu::ShaderRuntimeChecks::checked()),
+        ("bounds only", library),
+        ("no checks", wgpu::ShaderRuntimeChecks::unchecked()),
+    ];
     // 256 rounds x 16 loads x 64 words (+ 64): zero-filled at creation, 1 MiB (L2-resident).
     let words = 256 * 16 * 64 + 64;
     let mk = |size: u64| {
@@ -166,11 +197,30 @@ fn loop_unroll() {
         })
     };
     let (buf, outb) = (mk(4 * words), mk(4 * 64));
+    for (label, check) in checks {
+        eprintln!("{label}:");
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some("loop_unroll"),
+            source: wgpu::ShaderSource::Wgsl(WGSL.into()),
+        };
+        // SAFETY: the kernels index within their bindings (the buffer is sized for them).
+        let module = unsafe { dev.create_shader_module_trusted(desc, check) };
+        time_kernels(ctx, &module, &buf, &outb);
+    }
+}
+
+fn time_kernels(
+    ctx: &pisa_wgpu::Context,
+    module: &wgpu::ShaderModule,
+    buf: &wgpu::Buffer,
+    outb: &wgpu::Buffer,
+) {
+    let dev = ctx.device();
     for name in KERNELS {
         let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(name),
             layout: None,
-            module: &module,
+            module,
             entry_point: Some(name),
             compilation_options: Default::default(),
             cache: None,
