@@ -3,12 +3,15 @@
 // (decode_fused.wgsl); appended to decode.wgsl, whose header describes the design.
 // Partial dot products live in `xr` with the candidate slot fastest, so the per-candidate
 // sums (one invocation per slot) read consecutive words: no bank conflicts.
-// A level costs four barriers: per-child partial scores | per-candidate scores (and the next
-// level's slots cleared) | rank counts, the MAXC x MAXC comparisons split CP ways | the cut, where
-// each kept node writes its children straight into the next level's slots (double-buffered `cand`).
-// (One invocation per candidate looping over all MAXC was 2.5 us a level on the H200, 40% of the
-// route: docs/benchmarks.md, session 4.) `xr` (XR floats) is also the fused step's scratch after
-// the routing.
+// A level costs five barriers (`lse`; four for `mean`, `meanvar`): per-child partial scores |
+// per-(child, head) sums of the lanes (`lse`) | per-candidate scores (and the next level's slots
+// cleared) | rank counts, the MAXC x MAXC comparisons split CP ways | the cut, where each kept
+// node writes its children straight into the next level's slots (double-buffered `cand`).
+// Measured on the H200 (docs/benchmarks.md): one invocation per candidate looping over all MAXC
+// for the rank was 2.5 us a level, 40% of the route (session 4); the per-candidate score summing
+// all MG * GQ * LR partials itself cost 2.5 us more per step at 1M than the extra barrier of the
+// two-step sum, and divisions by the runtime merge factor instead of the constant MG 4.5 us
+// (session 5). `xr` (XR floats) is also the fused step's scratch after the routing.
 
 var<workgroup> cand: array<u32, 2u * MAXC>;
 var<workgroup> rk: array<u32, MAXC>;
@@ -41,11 +44,51 @@ fn child_x(s: u32, c: u32, hh: u32, ln: f32) -> f32 {
     return p.scale * a + ln;
 }
 
+// The `lse` score of every candidate slot from the partial dots in xr, in two steps: one
+// invocation per (child, head, slot) sums the LR lanes into x = s * q.mu_c + log n_c (NEG for a
+// child past the level's end), written over lane 0's partial (read by that invocation only);
+// then one invocation per slot takes, per head, the max over the children and the sum of
+// exp(x - max) over the scored ones (max-then-sum: a +inf child makes NaN, ranked as -inf), and
+// sums m + log(sum) over the heads. Ends with rk written.
+fn score_lse_split(len: u32, nchild: u32, w: u32, co: u32, lid: u32) {
+    for (var it = lid; it < MG * GQ * MAXC; it += WG) {
+        let s = it % MAXC;
+        let hh = (it / MAXC) % GQ;
+        let c = it / (MAXC * GQ);
+        let node = cand[co + s];
+        let child = node * MG + c;
+        var x = NEG;
+        if (node != INVALID && child < nchild) {
+            x = child_x(s, c, hh, log(f32(min(len - child * w, w))));
+        }
+        xr[(c * LR * GQ + hh) * MAXC + s] = x;
+    }
+    workgroupBarrier();
+    for (var s = lid; s < MAXC; s += WG) {
+        var key = 0u;
+        if (cand[co + s] != INVALID) {
+            var tot = 0.0;
+            for (var hh = 0u; hh < GQ; hh++) {
+                var m = NEG;
+                for (var c = 0u; c < MG; c++) { m = max(m, xr[(c * LR * GQ + hh) * MAXC + s]); }
+                var sum = 0.0;
+                for (var c = 0u; c < MG; c++) {
+                    let x = xr[(c * LR * GQ + hh) * MAXC + s];
+                    if (x > NEG_T) { sum += exp(x - m); }
+                }
+                tot += m + log(sum);
+            }
+            key = rank_key(tot);
+        }
+        rk[s] = key;
+    }
+}
+
 // rk[slot] = rank_key of the score of the candidates cand[co..co + MAXC] of level l >= 1
 // (PISA.md 2), summed over the group; 0 (below every score's key) for an empty slot. `pw` is
 // g^(l-1), the leaves under a child. Ends with rk written (the caller's barrier orders it).
 fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) {
-    let g = p.merge;
+    let g = MG; // (the pipeline constant: divisions by it are shifts for g = 2)
     let nchild = cdiv(nb0, pw);
     let w = sat_mul(p.block_size, pw);
     if (p.scoring == 0u) {
@@ -60,43 +103,7 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
             for (var hh = 0u; hh < GQ; hh++) { xr[xo + hh * MAXC] = a[hh]; }
         }
         workgroupBarrier();
-        // The score: per head, the LSE over the children of x_c = s * q.mu_c + log n_c;
-        // summed over the heads.
-        for (var s = lid; s < MAXC; s += WG) {
-            let node = cand[co + s];
-            var key = 0u;
-            if (node != INVALID) {
-                // Two passes per head, as in the prefill route: max over the children, then
-                // the sum of exp(x - max) over the scored ones. (An online update would rank a
-                // +inf child differently: max-then-sum makes it NaN, ranked as -inf.) Every
-                // head at once, each x computed once (MG = g is a pipeline constant).
-                var xv: array<f32, MG * GQ>; // x of every (child, head), computed once
-                var m: array<f32, GQ>;
-                var sum: array<f32, GQ>;
-                for (var hh = 0u; hh < GQ; hh++) { m[hh] = NEG; }
-                for (var c = 0u; c < MG; c++) {
-                    let child = node * MG + c;
-                    var ln = 0.0;
-                    if (child < nchild) { ln = log(f32(min(len - child * w, w))); }
-                    for (var hh = 0u; hh < GQ; hh++) {
-                        var x = NEG;
-                        if (child < nchild) { x = child_x(s, c, hh, ln); }
-                        xv[c * GQ + hh] = x;
-                        m[hh] = max(m[hh], x);
-                    }
-                }
-                for (var c = 0u; c < MG; c++) {
-                    for (var hh = 0u; hh < GQ; hh++) {
-                        let x = xv[c * GQ + hh];
-                        if (x > NEG_T) { sum[hh] += exp(x - m[hh]); }
-                    }
-                }
-                var tot = 0.0;
-                for (var hh = 0u; hh < GQ; hh++) { tot += m[hh] + log(sum[hh]); }
-                key = rank_key(tot);
-            }
-            rk[s] = key;
-        }
+        score_lse_split(len, nchild, w, co, lid);
     } else {
         // mean / meanvar: s * q.mu + log n (+ s^2/2 * sum_d q_d^2 var_d), var = E[k^2] - mu^2;
         // LR items per candidate, partial sums of both terms.
@@ -152,7 +159,7 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
 // candidates; returns the offset (0 or MAXC) of the slots in `cand` holding them, forced
 // leaves excluded.
 fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
-    let g = p.merge;
+    let g = MG;
     let causal = p.causal != 0u;
     var s = 0u;
     var n = nb0;

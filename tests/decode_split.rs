@@ -138,6 +138,23 @@ fn wide_levels_top16() {
     Run::new(c, 1300).run();
 }
 
+/// top_k past the merge's register cap (K = 40 > 32: the selected blocks' states are loaded in
+/// its loops instead of into per-invocation arrays), with sink and local blocks, a partial last
+/// block and several routed levels, on both decode paths' shared cut.
+#[test]
+fn top_k_past_merge_registers() {
+    let mut c = base(
+        "top40",
+        6,
+        3,
+        32,
+        cfg(4, 40, 2, Scoring::Lse).with_forced(2, 3),
+    );
+    c.prefill = vec![523, 90];
+    c.steps = 12;
+    Run::new(c, 600).run();
+}
+
 /// More leaf workgroups than one grid dimension holds (2400 sequences x 2 KV heads x 14 slots
 /// = 67200 > 65535): the grid is split over y, and the one non-empty sequence, the last
 /// (its workgroups past the first row of the grid), matches the reference; the empty ones give

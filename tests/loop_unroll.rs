@@ -154,7 +154,7 @@ fn bar256(@builtin(local_invocation_index) lid: u32) { bar_rounds(lid, 256u); }
 fn bar1024(@builtin(local_invocation_index) lid: u32) { bar_rounds(lid, 1024u); }
 ";
 
-const KERNELS: [&str; 10] = [
+const KERNELS: [&str; 12] = [
     "gl_loop",
     "gl_loop4",
     "gl_unroll",
@@ -165,7 +165,39 @@ const KERNELS: [&str; 10] = [
     "bar64",
     "bar256",
     "bar1024",
+    "code_once",
+    "code_loop",
 ];
+
+/// Two more kernels, generated: `code_once` runs 2048 distinct dependent multiply-adds of
+/// straight-line code once (cold instruction cache: every line of code fetched once), and
+/// `code_loop` the same count of multiply-adds as a loop of 8 per trip (a few hundred bytes of
+/// code, fetched once and reused). Their gap is the cost of executing cold code once, as a
+/// decode kernel does.
+fn icache_kernels() -> String {
+    let mut s = String::from(
+        "@compute @workgroup_size(64)\nfn code_once(@builtin(local_invocation_index) lid: u32) {\n    var x = f32(buf[lid]);\n",
+    );
+    for k in 0..2048 {
+        s.push_str(&format!(
+            "    x = x * {:.6} + {:.6};\n",
+            1.0 + k as f64 * 1e-6,
+            k as f64 * 1e-3
+        ));
+    }
+    s.push_str("    outb[lid] = u32(x);\n}\n");
+    s.push_str(
+        "@compute @workgroup_size(64)\nfn code_loop(@builtin(local_invocation_index) lid: u32) {\n    var x = f32(buf[lid]);\n    let n = 256u + buf[lid + 64u];\n    for (var k = 0u; k < n; k++) {\n        let c = f32(k) * 1e-6;\n",
+    );
+    for k in 0..8 {
+        s.push_str(&format!(
+            "        x = x * ({:.1} + c) + c;\n",
+            1.0 + k as f64
+        ));
+    }
+    s.push_str("    }\n    outb[lid] = u32(x);\n}\n");
+    s
+}
 
 #[test]
 #[ignore]
@@ -201,7 +233,7 @@ fn loop_unroll() {
         eprintln!("{label}:");
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some("loop_unroll"),
-            source: wgpu::ShaderSource::Wgsl(WGSL.into()),
+            source: wgpu::ShaderSource::Wgsl(format!("{WGSL}{}", icache_kernels()).into()),
         };
         // SAFETY: the kernels index within their bindings (the buffer is sized for them).
         let module = unsafe { dev.create_shader_module_trusted(desc, check) };
