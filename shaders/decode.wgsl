@@ -20,10 +20,11 @@
 // decode_append.wgsl.
 //
 // Layouts: q, out [B, Hq, D]; kc, vc [B, Hkv, capacity, D] (store_t, read as vec4 rows: D is a
-// multiple of 4); means, sq f32 [B*Hkv, cap_nodes, D] with node j of level l at cap_off[l] + j
-// (the capacity's layout; the nodes of a shorter length are a prefix of each level); lens [B]
-// u32; lse_out [B, Hq] f32; sel_out [B, Hkv, K] i32 ascending, -1 padded; cands u32
-// [B*Hkv, NS]; parts f32 [B*Hkv, NS, GQ, D + 2] (O, then m, l).
+// multiple of 4; the flat rows b * Hkv + h from p.kv_split on live in kc2, vc2 from row 0 when
+// the cache is split over two bindings, see `leaf`); means, sq f32 [B*Hkv, cap_nodes, D] with
+// node j of level l at cap_off[l] + j (the capacity's layout; the nodes of a shorter length are
+// a prefix of each level); lens [B] u32; lse_out [B, Hq] f32; sel_out [B, Hkv, K] i32
+// ascending, -1 padded; cands u32 [B*Hkv, NS]; parts f32 [B*Hkv, NS, GQ, D + 2] (O, then m, l).
 alias store_t = f32;
 
 // Sizes substituted per pipeline (see ops/decode/plan.rs).
@@ -55,6 +56,7 @@ struct Params {
     causal: u32, sink: u32, local: u32, capacity: u32,
     cap_nodes: u32, wg_count: u32, scale: f32, seq: u32,
     src_sh: u32, src_sn: u32, count: u32, src_len: u32,
+    kv_split: u32, kv_row0: u32, hd0: u32, src_h0: u32,
     cap_off: array<vec4<u32>, 16>,
 }
 
@@ -70,6 +72,11 @@ struct Params {
 @group(0) @binding(9) var<storage, read_write> sel_out: array<i32>;
 @group(0) @binding(10) var<storage, read_write> cands: array<u32>;
 @group(0) @binding(11) var<storage, read_write> parts: array<f32>;
+// Shard 1 of a cache whose K/V exceed one storage binding (flat (sequence, KV head) rows
+// kv_split.. of kc/vc live here, at row - kv_split); the `leaf` dispatch reads it (bound to shard
+// 0 again when there is one shard). See decode_attend.wgsl.
+@group(0) @binding(12) var<storage, read> kc2: array<vec4<store_t>>;
+@group(0) @binding(13) var<storage, read> vc2: array<vec4<store_t>>;
 
 var<workgroup> qs: array<vec4<f32>, GQ * D4>;
 var<workgroup> wlen: u32;

@@ -2,7 +2,8 @@
 // (sequence, KV head) and recomputes only the ancestor path of its leaf (the leaf from its raw
 // keys, each ancestor from its children); `copy_rows` loads a prefill's keys and values.
 //
-// Layouts: kc, vc [B, Hkv, capacity, D] store_t; means, sq f32 [B*Hkv, cap_nodes, D], node j of
+// Layouts: kc, vc [B, Hkv, capacity, D] store_t (one shard of the cache: the flat rows
+// b * Hkv + h from p.kv_row0 on, row r at r - kv_row0; the host dispatches once per shard); means, sq f32 [B*Hkv, cap_nodes, D], node j of
 // level l at cap_off[l] + j (the capacity's layout); rows_k, rows_v [B, Hkv, D] store_t;
 // pos [B] u32: the position the new key takes (the old length), 0xffffffff for a sequence that
 // does not append. Each invocation owns dimensions d (stride WG) from the key write up to the
@@ -19,6 +20,7 @@ struct Params {
     causal: u32, sink: u32, local: u32, capacity: u32,
     cap_nodes: u32, wg_count: u32, scale: f32, seq: u32,
     src_sh: u32, src_sn: u32, count: u32, src_len: u32,
+    kv_split: u32, kv_row0: u32, hd0: u32, src_h0: u32,
     cap_off: array<vec4<u32>, 16>,
 }
 
@@ -41,15 +43,16 @@ fn cap_off(l: u32) -> u32 { return p.cap_off[l / 4u][l % 4u]; }
 @compute @workgroup_size(WG)
 fn append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
-    let id = linear_id(wid, nwg);
+    let id = linear_id(wid, nwg) + p.kv_row0; // flat (sequence, KV head)
     if (id >= p.wg_count) { return; }
+    let kr = id - p.kv_row0; // its row in the bound shard
     let t_new = pos[id / p.kv_heads];
     if (t_new == 0xffffffffu) { return; }
     let len = t_new + 1u;
     let d_n = p.head_dim;
     let c_n = p.block_size;
     let g = p.merge;
-    let krow = (id * p.capacity + t_new) * d_n;
+    let krow = (kr * p.capacity + t_new) * d_n;
     let node_base = id * p.cap_nodes;
     let leaf = t_new / c_n;
     let t0 = leaf * c_n;
@@ -63,7 +66,7 @@ fn append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         var s2 = 0.0;
         for (var t = t0; t < len; t++) {
             var x = f32(kn);
-            if (t != t_new) { x = f32(kc[(id * p.capacity + t) * d_n + d]); }
+            if (t != t_new) { x = f32(kc[(kr * p.capacity + t) * d_n + d]); }
             s += x;
             s2 += x * x;
         }
@@ -99,8 +102,9 @@ fn append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
 }
 
-// Prefill copy: element e of a source [Hkv, src_len, D] (strides src_sh, src_sn) to sequence
-// `seq` of the cache, tokens 0..src_len. WG invocations per workgroup, one element each.
+// Prefill copy: element e of heads hd0.. of a source [H, src_len, D] (strides src_sh, src_sn;
+// head hd0 at source head src_h0) to sequence `seq` of the bound shard, tokens 0..src_len.
+// WG invocations per workgroup, one element each.
 @group(0) @binding(8) var<storage, read> src_k: array<store_t>;
 @group(0) @binding(9) var<storage, read> src_v: array<store_t>;
 
@@ -110,12 +114,12 @@ fn copy_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let e = linear_id(wid, nwg) * WG + lid;
     if (e >= p.count) { return; }
     let d_n = p.head_dim;
-    let hd = e / (p.src_len * d_n);
+    let hl = e / (p.src_len * d_n);
     let r = e % (p.src_len * d_n);
     let t = r / d_n;
     let d = r % d_n;
-    let src = hd * p.src_sh + t * p.src_sn + d;
-    let dst = ((p.seq * p.kv_heads + hd) * p.capacity + t) * d_n + d;
+    let src = (p.src_h0 + hl) * p.src_sh + t * p.src_sn + d;
+    let dst = ((p.seq * p.kv_heads + p.hd0 + hl - p.kv_row0) * p.capacity + t) * d_n + d;
     kc[dst] = src_k[src];
     vc[dst] = src_v[src];
 }

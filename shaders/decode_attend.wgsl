@@ -19,6 +19,31 @@ var<workgroup> hm: array<f32, GQ>;
 var<workgroup> halpha: array<f32, GQ>;
 var<workgroup> wleaf: u32;
 
+// Vec4 j of the key / value row of token t of flat (sequence, KV head) bh: shard 0 (kc, vc) for
+// bh < p.kv_split, else shard 1 (kc2, vc2) at row bh - kv_split (a cache past one storage
+// binding). bh is the same over the workgroup: the branch does not diverge.
+fn key_vec(bh: u32, t: u32, j: u32) -> vec4<f32> {
+    if (bh < p.kv_split) { return vec4<f32>(kc[key_row(bh, t) + j]); }
+    return vec4<f32>(kc2[key_row(bh - p.kv_split, t) + j]);
+}
+fn value_vec(bh: u32, t: u32, j: u32) -> vec4<store_t> {
+    if (bh < p.kv_split) { return vc[key_row(bh, t) + j]; }
+    return vc2[key_row(bh - p.kv_split, t) + j];
+}
+
+// dots_key_part (decode.wgsl) over the key row of token t of bh, wherever its shard.
+fn dots_key_shard(bh: u32, t: u32, u: u32) -> array<f32, GQ> {
+    var a: array<f32, GQ>;
+    for (var i = 0u; i < DLK; i++) {
+        let j = u + i * LK;
+        if (j < D4) {
+            let k = key_vec(bh, t, j);
+            for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], k); }
+        }
+    }
+    return a;
+}
+
 fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
     let part = lid / D4;
     let j4 = lid % D4;
@@ -33,12 +58,12 @@ fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
         var vv: array<vec4<store_t>, PVR>;
         if (PREFETCH && part < PARTS) {
             for (var i = 0u; i < PVR; i++) {
-                vv[i] = vc[key_row(bh, t0 + c0 + min(part + i * PARTS, cn - 1u)) + j4];
+                vv[i] = value_vec(bh, t0 + c0 + min(part + i * PARTS, cn - 1u), j4);
             }
         }
         for (var it = lid; it < CH * LK; it += WG) {
             var a: array<f32, GQ>;
-            if (it / LK < cn) { a = dots_key_part(key_row(bh, t0 + c0 + it / LK), it % LK); }
+            if (it / LK < cn) { a = dots_key_shard(bh, t0 + c0 + it / LK, it % LK); }
             for (var hh = 0u; hh < GQ; hh++) { xs[XP + it * GQ + hh] = a[hh]; }
         }
         workgroupBarrier();
@@ -80,7 +105,7 @@ fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
                 if (PREFETCH) {
                     v = vec4<f32>(vv[i]);
                 } else {
-                    v = vec4<f32>(vc[key_row(bh, t0 + c0 + ti) + j4]);
+                    v = vec4<f32>(value_vec(bh, t0 + c0 + ti, j4));
                 }
                 if (it < cn) {
                     for (var hh = 0u; hh < GQ; hh++) {

@@ -52,10 +52,15 @@ pub struct Run<'c> {
 
 impl Run<'static> {
     pub fn new(case: Case, capacity: usize) -> Self {
+        Self::new_in(ctx(), case, capacity)
+    }
+
+    /// [`Self::new`] on context `ctx` (e.g. one with a lowered storage-binding limit).
+    pub fn new_in(ctx: &'static pisa_wgpu::Context, case: Case, capacity: usize) -> Self {
         let seed = seed(case.name);
         let c = &case;
         let cache = KvCache::new(
-            ctx(),
+            ctx,
             c.prefill.len(),
             capacity,
             c.hq,

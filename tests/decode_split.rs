@@ -155,6 +155,58 @@ fn top_k_past_merge_registers() {
     Run::new(c, 600).run();
 }
 
+/// A cache past one storage binding (lowered here to 5 of its 9 flat (sequence, KV head) rows
+/// of K/V) is split over two shards, rows 0..5 and 5..9, so that sequence 1's heads straddle
+/// them: every step's selection, output and LSE match the reference (split step; the fused
+/// one reads one shard, so a split cache runs split even under `PISA_DECODE=fused`). Then a
+/// prefill loaded a few heads at a time (`prefill_device_heads`, 1 + 2 heads) gives the same
+/// outputs, bit for bit, as the same prefill loaded at once.
+#[test]
+fn cache_split_over_two_bindings() {
+    static SMALL: std::sync::OnceLock<pisa_wgpu::Context> = std::sync::OnceLock::new();
+    let small = SMALL.get_or_init(|| {
+        let c = pisa_wgpu::Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+        c.set_max_binding_bytes(5 * 400 * 32 * 4); // 5 rows of capacity 400, D 32, f32
+        c
+    });
+    let mut c = base("two_shards", 6, 3, 32, cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1));
+    c.prefill = vec![300, 0, 157];
+    c.steps = 20;
+    let run = Run::new_in(small, c, 400);
+    let (shards, rows) = run.cache.kv_shards();
+    assert_eq!((shards.len(), rows), (2, 5), "the cache is split over two bindings");
+    assert!(!run.cache.is_fused(), "a split cache runs the split step");
+    run.run();
+
+    let (hkv, d, p) = (3, 32, 211);
+    let mut r = rng(seed("two_shards_heads"));
+    let k = random(&mut r, hkv * p * d, 1.0);
+    let v = random(&mut r, hkv * p * d, 1.0);
+    let q = random(&mut r, 3 * 6 * d, 1.5);
+    let cf = cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1);
+    let lay = TensorLayout::Bhnd;
+    let mut outs = Vec::new();
+    for by_heads in [false, true] {
+        let mut cache = KvCache::new(small, 3, 400, 6, hkv, d, cf, Storage::F32).unwrap();
+        for b in 0..3 {
+            if by_heads {
+                for (h0, n) in [(0, 1), (1, 2)] {
+                    let r = h0 * p * d..(h0 + n) * p * d;
+                    let kt = small.upload("k", &k[r.clone()], Storage::F32).unwrap();
+                    let vt = small.upload("v", &v[r], Storage::F32).unwrap();
+                    cache.prefill_device_heads(b, h0, n, &kt, &vt, lay).unwrap();
+                }
+            } else {
+                cache.prefill(b, &k, &v, lay).unwrap();
+            }
+        }
+        let o = cache.step(&q, true).unwrap();
+        outs.push((o.out, o.lse, o.selection));
+    }
+    assert!(outs[0].0.iter().all(|x| x.is_finite()), "outputs written");
+    assert_eq!(outs[0], outs[1], "prefill by heads equals prefill at once");
+}
+
 /// More leaf workgroups than one grid dimension holds (2400 sequences x 2 KV heads x 14 slots
 /// = 67200 > 65535): the grid is split over y, and the one non-empty sequence, the last
 /// (its workgroups past the first row of the grid), matches the reference; the empty ones give

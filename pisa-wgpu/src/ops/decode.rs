@@ -140,8 +140,10 @@ pub struct KvCache<'c> {
     /// Whether the step runs fused (when `fplan` allows): [`default_fused`], or
     /// [`KvCache::set_fused`].
     fused: bool,
-    k: GpuTensor,
-    v: GpuTensor,
+    /// K/V shards `[rows, capacity, D]` each: flat (sequence, KV head) rows `i * kv_rows ..`
+    /// in shard i; one shard unless the cache exceeds one storage binding, two at most.
+    kv: Vec<(GpuTensor, GpuTensor)>,
+    kv_rows: usize,
     pyr: GpuPyramid,
     dummy: GpuTensor,
     out: GpuTensor,

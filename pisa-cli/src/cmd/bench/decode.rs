@@ -20,9 +20,9 @@ use super::measure::Plan;
 /// `inner=10`) times decode.
 pub const BURST: usize = 10;
 
-/// One cache of the KV heads it holds (all of them unless they exceed one storage binding).
-struct Part<'a> {
-    cache: KvCache<'a>,
+/// Dense attention's unit: the KV heads of one K/V tensor (all of them unless they exceed one
+/// storage binding), with its own queries.
+struct Part {
     k: GpuTensor,
     v: GpuTensor,
     /// The two queries of the isolated steps, used in rotation.
@@ -32,45 +32,77 @@ struct Part<'a> {
     shape: AttentionShape,
 }
 
+/// PISA's unit: one cache of the KV heads of up to two [`Part`]s (its K/V split over two
+/// storage bindings when they exceed one), prefilled from their K/V tensors, with queries of
+/// all its heads.
+struct Cache<'a> {
+    cache: KvCache<'a>,
+    qs: [GpuTensor; 2],
+    burst_qs: Vec<GpuTensor>,
+}
+
+/// Queries of `heads` query heads: two for the isolated steps, [`BURST`] for the bursts.
+fn queries(
+    ctx: &Context,
+    p: &Plan,
+    heads: usize,
+    seed: u32,
+) -> Result<([GpuTensor; 2], Vec<GpuTensor>)> {
+    let n = heads * p.d;
+    let qs = [
+        random_tensor(ctx, "q", n, p.storage, seed, 1.0)?,
+        random_tensor(ctx, "q", n, p.storage, seed + 1, 1.0)?,
+    ];
+    let burst_qs = (0..BURST as u32)
+        .map(|s| random_tensor(ctx, "burst q", n, p.storage, 1000 + 100 * seed + s, 1.0))
+        .collect::<pisa_wgpu::Result<_>>()?;
+    Ok((qs, burst_qs))
+}
+
 /// Decode step at a cache of `p.n` tokens (batch 1): PISA's step (one compute pass: route,
-/// leaf, merge) against dense attention of one query over the whole cache. When K or V of all
-/// KV heads exceed one storage binding (1M tokens x 8 heads x 128 x f16 is exactly 2 GiB), the
-/// heads are split over several caches whose steps are recorded side by side in the same pass
-/// ([`KvCache::record_steps`]), as a server would run them. With GPU timestamps, the same
-/// step is also recorded as three timed passes ([`KvCache::record_steps_by_stage`]) to split
-/// its time into `route`, `leaf` and `merge` (the sum exceeds the one-pass step by the pass
-/// boundaries). Each repetition also times a burst of `p.burst` steps (see [`burst`]).
-/// Medians over repetitions, the isolated step's query rotated between two sets.
+/// leaf, merge) against dense attention of one query over the whole cache, on the same keys
+/// and values (the queries are drawn alike but apart: dense takes one K/V tensor per call).
+/// K/V of all KV heads past one storage binding (1M tokens x 8 heads x 128 x f16 is 2 GiB, one
+/// MiB over the H200's 2047 MiB) are made a few heads at a time: dense attention runs once per
+/// such tensor, side by side in one pass, while ONE PISA cache holds up to two of them (its
+/// K/V split over two bindings: [`KvCache::kv_shards`]), as a server would hold them. Past two
+/// bindings (f32 at 1M) there are several caches, stepped side by side in the same pass
+/// ([`KvCache::record_steps`]). With GPU timestamps, the same step is also recorded as three
+/// timed passes ([`KvCache::record_steps_by_stage`]) to split its time into `route`, `leaf` and
+/// `merge` (the sum exceeds the one-pass step by the pass boundaries). Each repetition also
+/// times a burst of `p.burst` steps (see [`burst`]). Medians over repetitions, the isolated
+/// step's query rotated between two sets.
 pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     let (hq, hkv, d, n) = (p.hq, p.hkv, p.d, p.n);
     let g = hq / hkv;
     let per_head = (n * d) as u64 * p.storage.bytes();
     let hc = ((ctx.max_binding_bytes() / per_head.max(1)) as usize).clamp(1, hkv);
+    let per_cache = (2 * hc).min(hkv);
     let mut parts = Vec::new();
-    for h0 in (0..hkv).step_by(hc) {
-        let h = hc.min(hkv - h0);
-        let mut cache = KvCache::new(ctx, 1, n, h * g, h, d, p.cfg, p.storage)?;
-        let k = random_tensor(ctx, "k", h * n * d, p.storage, 11 + h0 as u32, 1.0)?;
-        let v = random_tensor(ctx, "v", h * n * d, p.storage, 12 + h0 as u32, 1.0)?;
-        cache.prefill_device(0, &k, &v, TensorLayout::Bhnd)?;
-        let qs = [
-            random_tensor(ctx, "q", h * g * d, p.storage, 13, 1.0)?,
-            random_tensor(ctx, "q", h * g * d, p.storage, 14, 1.0)?,
-        ];
-        let burst_qs = (0..BURST as u32)
-            .map(|s| {
-                let seed = 1000 + 100 * h0 as u32 + s;
-                random_tensor(ctx, "burst q", h * g * d, p.storage, seed, 1.0)
-            })
-            .collect::<pisa_wgpu::Result<_>>()?;
-        let shape = AttentionShape::new(1, h * g, h, 1, n, d)?;
-        parts.push(Part {
+    let mut caches = Vec::new();
+    for c0 in (0..hkv).step_by(per_cache) {
+        let ch = per_cache.min(hkv - c0);
+        let mut cache = KvCache::new(ctx, 1, n, ch * g, ch, d, p.cfg, p.storage)?;
+        for h0 in (c0..c0 + ch).step_by(hc) {
+            let h = hc.min(c0 + ch - h0);
+            let k = random_tensor(ctx, "k", h * n * d, p.storage, 11 + h0 as u32, 1.0)?;
+            let v = random_tensor(ctx, "v", h * n * d, p.storage, 12 + h0 as u32, 1.0)?;
+            cache.prefill_device_heads(0, h0 - c0, h, &k, &v, TensorLayout::Bhnd)?;
+            let (qs, burst_qs) = queries(ctx, p, h * g, 20 + 2 * h0 as u32)?;
+            let shape = AttentionShape::new(1, h * g, h, 1, n, d)?;
+            parts.push(Part {
+                k,
+                v,
+                qs,
+                burst_qs,
+                shape,
+            });
+        }
+        let (qs, burst_qs) = queries(ctx, p, ch * g, 13 + 2 * c0 as u32)?;
+        caches.push(Cache {
             cache,
-            k,
-            v,
             qs,
             burst_qs,
-            shape,
         });
     }
     check_burst(p.burst, parts.len())?;
@@ -96,7 +128,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let started = std::time::Instant::now();
         ctx.scoped("bench decode", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            let steps: Vec<_> = parts.iter().map(|x| (&x.cache, &x.qs[r % 2])).collect();
+            let steps: Vec<_> = caches.iter().map(|x| (&x.cache, &x.qs[r % 2])).collect();
             KvCache::record_steps(&mut enc, &steps, Some(&mut prof))?;
             ctx.queue().submit([enc.finish()]);
             Ok(())
@@ -125,7 +157,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let wall_dense = started.elapsed().as_secs_f64() * 1e3;
         ctx.scoped("bench decode by stage", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            let steps: Vec<_> = parts.iter().map(|x| (&x.cache, &x.qs[r % 2])).collect();
+            let steps: Vec<_> = caches.iter().map(|x| (&x.cache, &x.qs[r % 2])).collect();
             KvCache::record_steps_by_stage(&mut enc, &steps, Some(&mut prof))?;
             ctx.queue().submit([enc.finish()]);
             Ok(())
@@ -135,7 +167,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let pisa_burst = burst(ctx, &parts, p.burst, "decode", |prof, _| {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
             for s in 0..p.burst {
-                let steps: Vec<_> = parts
+                let steps: Vec<_> = caches
                     .iter()
                     .map(|x| (&x.cache, &x.burst_qs[s % BURST]))
                     .collect();
@@ -205,16 +237,17 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     })
 }
 
-/// Refuses a burst whose timed passes (`steps` per cache, `caches` caches) exceed one
-/// profiler ([`Profiler::MAX_PASSES`]), before anything is measured (on every adapter, with
-/// timestamps or not, so the same command means the same on each).
-fn check_burst(steps: usize, caches: usize) -> Result<()> {
+/// Refuses a burst whose timed passes (`steps` per K/V part: the dense burst times one pass
+/// per part and step, the PISA burst fewer) exceed one profiler ([`Profiler::MAX_PASSES`]),
+/// before anything is measured (on every adapter, with timestamps or not, so the same command
+/// means the same on each).
+fn check_burst(steps: usize, parts: usize) -> Result<()> {
     let most = Profiler::MAX_PASSES as usize;
-    if steps.saturating_mul(caches) > most {
+    if steps.saturating_mul(parts) > most {
         anyhow::bail!(
-            "--decode-burst {steps}: {caches} cache(s) x {steps} steps exceed the {most} timed \
+            "--decode-burst {steps}: {parts} K/V part(s) x {steps} steps exceed the {most} timed \
              passes of one timestamp query set; use at most {}",
-            most / caches
+            most / parts
         );
     }
     Ok(())
@@ -237,7 +270,7 @@ type Outs = Vec<(GpuTensor, GpuTensor)>;
 /// dense outputs to its `Outs`, part-minor.
 fn burst(
     ctx: &Context,
-    parts: &[Part<'_>],
+    parts: &[Part],
     steps: usize,
     label: &'static str,
     record: impl FnOnce(&mut Profiler, &mut Outs) -> pisa_wgpu::Result<()>,

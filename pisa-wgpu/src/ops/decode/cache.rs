@@ -22,8 +22,10 @@ impl<'c> KvCache<'c> {
     ///
     /// Errors: the shape's and configuration's validation errors ([`GpuError::Input`]);
     /// [`PisaError::TooLarge`] when an index would not fit u32 (cache elements, pyramid
-    /// elements, `capacity * g`); [`GpuError::Limit`] when K/V or the pyramid exceeds the
-    /// device's storage-binding limit, or the step's workgroup memory its limit;
+    /// elements, `capacity * g`); [`GpuError::Limit`] when K/V exceed two storage bindings
+    /// (one binding holds them when it can; else they are split in two by flat (sequence, KV
+    /// head) row, [`Self::kv_shards`]), the pyramid one, or the step's workgroup memory its
+    /// limit;
     /// [`PisaError::HeadDim`] for D not a multiple of 4 (or above 1024);
     /// [`GpuError::Unsupported`] for f16 without SHADER_F16, a device with fewer than 9
     /// storage buffers per stage, or g_q above the workgroup size.
@@ -77,8 +79,15 @@ impl<'c> KvCache<'c> {
         }
         let plan = Plan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg)?;
         let fplan = FusedPlan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg);
-        let k = ctx.alloc("kv cache keys", kv_elems as usize, storage, POISON_F32)?;
-        let v = ctx.alloc("kv cache values", kv_elems as usize, storage, POISON_F32)?;
+        let kv_rows = Self::shard_rows(ctx, bh, capacity as u64 * d * storage.bytes())?;
+        let mut kv = Vec::new();
+        for r0 in (0..bh).step_by(kv_rows as usize) {
+            let n = (kv_rows.min(bh - r0) * capacity as u64 * d) as usize;
+            kv.push((
+                ctx.alloc("kv cache keys", n, storage, POISON_F32)?,
+                ctx.alloc("kv cache values", n, storage, POISON_F32)?,
+            ));
+        }
         let geo = Self::geometry(batch, kv_heads, capacity, head_dim, TensorLayout::Bhnd);
         let pyr = pyramid::alloc(ctx, layout, &geo, needs_sq(&cfg))?;
         let q_elems = batch * q_heads * head_dim;
@@ -94,8 +103,8 @@ impl<'c> KvCache<'c> {
             plan,
             fplan,
             fused: default_fused(),
-            k,
-            v,
+            kv,
+            kv_rows: kv_rows as usize,
             pyr,
             dummy: ctx.alloc("unused", 4, Storage::F32, 0)?,
             out: ctx.alloc("decode out", q_elems, storage, POISON_F32)?,
@@ -110,6 +119,27 @@ impl<'c> KvCache<'c> {
             parts: ctx.alloc("decode block states", part_elems, Storage::F32, POISON_F32)?,
             lens: vec![0; batch],
         })
+    }
+
+    /// Flat (sequence, KV head) rows per K/V shard: all `rows` in one storage binding when they
+    /// fit, else split evenly over two (the step's `leaf` binds two shards; the rows of one
+    /// sequence may straddle them). Errors: [`GpuError::Limit`] when one row, or half of them,
+    /// exceeds the binding limit.
+    fn shard_rows(ctx: &Context, rows: u64, row_bytes: u64) -> Result<u64> {
+        let per_binding = ctx.max_binding_bytes() / row_bytes.max(1);
+        let half = rows.div_ceil(2);
+        if rows <= per_binding {
+            Ok(rows)
+        } else if half <= per_binding {
+            Ok(half)
+        } else {
+            Err(GpuError::Limit {
+                what: "KV cache keys per storage binding (two bindings at most)".into(),
+                needed: half * row_bytes,
+                limit: ctx.max_binding_bytes(),
+                hint: "use a smaller capacity or batch, or split the KV heads over several caches",
+            })
+        }
     }
 
     pub(super) fn geometry(
@@ -130,14 +160,17 @@ impl<'c> KvCache<'c> {
 
     pub(super) fn base(&self) -> Params {
         let s = &self.shape;
-        Params::base(
-            s.batch,
-            s.q_heads,
-            s.kv_heads,
-            s.head_dim,
-            &self.layout,
-            &self.cfg,
-        )
+        Params {
+            kv_split: self.kv_rows as u32,
+            ..Params::base(
+                s.batch,
+                s.q_heads,
+                s.kv_heads,
+                s.head_dim,
+                &self.layout,
+                &self.cfg,
+            )
+        }
     }
 
     pub(super) fn check_seq(&self, seq: usize) -> Result<()> {

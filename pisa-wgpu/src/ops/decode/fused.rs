@@ -148,10 +148,11 @@ impl KvCache<'_> {
         self.fused = fused;
     }
 
-    /// Whether the step runs fused: selected ([`Self::set_fused`]) and within the device's
-    /// workgroup memory.
+    /// Whether the step runs fused: selected ([`Self::set_fused`]), within the device's
+    /// workgroup memory, and the cache's K/V in one storage binding (the fused kernel reads one
+    /// shard; a cache split over two runs the split step).
     pub fn is_fused(&self) -> bool {
-        self.fused && self.fplan.is_some()
+        self.fused && self.fplan.is_some() && self.kv.len() == 1
     }
 
     /// The one dispatch of this cache's fused step for `q` (one workgroup per (sequence, KV
@@ -189,8 +190,8 @@ impl KvCache<'_> {
             (0, &u),
             (1, &lens_buf.buffer),
             (2, &q.buffer),
-            (3, &self.k.buffer),
-            (4, &self.v.buffer),
+            (3, &self.kv[0].0.buffer),
+            (4, &self.kv[0].1.buffer),
             (5, &self.pyr.means.buffer),
             (6, &sq.buffer),
             (7, &self.out.buffer),

@@ -33,6 +33,13 @@ pub(super) struct Params {
     pub src_sn: u32,
     pub count: u32,
     pub src_len: u32,
+    /// Flat (sequence, KV head) rows of K/V shard 0; rows from here on are in shard 1.
+    pub kv_split: u32,
+    /// First flat row of the shard an append / prefill-copy dispatch writes.
+    pub kv_row0: u32,
+    /// Prefill copy: first KV head of the dispatch, and its head index in the source.
+    pub hd0: u32,
+    pub src_h0: u32,
     pub cap_off: [[u32; 4]; 16],
 }
 

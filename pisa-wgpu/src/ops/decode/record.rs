@@ -160,8 +160,10 @@ impl KvCache<'_> {
             (0, &u_slots),
             (1, l),
             (2, &q.buffer),
-            (3, &self.k.buffer),
-            (4, &self.v.buffer),
+            (3, &self.kv[0].0.buffer),
+            (4, &self.kv[0].1.buffer),
+            (12, &self.kv[self.kv.len() - 1].0.buffer),
+            (13, &self.kv[self.kv.len() - 1].1.buffer),
             (10, c),
             (11, pa),
         ];

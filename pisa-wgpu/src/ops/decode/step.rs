@@ -160,9 +160,11 @@ impl KvCache<'_> {
     pub fn pyramid(&self) -> &GpuPyramid {
         &self.pyr
     }
-    /// Keys and values, `[B, Hkv, capacity, D]` in storage precision.
-    pub fn kv(&self) -> (&GpuTensor, &GpuTensor) {
-        (&self.k, &self.v)
+    /// Keys and values in storage precision, as shards of `[rows, capacity, D]` each: the flat
+    /// (sequence, KV head) rows `b * Hkv + h` from `i * rows_per_shard` in shard i. One shard
+    /// (`[B, Hkv, capacity, D]`) unless the cache exceeds one storage binding; two at most.
+    pub fn kv_shards(&self) -> (&[(GpuTensor, GpuTensor)], usize) {
+        (&self.kv, self.kv_rows)
     }
     /// The step's outputs: O `[B, Hq, D]`, LSE `[B, Hq]` f32, selection `[B, Hkv, K]` i32.
     pub fn outputs(&self) -> (&GpuTensor, &GpuTensor, &GpuTensor) {
@@ -172,7 +174,7 @@ impl KvCache<'_> {
     /// runs fused ([`Self::is_fused`]), else the largest of `route`, `leaf`, `merge`.
     pub fn workgroup_memory(&self) -> u64 {
         match self.fplan {
-            Some(f) if self.fused => f.smem,
+            Some(f) if self.is_fused() => f.smem,
             _ => self.plan.smem,
         }
     }

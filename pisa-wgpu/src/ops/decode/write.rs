@@ -37,13 +37,39 @@ impl KvCache<'_> {
         v: &GpuTensor,
         layout: TensorLayout,
     ) -> Result<()> {
+        self.prefill_device_heads(seq, 0, self.shape.kv_heads, k, v, layout)
+    }
+
+    /// [`Self::prefill_device`] of the KV heads `h0 .. h0 + heads` only: `k`, `v` are
+    /// `[1, heads, P, D]` in `layout`, loaded into those heads of sequence `seq` with their
+    /// pyramid rows. For caches whose all-heads prefill tensors would exceed one storage
+    /// binding (a 1M-token cache of 8 heads of 128 f16 is 2 GiB): load them a few heads at a
+    /// time. The sequence's length becomes P; every head of it must be loaded with the same P
+    /// before a step. Errors: as [`Self::prefill_device`]; [`PisaError::TooLarge`] for a head
+    /// range past Hkv or empty.
+    pub fn prefill_device_heads(
+        &mut self,
+        seq: usize,
+        h0: usize,
+        heads: usize,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        layout: TensorLayout,
+    ) -> Result<()> {
         self.check_seq(seq)?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
-        let p_len = k.len / (hkv * d);
-        // A positive multiple of Hkv * D: else name the nearest length that would be.
-        check_len("prefill keys", k.len, p_len.max(1) * hkv * d)?;
-        self.check_tensor("prefill keys", k, p_len * hkv * d)?;
-        self.check_tensor("prefill values", v, p_len * hkv * d)?;
+        if heads == 0 || h0 + heads > hkv {
+            return Err(input(PisaError::TooLarge {
+                what: "last KV head of the prefill",
+                value: (h0 + heads) as u64,
+                limit: hkv as u64,
+            }));
+        }
+        let p_len = k.len / (heads * d);
+        // A positive multiple of heads * D: else name the nearest length that would be.
+        check_len("prefill keys", k.len, p_len.max(1) * heads * d)?;
+        self.check_tensor("prefill keys", k, p_len * heads * d)?;
+        self.check_tensor("prefill values", v, p_len * heads * d)?;
         if p_len > self.layout.key_len() {
             return Err(input(PisaError::TooLarge {
                 what: "prefill length",
@@ -52,36 +78,51 @@ impl KvCache<'_> {
             }));
         }
         let ctx = self.ctx;
-        let geo = Self::geometry(1, hkv, p_len, d, layout);
+        let geo = Self::geometry(1, heads, p_len, d, layout);
         let tmp = pyramid::alloc(ctx, self.layout, &geo, self.pyr.sq.is_some())?;
-        let (_, sh, sn) = layout.strides(hkv, p_len, d);
-        let count = (hkv * p_len * d) as u32;
-        let pr = Params {
-            seq: seq as u32,
-            src_sh: sh as u32,
-            src_sn: sn as u32,
-            count,
-            src_len: p_len as u32,
-            ..self.base()
-        };
-        let u = ctx.uniform("decode copy params", &pr)?;
+        let (_, sh, sn) = layout.strides(heads, p_len, d);
         let pipe = self.append_pipeline("copy_rows")?;
-        let row_bytes = (hkv * self.layout.total_nodes() * d * 4) as u64;
+        // One copy per K/V shard the head range touches (flat rows seq * Hkv + h).
+        let mut copies = Vec::new();
+        let (first, end) = (seq * hkv + h0, seq * hkv + h0 + heads);
+        for (i, shard) in self.kv.iter().enumerate() {
+            let (r0, r1) = (i * self.kv_rows, (i + 1) * self.kv_rows);
+            let (a, b) = (first.max(r0), end.min(r1));
+            if a >= b {
+                continue;
+            }
+            let count = ((b - a) * p_len * d) as u32;
+            let pr = Params {
+                seq: seq as u32,
+                src_sh: sh as u32,
+                src_sn: sn as u32,
+                count,
+                src_len: p_len as u32,
+                kv_row0: r0 as u32,
+                hd0: (a - seq * hkv) as u32,
+                src_h0: (a - first) as u32,
+                ..self.base()
+            };
+            copies.push((ctx.uniform("decode copy params", &pr)?, shard, count));
+        }
+        let head_bytes = (self.layout.total_nodes() * d * 4) as u64;
+        let (off, bytes) = ((first as u64) * head_bytes, heads as u64 * head_bytes);
         ctx.scoped("decode prefill", || {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
-            let b = [
-                (0, &u),
-                (4, &self.k.buffer),
-                (5, &self.v.buffer),
-                (8, &k.buffer),
-                (9, &v.buffer),
-            ];
-            ctx.dispatch(&mut enc, &pipe, &b, count.div_ceil(APPEND_WG) as u64, None)?;
+            for (u, shard, count) in &copies {
+                let b = [
+                    (0, u),
+                    (4, &shard.0.buffer),
+                    (5, &shard.1.buffer),
+                    (8, &k.buffer),
+                    (9, &v.buffer),
+                ];
+                ctx.dispatch(&mut enc, &pipe, &b, count.div_ceil(APPEND_WG) as u64, None)?;
+            }
             pyramid::record_build(ctx, &mut enc, k, &geo, p_len, &tmp, None)?;
-            let off = seq as u64 * row_bytes;
-            enc.copy_buffer_to_buffer(&tmp.means.buffer, 0, &self.pyr.means.buffer, off, row_bytes);
+            enc.copy_buffer_to_buffer(&tmp.means.buffer, 0, &self.pyr.means.buffer, off, bytes);
             if let (Some(s), Some(d)) = (&tmp.sq, &self.pyr.sq) {
-                enc.copy_buffer_to_buffer(&s.buffer, 0, &d.buffer, off, row_bytes);
+                enc.copy_buffer_to_buffer(&s.buffer, 0, &d.buffer, off, bytes);
             }
             ctx.queue.submit([enc.finish()]);
             Ok(())
@@ -145,28 +186,36 @@ impl KvCache<'_> {
             .collect();
         let ctx = self.ctx;
         let pos_buf = ctx.upload_u32("append positions", &pos)?;
-        let wg = (self.shape.batch * self.shape.kv_heads) as u32;
-        let u = ctx.uniform(
-            "append params",
-            &Params {
-                wg_count: wg,
-                ..self.base()
-            },
-        )?;
+        let rows = self.shape.batch * self.shape.kv_heads;
         let pipe = self.append_pipeline("append")?;
         let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
-        let b = [
-            (0, &u),
-            (1, &pos_buf.buffer),
-            (2, &k_rows.buffer),
-            (3, &v_rows.buffer),
-            (4, &self.k.buffer),
-            (5, &self.v.buffer),
-            (6, &self.pyr.means.buffer),
-            (7, &sq.buffer),
-        ];
-        let timer = prof.map(|p| (p, "append"));
-        ctx.dispatch(enc, &pipe, &b, wg as u64, timer)?;
+        // One dispatch per K/V shard (disjoint rows: they run side by side in one pass, timed
+        // as "append"), one workgroup per flat (sequence, KV head) row of it.
+        let mut stages = Vec::new();
+        for (i, shard) in self.kv.iter().enumerate() {
+            let (r0, r1) = (i * self.kv_rows, ((i + 1) * self.kv_rows).min(rows));
+            let u = ctx.uniform(
+                "append params",
+                &Params {
+                    wg_count: r1 as u32,
+                    kv_row0: r0 as u32,
+                    ..self.base()
+                },
+            )?;
+            let b = [
+                (0, &u),
+                (1, &pos_buf.buffer),
+                (2, &k_rows.buffer),
+                (3, &v_rows.buffer),
+                (4, &shard.0.buffer),
+                (5, &shard.1.buffer),
+                (6, &self.pyr.means.buffer),
+                (7, &sq.buffer),
+            ];
+            stages.push(ctx.stage(&pipe, &b, (r1 - r0) as u64)?);
+        }
+        ctx.check_alive()?;
+        ctx.record_pass(enc, "append", &stages, prof);
         for (l, &a) in self.lens.iter_mut().zip(active) {
             *l += a as usize;
         }
