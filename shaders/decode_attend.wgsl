@@ -17,7 +17,7 @@ var<workgroup> xs: array<f32, XS>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> hm: array<f32, GQ>;
 var<workgroup> halpha: array<f32, GQ>;
-var<workgroup> wleaf: u32;
+var<workgroup> wleaf: vec2<u32>; // (length, the slot's block)
 
 // Vec4 j of the key / value row of token t of flat (sequence, KV head) bh: shard 0 (kc, vc) for
 // bh < p.kv_split, else shard 1 (kc2, vc2) at row bh - kv_split (a cache past one storage
@@ -156,10 +156,13 @@ fn leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let bh = id / NS;
     let b = bh / p.kv_heads;
     let h = bh % p.kv_heads;
-    if (lid == 0u) { wleaf = cands[id]; }
+    // The length and the slot's block in one uniform load (one barrier; load_q's copy of the
+    // length into wlen is not read here).
+    if (lid == 0u) { wleaf = vec2<u32>(lens[b], cands[id]); }
     load_q((b * p.q_heads + h * GQ) * DD, b, lid);
-    let len = workgroupUniformLoad(&wlen);
-    let leaf = workgroupUniformLoad(&wleaf);
+    let ll = workgroupUniformLoad(&wleaf);
+    let len = ll.x;
+    let leaf = ll.y;
     if (leaf == INVALID || len == 0u) { return; }
     let t0 = leaf * p.block_size;
     attend_block(bh, t0, min(p.block_size, len - t0), id * GQ * PW, lid);
