@@ -2,9 +2,9 @@
 // (sequence, KV head) and recomputes only the ancestor path of its leaf (the leaf from its raw
 // keys, each ancestor from its children); `copy_rows` loads a prefill's keys and values.
 //
-// Layouts: kc, vc [B, Hkv, capacity, D] store_t (one shard of the cache: the flat rows
-// b * Hkv + h from p.kv_row0 on, row r at r - kv_row0; the host dispatches once per shard); means, sq f32 [B*Hkv, cap_nodes, D], node j of
-// level l at cap_off[l] + j (the capacity's layout); rows_k, rows_v [B, Hkv, D] store_t;
+// Layouts: kc, vc [rows, capacity, D] store_t, one shard of the cache (flat (sequence, KV head)
+// row r = b * Hkv + h at r - p.kv_row0; the host dispatches once per shard); means, sq f32
+// [B*Hkv, cap_nodes, D], node j of level l at cap_off[l] + j (the capacity's layout); rows_k, rows_v [B, Hkv, D] store_t;
 // pos [B] u32: the position the new key takes (the old length), 0xffffffff for a sequence that
 // does not append. Each invocation owns dimensions d (stride WG) from the key write up to the
 // top of the path, so it only ever reads pyramid values it wrote itself or an earlier dispatch

@@ -3,7 +3,7 @@
 // describe the shared parts). Where the split step pays a dependent dispatch per stage (about
 // 1.7 us each inside one pass on an H200: docs/benchmarks.md, session 4), this does the whole
 // step in one (measured 1.5-2x slower there: 8 workgroups read all the keys):
-//   1. routing (route_slots: the intermediate levels, four barriers a level) into the NS leaf
+//   1. routing (route_slots: the intermediate levels, five barriers a level) into the NS leaf
 //      slots, kept in workgroup memory (mc), compacted into a list (lst);
 //   2. the exact state (max m, sum l) per GQ head of every slot's block (PISA.md 2: a block's
 //      LSE m + log l is its leaf score), in passes of FNB blocks x FCH keys (FCH = C when

@@ -272,6 +272,20 @@ fn errors_are_typed_and_leave_the_cache_unchanged() {
         Err(GpuError::Input(PisaError::BufferLen { .. }))
     ));
     assert!(c.reset(2).is_err());
+    // A prefill of some KV heads: none, past Hkv, or a range whose end overflows.
+    let kt = ctx.upload("k", &[0.5; 3 * 8], Storage::F32).unwrap();
+    for (h0, n) in [(0, 0), (1, 1), (0, 2), (usize::MAX, 2)] {
+        let e = c.prefill_device_heads(1, h0, n, &kt, &kt, TensorLayout::Bhnd);
+        assert!(
+            matches!(
+                e,
+                Err(GpuError::Input(PisaError::Zero { .. }))
+                    | Err(GpuError::Input(PisaError::TooLarge { .. }))
+            ),
+            "heads {h0}+{n}: {:?}",
+            e.map(|_| ())
+        );
+    }
     assert_eq!(c.lens(), &[6, 0]);
     // A capacity past the storage-binding limit (or past u32 indexing) is refused up front.
     let cap = (ctx.max_binding_bytes() / (64 * 4) + 1) as usize;

@@ -140,7 +140,8 @@ fn wide_levels_top16() {
 
 /// top_k past the merge's register cap (K = 40 > 32: the selected blocks' states are loaded in
 /// its loops instead of into per-invocation arrays), with sink and local blocks, a partial last
-/// block and several routed levels, on both decode paths' shared cut.
+/// block and three routed levels (1500 tokens of C = 4: 375 leaves); the fused step's cut with
+/// `PISA_DECODE=fused`.
 #[test]
 fn top_k_past_merge_registers() {
     let mut c = base(
@@ -150,17 +151,18 @@ fn top_k_past_merge_registers() {
         32,
         cfg(4, 40, 2, Scoring::Lse).with_forced(2, 3),
     );
-    c.prefill = vec![523, 90];
+    c.prefill = vec![1500, 90];
     c.steps = 12;
-    Run::new(c, 600).run();
+    Run::new(c, 1600).run();
 }
 
 /// A cache past one storage binding (lowered here to 5 of its 9 flat (sequence, KV head) rows
 /// of K/V) is split over two shards, rows 0..5 and 5..9, so that sequence 1's heads straddle
-/// them: every step's selection, output and LSE match the reference (split step; the fused
-/// one reads one shard, so a split cache runs split even under `PISA_DECODE=fused`). Then a
-/// prefill loaded a few heads at a time (`prefill_device_heads`, 1 + 2 heads) gives the same
-/// outputs, bit for bit, as the same prefill loaded at once.
+/// them: every step's selection, output and LSE match the reference (split step: the fused one
+/// reads one shard, so a split cache refuses it even when asked). Then a prefill loaded a few
+/// heads at a time (`prefill_device_heads`, 1 + 2 heads, the 2 straddling the shards for
+/// sequence 1) lands every key and value where the whole prefill does (read back from the
+/// shards) and gives the same outputs, bit for bit.
 #[test]
 fn cache_split_over_two_bindings() {
     static SMALL: std::sync::OnceLock<pisa_wgpu::Context> = std::sync::OnceLock::new();
@@ -170,11 +172,13 @@ fn cache_split_over_two_bindings() {
         c
     });
     let mut c = base("two_shards", 6, 3, 32, cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1));
-    c.prefill = vec![300, 0, 157];
+    c.prefill = vec![300, 120, 157];
     c.steps = 20;
-    let run = Run::new_in(small, c, 400);
+    let mut run = Run::new_in(small, c, 400);
     let (shards, rows) = run.cache.kv_shards();
     assert_eq!((shards.len(), rows), (2, 5), "the cache is split over two bindings");
+    run.cache.set_fused(true);
+    assert!(run.cache.fused_workgroup_memory().is_some(), "the fused kernel would fit");
     assert!(!run.cache.is_fused(), "a split cache runs the split step");
     run.run();
 
@@ -201,6 +205,22 @@ fn cache_split_over_two_bindings() {
             }
         }
         let o = cache.step(&q, true).unwrap();
+        let (shards, _) = cache.kv_shards();
+        let mut kv = Vec::new();
+        for (ks, vs) in shards {
+            kv.push((small.read_f32(ks).unwrap(), small.read_f32(vs).unwrap()));
+        }
+        // Row r = b * Hkv + h of the cache (shard r / 5, row r % 5), tokens 0..p.
+        for b in 0..3 {
+            for h in 0..hkv {
+                let r = b * hkv + h;
+                let (ks, vs) = &kv[r / 5];
+                let at = (r % 5) * 400 * d;
+                let want = h * p * d..(h + 1) * p * d;
+                assert_eq!(&ks[at..at + p * d], &k[want.clone()], "keys of seq {b} head {h}");
+                assert_eq!(&vs[at..at + p * d], &v[want], "values of seq {b} head {h}");
+            }
+        }
         outs.push((o.out, o.lse, o.selection));
     }
     assert!(outs[0].0.iter().all(|x| x.is_finite()), "outputs written");

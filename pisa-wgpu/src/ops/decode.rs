@@ -9,12 +9,13 @@
 //!
 //! Paths. `PISA_DECODE=fused|split`, read once ([`default_fused`]; default `split` for now),
 //! or [`KvCache::set_fused`] per cache; [`KvCache::is_fused`] says which runs (the fused step
-//! falls back to split where its workgroup memory does not fit).
+//! falls back to split where its workgroup memory does not fit, and for a cache split over two
+//! storage bindings).
 //!
 //! Fused step (`decode_fused.wgsl`): ONE dispatch, one workgroup of up to 1024 invocations per
-//! (sequence, KV head). On an H200 each dispatch of the step costs ~15 us of fixed overhead
-//! whatever it does (the split step's trivial `merge` measures 19.5 us), so fewer dispatches
-//! is the lever. The workgroup routes (as `route`, three barriers a level), computes the
+//! (sequence, KV head), where the split step pays a dependent dispatch per stage (about 1.7 us
+//! each inside one pass on an H200; its `merge`, little work, still measured 17-26 us in
+//! knock-outs: docs/benchmarks.md, session 5). The workgroup routes (as `route`), computes the
 //! exact block state (m, l) per head of every slot (candidates and forced: g(K+1) + K at most)
 //! in passes of whole blocks (LK = 4 invocations per key row, two barriers a pass), cuts the
 //! top K (as `merge`), then attends the K selected blocks only, their keys read again (from
@@ -36,8 +37,8 @@
 //!    (coalesced, fixed-trip loads all in flight: one memory round trip a level) against the
 //!    queries in workgroup memory | per-candidate LSE over the children, summed over the heads,
 //!    as an order-preserving integer key | the rank-based top-K cut (ties to the lower index),
-//!    each kept node writing its children straight into the next level's slots: three
-//!    barriers per level, no serial loop over candidates. It writes g(K+1) leaf candidates and
+//!    each kept node writing its children straight into the next level's slots: five
+//!    barriers per level (`lse`; four for `mean`, `meanvar`), no serial loop over candidates. It writes g(K+1) leaf candidates and
 //!    the forced leaves (`cands`, NS = g(K+1) + K slots).
 //! 2. `leaf`, one workgroup of 256 per (sequence, KV head, slot) (B * Hkv * NS workgroups,
 //!    400 at Hkv = 8, K = 16, g = 2; empty slots exit at once), computes the slot block's
@@ -53,9 +54,13 @@
 //!    K - forced are the selection (ascending), and the K blocks' states are merged
 //!    (FlashDecoding: M = max m, L = sum l e^(m-M), O = sum O e^(m-M) / L) into O and LSE.
 //!
-//! [`KvCache::record_steps`] records the steps of several caches (KV heads split over caches
-//! past one storage binding) in one pass, their dispatches interleaved by stage, so they run as
-//! one chain of three dispatches rather than one chain per cache.
+//! A cache whose K/V exceed one storage binding splits them over two ([`KvCache::kv_shards`]:
+//! `leaf` reads either, the writes dispatch once per shard; the fused step reads one, so such a
+//! cache runs split). [`KvCache::record_steps`] records the steps of several caches (KV heads
+//! past two bindings) in one pass, their dispatches interleaved by stage, so they run as one
+//! chain of three dispatches rather than one chain per cache; even so they wait on each other's
+//! barriers (two caches of 4 heads cost 15 us more per step than one of 8 at 1M on the H200:
+//! docs/benchmarks.md, session 5).
 //!
 //! Scratch between the dispatches: `cands` (u32 `[B*Hkv, NS]`) and the block states (f32
 //! `[B*Hkv, NS, g_q, D+2]`), allocated with the cache.
@@ -103,7 +108,8 @@ pub struct DecodeOutput {
 
 /// A GPU KV cache of `B` sequences growing up to `capacity` tokens each, with its key pyramid.
 ///
-/// Keys and values are stored `[B, Hkv, capacity, D]` in the storage precision; the pyramid is
+/// Keys and values are stored `[B, Hkv, capacity, D]` in the storage precision (as two shards
+/// of flat (sequence, KV head) rows past one storage binding: [`KvCache::kv_shards`]); the pyramid is
 /// [`ops::pyramid`](crate::ops::pyramid)'s, allocated for the layout of `capacity` (a shorter
 /// length's nodes are a prefix of each level), f32. Lengths are tracked per sequence on the
 /// host and passed to every dispatch in a storage buffer.

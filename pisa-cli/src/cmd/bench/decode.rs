@@ -54,7 +54,7 @@ fn queries(
         random_tensor(ctx, "q", n, p.storage, seed + 1, 1.0)?,
     ];
     let burst_qs = (0..BURST as u32)
-        .map(|s| random_tensor(ctx, "burst q", n, p.storage, 1000 + 100 * seed + s, 1.0))
+        .map(|s| random_tensor(ctx, "burst q", n, p.storage, 10_000 + 16 * seed + s, 1.0))
         .collect::<pisa_wgpu::Result<_>>()?;
     Ok((qs, burst_qs))
 }
@@ -78,6 +78,12 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     let per_head = (n * d) as u64 * p.storage.bytes();
     let hc = ((ctx.max_binding_bytes() / per_head.max(1)) as usize).clamp(1, hkv);
     let per_cache = (2 * hc).min(hkv);
+    // K/V parts (one per dense call): checked before anything is allocated.
+    let n_parts: usize = (0..hkv)
+        .step_by(per_cache)
+        .map(|c0| per_cache.min(hkv - c0).div_ceil(hc))
+        .sum();
+    check_burst(p.burst, n_parts)?;
     let mut parts = Vec::new();
     let mut caches = Vec::new();
     for c0 in (0..hkv).step_by(per_cache) {
@@ -85,10 +91,10 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let mut cache = KvCache::new(ctx, 1, n, ch * g, ch, d, p.cfg, p.storage)?;
         for h0 in (c0..c0 + ch).step_by(hc) {
             let h = hc.min(c0 + ch - h0);
-            let k = random_tensor(ctx, "k", h * n * d, p.storage, 11 + h0 as u32, 1.0)?;
-            let v = random_tensor(ctx, "v", h * n * d, p.storage, 12 + h0 as u32, 1.0)?;
+            let k = random_tensor(ctx, "k", h * n * d, p.storage, 11 + 2 * h0 as u32, 1.0)?;
+            let v = random_tensor(ctx, "v", h * n * d, p.storage, 12 + 2 * h0 as u32, 1.0)?;
             cache.prefill_device_heads(0, h0 - c0, h, &k, &v, TensorLayout::Bhnd)?;
-            let (qs, burst_qs) = queries(ctx, p, h * g, 20 + 2 * h0 as u32)?;
+            let (qs, burst_qs) = queries(ctx, p, h * g, 500 + 2 * h0 as u32)?;
             let shape = AttentionShape::new(1, h * g, h, 1, n, d)?;
             parts.push(Part {
                 k,
@@ -98,14 +104,14 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
                 shape,
             });
         }
-        let (qs, burst_qs) = queries(ctx, p, ch * g, 13 + 2 * c0 as u32)?;
+        let (qs, burst_qs) = queries(ctx, p, ch * g, 300 + 2 * c0 as u32)?;
         caches.push(Cache {
             cache,
             qs,
             burst_qs,
         });
     }
-    check_burst(p.burst, parts.len())?;
+    debug_assert_eq!(parts.len(), n_parts);
     let scale = p.cfg.softmax_scale(d);
     let dense_layouts = QkvLayouts::from(TensorLayout::Bhnd);
     // The kernel of the dense calls below (record_dense_attention: causal, `scale`, no tiling).

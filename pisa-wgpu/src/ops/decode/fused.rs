@@ -134,14 +134,15 @@ impl FusedPlan {
 
 impl KvCache<'_> {
     /// Workgroup memory of the fused kernel, bytes; `None` where it does not fit the device (or
-    /// the limit of [`Self::set_workgroup_memory_limit`]), so that the step runs split.
+    /// the limit of [`Self::set_workgroup_memory_limit`]), so that the step runs split. (A cache
+    /// split over two storage bindings runs split whatever this says: [`Self::is_fused`].)
     pub fn fused_workgroup_memory(&self) -> Option<u64> {
         self.fplan.map(|f| f.smem)
     }
 
     /// Selects the step's path: `true`, the fused step (ONE dispatch per step: routing, leaf
     /// scores, cut and attention in one workgroup per (sequence, KV head)) where its workgroup
-    /// memory fits, else the split one; `false`, the split step (three dispatches: `route`,
+    /// memory fits and the cache's K/V are in one storage binding, else the split one; `false`, the split step (three dispatches: `route`,
     /// `leaf`, `merge`). New caches take [`super::default_fused`] (`PISA_DECODE`). Results agree
     /// within rounding.
     pub fn set_fused(&mut self, fused: bool) {

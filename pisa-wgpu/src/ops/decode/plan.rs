@@ -43,6 +43,11 @@ pub(super) struct Params {
     pub cap_off: [[u32; 4]; 16],
 }
 
+// The uniform's layout: 24 scalars, then `cap_off` 16-byte aligned, as WGSL lays it out.
+const _: () = assert!(
+    std::mem::size_of::<Params>() == 352 && std::mem::offset_of!(Params, cap_off) == 96
+);
+
 impl Params {
     /// Every field that depends only on the cache's geometry and configuration.
     pub fn base(

@@ -38,8 +38,9 @@ impl KvCache<'_> {
     /// in ONE compute pass labelled "decode": every fused cache's `fused` and every split
     /// cache's `route`, then every `leaf`, then every `merge`, so the caches' steps run side by
     /// side as one dependent chain (of one dispatch when all are fused, else three) instead of
-    /// one chain per cache. For KV heads split over several caches
-    /// (K or V of all heads past one storage binding, e.g. 1M tokens x 8 heads x 128 x f16).
+    /// one chain per cache. For KV heads split over several caches (K or V of all heads past
+    /// two storage bindings, e.g. 1M tokens x 8 heads x 128 x f32; one cache holds them up to
+    /// two bindings).
     /// Outputs are bitwise those of separate steps. Errors: those of [`Self::record_step`];
     /// [`GpuError::Unsupported`] for caches of different contexts. Nothing is recorded on
     /// error.

@@ -45,8 +45,9 @@ impl KvCache<'_> {
     /// pyramid rows. For caches whose all-heads prefill tensors would exceed one storage
     /// binding (a 1M-token cache of 8 heads of 128 f16 is 2 GiB): load them a few heads at a
     /// time. The sequence's length becomes P; every head of it must be loaded with the same P
-    /// before a step. Errors: as [`Self::prefill_device`]; [`PisaError::TooLarge`] for a head
-    /// range past Hkv or empty.
+    /// before a step (a head left out keeps what it held: another length's keys, or poison).
+    /// Errors: as [`Self::prefill_device`]; [`PisaError::Zero`] for no heads,
+    /// [`PisaError::TooLarge`] for a head range past Hkv; nothing changes on error.
     pub fn prefill_device_heads(
         &mut self,
         seq: usize,
@@ -58,10 +59,15 @@ impl KvCache<'_> {
     ) -> Result<()> {
         self.check_seq(seq)?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
-        if heads == 0 || h0 + heads > hkv {
+        if heads == 0 {
+            return Err(input(PisaError::Zero {
+                what: "KV heads of the prefill",
+            }));
+        }
+        if h0 >= hkv || heads > hkv - h0 {
             return Err(input(PisaError::TooLarge {
-                what: "last KV head of the prefill",
-                value: (h0 + heads) as u64,
+                what: "end of the prefill's KV heads",
+                value: (h0 as u64).saturating_add(heads as u64),
                 limit: hkv as u64,
             }));
         }
@@ -189,8 +195,8 @@ impl KvCache<'_> {
         let rows = self.shape.batch * self.shape.kv_heads;
         let pipe = self.append_pipeline("append")?;
         let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
-        // One dispatch per K/V shard (disjoint rows: they run side by side in one pass, timed
-        // as "append"), one workgroup per flat (sequence, KV head) row of it.
+        // One dispatch per K/V shard, one workgroup per flat (sequence, KV head) row of it, in
+        // one pass timed as "append" (both write the pyramid, so wgpu orders them).
         let mut stages = Vec::new();
         for (i, shard) in self.kv.iter().enumerate() {
             let (r0, r1) = (i * self.kv_rows, ((i + 1) * self.kv_rows).min(rows));
