@@ -74,29 +74,6 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// Errors when a value of Q, K or V (V only `with_v`) would overflow to infinity in f16
-    /// storage (beyond +-65504 after rounding), naming the tensor and the position of the first.
-    pub fn check_f16_range(&self, with_v: bool) -> Result<()> {
-        let mut list = vec![("q", &self.q, &self.q_dims), ("k", &self.k, &self.kv_dims)];
-        if with_v {
-            list.push(("v", &self.v, &self.kv_dims));
-        }
-        for (name, data, dims) in list {
-            if let Some(i) = data
-                .iter()
-                .position(|&x| x.is_finite() && half::f16::from_f32(x).is_infinite())
-            {
-                bail!(
-                    "{}: tensor `{name}` has {} at {:?}, beyond the f16 range (+-65504) of --storage f16; use --storage f32 (--allow-nonfinite passes it on as inf)",
-                    self.source,
-                    data[i],
-                    io::unravel(i, dims)
-                );
-            }
-        }
-        Ok(())
-    }
-
     /// Whether the inputs had a batch dimension (4-D).
     pub fn batched(&self) -> bool {
         self.q_dims.len() == 4
@@ -214,6 +191,11 @@ impl InputArgs {
 
     /// Loads Q, K, V (the embedded demo input when `--input` is absent and `allow_demo`).
     pub fn load(&self, allow_demo: bool) -> Result<Loaded> {
+        ensure!(
+            self.layer.is_none()
+                || (self.q_name == "q" && self.k_name == "k" && self.v_name == "v"),
+            "--layer N reads layer{{N}}.q/k/v: it cannot be combined with --q-name, --k-name or --v-name"
+        );
         let layout: TensorLayout = self.layout.into();
         let (qn, kn, vn) = self.names();
         let demo_file;
@@ -224,8 +206,14 @@ impl InputArgs {
                     "{}: --layer picks tensors of a .safetensors file; a .npy file holds one tensor",
                     p.display()
                 );
-                let k = self.k_file.clone().context("--input is a .npy file: give K and V with --k-file and --v-file")?;
-                let v = self.v_file.clone().context("--input is a .npy file: give V with --v-file")?;
+                let missing = match (&self.k_file, &self.v_file) {
+                    (None, None) => "K and V with --k-file and --v-file",
+                    (None, Some(_)) => "K with --k-file",
+                    _ => "V with --v-file",
+                };
+                let (Some(k), Some(v)) = (self.k_file.clone(), self.v_file.clone()) else {
+                    bail!("--input is a .npy file: give {missing}");
+                };
                 (p.clone(), k, v)
             }
             Some(p) => {

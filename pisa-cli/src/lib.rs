@@ -5,3 +5,4 @@
 pub mod args;
 pub mod input;
 pub mod io;
+pub mod limits;

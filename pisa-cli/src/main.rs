@@ -4,7 +4,7 @@
 mod cmd;
 
 #[allow(unused_imports)]
-pub(crate) use pisa_cli::{args, input, io};
+pub(crate) use pisa_cli::{args, input, io, limits};
 
 use clap::{Parser, Subcommand};
 
@@ -43,6 +43,9 @@ fn main() {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
     let cli = Cli::parse();
+    for w in limits::env_warnings() {
+        eprintln!("{w}");
+    }
     let level = match cli.verbose {
         0 => "warn",
         1 => "info",

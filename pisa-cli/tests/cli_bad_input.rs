@@ -138,6 +138,26 @@ fn wrong_tensor_names_and_layers() {
         &["q.npy", "--layer"],
     );
     forward_fails(d, &["--k-file", "k.npy"], &["in.safetensors", "--k-file"]);
+    // Regression: --q-name was silently ignored beside --layer.
+    forward_fails(
+        d,
+        &["--layer", "0", "--q-name", "query"],
+        &["--layer", "--q-name"],
+    );
+    // Regression: `-i q.npy --v-file v.npy` said "give K and V" although V was given.
+    let npy = ["forward", "-i", "q.npy", "--layout", "bnhd"];
+    let only_v = fails(
+        d,
+        &[&npy[..], &["--v-file", "v.npy"]].concat(),
+        &["give K with --k-file"],
+    );
+    assert!(!only_v.contains("V with"), "{only_v}");
+    fails(
+        d,
+        &[&npy[..], &["--k-file", "k.npy"]].concat(),
+        &["give V with --v-file"],
+    );
+    fails(d, &npy, &["give K and V"]);
 }
 
 #[test]

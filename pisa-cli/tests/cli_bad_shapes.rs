@@ -187,6 +187,52 @@ fn values_beyond_f16_with_f16_storage() {
     run_in(d, &[&recall[..], &SMALL[..]].concat()).ok();
 }
 
+/// Regressions (new-user trial): finite inputs gave wrong output with exit code 0. An O beyond
+/// f16's range was written as inf by `--out-dtype f16`; scores beyond about 1e30 (huge `--scale`
+/// or Q/K) were taken for masked ones by the kernels. Now both are refused, naming the fix.
+#[test]
+fn outputs_beyond_f16_and_scores_beyond_the_bound() {
+    let dir = setup();
+    let d = dir.path();
+    let [q, k, mut v] = Spec::small().qkv();
+    v.data.iter_mut().for_each(|x| *x += 1e5);
+    write_st(
+        d,
+        "bigv.safetensors",
+        &[q.clone(), k.clone(), v.clone()],
+        DType::F32,
+    );
+    for cmd in ["forward", "decode"] {
+        let base = [cmd, "-i", "bigv.safetensors", "-o", "o.safetensors"];
+        fails(
+            d,
+            &[&base[..], &SMALL[..], &["--out-dtype", "f16"]].concat(),
+            &["bigv.safetensors", "output O has", "--out-dtype f32"],
+        );
+    }
+    for cmd in ["forward", "decode", "recall"] {
+        let base = [cmd, "-i", "in.safetensors"];
+        fails(
+            d,
+            &[&base[..], &SMALL[..], &["--scale", "1e30"]].concat(),
+            &["in.safetensors", "above the bound 1e29", "--scale"],
+        );
+    }
+    let (mut q, mut k) = (q, k);
+    q.data.iter_mut().for_each(|x| *x *= 1e17);
+    k.data.iter_mut().for_each(|x| *x *= 1e17);
+    write_st(d, "bigqk.safetensors", &[q, k, v], DType::F32);
+    fails(
+        d,
+        &[&["forward", "-i", "bigqk.safetensors"][..], &SMALL[..]].concat(),
+        &[
+            "bigqk.safetensors",
+            "scores can reach",
+            "above the bound 1e29",
+        ],
+    );
+}
+
 #[test]
 fn bad_decode_lengths() {
     let dir = setup();

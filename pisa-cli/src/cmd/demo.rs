@@ -34,6 +34,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
     if a.steps == 0 {
         anyhow::bail!("--steps must be at least 1");
     }
+    if a.steps >= a.tokens {
+        anyhow::bail!(
+            "--steps {} is too many for --tokens {}: at most {} (the first token is prefilled)",
+            a.steps,
+            a.tokens,
+            a.tokens - 1
+        );
+    }
     let input = InputArgs {
         input: None,
         k_file: None,
@@ -133,7 +141,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
     // 3. recall
     println!("\nselection quality against the full-attention oracle (PISA.md section 3):");
     let rows = super::recall::measure(&ctx, &l, &sel, pisa_wgpu::Storage::F32)?;
-    print!("{}", super::recall::table(&rows, cfg.top_k));
+    let hint = format!(
+        "use --tokens above {} (the demo selects {} blocks of {} tokens)",
+        cfg.top_k * cfg.block_size,
+        cfg.top_k,
+        cfg.block_size
+    );
+    print!("{}", super::recall::table(&rows, cfg.top_k, &hint));
     Ok(())
 }
 

@@ -25,9 +25,9 @@ pub struct ForwardArgs {
     /// Output file (`.safetensors`: tensors o, lse, indices; `.npy`: OUT.o.npy, OUT.lse.npy, ...).
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
-    /// Element type of O in the output file (LSE is always f32, indices i32).
-    #[arg(long, value_enum, default_value_t = DType::F32)]
-    pub out_dtype: DType,
+    /// Element type of O in the output file (LSE is always f32, indices i32) [default: f32].
+    #[arg(long, value_enum)]
+    pub out_dtype: Option<DType>,
     /// Also write the selected leaf blocks ([B,] Hkv, N, K; ascending, -1 padded).
     #[arg(long)]
     pub save_selection: bool,
@@ -93,13 +93,33 @@ pub fn check_output(
     io::check_output_paths(&outs, &input.files())
 }
 
+/// The element type of O (`--out-dtype`, default f32); refuses `--out-dtype` and
+/// `--save-selection` without an output file, which they would silently do nothing without.
+pub fn out_dtype_of(
+    output: Option<&Path>,
+    out_dtype: Option<DType>,
+    save_selection: bool,
+) -> Result<DType> {
+    if output.is_none() {
+        if save_selection {
+            bail!("--save-selection requires -o/--output (the selection is written there)");
+        }
+        if out_dtype.is_some() {
+            bail!("--out-dtype requires -o/--output (it is the element type of O in that file)");
+        }
+    }
+    Ok(out_dtype.unwrap_or(DType::F32))
+}
+
 /// Runs `pisa forward`.
 pub fn run(a: ForwardArgs) -> Result<()> {
+    let out_dtype = out_dtype_of(a.output.as_deref(), a.out_dtype, a.save_selection)?;
     if let Some(path) = &a.output {
-        check_output(path, a.out_dtype, a.save_selection, &a.input)?;
+        check_output(path, out_dtype, a.save_selection, &a.input)?;
     }
     let l = a.input.load_for(a.device.storage, true)?;
     let cfg = a.select.config(l.file_scale)?;
+    l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
     let opts = PrefillOptions {
         cfg,
@@ -112,6 +132,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
         .with_context(|| format!("{}: prefill failed", l.source))?;
     let mut written = Vec::new();
     if let Some(path) = &a.output {
+        l.check_out_range(&r.out, out_dtype)?;
         let (o, lse, idx) = output_tensors(&l, &r, cfg.top_k)?;
         let mut meta = BTreeMap::new();
         meta.insert(
@@ -127,7 +148,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
                 lse: Some(&lse),
                 indices: idx.as_ref(),
             },
-            a.out_dtype,
+            out_dtype,
             &meta,
         )?;
     }

@@ -112,8 +112,9 @@ fn num(x: f64, scale: f64, prec: usize) -> String {
     }
 }
 
-/// The table as text.
-pub fn table(rows: &[MethodRecall], top_k: usize) -> String {
+/// The table as text; `hint` ends the note shown when no query row was counted (what to change
+/// on this command's line, e.g. "use more tokens or a smaller --top-k or --block-size").
+pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
     let mut s = format!(
         "{:<14} {:>10} {:>12}   per KV head: Recall@{top_k} / mass\n",
         "method",
@@ -139,9 +140,9 @@ pub fn table(rows: &[MethodRecall], top_k: usize) -> String {
             "({} query rows counted: those seeing more than {top_k} leaves{})\n",
             r.queries,
             if r.queries == 0 {
-                "; none here: use more tokens or a smaller --top-k or --block-size"
+                format!("; none here: {hint}")
             } else {
-                ""
+                String::new()
             }
         ));
     }
@@ -151,6 +152,8 @@ pub fn table(rows: &[MethodRecall], top_k: usize) -> String {
 /// Runs `pisa recall`.
 pub fn run(a: RecallArgs) -> Result<()> {
     let l = a.input.load_for(a.device.storage, false)?;
+    let cfg = a.select.config(l.file_scale)?;
+    l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
     let rows = measure(&ctx, &l, &a.select, a.device.storage.into())
         .with_context(|| format!("{}: recall failed", l.source))?;
@@ -161,7 +164,14 @@ pub fn run(a: RecallArgs) -> Result<()> {
             "selection quality on {} ({:?}), C={} K={}:",
             l.source, l.shape, a.select.block_size, a.select.top_k
         );
-        print!("{}", table(&rows, a.select.top_k));
+        print!(
+            "{}",
+            table(
+                &rows,
+                a.select.top_k,
+                "use more tokens or a smaller --top-k or --block-size"
+            )
+        );
     }
     Ok(())
 }

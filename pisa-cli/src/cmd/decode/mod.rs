@@ -40,9 +40,9 @@ pub struct DecodeArgs {
     /// prefill, the rest from the decode steps.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
-    /// Element type of O in the output file.
-    #[arg(long, value_enum, default_value_t = DType::F32)]
-    pub out_dtype: DType,
+    /// Element type of O in the output file [default: f32].
+    #[arg(long, value_enum)]
+    pub out_dtype: Option<DType>,
     /// Also write the selected leaf blocks.
     #[arg(long)]
     pub save_selection: bool,
@@ -54,11 +54,17 @@ pub struct DecodeArgs {
 
 /// Runs `pisa decode`.
 pub fn run(a: DecodeArgs) -> Result<()> {
+    if a.select.non_causal {
+        bail!("--non-causal does not apply to decode: each new token attends to the tokens before it (decode is causal); use `pisa forward --non-causal`");
+    }
+    let out_dtype =
+        super::forward::out_dtype_of(a.output.as_deref(), a.out_dtype, a.save_selection)?;
     if let Some(path) = &a.output {
-        super::forward::check_output(path, a.out_dtype, a.save_selection, &a.input)?;
+        super::forward::check_output(path, out_dtype, a.save_selection, &a.input)?;
     }
     let l = a.input.load_for(a.device.storage, true)?;
     let cfg = a.select.config(l.file_scale)?;
+    l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let p = a.prefill.unwrap_or(l.shape.q_len / 2);
     check_prefill(p, l.shape.q_len).with_context(|| l.source.clone())?;
     let ctx = a.device.context()?;
@@ -81,6 +87,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         .is_none_or(|c| c.out_err <= tol && c.lse_err <= tol);
     let mut written = Vec::new();
     if let (Some(path), true) = (&a.output, check_ok) {
+        l.check_out_range(&r.out, out_dtype)?;
         let sel = a.save_selection.then_some(&r.selection[..]);
         let (o, lse, idx) = super::forward::output_tensors_of(&l, &r.out, &r.lse, sel, cfg.top_k)?;
         let mut meta = BTreeMap::new();
@@ -93,7 +100,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
                 lse: Some(&lse),
                 indices: idx.as_ref(),
             },
-            a.out_dtype,
+            out_dtype,
             &meta,
         )?;
     }

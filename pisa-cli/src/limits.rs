@@ -1,0 +1,107 @@
+//! Checks of values the GPU kernels or the output format cannot represent faithfully: inputs
+//! beyond the f16 range of `--storage f16`, possible attention scores beyond what the kernels
+//! tell apart from their "masked" sentinel, outputs beyond the f16 range of `--out-dtype f16`,
+//! and misspelled values of the environment knobs the library reads.
+
+use anyhow::{bail, Result};
+
+use crate::input::Loaded;
+use crate::io;
+
+/// The largest |score| (`scale * q . k`) accepted: the kernels' "no score" sentinel is -3e38
+/// and they treat anything below -1e38 as masked, so scores must stay well inside that.
+pub const MAX_SCORE: f64 = 1e29;
+
+/// The environment knobs the library reads as words, with the values it accepts (anything
+/// else is silently taken as the default by the library).
+pub const ENV_KNOBS: [(&str, &[&str]); 4] = [
+    ("PISA_KERNEL_PATH", &["portable"]),
+    ("PISA_LEAF_ORDER", &["tiles", "leaves"]),
+    ("PISA_DECODE", &["fused", "split"]),
+    ("PISA_SHADER_CHECKS", &["all", "none"]),
+];
+
+/// One warning line per knob of [`ENV_KNOBS`] that is set to a value the library ignores.
+pub fn env_warnings() -> Vec<String> {
+    ENV_KNOBS
+        .iter()
+        .filter_map(|&(name, ok)| {
+            let v = std::env::var_os(name)?;
+            let v = v.to_string_lossy();
+            (!ok.contains(&v.as_ref())).then(|| {
+                format!(
+                    "warning: {name}={v:?} is not a known value and is ignored (accepted: {})",
+                    ok.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
+/// The largest L2 norm of the rows (of `d` values) of `x`, over rows that are all finite.
+fn max_row_norm(x: &[f32], d: usize) -> f64 {
+    x.chunks_exact(d.max(1))
+        .filter(|r| r.iter().all(|v| v.is_finite()))
+        .map(|r| r.iter().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt())
+        .fold(0.0, f64::max)
+}
+
+impl Loaded {
+    /// Errors when a value of Q, K or V (V only `with_v`) would overflow to infinity in f16
+    /// storage (beyond +-65504 after rounding), naming the tensor and the position of the first.
+    pub fn check_f16_range(&self, with_v: bool) -> Result<()> {
+        let mut list = vec![("q", &self.q, &self.q_dims), ("k", &self.k, &self.kv_dims)];
+        if with_v {
+            list.push(("v", &self.v, &self.kv_dims));
+        }
+        for (name, data, dims) in list {
+            if let Some(i) = data
+                .iter()
+                .position(|&x| x.is_finite() && half::f16::from_f32(x).is_infinite())
+            {
+                bail!(
+                    "{}: tensor `{name}` has {} at {:?}, beyond the f16 range (+-65504) of --storage f16; use --storage f32 (--allow-nonfinite passes it on as inf)",
+                    self.source,
+                    data[i],
+                    io::unravel(i, dims)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Errors when a score `scale * q . k` could exceed [`MAX_SCORE`] in magnitude (bounded by
+    /// `scale * max |q row| * max |k row|`): the kernels would take such scores for masked ones.
+    pub fn check_score_bound(&self, scale: f32) -> Result<()> {
+        let d = self.shape.head_dim;
+        let (nq, nk) = (max_row_norm(&self.q, d), max_row_norm(&self.k, d));
+        let bound = scale as f64 * nq * nk;
+        if bound > MAX_SCORE {
+            bail!(
+                "{}: scores can reach {bound:.3e} (scale {scale} x largest Q row norm {nq:.3e} x largest K row norm {nk:.3e}), above the bound {MAX_SCORE:.0e} the kernels handle (larger scores read as masked); rescale Q/K or lower --scale",
+                self.source
+            );
+        }
+        Ok(())
+    }
+
+    /// Errors when the output `out` (shaped like Q) holds a finite value that `--out-dtype f16`
+    /// would write as infinity.
+    pub fn check_out_range(&self, out: &[f32], dtype: io::DType) -> Result<()> {
+        if dtype != io::DType::F16 {
+            return Ok(());
+        }
+        if let Some(i) = out
+            .iter()
+            .position(|&x| x.is_finite() && half::f16::from_f32(x).is_infinite())
+        {
+            bail!(
+                "{}: output O has {} at {:?}, beyond the f16 range (+-65504) of --out-dtype f16; use --out-dtype f32 (nothing written)",
+                self.source,
+                out[i],
+                io::unravel(i, &self.q_dims)
+            );
+        }
+        Ok(())
+    }
+}
