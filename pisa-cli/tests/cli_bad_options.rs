@@ -150,6 +150,12 @@ fn bad_demo_arguments() {
         &["--tokens 99999", "1..=4096"],
     );
     fails(d, &["demo", "--steps", "0"], &["--steps"]);
+    // Regression: more steps than the tokens allow silently ran `tokens - 1` steps.
+    fails(
+        d,
+        &["demo", "--tokens", "256", "--steps", "1000"],
+        &["--steps 1000", "at most 255"],
+    );
     fails(d, &["demo", "--adapter", "nosuch"], &["nosuch"]);
 }
 
@@ -175,9 +181,34 @@ fn bad_bench_arguments() {
     bench(&["--hkv", "3"], &["--hq 2", "--hkv 3"]);
     // Regression: `--hq 0` "skipped" every size and exited 0 with an empty table.
     bench(&["--hq", "0"], &["--hq"]);
-    bench(&["--decode-burst", "0"], &["--decode-burst must be at least 1"]);
-    bench(&["--decode-burst", "5000"], &["--decode-burst must be at most 2048"]);
+    bench(
+        &["--decode-burst", "0"],
+        &["--decode-burst must be at least 1"],
+    );
+    bench(
+        &["--decode-burst", "5000"],
+        &["--decode-burst must be at most 2048"],
+    );
     bench(&["--top-k", "0"], &["top_k"]);
+    // Regressions (new-user trial): each was accepted and ignored or misreported.
+    bench(&["--storages="], &["--storages is empty"]);
+    bench(
+        &["--sizes", "18446744073709551615"],
+        &["too large: at most 4294967295"],
+    );
+    bench(&["--reps", "0"], &["--reps must be at least 1"]);
+    for b in ["nan", "inf", "-1"] {
+        bench(&["--budget-s", b], &["--budget-s", "finite"]);
+    }
+    bench(&["--json", "b.safetensors"], &["must end in .json"]);
+    std::fs::write(d.join("in.json"), b"[1, 2]").unwrap();
+    bench(
+        &["--json", "in.json"],
+        &["in.json", "not a pisa bench JSON file"],
+    );
+    std::fs::write(d.join("p.json"), br#"{"adapter":"x","vendor":1,"backend":"b","driver":"d","command":"c","shape":"s","records":[]}"#).unwrap();
+    std::fs::write(d.join("p.svg"), b"mine").unwrap();
+    bench(&["--json", "p.json"], &["p.svg", "not an SVG plot"]);
     // Regression: `--json` into a missing directory failed only after the whole benchmark.
     bench(
         &["--sizes", "64", "--json", "nodir/b.json"],
@@ -246,10 +277,36 @@ fn malformed_command_lines() {
         &["forward", "--layout", "nhd"],
         &["nosuch"],
         &["forward", "--bogus"],
+        // Regression: --compare ignored the measuring flags given with it.
+        &["bench", "--compare", "a.json", "--sizes", "4k"],
+        &["bench", "--compare", "a.json", "--json", "b.json"],
     ] {
         let r = run_in(dir.path(), args);
         assert_eq!(r.code, Some(2), "{args:?}: {}", r.stderr);
         assert!(r.stderr.starts_with("error: "), "{args:?}: {}", r.stderr);
         assert!(!r.stderr.contains("panicked"));
+    }
+}
+
+/// Regressions (new-user trial): `decode --non-causal` ran and gave wrong rows; `--out-dtype`
+/// and `--save-selection` without `-o` were ignored.
+#[test]
+fn decode_non_causal_and_flags_without_output_are_refused() {
+    let dir = setup();
+    let d = dir.path();
+    let decode = ["decode", "-i", "in.safetensors"];
+    fails(
+        d,
+        &[&decode[..], &SMALL, &["--non-causal"]].concat(),
+        &["--non-causal", "decode is causal"],
+    );
+    for cmd in ["forward", "decode"] {
+        let base = [cmd, "-i", "in.safetensors"];
+        for (flag, want) in [
+            (&["--save-selection"][..], "--save-selection requires -o"),
+            (&["--out-dtype", "f16"], "--out-dtype requires -o"),
+        ] {
+            fails(d, &[&base[..], &SMALL, flag].concat(), &[want]);
+        }
     }
 }

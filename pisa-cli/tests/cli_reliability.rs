@@ -2,14 +2,16 @@
 //! are refused by default with the position of the first bad value, `--allow-nonfinite` passes
 //! them on, a failing run (bad input, no adapter, bad configuration) writes nothing and leaves an
 //! existing output file untouched, and a failed write leaves no partial or temporary files.
-//! The `pisa forward` runs use the default adapter (lavapipe in CI).
+//! Also the new-user trial's silent or misleading cases: misspelled `PISA_*` knobs warn, the
+//! `bench` decode measurement keeps to `--reps` and `--budget-s`, and `demo`'s recall hint
+//! names its own flags. The `pisa forward` runs use the default adapter (lavapipe in CI).
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::pisa;
+use common::{pisa, run_cmd, run_in, TINY_BENCH};
 use pisa_cli::io::{
     write_outputs, write_safetensors, DType, HostTensor, IndexTensor, OutTensor, Outputs,
 };
@@ -227,4 +229,70 @@ fn a_failed_rename_leaves_no_temporary_files() {
     .unwrap_err();
     assert!(format!("{e:#}").contains("out.lse.npy"), "{e:#}");
     assert_no_temporary_files(dir.path());
+}
+
+/// Regression: misspelled values of the environment knobs were ignored without a word.
+#[test]
+fn misspelled_env_knobs_warn() {
+    let bad = [
+        ("PISA_KERNEL_PATH", "portabel", "portable"),
+        ("PISA_LEAF_ORDER", "tile", "tiles, leaves"),
+        ("PISA_DECODE", "fuse", "fused, split"),
+        ("PISA_SHADER_CHECKS", "off", "all, none"),
+    ];
+    let mut c = pisa();
+    c.arg("info");
+    for (name, val, _) in bad {
+        c.env(name, val);
+    }
+    let r = run_cmd(&mut c).ok();
+    for (name, val, ok) in bad {
+        let want = format!(
+            "warning: {name}=\"{val}\" is not a known value and is ignored (accepted: {ok})"
+        );
+        assert!(r.stderr.contains(&want), "{want}:\n{}", r.stderr);
+    }
+    let mut c = pisa();
+    c.arg("info")
+        .env("PISA_LEAF_ORDER", "leaves")
+        .env("PISA_DECODE", "split");
+    let r = run_cmd(&mut c).ok();
+    assert!(!r.stderr.contains("warning"), "{}", r.stderr);
+}
+
+/// Regression: the decode measurement of `bench` forced at least 20 (then 5) repetitions
+/// whatever `--reps` and `--budget-s` said; now both measurements keep to them (at least 3 for
+/// a median when the budget cuts), and a rerun may replace its own results file.
+#[test]
+fn bench_decode_keeps_to_reps_and_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = ["bench", "--sizes", "128", "--decode-sizes", "128"];
+    let rest = [
+        "--backward-max",
+        "0",
+        "--dense-max",
+        "1",
+        "--json",
+        "b.json",
+    ];
+    for (reps, budget, want) in [("1", "8", 1), ("50", "0", 3)] {
+        let mut a = [&sizes[..], &TINY_BENCH[..TINY_BENCH.len() - 2], &rest].concat();
+        a.extend(["--reps", reps, "--budget-s", budget]);
+        run_in(dir.path(), &a).ok();
+        let text = std::fs::read_to_string(dir.path().join("b.json")).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for r in j["records"].as_array().unwrap() {
+            assert_eq!(r["reps"], want, "--reps {reps} --budget-s {budget}: {r}");
+        }
+    }
+}
+
+/// Regression: `demo` with too few tokens for any counted row hinted at `--top-k` and
+/// `--block-size`, which `demo` does not have.
+#[test]
+fn demo_recall_hint_names_demo_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run_in(dir.path(), &["demo", "--tokens", "300", "--steps", "1"]).ok();
+    assert!(r.stdout.contains("use --tokens above 512"), "{}", r.stdout);
+    assert!(!r.stdout.contains("--top-k"), "{}", r.stdout);
 }

@@ -1,7 +1,7 @@
 //! The arguments of `pisa bench` ([`BenchArgs`]) and the parsing of their lists: sizes with
 //! k/M suffixes ([`parse_sizes`]) and storage precisions.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
@@ -59,13 +59,17 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
     /// Seconds one size may take.
-    #[arg(long, default_value_t = 8.0)]
+    #[arg(long, default_value_t = 8.0, allow_hyphen_values = true)]
     pub budget_s: f64,
     /// Write the results as JSON here (and an SVG plot beside it).
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Instead of measuring: print these result files side by side (and write compare.svg).
-    #[arg(long, num_args = 1..)]
+    #[arg(long, num_args = 1.., conflicts_with_all = [
+        "sizes", "decode_sizes", "decode_burst", "hq", "hkv", "d", "block_size", "top_k",
+        "scoring", "q_tile", "leaf_order", "storages", "dense_max", "backward_max", "reps",
+        "budget_s", "json", "adapter",
+    ])]
     pub compare: Vec<PathBuf>,
     /// Adapter name fragment or index.
     #[arg(long)]
@@ -89,14 +93,23 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
             if n == 0 {
                 bail!("size {x:?} must be at least 1");
             }
-            n.checked_mul(mul)
-                .with_context(|| format!("size {x:?} is too large"))
+            // Token positions and counts are 32-bit in the shaders.
+            let most = u32::MAX as usize;
+            match n.checked_mul(mul) {
+                Some(v) if v <= most => Ok(v),
+                _ => bail!(
+                    "size {x:?} is too large: at most {most} tokens (32-bit positions on the GPU)"
+                ),
+            }
         })
         .collect()
 }
 
-/// Parses "f16,f32" into storage precisions.
+/// Parses "f16,f32" into storage precisions (at least one).
 pub(super) fn storages(s: &str) -> Result<Vec<Storage>> {
+    if s.split(',').all(|x| x.trim().is_empty()) {
+        bail!("--storages is empty: give f16 and/or f32");
+    }
     s.split(',')
         .map(str::trim)
         .filter(|x| !x.is_empty())
@@ -106,4 +119,54 @@ pub(super) fn storages(s: &str) -> Result<Vec<Storage>> {
             _ => bail!("unknown storage {x:?}: use f16 and/or f32"),
         })
         .collect()
+}
+
+/// Checks a `--json` path before anything is measured: a `.json` name in an existing directory,
+/// and, where the file (or the `.svg` plot beside it) exists already, an earlier `pisa bench`
+/// result (or plot) that may be replaced, never another file.
+pub(super) fn check_json_path(path: &Path) -> Result<()> {
+    if path.extension().and_then(|e| e.to_str()) != Some("json") {
+        bail!(
+            "--json {}: the results file must end in .json (its plot is written beside it as .svg)",
+            path.display()
+        );
+    }
+    let svg = path.with_extension("svg");
+    crate::io::check_output_paths(&[path.to_path_buf(), svg.clone()], &[])?;
+    if path.exists() && super::report::Report::load(path).is_err() {
+        bail!(
+            "--json {}: the file exists and is not a pisa bench JSON file; refusing to overwrite it",
+            path.display()
+        );
+    }
+    if svg.exists() {
+        let head = std::fs::read(&svg).unwrap_or_default();
+        if !String::from_utf8_lossy(&head[..head.len().min(4096)]).contains("<svg") {
+            bail!(
+                "--json {}: {} exists and is not an SVG plot; refusing to overwrite it",
+                path.display(),
+                svg.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Timed repetitions of one size: `reps` (`--reps`), fewer when repetitions of `one_s` seconds
+/// each would exceed `budget_s` (`--budget-s`), but at least 3 for a meaningful median (or
+/// `reps` when that is fewer), and at least 1.
+pub(super) fn budget_reps(reps: usize, budget_s: f64, one_s: f64) -> usize {
+    reps.min(((budget_s / one_s.max(1e-6)) as usize).max(3))
+        .max(1)
+}
+
+/// Refuses `--reps 0` and a `--budget-s` that is NaN, infinite or negative.
+pub(super) fn check_reps(reps: usize, budget_s: f64) -> Result<()> {
+    if reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    if !(budget_s.is_finite() && budget_s >= 0.0) {
+        bail!("--budget-s {budget_s}: must be a finite number of seconds, 0 or more");
+    }
+    Ok(())
 }

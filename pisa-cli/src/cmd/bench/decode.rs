@@ -128,8 +128,11 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     let mut bursts: [Vec<f64>; 2] = Default::default();
     let mut by_stage: [Vec<f64>; 3] = Default::default();
     let mut gpu = true;
-    let reps = p.reps.max(5);
-    for r in 0..reps + 2 {
+    // Two warm-up repetitions, then as many as --reps and --budget-s allow (as the prefill).
+    let mut reps = p.reps.max(1);
+    let mut r = 0;
+    while r < reps + 2 {
+        let rep_started = std::time::Instant::now();
         let mut prof = Profiler::new(ctx, 32);
         let started = std::time::Instant::now();
         ctx.scoped("bench decode", || {
@@ -224,6 +227,11 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
                 v.push(t.get(stage));
             }
         }
+        if r == 1 {
+            reps =
+                super::args::budget_reps(p.reps, p.budget_s, rep_started.elapsed().as_secs_f64());
+        }
+        r += 1;
     }
     let med = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);

@@ -252,10 +252,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
     let wall = std::time::Instant::now();
     one_rep(0)?; // warm-up: pipelines compiled, caches filled
     let first = wall.elapsed().as_secs_f64();
-    let reps = p
-        .reps
-        .min(((p.budget_s / first.max(1e-6)) as usize).max(3))
-        .max(1);
+    let reps = super::args::budget_reps(p.reps, p.budget_s, first);
     let mut all = Vec::with_capacity(reps);
     for r in 0..reps {
         let started = std::time::Instant::now();

@@ -63,8 +63,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.decode_burst > most {
         bail!("--decode-burst must be at most {most} (the timed passes of one query set)");
     }
+    args::check_reps(a.reps, a.budget_s)?;
+    let sts = storages(&a.storages)?;
     if let Some(path) = &a.json {
-        crate::io::check_output_paths(&[path.clone(), path.with_extension("svg")], &[])?;
+        args::check_json_path(path)?;
     }
     let dense_max = parse_sizes(&a.dense_max)
         .context("--dense-max")?
@@ -124,7 +126,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ),
         records: Vec::new(),
     };
-    let sts = storages(&a.storages)?;
     // Which attention kernels ran: the tensor-core family applies to f16 attention only.
     let path_of = |st: Storage| match (ctx.kernel_path(), st) {
         (pisa_wgpu::KernelPath::CoopMat, Storage::F16) => {
@@ -238,7 +239,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 q_tile: a.q_tile,
                 dense: true,
                 backward: false,
-                reps: a.reps.max(20),
+                reps: a.reps,
                 budget_s: a.budget_s,
                 burst: a.decode_burst,
             };
