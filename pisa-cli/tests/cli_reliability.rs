@@ -261,8 +261,9 @@ fn misspelled_env_knobs_warn() {
 }
 
 /// Regression: the decode measurement of `bench` forced at least 20 (then 5) repetitions
-/// whatever `--reps` and `--budget-s` said; now both measurements keep to them (at least 3 for
-/// a median when the budget cuts), and a rerun may replace its own results file.
+/// whatever `--reps` and `--budget-s` said; now prefill keeps to `--reps`, decode to
+/// `--decode-reps` (default 20), both cut by `--budget-s` (to no fewer than 3), and a rerun may
+/// replace its own results file.
 #[test]
 fn bench_decode_keeps_to_reps_and_budget() {
     let dir = tempfile::tempdir().unwrap();
@@ -277,7 +278,7 @@ fn bench_decode_keeps_to_reps_and_budget() {
     ];
     for (reps, budget, want) in [("1", "8", 1), ("50", "0", 3)] {
         let mut a = [&sizes[..], &TINY_BENCH[..TINY_BENCH.len() - 2], &rest].concat();
-        a.extend(["--reps", reps, "--budget-s", budget]);
+        a.extend(["--reps", reps, "--decode-reps", reps, "--budget-s", budget]);
         run_in(dir.path(), &a).ok();
         let text = std::fs::read_to_string(dir.path().join("b.json")).unwrap();
         let j: serde_json::Value = serde_json::from_str(&text).unwrap();

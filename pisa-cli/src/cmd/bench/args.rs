@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// Timed repetitions per size (fewer when a size would exceed --budget-s).
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
+    /// Timed repetitions per decode cache size (fewer when one would exceed --budget-s, but at
+    /// least 3): more than --reps by default, as a step is short and its median noisy.
+    #[arg(long, default_value_t = 20)]
+    pub decode_reps: usize,
     /// Seconds one size may take.
     #[arg(long, default_value_t = 8.0, allow_hyphen_values = true)]
     pub budget_s: f64,
@@ -68,7 +72,7 @@ pub struct BenchArgs {
     #[arg(long, num_args = 1.., conflicts_with_all = [
         "sizes", "decode_sizes", "decode_burst", "hq", "hkv", "d", "block_size", "top_k",
         "scoring", "q_tile", "leaf_order", "storages", "dense_max", "backward_max", "reps",
-        "budget_s", "json", "adapter",
+        "decode_reps", "budget_s", "json", "adapter",
     ])]
     pub compare: Vec<PathBuf>,
     /// Adapter name fragment or index.

@@ -64,6 +64,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("--decode-burst must be at most {most} (the timed passes of one query set)");
     }
     args::check_reps(a.reps, a.budget_s)?;
+    if a.decode_reps == 0 {
+        bail!("--decode-reps must be at least 1");
+    }
     let sts = storages(&a.storages)?;
     if let Some(path) = &a.json {
         args::check_json_path(path)?;
@@ -239,7 +242,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 q_tile: a.q_tile,
                 dense: true,
                 backward: false,
-                reps: a.reps,
+                reps: a.decode_reps,
                 budget_s: a.budget_s,
                 burst: a.decode_burst,
             };
