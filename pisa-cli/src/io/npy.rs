@@ -22,18 +22,34 @@ struct Npy<'a> {
     data: &'a [u8],
 }
 
-fn item_size(descr: &str) -> Result<usize> {
+/// Which reader parses the file: the float reader accepts `<f4`, `<f2`, `<f8`, the index
+/// reader `<i4`, `<i8`; an error names only the dtypes of the reader asked.
+#[derive(Clone, Copy)]
+enum Kind {
+    Float,
+    Index,
+}
+
+/// The dtypes the `kind` reader accepts, for error messages.
+fn supported(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Float => "supported float dtypes: '<f4', '<f2', '<f8'",
+        Kind::Index => "supported index dtypes: '<i4', '<i8'",
+    }
+}
+
+/// Bytes per element of a dtype either reader knows (the wrong reader's dtype is refused
+/// after the size checks, by [`read_float`] / [`read_index`]).
+fn item_size(descr: &str, kind: Kind) -> Result<usize> {
     Ok(match descr {
         "<f2" => 2,
         "<f4" | "<i4" => 4,
         "<f8" | "<i8" => 8,
-        _ => {
-            bail!("unsupported npy dtype {descr:?} (supported: '<f4', '<f2', '<f8', '<i4', '<i8')")
-        }
+        _ => bail!("unsupported npy dtype {descr:?} ({})", supported(kind)),
     })
 }
 
-fn parse(bytes: &[u8]) -> Result<Npy<'_>> {
+fn parse(bytes: &[u8], kind: Kind) -> Result<Npy<'_>> {
     ensure!(
         bytes.len() >= 10 && bytes.starts_with(MAGIC),
         "not an npy file (bad magic or truncated)"
@@ -69,7 +85,7 @@ fn parse(bytes: &[u8]) -> Result<Npy<'_>> {
     );
     let numel = checked_numel(&shape)?;
     let need = numel
-        .checked_mul(item_size(&descr)?)
+        .checked_mul(item_size(&descr, kind)?)
         .with_context(|| format!("npy shape {shape:?} of {descr} is too large (bytes overflow)"))?;
     ensure!(
         need == data.len(),
@@ -177,7 +193,7 @@ fn parse_dict(text: &str) -> Result<(String, bool, Vec<usize>)> {
 
 /// Reads a float npy file (`<f4`, `<f2`, `<f8`) as an `f32` tensor named `name`.
 pub(super) fn read_float(bytes: &[u8], name: &str) -> Result<HostTensor> {
-    let npy = parse(bytes)?;
+    let npy = parse(bytes, Kind::Float)?;
     let data = match npy.descr.as_str() {
         "<f4" => DType::F32.decode(npy.data),
         "<f2" => DType::F16.decode(npy.data),
@@ -186,7 +202,10 @@ pub(super) fn read_float(bytes: &[u8], name: &str) -> Result<HostTensor> {
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
             .collect(),
-        d => bail!("npy dtype {d:?} is not a float dtype"),
+        d => bail!(
+            "npy dtype {d:?} is not a float dtype ({})",
+            supported(Kind::Float)
+        ),
     };
     Ok(HostTensor {
         name: name.to_string(),
@@ -197,7 +216,7 @@ pub(super) fn read_float(bytes: &[u8], name: &str) -> Result<HostTensor> {
 
 /// Reads an integer npy file (`<i4`, `<i8`) as an `i32` tensor named `name`.
 pub(super) fn read_index(bytes: &[u8], name: &str) -> Result<IndexTensor> {
-    let npy = parse(bytes)?;
+    let npy = parse(bytes, Kind::Index)?;
     let data = match npy.descr.as_str() {
         "<i4" => npy
             .data
@@ -205,7 +224,10 @@ pub(super) fn read_index(bytes: &[u8], name: &str) -> Result<IndexTensor> {
             .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
         "<i8" => super::st::i64_to_i32(npy.data)?,
-        d => bail!("npy dtype {d:?} is not an integer dtype"),
+        d => bail!(
+            "npy dtype {d:?} is not an integer dtype ({})",
+            supported(Kind::Index)
+        ),
     };
     Ok(IndexTensor {
         name: name.to_string(),
@@ -230,7 +252,7 @@ pub(super) fn encode(t: &OutTensor) -> Result<Vec<u8>> {
     };
     let n = checked_numel(shape).with_context(|| format!("tensor `{}`", t.name()))?;
     ensure!(
-        n.checked_mul(item_size(descr)?) == Some(body.len()),
+        n.checked_mul(item_size(descr, Kind::Float)?) == Some(body.len()),
         "tensor `{}`: shape {shape:?} does not match its {} data bytes",
         t.name(),
         body.len()
