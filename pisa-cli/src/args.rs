@@ -142,6 +142,24 @@ impl SelectArgs {
     }
 }
 
+/// A failure of a call with `cfg` over `n_keys` keys, with a note when `top_k` exceeds the
+/// leaf blocks there are (the selection buffers grow with top_k, so a huge top_k reads as a
+/// sequence too long; `--top-k` equal to the block count already selects every block).
+pub fn top_k_note(e: anyhow::Error, cfg: &SelectionConfig, n_keys: usize) -> anyhow::Error {
+    let blocks = n_keys.div_ceil(cfg.block_size.max(1));
+    if cfg.top_k <= blocks {
+        return e;
+    }
+    anyhow::anyhow!(
+        "{e:#}; here the cause is --top-k {}: it is above the {} of {} (C={}), and \
+         --top-k {blocks} already selects every block",
+        cfg.top_k,
+        crate::text::plural(blocks, "leaf block"),
+        crate::text::plural(n_keys, "token"),
+        cfg.block_size
+    )
+}
+
 /// Which GPU and precision.
 #[derive(Args, Clone, Debug)]
 pub struct DeviceArgs {

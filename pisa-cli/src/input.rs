@@ -273,11 +273,13 @@ impl InputArgs {
         ensure!(qd == kd, "{source}: Q has head dim {qd}, K has {kd}{hint}");
         ensure!(
             qt == kt,
-            "{source}: Q has {qt} tokens, K has {kt}; prefill needs the same length{hint}"
+            "{source}: Q has {}, K has {kt}; prefill needs the same length{hint}",
+            crate::text::plural(qt, "token")
         );
         ensure!(
             kh > 0 && qh % kh == 0,
-            "{source}: Q has {qh} heads, K has {kh}; query heads must be a multiple of key/value heads (GQA){hint}"
+            "{source}: Q has {}, K has {kh}; query heads must be a multiple of key/value heads (GQA){hint}",
+            crate::text::plural(qh, "head")
         );
         let mut n = qt;
         if let Some(t) = self.tokens {

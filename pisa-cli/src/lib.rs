@@ -6,3 +6,4 @@ pub mod args;
 pub mod input;
 pub mod io;
 pub mod limits;
+pub mod text;

@@ -4,7 +4,7 @@
 mod cmd;
 
 #[allow(unused_imports)]
-pub(crate) use pisa_cli::{args, input, io, limits};
+pub(crate) use pisa_cli::{args, input, io, limits, text};
 
 use clap::{Parser, Subcommand};
 

@@ -248,6 +248,18 @@ fn bench_tiny_json_then_compare() {
         "{}",
         r.stdout
     );
+    // The header names the kernel path that ran (lavapipe: portable, no tensor cores) and the
+    // parameters as numbers, not Debug text.
+    let p = &j["params"];
+    assert_eq!(
+        (p["hq"].as_u64(), p["top_k"].as_u64()),
+        (Some(2), Some(4)),
+        "{p}"
+    );
+    let path = p["kernel_path"].as_str().unwrap();
+    let head = r.stdout.lines().next().unwrap();
+    assert!(head.contains(&format!("kernel path {path} (")), "{head}");
+    assert_eq!(path == "portable", !head.contains("tensor cores"), "{head}");
     assert!(dir.path().join("a.svg").exists());
     let c = run_in(dir.path(), &["bench", "--compare", "a.json", "a.json"]).ok();
     assert!(c.stdout.contains("pisa_select"), "{}", c.stdout);
@@ -271,7 +283,14 @@ fn bench_leaf_order_leaves() {
         "l.json",
     ];
     let r = run_in(dir.path(), &[&sizes[..], &TINY_BENCH, &rest].concat()).ok();
-    assert!(r.stdout.contains("order Leaves"), "{}", r.stdout);
+    assert!(r.stdout.contains("leaf order leaves"), "{}", r.stdout);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(
+            &std::fs::read_to_string(dir.path().join("l.json")).unwrap()
+        )
+        .unwrap()["params"]["leaf_order"],
+        "leaves"
+    );
     let text = std::fs::read_to_string(dir.path().join("l.json")).unwrap();
     let j: serde_json::Value = serde_json::from_str(&text).unwrap();
     let recs = j["records"].as_array().unwrap();

@@ -265,3 +265,40 @@ fn bad_decode_lengths() {
         &["in.safetensors", "at least 2 tokens"],
     );
 }
+
+/// Regression: a --top-k far above the leaf blocks read as a sequence too long ("use f16
+/// storage or a shorter sequence"); the error now names --top-k and the block count.
+#[test]
+fn huge_top_k_is_named_as_the_cause() {
+    let dir = setup();
+    forward_fails(
+        dir.path(),
+        &["--top-k", "1000000"],
+        &[
+            "in.safetensors",
+            "--top-k 1000000",
+            "10 leaf blocks of 150 tokens",
+        ],
+    );
+}
+
+/// Regression: "prefill 1 tokens, 1 steps".
+#[test]
+fn decode_message_plurals() {
+    let dir = setup();
+    let base = [
+        "decode",
+        "-i",
+        "in.safetensors",
+        "--tokens",
+        "2",
+        "--prefill",
+        "1",
+    ];
+    let r = run_in(dir.path(), &[&base[..], &SMALL].concat()).ok();
+    assert!(
+        r.stdout.contains("prefill 1 token, 1 step on"),
+        "{}",
+        r.stdout
+    );
+}

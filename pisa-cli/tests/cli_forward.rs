@@ -202,9 +202,19 @@ fn forward_npy_inputs_bnhd_with_json_output() {
     assert_eq!(j["written"][0], "res.safetensors", "{j}");
     assert!(j["total_ms"].as_f64().unwrap() > 0.0, "{j}");
     assert!(j["adapter"].is_string(), "{j}");
+    // Regression: shape and config were Rust Debug strings; now objects of numbers.
+    assert_eq!(
+        (j["shape"]["q_len"].as_u64(), j["config"]["top_k"].as_u64()),
+        (Some(130), Some(4)),
+        "{j}"
+    );
     let out = dir.path().join("res.safetensors");
     let meta = pisa_cli::io::read_metadata(&out).unwrap();
     assert_eq!(meta["scale"], (1.0 / 32f32.sqrt()).to_string());
+    assert!(
+        meta["config"].starts_with("C 16, top_k 4, g 2, lse, causal"),
+        "{meta:?}"
+    );
     let outputs = read_outputs(&out);
     assert_eq!(outputs.0.shape, [130, 4, 32]);
     check_against_reference(&spec, [(&q, "q"), (&k, "k"), (&v, "v")], &outputs, 1e-4);

@@ -90,10 +90,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         s.head_dim,
         cfg.softmax_scale(s.head_dim)
     );
-    println!(
-        "config: C={} top_k={} g={} scoring={:?} causal\n",
-        cfg.block_size, cfg.top_k, cfg.merge_factor, cfg.scoring
-    );
+    println!("config: {}\n", crate::text::config(&cfg));
 
     // 1. forward (prefill), checked against the f64 CPU reference on the GPU's selection.
     let opts = PrefillOptions {

@@ -129,6 +129,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
         return_selection: a.save_selection,
     };
     let r = prefill_host(&ctx, &l.q, &l.k, &l.v, &l.shape, &opts)
+        .map_err(|e| crate::args::top_k_note(e.into(), &cfg, l.shape.k_len))
         .with_context(|| format!("{}: prefill failed", l.source))?;
     let mut written = Vec::new();
     if let Some(path) = &a.output {
@@ -139,7 +140,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             "scale".to_string(),
             cfg.softmax_scale(l.shape.head_dim).to_string(),
         );
-        meta.insert("config".to_string(), format!("{cfg:?}"));
+        meta.insert("config".to_string(), crate::text::config(&cfg));
         meta.insert("source".to_string(), l.source.clone());
         written = io::write_outputs(
             path,
@@ -156,8 +157,8 @@ pub fn run(a: ForwardArgs) -> Result<()> {
     let clock = if r.times.gpu { "GPU" } else { "wall-clock" };
     if a.device.json {
         let j = serde_json::json!({
-            "adapter": ctx.report().name, "source": l.source, "shape": format!("{s:?}"),
-            "config": format!("{cfg:?}"), "gpu_timed": r.times.gpu, "stages_ms": r.times.stages,
+            "adapter": ctx.report().name, "source": l.source, "shape": crate::text::shape_json(s),
+            "config": crate::text::config_json(&cfg), "gpu_timed": r.times.gpu, "stages_ms": r.times.stages,
             "total_ms": r.times.total(), "chunks": r.chunks, "written": written,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
@@ -169,7 +170,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             .map(|(n, ms)| format!("{n} {ms:.3}"))
             .collect();
         println!(
-            "forward: B={} Hq={} Hkv={} N={} D={} C={} K={} {:?} on {}: {clock} {:.3} ms ({}){}",
+            "forward: B={} Hq={} Hkv={} N={} D={} C={} K={} {} on {}: {clock} {:.3} ms ({}){}",
             s.batch,
             s.q_heads,
             s.kv_heads,
@@ -177,7 +178,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             s.head_dim,
             cfg.block_size,
             cfg.top_k,
-            cfg.scoring,
+            crate::text::scoring(cfg.scoring),
             ctx.report().name,
             r.times.total(),
             stages.join(", "),

@@ -137,8 +137,8 @@ pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
     }
     if let Some(r) = rows.first() {
         s.push_str(&format!(
-            "({} query rows counted: those seeing more than {top_k} leaves{})\n",
-            r.queries,
+            "({} counted: those seeing more than {top_k} leaves{})\n",
+            crate::text::plural(r.queries, "query row"),
             if r.queries == 0 {
                 format!("; none here: {hint}")
             } else {
@@ -156,13 +156,17 @@ pub fn run(a: RecallArgs) -> Result<()> {
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
     let rows = measure(&ctx, &l, &a.select, a.device.storage.into())
+        .map_err(|e| crate::args::top_k_note(e, &cfg, l.shape.k_len))
         .with_context(|| format!("{}: recall failed", l.source))?;
     if a.device.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         println!(
-            "selection quality on {} ({:?}), C={} K={}:",
-            l.source, l.shape, a.select.block_size, a.select.top_k
+            "selection quality on {} ({}), C={} K={}:",
+            l.source,
+            crate::text::shape(&l.shape),
+            a.select.block_size,
+            a.select.top_k
         );
         print!(
             "{}",

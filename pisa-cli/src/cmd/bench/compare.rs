@@ -5,27 +5,44 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
+use super::params::params;
 use super::report::{cell, Report};
 
-/// A report's column / series label: the adapter and, when the shape line names one, the kernel
-/// path that ran (`portable`, `coopmat`), so runs of one GPU on both paths stay apart.
+/// `name` cut to at most `most` characters, never inside a parenthesis it opens.
+fn shorten(name: &str, most: usize) -> String {
+    if name.chars().count() <= most {
+        return name.to_string();
+    }
+    let cut: String = name.chars().take(most).collect();
+    let cut = match (cut.rfind('('), cut.rfind(')')) {
+        (Some(o), c) if c.is_none_or(|c| c < o) => cut[..o].to_string(),
+        _ => cut,
+    };
+    cut.trim_end().to_string()
+}
+
+/// A report's column / series label (at most 24 characters): the adapter and the kernel path
+/// that ran (`portable`, `coopmat`), so runs of one GPU on both paths stay apart.
 pub fn label(r: &Report) -> String {
-    let path = r
-        .shape
-        .split("kernel path ")
-        .nth(1)
-        .and_then(|t| t.split_whitespace().next());
+    let path = match &r.params {
+        Some(p) => Some(p.kernel_path.as_str()),
+        None => r
+            .shape
+            .split("kernel path ")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next()),
+    };
     match path {
         Some(p) => {
-            let name: String = r.adapter.chars().take(22 - p.len().min(12) - 3).collect();
-            format!("{name} ({p})")
+            let p = shorten(p, 12);
+            format!("{} ({p})", shorten(&r.adapter, 24 - p.len() - 3))
         }
-        None => r.adapter.clone(),
+        None => shorten(&r.adapter, 24),
     }
 }
 
 /// One table of every (op, N, storage) across several reports, a column per report
-/// ([`label`]).
+/// ([`label`]); a line first when the reports differ in Hq, Hkv, D, C or top_k.
 pub fn compare(reports: &[Report]) -> String {
     let mut keys: Vec<(String, usize, String)> = Vec::new();
     for r in reports {
@@ -37,16 +54,41 @@ pub fn compare(reports: &[Report]) -> String {
         }
     }
     let mut s = String::new();
-    let _ = write!(s, "{:<14} {:>8} {:>5}", "op", "N", "st");
-    for r in reports {
-        let name: String = label(r).chars().take(24).collect();
-        let _ = write!(s, " {:>24}", name);
+    let ps: Vec<Option<[usize; 5]>> = reports.iter().map(params).collect();
+    if ps.iter().any(|p| *p != ps[0]) {
+        let each: Vec<String> = reports
+            .iter()
+            .zip(&ps)
+            .map(|(r, p)| match p {
+                Some([hq, hkv, d, c, k]) => {
+                    format!("{}: Hq {hq}, Hkv {hkv}, D {d}, C {c}, top_k {k}", label(r))
+                }
+                None => format!("{}: unknown", label(r)),
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "note: the runs differ in Hq/Hkv/D/C/top_k ({})",
+            each.join("; ")
+        );
+    }
+    let labels: Vec<String> = reports.iter().map(label).collect();
+    let w = labels
+        .iter()
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(9);
+    let ow = keys.iter().map(|k| k.0.len()).max().unwrap_or(0).max(14);
+    let _ = write!(s, "{:<ow$} {:>8} {:>5}", "op", "N", "st");
+    for l in &labels {
+        let _ = write!(s, " {l:>w$}");
     }
     s.push('\n');
     for (op, n, st) in keys {
-        let _ = write!(s, "{:<14} {:>8} {:>5}", op, n, st);
+        let _ = write!(s, "{op:<ow$} {n:>8} {st:>5}");
         for r in reports {
-            let _ = write!(s, " {:>24}", cell(r.ms(&op, n, &st)));
+            let _ = write!(s, " {:>w$}", cell(r.ms(&op, n, &st)));
         }
         s.push('\n');
     }
@@ -153,7 +195,8 @@ fn xml(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{label, Report};
+    use super::{compare, label, Report};
+    use crate::cmd::bench::report::Record;
 
     fn report(adapter: &str, shape: &str) -> Report {
         Report {
@@ -163,6 +206,7 @@ mod tests {
             driver: String::new(),
             command: String::new(),
             shape: shape.into(),
+            params: None,
             records: Vec::new(),
             decode_burst: 10,
         }
@@ -186,5 +230,38 @@ mod tests {
             &shape("portable"),
         ));
         assert!(long.len() <= 24 && long.ends_with("(portable)"), "{long}");
+    }
+
+    #[test]
+    fn compare_labels_widths_and_shape_note() {
+        let old =
+            "Hq=32 Hkv=8 D=128 C=64 K=16 g=2 Lse Qtile=4 order Auto, kernel path portable (x)";
+        let llvm = report("llvmpipe (LLVM 15.0.7, 256 bits)", old);
+        assert_eq!(label(&llvm), "llvmpipe (portable)");
+        let rec = |op: &str| Record {
+            op: op.into(),
+            n: 4096,
+            storage: "f16".into(),
+            ms: 1.5,
+            reps: 3,
+            gpu_timed: true,
+            tflops: None,
+            gbps: None,
+            path: "portable".into(),
+            kernel: None,
+        };
+        let mut a = llvm.clone();
+        a.records = vec![rec("pisa_prefill"), rec("decode_dense_burst")];
+        let mut b = report("NVIDIA H200", &old.replace("K=16", "K=8"));
+        b.records = a.records.clone();
+        let t = compare(&[a.clone(), b]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].starts_with("note: the runs differ in Hq/Hkv/D/C/top_k")
+                && lines[0].contains("top_k 8"),
+            "{t}"
+        );
+        assert!(lines[1..].iter().all(|l| l.len() == lines[1].len()), "{t}");
+        assert!(!compare(&[a.clone(), a]).contains("note:"));
     }
 }

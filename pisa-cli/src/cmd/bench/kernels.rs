@@ -115,6 +115,7 @@ mod tests {
             driver: "d".into(),
             command: "c".into(),
             shape: "s".into(),
+            params: None,
             records: vec![
                 rec("route", 128, "f32", None),
                 rec("attention", 128, "f32", Some("portable-tile")),

@@ -10,6 +10,7 @@ pub mod compare;
 pub mod decode;
 pub mod kernels;
 pub mod measure;
+pub mod params;
 pub mod report;
 
 use std::path::PathBuf;
@@ -114,21 +115,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         driver: format!("{} {}", r.driver, r.driver_info),
         command: std::env::args().collect::<Vec<_>>().join(" "),
         decode_burst: a.decode_burst,
-        shape: format!(
-            "Hq={} Hkv={} D={} C={} K={} g=2 {:?} Qtile={} order {:?}, kernel path {} \
-             (coopmat: f16 attention and leaf scoring on tensor cores)",
-            a.hq,
-            a.hkv,
-            a.d,
-            a.block_size,
-            a.top_k,
-            cfg.scoring,
-            a.q_tile,
-            ctx.leaf_order(),
-            ctx.kernel_path()
-        ),
+        shape: String::new(),
+        params: Some(params::Params::of(&a, &cfg, &ctx)),
         records: Vec::new(),
     };
+    out.shape = out
+        .params
+        .as_ref()
+        .map(params::Params::line)
+        .unwrap_or_default();
     // Which attention kernels ran: the tensor-core family applies to f16 attention only.
     let path_of = |st: Storage| match (ctx.kernel_path(), st) {
         (pisa_wgpu::KernelPath::CoopMat, Storage::F16) => {

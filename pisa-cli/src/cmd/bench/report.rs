@@ -59,8 +59,12 @@ pub struct Report {
     pub driver: String,
     /// The command line.
     pub command: String,
-    /// Shape parameters: Hq, Hkv, D, C, K, g.
+    /// Shape parameters as a line of text: Hq, Hkv, D, C, top_k, g, scoring, Qtile, leaf
+    /// order, kernel path.
     pub shape: String,
+    /// The same parameters as numbers (absent in older files: [`super::params::params`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<super::params::Params>,
     /// Every measurement.
     pub records: Vec<Record>,
     /// Decode steps per burst (`--decode-burst`; files written before it existed used 10).

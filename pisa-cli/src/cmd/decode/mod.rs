@@ -20,6 +20,7 @@ use pisa_wgpu::{Context, Storage};
 use crate::args::{DeviceArgs, SelectArgs};
 use crate::input::{InputArgs, Loaded};
 use crate::io::{self, DType, Outputs};
+use crate::text::plural;
 
 pub use stats::{check, percentiles};
 pub use steps::{check_prefill, run_decode, DecodeRun};
@@ -70,6 +71,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let ctx = a.device.context()?;
     let storage: Storage = a.device.storage.into();
     let r = run_decode(&ctx, &l, &cfg, storage, p)
+        .map_err(|e| crate::args::top_k_note(e, &cfg, l.shape.k_len))
         .with_context(|| format!("{}: decode failed", l.source))?;
     // The first step compiles the decode pipelines: left out of the latency statistics.
     let skip = usize::from(r.step_ms.len() > 1);
@@ -92,7 +94,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         let (o, lse, idx) = super::forward::output_tensors_of(&l, &r.out, &r.lse, sel, cfg.top_k)?;
         let mut meta = BTreeMap::new();
         meta.insert("prefill_tokens".to_string(), p.to_string());
-        meta.insert("config".to_string(), format!("{cfg:?}"));
+        meta.insert("config".to_string(), crate::text::config(&cfg));
         written = io::write_outputs(
             path,
             &Outputs {
@@ -117,8 +119,9 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
         println!(
-            "decode: prefill {p} tokens, {} steps on {}: {clock} per step median {med:.3} ms, p99 {p99:.3} ms (wall-clock with transfers: median {wmed:.3} ms, p99 {wp99:.3} ms; first step excluded){}",
-            r.step_ms.len(),
+            "decode: prefill {}, {} on {}: {clock} per step median {med:.3} ms, p99 {p99:.3} ms (wall-clock with transfers: median {wmed:.3} ms, p99 {wp99:.3} ms; first step excluded){}",
+            plural(p, "token"),
+            plural(r.step_ms.len(), "step"),
             ctx.report().name,
             if written.is_empty() { String::new() } else { format!("; wrote {}", written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")) }
         );
@@ -155,7 +158,9 @@ pub fn demo(ctx: &Context, l: &Loaded, cfg: &SelectionConfig, steps: usize) -> R
     let skip = usize::from(r.step_ms.len() > 1);
     let (med, p99) = percentiles(&r.step_ms[skip..]);
     println!(
-        "decode: prefill {p} tokens, then {steps} steps through the KV cache: {} per step median {med:.3} ms, p99 {p99:.3} ms",
+        "decode: prefill {}, then {} through the KV cache: {} per step median {med:.3} ms, p99 {p99:.3} ms",
+        plural(p, "token"),
+        plural(steps, "step"),
         if r.gpu { "GPU" } else { "wall-clock" }
     );
     println!(

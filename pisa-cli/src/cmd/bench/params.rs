@@ -1,0 +1,79 @@
+//! The shape and selection parameters of a `pisa bench` run: as numbers in the JSON
+//! ([`Params`]), as the report's readable `shape` line, and read back from older files.
+
+use pisa_core::SelectionConfig;
+use pisa_wgpu::Context;
+use serde::{Deserialize, Serialize};
+
+use super::report::Report;
+use super::BenchArgs;
+
+/// The shape and selection parameters of a `pisa bench` run, as numbers and names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+    pub block_size: usize,
+    pub top_k: usize,
+    pub merge_factor: usize,
+    /// `lse`, `mean` or `meanvar`.
+    pub scoring: String,
+    pub q_tile: usize,
+    /// `auto`, `tiles` or `leaves`.
+    pub leaf_order: String,
+    /// The context's kernel path: `portable` or `coopmat`.
+    pub kernel_path: String,
+}
+
+impl Params {
+    /// The parameters of a run of `a` with `cfg` on `ctx`.
+    pub fn of(a: &BenchArgs, cfg: &SelectionConfig, ctx: &Context) -> Self {
+        Params {
+            hq: a.hq,
+            hkv: a.hkv,
+            d: a.d,
+            block_size: a.block_size,
+            top_k: a.top_k,
+            merge_factor: cfg.merge_factor,
+            scoring: crate::text::scoring(cfg.scoring).into(),
+            q_tile: a.q_tile,
+            leaf_order: format!("{:?}", ctx.leaf_order()).to_ascii_lowercase(),
+            kernel_path: ctx.kernel_path().to_string(),
+        }
+    }
+
+    /// The report's `shape` line, naming the kernel path that ran.
+    pub fn line(&self) -> String {
+        let what = if self.kernel_path == "coopmat" {
+            "f16 attention and leaf scoring on tensor cores, the rest portable"
+        } else {
+            "every kernel portable"
+        };
+        format!(
+            "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, leaf order {}, kernel path {} ({what})",
+            self.hq, self.hkv, self.d, self.block_size, self.top_k, self.merge_factor,
+            self.scoring, self.q_tile, self.leaf_order, self.kernel_path
+        )
+    }
+}
+
+/// Hq, Hkv, D, C, top_k of a report: from [`Report::params`], or parsed from the `shape` line
+/// of older files (`Hq=32 Hkv=8 D=128 C=64 K=16 ...`).
+pub fn params(r: &Report) -> Option<[usize; 5]> {
+    if let Some(p) = &r.params {
+        return Some([p.hq, p.hkv, p.d, p.block_size, p.top_k]);
+    }
+    let get = |key: &str| {
+        r.shape
+            .split([' ', ','])
+            .find_map(|t| t.strip_prefix(key)?.parse::<usize>().ok())
+    };
+    Some([
+        get("Hq=")?,
+        get("Hkv=")?,
+        get("D=")?,
+        get("C=")?,
+        get("K=")?,
+    ])
+}

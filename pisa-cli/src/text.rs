@@ -1,0 +1,90 @@
+//! Readable text (and machine-readable JSON) for shapes and configurations in user-facing
+//! output, metadata and reports, in place of Rust `Debug` strings; and plurals for messages.
+
+use pisa_core::{AttentionShape, Scoring, SelectionConfig};
+use serde_json::{json, Value};
+
+/// `1 step`, `2 steps`.
+pub fn plural(n: usize, word: &str) -> String {
+    if n == 1 {
+        format!("{n} {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
+/// The scoring's name as `--scoring` spells it: `lse`, `mean`, `meanvar`.
+pub fn scoring(s: Scoring) -> &'static str {
+    match s {
+        Scoring::Lse => "lse",
+        Scoring::Mean => "mean",
+        Scoring::MeanVar => "meanvar",
+    }
+}
+
+/// `B 1, Hq 32, Hkv 8, N 4096, D 128` (`Nq`/`Nk` when the query and key lengths differ).
+pub fn shape(s: &AttentionShape) -> String {
+    let n = if s.q_len == s.k_len {
+        format!("N {}", s.q_len)
+    } else {
+        format!("Nq {}, Nk {}", s.q_len, s.k_len)
+    };
+    format!(
+        "B {}, Hq {}, Hkv {}, {n}, D {}",
+        s.batch, s.q_heads, s.kv_heads, s.head_dim
+    )
+}
+
+/// The shape as a JSON object of numbers.
+pub fn shape_json(s: &AttentionShape) -> Value {
+    json!({
+        "batch": s.batch, "q_heads": s.q_heads, "kv_heads": s.kv_heads,
+        "q_len": s.q_len, "k_len": s.k_len, "head_dim": s.head_dim,
+    })
+}
+
+/// `C 64, top_k 16, g 2, lse, causal, sink 0, local 0` (and `scale S` when one is set).
+pub fn config(c: &SelectionConfig) -> String {
+    let mut t = format!(
+        "C {}, top_k {}, g {}, {}, {}, sink {}, local {}",
+        c.block_size,
+        c.top_k,
+        c.merge_factor,
+        scoring(c.scoring),
+        if c.causal { "causal" } else { "non-causal" },
+        c.sink_blocks,
+        c.local_blocks
+    );
+    if let Some(s) = c.scale {
+        t.push_str(&format!(", scale {s}"));
+    }
+    t
+}
+
+/// The configuration as a JSON object (numbers, booleans and the scoring's name).
+pub fn config_json(c: &SelectionConfig) -> Value {
+    json!({
+        "block_size": c.block_size, "top_k": c.top_k, "merge_factor": c.merge_factor,
+        "scoring": scoring(c.scoring), "causal": c.causal, "sink_blocks": c.sink_blocks,
+        "local_blocks": c.local_blocks, "scale": c.scale,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readable_shape_config_and_plurals() {
+        let s = AttentionShape::new(1, 32, 8, 4096, 4096, 128).unwrap();
+        assert_eq!(shape(&s), "B 1, Hq 32, Hkv 8, N 4096, D 128");
+        assert_eq!(
+            config(&SelectionConfig::default()),
+            "C 64, top_k 16, g 2, lse, causal, sink 0, local 0"
+        );
+        assert_eq!(config_json(&SelectionConfig::default())["top_k"], 16);
+        assert_eq!(shape_json(&s)["head_dim"], 128);
+        assert_eq!(plural(1, "step"), "1 step");
+        assert_eq!(plural(2, "token"), "2 tokens");
+    }
+}
