@@ -5,7 +5,7 @@
 //! steps back to back in one submission (how the PyTorch peer times SDPA decode). The records
 //! `pisa bench` writes for them are made by [`super::report::decode_records`].
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use pisa_core::{AttentionShape, TensorLayout};
 use pisa_wgpu::ops::attention::{
     attention_kernel, record_dense_attention, AttentionKind, QkvLayouts,
@@ -14,6 +14,7 @@ use pisa_wgpu::ops::decode::KvCache;
 use pisa_wgpu::ops::fill::random_tensor;
 use pisa_wgpu::{Context, GpuTensor, Profiler};
 
+use super::burst::{burst, check_burst};
 use super::measure::Plan;
 
 /// Default steps per burst (`--decode-burst`): as `benches/peers/torch_peers.py` (`timeit`,
@@ -70,7 +71,7 @@ fn queries(
 /// ([`KvCache::record_steps`]). With GPU timestamps, the same step is also recorded as three
 /// timed passes ([`KvCache::record_steps_by_stage`]) to split its time into `route`, `leaf` and
 /// `merge` (the sum exceeds the one-pass step by the pass boundaries). Each repetition also
-/// times a burst of `p.burst` steps (see [`burst`]). Medians over repetitions, the isolated
+/// times a burst of `p.burst` steps (see [`super::burst::burst`]). Medians over repetitions, the isolated
 /// step's query rotated between two sets.
 pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     let (hq, hkv, d, n) = (p.hq, p.hkv, p.d, p.n);
@@ -173,7 +174,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         })?;
         let t = prof.finish(ctx)?;
         gpu &= t.gpu;
-        let pisa_burst = burst(ctx, &parts, p.burst, "decode", |prof, _| {
+        let pisa_burst = burst(ctx, parts.len(), p.burst, "decode", |prof, _| {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
             for s in 0..p.burst {
                 let steps: Vec<_> = caches
@@ -185,7 +186,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
             ctx.queue().submit([enc.finish()]);
             Ok(())
         })?;
-        let dense_burst = burst(ctx, &parts, p.burst, "dense", |prof, outs| {
+        let dense_burst = burst(ctx, parts.len(), p.burst, "dense", |prof, outs| {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
             let np = parts.len();
             for s in 0..p.burst {
@@ -249,61 +250,6 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         gpu,
         dense_kernel,
     })
-}
-
-/// Refuses a burst whose timed passes (`steps` per K/V part: the dense burst times one pass
-/// per part and step, the PISA burst fewer) exceed one profiler ([`Profiler::MAX_PASSES`]),
-/// before anything is measured (on every adapter, with timestamps or not, so the same command
-/// means the same on each).
-fn check_burst(steps: usize, parts: usize) -> Result<()> {
-    let most = Profiler::MAX_PASSES as usize;
-    if steps.saturating_mul(parts) > most {
-        anyhow::bail!(
-            "--decode-burst {steps}: {parts} K/V part(s) x {steps} steps exceed the {most} timed \
-             passes of one timestamp query set; use at most {}",
-            most / parts
-        );
-    }
-    Ok(())
-}
-
-/// Dense attention outputs `(O, LSE)` of a burst, kept alive until it has run.
-type Outs = Vec<(GpuTensor, GpuTensor)>;
-
-/// Times a burst: `record` records `steps` steps back to back into ONE command encoder
-/// (each step's passes labelled `label` in the profiler) and submits it; returns ms per step.
-/// With GPU timestamps it is [`Profiler::finish_span`] over the `label` passes (the first
-/// step's begin to the last step's end, gaps between the steps included, as two CUDA events
-/// around the PyTorch peer's 10 calls measure) divided by `steps`; without, the wall clock
-/// of recording, submitting and waiting, divided by `steps` (the table then says
-/// WALL-CLOCK). The PISA steps of a burst are ordered by the cache's scratch and outputs,
-/// which each step rewrites. Dense steps share no buffer they write, and Vulkan may overlap
-/// dispatches that nothing orders (a CUDA stream runs its kernels one after another), so the
-/// dense `record` chains them: a step's query is the previous step's output O (same shape and
-/// precision; the dense kernel's work does not depend on the values). `record` pushes the
-/// dense outputs to its `Outs`, part-minor.
-fn burst(
-    ctx: &Context,
-    parts: &[Part],
-    steps: usize,
-    label: &'static str,
-    record: impl FnOnce(&mut Profiler, &mut Outs) -> pisa_wgpu::Result<()>,
-) -> Result<f64> {
-    // Passes: a PISA step is one pass for all parts, a dense step one pass per part.
-    let passes = steps.max(1) * parts.len();
-    let mut prof = Profiler::new(ctx, passes as u32);
-    let mut outs = Outs::new();
-    let started = std::time::Instant::now();
-    ctx.scoped("bench decode burst", || record(&mut prof, &mut outs))?;
-    let wall = started.elapsed().as_secs_f64() * 1e3;
-    drop(outs);
-    if !ctx.has_timestamps() {
-        return Ok(wall / steps.max(1) as f64);
-    }
-    let span = prof
-        .finish_span(ctx, label)?
-        .with_context(|| format!("no GPU span for the {label} burst"))?;
-    Ok(span / steps.max(1) as f64)
 }
 
 /// Medians of [`decode`], ms.

@@ -6,6 +6,7 @@
 //! in [`report`] and [`compare`].
 
 mod args;
+mod burst;
 pub mod compare;
 pub mod decode;
 pub mod kernels;
