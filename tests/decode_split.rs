@@ -181,6 +181,21 @@ fn cache_split_over_two_bindings() {
     assert!(run.cache.fused_workgroup_memory().is_some(), "the fused kernel would fit");
     assert!(!run.cache.is_fused(), "a split cache runs the split step");
     run.run();
+    // f16 storage and `meanvar` scoring (second moments in the pyramid) on the same split: 5
+    // rows of f16 K at capacity 600 fit the lowered binding, 9 do not (C = 16 keeps the f32
+    // pyramid, never split, within it).
+    if small.has_f16() {
+        let cf = cfg(16, 5, 2, Scoring::MeanVar).with_forced(1, 0);
+        let mut c = base("two_shards_f16_meanvar", 6, 3, 32, cf);
+        c.storage = Storage::F16;
+        c.prefill = vec![590, 333, 0];
+        c.steps = 9;
+        let run = Run::new_in(small, c, 600);
+        assert_eq!(run.cache.kv_shards().0.len(), 2, "split over two bindings");
+        run.run();
+    } else {
+        eprintln!("two_shards f16: skipped, no SHADER_F16 on this adapter");
+    }
 
     let (hkv, d, p) = (3, 32, 211);
     let mut r = rng(seed("two_shards_heads"));
