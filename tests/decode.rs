@@ -1,12 +1,14 @@
 //! GPU KV cache and decode step against the CPU reference (`DecodeState`, `select_pisa` on the
 //! prefix, `sparse_attention`), step by step. The tests here run the path `PISA_DECODE` selects
 //! (split by default: run again with `PISA_DECODE=fused`); `decode_split` and `decode_fused`
-//! pin one path each.
+//! pin one path each; `decode_shards` tests caches split over two storage bindings.
 mod common;
 #[path = "decode_fused.rs"]
 mod decode_fused;
 #[path = "decode_harness.rs"]
 mod decode_harness;
+#[path = "decode_shards.rs"]
+mod decode_shards;
 #[path = "decode_split.rs"]
 mod decode_split;
 

@@ -1,0 +1,95 @@
+//! Tests of a decode cache split over two storage bindings (a module of `tests/decode.rs`):
+//! K/V shards by flat (sequence, KV head) row, `prefill_device_heads`, on a context whose
+//! binding limit is lowered so that small caches split.
+
+use super::common::*;
+use super::decode_harness::{base, cfg, Run};
+use pisa_core::{Scoring, TensorLayout};
+use pisa_wgpu::ops::decode::KvCache;
+use pisa_wgpu::Storage;
+
+/// A cache past one storage binding (lowered here to 5 of its 9 flat (sequence, KV head) rows
+/// of K/V) is split over two shards, rows 0..5 and 5..9, so that sequence 1's heads straddle
+/// them: every step's selection, output and LSE match the reference (split step: the fused one
+/// reads one shard, so a split cache refuses it even when asked). Then a prefill loaded a few
+/// heads at a time (`prefill_device_heads`, 1 + 2 heads, the 2 straddling the shards for
+/// sequence 1) lands every key and value where the whole prefill does (read back from the
+/// shards) and gives the same outputs, bit for bit.
+#[test]
+fn cache_split_over_two_bindings() {
+    static SMALL: std::sync::OnceLock<pisa_wgpu::Context> = std::sync::OnceLock::new();
+    let small = SMALL.get_or_init(|| {
+        let c = pisa_wgpu::Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+        c.set_max_binding_bytes(5 * 400 * 32 * 4); // 5 rows of capacity 400, D 32, f32
+        c
+    });
+    let mut c = base("two_shards", 6, 3, 32, cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1));
+    c.prefill = vec![300, 120, 157];
+    c.steps = 20;
+    let mut run = Run::new_in(small, c, 400);
+    let (shards, rows) = run.cache.kv_shards();
+    assert_eq!((shards.len(), rows), (2, 5), "the cache is split over two bindings");
+    run.cache.set_fused(true);
+    assert!(run.cache.fused_workgroup_memory().is_some(), "the fused kernel would fit");
+    assert!(!run.cache.is_fused(), "a split cache runs the split step");
+    run.run();
+    // f16 storage and `meanvar` scoring (second moments in the pyramid) on the same split: 5
+    // rows of f16 K at capacity 600 fit the lowered binding, 9 do not (C = 16 keeps the f32
+    // pyramid, never split, within it).
+    if small.has_f16() {
+        let cf = cfg(16, 5, 2, Scoring::MeanVar).with_forced(1, 0);
+        let mut c = base("two_shards_f16_meanvar", 6, 3, 32, cf);
+        c.storage = Storage::F16;
+        c.prefill = vec![590, 333, 0];
+        c.steps = 9;
+        let run = Run::new_in(small, c, 600);
+        assert_eq!(run.cache.kv_shards().0.len(), 2, "split over two bindings");
+        run.run();
+    } else {
+        eprintln!("two_shards f16: skipped, no SHADER_F16 on this adapter");
+    }
+
+    let (hkv, d, p) = (3, 32, 211);
+    let mut r = rng(seed("two_shards_heads"));
+    let k = random(&mut r, hkv * p * d, 1.0);
+    let v = random(&mut r, hkv * p * d, 1.0);
+    let q = random(&mut r, 3 * 6 * d, 1.5);
+    let cf = cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1);
+    let lay = TensorLayout::Bhnd;
+    let mut outs = Vec::new();
+    for by_heads in [false, true] {
+        let mut cache = KvCache::new(small, 3, 400, 6, hkv, d, cf, Storage::F32).unwrap();
+        for b in 0..3 {
+            if by_heads {
+                for (h0, n) in [(0, 1), (1, 2)] {
+                    let r = h0 * p * d..(h0 + n) * p * d;
+                    let kt = small.upload("k", &k[r.clone()], Storage::F32).unwrap();
+                    let vt = small.upload("v", &v[r], Storage::F32).unwrap();
+                    cache.prefill_device_heads(b, h0, n, &kt, &vt, lay).unwrap();
+                }
+            } else {
+                cache.prefill(b, &k, &v, lay).unwrap();
+            }
+        }
+        let o = cache.step(&q, true).unwrap();
+        let (shards, _) = cache.kv_shards();
+        let mut kv = Vec::new();
+        for (ks, vs) in shards {
+            kv.push((small.read_f32(ks).unwrap(), small.read_f32(vs).unwrap()));
+        }
+        // Row r = b * Hkv + h of the cache (shard r / 5, row r % 5), tokens 0..p.
+        for b in 0..3 {
+            for h in 0..hkv {
+                let r = b * hkv + h;
+                let (ks, vs) = &kv[r / 5];
+                let at = (r % 5) * 400 * d;
+                let want = h * p * d..(h + 1) * p * d;
+                assert_eq!(&ks[at..at + p * d], &k[want.clone()], "keys of seq {b} head {h}");
+                assert_eq!(&vs[at..at + p * d], &v[want], "values of seq {b} head {h}");
+            }
+        }
+        outs.push((o.out, o.lse, o.selection));
+    }
+    assert!(outs[0].0.iter().all(|x| x.is_finite()), "outputs written");
+    assert_eq!(outs[0], outs[1], "prefill by heads equals prefill at once");
+}
