@@ -23,14 +23,27 @@ fn cache_split_over_two_bindings() {
         c.set_max_binding_bytes(5 * 400 * 32 * 4); // 5 rows of capacity 400, D 32, f32
         c
     });
-    let mut c = base("two_shards", 6, 3, 32, cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1));
+    let mut c = base(
+        "two_shards",
+        6,
+        3,
+        32,
+        cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1),
+    );
     c.prefill = vec![300, 120, 157];
     c.steps = 20;
     let mut run = Run::new_in(small, c, 400);
     let (shards, rows) = run.cache.kv_shards();
-    assert_eq!((shards.len(), rows), (2, 5), "the cache is split over two bindings");
+    assert_eq!(
+        (shards.len(), rows),
+        (2, 5),
+        "the cache is split over two bindings"
+    );
     run.cache.set_fused(true);
-    assert!(run.cache.fused_workgroup_memory().is_some(), "the fused kernel would fit");
+    assert!(
+        run.cache.fused_workgroup_memory().is_some(),
+        "the fused kernel would fit"
+    );
     assert!(!run.cache.is_fused(), "a split cache runs the split step");
     run.run();
     // f16 storage and `meanvar` scoring (second moments in the pyramid) on the same split: 5
@@ -84,7 +97,11 @@ fn cache_split_over_two_bindings() {
                 let (ks, vs) = &kv[r / 5];
                 let at = (r % 5) * 400 * d;
                 let want = h * p * d..(h + 1) * p * d;
-                assert_eq!(&ks[at..at + p * d], &k[want.clone()], "keys of seq {b} head {h}");
+                assert_eq!(
+                    &ks[at..at + p * d],
+                    &k[want.clone()],
+                    "keys of seq {b} head {h}"
+                );
                 assert_eq!(&vs[at..at + p * d], &v[want], "values of seq {b} head {h}");
             }
         }

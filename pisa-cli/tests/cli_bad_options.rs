@@ -197,7 +197,10 @@ fn bad_bench_arguments() {
         &["too large: at most 4294967295"],
     );
     bench(&["--reps", "0"], &["--reps must be at least 1"]);
-    bench(&["--decode-reps", "0"], &["--decode-reps must be at least 1"]);
+    bench(
+        &["--decode-reps", "0"],
+        &["--decode-reps must be at least 1"],
+    );
     for b in ["nan", "inf", "-1"] {
         bench(&["--budget-s", b], &["--budget-s", "finite"]);
     }

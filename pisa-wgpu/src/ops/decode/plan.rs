@@ -44,9 +44,8 @@ pub(super) struct Params {
 }
 
 // The uniform's layout: 24 scalars, then `cap_off` 16-byte aligned, as WGSL lays it out.
-const _: () = assert!(
-    std::mem::size_of::<Params>() == 352 && std::mem::offset_of!(Params, cap_off) == 96
-);
+const _: () =
+    assert!(std::mem::size_of::<Params>() == 352 && std::mem::offset_of!(Params, cap_off) == 96);
 
 impl Params {
     /// Every field that depends only on the cache's geometry and configuration.
