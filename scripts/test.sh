@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # The test command of README.md (and of CI): a Vulkan driver (lavapipe when no GPU), the whole
-# workspace's tests, and the no_std build of pisa-core.
+# workspace's tests, the no_std build of pisa-core, and the formatting check (where rustfmt is
+# installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-vulkan.sh
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}  # quiets Mesa's WSI warning on headless machines
+if cargo fmt --version >/dev/null 2>&1; then
+  cargo fmt --all -- --check
+else
+  echo "rustfmt not installed: formatting not checked"
+fi
 cargo build -p pisa-core --no-default-features
 cargo test --workspace --locked
