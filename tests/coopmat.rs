@@ -9,7 +9,7 @@
 mod attention_util;
 mod common;
 
-use attention_util::{check, inputs, random_selection, Inputs};
+use attention_util::{check, inputs, random_selection, sparse_case, Case, Inputs};
 use common::*;
 use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::attention::coop::{self, CoopVariant};
@@ -141,21 +141,6 @@ fn coop_shader_validates_and_writes_spirv() {
     }
 }
 
-/// (B, Hq, Hkv, Nq, Nk, D, C, K, layout, causal, selection from PISA)
-type Case = (
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    TensorLayout,
-    bool,
-    bool,
-);
-
 #[test]
 fn coop_sparse_matches_reference() {
     // The query-tile kernel of attention_coop.wgsl (under the default order, f16 sparse
@@ -167,27 +152,21 @@ fn coop_sparse_matches_reference() {
     ctx.set_leaf_order(LeafOrder::Tiles);
     let seed = seed("coop sparse");
     let mut r = rng(seed);
+    // (B, Hq, Hkv, Nq, Nk, D, C, K, layout, storage, causal, selection from PISA)
+    const F16: Storage = Storage::F16;
     let cases: &[Case] = &[
-        (2, 8, 2, 200, 200, 64, 64, 4, Bhnd, true, true),
-        (2, 4, 4, 150, 150, 128, 32, 3, Bnhd, true, false),
-        (1, 16, 2, 131, 131, 128, 48, 3, Bhnd, false, false),
-        (2, 8, 1, 97, 97, 64, 64, 2, Bnhd, true, true),
-        (1, 8, 1, 40, 203, 128, 20, 5, Bhnd, true, false),
-        (1, 12, 1, 33, 70, 64, 16, 3, Bnhd, true, false),
-        (2, 4, 1, 90, 90, 80, 64, 3, Bhnd, true, false),
-        (1, 4, 1, 1, 1, 64, 64, 1, Bhnd, true, true),
+        (2, 8, 2, 200, 200, 64, 64, 4, Bhnd, F16, true, true),
+        (2, 4, 4, 150, 150, 128, 32, 3, Bnhd, F16, true, false),
+        (1, 16, 2, 131, 131, 128, 48, 3, Bhnd, F16, false, false),
+        (2, 8, 1, 97, 97, 64, 64, 2, Bnhd, F16, true, true),
+        (1, 8, 1, 40, 203, 128, 20, 5, Bhnd, F16, true, false),
+        (1, 12, 1, 33, 70, 64, 16, 3, Bnhd, F16, true, false),
+        (2, 4, 1, 90, 90, 80, 64, 3, Bhnd, F16, true, false),
+        (1, 4, 1, 1, 1, 64, 64, 1, Bhnd, F16, true, true),
     ];
-    for &(b, hq, hkv, nq, nk, d, c, kk, layout, causal, pisa) in cases {
-        let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
-        let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
-        let Inputs { q, k, v } = inputs(&mut r, &s, Storage::F16);
-        let sel = if pisa {
-            reference::select_pisa(&q, &k, &s, layout, &cfg)
-                .unwrap()
-                .indices
-        } else {
-            random_selection(&mut r, &s, &cfg)
-        };
+    for &case in cases {
+        let (.., c, kk, layout, _, causal, pisa) = case;
+        let (s, cfg, Inputs { q, k, v }, sel) = sparse_case(&mut r, case);
         let kind_sel = ctx.upload_u32("sel", &sel).unwrap();
         let kind = AttentionKind::Sparse {
             selection: &kind_sel,

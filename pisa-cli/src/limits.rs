@@ -46,6 +46,12 @@ fn max_row_norm(x: &[f32], d: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The first finite value of `x` that f16 would round to infinity (beyond +-65504).
+fn first_f16_overflow(x: &[f32]) -> Option<usize> {
+    x.iter()
+        .position(|&v| v.is_finite() && half::f16::from_f32(v).is_infinite())
+}
+
 impl Loaded {
     /// Errors when a value of Q, K or V (V only `with_v`) would overflow to infinity in f16
     /// storage (beyond +-65504 after rounding), naming the tensor and the position of the first.
@@ -55,10 +61,7 @@ impl Loaded {
             list.push(("v", &self.v, &self.kv_dims));
         }
         for (name, data, dims) in list {
-            if let Some(i) = data
-                .iter()
-                .position(|&x| x.is_finite() && half::f16::from_f32(x).is_infinite())
-            {
+            if let Some(i) = first_f16_overflow(data) {
                 bail!(
                     "{}: tensor `{name}` has {} at {:?}, beyond the f16 range (+-65504) of --storage f16; use --storage f32 (--allow-nonfinite passes it on as inf)",
                     self.source,
@@ -91,10 +94,7 @@ impl Loaded {
         if dtype != io::DType::F16 {
             return Ok(());
         }
-        if let Some(i) = out
-            .iter()
-            .position(|&x| x.is_finite() && half::f16::from_f32(x).is_infinite())
-        {
+        if let Some(i) = first_f16_overflow(out) {
             bail!(
                 "{}: output O has {} at {:?}, beyond the f16 range (+-65504) of --out-dtype f16; use --out-dtype f32 (nothing written)",
                 self.source,
