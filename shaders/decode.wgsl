@@ -141,12 +141,13 @@ fn rank_key(s: f32) -> u32 {
 const DLK: u32 = (D4 + LK - 1u) / LK; // vec4s of a key row per invocation
 
 // Partial q_h . k over the vec4s j = u, u + LK, ... of a key row, every head h of the group
-// (a fixed trip count, so the loads are in flight together).
+// (a fixed trip count and no condition when LK divides D/4, so the loads are in flight
+// together: see dots_mean in decode_levels.wgsl).
 fn dots_key_part(row: u32, u: u32) -> array<f32, GQ> {
     var a: array<f32, GQ>;
     for (var i = 0u; i < DLK; i++) {
         let j = u + i * LK;
-        if (j < D4) {
+        if (D4 % LK == 0u || j < D4) {
             let k = vec4<f32>(kc[row + j]);
             for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], k); }
         }

@@ -22,22 +22,38 @@ var<workgroup> wleaf: vec2<u32>; // (length, the slot's block)
 // Vec4 j of the key / value row of token t of flat (sequence, KV head) bh: shard 0 (kc, vc) for
 // bh < p.kv_split, else shard 1 (kc2, vc2) at row bh - kv_split (a cache past one storage
 // binding). bh is the same over the workgroup: the branch does not diverge.
-fn key_vec(bh: u32, t: u32, j: u32) -> vec4<f32> {
-    if (bh < p.kv_split) { return vec4<f32>(kc[key_row(bh, t) + j]); }
-    return vec4<f32>(kc2[key_row(bh - p.kv_split, t) + j]);
-}
 fn value_vec(bh: u32, t: u32, j: u32) -> vec4<store_t> {
     if (bh < p.kv_split) { return vc[key_row(bh, t) + j]; }
     return vc2[key_row(bh - p.kv_split, t) + j];
 }
 
-// dots_key_part (decode.wgsl) over the key row of token t of bh, wherever its shard.
+// Vec4 j4 of the value rows part, part + PARTS, ... (PVR of them, clamped to the chunk's cn
+// keys) of the chunk at token t of bh, from its shard (chosen once, outside the loop, so the
+// loads are unconditional and in flight together).
+fn load_values(bh: u32, t: u32, cn: u32, part: u32, j4: u32) -> array<vec4<store_t>, PVR> {
+    var vv: array<vec4<store_t>, PVR>;
+    if (bh < p.kv_split) {
+        for (var i = 0u; i < PVR; i++) {
+            vv[i] = vc[key_row(bh, t + min(part + i * PARTS, cn - 1u)) + j4];
+        }
+    } else {
+        for (var i = 0u; i < PVR; i++) {
+            vv[i] = vc2[key_row(bh - p.kv_split, t + min(part + i * PARTS, cn - 1u)) + j4];
+        }
+    }
+    return vv;
+}
+
+// dots_key_part (decode.wgsl) over the key row of token t of bh, wherever its shard (chosen
+// once, outside the loop, so the loads stay unconditional and in flight together).
 fn dots_key_shard(bh: u32, t: u32, u: u32) -> array<f32, GQ> {
+    if (bh < p.kv_split) { return dots_key_part(key_row(bh, t), u); }
     var a: array<f32, GQ>;
+    let row = key_row(bh - p.kv_split, t);
     for (var i = 0u; i < DLK; i++) {
         let j = u + i * LK;
-        if (j < D4) {
-            let k = key_vec(bh, t, j);
+        if (D4 % LK == 0u || j < D4) {
+            let k = vec4<f32>(kc2[row + j]);
             for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], k); }
         }
     }
@@ -56,11 +72,7 @@ fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
         // The chunk's value rows of this P.V invocation, loaded now (when they fit in
         // registers: PVR = PV_IT <= 16) so that their memory round trip overlaps the keys'.
         var vv: array<vec4<store_t>, PVR>;
-        if (PREFETCH && part < PARTS) {
-            for (var i = 0u; i < PVR; i++) {
-                vv[i] = value_vec(bh, t0 + c0 + min(part + i * PARTS, cn - 1u), j4);
-            }
-        }
+        if (PREFETCH && part < PARTS) { vv = load_values(bh, t0 + c0, cn, part, j4); }
         for (var it = lid; it < CH * LK; it += WG) {
             var a: array<f32, GQ>;
             if (it / LK < cn) { a = dots_key_shard(bh, t0 + c0 + it / LK, it % LK); }

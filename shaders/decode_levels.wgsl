@@ -23,12 +23,14 @@ const CP: u32 = max(min(min(WG / MAXC, XR / MAXC), 8u), 1u);
 
 // Partial q_h . mu over the vec4s j = u, u + LR, ... of a node's mean row, every head h of
 // the group: LR consecutive invocations share one row, so a warp's loads are coalesced; a
-// fixed trip count, so the loads are in flight together.
+// fixed trip count and no condition when LR divides D/4, so the loads are in flight together
+// (a load under `if (j < D4)` is not issued before the previous one returns: on the H200 each
+// load per invocation cost about 0.6 us a route level, docs/benchmarks.md, session 6).
 fn dots_mean(row: u32, u: u32) -> array<f32, GQ> {
     var a: array<f32, GQ>;
     for (var i = 0u; i < DLR; i++) {
         let j = u + i * LR;
-        if (j < D4) {
+        if (D4 % LR == 0u || j < D4) {
             let m = means[row + j];
             for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], m); }
         }

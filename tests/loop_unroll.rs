@@ -9,7 +9,9 @@
 //! from global memory (L2-resident, new lines each round) or workgroup memory; and 4 loads
 //! accumulated into a private `array<f32, 4>` indexed in loops against a `vec4`. Also the cost
 //! of a workgroup barrier round (write, barrier, read a neighbour's word, barrier) at 64, 256
-//! and 1024 invocations.
+//! and 1024 invocations; and of subgroup shuffles (where the adapter has SUBGROUP): rounds of
+//! three dependent `subgroupShuffleXor` butterflies (masks 1, 2, 4) at 64 and 1024
+//! invocations, written out, as a loop over the masks, and in divergent control flow.
 //! If a loop's round costs about 16 load latencies and the unrolled one about 1, the loop was
 //! not unrolled. Run: `cargo test --release -p pisa-wgpu --test loop_unroll -- --ignored --nocapture`.
 
@@ -169,6 +171,45 @@ const KERNELS: [&str; 12] = [
     "code_loop",
 ];
 
+/// The shuffle kernels (a module of their own: it needs SUBGROUP). A round: three dependent
+/// xor shuffles, each added to the running value.
+const SHUFFLE_WGSL: &str = "
+@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
+@group(0) @binding(1) var<storage, read_write> outb: array<u32>;
+const R: u32 = 256u;
+
+fn round3(x: u32) -> u32 {
+    var a = x + subgroupShuffleXor(x, 1u);
+    a = a + subgroupShuffleXor(a, 2u);
+    return a + subgroupShuffleXor(a, 4u);
+}
+fn rounds(lid: u32) -> u32 {
+    var x = buf[lid];
+    for (var r = 0u; r < R; r++) { x = round3(x); }
+    return x;
+}
+@compute @workgroup_size(64)
+fn shuf64(@builtin(local_invocation_index) lid: u32) { outb[lid % 64u] = rounds(lid); }
+@compute @workgroup_size(1024)
+fn shuf1024(@builtin(local_invocation_index) lid: u32) { outb[lid % 64u] = rounds(lid); }
+@compute @workgroup_size(1024)
+fn shufloop1024(@builtin(local_invocation_index) lid: u32) {
+    var x = buf[lid];
+    for (var r = 0u; r < R; r++) {
+        for (var m = 1u; m < 8u; m <<= 1u) { x += subgroupShuffleXor(x, m); }
+    }
+    outb[lid % 64u] = x;
+}
+@compute @workgroup_size(1024)
+fn shufdiv1024(@builtin(local_invocation_index) lid: u32) {
+    var x = 0u;
+    if (lid < 544u) { x = rounds(lid); }
+    outb[lid % 64u] = x;
+}
+";
+
+const SHUFFLE_KERNELS: [&str; 4] = ["shuf64", "shuf1024", "shufloop1024", "shufdiv1024"];
+
 /// Two more kernels, generated: `code_once` runs 2048 distinct dependent multiply-adds of
 /// straight-line code once (cold instruction cache: every line of code fetched once), and
 /// `code_loop` the same count of multiply-adds as a loop of 8 per trip (a few hundred bytes of
@@ -237,18 +278,28 @@ fn loop_unroll() {
         };
         // SAFETY: the kernels index within their bindings (the buffer is sized for them).
         let module = unsafe { dev.create_shader_module_trusted(desc, check) };
-        time_kernels(ctx, &module, &buf, &outb);
+        time_kernels(ctx, &module, &KERNELS, &buf, &outb);
+        if ctx.features().contains(wgpu::Features::SUBGROUP) {
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some("shuffles"),
+                source: wgpu::ShaderSource::Wgsl(SHUFFLE_WGSL.into()),
+            };
+            // SAFETY: as above (indices below 1024 in a buffer of 256 * 16 * 64 + 64 words).
+            let module = unsafe { dev.create_shader_module_trusted(desc, check) };
+            time_kernels(ctx, &module, &SHUFFLE_KERNELS, &buf, &outb);
+        }
     }
 }
 
 fn time_kernels(
     ctx: &pisa_wgpu::Context,
     module: &wgpu::ShaderModule,
+    kernels: &[&'static str],
     buf: &wgpu::Buffer,
     outb: &wgpu::Buffer,
 ) {
     let dev = ctx.device();
-    for name in KERNELS {
+    for &name in kernels {
         let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(name),
             layout: None,
