@@ -23,9 +23,10 @@ const CP: u32 = max(min(min(WG / MAXC, XR / MAXC), 8u), 1u);
 
 // Partial q_h . mu over the vec4s j = u, u + LR, ... of a node's mean row, every head h of
 // the group: LR consecutive invocations share one row, so a warp's loads are coalesced; a
-// fixed trip count and no condition when LR divides D/4, so the loads are in flight together
-// (a load under `if (j < D4)` is not issued before the previous one returns: on the H200 each
-// load per invocation cost about 0.6 us a route level, docs/benchmarks.md, session 6).
+// fixed trip count and no condition when LR divides D/4, so the loads can be in flight
+// together. Measured on the H200 (docs/benchmarks.md, session 6): the loads per invocation
+// still cost about 0.6 us each per route level (LR = 4, 8 loads: route 60 us at 1M; LR = 8,
+// 4 loads: 38 us; LR = 2: 92 us), whatever the condition; the cause is not known.
 fn dots_mean(row: u32, u: u32) -> array<f32, GQ> {
     var a: array<f32, GQ>;
     for (var i = 0u; i < DLR; i++) {
