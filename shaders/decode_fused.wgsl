@@ -150,7 +150,7 @@ fn fused(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             bst[w] = vec2<f32>(m, l);
             tot += state_lse(m, l);
         }
-        if (s < MAXC) { msc[s] = tot; }
+        if (s < MAXC) { msc[s] = bitcast<u32>(tot); }
     }
     workgroupBarrier();
     // 3. The cut: msel, sel_out.

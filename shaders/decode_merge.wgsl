@@ -31,7 +31,7 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let w = po + (s * GQ + hh) * PW;
             tot += state_lse(parts[w + DD], parts[w + DD + 1u]);
         }
-        msc[s] = tot;
+        msc[s] = bitcast<u32>(tot);
     }
     workgroupBarrier();
     cut_top_k(so, lid);

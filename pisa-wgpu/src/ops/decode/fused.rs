@@ -4,7 +4,7 @@
 
 use pisa_core::SelectionConfig;
 
-use super::plan::{lanes, max_workgroup, Dims, Params, Plan};
+use super::plan::{cut_words, lanes, max_workgroup, Dims, Params, Plan};
 use super::record::{Binds, Stage};
 use super::{KvCache, FUSED_SHADER};
 use crate::error::{GpuError, Result};
@@ -66,10 +66,10 @@ impl FusedPlan {
         }
         let Dims { k, c, g, maxc, ns } = Dims::of(cfg);
         let rn = c.min(4);
-        // qs, wlen | cand, rk | mc, msc, mrank, mtmp, msel | lst, bst, hml, wnl.
+        // qs, wlen | cand, rk | mc, msc, mrank, mtmp, msel, mcnt | lst, bst, hml, wnl.
         let fixed = 4 * (gq * d + 1)
             + 4 * 3 * maxc
-            + 4 * (ns + maxc + 3 * k)
+            + 4 * (ns + maxc + 3 * k + cut_words(wg, maxc))
             + 4 * ns
             + 8 * ns * gq * rn
             + 8 * gq

@@ -156,7 +156,7 @@ impl Plan {
         });
         let xr = maxc * g.max(2) * lr * gq;
         let route = route_mem(lr);
-        let merge_k = common + 4 * (ns + maxc + 3 * k);
+        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wg, maxc));
         let leaf_fixed = common + 4 * (wg + 2 * gq + 1);
         let budget = limit.saturating_sub(leaf_fixed) / 4;
         // Leaf scratch: a chunk's scores and partial scores (at least one key, CH*gq*(1+LK)
@@ -236,6 +236,18 @@ impl Plan {
             ("PARTS", self.parts),
             ("PVR", self.prefetch_rows()),
         ]
+    }
+}
+
+/// Words of the top-K cut's partial rank counts (`decode_cut.wgsl`: `mcnt`) for a workgroup of
+/// `wg` invocations: CPM = clamp(wg / MAXC, 1, 8) counts per slot (one word when CPM = 1: the
+/// counts are then whole).
+pub(super) fn cut_words(wg: u64, maxc: u64) -> u64 {
+    let cpm = (wg / maxc).clamp(1, 8);
+    if cpm > 1 {
+        maxc * cpm + 1
+    } else {
+        1
     }
 }
 
