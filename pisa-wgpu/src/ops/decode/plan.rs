@@ -82,9 +82,12 @@ impl Params {
     }
 }
 
-/// Invocations per decode workgroup, in each of the three kernels (lowered to the device's
-/// limit).
+/// Invocations per `leaf` workgroup (lowered to the device's limit). 512 was slower on the
+/// H200 (leaf 19.5 -> 22.2 us at 1M: docs/benchmarks.md, session 6).
 const WG: u32 = 256;
+/// Invocations per `merge` workgroup (lowered to the device's limit): one output element of
+/// the group per invocation at g_q = 4, D = 128; 256 was 1.8 us slower on the H200 (session 6).
+const WM: u32 = 512;
 
 /// The constants of the decode pipelines (`route`, `leaf`, `merge`: one set for all three
 /// modules) and the workgroup memory they take.
@@ -93,6 +96,8 @@ pub(super) struct Plan {
     pub wg: u32,
     /// Invocations per `route` workgroup.
     pub wr: u32,
+    /// Invocations per `merge` workgroup.
+    pub wm: u32,
     pub gq: u32,
     pub kmax: u32,
     pub maxc: u32,
@@ -122,6 +127,7 @@ impl Plan {
     pub fn new(limits: &wgpu::Limits, gq: usize, d: usize, cfg: &SelectionConfig) -> Result<Self> {
         let max_pow2 = max_workgroup(limits);
         let wg = (WG as u64).min(max_pow2);
+        let wm = (WM as u64).min(max_pow2);
         if !d.is_multiple_of(4) || d > 4 * wg as usize {
             return Err(GpuError::Input(PisaError::HeadDim {
                 head_dim: d,
@@ -156,7 +162,7 @@ impl Plan {
         });
         let xr = maxc * g.max(2) * lr * gq;
         let route = route_mem(lr);
-        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wg, maxc));
+        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc));
         let leaf_fixed = common + 4 * (wg + 2 * gq + 1);
         let budget = limit.saturating_sub(leaf_fixed) / 4;
         // Leaf scratch: a chunk's scores and partial scores (at least one key, CH*gq*(1+LK)
@@ -187,6 +193,7 @@ impl Plan {
         Ok(Self {
             wg: wg as u32,
             wr: wr as u32,
+            wm: wm as u32,
             gq: gq as u32,
             kmax: k as u32,
             maxc: maxc as u32,
@@ -218,11 +225,11 @@ impl Plan {
         self.maxc + self.kmax
     }
 
-    /// The `const` substitutions of `decode.wgsl` (shared by the three modules; `route`'s
-    /// workgroup size is `wr` when `route` is true, else `wg`).
-    pub fn consts(&self, route: bool) -> [(&'static str, u32); 13] {
+    /// The `const` substitutions of `decode.wgsl` (shared by the three modules) for a kernel of
+    /// `wg` invocations per workgroup (`wr` for `route`, `wg` for `leaf`, `wm` for `merge`).
+    pub fn consts(&self, wg: u32) -> [(&'static str, u32); 13] {
         [
-            ("WG", if route { self.wr } else { self.wg }),
+            ("WG", wg),
             ("GQ", self.gq),
             ("KMAX", self.kmax),
             ("MAXC", self.maxc),

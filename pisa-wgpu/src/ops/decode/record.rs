@@ -142,8 +142,8 @@ impl KvCache<'_> {
             )
         };
         let (u_heads, u_slots) = (uniform(heads)?, uniform(slots)?);
-        let pipe = |shader, entry, route| {
-            let consts = self.plan.consts(route);
+        let pipe = |shader, entry, wg| {
+            let consts = self.plan.consts(wg);
             ctx.pipelines
                 .get(&ctx.device, shader, entry, self.storage, &consts, &[])
         };
@@ -179,9 +179,9 @@ impl KvCache<'_> {
         ];
         let stage = |p, b: Binds, n| self.make_stage(p, &b, n);
         Ok([
-            stage(pipe(&ROUTE_SHADER, "route", true)?, route, heads)?,
-            stage(pipe(&SHADER, "leaf", false)?, leaf, slots)?,
-            stage(pipe(&MERGE_SHADER, "merge", false)?, merge, heads)?,
+            stage(pipe(&ROUTE_SHADER, "route", self.plan.wr)?, route, heads)?,
+            stage(pipe(&SHADER, "leaf", self.plan.wg)?, leaf, slots)?,
+            stage(pipe(&MERGE_SHADER, "merge", self.plan.wm)?, merge, heads)?,
         ])
     }
 }
