@@ -4,14 +4,6 @@
 // (FlashDecoding): M = max m, L = sum l e^(m - M), O = sum O_b e^(m - M) / L, LSE = M + log L.
 
 const MK: u32 = min(KMAX, 32u); // selected blocks' states held per output element
-// PM = 1 (the host sets it when NS <= 64 and GQ * DD <= WG: one output element per invocation):
-// each invocation loads its element of EVERY slot's O before the cut, so that the loads are in
-// flight while the cut runs instead of after it; the (m, l) of every slot and head go to mml,
-// the merge weights e^(m - M) / L (0 for a slot not selected) to mw.
-const PMN: u32 = (NS * GQ - 1u) * PM + 1u;
-const NSO: u32 = (NS - 1u) * PM + 1u;
-var<workgroup> mml: array<vec2<f32>, PMN>; // (m, l) per (slot, head)
-var<workgroup> mw: array<f32, PMN>;        // merge weight per (slot, head)
 
 @compute @workgroup_size(WG)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -42,10 +34,6 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         msc[s] = bitcast<u32>(tot);
     }
     workgroupBarrier();
-    if (PM == 1u) {
-        merge_prefetched(po, qrow, so, lid);
-        return;
-    }
     cut_top_k(so, lid);
     // Per output element (head, dim): every selected block's (m, l, O) loaded first (an empty
     // selection entry reads the first selected block, always present, with weight 0), so that
@@ -100,58 +88,5 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let lse = select(bitcast<f32>(0xff800000u), m + log(l), l > 0.0);
             lse_out[qrow / DD + hh] = lse;
         }
-    }
-}
-
-// The merge with every slot's O loaded before the cut (PM = 1; called after the slots and the
-// scores are written and a barrier passed): invocation e < GQ * DD owns output element (head
-// e / DD, dim e % DD). Loads | cut_top_k | per (head, selected entry): M, L over the selection,
-// the entry's weight into mw, LSE | O = sum over the slots of weight x O.
-fn merge_prefetched(po: u32, qrow: u32, so: u32, lid: u32) {
-    let hh = lid / DD;
-    let d = lid % DD;
-    var os: array<f32, NSO>;
-    if (lid < GQ * DD) {
-        for (var s = 0u; s < NS; s++) { os[s] = parts[po + (s * GQ + hh) * PW + d]; }
-    }
-    for (var it = lid; it < NS * GQ; it += WG) {
-        let w = po + it * PW;
-        mml[it] = vec2<f32>(parts[w + DD], parts[w + DD + 1u]);
-        mw[it] = 0.0;
-    }
-    cut_top_k(so, lid); // (starts with a barrier's worth of work; ends with a barrier)
-    for (var it = lid; it < GQ * KMAX; it += WG) {
-        let g = it / KMAX;
-        let i = it % KMAX;
-        var m = NEG;
-        for (var j = 0u; j < KMAX; j++) {
-            let sj = msel[j];
-            if (sj != INVALID) { m = max(m, mml[sj * GQ + g].x); }
-        }
-        var l = 0.0;
-        for (var j = 0u; j < KMAX; j++) {
-            let sj = msel[j];
-            if (sj != INVALID) {
-                let st = mml[sj * GQ + g];
-                l += st.y * exp(st.x - m);
-            }
-        }
-        let si = msel[i];
-        if (si != INVALID && l > 0.0) {
-            let st = mml[si * GQ + g];
-            mw[si * GQ + g] = exp(st.x - m) / l;
-        }
-        if (i == 0u) {
-            lse_out[qrow / DD + g] = select(bitcast<f32>(0xff800000u), m + log(l), l > 0.0);
-        }
-    }
-    workgroupBarrier();
-    if (lid < GQ * DD) {
-        var o = 0.0;
-        for (var s = 0u; s < NS; s++) {
-            let w = mw[s * GQ + hh];
-            o += select(0.0, w * os[s], w > 0.0);
-        }
-        out[qrow + lid] = store_t(o);
     }
 }

@@ -98,8 +98,6 @@ pub(super) struct Plan {
     pub wr: u32,
     /// Invocations per `merge` workgroup.
     pub wm: u32,
-    /// 1 when `merge` loads every slot's output element before the cut (`PM`).
-    pub pm: u32,
     pub gq: u32,
     pub kmax: u32,
     pub maxc: u32,
@@ -164,11 +162,7 @@ impl Plan {
         });
         let xr = maxc * g.max(2) * lr * gq;
         let route = route_mem(lr);
-        // merge: every slot's O loaded before the cut when one output element per invocation
-        // and NS registers allow (PM), with (m, l) and weights per (slot, head).
-        let pm = ns <= 64 && gq * d <= wm;
-        let pmn = if pm { ns * gq } else { 1 };
-        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc) + 3 * pmn);
+        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc));
         let leaf_fixed = common + 4 * (wg + 2 * gq + 1);
         let budget = limit.saturating_sub(leaf_fixed) / 4;
         // Leaf scratch: a chunk's scores and partial scores (at least one key, CH*gq*(1+LK)
@@ -200,7 +194,6 @@ impl Plan {
             wg: wg as u32,
             wr: wr as u32,
             wm: wm as u32,
-            pm: pm as u32,
             gq: gq as u32,
             kmax: k as u32,
             maxc: maxc as u32,
@@ -234,7 +227,7 @@ impl Plan {
 
     /// The `const` substitutions of `decode.wgsl` (shared by the three modules) for a kernel of
     /// `wg` invocations per workgroup (`wr` for `route`, `wg` for `leaf`, `wm` for `merge`).
-    pub fn consts(&self, wg: u32) -> [(&'static str, u32); 14] {
+    pub fn consts(&self, wg: u32) -> [(&'static str, u32); 13] {
         [
             ("WG", wg),
             ("GQ", self.gq),
@@ -249,7 +242,6 @@ impl Plan {
             ("DD", self.dd),
             ("PARTS", self.parts),
             ("PVR", self.prefetch_rows()),
-            ("PM", self.pm),
         ]
     }
 }
