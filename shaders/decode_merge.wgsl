@@ -4,6 +4,8 @@
 // (FlashDecoding): M = max m, L = sum l e^(m - M), O = sum O_b e^(m - M) / L, LSE = M + log L.
 
 const MK: u32 = min(KMAX, 32u); // selected blocks' states held per output element
+var<workgroup> mml: array<vec2<f32>, GQ * MK>; // (m, l) per (head, selection entry), K <= 32
+var<workgroup> mw: array<f32, GQ * MK>;        // merge weight per (head, selection entry)
 
 @compute @workgroup_size(WG)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -35,7 +37,11 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     }
     workgroupBarrier();
     cut_top_k(so, lid);
-    // Per output element (head, dim): every selected block's (m, l, O) loaded first (an empty
+    if (KMAX <= MK) {
+        merge_weighted(po, qrow, lid);
+        return;
+    }
+    // K > 32: per output element (head, dim): every selected block's (m, l, O) loaded first (an empty
     // selection entry reads the first selected block, always present, with weight 0), so that
     // all the loads are in flight together, then M = max m, L = sum l e^(m - M), O = sum O_b
     // e^(m - M) (arrays of K values: registers after unrolling, for K <= 32; a larger K loads
@@ -88,5 +94,52 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let lse = select(bitcast<f32>(0xff800000u), m + log(l), l > 0.0);
             lse_out[qrow / DD + hh] = lse;
         }
+    }
+}
+
+// The merge for K <= 32 (after cut_top_k), in three phases: the (m, l) of each selected block
+// per head, loaded once into mml | per (head, entry): M = max m, L = sum l e^(m - M) over the
+// head's entries, the entry's weight e^(m - M) / L into mw (0 for an empty entry), LSE = M +
+// log L | per output element (head, dim): its K values of O loaded together (an empty entry
+// reads the first selected block, always present, with weight 0), O = sum weight x O_b.
+// (Each output element loaded its own K copies of (m, l) before: 3K loads per invocation
+// instead of K, 1.x us slower per merge on the H200: docs/benchmarks.md, session 6.)
+fn merge_weighted(po: u32, qrow: u32, lid: u32) {
+    for (var it = lid; it < GQ * KMAX; it += WG) {
+        let sv = msel[it % KMAX];
+        var st = vec2<f32>(NEG, 0.0);
+        if (sv != INVALID) {
+            let w = po + (sv * GQ + it / KMAX) * PW;
+            st = vec2<f32>(parts[w + DD], parts[w + DD + 1u]);
+        }
+        mml[it] = st;
+    }
+    workgroupBarrier();
+    for (var it = lid; it < GQ * KMAX; it += WG) {
+        let hh = it / KMAX;
+        let i = it % KMAX;
+        var m = NEG;
+        for (var j = 0u; j < KMAX; j++) { m = max(m, mml[hh * KMAX + j].x); }
+        var l = 0.0;
+        for (var j = 0u; j < KMAX; j++) {
+            let st = mml[hh * KMAX + j];
+            l += st.y * exp(st.x - m);
+        }
+        mw[it] = select(0.0, exp(mml[it].x - m) / l, msel[i] != INVALID && l > 0.0);
+        if (i == 0u) {
+            lse_out[qrow / DD + hh] = select(bitcast<f32>(0xff800000u), m + log(l), l > 0.0);
+        }
+    }
+    workgroupBarrier();
+    for (var e = lid; e < GQ * DD; e += WG) {
+        let hh = e / DD;
+        let d = e % DD;
+        var os: array<f32, MK>;
+        for (var i = 0u; i < KMAX; i++) {
+            os[i] = parts[po + (select(msel[0], msel[i], msel[i] != INVALID) * GQ + hh) * PW + d];
+        }
+        var o = 0.0;
+        for (var i = 0u; i < KMAX; i++) { o += mw[hh * KMAX + i] * os[i]; }
+        out[qrow + e] = store_t(o);
     }
 }

@@ -162,7 +162,8 @@ impl Plan {
         });
         let xr = maxc * g.max(2) * lr * gq;
         let route = route_mem(lr);
-        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc));
+        // + the (m, l) and weights per (head, selection entry) of K <= 32 (decode_merge.wgsl).
+        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc) + 3 * gq * k.min(32));
         let leaf_fixed = common + 4 * (wg + 2 * gq + 1);
         let budget = limit.saturating_sub(leaf_fixed) / 4;
         // Leaf scratch: a chunk's scores and partial scores (at least one key, CH*gq*(1+LK)
