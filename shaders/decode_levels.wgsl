@@ -18,6 +18,27 @@ var<workgroup> rk: array<u32, MAXC>;
 var<workgroup> xr: array<f32, XR>;
 
 const DLR: u32 = (D4 + LR - 1u) / LR; // vec4s of a row per invocation
+
+// Division, rounded-up division and saturating product by pw, a power of g (a level's width in
+// leaves): shifts when the merge factor MG is a power of two. (A runtime u32 division is a
+// long instruction chain, and every level has several on its phases' critical paths.)
+const MG_POW2: bool = (MG & (MG - 1u)) == 0u;
+fn div_pw(a: u32, pw: u32) -> u32 {
+    if (MG_POW2) { return a >> countTrailingZeros(pw); }
+    return a / pw;
+}
+fn cdiv_pw(a: u32, pw: u32) -> u32 {
+    let q = div_pw(a, pw);
+    return q + select(0u, 1u, a - q * pw != 0u);
+}
+fn mul_pw(a: u32, pw: u32) -> u32 {
+    if (MG_POW2) {
+        let sh = countTrailingZeros(pw);
+        if (a > (0xffffffffu >> sh)) { return 0xffffffffu; }
+        return a << sh;
+    }
+    return sat_mul(a, pw);
+}
 // The cut's rank counts: CP invocations per candidate, their partial counts in xr (free then).
 const CP: u32 = max(min(min(WG / MAXC, XR / MAXC), 8u), 1u);
 
@@ -92,8 +113,8 @@ fn score_lse_split(len: u32, nchild: u32, w: u32, co: u32, lid: u32) {
 // g^(l-1), the leaves under a child. Ends with rk written (the caller's barrier orders it).
 fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) {
     let g = MG; // (the pipeline constant: divisions by it are shifts for g = 2)
-    let nchild = cdiv(nb0, pw);
-    let w = sat_mul(p.block_size, pw);
+    let nchild = cdiv_pw(nb0, pw);
+    let w = mul_pw(p.block_size, pw);
     if (p.scoring == 0u) {
         // lse: LR items per (candidate, child), partial dots of the child's mean.
         for (var it = lid; it < MAXC * g * LR; it += WG) {
@@ -173,8 +194,8 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
         s++;
         pw *= g;
     }
-    var first = cdiv(nb0, pw);
-    if (causal) { first = bq / pw; }
+    var first = cdiv_pw(nb0, pw);
+    if (causal) { first = div_pw(bq, pw); }
     for (var i = lid; i < MAXC; i += WG) {
         cand[i] = select(INVALID, i, i < first && !(s == 0u && is_forced(bq, i)));
     }
@@ -186,9 +207,9 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
         score_level(bh, l, len, nb0, pc, co, lid);
         // Clear the next slots; the ancestor's children below the own path go after the
         // K * g children of the kept nodes.
-        let nchild = cdiv(nb0, pc);
-        let a_hi = (bq / pw) * g;
-        let a_lo = bq / pc;
+        let nchild = cdiv_pw(nb0, pc);
+        let a_hi = div_pw(bq, pw) * g;
+        let a_lo = div_pw(bq, pc);
         for (var i = lid; i < MAXC; i += WG) {
             var c = INVALID;
             if (i >= KMAX * g && causal && a_hi + (i - KMAX * g) < a_lo) {
