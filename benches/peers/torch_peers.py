@@ -274,8 +274,9 @@ def main():
 
     # Which kernels each SDPA backend ran (first size), profiled last so that the profiler
     # cannot perturb any timing. Attached to that size's record as "kernels".
-    for bench, n, nq, causal in (("sdpa_prefill", a.sizes[0], a.sizes[0], True),
-                                 ("sdpa_decode", a.decode_sizes[0], 1, False)):
+    probes = ([("sdpa_prefill", a.sizes[0], a.sizes[0], True)] if a.sizes else []) + \
+             ([("sdpa_decode", a.decode_sizes[0], 1, False)] if a.decode_sizes else [])
+    for bench, n, nq, causal in probes:
         s = (rnd(1, a.hq, nq, a.d), rnd(1, a.hkv, n, a.d), rnd(1, a.hkv, n, a.d))
         for r in res:
             if r["bench"] == bench and r["n"] == n and "ms" in r:
