@@ -49,10 +49,19 @@
 //!    (one chunk = the whole block when workgroup memory allows). Candidates are attended
 //!    speculatively: g(K+1) blocks instead of K, ~2x the key/value bytes of the step, spread
 //!    over the whole GPU, in exchange for no second dependent pass over the keys.
-//! 3. `merge`, one workgroup per (sequence, KV head): a candidate's score is its block LSE
-//!    summed over the group (exactly PISA.md 2's leaf score), the forced leaves plus the best
-//!    K - forced are the selection (ascending), and the K blocks' states are merged
-//!    (FlashDecoding: M = max m, L = sum l e^(m-M), O = sum O e^(m-M) / L) into O and LSE.
+//! 3. `merge`, one workgroup of 512 per (sequence, KV head): a candidate's score is its block
+//!    LSE summed over the group (exactly PISA.md 2's leaf score), the forced leaves plus the
+//!    best K - forced are the selection (ascending; the rank counts split several ways per
+//!    candidate), and the K blocks' states are merged (FlashDecoding: M = max m, L = sum l
+//!    e^(m-M), O = sum O e^(m-M) / L) into O and LSE, the weights e^(m-M) / L computed once
+//!    per (head, block).
+//!
+//! What the H200 showed about these small kernels (docs/benchmarks.md, session 6): their time
+//! goes to each invocation's chain of dependent instructions, not to bandwidth. Runtime u32
+//! divisions in the route (2.8 us of 38 at 1M), a serial 34-step rank loop in the cut (3.2 us),
+//! and extra loads per invocation (each vec4 row load per invocation about 0.6 us a route
+//! level) cost far more than a barrier (about 64 ns at 1024 invocations) or a subgroup shuffle
+//! (about 21 ns); so the kernels spread loops over invocations and use barriers, not shuffles.
 //!
 //! A cache whose K/V exceed one storage binding splits them over two ([`KvCache::kv_shards`]:
 //! `leaf` reads either, the writes dispatch once per shard; the fused step reads one, so such a
