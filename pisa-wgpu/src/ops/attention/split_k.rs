@@ -85,7 +85,7 @@ struct SplitParams {
 /// picks one with [`plan`]). Arguments, outputs (O in Q's layout and storage, LSE f32
 /// `[B, Hq, Nq]`, freshly allocated and poisoned), profiler stage ("dense") and errors as
 /// [`super::record_dense_attention`], plus [`PisaError::InvalidValue`] for a zero
-/// `split_keys` or `pairs_per_range`, [`GpuError::Limit`] when one range's partial states
+/// `split_keys` or `pairs_per_range`, [`crate::GpuError::Limit`] when one range's partial states
 /// exceed the storage-binding limit or the kernel does not fit the workgroup memory, and
 /// [`PisaError::TooLarge`] past u32 indexing.
 #[allow(clippy::too_many_arguments)]
