@@ -29,7 +29,7 @@ fn value_vec(bh: u32, t: u32, j: u32) -> vec4<store_t> {
 
 // Vec4 j4 of the value rows part, part + PARTS, ... (PVR of them, clamped to the chunk's cn
 // keys) of the chunk at token t of bh, from its shard (chosen once, outside the loop, so the
-// loads are unconditional and in flight together).
+// loads are unconditional and can be in flight together).
 fn load_values(bh: u32, t: u32, cn: u32, part: u32, j4: u32) -> array<vec4<store_t>, PVR> {
     var vv: array<vec4<store_t>, PVR>;
     if (bh < p.kv_split) {
@@ -45,7 +45,7 @@ fn load_values(bh: u32, t: u32, cn: u32, part: u32, j4: u32) -> array<vec4<store
 }
 
 // dots_key_part (decode.wgsl) over the key row of token t of bh, wherever its shard (chosen
-// once, outside the loop, so the loads stay unconditional and in flight together).
+// once, outside the loop, so the loads stay unconditional and can be in flight together).
 fn dots_key_shard(bh: u32, t: u32, u: u32) -> array<f32, GQ> {
     if (bh < p.kv_split) { return dots_key_part(key_row(bh, t), u); }
     var a: array<f32, GQ>;
@@ -111,7 +111,7 @@ fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
             }
             for (var i = 0u; i < PV_IT; i++) {
                 let it = part + i * PARTS;
-                // Loads clamped to the chunk (in flight together); masked keys skipped.
+                // Loads clamped to the chunk (no condition on them); masked keys skipped.
                 let ti = min(it, cn - 1u);
                 var v: vec4<f32>;
                 if (PREFETCH) {

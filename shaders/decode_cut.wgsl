@@ -25,7 +25,7 @@ fn write_empty(qrow: u32, so: u32, lid: u32) {
 }
 
 // Called by the whole workgroup once mc, msc (of the valid candidate slots; an empty slot's
-// score is never read) and mrank = INVALID are written and a barrier passed. Writes msel and
+// score is never used) and mrank = INVALID are written and a barrier passed. Writes msel and
 // the selection to sel_out[so..so + K] (ascending, -1 padded); ends with a barrier.
 // Ranks in three phases (one invocation per slot looping over all MAXC slots cost 3.2 us more
 // per merge on the H200 at 1M: docs/benchmarks.md, session 6): rank keys in place of the
@@ -70,12 +70,13 @@ fn cut_top_k(so: u32, lid: u32) {
     for (var i = lid; i < KMAX; i += WG) {
         let sv = select(mrank[i - min(i, nf)], MAXC + i, i < nf);
         mtmp[i] = sv;
-        if (CPM > 1u) { mcnt[i] = select(INVALID, mc[sv], sv != INVALID); }
+        if (CPM > 1u) { mcnt[i] = select(INVALID, mc[min(sv, NS - 1u)], sv != INVALID); }
     }
     workgroupBarrier();
     // Ascending block order, INVALID (-1) last: entry i goes to the count of entries before it
     // (a lower block; for an empty entry, every block and the empty entries j < i); counted
-    // CPM ways into mcnt[K + part * K + i] when CPM > 1 (K (1 + CPM) <= MAXC CPM words).
+    // CPM ways into mcnt[K + part * K + i] when CPM > 1 (K (1 + CPM) <= MAXC CPM words: MAXC =
+    // g (K + 1) >= 2K + 2 since g >= 2, which SelectionConfig::validate enforces).
     if (CPM > 1u) {
         for (var it = lid; it < KMAX * CPM; it += WG) {
             let i = it % KMAX;

@@ -3,7 +3,7 @@
 // slots by their block LSE (cut_top_k), then the selected blocks' states are merged per head
 // (FlashDecoding): M = max m, L = sum l e^(m - M), O = sum O_b e^(m - M) / L, LSE = M + log L.
 
-const MK: u32 = min(KMAX, 32u); // selected blocks' states held per output element
+const MK: u32 = min(KMAX, 32u); // K of the weighted merge (K <= 32; larger K: loops)
 var<workgroup> mml: array<vec2<f32>, GQ * MK>; // (m, l) per (head, selection entry), K <= 32
 var<workgroup> mw: array<f32, GQ * MK>;        // merge weight per (head, selection entry)
 
@@ -41,52 +41,26 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         merge_weighted(po, qrow, lid);
         return;
     }
-    // K > 32: per output element (head, dim): every selected block's (m, l, O) loaded first (an empty
-    // selection entry reads the first selected block, always present, with weight 0), so that
-    // all the loads are in flight together, then M = max m, L = sum l e^(m - M), O = sum O_b
-    // e^(m - M) (arrays of K values: registers after unrolling, for K <= 32; a larger K loads
-    // in the loops). Measured on the H200: the merge 1.4 us faster per step than loading in the
-    // loops (docs/benchmarks.md, session 5).
+    // K > 32: per output element (head, dim), M = max m, L = sum l e^(m - M), O = sum O_b
+    // e^(m - M) over the selected blocks, their states loaded in the loops (an empty selection
+    // entry is skipped).
     for (var e = lid; e < GQ * DD; e += WG) {
         let hh = e / DD;
         let d = e % DD;
-        var ms: array<f32, MK>;
-        var ls: array<f32, MK>;
-        var os: array<f32, MK>;
-        if (KMAX <= MK) {
-            for (var i = 0u; i < KMAX; i++) {
-                let w = po + (select(msel[0], msel[i], msel[i] != INVALID) * GQ + hh) * PW;
-                ms[i] = parts[w + DD];
-                ls[i] = parts[w + DD + 1u];
-                os[i] = parts[w + d];
-            }
-        }
         var m = NEG;
         for (var i = 0u; i < KMAX; i++) {
-            var mi = ms[min(i, MK - 1u)];
-            if (KMAX > MK) {
-                mi = parts[po + (select(msel[0], msel[i], msel[i] != INVALID) * GQ + hh) * PW + DD];
-            }
-            m = max(m, mi);
+            let sv = msel[i];
+            if (sv != INVALID) { m = max(m, parts[po + (sv * GQ + hh) * PW + DD]); }
         }
         var o = 0.0;
         var l = 0.0;
         for (var i = 0u; i < KMAX; i++) {
-            let ok = msel[i] != INVALID;
-            let k = min(i, MK - 1u);
-            var mi = ms[k];
-            var od = os[k];
-            var ld = ls[k];
-            if (KMAX > MK) {
-                let w = po + (select(msel[0], msel[i], ok) * GQ + hh) * PW;
-                mi = parts[w + DD];
-                od = parts[w + d];
-                ld = parts[w + DD + 1u];
-            }
-            let a = select(0.0, exp(mi - m), ok);
-            if (ok) {
-                o += a * od;
-                l += a * ld;
+            let sv = msel[i];
+            if (sv != INVALID) {
+                let w = po + (sv * GQ + hh) * PW;
+                let a = exp(parts[w + DD] - m);
+                o += a * parts[w + d];
+                l += a * parts[w + DD + 1u];
             }
         }
         out[qrow + e] = store_t(select(0.0, o / l, l > 0.0));
@@ -103,7 +77,8 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
 // log L | per output element (head, dim): its K values of O loaded together (an empty entry
 // reads the first selected block, always present, with weight 0), O = sum weight x O_b.
 // (Each output element loaded its own K copies of (m, l) before: 3K loads per invocation
-// instead of K, 1.x us slower per merge on the H200: docs/benchmarks.md, session 6.)
+// instead of K, 0.3 us slower per merge and 0.9 us per isolated step on the H200 at 1M:
+// docs/benchmarks.md, session 6.)
 fn merge_weighted(po: u32, qrow: u32, lid: u32) {
     for (var it = lid; it < GQ * KMAX; it += WG) {
         let sv = msel[it % KMAX];
@@ -139,7 +114,10 @@ fn merge_weighted(po: u32, qrow: u32, lid: u32) {
             os[i] = parts[po + (select(msel[0], msel[i], msel[i] != INVALID) * GQ + hh) * PW + d];
         }
         var o = 0.0;
-        for (var i = 0u; i < KMAX; i++) { o += mw[hh * KMAX + i] * os[i]; }
+        for (var i = 0u; i < KMAX; i++) {
+            let w = mw[hh * KMAX + i];
+            o += select(0.0, w * os[i], w > 0.0); // (0 x a non-finite O of an empty entry)
+        }
         out[qrow + e] = store_t(o);
     }
 }

@@ -118,6 +118,18 @@ fn non_causal_decode() {
     c.prefill = vec![20, 45];
     c.steps = 40;
     Run::new(c, 100).run();
+    // Deep non-causal routing: 75+ leaves of 4 keys, several levels whose last node is partial
+    // (the route's rounded-up level sizes).
+    let mut c = base(
+        "non_causal_deep",
+        4,
+        2,
+        64,
+        cfg(4, 4, 2, Scoring::Lse).with_causal(false),
+    );
+    c.prefill = vec![301, 150];
+    c.steps = 40;
+    Run::new(c, 400).run();
 }
 
 #[test]

@@ -255,8 +255,8 @@ pub fn base(name: &'static str, hq: usize, hkv: usize, d: usize, cfg: SelectionC
 /// A step with top_k above the workgroup size (K = 300, C = 1, g_q = 1, D = 4) of an empty
 /// sequence beside a non-empty one: every one of the empty row's K selection entries is -1
 /// (and its output zeros, its LSE -inf), none left as the buffer's poison; the other row as
-/// the reference. `fused` pins the path, whose workgroup is capped at 256 invocations (K
-/// above it; the split kernels' workgroup is 256 already).
+/// the reference. `fused` pins the path; every step kernel's workgroup is capped at 256
+/// invocations (K above it), which also makes the cut count ranks in one part (CPM = 1).
 pub fn empty_beside_top_k_past_workgroup(name: &'static str, fused: bool) {
     let mut c = base(name, 1, 1, 4, cfg(1, 300, 2, Scoring::Lse));
     c.prefill = vec![0, 400];

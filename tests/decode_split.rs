@@ -262,3 +262,23 @@ pub(crate) fn check_outputs(
 fn empty_sequence_with_top_k_past_workgroup() {
     decode_harness::empty_beside_top_k_past_workgroup("split_empty_k300", false);
 }
+
+/// The top-K cut with one rank part per slot (CPM = 1: workgroups of 32 invocations, fewer than
+/// the MAXC = 34 candidate slots of K = 16, g = 2) and K <= 32 (the weighted merge), with
+/// selections that have empty entries (a sequence of fewer than K visible blocks) beside full
+/// ones: the empty entries must come last, each written once.
+#[test]
+fn cut_in_one_rank_part() {
+    let mut c = base(
+        "cut_cpm1",
+        4,
+        2,
+        64,
+        cfg(4, 16, 2, Scoring::Lse).with_forced(1, 1),
+    );
+    c.prefill = vec![9, 150];
+    c.steps = 40;
+    let mut r = Run::new(c, 400);
+    r.cache.set_workgroup_size_limit(32).unwrap();
+    r.run();
+}

@@ -11,7 +11,8 @@
 //! of a workgroup barrier round (write, barrier, read a neighbour's word, barrier) at 64, 256
 //! and 1024 invocations; and of subgroup shuffles (where the adapter has SUBGROUP): rounds of
 //! three dependent `subgroupShuffleXor` butterflies (masks 1, 2, 4) at 64 and 1024
-//! invocations, written out, as a loop over the masks, and in divergent control flow.
+//! invocations, written out, as a loop over the masks, and under a non-uniform branch (that
+//! leaves whole subgroups idle: 544 invocations of 1024).
 //! If a loop's round costs about 16 load latencies and the unrolled one about 1, the loop was
 //! not unrolled. Run: `cargo test --release -p pisa-wgpu --test loop_unroll -- --ignored --nocapture`.
 

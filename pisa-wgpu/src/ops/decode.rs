@@ -34,12 +34,13 @@
 //!    (sequence, KV head), walks the intermediate levels (serial by nature) with the g_q heads
 //!    of its group together. Per level: the g(K+1) candidates' g children's mean rows (`lse`;
 //!    the candidates' own rows for `mean`/`meanvar`), LR = 8 consecutive invocations per row
-//!    (coalesced, fixed-trip loads all in flight: one memory round trip a level) against the
+//!    (coalesced, fixed-trip loads; each load per invocation still costs about 0.6 us a level
+//!    on the H200, see below) against the
 //!    queries in workgroup memory | per-candidate LSE over the children, summed over the heads,
 //!    as an order-preserving integer key | the rank-based top-K cut (ties to the lower index),
 //!    each kept node writing its children straight into the next level's slots: five
-//!    barriers per level (`lse`; four for `mean`, `meanvar`), no serial loop over candidates. It writes g(K+1) leaf candidates and
-//!    the forced leaves (`cands`, NS = g(K+1) + K slots).
+//!    barriers per level (`lse`; four for `mean`, `meanvar`), no serial loop over candidates.
+//!    It writes g(K+1) leaf candidates and the forced leaves (`cands`, NS = g(K+1) + K slots).
 //! 2. `leaf`, one workgroup of 256 per (sequence, KV head, slot) (B * Hkv * NS workgroups,
 //!    400 at Hkv = 8, K = 16, g = 2; empty slots exit at once), computes the slot block's
 //!    online-softmax state per head (max, sum, unnormalised P.V) over its C keys: scores with
@@ -49,12 +50,12 @@
 //!    (one chunk = the whole block when workgroup memory allows). Candidates are attended
 //!    speculatively: g(K+1) blocks instead of K, ~2x the key/value bytes of the step, spread
 //!    over the whole GPU, in exchange for no second dependent pass over the keys.
-//! 3. `merge`, one workgroup of 512 per (sequence, KV head): a candidate's score is its block
-//!    LSE summed over the group (exactly PISA.md 2's leaf score), the forced leaves plus the
-//!    best K - forced are the selection (ascending; the rank counts split several ways per
-//!    candidate), and the K blocks' states are merged (FlashDecoding: M = max m, L = sum l
-//!    e^(m-M), O = sum O e^(m-M) / L) into O and LSE, the weights e^(m-M) / L computed once
-//!    per (head, block).
+//! 3. `merge`, one workgroup of 512 (or the device's limit) per (sequence, KV head): a
+//!    candidate's score is its block LSE summed over the group (exactly PISA.md 2's leaf
+//!    score), the forced leaves plus the best K - forced are the selection (ascending; the
+//!    rank counts split several ways per candidate), and the K blocks' states are merged
+//!    (FlashDecoding: M = max m, L = sum l e^(m-M), O = sum O e^(m-M) / L) into O and LSE,
+//!    the weights e^(m-M) / L computed once per (head, block) for K <= 32.
 //!
 //! What the H200 showed about these small kernels (docs/benchmarks.md, session 6): their time
 //! goes to each invocation's chain of dependent instructions, not to bandwidth. Runtime u32

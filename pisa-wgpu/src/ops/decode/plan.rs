@@ -83,14 +83,14 @@ impl Params {
 }
 
 /// Invocations per `leaf` workgroup (lowered to the device's limit). 512 was slower on the
-/// H200 (leaf 19.5 -> 22.2 us at 1M: docs/benchmarks.md, session 6).
+/// H200 (leaf 19.5 -> 22.4 us at 1M: docs/benchmarks.md, session 6).
 const WG: u32 = 256;
 /// Invocations per `merge` workgroup (lowered to the device's limit): one output element of
-/// the group per invocation at g_q = 4, D = 128; 256 was 1.8 us slower on the H200 (session 6).
+/// the group per invocation at g_q = 4, D = 128; 256 was 1.9 us slower on the H200 (session 6).
 const WM: u32 = 512;
 
 /// The constants of the decode pipelines (`route`, `leaf`, `merge`: one set for all three
-/// modules) and the workgroup memory they take.
+/// modules but the workgroup size, `wr`, `wg` and `wm`) and the workgroup memory they take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Plan {
     pub wg: u32,
@@ -120,7 +120,8 @@ impl Plan {
     /// `leaf` splits the P.V phase into as many key subsets as there are invocations per
     /// output vec4 (`WG / (D/4)`) and memory allows, and scores a whole block of C keys in one
     /// chunk (LK lanes per key row) when memory allows, else as many keys as fit; `merge`
-    /// needs only the slot lists.
+    /// needs the slot lists, the cut's partial rank counts and, for K <= 32, the (m, l) and
+    /// weights per (head, selected block).
     /// Errors: [`PisaError::HeadDim`] unless D is a multiple of 4 up to `4 * WG`;
     /// [`GpuError::Limit`] when even the minimum of a kernel does not fit;
     /// [`GpuError::Unsupported`] for a GQA group above the workgroup size.
