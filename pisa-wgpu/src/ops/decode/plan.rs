@@ -165,7 +165,8 @@ impl Plan {
         let route = route_mem(lr);
         // + the (m, l) and weights per (head, selection entry) of K <= 32 (decode_merge.wgsl).
         let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc) + 3 * gq * k.min(32));
-        let leaf_fixed = common + 4 * (wg + 2 * gq + 1);
+        // red, hm, halpha, wleaf (vec2).
+        let leaf_fixed = common + 4 * (wg + 2 * gq + 2);
         let budget = limit.saturating_sub(leaf_fixed) / 4;
         // Leaf scratch: a chunk's scores and partial scores (at least one key, CH*gq*(1+LK)
         // floats), and the merge of the P.V parts.
@@ -312,3 +313,7 @@ impl Dims {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,95 @@
+//! The decode plans' workgroup-memory accounting against the shaders: for each kernel, the
+//! bytes of the `var<workgroup>` globals its entry point uses (naga's own type sizes, after the
+//! plan's constants are substituted) must not exceed what [`Plan`] / [`FusedPlan`] charge, so a
+//! kernel that passes the plan's check cannot fail pipeline creation on a device at the limit.
+
+use super::super::fused::FusedPlan;
+use super::super::{FUSED_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER};
+use super::*;
+use crate::runtime::pipeline::{preprocess, ShaderSource, Storage};
+
+/// Bytes of the workgroup variables that entry point `entry` of `shader` (f32 storage, with
+/// `consts`) uses.
+fn workgroup_bytes(shader: &ShaderSource, entry: &str, consts: &[(&str, u32)]) -> u64 {
+    let src = preprocess(shader, Storage::F32, consts).unwrap();
+    let module = naga::front::wgsl::parse_str(&src).unwrap();
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap();
+    let ep = module
+        .entry_points
+        .iter()
+        .position(|e| e.name == entry)
+        .unwrap();
+    let uses = info.get_entry_point(ep);
+    module
+        .global_variables
+        .iter()
+        .filter(|(h, v)| v.space == naga::AddressSpace::WorkGroup && !uses[*h].is_empty())
+        .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()) as u64)
+        .sum()
+}
+
+#[test]
+fn workgroup_memory_accounting_covers_the_shaders() {
+    let limits = wgpu::Limits {
+        max_compute_workgroup_size_x: 1024,
+        ..Default::default()
+    };
+    // (g_q, D, C, K, g, scoring): the bench shape, small and large K, g = 3 and 4, every scoring.
+    let cases = [
+        (4, 128, 64, 16, 2, Scoring::Lse),
+        (1, 64, 16, 4, 2, Scoring::MeanVar),
+        (7, 80, 32, 8, 3, Scoring::Lse),
+        (8, 32, 8, 40, 2, Scoring::Mean),
+        (2, 128, 64, 16, 4, Scoring::Lse),
+        (1, 4, 1, 300, 2, Scoring::Lse),
+    ];
+    let mut checked = 0;
+    for (gq, d, c, k, g, scoring) in cases {
+        let cfg = SelectionConfig::new(c, k)
+            .unwrap()
+            .with_merge_factor(g)
+            .with_scoring(scoring);
+        for (cap, mem) in [
+            (1024u32, 48u32 << 10),
+            (256, 48 << 10),
+            (64, 48 << 10),
+            (256, 8 << 10),
+        ] {
+            let mut lim = limits.clone();
+            lim.max_compute_invocations_per_workgroup = cap;
+            lim.max_compute_workgroup_storage_size = mem;
+            let Ok(plan) = Plan::new(&lim, gq, d, &cfg) else {
+                continue; // (a typed Limit error: nothing to check)
+            };
+            checked += 1;
+            let what = format!("g_q {gq} D {d} C {c} K {k} g {g} {scoring:?}, {cap} x {mem} bytes");
+            for (shader, entry, wg) in [
+                (&ROUTE_SHADER, "route", plan.wr),
+                (&SHADER, "leaf", plan.wg),
+                (&MERGE_SHADER, "merge", plan.wm),
+            ] {
+                let used = workgroup_bytes(shader, entry, &plan.consts(wg));
+                assert!(
+                    used <= plan.smem,
+                    "{what}: {entry} uses {used} bytes, the plan charges {}",
+                    plan.smem
+                );
+            }
+            if let Some(fp) = FusedPlan::new(&lim, gq, d, &cfg) {
+                let used = workgroup_bytes(&FUSED_SHADER, "fused", &fp.consts(&plan));
+                assert!(
+                    used <= fp.smem,
+                    "{what}: fused uses {used} bytes, the plan charges {}",
+                    fp.smem
+                );
+            }
+        }
+    }
+    // Every case fits at 48 KiB (18 plans); some fit at 8 KiB.
+    assert!(checked > 18, "only {checked} plans checked");
+}
