@@ -189,14 +189,8 @@ pub fn record_backward(
     let dk = ctx.alloc("dk", s.kv_elems(), Storage::F32, POISON_F32)?;
     let dv = ctx.alloc("dv", s.kv_elems(), Storage::F32, POISON_F32)?;
     let st = q.storage;
-    let (hd32, g32) = (hd as u32, g as u32);
     let pipe = |entry, keys: usize, rows: usize| {
-        let consts = [
-            ("HD", hd32),
-            ("G", g32),
-            ("KTILE", keys as u32),
-            ("QROWS", rows as u32),
-        ];
+        let consts = tiles::consts(hd, g, keys, rows);
         ctx.pipelines
             .get(&ctx.device, &SHADER, entry, st, &consts, &[])
     };

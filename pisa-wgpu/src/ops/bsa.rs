@@ -37,6 +37,11 @@ fn wg_bytes(t: u32, d: u32, k: u32) -> u64 {
     4 * words as u64
 }
 
+/// The shader constants of the BSA kernel for a tile of `t` queries.
+fn consts(t: u32, gq: u32, d: u32, k: u32) -> [(&'static str, u32); 4] {
+    [("GQ", gq), ("QB", t), ("KS", k), ("QBUF", q_slots(t, d))]
+}
+
 /// Records BSA selection from the pyramid's leaf means and returns `[B, Hkv, Nq, K]` i32,
 /// ascending, -1 padded. Profiler stage "bsa". Errors: [`crate::GpuError::Limit`].
 pub(crate) fn record(
@@ -51,7 +56,7 @@ pub(crate) fn record(
     let t = fit_tile(ctx, "bsa", BSA_TILE, |t| wg_bytes(t, d, k))?;
     let len = plan.sched.selection_len(&plan.shape);
     let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
-    let consts = [("GQ", gq), ("QB", t), ("KS", k), ("QBUF", q_slots(t, d))];
+    let consts = consts(t, gq, d, k);
     let pipe = ctx
         .pipelines
         .get(&ctx.device, &SHADER, "bsa", plan.storage, &consts, &[])?;
@@ -71,4 +76,38 @@ pub(crate) fn record(
         prof.map(|pr| (pr, "bsa")),
     )?;
     Ok(sel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::pipeline::workgroup_bytes;
+
+    /// The kernel's workgroup variables (naga's sizes, the constants [`record`] builds
+    /// substituted) fit what [`wg_bytes`] charges, for every tile [`fit_tile`] may pick (1 to
+    /// [`BSA_TILE`] queries): head dims 16 to 256 (some not multiples of the staging width),
+    /// top_k 1 to 64, GQA groups 1 to 8 (not in the accounting: the group only sums scores).
+    #[test]
+    fn wg_bytes_covers_the_shader() {
+        let mut checked = 0;
+        for (gq, d, k) in [
+            (4, 128, 16),
+            (1, 64, 1),
+            (8, 80, 64),
+            (2, 256, 7),
+            (3, 16, 33),
+        ] {
+            for t in 1..=BSA_TILE as u32 {
+                let c = consts(t, gq, d, k);
+                let used = workgroup_bytes(&SHADER, "bsa", Storage::F32, &c);
+                let charged = wg_bytes(t, d, k);
+                assert!(
+                    used <= charged,
+                    "{c:?} uses {used} bytes, wg_bytes charges {charged}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 50, "only {checked} tiles checked");
+    }
 }

@@ -48,6 +48,16 @@ fn wg_bytes(t: u32, gq: u32, d: u32, mc: u32) -> u64 {
     4 * words as u64 + common_bytes(t, mc)
 }
 
+/// The shader constants of stage 2 for a tile of `t` queries.
+fn consts(t: u32, gq: u32, d: u32, mc: u32) -> [(&'static str, u32); 4] {
+    [
+        ("GQ", gq),
+        ("QT", t),
+        ("MC", mc),
+        ("QBUF", q_slots(t * gq, d)),
+    ]
+}
+
 /// Which kernel family stage 2 (leaf scoring) runs for a PISA selection of this shape,
 /// configuration, storage and query tile on `ctx` (see [`coop::plan_for`]).
 pub fn leaf_path(
@@ -130,12 +140,7 @@ pub(crate) fn record(
     let max_tile = q_tile.clamp(1, (MAX_QG / gq) as usize);
     let t = fit_tile(ctx, "leaf_select", max_tile, |t| wg_bytes(t, gq, d, mc))?;
     let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
-    let consts = [
-        ("GQ", gq),
-        ("QT", t),
-        ("MC", mc),
-        ("QBUF", q_slots(t * gq, d)),
-    ];
+    let consts = consts(t, gq, d, mc);
     let pipe = ctx.pipelines.get(
         &ctx.device,
         &SHADER,
@@ -156,4 +161,39 @@ pub(crate) fn record(
     let timer = prof.map(|pr| (pr, "leaf_select"));
     ctx.dispatch(enc, &pipe, &b, p.wg_count as u64, timer)?;
     Ok(sel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::pipeline::workgroup_bytes;
+
+    /// The portable kernel's workgroup variables (naga's sizes, the constants [`record`]
+    /// builds substituted) fit what [`wg_bytes`] charges, for every tile [`fit_tile`] may pick
+    /// (1 to 32 / GQ queries): GQA groups 1 to 32, head dims 16 to 256 (some not multiples of
+    /// the staging width), MC 9 to 130.
+    #[test]
+    fn wg_bytes_covers_the_shader() {
+        let mut checked = 0;
+        for (gq, d, mc) in [
+            (4, 128, 34),
+            (1, 64, 9),
+            (32, 128, 34),
+            (7, 80, 130),
+            (2, 256, 51),
+            (16, 16, 10),
+        ] {
+            for t in 1..=MAX_QG / gq {
+                let c = consts(t, gq, d, mc);
+                let used = workgroup_bytes(&SHADER, "leaf_select", Storage::F32, &c);
+                let charged = wg_bytes(t, gq, d, mc);
+                assert!(
+                    used <= charged,
+                    "{c:?} uses {used} bytes, wg_bytes charges {charged}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 50, "only {checked} tiles checked");
+    }
 }

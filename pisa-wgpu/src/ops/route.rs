@@ -46,6 +46,21 @@ fn wg_bytes(t: u32, l: u32, gq: u32, d: u32, mc: u32, g: u32, mv: u32) -> u64 {
         + 4 * (2 * t * mc + t * mc + t * mc + 3 * t)
 }
 
+/// The shader constants of the routing kernel for workgroup shape `s`.
+fn consts(s: Shape, gq: u32, d: u32, mc: u32, g: u32, mv: u32) -> [(&'static str, u32); 9] {
+    [
+        ("GQ", gq),
+        ("QT", s.tile),
+        ("MC", mc),
+        ("G", g),
+        ("MV", mv),
+        ("D4", d.div_ceil(4)),
+        ("V4", d.is_multiple_of(4) as u32),
+        ("WG", s.wg),
+        ("L", s.lanes),
+    ]
+}
+
 /// The routing workgroup shape: queries per workgroup, lanes per score task, invocations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Shape {
@@ -184,17 +199,7 @@ pub(crate) fn record(
     } else {
         (&pyr.means.buffer, sq, &dummy.buffer, &dummy.buffer)
     };
-    let consts = [
-        ("GQ", gq),
-        ("QT", t),
-        ("MC", mc),
-        ("G", g),
-        ("MV", mv),
-        ("D4", d.div_ceil(4)),
-        ("V4", v4),
-        ("WG", shape.wg),
-        ("L", shape.lanes),
-    ];
+    let consts = consts(shape, gq, d, mc, g, mv);
     let pipe = ctx
         .pipelines
         .get(&ctx.device, &SHADER, "route", plan.storage, &consts, &[])?;
@@ -222,6 +227,7 @@ pub(crate) fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::pipeline::workgroup_bytes;
 
     #[test]
     fn shapes_fill_the_workgroup_and_fit_memory() {
@@ -253,5 +259,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The kernel's workgroup variables (naga's sizes, the constants [`record`] builds
+    /// substituted) fit what [`wg_bytes`] charges, for the shapes [`choose_shape`] picks: GQA
+    /// groups 1 to 32, head dims 6 to 512 (scalar and vec4 reads), MC 9 to 34, merge factors 2
+    /// to 4, `meanvar` on and off, 1 to 16 lanes, chosen and fixed tiles, at 16 and 48 KiB.
+    #[test]
+    fn wg_bytes_covers_the_shader() {
+        let mut checked = 0;
+        for (asked, gq, d, mc, g, mv) in [
+            (4, 4, 128, 34, 2, 0),
+            (1, 1, 64, 10, 2, 0),
+            (8, 32, 128, 34, 2, 0),
+            (16, 32, 512, 34, 2, 1),
+            (4, 7, 30, 9, 3, 1),
+            (2, 2, 6, 16, 4, 0),
+        ] {
+            for mem in [16u64 << 10, 48 << 10] {
+                for (max_wg, tile) in [(256, None), (1024, None), (256, Some(16))] {
+                    let Some(s) = choose_shape(asked, tile, max_wg, mem, gq, d, mc, g, mv) else {
+                        continue;
+                    };
+                    checked += 1;
+                    let c = consts(s, gq, d, mc, g, mv);
+                    let used = workgroup_bytes(&SHADER, "route", Storage::F32, &c);
+                    let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv);
+                    assert!(
+                        used <= charged,
+                        "{c:?} uses {used} bytes, wg_bytes charges {charged}"
+                    );
+                }
+            }
+        }
+        assert!(checked >= 25, "only {checked} shapes checked");
     }
 }

@@ -192,3 +192,38 @@ impl crate::Context {
 pub(crate) fn env_u32(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
+
+/// Bytes of the `var<workgroup>` globals that entry point `entry` of `shader` uses, for
+/// `storage` with `consts` substituted: naga's own type sizes of the validated module, so the
+/// unit tests can check each op's hand-written workgroup-memory accounting against the shader.
+/// Panics (a test failure) if the shader does not preprocess, parse or validate, or has no such
+/// entry point.
+#[cfg(test)]
+pub(crate) fn workgroup_bytes(
+    shader: &ShaderSource,
+    entry: &str,
+    storage: Storage,
+    consts: &[(&str, u32)],
+) -> u64 {
+    let src = preprocess(shader, storage, consts).unwrap();
+    let module = naga::front::wgsl::parse_str(&src)
+        .unwrap_or_else(|e| panic!("{} {consts:?}: {}", shader.name, e.emit_to_string(&src)));
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{} {consts:?}: {}", shader.name, e.emit_to_string(&src)));
+    let ep = module
+        .entry_points
+        .iter()
+        .position(|e| e.name == entry)
+        .unwrap_or_else(|| panic!("{} has no entry point {entry}", shader.name));
+    let uses = info.get_entry_point(ep);
+    module
+        .global_variables
+        .iter()
+        .filter(|(h, v)| v.space == naga::AddressSpace::WorkGroup && !uses[*h].is_empty())
+        .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()) as u64)
+        .sum()
+}

@@ -16,7 +16,7 @@ use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::{Context, KernelPath, COOP_SUBGROUPS};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
-use pisa_core::AttentionShape;
+use pisa_core::{AttentionShape, SelectionConfig};
 
 /// `shaders/attention_coop.wgsl` (f16 storage only; needs the cooperative-matrix capability).
 pub const SHADER: ShaderSource = ShaderSource {
@@ -114,22 +114,36 @@ pub fn plan(
     if ctx.kernel_path() != KernelPath::CoopMat {
         return None;
     }
+    let sparse = match kind {
+        AttentionKind::Sparse { cfg, .. } => Some(*cfg),
+        AttentionKind::Dense { .. } => None,
+    };
+    choose(ctx.limits(), ctx.report().subgroup_size.0, shape, sparse)
+}
+
+/// [`plan`] on a CoopMat device with limits `l` and subgroup size `sg`, for a sparse call
+/// (`sparse`: its configuration) or a dense one (`None`).
+fn choose(
+    l: &wgpu::Limits,
+    sg: u32,
+    shape: &AttentionShape,
+    sparse: Option<&SelectionConfig>,
+) -> Option<CoopVariant> {
     let d = shape.head_dim;
     if d == 0 || !d.is_multiple_of(16) || d > MAX_COOP_HEAD_DIM {
         return None;
     }
-    let sg = ctx.report().subgroup_size.0;
     let wg = COOP_SUBGROUPS * sg;
     let gh = shape.gqa_group().clamp(1, 16) as u32;
-    let (mut qt, mut kt, selk) = match kind {
-        AttentionKind::Sparse { cfg, .. } => (
+    let (mut qt, mut kt, selk) = match sparse {
+        Some(cfg) => (
             (16 / gh).max(4),
             (cfg.block_size.div_ceil(16) * 16).clamp(16, 64) as u32,
             cfg.top_k as u32,
         ),
-        AttentionKind::Dense { .. } => ((64 / gh).max(1), 32, 1),
+        None => ((64 / gh).max(1), 32, 1),
     };
-    let budget = ctx.limits().max_compute_workgroup_storage_size as u64;
+    let budget = l.max_compute_workgroup_storage_size as u64;
     loop {
         let rb = (gh * qt).div_ceil(16).next_power_of_two();
         if rb <= 4 && 16 * rb <= wg {
@@ -142,9 +156,7 @@ pub fn plan(
                 selk,
                 sg,
                 prefetch: true,
-                direct: rb == 1
-                    && matches!(kind, AttentionKind::Sparse { .. })
-                    && shape.k_len >= 16,
+                direct: rb == 1 && sparse.is_some() && shape.k_len >= 16,
             };
             if v.shared_bytes() <= budget {
                 return Some(v);
@@ -258,4 +270,60 @@ pub(crate) fn record(
         &extra,
         prof,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::pipeline::workgroup_bytes;
+
+    /// The workgroup variables of the sparse and dense entry points (naga's sizes, f16, the
+    /// variant's constants substituted; naga 30 parses and validates the cooperative-matrix
+    /// extension) fit what [`CoopVariant::shared_bytes`] charges, for the variants [`plan`]
+    /// picks: head dims 16 to 128, GQA groups 1 to 32, sparse (C 16 and 64, direct and staged)
+    /// and dense, subgroup sizes 8 to 64, at 16, 32 and 48 KiB (so KT and QT shrink in some).
+    #[test]
+    fn shared_bytes_covers_the_shader() {
+        let sparse = [
+            SelectionConfig::new(64, 16).unwrap(),
+            SelectionConfig::new(16, 40).unwrap(),
+        ];
+        let mut checked = 0;
+        for (d, g, nk) in [(128, 4, 4096), (64, 1, 4096), (80, 8, 8), (16, 32, 64)] {
+            let shape = AttentionShape::new(1, g, 1, 4, nk, d).unwrap();
+            for sg in [8, 32, 64] {
+                for mem in [16u32 << 10, 32 << 10, 48 << 10] {
+                    let lim = wgpu::Limits {
+                        max_compute_workgroup_storage_size: mem,
+                        ..Default::default()
+                    };
+                    let kinds = [Some(&sparse[0]), Some(&sparse[1]), None];
+                    for cfg in kinds {
+                        let Some(v) = choose(&lim, sg, &shape, cfg) else {
+                            continue;
+                        };
+                        checked += 1;
+                        let entry = if cfg.is_some() { "sparse" } else { "dense" };
+                        // (PF only picks the code path: the same arrays either way.)
+                        for v in [
+                            v,
+                            CoopVariant {
+                                prefetch: false,
+                                ..v
+                            },
+                        ] {
+                            let used = workgroup_bytes(&SHADER, entry, Storage::F16, &v.consts());
+                            assert!(
+                                used <= v.shared_bytes(),
+                                "D {d} g {g} at {mem} bytes: {entry} of {v:?} uses {used} \
+                                 bytes, shared_bytes charges {}",
+                                v.shared_bytes()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked >= 60, "only {checked} variants checked");
+    }
 }

@@ -94,7 +94,7 @@ impl Tiling {
     /// group KG = D / RM (a smaller KT leaves some S-phase invocations idle).
     pub(crate) fn variant(
         &self,
-        ctx: &Context,
+        l: &wgpu::Limits,
         head_dim: usize,
         group: usize,
         top_k: usize,
@@ -103,7 +103,6 @@ impl Tiling {
         let gh = self.head_chunk.clamp(1, 32).min(group) as u32;
         let qt = self.query_tile.clamp(1, 32) as u32;
         let rows = gh * qt;
-        let l = ctx.limits();
         let wg_max = MAX_WG
             .min(l.max_compute_invocations_per_workgroup)
             .min(l.max_compute_workgroup_size_x);
@@ -138,15 +137,26 @@ impl Tiling {
     /// then QT, then GH halve. Errors with [`GpuError::Limit`] when even GH = QT = KT = 1
     /// does not fit the workgroup memory.
     pub(crate) fn fit(
-        mut self,
+        self,
         ctx: &Context,
         head_dim: usize,
         group: usize,
         top_k: usize,
     ) -> Result<(Tiling, Variant)> {
-        let budget = ctx.limits().max_compute_workgroup_storage_size as u64;
+        self.fit_limits(ctx.limits(), head_dim, group, top_k)
+    }
+
+    /// [`Self::fit`] for a device with limits `l`.
+    pub(crate) fn fit_limits(
+        mut self,
+        l: &wgpu::Limits,
+        head_dim: usize,
+        group: usize,
+        top_k: usize,
+    ) -> Result<(Tiling, Variant)> {
+        let budget = l.max_compute_workgroup_storage_size as u64;
         loop {
-            if let Some(v) = self.variant(ctx, head_dim, group, top_k) {
+            if let Some(v) = self.variant(l, head_dim, group, top_k) {
                 if v.shared_bytes() <= budget {
                     return Ok((self, v));
                 }
@@ -159,7 +169,7 @@ impl Tiling {
                 self.head_chunk /= 2;
             } else {
                 let need = self
-                    .variant(ctx, head_dim, group, top_k)
+                    .variant(l, head_dim, group, top_k)
                     .map_or(u64::MAX, |v| v.shared_bytes());
                 return Err(GpuError::Limit {
                     what: format!(
@@ -171,5 +181,71 @@ impl Tiling {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::attention::SHADER;
+    use crate::runtime::pipeline::{workgroup_bytes, Storage};
+
+    /// The workgroup variables of both entry points (naga's sizes, the variant's constants
+    /// substituted) fit what [`Variant::shared_bytes`] charges, for the tilings [`Tiling::fit`]
+    /// picks: default sparse and dense tilings, explicit large ones (QT 32, KT 128, RM 8),
+    /// head dims 16 to 256, GQA groups 1 to 32, top_k 1 to 64, at 16, 32 and 48 KiB and 256 or
+    /// 1024 invocations.
+    #[test]
+    fn shared_bytes_covers_the_shader() {
+        let mut checked = 0;
+        for (d, g, top_k, c) in [
+            (128, 4, 16, Some(64)),
+            (128, 4, 1, None),
+            (64, 1, 8, Some(32)),
+            (80, 7, 64, Some(16)),
+            (256, 8, 1, None),
+            (16, 32, 4, Some(128)),
+            (96, 2, 33, Some(8)),
+        ] {
+            let explicit = [
+                Tiling::default_for(g, c),
+                Tiling {
+                    head_chunk: 32,
+                    query_tile: 32,
+                    key_tile: 128,
+                    rows_per_thread: 8,
+                },
+                Tiling {
+                    head_chunk: 1,
+                    query_tile: 3,
+                    key_tile: 5,
+                    rows_per_thread: 0,
+                },
+            ];
+            for (mem, inv) in [(16u32 << 10, 256u32), (32 << 10, 1024), (48 << 10, 256)] {
+                let lim = wgpu::Limits {
+                    max_compute_workgroup_storage_size: mem,
+                    max_compute_invocations_per_workgroup: inv,
+                    max_compute_workgroup_size_x: inv,
+                    ..Default::default()
+                };
+                for t in explicit {
+                    let Ok((_, v)) = t.fit_limits(&lim, d, g, top_k) else {
+                        continue;
+                    };
+                    checked += 1;
+                    for (entry, st) in [("sparse", Storage::F32), ("dense", Storage::F16)] {
+                        let used = workgroup_bytes(&SHADER, entry, st, &v.consts());
+                        assert!(
+                            used <= v.shared_bytes(),
+                            "D {d} g {g} top_k {top_k} {t:?} at {mem} bytes: {entry} of \
+                             {v:?} uses {used} bytes, shared_bytes charges {}",
+                            v.shared_bytes()
+                        );
+                    }
+                }
+            }
+        }
+        assert!(checked >= 50, "only {checked} variants checked");
     }
 }

@@ -25,6 +25,17 @@ fn shared_bytes(hd: usize, keys: usize, rows: usize) -> u64 {
     4 * (2 * k * (hd + 1) + 2 * r * hd + 2 * r * k + 3 * r) + 12
 }
 
+/// The shader constants of a variant with `keys` keys and `rows` query rows, head dim `hd`
+/// and GQA group `g`.
+pub(crate) fn consts(hd: usize, g: usize, keys: usize, rows: usize) -> [(&'static str, u32); 4] {
+    [
+        ("HD", hd as u32),
+        ("G", g as u32),
+        ("KTILE", keys as u32),
+        ("QROWS", rows as u32),
+    ]
+}
+
 /// `keys` spread evenly over the `ceil(C / keys)` tiles a block needs.
 fn balance(c: usize, keys: usize) -> usize {
     c.div_ceil(c.div_ceil(keys))
@@ -63,5 +74,49 @@ impl BackwardTiles {
     pub fn for_device(ctx: &Context, hd: usize, g: usize, c: usize) -> Result<Self> {
         let budget = (ctx.limits().max_compute_workgroup_storage_size as u64).min(MAX_SHARED);
         Self::plan(budget, hd, g, c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::backward::SHADER;
+    use crate::runtime::pipeline::{workgroup_bytes, Storage};
+
+    /// The workgroup variables of `grad_q` and `grad_kv` (naga's sizes, the constants
+    /// `record_backward` builds substituted) fit what [`shared_bytes`] charges for the tiles
+    /// [`BackwardTiles::plan`] picks: head dims 16 to 256, GQA groups 1 to 16, C 7 to 128, at
+    /// 8, 16 and 48 KiB. `row_dot` (fixed arrays, not planned) fits WebGPU's minimum of 16 KiB.
+    #[test]
+    fn shared_bytes_covers_the_shader() {
+        let mut checked = 0;
+        for (hd, g, c) in [
+            (128, 4, 64),
+            (64, 1, 16),
+            (256, 8, 128),
+            (16, 16, 7),
+            (80, 2, 32),
+        ] {
+            for budget in [8u64 << 10, 16 << 10, 48 << 10] {
+                let Ok(t) = BackwardTiles::plan(budget, hd, g, c) else {
+                    continue;
+                };
+                checked += 1;
+                for (entry, keys, rows) in
+                    [("grad_q", t.q_keys, g), ("grad_kv", t.kv_keys, t.kv_rows)]
+                {
+                    let c = consts(hd, g, keys, rows);
+                    let used = workgroup_bytes(&SHADER, entry, Storage::F32, &c);
+                    let charged = shared_bytes(hd, keys, rows);
+                    assert!(
+                        used <= charged,
+                        "{entry} {c:?} uses {used} bytes, shared_bytes charges {charged}"
+                    );
+                }
+            }
+        }
+        assert!(checked >= 12, "only {checked} plans checked");
+        let used = workgroup_bytes(&SHADER, "row_dot", Storage::F32, &consts(128, 4, 1, 1));
+        assert!(used <= 16 << 10, "row_dot uses {used} bytes");
     }
 }

@@ -6,32 +6,7 @@
 use super::super::fused::FusedPlan;
 use super::super::{FUSED_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER};
 use super::*;
-use crate::runtime::pipeline::{preprocess, ShaderSource, Storage};
-
-/// Bytes of the workgroup variables that entry point `entry` of `shader` (f32 storage, with
-/// `consts`) uses.
-fn workgroup_bytes(shader: &ShaderSource, entry: &str, consts: &[(&str, u32)]) -> u64 {
-    let src = preprocess(shader, Storage::F32, consts).unwrap();
-    let module = naga::front::wgsl::parse_str(&src).unwrap();
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .unwrap();
-    let ep = module
-        .entry_points
-        .iter()
-        .position(|e| e.name == entry)
-        .unwrap();
-    let uses = info.get_entry_point(ep);
-    module
-        .global_variables
-        .iter()
-        .filter(|(h, v)| v.space == naga::AddressSpace::WorkGroup && !uses[*h].is_empty())
-        .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()) as u64)
-        .sum()
-}
+use crate::runtime::pipeline::{workgroup_bytes, Storage};
 
 #[test]
 fn workgroup_memory_accounting_covers_the_shaders() {
@@ -73,7 +48,7 @@ fn workgroup_memory_accounting_covers_the_shaders() {
                 (&SHADER, "leaf", plan.wg),
                 (&MERGE_SHADER, "merge", plan.wm),
             ] {
-                let used = workgroup_bytes(shader, entry, &plan.consts(wg));
+                let used = workgroup_bytes(shader, entry, Storage::F32, &plan.consts(wg));
                 assert!(
                     used <= plan.smem,
                     "{what}: {entry} uses {used} bytes, the plan charges {}",
@@ -81,7 +56,7 @@ fn workgroup_memory_accounting_covers_the_shaders() {
                 );
             }
             if let Some(fp) = FusedPlan::new(&lim, gq, d, &cfg) {
-                let used = workgroup_bytes(&FUSED_SHADER, "fused", &fp.consts(&plan));
+                let used = workgroup_bytes(&FUSED_SHADER, "fused", Storage::F32, &fp.consts(&plan));
                 assert!(
                     used <= fp.smem,
                     "{what}: fused uses {used} bytes, the plan charges {}",

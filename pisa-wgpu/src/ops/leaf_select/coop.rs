@@ -98,10 +98,27 @@ pub fn plan_for(
     storage: Storage,
     q_tile: usize,
 ) -> Option<LeafCoopVariant> {
+    if ctx.kernel_path() != KernelPath::CoopMat {
+        return None;
+    }
     let sg = ctx.report().subgroup_size.0;
+    let lpi = leaves_per_iteration();
+    choose(ctx.limits(), sg, shape, cfg, storage, q_tile, lpi)
+}
+
+/// [`plan_for`] on a CoopMat device with limits `l` and subgroup size `sg`, scoring `lpi`
+/// leaves per iteration.
+fn choose(
+    l: &wgpu::Limits,
+    sg: u32,
+    shape: &AttentionShape,
+    cfg: &SelectionConfig,
+    storage: Storage,
+    q_tile: usize,
+    lpi: u32,
+) -> Option<LeafCoopVariant> {
     let (gq, hd) = (shape.gqa_group(), shape.head_dim);
-    if ctx.kernel_path() != KernelPath::CoopMat
-        || storage != Storage::F16
+    if storage != Storage::F16
         || hd == 0
         || !hd.is_multiple_of(16)
         || hd > MAX_COOP_HEAD_DIM as usize
@@ -119,10 +136,10 @@ pub fn plan_for(
         mc: (cfg.merge_factor * (cfg.top_k + 1)) as u32,
         hd: hd as u32,
         ct: cfg.block_size.div_ceil(16) as u32,
-        lpi: leaves_per_iteration(),
+        lpi,
         sg,
     };
-    let budget = ctx.limits().max_compute_workgroup_storage_size as u64;
+    let budget = l.max_compute_workgroup_storage_size as u64;
     (v.shared_bytes() <= budget).then_some(v)
 }
 
@@ -170,4 +187,48 @@ pub(crate) fn record(
     let b = [(0, &u), (1, q), (2, k), (3, cand), (4, &sel.buffer)];
     ctx.dispatch(enc, &pipe, &b, p.wg_count as u64, timer)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::pipeline::workgroup_bytes;
+
+    /// The scorer's workgroup variables (naga's sizes, f16, the variant's constants
+    /// substituted) fit what [`LeafCoopVariant::shared_bytes`] charges, for the variants
+    /// [`plan_for`] picks: head dims 16 to 128, GQA groups 1 to 16, C 16 to 128, K 8 to 64,
+    /// merge factors 2 to 4, q_tile 1 and 4, 1 to 4 leaves per iteration (`PISA_LEAF_LPI`),
+    /// subgroup sizes 8 to 64, at 16 and 48 KiB.
+    #[test]
+    fn shared_bytes_covers_the_shader() {
+        let mut checked = 0;
+        for (d, g, c, k, merge) in [
+            (128, 4, 64, 16, 2),
+            (64, 1, 16, 8, 4),
+            (80, 16, 128, 64, 2),
+            (16, 2, 32, 31, 3),
+        ] {
+            let shape = AttentionShape::new(1, g, 1, 64, 4096, d).unwrap();
+            let cfg = SelectionConfig::new(c, k).unwrap().with_merge_factor(merge);
+            for (sg, lpi, q_tile) in [(32, 2, 4), (8, 1, 1), (64, 4, 4), (16, 3, 4)] {
+                for mem in [16u32 << 10, 48 << 10] {
+                    let lim = wgpu::Limits {
+                        max_compute_workgroup_storage_size: mem,
+                        ..Default::default()
+                    };
+                    let Some(v) = choose(&lim, sg, &shape, &cfg, Storage::F16, q_tile, lpi) else {
+                        continue;
+                    };
+                    checked += 1;
+                    let used = workgroup_bytes(&SHADER, "leaf_select", Storage::F16, &v.consts());
+                    assert!(
+                        used <= v.shared_bytes(),
+                        "{v:?} at {mem} bytes uses {used} bytes, shared_bytes charges {}",
+                        v.shared_bytes()
+                    );
+                }
+            }
+        }
+        assert!(checked >= 20, "only {checked} variants checked");
+    }
 }

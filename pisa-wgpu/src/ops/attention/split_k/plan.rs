@@ -73,7 +73,11 @@ impl Variant {
 /// flight while one is used); key groups halve until the workgroup memory fits. Errors with
 /// [`GpuError::Limit`] when nothing fits.
 pub(super) fn variant(ctx: &Context, head_dim: usize, storage: Storage) -> Result<Variant> {
-    let l = ctx.limits();
+    variant_for(ctx.limits(), head_dim, storage)
+}
+
+/// [`variant`] for a device with limits `l`.
+fn variant_for(l: &wgpu::Limits, head_dim: usize, storage: Storage) -> Result<Variant> {
     let wg_max = MAX_WG
         .min(l.max_compute_invocations_per_workgroup)
         .min(l.max_compute_workgroup_size_x);
@@ -149,4 +153,47 @@ pub fn plan(ctx: &Context, s: &AttentionShape, storage: Storage) -> Option<Split
         split_keys,
         pairs_per_range,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{MERGE_SHADER, SHADER};
+    use super::*;
+    use crate::runtime::pipeline::workgroup_bytes;
+
+    /// The partial kernel's workgroup variables (naga's sizes, the variant's constants
+    /// substituted) fit what [`Variant::shared_bytes`] charges, for the variants [`variant`]
+    /// picks: head dims 16 to 256, f16 and f32, at 8, 16 and 48 KiB and 64 to 1024
+    /// invocations (so the key groups halve for memory in some). The merge kernel's fixed
+    /// arrays (not planned: no constants) fit WebGPU's minimum of 16 KiB.
+    #[test]
+    fn shared_bytes_covers_the_shader() {
+        let mut checked = 0;
+        for d in [16, 64, 80, 128, 256] {
+            for storage in [Storage::F16, Storage::F32] {
+                for (mem, inv) in [(8u32 << 10, 256u32), (16 << 10, 64), (48 << 10, 1024)] {
+                    let lim = wgpu::Limits {
+                        max_compute_workgroup_storage_size: mem,
+                        max_compute_invocations_per_workgroup: inv,
+                        max_compute_workgroup_size_x: inv,
+                        ..Default::default()
+                    };
+                    let Ok(v) = variant_for(&lim, d, storage) else {
+                        continue;
+                    };
+                    checked += 1;
+                    let used = workgroup_bytes(&SHADER, "partial", storage, &v.consts());
+                    assert!(
+                        used <= v.shared_bytes(),
+                        "D {d} {storage:?} at {mem} bytes: {v:?} uses {used} bytes, \
+                         shared_bytes charges {}",
+                        v.shared_bytes()
+                    );
+                }
+            }
+        }
+        assert!(checked >= 25, "only {checked} variants checked");
+        let merge = workgroup_bytes(&MERGE_SHADER, "merge", Storage::F32, &[]);
+        assert!(merge <= 16 << 10, "split-K merge uses {merge} bytes");
+    }
 }
