@@ -31,7 +31,7 @@ use pisa_core::{AttentionShape, SelectionConfig};
 
 use super::{element_strides, QkvLayouts};
 use crate::error::Result;
-use crate::ops::leaf_select::by_leaf::{Buckets, BUCKET_SHADER, BUCKET_WG};
+use crate::ops::leaf_select::by_leaf::{bucket_consts, Buckets, BUCKET_SHADER, BUCKET_WG};
 use crate::ops::select::SelParams;
 use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::{Context, COOP_SUBGROUPS};
@@ -74,6 +74,32 @@ pub const MERGE_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/leaf_chunk.wgsl")
     ),
 };
+
+/// The chunk kernel's constants for plan `la` (the tensor-core kernel's when `la.coop`).
+fn attend_consts(
+    la: &LeafAttention,
+    s: &AttentionShape,
+    cfg: &SelectionConfig,
+) -> Vec<(&'static str, u32)> {
+    let (g, kk) = (s.gqa_group() as u32, cfg.top_k as u32);
+    match la.coop {
+        Some(sg) => vec![
+            ("GQ", g),
+            ("QPC", la.qpc),
+            ("MC", kk),
+            ("HD", s.head_dim as u32),
+            ("CT", cfg.block_size.div_ceil(16) as u32),
+            ("SG", sg),
+            ("NSG", COOP_SUBGROUPS),
+        ],
+        None => vec![("GQ", g), ("QPC", la.qpc), ("MC", kk)],
+    }
+}
+
+/// The merge's constants for GQA group `g` and `top_k` `kk`.
+fn merge_consts(g: u32, kk: u32) -> [(&'static str, u32); 2] {
+    [("GQ", g), ("MC", kk)]
+}
 
 /// Records leaf-major sparse attention of plan `la`: arguments, outputs and errors as
 /// [`super::record_sparse_attention`] (`selection`: `[B, Hkv, Nq, K]` i32). Profiler stage
@@ -137,30 +163,16 @@ pub(crate) fn record(
     let pipe = |shader: &ShaderSource, entry: &'static str, st: Storage, c: &[(&str, u32)]| {
         ctx.pipelines.get(&ctx.device, shader, entry, st, c, &[])
     };
-    let bucket = [("MC", kk), ("QPC", la.qpc), ("ATTEND", 1)];
+    let bucket = bucket_consts(kk, la.qpc, true);
     let count = pipe(&BUCKET_SHADER, "count", Storage::F32, &bucket)?;
     let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket)?;
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;
+    let consts = attend_consts(la, s, cfg);
     let attend = match la.coop {
-        Some(sg) => {
-            let ct = cfg.block_size.div_ceil(16) as u32;
-            let consts = [
-                ("GQ", g),
-                ("QPC", la.qpc),
-                ("MC", kk),
-                ("HD", d),
-                ("CT", ct),
-                ("SG", sg),
-                ("NSG", COOP_SUBGROUPS),
-            ];
-            pipe(&COOP_SHADER, "attend_leaf", Storage::F16, &consts)?
-        }
-        None => {
-            let consts = [("GQ", g), ("QPC", la.qpc), ("MC", kk)];
-            pipe(&SHADER, "attend_leaf", q.storage, &consts)?
-        }
+        Some(_) => pipe(&COOP_SHADER, "attend_leaf", Storage::F16, &consts)?,
+        None => pipe(&SHADER, "attend_leaf", q.storage, &consts)?,
     };
-    let merge = pipe(&MERGE_SHADER, "merge", q.storage, &[("GQ", g), ("MC", kk)])?;
+    let merge = pipe(&MERGE_SHADER, "merge", q.storage, &merge_consts(g, kk))?;
 
     let (c, of, co, l) = (&cnt.buffer, &off.buffer, &coff.buffer, &list.buffer);
     let (cd, sp, op, ml) = (&cdesc.buffer, &spos.buffer, &opart.buffer, &mlpart.buffer);

@@ -101,6 +101,35 @@ pub const PICK_SHADER: ShaderSource = ShaderSource {
     ),
 };
 
+/// The constants of `leaf_bucket.wgsl` for `mc` slots per query and `qpc` entries per chunk;
+/// `attend`: bucketing a block selection for leaf-major attention.
+pub(crate) fn bucket_consts(mc: u32, qpc: u32, attend: bool) -> [(&'static str, u32); 3] {
+    [("MC", mc), ("QPC", qpc), ("ATTEND", u32::from(attend))]
+}
+
+/// The scorer's constants for the leaf-major stage 2 `bl` of `plan`.
+fn score_consts(plan: &Plan, bl: &ByLeaf) -> Vec<(&'static str, u32)> {
+    let mc = plan.params.mc;
+    match bl.scorer {
+        Scorer::Portable => vec![("GQ", plan.gq), ("QPC", bl.qpc), ("MC", mc)],
+        Scorer::Coop(v) => vec![
+            ("GQ", v.gq),
+            ("QPC", bl.qpc),
+            ("MC", mc),
+            ("HD", v.hd),
+            ("CT", v.ct),
+            ("SG", v.sg),
+            ("NSG", bl.nsg),
+            ("KSTAGE", u32::from(stage_keys(plan, v.ct, bl.nsg))),
+        ],
+    }
+}
+
+/// The pick's constants for `mc` slots per query (one query per workgroup: the shader's QT).
+fn pick_consts(mc: u32) -> [(&'static str, u32); 1] {
+    [("MC", mc)]
+}
+
 /// Records the leaf-major stage 2 `bl` over the candidates `cand` (`[B, Hkv, Nq, MC]` from
 /// [`crate::ops::route`]) and returns the selection `[B, Hkv, Nq, K]` i32, ascending, -1
 /// padded; equal to the tile kernels' up to near-ties. Errors: [`crate::GpuError::Limit`].
@@ -150,7 +179,7 @@ pub(crate) fn record(
             },
         )
     };
-    let bucket_consts = [("MC", mc), ("QPC", bl.qpc), ("ATTEND", 0)];
+    let bucket_consts = bucket_consts(mc, bl.qpc, false);
     let pipe =
         |shader: &ShaderSource, entry: &'static str, storage: Storage, consts: &[(&str, u32)]| {
             ctx.pipelines
@@ -194,24 +223,10 @@ pub(crate) fn record(
 
     // 4: score every chunk.
     let u_chunks = uniform(n_chunks)?;
+    let consts = score_consts(plan, bl);
     let score = match bl.scorer {
-        Scorer::Portable => {
-            let consts = [("GQ", plan.gq), ("QPC", bl.qpc), ("MC", mc)];
-            pipe(&SCORE_SHADER, "leaf_score", plan.storage, &consts)?
-        }
-        Scorer::Coop(v) => {
-            let consts = [
-                ("GQ", v.gq),
-                ("QPC", bl.qpc),
-                ("MC", mc),
-                ("HD", v.hd),
-                ("CT", v.ct),
-                ("SG", v.sg),
-                ("NSG", bl.nsg),
-                ("KSTAGE", u32::from(stage_keys(plan, v.ct, bl.nsg))),
-            ];
-            pipe(&SCORE_COOP_SHADER, "leaf_score", Storage::F16, &consts)?
-        }
+        Scorer::Portable => pipe(&SCORE_SHADER, "leaf_score", plan.storage, &consts)?,
+        Scorer::Coop(_) => pipe(&SCORE_COOP_SHADER, "leaf_score", Storage::F16, &consts)?,
     };
     let b = [
         (0, &params),
@@ -233,7 +248,7 @@ pub(crate) fn record(
     // 5: the pick, one query per workgroup.
     let tiled = plan.tiled(1);
     let u_pick = ctx.uniform("leaf_pick params", &tiled)?;
-    let pick = pipe(&PICK_SHADER, "leaf_pick", Storage::F32, &[("MC", mc)])?;
+    let pick = pipe(&PICK_SHADER, "leaf_pick", Storage::F32, &pick_consts(mc))?;
     let b = [
         (0, &u_pick),
         (3, &cand.buffer),

@@ -108,7 +108,7 @@ pub fn plan_for(
 
 /// [`plan_for`] on a CoopMat device with limits `l` and subgroup size `sg`, scoring `lpi`
 /// leaves per iteration.
-fn choose(
+pub(super) fn choose(
     l: &wgpu::Limits,
     sg: u32,
     shape: &AttentionShape,

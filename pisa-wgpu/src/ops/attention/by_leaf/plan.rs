@@ -37,6 +37,26 @@ impl LeafAttention {
     pub fn chunk_bound(&self, nq: u32, top_k: usize, nb0: usize) -> u64 {
         (nq as u64 * top_k as u64).div_ceil(self.qpc as u64) + nb0 as u64
     }
+
+    /// Workgroup bytes of the chunk kernel for head dim `d` and block size `c` (mirrors the
+    /// `var<workgroup>` lists of `attention_leaf_coop.wgsl` and `attention_leaf.wgsl`, with the
+    /// chunk lookup's four words).
+    pub fn shared_bytes(&self, d: usize, c: usize) -> u64 {
+        match self.coop {
+            Some(sg) => {
+                let (cw, wg) = (16 * c.div_ceil(16) as u64, (COOP_SUBGROUPS * sg) as u64);
+                let rt64 = self.rows as u64;
+                // qsh (Q rows, K rows, then V^T [d][key]), psh (P^T [key][row]), fsh (S).
+                let qsh = (rt64 * (d as u64 + 8)).max(d as u64 * (cw + 8));
+                let mem = 2 * qsh + 2 * cw * (rt64 + 8) + 4 * rt64 * (cw + 4);
+                mem + 4 * wg + 4 * rt64 + 16
+            }
+            None => {
+                let r = self.rows as u64;
+                16 + 4 * self.qpc as u64 + 4 * r * 64 + 8 * r
+            }
+        }
+    }
 }
 
 /// Whether a sparse-attention call of this shape, layouts, configuration and storage on `ctx`
@@ -64,9 +84,9 @@ pub(crate) fn plan(
     layouts: QkvLayouts,
     cfg: &SelectionConfig,
 ) -> Option<LeafAttention> {
-    let (g, d, c) = (s.gqa_group() as u32, s.head_dim, cfg.block_size);
+    let (g, d) = (s.gqa_group() as u32, s.head_dim);
     let order = ctx.leaf_order();
-    if order == LeafOrder::Tiles || layouts.k != layouts.v || c > MAX_BLOCK {
+    if order == LeafOrder::Tiles || layouts.k != layouts.v {
         return None;
     }
     let sg = ctx.report().subgroup_size.0;
@@ -88,40 +108,147 @@ pub(crate) fn plan(
     if order == LeafOrder::Auto && (!coop_ok || s.q_len < AUTO_MIN_QUERIES) {
         return None;
     }
-    // The merge's workgroup arrays: the slot rows (K) and a (max, sum) per head.
-    let limit = ctx.limits().max_compute_workgroup_storage_size as u64;
-    if 4 * cfg.top_k as u64 + 8 * g as u64 + 16 > limit {
+    choose(
+        ctx.limits(),
+        ctx.max_binding_bytes(),
+        s,
+        cfg,
+        coop_ok.then_some(sg),
+    )
+}
+
+/// The merge's workgroup bytes (`attention_leaf_merge.wgsl`): the slot rows (`top_k`) and a
+/// (max, sum) per head of the group `g`, plus 16 bytes to spare (the chunk lookup's four words,
+/// which the merge does not use).
+fn merge_bytes(top_k: usize, g: u32) -> u64 {
+    4 * top_k as u64 + 8 * g as u64 + 16
+}
+
+/// [`plan`] once the order took leaf-major, for a device with limits `l` and storage bindings
+/// of at most `max_binding` bytes: on tensor cores with subgroup size `coop`, or portable
+/// (`None`).
+fn choose(
+    l: &wgpu::Limits,
+    max_binding: u64,
+    s: &AttentionShape,
+    cfg: &SelectionConfig,
+    coop: Option<u32>,
+) -> Option<LeafAttention> {
+    let (g, d, c) = (s.gqa_group() as u32, s.head_dim, cfg.block_size);
+    if c > MAX_BLOCK {
         return None;
     }
-    let (coop, qpc, rows, shared) = if coop_ok {
-        let rt = 16 * COOP_SUBGROUPS;
-        let (cw, wg) = (16 * c.div_ceil(16) as u64, (COOP_SUBGROUPS * sg) as u64);
-        let rt64 = rt as u64;
-        // qsh (Q rows, K rows, then V^T [d][key]), psh (P^T [key][row]), fsh (S).
-        let qsh = (rt64 * (d as u64 + 8)).max(d as u64 * (cw + 8));
-        let mem = 2 * qsh + 2 * cw * (rt64 + 8) + 4 * rt64 * (cw + 4);
-        (Some(sg), rt / g, rt, mem + 4 * wg + 4 * rt64 + 16)
-    } else {
-        if g > 32 {
-            return None;
+    let limit = l.max_compute_workgroup_storage_size as u64;
+    if merge_bytes(cfg.top_k, g) > limit {
+        return None;
+    }
+    let (qpc, rows) = match coop {
+        Some(_) => {
+            let rt = 16 * COOP_SUBGROUPS;
+            (rt / g, rt)
         }
-        let qpc = (PORTABLE_ROWS / g).max(1);
-        let r = (qpc * g) as u64;
-        (None, qpc, qpc * g, 16 + 4 * qpc as u64 + 4 * r * 64 + 8 * r)
+        None => {
+            if g > 32 {
+                return None;
+            }
+            let qpc = (PORTABLE_ROWS / g).max(1);
+            (qpc, qpc * g)
+        }
     };
-    if shared > ctx.limits().max_compute_workgroup_storage_size as u64 {
+    let la = LeafAttention {
+        coop,
+        qpc,
+        rows,
+        nq: 0,
+    };
+    if la.shared_bytes(d, c) > limit {
         return None;
     }
     // Queries per range: the partial states of its chunks within one binding.
     let nb0 = s.k_len.div_ceil(c) as u64;
     let row_bytes = 4 * d as u64;
-    let max_rows = ctx.max_binding_bytes() / row_bytes;
+    let max_rows = max_binding / row_bytes;
     let chunks = (max_rows / rows as u64).checked_sub(nb0 + 1)?;
     let nq = (chunks * qpc as u64 / cfg.top_k as u64).min(s.q_len as u64);
     (nq > 0 && nq < u32::MAX as u64).then_some(LeafAttention {
-        coop,
-        qpc,
-        rows,
         nq: nq as u32,
+        ..la
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{attend_consts, merge_consts, COOP_SHADER, MERGE_SHADER, SHADER};
+    use super::*;
+    use crate::ops::leaf_select::by_leaf::{bucket_consts, BUCKET_SHADER};
+    use crate::runtime::pipeline::workgroup_bytes;
+
+    /// The chunk kernels' workgroup variables (naga's sizes, the constants
+    /// [`super::super::record`] builds substituted; the tensor-core kernel in f16, the
+    /// portable one in f32 and f16) fit what [`LeafAttention::shared_bytes`] charges, and the
+    /// merge's fit [`merge_bytes`], for the plans [`plan`] makes: head dims 16 to 256 (30 and
+    /// 256: portable only), GQA groups 1 to 64 (portable: up to 32), C 8 to 64, top_k 1 to 64,
+    /// subgroups of 16 to 64 invocations, at 16, 32 and 48 KiB. The bucket kernels (fixed
+    /// arrays, not planned) fit WebGPU's minimum of 16 KiB.
+    #[test]
+    fn workgroup_bytes_cover_the_shaders() {
+        let mut checked = 0;
+        for (d, g, c, top_k) in [
+            (128, 4, 64, 16),
+            (64, 1, 16, 8),
+            (80, 16, 32, 40),
+            (16, 64, 48, 1),
+            (96, 8, 8, 64),
+            (128, 2, 50, 24),
+            (256, 32, 64, 16),
+            (30, 7, 64, 3),
+        ] {
+            let s = AttentionShape::new(1, g, 1, 64, 4096, d).unwrap();
+            let cfg = SelectionConfig::new(c, top_k).unwrap();
+            // The plan's own conditions for the tensor-core kernel (the device's aside).
+            let coop_ok = d % 16 == 0 && d <= 128 && g as u32 <= 16 * COOP_SUBGROUPS;
+            for mem in [16u32 << 10, 32 << 10, 48 << 10] {
+                let lim = wgpu::Limits {
+                    max_compute_workgroup_storage_size: mem,
+                    ..Default::default()
+                };
+                let mut runs = vec![(None, Storage::F32), (None, Storage::F16)];
+                if coop_ok {
+                    runs.extend([16, 32, 64].map(|sg| (Some(sg), Storage::F16)));
+                }
+                for (coop, storage) in runs {
+                    let Some(la) = choose(&lim, 1 << 31, &s, &cfg, coop) else {
+                        continue;
+                    };
+                    checked += 1;
+                    let shader = if coop.is_some() {
+                        &COOP_SHADER
+                    } else {
+                        &SHADER
+                    };
+                    let consts = attend_consts(&la, &s, &cfg);
+                    let used = workgroup_bytes(shader, "attend_leaf", storage, &consts);
+                    let charged = la.shared_bytes(d, c);
+                    assert!(
+                        used <= charged,
+                        "{la:?} at {mem} bytes: attend_leaf {consts:?} uses {used} bytes, \
+                         shared_bytes charges {charged}"
+                    );
+                    let consts = merge_consts(g as u32, top_k as u32);
+                    let used = workgroup_bytes(&MERGE_SHADER, "merge", storage, &consts);
+                    let charged = merge_bytes(top_k, g as u32);
+                    assert!(
+                        used <= charged,
+                        "merge {consts:?} uses {used} bytes, merge_bytes charges {charged}"
+                    );
+                    for entry in ["count", "scan", "scatter"] {
+                        let c = bucket_consts(top_k as u32, la.qpc, true);
+                        let used = workgroup_bytes(&BUCKET_SHADER, entry, Storage::F32, &c);
+                        assert!(used <= 16 << 10, "{entry} {c:?} uses {used} bytes");
+                    }
+                }
+            }
+        }
+        assert!(checked >= 60, "only {checked} plans checked");
+    }
 }

@@ -44,15 +44,36 @@ impl ByLeaf {
     pub fn chunk_bound(&self) -> u64 {
         self.entries.div_ceil(self.qpc as u64) + self.buckets
     }
+
+    /// Workgroup bytes of the scorer for GQA group `gq` (mirrors the `var<workgroup>` lists
+    /// of `leaf_score.wgsl` and `leaf_score_coop.wgsl`, with the chunk lookup's four words).
+    pub fn score_bytes(&self, gq: u32) -> u64 {
+        match self.scorer {
+            Scorer::Portable => 4 * (4 + self.qpc as u64 + (self.qpc * gq) as u64 * 66),
+            Scorer::Coop(v) => coop_bytes(&v, self.nsg),
+        }
+    }
 }
 
 /// The leaf-major plan of a validated selection with this scorer, or `None` when a buffer or
 /// an index would not fit, or the scorer's or the pick's workgroup memory would not (the
 /// caller then tries another scorer or runs the tile kernel).
 pub(crate) fn plan(ctx: &Context, plan: &Plan, scorer: Scorer) -> Option<ByLeaf> {
+    let nsg = coop_subgroups();
+    plan_for(ctx.limits(), ctx.max_binding_bytes(), plan, scorer, nsg)
+}
+
+/// [`plan`] for a device with limits `l` and storage bindings of at most `max_binding` bytes,
+/// with `nsg` subgroups per tensor-core scoring workgroup.
+fn plan_for(
+    l: &wgpu::Limits,
+    max_binding: u64,
+    plan: &Plan,
+    scorer: Scorer,
+    nsg: u32,
+) -> Option<ByLeaf> {
     let p = &plan.params;
     let entries = plan.bh * p.q_len as u64 * p.mc as u64;
-    let nsg = coop_subgroups();
     let buckets = plan.bh * p.nb0 as u64;
     let qpc = match scorer {
         Scorer::Portable => (PORTABLE_ROWS / plan.gq).max(1),
@@ -67,22 +88,26 @@ pub(crate) fn plan(ctx: &Context, plan: &Plan, scorer: Scorer) -> Option<ByLeaf>
             rows / plan.gq
         }
     };
-    let chunks = entries.div_ceil(qpc as u64) + buckets;
-    let pick = common_bytes(1, p.mc);
-    let fits = |n: u64| n < u32::MAX as u64 && 4 * n <= ctx.max_binding_bytes();
-    let mem = ctx.limits().max_compute_workgroup_storage_size as u64;
-    let shared = match scorer {
-        Scorer::Portable => 4 * (4 + qpc as u64 + (qpc * plan.gq) as u64 * 66),
-        Scorer::Coop(v) => coop_bytes(&v, nsg),
-    };
-    let ok = fits(entries) && fits(buckets + 1) && fits(chunks) && shared.max(pick) <= mem;
-    ok.then_some(ByLeaf {
+    let bl = ByLeaf {
         scorer,
         entries,
         buckets,
         qpc,
         nsg,
-    })
+    };
+    let pick = pick_bytes(p.mc);
+    let fits = |n: u64| n < u32::MAX as u64 && 4 * n <= max_binding;
+    let mem = l.max_compute_workgroup_storage_size as u64;
+    let shared = bl.score_bytes(plan.gq);
+    let ok =
+        fits(entries) && fits(buckets + 1) && fits(bl.chunk_bound()) && shared.max(pick) <= mem;
+    ok.then_some(bl)
+}
+
+/// Workgroup bytes of the pick (`leaf_pick.wgsl`: leaf_common.wgsl's arrays for one query of
+/// `mc` candidates).
+fn pick_bytes(mc: u32) -> u64 {
+    common_bytes(1, mc)
 }
 
 /// Whether the tensor-core scorer stages the leaf's keys in workgroup memory: by default where
@@ -102,4 +127,126 @@ fn coop_bytes(v: &LeafCoopVariant, nsg: u32) -> u64 {
     let (rt, wg) = (16 * nsg as u64, (nsg * v.sg) as u64);
     let cw = 16 * v.ct as u64;
     2 * rt * (v.hd as u64 + 8) + 4 * rt * (cw + 4) + 8 * wg + 4 * rt + 16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{
+        bucket_consts, pick_consts, score_consts, BUCKET_SHADER, PICK_SHADER, SCORE_COOP_SHADER,
+        SCORE_SHADER,
+    };
+    use super::*;
+    use crate::ops::leaf_select::coop;
+    use crate::ops::select::SelParams;
+    use crate::runtime::pipeline::{workgroup_bytes, Storage};
+    use pisa_core::{AttentionShape, PyramidLayout, Schedule, SelectionConfig, TensorLayout};
+
+    /// A validated selection of shape `s` and configuration `cfg` (Q and K in `[B, H, N, D]`),
+    /// as [`crate::ops::select::plan`] builds it, without tensors.
+    fn selection(s: &AttentionShape, cfg: &SelectionConfig, storage: Storage) -> Plan {
+        let valid = PyramidLayout::new(s.k_len, cfg.block_size, cfg.merge_factor).unwrap();
+        let sched = Schedule::new(&valid, cfg).unwrap();
+        let d = s.head_dim;
+        let (q_sb, q_sh, q_sn) = TensorLayout::Bhnd.strides(s.q_heads, s.q_len, d);
+        let (k_sb, k_sh, k_sn) = TensorLayout::Bhnd.strides(s.kv_heads, s.k_len, d);
+        let mut params: SelParams = bytemuck::Zeroable::zeroed();
+        [params.q_sb, params.q_sh, params.q_sn] = [q_sb as u32, q_sh as u32, q_sn as u32];
+        [params.k_sb, params.k_sh, params.k_sn] = [k_sb as u32, k_sh as u32, k_sn as u32];
+        params.q_heads = s.q_heads as u32;
+        params.kv_heads = s.kv_heads as u32;
+        params.q_len = s.q_len as u32;
+        params.k_len = s.k_len as u32;
+        params.head_dim = d as u32;
+        params.block_size = cfg.block_size as u32;
+        params.merge = cfg.merge_factor as u32;
+        params.top_k = cfg.top_k as u32;
+        params.nb0 = valid.leaves() as u32;
+        params.mc = sched.max_candidates as u32;
+        Plan {
+            params,
+            sched,
+            shape: *s,
+            cfg: *cfg,
+            storage,
+            bh: (s.batch * s.kv_heads) as u64,
+            gq: s.gqa_group() as u32,
+        }
+    }
+
+    /// The scorers' workgroup variables (naga's sizes, the constants [`super::super::record`]
+    /// builds substituted; the tensor-core scorer in f16, keys staged or not) fit what
+    /// [`ByLeaf::score_bytes`] charges, and the pick's fit [`pick_bytes`], for the plans
+    /// [`plan`] makes: head dims 16 to 128 (30: portable only), GQA groups 1 to 32 (tensor
+    /// cores: up to 16), C 16 to 128, K 4 to 64, merge factors 2 to 4, 2 or 4 subgroups of 16
+    /// to 64 invocations, at 16 and 48 KiB. The bucket kernels (fixed arrays, not planned) fit
+    /// WebGPU's minimum of 16 KiB.
+    #[test]
+    fn workgroup_bytes_cover_the_shaders() {
+        let mut checked = 0;
+        for (d, g, c, k, merge) in [
+            (128, 4, 64, 16, 2),
+            (64, 1, 16, 8, 4),
+            (80, 16, 128, 64, 2),
+            (16, 2, 32, 31, 3),
+            (96, 8, 16, 4, 2),
+            (30, 32, 64, 16, 2),
+        ] {
+            let shape = AttentionShape::new(1, g, 1, 64, 4096, d).unwrap();
+            let cfg = SelectionConfig::new(c, k).unwrap().with_merge_factor(merge);
+            for mem in [16u32 << 10, 48 << 10] {
+                let lim = wgpu::Limits {
+                    max_compute_workgroup_storage_size: mem,
+                    ..Default::default()
+                };
+                let mut runs = vec![(Scorer::Portable, Storage::F32, 4)];
+                runs.push((Scorer::Portable, Storage::F16, 4));
+                for sg in [16, 32, 64] {
+                    let v = coop::choose(&lim, sg, &shape, &cfg, Storage::F16, 4, 2);
+                    for nsg in [2, 4] {
+                        runs.extend(v.map(|v| (Scorer::Coop(v), Storage::F16, nsg)));
+                    }
+                }
+                for (scorer, storage, nsg) in runs {
+                    let sel = selection(&shape, &cfg, storage);
+                    let Some(bl) = plan_for(&lim, 1 << 31, &sel, scorer, nsg) else {
+                        continue;
+                    };
+                    checked += 1;
+                    let consts = score_consts(&sel, &bl);
+                    let (shader, st) = match scorer {
+                        Scorer::Portable => (&SCORE_SHADER, storage),
+                        Scorer::Coop(_) => (&SCORE_COOP_SHADER, Storage::F16),
+                    };
+                    // Keys staged (where the plan stages them) and loaded from storage.
+                    let unstaged: Vec<_> = consts
+                        .iter()
+                        .map(|&(n, x)| (n, if n == "KSTAGE" { 0 } else { x }))
+                        .collect();
+                    for c in [consts, unstaged] {
+                        let used = workgroup_bytes(shader, "leaf_score", st, &c);
+                        let charged = bl.score_bytes(sel.gq);
+                        assert!(
+                            used <= charged,
+                            "{bl:?} at {mem} bytes: leaf_score {c:?} uses {used} bytes, \
+                             score_bytes charges {charged}"
+                        );
+                    }
+                    let mc = sel.params.mc;
+                    let used =
+                        workgroup_bytes(&PICK_SHADER, "leaf_pick", Storage::F32, &pick_consts(mc));
+                    assert!(
+                        used <= pick_bytes(mc),
+                        "MC {mc}: leaf_pick uses {used} bytes, pick_bytes charges {}",
+                        pick_bytes(mc)
+                    );
+                    for entry in ["count", "scan", "scatter"] {
+                        let c = bucket_consts(mc, bl.qpc, false);
+                        let used = workgroup_bytes(&BUCKET_SHADER, entry, Storage::F32, &c);
+                        assert!(used <= 16 << 10, "{entry} {c:?} uses {used} bytes");
+                    }
+                }
+            }
+        }
+        assert!(checked >= 50, "only {checked} plans checked");
+    }
 }
