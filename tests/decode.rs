@@ -1,12 +1,15 @@
 //! GPU KV cache and decode step against the CPU reference (`DecodeState`, `select_pisa` on the
 //! prefix, `sparse_attention`), step by step. The tests here run the path `PISA_DECODE` selects
 //! (split by default: run again with `PISA_DECODE=fused`); `decode_split` and `decode_fused`
-//! pin one path each; `decode_shards` tests caches split over two storage bindings.
+//! pin one path each; `decode_shards` tests caches split over two storage bindings;
+//! `decode_level_math` the route's level-width arithmetic.
 mod common;
 #[path = "decode_fused.rs"]
 mod decode_fused;
 #[path = "decode_harness.rs"]
 mod decode_harness;
+#[path = "decode_level_math.rs"]
+mod decode_level_math;
 #[path = "decode_shards.rs"]
 mod decode_shards;
 #[path = "decode_split.rs"]
