@@ -227,7 +227,7 @@ pub(crate) fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::pipeline::workgroup_bytes;
+    use crate::runtime::pipeline::assert_workgroup_fits;
 
     #[test]
     fn shapes_fill_the_workgroup_and_fit_memory() {
@@ -283,12 +283,8 @@ mod tests {
                     };
                     checked += 1;
                     let c = consts(s, gq, d, mc, g, mv);
-                    let used = workgroup_bytes(&SHADER, "route", Storage::F32, &c);
                     let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv);
-                    assert!(
-                        used <= charged,
-                        "{c:?} uses {used} bytes, wg_bytes charges {charged}"
-                    );
+                    assert_workgroup_fits(&SHADER, "route", Storage::F32, &c, charged, "wg_bytes");
                 }
             }
         }

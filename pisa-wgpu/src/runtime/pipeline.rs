@@ -227,3 +227,39 @@ pub(crate) fn workgroup_bytes(
         .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()) as u64)
         .sum()
 }
+
+/// WebGPU's guaranteed minimum of workgroup memory, bytes: the bound for kernels whose arrays
+/// are fixed (not planned against the device).
+#[cfg(test)]
+pub(crate) const MIN_WORKGROUP_BYTES: u64 = 16 << 10;
+
+/// Asserts that entry point `entry` of `shader` (for `storage`, `consts` substituted) uses at
+/// most `charged` bytes of workgroup memory ([`workgroup_bytes`]); `what` names the case in the
+/// failure message. The check every op's accounting test makes.
+#[cfg(test)]
+pub(crate) fn assert_workgroup_fits(
+    shader: &ShaderSource,
+    entry: &str,
+    storage: Storage,
+    consts: &[(&str, u32)],
+    charged: u64,
+    what: impl std::fmt::Display,
+) {
+    let used = workgroup_bytes(shader, entry, storage, consts);
+    assert!(
+        used <= charged,
+        "{what}: {}::{entry} ({storage:?}, {consts:?}) uses {used} bytes of workgroup memory, \
+         the host charges {charged}",
+        shader.name
+    );
+}
+
+/// Device limits with `bytes` of workgroup memory and wgpu's defaults otherwise (the accounting
+/// tests' devices).
+#[cfg(test)]
+pub(crate) fn limits_with_memory(bytes: u32) -> wgpu::Limits {
+    wgpu::Limits {
+        max_compute_workgroup_storage_size: bytes,
+        ..Default::default()
+    }
+}

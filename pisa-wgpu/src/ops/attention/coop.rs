@@ -275,7 +275,7 @@ pub(crate) fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::pipeline::workgroup_bytes;
+    use crate::runtime::pipeline::{assert_workgroup_fits, limits_with_memory};
 
     /// The workgroup variables of the sparse and dense entry points (naga's sizes, f16, the
     /// variant's constants substituted; naga 30 parses and validates the cooperative-matrix
@@ -293,10 +293,7 @@ mod tests {
             let shape = AttentionShape::new(1, g, 1, 4, nk, d).unwrap();
             for sg in [8, 32, 64] {
                 for mem in [16u32 << 10, 32 << 10, 48 << 10] {
-                    let lim = wgpu::Limits {
-                        max_compute_workgroup_storage_size: mem,
-                        ..Default::default()
-                    };
+                    let lim = limits_with_memory(mem);
                     let kinds = [Some(&sparse[0]), Some(&sparse[1]), None];
                     for cfg in kinds {
                         let Some(v) = choose(&lim, sg, &shape, cfg) else {
@@ -312,12 +309,13 @@ mod tests {
                                 ..v
                             },
                         ] {
-                            let used = workgroup_bytes(&SHADER, entry, Storage::F16, &v.consts());
-                            assert!(
-                                used <= v.shared_bytes(),
-                                "D {d} g {g} at {mem} bytes: {entry} of {v:?} uses {used} \
-                                 bytes, shared_bytes charges {}",
-                                v.shared_bytes()
+                            assert_workgroup_fits(
+                                &SHADER,
+                                entry,
+                                Storage::F16,
+                                &v.consts(),
+                                v.shared_bytes(),
+                                format!("D {d} g {g} at {mem} bytes"),
                             );
                         }
                     }

@@ -188,7 +188,7 @@ impl Tiling {
 mod tests {
     use super::*;
     use crate::ops::attention::SHADER;
-    use crate::runtime::pipeline::{workgroup_bytes, Storage};
+    use crate::runtime::pipeline::{assert_workgroup_fits, Storage};
 
     /// The workgroup variables of both entry points (naga's sizes, the variant's constants
     /// substituted) fit what [`Variant::shared_bytes`] charges, for the tilings [`Tiling::fit`]
@@ -235,13 +235,9 @@ mod tests {
                     };
                     checked += 1;
                     for (entry, st) in [("sparse", Storage::F32), ("dense", Storage::F16)] {
-                        let used = workgroup_bytes(&SHADER, entry, st, &v.consts());
-                        assert!(
-                            used <= v.shared_bytes(),
-                            "D {d} g {g} top_k {top_k} {t:?} at {mem} bytes: {entry} of \
-                             {v:?} uses {used} bytes, shared_bytes charges {}",
-                            v.shared_bytes()
-                        );
+                        let what = format!("D {d} g {g} top_k {top_k} {t:?} at {mem} bytes");
+                        let charged = v.shared_bytes();
+                        assert_workgroup_fits(&SHADER, entry, st, &v.consts(), charged, what);
                     }
                 }
             }

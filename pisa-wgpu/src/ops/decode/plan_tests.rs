@@ -6,7 +6,7 @@
 use super::super::fused::FusedPlan;
 use super::super::{FUSED_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER};
 use super::*;
-use crate::runtime::pipeline::{workgroup_bytes, Storage};
+use crate::runtime::pipeline::{assert_workgroup_fits, Storage};
 
 #[test]
 fn workgroup_memory_accounting_covers_the_shaders() {
@@ -48,19 +48,18 @@ fn workgroup_memory_accounting_covers_the_shaders() {
                 (&SHADER, "leaf", plan.wg),
                 (&MERGE_SHADER, "merge", plan.wm),
             ] {
-                let used = workgroup_bytes(shader, entry, Storage::F32, &plan.consts(wg));
-                assert!(
-                    used <= plan.smem,
-                    "{what}: {entry} uses {used} bytes, the plan charges {}",
-                    plan.smem
-                );
+                let consts = plan.consts(wg);
+                assert_workgroup_fits(shader, entry, Storage::F32, &consts, plan.smem, &what);
             }
             if let Some(fp) = FusedPlan::new(&lim, gq, d, &cfg) {
-                let used = workgroup_bytes(&FUSED_SHADER, "fused", Storage::F32, &fp.consts(&plan));
-                assert!(
-                    used <= fp.smem,
-                    "{what}: fused uses {used} bytes, the plan charges {}",
-                    fp.smem
+                let consts = fp.consts(&plan);
+                assert_workgroup_fits(
+                    &FUSED_SHADER,
+                    "fused",
+                    Storage::F32,
+                    &consts,
+                    fp.smem,
+                    &what,
                 );
             }
         }

@@ -192,7 +192,7 @@ pub(crate) fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::pipeline::workgroup_bytes;
+    use crate::runtime::pipeline::{assert_workgroup_fits, limits_with_memory};
 
     /// The scorer's workgroup variables (naga's sizes, f16, the variant's constants
     /// substituted) fit what [`LeafCoopVariant::shared_bytes`] charges, for the variants
@@ -212,19 +212,18 @@ mod tests {
             let cfg = SelectionConfig::new(c, k).unwrap().with_merge_factor(merge);
             for (sg, lpi, q_tile) in [(32, 2, 4), (8, 1, 1), (64, 4, 4), (16, 3, 4)] {
                 for mem in [16u32 << 10, 48 << 10] {
-                    let lim = wgpu::Limits {
-                        max_compute_workgroup_storage_size: mem,
-                        ..Default::default()
-                    };
+                    let lim = limits_with_memory(mem);
                     let Some(v) = choose(&lim, sg, &shape, &cfg, Storage::F16, q_tile, lpi) else {
                         continue;
                     };
                     checked += 1;
-                    let used = workgroup_bytes(&SHADER, "leaf_select", Storage::F16, &v.consts());
-                    assert!(
-                        used <= v.shared_bytes(),
-                        "{v:?} at {mem} bytes uses {used} bytes, shared_bytes charges {}",
-                        v.shared_bytes()
+                    assert_workgroup_fits(
+                        &SHADER,
+                        "leaf_select",
+                        Storage::F16,
+                        &v.consts(),
+                        v.shared_bytes(),
+                        format!("{v:?} at {mem} bytes"),
                     );
                 }
             }

@@ -181,7 +181,9 @@ mod tests {
     use super::super::{attend_consts, merge_consts, COOP_SHADER, MERGE_SHADER, SHADER};
     use super::*;
     use crate::ops::leaf_select::by_leaf::{bucket_consts, BUCKET_SHADER};
-    use crate::runtime::pipeline::workgroup_bytes;
+    use crate::runtime::pipeline::{
+        assert_workgroup_fits, limits_with_memory, MIN_WORKGROUP_BYTES,
+    };
 
     /// The chunk kernels' workgroup variables (naga's sizes, the constants
     /// [`super::super::record`] builds substituted; the tensor-core kernel in f16, the
@@ -208,10 +210,7 @@ mod tests {
             // The plan's own conditions for the tensor-core kernel (the device's aside).
             let coop_ok = d % 16 == 0 && d <= 128 && g as u32 <= 16 * COOP_SUBGROUPS;
             for mem in [16u32 << 10, 32 << 10, 48 << 10] {
-                let lim = wgpu::Limits {
-                    max_compute_workgroup_storage_size: mem,
-                    ..Default::default()
-                };
+                let lim = limits_with_memory(mem);
                 let mut runs = vec![(None, Storage::F32), (None, Storage::F16)];
                 if coop_ok {
                     runs.extend([16, 32, 64].map(|sg| (Some(sg), Storage::F16)));
@@ -227,24 +226,16 @@ mod tests {
                         &SHADER
                     };
                     let consts = attend_consts(&la, &s, &cfg);
-                    let used = workgroup_bytes(shader, "attend_leaf", storage, &consts);
+                    let what = format!("{la:?} at {mem} bytes");
                     let charged = la.shared_bytes(d, c);
-                    assert!(
-                        used <= charged,
-                        "{la:?} at {mem} bytes: attend_leaf {consts:?} uses {used} bytes, \
-                         shared_bytes charges {charged}"
-                    );
+                    assert_workgroup_fits(shader, "attend_leaf", storage, &consts, charged, &what);
                     let consts = merge_consts(g as u32, top_k as u32);
-                    let used = workgroup_bytes(&MERGE_SHADER, "merge", storage, &consts);
                     let charged = merge_bytes(top_k, g as u32);
-                    assert!(
-                        used <= charged,
-                        "merge {consts:?} uses {used} bytes, merge_bytes charges {charged}"
-                    );
+                    assert_workgroup_fits(&MERGE_SHADER, "merge", storage, &consts, charged, &what);
                     for entry in ["count", "scan", "scatter"] {
                         let c = bucket_consts(top_k as u32, la.qpc, true);
-                        let used = workgroup_bytes(&BUCKET_SHADER, entry, Storage::F32, &c);
-                        assert!(used <= 16 << 10, "{entry} {c:?} uses {used} bytes");
+                        let min = MIN_WORKGROUP_BYTES;
+                        assert_workgroup_fits(&BUCKET_SHADER, entry, Storage::F32, &c, min, &what);
                     }
                 }
             }

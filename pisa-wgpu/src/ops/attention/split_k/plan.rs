@@ -159,7 +159,7 @@ pub fn plan(ctx: &Context, s: &AttentionShape, storage: Storage) -> Option<Split
 mod tests {
     use super::super::{MERGE_SHADER, SHADER};
     use super::*;
-    use crate::runtime::pipeline::workgroup_bytes;
+    use crate::runtime::pipeline::{assert_workgroup_fits, MIN_WORKGROUP_BYTES};
 
     /// The partial kernel's workgroup variables (naga's sizes, the variant's constants
     /// substituted) fit what [`Variant::shared_bytes`] charges, for the variants [`variant`]
@@ -182,18 +182,27 @@ mod tests {
                         continue;
                     };
                     checked += 1;
-                    let used = workgroup_bytes(&SHADER, "partial", storage, &v.consts());
-                    assert!(
-                        used <= v.shared_bytes(),
-                        "D {d} {storage:?} at {mem} bytes: {v:?} uses {used} bytes, \
-                         shared_bytes charges {}",
-                        v.shared_bytes()
+                    let what = format!("D {d} at {mem} bytes: {v:?}");
+                    assert_workgroup_fits(
+                        &SHADER,
+                        "partial",
+                        storage,
+                        &v.consts(),
+                        v.shared_bytes(),
+                        what,
                     );
                 }
             }
         }
         assert!(checked >= 25, "only {checked} variants checked");
-        let merge = workgroup_bytes(&MERGE_SHADER, "merge", Storage::F32, &[]);
-        assert!(merge <= 16 << 10, "split-K merge uses {merge} bytes");
+        let min = MIN_WORKGROUP_BYTES;
+        assert_workgroup_fits(
+            &MERGE_SHADER,
+            "merge",
+            Storage::F32,
+            &[],
+            min,
+            "split-K merge",
+        );
     }
 }

@@ -138,7 +138,9 @@ mod tests {
     use super::*;
     use crate::ops::leaf_select::coop;
     use crate::ops::select::SelParams;
-    use crate::runtime::pipeline::{workgroup_bytes, Storage};
+    use crate::runtime::pipeline::{
+        assert_workgroup_fits, limits_with_memory, Storage, MIN_WORKGROUP_BYTES,
+    };
     use pisa_core::{AttentionShape, PyramidLayout, Schedule, SelectionConfig, TensorLayout};
 
     /// A validated selection of shape `s` and configuration `cfg` (Q and K in `[B, H, N, D]`),
@@ -194,10 +196,7 @@ mod tests {
             let shape = AttentionShape::new(1, g, 1, 64, 4096, d).unwrap();
             let cfg = SelectionConfig::new(c, k).unwrap().with_merge_factor(merge);
             for mem in [16u32 << 10, 48 << 10] {
-                let lim = wgpu::Limits {
-                    max_compute_workgroup_storage_size: mem,
-                    ..Default::default()
-                };
+                let lim = limits_with_memory(mem);
                 let mut runs = vec![(Scorer::Portable, Storage::F32, 4)];
                 runs.push((Scorer::Portable, Storage::F16, 4));
                 for sg in [16, 32, 64] {
@@ -222,27 +221,25 @@ mod tests {
                         .iter()
                         .map(|&(n, x)| (n, if n == "KSTAGE" { 0 } else { x }))
                         .collect();
+                    let what = format!("{bl:?} at {mem} bytes");
+                    let charged = bl.score_bytes(sel.gq);
                     for c in [consts, unstaged] {
-                        let used = workgroup_bytes(shader, "leaf_score", st, &c);
-                        let charged = bl.score_bytes(sel.gq);
-                        assert!(
-                            used <= charged,
-                            "{bl:?} at {mem} bytes: leaf_score {c:?} uses {used} bytes, \
-                             score_bytes charges {charged}"
-                        );
+                        assert_workgroup_fits(shader, "leaf_score", st, &c, charged, &what);
                     }
                     let mc = sel.params.mc;
-                    let used =
-                        workgroup_bytes(&PICK_SHADER, "leaf_pick", Storage::F32, &pick_consts(mc));
-                    assert!(
-                        used <= pick_bytes(mc),
-                        "MC {mc}: leaf_pick uses {used} bytes, pick_bytes charges {}",
-                        pick_bytes(mc)
+                    let (c, charged) = (pick_consts(mc), pick_bytes(mc));
+                    assert_workgroup_fits(
+                        &PICK_SHADER,
+                        "leaf_pick",
+                        Storage::F32,
+                        &c,
+                        charged,
+                        &what,
                     );
                     for entry in ["count", "scan", "scatter"] {
                         let c = bucket_consts(mc, bl.qpc, false);
-                        let used = workgroup_bytes(&BUCKET_SHADER, entry, Storage::F32, &c);
-                        assert!(used <= 16 << 10, "{entry} {c:?} uses {used} bytes");
+                        let min = MIN_WORKGROUP_BYTES;
+                        assert_workgroup_fits(&BUCKET_SHADER, entry, Storage::F32, &c, min, &what);
                     }
                 }
             }
