@@ -97,7 +97,9 @@ fn key_piece(at: u32) -> vec4<u32> {
 // clamped into the sequence or running past a leaf that is not a multiple of 16 keys) are
 // zeros, so another leaf's values (finite or not) never enter the multiply. Keys vary fastest
 // across invocations, so the transposed 2-byte stores spread over the banks; all loads are
-// issued before the first store.
+// issued before the first store. One function, not a load returning the pieces and a store
+// taking them (as leaf_rows_coop.wgsl's Q and key helpers): that split made this kernel 1.3x
+// slower on the H200 (docs/benchmarks.md, session 7).
 fn stage_values_t(lid: u32, leaf: u32, kbase: u32) {
     var buf: array<vec4<u32>, KL>;
     for (var j = 0u; j < KL; j++) {
@@ -174,12 +176,12 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let hkv = bh % p.kv_heads;
     load_entries(c[2], n, lid);
     workgroupBarrier();
-    gather_q(lid, b, hkv, n);
+    store_q(lid, load_q(lid, b, hkv, n));
     workgroupBarrier();
     load_rows(sg);
     workgroupBarrier();
     let kbase = b * p.k_sb + hkv * p.k_sh;
-    stage_keys(lid, leaf, kbase);
+    store_keys(lid, load_keys(lid, leaf, kbase));
     workgroupBarrier();
     score_tiles(sg);
     workgroupBarrier();

@@ -10,8 +10,9 @@
 //   scatter: list[off[x] + slot] = i * MC + o for every entry (query i, candidate slot o); the
 //            slot comes from counting cnt back down to zero (order within a bucket is
 //            unspecified, and does not matter: each entry's score goes to its own slot); the
-//            entry that takes a slot that is a multiple of QPC also writes its chunk's bucket,
-//            cdesc[coff[x] + slot / QPC] = x, so a scorer finds its chunk in one load.
+//            entry that takes a slot that is a multiple of QPC also writes its chunk's
+//            descriptor cdesc[coff[x] + slot / QPC] = (x, first entry, entries, 0), so a
+//            chunk kernel finds its chunk in one load (leaf_chunk.wgsl).
 // An entry is a non-forced candidate of a query that must choose (it sees more than K leaves
 // and has slots left after its forced ones); the others are never read by the pick.
 // (Params, p, visible, is_forced, n_forced, linear_id: select_common.wgsl, prepended.)
@@ -37,7 +38,7 @@ struct Buckets {
 @group(0) @binding(7) var<storage, read_write> coff: array<u32>;
 @group(0) @binding(8) var<storage, read_write> list: array<u32>;
 @group(0) @binding(10) var<uniform> bl: Buckets;
-@group(0) @binding(11) var<storage, read_write> cdesc: array<u32>;
+@group(0) @binding(11) var<storage, read_write> cdesc: array<vec4<u32>>;
 
 // ATTEND = 1: the leaf of local entry e = i_local * MC + o when that selection slot is valid
 // as the attention kernels' union defines it (a leaf below nb0 above every in-range entry
@@ -143,7 +144,11 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let x = entry_bucket(e);
     if (x != NONE) {
         let slot = atomicSub(&cnt[x], 1u) - 1u;
-        list[off[x] + slot] = entry_value(e);
-        if (slot % QPC == 0u) { cdesc[coff[x] + slot / QPC] = x; }
+        let o = off[x];
+        list[o + slot] = entry_value(e);
+        if (slot % QPC == 0u) {
+            let n = min(QPC, off[x + 1u] - o - slot);
+            cdesc[coff[x] + slot / QPC] = vec4<u32>(x, o + slot, n, 0u);
+        }
     }
 }

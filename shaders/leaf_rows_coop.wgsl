@@ -1,9 +1,13 @@
 // Shared by the two leaf-major tensor-core kernels (leaf_score_coop.wgsl: selection stage 2;
 // attention_leaf_coop.wgsl: sparse attention; appended by their hosts): the loads of a chunk's
-// rows into workgroup memory and the A matrices of a subgroup's 16 rows. Every invocation issues
-// all of its 16-byte loads into registers (a fixed trip count) before its first store, so their
-// memory round trips overlap instead of queueing behind the stores (on the H200 this halved the
-// stage-2 scorer).
+// rows into workgroup memory and the A matrices of a subgroup's 16 rows. Loads and stores are
+// separate functions: every invocation issues all of its 16-byte loads into registers (a fixed
+// trip count) before its first store, so their memory round trips overlap instead of queueing
+// behind the stores (on the H200 this halved the stage-2 scorer). A loaded piece holds a
+// register until it is stored, so where a kernel issues its loads is a trade: on the H200 the
+// scorer gained 3% from issuing the key loads before the Q gather, while leaf-major attention
+// was 1.3x slower with its value loads split into a load and a store function the same way, so
+// it keeps them in one (stage_values_t; docs/benchmarks.md, session 7).
 // Needs from the kernel: GQ, MC, HD16, HD8, RT, QS, QL, KL, CW, WG; `qsh` (f16 rows of stride
 // QS), `ent` (RT entries: the chunk's, local query * MC + slot), `qa` (HD16 A matrices), the
 // binding `q` (Q as 16-byte pieces) and `key_piece(at)` (16-byte piece `at` of K);
@@ -49,9 +53,10 @@ fn load_entries(first: u32, n: u32, lid: u32) {
     }
 }
 
-// The chunk's RT Q rows (entry e, head h at row e * GQ + h; query bl.i0 + ent[e] / MC of
-// (b, KV head hkv)) into qsh, zero past its n entries.
-fn gather_q(lid: u32, b: u32, hkv: u32, n: u32) {
+// This invocation's 16-byte pieces of the chunk's RT Q rows (entry e, head h at row e * GQ + h;
+// query bl.i0 + ent[e] / MC of (b, KV head hkv)), zero past its n entries (`ent` must be
+// loaded: a barrier after load_entries).
+fn load_q(lid: u32, b: u32, hkv: u32, n: u32) -> array<vec4<u32>, QL> {
     var buf: array<vec4<u32>, QL>;
     for (var j = 0u; j < QL; j++) {
         let x = lid + j * WG;
@@ -65,16 +70,21 @@ fn gather_q(lid: u32, b: u32, hkv: u32, n: u32) {
         }
         buf[j] = val;
     }
+    return buf;
+}
+
+// The pieces of load_q into qsh (rows of stride QS).
+fn store_q(lid: u32, buf: array<vec4<u32>, QL>) {
     for (var j = 0u; j < QL; j++) {
         let x = lid + j * WG;
         if (x < RT * HD8) { put8((x / HD8) * QS + 8u * (x % HD8), buf[j]); }
     }
 }
 
-// The leaf's CW key rows (its 16-key tiles, each from tile_start) into qsh rows 0 .. CW (the Q
-// rows must be in registers by then). `kbase`: the (b, KV head) offset in K, elements. Keys
-// outside the leaf's own tile ranges are staged too; the kernels mask their scores.
-fn stage_keys(lid: u32, leaf: u32, kbase: u32) {
+// This invocation's 16-byte pieces of the leaf's CW key rows (its 16-key tiles, each from
+// tile_start). `kbase`: the (b, KV head) offset in K, elements. Keys outside the leaf's own tile
+// ranges are loaded too; the kernels mask their scores.
+fn load_keys(lid: u32, leaf: u32, kbase: u32) -> array<vec4<u32>, KL> {
     var buf: array<vec4<u32>, KL>;
     for (var j = 0u; j < KL; j++) {
         let x = lid + j * WG;
@@ -86,6 +96,11 @@ fn stage_keys(lid: u32, leaf: u32, kbase: u32) {
         }
         buf[j] = val;
     }
+    return buf;
+}
+
+// The pieces of load_keys into qsh rows 0 .. CW (the Q rows must be in registers by then).
+fn store_keys(lid: u32, buf: array<vec4<u32>, KL>) {
     for (var j = 0u; j < KL; j++) {
         let x = lid + j * WG;
         if (x < CW * HD8) { put8((x / HD8) * QS + 8u * (x % HD8), buf[j]); }

@@ -9,12 +9,13 @@
 // (leaf_select_coop.wgsl), every row of a multiply belongs to a query that listed the leaf, and
 // the leaf's keys are loaded once per chunk and shared by its NSG subgroups through the cache.
 //   1. gather the chunk's Q rows (f16, unscaled, so exact) into qsh, every 16-byte load of an
-//      invocation issued before its first store;                                      barrier
+//      invocation issued before its first store, and (KSTAGE = 1) the leaf's keys into
+//      registers, issued first;                                                        barrier
 //   2. subgroup sg: its 16 rows as HD / 16 A matrices, times the CT 16-key column tiles of
 //      the leaf, stored (f32) to fsh. KSTAGE = 1 (the host's default where CT <= NSG): the
-//      Q rows go to registers (barrier), the leaf's keys are staged into qsh with 16-byte
-//      loads (barrier) and every subgroup multiplies from there; KSTAGE = 0: the key matrices
-//      are loaded straight from the storage buffer;                                   barrier
+//      Q rows go to registers (barrier), the leaf's keys are staged into qsh (barrier) and
+//      every subgroup multiplies from there; KSTAGE = 0: the key matrices are loaded
+//      straight from the storage buffer;                                               barrier
 //   3. SPLIT invocations per row: scale, mask, partial (max, sum of exp);             barrier
 //   4. one invocation per entry: the LSE of each of its GQ rows, summed, as rank_key to the
 //      entry's slot in `scores`.
@@ -114,17 +115,21 @@ fn leaf_score(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let n = c[3];
     let b = bh / p.kv_heads;
     let hkv = bh % p.kv_heads;
+    // 1. The chunk's Q rows (zero past its entries) and, KSTAGE = 1, the leaf's keys into
+    //    registers, the key loads first: they need only the leaf, so their round trip overlaps
+    //    the entries' and the Q rows' (3% faster on the H200 than loading the keys in step 2).
+    let kbase = b * p.k_sb + hkv * p.k_sh;
+    var kbuf: array<vec4<u32>, KL>;
+    if (KSTAGE == 1u) { kbuf = load_keys(lid, leaf, kbase); }
     load_entries(c[2], n, lid);
     workgroupBarrier();
-    // 1. The chunk's Q rows; zero past its entries.
-    gather_q(lid, b, hkv, n);
+    store_q(lid, load_q(lid, b, hkv, n));
     workgroupBarrier();
     // 2. S = Q K^T on tensor cores.
-    let kbase = b * p.k_sb + hkv * p.k_sh;
     if (KSTAGE == 1u) {
         load_rows(sg);
         workgroupBarrier();
-        stage_keys(lid, leaf, kbase);
+        store_keys(lid, kbuf);
         workgroupBarrier();
         score_rows_staged(sg);
     } else {

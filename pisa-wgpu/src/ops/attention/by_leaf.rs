@@ -152,9 +152,11 @@ pub(crate) fn record(
         POISON_I32,
     )?;
     let coff = ctx.alloc("attention bucket chunks", nb0 + 1, Storage::F32, POISON_I32)?;
-    // Written before read: lists and chunk buckets (scatter), partial states (chunk kernel).
+    // Written before read: lists and chunk descriptors (scatter), partial states (chunk
+    // kernel). A descriptor is four words (bucket, first entry, entries, 0; leaf_chunk.wgsl),
+    // far less than the chunk's partial O rows that bound `chunks` to one binding.
     let list = ctx.scratch("attention bucket lists", slots, Storage::F32)?;
-    let cdesc = ctx.scratch("attention chunks", chunks as usize, Storage::F32)?;
+    let cdesc = ctx.scratch("attention chunks", 4 * chunks as usize, Storage::F32)?;
     let spos = ctx.alloc("attention slot rows", slots, Storage::F32, 0)?;
     let n_rows = chunks as usize * la.rows as usize;
     let opart = ctx.scratch("attention partial O", n_rows * d as usize, Storage::F32)?;
@@ -220,7 +222,7 @@ pub(crate) fn record(
                 (2, &k.buffer),
                 (3, &v.buffer),
             ];
-            let b2 = [(6, of), (7, co), (8, l), (10, &u_c), (11, cd)];
+            let b2 = [(7, co), (8, l), (10, &u_c), (11, cd)];
             let b3 = [(12, op), (13, ml), (14, sp)];
             add(&attend, &[&b[..], &b2[..], &b3[..]].concat(), n_chunks)?;
             let b = [

@@ -13,7 +13,7 @@
 //! 1. `count` (`shaders/leaf_bucket.wgsl`): entries per bucket (atomics);
 //! 2. `scan`: first entry and first chunk of every bucket (one workgroup);
 //! 3. `scatter`: the bucket lists of entries `i * MC + o` (query, candidate slot) and the
-//!    bucket of every chunk;
+//!    descriptor of every chunk (bucket, first entry, entries);
 //! 4. `leaf_score` (`shaders/leaf_score.wgsl`, or `shaders/leaf_score_coop.wgsl` on tensor
 //!    cores): one workgroup per chunk, the candidate's exact-LSE score summed over the group,
 //!    as a ranking key in its own slot of `scores` `[B, Hkv, Nq, MC]`;
@@ -25,7 +25,7 @@
 //! same bit for bit from run to run.
 //!
 //! Memory: beside the candidates `[B, Hkv, Nq, MC]` (the input), two buffers of the same size
-//! (bucket lists, scores), one of about a QPC-th of that (chunk buckets) and
+//! (bucket lists, scores), one of about 4 / QPC of that (chunk descriptors, four words each) and
 //! `3 * (B * Hkv * nb0 + 1)` u32 (counts and offsets); `plan` returns `None` when a buffer
 //! would pass the binding limit or an index would pass u32.
 
@@ -160,11 +160,12 @@ pub(crate) fn record(
         Storage::F32,
         POISON_I32,
     )?;
-    // Written before read: the lists and chunk buckets (scatter), the scores (scorer; the pick
+    // Written before read: the lists and chunk descriptors (scatter), the scores (scorer; the pick
     // reads only scored slots).
     let list = ctx.scratch("leaf bucket lists", n_entries, Storage::F32)?;
     let n_chunks = bl.chunk_bound();
-    let cdesc = ctx.scratch("leaf chunks", n_chunks as usize, Storage::F32)?;
+    // One (bucket, first entry, entries, 0) descriptor per chunk (leaf_chunk.wgsl).
+    let cdesc = ctx.scratch("leaf chunks", 4 * n_chunks as usize, Storage::F32)?;
     let scores = ctx.scratch("leaf scores", n_entries, Storage::F32)?;
     let sel_len = plan.sched.selection_len(&plan.shape);
     let sel = ctx.alloc("selection", sel_len, Storage::F32, POISON_I32)?;
@@ -232,7 +233,6 @@ pub(crate) fn record(
         (0, &params),
         (1, &q.buffer),
         (2, &k.buffer),
-        (6, o),
         (7, co),
         (8, l),
         (9, &scores.buffer),

@@ -100,7 +100,7 @@ fn plan_for(
     let mem = l.max_compute_workgroup_storage_size as u64;
     let shared = bl.score_bytes(plan.gq);
     let ok =
-        fits(entries) && fits(buckets + 1) && fits(bl.chunk_bound()) && shared.max(pick) <= mem;
+        fits(entries) && fits(buckets + 1) && fits(4 * bl.chunk_bound()) && shared.max(pick) <= mem;
     ok.then_some(bl)
 }
 
