@@ -89,8 +89,19 @@ var<workgroup> red_sh: array<f32, WG>;
 var<workgroup> alpha_sh: array<f32, RT>;
 var<workgroup> flag_sh: array<atomic<u32>, 4>; // [0]: some row's running max moved this tile
 
-var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
-var<private> oacc: array<coop_mat16x16<f32, C>, OTS>;
+// qa_get / qa_set: the Q rows' A matrices (coop_qa.wgsl, appended).
+// This subgroup's O tiles (f32 accumulators), in eight private variables behind oacc_get /
+// oacc_set instead of a private array, which the driver kept in local memory (as the A
+// matrices: coop_qa.wgsl).
+const_assert OTS <= 8u;
+var<private> oacc_0: coop_mat16x16<f32, C>;
+var<private> oacc_1: coop_mat16x16<f32, C>;
+var<private> oacc_2: coop_mat16x16<f32, C>;
+var<private> oacc_3: coop_mat16x16<f32, C>;
+var<private> oacc_4: coop_mat16x16<f32, C>;
+var<private> oacc_5: coop_mat16x16<f32, C>;
+var<private> oacc_6: coop_mat16x16<f32, C>;
+var<private> oacc_7: coop_mat16x16<f32, C>;
 var<private> kpre: array<vec4<f16>, NPF>; // K / V of the tile to stage next
 var<private> vpre: array<vec4<f16>, NPF>;
 var<private> m_run: f32;  // running max of the softmax row (log2 units)
@@ -103,6 +114,34 @@ var<private> kvh: u32;
 var<private> hq0: u32;
 var<private> heads: u32;
 var<private> i0: u32;
+
+
+// O tile i (< OTS) of this subgroup.
+fn oacc_get(i: u32) -> coop_mat16x16<f32, C> {
+    switch i {
+        case 0u: { return oacc_0; }
+        case 1u: { return oacc_1; }
+        case 2u: { return oacc_2; }
+        case 3u: { return oacc_3; }
+        case 4u: { return oacc_4; }
+        case 5u: { return oacc_5; }
+        case 6u: { return oacc_6; }
+        default: { return oacc_7; }
+    }
+}
+
+fn oacc_set(i: u32, v: coop_mat16x16<f32, C>) {
+    switch i {
+        case 0u: { oacc_0 = v; }
+        case 1u: { oacc_1 = v; }
+        case 2u: { oacc_2 = v; }
+        case 3u: { oacc_3 = v; }
+        case 4u: { oacc_4 = v; }
+        case 5u: { oacc_5 = v; }
+        case 6u: { oacc_6 = v; }
+        default: { oacc_7 = v; }
+    }
+}
 
 fn row_valid(r: u32) -> bool {
     return r < RT && r % p.gh < heads && r / p.gh < QT && i0 + r / p.gh < p.q_len;
@@ -138,9 +177,9 @@ fn setup(id: u32, qt: u32) {
     let rb = sg / NSR;
     for (var ds = 0u; ds < HD16; ds++) {
         let at = rb * 16u * KS + ds * 16u;
-        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&hsh[at], KS);
+        qa_set(ds, coopLoadT<coop_mat16x16<f16, A>>(&hsh[at], KS));
     }
-    for (var i = 0u; i < OTS; i++) { oacc[i] = coop_mat16x16<f32, C>(); }
+    for (var i = 0u; i < OTS; i++) { oacc_set(i, coop_mat16x16<f32, C>()); }
     m_run = NEG;
     l_run = 0.0;
     workgroupBarrier();
@@ -158,13 +197,13 @@ fn rescale_o() {
     let st = ST_OFF + sg * 256u;
     for (var i = 0u; i < OTS; i++) {
         workgroupBarrier();
-        coopStoreT(oacc[i], &fsh[st], 16u);
+        coopStoreT(oacc_get(i), &fsh[st], 16u);
         workgroupBarrier();
         for (var e = lane; e < 256u; e += SG) {
             fsh[st + e] *= alpha_sh[rb * 16u + e / 16u];
         }
         workgroupBarrier();
-        oacc[i] = coopLoadT<coop_mat16x16<f32, C>>(&fsh[st], 16u);
+        oacc_set(i, coopLoadT<coop_mat16x16<f32, C>>(&fsh[st], 16u));
     }
     workgroupBarrier();
 }
@@ -239,13 +278,13 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
             for (var ds = 0u; ds < HD16; ds++) {
                 let at = row0 + ds * 16u;
                 let kb = coopLoad<coop_mat16x16<f16, B>>(&k16[at], 4u * p.k_sn);
-                acc = coopMultiplyAdd(qa[ds], kb, acc);
+                acc = coopMultiplyAdd(qa_get(ds), kb, acc);
             }
         } else {
             for (var ds = 0u; ds < HD16; ds++) {
                 let at = kcc * 16u * KS + ds * 16u;
                 let kb = coopLoad<coop_mat16x16<f16, B>>(&hsh[at], KS);
-                acc = coopMultiplyAdd(qa[ds], kb, acc);
+                acc = coopMultiplyAdd(qa_get(ds), kb, acc);
             }
         }
         var dst = ST_OFF + sg * 256u;
@@ -314,7 +353,7 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
     //    H200); P is reloaded per O tile from workgroup memory.
     for (var i = 0u; i < OTS; i++) {
         let dc = min(part + i * NSR, HD16 - 1u);
-        var acc = oacc[i];
+        var acc = oacc_get(i);
         for (var ks = 0u; ks < KT16; ks++) {
             let ap = P_OFF + ks * 16u * PS + rb * 16u;
             let pa = coopLoad<coop_mat16x16<f16, A>>(&hsh[ap], PS);
@@ -328,7 +367,7 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
                 acc = coopMultiplyAdd(pa, vb, acc);
             }
         }
-        oacc[i] = acc;
+        oacc_set(i, acc);
     }
     workgroupBarrier();
 }
@@ -355,7 +394,7 @@ fn finish() {
     let st = ST_OFF + sg * 256u;
     for (var i = 0u; i < OTS; i++) {
         workgroupBarrier();
-        coopStoreT(oacc[i], &fsh[st], 16u);
+        coopStoreT(oacc_get(i), &fsh[st], 16u);
         workgroupBarrier();
         let dc = part + i * NSR;
         for (var e = lane; e < 64u; e += SG) {

@@ -70,7 +70,7 @@ var<workgroup> fsh: array<f32, RT * SS>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> ent: array<u32, RT>;
 
-var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
+// qa_get / qa_set: the Q rows' A matrices (coop_qa.wgsl, appended).
 
 // The token of column kk of S when it is a key of the leaf inside its own tile's range, else
 // NONE.
@@ -139,7 +139,7 @@ fn score_tiles(sg: u32) {
         for (var ds = 0u; ds < HD16; ds++) {
             let at = ct * 16u * QS + ds * 16u;
             let kb = coopLoad<coop_mat16x16<f16, B>>(&qsh[at], QS);
-            acc = coopMultiplyAdd(qa[ds], kb, acc);
+            acc = coopMultiplyAdd(qa_get(ds), kb, acc);
         }
         let d = sg * 16u * SS + ct * 16u;
         coopStoreT(acc, &fsh[d], SS);

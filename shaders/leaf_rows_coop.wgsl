@@ -9,7 +9,7 @@
 // was 1.3x slower with its value loads split into a load and a store function the same way, so
 // it keeps them in one (stage_values_t; docs/benchmarks.md, session 7).
 // Needs from the kernel: GQ, MC, HD16, HD8, RT, QS, QL, KL, CW, WG; `qsh` (f16 rows of stride
-// QS), `ent` (RT entries: the chunk's, local query * MC + slot), `qa` (HD16 A matrices), the
+// QS), `ent` (RT entries: the chunk's, local query * MC + slot), `qa_set` (coop_qa.wgsl), the
 // binding `q` (Q as 16-byte pieces) and `key_piece(at)` (16-byte piece `at` of K);
 // p (select_common.wgsl) and bl (leaf_chunk.wgsl).
 
@@ -24,7 +24,7 @@ fn load_rows(sg: u32) {
     let r0 = sg * 16u;
     for (var ds = 0u; ds < HD16; ds++) {
         let at = r0 * QS + ds * 16u;
-        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&qsh[at], QS);
+        qa_set(ds, coopLoadT<coop_mat16x16<f16, A>>(&qsh[at], QS));
     }
 }
 

@@ -63,7 +63,7 @@ var<workgroup> red_m: array<f32, WG>;
 var<workgroup> red_l: array<f32, WG>;
 var<workgroup> ent: array<u32, RT>;
 
-var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
+// qa_get / qa_set: the Q rows' A matrices (coop_qa.wgsl, appended).
 
 // 16-byte piece `at` of K (see leaf_rows_coop.wgsl).
 fn key_piece(at: u32) -> vec4<u32> {
@@ -78,7 +78,7 @@ fn score_rows_staged(sg: u32) {
         for (var ds = 0u; ds < HD16; ds++) {
             let at = ct * 16u * QS + ds * 16u;
             let kb = coopLoad<coop_mat16x16<f16, B>>(&qsh[at], QS);
-            acc = coopMultiplyAdd(qa[ds], kb, acc);
+            acc = coopMultiplyAdd(qa_get(ds), kb, acc);
         }
         let d = r0 * SS + ct * 16u;
         coopStoreT(acc, &fsh[d], SS);
@@ -96,7 +96,7 @@ fn score_rows(sg: u32, leaf: u32, kbase: u32) {
         for (var ds = 0u; ds < HD16; ds++) {
             let at = row0 + ds * 16u;
             let kb = coopLoad<coop_mat16x16<f16, B>>(&k[at], p.k_sn);
-            acc = coopMultiplyAdd(qa[ds], kb, acc);
+            acc = coopMultiplyAdd(qa_get(ds), kb, acc);
         }
         let d = r0 * SS + ct * 16u;
         coopStoreT(acc, &fsh[d], SS);

@@ -61,7 +61,7 @@ var<workgroup> fsh: array<f32, RT * SS + NSG * 256u>;    // S, then per-subgroup
 var<workgroup> red_m: array<f32, LPI * WG>;
 var<workgroup> red_l: array<f32, LPI * WG>;
 
-var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
+// qa_get / qa_set: the Q rows' A matrices (coop_qa.wgsl, appended).
 
 // The Q rows as HD / 16 A matrices, in every subgroup. (The cooperative operations live in
 // functions: naga checks their uniformity per function, and the entry point's early return for
@@ -69,7 +69,7 @@ var<private> qa: array<coop_mat16x16<f16, A>, HD16>;
 fn load_q() {
     for (var ds = 0u; ds < HD16; ds++) {
         let at = ds * 16u;
-        qa[ds] = coopLoadT<coop_mat16x16<f16, A>>(&qsh[at], QS);
+        qa_set(ds, coopLoadT<coop_mat16x16<f16, A>>(&qsh[at], QS));
     }
 }
 
@@ -91,7 +91,7 @@ fn score_tiles(sg: u32, leaves: vec4<u32>, kbase: u32) {
         for (var ds = 0u; ds < HD16; ds++) {
             let at = row0 + ds * 16u;
             let kb = coopLoad<coop_mat16x16<f16, B>>(&k[at], p.k_sn);
-            acc = coopMultiplyAdd(qa[ds], kb, acc);
+            acc = coopMultiplyAdd(qa_get(ds), kb, acc);
         }
         var dst = ST_OFF + sg * 256u;
         var stride = 16u;

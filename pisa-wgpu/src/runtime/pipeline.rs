@@ -121,6 +121,41 @@ pub struct PipelineCache {
     map: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
 }
 
+/// `PISA_DUMP_WGSL=<dir>` (a diagnostic knob): writes the preprocessed WGSL of every pipeline
+/// the process builds to `<dir>/<shader>.<entry>.<storage>.<hash of the constants>.wgsl`, its
+/// first lines `// entry: <entry>` and `// overrides: <name>=<value>,...` (the pipeline's
+/// override constants), for offline tools (`tests/shader_stats.rs` reads the driver's
+/// register and memory statistics of each). A write that fails is reported on stderr and
+/// otherwise ignored: the dump never changes what runs.
+fn dump_wgsl(key: &Key, src: &str) {
+    use std::hash::{Hash, Hasher};
+    let Some(dir) = std::env::var_os("PISA_DUMP_WGSL") else {
+        return;
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.consts.hash(&mut h);
+    key.overrides.hash(&mut h);
+    let name = format!(
+        "{}.{}.{:?}.{:016x}.wgsl",
+        key.name,
+        key.entry,
+        key.storage,
+        h.finish()
+    );
+    let path = std::path::Path::new(&dir).join(name);
+    let overrides: Vec<String> = (key.overrides.iter())
+        .map(|(n, b)| format!("{n}={}", f64::from_bits(*b)))
+        .collect();
+    let text = format!(
+        "// entry: {}\n// overrides: {}\n{src}",
+        key.entry,
+        overrides.join(",")
+    );
+    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, text)) {
+        eprintln!("PISA_DUMP_WGSL: cannot write {}: {e}", path.display());
+    }
+}
+
 impl PipelineCache {
     /// The pipeline of `shader`'s entry point `entry` for this variant, built on first use.
     pub fn get(
@@ -146,6 +181,7 @@ impl PipelineCache {
             return Ok(p.clone());
         }
         let src = preprocess(shader, storage, consts)?;
+        dump_wgsl(&key, &src);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),
             source: wgpu::ShaderSource::Wgsl(src.into()),

@@ -61,7 +61,8 @@ pub const COOP_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/attention_leaf_coop.wgsl"),
         include_str!("../../../../shaders/select_common.wgsl"),
         include_str!("../../../../shaders/leaf_chunk.wgsl"),
-        include_str!("../../../../shaders/leaf_rows_coop.wgsl")
+        include_str!("../../../../shaders/leaf_rows_coop.wgsl"),
+        include_str!("../../../../shaders/coop_qa.wgsl")
     ),
 };
 

@@ -23,7 +23,8 @@ pub const SHADER: ShaderSource = ShaderSource {
     name: "attention_coop",
     wgsl: concat!(
         include_str!("../../../../shaders/attention_coop.wgsl"),
-        include_str!("../../../../shaders/attention_common.wgsl")
+        include_str!("../../../../shaders/attention_common.wgsl"),
+        include_str!("../../../../shaders/coop_qa.wgsl")
     ),
 };
 

@@ -87,7 +87,8 @@ pub const SCORE_COOP_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/leaf_score_coop.wgsl"),
         include_str!("../../../../shaders/select_common.wgsl"),
         include_str!("../../../../shaders/leaf_chunk.wgsl"),
-        include_str!("../../../../shaders/leaf_rows_coop.wgsl")
+        include_str!("../../../../shaders/leaf_rows_coop.wgsl"),
+        include_str!("../../../../shaders/coop_qa.wgsl")
     ),
 };
 

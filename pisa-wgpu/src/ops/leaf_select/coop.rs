@@ -29,7 +29,8 @@ pub const SHADER: ShaderSource = ShaderSource {
     wgsl: concat!(
         include_str!("../../../../shaders/leaf_select_coop.wgsl"),
         include_str!("../../../../shaders/select_common.wgsl"),
-        include_str!("../../../../shaders/leaf_common.wgsl")
+        include_str!("../../../../shaders/leaf_common.wgsl"),
+        include_str!("../../../../shaders/coop_qa.wgsl")
     ),
 };
 

@@ -1,0 +1,313 @@
+//! Ignored diagnostic: what the Vulkan driver's shader compiler made of each of our pipelines
+//! (registers per invocation, spills, shared memory, instruction counts, as the driver names
+//! them), through `VK_KHR_pipeline_executable_properties`. wgpu does not expose these, so this
+//! builds each pipeline again on a raw Vulkan device (ash) from the SPIR-V naga writes with
+//! wgpu's options for our default runtime checks (bounds checks on: index `Restrict`, buffer
+//! `Unchecked` under `robustBufferAccess2`; no loop bounding; workgroup memory not
+//! zero-initialised).
+//!
+//! Why: on the H200 the leaf-major attention kernel ran 1.33x slower when 32 more registers per
+//! invocation stayed live through its multiplies (docs/benchmarks.md, session 7), so register
+//! counts decide how many workgroups an SM holds; the driver is the only one who knows them.
+//!
+//! Input: the preprocessed WGSL of every pipeline a real run built, dumped by
+//! `PISA_DUMP_WGSL=<dir>` (runtime/pipeline.rs), e.g.
+//! `PISA_DUMP_WGSL=/tmp/wgsl pisa bench --storages f16 --sizes 64k --decode-sizes 64k`.
+//! Run: `PISA_WGSL_DIR=/tmp/wgsl cargo test --release -p pisa-wgpu --test shader_stats -- --ignored --nocapture`.
+//! Prints one line per pipeline: file name, then each statistic as `name=value`. Without the
+//! extension (lavapipe) it still turns every file into SPIR-V, which checks the dump.
+
+use ash::vk;
+use std::ffi::{CStr, CString};
+
+/// naga's SPIR-V for `entry` of `src`, with the options wgpu 30 uses on a Vulkan 1.3 device
+/// for our default runtime checks (see the module docs).
+fn spirv(src: &str, entry: &str) -> Result<Vec<u32>, String> {
+    use naga::back::spv;
+    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("{e:?}"))?;
+    // The pipeline's override constants, from the dump's second line.
+    let mut consts = naga::back::PipelineConstants::default();
+    let line = src
+        .lines()
+        .nth(1)
+        .and_then(|l| l.strip_prefix("// overrides: "));
+    for kv in line.unwrap_or("").split(',').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').ok_or("bad overrides line")?;
+        consts.insert(k.to_string(), v.parse().map_err(|_| "bad override value")?);
+    }
+    let stage = Some((naga::ShaderStage::Compute, entry));
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(&module, &info, stage, &consts)
+            .map_err(|e| format!("overrides: {e}"))?;
+    let options = spv::Options {
+        lang_version: (1, 6),
+        flags: spv::WriterFlags::FORCE_POINT_SIZE | spv::WriterFlags::LABEL_VARYINGS,
+        capabilities: None,
+        bounds_check_policies: BoundsCheckPolicies {
+            index: BoundsCheckPolicy::Restrict,
+            buffer: BoundsCheckPolicy::Unchecked,
+            image_load: BoundsCheckPolicy::Unchecked,
+            binding_array: BoundsCheckPolicy::Unchecked,
+        },
+        zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::None,
+        force_loop_bounding: false,
+        ..Default::default()
+    };
+    let pipe = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: entry.to_string(),
+    };
+    let words = spv::write_vec(&module, &info, &options, Some(&pipe)).map_err(|e| e.to_string())?;
+    Ok(words)
+}
+
+/// The bindings of group 0 that `src` declares, as descriptor types (uniform or storage
+/// buffer); a layout may list more bindings than the entry point uses.
+fn bindings(src: &str) -> Vec<(u32, vk::DescriptorType)> {
+    let module = naga::front::wgsl::parse_str(src).expect("parsed once already");
+    let mut out = Vec::new();
+    for (_, var) in module.global_variables.iter() {
+        let Some(rb) = &var.binding else { continue };
+        assert_eq!(rb.group, 0, "only group 0 is used by pisa's shaders");
+        let ty = match var.space {
+            naga::AddressSpace::Uniform => vk::DescriptorType::UNIFORM_BUFFER,
+            _ => vk::DescriptorType::STORAGE_BUFFER,
+        };
+        out.push((rb.binding, ty));
+    }
+    out
+}
+
+/// A raw device with every feature the physical device offers in the structures our shaders
+/// need (16-bit storage, f16, memory model, subgroup size control, cooperative matrix,
+/// robustness 2) and pipeline statistics, or a reason to skip.
+struct Raw {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+    device: ash::Device,
+    stats: ash::khr::pipeline_executable_properties::Device,
+}
+
+fn raw() -> Result<Raw, String> {
+    let entry = unsafe { ash::Entry::load() }.map_err(|e| format!("no Vulkan loader: {e}"))?;
+    let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_3);
+    let instance = unsafe {
+        entry.create_instance(
+            &vk::InstanceCreateInfo::default().application_info(&app),
+            None,
+        )
+    }
+    .map_err(|e| format!("create_instance: {e}"))?;
+    let pds = unsafe { instance.enumerate_physical_devices() }.map_err(|e| e.to_string())?;
+    // The discrete GPU if there is one (the H200 beside lavapipe), else the first.
+    let pd = *pds
+        .iter()
+        .find(|&&pd| {
+            let p = unsafe { instance.get_physical_device_properties(pd) };
+            p.device_type == vk::PhysicalDeviceType::DISCRETE_GPU
+        })
+        .or(pds.first())
+        .ok_or("no Vulkan device")?;
+    let props = unsafe { instance.get_physical_device_properties(pd) };
+    let name = unsafe { CStr::from_ptr(props.device_name.as_ptr()) };
+    let exts =
+        unsafe { instance.enumerate_device_extension_properties(pd) }.map_err(|e| e.to_string())?;
+    let has = |n: &CStr| {
+        exts.iter()
+            .any(|e| unsafe { CStr::from_ptr(e.extension_name.as_ptr()) } == n)
+    };
+    let pep = ash::khr::pipeline_executable_properties::NAME;
+    if !has(pep) {
+        return Err(format!("{name:?} lacks {pep:?}"));
+    }
+    let mut names = vec![pep.as_ptr()];
+    let coop = has(ash::khr::cooperative_matrix::NAME);
+    if coop {
+        names.push(ash::khr::cooperative_matrix::NAME.as_ptr());
+    }
+    let robust2 = has(ash::ext::robustness2::NAME);
+    if robust2 {
+        names.push(ash::ext::robustness2::NAME.as_ptr());
+    }
+    let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
+    let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+    let mut f13 = vk::PhysicalDeviceVulkan13Features::default();
+    let mut fpep = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
+    let mut fcoop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let mut fr2 = vk::PhysicalDeviceRobustness2FeaturesEXT::default();
+    let mut f2 = vk::PhysicalDeviceFeatures2::default()
+        .push_next(&mut f11)
+        .push_next(&mut f12)
+        .push_next(&mut f13)
+        .push_next(&mut fpep);
+    if coop {
+        f2 = f2.push_next(&mut fcoop);
+    }
+    if robust2 {
+        f2 = f2.push_next(&mut fr2);
+    }
+    unsafe { instance.get_physical_device_features2(pd, &mut f2) };
+    // Enable what the device offers in these structures (as queried), as wgpu would for ours.
+    let qfs = unsafe { instance.get_physical_device_queue_family_properties(pd) };
+    let qf = qfs
+        .iter()
+        .position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
+        .ok_or("no compute queue")? as u32;
+    let prio = [1.0f32];
+    let queues = [vk::DeviceQueueCreateInfo::default()
+        .queue_family_index(qf)
+        .queue_priorities(&prio)];
+    let info = vk::DeviceCreateInfo::default()
+        .queue_create_infos(&queues)
+        .enabled_extension_names(&names)
+        .push_next(&mut f2);
+    let device = unsafe { instance.create_device(pd, &info, None) }
+        .map_err(|e| format!("create_device: {e}"))?;
+    let stats = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
+    eprintln!("device {name:?}, cooperative matrix {coop}, robustness2 {robust2}");
+    Ok(Raw {
+        _entry: entry,
+        instance,
+        device,
+        stats,
+    })
+}
+
+/// The driver's statistics of `entry` of `src`, as `name=value` strings.
+fn pipeline_stats(r: &Raw, src: &str, entry: &str) -> Result<Vec<String>, String> {
+    let words = spirv(src, entry)?;
+    let d = &r.device;
+    let module = unsafe {
+        d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
+    }
+    .map_err(|e| format!("create_shader_module: {e}"))?;
+    let binds: Vec<_> = bindings(src)
+        .into_iter()
+        .map(|(b, ty)| {
+            vk::DescriptorSetLayoutBinding::default()
+                .binding(b)
+                .descriptor_type(ty)
+                .descriptor_count(1)
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)
+        })
+        .collect();
+    let out = unsafe {
+        let dsl = d
+            .create_descriptor_set_layout(
+                &vk::DescriptorSetLayoutCreateInfo::default().bindings(&binds),
+                None,
+            )
+            .map_err(|e| e.to_string())?;
+        let sets = [dsl];
+        let layout = d
+            .create_pipeline_layout(
+                &vk::PipelineLayoutCreateInfo::default().set_layouts(&sets),
+                None,
+            )
+            .map_err(|e| e.to_string())?;
+        let cname = CString::new(entry).unwrap();
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(&cname);
+        let info = vk::ComputePipelineCreateInfo::default()
+            .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR)
+            .stage(stage)
+            .layout(layout);
+        let made = d
+            .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
+            .map_err(|(_, e)| format!("create_compute_pipelines: {e}"));
+        let mut lines = Vec::new();
+        if let Ok(p) = &made {
+            let pinfo = vk::PipelineInfoKHR::default().pipeline(p[0]);
+            let execs = r
+                .stats
+                .get_pipeline_executable_properties(&pinfo)
+                .map_err(|e| e.to_string())?;
+            for i in 0..execs.len() as u32 {
+                let einfo = vk::PipelineExecutableInfoKHR::default()
+                    .pipeline(p[0])
+                    .executable_index(i);
+                for s in r
+                    .stats
+                    .get_pipeline_executable_statistics(&einfo)
+                    .map_err(|e| e.to_string())?
+                {
+                    let n = CStr::from_ptr(s.name.as_ptr()).to_string_lossy();
+                    let v = match s.format {
+                        vk::PipelineExecutableStatisticFormatKHR::BOOL32 => s.value.b32.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::INT64 => s.value.i64.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::UINT64 => s.value.u64.to_string(),
+                        _ => format!("{:.1}", s.value.f64),
+                    };
+                    lines.push(format!("{}={v}", n.replace(' ', "_")));
+                }
+            }
+            d.destroy_pipeline(p[0], None);
+        }
+        d.destroy_pipeline_layout(layout, None);
+        d.destroy_descriptor_set_layout(dsl, None);
+        d.destroy_shader_module(module, None);
+        made?;
+        lines
+    };
+    Ok(out)
+}
+
+#[test]
+#[ignore]
+fn shader_stats() {
+    let Ok(dir) = std::env::var("PISA_WGSL_DIR") else {
+        eprintln!("PISA_WGSL_DIR unset: nothing to read (see the module docs)");
+        return;
+    };
+    // Without the extension (lavapipe) every file is still turned into SPIR-V, which checks
+    // the dump; only the driver's statistics are skipped.
+    let r = raw()
+        .map_err(|e| eprintln!("no statistics ({e}): SPIR-V only"))
+        .ok();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("PISA_WGSL_DIR is a readable folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "wgsl"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .wgsl files in {dir}");
+    let mut failed = 0;
+    for f in &files {
+        let src = std::fs::read_to_string(f).unwrap();
+        let entry = src
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("// entry: "))
+            .expect("first line names the entry point (PISA_DUMP_WGSL files)")
+            .trim()
+            .to_string();
+        let name = f.file_name().unwrap().to_string_lossy();
+        let got = match &r {
+            Some(r) => pipeline_stats(r, &src, &entry),
+            None => spirv(&src, &entry).map(|w| vec![format!("spirv_words={}", w.len())]),
+        };
+        match got {
+            Ok(s) => println!("{name}: {}", s.join(" ")),
+            Err(e) => {
+                failed += 1;
+                println!("{name}: ERROR {e}");
+            }
+        }
+    }
+    if let Some(r) = r {
+        unsafe {
+            r.device.destroy_device(None);
+            r.instance.destroy_instance(None);
+        }
+    }
+    assert_eq!(failed, 0, "{failed} of {} pipelines failed", files.len());
+}
