@@ -14,7 +14,9 @@
 //! `PISA_DUMP_WGSL=<dir>` (runtime/pipeline.rs), e.g.
 //! `PISA_DUMP_WGSL=/tmp/wgsl pisa bench --storages f16 --sizes 64k --decode-sizes 64k`.
 //! Run: `PISA_WGSL_DIR=/tmp/wgsl cargo test --release -p pisa-wgpu --test shader_stats -- --ignored --nocapture`.
-//! Prints one line per pipeline: file name, then each statistic as `name=value`. Without the
+//! Prints one line per pipeline: file name, then each statistic as `name=value`, as the driver
+//! reports it (NVIDIA 580 reports `Local Memory Size` as 2^36 plus the bytes per invocation:
+//! 68719476736 means none; docs/benchmarks.md, session 7). Without the
 //! extension (lavapipe) it still turns every file into SPIR-V, which checks the dump.
 
 use ash::vk;
