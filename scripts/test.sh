@@ -11,5 +11,5 @@ if cargo fmt --version >/dev/null 2>&1; then
 else
   echo "rustfmt not installed: formatting not checked"
 fi
-cargo build -p pisa-core --no-default-features
+cargo build -p pisa-core --no-default-features --locked
 cargo test --workspace --locked

@@ -347,10 +347,10 @@ fn process_tile(t0: u32, tcount: u32, mask: u32, live: bool, n0: u32, ncount: u3
     let resc = workgroupUniformLoad(&flag_sh[0]);
     if (resc != 0u) { rescale_o(); }
     // 5. O += P V (a dummy O tile past HD16 reads the last V columns and is never stored).
-    //    O tile outer, its accumulator in a local across the key steps, so each O tile of the
-    //    private array is read and written once per key tile (key steps outer, reading and
-    //    writing oacc[i] per multiply, was 1.2x to 1.5x slower for the dense kernel on the
-    //    H200); P is reloaded per O tile from workgroup memory.
+    //    O tile outer, its accumulator in a local across the key steps, so each O tile is read
+    //    and written once per key tile (key steps outer, reading and writing the O tile per
+    //    multiply, was 1.2x to 1.5x slower for the dense kernel on the H200, when the tiles were
+    //    still a private array); P is reloaded per O tile from workgroup memory.
     for (var i = 0u; i < OTS; i++) {
         let dc = min(part + i * NSR, HD16 - 1u);
         var acc = oacc_get(i);

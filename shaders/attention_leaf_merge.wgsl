@@ -9,7 +9,6 @@
 
 const GQ: u32 = 4u;   // query heads per KV head
 const MC: u32 = 16u;  // selection slots per query (top_k)
-const QPC: u32 = 1u;  // (unused here; leaf_chunk.wgsl's chunk lookup needs it)
 const WG: u32 = 64u;
 
 @group(0) @binding(5) var<storage, read_write> o: array<store_t>;

@@ -12,7 +12,6 @@
 //   attention: local query i - bl.i0, selection slot o);
 //   scores[(bh * q_len + i) * MC + o]: rank_key of the candidate's exact-LSE score summed over
 //   the group (written by the scorers, read by leaf_pick.wgsl).
-// Needs QPC (entries per chunk) and MC from the scorer.
 
 struct Buckets {
     items: u32, buckets: u32, i0: u32, nq: u32,

@@ -2,9 +2,9 @@
 //! (registers per invocation, spills, shared memory, instruction counts, as the driver names
 //! them), through `VK_KHR_pipeline_executable_properties`. wgpu does not expose these, so this
 //! builds each pipeline again on a raw Vulkan device (ash) from the SPIR-V naga writes with
-//! wgpu's options for our default runtime checks (bounds checks on: index `Restrict`, buffer
-//! `Unchecked` under `robustBufferAccess2`; no loop bounding; workgroup memory not
-//! zero-initialised).
+//! wgpu's options for our default runtime checks (`runtime/pipeline.rs`: bounds checks on, index
+//! `Restrict`, buffer `Unchecked` under `robustBufferAccess2`; no loop bounding and no
+//! integer-division guards; workgroup memory not zero-initialised).
 //!
 //! Why: on the H200 the leaf-major attention kernel ran 1.33x slower when 32 more registers per
 //! invocation stayed live through its multiplies (docs/benchmarks.md, session 7), so register
@@ -23,8 +23,9 @@ use ash::vk;
 use std::ffi::{CStr, CString};
 
 /// naga's SPIR-V for `entry` of `src`, with the options wgpu 30 uses on a Vulkan 1.3 device
-/// for our default runtime checks (see the module docs).
-fn spirv(src: &str, entry: &str) -> Result<Vec<u32>, String> {
+/// for our default runtime checks (see the module docs; `robust2`: the device has
+/// `robustBufferAccess2`, so buffer accesses need no checks of their own).
+fn spirv(src: &str, entry: &str, robust2: bool) -> Result<Vec<u32>, String> {
     use naga::back::spv;
     use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
@@ -54,12 +55,17 @@ fn spirv(src: &str, entry: &str) -> Result<Vec<u32>, String> {
         capabilities: None,
         bounds_check_policies: BoundsCheckPolicies {
             index: BoundsCheckPolicy::Restrict,
-            buffer: BoundsCheckPolicy::Unchecked,
+            buffer: if robust2 {
+                BoundsCheckPolicy::Unchecked
+            } else {
+                BoundsCheckPolicy::Restrict
+            },
             image_load: BoundsCheckPolicy::Unchecked,
             binding_array: BoundsCheckPolicy::Unchecked,
         },
         zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::None,
         force_loop_bounding: false,
+        emit_int_div_checks: false,
         ..Default::default()
     };
     let pipe = spv::PipelineOptions {
@@ -89,26 +95,57 @@ fn bindings(src: &str) -> Vec<(u32, vk::DescriptorType)> {
 
 /// A raw device with every feature the physical device offers in the structures our shaders
 /// need (16-bit storage, f16, memory model, subgroup size control, cooperative matrix,
-/// robustness 2) and pipeline statistics, or a reason to skip.
+/// robustness 2) and pipeline statistics.
 struct Raw {
     _entry: ash::Entry,
     instance: ash::Instance,
     device: ash::Device,
     stats: ash::khr::pipeline_executable_properties::Device,
+    /// The device has cooperative matrices (else those shaders are only turned into SPIR-V).
+    coop: bool,
+    /// The device has `robustBufferAccess2` (wgpu then leaves buffer accesses unchecked).
+    robust2: bool,
 }
 
+impl Drop for Raw {
+    fn drop(&mut self) {
+        // SAFETY: every object made on the device is destroyed by pipeline_stats before it
+        // returns; nothing else holds the device or the instance.
+        unsafe {
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// The raw device, or a reason to print statistics-free output.
 fn raw() -> Result<Raw, String> {
     let entry = unsafe { ash::Entry::load() }.map_err(|e| format!("no Vulkan loader: {e}"))?;
     let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_3);
-    let instance = unsafe {
-        entry.create_instance(
-            &vk::InstanceCreateInfo::default().application_info(&app),
-            None,
-        )
+    let info = vk::InstanceCreateInfo::default().application_info(&app);
+    let instance = unsafe { entry.create_instance(&info, None) }
+        .map_err(|e| format!("create_instance: {e}"))?;
+    match open_device(&instance) {
+        Ok((device, coop, robust2)) => Ok(Raw {
+            stats: ash::khr::pipeline_executable_properties::Device::new(&instance, &device),
+            _entry: entry,
+            instance,
+            device,
+            coop,
+            robust2,
+        }),
+        Err(e) => {
+            // SAFETY: no device was made on the instance.
+            unsafe { instance.destroy_instance(None) };
+            Err(e)
+        }
     }
-    .map_err(|e| format!("create_instance: {e}"))?;
+}
+
+/// The device of [`Raw`] on `instance` (the discrete GPU if there is one, else the first), with
+/// whether it has cooperative matrices and robustness 2.
+fn open_device(instance: &ash::Instance) -> Result<(ash::Device, bool, bool), String> {
     let pds = unsafe { instance.enumerate_physical_devices() }.map_err(|e| e.to_string())?;
-    // The discrete GPU if there is one (the H200 beside lavapipe), else the first.
     let pd = *pds
         .iter()
         .find(|&&pd| {
@@ -118,13 +155,10 @@ fn raw() -> Result<Raw, String> {
         .or(pds.first())
         .ok_or("no Vulkan device")?;
     let props = unsafe { instance.get_physical_device_properties(pd) };
-    let name = unsafe { CStr::from_ptr(props.device_name.as_ptr()) };
+    let name = props.device_name_as_c_str().unwrap_or(c"?").to_owned();
     let exts =
         unsafe { instance.enumerate_device_extension_properties(pd) }.map_err(|e| e.to_string())?;
-    let has = |n: &CStr| {
-        exts.iter()
-            .any(|e| unsafe { CStr::from_ptr(e.extension_name.as_ptr()) } == n)
-    };
+    let has = |n: &CStr| exts.iter().any(|e| e.extension_name_as_c_str() == Ok(n));
     let pep = ash::khr::pipeline_executable_properties::NAME;
     if !has(pep) {
         return Err(format!("{name:?} lacks {pep:?}"));
@@ -172,24 +206,34 @@ fn raw() -> Result<Raw, String> {
         .push_next(&mut f2);
     let device = unsafe { instance.create_device(pd, &info, None) }
         .map_err(|e| format!("create_device: {e}"))?;
-    let stats = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
     eprintln!("device {name:?}, cooperative matrix {coop}, robustness2 {robust2}");
-    Ok(Raw {
-        _entry: entry,
-        instance,
-        device,
-        stats,
-    })
+    Ok((device, coop, robust2))
 }
 
-/// The driver's statistics of `entry` of `src`, as `name=value` strings.
+/// The statistic `s` as `name=value`.
+fn stat(s: &vk::PipelineExecutableStatisticKHR<'_>) -> String {
+    let n = s
+        .name_as_c_str()
+        .unwrap_or(c"?")
+        .to_string_lossy()
+        .replace(' ', "_");
+    // SAFETY: the union member read is the one `format` names.
+    let v = unsafe {
+        match s.format {
+            vk::PipelineExecutableStatisticFormatKHR::BOOL32 => s.value.b32.to_string(),
+            vk::PipelineExecutableStatisticFormatKHR::INT64 => s.value.i64.to_string(),
+            vk::PipelineExecutableStatisticFormatKHR::UINT64 => s.value.u64.to_string(),
+            _ => format!("{:.1}", s.value.f64),
+        }
+    };
+    format!("{n}={v}")
+}
+
+/// The driver's statistics of `entry` of `src`, as `name=value` strings. Every object it makes
+/// is destroyed before it returns, whatever fails.
 fn pipeline_stats(r: &Raw, src: &str, entry: &str) -> Result<Vec<String>, String> {
-    let words = spirv(src, entry)?;
+    let words = spirv(src, entry, r.robust2)?;
     let d = &r.device;
-    let module = unsafe {
-        d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
-    }
-    .map_err(|e| format!("create_shader_module: {e}"))?;
     let binds: Vec<_> = bindings(src)
         .into_iter()
         .map(|(b, ty)| {
@@ -200,21 +244,22 @@ fn pipeline_stats(r: &Raw, src: &str, entry: &str) -> Result<Vec<String>, String
                 .stage_flags(vk::ShaderStageFlags::COMPUTE)
         })
         .collect();
-    let out = unsafe {
-        let dsl = d
-            .create_descriptor_set_layout(
-                &vk::DescriptorSetLayoutCreateInfo::default().bindings(&binds),
-                None,
-            )
-            .map_err(|e| e.to_string())?;
+    let cname = CString::new(entry).map_err(|e| e.to_string())?;
+    let mut module = vk::ShaderModule::null();
+    let mut dsl = vk::DescriptorSetLayout::null();
+    let mut layout = vk::PipelineLayout::null();
+    let mut pipe = vk::Pipeline::null();
+    let e = |e: vk::Result| e.to_string();
+    // SAFETY: plain object creation on a live device; each handle is destroyed below (null
+    // handles are valid to destroy).
+    let out = (|| unsafe {
+        let info = vk::ShaderModuleCreateInfo::default().code(&words);
+        module = d.create_shader_module(&info, None).map_err(e)?;
+        let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&binds);
+        dsl = d.create_descriptor_set_layout(&info, None).map_err(e)?;
         let sets = [dsl];
-        let layout = d
-            .create_pipeline_layout(
-                &vk::PipelineLayoutCreateInfo::default().set_layouts(&sets),
-                None,
-            )
-            .map_err(|e| e.to_string())?;
-        let cname = CString::new(entry).unwrap();
+        let info = vk::PipelineLayoutCreateInfo::default().set_layouts(&sets);
+        layout = d.create_pipeline_layout(&info, None).map_err(e)?;
         let stage = vk::PipelineShaderStageCreateInfo::default()
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
@@ -223,44 +268,33 @@ fn pipeline_stats(r: &Raw, src: &str, entry: &str) -> Result<Vec<String>, String
             .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR)
             .stage(stage)
             .layout(layout);
-        let made = d
-            .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
-            .map_err(|(_, e)| format!("create_compute_pipelines: {e}"));
+        let made = d.create_compute_pipelines(vk::PipelineCache::null(), &[info], None);
+        pipe = made.map_err(|(_, err)| e(err))?[0];
+        let pinfo = vk::PipelineInfoKHR::default().pipeline(pipe);
+        let execs = r
+            .stats
+            .get_pipeline_executable_properties(&pinfo)
+            .map_err(e)?;
         let mut lines = Vec::new();
-        if let Ok(p) = &made {
-            let pinfo = vk::PipelineInfoKHR::default().pipeline(p[0]);
-            let execs = r
+        for i in 0..execs.len() as u32 {
+            let einfo = vk::PipelineExecutableInfoKHR::default()
+                .pipeline(pipe)
+                .executable_index(i);
+            let stats = r
                 .stats
-                .get_pipeline_executable_properties(&pinfo)
-                .map_err(|e| e.to_string())?;
-            for i in 0..execs.len() as u32 {
-                let einfo = vk::PipelineExecutableInfoKHR::default()
-                    .pipeline(p[0])
-                    .executable_index(i);
-                for s in r
-                    .stats
-                    .get_pipeline_executable_statistics(&einfo)
-                    .map_err(|e| e.to_string())?
-                {
-                    let n = CStr::from_ptr(s.name.as_ptr()).to_string_lossy();
-                    let v = match s.format {
-                        vk::PipelineExecutableStatisticFormatKHR::BOOL32 => s.value.b32.to_string(),
-                        vk::PipelineExecutableStatisticFormatKHR::INT64 => s.value.i64.to_string(),
-                        vk::PipelineExecutableStatisticFormatKHR::UINT64 => s.value.u64.to_string(),
-                        _ => format!("{:.1}", s.value.f64),
-                    };
-                    lines.push(format!("{}={v}", n.replace(' ', "_")));
-                }
-            }
-            d.destroy_pipeline(p[0], None);
+                .get_pipeline_executable_statistics(&einfo)
+                .map_err(e)?;
+            lines.extend(stats.iter().map(stat));
         }
+        Ok(lines)
+    })();
+    unsafe {
+        d.destroy_pipeline(pipe, None);
         d.destroy_pipeline_layout(layout, None);
         d.destroy_descriptor_set_layout(dsl, None);
         d.destroy_shader_module(module, None);
-        made?;
-        lines
-    };
-    Ok(out)
+    }
+    out
 }
 
 #[test]
@@ -270,8 +304,9 @@ fn shader_stats() {
         eprintln!("PISA_WGSL_DIR unset: nothing to read (see the module docs)");
         return;
     };
-    // Without the extension (lavapipe) every file is still turned into SPIR-V, which checks
-    // the dump; only the driver's statistics are skipped.
+    // Without the extension (lavapipe 22 in CI's image) every file is still turned into
+    // SPIR-V, which checks the dump; so is a tensor-core shader on a device without
+    // cooperative matrices. Only the driver's statistics are skipped.
     let r = raw()
         .map_err(|e| eprintln!("no statistics ({e}): SPIR-V only"))
         .ok();
@@ -293,9 +328,10 @@ fn shader_stats() {
             .trim()
             .to_string();
         let name = f.file_name().unwrap().to_string_lossy();
+        let coop_src = src.contains("enable wgpu_cooperative_matrix");
         let got = match &r {
-            Some(r) => pipeline_stats(r, &src, &entry),
-            None => spirv(&src, &entry).map(|w| vec![format!("spirv_words={}", w.len())]),
+            Some(r) if r.coop || !coop_src => pipeline_stats(r, &src, &entry),
+            _ => spirv(&src, &entry, true).map(|w| vec![format!("spirv_words={}", w.len())]),
         };
         match got {
             Ok(s) => println!("{name}: {}", s.join(" ")),
@@ -305,11 +341,6 @@ fn shader_stats() {
             }
         }
     }
-    if let Some(r) = r {
-        unsafe {
-            r.device.destroy_device(None);
-            r.instance.destroy_instance(None);
-        }
-    }
+    drop(r);
     assert_eq!(failed, 0, "{failed} of {} pipelines failed", files.len());
 }
