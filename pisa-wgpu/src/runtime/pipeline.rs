@@ -128,10 +128,20 @@ pub struct PipelineCache {
 /// register and memory statistics of each). A write that fails is reported on stderr and
 /// otherwise ignored: the dump never changes what runs.
 fn dump_wgsl(key: &Key, src: &str) {
-    use std::hash::{Hash, Hasher};
     let Some(dir) = std::env::var_os("PISA_DUMP_WGSL") else {
         return;
     };
+    if let Err(e) = dump_to(std::path::Path::new(&dir), key, src) {
+        eprintln!(
+            "PISA_DUMP_WGSL: cannot write into {}: {e}",
+            dir.to_string_lossy()
+        );
+    }
+}
+
+/// [`dump_wgsl`] into `dir` (made if missing); returns the file written.
+fn dump_to(dir: &std::path::Path, key: &Key, src: &str) -> std::io::Result<std::path::PathBuf> {
+    use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     key.consts.hash(&mut h);
     key.overrides.hash(&mut h);
@@ -142,7 +152,7 @@ fn dump_wgsl(key: &Key, src: &str) {
         key.storage,
         h.finish()
     );
-    let path = std::path::Path::new(&dir).join(name);
+    let path = dir.join(name);
     let overrides: Vec<String> = (key.overrides.iter())
         .map(|(n, b)| format!("{n}={}", f64::from_bits(*b)))
         .collect();
@@ -151,9 +161,9 @@ fn dump_wgsl(key: &Key, src: &str) {
         key.entry,
         overrides.join(",")
     );
-    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, text)) {
-        eprintln!("PISA_DUMP_WGSL: cannot write {}: {e}", path.display());
-    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(&path, text)?;
+    Ok(path)
 }
 
 impl PipelineCache {
@@ -298,4 +308,37 @@ pub(crate) fn limits_with_memory(bytes: u32) -> wgpu::Limits {
         max_compute_workgroup_storage_size: bytes,
         ..Default::default()
     }
+}
+
+/// A dumped pipeline (`PISA_DUMP_WGSL`) names its entry point and overrides on its first two
+/// lines, as `tests/shader_stats.rs` reads them, and the rest is the preprocessed source, which
+/// parses and validates; variants differing only in their constants get different files.
+#[cfg(test)]
+#[test]
+fn dump_names_the_entry_and_overrides() {
+    let dir = std::env::temp_dir().join(format!("pisa-dump-test-{}", std::process::id()));
+    let shader = &crate::ops::pyramid::SHADER;
+    let key = |wsq: f64, d: u32| Key {
+        name: shader.name,
+        entry: "pool_level",
+        storage: Storage::F16,
+        consts: vec![("D".to_string(), d)],
+        overrides: vec![("WITH_SQ".to_string(), wsq.to_bits())],
+    };
+    let src = preprocess(shader, Storage::F16, &[]).unwrap();
+    let a = dump_to(&dir, &key(1.0, 64), &src).unwrap();
+    let b = dump_to(&dir, &key(1.0, 128), &src).unwrap();
+    assert_ne!(a, b, "variants share a file");
+    let text = std::fs::read_to_string(&a).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("// entry: pool_level"));
+    assert_eq!(lines.next(), Some("// overrides: WITH_SQ=1"));
+    let module = naga::front::wgsl::parse_str(&text).expect("the dump parses");
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .expect("the dump validates");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
