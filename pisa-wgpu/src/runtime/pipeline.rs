@@ -342,3 +342,45 @@ fn dump_names_the_entry_and_overrides() {
     .expect("the dump validates");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// No tensor-core shader declares an array of cooperative matrices, private or function-local:
+/// NVIDIA's driver (580, on the H200) keeps such arrays in local memory even when every index
+/// is a constant-trip loop counter, which cost the scorer 11% and dense attention 16%
+/// (docs/benchmarks.md, session 7); `shaders/coop_qa.wgsl` shows the form to use instead.
+/// Fails naming the shader and the variable.
+#[cfg(test)]
+#[test]
+fn no_shader_holds_an_array_of_cooperative_matrices() {
+    use crate::ops::{attention, leaf_select};
+    let shaders = [
+        &attention::coop::SHADER,
+        &attention::by_leaf::COOP_SHADER,
+        &leaf_select::coop::SHADER,
+        &leaf_select::by_leaf::SCORE_COOP_SHADER,
+    ];
+    for shader in shaders {
+        let src = preprocess(shader, Storage::F16, &[]).unwrap();
+        let m = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(&src)));
+        let bad = |ty: naga::Handle<naga::Type>| match m.types[ty].inner {
+            naga::TypeInner::Array { base, .. } => matches!(
+                m.types[base].inner,
+                naga::TypeInner::CooperativeMatrix { .. }
+            ),
+            _ => false,
+        };
+        let globals = m.global_variables.iter().map(|(_, v)| (&v.name, v.ty));
+        let functions = m.functions.iter().map(|(_, f)| f);
+        let entries = m.entry_points.iter().map(|e| &e.function);
+        let locals = functions
+            .chain(entries)
+            .flat_map(|f| f.local_variables.iter().map(|(_, v)| (&v.name, v.ty)));
+        for (name, ty) in globals.chain(locals) {
+            assert!(
+                !bad(ty),
+                "{}: {name:?} is an array of cooperative matrices (kept in local memory)",
+                shader.name
+            );
+        }
+    }
+}
