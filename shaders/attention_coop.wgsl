@@ -1,6 +1,7 @@
 // Block-sparse and dense flash attention on cooperative matrices (tensor cores), f16 storage,
 // f32 accumulation (PISA.md sections 4 and 5). Host: pisa-wgpu/src/ops/attention/coop.rs; the
-// portable twin is shaders/attention.wgsl (same bindings, same Params, same row mapping; Params,
+// portable twin is shaders/attention.wgsl (same bindings plus K and V again as f16 scalars at 7
+// and 8, same Params, same row mapping; Params,
 // the shared bindings and the selection union: attention_common.wgsl, appended).
 //
 // f16 only: the host prepends `enable f16;` (Storage::F16). Needs the SUBGROUP feature (the

@@ -8,7 +8,8 @@
 // uniform); a bucket is a leaf. One workgroup of NSG subgroups per chunk: up to QPC entries
 // (local query i - i0, selection slot o; list value (i - i0) * MC + o) of one bucket, RT = 16 *
 // NSG rows (entry e, head h at row e * GQ + h). Per chunk, for the
-// leaf's CW = 16 * CT keys (tiles clamped into the sequence as in leaf_score_coop.wgsl):
+// leaf's CW = 16 * CT keys (tiles clamped into the sequence: tile_start, leaf_rows_coop.wgsl):
+//   0. the chunk's entries into `ent`;                             barrier
 //   1. Q rows gathered into qsh;                                   barrier
 //   2. Q rows to registers (HD / 16 A matrices per subgroup);       barrier
 //   3. the leaf's keys staged into qsh;                            barrier

@@ -1,13 +1,14 @@
 // Leaf-major stage 2 of PISA prefill selection, part 2 of 3, on cooperative matrices (tensor
 // cores), f16 storage, f32 accumulation (PISA.md 2, 3.3 and 5; host:
 // pisa-wgpu/src/ops/leaf_select/by_leaf.rs; the portable twin is leaf_score.wgsl, same bindings
-// and output).
+// plus K again as 16-byte pieces at 12, same output).
 //
 // One workgroup of NSG subgroups per chunk: up to QPC entries of one bucket (b, KV head, leaf),
 // i.e. QPC queries that list this leaf, as RT = 16 * NSG rows (entry e, head h at row
 // e * GQ + h; QPC * GQ <= RT, the rest zero padding). Unlike the tile kernel
 // (leaf_select_coop.wgsl), every row of a multiply belongs to a query that listed the leaf, and
-// the leaf's keys are loaded once per chunk and shared by its NSG subgroups through the cache.
+// the leaf's keys are loaded once per chunk and shared by its NSG subgroups (staged in
+// workgroup memory with KSTAGE = 1, the default; through the cache with KSTAGE = 0).
 //   1. gather the chunk's Q rows (f16, unscaled, so exact) into qsh, every 16-byte load of an
 //      invocation issued before its first store, and (KSTAGE = 1) the leaf's keys into
 //      registers, issued first;                                                        barrier

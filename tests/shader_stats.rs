@@ -6,9 +6,10 @@
 //! `Restrict`, buffer `Unchecked` under `robustBufferAccess2`; no loop bounding and no
 //! integer-division guards; workgroup memory not zero-initialised).
 //!
-//! Why: on the H200 the leaf-major attention kernel ran 1.33x slower when 32 more registers per
-//! invocation stayed live through its multiplies (docs/benchmarks.md, session 7), so register
-//! counts decide how many workgroups an SM holds; the driver is the only one who knows them.
+//! Why: how many workgroups an SM holds, and whether private arrays stay in registers, decide
+//! these kernels' speed, and only the driver knows the register and local-memory counts. This
+//! test found the tensor-core kernels' arrays of cooperative matrices in local memory
+//! (docs/benchmarks.md, session 7).
 //!
 //! Input: the preprocessed WGSL of every pipeline a real run built, dumped by
 //! `PISA_DUMP_WGSL=<dir>` (runtime/pipeline.rs), e.g.

@@ -8,7 +8,7 @@
 //!   `const NAME: u32 = <default>u;` and substituted per variant; everything else that varies
 //!   is an `override` set through pipeline constants.
 //!
-//! Pipelines are cached by (shader, storage, substituted constants, overrides).
+//! Pipelines are cached by (shader, entry point, storage, substituted constants, overrides).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -122,7 +122,7 @@ pub struct PipelineCache {
 }
 
 /// `PISA_DUMP_WGSL=<dir>` (a diagnostic knob): writes the preprocessed WGSL of every pipeline
-/// the process builds to `<dir>/<shader>.<entry>.<storage>.<hash of the constants>.wgsl`, its
+/// the process builds to `<dir>/<shader>.<entry>.<F16|F32>.<hash of constants and overrides>.wgsl`, its
 /// first lines `// entry: <entry>` and `// overrides: <name>=<value>,...` (the pipeline's
 /// override constants), for offline tools (`tests/shader_stats.rs` reads the driver's
 /// register and memory statistics of each). A write that fails is reported on stderr and

@@ -8,8 +8,8 @@
 //! a query that selected the leaf. The price is the partial states: `D + 2` floats per (query
 //! head, selected leaf), written and read once.
 //!
-//! Per (b, KV head) and range of queries (sized so the partial states fit one storage binding),
-//! one compute pass timed as "attention" with, per range:
+//! One compute pass timed as "attention" holds, for every (b, KV head) and range of queries
+//! (sized so the partial states fit one storage binding), five dispatches:
 //! 1. `count`, `scan`, `scatter` of `shaders/leaf_bucket.wgsl` with `ATTEND = 1` (a bucket is a
 //!    leaf; -1 padding, repeats and out-of-order entries are skipped as the tile kernels' union
 //!    skips them);

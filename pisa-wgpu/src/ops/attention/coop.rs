@@ -2,10 +2,13 @@
 //! (`shaders/attention_coop.wgsl`; PISA.md sections 4 and 5), for f16 storage on adapters whose
 //! [`KernelPath`] is [`KernelPath::CoopMat`].
 //!
-//! [`super::record_attention`] calls [`plan`] and dispatches here when it returns a variant;
-//! everything else (f32 storage, head dims that are not a multiple of 16 or above 128, an
-//! explicit [`super::Tiling`], adapters without cooperative matrices) runs the portable kernel.
-//! Same bindings, parameters, outputs and row mapping as the portable kernels; the differences
+//! [`super::record_attention`] first takes split-K (few queries, many keys) and leaf-major
+//! sparse attention where their plans apply; for the remaining tile calls it asks [`plan`] and
+//! dispatches here when that returns a variant; everything else (f32 storage, head dims that
+//! are not a multiple of 16 or above 128, an explicit [`super::Tiling`], adapters without
+//! cooperative matrices) runs the portable tile kernel. Same parameters, outputs and row
+//! mapping as the portable kernels, and their bindings plus K and V again as f16 scalars (7,
+//! 8); the differences
 //! are the workgroup cut (16-row blocks of (head, query) pairs, one subgroup per 16x16 tile) and
 //! the lazy softmax rescale described in the shader.
 

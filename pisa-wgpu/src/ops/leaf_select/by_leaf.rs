@@ -26,7 +26,7 @@
 //!
 //! Memory: beside the candidates `[B, Hkv, Nq, MC]` (the input), two buffers of the same size
 //! (bucket lists, scores), one of about 4 / QPC of that (chunk descriptors, four words each) and
-//! `3 * (B * Hkv * nb0 + 1)` u32 (counts and offsets); `plan` returns `None` when a buffer
+//! `3 * B * Hkv * nb0 + 2` u32 (counts, entry and chunk offsets); `plan` returns `None` when a buffer
 //! would pass the binding limit or an index would pass u32.
 
 use bytemuck::{Pod, Zeroable};
