@@ -4,6 +4,9 @@
 #   MODE=check  : pisa info + GPU correctness tests (.bin/tests.tar.xz: release test binaries)
 #   MODE=bench  : pisa bench (+ PyTorch peers when PEERS=1)
 #   MODE=all    : both (default)
+# With MODE=bench or all, pisa bench dumps its pipelines' WGSL (PISA_DUMP_WGSL) and, when
+# .bin/test-shader_stats is there, the driver's registers / local / shared memory of each go
+# to $OUT/shader-stats.txt (tests/shader_stats.rs).
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
@@ -20,7 +23,11 @@ if [ "$MODE" = check ] || [ "$MODE" = all ]; then
   done | tee "$OUT/check.txt"
 fi
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
-  ./.bin/pisa bench ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+  PISA_DUMP_WGSL=/tmp/pisa-wgsl ./.bin/pisa bench ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+  if [ -x .bin/test-shader_stats ]; then
+    PISA_WGSL_DIR=/tmp/pisa-wgsl timeout 120 .bin/test-shader_stats --ignored --nocapture \
+      > "$OUT/shader-stats.txt" 2>&1
+  fi
   if [ "${PEERS:-0}" = 1 ]; then
     python3 benches/peers/torch_peers.py --out "$OUT/peers.json" ${PEER_ARGS:-} 2>&1 \
       | grep -v -E "^(USDT|STAGE|WARNING:2|ERROR:2)" | tee "$OUT/peers.txt"
