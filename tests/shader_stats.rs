@@ -23,10 +23,18 @@
 use ash::vk;
 use std::ffi::{CStr, CString};
 
+/// A dumped pipeline compiled: its SPIR-V and the bindings of group 0 it declares.
+struct Compiled {
+    words: Vec<u32>,
+    /// (binding, descriptor type: uniform or storage buffer); a layout may list more bindings
+    /// than the entry point uses.
+    bindings: Vec<(u32, vk::DescriptorType)>,
+}
+
 /// naga's SPIR-V for `entry` of `src`, with the options wgpu 30 uses on a Vulkan 1.3 device
 /// for our default runtime checks (see the module docs; `robust2`: the device has
-/// `robustBufferAccess2`, so buffer accesses need no checks of their own).
-fn spirv(src: &str, entry: &str, robust2: bool) -> Result<Vec<u32>, String> {
+/// `robustBufferAccess2`, so buffer accesses need no checks of their own), and its bindings.
+fn compile(src: &str, entry: &str, robust2: bool) -> Result<Compiled, String> {
     use naga::back::spv;
     use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
@@ -74,24 +82,22 @@ fn spirv(src: &str, entry: &str, robust2: bool) -> Result<Vec<u32>, String> {
         entry_point: entry.to_string(),
     };
     let words = spv::write_vec(&module, &info, &options, Some(&pipe)).map_err(|e| e.to_string())?;
-    Ok(words)
-}
-
-/// The bindings of group 0 that `src` declares, as descriptor types (uniform or storage
-/// buffer); a layout may list more bindings than the entry point uses.
-fn bindings(src: &str) -> Vec<(u32, vk::DescriptorType)> {
-    let module = naga::front::wgsl::parse_str(src).expect("parsed once already");
-    let mut out = Vec::new();
+    let mut bindings = Vec::new();
     for (_, var) in module.global_variables.iter() {
         let Some(rb) = &var.binding else { continue };
-        assert_eq!(rb.group, 0, "only group 0 is used by pisa's shaders");
+        if rb.group != 0 {
+            return Err(format!(
+                "binding group {} (pisa's shaders use group 0)",
+                rb.group
+            ));
+        }
         let ty = match var.space {
             naga::AddressSpace::Uniform => vk::DescriptorType::UNIFORM_BUFFER,
             _ => vk::DescriptorType::STORAGE_BUFFER,
         };
-        out.push((rb.binding, ty));
+        bindings.push((rb.binding, ty));
     }
-    out
+    Ok(Compiled { words, bindings })
 }
 
 /// A raw device with every feature the physical device offers in the structures our shaders
@@ -233,9 +239,9 @@ fn stat(s: &vk::PipelineExecutableStatisticKHR<'_>) -> String {
 /// The driver's statistics of `entry` of `src`, as `name=value` strings. Every object it makes
 /// is destroyed before it returns, whatever fails.
 fn pipeline_stats(r: &Raw, src: &str, entry: &str) -> Result<Vec<String>, String> {
-    let words = spirv(src, entry, r.robust2)?;
+    let Compiled { words, bindings } = compile(src, entry, r.robust2)?;
     let d = &r.device;
-    let binds: Vec<_> = bindings(src)
+    let binds: Vec<_> = bindings
         .into_iter()
         .map(|(b, ty)| {
             vk::DescriptorSetLayoutBinding::default()
@@ -332,7 +338,9 @@ fn shader_stats() {
         let coop_src = src.contains("enable wgpu_cooperative_matrix");
         let got = match &r {
             Some(r) if r.coop || !coop_src => pipeline_stats(r, &src, &entry),
-            _ => spirv(&src, &entry, true).map(|w| vec![format!("spirv_words={}", w.len())]),
+            _ => {
+                compile(&src, &entry, true).map(|c| vec![format!("spirv_words={}", c.words.len())])
+            }
         };
         match got {
             Ok(s) => println!("{name}: {}", s.join(" ")),

@@ -191,9 +191,18 @@ pub(crate) fn record(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::runtime::pipeline::{assert_workgroup_fits, limits_with_memory};
+
+    /// (head dim, GQA group, C, K, merge factor) of the selection accounting tests (this one and
+    /// the leaf-major scorer's, which adds cases of its own).
+    pub(crate) const ACCOUNTING_CASES: [(usize, usize, usize, usize, usize); 4] = [
+        (128, 4, 64, 16, 2),
+        (64, 1, 16, 8, 4),
+        (80, 16, 128, 64, 2),
+        (16, 2, 32, 31, 3),
+    ];
 
     /// The scorer's workgroup variables (naga's sizes, f16, the variant's constants
     /// substituted) fit what [`LeafCoopVariant::shared_bytes`] charges, for the variants
@@ -203,12 +212,7 @@ mod tests {
     #[test]
     fn shared_bytes_covers_the_shader() {
         let mut checked = 0;
-        for (d, g, c, k, merge) in [
-            (128, 4, 64, 16, 2),
-            (64, 1, 16, 8, 4),
-            (80, 16, 128, 64, 2),
-            (16, 2, 32, 31, 3),
-        ] {
+        for (d, g, c, k, merge) in ACCOUNTING_CASES {
             let shape = AttentionShape::new(1, g, 1, 64, 4096, d).unwrap();
             let cfg = SelectionConfig::new(c, k).unwrap().with_merge_factor(merge);
             for (sg, lpi, q_tile) in [(32, 2, 4), (8, 1, 1), (64, 4, 4), (16, 3, 4)] {

@@ -185,14 +185,8 @@ mod tests {
     #[test]
     fn workgroup_bytes_cover_the_shaders() {
         let mut checked = 0;
-        for (d, g, c, k, merge) in [
-            (128, 4, 64, 16, 2),
-            (64, 1, 16, 8, 4),
-            (80, 16, 128, 64, 2),
-            (16, 2, 32, 31, 3),
-            (96, 8, 16, 4, 2),
-            (30, 32, 64, 16, 2),
-        ] {
+        let more = [(96, 8, 16, 4, 2), (30, 32, 64, 16, 2)];
+        for (d, g, c, k, merge) in coop::tests::ACCOUNTING_CASES.into_iter().chain(more) {
             let shape = AttentionShape::new(1, g, 1, 64, 4096, d).unwrap();
             let cfg = SelectionConfig::new(c, k).unwrap().with_merge_factor(merge);
             for mem in [16u32 << 10, 48 << 10] {
