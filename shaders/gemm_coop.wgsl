@@ -16,6 +16,8 @@
 // The accumulators are sixteen private variables behind acc_get / acc_set (a private array of
 // cooperative matrices lives in local memory on the H200's driver: coop_qa.wgsl).
 // DIRECT = 1 skips workgroup memory: every matrix is loaded straight from the storage buffers.
+// Two more entry points (timing only, their C is not a product), at the end of the file: `peak`
+// (multiply-adds with no loads) and `probe` (the price of a load against a multiply-add).
 enable wgpu_cooperative_matrix;
 
 const WM: u32 = 4u;    // 16-row tiles per subgroup (<= 4)

@@ -5,8 +5,11 @@
 //! everywhere); each variant matches a CPU f64 product of the same f16 inputs within 1e-5 of
 //! the row's sum of |products| (tensor-core adapters only; skipped with a message elsewhere).
 //! `gemm_tflops` (ignored) prints GPU-timed TFLOP/s of every variant at 4096^3 and 8192^3
-//! (`PISA_GEMM_SIZES=4096,8192`): the number against which the attention kernels' TFLOP/s are
-//! read (docs/benchmarks.md, session 8).
+//! (`PISA_GEMM_SIZES=4096,8192`), then of the shader's timing-only entry points `peak` and
+//! `probe` (PL 0 to 4): the numbers against which the attention kernels' TFLOP/s are read
+//! (docs/benchmarks.md, session 8). Pipelines are built with the library's runtime checks:
+//! with naga's loop bounding on, the driver does not unroll the loops over the accumulators
+//! and the GEMM runs 2.7x slower on the H200.
 mod common;
 
 use common::*;
