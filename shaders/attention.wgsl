@@ -313,10 +313,13 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     setup(id, (id / p.head_chunks) % p.n_qtiles);
     // The ascending union of the tile's selections (attention_common.wgsl).
     let nu = build_union(lid, (b * p.kv_heads + kvh) * p.q_len, i0);
+    // A block holds at most min(C, Nk) keys (C > Nk: one block, the whole sequence), so key
+    // tiles past that are never walked: with C far above Nk they would all be empty.
+    let span = min(p.block_size, p.k_len);
     for (var u = 0u; u < nu; u++) {
         let blk0 = ublk[u] * p.block_size;
         let m = umask[u];
-        for (var off = 0u; off < p.block_size; off += KT) {
+        for (var off = 0u; off < span; off += KT) {
             process_tile(blk0 + off, min(p.block_size - off, KT), m);
         }
     }

@@ -87,13 +87,13 @@ impl From<StorageArg> for Storage {
 /// Selection options (PISA.md "Notation" and section 3).
 #[derive(Args, Clone, Debug)]
 pub struct SelectArgs {
-    /// Leaf block size C in tokens.
+    /// Leaf block size C in tokens (1 to 16384).
     #[arg(long, default_value_t = 64)]
     pub block_size: usize,
-    /// K: leaf blocks per query, forced blocks included.
+    /// K: leaf blocks per query, forced blocks included (1 to 16777216).
     #[arg(long, default_value_t = 16)]
     pub top_k: usize,
-    /// Merge factor g of the pyramid.
+    /// Merge factor g of the pyramid (2 to 64).
     #[arg(long, default_value_t = 2)]
     pub merge: usize,
     /// Intermediate-level scoring.

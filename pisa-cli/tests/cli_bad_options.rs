@@ -28,6 +28,26 @@ fn bad_selection_options() {
         &["block_size must be at least 1"],
     );
     forward_fails(d, &["--merge", "1"], &["merge factor"]);
+    // Regressions (new-user trial): a top_k or merge factor near usize::MAX overflowed into a
+    // division by zero in the routing plan (a panic), and a block size above about 24000
+    // tokens gave NaN outputs with exit 0; each is now refused by name, with its limit.
+    let max = "18446744073709551615";
+    forward_fails(d, &["--top-k", max], &["top_k is", "limit of 16777216"]);
+    forward_fails(
+        d,
+        &["--merge", "9223372036854775808"],
+        &["merge_factor is", "limit of 64"],
+    );
+    forward_fails(
+        d,
+        &["--block-size", "65536", "--top-k", "1"],
+        &["block_size is 65536", "limit of 16384"],
+    );
+    fails(
+        d,
+        &["decode", "-i", "in.safetensors", "--top-k", max],
+        &["top_k is", "limit of 16777216"],
+    );
     forward_fails(d, &["--q-tile", "0"], &["--q-tile"]);
     forward_fails(d, &["--sink-blocks", "4"], &["forced blocks"]);
     // Regression: `--scale -1` was taken for a flag (clap usage error, exit 2); now parsed
@@ -190,6 +210,10 @@ fn bad_bench_arguments() {
         &["--decode-burst must be at most 2048"],
     );
     bench(&["--top-k", "0"], &["top_k"]);
+    bench(
+        &["--top-k", "18446744073709551615"],
+        &["top_k is", "limit of 16777216"],
+    );
     // Regressions (new-user trial): each was accepted and ignored or misreported.
     bench(&["--storages="], &["--storages is empty"]);
     bench(

@@ -26,6 +26,19 @@ impl Scoring {
     }
 }
 
+/// Largest leaf block size C accepted, in tokens. The paper's C is 64. Blocks far above that
+/// stopped being computed correctly by the portable tile attention kernel in tests (lavapipe:
+/// C = 36000 over 36100 tokens, and C = 24000 with 128-key tiles; the root cause is not found),
+/// so [`SelectionConfig::validate`] refuses them rather than return wrong outputs.
+pub const MAX_BLOCK_SIZE: usize = 16384;
+/// Largest `top_k` accepted. The selection buffers and the routing's candidate lists grow
+/// with it (`g * (K + 1)` candidates per query and level; with [`MAX_MERGE_FACTOR`] that
+/// count stays below 2^31); long before this limit a call meets the device's buffer limits,
+/// which are reported as such.
+pub const MAX_TOP_K: usize = 1 << 24;
+/// Largest merge factor g accepted (the paper's g is 2; a routing candidate reads g child rows).
+pub const MAX_MERGE_FACTOR: usize = 64;
+
 /// Configuration of block selection and of the attention over the selection.
 ///
 /// Build it with [`SelectionConfig::new`] (defaults of PISA.md: C = 64, K = 16, g = 2, `lse`,
@@ -115,8 +128,9 @@ impl SelectionConfig {
 
     /// Checks every field. Errors: [`PisaError::Zero`] (block size or top_k 0),
     /// [`PisaError::MergeFactor`] (g < 2), [`PisaError::TopKBelowForced`] (forced > K),
-    /// [`PisaError::TooLarge`] (`1 + sink_blocks + local_blocks` overflows `usize`),
-    /// [`PisaError::InvalidValue`] (non-finite or non-positive scale).
+    /// [`PisaError::TooLarge`] (block size above [`MAX_BLOCK_SIZE`], top_k above
+    /// [`MAX_TOP_K`], g above [`MAX_MERGE_FACTOR`], or `1 + sink_blocks + local_blocks`
+    /// overflowing `usize`), [`PisaError::InvalidValue`] (non-finite or non-positive scale).
     pub fn validate(&self) -> Result<()> {
         if self.block_size == 0 {
             return Err(PisaError::Zero { what: "block_size" });
@@ -128,6 +142,19 @@ impl SelectionConfig {
             return Err(PisaError::MergeFactor {
                 merge_factor: self.merge_factor,
             });
+        }
+        for (what, value, limit) in [
+            ("block_size", self.block_size, MAX_BLOCK_SIZE),
+            ("top_k", self.top_k, MAX_TOP_K),
+            ("merge_factor", self.merge_factor, MAX_MERGE_FACTOR),
+        ] {
+            if value > limit {
+                return Err(PisaError::TooLarge {
+                    what,
+                    value: value as u64,
+                    limit: limit as u64,
+                });
+            }
         }
         let Some(forced) = 1usize
             .checked_add(self.sink_blocks)
@@ -236,5 +263,37 @@ mod tests {
             .with_scale(Some(f32::NAN))
             .validate()
             .is_err());
+    }
+
+    /// Each size limit holds at its value and refuses one above it, naming the field; the
+    /// largest values a command line can pass are refused the same way, not by an overflow.
+    #[test]
+    fn sizes_above_their_limits_are_refused() {
+        assert!(SelectionConfig::new(MAX_BLOCK_SIZE, 4).is_ok());
+        assert!(SelectionConfig::new(64, MAX_TOP_K).is_ok());
+        assert!(SelectionConfig::default()
+            .with_merge_factor(MAX_MERGE_FACTOR)
+            .validate()
+            .is_ok());
+        let big = |what, value: usize, limit: usize| PisaError::TooLarge {
+            what,
+            value: value as u64,
+            limit: limit as u64,
+        };
+        for c in [MAX_BLOCK_SIZE + 1, 1 << 32, usize::MAX] {
+            let e = SelectionConfig::new(c, 4).unwrap_err();
+            assert_eq!(e, big("block_size", c, MAX_BLOCK_SIZE));
+        }
+        for k in [MAX_TOP_K + 1, 1 << 60, usize::MAX] {
+            let e = SelectionConfig::new(64, k).unwrap_err();
+            assert_eq!(e, big("top_k", k, MAX_TOP_K));
+        }
+        for g in [MAX_MERGE_FACTOR + 1, usize::MAX / 2 + 1, usize::MAX] {
+            let e = SelectionConfig::default()
+                .with_merge_factor(g)
+                .validate()
+                .unwrap_err();
+            assert_eq!(e, big("merge_factor", g, MAX_MERGE_FACTOR));
+        }
     }
 }

@@ -20,7 +20,7 @@ pub mod shape;
 #[cfg(feature = "alloc")]
 pub mod reference;
 
-pub use config::{Scoring, SelectionConfig};
+pub use config::{Scoring, SelectionConfig, MAX_BLOCK_SIZE, MAX_MERGE_FACTOR, MAX_TOP_K};
 pub use error::{PisaError, Result};
 pub use layout::{NodeClass, PyramidLayout, MAX_LEVELS};
 pub use schedule::{grid_for, pyramid_len, Schedule};

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use pisa_core::reference;
+use pisa_core::{reference, AttentionShape, SelectionConfig};
 use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions};
 
 use crate::args::{DeviceArgs, LayoutArg, ScoringArg, SelectArgs, StorageArg};
@@ -124,13 +124,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         stages.join(", ")
     );
     println!("  selection equal to the CPU reference for {same} of {} (query, KV head) rows; output rel. error {err:.2e}", want.rows());
-    let visible: f64 = (0..s.q_len)
-        .map(|i| {
-            (i / cfg.block_size + 1).min(cfg.top_k) as f64 * cfg.block_size as f64 / (i + 1) as f64
-        })
-        .sum::<f64>()
-        / s.q_len as f64;
-    println!("  each query attends to at most {} keys ({} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.top_k * cfg.block_size, cfg.top_k, cfg.block_size, 100.0 * visible.min(1.0));
+    let visible = attended_fraction(&sel_gpu, s, &cfg);
+    println!("  each query attends to at most {} keys ({} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.top_k * cfg.block_size, cfg.top_k, cfg.block_size, 100.0 * visible);
 
     // 2. decode
     super::decode::demo(&ctx, &l, &cfg, a.steps)?;
@@ -160,4 +155,36 @@ pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
         d += y * y;
     }
     (n / d.max(1e-300)).sqrt()
+}
+
+/// The mean over (KV head, query) rows of `selection` (`[B, Hkv, Nq, K]`, -1 padded) of the
+/// fraction of a query's causal keys (positions 0 ..= p_i) that its selected blocks hold.
+fn attended_fraction(selection: &[i32], s: &AttentionShape, cfg: &SelectionConfig) -> f64 {
+    let (c, k) = (cfg.block_size, cfg.top_k);
+    let rows = selection.chunks(k).enumerate().map(|(r, row)| {
+        let seen = s.k_len - s.q_len + r % s.q_len + 1; // keys 0 ..= p_i
+        let held: usize = (row.iter().filter(|&&b| b >= 0))
+            .map(|&b| seen.saturating_sub(b as usize * c).min(c))
+            .sum();
+        held as f64 / seen as f64
+    });
+    let (sum, n) = rows.fold((0.0, 0usize), |(a, n), f| (a + f, n + 1));
+    sum / n.max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One KV head, 5 queries, C = 2, K = 2: the fractions of keys held, by hand.
+    #[test]
+    fn attended_fraction_counts_the_keys_each_query_sees() {
+        let s = AttentionShape::new(1, 1, 1, 5, 5, 16).unwrap();
+        let cfg = SelectionConfig::new(2, 2).unwrap();
+        // p = 0..4 see 1..5 keys; blocks: {0}, {0}, {0, 1}, {0, 1}, {0, 2}.
+        let sel = [0, -1, 0, -1, 0, 1, 0, 1, 0, 2];
+        // held: 1 of 1, 2 of 2, 3 of 3, 4 of 4, 2 + 1 of 5.
+        let want = (1.0 + 1.0 + 1.0 + 1.0 + 3.0 / 5.0) / 5.0;
+        assert!((attended_fraction(&sel, &s, &cfg) - want).abs() < 1e-12);
+    }
 }

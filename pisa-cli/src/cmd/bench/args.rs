@@ -31,10 +31,10 @@ pub struct BenchArgs {
     /// Head dim.
     #[arg(long, default_value_t = 128)]
     pub d: usize,
-    /// Leaf block size C.
+    /// Leaf block size C (1 to 16384).
     #[arg(long, default_value_t = 64)]
     pub block_size: usize,
-    /// top_k K.
+    /// top_k K (1 to 16777216).
     #[arg(long, default_value_t = 16)]
     pub top_k: usize,
     /// Intermediate scoring.
