@@ -117,8 +117,17 @@ pub struct SelectArgs {
 }
 
 impl SelectArgs {
-    /// The validated configuration (scale from the file when not given).
-    pub fn config(&self, file_scale: Option<f32>) -> anyhow::Result<SelectionConfig> {
+    /// The validated configuration (scale from the file when not given: `file_scale` as
+    /// [`crate::input::Loaded::file_scale`], whose error counts only then).
+    pub fn config(
+        &self,
+        file_scale: &std::result::Result<Option<f32>, String>,
+    ) -> anyhow::Result<SelectionConfig> {
+        let file_scale = match (self.scale, file_scale) {
+            (Some(_), _) => None,
+            (None, Ok(s)) => *s,
+            (None, Err(e)) => anyhow::bail!("{e}"),
+        };
         if let Some(s) = self.scale {
             if !(s.is_finite() && s > 0.0) {
                 anyhow::bail!("--scale {s}: the softmax scale must be finite and positive");

@@ -63,8 +63,10 @@ pub struct Loaded {
     pub shape: AttentionShape,
     /// Layout of q, k, v.
     pub layout: TensorLayout,
-    /// Softmax scale from the file's metadata, if any.
-    pub file_scale: Option<f32>,
+    /// Softmax scale from the file's metadata: `Ok(None)` when there is none, `Err` (a message
+    /// naming the file) when it is unreadable or not a finite positive f32. Only consulted, so
+    /// only an error, where `--scale` is not given ([`crate::args::SelectArgs::config`]).
+    pub file_scale: std::result::Result<Option<f32>, String>,
     /// Where it came from (for messages).
     pub source: String,
     /// Shape of the Q tensor as read (3-D without batch or 4-D), after `--tokens`.
@@ -252,8 +254,12 @@ impl InputArgs {
         };
         let (mut q, mut k, mut v) = (read(&qp, &qn)?, read(&kp, &kn)?, read(&vp, &vn)?);
         let meta = io::read_metadata(&qp)?;
-        let file_scale = io::softmax_scale(&meta, self.layer)
-            .with_context(|| format!("{}: bad softmax scale", qp.display()))?;
+        let file_scale = io::softmax_scale(&meta, self.layer).map_err(|e| {
+            format!(
+                "{}: bad softmax scale: {e:#} (--scale overrides it)",
+                qp.display()
+            )
+        });
         let (qb, qh, qt, qd) = dims(&q, layout, &source)?;
         let (kb, kh, kt, kd) = dims(&k, layout, &source)?;
         ensure!(

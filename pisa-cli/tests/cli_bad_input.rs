@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{fails, forward_fails, setup, write_input, Spec, SMALL};
+use common::{args, fails, forward_fails, run_in, setup, write_input, Spec, SMALL};
 use pisa_cli::io::{write_safetensors, DType, IndexTensor, OutTensor};
 use pisa_core::TensorLayout;
 
@@ -245,6 +245,35 @@ fn bad_scale_metadata_names_the_file() {
         &["forward", "-i", "meta.safetensors"],
         &["meta.safetensors", "`scale` = \"abc\" is not a number"],
     );
+    // Regressions (new-user trial): a scale finite in f64 but not in f32 was refused without
+    // the file's name, and `--scale` could not override a bad metadata scale.
+    let meta = [("scale".to_string(), "1e40".to_string())].into();
+    common::write_st_meta(
+        d,
+        "big.safetensors",
+        &Spec::small().qkv(),
+        DType::F32,
+        &meta,
+    );
+    fails(
+        d,
+        &["forward", "-i", "big.safetensors"],
+        &["big.safetensors", "not a finite positive softmax scale"],
+    );
+    for file in ["meta.safetensors", "big.safetensors"] {
+        let base = [
+            "forward",
+            "-i",
+            file,
+            "-o",
+            "out.safetensors",
+            "--scale",
+            "0.125",
+        ];
+        let r = run_in(d, &args(&base, &SMALL, &[])).ok();
+        assert!(r.stdout.contains("wrote"), "{file}: {}", r.stdout);
+        std::fs::remove_file(d.join("out.safetensors")).unwrap();
+    }
 }
 
 /// Regression: without XDG_RUNTIME_DIR, Mesa's drivers printed several "error: XDG_RUNTIME_DIR

@@ -66,7 +66,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         scale: None,
         q_tile: 4,
     };
-    let cfg = sel.config(l.file_scale)?;
+    let cfg = sel.config(&l.file_scale)?;
     let dev = DeviceArgs {
         adapter: a.adapter.clone(),
         storage: StorageArg::F32,

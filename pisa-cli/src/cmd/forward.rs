@@ -118,7 +118,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
         check_output(path, out_dtype, a.save_selection, &a.input)?;
     }
     let l = a.input.load_for(a.device.storage, true)?;
-    let cfg = a.select.config(l.file_scale)?;
+    let cfg = a.select.config(&l.file_scale)?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
     let opts = PrefillOptions {

@@ -62,7 +62,7 @@ pub fn measure(
     a: &SelectArgs,
     storage: pisa_wgpu::Storage,
 ) -> Result<Vec<MethodRecall>> {
-    let cfg = a.config(l.file_scale)?;
+    let cfg = a.config(&l.file_scale)?;
     let pb = progress(5, "recall");
     let (oracle_idx, mass) = oracle_host(ctx, &l.q, &l.k, &l.shape, l.layout, &cfg, storage)
         .context("oracle selection")?;
@@ -152,7 +152,7 @@ pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
 /// Runs `pisa recall`.
 pub fn run(a: RecallArgs) -> Result<()> {
     let l = a.input.load_for(a.device.storage, false)?;
-    let cfg = a.select.config(l.file_scale)?;
+    let cfg = a.select.config(&l.file_scale)?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
     let rows = measure(&ctx, &l, &a.select, a.device.storage.into())

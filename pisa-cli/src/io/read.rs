@@ -93,8 +93,10 @@ pub fn parse_safetensors_header_bytes(
 /// is not a finite positive number.
 pub fn softmax_scale(meta: &BTreeMap<String, String>, layer: Option<usize>) -> Result<Option<f32>> {
     let check = |key: &str, v: f64| -> Result<Option<f32>> {
-        if v.is_finite() && v > 0.0 {
-            Ok(Some(v as f32))
+        // As f32, the precision the kernels use: 1e40 is finite in f64 but not there.
+        let f = v as f32;
+        if f.is_finite() && f > 0.0 {
+            Ok(Some(f))
         } else {
             bail!("metadata `{key}` = {v} is not a finite positive softmax scale")
         }

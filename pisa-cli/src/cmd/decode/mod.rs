@@ -64,7 +64,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         super::forward::check_output(path, out_dtype, a.save_selection, &a.input)?;
     }
     let l = a.input.load_for(a.device.storage, true)?;
-    let cfg = a.select.config(l.file_scale)?;
+    let cfg = a.select.config(&l.file_scale)?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let p = a.prefill.unwrap_or(l.shape.q_len / 2);
     check_prefill(p, l.shape.q_len).with_context(|| l.source.clone())?;
