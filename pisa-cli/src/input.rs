@@ -240,18 +240,7 @@ impl InputArgs {
             .map_or("embedded demo input".to_string(), |p| {
                 p.display().to_string()
             });
-        let read = |p: &Path, n: &str| -> Result<HostTensor> {
-            let t = io::read_tensor(p, n)?;
-            if !self.allow_nonfinite {
-                io::check_finite(&t).with_context(|| {
-                    format!(
-                        "{}: refusing non-finite input (--allow-nonfinite passes it on)",
-                        p.display()
-                    )
-                })?;
-            }
-            Ok(t)
-        };
+        let read = |p: &Path, n: &str| -> Result<HostTensor> { io::read_tensor(p, n) };
         let (mut q, mut k, mut v) = (read(&qp, &qn)?, read(&kp, &kn)?, read(&vp, &vn)?);
         let meta = io::read_metadata(&qp)?;
         let file_scale = io::softmax_scale(&meta, self.layer).map_err(|e| {
@@ -298,6 +287,17 @@ impl InputArgs {
             k = k.narrow(ax, 0, t)?;
             v = v.narrow(ax, 0, t)?;
             n = t;
+        }
+        // Only the tokens used are checked (a non-finite value past --tokens is never read).
+        if !self.allow_nonfinite {
+            for (t, p) in [(&q, &qp), (&k, &kp), (&v, &vp)] {
+                io::check_finite(t).with_context(|| {
+                    format!(
+                        "{}: refusing non-finite input (--allow-nonfinite passes it on)",
+                        p.display()
+                    )
+                })?;
+            }
         }
         let shape = AttentionShape::prefill(qb, qh, kh, n, qd)
             .with_context(|| format!("{source}: bad shapes"))?;

@@ -225,6 +225,20 @@ fn nonfinite_npy_input_names_the_file() {
         ],
         &["inf.npy", "inf at [0, 0, 7]"],
     );
+    // Regression (new-user trial): a non-finite value past --tokens, never read, was refused.
+    // Bnhd 3-D Q is [n, hq, d]: element 7 of the last token.
+    let mut q = s.tensor("q", 4, 1);
+    q.data[(s.n - 1) * s.hq * s.d + 7] = f32::NAN;
+    pisa_cli::io::write_npy(&d.join("late.npy"), OutTensor::Float(&q, DType::F32)).unwrap();
+    let base = [
+        "forward", "-i", "late.npy", "--k-file", "k.npy", "--v-file", "v.npy", "--layout", "bnhd",
+        "-o", "o.npy",
+    ];
+    let late = format!("NaN at [{}, 0, 7]", s.n - 1);
+    fails(d, &args(&base, &SMALL, &[]), &["late.npy", &late]);
+    let n = (s.n - 1).to_string();
+    let r = run_in(d, &args(&base, &SMALL, &["--tokens", &n])).ok();
+    assert!(r.stdout.contains("wrote"), "{}", r.stdout);
 }
 
 /// Regression: a bad softmax scale in the metadata was reported without the file's name.
