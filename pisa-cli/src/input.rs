@@ -179,6 +179,11 @@ impl InputArgs {
         if storage == StorageArg::F16 && !self.allow_nonfinite {
             l.check_f16_range(with_v)?;
         }
+        if storage == StorageArg::F16 {
+            if let Some(note) = l.f16_underflow_note(with_v) {
+                eprintln!("warning: {note}");
+            }
+        }
         Ok(l)
     }
 

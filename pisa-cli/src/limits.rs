@@ -73,6 +73,36 @@ impl Loaded {
         Ok(())
     }
 
+    /// A note when f16 storage turns nonzero values of Q, K or V (V only `with_v`) into zero
+    /// (below half of f16's smallest subnormal, about 3e-8): how many, per tensor. `None`
+    /// when there are none. Not an error: such values are usually negligible, but an input
+    /// made only of them would attend to zeros.
+    pub fn f16_underflow_note(&self, with_v: bool) -> Option<String> {
+        let mut list = vec![("Q", &self.q), ("K", &self.k)];
+        if with_v {
+            list.push(("V", &self.v));
+        }
+        let counts: Vec<String> = (list.iter())
+            .map(|(name, x)| {
+                let n = (x.iter())
+                    .filter(|&&v| {
+                        v != 0.0 && v.is_finite() && half::f16::from_f32(v).to_f32() == 0.0
+                    })
+                    .count();
+                (name, n)
+            })
+            .filter(|(_, n)| *n > 0)
+            .map(|(name, n)| format!("{n} of {name}"))
+            .collect();
+        (!counts.is_empty()).then(|| {
+            format!(
+                "{}: --storage f16 rounds {} nonzero values to zero (below f16's range); --storage f32 keeps them",
+                self.source,
+                counts.join(", ")
+            )
+        })
+    }
+
     /// Errors when a score `scale * q . k` could exceed [`MAX_SCORE`] in magnitude (bounded by
     /// `scale * max |q row| * max |k row|`): the kernels would take such scores for masked ones.
     pub fn check_score_bound(&self, scale: f32) -> Result<()> {

@@ -304,3 +304,27 @@ fn one_error_line_without_xdg_runtime_dir() {
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
 }
+
+/// Regression (new-user trial): with `--storage f16`, inputs below f16's range became zeros
+/// without a word; now a warning counts them (the run goes on), and f32 storage says nothing.
+#[test]
+fn f16_storage_warns_of_values_it_rounds_to_zero() {
+    let dir = setup();
+    let d = dir.path();
+    let [mut q, k, v] = Spec::small().qkv();
+    for x in q.data.iter_mut().take(10) {
+        *x = 1e-30;
+    }
+    let meta = Default::default();
+    common::write_st_meta(d, "tiny.safetensors", &[q, k, v], DType::F32, &meta);
+    let base = ["forward", "-i", "tiny.safetensors", "-o", "out.safetensors"];
+    let r = run_in(d, &args(&base, &SMALL, &["--storage", "f16"])).ok();
+    assert!(
+        r.stderr.contains("warning: ") && r.stderr.contains("rounds 10 of Q nonzero values"),
+        "{}",
+        r.stderr
+    );
+    std::fs::remove_file(d.join("out.safetensors")).unwrap();
+    let r = run_in(d, &args(&base, &SMALL, &[])).ok();
+    assert!(!r.stderr.contains("warning"), "{}", r.stderr);
+}
