@@ -208,6 +208,9 @@ fn forward_npy_inputs_bnhd_with_json_output() {
         (Some(130), Some(4)),
         "{j}"
     );
+    // Regression (new-user trial): the scale used was not shown when it defaulted.
+    let used = j["softmax_scale"].as_f64().unwrap();
+    assert!((used - 1.0 / 32f64.sqrt()).abs() < 1e-6, "{j}");
     let out = dir.path().join("res.safetensors");
     let meta = pisa_cli::io::read_metadata(&out).unwrap();
     assert_eq!(meta["scale"], (1.0 / 32f32.sqrt()).to_string());
