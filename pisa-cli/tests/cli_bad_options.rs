@@ -41,7 +41,7 @@ fn bad_selection_options() {
     forward_fails(
         d,
         &["--block-size", "65536", "--top-k", "1"],
-        &["block_size is 65536", "limit of 16384"],
+        &["block_size is 65536", "limit of 4096"],
     );
     fails(
         d,
