@@ -313,12 +313,16 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     setup(id, (id / p.head_chunks) % p.n_qtiles);
     // The ascending union of the tile's selections (attention_common.wgsl).
     let nu = build_union(lid, (b * p.kv_heads + kvh) * p.q_len, i0);
-    // A block holds at most min(C, Nk) keys (C > Nk: one block, the whole sequence), so key
-    // tiles past that are never walked: with C far above Nk they would all be empty.
-    let span = min(p.block_size, p.k_len);
+    // Only the keys some row of the tile may see are walked: a block's keys below Nk and, when
+    // causal, up to the tile's last query position. Tiles past them would be empty or masked
+    // for every row; walking hundreds of them (a long block) gave wrong outputs on lavapipe
+    // (docs/benchmarks.md, session 8), besides costing time.
+    var end = p.k_len;
+    if (p.causal != 0u) { end = p.k_len - p.q_len + min(i0 + QT, p.q_len); }
     for (var u = 0u; u < nu; u++) {
         let blk0 = ublk[u] * p.block_size;
         let m = umask[u];
+        let span = min(p.block_size, end - min(blk0, end));
         for (var off = 0u; off < span; off += KT) {
             process_tile(blk0 + off, min(p.block_size - off, KT), m);
         }

@@ -34,9 +34,10 @@ fn sparse_matches_reference() {
         (2, 2, 2, 127, 127, 128, 32, 5, Bnhd, F16, false, true),
         (1, 1, 1, 1, 1, 64, 64, 1, Bhnd, F32, true, true),
         (1, 4, 1, 64, 64, 80, 64, 1, Bnhd, F32, false, false),
-        // The largest C accepted: far above Nk (one block, the whole sequence), and two
-        // blocks both selected, non-causal (C = 16384 failed so, with error 0.3 on lavapipe:
-        // pisa_core::MAX_BLOCK_SIZE).
+        // Long blocks: C far above Nk (one block, the whole sequence: only the keys that exist
+        // are walked), and two blocks both selected, non-causal (the second block's tiles past
+        // Nk are not walked either). Larger ones meet lavapipe's loop limit
+        // (tests/lavapipe_loops.rs).
         (1, 3, 1, 128, 128, 64, 4096, 1, Bhnd, F32, true, true),
         (1, 2, 1, 100, 100, 64, 4096, 2, Bnhd, F32, false, false),
         (1, 1, 1, 64, 4112, 64, 4096, 2, Bhnd, F32, false, false),

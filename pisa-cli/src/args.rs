@@ -87,7 +87,7 @@ impl From<StorageArg> for Storage {
 /// Selection options (PISA.md "Notation" and section 3).
 #[derive(Args, Clone, Debug)]
 pub struct SelectArgs {
-    /// Leaf block size C in tokens (1 to 4096).
+    /// Leaf block size C in tokens (1 to 1048576).
     #[arg(long, default_value_t = 64)]
     pub block_size: usize,
     /// K: leaf blocks per query, forced blocks included (1 to 16777216).

@@ -135,3 +135,35 @@ impl Loaded {
         Ok(())
     }
 }
+
+/// Keys above which a run on llvmpipe (lavapipe) is warned about: its loop limiter stops each
+/// shader invocation's loops after 65535 iterations in all (`tests/lavapipe_loops.rs`), and
+/// the tile attention kernels met it between 20000 and 24576 keys at D 64 in tests (sooner at
+/// larger D). A margin below that.
+pub const LLVMPIPE_KEYS: usize = 8192;
+
+/// The warning for a run over `keys` keys on adapter `name`, where it applies.
+pub fn llvmpipe_note(name: &str, keys: usize) -> Option<String> {
+    (name.contains("llvmpipe") && keys > LLVMPIPE_KEYS).then(|| {
+        format!(
+            "{name} stops every shader invocation's loops after 65535 iterations in all, so \
+             attention over {keys} keys (above about {LLVMPIPE_KEYS}) may come out wrong on it; \
+             use a GPU for long sequences"
+        )
+    })
+}
+
+#[cfg(test)]
+mod llvmpipe_tests {
+    use super::*;
+
+    #[test]
+    fn llvmpipe_long_runs_are_warned_about() {
+        let lp = "llvmpipe (LLVM 15.0.6, 256 bits)";
+        assert!(llvmpipe_note(lp, LLVMPIPE_KEYS).is_none());
+        assert!(llvmpipe_note(lp, LLVMPIPE_KEYS + 1)
+            .unwrap()
+            .contains("65535"));
+        assert!(llvmpipe_note("NVIDIA H200", 1 << 20).is_none());
+    }
+}

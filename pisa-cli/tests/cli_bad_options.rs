@@ -28,9 +28,10 @@ fn bad_selection_options() {
         &["block_size must be at least 1"],
     );
     forward_fails(d, &["--merge", "1"], &["merge factor"]);
-    // Regressions (new-user trial): a top_k or merge factor near usize::MAX overflowed into a
-    // division by zero in the routing plan (a panic), and a block size above about 24000
-    // tokens gave NaN outputs with exit 0; each is now refused by name, with its limit.
+    // Regressions (new-user trial): a top_k, merge factor or block size near usize::MAX
+    // overflowed into a division by zero in the routing plan (a panic); each is now refused by
+    // name, with its limit. (A block of 65536 tokens over 150 gave NaN with exit 0: see
+    // `block_far_above_the_sequence` in cli_forward.rs.)
     let max = "18446744073709551615";
     forward_fails(d, &["--top-k", max], &["top_k is", "limit of 16777216"]);
     forward_fails(
@@ -40,8 +41,8 @@ fn bad_selection_options() {
     );
     forward_fails(
         d,
-        &["--block-size", "65536", "--top-k", "1"],
-        &["block_size is 65536", "limit of 4096"],
+        &["--block-size", "4294967296", "--top-k", "1"],
+        &["block_size is 4294967296", "limit of 1048576"],
     );
     fails(
         d,

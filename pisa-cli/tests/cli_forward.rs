@@ -272,3 +272,43 @@ fn forward_layer_and_scale_from_metadata_and_tokens() {
         "no --save-selection"
     );
 }
+
+/// Regression (new-user trial): a block far above the sequence (C 65536 over 150 tokens) gave
+/// NaN outputs with exit 0 and took seconds: the tile kernel walked all of the block's key
+/// tiles, and lavapipe's loop limit (tests/lavapipe_loops.rs) cut the walk short. It now walks
+/// only the keys that exist: one block, so O is dense causal attention.
+#[test]
+fn block_far_above_the_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = Spec::small();
+    write_input(dir.path(), "in.safetensors", &spec);
+    let args = [
+        "forward",
+        "-i",
+        "in.safetensors",
+        "-o",
+        "out.safetensors",
+        "--block-size",
+        "65536",
+        "--top-k",
+        "1",
+    ];
+    run_in(dir.path(), &args).ok();
+    let o = read_tensor(&dir.path().join("out.safetensors"), "o").unwrap();
+    let inp = dir.path().join("in.safetensors");
+    let [q, k, v] = ["q", "k", "v"].map(|n| read_tensor(&inp, n).unwrap());
+    let shape = AttentionShape::prefill(1, spec.hq, spec.hkv, spec.n, spec.d).unwrap();
+    let scale = 1.0 / (spec.d as f32).sqrt();
+    let (o_ref, _) = pisa_core::reference::dense_attention(
+        &q.data,
+        &k.data,
+        &v.data,
+        &shape,
+        spec.layout,
+        true,
+        scale,
+    )
+    .unwrap();
+    let e = rel_err(&o.data, &o_ref);
+    assert!(e <= 1e-4, "O rel. error {e:.2e}");
+}

@@ -26,12 +26,11 @@ impl Scoring {
     }
 }
 
-/// Largest leaf block size C accepted, in tokens (the paper's C is 64). Blocks of more than
-/// about 12000 tokens were computed wrongly by the portable tile attention kernel in tests on
-/// lavapipe (relative error 0.3 with C = 16384: non-causal, two blocks both selected; NaN with
-/// C = 36000), cause not found; [`SelectionConfig::validate`] refuses them rather than return
-/// wrong outputs, with a margin of 3x.
-pub const MAX_BLOCK_SIZE: usize = 4096;
+/// Largest leaf block size C accepted, in tokens (the paper's C is 64): a bound on absurd
+/// values, which the kernels' u32 arithmetic could not hold. (Blocks of tens of thousands of
+/// tokens once gave wrong outputs in tests; the cause was lavapipe's loop limiter, see
+/// `tests/lavapipe_loops.rs`, not the kernels.)
+pub const MAX_BLOCK_SIZE: usize = 1 << 20;
 /// Largest `top_k` accepted. The selection buffers and the routing's candidate lists grow
 /// with it (`g * (K + 1)` candidates per query and level; with [`MAX_MERGE_FACTOR`] that
 /// count stays below 2^31); long before this limit a call meets the device's buffer limits,

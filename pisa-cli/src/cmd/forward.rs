@@ -121,6 +121,9 @@ pub fn run(a: ForwardArgs) -> Result<()> {
     let cfg = a.select.config(&l.file_scale)?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
+    if let Some(note) = crate::limits::llvmpipe_note(&ctx.report().name, l.shape.k_len) {
+        eprintln!("warning: {note}");
+    }
     let opts = PrefillOptions {
         cfg,
         layout: l.layout,

@@ -31,7 +31,7 @@ pub struct BenchArgs {
     /// Head dim.
     #[arg(long, default_value_t = 128)]
     pub d: usize,
-    /// Leaf block size C (1 to 4096).
+    /// Leaf block size C (1 to 1048576).
     #[arg(long, default_value_t = 64)]
     pub block_size: usize,
     /// top_k K (1 to 16777216).

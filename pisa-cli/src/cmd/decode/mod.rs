@@ -69,6 +69,9 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let p = a.prefill.unwrap_or(l.shape.q_len / 2);
     check_prefill(p, l.shape.q_len).with_context(|| l.source.clone())?;
     let ctx = a.device.context()?;
+    if let Some(note) = crate::limits::llvmpipe_note(&ctx.report().name, l.shape.k_len) {
+        eprintln!("warning: {note}");
+    }
     let storage: Storage = a.device.storage.into();
     let r = run_decode(&ctx, &l, &cfg, storage, p)
         .map_err(|e| crate::args::top_k_note(e, &cfg, l.shape.k_len))
