@@ -256,6 +256,22 @@ fn bad_bench_arguments() {
     );
     std::fs::write(d.join("compare.svg"), b"<svg/>").unwrap();
     fails(d, &["bench", "--compare", "compare.svg"], &["compare.svg"]);
+    // Regression (new-user trial): times no run writes (negative, 1e300 ms) were tabled and
+    // plotted as they came.
+    for (file, ms) in [("neg.json", "-1.5"), ("huge.json", "1e300")] {
+        let rec = format!(
+            r#"{{"op":"pisa_select","n":4096,"storage":"f32","ms":{ms},"reps":1,"gpu_timed":true,"tflops":null,"gbps":null,"path":"portable"}}"#
+        );
+        let json = format!(
+            r#"{{"adapter":"x","vendor":1,"backend":"b","driver":"d","command":"c","shape":"s","records":[{rec}]}}"#
+        );
+        std::fs::write(d.join(file), json).unwrap();
+        let want = format!(
+            "record pisa_select at N 4096 has {}",
+            ms.parse::<f64>().unwrap()
+        );
+        fails(d, &["bench", "--compare", file], &[file, &want]);
+    }
 }
 
 /// Regression: a head dim the kernels do not support "skipped" every size and exited 0; now the

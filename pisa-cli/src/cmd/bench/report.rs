@@ -85,12 +85,23 @@ impl Report {
             .map(|r| r.ms)
     }
 
-    /// Reads a report written by `pisa bench --json`.
+    /// Reads a report written by `pisa bench --json`. Errors: unreadable, not such a file, or
+    /// a record whose time is negative, not finite or above a day, which no run writes.
     pub fn load(path: &Path) -> Result<Self> {
         let s = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read", path.display()))?;
-        serde_json::from_str(&s)
-            .with_context(|| format!("{}: not a pisa bench JSON file", path.display()))
+        let r: Report = serde_json::from_str(&s)
+            .with_context(|| format!("{}: not a pisa bench JSON file", path.display()))?;
+        if let Some(bad) = (r.records.iter()).find(|x| !(x.ms >= 0.0 && x.ms <= 86_400_000.0)) {
+            anyhow::bail!(
+                "{}: record {} at N {} has {} ms, not a time a run writes (finite, not negative, at most a day)",
+                path.display(),
+                bad.op,
+                bad.n,
+                bad.ms
+            );
+        }
+        Ok(r)
     }
 }
 
