@@ -70,6 +70,12 @@ fn bad_selection_options() {
         &["recall", "-i", "in.safetensors", "--top-k", "0"],
         &["top_k"],
     );
+    // Regression (new-user trial): recall took --scoring and ignored it.
+    fails(
+        d,
+        &["recall", "-i", "in.safetensors", "--scoring", "mean"],
+        &["--scoring does not apply to recall"],
+    );
 }
 
 /// Regression: an output path equal to an input file replaced the input with the results (the
