@@ -169,6 +169,19 @@ pub fn top_k_note(e: anyhow::Error, cfg: &SelectionConfig, n_keys: usize) -> any
     )
 }
 
+/// An error of the command line itself (options that do not go together, a missing input):
+/// `pisa` exits with code 2 for it, as for clap's own usage errors, and 1 for every other.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
 /// Which GPU and precision.
 #[derive(Args, Clone, Debug)]
 pub struct DeviceArgs {

@@ -5,11 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, ensure, Context as _, Result};
+use anyhow::{ensure, Context as _, Result};
 use clap::Args;
 use pisa_core::{AttentionShape, TensorLayout};
 
-use crate::args::{LayoutArg, StorageArg};
+use crate::args::{LayoutArg, StorageArg, UsageError};
 use crate::io::{self, HostTensor};
 
 /// The embedded default input: SmolLM2-135M-Instruct layer 15, tokens 0..4096, f16
@@ -198,37 +198,43 @@ impl InputArgs {
 
     /// Loads Q, K, V (the embedded demo input when `--input` is absent and `allow_demo`).
     pub fn load(&self, allow_demo: bool) -> Result<Loaded> {
-        ensure!(
-            self.layer.is_none()
-                || (self.q_name == "q" && self.k_name == "k" && self.v_name == "v"),
-            "--layer N reads layer{{N}}.q/k/v: it cannot be combined with --q-name, --k-name or --v-name"
-        );
+        if self.layer.is_some() && (self.q_name != "q" || self.k_name != "k" || self.v_name != "v")
+        {
+            return Err(UsageError(
+                "--layer N reads layer{N}.q/k/v: it cannot be combined with --q-name, --k-name or --v-name".into(),
+            )
+            .into());
+        }
         let layout: TensorLayout = self.layout.into();
         let (qn, kn, vn) = self.names();
         let demo_file;
         let (qp, kp, vp): (PathBuf, PathBuf, PathBuf) = match &self.input {
             Some(p) if io::Format::from_path(p)? == io::Format::Npy => {
-                ensure!(
-                    self.layer.is_none(),
-                    "{}: --layer picks tensors of a .safetensors file; a .npy file holds one tensor",
-                    p.display()
-                );
+                if self.layer.is_some() {
+                    return Err(UsageError(format!(
+                        "{}: --layer picks tensors of a .safetensors file; a .npy file holds one tensor",
+                        p.display()
+                    ))
+                    .into());
+                }
                 let missing = match (&self.k_file, &self.v_file) {
                     (None, None) => "K and V with --k-file and --v-file",
                     (None, Some(_)) => "K with --k-file",
                     _ => "V with --v-file",
                 };
                 let (Some(k), Some(v)) = (self.k_file.clone(), self.v_file.clone()) else {
-                    bail!("--input is a .npy file: give {missing}");
+                    return Err(UsageError(format!("--input is a .npy file: give {missing}")).into());
                 };
                 (p.clone(), k, v)
             }
             Some(p) => {
-                ensure!(
-                    self.k_file.is_none() && self.v_file.is_none(),
-                    "{}: --k-file and --v-file go with a .npy --input; a .safetensors input holds K and V (--k-name, --v-name)",
-                    p.display()
-                );
+                if self.k_file.is_some() || self.v_file.is_some() {
+                    return Err(UsageError(format!(
+                        "{}: --k-file and --v-file go with a .npy --input; a .safetensors input holds K and V (--k-name, --v-name)",
+                        p.display()
+                    ))
+                    .into());
+                }
                 (p.clone(), p.clone(), p.clone())
             }
             None if allow_demo => {
@@ -237,7 +243,12 @@ impl InputArgs {
                 let p = demo_file.path().to_path_buf();
                 (p.clone(), p.clone(), p)
             }
-            None => bail!("no input: give --input FILE (.safetensors with q/k/v, or .npy with --k-file/--v-file)"),
+            None => {
+                return Err(UsageError(
+                    "no input: give --input FILE (.safetensors with q/k/v, or .npy with --k-file/--v-file)".into(),
+                )
+                .into())
+            }
         };
         let source = self
             .input

@@ -62,6 +62,7 @@ fn main() {
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        let usage = e.downcast_ref::<args::UsageError>().is_some();
+        std::process::exit(if usage { 2 } else { 1 });
     }
 }

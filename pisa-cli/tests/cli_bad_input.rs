@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{args, fails, forward_fails, run_in, setup, write_input, Spec, SMALL};
+use common::{args, fails, forward_fails, run_in, setup, usage_fails, write_input, Spec, SMALL};
 use pisa_cli::io::{write_safetensors, DType, IndexTensor, OutTensor};
 use pisa_core::TensorLayout;
 
@@ -39,12 +39,13 @@ fn missing_unreadable_and_empty_files() {
         ],
         &["nosuch.npy"],
     );
-    fails(
+    // Errors of the command line itself exit with code 2, as clap's usage errors.
+    usage_fails(
         d,
         &["forward", "-i", "q.npy", "--layout", "bnhd"],
         &["--k-file"],
     );
-    fails(d, &["forward"], &["no input"]);
+    usage_fails(d, &["forward"], &["no input"]);
     std::fs::create_dir(d.join("dir.safetensors")).unwrap();
     fails(
         d,
@@ -129,7 +130,7 @@ fn wrong_tensor_names_and_layers() {
     forward_fails(d, &["--v-name", "values"], &["in.safetensors", "`values`"]);
     forward_fails(d, &["--layer", "7"], &["in.safetensors", "`layer7.q`"]);
     // --layer and --k-file/--v-file apply to one kind of input each: refused, not ignored.
-    fails(
+    usage_fails(
         d,
         &[
             "forward", "-i", "q.npy", "--k-file", "k.npy", "--v-file", "v.npy", "--layout", "bnhd",
@@ -137,27 +138,32 @@ fn wrong_tensor_names_and_layers() {
         ],
         &["q.npy", "--layer"],
     );
-    forward_fails(d, &["--k-file", "k.npy"], &["in.safetensors", "--k-file"]);
-    // Regression: --q-name was silently ignored beside --layer.
-    forward_fails(
+    let forward = ["forward", "-i", "in.safetensors", "-o", "out.safetensors"];
+    usage_fails(
         d,
-        &["--layer", "0", "--q-name", "query"],
+        &args(&forward, &SMALL, &["--k-file", "k.npy"]),
+        &["in.safetensors", "--k-file"],
+    );
+    // Regression: --q-name was silently ignored beside --layer.
+    usage_fails(
+        d,
+        &args(&forward, &SMALL, &["--layer", "0", "--q-name", "query"]),
         &["--layer", "--q-name"],
     );
     // Regression: `-i q.npy --v-file v.npy` said "give K and V" although V was given.
     let npy = ["forward", "-i", "q.npy", "--layout", "bnhd"];
-    let only_v = fails(
+    let only_v = usage_fails(
         d,
         &[&npy[..], &["--v-file", "v.npy"]].concat(),
         &["give K with --k-file"],
     );
     assert!(!only_v.contains("V with"), "{only_v}");
-    fails(
+    usage_fails(
         d,
         &[&npy[..], &["--k-file", "k.npy"]].concat(),
         &["give V with --v-file"],
     );
-    fails(d, &npy, &["give K and V"]);
+    usage_fails(d, &npy, &["give K and V"]);
 }
 
 #[test]

@@ -346,7 +346,7 @@ fn decode_non_causal_and_flags_without_output_are_refused() {
     let dir = setup();
     let d = dir.path();
     let decode = ["decode", "-i", "in.safetensors"];
-    fails(
+    common::usage_fails(
         d,
         &[&decode[..], &SMALL, &["--non-causal"]].concat(),
         &["--non-causal", "decode is causal"],

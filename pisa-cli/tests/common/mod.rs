@@ -85,6 +85,17 @@ pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 /// code 1, no panic, exactly one line on stderr starting with `error: ` and containing each of
 /// `want`, nothing on stdout, and `dir` exactly as before. Returns the error line.
 pub fn fails(dir: &Path, args: &[&str], want: &[&str]) -> String {
+    fails_with(dir, args, want, 1)
+}
+
+/// As [`fails`] for an error of the command line itself (options that do not go together, a
+/// missing input): exit code 2, as clap's usage errors.
+pub fn usage_fails(dir: &Path, args: &[&str], want: &[&str]) -> String {
+    fails_with(dir, args, want, 2)
+}
+
+/// [`fails`] with exit code `code`.
+fn fails_with(dir: &Path, args: &[&str], want: &[&str], code: i32) -> String {
     let before = snapshot(dir);
     let r = run_in(dir, args);
     let what = format!("`pisa {}`", args.join(" "));
@@ -93,7 +104,12 @@ pub fn fails(dir: &Path, args: &[&str], want: &[&str]) -> String {
         "{what} panicked:\n{}",
         r.stderr
     );
-    assert_eq!(r.code, Some(1), "{what}: exit code\nstderr: {}", r.stderr);
+    assert_eq!(
+        r.code,
+        Some(code),
+        "{what}: exit code\nstderr: {}",
+        r.stderr
+    );
     let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(
         lines.len(),

@@ -56,7 +56,10 @@ pub struct DecodeArgs {
 /// Runs `pisa decode`.
 pub fn run(a: DecodeArgs) -> Result<()> {
     if a.select.non_causal {
-        bail!("--non-causal does not apply to decode: each new token attends to the tokens before it (decode is causal); use `pisa forward --non-causal`");
+        return Err(crate::args::UsageError(
+            "--non-causal does not apply to decode: each new token attends to the tokens before it (decode is causal); use `pisa forward --non-causal`".into(),
+        )
+        .into());
     }
     let out_dtype =
         super::forward::out_dtype_of(a.output.as_deref(), a.out_dtype, a.save_selection)?;
