@@ -53,18 +53,16 @@ pub fn check(
         return_selection: true,
     };
     let f = prefill_host(ctx, &l.q, &l.k, &l.v, &s, &opts)?;
-    let (mut num, mut den, mut ln, mut ld) = (0f64, 0f64, 0f64, 0f64);
+    let (mut o_acc, mut l_acc) = (ErrAcc::default(), ErrAcc::default());
     for b in 0..s.batch {
         for h in 0..s.q_heads {
             for t in p..s.q_len {
                 let i = l.layout.index(s.q_heads, s.q_len, s.head_dim, b, h, t, 0);
                 for x in 0..s.head_dim {
-                    num += ((r.out[i + x] - f.out[i + x]) as f64).powi(2);
-                    den += (f.out[i + x] as f64).powi(2);
+                    o_acc.add(r.out[i + x], f.out[i + x]);
                 }
                 let j = (b * s.q_heads + h) * s.q_len + t;
-                ln += ((r.lse[j] - f.lse[j]) as f64).powi(2);
-                ld += (f.lse[j] as f64).powi(2);
+                l_acc.add(r.lse[j], f.lse[j]);
             }
         }
     }
@@ -79,8 +77,66 @@ pub fn check(
         }
     }
     Ok(CheckResult {
-        out_err: (num / den.max(1e-300)).sqrt(),
-        lse_err: (ln / ld.max(1e-300)).sqrt(),
+        out_err: o_acc.rel_err(),
+        lse_err: l_acc.rel_err(),
         differing: (diff, total),
     })
+}
+
+/// Relative L2 error of decoded values against forward's. A pair of equal non-finite values
+/// (NaN and NaN, or the same infinity: `--allow-nonfinite` inputs reach both paths alike)
+/// matches and is left out of the sums; a pair where only one is finite, or of different
+/// non-finite values, makes the error infinite.
+#[derive(Default)]
+struct ErrAcc {
+    num: f64,
+    den: f64,
+    mismatch: bool,
+}
+
+impl ErrAcc {
+    fn add(&mut self, got: f32, want: f32) {
+        if got.is_finite() && want.is_finite() {
+            self.num += ((got - want) as f64).powi(2);
+            self.den += (want as f64).powi(2);
+        } else if !(got.is_nan() && want.is_nan() || got == want) {
+            self.mismatch = true;
+        }
+    }
+
+    fn rel_err(&self) -> f64 {
+        if self.mismatch {
+            return f64::INFINITY;
+        }
+        (self.num / self.den.max(1e-300)).sqrt()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrAcc;
+
+    #[test]
+    fn equal_non_finite_values_match_and_others_do_not() {
+        let mut a = ErrAcc::default();
+        for (g, w) in [
+            (1.0, 1.0),
+            (f32::NAN, f32::NAN),
+            (f32::INFINITY, f32::INFINITY),
+        ] {
+            a.add(g, w);
+        }
+        assert_eq!(a.rel_err(), 0.0);
+        a.add(2.0, 1.0);
+        assert!(a.rel_err() > 0.0 && a.rel_err().is_finite());
+        for (g, w) in [
+            (f32::NAN, 1.0),
+            (1.0, f32::INFINITY),
+            (f32::INFINITY, -f32::INFINITY),
+        ] {
+            let mut b = ErrAcc::default();
+            b.add(g, w);
+            assert_eq!(b.rel_err(), f64::INFINITY, "{g} against {w}");
+        }
+    }
 }
