@@ -30,8 +30,8 @@ const DIRECT: u32 = 0u;
 const WG: u32 = 4u * SG;
 const BM: u32 = 32u * WM;
 const BN: u32 = 32u * WN;
-const AS: u32 = select(BK + 8u, BM + 8u, AT == 1u); // A row stride in ash, halves
-const BS: u32 = BK + 8u;                            // B row stride in bsh, halves
+const AS: u32 = select(BK + 8u, BM + 8u, AT == 1u); // A row stride in sh, halves
+const BS: u32 = BK + 8u;                            // B row stride in sh, halves
 const AROWS: u32 = select(BM, BK, AT == 1u);
 const NA: u32 = (BM * BK / 8u + WG - 1u) / WG;      // 16-byte pieces of A per invocation
 const NB: u32 = (BN * BK / 8u + WG - 1u) / WG;
@@ -46,8 +46,9 @@ struct Dims { m: u32, n: u32, k: u32, pad: u32 }
 @group(0) @binding(4) var<storage, read> a16: array<f16>;
 @group(0) @binding(5) var<storage, read> b16: array<f16>;
 
-var<workgroup> ash: array<f16, AROWS * AS>;
-var<workgroup> bsh: array<f16, BN * BS>;
+// The A tile, then the B tile from B_OFF (a multiple of 8 halves: rows stay 16-byte aligned).
+const B_OFF: u32 = AROWS * AS;
+var<workgroup> sh: array<f16, B_OFF + BN * BS>;
 
 var<private> acc_0: coop_mat16x16<f32, C>;
 var<private> acc_1: coop_mat16x16<f32, C>;
@@ -127,32 +128,21 @@ fn load_tiles(lid: u32, m0: u32, n0: u32, k0: u32) {
     }
 }
 
-// Eight halves (16 bytes) into ash (to_a) or bsh at dst, dst + step, ... (explicit stores: a
-// private array here, indexed in a loop, went to local memory).
-fn put8(dst: u32, step: u32, w: vec4<u32>, to_a: bool) {
+// Eight halves (16 bytes) into sh at dst, dst + step, ... (explicit stores: a private array
+// here, indexed in a loop, went to local memory).
+fn put8(dst: u32, step: u32, w: vec4<u32>) {
     let h0 = vec2<f16>(unpack2x16float(w.x));
     let h1 = vec2<f16>(unpack2x16float(w.y));
     let h2 = vec2<f16>(unpack2x16float(w.z));
     let h3 = vec2<f16>(unpack2x16float(w.w));
-    if (to_a) {
-        ash[dst] = h0.x;
-        ash[dst + step] = h0.y;
-        ash[dst + 2u * step] = h1.x;
-        ash[dst + 3u * step] = h1.y;
-        ash[dst + 4u * step] = h2.x;
-        ash[dst + 5u * step] = h2.y;
-        ash[dst + 6u * step] = h3.x;
-        ash[dst + 7u * step] = h3.y;
-    } else {
-        bsh[dst] = h0.x;
-        bsh[dst + step] = h0.y;
-        bsh[dst + 2u * step] = h1.x;
-        bsh[dst + 3u * step] = h1.y;
-        bsh[dst + 4u * step] = h2.x;
-        bsh[dst + 5u * step] = h2.y;
-        bsh[dst + 6u * step] = h3.x;
-        bsh[dst + 7u * step] = h3.y;
-    }
+    sh[dst] = h0.x;
+    sh[dst + step] = h0.y;
+    sh[dst + 2u * step] = h1.x;
+    sh[dst + 3u * step] = h1.y;
+    sh[dst + 4u * step] = h2.x;
+    sh[dst + 5u * step] = h2.y;
+    sh[dst + 6u * step] = h3.x;
+    sh[dst + 7u * step] = h3.y;
 }
 
 fn store_tiles(lid: u32) {
@@ -161,14 +151,14 @@ fn store_tiles(lid: u32) {
         let r = x / (BK / 8u);
         let kk = 8u * (x % (BK / 8u));
         if (AT == 1u) {
-            put8(kk * AS + r, AS, apre[j], true);
+            put8(kk * AS + r, AS, apre[j]);
         } else {
-            put8(r * AS + kk, 1u, apre[j], true);
+            put8(r * AS + kk, 1u, apre[j]);
         }
     }
     for (var j = 0u; j < NB; j++) {
         let x = lid + j * WG;
-        put8((x / (BK / 8u)) * BS + 8u * (x % (BK / 8u)), 1u, bpre[j], false);
+        put8(B_OFF + (x / (BK / 8u)) * BS + 8u * (x % (BK / 8u)), 1u, bpre[j]);
     }
 }
 
@@ -180,10 +170,10 @@ fn a_mat(i: u32, ks: u32, wm0: u32, m0: u32, k0: u32) -> coop_mat16x16<f16, A> {
     }
     if (AT == 1u) {
         let at = 16u * ks * AS + wm0 + 16u * i;
-        return coopLoad<coop_mat16x16<f16, A>>(&ash[at], AS);
+        return coopLoad<coop_mat16x16<f16, A>>(&sh[at], AS);
     }
     let at = (wm0 + 16u * i) * AS + 16u * ks;
-    return coopLoadT<coop_mat16x16<f16, A>>(&ash[at], AS);
+    return coopLoadT<coop_mat16x16<f16, A>>(&sh[at], AS);
 }
 
 fn b_mat(j: u32, ks: u32, wn0: u32, n0: u32, k0: u32) -> coop_mat16x16<f16, B> {
@@ -192,8 +182,8 @@ fn b_mat(j: u32, ks: u32, wn0: u32, n0: u32, k0: u32) -> coop_mat16x16<f16, B> {
         let ldb = dims.k;
         return coopLoad<coop_mat16x16<f16, B>>(&b16[at], ldb);
     }
-    let at = (wn0 + 16u * j) * BS + 16u * ks;
-    return coopLoad<coop_mat16x16<f16, B>>(&bsh[at], BS);
+    let at = B_OFF + (wn0 + 16u * j) * BS + 16u * ks;
+    return coopLoad<coop_mat16x16<f16, B>>(&sh[at], BS);
 }
 
 @compute @workgroup_size(WG)
@@ -321,19 +311,20 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32) {
     for (var s = 0u; s < dims.k / 16u; s++) {
         let off = (s % 2u) * 16u;
         if (PL == 1u) {
-            b0 = coopLoad<coop_mat16x16<f16, B>>(&bsh[off], BS);
-            let o1 = off + 16u * BS;
-            b1 = coopLoad<coop_mat16x16<f16, B>>(&bsh[o1], BS);
+            let o0 = B_OFF + off;
+            b0 = coopLoad<coop_mat16x16<f16, B>>(&sh[o0], BS);
+            let o1 = o0 + 16u * BS;
+            b1 = coopLoad<coop_mat16x16<f16, B>>(&sh[o1], BS);
         }
         if (PL == 2u) {
-            a0 = coopLoad<coop_mat16x16<f16, A>>(&ash[off], AS);
+            a0 = coopLoad<coop_mat16x16<f16, A>>(&sh[off], AS);
             let o1 = off + 32u;
-            a1 = coopLoad<coop_mat16x16<f16, A>>(&ash[o1], AS);
+            a1 = coopLoad<coop_mat16x16<f16, A>>(&sh[o1], AS);
         }
         if (PL == 3u) {
-            a0 = coopLoadT<coop_mat16x16<f16, A>>(&ash[off], AS);
+            a0 = coopLoadT<coop_mat16x16<f16, A>>(&sh[off], AS);
             let o1 = off + 16u * AS;
-            a1 = coopLoadT<coop_mat16x16<f16, A>>(&ash[o1], AS);
+            a1 = coopLoadT<coop_mat16x16<f16, A>>(&sh[o1], AS);
         }
         if (PL == 4u) {
             let g0 = ib0 + off;

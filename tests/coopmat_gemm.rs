@@ -7,14 +7,15 @@
 //! `gemm_tflops` (ignored) prints GPU-timed TFLOP/s of every variant at 4096^3 and 8192^3
 //! (`PISA_GEMM_SIZES=4096,8192`), then of the shader's timing-only entry points `peak` and
 //! `probe` (PL 0 to 4): the numbers against which the attention kernels' TFLOP/s are read
-//! (docs/benchmarks.md, session 8). Pipelines are built with the library's runtime checks:
-//! with naga's loop bounding on, the driver does not unroll the loops over the accumulators
-//! and the GEMM runs 2.7x slower on the H200.
+//! (docs/benchmarks.md, session 8). Pipelines are built as the library's own
+//! (`Context::pipeline`): with wgpu's default runtime checks (naga's loop bounding on) the
+//! driver does not unroll the loops over the accumulators and the GEMM ran 2.7x slower on the
+//! H200.
 mod common;
 
 use common::*;
 use pisa_wgpu::ops::fill::random_tensor;
-use pisa_wgpu::runtime::pipeline::{preprocess, runtime_checks};
+use pisa_wgpu::runtime::pipeline::preprocess;
 use pisa_wgpu::ShaderSource;
 use pisa_wgpu::{Context, GpuTensor, KernelPath, Profiler, Storage, POISON_F32};
 use wgpu::util::DeviceExt;
@@ -101,7 +102,7 @@ fn gemm_variants_validate_and_write_spirv() {
 /// (`entry` "gemm"; "peak": the multiply-add rate with no loads, C not a product).
 fn record(
     ctx: &Context,
-    entry: &str,
+    entry: &'static str,
     enc: &mut wgpu::CommandEncoder,
     v: &Variant,
     (a, b): (&GpuTensor, &GpuTensor),
@@ -114,35 +115,13 @@ fn record(
         "{v:?}: {m} {n} {k}"
     );
     let sg = ctx.report().subgroup_size.0;
-    let src = preprocess(&SHADER, Storage::F16, &v.consts(sg)).unwrap();
-    if let Some(dir) = std::env::var_os("PISA_DUMP_WGSL") {
-        // As the library's pipelines dump theirs, for tests/shader_stats.rs.
-        let (a, d) = (v.at as u32, v.direct as u32);
-        let name = format!(
-            "gemm_coop.{entry}.F16.{}x{}k{}a{a}d{d}.wgsl",
-            v.wm, v.wn, v.bk
-        );
-        let path = std::path::Path::new(&dir).join(name);
-        let _ = std::fs::create_dir_all(&dir);
-        std::fs::write(path, format!("// entry: {entry}\n// overrides: \n{src}")).unwrap();
-    }
+    // As the library builds its own: its runtime checks (naga's loop bounding off, which
+    // otherwise keeps the driver from unrolling the loops over the accumulators) and the
+    // PISA_DUMP_WGSL dump that tests/shader_stats.rs reads.
+    let pipe = ctx
+        .pipeline(&SHADER, entry, Storage::F16, &v.consts(sg))
+        .unwrap();
     let dev = ctx.device();
-    let desc = wgpu::ShaderModuleDescriptor {
-        label: Some("gemm_coop"),
-        source: wgpu::ShaderSource::Wgsl(src.into()),
-    };
-    // SAFETY: the runtime checks the library's own pipelines use (bounds checks on; naga's loop
-    // bounding off, which otherwise keeps the driver from unrolling the loops over the
-    // accumulators: runtime_checks); the host checks the sizes above.
-    let module = unsafe { dev.create_shader_module_trusted(desc, runtime_checks()) };
-    let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some("gemm_coop"),
-        layout: None,
-        module: &module,
-        entry_point: Some(entry),
-        compilation_options: Default::default(),
-        cache: None,
-    });
     let c = ctx.alloc("C", m * n, Storage::F32, POISON_F32).unwrap();
     let dims = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some("dims"),
@@ -159,18 +138,10 @@ fn record(
         (4, &a.buffer),
         (5, &b.buffer),
     ];
-    let entries: Vec<_> = (all.iter())
+    let entries: Vec<_> = (all.into_iter())
         .filter(|(i, _)| entry == "gemm" || ![1, 2].contains(i))
-        .map(|&(i, buf)| wgpu::BindGroupEntry {
-            binding: i,
-            resource: buf.as_entire_binding(),
-        })
         .collect();
-    let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &pipe.get_bind_group_layout(0),
-        entries: &entries,
-    });
+    let bind = bind_group(&pipe, &entries);
     let mut prof = prof;
     let ts = prof.as_mut().and_then(|p| p.pass_writes("gemm"));
     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {

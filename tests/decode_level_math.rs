@@ -66,36 +66,17 @@ fn level_width_arithmetic_matches_u64() {
             wgsl: Box::leak(format!("{}{ENTRY}", ROUTE_SHADER.wgsl).into_boxed_str()),
         };
         let text = preprocess(&src, Storage::F32, &[("MG", g as u32)]).unwrap();
-        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("decode_level_math"),
-            source: wgpu::ShaderSource::Wgsl(text.into()),
-        });
-        let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("decode_level_math"),
-            layout: None,
-            module: &module,
-            entry_point: Some("level_math"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+        let pipe = compute_pipeline(
+            "decode_level_math",
+            &text,
+            "level_math",
+            wgpu::ShaderRuntimeChecks::checked(),
+        );
         let input = ctx.upload_u32("pairs", &flat).unwrap();
         let out = ctx
             .alloc("results", 3 * pairs.len(), Storage::F32, POISON_I32)
             .unwrap();
-        let group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipe.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: input.buffer.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 10,
-                    resource: out.buffer.as_entire_binding(),
-                },
-            ],
-        });
+        let group = bind_group(&pipe, &[(1, &input.buffer), (10, &out.buffer)]);
         let mut enc = dev.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::ctx;
+use common::{bind_group, compute_pipeline, ctx};
 use pisa_wgpu::Profiler;
 
 const WGSL: &str = "@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
@@ -24,18 +24,7 @@ fn dispatch_floor() {
         return;
     }
     let dev = ctx.device();
-    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("floor"),
-        source: wgpu::ShaderSource::Wgsl(WGSL.into()),
-    });
-    let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some("floor"),
-        layout: None,
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
+    let pipe = compute_pipeline("floor", WGSL, "main", wgpu::ShaderRuntimeChecks::checked());
     let bufs: Vec<wgpu::Buffer> = (0..N)
         .map(|_| {
             dev.create_buffer(&wgpu::BufferDescriptor {
@@ -46,19 +35,7 @@ fn dispatch_floor() {
             })
         })
         .collect();
-    let groups: Vec<wgpu::BindGroup> = bufs
-        .iter()
-        .map(|b| {
-            dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &pipe.get_bind_group_layout(0),
-                entries: &[wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: b.as_entire_binding(),
-                }],
-            })
-        })
-        .collect();
+    let groups: Vec<wgpu::BindGroup> = bufs.iter().map(|b| bind_group(&pipe, &[(0, b)])).collect();
     // (label, passes, dispatches per pass, independent buffers)
     for (label, passes, per, indep) in [
         ("1 pass x 1 dispatch", 1, 1, false),

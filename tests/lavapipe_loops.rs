@@ -17,7 +17,7 @@
 //! sequences, small blocks.
 mod common;
 
-use common::ctx;
+use common::{bind_group, compute_pipeline, ctx};
 use wgpu::util::DeviceExt;
 
 /// One invocation: a loop of `n[0]` iterations, then two nested loops of `n[1]` x `n[2]`;
@@ -41,18 +41,7 @@ fn main() {
 fn counts(n: [u32; 3]) -> [u32; 2] {
     let ctx = ctx();
     let dev = ctx.device();
-    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("loops"),
-        source: wgpu::ShaderSource::Wgsl(WGSL.into()),
-    });
-    let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some("loops"),
-        layout: None,
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
+    let pipe = compute_pipeline("loops", WGSL, "main", wgpu::ShaderRuntimeChecks::checked());
     let out = ctx
         .alloc("counts", 4, pisa_wgpu::Storage::F32, pisa_wgpu::POISON_F32)
         .unwrap();
@@ -61,20 +50,7 @@ fn counts(n: [u32; 3]) -> [u32; 2] {
         contents: bytemuck::cast_slice(&[n[0], n[1], n[2], 0]),
         usage: wgpu::BufferUsages::STORAGE,
     });
-    let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &pipe.get_bind_group_layout(0),
-        entries: &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: out.buffer.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: nb.as_entire_binding(),
-            },
-        ],
-    });
+    let bind = bind_group(&pipe, &[(0, &out.buffer), (1, &nb)]);
     let mut enc = dev.create_command_encoder(&Default::default());
     {
         let mut pass = enc.begin_compute_pass(&Default::default());

@@ -309,20 +309,7 @@ fn time_kernels(
             compilation_options: Default::default(),
             cache: None,
         });
-        let group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipe.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: buf.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: outb.as_entire_binding(),
-                },
-            ],
-        });
+        let group = common::bind_group(&pipe, &[(0, buf), (1, outb)]);
         let mut spans = Vec::new();
         for rep in 0..8 {
             let mut prof = Profiler::new(ctx, 1);

@@ -97,3 +97,51 @@ pub fn assert_spirv(what: &str, src: &str, entries: &[&str]) {
         assert!(words.len() > 100, "{what} {entry}: {} words", words.len());
     }
 }
+
+/// A compute pipeline of WGSL text `wgsl` (entry `entry`, layout derived from it) built with
+/// shader runtime checks `checks` (wgpu's default is `ShaderRuntimeChecks::checked()`; the
+/// library's own pipelines use `pisa_wgpu::runtime::pipeline::runtime_checks()`), for tests
+/// that run a shader of their own.
+pub fn compute_pipeline(
+    label: &str,
+    wgsl: &str,
+    entry: &str,
+    checks: wgpu::ShaderRuntimeChecks,
+) -> wgpu::ComputePipeline {
+    let dev = ctx().device();
+    let desc = wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+    };
+    // SAFETY: the checks are the caller's choice, as with wgpu's own default; the tests'
+    // shaders index only buffers their hosts size for them.
+    let module = unsafe { dev.create_shader_module_trusted(desc, checks) };
+    dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(label),
+        layout: None,
+        module: &module,
+        entry_point: Some(entry),
+        compilation_options: Default::default(),
+        cache: None,
+    })
+}
+
+/// A bind group of `pipe`'s group 0 binding each `(binding, buffer)` whole.
+pub fn bind_group(
+    pipe: &wgpu::ComputePipeline,
+    entries: &[(u32, &wgpu::Buffer)],
+) -> wgpu::BindGroup {
+    let entries: Vec<wgpu::BindGroupEntry> = (entries.iter())
+        .map(|&(binding, b)| wgpu::BindGroupEntry {
+            binding,
+            resource: b.as_entire_binding(),
+        })
+        .collect();
+    ctx()
+        .device()
+        .create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &entries,
+        })
+}

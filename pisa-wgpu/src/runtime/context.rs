@@ -296,4 +296,20 @@ impl Context {
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
     }
+
+    /// The compute pipeline of entry point `entry` of `shader` for `storage`, its `const`
+    /// lines of `consts` substituted ([`super::pipeline::preprocess`]), built once per context
+    /// exactly as the library's own kernels are: the runtime checks of
+    /// [`super::pipeline::runtime_checks`], the `PISA_DUMP_WGSL` dump. For kernels kept outside
+    /// the library (benchmarks, tests). Errors: a constant the shader does not declare.
+    pub fn pipeline(
+        &self,
+        shader: &super::pipeline::ShaderSource,
+        entry: &'static str,
+        storage: super::pipeline::Storage,
+        consts: &[(&str, u32)],
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        self.pipelines
+            .get(&self.device, shader, entry, storage, consts, &[])
+    }
 }
