@@ -142,6 +142,13 @@ impl Loaded {
 /// larger D). A margin below that.
 pub const LLVMPIPE_KEYS: usize = 8192;
 
+/// Prints [`llvmpipe_note`] for `ctx`'s adapter as a `warning: ` line on stderr, where it applies.
+pub fn warn_llvmpipe(ctx: &pisa_wgpu::Context, keys: usize) {
+    if let Some(note) = llvmpipe_note(&ctx.report().name, keys) {
+        eprintln!("warning: {note}");
+    }
+}
+
 /// The warning for a run over `keys` keys on adapter `name`, where it applies.
 pub fn llvmpipe_note(name: &str, keys: usize) -> Option<String> {
     (name.contains("llvmpipe") && keys > LLVMPIPE_KEYS).then(|| {

@@ -252,34 +252,25 @@ fn nonfinite_npy_input_names_the_file() {
 fn bad_scale_metadata_names_the_file() {
     let dir = setup();
     let d = dir.path();
-    let meta = [("scale".to_string(), "abc".to_string())].into();
-    common::write_st_meta(
-        d,
-        "meta.safetensors",
-        &Spec::small().qkv(),
-        DType::F32,
-        &meta,
-    );
-    fails(
-        d,
-        &["forward", "-i", "meta.safetensors"],
-        &["meta.safetensors", "`scale` = \"abc\" is not a number"],
-    );
-    // Regressions (new-user trial): a scale finite in f64 but not in f32 was refused without
-    // the file's name, and `--scale` could not override a bad metadata scale.
-    let meta = [("scale".to_string(), "1e40".to_string())].into();
-    common::write_st_meta(
-        d,
-        "big.safetensors",
-        &Spec::small().qkv(),
-        DType::F32,
-        &meta,
-    );
-    fails(
-        d,
-        &["forward", "-i", "big.safetensors"],
-        &["big.safetensors", "not a finite positive softmax scale"],
-    );
+    // Regression (new-user trial): a scale finite in f64 but not in f32 (1e40) was refused
+    // without the file's name.
+    for (file, scale, want) in [
+        (
+            "meta.safetensors",
+            "abc",
+            "`scale` = \"abc\" is not a number",
+        ),
+        (
+            "big.safetensors",
+            "1e40",
+            "not a finite positive softmax scale",
+        ),
+    ] {
+        let meta = [("scale".to_string(), scale.to_string())].into();
+        common::write_st_meta(d, file, &Spec::small().qkv(), DType::F32, &meta);
+        fails(d, &["forward", "-i", file], &[file, want]);
+    }
+    // Regression (new-user trial): `--scale` could not override a bad metadata scale.
     for file in ["meta.safetensors", "big.safetensors"] {
         let base = [
             "forward",

@@ -121,9 +121,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
     let cfg = a.select.config(&l.file_scale)?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
-    if let Some(note) = crate::limits::llvmpipe_note(&ctx.report().name, l.shape.k_len) {
-        eprintln!("warning: {note}");
-    }
+    crate::limits::warn_llvmpipe(&ctx, l.shape.k_len);
     let opts = PrefillOptions {
         cfg,
         layout: l.layout,

@@ -160,9 +160,7 @@ pub fn run(a: RecallArgs) -> Result<()> {
     let cfg = a.select.config(&l.file_scale)?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
-    if let Some(note) = crate::limits::llvmpipe_note(&ctx.report().name, l.shape.k_len) {
-        eprintln!("warning: {note}");
-    }
+    crate::limits::warn_llvmpipe(&ctx, l.shape.k_len);
     let rows = measure(&ctx, &l, &a.select, a.device.storage.into())
         .map_err(|e| crate::args::top_k_note(e, &cfg, l.shape.k_len))
         .with_context(|| format!("{}: recall failed", l.source))?;

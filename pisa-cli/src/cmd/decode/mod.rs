@@ -72,9 +72,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let p = a.prefill.unwrap_or(l.shape.q_len / 2);
     check_prefill(p, l.shape.q_len).with_context(|| l.source.clone())?;
     let ctx = a.device.context()?;
-    if let Some(note) = crate::limits::llvmpipe_note(&ctx.report().name, l.shape.k_len) {
-        eprintln!("warning: {note}");
-    }
+    crate::limits::warn_llvmpipe(&ctx, l.shape.k_len);
     let storage: Storage = a.device.storage.into();
     let r = run_decode(&ctx, &l, &cfg, storage, p)
         .map_err(|e| crate::args::top_k_note(e, &cfg, l.shape.k_len))
