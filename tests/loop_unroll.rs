@@ -251,7 +251,7 @@ fn loop_unroll() {
     }
     let dev = ctx.device();
     // wgpu's default checks (naga adds a counter to every loop), the library's (bounds checks
-    // only: `pipeline::runtime_checks`), and none.
+    // only: `checks::ShaderChecks::Bounds`), and none (`DriverBounded`).
     let mut library = wgpu::ShaderRuntimeChecks::checked();
     library.force_loop_bounding = false;
     library.int_div_checks = false;

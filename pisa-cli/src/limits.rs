@@ -18,7 +18,7 @@ pub const ENV_KNOBS: [(&str, &[&str]); 4] = [
     ("PISA_KERNEL_PATH", &["portable"]),
     ("PISA_LEAF_ORDER", &["tiles", "leaves"]),
     ("PISA_DECODE", &["fused", "split"]),
-    ("PISA_SHADER_CHECKS", &["all", "none"]),
+    ("PISA_SHADER_CHECKS", &["all", "bounds", "none"]),
 ];
 
 /// One warning line per knob of [`ENV_KNOBS`] that is set to a value the library ignores.

@@ -100,7 +100,7 @@ pub fn assert_spirv(what: &str, src: &str, entries: &[&str]) {
 
 /// A compute pipeline of WGSL text `wgsl` (entry `entry`, layout derived from it) built with
 /// shader runtime checks `checks` (wgpu's default is `ShaderRuntimeChecks::checked()`; the
-/// library's own pipelines use `pisa_wgpu::runtime::pipeline::runtime_checks()`), for tests
+/// library's own pipelines use `Context::shader_checks`), for tests
 /// that run a shader of their own.
 pub fn compute_pipeline(
     label: &str,

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::adapter::find_adapter;
+use super::checks::{driver_bounds_buffers, ShaderChecks};
 use super::pipeline::PipelineCache;
 use crate::error::{GpuError, Result};
 
@@ -88,6 +89,7 @@ impl Context {
         } else {
             Vec::new()
         };
+        let checks = ShaderChecks::for_device(driver_bounds_buffers(&adapter, &device));
         let lost = Arc::new(Mutex::new(None));
         let l2 = lost.clone();
         // Every reason counts, `Destroyed` included: wgpu reports an explicit
@@ -121,7 +123,7 @@ impl Context {
         Ok(Self {
             device,
             queue,
-            pipelines: PipelineCache::default(),
+            pipelines: PipelineCache::new(checks),
             report,
             features,
             binding_limit: AtomicU64::new(limits.max_storage_buffer_binding_size),
@@ -134,6 +136,13 @@ impl Context {
             leaf_order: AtomicU8::new(LeafOrder::from_env().to_u8()),
             pool: Mutex::new(Default::default()),
         })
+    }
+
+    /// The shader runtime checks every pipeline of this context is built with: no checks in
+    /// the shader where the driver bounds buffer accesses (Vulkan's robustBufferAccess2), naga's
+    /// bounds checks elsewhere, or `PISA_SHADER_CHECKS` (see [`super::checks`]).
+    pub fn shader_checks(&self) -> ShaderChecks {
+        self.pipelines.checks()
     }
 
     /// The adapter's report (name, backend, driver, features, limits).
@@ -300,7 +309,7 @@ impl Context {
     /// The compute pipeline of entry point `entry` of `shader` for `storage`, its `const`
     /// lines of `consts` substituted ([`super::pipeline::preprocess`]), built once per context
     /// exactly as the library's own kernels are: the runtime checks of
-    /// [`super::pipeline::runtime_checks`], the `PISA_DUMP_WGSL` dump. For kernels kept outside
+    /// [`Context::shader_checks`], the `PISA_DUMP_WGSL` dump. For kernels kept outside
     /// the library (benchmarks, tests). Errors: a constant the shader does not declare.
     pub fn pipeline(
         &self,

@@ -1,11 +1,12 @@
 //! The runtime, split by role: [`context`] (device, limits, features, errors), [`adapter`]
-//! (adapter choice and reports), [`coop`] (kernel paths, cooperative-matrix support),
+//! (adapter choice and reports), [`checks`] (the shaders' runtime checks per device), [`coop`] (kernel paths, cooperative-matrix support),
 //! [`pipeline`] (shader variants and the pipeline cache), [`buffers`] (storage buffers, upload,
 //! poisoned outputs, scratch, binding-size checks, dispatch), [`readback`] (reading tensors back)
 //! and [`profiler`] (GPU timestamps).
 
 pub mod adapter;
 pub mod buffers;
+pub mod checks;
 pub mod context;
 pub mod coop;
 pub mod pipeline;

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::checks::ShaderChecks;
 use crate::error::{GpuError, Result};
 
 /// Element type of Q, K, V and O in GPU memory. Arithmetic is f32 either way.
@@ -84,28 +85,6 @@ pub fn preprocess(
     Ok(out)
 }
 
-/// The shader runtime checks naga injects (wgpu's `ShaderRuntimeChecks`), chosen once per
-/// process from `PISA_SHADER_CHECKS`:
-/// - default: bounds checks on (no shader can read or write outside its bindings, the
-///   "never corrupt silently" guarantee), loop bounding and integer-division guards off: the
-///   loop counters naga adds to every loop stop NVIDIA's compiler from unrolling (measured on
-///   the H200: sparse attention at 16K tokens went from 543 ms to 84 ms with all checks off),
-///   and our loops are counted loops over host-validated sizes;
-/// - `all`: every check (wgpu's default);
-/// - `none`: no checks (fastest; relies on the driver's robust buffer access).
-pub fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
-    let mut c = wgpu::ShaderRuntimeChecks::checked();
-    match std::env::var("PISA_SHADER_CHECKS").as_deref() {
-        Ok("all") => {}
-        Ok("none") => c = wgpu::ShaderRuntimeChecks::unchecked(),
-        _ => {
-            c.force_loop_bounding = false;
-            c.int_div_checks = false;
-        }
-    }
-    c
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     name: &'static str,
@@ -115,10 +94,11 @@ struct Key {
     overrides: Vec<(String, u64)>,
 }
 
-/// Compute pipelines built so far, shared by every operation of a context.
-#[derive(Default)]
+/// Compute pipelines built so far, shared by every operation of a context, all built with the
+/// context's shader runtime checks ([`super::checks`]).
 pub struct PipelineCache {
     map: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
+    checks: ShaderChecks,
 }
 
 /// `PISA_DUMP_WGSL=<dir>` (a diagnostic knob): writes the preprocessed WGSL of every pipeline
@@ -167,6 +147,19 @@ fn dump_to(dir: &std::path::Path, key: &Key, src: &str) -> std::io::Result<std::
 }
 
 impl PipelineCache {
+    /// An empty cache whose pipelines will be built with `checks`.
+    pub fn new(checks: ShaderChecks) -> Self {
+        Self {
+            map: Mutex::default(),
+            checks,
+        }
+    }
+
+    /// The shader runtime checks of this cache's pipelines.
+    pub fn checks(&self) -> ShaderChecks {
+        self.checks
+    }
+
     /// The pipeline of `shader`'s entry point `entry` for this variant, built on first use.
     pub fn get(
         &self,
@@ -196,10 +189,12 @@ impl PipelineCache {
             label: Some(shader.name),
             source: wgpu::ShaderSource::Wgsl(src.into()),
         };
-        // SAFETY: see `runtime_checks`: bounds checks stay on unless PISA_SHADER_CHECKS=none;
-        // every loop of our shaders is a counted loop over host-validated sizes, and every
-        // integer divisor is a size the host checked to be non-zero.
-        let module = unsafe { device.create_shader_module_trusted(desc, runtime_checks()) };
+        // SAFETY: see `super::checks`: buffer accesses stay bounded (by naga's checks, or by the
+        // driver's robustBufferAccess2) unless PISA_SHADER_CHECKS=none; every loop of our
+        // shaders is a counted loop over host-validated sizes, and every integer divisor is a
+        // size the host checked to be non-zero.
+        let checks = self.checks.runtime_checks();
+        let module = unsafe { device.create_shader_module_trusted(desc, checks) };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(shader.name),
             layout: None,

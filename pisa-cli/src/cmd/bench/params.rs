@@ -24,6 +24,10 @@ pub struct Params {
     pub leaf_order: String,
     /// The context's kernel path: `portable` or `coopmat`.
     pub kernel_path: String,
+    /// The shaders' runtime checks (`driver_bounded`, `bounds`, `all`, `none`: see
+    /// `pisa_wgpu::runtime::checks`); empty in files written before it was recorded.
+    #[serde(default)]
+    pub shader_checks: String,
 }
 
 impl Params {
@@ -40,6 +44,10 @@ impl Params {
             q_tile: a.q_tile,
             leaf_order: format!("{:?}", ctx.leaf_order()).to_ascii_lowercase(),
             kernel_path: ctx.kernel_path().to_string(),
+            shader_checks: serde_json::to_value(ctx.shader_checks())
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
         }
     }
 
@@ -51,9 +59,10 @@ impl Params {
             "every kernel portable"
         };
         format!(
-            "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, leaf order {}, kernel path {} ({what})",
+            "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, leaf order {}, kernel path {} ({what}), shader checks {}",
             self.hq, self.hkv, self.d, self.block_size, self.top_k, self.merge_factor,
-            self.scoring, self.q_tile, self.leaf_order, self.kernel_path
+            self.scoring, self.q_tile, self.leaf_order, self.kernel_path,
+            if self.shader_checks.is_empty() { "unrecorded" } else { &self.shader_checks }
         )
     }
 }

@@ -1,0 +1,133 @@
+//! The shader runtime checks the library's pipelines are built with, chosen per device.
+//!
+//! naga bounds-checks two kinds of indexing (its `BoundsCheckPolicies`): `buffer`, arrays in
+//! storage and uniform buffers, and `index`, every other array (workgroup, private and function
+//! memory). wgpu-hal's Vulkan backend already leaves `buffer` unchecked in the shader when the
+//! device has `robustBufferAccess2` (VK_EXT_robustness2): the driver bounds every buffer access,
+//! reads past a binding give zero, writes past it are dropped (wgpu-hal 30,
+//! `vulkan/adapter.rs`, `bounds_check_policies`). What bounds checks add to our shaders on such
+//! a device is only naga's `Restrict` clamp (a `min`) on every workgroup and private array
+//! index, and that clamp costs 8-19% of every hot kernel on the H200 (route 128.1 -> 115.0 ms,
+//! leaf scoring 163.3 -> 132.8 ms, sparse attention 220.9 -> 204.2 ms at 256K tokens:
+//! `docs/benchmarks.md`, session 9), likely because it keeps the driver from merging the
+//! staging stores.
+//!
+//! So, by default ([`ShaderChecks::for_device`]):
+//! - with `robustBufferAccess2`: [`ShaderChecks::DriverBounded`], no checks in the shader.
+//!   Buffer accesses stay bounded exactly as with wgpu's own default; workgroup and private
+//!   array indices are not clamped. Their bounds are the kernels' invariants, which the
+//!   reference tests exercise (an index past a workgroup array gives a wrong result or a
+//!   device fault there, never a write into another binding);
+//! - elsewhere (Metal, DX12, Vulkan without it): [`ShaderChecks::Bounds`], naga's bounds checks.
+//!
+//! Loop bounding and integer-division guards are off in both: the loop counters naga adds stop
+//! NVIDIA's compiler from unrolling (sparse attention at 16K tokens: 543 ms with them, 84 ms
+//! without), and our loops are counted loops over host-validated sizes, our divisors sizes the
+//! host checked to be non-zero. `PISA_SHADER_CHECKS` overrides the choice for the process:
+//! `all` (wgpu's default, every check), `bounds`, `none` (no checks even without the driver's
+//! bounds: a diagnostic).
+
+/// The runtime checks of the library's shaders (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShaderChecks {
+    /// wgpu's default: bounds checks, loop bounding, integer-division guards.
+    All,
+    /// naga's bounds checks on buffer and array indices; no loop bounding or division guards.
+    Bounds,
+    /// No checks in the shader: the driver bounds buffer accesses (`robustBufferAccess2`).
+    DriverBounded,
+    /// No checks at all, with no driver bounds either (`PISA_SHADER_CHECKS=none` on a device
+    /// without `robustBufferAccess2`).
+    None,
+}
+
+impl ShaderChecks {
+    /// The checks for a device whose driver does (`driver_bounds`) or does not bound buffer
+    /// accesses, unless `PISA_SHADER_CHECKS` (`all`, `bounds`, `none`) says otherwise.
+    pub fn for_device(driver_bounds: bool) -> Self {
+        Self::choose(
+            std::env::var("PISA_SHADER_CHECKS").ok().as_deref(),
+            driver_bounds,
+        )
+    }
+
+    /// [`Self::for_device`] with the environment's value `env`.
+    fn choose(env: Option<&str>, driver_bounds: bool) -> Self {
+        match (env, driver_bounds) {
+            (Some("all"), _) => Self::All,
+            (Some("bounds"), _) => Self::Bounds,
+            (Some("none"), false) => Self::None,
+            (_, true) => Self::DriverBounded,
+            (_, false) => Self::Bounds,
+        }
+    }
+
+    /// wgpu's runtime checks for this choice.
+    pub fn runtime_checks(self) -> wgpu::ShaderRuntimeChecks {
+        match self {
+            Self::All => wgpu::ShaderRuntimeChecks::checked(),
+            Self::Bounds => {
+                let mut c = wgpu::ShaderRuntimeChecks::checked();
+                c.force_loop_bounding = false;
+                c.int_div_checks = false;
+                c
+            }
+            Self::DriverBounded | Self::None => wgpu::ShaderRuntimeChecks::unchecked(),
+        }
+    }
+}
+
+/// Whether `adapter` (a Vulkan adapter) has `robustBufferAccess2` and `device`, opened on it,
+/// enabled VK_EXT_robustness2: the condition under which wgpu-hal enables the feature and leaves
+/// buffer bounds to the driver. False on every other backend.
+pub(crate) fn driver_bounds_buffers(adapter: &wgpu::Adapter, device: &wgpu::Device) -> bool {
+    #[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
+    {
+        use wgpu::hal::api::Vulkan;
+        let name = c"VK_EXT_robustness2";
+        // SAFETY: the raw handles are only read (extension list, feature query), never stored,
+        // while `adapter` and `device` are alive.
+        unsafe {
+            let Some(dev) = device.as_hal::<Vulkan>() else {
+                return false;
+            };
+            if !dev.enabled_device_extensions().contains(&name) {
+                return false;
+            }
+            let Some(ad) = adapter.as_hal::<Vulkan>() else {
+                return false;
+            };
+            let mut r2 = ash::vk::PhysicalDeviceRobustness2FeaturesEXT::default();
+            let mut f2 = ash::vk::PhysicalDeviceFeatures2::default().push_next(&mut r2);
+            let instance = ad.shared_instance().raw_instance();
+            instance.get_physical_device_features2(ad.raw_physical_device(), &mut f2);
+            r2.robust_buffer_access2 != 0
+        }
+    }
+    #[cfg(any(target_vendor = "apple", target_arch = "wasm32"))]
+    {
+        let _ = (adapter, device);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ShaderChecks as C;
+
+    #[test]
+    fn the_environment_overrides_and_none_needs_no_driver_bounds() {
+        assert_eq!(C::choose(None, true), C::DriverBounded);
+        assert_eq!(C::choose(None, false), C::Bounds);
+        assert_eq!(C::choose(Some("all"), true), C::All);
+        assert_eq!(C::choose(Some("bounds"), true), C::Bounds);
+        assert_eq!(C::choose(Some("none"), true), C::DriverBounded);
+        assert_eq!(C::choose(Some("none"), false), C::None);
+        assert_eq!(C::choose(Some("bogus"), false), C::Bounds);
+        let b = C::Bounds.runtime_checks();
+        assert!(b.bounds_checks && !b.force_loop_bounding);
+        assert!(!C::DriverBounded.runtime_checks().bounds_checks);
+        assert!(C::All.runtime_checks().force_loop_bounding);
+    }
+}

@@ -1,0 +1,120 @@
+//! The guarantee behind the library's shader runtime checks (`pisa_wgpu::runtime::checks`): with
+//! the checks the context chose for this device, no shader reads or writes outside the buffer
+//! range it was bound to. Where the driver bounds buffer accesses (Vulkan's robustBufferAccess2)
+//! the library builds its shaders with no checks at all, and relies on the driver for this;
+//! elsewhere naga's bounds checks do it. Either way, this test fails if an access escapes.
+//!
+//! A buffer of 3 x 256-byte regions, the outer two filled with sentinels, the middle one bound
+//! alone; one workgroup of 128 invocations writes and reads 128 words of that 64-word binding.
+mod common;
+
+use common::{compute_pipeline, ctx};
+use pisa_wgpu::runtime::checks::ShaderChecks;
+use wgpu::util::DeviceExt;
+
+/// Every invocation i < 128: `dst[i] = src[i] + 1000` (past index 63 both are out of range).
+const WGSL: &str = "
+@group(0) @binding(0) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(1) var<storage, read> src: array<u32>;
+@compute @workgroup_size(128)
+fn main(@builtin(local_invocation_index) i: u32) {
+    dst[i] = src[i] + 1000u;
+}";
+
+const REGION: u64 = 256;
+const WORDS: usize = (REGION / 4) as usize;
+
+#[test]
+fn no_access_escapes_its_binding() {
+    let ctx = ctx();
+    let checks = ctx.shader_checks();
+    eprintln!("{}: shader checks {checks:?}", ctx.report().name);
+    if checks == ShaderChecks::None {
+        eprintln!("PISA_SHADER_CHECKS=none without driver bounds: nothing is guaranteed");
+        return;
+    }
+    let align = ctx.device().limits().min_storage_buffer_offset_alignment as u64;
+    assert!(REGION.is_multiple_of(align), "offset alignment {align}");
+    let dev = ctx.device();
+    // dst: sentinels 7 and 9 around a middle of 5; src: 77, 0..64, 99.
+    let mut d = vec![7u32; WORDS];
+    d.extend(vec![5u32; WORDS]);
+    d.extend(vec![9u32; WORDS]);
+    let mut s = vec![77u32; WORDS];
+    s.extend(0..WORDS as u32);
+    s.extend(vec![99u32; WORDS]);
+    let mk = |label, data: &[u32], usage| {
+        dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::cast_slice(data),
+            usage,
+        })
+    };
+    let dst = mk(
+        "dst",
+        &d,
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+    );
+    let src = mk("src", &s, wgpu::BufferUsages::STORAGE);
+    let pipe = compute_pipeline("escape", WGSL, "main", checks.runtime_checks());
+    fn middle(b: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: b,
+            offset: REGION,
+            size: std::num::NonZeroU64::new(REGION),
+        })
+    }
+    let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipe.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: middle(&dst),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: middle(&src),
+            },
+        ],
+    });
+    let read = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("read"),
+        size: 3 * REGION,
+        usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
+        mapped_at_creation: false,
+    });
+    let mut enc = dev.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipe);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+    enc.copy_buffer_to_buffer(&dst, 0, &read, 0, 3 * REGION);
+    ctx.queue().submit([enc.finish()]);
+    read.slice(..)
+        .map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    dev.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let got: Vec<u32> = bytemuck::cast_slice(&read.slice(..).get_mapped_range().unwrap()).to_vec();
+    assert_eq!(
+        &got[..WORDS],
+        &d[..WORDS],
+        "a write escaped below the binding"
+    );
+    assert_eq!(
+        &got[2 * WORDS..],
+        &d[2 * WORDS..],
+        "a write escaped above the binding"
+    );
+    // In range: the sum; the out-of-range writes were dropped or clamped onto the last word,
+    // whose value must then come from a read inside the binding (0..64) or a zero.
+    for (i, &v) in got[WORDS..2 * WORDS - 1].iter().enumerate() {
+        assert_eq!(v, i as u32 + 1000, "word {i}");
+    }
+    let last = got[2 * WORDS - 1];
+    assert!(
+        (1000..1000 + WORDS as u32).contains(&last),
+        "last word {last}: a read escaped the binding (77 or 99 + 1000) or was not written"
+    );
+}
