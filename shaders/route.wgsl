@@ -15,7 +15,9 @@
 //      the lanes and forms the score summed over the GQ heads;
 //   2. keep: a level with more than K candidates keeps those of rank < K, where the rank is the
 //      number of candidates strictly better (higher score, then lower node index; scores compared
-//      through `rank_key`, so a NaN ranks as -inf): deterministic, exactly K kept, no sort;
+//      through `rank_key`, so a NaN ranks as -inf): deterministic, exactly K kept, no sort. The
+//      keys and keep flags are stored four to a vec4, so that the rank and expand loops read four
+//      per load (route 115.0 -> 105.6 ms at 256K on the H200: docs/benchmarks.md, session 9);
 //   3. expand: kept nodes (in ascending index order, so the list stays sorted) write their
 //      children at g * (kept nodes before them); meanwhile one invocation per query counts the
 //      kept children (min(n, K) * g, less the shortfall of the level's last node if kept) and
@@ -47,6 +49,13 @@ const GQ4: u32 = (GQ + 3u) / 4u;
 // Score items (query, candidate, head group) of the tile.
 const NIT: u32 = QT * MC * GQ4;
 const NEG: f32 = -3.0e38;
+// vec4 slots of `sc` and `kp` per query.
+const MC4: u32 = (MC + 3u) / 4u;
+
+// Slot ci of query qi in `sc` / `kp`: vec4 qi * MC4 + ci / 4, component ci % 4.
+fn set_sc(qi: u32, ci: u32, v: u32) { sc[qi * MC4 + ci / 4u][ci % 4u] = v; }
+fn set_kp(qi: u32, ci: u32, v: u32) { kp[qi * MC4 + ci / 4u][ci % 4u] = v; }
+fn get_kp(qi: u32, ci: u32) -> u32 { return kp[qi * MC4 + ci / 4u][ci % 4u]; }
 
 @group(0) @binding(1) var<storage, read> q: array<store_t>;
 @group(0) @binding(2) var<storage, read> means: array<f32>;
@@ -60,11 +69,12 @@ var<workgroup> qs: array<vec4<f32>, QT * GQ * D4>;
 // Candidate lists (two halves: current level, next level), per query MC slots.
 var<workgroup> cl: array<u32, 2u * QT * MC>;
 // Rank keys of the scored candidates.
-var<workgroup> sc: array<u32, QT * MC>;
+// (vec4 per 4 slots, MC4 vec4 per query: the rank and expand steps read 4 slots per load)
+var<workgroup> sc: array<vec4<u32>, QT * MC4>;
 // Partial dot products per score task (candidate, head group, lane) and row slot.
 var<workgroup> pr: array<vec4<f32>, QT * MC * GQ4 * L * G>;
 var<workgroup> pv: array<vec4<f32>, MV * QT * MC * GQ4 * L + 1u>;
-var<workgroup> kp: array<u32, QT * MC>;
+var<workgroup> kp: array<vec4<u32>, QT * MC4>;
 // Candidate counts per query, two halves like `cl` (current level, next level).
 var<workgroup> nc: array<u32, 2u * QT>;
 var<workgroup> rt: array<u32, QT>;
@@ -262,14 +272,16 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 let j = cl[cur + ce];
                 score_task(it, qi, it % GQ4, e % L, l, j, row0);
                 // One task per candidate: it reads back its own partials, no barrier needed.
-                if (L == 1u && GQ4 == 1u) { sc[ce] = rank_key(score(ce, l, j)); }
+                if (L == 1u && GQ4 == 1u) { set_sc(qi, ce % MC, rank_key(score(ce, l, j))); }
             }
         }
         if (L != 1u || GQ4 != 1u) {
             workgroupBarrier();
             for (var e = lid; e < QT * MC; e += WG) {
                 let n = nc[hc + e / MC];
-                if (e % MC < n && n > k) { sc[e] = rank_key(score(e, l, cl[cur + e])); }
+                if (e % MC < n && n > k) {
+                    set_sc(e / MC, e % MC, rank_key(score(e, l, cl[cur + e])));
+                }
             }
         }
         workgroupBarrier();
@@ -283,17 +295,21 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 keep = 1u;
                 if (n > k) {
                     // The list is ascending by node index, so "lower index" is "earlier slot".
-                    // Constant trip count and no branch, so the loads can be pipelined.
-                    let s = sc[e];
-                    var rank = 0u;
-                    for (var o = 0u; o < MC; o++) {
-                        let so = sc[qi * MC + o];
-                        rank += select(0u, 1u, o < n && (so > s || (so == s && o < ci)));
+                    // Constant trip count and no branch, so the loads can be pipelined; four
+                    // slots per load.
+                    let s = vec4<u32>(sc[qi * MC4 + ci / 4u][ci % 4u]);
+                    let lane = vec4<u32>(0u, 1u, 2u, 3u);
+                    var rank = vec4<u32>(0u);
+                    for (var o4 = 0u; o4 < MC4; o4++) {
+                        let so = sc[qi * MC4 + o4];
+                        let o = lane + o4 * 4u;
+                        let better = (so > s) | ((so == s) & (o < vec4<u32>(ci)));
+                        rank += select(vec4<u32>(0u), vec4<u32>(1u), better & (o < vec4<u32>(n)));
                     }
-                    keep = select(0u, 1u, rank < k);
+                    keep = select(0u, 1u, rank.x + rank.y + rank.z + rank.w < k);
                 }
             }
-            kp[e] = keep;
+            set_kp(qi, ci, keep);
         }
         workgroupBarrier();
         // 3. expand kept nodes (only the last node of a level may have fewer than g children,
@@ -301,9 +317,13 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         for (var e = lid; e < QT * MC; e += WG) {
             let qi = e / MC;
             let ci = e % MC;
-            if (ci < nc[hc + qi] && kp[e] != 0u) {
-                var before = 0u;
-                for (var o = 0u; o < MC; o++) { before += select(0u, kp[qi * MC + o], o < ci); }
+            if (ci < nc[hc + qi] && get_kp(qi, ci) != 0u) {
+                var b4 = vec4<u32>(0u);
+                for (var o4 = 0u; o4 < MC4; o4++) {
+                    let o = vec4<u32>(0u, 1u, 2u, 3u) + o4 * 4u;
+                    b4 += select(vec4<u32>(0u), kp[qi * MC4 + o4], o < vec4<u32>(ci));
+                }
+                let before = b4.x + b4.y + b4.z + b4.w;
                 let j = cl[cur + e];
                 let c1 = min(j * g + g, lc.y);
                 for (var c = j * g; c < c1; c++) {
@@ -321,7 +341,9 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             if (n > 0u) {
                 let last = qi * MC + n - 1u;
                 let j = cl[cur + last];
-                if (kp[last] != 0u && j + 1u == p.levels[l].y) { total -= j * g + g - lc.y; }
+                if (get_kp(qi, n - 1u) != 0u && j + 1u == p.levels[l].y) {
+                    total -= j * g + g - lc.y;
+                }
             }
             if (p.causal != 0u && rt[qi] != 0u) {
                 let bq = (p.q_pos0 + i0 + qi) / p.block_size;

@@ -43,7 +43,8 @@ fn wg_bytes(t: u32, l: u32, gq: u32, d: u32, mc: u32, g: u32, mv: u32) -> u64 {
     16 * t * gq * d4
         + 16 * t * mc * gq4 * l * g
         + 16 * (mv * t * mc * gq4 * l + 1)
-        + 4 * (2 * t * mc + t * mc + t * mc + 3 * t)
+        + 4 * (2 * t * mc + 3 * t)
+        + 2 * 16 * t * mc.div_ceil(4)
 }
 
 /// The shader constants of the routing kernel for workgroup shape `s`.
