@@ -12,7 +12,8 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "pisa", version, about, long_about = None)]
 struct Cli {
-    /// Log more (-v info, -vv debug).
+    /// Log more on stderr: -v the device and kernel path, -vv every pipeline built, -vvv wgpu's
+    /// own logs and every dispatch.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     #[command(subcommand)]
@@ -46,10 +47,13 @@ fn main() {
     for w in limits::env_warnings() {
         eprintln!("{w}");
     }
+    // -v and -vv raise pisa's own logs (the device opened, its kernel path and shader checks;
+    // each pipeline built and its compile time); wgpu's stay at warn up to -vvv.
     let level = match cli.verbose {
         0 => "warn",
-        1 => "info",
-        _ => "debug",
+        1 => "warn,pisa=info,pisa_wgpu=info,pisa_cli=info",
+        2 => "warn,pisa=debug,pisa_wgpu=debug,pisa_cli=debug",
+        _ => "debug,pisa=trace,pisa_wgpu=trace",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
     let res = match cli.command {

@@ -324,6 +324,51 @@ fn bench_compare_of_an_empty_report() {
     assert!(svg.contains("no timed results"), "{svg}");
 }
 
+/// `--plot` names the comparison's plot; it must be an .svg and goes with --compare only.
+#[test]
+fn bench_compare_plot_path() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("e.json"),
+        r#"{"adapter":"x","vendor":1,"backend":"b","driver":"d","command":"c","shape":"s","records":[]}"#,
+    )
+    .unwrap();
+    let r = run_in(
+        dir.path(),
+        &["bench", "--compare", "e.json", "--plot", "mine.svg"],
+    )
+    .ok();
+    assert!(r.stdout.contains("plot: mine.svg"), "{}", r.stdout);
+    assert!(dir.path().join("mine.svg").exists());
+    assert!(!dir.path().join("compare.svg").exists());
+    common::usage_fails(
+        dir.path(),
+        &["bench", "--compare", "e.json", "--plot", "p.png"],
+        &["--plot p.png", "*.svg"],
+    );
+    let r = run_in(dir.path(), &["bench", "--plot", "p.svg"]);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains("--compare"), "{}", r.stderr);
+}
+
+/// `-v` logs the device opened, its kernel path and shader checks; `-vv` each pipeline built.
+#[test]
+fn verbose_logs_say_what_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["demo", "--tokens", "160", "--steps", "2"];
+    let r = run_in(dir.path(), &[&args[..], &["-v"]].concat()).ok();
+    assert!(
+        r.stderr.contains("opened ") && r.stderr.contains("shader checks"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("built pipeline"), "{}", r.stderr);
+    let r = run_in(dir.path(), &[&args[..], &["-vv"]].concat()).ok();
+    assert!(r.stderr.contains("built pipeline"), "{}", r.stderr);
+    let r = run_in(dir.path(), &args).ok();
+    assert!(!r.stderr.contains("opened "), "{}", r.stderr);
+}
+
 #[test]
 fn demo_runs_on_a_short_prefix() {
     let dir = tempfile::tempdir().unwrap();

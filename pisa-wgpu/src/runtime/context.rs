@@ -120,6 +120,19 @@ impl Context {
         // NVIDIA H200: docs/runs/h200-2026-11-29b-coopmat.txt); `PISA_KERNEL_PATH=portable` or
         // `set_kernel_path` keeps the portable kernels.
         let coop_on = coop_ok && std::env::var("PISA_KERNEL_PATH").as_deref() != Ok("portable");
+        log::info!(
+            "opened {} ({}, {} {}): kernel path {}, shader checks {checks:?}, subgroup size \
+             {}..{}, workgroup memory {} KiB, storage binding {} MiB",
+            report.name,
+            report.backend,
+            report.driver,
+            report.driver_info,
+            if coop_on { "coopmat" } else { "portable" },
+            report.subgroup_size.0,
+            report.subgroup_size.1,
+            limits.max_compute_workgroup_storage_size / 1024,
+            limits.max_storage_buffer_binding_size >> 20
+        );
         Ok(Self {
             device,
             queue,

@@ -183,6 +183,7 @@ impl PipelineCache {
         if let Some(p) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(p.clone());
         }
+        let t0 = std::time::Instant::now();
         let src = preprocess(shader, storage, consts)?;
         dump_wgsl(&key, &src);
         let desc = wgpu::ShaderModuleDescriptor {
@@ -206,6 +207,13 @@ impl PipelineCache {
             },
             cache: None,
         });
+        log::debug!(
+            "built pipeline {}.{} ({storage:?}, {:?}) in {:.1} ms, constants {consts:?}",
+            shader.name,
+            entry,
+            self.checks,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
         let p = Arc::new(pipeline);
         self.map
             .lock()

@@ -68,13 +68,16 @@ pub struct BenchArgs {
     /// Write the results as JSON here (and an SVG plot beside it).
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Instead of measuring: print these result files side by side (and write compare.svg).
+    /// Instead of measuring: print these result files side by side (and write a plot: --plot).
     #[arg(long, num_args = 1.., conflicts_with_all = [
         "sizes", "decode_sizes", "decode_burst", "hq", "hkv", "d", "block_size", "top_k",
         "scoring", "q_tile", "leaf_order", "storages", "dense_max", "backward_max", "reps",
         "decode_reps", "budget_s", "json", "adapter",
     ])]
     pub compare: Vec<PathBuf>,
+    /// With --compare: the SVG plot to write (default: compare.svg beside the first file).
+    #[arg(long, requires = "compare")]
+    pub plot: Option<PathBuf>,
     /// Adapter name fragment or index.
     #[arg(long)]
     pub adapter: Option<String>,

@@ -38,7 +38,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .iter()
             .map(|p| Report::load(p))
             .collect::<Result<_>>()?;
-        let svg = a.compare[0].with_file_name("compare.svg");
+        let svg = match &a.plot {
+            Some(p) if p.extension().is_none_or(|e| !e.eq_ignore_ascii_case("svg")) => {
+                return Err(crate::args::UsageError(format!(
+                    "--plot {}: the plot is SVG; name the file *.svg",
+                    p.display()
+                ))
+                .into());
+            }
+            Some(p) => p.clone(),
+            None => a.compare[0].with_file_name("compare.svg"),
+        };
         let inputs: Vec<&std::path::Path> = a.compare.iter().map(PathBuf::as_path).collect();
         crate::io::check_output_paths(std::slice::from_ref(&svg), &inputs)?;
         print!("{}", compare::compare(&reports));

@@ -98,6 +98,7 @@ impl Context {
             workgroups,
             self.limits().max_compute_workgroups_per_dimension,
         )?;
+        log::trace!("dispatch {workgroups} workgroups as grid {grid:?}");
         let bg = self.bind_group(pipeline, bindings);
         let writes = timer.and_then(|(p, label)| p.pass_writes(label));
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
