@@ -1,24 +1,32 @@
 //! The guarantee behind the library's shader runtime checks (`pisa_wgpu::runtime::checks`): with
 //! the checks the context chose for this device, no shader reads or writes outside the buffer
 //! range it was bound to. Where the driver bounds buffer accesses (Vulkan's robustBufferAccess2)
-//! the library builds its shaders with no checks at all, and relies on the driver for this;
-//! elsewhere naga's bounds checks do it. Either way, this test fails if an access escapes.
+//! the library builds its shaders with no checks at all and relies on the driver for this;
+//! elsewhere naga's bounds checks do it.
 //!
 //! A buffer of 3 x 256-byte regions, the outer two filled with sentinels, the middle one bound
-//! alone; one workgroup of 128 invocations writes and reads 128 words of that 64-word binding.
+//! alone (the sentinels share the binding's VkBuffer, so plain robustBufferAccess, which only
+//! bounds accesses to the whole buffer, would not pass). One workgroup of 128 invocations writes
+//! and reads 128 words of that 64-word binding, and writes at wrapped-around indices
+//! (`i - 64` for i < 64, near 2^32). The test fails if a write lands in a sentinel region or a
+//! read returns a sentinel. On the H200 (call 5 of session 9) it exercises the driver's
+//! robustBufferAccess2; llvmpipe may bound every access whatever the features, so on lavapipe
+//! it may not be able to fail.
 mod common;
 
 use common::{compute_pipeline, ctx};
 use pisa_wgpu::runtime::checks::ShaderChecks;
 use wgpu::util::DeviceExt;
 
-/// Every invocation i < 128: `dst[i] = src[i] + 1000` (past index 63 both are out of range).
+/// Every invocation i < 128: `dst[i] = src[i] + 1000` (past index 63 both are out of range);
+/// invocations i < 64 also write 5000 at index `i - 64`, wrapped around (all out of range).
 const WGSL: &str = "
 @group(0) @binding(0) var<storage, read_write> dst: array<u32>;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @compute @workgroup_size(128)
 fn main(@builtin(local_invocation_index) i: u32) {
     dst[i] = src[i] + 1000u;
+    if (i < 64u) { dst[i - 64u] = 5000u; }
 }";
 
 const REGION: u64 = 256;

@@ -14,10 +14,11 @@
 //!
 //! So, by default ([`ShaderChecks::for_device`]):
 //! - with `robustBufferAccess2`: [`ShaderChecks::DriverBounded`], no checks in the shader.
-//!   Buffer accesses stay bounded exactly as with wgpu's own default; workgroup and private
-//!   array indices are not clamped. Their bounds are the kernels' invariants, which the
-//!   reference tests exercise (an index past a workgroup array gives a wrong result or a
-//!   device fault there, never a write into another binding);
+//!   Buffer accesses stay bounded exactly as with wgpu's own default. Workgroup and private
+//!   array indices are not clamped: each kernel keeps them in range by its own invariants
+//!   (sizes from the host's plan, e.g. the route's `min(n, K) * g + g - 1 < MC`), which the
+//!   reference tests exercise. An index out of range there would be undefined behaviour
+//!   (wgpu's contract for unchecked shaders), not a clamped read;
 //! - elsewhere (Metal, DX12, Vulkan without it): [`ShaderChecks::Bounds`], naga's bounds checks.
 //!
 //! Loop bounding and integer-division guards are off in both: the loop counters naga adds stop
@@ -33,7 +34,8 @@
 pub enum ShaderChecks {
     /// wgpu's default: bounds checks, loop bounding, integer-division guards.
     All,
-    /// naga's bounds checks on buffer and array indices; no loop bounding or division guards.
+    /// naga's bounds checks (array indices clamped; buffer indices too, unless wgpu-hal leaves
+    /// them to the driver's robustBufferAccess2); no loop bounding or division guards.
     Bounds,
     /// No checks in the shader: the driver bounds buffer accesses (`robustBufferAccess2`).
     DriverBounded,
@@ -80,32 +82,50 @@ impl ShaderChecks {
 
 /// Whether `adapter` (a Vulkan adapter) has `robustBufferAccess2` and `device`, opened on it,
 /// enabled VK_EXT_robustness2: the condition under which wgpu-hal enables the feature and leaves
-/// buffer bounds to the driver. False on every other backend.
+/// buffer bounds to the driver. The feature is read as wgpu-hal reads it, through
+/// VK_KHR_get_physical_device_properties2 (wgpu-hal queries no robustness2 feature without that
+/// instance extension, so neither do we). False on every other backend, and on targets where
+/// wgpu has no native Vulkan backend.
 pub(crate) fn driver_bounds_buffers(adapter: &wgpu::Adapter, device: &wgpu::Device) -> bool {
-    #[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
+    #[cfg(any(
+        windows,
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd"
+    ))]
     {
+        use ash::khr::get_physical_device_properties2 as props2;
         use wgpu::hal::api::Vulkan;
-        let name = c"VK_EXT_robustness2";
-        // SAFETY: the raw handles are only read (extension list, feature query), never stored,
-        // while `adapter` and `device` are alive.
+        let robustness2 = c"VK_EXT_robustness2";
+        // SAFETY: the raw handles are only read (extension lists, one feature query), never
+        // stored, while `adapter` and `device` are alive.
         unsafe {
             let Some(dev) = device.as_hal::<Vulkan>() else {
                 return false;
             };
-            if !dev.enabled_device_extensions().contains(&name) {
+            if !dev.enabled_device_extensions().contains(&robustness2) {
                 return false;
             }
             let Some(ad) = adapter.as_hal::<Vulkan>() else {
                 return false;
             };
+            let shared = ad.shared_instance();
+            if !shared.extensions().contains(&props2::NAME) {
+                return false;
+            }
+            let query = props2::Instance::new(shared.entry(), shared.raw_instance());
             let mut r2 = ash::vk::PhysicalDeviceRobustness2FeaturesEXT::default();
             let mut f2 = ash::vk::PhysicalDeviceFeatures2::default().push_next(&mut r2);
-            let instance = ad.shared_instance().raw_instance();
-            instance.get_physical_device_features2(ad.raw_physical_device(), &mut f2);
+            query.get_physical_device_features2(ad.raw_physical_device(), &mut f2);
             r2.robust_buffer_access2 != 0
         }
     }
-    #[cfg(any(target_vendor = "apple", target_arch = "wasm32"))]
+    #[cfg(not(any(
+        windows,
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd"
+    )))]
     {
         let _ = (adapter, device);
         false

@@ -191,9 +191,11 @@ impl PipelineCache {
             source: wgpu::ShaderSource::Wgsl(src.into()),
         };
         // SAFETY: see `super::checks`: buffer accesses stay bounded (by naga's checks, or by the
-        // driver's robustBufferAccess2) unless PISA_SHADER_CHECKS=none; every loop of our
-        // shaders is a counted loop over host-validated sizes, and every integer divisor is a
-        // size the host checked to be non-zero.
+        // driver's robustBufferAccess2) unless PISA_SHADER_CHECKS=none; workgroup and private
+        // array indices are in range by each kernel's invariants (sizes from the host's plan,
+        // tested against the reference); every loop of our shaders is a counted loop over
+        // host-validated sizes, and every integer divisor is a size the host checked to be
+        // non-zero.
         let checks = self.checks.runtime_checks();
         let module = unsafe { device.create_shader_module_trusted(desc, checks) };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
