@@ -238,7 +238,7 @@ fn misspelled_env_knobs_warn() {
         ("PISA_KERNEL_PATH", "portabel", "portable"),
         ("PISA_LEAF_ORDER", "tile", "tiles, leaves"),
         ("PISA_DECODE", "fuse", "fused, split"),
-        ("PISA_SHADER_CHECKS", "off", "all, none"),
+        ("PISA_SHADER_CHECKS", "off", "all, bounds, none"),
     ];
     let mut c = pisa();
     c.arg("info");
