@@ -126,3 +126,26 @@ fn no_access_escapes_its_binding() {
         "last word {last}: a read escaped the binding (77 or 99 + 1000) or was not written"
     );
 }
+
+/// The probe finds the driver's bounds where they are known to be: lavapipe (Mesa 22.3) and
+/// NVIDIA's Vulkan driver both have robustBufferAccess2, so the library builds their shaders
+/// without checks. A wgpu upgrade that broke the probe would otherwise only show as a slowdown.
+#[test]
+fn known_drivers_bound_buffers_themselves() {
+    if std::env::var_os("PISA_SHADER_CHECKS").is_some() {
+        eprintln!("PISA_SHADER_CHECKS set: the choice is the environment's");
+        return;
+    }
+    let ctx = ctx();
+    let r = ctx.report();
+    let known = r.backend == "Vulkan" && (r.name.contains("llvmpipe") || r.vendor == 0x10de);
+    eprintln!("{} ({}): {:?}", r.name, r.backend, ctx.shader_checks());
+    if known {
+        assert_eq!(
+            ctx.shader_checks(),
+            ShaderChecks::DriverBounded,
+            "{}",
+            r.name
+        );
+    }
+}
