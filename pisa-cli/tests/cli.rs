@@ -314,25 +314,26 @@ fn bench_leaf_order_leaves() {
 #[test]
 fn bench_compare_of_an_empty_report() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("e.json"),
-        r#"{"adapter":"x","vendor":1,"backend":"b","driver":"d","command":"c","shape":"s","records":[]}"#,
-    )
-    .unwrap();
+    write_empty_report(dir.path());
     run_in(dir.path(), &["bench", "--compare", "e.json"]).ok();
     let svg = std::fs::read_to_string(dir.path().join("compare.svg")).unwrap();
     assert!(svg.contains("no timed results"), "{svg}");
+}
+
+/// Writes `e.json` in `dir`: a bench report with no records.
+fn write_empty_report(dir: &Path) {
+    std::fs::write(
+        dir.join("e.json"),
+        r#"{"adapter":"x","vendor":1,"backend":"b","driver":"d","command":"c","shape":"s","records":[]}"#,
+    )
+    .unwrap();
 }
 
 /// `--plot` names the comparison's plot; it must be an .svg and goes with --compare only.
 #[test]
 fn bench_compare_plot_path() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("e.json"),
-        r#"{"adapter":"x","vendor":1,"backend":"b","driver":"d","command":"c","shape":"s","records":[]}"#,
-    )
-    .unwrap();
+    write_empty_report(dir.path());
     let r = run_in(
         dir.path(),
         &["bench", "--compare", "e.json", "--plot", "mine.svg"],
