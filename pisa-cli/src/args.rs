@@ -99,7 +99,8 @@ pub struct SelectArgs {
     /// Intermediate-level scoring.
     #[arg(long, value_enum, default_value_t = ScoringArg::Lse)]
     pub scoring: ScoringArg,
-    /// Forced first blocks (attention sinks).
+    /// Forced first blocks (attention sinks): blocks 0..N at or before the query's own block
+    /// (also with --non-causal: PISA.md's "as in the causal case").
     #[arg(long, default_value_t = 0)]
     pub sink_blocks: usize,
     /// Forced blocks just before each query's own block.

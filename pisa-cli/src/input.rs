@@ -250,12 +250,12 @@ impl InputArgs {
                 .into())
             }
         };
-        let source = self
-            .input
-            .as_ref()
-            .map_or("embedded demo input".to_string(), |p| {
-                p.display().to_string()
-            });
+        // Messages name every file the tensors came from (K and V may have their own).
+        let source = match &self.input {
+            None => "embedded demo input".to_string(),
+            Some(p) if kp == qp && vp == qp => p.display().to_string(),
+            Some(p) => format!("{} (K {}, V {})", p.display(), kp.display(), vp.display()),
+        };
         let read = |p: &Path, n: &str| -> Result<HostTensor> { io::read_tensor(p, n) };
         let (mut q, mut k, mut v) = (read(&qp, &qn)?, read(&kp, &kn)?, read(&vp, &vn)?);
         let meta = io::read_metadata(&qp)?;

@@ -12,8 +12,8 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "pisa", version, about, long_about = None)]
 struct Cli {
-    /// Log more on stderr: -v the device and kernel path, -vv every pipeline built, -vvv wgpu's
-    /// own logs and every dispatch.
+    /// Log more on stderr: -v the device and kernel path, -vv every pipeline built, -vvv also
+    /// wgpu's info logs and every dispatch.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     #[command(subcommand)]
@@ -48,12 +48,13 @@ fn main() {
         eprintln!("{w}");
     }
     // -v and -vv raise pisa's own logs (the device opened, its kernel path and shader checks;
-    // each pipeline built and its compile time); wgpu's stay at warn up to -vvv.
+    // each pipeline built and its compile time); wgpu's stay at warn below -vvv.
     let level = match cli.verbose {
         0 => "warn",
         1 => "warn,pisa=info,pisa_wgpu=info,pisa_cli=info",
         2 => "warn,pisa=debug,pisa_wgpu=debug,pisa_cli=debug",
-        _ => "debug,pisa=trace,pisa_wgpu=trace",
+        // (naga's front end logs every type it resolves at debug: thousands of lines)
+        _ => "info,naga=warn,pisa=trace,pisa_wgpu=trace,pisa_cli=trace",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
     let res = match cli.command {

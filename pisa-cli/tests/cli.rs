@@ -350,6 +350,12 @@ fn bench_compare_plot_path() {
     let r = run_in(dir.path(), &["bench", "--plot", "p.svg"]);
     assert_eq!(r.code, Some(2), "{}", r.stderr);
     assert!(r.stderr.contains("--compare"), "{}", r.stderr);
+    // Beside measuring options too (clap's `requires` alone let that run; new-user trial).
+    common::usage_fails(
+        dir.path(),
+        &[&["bench", "--plot", "p.svg"][..], &TINY_BENCH].concat(),
+        &["--plot", "--compare"],
+    );
 }
 
 /// `-v` logs the device opened, its kernel path and shader checks; `-vv` each pipeline built.

@@ -70,8 +70,9 @@ fn bad_selection_options() {
         &["recall", "-i", "in.safetensors", "--top-k", "0"],
         &["top_k"],
     );
-    // Regression (new-user trial): recall took --scoring and ignored it.
-    fails(
+    // Regression (new-user trial): recall took --scoring and ignored it. Options that do not
+    // go together: a usage error (exit 2).
+    common::usage_fails(
         d,
         &["recall", "-i", "in.safetensors", "--scoring", "mean"],
         &["--scoring does not apply to recall"],
@@ -357,7 +358,7 @@ fn decode_non_causal_and_flags_without_output_are_refused() {
             (&["--save-selection"][..], "--save-selection requires -o"),
             (&["--out-dtype", "f16"], "--out-dtype requires -o"),
         ] {
-            fails(d, &[&base[..], &SMALL, flag].concat(), &[want]);
+            common::usage_fails(d, &[&base[..], &SMALL, flag].concat(), &[want]);
         }
     }
 }

@@ -110,6 +110,14 @@ fn layout_mismatched_to_the_file() {
         ],
         &["q.npy", "as bnhd Q and K agree"],
     );
+    // K and V from their own files: the message names them too (new-user trial: it named Q's).
+    fails(
+        d,
+        &[
+            "forward", "-i", "q.npy", "--k-file", "q.npy", "--v-file", "v.npy",
+        ],
+        &["q.npy (K q.npy, V v.npy)", "but V has"],
+    );
 }
 
 /// Lengths and sizes past what the adapter allows: a clear error before anything runs.
@@ -254,7 +262,7 @@ fn bad_decode_lengths() {
             &[&base[..], &["--prefill", p]].concat(),
             &[
                 "in.safetensors",
-                &format!("--prefill {p} must be in 1..150"),
+                &format!("--prefill {p} must be in 1..=149"),
             ],
         );
     }

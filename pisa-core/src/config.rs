@@ -54,7 +54,10 @@ pub struct SelectionConfig {
     pub merge_factor: usize,
     /// Intermediate-level scoring.
     pub scoring: Scoring,
-    /// Forced first blocks (attention sinks), counted inside `top_k`.
+    /// Forced first blocks (attention sinks), counted inside `top_k`: blocks
+    /// `0..sink_blocks` that are at or before the query's own block. Without causal masking the
+    /// same rule holds (PISA.md section 3: "the forced leaves are as in the causal case"), so for a
+    /// query in block 0 only block 0 is forced; it may still select the other sinks by score.
     pub sink_blocks: usize,
     /// Forced blocks just before the query's own block, counted inside `top_k`.
     pub local_blocks: usize,

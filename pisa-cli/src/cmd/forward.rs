@@ -102,10 +102,17 @@ pub fn out_dtype_of(
 ) -> Result<DType> {
     if output.is_none() {
         if save_selection {
-            bail!("--save-selection requires -o/--output (the selection is written there)");
+            return Err(crate::args::UsageError(
+                "--save-selection requires -o/--output (the selection is written there)".into(),
+            )
+            .into());
         }
         if out_dtype.is_some() {
-            bail!("--out-dtype requires -o/--output (it is the element type of O in that file)");
+            return Err(crate::args::UsageError(
+                "--out-dtype requires -o/--output (it is the element type of O in that file)"
+                    .into(),
+            )
+            .into());
         }
     }
     Ok(out_dtype.unwrap_or(DType::F32))

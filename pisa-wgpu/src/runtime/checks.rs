@@ -44,6 +44,18 @@ pub enum ShaderChecks {
     None,
 }
 
+impl std::fmt::Display for ShaderChecks {
+    /// The name `pisa bench` records (`all`, `bounds`, `driver_bounded`, `none`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::All => "all",
+            Self::Bounds => "bounds",
+            Self::DriverBounded => "driver_bounded",
+            Self::None => "none",
+        })
+    }
+}
+
 impl ShaderChecks {
     /// The checks for a device whose driver does (`driver_bounds`) or does not bound buffer
     /// accesses, unless `PISA_SHADER_CHECKS` (`all`, `bounds`, `none`) says otherwise.

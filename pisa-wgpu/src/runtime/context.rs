@@ -121,7 +121,7 @@ impl Context {
         // `set_kernel_path` keeps the portable kernels.
         let coop_on = coop_ok && std::env::var("PISA_KERNEL_PATH").as_deref() != Ok("portable");
         log::info!(
-            "opened {} ({}, {} {}): kernel path {}, shader checks {checks:?}, subgroup size \
+            "opened {} ({}, {} {}): kernel path {}, shader checks {checks}, subgroup size \
              {}..{}, workgroup memory {} KiB, storage binding {} MiB",
             report.name,
             report.backend,

@@ -32,6 +32,13 @@ fn dense_flops(hq: usize, n: usize, d: usize) -> f64 {
 
 /// Runs `pisa bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.plot.is_some() && a.compare.is_empty() {
+        return Err(crate::args::UsageError(
+            "--plot names the plot of --compare; a measuring run writes its plot beside --json"
+                .into(),
+        )
+        .into());
+    }
     if !a.compare.is_empty() {
         let reports: Vec<Report> = a
             .compare

@@ -44,10 +44,7 @@ impl Params {
             q_tile: a.q_tile,
             leaf_order: format!("{:?}", ctx.leaf_order()).to_ascii_lowercase(),
             kernel_path: ctx.kernel_path().to_string(),
-            shader_checks: serde_json::to_value(ctx.shader_checks())
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            shader_checks: ctx.shader_checks().to_string(),
         }
     }
 

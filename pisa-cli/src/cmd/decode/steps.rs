@@ -73,7 +73,10 @@ pub fn check_prefill(p: usize, n: usize) -> Result<()> {
         bail!("decode needs at least 2 tokens (one prefilled, one decoded); the input has {n}");
     }
     if p == 0 || p >= n {
-        bail!("--prefill {p} must be in 1..{n} (the input has {n} tokens; the rest are decoded)");
+        bail!(
+            "--prefill {p} must be in 1..={} (the input has {n} tokens; at least the last is decoded)",
+            n - 1
+        );
     }
     Ok(())
 }
