@@ -41,6 +41,22 @@ pub fn label(r: &Report) -> String {
     }
 }
 
+/// Where two reports would get the same [`label`] (runs of one adapter and path), prefixes each
+/// report's adapter name with its file's stem, so columns and plot lines stay apart.
+pub fn name_apart(reports: &mut [Report], files: &[&std::path::Path]) {
+    let labels: Vec<String> = reports.iter().map(label).collect();
+    let clash = |i: usize| (0..labels.len()).any(|j| j != i && labels[j] == labels[i]);
+    let rename: Vec<bool> = (0..reports.len()).map(clash).collect();
+    for ((r, f), rename) in reports.iter_mut().zip(files).zip(rename) {
+        if rename {
+            let stem = f
+                .file_stem()
+                .map_or(String::new(), |s| s.to_string_lossy().into());
+            r.adapter = format!("{stem}: {}", r.adapter);
+        }
+    }
+}
+
 /// One table of every (op, N, storage) across several reports, a column per report
 /// ([`label`]); a line first when the reports differ in Hq, Hkv, D, C or top_k.
 pub fn compare(reports: &[Report]) -> String {
@@ -195,7 +211,7 @@ fn xml(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{compare, label, Report};
+    use super::{compare, label, name_apart, Report};
     use crate::cmd::bench::report::Record;
 
     fn report(adapter: &str, shape: &str) -> Report {
@@ -230,6 +246,27 @@ mod tests {
             &shape("portable"),
         ));
         assert!(long.len() <= 24 && long.ends_with("(portable)"), "{long}");
+    }
+
+    #[test]
+    fn runs_of_one_adapter_are_named_by_their_files() {
+        let shape = "Hq=32 Hkv=8 D=128 C=64 K=16 g=2 Lse Qtile=4, kernel path coopmat (x)";
+        let mut rs = vec![
+            report("NVIDIA H200", shape),
+            report("NVIDIA H200", shape),
+            report("llvmpipe", shape),
+        ];
+        let files = [
+            std::path::Path::new("runs/before.json"),
+            std::path::Path::new("after.json"),
+            std::path::Path::new("cpu.json"),
+        ];
+        name_apart(&mut rs, &files);
+        let labels: Vec<String> = rs.iter().map(label).collect();
+        assert!(labels[0].starts_with("before: NVIDIA"), "{labels:?}");
+        assert!(labels[1].starts_with("after: NVIDIA"), "{labels:?}");
+        assert_ne!(labels[0], labels[1]);
+        assert_eq!(labels[2], "llvmpipe (coopmat)");
     }
 
     #[test]

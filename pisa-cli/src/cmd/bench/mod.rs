@@ -40,7 +40,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .into());
     }
     if !a.compare.is_empty() {
-        let reports: Vec<Report> = a
+        let mut reports: Vec<Report> = a
             .compare
             .iter()
             .map(|p| Report::load(p))
@@ -57,6 +57,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             None => a.compare[0].with_file_name("compare.svg"),
         };
         let inputs: Vec<&std::path::Path> = a.compare.iter().map(PathBuf::as_path).collect();
+        compare::name_apart(&mut reports, &inputs);
         crate::io::check_output_paths(std::slice::from_ref(&svg), &inputs)?;
         print!("{}", compare::compare(&reports));
         std::fs::write(&svg, compare::svg(&reports))
