@@ -26,9 +26,9 @@ fn no_adapter_is_a_typed_error_with_a_hint() {
     ] {
         let e = Context::new(&choice).unwrap_err();
         assert!(matches!(e, GpuError::NoAdapter(_)), "{choice:?}: {e:?}");
+        // The adapters that do exist are listed (this test runs where one does).
         let msg = e.to_string();
-        assert!(msg.contains("pisa info"), "{msg}");
-        assert!(msg.contains("lavapipe") || msg.contains("driver"), "{msg}");
+        assert!(msg.contains("adapters found: [0] "), "{msg}");
     }
     let msg = Context::new(&AdapterChoice::Name("no-such-gpu".into()))
         .unwrap_err()

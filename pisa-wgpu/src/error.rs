@@ -10,8 +10,9 @@ pub type Result<T> = std::result::Result<T, GpuError>;
 /// What went wrong on the GPU side.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    /// No adapter matched (or none exists).
-    #[error("no GPU adapter found{0}: install a Vulkan/Metal/DX12 driver, or Mesa's lavapipe CPU Vulkan driver (Debian/Ubuntu: apt-get install -y mesa-vulkan-drivers)")]
+    /// No adapter matched (or none exists); the text says which was asked for and lists the
+    /// adapters found, or how to install one when there are none.
+    #[error("no GPU adapter found{0}")]
     NoAdapter(String),
     /// The adapter refused the device request.
     #[error("could not open the GPU device: {0}")]

@@ -26,7 +26,10 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if list.is_empty() {
-        anyhow::bail!("{}", pisa_wgpu::GpuError::NoAdapter(String::new()));
+        anyhow::bail!(
+            "{}",
+            pisa_wgpu::GpuError::NoAdapter(pisa_wgpu::runtime::adapter::INSTALL_HINT.into())
+        );
     }
     for (i, r) in list.iter().enumerate() {
         println!("[{i}] {} ({}, {})", r.name, r.backend, r.device_type);

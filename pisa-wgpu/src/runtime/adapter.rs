@@ -102,12 +102,18 @@ pub fn list_adapters() -> Vec<AdapterReport> {
         .collect()
 }
 
+/// How to get an adapter where there is none.
+pub const INSTALL_HINT: &str = ": install a Vulkan/Metal/DX12 driver, or Mesa's lavapipe CPU Vulkan driver (Debian/Ubuntu: apt-get install -y mesa-vulkan-drivers)";
+
 /// The adapter `choice` names: for [`AdapterChoice::HighPerformance`] wgpu's high-performance
 /// pick, else the first adapter found. Errors: [`GpuError::NoAdapter`] (none found or none
 /// matches).
 pub(super) fn find_adapter(choice: &AdapterChoice) -> Result<wgpu::Adapter> {
     let inst = instance();
     let adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
+    let found: Vec<String> = (adapters.iter().enumerate())
+        .map(|(i, a)| format!("[{i}] {}", a.get_info().name))
+        .collect();
     let adapter = match choice {
         AdapterChoice::HighPerformance => {
             let best = pollster::block_on(inst.request_adapter(&wgpu::RequestAdapterOptions {
@@ -125,10 +131,15 @@ pub(super) fn find_adapter(choice: &AdapterChoice) -> Result<wgpu::Adapter> {
         AdapterChoice::Index(i) => adapters.into_iter().nth(*i),
     };
     adapter.ok_or_else(|| {
-        GpuError::NoAdapter(match choice {
+        let asked = match choice {
             AdapterChoice::HighPerformance => String::new(),
-            AdapterChoice::Name(n) => format!(" matching {n:?} (see `pisa info`)"),
-            AdapterChoice::Index(i) => format!(" at index {i} (see `pisa info`)"),
+            AdapterChoice::Name(n) => format!(" matching {n:?}"),
+            AdapterChoice::Index(i) => format!(" at index {i}"),
+        };
+        GpuError::NoAdapter(if found.is_empty() {
+            format!("{asked}{INSTALL_HINT}")
+        } else {
+            format!("{asked}; adapters found: {}", found.join(", "))
         })
     })
 }
