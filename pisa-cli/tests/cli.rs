@@ -168,7 +168,12 @@ fn recall_with_nothing_to_count_says_so() {
         "4",
     ];
     let r = run_in(dir.path(), &args).ok();
-    assert!(r.stdout.contains("n/a"), "{}", r.stdout);
+    // Nothing counted: a dash, not "n/a%" or NaN.
+    assert!(
+        r.stdout.contains(" - ") && !r.stdout.contains("n/a"),
+        "{}",
+        r.stdout
+    );
     assert!(
         !r.stdout.contains("NaN") && !r.stdout.contains("-0.00"),
         "{}",

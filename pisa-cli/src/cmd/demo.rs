@@ -125,7 +125,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
     );
     println!("  selection equal to the CPU reference for {same} of {} (query, KV head) rows; output rel. error {err:.2e}", want.rows());
     let visible = attended_fraction(&sel_gpu, s, &cfg);
-    println!("  each query attends to at most {} keys ({} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.top_k * cfg.block_size, cfg.top_k, cfg.block_size, 100.0 * visible);
+    // (at most top_k blocks, and never more keys than the input has)
+    let most = (cfg.top_k * cfg.block_size).min(s.k_len);
+    println!("  each query attends to at most {most} keys ({} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.top_k, cfg.block_size, 100.0 * visible);
 
     // 2. decode
     super::decode::demo(&ctx, &l, &cfg, a.steps)?;

@@ -39,7 +39,7 @@ pub struct MethodRecall {
     pub queries: usize,
 }
 
-/// Query-weighted averages; NaN (JSON `null`, "n/a" in the table) when no query counted.
+/// Query-weighted averages; NaN (JSON `null`, "-" in the table) when no query counted.
 fn average(per: &[Recall]) -> (f64, f64, usize) {
     let n: usize = per.iter().map(|r| r.queries).sum();
     if n == 0 {
@@ -103,12 +103,21 @@ pub fn measure(
     Ok(out)
 }
 
-/// `x * scale` with `prec` decimals, or `n/a` for NaN (nothing counted).
+/// `x * scale` with `prec` decimals, or `-` for NaN (nothing counted).
 fn num(x: f64, scale: f64, prec: usize) -> String {
     if x.is_nan() {
-        "n/a".into()
+        "-".into()
     } else {
         format!("{:.prec$}", x * scale)
+    }
+}
+
+/// `x` as a percentage with 2 decimals, or `-` for NaN.
+fn pct(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else {
+        num(x, 100.0, 2) + "%"
     }
 }
 
@@ -125,13 +134,16 @@ pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
         let per: Vec<String> = r
             .per_kv_head
             .iter()
-            .map(|&(a, b)| format!("{}/{}", num(a, 1.0, 3), num(b, 1.0, 3)))
+            .map(|&(a, b)| match (a.is_nan(), b.is_nan()) {
+                (true, true) => "-".into(),
+                _ => format!("{}/{}", num(a, 1.0, 3), num(b, 1.0, 3)),
+            })
             .collect();
         s.push_str(&format!(
             "{:<14} {:>10} {:>12}   {}\n",
             r.method,
-            num(r.recall_at_k, 100.0, 2) + "%",
-            num(r.mass_recall, 100.0, 2) + "%",
+            pct(r.recall_at_k),
+            pct(r.mass_recall),
             per.join("  ")
         ));
     }

@@ -123,10 +123,11 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
         println!(
-            "decode: prefill {}, {} on {}: {clock} per step median {med:.3} ms, p99 {p99:.3} ms (wall-clock with transfers: median {wmed:.3} ms, p99 {wp99:.3} ms; first step excluded){}",
+            "decode: prefill {}, {} on {}: {clock} per step median {med:.3} ms, p99 {p99:.3} ms (wall-clock with transfers: median {wmed:.3} ms, p99 {wp99:.3} ms; {}){}",
             plural(p, "token"),
             plural(r.step_ms.len(), "step"),
             ctx.report().name,
+            if skip == 1 { "first step excluded" } else { "one step: pipeline builds included" },
             if written.is_empty() { String::new() } else { format!("; wrote {}", written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")) }
         );
         if let Some(c) = &checked {
