@@ -91,6 +91,11 @@ fn decode_check_and_outputs() {
     assert_eq!(j["steps"], 16, "{j}");
     assert!(j["check"]["out_rel_err"].as_f64().unwrap() <= 1e-4, "{j}");
     assert_eq!(j["check"]["rows"], 2 * 16, "{j}");
+    // As forward's: the shape, the configuration and the scale used; the check's verdict.
+    assert_eq!(j["check"]["passed"], true, "{j}");
+    assert_eq!(j["check"]["tolerance"], 1e-4, "{j}");
+    assert_eq!(j["config"]["top_k"], 4, "{j}");
+    assert!(j["shape"].is_object() && j["softmax_scale"].is_number(), "{j}");
     let out = dir.path().join("dec.safetensors");
     assert_eq!(read_tensor(&out, "o").unwrap().shape, [4, 140, 32]);
     assert_eq!(read_tensor(&out, "lse").unwrap().shape, [4, 140]);

@@ -98,7 +98,12 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         let (o, lse, idx) = super::forward::output_tensors_of(&l, &r.out, &r.lse, sel, cfg.top_k)?;
         let mut meta = BTreeMap::new();
         meta.insert("prefill_tokens".to_string(), p.to_string());
+        meta.insert(
+            "scale".to_string(),
+            cfg.softmax_scale(l.shape.head_dim).to_string(),
+        );
         meta.insert("config".to_string(), crate::text::config(&cfg));
+        meta.insert("source".to_string(), l.source.clone());
         written = io::write_outputs(
             path,
             &Outputs {
@@ -113,12 +118,15 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let clock = if r.gpu { "GPU" } else { "wall-clock" };
     if a.device.json {
         let mut j = serde_json::json!({
-            "adapter": ctx.report().name, "source": l.source, "prefill": p, "steps": r.step_ms.len(),
+            "adapter": ctx.report().name, "source": l.source,
+            "shape": crate::text::shape_json(&l.shape), "config": crate::text::config_json(&cfg),
+            "softmax_scale": cfg.softmax_scale(l.shape.head_dim),
+            "prefill": p, "steps": r.step_ms.len(),
             "step_ms_median": med, "step_ms_p99": p99, "gpu_timed": r.gpu,
             "wall_ms_median": wmed, "wall_ms_p99": wp99, "written": written,
         });
         if let Some(c) = &checked {
-            j["check"] = serde_json::json!({"out_rel_err": c.out_err, "lse_rel_err": c.lse_err, "selection_rows_differing": c.differing.0, "rows": c.differing.1});
+            j["check"] = serde_json::json!({"out_rel_err": c.out_err, "lse_rel_err": c.lse_err, "selection_rows_differing": c.differing.0, "rows": c.differing.1, "tolerance": tol, "passed": check_ok});
         }
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
