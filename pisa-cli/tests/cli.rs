@@ -95,7 +95,10 @@ fn decode_check_and_outputs() {
     assert_eq!(j["check"]["passed"], true, "{j}");
     assert_eq!(j["check"]["tolerance"], 1e-4, "{j}");
     assert_eq!(j["config"]["top_k"], 4, "{j}");
-    assert!(j["shape"].is_object() && j["softmax_scale"].is_number(), "{j}");
+    assert!(
+        j["shape"].is_object() && j["softmax_scale"].is_number(),
+        "{j}"
+    );
     let out = dir.path().join("dec.safetensors");
     assert_eq!(read_tensor(&out, "o").unwrap().shape, [4, 140, 32]);
     assert_eq!(read_tensor(&out, "lse").unwrap().shape, [4, 140]);
