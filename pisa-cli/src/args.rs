@@ -183,6 +183,15 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+/// `anyhow::bail!` for a [`UsageError`]: returns it, its message formatted as `format!`'s.
+#[macro_export]
+macro_rules! usage_bail {
+    ($($fmt:tt)*) => {
+        return Err($crate::args::UsageError(format!($($fmt)*)).into())
+    };
+}
+pub use crate::usage_bail;
+
 /// Which GPU and precision.
 #[derive(Args, Clone, Debug)]
 pub struct DeviceArgs {

@@ -9,7 +9,7 @@ use anyhow::{ensure, Context as _, Result};
 use clap::Args;
 use pisa_core::{AttentionShape, TensorLayout};
 
-use crate::args::{LayoutArg, StorageArg, UsageError};
+use crate::args::{usage_bail, LayoutArg, StorageArg};
 use crate::io::{self, HostTensor};
 
 /// The embedded default input: SmolLM2-135M-Instruct layer 15, tokens 0..4096, f16
@@ -200,10 +200,9 @@ impl InputArgs {
     pub fn load(&self, allow_demo: bool) -> Result<Loaded> {
         if self.layer.is_some() && (self.q_name != "q" || self.k_name != "k" || self.v_name != "v")
         {
-            return Err(UsageError(
-                "--layer N reads layer{N}.q/k/v: it cannot be combined with --q-name, --k-name or --v-name".into(),
-            )
-            .into());
+            usage_bail!(
+                "--layer N reads layer{{N}}.q/k/v: it cannot be combined with --q-name, --k-name or --v-name"
+            );
         }
         let layout: TensorLayout = self.layout.into();
         let (qn, kn, vn) = self.names();
@@ -211,11 +210,10 @@ impl InputArgs {
         let (qp, kp, vp): (PathBuf, PathBuf, PathBuf) = match &self.input {
             Some(p) if io::Format::from_path(p)? == io::Format::Npy => {
                 if self.layer.is_some() {
-                    return Err(UsageError(format!(
+                    usage_bail!(
                         "{}: --layer picks tensors of a .safetensors file; a .npy file holds one tensor",
                         p.display()
-                    ))
-                    .into());
+                    );
                 }
                 let missing = match (&self.k_file, &self.v_file) {
                     (None, None) => "K and V with --k-file and --v-file",
@@ -223,17 +221,16 @@ impl InputArgs {
                     _ => "V with --v-file",
                 };
                 let (Some(k), Some(v)) = (self.k_file.clone(), self.v_file.clone()) else {
-                    return Err(UsageError(format!("--input is a .npy file: give {missing}")).into());
+                    usage_bail!("--input is a .npy file: give {missing}");
                 };
                 (p.clone(), k, v)
             }
             Some(p) => {
                 if self.k_file.is_some() || self.v_file.is_some() {
-                    return Err(UsageError(format!(
+                    usage_bail!(
                         "{}: --k-file and --v-file go with a .npy --input; a .safetensors input holds K and V (--k-name, --v-name)",
                         p.display()
-                    ))
-                    .into());
+                    );
                 }
                 (p.clone(), p.clone(), p.clone())
             }
@@ -243,12 +240,9 @@ impl InputArgs {
                 let p = demo_file.path().to_path_buf();
                 (p.clone(), p.clone(), p)
             }
-            None => {
-                return Err(UsageError(
-                    "no input: give --input FILE (.safetensors with q/k/v, or .npy with --k-file/--v-file)".into(),
-                )
-                .into())
-            }
+            None => usage_bail!(
+                "no input: give --input FILE (.safetensors with q/k/v, or .npy with --k-file/--v-file)"
+            ),
         };
         // Messages name every file the tensors came from (K and V may have their own).
         let source = match &self.input {

@@ -102,17 +102,14 @@ pub fn out_dtype_of(
 ) -> Result<DType> {
     if output.is_none() {
         if save_selection {
-            return Err(crate::args::UsageError(
-                "--save-selection requires -o/--output (the selection is written there)".into(),
-            )
-            .into());
+            crate::args::usage_bail!(
+                "--save-selection requires -o/--output (the selection is written there)"
+            );
         }
         if out_dtype.is_some() {
-            return Err(crate::args::UsageError(
+            crate::args::usage_bail!(
                 "--out-dtype requires -o/--output (it is the element type of O in that file)"
-                    .into(),
-            )
-            .into());
+            );
         }
     }
     Ok(out_dtype.unwrap_or(DType::F32))

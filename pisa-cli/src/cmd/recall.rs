@@ -164,10 +164,9 @@ pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
 /// Runs `pisa recall`.
 pub fn run(a: RecallArgs) -> Result<()> {
     if a.select.scoring != crate::args::ScoringArg::Lse {
-        return Err(crate::args::UsageError(
-            "--scoring does not apply to recall: it measures every scoring (lse, mean, meanvar) and BSA side by side".into(),
-        )
-        .into());
+        crate::args::usage_bail!(
+            "--scoring does not apply to recall: it measures every scoring (lse, mean, meanvar) and BSA side by side"
+        );
     }
     let l = a.input.load_for(a.device.storage, false)?;
     let cfg = a.select.config(&l.file_scale)?;

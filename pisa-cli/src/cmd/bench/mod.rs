@@ -33,11 +33,9 @@ fn dense_flops(hq: usize, n: usize, d: usize) -> f64 {
 /// Runs `pisa bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.plot.is_some() && a.compare.is_empty() {
-        return Err(crate::args::UsageError(
+        crate::args::usage_bail!(
             "--plot names the plot of --compare; a measuring run writes its plot beside --json"
-                .into(),
-        )
-        .into());
+        );
     }
     if !a.compare.is_empty() {
         let mut reports: Vec<Report> = a
@@ -47,11 +45,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .collect::<Result<_>>()?;
         let svg = match &a.plot {
             Some(p) if p.extension().is_none_or(|e| !e.eq_ignore_ascii_case("svg")) => {
-                return Err(crate::args::UsageError(format!(
+                crate::args::usage_bail!(
                     "--plot {}: the plot is SVG; name the file *.svg",
                     p.display()
-                ))
-                .into());
+                );
             }
             Some(p) => p.clone(),
             None => a.compare[0].with_file_name("compare.svg"),

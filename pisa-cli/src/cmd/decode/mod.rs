@@ -56,10 +56,9 @@ pub struct DecodeArgs {
 /// Runs `pisa decode`.
 pub fn run(a: DecodeArgs) -> Result<()> {
     if a.select.non_causal {
-        return Err(crate::args::UsageError(
-            "--non-causal does not apply to decode: each new token attends to the tokens before it (decode is causal); use `pisa forward --non-causal`".into(),
-        )
-        .into());
+        crate::args::usage_bail!(
+            "--non-causal does not apply to decode: each new token attends to the tokens before it (decode is causal); use `pisa forward --non-causal`"
+        );
     }
     let out_dtype =
         super::forward::out_dtype_of(a.output.as_deref(), a.out_dtype, a.save_selection)?;
