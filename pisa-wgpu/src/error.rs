@@ -66,6 +66,12 @@ pub enum GpuError {
         /// The value: NaN, `inf` or `-inf`.
         value: f32,
     },
+    /// A tensor view the library cannot use ([`crate::TensorView`]): a buffer without the
+    /// usage the operation needs, a range past the buffer's end, overlapping strides, a
+    /// misaligned offset where one must be aligned, a shape or dtype the operation does not
+    /// take. The text names the view and the problem.
+    #[error("unusable tensor view: {0}")]
+    View(String),
     /// A shape or configuration error from `pisa-core`.
     #[error(transparent)]
     Input(#[from] PisaError),

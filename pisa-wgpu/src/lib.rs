@@ -19,3 +19,5 @@ pub use runtime::context::{
 };
 pub use runtime::pipeline::{ShaderSource, Storage};
 pub use runtime::profiler::{Profiler, StageTimes};
+pub use runtime::view::{DType, TensorView};
+pub use wgpu;

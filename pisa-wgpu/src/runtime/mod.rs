@@ -12,3 +12,4 @@ pub mod coop;
 pub mod pipeline;
 pub mod profiler;
 pub mod readback;
+pub mod view;
