@@ -316,7 +316,8 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     // Only the keys some row of the tile may see are walked: a block's keys below Nk and, when
     // causal, up to the tile's last query position. Tiles past them would be empty or masked
     // for every row; walking hundreds of them (a long block) gave wrong outputs on lavapipe
-    // (docs/benchmarks.md, session 8), besides costing time.
+    // (lavapipe's loop limit: docs/benchmarks.md, A.8; tests/lavapipe_loops.rs), besides costing
+    // time.
     var end = p.k_len;
     if (p.causal != 0u) { end = p.k_len - p.q_len + min(i0 + QT, p.q_len); }
     for (var u = 0u; u < nu; u++) {

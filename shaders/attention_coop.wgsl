@@ -39,7 +39,7 @@
 // Every f16 matrix staged in workgroup memory is laid out so that it loads column-major
 // (`coopLoad`: K^T, V, P^T), never row-major (`coopLoadT`): on the H200 (driver 580) a
 // row-major B load of V cost about as much as everything else in the dense kernel together
-// (knock-out measurement in docs/benchmarks.md, session 4). Q (loaded once) keeps coopLoadT.
+// (knock-out measurement in docs/benchmarks.md, A.4). Q (loaded once) keeps coopLoadT.
 enable wgpu_cooperative_matrix;
 
 const HD: u32 = 128u;    // head dim (multiple of 16, <= 128)

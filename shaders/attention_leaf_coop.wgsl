@@ -30,7 +30,7 @@
 // Q, K, V: 16-byte pieces, (b, h, n, d) at (b*sb + h*sh + n*sn + d) / 8 (V with K's strides).
 // P and V are staged so that they load column-major (`coopLoad`), as K does: a row-major
 // (`coopLoadT`) B load of V was about 45% of the dense tile kernel on the H200 (docs/
-// benchmarks.md, session 4).
+// benchmarks.md, A.4: 2026-11-29 knock-outs).
 enable wgpu_cooperative_matrix;
 
 const GQ: u32 = 4u;    // query heads per KV head (<= RT)
@@ -100,7 +100,7 @@ fn key_piece(at: u32) -> vec4<u32> {
 // across invocations, so the transposed 2-byte stores spread over the banks; all loads are
 // issued before the first store. One function, not a load returning the pieces and a store
 // taking them (as leaf_rows_coop.wgsl's Q and key helpers): that split made this kernel 1.3x
-// slower on the H200 (docs/benchmarks.md, session 7).
+// slower on the H200 (docs/benchmarks.md, A.7, 2026-11-29).
 fn stage_values_t(lid: u32, leaf: u32, kbase: u32) {
     var buf: array<vec4<u32>, KL>;
     for (var j = 0u; j < KL; j++) {

@@ -4,8 +4,9 @@
 // of a private array. On the H200 (driver 580) the driver kept a private array of cooperative
 // matrices in local memory, although every index is the counter of a constant-trip loop: 256
 // bytes per invocation in leaf-major attention, 0 with this form, at the same register count
-// (VK_KHR_pipeline_executable_properties, tests/shader_stats.rs; docs/benchmarks.md, session
-// 7). The switches fold away once the driver unrolls the loops. Needs HD16 <= 8 (D <= 128).
+// (VK_KHR_pipeline_executable_properties, tests/shader_stats.rs; docs/benchmarks.md, A.7:
+// 2026-11-29, commit d77f45f). The switches fold away once the driver unrolls the loops.
+// Needs HD16 <= 8 (D <= 128).
 const_assert HD16 <= 8u;
 
 var<private> qa_0: coop_mat16x16<f16, A>;

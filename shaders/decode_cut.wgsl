@@ -28,8 +28,8 @@ fn write_empty(qrow: u32, so: u32, lid: u32) {
 // score is never used) and mrank = INVALID are written and a barrier passed. Writes msel and
 // the selection to sel_out[so..so + K] (ascending, -1 padded); ends with a barrier.
 // Ranks in three phases (one invocation per slot looping over all MAXC slots cost 3.2 us more
-// per merge on the H200 at 1M: docs/benchmarks.md, session 6): rank keys in place of the
-// scores in msc (0 for an empty slot, below every score's key) | partial counts, item
+// per merge on the H200 at 1M: docs/benchmarks.md, A.6, commit 974f137): rank keys in place of
+// the scores in msc (0 for an empty slot, below every score's key) | partial counts, item
 // (i, part) counting the slots j = part, part + CPM, ... ranked ahead of slot i (higher key,
 // then lower block) | the sums, a kept slot of rank r (r + nf < K) written to mrank[r].
 fn cut_top_k(so: u32, lid: u32) {

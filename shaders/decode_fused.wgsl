@@ -1,7 +1,7 @@
 // Decode step, fused: ONE dispatch, one workgroup of WG invocations (up to 1024) per (sequence,
 // KV head) (appended to decode.wgsl, decode_levels.wgsl and decode_cut.wgsl, whose headers
 // describe the shared parts). Where the split step pays a dependent dispatch per stage (about
-// 1.7 us each inside one pass on an H200: docs/benchmarks.md, session 4), this does the whole
+// 1.7 us each inside one pass on an H200: docs/benchmarks.md, A.4), this does the whole
 // step in one (measured 1.5-2x slower there: 8 workgroups read all the keys):
 //   1. routing (route_slots: the intermediate levels, five barriers a level) into the NS leaf
 //      slots, kept in workgroup memory (mc), compacted into a list (lst);

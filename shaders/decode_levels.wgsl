@@ -8,10 +8,10 @@
 // cleared) | rank counts, the MAXC x MAXC comparisons split CP ways | the cut, where each kept
 // node writes its children straight into the next level's slots (double-buffered `cand`).
 // Measured on the H200 (docs/benchmarks.md): one invocation per candidate looping over all MAXC
-// for the rank was 2.5 us a level, 40% of the route (session 4); the per-candidate score summing
-// all MG * GQ * LR partials itself cost 2.5 us more per step at 1M than the extra barrier of the
-// two-step sum, and divisions by the runtime merge factor instead of the constant MG 4.5 us
-// (session 5). `xr` (XR floats) is also the fused step's scratch after the routing.
+// for the rank was 2.5 us a level, 40% of the route (A.4, before commit 408e6f6); the
+// per-candidate score summing all MG * GQ * LR partials itself cost 2.5 us more per step at 1M
+// than the extra barrier of the two-step sum, and divisions by the runtime merge factor instead
+// of the constant MG 4.5 us (A.5, commit c787655). `xr` (XR floats) is also the fused step's scratch after the routing.
 
 var<workgroup> cand: array<u32, 2u * MAXC>;
 var<workgroup> rk: array<u32, MAXC>;
@@ -45,7 +45,7 @@ const CP: u32 = max(min(min(WG / MAXC, XR / MAXC), 8u), 1u);
 // Partial q_h . mu over the vec4s j = u, u + LR, ... of a node's mean row, every head h of
 // the group: LR consecutive invocations share one row, so a warp's loads are coalesced; a
 // fixed trip count and no condition when LR divides D/4, so the loads can be in flight
-// together. Measured on the H200 (docs/benchmarks.md, session 6): the loads per invocation
+// together. Measured on the H200 (docs/benchmarks.md, A.6): the loads per invocation
 // still cost about 0.6 us each per route level (LR = 4, 8 loads: route 60 us at 1M; LR = 8,
 // 4 loads: 38 us; LR = 2: 92 us), whatever the condition; the cause is not known.
 fn dots_mean(row: u32, u: u32) -> array<f32, GQ> {

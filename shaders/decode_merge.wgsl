@@ -78,7 +78,7 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
 // reads the first selected block, always present, with weight 0), O = sum weight x O_b.
 // (Each output element loaded its own K copies of (m, l) before: 3K loads per invocation
 // instead of K, 0.3 us slower per merge and 0.9 us per isolated step on the H200 at 1M:
-// docs/benchmarks.md, session 6.)
+// docs/benchmarks.md, A.6, commit 1e2830d.)
 fn merge_weighted(po: u32, qrow: u32, lid: u32) {
     for (var it = lid; it < GQ * KMAX; it += WG) {
         let sv = msel[it % KMAX];

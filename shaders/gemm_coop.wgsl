@@ -1,7 +1,7 @@
 // Benchmark only (not a library kernel): a plain f16 GEMM on cooperative matrices, to measure
 // what WGSL tensor-core code can reach on a device, the ceiling against which the attention
-// kernels' TFLOP/s are read (issue #6; host and test: tests/coopmat_gemm.rs; results:
-// docs/benchmarks.md, session 8).
+// kernels' TFLOP/s are read (host and test: tests/coopmat_gemm.rs; results: docs/benchmarks.md,
+// Ceilings).
 //
 // C [M][N] f32 = A [M][K] f16 * B [N][K]^T f16 (B stored as attention stores K: one row per
 // output column), f32 accumulation; M, N multiples of BM, BN and K a multiple of BK (the host

@@ -6,8 +6,8 @@
 //   head) bl.bh0 at a time: x = leaf); coff[buckets] is the chunk count (the bucket offsets
 //   `off` are folded into the descriptors, so the chunk kernels do not bind them);
 //   cdesc[c]: chunk c as (bucket, first entry in `list`, entries, 0), so that a chunk kernel
-//   finds its chunk in one round trip to memory (the bucket-only lookup of session 3 took
-//   two dependent ones);
+//   finds its chunk in one round trip to memory (the bucket-only lookup before commit b53002f
+//   took two dependent ones);
 //   list: each bucket's entries, contiguous, i * MC + o (stage 2: query i, candidate slot o;
 //   attention: local query i - bl.i0, selection slot o);
 //   scores[(bh * q_len + i) * MC + o]: rank_key of the candidate's exact-LSE score summed over

@@ -7,7 +7,7 @@
 // register until it is stored, so where a kernel issues its loads is a trade: on the H200 the
 // scorer gained 3% from issuing the key loads before the Q gather, while leaf-major attention
 // was 1.3x slower with its value loads split into a load and a store function the same way, so
-// it keeps them in one (stage_values_t; docs/benchmarks.md, session 7).
+// it keeps them in one (stage_values_t; docs/benchmarks.md, A.7, 2026-11-29).
 // Needs from the kernel: GQ, MC, HD16, HD8, RT, QS, QL, KL, CW, WG; `qsh` (f16 rows of stride
 // QS), `ent` (RT entries: the chunk's, local query * MC + slot), `qa_set` (coop_qa.wgsl), the
 // binding `q` (Q as 16-byte pieces) and `key_piece(at)` (16-byte piece `at` of K);

@@ -17,7 +17,8 @@
 //      number of candidates strictly better (higher score, then lower node index; scores compared
 //      through `rank_key`, so a NaN ranks as -inf): deterministic, exactly K kept, no sort. The
 //      keys and keep flags are stored four to a vec4, so that the rank and expand loops read four
-//      per load (route 115.0 -> 105.6 ms at 256K on the H200: docs/benchmarks.md, session 9);
+//      per load (route 115.0 -> 105.6 ms at 256K on the H200, 2026-11-30, commit 0a0e9ad:
+//      docs/benchmarks.md, A.9);
 //   3. expand: kept nodes (in ascending index order, so the list stays sorted) write their
 //      children at g * (kept nodes before them); meanwhile one invocation per query counts the
 //      kept children (min(n, K) * g, less the shortfall of the level's last node if kept) and
@@ -136,9 +137,10 @@ fn score_task(it: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
             if (head_ok(hg, 3u)) { q3 = qs[qb + 3u * D4 + d4]; }
             for (var c = 0u; c < G; c++) {
                 // The row is loaded whether or not the child exists (c < nr), so that no load
-                // waits on a condition (0.9% faster at 256K on the H200: docs/benchmarks.md,
-                // session 8). Past a level's last node the row is another node's or the
-                // allocation's poison; its dot products are never read (score uses c < nr).
+                // waits on a condition (0.9% faster at 256K on the H200, commit 702a543:
+                // docs/benchmarks.md, A.8). Past a level's last node the row is another node's
+                // or the allocation's poison; its dot products are never read (score uses
+                // c < nr).
                 let m = ld_mean(base + c * p.head_dim, d4);
                 if (c < nr) {
                     acc[c] += vec4<f32>(dot(q0, m), dot(q1, m), dot(q2, m), dot(q3, m));
