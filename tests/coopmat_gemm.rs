@@ -7,7 +7,7 @@
 //! `gemm_tflops` (ignored) prints GPU-timed TFLOP/s of every variant at 4096^3 and 8192^3
 //! (`PISA_GEMM_SIZES=4096,8192`), then of the shader's timing-only entry points `peak` and
 //! `probe` (PL 0 to 4): the numbers against which the attention kernels' TFLOP/s are read
-//! (docs/benchmarks.md, session 8). Pipelines are built as the library's own
+//! (docs/benchmarks.md, Ceilings). Pipelines are built as the library's own
 //! (`Context::pipeline`): with wgpu's default runtime checks (naga's loop bounding on) the
 //! driver does not unroll the loops over the accumulators and the GEMM ran 2.7x slower on the
 //! H200.

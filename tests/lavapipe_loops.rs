@@ -3,10 +3,10 @@
 //! invocation, shared by every loop and never reset. Past that budget every loop exits at
 //! once, silently, so a long-running kernel returns wrong outputs there.
 //!
-//! Found in session 8 (docs/benchmarks.md). A new user's run of `pisa forward` with a block of
-//! 36000 tokens gave NaN. A tile attention walk over 24576 keys (dense, 64 queries, non-causal)
-//! gave relative error 0.4 on lavapipe, and 20000 keys did not. Real GPU drivers have no such
-//! limit.
+//! Found 2026-11-29 (docs/benchmarks.md, A.8; commit 1f9a7fd). A run of `pisa forward` with a
+//! block of 36000 tokens gave NaN. A tile attention walk over 24576 keys (dense, 64 queries,
+//! non-causal) gave relative error 0.4 on lavapipe, and 20000 keys did not. Real GPU drivers
+//! have no such limit.
 //!
 //! This test pins the behaviour down on the adapter at hand:
 //! - on llvmpipe, the counts must be clipped exactly as described, so a Mesa change shows up

@@ -1,4 +1,4 @@
-//! Reliability of the GPU library (issue 7, `docs/reliability.md`), bad input: typed errors for
+//! Reliability of the GPU library (`docs/reliability.md`), bad input: typed errors for
 //! bad shapes, lengths and configurations of prefill, attention, selection and the KV cache, each
 //! naming the value, with the context usable (and giving the same result) afterwards; no adapter.
 //! The other reliability tests are in `reliability_*.rs`: device limits and faults

@@ -1,4 +1,4 @@
-//! Reliability of the GPU library (issue 7, `docs/reliability.md`), determinism and threads:
+//! Reliability of the GPU library (`docs/reliability.md`), determinism and threads:
 //! prefill, selection, dense attention and decode give bitwise identical results run after run;
 //! `Context` and `KvCache` are `Send + Sync`; two threads calling prefill and decode on one
 //! context get bitwise the single-thread results; an error in one thread does not reach another

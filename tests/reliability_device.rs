@@ -1,4 +1,4 @@
-//! Reliability of the GPU library (issue 7, `docs/reliability.md`), device limits and faults: a
+//! Reliability of the GPU library (`docs/reliability.md`), device limits and faults: a
 //! binding limit gives a typed `Limit` error, then a split call with bitwise the same result; a
 //! dispatch past the grid limit is a typed error (past one dimension it is split); a wgpu
 //! validation error comes back as `GpuError::Validation` with the context usable; a destroyed

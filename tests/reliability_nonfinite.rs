@@ -1,4 +1,4 @@
-//! Reliability of the GPU library (issue 7, `docs/reliability.md`), NaN/Inf inputs to prefill
+//! Reliability of the GPU library (`docs/reliability.md`), NaN/Inf inputs to prefill
 //! and backward. What the kernels do is documented in docs/reliability.md and held here: the
 //! opt-in `check_finite` names the first bad value; non-finite keys keep routed PISA selections
 //! well formed (a NaN score ranks as -inf) and runs bitwise identical; a non-finite dO row

@@ -1,4 +1,4 @@
-//! Reliability of the GPU library (issue 7, `docs/reliability.md`), NaN/Inf in decode: a
+//! Reliability of the GPU library (`docs/reliability.md`), NaN/Inf in decode: a
 //! non-finite key or value in one sequence's cache stays in that sequence (the other one bitwise
 //! equal to a clean run) and a reset clears it; non-finite keys keep every step's selection well
 //! formed, runs bitwise identical, and on lavapipe ±inf keys give the prefill selection; a

@@ -1,4 +1,4 @@
-//! Reliability of the GPU library (issue 7, `docs/reliability.md`): one NaN or infinite value in
+//! Reliability of the GPU library (`docs/reliability.md`): one NaN or infinite value in
 //! one key or value row of a prefill ([`nonfinite_rows`]). What an affected row gets is
 //! adapter-specific and printed; every adapter must give no error and no panic, rows in blocks
 //! before the bad token's block bitwise unchanged, and valid selection indices. Three more tests

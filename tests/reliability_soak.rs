@@ -1,4 +1,4 @@
-//! Reliability of the GPU library (issue 7, `docs/reliability.md`), a decode soak on a small
+//! Reliability of the GPU library (`docs/reliability.md`), a decode soak on a small
 //! model-shaped cache: sequences reset at different lengths, replayed cycles must be bitwise equal
 //! to the first ones, and checkpoints are compared with the CPU reference `DecodeState` (output
 //! rel. L2 error <= 1e-4, LSE within 1e-4 * (1 + |lse|); a selection may differ from the

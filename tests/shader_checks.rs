@@ -9,9 +9,9 @@
 //! bounds accesses to the whole buffer, would not pass). One workgroup of 128 invocations writes
 //! and reads 128 words of that 64-word binding, and writes at wrapped-around indices
 //! (`i - 64` for i < 64, near 2^32). The test fails if a write lands in a sentinel region or a
-//! read returns a sentinel. On the H200 (call 5 of session 9) it exercises the driver's
-//! robustBufferAccess2; llvmpipe may bound every access whatever the features, so on lavapipe
-//! it may not be able to fail.
+//! read returns a sentinel. On the H200 (passed 2026-11-30 at commit 254dea8,
+//! docs/benchmarks.md) it exercises the driver's robustBufferAccess2; llvmpipe may bound every
+//! access whatever the features, so on lavapipe it may not be able to fail.
 mod common;
 
 use common::{compute_pipeline, ctx};

@@ -9,15 +9,15 @@
 //! Why: how many workgroups an SM holds, and whether private arrays stay in registers, decide
 //! these kernels' speed, and only the driver knows the register and local-memory counts. This
 //! test found the tensor-core kernels' arrays of cooperative matrices in local memory
-//! (docs/benchmarks.md, session 7).
+//! (docs/benchmarks.md, A.7: 2026-11-29, fixed in commit d77f45f).
 //!
 //! Input: the preprocessed WGSL of every pipeline a real run built, dumped by
 //! `PISA_DUMP_WGSL=<dir>` (runtime/pipeline.rs), e.g.
-//! `PISA_DUMP_WGSL=/tmp/wgsl pisa bench --storages f16 --sizes 64k --decode-sizes 64k`.
-//! Run: `PISA_WGSL_DIR=/tmp/wgsl cargo test --release -p pisa-wgpu --test shader_stats -- --ignored --nocapture`.
+//! `PISA_DUMP_WGSL=$PWD/wgsl pisa bench --storages f16 --sizes 64k --decode-sizes 64k`.
+//! Run: `PISA_WGSL_DIR=$PWD/wgsl cargo test --release -p pisa-wgpu --test shader_stats -- --ignored --nocapture`.
 //! Prints one line per pipeline: file name, then each statistic as `name=value`, as the driver
 //! reports it (NVIDIA 580 reports `Local Memory Size` as 2^36 plus the bytes per invocation:
-//! 68719476736 means none; docs/benchmarks.md, session 7). Without the
+//! 68719476736 means none; docs/benchmarks.md, A.7). Without the
 //! extension (lavapipe) it still turns every file into SPIR-V, which checks the dump.
 
 use ash::vk;
