@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call on the H200 (see docs/benchmarks.md): Vulkan loader from .gl/, the release
+# One benchmark run on the H200 (see docs/benchmarks.md): Vulkan loader from .gl/, the release
 # `pisa` binary and test binaries from .bin/, results under $OUT.
 #   MODE=check  : pisa info + GPU correctness tests (.bin/tests.tar.xz: release test binaries)
 #   MODE=bench  : pisa bench (+ PyTorch peers when PEERS=1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch peer benchmarks for PISA (see benches/peers/README.md and shared/docs/PISA.md).
+"""PyTorch peer benchmarks for PISA (see benches/peers/README.md and docs/PISA.md).
 
 Measures what a PyTorch user gets on this GPU for the operations PISA competes with:
 dense causal SDPA prefill, SDPA decode against a long KV cache, the conventional O(N^2/C)
