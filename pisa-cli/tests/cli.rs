@@ -1,4 +1,4 @@
-//! The `pisa` binary on small inputs (issue 4): `--help` of every command, `info` (text and
+//! The `pisa` binary on small inputs: `--help` of every command, `info` (text and
 //! JSON), `decode --check`, `recall --json`, a tiny `bench --json` (with the burst decode
 //! records) and `bench --compare`, and `demo`. `forward` against the CPU reference is in
 //! `cli_forward.rs`, bad inputs in `cli_bad_*.rs`. Everything runs on the default adapter
@@ -363,7 +363,7 @@ fn bench_compare_plot_path() {
     let r = run_in(dir.path(), &["bench", "--plot", "p.svg"]);
     assert_eq!(r.code, Some(2), "{}", r.stderr);
     assert!(r.stderr.contains("--compare"), "{}", r.stderr);
-    // Beside measuring options too (clap's `requires` alone let that run; new-user trial).
+    // Beside measuring options too (clap's `requires` alone let that run).
     common::usage_fails(
         dir.path(),
         &[&["bench", "--plot", "p.svg"][..], &TINY_BENCH].concat(),

@@ -1,4 +1,4 @@
-//! Bad input files to the `pisa` binary (issue 4): missing, unreadable, empty, truncated and
+//! Bad input files to the `pisa` binary: missing, unreadable, empty, truncated and
 //! corrupt files, wrong tensor names and layers, unsupported dtypes and head dims, a non-finite
 //! `.npy` value and bad metadata. Shapes, layouts and lengths are in `cli_bad_shapes.rs`, bad
 //! options and outputs in `cli_bad_options.rs`, other non-finite values and failed writes in
@@ -231,7 +231,7 @@ fn nonfinite_npy_input_names_the_file() {
         ],
         &["inf.npy", "inf at [0, 0, 7]"],
     );
-    // Regression (new-user trial): a non-finite value past --tokens, never read, was refused.
+    // Regression: a non-finite value past --tokens, never read, was refused.
     // Bnhd 3-D Q is [n, hq, d]: element 7 of the last token.
     let mut q = s.tensor("q", 4, 1);
     q.data[(s.n - 1) * s.hq * s.d + 7] = f32::NAN;
@@ -252,7 +252,7 @@ fn nonfinite_npy_input_names_the_file() {
 fn bad_scale_metadata_names_the_file() {
     let dir = setup();
     let d = dir.path();
-    // Regression (new-user trial): a scale finite in f64 but not in f32 (1e40) was refused
+    // Regression: a scale finite in f64 but not in f32 (1e40) was refused
     // without the file's name.
     for (file, scale, want) in [
         (
@@ -270,7 +270,7 @@ fn bad_scale_metadata_names_the_file() {
         common::write_st_meta(d, file, &Spec::small().qkv(), DType::F32, &meta);
         fails(d, &["forward", "-i", file], &[file, want]);
     }
-    // Regression (new-user trial): `--scale` could not override a bad metadata scale.
+    // Regression: `--scale` could not override a bad metadata scale.
     for file in ["meta.safetensors", "big.safetensors"] {
         let base = [
             "forward",
@@ -302,7 +302,7 @@ fn one_error_line_without_xdg_runtime_dir() {
     assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
 }
 
-/// Regression (new-user trial): with `--storage f16`, inputs below f16's range became zeros
+/// Regression: with `--storage f16`, inputs below f16's range became zeros
 /// without a word; now a warning counts them (the run goes on), and f32 storage says nothing.
 #[test]
 fn f16_storage_warns_of_values_it_rounds_to_zero() {

@@ -1,4 +1,4 @@
-//! Bad options and outputs given to the `pisa` binary (issue 4): selection options, an output
+//! Bad options and outputs given to the `pisa` binary: selection options, an output
 //! path over an input or that cannot be written, `demo` and `bench` arguments, a benchmark that
 //! measures nothing, and malformed command lines (clap's exit code 2). Bad files are in
 //! `cli_bad_input.rs`, bad shapes and sizes in `cli_bad_shapes.rs`.
@@ -28,7 +28,7 @@ fn bad_selection_options() {
         &["block_size must be at least 1"],
     );
     forward_fails(d, &["--merge", "1"], &["merge factor"]);
-    // Regressions (new-user trial): a top_k, merge factor or block size near usize::MAX
+    // Regressions: a top_k, merge factor or block size near usize::MAX
     // overflowed into a division by zero in the routing plan (a panic); each is now refused by
     // name, with its limit. (A block of 65536 tokens over 150 gave NaN with exit 0: see
     // `block_far_above_the_sequence` in cli_forward.rs.)
@@ -70,7 +70,7 @@ fn bad_selection_options() {
         &["recall", "-i", "in.safetensors", "--top-k", "0"],
         &["top_k"],
     );
-    // Regression (new-user trial): recall took --scoring and ignored it. Options that do not
+    // Regression: recall took --scoring and ignored it. Options that do not
     // go together: a usage error (exit 2).
     common::usage_fails(
         d,
@@ -222,7 +222,7 @@ fn bad_bench_arguments() {
         &["--top-k", "18446744073709551615"],
         &["top_k is", "limit of 16777216"],
     );
-    // Regressions (new-user trial): each was accepted and ignored or misreported.
+    // Regressions: each was accepted and ignored or misreported.
     bench(&["--storages="], &["--storages is empty"]);
     bench(
         &["--sizes", "18446744073709551615"],
@@ -263,7 +263,7 @@ fn bad_bench_arguments() {
     );
     std::fs::write(d.join("compare.svg"), b"<svg/>").unwrap();
     fails(d, &["bench", "--compare", "compare.svg"], &["compare.svg"]);
-    // Regression (new-user trial): times no run writes (negative, 1e300 ms) were tabled and
+    // Regression: times no run writes (negative, 1e300 ms) were tabled and
     // plotted as they came.
     for (file, ms) in [("neg.json", "-1.5"), ("huge.json", "1e300")] {
         let rec = format!(
@@ -340,7 +340,7 @@ fn malformed_command_lines() {
     }
 }
 
-/// Regressions (new-user trial): `decode --non-causal` ran and gave wrong rows; `--out-dtype`
+/// Regressions: `decode --non-causal` ran and gave wrong rows; `--out-dtype`
 /// and `--save-selection` without `-o` were ignored.
 #[test]
 fn decode_non_causal_and_flags_without_output_are_refused() {

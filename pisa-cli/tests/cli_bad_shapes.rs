@@ -1,4 +1,4 @@
-//! Bad shapes and sizes given to the `pisa` binary (issue 4): Q/K/V that do not match each other,
+//! Bad shapes and sizes given to the `pisa` binary: Q/K/V that do not match each other,
 //! a layout that does not match the file, lengths past a device limit, values beyond f16's range
 //! with f16 storage, and decode lengths out of range. Bad files are in `cli_bad_input.rs`, bad
 //! options and outputs in `cli_bad_options.rs`.
@@ -110,7 +110,7 @@ fn layout_mismatched_to_the_file() {
         ],
         &["q.npy", "as bnhd Q and K agree"],
     );
-    // K and V from their own files: the message names them too (new-user trial: it named Q's).
+    // K and V from their own files: the message names them too (it used to name Q's).
     fails(
         d,
         &[
@@ -195,7 +195,7 @@ fn values_beyond_f16_with_f16_storage() {
     run_in(d, &[&recall[..], &SMALL[..]].concat()).ok();
 }
 
-/// Regressions (new-user trial): finite inputs gave wrong output with exit code 0. An O beyond
+/// Regressions: finite inputs gave wrong output with exit code 0. An O beyond
 /// f16's range was written as inf by `--out-dtype f16`; scores beyond about 1e30 (huge `--scale`
 /// or Q/K) were taken for masked ones by the kernels. Now both are refused, naming the fix.
 #[test]

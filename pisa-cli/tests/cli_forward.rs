@@ -1,4 +1,4 @@
-//! `pisa forward` on small inputs (issue 4): f32/f16/bf16 files, BHND and BNHD, 3-D and batched,
+//! `pisa forward` on small inputs: f32/f16/bf16 files, BHND and BNHD, 3-D and batched,
 //! safetensors and `.npy` inputs and outputs, JSON output, and a layer's tensors and scale from
 //! the metadata. O, LSE and the saved selection are checked against the CPU reference
 //! (`pisa_core::reference`) on the Q/K/V the CLI read: a selection row may differ from the
@@ -208,7 +208,7 @@ fn forward_npy_inputs_bnhd_with_json_output() {
         (Some(130), Some(4)),
         "{j}"
     );
-    // Regression (new-user trial): the scale used was not shown when it defaulted.
+    // Regression: the scale used was not shown when it defaulted.
     let used = j["softmax_scale"].as_f64().unwrap();
     assert!((used - 1.0 / 32f64.sqrt()).abs() < 1e-6, "{j}");
     let out = dir.path().join("res.safetensors");
@@ -273,7 +273,7 @@ fn forward_layer_and_scale_from_metadata_and_tokens() {
     );
 }
 
-/// Regression (new-user trial): a block far above the sequence (C 65536 over 150 tokens) gave
+/// Regression: a block far above the sequence (C 65536 over 150 tokens) gave
 /// NaN outputs with exit 0 and took seconds: the tile kernel walked all of the block's key
 /// tiles, and lavapipe's loop limit (tests/lavapipe_loops.rs) cut the walk short. It now walks
 /// only the keys that exist: one block, so O is dense causal attention.

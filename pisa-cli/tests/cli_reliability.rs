@@ -1,8 +1,9 @@
-//! Reliability of the `pisa` command line and its output writing (issue 7): non-finite inputs
-//! are refused by default with the position of the first bad value, `--allow-nonfinite` passes
-//! them on, a failing run (bad input, no adapter, bad configuration) writes nothing and leaves an
-//! existing output file untouched, and a failed write leaves no partial or temporary files.
-//! Also the new-user trial's silent or misleading cases: misspelled `PISA_*` knobs warn, the
+//! Reliability of the `pisa` command line and its output writing (`docs/reliability.md`):
+//! non-finite inputs are refused by default with the position of the first bad value,
+//! `--allow-nonfinite` passes them on, a failing run (bad input, no adapter, bad configuration)
+//! writes nothing and leaves an existing output file untouched, and a failed write leaves no
+//! partial or temporary files.
+//! Also cases that used to be silent or misleading: misspelled `PISA_*` knobs warn, the
 //! `bench` decode measurement keeps to `--reps` and `--budget-s`, and `demo`'s recall hint
 //! names its own flags. The `pisa forward` runs use the default adapter (lavapipe in CI).
 

@@ -1,5 +1,5 @@
-//! Regression corpus of the tensor file parsers (issue 7): every file under `tests/corpus/npy`
-//! and `tests/corpus/safetensors` goes through the float and the index reader of
+//! Regression corpus of the tensor file parsers (`docs/reliability.md`): every file under
+//! `tests/corpus/npy` and `tests/corpus/safetensors` goes through the float and the index reader of
 //! `pisa_cli::io`, by bytes and by path. None may panic; files listed in
 //! `tests/corpus/expect.txt` must give the stated result (`ok`, or an error whose full chain
 //! contains the stated text). New crashers from `fuzz/` go into the corpus directories (with a
