@@ -9,8 +9,8 @@
 //! a device is only naga's `Restrict` clamp (a `min`) on every workgroup and private array
 //! index, and that clamp costs 8-19% of every hot kernel on the H200 (route 128.1 -> 115.0 ms,
 //! leaf scoring 163.3 -> 132.8 ms, sparse attention 220.9 -> 204.2 ms at 256K tokens:
-//! `docs/benchmarks.md`, session 9), likely because it keeps the driver from merging the
-//! staging stores.
+//! `docs/benchmarks.md`, A.9: 2026-11-30, commit 4aba936), likely because it keeps the driver
+//! from merging the staging stores.
 //!
 //! So, by default ([`ShaderChecks::for_device`]):
 //! - with `robustBufferAccess2`: [`ShaderChecks::DriverBounded`], no checks in the shader.

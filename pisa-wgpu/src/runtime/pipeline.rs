@@ -351,7 +351,8 @@ fn dump_names_the_entry_and_overrides() {
 /// No tensor-core shader declares an array of cooperative matrices, private or function-local:
 /// NVIDIA's driver (580, on the H200) keeps such arrays in local memory even when every index
 /// is a constant-trip loop counter, which cost the scorer 11% and dense attention 16%
-/// (docs/benchmarks.md, session 7); `shaders/coop_qa.wgsl` shows the form to use instead.
+/// (docs/benchmarks.md, A.7: 2026-11-29, fixed in commit d77f45f); `shaders/coop_qa.wgsl` shows
+/// the form to use instead.
 /// Fails naming the shader and the variable.
 #[cfg(test)]
 #[test]

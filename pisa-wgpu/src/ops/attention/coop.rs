@@ -105,7 +105,7 @@ impl CoopVariant {
 /// Choice: GH = min(g_q, 16) heads; sparse QT = max(4, 16 / GH) queries (the paper's Qtile of
 /// 4 once the group fills a 16-row block) and KT = min(C rounded up to 16, 64); dense QT =
 /// 64 / GH (64 rows) and KT = 32 (45.5 against 30.6 TFLOP/s for KT = 16 at 16K on the H200,
-/// with V and P staged transposed; docs/benchmarks.md, session 4). Rows
+/// with V and P staged transposed; docs/benchmarks.md, A.4: 2026-11-29, commit 0b24e60). Rows
 /// are padded to 16, 32 or 64 and at most the workgroup size; KT halves (down to 16), then QT
 /// halves, until the workgroup memory fits. Sparse with one row block (g_q * QT <= 16) and
 /// Nk >= 16 loads K and V straight from the storage buffers (`direct`: 2x at 16K on the H200,

@@ -83,10 +83,11 @@ impl Params {
 }
 
 /// Invocations per `leaf` workgroup (lowered to the device's limit). 512 was slower on the
-/// H200 (leaf 19.5 -> 22.4 us at 1M: docs/benchmarks.md, session 6).
+/// H200 (leaf 19.5 -> 22.4 us at 1M: docs/benchmarks.md, A.6, commit dbef09c).
 const WG: u32 = 256;
 /// Invocations per `merge` workgroup (lowered to the device's limit): one output element of
-/// the group per invocation at g_q = 4, D = 128; 256 was 1.9 us slower on the H200 (session 6).
+/// the group per invocation at g_q = 4, D = 128; 256 was 1.9 us slower on the H200
+/// (docs/benchmarks.md, A.6, commit dbef09c).
 const WM: u32 = 512;
 
 /// The constants of the decode pipelines (`route`, `leaf`, `merge`: one set for all three
