@@ -13,7 +13,7 @@ use pisa_wgpu::ops::decode::KvCache;
 use pisa_wgpu::Storage;
 
 /// The harness run of `case` on the fused step (asserted to be the path taken).
-fn run_fused(case: Case, capacity: usize) -> Run<'static> {
+fn run_fused(case: Case, capacity: usize) -> Run {
     let mut r = Run::new(case, capacity);
     r.cache.set_fused(true);
     assert!(

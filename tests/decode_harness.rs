@@ -41,16 +41,16 @@ pub fn cfg(c: usize, k: usize, g: usize, s: Scoring) -> SelectionConfig {
         .with_scoring(s)
 }
 
-pub struct Run<'c> {
+pub struct Run {
     pub case: Case,
-    pub cache: KvCache<'c>,
+    pub cache: KvCache,
     pub refs: Vec<DecodeState>,
     pub rng: rand_chacha::ChaCha8Rng,
     pub seed: u64,
     pub ties: usize,
 }
 
-impl Run<'static> {
+impl Run {
     pub fn new(case: Case, capacity: usize) -> Self {
         Self::new_in(ctx(), case, capacity)
     }

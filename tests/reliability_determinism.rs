@@ -108,7 +108,7 @@ fn same_inputs_give_bitwise_identical_results() {
 fn context_and_cache_are_send_and_sync() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Context>();
-    send_sync::<KvCache<'static>>();
+    send_sync::<KvCache>();
     send_sync::<Arc<Context>>();
 }
 

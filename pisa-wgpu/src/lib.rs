@@ -13,9 +13,10 @@ pub mod ops;
 pub mod runtime;
 
 pub use error::{GpuError, Result};
+pub use runtime::adapter::{instance, list_adapters_async};
 pub use runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 pub use runtime::context::{
-    list_adapters, AdapterChoice, AdapterReport, Context, KernelPath, LeafOrder,
+    list_adapters, wanted_features, AdapterChoice, AdapterReport, Context, KernelPath, LeafOrder,
 };
 pub use runtime::pipeline::{ShaderSource, Storage};
 pub use runtime::profiler::{Profiler, StageTimes};

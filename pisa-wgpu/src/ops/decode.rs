@@ -141,8 +141,8 @@ pub struct DecodeOutput {
 /// key is in the cache it also enters the pyramid means above it, so it can change the selection
 /// (not only the output) of every later step of its sequence until a reset.
 #[derive(Debug)]
-pub struct KvCache<'c> {
-    ctx: &'c Context,
+pub struct KvCache {
+    ctx: Context,
     shape: AttentionShape,
     cfg: SelectionConfig,
     storage: Storage,

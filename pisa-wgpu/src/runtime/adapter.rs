@@ -84,19 +84,35 @@ impl AdapterReport {
     }
 }
 
-/// The wgpu instance: the backends named by `WGPU_BACKEND`, else the primary ones.
-fn instance() -> wgpu::Instance {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-    if wgpu::Backends::from_env().is_none() {
-        desc.backends = wgpu::Backends::PRIMARY;
-    }
-    wgpu::Instance::new(desc)
+/// The wgpu instance every context pisa opens itself ([`Context::new`]) is made on, made once
+/// per process: the backends named by `WGPU_BACKEND`, else the primary ones. wgpu's resource
+/// ids belong to an instance, so buffers of one instance cannot be used on a device of another;
+/// an application that opens its own devices on this instance (or hands its device to
+/// [`Context::from_device`](super::context::Context::from_device)) never mixes them.
+pub fn instance() -> wgpu::Instance {
+    static INSTANCE: std::sync::OnceLock<wgpu::Instance> = std::sync::OnceLock::new();
+    INSTANCE
+        .get_or_init(|| {
+            let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+            if wgpu::Backends::from_env().is_none() {
+                desc.backends = wgpu::Backends::PRIMARY;
+            }
+            wgpu::Instance::new(desc)
+        })
+        .clone()
 }
 
-/// Every adapter wgpu finds (the primary backends, or those named by `WGPU_BACKEND`).
+/// Every adapter wgpu finds (the primary backends, or those named by `WGPU_BACKEND`). Blocks;
+/// on wasm32 it returns an empty list: use [`list_adapters_async`] there.
 pub fn list_adapters() -> Vec<AdapterReport> {
-    let inst = instance();
-    pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()))
+    super::block::block_on(list_adapters_async()).unwrap_or_default()
+}
+
+/// [`list_adapters`] without blocking.
+pub async fn list_adapters_async() -> Vec<AdapterReport> {
+    instance()
+        .enumerate_adapters(wgpu::Backends::all())
+        .await
         .iter()
         .map(AdapterReport::of)
         .collect()
@@ -108,18 +124,20 @@ pub const INSTALL_HINT: &str = ": install a Vulkan/Metal/DX12 driver, or Mesa's 
 /// The adapter `choice` names: for [`AdapterChoice::HighPerformance`] wgpu's high-performance
 /// pick, else the first adapter found. Errors: [`GpuError::NoAdapter`] (none found or none
 /// matches).
-pub(super) fn find_adapter(choice: &AdapterChoice) -> Result<wgpu::Adapter> {
+pub(super) async fn find_adapter(choice: &AdapterChoice) -> Result<wgpu::Adapter> {
     let inst = instance();
-    let adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
+    let adapters = inst.enumerate_adapters(wgpu::Backends::all()).await;
     let found: Vec<String> = (adapters.iter().enumerate())
         .map(|(i, a)| format!("[{i}] {}", a.get_info().name))
         .collect();
     let adapter = match choice {
         AdapterChoice::HighPerformance => {
-            let best = pollster::block_on(inst.request_adapter(&wgpu::RequestAdapterOptions {
-                power_preference: wgpu::PowerPreference::HighPerformance,
-                ..Default::default()
-            }));
+            let best = inst
+                .request_adapter(&wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::HighPerformance,
+                    ..Default::default()
+                })
+                .await;
             best.ok().or_else(|| adapters.into_iter().next())
         }
         AdapterChoice::Name(n) => {

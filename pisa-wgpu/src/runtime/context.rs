@@ -20,17 +20,31 @@ use crate::error::{GpuError, Result};
 pub use super::adapter::{list_adapters, AdapterChoice, AdapterReport};
 pub use super::coop::{coop_supported, KernelPath, LeafOrder, COOP_SUBGROUPS};
 
-/// An open GPU device with its queue, its report and the pipeline cache. `Send + Sync`: calls
-/// from several threads are serialised by wgpu's queue (see `docs/reliability.md`).
-pub struct Context {
+/// An open GPU device with its queue, its report and the pipeline cache: pisa's own device
+/// ([`Context::new`], [`Context::new_async`]) or the application's ([`Context::from_device`]).
+///
+/// Cloning is cheap (the state is shared, as `wgpu::Device` is): a [`crate::ops::decode::KvCache`]
+/// or a plan keeps a clone, so an engine struct can own the context and its caches side by
+/// side. `Send + Sync`: calls from several threads are serialised by wgpu's queue (see
+/// `docs/reliability.md`).
+#[derive(Clone)]
+pub struct Context(Arc<ContextInner>);
+
+/// The shared state behind [`Context`].
+#[doc(hidden)]
+pub struct ContextInner {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     pub(crate) pipelines: PipelineCache,
     report: AdapterReport,
     features: wgpu::Features,
     limits: wgpu::Limits,
+    /// Set by the device-lost callback, which is installed only on pisa's own device.
     lost: Arc<Mutex<Option<String>>>,
+    /// Set by the uncaptured-error handler, which is installed only on pisa's own device.
     uncaptured: Arc<Mutex<Option<String>>>,
+    /// Whether pisa opened the device (and so owns its callbacks).
+    owned: bool,
     binding_limit: AtomicU64,
     /// Storage buffers returned by [`Context::recycle`], by byte size, for reuse by the next
     /// call of the same shape (see `buffers.rs`).
@@ -41,32 +55,59 @@ pub struct Context {
     leaf_order: AtomicU8,
 }
 
+impl std::ops::Deref for Context {
+    type Target = ContextInner;
+    fn deref(&self) -> &ContextInner {
+        &self.0
+    }
+}
+
+/// The features pisa uses where the adapter has them, for an application that opens the device
+/// itself and hands it to [`Context::from_device`]: `SHADER_F16` (f16 storage; without it only
+/// f32 storage runs), `SUBGROUP` (reported, not required: every kernel is right without it),
+/// `TIMESTAMP_QUERY` (GPU time per stage; without it times read 0), and
+/// `EXPERIMENTAL_COOPERATIVE_MATRIX` (the tensor-core kernels; without it the portable kernels
+/// run). Nothing is required: pisa runs on a device with none of them. Request
+/// `wanted_features(&adapter)` and the adapter's limits (`adapter.limits()`; the kernels size
+/// themselves to the device's limits, and larger storage bindings mean fewer chunks). The
+/// experimental feature also needs `wgpu::ExperimentalFeatures::enabled()` in the device
+/// descriptor (unsafe in wgpu; the cooperative-matrix shaders are tested against the CPU
+/// reference).
+pub fn wanted_features(adapter: &wgpu::Adapter) -> wgpu::Features {
+    adapter.features() & WANTED
+}
+
+const WANTED: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::TIMESTAMP_QUERY)
+    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
             .field("adapter", &self.report.name)
+            .field("owned_device", &self.owned)
             .finish()
     }
 }
 
 impl Context {
     /// Opens the adapter `choice` and a device with the adapter's own limits and the optional
-    /// features PISA uses (SHADER_F16, SUBGROUP, TIMESTAMP_QUERY, and the experimental
-    /// EXPERIMENTAL_COOPERATIVE_MATRIX) where present. The experimental feature is requested
-    /// only when the adapter has it; the kernel path follows ([`Context::kernel_path`]).
+    /// features PISA uses ([`wanted_features`]) where present. The experimental feature is
+    /// requested only when the adapter has it; the kernel path follows
+    /// ([`Context::kernel_path`]). pisa owns this device: it installs the device-lost callback
+    /// and an uncaptured-error handler on it. Blocks until the device is open (not on wasm32:
+    /// use [`Context::new_async`] there; this returns [`GpuError::Unsupported`]).
     ///
     /// Errors: [`GpuError::NoAdapter`] (none found or none matches), [`GpuError::RequestDevice`].
     pub fn new(choice: &AdapterChoice) -> Result<Self> {
-        Self::from_adapter(find_adapter(choice)?)
+        super::block::block_on(Self::new_async(choice))?
     }
 
-    fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
-        let wanted = wgpu::Features::SHADER_F16
-            | wgpu::Features::SUBGROUP
-            | wgpu::Features::TIMESTAMP_QUERY
-            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
-        let features = adapter.features() & wanted;
-        let limits = adapter.limits();
+    /// [`Context::new`] without blocking (the browser's WebGPU, async apps).
+    pub async fn new_async(choice: &AdapterChoice) -> Result<Self> {
+        let adapter = find_adapter(choice).await?;
+        let features = wanted_features(&adapter);
         let coop = features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
         // SAFETY: the experimental-features token is only handed to wgpu when the adapter
         // reports EXPERIMENTAL_COOPERATIVE_MATRIX, the one experimental feature requested; the
@@ -76,44 +117,89 @@ impl Context {
         } else {
             wgpu::ExperimentalFeatures::disabled()
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("pisa"),
-            required_features: features,
-            required_limits: limits.clone(),
-            experimental_features: experimental,
-            ..Default::default()
-        }))
-        .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("pisa"),
+                required_features: features,
+                required_limits: adapter.limits(),
+                experimental_features: experimental,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        Self::build(&adapter, device, queue, true)
+    }
+
+    /// A context on the application's own device and queue (opened from `adapter`, ideally
+    /// with [`wanted_features`] and the adapter's limits). pisa never replaces the device's
+    /// callbacks: the application's uncaptured-error handler and device-lost callback stay its
+    /// own, and errors of pisa's own work come back as [`Result`]s through error scopes. The
+    /// kernels use the features and limits the device was opened with (`device.features()`,
+    /// `device.limits()`): without SHADER_F16 only f32 storage runs, without
+    /// EXPERIMENTAL_COOPERATIVE_MATRIX the portable kernels run.
+    ///
+    /// Buffers given to pisa ([`crate::TensorView`]) must be of this device; one of another
+    /// device of the same `wgpu::Instance` is a [`GpuError::Validation`].
+    ///
+    /// Errors: [`GpuError::DeviceLost`] for a device already lost.
+    ///
+    /// ```no_run
+    /// # async fn app() -> Result<(), Box<dyn std::error::Error>> {
+    /// use pisa_wgpu::{wgpu, Context};
+    /// let instance = wgpu::Instance::default();
+    /// let adapter = instance.request_adapter(&Default::default()).await?;
+    /// let (device, queue) = adapter
+    ///     .request_device(&wgpu::DeviceDescriptor {
+    ///         required_features: pisa_wgpu::wanted_features(&adapter)
+    ///             - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+    ///         required_limits: adapter.limits(),
+    ///         ..Default::default()
+    ///     })
+    ///     .await?;
+    /// let ctx = Context::from_device(&adapter, device.clone(), queue.clone())?;
+    /// assert!(!ctx.owns_device());
+    /// # Ok(()) }
+    /// ```
+    pub fn from_device(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+    ) -> Result<Self> {
+        Self::build(adapter, device, queue, false)
+    }
+
+    /// Whether `self` and `other` are the same context (clones of one another).
+    pub fn same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Whether pisa opened the device ([`Context::new`]) rather than the application
+    /// ([`Context::from_device`]).
+    pub fn owns_device(&self) -> bool {
+        self.owned
+    }
+
+    fn build(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        owned: bool,
+    ) -> Result<Self> {
+        let features = device.features() & WANTED;
+        let limits = device.limits();
+        let coop = features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
         let coop_props = if coop {
             adapter.cooperative_matrix_properties()
         } else {
             Vec::new()
         };
-        let checks = ShaderChecks::for_device(driver_bounds_buffers(&adapter, &device));
+        let checks = ShaderChecks::for_device(driver_bounds_buffers(adapter, &device));
         let lost = Arc::new(Mutex::new(None));
-        let l2 = lost.clone();
-        // Every reason counts, `Destroyed` included: wgpu reports an explicit
-        // `Device::destroy()` with it (at the next poll), and a destroyed device fails every
-        // later call just like one lost to a driver reset.
-        device.set_device_lost_callback(move |reason, msg| {
-            let m = match reason {
-                wgpu::DeviceLostReason::Destroyed if msg.is_empty() => {
-                    "the device was destroyed (Device::destroy)".to_string()
-                }
-                _ if msg.is_empty() => format!("{reason:?}"),
-                _ => format!("{reason:?}: {msg}"),
-            };
-            l2.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(m);
-        });
         let uncaptured = Arc::new(Mutex::new(None));
-        let sink = uncaptured.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            log::error!("uncaptured wgpu error: {e}");
-            *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-        }));
-        let mut report = AdapterReport::of(&adapter);
+        if owned {
+            Self::install_callbacks(&device, &lost, &uncaptured);
+        }
+        let mut report = AdapterReport::of(adapter);
         report.shader_f16 = features.contains(wgpu::Features::SHADER_F16);
         let coop_ok = coop_supported(features, &limits, report.subgroup_size, &coop_props);
         // On by default where the adapter supports them (their reference tests passed on an
@@ -133,9 +219,10 @@ impl Context {
             limits.max_compute_workgroup_storage_size / 1024,
             limits.max_storage_buffer_binding_size >> 20
         );
-        Ok(Self {
+        let ctx = Self(Arc::new(ContextInner {
             device,
             queue,
+            owned,
             pipelines: PipelineCache::new(checks),
             report,
             features,
@@ -148,7 +235,39 @@ impl Context {
             coop_on: AtomicBool::new(coop_on),
             leaf_order: AtomicU8::new(LeafOrder::from_env().to_u8()),
             pool: Mutex::new(Default::default()),
-        })
+        }));
+        ctx.check_alive()?;
+        Ok(ctx)
+    }
+
+    /// The device-lost callback and the uncaptured-error handler of pisa's own device
+    /// ([`Context::new`]); never installed on an application's device.
+    fn install_callbacks(
+        device: &wgpu::Device,
+        lost: &Arc<Mutex<Option<String>>>,
+        uncaptured: &Arc<Mutex<Option<String>>>,
+    ) {
+        let l2 = lost.clone();
+        // Every reason counts, `Destroyed` included: wgpu reports an explicit
+        // `Device::destroy()` with it (at the next poll), and a destroyed device fails every
+        // later call just like one lost to a driver reset.
+        device.set_device_lost_callback(move |reason, msg| {
+            let m = match reason {
+                wgpu::DeviceLostReason::Destroyed if msg.is_empty() => {
+                    "the device was destroyed (Device::destroy)".to_string()
+                }
+                _ if msg.is_empty() => format!("{reason:?}"),
+                _ => format!("{reason:?}: {msg}"),
+            };
+            l2.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(m);
+        });
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            log::error!("uncaptured wgpu error: {e}");
+            *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        }));
     }
 
     /// The shader runtime checks every pipeline of this context is built with: no checks in
@@ -270,8 +389,8 @@ impl Context {
         let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();
         let wait = self.wait();
-        let v = pollster::block_on(val.pop());
-        let o = pollster::block_on(oom.pop());
+        let v = super::block::block_on(val.pop())?;
+        let o = super::block::block_on(oom.pop())?;
         self.check_alive()?;
         if let Some(e) = o {
             return Err(GpuError::OutOfMemory {
@@ -297,9 +416,41 @@ impl Context {
         out
     }
 
+    /// Runs `f` (which creates resources or records commands, submitting nothing) inside
+    /// validation and out-of-memory error scopes and returns what they caught as a
+    /// [`GpuError`] naming `op`, without waiting for the GPU: wgpu reports these errors when the
+    /// resource is created, so the scopes are ready at once on native backends. (On the
+    /// browser's WebGPU they resolve later; there an error is left to the device's
+    /// uncaptured-error handler and the result is `f`'s.) Used on the hot paths of plans.
+    pub(crate) fn scope_now<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = super::block::ready(val.pop()).flatten();
+        let o = super::block::ready(oom.pop()).flatten();
+        if let Some(e) = o {
+            return Err(GpuError::OutOfMemory {
+                op,
+                message: e.to_string(),
+            });
+        }
+        if let Some(e) = v {
+            return Err(GpuError::Validation {
+                op,
+                message: e.to_string(),
+            });
+        }
+        out
+    }
+
     /// Blocks until all submitted work finished. Errors: [`GpuError::DeviceLost`] when the
     /// device is lost or destroyed, [`GpuError::Poll`] for another failed wait.
     pub fn wait(&self) -> Result<()> {
+        super::block::refuse_on_wasm("Context::wait")?;
         let r = self.device.poll(wgpu::PollType::Wait {
             submission_index: None,
             timeout: None,

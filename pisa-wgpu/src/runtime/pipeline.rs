@@ -183,7 +183,7 @@ impl PipelineCache {
         if let Some(p) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(p.clone());
         }
-        let t0 = std::time::Instant::now();
+        let t0 = web_time::Instant::now();
         let src = preprocess(shader, storage, consts)?;
         dump_wgsl(&key, &src);
         let desc = wgpu::ShaderModuleDescriptor {

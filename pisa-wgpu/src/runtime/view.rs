@@ -191,7 +191,13 @@ impl TensorView {
         shape: [usize; 4],
         layout: TensorLayout,
     ) -> Result<Self> {
-        Self::new(buffer, offset, dtype, shape, contiguous_strides(shape, layout))
+        Self::new(
+            buffer,
+            offset,
+            dtype,
+            shape,
+            contiguous_strides(shape, layout),
+        )
     }
 
     /// The buffer.
@@ -236,8 +242,17 @@ impl TensorView {
     /// `None` when the view must be gathered: another dtype, not contiguous in `layout`, or an
     /// offset that is not a multiple of `align` (the device's
     /// `min_storage_buffer_offset_alignment`).
-    pub(crate) fn binding(&self, storage: Storage, layout: TensorLayout, align: u64) -> Option<InPlace> {
-        let contiguous = same_strides(self.shape, self.strides, contiguous_strides(self.shape, layout));
+    pub(crate) fn binding(
+        &self,
+        storage: Storage,
+        layout: TensorLayout,
+        align: u64,
+    ) -> Option<InPlace> {
+        let contiguous = same_strides(
+            self.shape,
+            self.strides,
+            contiguous_strides(self.shape, layout),
+        );
         // Bindings are whole 4-byte words: an f16 view of odd length ending at the buffer's end
         // cannot be bound in place.
         let size = (self.elems() as u64 * self.dtype.bytes()).div_ceil(4) * 4;

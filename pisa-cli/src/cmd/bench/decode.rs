@@ -36,8 +36,8 @@ struct Part {
 /// PISA's unit: one cache of the KV heads of up to two [`Part`]s (its K/V split over two
 /// storage bindings when they exceed one), prefilled from their K/V tensors, with queries of
 /// all its heads.
-struct Cache<'a> {
-    cache: KvCache<'a>,
+struct Cache {
+    cache: KvCache,
     qs: [GpuTensor; 2],
     burst_qs: Vec<GpuTensor>,
 }

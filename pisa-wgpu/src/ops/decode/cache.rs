@@ -15,7 +15,7 @@ use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::Storage;
 
-impl<'c> KvCache<'c> {
+impl KvCache {
     /// An empty cache (every length 0) for `batch` sequences of up to `capacity` tokens,
     /// `q_heads` (Hq) query heads, `kv_heads` (Hkv) KV heads, head dim D, selection `cfg`, keys,
     /// values, queries and outputs in `storage` precision.
@@ -31,7 +31,7 @@ impl<'c> KvCache<'c> {
     /// storage buffers per stage, or g_q above the workgroup size.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        ctx: &'c Context,
+        ctx: &Context,
         batch: usize,
         capacity: usize,
         q_heads: usize,
@@ -94,7 +94,7 @@ impl<'c> KvCache<'c> {
         let slots = batch * kv_heads * plan.slots() as usize;
         let part_elems = slots * shape.gqa_group() * (head_dim + 2);
         Ok(Self {
-            ctx,
+            ctx: ctx.clone(),
             shape,
             cfg,
             storage,

@@ -132,7 +132,7 @@ impl FusedPlan {
     }
 }
 
-impl KvCache<'_> {
+impl KvCache {
     /// Workgroup memory of the fused kernel, bytes; `None` where it does not fit the device (or
     /// the limit of [`Self::set_workgroup_memory_limit`]), so that the step runs split. (A cache
     /// split over two storage bindings runs split whatever this says: [`Self::is_fused`].)
@@ -162,7 +162,7 @@ impl KvCache<'_> {
     pub(super) fn fused_stage(&self, q: &GpuTensor) -> Result<Stage> {
         let s = &self.shape;
         self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
-        let ctx = self.ctx;
+        let ctx = &self.ctx;
         let fp = self.fplan.ok_or_else(|| {
             GpuError::Unsupported(
                 "the fused decode step: its workgroup memory does not fit this device".into(),

@@ -14,7 +14,7 @@ pub(super) type Binds<'a> = Vec<(u32, &'a wgpu::Buffer)>;
 
 pub(super) use crate::runtime::buffers::Stage;
 
-impl KvCache<'_> {
+impl KvCache {
     /// Records the decode step (PISA.md 3, 4, 5) of every sequence, labelled "decode" in
     /// `prof`: ONE compute pass of one dispatch when the cache runs fused ([`Self::is_fused`]:
     /// `fused`, one workgroup per (sequence, KV head)), else of three (see the module docs:
@@ -46,7 +46,7 @@ impl KvCache<'_> {
     /// error.
     pub fn record_steps(
         enc: &mut wgpu::CommandEncoder,
-        steps: &[(&KvCache<'_>, &GpuTensor)],
+        steps: &[(&KvCache, &GpuTensor)],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
         Self::record_passes(enc, steps, prof, false)
@@ -60,7 +60,7 @@ impl KvCache<'_> {
     /// the fused step within rounding).
     pub fn record_steps_by_stage(
         enc: &mut wgpu::CommandEncoder,
-        steps: &[(&KvCache<'_>, &GpuTensor)],
+        steps: &[(&KvCache, &GpuTensor)],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
         Self::record_passes(enc, steps, prof, true)
@@ -68,7 +68,7 @@ impl KvCache<'_> {
 
     fn record_passes(
         enc: &mut wgpu::CommandEncoder,
-        steps: &[(&KvCache<'_>, &GpuTensor)],
+        steps: &[(&KvCache, &GpuTensor)],
         mut prof: Option<&mut Profiler>,
         by_stage: bool,
     ) -> Result<()> {
@@ -77,7 +77,7 @@ impl KvCache<'_> {
         };
         let mut stages: [Vec<Stage>; 3] = Default::default();
         for (cache, q) in steps {
-            if !std::ptr::eq(cache.ctx, first.0.ctx) {
+            if !cache.ctx.same(&first.0.ctx) {
                 return Err(GpuError::Unsupported(
                     "decode steps of caches from different contexts in one pass".into(),
                 ));
@@ -128,7 +128,7 @@ impl KvCache<'_> {
     fn stages(&self, q: &GpuTensor) -> Result<[Stage; 3]> {
         let s = &self.shape;
         self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
-        let ctx = self.ctx;
+        let ctx = &self.ctx;
         let lens_buf = self.lens_buffer()?;
         let heads = (s.batch * s.kv_heads) as u64;
         let slots = heads * self.plan.slots() as u64;

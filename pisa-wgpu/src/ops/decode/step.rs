@@ -8,7 +8,7 @@ use crate::runtime::buffers::GpuTensor;
 use crate::runtime::pipeline::Storage;
 use pisa_core::{AttentionShape, PyramidLayout, SelectionConfig};
 
-impl KvCache<'_> {
+impl KvCache {
     /// Appends one key and value per active sequence (`k_rows`, `v_rows`: `[B, Hkv, D]` f32;
     /// `active`: `[B]`), in one submission. Errors: [`pisa_core::PisaError::BufferLen`] for
     /// rows or `active` of the wrong length, [`pisa_core::PisaError::TooLarge`] when an active
@@ -59,7 +59,7 @@ impl KvCache<'_> {
         if let Some(q) = q {
             check_len("q", q.len(), s.batch * s.q_heads * s.head_dim)?;
         }
-        let ctx = self.ctx;
+        let ctx = &self.ctx.clone();
         let up = |what, x| ctx.upload(what, x, self.storage);
         let rows = match rows {
             Some((k, v, a)) => Some((up("appended keys", k)?, up("appended values", v)?, a)),

@@ -11,7 +11,7 @@ use crate::ops::pyramid;
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::profiler::Profiler;
 
-impl KvCache<'_> {
+impl KvCache {
     /// Loads the keys and values of sequence `seq`, replacing its contents: `k`, `v` are
     /// `[1, Hkv, P, D]` in `layout` (`P = k.len() / (Hkv * D)`, 1 <= P <= capacity). Builds
     /// the sequence's pyramid on the GPU and sets its length to P.
@@ -83,7 +83,7 @@ impl KvCache<'_> {
                 limit: self.layout.key_len() as u64,
             }));
         }
-        let ctx = self.ctx;
+        let ctx = &self.ctx;
         let geo = Self::geometry(1, heads, p_len, d, layout);
         let tmp = pyramid::alloc(ctx, self.layout, &geo, self.pyr.sq.is_some())?;
         let (_, sh, sn) = layout.strides(heads, p_len, d);
@@ -190,7 +190,7 @@ impl KvCache<'_> {
             .zip(&self.lens)
             .map(|(&a, &l)| if a { l as u32 } else { u32::MAX })
             .collect();
-        let ctx = self.ctx;
+        let ctx = &self.ctx;
         let pos_buf = ctx.upload_u32("append positions", &pos)?;
         let rows = self.shape.batch * self.shape.kv_heads;
         let pipe = self.append_pipeline("append")?;
