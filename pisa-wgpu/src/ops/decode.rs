@@ -96,7 +96,10 @@ use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig};
 pub use self::fused::default_fused;
 use self::fused::FusedPlan;
 use self::plan::{Params, Plan};
-pub use self::shaders::{APPEND_SHADER, FUSED_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER};
+pub use self::record::StepOutputs;
+pub use self::shaders::{
+    APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER,
+};
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::GpuPyramid;
 use crate::runtime::buffers::GpuTensor;
@@ -169,6 +172,16 @@ pub struct KvCache {
     cands: GpuTensor,
     parts: GpuTensor,
     lens: Vec<usize>,
+    /// The lengths on the GPU, u32 `[B]`: written by the host calls that set them
+    /// ([`KvCache::prefill`], [`KvCache::reset`]) and advanced by every recorded append, so the
+    /// recorded steps of an inference loop need no host write.
+    lens_gpu: wgpu::Buffer,
+    /// The append positions, u32 `[B]`, computed on the GPU from `lens_gpu` and the mask.
+    pos_gpu: wgpu::Buffer,
+    /// Recorded step dispatches by bound buffers (see `record.rs`).
+    stage_cache: std::sync::Mutex<std::collections::HashMap<record::StepIo, Vec<record::Stage>>>,
+    /// Recorded append dispatches by bound buffers and mask (see `write.rs`).
+    append_cache: std::sync::Mutex<std::collections::HashMap<write::AppendIo, Vec<record::Stage>>>,
 }
 
 fn input(e: PisaError) -> GpuError {

@@ -46,6 +46,9 @@
 //! query tile that mask it (earlier rows of its block, rows that skip its block).
 
 mod chunks;
+mod plan;
+
+pub use self::plan::{PrefillOutputs, PrefillPlan};
 
 use pisa_core::{AttentionShape, PisaError, PyramidLayout, Scoring, SelectionConfig, TensorLayout};
 

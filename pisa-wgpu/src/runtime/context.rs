@@ -168,6 +168,11 @@ impl Context {
         Self::build(adapter, device, queue, false)
     }
 
+    /// The address of the shared state: tells contexts apart (the plans' arenas).
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
     /// Whether `self` and `other` are the same context (clones of one another).
     pub fn same(&self, other: &Context) -> bool {
         Arc::ptr_eq(&self.0, &other.0)

@@ -5,6 +5,7 @@
 //! and [`profiler`] (GPU timestamps).
 
 pub mod adapter;
+pub(crate) mod arena;
 pub(crate) mod block;
 pub mod buffers;
 pub mod checks;

@@ -32,13 +32,15 @@ pub enum DType {
     /// bfloat16, 2 bytes (the upper half of an f32); converted on the GPU to the plan's
     /// storage (f32 exactly, or f16) by `ops::gather`.
     BF16,
+    /// 32-bit signed integers: selections (block indices, -1 padded).
+    I32,
 }
 
 impl DType {
     /// Bytes per element.
     pub fn bytes(self) -> u64 {
         match self {
-            DType::F32 => 4,
+            DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
         }
     }
@@ -48,7 +50,7 @@ impl DType {
         match self {
             DType::F32 => Some(Storage::F32),
             DType::F16 => Some(Storage::F16),
-            DType::BF16 => None,
+            DType::BF16 | DType::I32 => None,
         }
     }
 }
@@ -99,11 +101,22 @@ pub struct TensorView {
 }
 
 /// A buffer range to bind in place: the buffer, its byte offset and size.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct InPlace {
     pub buffer: wgpu::Buffer,
     pub offset: u64,
     pub size: u64,
+}
+
+impl InPlace {
+    /// The range of a whole buffer (the library's own tensors).
+    pub(crate) fn whole(buffer: &wgpu::Buffer) -> Self {
+        Self {
+            buffer: buffer.clone(),
+            offset: 0,
+            size: buffer.size(),
+        }
+    }
 }
 
 impl TensorView {
@@ -233,21 +246,38 @@ impl TensorView {
             .find(|&l| same_strides(self.shape, self.strides, contiguous_strides(self.shape, l)))
     }
 
+    /// The tokens `start .. start + len` of the view (dimension N), same strides: one
+    /// sequence of a packed varlen batch. Errors: [`GpuError::View`] for a range past N or
+    /// empty.
+    pub fn tokens(&self, start: usize, len: usize) -> Result<TensorView> {
+        if len == 0 || start.checked_add(len).is_none_or(|e| e > self.shape[2]) {
+            return Err(GpuError::View(format!(
+                "tokens {start}..{} of a view of {} tokens",
+                start.saturating_add(len),
+                self.shape[2]
+            )));
+        }
+        let mut shape = self.shape;
+        shape[2] = len;
+        Ok(TensorView {
+            buffer: self.buffer.clone(),
+            offset: self.offset + (start * self.strides[2]) as u64 * self.dtype.bytes(),
+            dtype: self.dtype,
+            shape,
+            strides: self.strides,
+        })
+    }
+
     /// Whether the view is contiguous in BHND or BNHD.
     pub fn is_contiguous(&self) -> bool {
         self.contiguous_layout().is_some()
     }
 
-    /// The range to bind in place for kernels of `storage` reading the view in `layout`, or
-    /// `None` when the view must be gathered: another dtype, not contiguous in `layout`, or an
-    /// offset that is not a multiple of `align` (the device's
-    /// `min_storage_buffer_offset_alignment`).
-    pub(crate) fn binding(
-        &self,
-        storage: Storage,
-        layout: TensorLayout,
-        align: u64,
-    ) -> Option<InPlace> {
+    /// The range to bind in place for kernels reading the view in `layout` (the caller checked
+    /// the dtype), or `None` when the view is not contiguous in `layout`, its offset is not a
+    /// multiple of `align` (the device's `min_storage_buffer_offset_alignment`), or its last
+    /// 4-byte word would pass the buffer's end.
+    pub(crate) fn binding_words(&self, layout: TensorLayout, align: u64) -> Option<InPlace> {
         let contiguous = same_strides(
             self.shape,
             self.strides,
@@ -257,15 +287,11 @@ impl TensorView {
         // cannot be bound in place.
         let size = (self.elems() as u64 * self.dtype.bytes()).div_ceil(4) * 4;
         let fits = self.offset + size <= self.buffer.size();
-        (self.dtype.storage() == Some(storage)
-            && contiguous
-            && fits
-            && self.offset % align.max(1) == 0)
-            .then(|| InPlace {
-                buffer: self.buffer.clone(),
-                offset: self.offset,
-                size,
-            })
+        (contiguous && fits && self.offset % align.max(1) == 0).then(|| InPlace {
+            buffer: self.buffer.clone(),
+            offset: self.offset,
+            size,
+        })
     }
 }
 

@@ -118,6 +118,10 @@ impl KvCache {
             cands: ctx.alloc("decode leaf slots", slots, Storage::F32, POISON_I32)?,
             parts: ctx.alloc("decode block states", part_elems, Storage::F32, POISON_F32)?,
             lens: vec![0; batch],
+            lens_gpu: Self::u32_buffer(ctx, "decode lengths", batch),
+            pos_gpu: Self::u32_buffer(ctx, "append positions", batch),
+            stage_cache: Default::default(),
+            append_cache: Default::default(),
         })
     }
 
@@ -140,6 +144,25 @@ impl KvCache {
                 hint: "use a smaller capacity or batch, or split the KV heads over several caches",
             })
         }
+    }
+
+    /// A zeroed u32 `[n]` storage buffer the host can write.
+    pub(super) fn u32_buffer(ctx: &Context, label: &str, n: usize) -> wgpu::Buffer {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (n as u64 * 4).max(4),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Writes the host's lengths to the GPU (lands before the next submission: submit the
+    /// steps recorded earlier first).
+    pub(super) fn write_lens(&self) {
+        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
+        self.ctx
+            .queue
+            .write_buffer(&self.lens_gpu, 0, bytemuck::cast_slice(&lens));
     }
 
     pub(super) fn geometry(

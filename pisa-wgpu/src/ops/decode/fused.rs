@@ -5,10 +5,9 @@
 use pisa_core::SelectionConfig;
 
 use super::plan::{cut_words, lanes, max_workgroup, Dims, Params, Plan};
-use super::record::{Binds, Stage};
+use super::record::{range, whole, Binds, Stage, StepIo};
 use super::{KvCache, FUSED_SHADER};
 use crate::error::{GpuError, Result};
-use crate::runtime::buffers::GpuTensor;
 use crate::runtime::pipeline::env_u32;
 
 /// The decode step path new caches take, read once per process from `PISA_DECODE`: `fused`
@@ -159,16 +158,14 @@ impl KvCache {
     /// The one dispatch of this cache's fused step for `q` (one workgroup per (sequence, KV
     /// head)). Errors: [`GpuError::Unsupported`] where the fused kernel does not fit the device
     /// (callers take this path only when [`Self::is_fused`]).
-    pub(super) fn fused_stage(&self, q: &GpuTensor) -> Result<Stage> {
+    pub(super) fn fused_stage(&self, io: &StepIo) -> Result<Stage> {
         let s = &self.shape;
-        self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
         let ctx = &self.ctx;
         let fp = self.fplan.ok_or_else(|| {
             GpuError::Unsupported(
                 "the fused decode step: its workgroup memory does not fit this device".into(),
             )
         })?;
-        let lens_buf = self.lens_buffer()?;
         let heads = (s.batch * s.kv_heads) as u64;
         let u = ctx.uniform(
             "decode params",
@@ -188,16 +185,16 @@ impl KvCache {
         )?;
         let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
         let b: Binds = vec![
-            (0, &u),
-            (1, &lens_buf.buffer),
-            (2, &q.buffer),
-            (3, &self.kv[0].0.buffer),
-            (4, &self.kv[0].1.buffer),
-            (5, &self.pyr.means.buffer),
-            (6, &sq.buffer),
-            (7, &self.out.buffer),
-            (8, &self.lse.buffer),
-            (9, &self.sel.buffer),
+            whole(0, &u),
+            whole(1, &self.lens_gpu),
+            range(2, &io.q),
+            whole(3, &self.kv[0].0.buffer),
+            whole(4, &self.kv[0].1.buffer),
+            whole(5, &self.pyr.means.buffer),
+            whole(6, &sq.buffer),
+            range(7, &io.out),
+            range(8, &io.lse),
+            range(9, &io.sel),
         ];
         self.make_stage(pipe, &b, heads)
     }

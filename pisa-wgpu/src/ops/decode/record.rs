@@ -4,15 +4,56 @@
 
 use std::sync::Arc;
 
+use pisa_core::TensorLayout;
+
 use super::{KvCache, Params, MERGE_SHADER, ROUTE_SHADER, SHADER};
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::profiler::Profiler;
+use crate::runtime::view::{DType, InPlace, TensorView};
 
-/// Bindings of one dispatch: `(binding, buffer)`.
-pub(super) type Binds<'a> = Vec<(u32, &'a wgpu::Buffer)>;
+/// Bindings of one dispatch: `(binding, buffer, byte offset, bytes)`.
+pub(super) type Binds<'a> = Vec<(u32, &'a wgpu::Buffer, u64, u64)>;
+
+/// A whole buffer as a binding.
+pub(super) fn whole(i: u32, b: &wgpu::Buffer) -> (u32, &wgpu::Buffer, u64, u64) {
+    (i, b, 0, b.size())
+}
+
+/// A view range as a binding.
+pub(super) fn range(i: u32, r: &InPlace) -> (u32, &wgpu::Buffer, u64, u64) {
+    (i, &r.buffer, r.offset, r.size)
+}
+
+/// What one step binds: the query and the three outputs, each a buffer range (the cache's own
+/// buffers, or a caller's views bound in place). The key of the cache of recorded dispatches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct StepIo {
+    pub fused: bool,
+    pub q: InPlace,
+    pub out: InPlace,
+    pub lse: InPlace,
+    pub sel: InPlace,
+}
+
+/// Caller-owned outputs of a decode step ([`KvCache::record_step_into`]), each bound in place:
+/// contiguous, at an offset that is a multiple of the device's
+/// `min_storage_buffer_offset_alignment`.
+#[derive(Debug, Clone, Copy)]
+pub struct StepOutputs<'a> {
+    /// O `[B, Hq, 1, D]` in the cache's storage dtype.
+    pub out: &'a TensorView,
+    /// LSE `[B, Hq, 1, 1]` f32 (natural log).
+    pub lse: &'a TensorView,
+    /// The selection `[B, Hkv, 1, K]` i32, ascending, -1 padded; `None` leaves it in
+    /// [`KvCache::outputs`].
+    pub selection: Option<&'a TensorView>,
+}
 
 pub(super) use crate::runtime::buffers::Stage;
+
+/// Most sets of step buffers a cache keeps recorded dispatches for.
+const STAGE_CACHE_MAX: usize = 64;
 
 impl KvCache {
     /// Records the decode step (PISA.md 3, 4, 5) of every sequence, labelled "decode" in
@@ -32,6 +73,122 @@ impl KvCache {
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
         Self::record_steps(enc, &[(self, q)], prof)
+    }
+
+    /// [`Self::record_step`] for a query in a caller's buffer, writing the caller's outputs
+    /// (or, with `outputs` `None`, [`Self::outputs`]). The plan/run split of an inference loop:
+    /// the first step of a given set of buffers builds its bind groups (and pipelines), every
+    /// later one only records the pass: no allocation, no host write, no wait (the lengths live
+    /// on the GPU, advanced by the recorded appends). `q`: `[B, Hq, 1, D]` in the cache's
+    /// storage dtype, contiguous, at an aligned offset (see [`TensorView`]).
+    ///
+    /// Errors: [`GpuError::View`] for a view of the wrong shape or dtype, not contiguous, or
+    /// at an offset the device cannot bind; [`GpuError::Validation`] for a buffer of another
+    /// device. Nothing is recorded on error.
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &pisa_wgpu::Context, cache: &mut pisa_wgpu::ops::decode::KvCache,
+    /// #      k: &pisa_wgpu::TensorView, v: &pisa_wgpu::TensorView, q: &pisa_wgpu::TensorView,
+    /// #      o: &pisa_wgpu::TensorView, lse: &pisa_wgpu::TensorView) -> pisa_wgpu::Result<()> {
+    /// use pisa_wgpu::ops::decode::StepOutputs;
+    /// let mut enc = ctx.device().create_command_encoder(&Default::default());
+    /// cache.record_append_view(&mut enc, k, v, &[true; 3], None)?;
+    /// let outs = StepOutputs { out: o, lse, selection: None };
+    /// cache.record_step_into(&mut enc, q, Some(&outs), None)?;
+    /// ctx.queue().submit([enc.finish()]);
+    /// # Ok(()) }
+    /// ```
+    pub fn record_step_into(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        q: &TensorView,
+        outputs: Option<&StepOutputs<'_>>,
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let io = self.step_io(q, outputs)?;
+        let stages = self.cached_stages(&io)?;
+        self.ctx.record_pass(enc, "decode", &stages, prof);
+        Ok(())
+    }
+
+    /// The bindings of a step for a query view and optional output views, checked.
+    fn step_io(&self, q: &TensorView, outputs: Option<&StepOutputs<'_>>) -> Result<StepIo> {
+        let s = &self.shape;
+        let dt = DType::from(self.storage);
+        let (b, hq, hkv, d, k) = (s.batch, s.q_heads, s.kv_heads, s.head_dim, self.cfg.top_k);
+        let q = self.bind_view("q", q, dt, [b, hq, 1, d])?;
+        let (out, lse, sel) = match outputs {
+            Some(o) => (
+                self.bind_view("decode output", o.out, dt, [b, hq, 1, d])?,
+                self.bind_view("decode lse", o.lse, DType::F32, [b, hq, 1, 1])?,
+                match o.selection {
+                    Some(v) => self.bind_view("decode selection", v, DType::I32, [b, hkv, 1, k])?,
+                    None => InPlace::whole(&self.sel.buffer),
+                },
+            ),
+            None => (
+                InPlace::whole(&self.out.buffer),
+                InPlace::whole(&self.lse.buffer),
+                InPlace::whole(&self.sel.buffer),
+            ),
+        };
+        Ok(StepIo {
+            fused: self.is_fused(),
+            q,
+            out,
+            lse,
+            sel,
+        })
+    }
+
+    /// `view` as a range bound in place, after checking its shape and dtype.
+    pub(super) fn bind_view(
+        &self,
+        what: &str,
+        view: &TensorView,
+        dtype: DType,
+        shape: [usize; 4],
+    ) -> Result<InPlace> {
+        if view.shape() != shape || view.dtype() != dtype {
+            return Err(GpuError::View(format!(
+                "{what}: expected {dtype:?} {shape:?}, got {:?} {:?}",
+                view.dtype(),
+                view.shape()
+            )));
+        }
+        let align = self.ctx.limits().min_storage_buffer_offset_alignment as u64;
+        view.binding_words(TensorLayout::Bhnd, align)
+            .ok_or_else(|| {
+                GpuError::View(format!(
+                    "{what}: the decode step binds its tensors in place, so the view must be \
+                 contiguous ([B, H, 1, D] row-major) at a byte offset that is a multiple of \
+                 {align} (this one: offset {}, strides {:?})",
+                    view.offset(),
+                    view.strides()
+                ))
+            })
+    }
+
+    /// The recorded dispatches of a step for `io`, built on first use and kept (the bind
+    /// groups hold the buffers, the uniforms and the pipelines) until the step's sizes change.
+    pub(super) fn cached_stages(&self, io: &StepIo) -> Result<Vec<Stage>> {
+        let mut cache = self.stage_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(st) = cache.get(io) {
+            return Ok(st.clone());
+        }
+        let stages = self.ctx.scope_now("decode step", || {
+            Ok(if io.fused {
+                vec![self.fused_stage(io)?]
+            } else {
+                self.stages(io)?.to_vec()
+            })
+        })?;
+        // A bounded cache: an app that binds ever new buffers rebuilds, it never grows without end.
+        if cache.len() >= STAGE_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(io.clone(), stages.clone());
+        Ok(stages)
     }
 
     /// Records the steps of several caches (each as [`Self::record_step`], with its own `q`)
@@ -82,11 +239,21 @@ impl KvCache {
                     "decode steps of caches from different contexts in one pass".into(),
                 ));
             }
-            if cache.is_fused() && !by_stage {
-                stages[0].push(cache.fused_stage(q)?);
+            let s = &cache.shape;
+            cache.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
+            let io = StepIo {
+                fused: cache.is_fused() && !by_stage,
+                q: InPlace::whole(&q.buffer),
+                out: InPlace::whole(&cache.out.buffer),
+                lse: InPlace::whole(&cache.lse.buffer),
+                sel: InPlace::whole(&cache.sel.buffer),
+            };
+            let st = cache.cached_stages(&io)?;
+            if io.fused {
+                stages[0].extend(st);
                 continue;
             }
-            for (all, st) in stages.iter_mut().zip(cache.stages(q)?) {
+            for (all, st) in stages.iter_mut().zip(st) {
                 all.push(st);
             }
         }
@@ -109,11 +276,6 @@ impl KvCache {
         Ok(())
     }
 
-    pub(super) fn lens_buffer(&self) -> Result<GpuTensor> {
-        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
-        self.ctx.upload_u32("decode lengths", &lens)
-    }
-
     /// A dispatch of `n` workgroups of pipeline `p` with bindings `b`.
     pub(super) fn make_stage(
         &self,
@@ -121,15 +283,13 @@ impl KvCache {
         b: &Binds,
         n: u64,
     ) -> Result<Stage> {
-        self.ctx.stage(&p, b, n)
+        self.ctx.stage_ranges(&p, b, n)
     }
 
     /// The three dispatches of this cache's split step for `q`: `route`, `leaf`, `merge`.
-    fn stages(&self, q: &GpuTensor) -> Result<[Stage; 3]> {
+    fn stages(&self, io: &StepIo) -> Result<[Stage; 3]> {
         let s = &self.shape;
-        self.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
         let ctx = &self.ctx;
-        let lens_buf = self.lens_buffer()?;
         let heads = (s.batch * s.kv_heads) as u64;
         let slots = heads * self.plan.slots() as u64;
         let uniform = |wg_count: u64| {
@@ -148,34 +308,35 @@ impl KvCache {
                 .get(&ctx.device, shader, entry, self.storage, &consts, &[])
         };
         let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
-        let (l, c, pa) = (&lens_buf.buffer, &self.cands.buffer, &self.parts.buffer);
+        let (l, c, pa) = (&self.lens_gpu, &self.cands.buffer, &self.parts.buffer);
+        let last = self.kv.len() - 1;
         let route: Binds = vec![
-            (0, &u_heads),
-            (1, l),
-            (2, &q.buffer),
-            (5, &self.pyr.means.buffer),
-            (6, &sq.buffer),
-            (10, c),
+            whole(0, &u_heads),
+            whole(1, l),
+            range(2, &io.q),
+            whole(5, &self.pyr.means.buffer),
+            whole(6, &sq.buffer),
+            whole(10, c),
         ];
         let leaf: Binds = vec![
-            (0, &u_slots),
-            (1, l),
-            (2, &q.buffer),
-            (3, &self.kv[0].0.buffer),
-            (4, &self.kv[0].1.buffer),
-            (12, &self.kv[self.kv.len() - 1].0.buffer),
-            (13, &self.kv[self.kv.len() - 1].1.buffer),
-            (10, c),
-            (11, pa),
+            whole(0, &u_slots),
+            whole(1, l),
+            range(2, &io.q),
+            whole(3, &self.kv[0].0.buffer),
+            whole(4, &self.kv[0].1.buffer),
+            whole(12, &self.kv[last].0.buffer),
+            whole(13, &self.kv[last].1.buffer),
+            whole(10, c),
+            whole(11, pa),
         ];
         let merge: Binds = vec![
-            (0, &u_heads),
-            (1, l),
-            (7, &self.out.buffer),
-            (8, &self.lse.buffer),
-            (9, &self.sel.buffer),
-            (10, c),
-            (11, pa),
+            whole(0, &u_heads),
+            whole(1, l),
+            range(7, &io.out),
+            range(8, &io.lse),
+            range(9, &io.sel),
+            whole(10, c),
+            whole(11, pa),
         ];
         let stage = |p, b: Binds, n| self.make_stage(p, &b, n);
         Ok([

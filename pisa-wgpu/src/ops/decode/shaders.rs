@@ -48,3 +48,8 @@ pub const APPEND_SHADER: ShaderSource = ShaderSource {
     name: "decode_append",
     wgsl: include_str!("../../../../shaders/decode_append.wgsl"),
 };
+/// `shaders/decode_lens.wgsl`: the append's positions and length advance on the GPU.
+pub const LENS_SHADER: ShaderSource = ShaderSource {
+    name: "decode_lens",
+    wgsl: include_str!("../../../../shaders/decode_lens.wgsl"),
+};

@@ -124,6 +124,7 @@ impl KvCache {
     pub fn reset(&mut self, seq: usize) -> Result<()> {
         self.check_seq(seq)?;
         self.lens[seq] = 0;
+        self.write_lens();
         Ok(())
     }
 
@@ -214,6 +215,10 @@ impl KvCache {
         self.plan = Plan::new(&lim, gq, d, &self.cfg)?;
         self.fplan = FusedPlan::new(&lim, gq, d, &self.cfg);
         self.limits = lim;
+        self.stage_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         Ok(())
     }
 }

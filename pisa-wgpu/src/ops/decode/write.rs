@@ -5,11 +5,14 @@ use std::sync::Arc;
 
 use pisa_core::{PisaError, TensorLayout};
 
-use super::{check_len, input, KvCache, Params, APPEND_SHADER, APPEND_WG};
+use super::record::{range, whole, Binds, Stage};
+use super::{check_len, input, KvCache, Params, APPEND_SHADER, APPEND_WG, LENS_SHADER};
 use crate::error::Result;
 use crate::ops::pyramid;
 use crate::runtime::buffers::GpuTensor;
+use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
+use crate::runtime::view::{DType, InPlace, TensorView};
 
 impl KvCache {
     /// Loads the keys and values of sequence `seq`, replacing its contents: `k`, `v` are
@@ -27,6 +30,36 @@ impl KvCache {
         let kt = self.ctx.upload("prefill keys", k, self.storage)?;
         let vt = self.ctx.upload("prefill values", v, self.storage)?;
         self.prefill_device(seq, &kt, &vt, layout)
+    }
+
+    /// [`Self::prefill`] from views of the caller's buffers: `k`, `v` `[1, Hkv, P, D]`, any
+    /// strides and dtype (f32, f16, bf16; e.g. one sequence of a varlen prefill's packed K/V,
+    /// [`TensorView::tokens`]), gathered on the GPU into the cache (no host transfer). Blocks
+    /// until the copy and the pyramid build are done (wasm32: refused). Errors: as
+    /// [`Self::prefill_device`], [`crate::GpuError::View`] for views of the wrong shape.
+    pub fn prefill_view(&mut self, seq: usize, k: &TensorView, v: &TensorView) -> Result<()> {
+        let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
+        let p_len = k.shape()[2];
+        for (what, t) in [("prefill keys", k), ("prefill values", v)] {
+            if t.shape() != [1, hkv, p_len, d] {
+                return Err(crate::GpuError::View(format!(
+                    "{what}: expected [1, {hkv}, {p_len}, {d}], got {:?}",
+                    t.shape()
+                )));
+            }
+        }
+        let ctx = self.ctx.clone();
+        let n = hkv * p_len * d;
+        let kt = ctx.scratch("prefill keys", n, self.storage)?;
+        let vt = ctx.scratch("prefill values", n, self.storage)?;
+        ctx.scoped("decode prefill gather", || {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            crate::ops::gather::record_gather(&ctx, &mut enc, k, &kt.buffer, self.storage)?;
+            crate::ops::gather::record_gather(&ctx, &mut enc, v, &vt.buffer, self.storage)?;
+            ctx.queue.submit([enc.finish()]);
+            Ok(())
+        })?;
+        self.prefill_device(seq, &kt, &vt, TensorLayout::Bhnd)
     }
 
     /// [`Self::prefill`] from tensors already on the GPU (in the cache's storage precision).
@@ -134,6 +167,7 @@ impl KvCache {
             Ok(())
         })?;
         self.lens[seq] = p_len;
+        self.write_lens();
         Ok(())
     }
 
@@ -171,8 +205,9 @@ impl KvCache {
     /// Records the append of one key and value per active sequence (`k_rows`, `v_rows`:
     /// `[B, Hkv, D]` in the cache's storage precision; rows of inactive sequences are ignored)
     /// at position `len(seq)`, and the update of the ancestor path of its leaf (PISA.md 1),
-    /// labelled "append" in `prof`. Lengths advance at once on the host: submit `enc` before
-    /// reading results. Errors: as [`Self::append`]; nothing changes on error.
+    /// labelled "append" in `prof`. Lengths advance at once on the host, and on the GPU when the
+    /// recorded commands run: submit `enc` before reading results. Errors: as [`Self::append`];
+    /// nothing changes on error.
     pub fn record_append(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
@@ -184,20 +219,94 @@ impl KvCache {
         let n = self.shape.batch * self.shape.kv_heads * self.shape.head_dim;
         self.check_tensor("appended keys", k_rows, n)?;
         self.check_tensor("appended values", v_rows, n)?;
-        self.check_append(n, active)?;
-        let pos: Vec<u32> = active
-            .iter()
-            .zip(&self.lens)
-            .map(|(&a, &l)| if a { l as u32 } else { u32::MAX })
-            .collect();
+        let io = AppendIo {
+            active: active.to_vec(),
+            k: InPlace::whole(&k_rows.buffer),
+            v: InPlace::whole(&v_rows.buffer),
+        };
+        self.record_append_io(enc, io, prof)
+    }
+
+    /// [`Self::record_append`] of keys and values in a caller's buffers: `k`, `v`
+    /// `[B, Hkv, 1, D]` in the cache's storage dtype, contiguous, at offsets that are multiples
+    /// of the device's `min_storage_buffer_offset_alignment`, bound in place. The first append
+    /// of a given set of buffers and mask builds its bind groups; every later one only records
+    /// (no allocation, no host write: positions and lengths are computed on the GPU). Errors: as
+    /// [`Self::record_append`], [`crate::GpuError::View`] for an unusable view.
+    pub fn record_append_view(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        k: &TensorView,
+        v: &TensorView,
+        active: &[bool],
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let s = self.shape;
+        let (dt, shape) = (
+            DType::from(self.storage),
+            [s.batch, s.kv_heads, 1, s.head_dim],
+        );
+        let io = AppendIo {
+            active: active.to_vec(),
+            k: self.bind_view("appended keys", k, dt, shape)?,
+            v: self.bind_view("appended values", v, dt, shape)?,
+        };
+        self.record_append_io(enc, io, prof)
+    }
+
+    fn record_append_io(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        io: AppendIo,
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let n = self.shape.batch * self.shape.kv_heads * self.shape.head_dim;
+        self.check_append(n, &io.active)?;
+        let stages = {
+            let mut cache = self.append_cache.lock().unwrap_or_else(|p| p.into_inner());
+            match cache.get(&io) {
+                Some(st) => st.clone(),
+                None => {
+                    let st = self
+                        .ctx
+                        .scope_now("decode append", || self.append_stages(&io))?;
+                    if cache.len() >= 64 {
+                        cache.clear();
+                    }
+                    cache.insert(io.clone(), st.clone());
+                    st
+                }
+            }
+        };
+        self.ctx.record_pass(enc, "append", &stages, prof);
+        for (l, &a) in self.lens.iter_mut().zip(&io.active) {
+            *l += a as usize;
+        }
+        Ok(())
+    }
+
+    /// The append's dispatches for `io`: `positions`, one `append` per K/V shard (one
+    /// workgroup per flat (sequence, KV head) row of it; both write the pyramid, so wgpu orders
+    /// them), `advance`; one pass.
+    fn append_stages(&self, io: &AppendIo) -> Result<Vec<Stage>> {
         let ctx = &self.ctx;
-        let pos_buf = ctx.upload_u32("append positions", &pos)?;
+        let mask: Vec<u32> = io.active.iter().map(|&a| a as u32).collect();
+        let mask_buf = Self::u32_buffer(ctx, "append mask", mask.len());
+        ctx.queue
+            .write_buffer(&mask_buf, 0, bytemuck::cast_slice(&mask));
+        let lens_pipe = |entry| {
+            ctx.pipelines
+                .get(&ctx.device, &LENS_SHADER, entry, Storage::F32, &[], &[])
+        };
+        let (m, l, p) = (&mask_buf, &self.lens_gpu, &self.pos_gpu);
+        let mut stages = vec![self.make_stage(
+            lens_pipe("positions")?,
+            &vec![whole(0, m), whole(1, l), whole(2, p)],
+            1,
+        )?];
         let rows = self.shape.batch * self.shape.kv_heads;
         let pipe = self.append_pipeline("append")?;
         let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
-        // One dispatch per K/V shard, one workgroup per flat (sequence, KV head) row of it, in
-        // one pass timed as "append" (both write the pyramid, so wgpu orders them).
-        let mut stages = Vec::new();
         for (i, shard) in self.kv.iter().enumerate() {
             let (r0, r1) = (i * self.kv_rows, ((i + 1) * self.kv_rows).min(rows));
             let u = ctx.uniform(
@@ -208,23 +317,28 @@ impl KvCache {
                     ..self.base()
                 },
             )?;
-            let b = [
-                (0, &u),
-                (1, &pos_buf.buffer),
-                (2, &k_rows.buffer),
-                (3, &v_rows.buffer),
-                (4, &shard.0.buffer),
-                (5, &shard.1.buffer),
-                (6, &self.pyr.means.buffer),
-                (7, &sq.buffer),
+            let b: Binds = vec![
+                whole(0, &u),
+                whole(1, p),
+                range(2, &io.k),
+                range(3, &io.v),
+                whole(4, &shard.0.buffer),
+                whole(5, &shard.1.buffer),
+                whole(6, &self.pyr.means.buffer),
+                whole(7, &sq.buffer),
             ];
-            stages.push(ctx.stage(&pipe, &b, (r1 - r0) as u64)?);
+            stages.push(self.make_stage(pipe.clone(), &b, (r1 - r0) as u64)?);
         }
-        ctx.check_alive()?;
-        ctx.record_pass(enc, "append", &stages, prof);
-        for (l, &a) in self.lens.iter_mut().zip(active) {
-            *l += a as usize;
-        }
-        Ok(())
+        stages.push(self.make_stage(lens_pipe("advance")?, &vec![whole(0, m), whole(3, l)], 1)?);
+        Ok(stages)
     }
+}
+
+/// What one append binds: the mask of appending sequences and the key and value rows. The key
+/// of the cache of recorded append dispatches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct AppendIo {
+    pub active: Vec<bool>,
+    pub k: InPlace,
+    pub v: InPlace,
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::runtime::arena;
 use crate::runtime::context::Context;
 use crate::runtime::profiler::Profiler;
 
@@ -21,6 +22,11 @@ impl Context {
         pipeline: &wgpu::ComputePipeline,
         bindings: &[(u32, &wgpu::Buffer)],
     ) -> wgpu::BindGroup {
+        let key: Vec<(u32, &wgpu::Buffer, u64)> =
+            bindings.iter().map(|&(i, b)| (i, b, 0)).collect();
+        if let Some(g) = arena::lookup_group(self.id(), &key) {
+            return g;
+        }
         let layout = pipeline.get_bind_group_layout(0);
         let entries: Vec<wgpu::BindGroupEntry> = bindings
             .iter()
@@ -29,11 +35,48 @@ impl Context {
                 resource: b.as_entire_binding(),
             })
             .collect();
-        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        let g = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout: &layout,
             entries: &entries,
-        })
+        });
+        arena::insert_group(self.id(), &key, &g);
+        g
+    }
+
+    /// [`Context::stage`] with bindings of buffer ranges (`(i, buffer, byte offset, bytes)`):
+    /// tensor views of the caller's buffers bound in place. Offsets must be multiples of the
+    /// device's `min_storage_buffer_offset_alignment` (the callers check, see
+    /// `TensorView::binding`).
+    pub(crate) fn stage_ranges(
+        &self,
+        pipeline: &Arc<wgpu::ComputePipeline>,
+        bindings: &[(u32, &wgpu::Buffer, u64, u64)],
+        workgroups: u64,
+    ) -> Result<Stage> {
+        let max_dim = self.limits().max_compute_workgroups_per_dimension;
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry> = bindings
+            .iter()
+            .map(|&(i, buffer, offset, size)| wgpu::BindGroupEntry {
+                binding: i,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset,
+                    size: wgpu::BufferSize::new(size),
+                }),
+            })
+            .collect();
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        });
+        Ok((
+            pipeline.clone(),
+            bg,
+            pisa_core::grid_for(workgroups, max_dim)?,
+        ))
     }
 
     /// One dispatch of `workgroups` workgroups of `pipeline` with `bindings`, for

@@ -1,0 +1,96 @@
+//! Host CPU time to record work, the cost an inference loop pays per layer on the CPU whatever
+//! the GPU does: a decode step (append + step of a batch into the caller's encoder, buffers of
+//! the caller's) at several cache capacities. The recorded commands are not submitted: this
+//! measures the host side only (`pisa bench` measures the GPU side).
+//!
+//! `cargo bench -p pisa-wgpu --bench host`. Results: docs/benchmarks.md, "Host time to record".
+
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use pisa_core::{SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
+use pisa_wgpu::{wgpu, AdapterChoice, Context, DType, Storage, TensorView};
+
+const B: usize = 3;
+const HQ: usize = 8;
+const HKV: usize = 2;
+const D: usize = 64;
+
+fn buffer(ctx: &Context, bytes: usize) -> wgpu::Buffer {
+    ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app buffer"),
+        size: bytes as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    })
+}
+
+fn view(buf: &wgpu::Buffer, dtype: DType, shape: [usize; 4]) -> TensorView {
+    TensorView::contiguous(buf, 0, dtype, shape, TensorLayout::Bhnd).expect("view")
+}
+
+fn decode_record(c: &mut Criterion) {
+    let Ok(ctx) = Context::new(&AdapterChoice::HighPerformance) else {
+        eprintln!("no adapter: host-time benches skipped");
+        return;
+    };
+    let cfg = SelectionConfig::new(64, 8).expect("config");
+    let mut group = c.benchmark_group("decode_record_step");
+    for capacity in [1024usize, 16384, 65536] {
+        let mut cache =
+            KvCache::new(&ctx, B, capacity, HQ, HKV, D, cfg, Storage::F32).expect("cache");
+        let (k, v) = (buffer(&ctx, B * HKV * D * 4), buffer(&ctx, B * HKV * D * 4));
+        let (q, o) = (buffer(&ctx, B * HQ * D * 4), buffer(&ctx, B * HQ * D * 4));
+        let lse = buffer(&ctx, B * HQ * 4);
+        let (kv_shape, q_shape) = ([B, HKV, 1, D], [B, HQ, 1, D]);
+        let (kv, vv) = (
+            view(&k, DType::F32, kv_shape),
+            view(&v, DType::F32, kv_shape),
+        );
+        let (qv, ov) = (view(&q, DType::F32, q_shape), view(&o, DType::F32, q_shape));
+        let lv = view(&lse, DType::F32, [B, HQ, 1, 1]);
+        let outs = StepOutputs {
+            out: &ov,
+            lse: &lv,
+            selection: None,
+        };
+        let active = [true; B];
+        group.bench_with_input(
+            BenchmarkId::from_parameter(capacity),
+            &capacity,
+            |bch, _| {
+                bch.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for i in 0..iters {
+                        // The cache would fill up: empty it now and then (outside the timing).
+                        if cache.len(0) + 1 >= capacity {
+                            for s in 0..B {
+                                cache.reset(s).expect("reset");
+                            }
+                        }
+                        let mut enc = ctx.device().create_command_encoder(&Default::default());
+                        let t0 = Instant::now();
+                        cache
+                            .record_append_view(&mut enc, &kv, &vv, &active, None)
+                            .expect("append");
+                        cache
+                            .record_step_into(&mut enc, &qv, Some(&outs), None)
+                            .expect("step");
+                        total += t0.elapsed();
+                        drop(enc);
+                        if i % 256 == 255 {
+                            // Release what wgpu keeps of the dropped encoders.
+                            let _ = ctx.device().poll(wgpu::PollType::Poll);
+                        }
+                    }
+                    total
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(host, decode_record);
+criterion_main!(host);

@@ -1,0 +1,270 @@
+//! Prefill as plan / run (FlashInfer's split): [`PrefillPlan::new`] once per shape and
+//! options builds the pipelines, the contiguous Q/K/V staging, every intermediate, the uniform
+//! parameters and the bind groups (by recording the prefill once, see `runtime/arena.rs`);
+//! [`PrefillPlan::run`] records into the caller's encoder, reading the caller's Q/K/V views and
+//! writing the caller's O, LSE (and optional selection) views, with no allocation, no host fill
+//! in release builds and no wait beyond the few small parameter buffers and bind groups of the
+//! gathers (independent of N).
+//!
+//! The views are gathered on the GPU into the plan's contiguous BHND staging (`ops::gather`:
+//! any strides, f32 / f16 / bf16, any element-aligned offset: a packed QKV projection works as
+//! it is), and the outputs are copied (`copy_buffer_to_buffer`, when the view is contiguous
+//! BHND of the storage dtype at a 4-byte offset) or scattered (`ops::gather::record_scatter`)
+//! into the caller's views. Those passes cost one read and one write of Q, K, V and O on the
+//! device, no host transfer.
+
+use pisa_core::{AttentionShape, TensorLayout};
+
+use super::{record_prefill, PrefillOptions};
+use crate::error::{GpuError, Result};
+use crate::ops::gather::{record_gather, record_scatter};
+use crate::runtime::arena::{with_arena, Arena};
+use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::context::{Context, KernelPath, LeafOrder};
+use crate::runtime::pipeline::Storage;
+use crate::runtime::profiler::Profiler;
+use crate::runtime::view::{contiguous_strides, DType, TensorView};
+
+/// The caller's outputs of a prefill run.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillOutputs<'a> {
+    /// O `[B, Hq, N, D]`, any strides, f32, f16 or bf16 (converted from the plan's storage).
+    pub out: &'a TensorView,
+    /// LSE `[B, Hq, N, 1]` f32 (natural log), any strides.
+    pub lse: &'a TensorView,
+    /// The selection `[B, Hkv, N, K]` i32, contiguous (`[B, Hkv, N, K]` row-major) at a
+    /// 4-byte offset: ascending leaf indices, -1 padded.
+    pub selection: Option<&'a TensorView>,
+}
+
+/// A prefill planned for one shape and options: see the [module docs](self).
+///
+/// ```no_run
+/// # fn f(ctx: &pisa_wgpu::Context, q: &pisa_wgpu::TensorView, k: &pisa_wgpu::TensorView,
+/// #      v: &pisa_wgpu::TensorView, o: &pisa_wgpu::TensorView, lse: &pisa_wgpu::TensorView)
+/// #      -> pisa_wgpu::Result<()> {
+/// use pisa_core::{AttentionShape, SelectionConfig};
+/// use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutputs, PrefillPlan};
+/// let shape = AttentionShape::prefill(1, 32, 8, 4096, 128)?;
+/// let opts = PrefillOptions { cfg: SelectionConfig::new(64, 16)?, ..Default::default() };
+/// let plan = PrefillPlan::new(ctx, &shape, &opts)?; // once per shape
+/// let mut enc = ctx.device().create_command_encoder(&Default::default());
+/// plan.run(&mut enc, q, k, v, &PrefillOutputs { out: o, lse, selection: None }, None)?;
+/// ctx.queue().submit([enc.finish()]);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct PrefillPlan {
+    ctx: Context,
+    shape: AttentionShape,
+    opts: PrefillOptions,
+    path: KernelPath,
+    order: LeafOrder,
+    binding: u64,
+    q: GpuTensor,
+    k: GpuTensor,
+    v: GpuTensor,
+    arena: std::sync::Mutex<Arena>,
+}
+
+impl PrefillPlan {
+    /// Plans the prefill of `shape` (`q_len == k_len`) with `opts` (its `layout` is not used:
+    /// the views carry their own strides). Records the prefill once (into an encoder that is
+    /// dropped): pipelines are built and every buffer and bind group is made here.
+    ///
+    /// Errors: the shape's and options' validation errors; [`GpuError::Limit`] when a tensor
+    /// of the call exceeds one storage binding (the host convenience
+    /// [`super::prefill_host`] splits such calls by KV head; plan per head group instead);
+    /// device errors.
+    pub fn new(ctx: &Context, shape: &AttentionShape, opts: &PrefillOptions) -> Result<Self> {
+        opts.cfg.validate()?;
+        let shape = AttentionShape::new(
+            shape.batch,
+            shape.q_heads,
+            shape.kv_heads,
+            shape.q_len,
+            shape.k_len,
+            shape.head_dim,
+        )?;
+        if opts.q_tile == 0 {
+            return Err(pisa_core::PisaError::Zero { what: "q_tile" }.into());
+        }
+        let units = super::chunks::units_per_chunk(ctx, &shape, opts)?;
+        if units < shape.batch * shape.kv_heads {
+            return Err(GpuError::Limit {
+                what: format!(
+                    "a planned prefill of {} tokens and {} KV heads",
+                    shape.k_len,
+                    shape.batch * shape.kv_heads
+                ),
+                needed: 0,
+                limit: ctx.max_binding_bytes(),
+                hint: "plan fewer KV heads per call (at most the number that fits one binding)",
+            });
+        }
+        let opts = PrefillOptions {
+            layout: TensorLayout::Bhnd,
+            ..*opts
+        };
+        let st = opts.storage;
+        let plan = Self {
+            ctx: ctx.clone(),
+            shape,
+            opts,
+            path: ctx.kernel_path(),
+            order: ctx.leaf_order(),
+            binding: ctx.max_binding_bytes(),
+            q: ctx.alloc("plan q", shape.q_elems(), st, POISON_F32)?,
+            k: ctx.alloc("plan k", shape.kv_elems(), st, POISON_F32)?,
+            v: ctx.alloc("plan v", shape.kv_elems(), st, POISON_F32)?,
+            arena: Default::default(),
+        };
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        ctx.scope_now("prefill plan", || plan.record(&mut enc, None).map(|_| ()))?;
+        drop(enc);
+        Ok(plan)
+    }
+
+    /// The planned shape.
+    pub fn shape(&self) -> &AttentionShape {
+        &self.shape
+    }
+    /// The planned options (`layout` is BHND: the plan's own staging).
+    pub fn options(&self) -> &PrefillOptions {
+        &self.opts
+    }
+
+    /// Records the prefill into `enc`: gathers `q` (`[B, Hq, N, D]`), `k`, `v`
+    /// (`[B, Hkv, N, D]`) from the caller's views (any strides, f32/f16/bf16), runs the
+    /// planned prefill and writes `outputs`. Stage times go to `prof` ("gather", the prefill's
+    /// stages, "outputs"). Nothing is submitted.
+    ///
+    /// Errors: [`GpuError::View`] for a view of the wrong shape or an output the plan cannot
+    /// write; [`GpuError::Unsupported`] when the context's kernel path, leaf order or binding
+    /// limit changed since the plan was made (make a new plan); [`GpuError::Validation`] for a
+    /// buffer of another device. Nothing is recorded on error except when wgpu itself reports
+    /// one while recording.
+    pub fn run(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        outputs: &PrefillOutputs<'_>,
+        mut prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let ctx = &self.ctx;
+        if ctx.kernel_path() != self.path
+            || ctx.leaf_order() != self.order
+            || ctx.max_binding_bytes() != self.binding
+        {
+            return Err(GpuError::Unsupported(
+                "the context's kernel path, leaf order or binding limit changed since this prefill was planned: make a new plan".into(),
+            ));
+        }
+        let s = &self.shape;
+        let (b, hq, hkv, n, d, kk) = (
+            s.batch,
+            s.q_heads,
+            s.kv_heads,
+            s.q_len,
+            s.head_dim,
+            self.opts.cfg.top_k,
+        );
+        check_shape("q", q, [b, hq, n, d])?;
+        check_shape("k", k, [b, hkv, n, d])?;
+        check_shape("v", v, [b, hkv, n, d])?;
+        check_shape("output", outputs.out, [b, hq, n, d])?;
+        check_shape("lse", outputs.lse, [b, hq, n, 1])?;
+        if outputs.lse.dtype() != DType::F32 {
+            return Err(GpuError::View(format!(
+                "lse: must be f32, is {:?}",
+                outputs.lse.dtype()
+            )));
+        }
+        if let Some(sel) = outputs.selection {
+            check_shape("selection", sel, [b, hkv, n, kk])?;
+            if sel.dtype() != DType::I32 || copy_range(sel, [b, hkv, n, kk]).is_none() {
+                return Err(GpuError::View(
+                    "selection: must be i32, contiguous [B, Hkv, N, K] at a 4-byte offset".into(),
+                ));
+            }
+        }
+        ctx.scope_now("prefill", || {
+            // The gathers and scatters bind the caller's views: their small parameter buffers
+            // and bind groups are made per run (a constant few, whatever N); the prefill
+            // itself replays the plan's arena.
+            let st = self.opts.storage;
+            for (view, dst) in [(q, &self.q), (k, &self.k), (v, &self.v)] {
+                record_gather(ctx, enc, view, &dst.buffer, st)?;
+            }
+            let (o, lse, sel) = self.record(enc, prof.as_deref_mut())?;
+            write_out(ctx, enc, &o.buffer, st, outputs.out)?;
+            write_out(ctx, enc, &lse.buffer, Storage::F32, outputs.lse)?;
+            if let Some(view) = outputs.selection {
+                let (off, bytes) = copy_range(view, view.shape()).expect("checked above");
+                enc.copy_buffer_to_buffer(&sel.buffer, 0, view.buffer(), off, bytes);
+            }
+            Ok(())
+        })
+    }
+
+    /// The prefill itself, inside the plan's arena (recording the first time).
+    fn record(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        prof: Option<&mut Profiler>,
+    ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
+        let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
+        with_arena(self.ctx.id(), &mut arena, || {
+            record_prefill(
+                &self.ctx,
+                enc,
+                &self.q,
+                &self.k,
+                &self.v,
+                &self.shape,
+                &self.opts,
+                prof,
+            )
+        })
+    }
+}
+
+fn check_shape(what: &str, view: &TensorView, shape: [usize; 4]) -> Result<()> {
+    if view.shape() != shape {
+        return Err(GpuError::View(format!(
+            "{what}: expected shape {shape:?}, got {:?}",
+            view.shape()
+        )));
+    }
+    Ok(())
+}
+
+/// `(byte offset, bytes)` of a view a buffer copy can write: contiguous BHND at a 4-byte
+/// offset and a whole number of 4-byte words.
+fn copy_range(view: &TensorView, shape: [usize; 4]) -> Option<(u64, u64)> {
+    let bytes = view.elems() as u64 * view.dtype().bytes();
+    let bhnd = (0..4).all(|i| {
+        shape[i] == 1 || view.strides()[i] == contiguous_strides(shape, TensorLayout::Bhnd)[i]
+    });
+    (bhnd && view.offset() % 4 == 0 && bytes % 4 == 0).then_some((view.offset(), bytes))
+}
+
+/// Writes the plan's contiguous BHND `src` of `storage` into the caller's `dst`: a buffer
+/// copy when `dst` is contiguous BHND of the same dtype at a 4-byte offset, else a scatter.
+fn write_out(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    src: &wgpu::Buffer,
+    storage: Storage,
+    dst: &TensorView,
+) -> Result<()> {
+    match copy_range(dst, dst.shape()) {
+        Some((off, bytes)) if dst.dtype() == DType::from(storage) => {
+            enc.copy_buffer_to_buffer(src, 0, dst.buffer(), off, bytes);
+            Ok(())
+        }
+        _ => record_scatter(ctx, enc, src, storage, dst),
+    }
+}
