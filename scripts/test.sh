@@ -12,4 +12,8 @@ else
   echo "rustfmt not installed: formatting not checked"
 fi
 cargo build -p pisa-core --no-default-features --locked
+# The library builds for the browser (wasm32, WebGPU): no blocking call is reachable there
+# (runtime/block.rs refuses them).
+rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
+cargo check --target wasm32-unknown-unknown -p pisa-wgpu --locked
 cargo test --workspace --locked
