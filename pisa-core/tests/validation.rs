@@ -1,4 +1,4 @@
-//! Library input validation (issue 7): every validating constructor of `pisa-core` returns a
+//! Library input validation: every validating constructor of `pisa-core` returns a
 //! typed [`PisaError`] naming the bad value, and its `Display` names the accepted range.
 //! Inputs at the edges of `usize` must give an error, never a panic or a wrapped size.
 

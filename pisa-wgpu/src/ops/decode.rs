@@ -15,7 +15,7 @@
 //! Fused step (`decode_fused.wgsl`): ONE dispatch, one workgroup of up to 1024 invocations per
 //! (sequence, KV head), where the split step pays a dependent dispatch per stage (about 1.7 us
 //! each inside one pass on an H200; its `merge`, little work, still measured 17-26 us in
-//! knock-outs: docs/benchmarks.md, session 5). The workgroup routes (as `route`), computes the
+//! knock-outs: docs/benchmarks.md, A.5). The workgroup routes (as `route`), computes the
 //! exact block state (m, l) per head of every slot (candidates and forced: g(K+1) + K at most)
 //! in passes of whole blocks (LK = 4 invocations per key row, two barriers a pass), cuts the
 //! top K (as `merge`), then attends the K selected blocks only, their keys read again (from
@@ -57,7 +57,7 @@
 //!    (FlashDecoding: M = max m, L = sum l e^(m-M), O = sum O e^(m-M) / L) into O and LSE,
 //!    the weights e^(m-M) / L computed once per (head, block) for K <= 32.
 //!
-//! What the H200 showed about these small kernels (docs/benchmarks.md, session 6): their time
+//! What the H200 showed about these small kernels (docs/benchmarks.md, A.6): their time
 //! goes to each invocation's chain of dependent instructions, not to bandwidth. Runtime u32
 //! divisions in the route (2.8 us of 38 at 1M), a serial 34-step rank loop in the cut (3.2 us),
 //! and extra loads per invocation (each vec4 row load per invocation about 0.6 us a route
@@ -70,7 +70,7 @@
 //! past two bindings) in one pass, their dispatches interleaved by stage, so they run as one
 //! chain of three dispatches rather than one chain per cache; even so they wait on each other's
 //! barriers (two caches of 4 heads cost 15 us more per step than one of 8 at 1M on the H200:
-//! docs/benchmarks.md, session 5).
+//! docs/benchmarks.md, A.5).
 //!
 //! Scratch between the dispatches: `cands` (u32 `[B*Hkv, NS]`) and the block states (f32
 //! `[B*Hkv, NS, g_q, D+2]`), allocated with the cache.
