@@ -5,6 +5,7 @@ pub mod backward;
 pub mod bsa;
 pub mod decode;
 pub mod fill;
+pub mod gather;
 pub mod leaf_select;
 pub mod oracle;
 pub mod prefill;
@@ -52,6 +53,7 @@ pub fn all_shaders() -> Vec<ShaderSource> {
         backward::SHADER,
         backward::index::SHADER,
         fill::SHADER,
+        gather::SHADER,
         pyramid::SHADER,
         route::SHADER,
         leaf_select::SHADER,
