@@ -1,31 +1,31 @@
 // The KV cache's lengths on the GPU (PISA.md section 5, decode): `lens` [B] u32 is the number
-// of tokens each sequence holds, read by every step kernel; `active` [B] u32 (0 or 1) says which
+// of tokens each sequence holds, read by every step kernel; `append_mask` [B] u32 (0 or 1) says which
 // sequences append a token. An append is recorded as three dispatches of one pass:
-// `positions` (pos[b] = lens[b] for an active sequence, 0xffffffff otherwise: where its new key
-// goes), the append itself (`decode_append.wgsl`), then `advance` (lens[b] += active[b]). So a
+// `positions` (pos[b] = lens[b] for an appending sequence, 0xffffffff otherwise: where its new key
+// goes), the append itself (`decode_append.wgsl`), then `advance` (lens[b] += append_mask[b]). So a
 // recorded append-and-step needs no host write: several of them recorded into one submission
 // see each other's lengths in order.
 //
 // One workgroup of WG invocations, each owning sequences b = lid, lid + WG, ...; B is the
-// length of `active`.
+// length of `append_mask`.
 
 const WG: u32 = 64u;
 
-@group(0) @binding(0) var<storage, read> active: array<u32>;
+@group(0) @binding(0) var<storage, read> append_mask: array<u32>;
 @group(0) @binding(1) var<storage, read> lens_in: array<u32>;
 @group(0) @binding(2) var<storage, read_write> pos: array<u32>;
 @group(0) @binding(3) var<storage, read_write> lens_out: array<u32>;
 
 @compute @workgroup_size(WG)
 fn positions(@builtin(local_invocation_index) lid: u32) {
-    for (var b = lid; b < arrayLength(&active); b += WG) {
-        pos[b] = select(0xffffffffu, lens_in[b], active[b] != 0u);
+    for (var b = lid; b < arrayLength(&append_mask); b += WG) {
+        pos[b] = select(0xffffffffu, lens_in[b], append_mask[b] != 0u);
     }
 }
 
 @compute @workgroup_size(WG)
 fn advance(@builtin(local_invocation_index) lid: u32) {
-    for (var b = lid; b < arrayLength(&active); b += WG) {
-        lens_out[b] += active[b];
+    for (var b = lid; b < arrayLength(&append_mask); b += WG) {
+        lens_out[b] += append_mask[b];
     }
 }

@@ -300,9 +300,6 @@ fn app_owned_device_varlen_prefill_and_decode() {
 }
 
 #[test]
-#[ignore = "record_append_view fails: shaders/decode_lens.wgsl line 14 names a binding `active`, \
-            a reserved WGSL keyword, so the append's pipeline does not build \
-            (GpuError::Validation in \"decode append\")"]
 fn app_owned_decode_loop_with_appends() {
     let app = App::new();
     let seed = seed("embedding decode");

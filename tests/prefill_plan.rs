@@ -1,0 +1,221 @@
+//! `PrefillPlan`: plan once, run into the caller's encoder over the caller's views. Each run is
+//! compared with `prefill_host` on the same data (itself checked against the CPU reference in
+//! `prefill.rs`): the plan runs the same kernels on the same (gathered) BHND data, so O, LSE
+//! and the selection must be bitwise equal. Inputs are BNHD views at a byte offset that is not a
+//! multiple of 256 inside larger buffers; outputs are poisoned first; runs are replays of the
+//! plan's arena, two "layers" (two sets of views) are recorded into ONE submission, and a
+//! strided output (LSE `[N, Hq]`-major) goes through the scatter.
+mod common;
+
+use common::*;
+use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions, PrefillOutputs, PrefillPlan};
+use pisa_wgpu::{wgpu, Context, DType, GpuError, TensorView};
+
+/// A buffer holding `data` (f32) after `pad` bytes of 0x5A.
+fn buffer_with(ctx: &Context, pad: usize, data: &[f32]) -> wgpu::Buffer {
+    let mut bytes = vec![0x5Au8; pad];
+    bytes.extend_from_slice(bytemuck::cast_slice(data));
+    bytes.resize(bytes.len().div_ceil(4) * 4, 0);
+    let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app"),
+        size: bytes.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    ctx.queue().write_buffer(&b, 0, &bytes);
+    b
+}
+
+fn read_f32(ctx: &Context, b: &wgpu::Buffer, pad: usize, n: usize) -> Vec<f32> {
+    let bytes = ctx.read_bytes(b).unwrap();
+    bytemuck::cast_slice::<u8, f32>(&bytes[pad..pad + 4 * n]).to_vec()
+}
+
+/// BHND `[B, H, N, D]` data re-laid as BNHD.
+fn to_bnhd(x: &[f32], b: usize, h: usize, n: usize, d: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            for t in 0..n {
+                let s = ((bi * h + hi) * n + t) * d;
+                let o = ((bi * n + t) * h + hi) * d;
+                out[o..o + d].copy_from_slice(&x[s..s + d]);
+            }
+        }
+    }
+    out
+}
+
+struct Layer {
+    q: TensorView,
+    k: TensorView,
+    v: TensorView,
+    o: wgpu::Buffer,
+    lse: wgpu::Buffer,
+    sel: wgpu::Buffer,
+    host: pisa_wgpu::ops::prefill::PrefillOutput,
+}
+
+const PAD: usize = 52; // not a multiple of 256 (nor of 16)
+
+fn layer(ctx: &Context, s: &AttentionShape, opts: &PrefillOptions, seed: u64) -> Layer {
+    let mut r = rng(seed);
+    let q = random(&mut r, s.q_elems(), 1.0);
+    let k = random(&mut r, s.kv_elems(), 1.0);
+    let v = random(&mut r, s.kv_elems(), 1.0);
+    let host = prefill_host(ctx, &q, &k, &v, s, opts).unwrap();
+    let (b, hq, hkv, n, d) = (s.batch, s.q_heads, s.kv_heads, s.q_len, s.head_dim);
+    let view = |data: &[f32], h: usize| {
+        let buf = buffer_with(ctx, PAD, &to_bnhd(data, b, h, n, d));
+        TensorView::contiguous(
+            &buf,
+            PAD as u64,
+            DType::F32,
+            [b, h, n, d],
+            TensorLayout::Bnhd,
+        )
+        .unwrap()
+    };
+    let poison = |n: usize| buffer_with(ctx, PAD, &vec![f32::from_bits(0xFFFF_FFFF); n]);
+    Layer {
+        q: view(&q, hq),
+        k: view(&k, hkv),
+        v: view(&v, hkv),
+        o: poison(s.q_elems()),
+        lse: poison(s.lse_elems()),
+        sel: poison(b * hkv * n * opts.cfg.top_k),
+        host,
+    }
+}
+
+fn outputs(l: &Layer, s: &AttentionShape, top_k: usize) -> [TensorView; 3] {
+    let (b, hq, hkv, n, d) = (s.batch, s.q_heads, s.kv_heads, s.q_len, s.head_dim);
+    let p = PAD as u64;
+    [
+        TensorView::contiguous(&l.o, p, DType::F32, [b, hq, n, d], TensorLayout::Bhnd).unwrap(),
+        // LSE stored [B, N, Hq]: strided, written by the scatter.
+        TensorView::new(&l.lse, p, DType::F32, [b, hq, n, 1], [n * hq, 1, hq, 1]).unwrap(),
+        // The selection must be contiguous at a 4-byte offset.
+        TensorView::contiguous(
+            &l.sel,
+            p,
+            DType::I32,
+            [b, hkv, n, top_k],
+            TensorLayout::Bhnd,
+        )
+        .unwrap(),
+    ]
+}
+
+#[test]
+fn plan_runs_equal_prefill_host_across_replays_and_layers() {
+    let ctx = ctx();
+    let s = AttentionShape::prefill(2, 6, 2, 203, 32).unwrap(); // GQA group 3, N not a multiple of C
+    let opts = PrefillOptions {
+        cfg: SelectionConfig::new(32, 3).unwrap(),
+        return_selection: true,
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(ctx, &s, &opts).unwrap();
+    let base = seed("plan_runs_equal_prefill_host");
+    // Run 1 alone; then runs 2 and 3 (two layers) recorded into one submission.
+    for round in [vec![0u64], vec![1, 2]] {
+        let layers: Vec<Layer> = round
+            .iter()
+            .map(|i| layer(ctx, &s, &opts, base + i))
+            .collect();
+        let outs: Vec<[TensorView; 3]> = layers.iter().map(|l| outputs(l, &s, 3)).collect();
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        for (l, [o, lse, sel]) in layers.iter().zip(&outs) {
+            let po = PrefillOutputs {
+                out: o,
+                lse,
+                selection: Some(sel),
+            };
+            plan.run(&mut enc, &l.q, &l.k, &l.v, &po, None).unwrap();
+        }
+        ctx.queue().submit([enc.finish()]);
+        for l in &layers {
+            let o = read_f32(ctx, &l.o, PAD, s.q_elems());
+            assert_eq!(o, l.host.out, "O differs from prefill_host");
+            let lse = read_f32(ctx, &l.lse, PAD, s.lse_elems());
+            let (hq, n) = (s.q_heads, s.q_len);
+            for bi in 0..s.batch {
+                for h in 0..hq {
+                    for t in 0..n {
+                        let got = lse[(bi * n + t) * hq + h];
+                        let want = l.host.lse[(bi * hq + h) * n + t];
+                        assert_eq!(got.to_bits(), want.to_bits(), "LSE at b{bi} h{h} t{t}");
+                    }
+                }
+            }
+            let sel = ctx.read_bytes(&l.sel).unwrap();
+            let sel: &[i32] =
+                bytemuck::cast_slice(&sel[PAD..PAD + 4 * l.host.selection.as_ref().unwrap().len()]);
+            assert_eq!(sel, l.host.selection.as_ref().unwrap().as_slice());
+            // The padding before the views is untouched.
+            let head = ctx.read_bytes(&l.o).unwrap();
+            assert!(head[..PAD].iter().all(|&x| x == 0x5A));
+        }
+    }
+}
+
+#[test]
+fn plan_refuses_views_it_cannot_use() {
+    let ctx = ctx();
+    let s = AttentionShape::prefill(1, 2, 1, 70, 16).unwrap();
+    let opts = PrefillOptions {
+        cfg: SelectionConfig::new(16, 2).unwrap(),
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(ctx, &s, &opts).unwrap();
+    let l = layer(ctx, &s, &opts, seed("plan_refuses"));
+    let [o, lse, _] = outputs(&l, &s, 2);
+    let po = PrefillOutputs {
+        out: &o,
+        lse: &lse,
+        selection: None,
+    };
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    // q given where k is expected: wrong shape.
+    let e = plan.run(&mut enc, &l.q, &l.q, &l.v, &po, None).unwrap_err();
+    assert!(matches!(e, GpuError::View(_)), "{e}");
+    // LSE must be f32.
+    let bad = TensorView::new(&l.lse, 0, DType::I32, [1, 2, 70, 1], [140, 70, 1, 1]).unwrap();
+    let po2 = PrefillOutputs { lse: &bad, ..po };
+    let e = plan
+        .run(&mut enc, &l.q, &l.k, &l.v, &po2, None)
+        .unwrap_err();
+    assert!(matches!(e, GpuError::View(_)), "{e}");
+    // A buffer without STORAGE usage cannot make a view.
+    let staging = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 4096,
+        usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
+        mapped_at_creation: false,
+    });
+    let e = TensorView::contiguous(&staging, 0, DType::F32, [1, 2, 8, 16], TensorLayout::Bhnd)
+        .unwrap_err();
+    assert!(matches!(e, GpuError::View(_)), "{e}");
+    // A view past the end of its buffer.
+    let e = TensorView::contiguous(
+        &l.o,
+        PAD as u64 + 4,
+        DType::F32,
+        [1, 2, 70, 16],
+        TensorLayout::Bhnd,
+    )
+    .unwrap_err();
+    assert!(matches!(e, GpuError::View(_)), "{e}");
+    // The binding limit changed since planning: a new plan is needed.
+    let own = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+    let plan2 = PrefillPlan::new(&own, &s, &opts).unwrap();
+    own.set_max_binding_bytes(1 << 20);
+    let e = plan2
+        .run(&mut enc, &l.q, &l.k, &l.v, &po, None)
+        .unwrap_err();
+    assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
+}
