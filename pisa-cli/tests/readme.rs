@@ -24,23 +24,55 @@ fn blocks(text: &str, lang: &str) -> Vec<String> {
     out
 }
 
-/// The README's library example (compiled, not run: its shape is a real model's, too slow for
-/// lavapipe; `cli_forward.rs` runs `prefill_host` through `pisa forward`).
-#[allow(dead_code)]
+/// The README's library example (compiled, not run: it needs the app's device and buffers;
+/// `pisa-wgpu/tests/embedding.rs` runs the same flow).
+#[allow(dead_code, unused_variables, clippy::too_many_arguments)]
 #[rustfmt::skip]
-fn readme_library_example() -> anyhow::Result<()> {
-    let (q, k, v) = (vec![0f32; 32 * 4096 * 128], vec![0f32; 8 * 4096 * 128], vec![0f32; 8 * 4096 * 128]);
+fn readme_library_example(
+    adapter: pisa_wgpu::wgpu::Adapter,
+    device: pisa_wgpu::wgpu::Device,
+    queue: pisa_wgpu::wgpu::Queue,
+    qkv: pisa_wgpu::wgpu::Buffer,
+    o: pisa_wgpu::TensorView,
+    lse: pisa_wgpu::TensorView,
+    k_rows: pisa_wgpu::TensorView,
+    v_rows: pisa_wgpu::TensorView,
+    q_row: pisa_wgpu::TensorView,
+    o_row: pisa_wgpu::TensorView,
+    lse_row: pisa_wgpu::TensorView,
+) -> anyhow::Result<()> {
+    let (hq, hkv, d, t, batch, capacity) = (32usize, 8usize, 128usize, 4096usize, 1usize, 8192usize);
+    let mut encoder = device.create_command_encoder(&Default::default());
     // ---- README.md "Library use", verbatim ----
-use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
-use pisa_wgpu::{AdapterChoice, Context, Storage};
-use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions};
+use pisa_core::{AttentionShape, SelectionConfig};
+use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
+use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutputs, PrefillPlan};
+use pisa_wgpu::{Context, DType, Storage, TensorView};
 
-let ctx = Context::new(&AdapterChoice::HighPerformance)?;      // errors clearly when no adapter
-let shape = AttentionShape::prefill(1, 32, 8, 4096, 128)?;       // B, Hq, Hkv, N, D (GQA group 4)
-let cfg = SelectionConfig::new(64, 16)?;                          // C = 64, top_k = 16, causal, lse
-let opts = PrefillOptions { cfg, layout: TensorLayout::Bhnd, storage: Storage::F16, q_tile: 4, return_selection: true };
-let out = prefill_host(&ctx, &q, &k, &v, &shape, &opts)?;         // q: [B,Hq,N,D] f32, k/v: [B,Hkv,N,D]
-println!("O {} values, LSE {}, GPU {:.3} ms", out.out.len(), out.lse.len(), out.times.total());
+// The app's device (open it with pisa_wgpu::wanted_features(&adapter) and adapter.limits()).
+// pisa never replaces its callbacks; pisa's errors come back as Results (error scopes).
+let ctx = Context::from_device(&adapter, device.clone(), queue.clone())?;
+
+// Views of the app's buffers: byte offset, [B, H, N, D], strides, dtype (f32, f16, bf16).
+// A packed QKV projection [T, (Hq + 2 Hkv) * D] is read as it is:
+let row = (hq + 2 * hkv) * d;
+let q = TensorView::new(&qkv, 0, DType::F32, [1, hq, t, d], [t * row, d, row, 1])?;
+let k = TensorView::new(&qkv, (hq * d * 4) as u64, DType::F32, [1, hkv, t, d], [t * row, d, row, 1])?;
+let v = TensorView::new(&qkv, ((hq + hkv) * d * 4) as u64, DType::F32, [1, hkv, t, d], [t * row, d, row, 1])?;
+
+// Prefill: plan once per shape (pipelines, scratch, parameters, bind groups), run every call.
+let shape = AttentionShape::prefill(1, hq, hkv, t, d)?;
+let opts = PrefillOptions { cfg: SelectionConfig::new(64, 16)?, storage: Storage::F32, ..Default::default() };
+let plan = PrefillPlan::new(&ctx, &shape, &opts)?;
+plan.run(&mut encoder, &q, &k, &v, &PrefillOutputs { out: &o, lse: &lse, selection: None }, None)?;
+// Varlen: one sequence of a packed batch is view.tokens(cu_seqlens[i], len_i).
+
+// Decode: a cache owns a clone of the context (an engine struct can own both).
+let mut cache = KvCache::new(&ctx, batch, capacity, hq, hkv, d, opts.cfg, Storage::F32)?;
+cache.prefill_view(0, &k, &v)?;                          // load a prefill's K/V (GPU copy)
+cache.record_append_view(&mut encoder, &k_rows, &v_rows, &[true; 1], None)?;
+cache.record_step_into(&mut encoder, &q_row, Some(&StepOutputs { out: &o_row, lse: &lse_row, selection: None }), None)?;
+queue.submit([encoder.finish()]);
     // ---- end ----
     Ok(())
 }
