@@ -1,15 +1,17 @@
 //! Host CPU time to record work, the cost an inference loop pays per layer on the CPU whatever
 //! the GPU does: a decode step (append + step of a batch into the caller's encoder, buffers of
-//! the caller's) at several cache capacities. The recorded commands are not submitted: this
-//! measures the host side only (`pisa bench` measures the GPU side).
+//! the caller's) at several cache capacities, and a planned prefill's run at several sequence
+//! lengths. The recorded commands are not submitted: this measures the host side only
+//! (`pisa bench` measures the GPU side).
 //!
 //! `cargo bench -p pisa-wgpu --bench host`. Results: docs/benchmarks.md, "Host time to record".
 
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use pisa_core::{SelectionConfig, TensorLayout};
+use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
+use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutputs, PrefillPlan};
 use pisa_wgpu::{wgpu, AdapterChoice, Context, DType, Storage, TensorView};
 
 const B: usize = 3;
@@ -92,5 +94,56 @@ fn decode_record(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(host, decode_record);
+fn prefill_record(c: &mut Criterion) {
+    let Ok(ctx) = Context::new(&AdapterChoice::HighPerformance) else {
+        eprintln!("no adapter: host-time benches skipped");
+        return;
+    };
+    let opts = PrefillOptions {
+        cfg: SelectionConfig::new(64, 8).expect("config"),
+        ..Default::default()
+    };
+    let mut group = c.benchmark_group("prefill_record_run");
+    for n in [1024usize, 4096, 16384] {
+        let shape = AttentionShape::prefill(1, HQ, HKV, n, D).expect("shape");
+        let plan = PrefillPlan::new(&ctx, &shape, &opts).expect("plan");
+        let (q, o) = (buffer(&ctx, HQ * n * D * 4), buffer(&ctx, HQ * n * D * 4));
+        let (k, v) = (buffer(&ctx, HKV * n * D * 4), buffer(&ctx, HKV * n * D * 4));
+        let lse = buffer(&ctx, HQ * n * 4);
+        let (qs, kvs) = ([1, HQ, n, D], [1, HKV, n, D]);
+        let (qv, kv, vv) = (
+            view(&q, DType::F32, qs),
+            view(&k, DType::F32, kvs),
+            view(&v, DType::F32, kvs),
+        );
+        let (ov, lv) = (
+            view(&o, DType::F32, qs),
+            view(&lse, DType::F32, [1, HQ, n, 1]),
+        );
+        let outs = PrefillOutputs {
+            out: &ov,
+            lse: &lv,
+            selection: None,
+        };
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |bch, _| {
+            bch.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for i in 0..iters {
+                    let mut enc = ctx.device().create_command_encoder(&Default::default());
+                    let t0 = Instant::now();
+                    plan.run(&mut enc, &qv, &kv, &vv, &outs, None).expect("run");
+                    total += t0.elapsed();
+                    drop(enc);
+                    if i % 64 == 63 {
+                        let _ = ctx.device().poll(wgpu::PollType::Poll);
+                    }
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(host, decode_record, prefill_record);
 criterion_main!(host);

@@ -137,7 +137,12 @@ fn plan_runs_equal_prefill_host_across_replays_and_layers() {
             };
             plan.run(&mut enc, &l.q, &l.k, &l.v, &po, None).unwrap();
         }
-        ctx.queue().submit([enc.finish()]);
+        // Any wgpu error of the recorded work fails the test with its message.
+        ctx.scoped("test submit", || {
+            ctx.queue().submit([enc.finish()]);
+            Ok(())
+        })
+        .unwrap();
         for l in &layers {
             let o = read_f32(ctx, &l.o, PAD, s.q_elems());
             assert_eq!(o, l.host.out, "O differs from prefill_host");
@@ -218,4 +223,31 @@ fn plan_refuses_views_it_cannot_use() {
         .run(&mut enc, &l.q, &l.k, &l.v, &po, None)
         .unwrap_err();
     assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
+}
+
+#[test]
+fn read_async_returns_a_views_bytes_without_blocking_the_caller() {
+    let ctx = ctx();
+    let data: Vec<f32> = random(&mut rng(seed("read_async")), 3 * 5 * 7 * 8, 1.0);
+    let buf = buffer_with(ctx, 256, &data);
+    let view =
+        TensorView::contiguous(&buf, 256, DType::F32, [3, 5, 7, 8], TensorLayout::Bhnd).unwrap();
+    let fut = ctx.read_async(&view);
+    // The application drives the device (here a thread); the future resolves by itself.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (d2, dev) = (done.clone(), ctx.device().clone());
+    let poller = std::thread::spawn(move || {
+        while !d2.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = dev.poll(wgpu::PollType::Poll);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
+    let bytes = pollster::block_on(fut).unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    poller.join().unwrap();
+    assert_eq!(bytemuck::cast_slice::<u8, f32>(&bytes), data.as_slice());
+    // A strided view is refused with a typed error.
+    let strided = TensorView::new(&buf, 256, DType::F32, [1, 5, 7, 4], [280, 56, 8, 2]).unwrap();
+    let e = pollster::block_on(ctx.read_async(&strided)).unwrap_err();
+    assert!(matches!(e, GpuError::View(_)), "{e}");
 }

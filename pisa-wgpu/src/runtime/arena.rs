@@ -40,7 +40,8 @@ struct Slot {
     alts: Vec<(Option<Vec<u8>>, wgpu::Buffer)>,
 }
 
-type GroupKey = Vec<(u32, wgpu::Buffer, u64)>;
+/// A bind group's pipeline (auto layouts are per pipeline) and bindings.
+type GroupKey = (wgpu::ComputePipeline, Vec<(u32, wgpu::Buffer, u64)>);
 
 /// The buffers and bind groups of one plan's recorded run.
 #[derive(Default, Debug)]
@@ -200,6 +201,7 @@ pub(crate) fn insert_buffer(
 /// arena).
 pub(crate) fn lookup_group(
     ctx: usize,
+    pipeline: &wgpu::ComputePipeline,
     bindings: &[(u32, &wgpu::Buffer, u64)],
 ) -> Option<wgpu::BindGroup> {
     with_active(ctx, |a| {
@@ -210,8 +212,9 @@ pub(crate) fn lookup_group(
             a.diverged = Some("more bind groups than recorded".into());
             return None;
         };
-        let same = |key: &GroupKey| {
-            key.len() == bindings.len()
+        let same = |(p, key): &GroupKey| {
+            p == pipeline
+                && key.len() == bindings.len()
                 && key
                     .iter()
                     .zip(bindings)
@@ -227,14 +230,18 @@ pub(crate) fn lookup_group(
 /// Keeps a bind group made after [`lookup_group`] found none.
 pub(crate) fn insert_group(
     ctx: usize,
+    pipeline: &wgpu::ComputePipeline,
     bindings: &[(u32, &wgpu::Buffer, u64)],
     group: &wgpu::BindGroup,
 ) {
     with_active(ctx, |a| {
-        let key: GroupKey = bindings
-            .iter()
-            .map(|&(i, b, o)| (i, b.clone(), o))
-            .collect();
+        let key: GroupKey = (
+            pipeline.clone(),
+            bindings
+                .iter()
+                .map(|&(i, b, o)| (i, b.clone(), o))
+                .collect(),
+        );
         if !a.replay {
             a.groups.push(vec![(key, group.clone())]);
         } else if a.diverged.is_none() {

@@ -216,12 +216,17 @@ impl PipelineCache {
             self.checks,
             t0.elapsed().as_secs_f64() * 1e3
         );
+        // Two threads may build the same pipeline at once: the first one stored wins and both
+        // return it, so every caller of a key holds one pipeline (bind groups made for one
+        // pipeline's layout are kept by plans and decode caches, and would not fit another's).
         let p = Arc::new(pipeline);
-        self.map
+        Ok(self
+            .map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key, p.clone());
-        Ok(p)
+            .entry(key)
+            .or_insert(p)
+            .clone())
     }
 }
 

@@ -63,3 +63,80 @@ impl Context {
         Ok(data)
     }
 }
+
+/// The state a mapping callback shares with the future waiting on it.
+type Slot = std::sync::Arc<
+    std::sync::Mutex<(
+        Option<std::result::Result<(), String>>,
+        Option<std::task::Waker>,
+    )>,
+>;
+
+/// A future resolved by a `map_async` callback.
+struct Mapped(Slot);
+
+impl std::future::Future for Mapped {
+    type Output = std::result::Result<(), String>;
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match s.0.take() {
+            Some(r) => std::task::Poll::Ready(r),
+            None => {
+                s.1 = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+}
+
+impl Context {
+    /// Reads the bytes of a view back without blocking: records a copy of the view's byte range
+    /// (contiguous views only) into a mappable buffer, submits it, and resolves once the
+    /// mapping is done. In the browser the mapping completes by itself; on native backends the
+    /// application polls the device (`ctx.device().poll(..)`, as it does for any wgpu mapping)
+    /// or uses the blocking [`Context::read_bytes`]. Errors: [`GpuError::View`] for a view that
+    /// is not contiguous (BHND or BNHD) or not 4-byte aligned; [`GpuError::Poll`] when the
+    /// mapping fails (device lost included).
+    pub async fn read_async(&self, view: &crate::TensorView) -> Result<Vec<u8>> {
+        let bytes = view.elems() as u64 * view.dtype().bytes();
+        if !view.is_contiguous() || view.offset() % 4 != 0 || bytes % 4 != 0 {
+            return Err(GpuError::View(format!(
+                "read_async reads contiguous views of whole 4-byte words at a 4-byte offset (offset {}, {} bytes, strides {:?})",
+                view.offset(),
+                bytes,
+                view.strides()
+            )));
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(view.buffer(), view.offset(), &staging, 0, bytes);
+        self.queue.submit([enc.finish()]);
+        let slot: Slot = Default::default();
+        let s2 = slot.clone();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
+            s.0 = Some(r.map_err(|e| e.to_string()));
+            if let Some(w) = s.1.take() {
+                w.wake();
+            }
+        });
+        Mapped(slot)
+            .await
+            .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?;
+        let data = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?
+            .to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+}

@@ -24,7 +24,7 @@ impl Context {
     ) -> wgpu::BindGroup {
         let key: Vec<(u32, &wgpu::Buffer, u64)> =
             bindings.iter().map(|&(i, b)| (i, b, 0)).collect();
-        if let Some(g) = arena::lookup_group(self.id(), &key) {
+        if let Some(g) = arena::lookup_group(self.id(), pipeline, &key) {
             return g;
         }
         let layout = pipeline.get_bind_group_layout(0);
@@ -40,7 +40,7 @@ impl Context {
             layout: &layout,
             entries: &entries,
         });
-        arena::insert_group(self.id(), &key, &g);
+        arena::insert_group(self.id(), pipeline, &key, &g);
         g
     }
 
