@@ -26,25 +26,21 @@ impl Context {
         Ok(bytemuck::cast_slice::<u8, i32>(&bytes)[..t.len].to_vec())
     }
 
-    /// Copies a buffer into a mappable one and returns its bytes. Errors:
-    /// [`GpuError::DeviceLost`] (before or during the read), [`GpuError::Poll`].
+    /// Copies a buffer into a mappable one and returns its bytes (wgpu's `DownloadBuffer`,
+    /// then a wait). Errors: [`GpuError::DeviceLost`] (before or during the read),
+    /// [`GpuError::Poll`]; [`GpuError::Unsupported`] on wasm32 (it blocks: use
+    /// [`Context::read_async`]).
     pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
         self.check_alive()?;
-        let size = buffer.size();
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-        self.queue.submit([enc.finish()]);
-        let slice = staging.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
+        wgpu::util::DownloadBuffer::read_buffer(
+            &self.device,
+            &self.queue,
+            &buffer.slice(..),
+            move |r| {
+                let _ = tx.send(r.map(|d| d.to_vec()));
+            },
+        );
         self.wait()?;
         // A map that fails because the device died meanwhile is reported as such.
         let mapped = rx
@@ -54,20 +50,14 @@ impl Context {
         if mapped.is_err() {
             self.check_alive()?;
         }
-        mapped?;
-        let data = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?
-            .to_vec();
-        staging.unmap();
-        Ok(data)
+        mapped
     }
 }
 
 /// The state a mapping callback shares with the future waiting on it.
 type Slot = std::sync::Arc<
     std::sync::Mutex<(
-        Option<std::result::Result<(), String>>,
+        Option<std::result::Result<Vec<u8>, String>>,
         Option<std::task::Waker>,
     )>,
 >;
@@ -76,7 +66,7 @@ type Slot = std::sync::Arc<
 struct Mapped(Slot);
 
 impl std::future::Future for Mapped {
-    type Output = std::result::Result<(), String>;
+    type Output = std::result::Result<Vec<u8>, String>;
     fn poll(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -110,33 +100,24 @@ impl Context {
                 view.strides()
             )));
         }
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(view.buffer(), view.offset(), &staging, 0, bytes);
-        self.queue.submit([enc.finish()]);
         let slot: Slot = Default::default();
         let s2 = slot.clone();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
-            s.0 = Some(r.map_err(|e| e.to_string()));
-            if let Some(w) = s.1.take() {
-                w.wake();
-            }
-        });
-        Mapped(slot)
+        let range = view.offset()..view.offset() + bytes;
+        wgpu::util::DownloadBuffer::read_buffer(
+            &self.device,
+            &self.queue,
+            &view.buffer().slice(range),
+            move |r| {
+                let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
+                s.0 = Some(r.map(|d| d.to_vec()).map_err(|e| e.to_string()));
+                if let Some(w) = s.1.take() {
+                    w.wake();
+                }
+            },
+        );
+        let data = Mapped(slot)
             .await
             .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?;
-        let data = staging
-            .slice(..)
-            .get_mapped_range()
-            .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?
-            .to_vec();
-        staging.unmap();
         Ok(data)
     }
 }
