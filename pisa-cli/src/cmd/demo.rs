@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::Args;
 use pisa_core::{reference, AttentionShape, SelectionConfig};
-use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions};
+use pisa_wgpu::ops::prefill::PrefillOptions;
 
 use crate::args::{DeviceArgs, LayoutArg, ScoringArg, SelectArgs, StorageArg};
 use crate::input::InputArgs;
@@ -100,7 +100,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         q_tile: 4,
         return_selection: true,
     };
-    let r = prefill_host(&ctx, &l.q, &l.k, &l.v, s, &opts)?;
+    let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, s, &opts)?;
     let sel_gpu = r.selection.clone().unwrap_or_default();
     let want = reference::select_pisa(&l.q, &l.k, s, l.layout, &cfg)?;
     let same = want

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
-use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions, PrefillOutput};
+use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutput};
 
 use crate::args::{DeviceArgs, SelectArgs};
 use crate::input::{InputArgs, Loaded};
@@ -133,7 +133,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
         q_tile: a.select.q_tile,
         return_selection: a.save_selection,
     };
-    let r = prefill_host(&ctx, &l.q, &l.k, &l.v, &l.shape, &opts)
+    let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, &l.shape, &opts)
         .map_err(|e| crate::args::top_k_note(e.into(), &cfg, l.shape.k_len))
         .with_context(|| format!("{}: prefill failed", l.source))?;
     let mut written = Vec::new();

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use pisa_core::SelectionConfig;
-use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions};
+use pisa_wgpu::ops::prefill::PrefillOptions;
 use pisa_wgpu::{Context, Storage};
 
 use super::DecodeRun;
@@ -52,7 +52,7 @@ pub fn check(
         q_tile: 4,
         return_selection: true,
     };
-    let f = prefill_host(ctx, &l.q, &l.k, &l.v, &s, &opts)?;
+    let f = crate::cmd::embed::prefill(ctx, &l.q, &l.k, &l.v, &s, &opts)?;
     let (mut o_acc, mut l_acc) = (ErrAcc::default(), ErrAcc::default());
     for b in 0..s.batch {
         for h in 0..s.q_heads {

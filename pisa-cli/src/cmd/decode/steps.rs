@@ -3,11 +3,12 @@
 
 use anyhow::{bail, Context as _, Result};
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
-use pisa_wgpu::ops::decode::KvCache;
-use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions};
-use pisa_wgpu::{Context, Profiler, Storage};
+use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
+use pisa_wgpu::ops::prefill::PrefillOptions;
+use pisa_wgpu::{Context, DType, Profiler, Storage, TensorView};
 
 use crate::args::progress;
+use crate::cmd::embed;
 use crate::input::Loaded;
 
 /// Per-token rows of a `[B, H, N, D]` tensor in `layout`: `out[b][h][..D]` of token `t`.
@@ -109,7 +110,7 @@ pub fn run_decode(
         q_tile: 4,
         return_selection: true,
     };
-    let pre = prefill_host(ctx, &q_pre, &k_pre, &v_pre, &pre_shape, &opts)
+    let pre = embed::prefill(ctx, &q_pre, &k_pre, &v_pre, &pre_shape, &opts)
         .context("prefill of the first tokens")?;
     let mut out = vec![0f32; s.q_elems()];
     let mut lse = vec![0f32; s.lse_elems()];
@@ -132,49 +133,95 @@ pub fn run_decode(
             }
         }
     }
-    // The cache: the same P tokens, then one token per step.
+    // The cache: the same P tokens, loaded from views of K and V in buffers of the CLI's.
     let mut cache = KvCache::new(ctx, b_count, n, hq, hkv, d, *cfg, storage)?;
+    let dt = embed::dtype(storage);
     for b in 0..b_count {
-        cache.prefill(
-            b,
-            &prefix(&l.k, l.layout, hkv, n, d, b, p),
-            &prefix(&l.v, l.layout, hkv, n, d, b, p),
-            l.layout,
-        )?;
+        let seq = |x: &[f32], label| {
+            let part = prefix(x, l.layout, hkv, n, d, b, p);
+            let buf = embed::buffer(ctx, label, embed::words(part.len(), dt));
+            ctx.queue()
+                .write_buffer(&buf, 0, &embed::bytes_of(&part, storage));
+            TensorView::contiguous(&buf, 0, dt, [1, hkv, p, d], l.layout)
+        };
+        cache.prefill_view(b, &seq(&l.k, "cli k prefix")?, &seq(&l.v, "cli v prefix")?)?;
     }
+    // Per step: the token's K/V rows and query written into one input buffer, the step's O,
+    // LSE and selection into one output buffer (each at an offset the device can bind),
+    // copied into one mappable buffer in the step's own submission.
+    let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
+    let slot = |bytes: u64| bytes.next_multiple_of(align.max(4));
+    let (kv_n, q_n, sel_n) = (b_count * hkv * d, b_count * hq * d, b_count * hkv * k);
+    let (kv_slot, q_bytes) = (slot(embed::words(kv_n, dt)), embed::words(q_n, dt));
+    let input = embed::buffer(ctx, "cli decode rows", 2 * kv_slot + q_bytes);
+    let o_bytes = embed::words(q_n, dt);
+    let l_bytes = embed::words(b_count * hq, DType::F32);
+    let s_bytes = embed::words(sel_n, DType::I32);
+    let (o_at, l_at, s_at) = (0, slot(o_bytes), slot(o_bytes) + slot(l_bytes));
+    let output = embed::buffer(ctx, "cli decode outputs", s_at + s_bytes);
+    let read = embed::staging(ctx, o_bytes + l_bytes + s_bytes);
+    let row = |at, heads, dtype| {
+        TensorView::contiguous(
+            &input,
+            at,
+            dtype,
+            [b_count, heads, 1, d],
+            TensorLayout::Bhnd,
+        )
+    };
+    let (kv, vv, qv) = (
+        row(0, hkv, dt)?,
+        row(kv_slot, hkv, dt)?,
+        row(2 * kv_slot, hq, dt)?,
+    );
+    let out_view =
+        |at, dtype, shape| TensorView::contiguous(&output, at, dtype, shape, TensorLayout::Bhnd);
+    let ov = out_view(o_at, dt, [b_count, hq, 1, d])?;
+    let lv = out_view(l_at, DType::F32, [b_count, hq, 1, 1])?;
+    let sv = out_view(s_at, DType::I32, [b_count, hkv, 1, k])?;
+    let outs = StepOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: Some(&sv),
+    };
     let active = vec![true; b_count];
     let (mut step_ms, mut wall_ms, mut gpu) = (Vec::new(), Vec::new(), true);
     let pb = progress((n - p) as u64, "decode");
     for t in p..n {
         let started = std::time::Instant::now();
-        let kr = ctx.upload(
-            "k row",
-            &token_rows(&l.k, l.layout, b_count, hkv, n, d, t),
-            storage,
-        )?;
-        let vr = ctx.upload(
-            "v row",
-            &token_rows(&l.v, l.layout, b_count, hkv, n, d, t),
-            storage,
-        )?;
-        let qt = ctx.upload(
-            "q row",
-            &token_rows(&l.q, l.layout, b_count, hq, n, d, t),
-            storage,
-        )?;
+        let rows = [
+            (0, token_rows(&l.k, l.layout, b_count, hkv, n, d, t)),
+            (kv_slot, token_rows(&l.v, l.layout, b_count, hkv, n, d, t)),
+            (
+                2 * kv_slot,
+                token_rows(&l.q, l.layout, b_count, hq, n, d, t),
+            ),
+        ];
+        for (at, x) in &rows {
+            ctx.queue()
+                .write_buffer(&input, *at, &embed::bytes_of(x, storage));
+        }
         let mut prof = Profiler::new(ctx, 4);
         ctx.scoped("decode step", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            cache.record_append(&mut enc, &kr, &vr, &active, Some(&mut prof))?;
-            cache.record_step(&mut enc, &qt, Some(&mut prof))?;
+            cache.record_append_view(&mut enc, &kv, &vv, &active, Some(&mut prof))?;
+            cache.record_step_into(&mut enc, &qv, Some(&outs), Some(&mut prof))?;
+            let parts = [
+                (&output, o_at, o_bytes),
+                (&output, l_at, l_bytes),
+                (&output, s_at, s_bytes),
+            ];
+            embed::copy_out(&mut enc, &parts, &read);
             ctx.queue().submit([enc.finish()]);
             Ok(())
         })?;
-        let (o_t, lse_t, sel_t) = cache.outputs();
+        let got = embed::map_read(ctx, &read, o_bytes + l_bytes + s_bytes)?;
+        let (o_t, rest) = got.split_at(o_bytes as usize);
+        let (lse_t, sel_t) = rest.split_at(l_bytes as usize);
         let (o_t, lse_t, sel_t) = (
-            ctx.read_f32(o_t)?,
-            ctx.read_f32(lse_t)?,
-            ctx.read_i32(sel_t)?,
+            embed::f32_of(o_t, storage, q_n),
+            embed::f32_of(lse_t, Storage::F32, b_count * hq),
+            embed::i32_of(sel_t, sel_n),
         );
         wall_ms.push(started.elapsed().as_secs_f64() * 1e3);
         let times = prof.finish(ctx)?;
