@@ -1,24 +1,89 @@
 //! # pisa-wgpu
 //!
-//! PISA block-sparse attention (project `docs/PISA.md`) as WGSL compute shaders through wgpu:
-//! runs on any Vulkan GPU, on Metal and DX12, and on Mesa's lavapipe CPU Vulkan driver. Every
-//! kernel is tested against the CPU reference in `pisa-core`.
+//! PISA block-sparse attention (`docs/PISA.md`) as WGSL compute shaders through wgpu: runs on
+//! any Vulkan GPU, on Metal and DX12, and on Mesa's lavapipe CPU Vulkan driver. Every kernel is
+//! tested against the CPU reference in `pisa-core`.
 //!
-//! Layout: [`runtime`] (device, pipelines, buffers, timestamps) and one module per kernel
+//! ## The API an application uses
+//!
+//! - [`Context`]: the device pisa records on: the application's own
+//!   ([`Context::from_device`], with [`wanted_features`]) or one pisa opens
+//!   ([`Context::new`], [`Context::new_async`]). A cheap clone.
+//! - [`TensorView`]: a tensor `[B, H, N, D]` in the application's `wgpu::Buffer` (byte offset,
+//!   strides, [`DType`] f32 / f16 / bf16 / i32), checked once against its buffer.
+//! - [`PrefillPlan`]: plan a prefill once per shape ([`PrefillOptions`]), then
+//!   [`PrefillPlan::run`] into the application's encoder over its views ([`PrefillOutputs`]).
+//!   A varlen batch is one plan per length over [`TensorView::tokens`] of the packed tensors.
+//! - [`KvCache`]: the decode cache; [`KvCache::record_append_view`] and
+//!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no allocation,
+//!   host write or wait; several recorded pairs are a multi-token append.
+//! - [`Context::read_async`] reads a view back without blocking.
+//! - Host conveniences for tools and tests (blocking; refused on wasm32): [`prefill_host`],
+//!   [`KvCache::append_and_step`], [`Context::read_bytes`].
+//! - Errors are [`GpuError`]s, never panics: a view the operation cannot use is
+//!   [`GpuError::View`].
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
+//! use pisa_wgpu::{wgpu, AdapterChoice, Context, DType, PrefillOptions, PrefillOutputs, PrefillPlan, TensorView};
+//!
+//! let Ok(ctx) = Context::new(&AdapterChoice::HighPerformance) else { return Ok(()) }; // no GPU
+//! let (hq, hkv, n, d) = (4, 2, 100, 32);
+//! let shape = AttentionShape::prefill(1, hq, hkv, n, d)?;
+//! let opts = PrefillOptions { cfg: SelectionConfig::new(32, 2)?, ..Default::default() };
+//! let plan = PrefillPlan::new(&ctx, &shape, &opts)?;
+//!
+//! // The application's buffers: Q, K, V, O and LSE, f32, BHND.
+//! let buffer = |elems: usize| ctx.device().create_buffer(&wgpu::BufferDescriptor {
+//!     label: None,
+//!     size: (elems * 4) as u64,
+//!     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+//!     mapped_at_creation: false,
+//! });
+//! let view = |b: &wgpu::Buffer, h: usize, dd: usize| {
+//!     TensorView::contiguous(b, 0, DType::F32, [1, h, n, dd], TensorLayout::Bhnd)
+//! };
+//! let (q, k, v) = (buffer(hq * n * d), buffer(hkv * n * d), buffer(hkv * n * d));
+//! let (o, lse) = (buffer(hq * n * d), buffer(hq * n));
+//! for (b, len) in [(&q, hq * n * d), (&k, hkv * n * d), (&v, hkv * n * d)] {
+//!     let data: Vec<f32> = (0..len).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
+//!     ctx.queue().write_buffer(b, 0, bytemuck::cast_slice(&data));
+//! }
+//! let (ov, lv) = (view(&o, hq, d)?, view(&lse, hq, 1)?);
+//! let mut enc = ctx.device().create_command_encoder(&Default::default());
+//! let outs = PrefillOutputs { out: &ov, lse: &lv, selection: None };
+//! plan.run(&mut enc, &view(&q, hq, d)?, &view(&k, hkv, d)?, &view(&v, hkv, d)?, &outs, None)?;
+//! ctx.queue().submit([enc.finish()]);
+//! let lse_bytes = ctx.read_bytes(&lse)?;
+//! assert!(bytemuck::cast_slice::<u8, f32>(&lse_bytes).iter().all(|x| x.is_finite()));
+//! # Ok(()) }
+//! ```
+//!
+//! ## Layout
+//!
+//! `runtime` (device, pipelines, buffers, plans' arenas, timestamps) and one module per kernel
 //! family under [`ops`], each beside its shader in `shaders/` and its tests in `tests/`.
 #![warn(missing_docs)]
 
 pub mod error;
 pub mod ops;
+#[doc(hidden)]
 pub mod runtime;
 
 pub use error::{GpuError, Result};
+pub use ops::decode::{DecodeOutput, KvCache, StepOutputs};
+pub use ops::prefill::{prefill_host, PrefillOptions, PrefillOutput, PrefillOutputs, PrefillPlan};
 pub use runtime::adapter::{instance, list_adapters_async};
+#[doc(hidden)]
 pub use runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
+pub use runtime::checks::ShaderChecks;
 pub use runtime::context::{
     list_adapters, wanted_features, AdapterChoice, AdapterReport, Context, KernelPath, LeafOrder,
 };
-pub use runtime::pipeline::{ShaderSource, Storage};
+#[doc(hidden)]
+pub use runtime::pipeline::ShaderSource;
+pub use runtime::pipeline::Storage;
 pub use runtime::profiler::{Profiler, StageTimes};
 pub use runtime::view::{DType, TensorView};
 pub use wgpu;

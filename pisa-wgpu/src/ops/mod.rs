@@ -1,16 +1,32 @@
 //! Operations, one module per kernel family; each names its shader file in `shaders/`.
+//!
+//! The application-facing operations are [`prefill`] ([`prefill::PrefillPlan`], and the host
+//! convenience [`prefill::prefill_host`]) and [`decode`] ([`decode::KvCache`]). The stage-level
+//! kernels (pyramid, routing, leaf selection, attention, backward, baselines, gather) are public
+//! for the project's tests, benchmarks and tools, and hidden from the documentation: their
+//! signatures follow the kernels and may change.
 
+#[doc(hidden)]
 pub mod attention;
+#[doc(hidden)]
 pub mod backward;
+#[doc(hidden)]
 pub mod bsa;
 pub mod decode;
+#[doc(hidden)]
 pub mod fill;
+#[doc(hidden)]
 pub mod gather;
+#[doc(hidden)]
 pub mod leaf_select;
+#[doc(hidden)]
 pub mod oracle;
 pub mod prefill;
+#[doc(hidden)]
 pub mod pyramid;
+#[doc(hidden)]
 pub mod route;
+#[doc(hidden)]
 pub mod select;
 
 use crate::error::{GpuError, Result};
@@ -43,6 +59,7 @@ pub fn check_finite(tensor: &'static str, data: &[f32]) -> Result<()> {
 }
 
 /// Every shader family, for the naga validation test.
+#[doc(hidden)]
 pub fn all_shaders() -> Vec<ShaderSource> {
     vec![
         attention::SHADER,

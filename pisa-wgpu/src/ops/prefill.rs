@@ -114,6 +114,7 @@ pub struct PrefillOutput {
 /// Non-finite inputs are not checked: see the [module docs](self#non-finite-inputs-nan-inf)
 /// for what they produce.
 #[allow(clippy::too_many_arguments)]
+#[doc(hidden)]
 pub fn record_prefill(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,

@@ -84,7 +84,7 @@ impl AdapterReport {
     }
 }
 
-/// The wgpu instance every context pisa opens itself ([`Context::new`]) is made on, made once
+/// The wgpu instance every context pisa opens itself ([`Context::new`](crate::Context::new)) is made on, made once
 /// per process: the backends named by `WGPU_BACKEND`, else the primary ones. wgpu's resource
 /// ids belong to an instance, so buffers of one instance cannot be used on a device of another;
 /// an application that opens its own devices on this instance (or hands its device to

@@ -75,6 +75,7 @@ impl Context {
     /// Returns a tensor's buffer to the context's pool, for the next allocation of the same
     /// byte size (kept up to [`POOL_MAX_BYTES`] in all; freed beyond). Call it when the tensor
     /// is no longer needed, e.g. after reading an output back.
+    #[doc(hidden)]
     pub fn recycle(&self, t: GpuTensor) {
         let size = t.buffer.size();
         if t.buffer.usage() != STORAGE_USAGE | wgpu::BufferUsages::COPY_DST {
@@ -88,6 +89,7 @@ impl Context {
     }
 
     /// Frees every pooled buffer.
+    #[doc(hidden)]
     pub fn clear_pool(&self) {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         pool.free.clear();
@@ -95,11 +97,13 @@ impl Context {
     }
 
     /// Bytes held by the pool of recycled buffers.
+    #[doc(hidden)]
     pub fn pooled_bytes(&self) -> u64 {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).bytes
     }
 
     /// Errors with [`GpuError::Limit`] when `bytes` exceed the storage-binding limit.
+    #[doc(hidden)]
     pub fn check_binding(&self, what: &str, bytes: u64) -> Result<()> {
         let limit = self.max_binding_bytes();
         if bytes > limit {
@@ -155,6 +159,7 @@ impl Context {
     /// Uploads `data` as a storage tensor of `storage` precision. Errors:
     /// [`GpuError::DeviceLost`], [`GpuError::Limit`] past the binding limit,
     /// [`GpuError::Unsupported`] for f16 storage without SHADER_F16.
+    #[doc(hidden)]
     pub fn upload(&self, label: &str, data: &[f32], storage: Storage) -> Result<GpuTensor> {
         self.check_alive()?;
         let bytes: Vec<u8> = match storage {
@@ -174,6 +179,7 @@ impl Context {
     }
 
     /// Uploads 4-byte integers (indices, lengths) as a storage tensor.
+    #[doc(hidden)]
     pub fn upload_u32<T: Pod>(&self, label: &str, data: &[T]) -> Result<GpuTensor> {
         self.check_alive()?;
         self.upload_bytes(
@@ -209,6 +215,7 @@ impl Context {
     /// A storage tensor of `len` elements filled with the 4-byte `poison` pattern. Errors:
     /// [`GpuError::DeviceLost`], [`PisaError::TooLarge`](pisa_core::PisaError::TooLarge) when
     /// the byte size overflows `u64`, [`GpuError::Limit`] past the binding limit.
+    #[doc(hidden)]
     pub fn alloc(
         &self,
         label: &str,
@@ -256,6 +263,7 @@ impl Context {
     /// reads is written first by an earlier kernel, where a host-filled poison upload would cost
     /// a transfer of the whole buffer per call (hundreds of MB for leaf-major attention).
     /// Outputs keep [`Context::alloc`]'s poison. Errors as [`Context::alloc`].
+    #[doc(hidden)]
     pub fn scratch(&self, label: &str, len: usize, storage: Storage) -> Result<GpuTensor> {
         let bytes = self.storage_bytes(label, len, storage)?;
         let buffer = self.buffer_with(label, bytes, &[], STORAGE_USAGE);
@@ -267,6 +275,7 @@ impl Context {
     }
 
     /// A uniform buffer holding `params`. Errors: [`GpuError::DeviceLost`].
+    #[doc(hidden)]
     pub fn uniform<T: Pod>(&self, label: &str, params: &T) -> Result<wgpu::Buffer> {
         self.check_alive()?;
         let bytes = bytemuck::bytes_of(params);

@@ -356,6 +356,7 @@ impl Context {
 
     /// Lowers the storage-binding limit the operations plan with (never raises it above the
     /// device's). Used by tests to exercise the split paths on small inputs.
+    #[doc(hidden)]
     pub fn set_max_binding_bytes(&self, bytes: u64) {
         let cap = self.limits.max_storage_buffer_binding_size;
         self.binding_limit
@@ -388,6 +389,7 @@ impl Context {
 
     /// Runs `f` (which creates resources and submits work) inside validation and out-of-memory
     /// error scopes, waits for the queue, and turns any error into a [`GpuError`] naming `op`.
+    #[doc(hidden)]
     pub fn scoped<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.check_alive()?;
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
@@ -480,6 +482,7 @@ impl Context {
     /// exactly as the library's own kernels are: the runtime checks of
     /// [`Context::shader_checks`], the `PISA_DUMP_WGSL` dump. For kernels kept outside
     /// the library (benchmarks, tests). Errors: a constant the shader does not declare.
+    #[doc(hidden)]
     pub fn pipeline(
         &self,
         shader: &super::pipeline::ShaderSource,

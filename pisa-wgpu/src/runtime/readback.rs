@@ -9,6 +9,7 @@ use crate::error::{GpuError, Result};
 
 impl Context {
     /// Reads a tensor back as f32 (f16 storage is widened).
+    #[doc(hidden)]
     pub fn read_f32(&self, t: &GpuTensor) -> Result<Vec<f32>> {
         let bytes = self.read_bytes(&t.buffer)?;
         Ok(match t.storage {
@@ -21,6 +22,7 @@ impl Context {
     }
 
     /// Reads a tensor of 4-byte integers back.
+    #[doc(hidden)]
     pub fn read_i32(&self, t: &GpuTensor) -> Result<Vec<i32>> {
         let bytes = self.read_bytes(&t.buffer)?;
         Ok(bytemuck::cast_slice::<u8, i32>(&bytes)[..t.len].to_vec())

@@ -3,7 +3,7 @@
 //!
 //! A view is checked once, at construction, against its buffer (usage, extent, alignment of its
 //! elements); what an operation can bind in place is then decided by
-//! [`TensorView::binding`]: a view that is contiguous in one of the kernels' layouts, of the
+//! `TensorView::binding_words`: a view that is contiguous in one of the kernels' layouts, of the
 //! kernels' storage type, whose byte offset is a multiple of the device's
 //! `min_storage_buffer_offset_alignment`, is bound at its offset without a copy; any other view
 //! (a packed QKV projection, bf16, an unaligned offset) is gathered on the GPU into the plan's

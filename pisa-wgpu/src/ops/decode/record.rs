@@ -66,6 +66,7 @@ impl KvCache {
     /// selection `[B, Hkv, K]` i32. An empty sequence gets zeros, LSE `-inf` and no blocks.
     /// Errors: [`pisa_core::PisaError::BufferLen`] or [`crate::GpuError::Unsupported`] for a
     /// `q` of the wrong size or precision.
+    #[doc(hidden)]
     pub fn record_step(
         &self,
         enc: &mut wgpu::CommandEncoder,
@@ -201,6 +202,7 @@ impl KvCache {
     /// Outputs are bitwise those of separate steps. Errors: those of [`Self::record_step`];
     /// [`GpuError::Unsupported`] for caches of different contexts. Nothing is recorded on
     /// error.
+    #[doc(hidden)]
     pub fn record_steps(
         enc: &mut wgpu::CommandEncoder,
         steps: &[(&KvCache, &GpuTensor)],
@@ -215,6 +217,7 @@ impl KvCache {
     /// `prof`: where a split step's GPU time goes (benchmarks; the pass boundaries add a little
     /// time against the one-pass step). Same errors; the outputs of the split step (those of
     /// the fused step within rounding).
+    #[doc(hidden)]
     pub fn record_steps_by_stage(
         enc: &mut wgpu::CommandEncoder,
         steps: &[(&KvCache, &GpuTensor)],

@@ -158,16 +158,19 @@ impl KvCache {
     }
     /// The key pyramid (means f32 `[B*Hkv, capacity nodes, D]`, second moments for `meanvar`);
     /// only the nodes of each sequence's current layout are meaningful.
+    #[doc(hidden)]
     pub fn pyramid(&self) -> &GpuPyramid {
         &self.pyr
     }
     /// Keys and values in storage precision, as shards of `[rows, capacity, D]` each: the flat
     /// (sequence, KV head) rows `b * Hkv + h` from `i * rows_per_shard` in shard i. One shard
     /// (`[B, Hkv, capacity, D]`) unless the cache exceeds one storage binding; two at most.
+    #[doc(hidden)]
     pub fn kv_shards(&self) -> (&[(GpuTensor, GpuTensor)], usize) {
         (&self.kv, self.kv_rows)
     }
     /// The step's outputs: O `[B, Hq, D]`, LSE `[B, Hq]` f32, selection `[B, Hkv, K]` i32.
+    #[doc(hidden)]
     pub fn outputs(&self) -> (&GpuTensor, &GpuTensor, &GpuTensor) {
         (&self.out, &self.lse, &self.sel)
     }

@@ -63,6 +63,7 @@ impl KvCache {
     }
 
     /// [`Self::prefill`] from tensors already on the GPU (in the cache's storage precision).
+    #[doc(hidden)]
     pub fn prefill_device(
         &mut self,
         seq: usize,
@@ -81,6 +82,7 @@ impl KvCache {
     /// before a step (a head left out keeps what it held: another length's keys, or poison).
     /// Errors: as [`Self::prefill_device`]; [`PisaError::Zero`] for no heads,
     /// [`PisaError::TooLarge`] for a head range past Hkv; nothing changes on error.
+    #[doc(hidden)]
     pub fn prefill_device_heads(
         &mut self,
         seq: usize,
@@ -208,6 +210,7 @@ impl KvCache {
     /// labelled "append" in `prof`. Lengths advance at once on the host, and on the GPU when the
     /// recorded commands run: submit `enc` before reading results. Errors: as [`Self::append`];
     /// nothing changes on error.
+    #[doc(hidden)]
     pub fn record_append(
         &mut self,
         enc: &mut wgpu::CommandEncoder,

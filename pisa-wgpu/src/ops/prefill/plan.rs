@@ -37,7 +37,7 @@ pub struct PrefillOutputs<'a> {
     pub selection: Option<&'a TensorView>,
 }
 
-/// A prefill planned for one shape and options: see the [module docs](self).
+/// A prefill planned for one shape and options: see the module docs of [`crate::ops::prefill`].
 ///
 /// ```no_run
 /// # fn f(ctx: &pisa_wgpu::Context, q: &pisa_wgpu::TensorView, k: &pisa_wgpu::TensorView,

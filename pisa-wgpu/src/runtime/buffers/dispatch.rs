@@ -125,6 +125,7 @@ impl Context {
     /// dimension exceeds the device limit; shaders rebuild the linear id from
     /// `@builtin(num_workgroups)` and skip ids past the count they are given. `timer` labels the
     /// pass for GPU timestamps.
+    #[doc(hidden)]
     pub fn dispatch(
         &self,
         enc: &mut wgpu::CommandEncoder,
