@@ -10,12 +10,13 @@ use pisa_core::{AttentionShape, TensorLayout};
 use pisa_wgpu::ops::attention::{
     attention_kernel, record_dense_attention, AttentionKind, QkvLayouts,
 };
-use pisa_wgpu::ops::decode::KvCache;
+use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
 use pisa_wgpu::ops::fill::random_tensor;
-use pisa_wgpu::{Context, GpuTensor, Profiler};
+use pisa_wgpu::{wgpu, Context, DType, GpuTensor, Profiler, TensorView};
 
 use super::burst::{burst, check_burst};
 use super::measure::Plan;
+use crate::cmd::embed;
 
 /// Default steps per burst (`--decode-burst`): as `benches/peers/torch_peers.py` (`timeit`,
 /// `inner=10`) times decode.
@@ -40,6 +41,87 @@ struct Cache {
     cache: KvCache,
     qs: [GpuTensor; 2],
     burst_qs: Vec<GpuTensor>,
+    /// [`Self::qs`] and [`Self::burst_qs`] as views `[1, Hq, 1, D]`, for `record_step_into`.
+    q_views: [TensorView; 2],
+    burst_q_views: Vec<TensorView>,
+    /// O and LSE of the steps, in a buffer of the bench's own.
+    out: TensorView,
+    lse: TensorView,
+}
+
+impl Cache {
+    /// `qs` as views `[1, heads, 1, D]` of the storage dtype, and O / LSE views of one output
+    /// buffer (each at an offset the device can bind).
+    fn new(
+        ctx: &Context,
+        p: &Plan,
+        cache: KvCache,
+        heads: usize,
+        qs: [GpuTensor; 2],
+        burst_qs: Vec<GpuTensor>,
+    ) -> Result<Self> {
+        let dt = embed::dtype(p.storage);
+        let view = |t: &GpuTensor| {
+            TensorView::contiguous(&t.buffer, 0, dt, [1, heads, 1, p.d], TensorLayout::Bhnd)
+        };
+        let q_views = [view(&qs[0])?, view(&qs[1])?];
+        let burst_q_views = burst_qs
+            .iter()
+            .map(view)
+            .collect::<pisa_wgpu::Result<_>>()?;
+        let align = (ctx.limits().min_storage_buffer_offset_alignment as u64).max(4);
+        let o_bytes = embed::words(heads * p.d, dt).next_multiple_of(align);
+        let outs = embed::buffer(ctx, "bench decode outputs", o_bytes + heads as u64 * 4);
+        let out_view =
+            |at, dtype, shape| TensorView::contiguous(&outs, at, dtype, shape, TensorLayout::Bhnd);
+        Ok(Cache {
+            out: out_view(0, dt, [1, heads, 1, p.d])?,
+            lse: out_view(o_bytes, DType::F32, [1, heads, 1, 1])?,
+            cache,
+            qs,
+            burst_qs,
+            q_views,
+            burst_q_views,
+        })
+    }
+}
+
+/// Records one PISA step of every cache in ONE compute pass labelled "decode", the query of
+/// each cache picked by `q` (an index into its queries: `Some(i)` burst query `i`, `None`
+/// isolated query `r`): one cache (the usual case) through [`KvCache::record_step_into`] on
+/// views of the bench's buffers, as an application records it; several (K/V past two
+/// bindings) through [`KvCache::record_steps`], the one call that steps several caches in one
+/// pass (it takes the caches' own query tensors and outputs; the library has no view form).
+fn record_pisa(
+    enc: &mut wgpu::CommandEncoder,
+    caches: &[Cache],
+    r: usize,
+    burst_q: Option<usize>,
+    prof: Option<&mut Profiler>,
+) -> pisa_wgpu::Result<()> {
+    if let [x] = caches {
+        let q = match burst_q {
+            Some(i) => &x.burst_q_views[i],
+            None => &x.q_views[r % 2],
+        };
+        let outs = StepOutputs {
+            out: &x.out,
+            lse: &x.lse,
+            selection: None,
+        };
+        return x.cache.record_step_into(enc, q, Some(&outs), prof);
+    }
+    let steps: Vec<_> = caches
+        .iter()
+        .map(|x| {
+            let q = match burst_q {
+                Some(i) => &x.burst_qs[i],
+                None => &x.qs[r % 2],
+            };
+            (&x.cache, q)
+        })
+        .collect();
+    KvCache::record_steps(enc, &steps, prof)
 }
 
 /// Queries of `heads` query heads: two for the isolated steps, [`BURST`] for the bursts.
@@ -106,11 +188,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
             });
         }
         let (qs, burst_qs) = queries(ctx, p, ch * g, 300 + 2 * c0 as u32)?;
-        caches.push(Cache {
-            cache,
-            qs,
-            burst_qs,
-        });
+        caches.push(Cache::new(ctx, p, cache, ch * g, qs, burst_qs)?);
     }
     debug_assert_eq!(parts.len(), n_parts);
     let scale = p.cfg.softmax_scale(d);
@@ -138,8 +216,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let started = std::time::Instant::now();
         ctx.scoped("bench decode", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            let steps: Vec<_> = caches.iter().map(|x| (&x.cache, &x.qs[r % 2])).collect();
-            KvCache::record_steps(&mut enc, &steps, Some(&mut prof))?;
+            record_pisa(&mut enc, &caches, r, None, Some(&mut prof))?;
             ctx.queue().submit([enc.finish()]);
             Ok(())
         })?;
@@ -177,11 +254,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let pisa_burst = burst(ctx, parts.len(), p.burst, "decode", |prof, _| {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
             for s in 0..p.burst {
-                let steps: Vec<_> = caches
-                    .iter()
-                    .map(|x| (&x.cache, &x.burst_qs[s % BURST]))
-                    .collect();
-                KvCache::record_steps(&mut enc, &steps, Some(&mut *prof))?;
+                record_pisa(&mut enc, &caches, r, Some(s % BURST), Some(&mut *prof))?;
             }
             ctx.queue().submit([enc.finish()]);
             Ok(())
