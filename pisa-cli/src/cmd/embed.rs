@@ -221,3 +221,65 @@ pub fn prefill(
         chunks: 1,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pisa_core::SelectionConfig;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The CLI's prefill (a plan on its own buffers, or `prefill_host` past one binding) is
+    /// bitwise `prefill_host`'s, in both layouts, with and without the selection.
+    #[test]
+    fn prefill_on_cli_buffers_equals_prefill_host() {
+        let Ok(ctx) = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance) else {
+            eprintln!("skipped: no adapter");
+            return;
+        };
+        let shape = AttentionShape::prefill(2, 4, 2, 200, 16).unwrap();
+        let (q, k, v) = (
+            values(shape.q_elems(), 1),
+            values(shape.kv_elems(), 2),
+            values(shape.kv_elems(), 3),
+        );
+        for (layout, sel) in [(TensorLayout::Bhnd, true), (TensorLayout::Bnhd, false)] {
+            let opts = PrefillOptions {
+                cfg: SelectionConfig::new(32, 3).unwrap(),
+                layout,
+                return_selection: sel,
+                ..Default::default()
+            };
+            let want = prefill_host(&ctx, &q, &k, &v, &shape, &opts).unwrap();
+            let got = prefill(&ctx, &q, &k, &v, &shape, &opts).unwrap();
+            assert_eq!(got.chunks, 1);
+            assert_eq!(got.out, want.out, "{layout:?}");
+            assert_eq!(got.lse, want.lse, "{layout:?}");
+            assert_eq!(got.selection, want.selection, "{layout:?}");
+            let stages: Vec<&str> = got.times.stages.iter().map(|s| s.0.as_str()).collect();
+            assert!(stages.contains(&"attention"), "{stages:?}");
+        }
+        // Past one binding the plan refuses the call and the host convenience splits it.
+        ctx.set_max_binding_bytes(40_000);
+        let opts = PrefillOptions {
+            cfg: SelectionConfig::new(32, 3).unwrap(),
+            return_selection: true,
+            ..Default::default()
+        };
+        let got = prefill(&ctx, &q, &k, &v, &shape, &opts).unwrap();
+        assert!(got.chunks > 1, "{} chunks", got.chunks);
+        let want = prefill_host(&ctx, &q, &k, &v, &shape, &opts).unwrap();
+        assert_eq!((got.out, got.lse), (want.out, want.lse));
+        assert_eq!(got.selection, want.selection);
+    }
+}
