@@ -255,3 +255,77 @@ pub fn run_decode(
         gpu,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The decode loop on the CLI's buffers (views, record_append_view + record_step_into) is
+    /// bitwise the host conveniences' (prefill, append_and_step), in both layouts.
+    #[test]
+    fn decode_on_cli_buffers_equals_the_host_loop() {
+        let Ok(ctx) = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance) else {
+            eprintln!("skipped: no adapter");
+            return;
+        };
+        let (b_count, hq, hkv, n, d, p) = (2, 4, 2, 90, 16, 70);
+        let cfg = SelectionConfig::new(16, 3).unwrap();
+        let shape = AttentionShape::prefill(b_count, hq, hkv, n, d).unwrap();
+        for layout in [TensorLayout::Bhnd, TensorLayout::Bnhd] {
+            let l = Loaded {
+                q: values(shape.q_elems(), 1),
+                k: values(shape.kv_elems(), 2),
+                v: values(shape.kv_elems(), 3),
+                shape,
+                layout,
+                file_scale: Ok(None),
+                source: "test".into(),
+                q_dims: vec![b_count, hq, n, d],
+                kv_dims: vec![b_count, hkv, n, d],
+            };
+            let r = run_decode(&ctx, &l, &cfg, Storage::F32, p).unwrap();
+            let mut cache = KvCache::new(&ctx, b_count, n, hq, hkv, d, cfg, Storage::F32).unwrap();
+            for b in 0..b_count {
+                let (k, v) = (
+                    prefix(&l.k, layout, hkv, n, d, b, p),
+                    prefix(&l.v, layout, hkv, n, d, b, p),
+                );
+                cache.prefill(b, &k, &v, layout).unwrap();
+            }
+            let k = cfg.top_k;
+            for t in p..n {
+                let rows = |x: &[f32], heads| token_rows(x, layout, b_count, heads, n, d, t);
+                let (kr, vr, qr) = (rows(&l.k, hkv), rows(&l.v, hkv), rows(&l.q, hq));
+                let want = cache
+                    .append_and_step(&kr, &vr, &[true; 2], &qr, true)
+                    .unwrap();
+                let sel = want.selection.unwrap();
+                for b in 0..b_count {
+                    for h in 0..hq {
+                        let i = layout.index(hq, n, d, b, h, t, 0);
+                        let w = (b * hq + h) * d;
+                        assert_eq!(r.out[i..i + d], want.out[w..w + d], "{layout:?} t {t}");
+                        assert_eq!(r.lse[(b * hq + h) * n + t], want.lse[b * hq + h]);
+                    }
+                    for h in 0..hkv {
+                        let dst = ((b * hkv + h) * n + t) * k;
+                        let src = (b * hkv + h) * k;
+                        assert_eq!(r.selection[dst..dst + k], sel[src..src + k]);
+                    }
+                }
+            }
+        }
+    }
+}
