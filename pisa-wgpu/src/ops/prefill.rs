@@ -123,8 +123,24 @@ pub fn record_prefill(
     v: &GpuTensor,
     shape: &AttentionShape,
     opts: &PrefillOptions,
-    mut prof: Option<&mut Profiler>,
+    prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
+    record_prefill_parts(ctx, enc, q, k, v, shape, opts, prof).map(|(o, lse, sel, _)| (o, lse, sel))
+}
+
+/// [`record_prefill`], also returning the key pyramid it built (layout of `shape.k_len`), for
+/// a decode cache to take over ([`crate::ops::decode::KvCache::record_prefill_from_plan`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_prefill_parts(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    shape: &AttentionShape,
+    opts: &PrefillOptions,
+    mut prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor, GpuTensor, pyramid::GpuPyramid)> {
     let lay = PyramidLayout::new(shape.k_len, opts.cfg.block_size, opts.cfg.merge_factor)?;
     let geo = KeyGeometry {
         batch: shape.batch,
@@ -161,7 +177,7 @@ pub fn record_prefill(
         &opts.cfg,
         prof,
     )?;
-    Ok((o, lse, sel))
+    Ok((o, lse, sel, pyr))
 }
 
 /// Opt-in check of prefill inputs: `Ok` when every element of `q`, `k` and `v` is finite, else

@@ -8,6 +8,7 @@ use pisa_core::{PisaError, TensorLayout};
 use super::record::{range, whole, Binds, Stage};
 use super::{check_len, input, KvCache, Params, APPEND_SHADER, APPEND_WG, LENS_SHADER};
 use crate::error::Result;
+use crate::ops::prefill::PrefillPlan;
 use crate::ops::pyramid;
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::pipeline::Storage;
@@ -38,28 +39,13 @@ impl KvCache {
     /// until the copy and the pyramid build are done (wasm32: refused). Errors: as
     /// [`Self::prefill_device`], [`crate::GpuError::View`] for views of the wrong shape.
     pub fn prefill_view(&mut self, seq: usize, k: &TensorView, v: &TensorView) -> Result<()> {
-        let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
-        let p_len = k.shape()[2];
-        for (what, t) in [("prefill keys", k), ("prefill values", v)] {
-            if t.shape() != [1, hkv, p_len, d] {
-                return Err(crate::GpuError::View(format!(
-                    "{what}: expected [1, {hkv}, {p_len}, {d}], got {:?}",
-                    t.shape()
-                )));
-            }
-        }
         let ctx = self.ctx.clone();
-        let n = hkv * p_len * d;
-        let kt = ctx.scratch("prefill keys", n, self.storage)?;
-        let vt = ctx.scratch("prefill values", n, self.storage)?;
-        ctx.scoped("decode prefill gather", || {
+        ctx.scoped("decode prefill", || {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
-            crate::ops::gather::record_gather(&ctx, &mut enc, k, &kt.buffer, self.storage)?;
-            crate::ops::gather::record_gather(&ctx, &mut enc, v, &vt.buffer, self.storage)?;
+            self.record_prefill_view(&mut enc, seq, k, v)?;
             ctx.queue.submit([enc.finish()]);
             Ok(())
-        })?;
-        self.prefill_device(seq, &kt, &vt, TensorLayout::Bhnd)
+        })
     }
 
     /// [`Self::prefill`] from tensors already on the GPU (in the cache's storage precision).
@@ -92,6 +78,30 @@ impl KvCache {
         v: &GpuTensor,
         layout: TensorLayout,
     ) -> Result<()> {
+        let ctx = self.ctx.clone();
+        ctx.scoped("decode prefill", || {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            self.record_prefill_heads(&mut enc, seq, h0, heads, k, v, layout)?;
+            ctx.queue.submit([enc.finish()]);
+            Ok(())
+        })
+    }
+
+    /// Records [`Self::prefill_device_heads`] into `enc` (nothing waits): the copy of the rows,
+    /// the pyramid build and the new length, in the order of the encoder. The host length
+    /// changes at once. Errors as [`Self::prefill_device_heads`]; nothing changes on error.
+    #[allow(clippy::too_many_arguments)]
+    #[doc(hidden)]
+    pub fn record_prefill_heads(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        seq: usize,
+        h0: usize,
+        heads: usize,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        layout: TensorLayout,
+    ) -> Result<()> {
         self.check_seq(seq)?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
         if heads == 0 {
@@ -111,16 +121,10 @@ impl KvCache {
         check_len("prefill keys", k.len, p_len.max(1) * heads * d)?;
         self.check_tensor("prefill keys", k, p_len * heads * d)?;
         self.check_tensor("prefill values", v, p_len * heads * d)?;
-        if p_len > self.layout.key_len() {
-            return Err(input(PisaError::TooLarge {
-                what: "prefill length",
-                value: p_len as u64,
-                limit: self.layout.key_len() as u64,
-            }));
-        }
-        let ctx = &self.ctx;
+        self.check_prefill_len(p_len)?;
+        let ctx = self.ctx.clone();
         let geo = Self::geometry(1, heads, p_len, d, layout);
-        let tmp = pyramid::alloc(ctx, self.layout, &geo, self.pyr.sq.is_some())?;
+        let tmp = pyramid::alloc(&ctx, self.layout, &geo, self.pyr.sq.is_some())?;
         let (_, sh, sn) = layout.strides(heads, p_len, d);
         let pipe = self.append_pipeline("copy_rows")?;
         // One copy per K/V shard the head range touches (flat rows seq * Hkv + h).
@@ -148,8 +152,8 @@ impl KvCache {
         }
         let head_bytes = (self.layout.total_nodes() * d * 4) as u64;
         let (off, bytes) = ((first as u64) * head_bytes, heads as u64 * head_bytes);
-        ctx.scoped("decode prefill", || {
-            let mut enc = ctx.device.create_command_encoder(&Default::default());
+        let len_buf = ctx.upload_u32("prefill length", &[p_len as u32])?;
+        ctx.scope_now("decode prefill", || {
             for (u, shard, count) in &copies {
                 let b = [
                     (0, u),
@@ -158,18 +162,148 @@ impl KvCache {
                     (8, &k.buffer),
                     (9, &v.buffer),
                 ];
-                ctx.dispatch(&mut enc, &pipe, &b, count.div_ceil(APPEND_WG) as u64, None)?;
+                ctx.dispatch(enc, &pipe, &b, count.div_ceil(APPEND_WG) as u64, None)?;
             }
-            pyramid::record_build(ctx, &mut enc, k, &geo, p_len, &tmp, None)?;
+            pyramid::record_build(&ctx, enc, k, &geo, p_len, &tmp, None)?;
             enc.copy_buffer_to_buffer(&tmp.means.buffer, 0, &self.pyr.means.buffer, off, bytes);
             if let (Some(s), Some(d)) = (&tmp.sq, &self.pyr.sq) {
                 enc.copy_buffer_to_buffer(&s.buffer, 0, &d.buffer, off, bytes);
             }
-            ctx.queue.submit([enc.finish()]);
+            enc.copy_buffer_to_buffer(&len_buf.buffer, 0, &self.lens_gpu, seq as u64 * 4, 4);
             Ok(())
         })?;
         self.lens[seq] = p_len;
-        self.write_lens();
+        Ok(())
+    }
+
+    fn check_prefill_len(&self, p_len: usize) -> Result<()> {
+        if p_len > self.layout.key_len() {
+            return Err(input(PisaError::TooLarge {
+                what: "prefill length",
+                value: p_len as u64,
+                limit: self.layout.key_len() as u64,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Records the loading of sequence `seq` from views of the caller's buffers into `enc`
+    /// (nothing waits; the non-blocking [`Self::prefill_view`]): `k`, `v` `[1, Hkv, P, D]`, any
+    /// strides and dtype, gathered on the GPU. Errors as [`Self::prefill_view`].
+    pub fn record_prefill_view(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        seq: usize,
+        k: &TensorView,
+        v: &TensorView,
+    ) -> Result<()> {
+        let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
+        let p_len = k.shape()[2];
+        for (what, t) in [("prefill keys", k), ("prefill values", v)] {
+            if t.shape() != [1, hkv, p_len, d] {
+                return Err(crate::GpuError::View(format!(
+                    "{what}: expected [1, {hkv}, {p_len}, {d}], got {:?}",
+                    t.shape()
+                )));
+            }
+        }
+        self.check_seq(seq)?;
+        self.check_prefill_len(p_len)?;
+        let ctx = self.ctx.clone();
+        let n = hkv * p_len * d;
+        let kt = ctx.scratch("prefill keys", n, self.storage)?;
+        let vt = ctx.scratch("prefill values", n, self.storage)?;
+        crate::ops::gather::record_gather(&ctx, enc, k, &kt.buffer, self.storage)?;
+        crate::ops::gather::record_gather(&ctx, enc, v, &vt.buffer, self.storage)?;
+        self.record_prefill_heads(enc, seq, 0, hkv, &kt, &vt, TensorLayout::Bhnd)
+    }
+
+    /// Records the loading of sequence `seq` from what a [`PrefillPlan`] run left: its keys and
+    /// values (batch entry `batch` of its `[B, Hkv, N, D]` staging) and its key pyramid, taken
+    /// over by buffer copies (no gather, no pyramid build). Record it after the plan's run, into
+    /// the same encoder or a later one. The cache and the plan must agree on Hkv, D, storage,
+    /// block size, merge factor and scoring. What is copied is what the plan's last recorded run
+    /// leaves once it has executed, so record this after a run. Errors:
+    /// [`crate::GpuError::Unsupported`] when they differ; [`PisaError::TooLarge`] for a `seq`,
+    /// `batch` or N past the cache's; nothing changes on error.
+    pub fn record_prefill_from_plan(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        seq: usize,
+        plan: &PrefillPlan,
+        batch: usize,
+    ) -> Result<()> {
+        let (ps, po) = (plan.shape(), plan.options());
+        let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
+        let c = &self.cfg;
+        let same = ps.kv_heads == hkv
+            && ps.head_dim == d
+            && po.storage == self.storage
+            && po.cfg.block_size == c.block_size
+            && po.cfg.merge_factor == c.merge_factor
+            && (po.cfg.scoring == pisa_core::Scoring::MeanVar) == self.pyr.sq.is_some();
+        if !same {
+            return Err(crate::GpuError::Unsupported(
+                "a plan of another Hkv, D, storage, block size, merge factor or scoring than the cache's".into(),
+            ));
+        }
+        self.check_seq(seq)?;
+        if batch >= ps.batch {
+            return Err(input(PisaError::TooLarge {
+                what: "batch entry of the plan",
+                value: batch as u64,
+                limit: ps.batch as u64 - 1,
+            }));
+        }
+        let n = ps.k_len;
+        self.check_prefill_len(n)?;
+        let (k, v, pyr) = plan.parts();
+        let Some((means, sq)) = pyr else {
+            return Err(crate::GpuError::Unsupported(
+                "the plan has no pyramid to take over: record its run first".into(),
+            ));
+        };
+        let ctx = self.ctx.clone();
+        let e = self.storage.bytes();
+        let src_lay = pisa_core::PyramidLayout::new(n, c.block_size, c.merge_factor)?;
+        let len_buf = ctx.upload_u32("prefill length", &[n as u32])?;
+        let cap = self.layout.key_len() as u64;
+        for h in 0..hkv {
+            let row = seq * hkv + h;
+            let (shard, r0) = (row / self.kv_rows, (row / self.kv_rows) * self.kv_rows);
+            let (dk, dv) = (&self.kv[shard].0.buffer, &self.kv[shard].1.buffer);
+            let src = ((batch * hkv + h) * n * d) as u64 * e;
+            let dst = (row - r0) as u64 * cap * d as u64 * e;
+            let bytes = (n * d) as u64 * e;
+            enc.copy_buffer_to_buffer(&k.buffer, src, dk, dst, bytes);
+            enc.copy_buffer_to_buffer(&v.buffer, src, dv, dst, bytes);
+            // The pyramid, level by level: the first nodes of each of the cache's levels are
+            // the plan's (a shorter length's nodes are a prefix of each level).
+            for l in 0..src_lay.num_levels() {
+                let nodes = src_lay.nodes(l) as u64;
+                let s_off = (((batch * hkv + h) * src_lay.total_nodes() + src_lay.offset(l)) * d)
+                    as u64
+                    * 4;
+                let d_off =
+                    ((row * self.layout.total_nodes() + self.layout.offset(l)) * d) as u64 * 4;
+                let bytes = nodes * d as u64 * 4;
+                enc.copy_buffer_to_buffer(&means, s_off, &self.pyr.means.buffer, d_off, bytes);
+                if let (Some(s), Some(t)) = (&sq, &self.pyr.sq) {
+                    enc.copy_buffer_to_buffer(s, s_off, &t.buffer, d_off, bytes);
+                }
+            }
+        }
+        enc.copy_buffer_to_buffer(&len_buf.buffer, 0, &self.lens_gpu, seq as u64 * 4, 4);
+        self.lens[seq] = n;
+        Ok(())
+    }
+
+    /// Records emptying sequence `seq` into `enc` (the encoder-ordered [`Self::reset`]: steps
+    /// recorded before it still see the old length). Errors: as [`Self::reset`].
+    pub fn record_reset(&mut self, enc: &mut wgpu::CommandEncoder, seq: usize) -> Result<()> {
+        self.check_seq(seq)?;
+        enc.clear_buffer(&self.lens_gpu, seq as u64 * 4, Some(4));
+        self.lens[seq] = 0;
         Ok(())
     }
 

@@ -15,7 +15,7 @@
 
 use pisa_core::{AttentionShape, TensorLayout};
 
-use super::{record_prefill, PrefillOptions};
+use super::{record_prefill_parts, PrefillOptions};
 use crate::error::{GpuError, Result};
 use crate::ops::gather::{record_gather, record_scatter};
 use crate::runtime::arena::{with_arena, Arena};
@@ -65,6 +65,9 @@ pub struct PrefillPlan {
     k: GpuTensor,
     v: GpuTensor,
     arena: std::sync::Mutex<Arena>,
+    /// The key pyramid the prefill builds (an arena buffer: the same one every run), kept for a
+    /// decode cache to take over.
+    pyramid: std::sync::Mutex<Option<(wgpu::Buffer, Option<wgpu::Buffer>)>>,
 }
 
 impl PrefillPlan {
@@ -118,11 +121,32 @@ impl PrefillPlan {
             k: ctx.alloc("plan k", shape.kv_elems(), st, POISON_F32)?,
             v: ctx.alloc("plan v", shape.kv_elems(), st, POISON_F32)?,
             arena: Default::default(),
+            pyramid: Default::default(),
         };
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         ctx.scope_now("prefill plan", || plan.record(&mut enc, None).map(|_| ()))?;
         drop(enc);
         Ok(plan)
+    }
+
+    /// What a decode cache takes over after a run: the plan's contiguous BHND staging K and V
+    /// (`[B, Hkv, N, D]` in the plan's storage) and the key pyramid's means and second moments
+    /// (`[B*Hkv, nodes of N, D]` f32, the layout of N). Their contents are those of the last
+    /// recorded run once it has executed.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn parts(
+        &self,
+    ) -> (
+        &GpuTensor,
+        &GpuTensor,
+        Option<(wgpu::Buffer, Option<wgpu::Buffer>)>,
+    ) {
+        let pyr = self
+            .pyramid
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        (&self.k, &self.v, pyr)
     }
 
     /// The planned shape.
@@ -216,8 +240,8 @@ impl PrefillPlan {
         prof: Option<&mut Profiler>,
     ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
         let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
-        with_arena(self.ctx.id(), &mut arena, || {
-            record_prefill(
+        let (o, lse, sel, pyr) = with_arena(self.ctx.id(), &mut arena, || {
+            record_prefill_parts(
                 &self.ctx,
                 enc,
                 &self.q,
@@ -227,7 +251,12 @@ impl PrefillPlan {
                 &self.opts,
                 prof,
             )
-        })
+        })?;
+        *self.pyramid.lock().unwrap_or_else(|p| p.into_inner()) = Some((
+            pyr.means.buffer.clone(),
+            pyr.sq.as_ref().map(|t| t.buffer.clone()),
+        ));
+        Ok((o, lse, sel))
     }
 }
 
