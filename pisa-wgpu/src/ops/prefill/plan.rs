@@ -160,8 +160,8 @@ impl PrefillPlan {
 
     /// Records the prefill into `enc`: gathers `q` (`[B, Hq, N, D]`), `k`, `v`
     /// (`[B, Hkv, N, D]`) from the caller's views (any strides, f32/f16/bf16), runs the
-    /// planned prefill and writes `outputs`. Stage times go to `prof` ("gather", the prefill's
-    /// stages, "outputs"). Nothing is submitted.
+    /// planned prefill and writes `outputs`. Stage times go to `prof` (the prefill's stages; the
+    /// gathers and output copies are not timed). Nothing is submitted.
     ///
     /// Errors: [`GpuError::View`] for a view of the wrong shape or an output the plan cannot
     /// write; [`GpuError::Unsupported`] when the context's kernel path, leaf order or binding
