@@ -16,4 +16,7 @@ cargo build -p pisa-core --no-default-features --locked
 # (runtime/block.rs refuses them).
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
 cargo check --target wasm32-unknown-unknown -p pisa-wgpu --locked
+# tests/translate.rs compiles the GLSL naga writes for every pipeline with glslang (Debian
+# glslang-tools); without it that test only translates. A failed install does not stop the run.
+command -v glslangValidator >/dev/null 2>&1 || { S=$([ "$(id -u)" = 0 ] || echo sudo); export DEBIAN_FRONTEND=noninteractive; $S apt-get install -y -qq glslang-tools >/dev/null 2>&1 || { $S apt-get update -qq && $S apt-get install -y -qq glslang-tools >/dev/null; }; } || echo "glslang-tools not installed: GLSL translations not compiled"
 cargo test --workspace --locked
