@@ -306,7 +306,9 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                         let so = sc[qi * MC4 + o4];
                         let o = lane + o4 * 4u;
                         let better = (so > s) | ((so == s) & (o < vec4<u32>(ci)));
-                        rank += select(vec4<u32>(0u), vec4<u32>(1u), better & (o < vec4<u32>(n)));
+                        // A bool vector converted, not select(): naga writes select() of integer
+                        // vectors as GLSL mix(), which desktop GLSL has only from 4.50.
+                        rank += vec4<u32>(better & (o < vec4<u32>(n)));
                     }
                     keep = select(0u, 1u, rank.x + rank.y + rank.z + rank.w < k);
                 }
@@ -323,7 +325,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 var b4 = vec4<u32>(0u);
                 for (var o4 = 0u; o4 < MC4; o4++) {
                     let o = vec4<u32>(0u, 1u, 2u, 3u) + o4 * 4u;
-                    b4 += select(vec4<u32>(0u), kp[qi * MC4 + o4], o < vec4<u32>(ci));
+                    b4 += kp[qi * MC4 + o4] & (vec4<u32>(0u) - vec4<u32>(o < vec4<u32>(ci)));
                 }
                 let before = b4.x + b4.y + b4.z + b4.w;
                 let j = cl[cur + e];

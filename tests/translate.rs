@@ -32,8 +32,8 @@
 //!   matrices for SPIR-V and MSL (simdgroup matrices) only; pisa builds them only on an adapter
 //!   that reports cooperative-matrix support.
 //!
-//! One known compile failure ([`known_glslang_failure`], checked to fail for that reason and no
-//! other): the routing kernel in desktop GLSL 4.30.
+//! No known compile failure ([`known_glslang_failure`]): the routing kernel's integer vector
+//! `select`, which desktop GLSL 4.30 could not take from naga, is written without it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -262,15 +262,12 @@ fn glslang_failures(files: &[PathBuf]) -> BTreeMap<PathBuf, String> {
     failed
 }
 
-/// The GLSL outputs glslang refuses for a known reason, and the message it gives: desktop
-/// GLSL 4.30 has `mix` with a boolean-vector selector for floats only (integer `mix` is core
-/// from 4.50, or GL_EXT_shader_integer_mix), and naga writes WGSL's vector `select` as `mix`
-/// for every type (a TODO in naga 30's GLSL writer). The routing kernel selects `vec4<u32>`
-/// (shaders/route.wgsl), so on an OpenGL 4.3 or 4.4 driver its pipeline fails to build; from
-/// OpenGL 4.5 and on OpenGL ES 3.1 it compiles.
-fn known_glslang_failure(label: &str, b: Backend) -> Option<&'static str> {
-    (b == Backend::Glsl430 && label.starts_with("route.route."))
-        .then_some("GL_EXT_shader_integer_mix")
+/// The GLSL outputs glslang refuses for a known reason, and the message it gives: none. (The
+/// routing kernel's `select` of `vec4<u32>`, which naga 30 writes as GLSL `mix` and desktop
+/// GLSL has for integers only from 4.50, is written as a bool-vector conversion and a mask in
+/// shaders/route.wgsl, so it compiles for OpenGL 4.3 too.)
+fn known_glslang_failure(_label: &str, _b: Backend) -> Option<&'static str> {
+    None
 }
 
 /// Translates every pipeline for every backend (and compiles the GLSL where glslang is
