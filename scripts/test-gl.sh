@@ -35,7 +35,8 @@ export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # over 5 minutes here), the cooperative-matrix and Vulkan-only binaries.
 BINS=(pyramid gather prefill_plan attention attention_edge attention_split select select_route
   backward attention_by_leaf select_by_leaf select_baselines select_real embedding reliability
-  reliability_device reliability_determinism)
+  reliability_device reliability_determinism reliability_nonfinite reliability_nonfinite_rows
+  reliability_nonfinite_decode)
 if [ $# -gt 0 ]; then BINS=("$@"); fi
 args=()
 for b in "${BINS[@]}"; do args+=(--test "$b"); done
