@@ -30,12 +30,13 @@ export WGPU_BACKEND=gl
 export LIBGL_ALWAYS_SOFTWARE=1
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 
-# The binaries that pass on llvmpipe GL. Left out (docs/gl-backend.md): fill, prefill,
-# attention_union, coopmat_select (f16 storage cases; llvmpipe GL has no SHADER_F16), the
-# cooperative-matrix and Vulkan-only binaries. About 4 minutes on 2 cores once built.
-BINS=(pyramid gather prefill_plan attention attention_edge attention_split select select_route
-  backward attention_by_leaf select_by_leaf select_baselines select_real embedding reliability
-  reliability_device reliability_determinism reliability_nonfinite reliability_nonfinite_rows
+# The kernel test binaries (their f16 cases are skipped, or checked to be refused with a typed
+# error: llvmpipe GL has no SHADER_F16). Left out: the cooperative-matrix and Vulkan-only
+# binaries (docs/gl-backend.md). About 5 minutes on 2 cores once built.
+BINS=(pyramid fill gather prefill prefill_plan attention attention_edge attention_split
+  attention_union select select_route coopmat_select backward attention_by_leaf select_by_leaf
+  select_baselines select_real embedding decode_from_plan reliability reliability_device
+  reliability_determinism reliability_nonfinite reliability_nonfinite_rows
   reliability_nonfinite_decode decode)
 if [ $# -gt 0 ]; then BINS=("$@"); fi
 args=()

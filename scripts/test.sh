@@ -20,3 +20,5 @@ cargo check --target wasm32-unknown-unknown -p pisa-wgpu --locked
 # glslang-tools); without it that test only translates. A failed install does not stop the run.
 command -v glslangValidator >/dev/null 2>&1 || { S=$([ "$(id -u)" = 0 ] || echo sudo); export DEBIAN_FRONTEND=noninteractive; $S apt-get install -y -qq glslang-tools >/dev/null 2>&1 || { $S apt-get update -qq && $S apt-get install -y -qq glslang-tools >/dev/null; }; } || echo "glslang-tools not installed: GLSL translations not compiled"
 cargo test --workspace --locked
+# The kernel tests again on wgpu's OpenGL backend (Mesa llvmpipe, headless EGL).
+bash scripts/test-gl.sh

@@ -42,6 +42,10 @@ fn check_inputs(
     [mut q, mut k, mut v]: [Vec<f32>; 3],
     seed: u64,
 ) {
+    if storage == Storage::F16 && !ctx.has_f16() {
+        eprintln!("{}: no SHADER_F16: f16 case skipped", ctx.report().name);
+        return;
+    }
     if storage == Storage::F16 {
         (q, k, v) = (through_f16(&q), through_f16(&k), through_f16(&v));
     }

@@ -245,6 +245,12 @@ impl Context {
     /// (errors as [`Context::alloc`]).
     fn storage_bytes(&self, label: &str, len: usize, storage: Storage) -> Result<u64> {
         self.check_alive()?;
+        if storage == Storage::F16 && !self.has_f16() {
+            return Err(GpuError::Unsupported(format!(
+                "f16 storage for {label} on {} (no SHADER_F16); use f32 storage",
+                self.report().name
+            )));
+        }
         let bytes =
             (len as u64)
                 .checked_mul(storage.bytes())

@@ -392,6 +392,16 @@ impl Context {
     #[doc(hidden)]
     pub fn scoped<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.check_alive()?;
+        // An uncaptured error left by work outside any scope is not this operation's: log it
+        // and start clean, so it is not reported by the wrong call.
+        if let Some(m) = self
+            .uncaptured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            log::warn!("a wgpu error outside pisa's operations: {m}");
+        }
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();

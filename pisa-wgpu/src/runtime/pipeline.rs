@@ -170,6 +170,12 @@ impl PipelineCache {
         consts: &[(&str, u32)],
         overrides: &[(&str, f64)],
     ) -> Result<Arc<wgpu::ComputePipeline>> {
+        if storage == Storage::F16 && !device.features().contains(wgpu::Features::SHADER_F16) {
+            return Err(GpuError::Unsupported(format!(
+                "f16 storage ({} kernel) on a device without SHADER_F16; use f32 storage",
+                shader.name
+            )));
+        }
         let key = Key {
             name: shader.name,
             entry,
