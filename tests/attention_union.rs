@@ -15,7 +15,10 @@ use rand::Rng;
 fn holes_and_repeats_match_reference() {
     let ctx = ctx();
     if !ctx.has_f16() {
-        eprintln!("{}: no SHADER_F16: this f16 test is skipped", ctx.report().name);
+        eprintln!(
+            "{}: no SHADER_F16: this f16 test is skipped",
+            ctx.report().name
+        );
         return;
     }
     // The query tiles' union (leaf-major attention skips the same entries: attention_by_leaf.rs).

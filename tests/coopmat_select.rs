@@ -269,7 +269,10 @@ fn partial_last_leaf_is_scored_on_its_own_keys() {
     let _settings = settings_lock();
     let ctx = ctx();
     if !ctx.has_f16() {
-        eprintln!("{}: no SHADER_F16: this f16 test is skipped", ctx.report().name);
+        eprintln!(
+            "{}: no SHADER_F16: this f16 test is skipped",
+            ctx.report().name
+        );
         return;
     }
     let mut r = rng(seed("partial_last_leaf_is_scored_on_its_own_keys"));
