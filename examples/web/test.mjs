@@ -1,0 +1,76 @@
+// Browser test of the demo page: serves the repository root, opens the page in headless
+// Chromium with WebGPU (Dawn; on a machine without a GPU, SwiftShader's Vulkan), waits for the
+// page's result and checks it: selection rows equal to the CPU reference's, O relative error
+// <= 1e-4 (f32). Exits non-zero on any mismatch, missing WebGPU, or error, printing the page's
+// message. Environment: CHROMIUM (default /usr/bin/chromium), PISA_WEB_QUERY (URL parameters,
+// e.g. "tokens=2048&kv_heads=3"), PISA_WEB_TIMEOUT_S (default 900).
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+import { serve } from "./serve.mjs";
+
+const exe = process.env.CHROMIUM || "/usr/bin/chromium";
+const query = process.env.PISA_WEB_QUERY || "";
+const timeoutMs = 1000 * Number(process.env.PISA_WEB_TIMEOUT_S || 900);
+const profile = mkdtempSync(join(tmpdir(), "pisa-web-chromium-"));
+
+const { server, port } = await serve(0);
+const url = `http://127.0.0.1:${port}/examples/web/index.html${query ? "?" + query : ""}`;
+let code = 1;
+let browser;
+try {
+  browser = await chromium.launchPersistentContext(profile, {
+    executablePath: exe,
+    headless: true,
+    args: [
+      "--no-sandbox",
+      "--enable-unsafe-webgpu",
+      "--enable-unsafe-swiftshader",
+      "--use-webgpu-adapter=swiftshader",
+      "--enable-features=Vulkan",
+      "--use-angle=swiftshader",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+      ...(process.env.PISA_WEB_CHROMIUM_ARGS || "").split(" ").filter(Boolean),
+    ],
+  });
+  const page = browser.pages()[0] || (await browser.newPage());
+  page.on("console", (m) => console.log(`[page ${m.type()}] ${m.text()}`));
+  page.on("pageerror", (err) => console.log(`[page error] ${err}`));
+  console.log(`opening ${url} in ${exe} (${browser.browser()?.version() ?? "?"})`);
+  const t0 = Date.now();
+  await page.goto(url);
+  await page.waitForFunction(() => window.pisaResult !== undefined, null, {
+    timeout: timeoutMs,
+    polling: 500,
+  });
+  const r = await page.evaluate(() => window.pisaResult);
+  console.log(`page (${((Date.now() - t0) / 1000).toFixed(1)} s): ${r.message}`);
+  if (r.report) {
+    const a = r.report.adapter;
+    console.log(`adapter: ${a.name || "(hidden)"} | ${a.backend} ${a.device_type} | ${a.driver}`);
+    console.log(`kernel path ${a.kernel_path}, storage ${a.storage}, f16 ${a.shader_f16}, subgroups ${a.subgroups}, timestamps ${a.timestamps}`);
+    for (const n of a.notes) console.log(`note: ${n}`);
+    console.log(`times: ${JSON.stringify(r.report.times)}`);
+    const failures = [];
+    for (const [name, c] of [["prefill", r.report.prefill], ["decode", r.report.decode]]) {
+      console.log(`${name}: ${c.rows_equal}/${c.rows} selection rows equal, O rel. err ${c.o_rel_err.toExponential(3)}, LSE max abs ${c.lse_max_abs.toExponential(3)}`);
+      if (!(c.rows > 0 && c.rows_equal === c.rows)) failures.push(`${name}: selection rows differ: ${JSON.stringify(c.differing)}`);
+      if (!(c.o_rel_err <= 1e-4)) failures.push(`${name}: O rel. err ${c.o_rel_err} > 1e-4`);
+    }
+    if (failures.length) console.log("FAILED:\n  " + failures.join("\n  "));
+    code = r.ok && failures.length === 0 ? 0 : 1;
+  }
+  console.log(code === 0 ? "browser test passed" : `browser test FAILED (${r.status})`);
+} catch (err) {
+  console.log(`browser test FAILED: ${err}`);
+} finally {
+  if (browser) await browser.close().catch(() => {});
+  server.close();
+  rmSync(profile, { recursive: true, force: true });
+}
+process.exit(code);

@@ -1,0 +1,63 @@
+//! The page's demo on a native adapter (lavapipe in CI): the same code the browser runs, with a
+//! thread polling the device so `Context::read_async` resolves. Skipped without an adapter.
+#![cfg(not(target_arch = "wasm32"))]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use pisa_web::demo::{self, Params};
+use pisa_wgpu::{wgpu, AdapterChoice, Context};
+
+const INPUT: &[u8] = include_bytes!("../../../data/demo-smollm2-layer15-4096.safetensors");
+
+#[test]
+fn demo_matches_the_reference_on_a_native_adapter() {
+    let Ok(ctx) = Context::new(&AdapterChoice::HighPerformance) else {
+        eprintln!("skipped: no adapter");
+        return;
+    };
+    let p = Params {
+        tokens: 384,
+        kv_heads: 1,
+        steps: 4,
+        block_size: 16,
+        top_k: 8,
+        merge: 2,
+        repeats: 1,
+    };
+    let input = demo::load(INPUT, &p).expect("input");
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (device, done) = (ctx.device().clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let _ = device.poll(wgpu::PollType::Poll);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })
+    };
+    let r = pollster::block_on(demo::run(&ctx, &input, &p, 0.0, &mut |s| eprintln!("{s}")));
+    done.store(true, Ordering::Relaxed);
+    poller.join().unwrap();
+    let r = r.expect("demo runs");
+    eprintln!("{}", serde_json::to_string_pretty(&r).unwrap());
+    assert_eq!(r.prefill.rows, 384);
+    assert_eq!(r.decode.rows, 4);
+    assert!(r.prefill.pass(), "prefill: {:?}", r.prefill);
+    assert!(r.decode.pass(), "decode: {:?}", r.decode);
+    assert!(r.ok);
+}
+
+#[test]
+fn bad_parameters_are_errors() {
+    let p = Params {
+        tokens: 5000,
+        ..Default::default()
+    };
+    assert!(demo::load(INPUT, &p).unwrap_err().contains("tokens 5000"));
+    let p = Params {
+        kv_heads: 4,
+        ..Default::default()
+    };
+    assert!(demo::load(INPUT, &p).unwrap_err().contains("kv_heads 4"));
+}

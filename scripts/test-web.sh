@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Browser test of the WebGPU demo page (examples/web): builds pisa-web for wasm32, generates its
+# JS bindings with wasm-bindgen, serves the repository root on 127.0.0.1 and opens the page in
+# headless Chromium with WebGPU (Dawn; SwiftShader's Vulkan on a machine without a GPU), which
+# runs a PISA prefill and decode steps and checks them against the CPU reference (compiled to
+# wasm). Exits non-zero on a mismatch, an error, or no WebGPU (printing the page's message).
+# Installs what is missing: Debian's chromium (apt-get), the wasm32 target, wasm-bindgen-cli at
+# the version of the wasm-bindgen crate in Cargo.lock, and the npm packages of
+# examples/web/package-lock.json (playwright-core).
+# Environment: PISA_WEB_QUERY (page parameters, e.g. "tokens=2048&kv_heads=3"), CHROMIUM.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s (%ds)\n' "$1" "$SECONDS"; }
+
+if [ -z "${CHROMIUM:-}" ]; then
+  if ! command -v chromium >/dev/null 2>&1; then
+    step "installing chromium"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends chromium
+  fi
+  CHROMIUM=$(command -v chromium)
+fi
+export CHROMIUM
+
+rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
+# wasm-bindgen-cli must match the wasm-bindgen crate exactly.
+WB_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock)
+if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WB_VERSION" ]; then
+  step "installing wasm-bindgen-cli $WB_VERSION"
+  cargo install wasm-bindgen-cli --version "$WB_VERSION" --locked \
+    || cargo install wasm-bindgen-cli --version "$WB_VERSION"  # a registry without a locked dependency
+fi
+
+step "building pisa-web for wasm32"
+cargo build --release --locked --target wasm32-unknown-unknown -p pisa-web
+step "wasm-bindgen"
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+wasm-bindgen --target web --no-typescript --out-dir examples/web/pkg \
+  "$TARGET_DIR/wasm32-unknown-unknown/release/pisa_web.wasm"
+
+cd examples/web
+if [ ! -d node_modules/playwright-core ]; then
+  step "npm ci"
+  npm ci --no-audit --no-fund
+fi
+step "browser test"
+node test.mjs
+step "done"
