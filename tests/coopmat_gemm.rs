@@ -143,11 +143,13 @@ fn record(
         .collect();
     let bind = bind_group(&pipe, &entries);
     let mut prof = prof;
-    let ts = prof.as_mut().and_then(|p| p.pass_writes("gemm"));
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some("gemm"),
-        timestamp_writes: ts,
-    });
+    let mut pass = match prof.as_mut() {
+        Some(p) => p.compute_pass(enc, "gemm"),
+        None => enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("gemm"),
+            timestamp_writes: None,
+        }),
+    };
     pass.set_pipeline(&pipe);
     pass.set_bind_group(0, &bind, &[]);
     pass.dispatch_workgroups((n / bn) as u32, (m / bm) as u32, 1);

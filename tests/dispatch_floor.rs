@@ -50,11 +50,7 @@ fn dispatch_floor() {
             let mut enc = dev.create_command_encoder(&Default::default());
             let mut j = 0;
             for _ in 0..passes {
-                let tw = prof.pass_writes("floor");
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: None,
-                    timestamp_writes: tw,
-                });
+                let mut pass = prof.compute_pass(&mut enc, "floor");
                 pass.set_pipeline(&pipe);
                 for _ in 0..per {
                     pass.set_bind_group(0, &groups[if indep { j } else { 0 }], &[]);

@@ -315,11 +315,7 @@ fn time_kernels(
             let mut prof = Profiler::new(ctx, 1);
             let mut enc = dev.create_command_encoder(&Default::default());
             {
-                let tw = prof.pass_writes(name);
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: None,
-                    timestamp_writes: tw,
-                });
+                let mut pass = prof.compute_pass(&mut enc, name);
                 pass.set_pipeline(&pipe);
                 pass.set_bind_group(0, &group, &[]);
                 pass.dispatch_workgroups(1, 1, 1);

@@ -1,5 +1,9 @@
 //! GPU time per stage from timestamp queries (where the adapter has TIMESTAMP_QUERY).
 //!
+//! Built on `wgpu-profiler` (its pass timestamp queries, query pools, resolve and readback);
+//! this module keeps pisa's stage labels, the pass cap of a recording and the two ways of
+//! reading the times.
+//!
 //! Each timed compute pass writes a begin and an end timestamp; [`Profiler::finish`] resolves
 //! them and sums the time per stage label (the passes alone, not the gaps between them);
 //! [`Profiler::finish_span`] instead gives the span of a label's passes, first begin to last
@@ -40,34 +44,38 @@ impl StageTimes {
     }
 }
 
-/// Collects timestamp pairs for the passes of one submission.
+/// Timed compute passes of one recording and their times, on `wgpu-profiler`'s
+/// [`GpuProfiler`](wgpu_profiler::GpuProfiler) (pass timestamp queries, resolved and read back
+/// by it). Make one per recording, time passes with [`Profiler::compute_pass`], submit, then
+/// [`Profiler::finish`] or [`Profiler::finish_span`].
 pub struct Profiler {
-    set: Option<wgpu::QuerySet>,
+    inner: Option<wgpu_profiler::GpuProfiler>,
     capacity: u32,
+    /// Labels of the timed passes, in recording order.
     labels: Vec<&'static str>,
     /// Passes asked for past `capacity` (recorded untimed).
     untimed: usize,
 }
 
 impl Profiler {
-    /// Most timed passes of one profiler: two timestamps a pass in one query set, which wgpu
-    /// caps at `wgpu::QUERY_SET_MAX_QUERIES`.
+    /// Most timed passes of one profiler (the cap of the `pisa bench` recordings: two
+    /// timestamps a pass, as one wgpu query set holds).
     pub const MAX_PASSES: u32 = wgpu::QUERY_SET_MAX_QUERIES / 2;
 
     /// A profiler for up to `passes` timed passes, at most [`Self::MAX_PASSES`] (no-op without
     /// TIMESTAMP_QUERY); passes past that are recorded untimed (see [`Self::finish_span`]).
     pub fn new(ctx: &Context, passes: u32) -> Self {
-        let passes = passes.min(Self::MAX_PASSES);
-        let set = ctx.has_timestamps().then(|| {
-            ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("pisa timestamps"),
-                ty: wgpu::QueryType::Timestamp,
-                count: passes * 2,
-            })
-        });
+        let settings = wgpu_profiler::GpuProfilerSettings {
+            enable_timer_queries: ctx.has_timestamps(),
+            enable_debug_groups: false,
+            max_num_pending_frames: 1,
+        };
         Self {
-            set,
-            capacity: passes,
+            inner: ctx
+                .has_timestamps()
+                .then(|| wgpu_profiler::GpuProfiler::new(&ctx.device, settings).ok())
+                .flatten(),
+            capacity: passes.min(Self::MAX_PASSES),
             labels: Vec::new(),
             untimed: 0,
         }
@@ -76,45 +84,53 @@ impl Profiler {
     /// A profiler that records nothing.
     pub fn disabled() -> Self {
         Self {
-            set: None,
+            inner: None,
             capacity: 0,
             labels: Vec::new(),
             untimed: 0,
         }
     }
 
-    /// Timestamp writes for the next pass, labelled `stage` (None when disabled or full).
-    pub fn pass_writes(
+    /// Begins a compute pass on `enc`, timed as `stage` (its begin and end timestamps are
+    /// written by the pass itself; untimed when disabled or full).
+    pub fn compute_pass<'e>(
         &mut self,
+        enc: &'e mut wgpu::CommandEncoder,
         stage: &'static str,
-    ) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
-        let set = self.set.as_ref()?;
-        let i = self.labels.len() as u32;
-        if i >= self.capacity {
-            self.untimed += 1;
-            return None;
+    ) -> wgpu::ComputePass<'e> {
+        let full = self.labels.len() as u32 >= self.capacity;
+        let query = match &self.inner {
+            Some(p) if !full => Some(p.begin_pass_query(stage, enc)),
+            Some(_) => {
+                self.untimed += 1;
+                None
+            }
+            None => None,
+        };
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(stage),
+            timestamp_writes: query.as_ref().and_then(|q| q.compute_pass_timestamp_writes()),
+        });
+        if let (Some(p), Some(q)) = (&self.inner, query) {
+            // A pass query's timestamps are the pass's own writes: closing it records nothing.
+            p.end_query(&mut pass, q);
+            self.labels.push(stage);
         }
-        self.labels.push(stage);
-        Some(wgpu::ComputePassTimestampWrites {
-            query_set: set,
-            beginning_of_pass_write_index: Some(2 * i),
-            end_of_pass_write_index: Some(2 * i + 1),
-        })
+        pass
     }
 
     /// Resolves the timestamps of a finished submission (call after the work was submitted).
-    pub fn finish(self, ctx: &Context) -> Result<StageTimes> {
-        let Some(ticks) = self.ticks(ctx)? else {
+    /// Sums the time of the passes per label, ms. Without timestamps: empty, `gpu` false.
+    pub fn finish(mut self, ctx: &Context) -> Result<StageTimes> {
+        let Some(results) = self.results(ctx)? else {
             return Ok(StageTimes::default());
         };
-        let period = ctx.queue.get_timestamp_period() as f64;
         let mut t = StageTimes {
             stages: Vec::new(),
             gpu: true,
         };
-        for (i, label) in self.labels.iter().enumerate() {
-            let dt = ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period * 1e-6;
-            t.add(label, dt);
+        for (label, r) in self.labels.iter().zip(&results) {
+            t.add(label, r.1 - r.0);
         }
         Ok(t)
     }
@@ -127,67 +143,68 @@ impl Profiler {
     /// would measure it. `None` without timestamps, when no pass has that label, or when a
     /// pass went untimed because more passes were recorded than the profiler was made for
     /// (the span would be cut short).
-    pub fn finish_span(self, ctx: &Context, stage: &str) -> Result<Option<f64>> {
+    pub fn finish_span(mut self, ctx: &Context, stage: &str) -> Result<Option<f64>> {
         if self.untimed > 0 {
             return Ok(None);
         }
-        let Some(ticks) = self.ticks(ctx)? else {
+        let Some(results) = self.results(ctx)? else {
             return Ok(None);
         };
-        let period = ctx.queue.get_timestamp_period() as f64;
-        Ok(span_ticks(&self.labels, &ticks, stage).map(|t| t as f64 * period * 1e-6))
+        Ok(span_ms(&self.labels, &results, stage))
     }
 
-    /// The resolved timestamps, begin and end per timed pass (`None` without timestamps).
-    fn ticks(&self, ctx: &Context) -> Result<Option<Vec<u64>>> {
-        let Some(set) = &self.set else {
+    /// `(begin, end)` ms of every timed pass in recording order, `None` without timestamps.
+    fn results(&mut self, ctx: &Context) -> Result<Option<Vec<(f64, f64)>>> {
+        let Some(p) = self.inner.as_mut() else {
             return Ok(None);
         };
-        let n = self.labels.len() as u32;
-        if n == 0 {
+        if self.labels.is_empty() {
             return Ok(Some(Vec::new()));
         }
-        let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("timestamps"),
-            size: 16 * n as u64,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        enc.resolve_query_set(set, 0..2 * n, &resolve, 0);
+        p.resolve_queries(&mut enc);
         ctx.queue.submit([enc.finish()]);
-        let bytes = ctx.read_bytes(&resolve)?;
-        Ok(Some(bytemuck::cast_slice(&bytes).to_vec()))
+        p.end_frame()
+            .map_err(|e| crate::GpuError::Poll(format!("timestamps: {e}")))?;
+        loop {
+            ctx.wait()?;
+            if let Some(r) = p.process_finished_frame(ctx.queue.get_timestamp_period()) {
+                let times = r
+                    .iter()
+                    .map(|q| q.time.clone().map_or((0.0, 0.0), |t| (t.start * 1e3, t.end * 1e3)))
+                    .collect();
+                return Ok(Some(times));
+            }
+        }
     }
 }
 
-/// Ticks from the earliest begin to the latest end of the passes labelled `stage` (`ticks`:
-/// begin and end per pass, in the order of `labels`); `None` when no pass has that label.
-fn span_ticks(labels: &[&str], ticks: &[u64], stage: &str) -> Option<u64> {
-    let pairs = labels
+/// The span of the passes labelled `stage`: earliest begin to latest end, ms.
+fn span_ms(labels: &[&str], times: &[(f64, f64)], stage: &str) -> Option<f64> {
+    let (begin, end) = labels
         .iter()
-        .zip(ticks.chunks_exact(2))
+        .zip(times)
         .filter(|(l, _)| **l == stage)
-        .map(|(_, t)| (t[0], t[1]));
-    let (begin, end) = pairs.fold(None, |acc: Option<(u64, u64)>, (b, e)| {
-        Some(acc.map_or((b, e), |(b0, e0)| (b0.min(b), e0.max(e))))
-    })?;
-    Some(end.saturating_sub(begin))
+        .map(|(_, t)| *t)
+        .fold(None, |acc: Option<(f64, f64)>, (b, e)| {
+            Some(acc.map_or((b, e), |(b0, e0)| (b0.min(b), e0.max(e))))
+        })?;
+    Some((end - begin).max(0.0))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::span_ticks;
+    use super::span_ms;
 
     #[test]
     fn span_is_first_begin_to_last_end_of_the_label() {
         // Three "burst" passes with gaps between them, and another label in the middle.
         let labels = ["burst", "other", "burst", "burst"];
-        let ticks = [100, 110, 111, 500, 120, 130, 140, 175];
-        assert_eq!(span_ticks(&labels, &ticks, "burst"), Some(75));
+        let times = [(100.0, 110.0), (111.0, 500.0), (120.0, 130.0), (140.0, 175.0)];
+        assert_eq!(span_ms(&labels, &times, "burst"), Some(75.0));
         // Summing the passes alone (what `finish` does) would give 10 + 10 + 35 = 55.
-        assert_eq!(span_ticks(&labels, &ticks, "other"), Some(389));
-        assert_eq!(span_ticks(&labels, &ticks, "absent"), None);
-        assert_eq!(span_ticks(&[], &[], "burst"), None);
+        assert_eq!(span_ms(&labels, &times, "other"), Some(389.0));
+        assert_eq!(span_ms(&labels, &times, "absent"), None);
+        assert_eq!(span_ms(&[], &[], "burst"), None);
     }
 }

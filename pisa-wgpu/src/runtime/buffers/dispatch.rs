@@ -106,11 +106,13 @@ impl Context {
         stages: impl IntoIterator<Item = &'s Stage>,
         prof: Option<&mut Profiler>,
     ) {
-        let writes = prof.and_then(|p| p.pass_writes(label));
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(label),
-            timestamp_writes: writes,
-        });
+        let mut pass = match prof {
+            Some(p) => p.compute_pass(enc, label),
+            None => enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(label),
+                timestamp_writes: None,
+            }),
+        };
         for (p, bg, grid) in stages {
             pass.set_pipeline(p);
             pass.set_bind_group(0, bg, &[]);
@@ -144,11 +146,13 @@ impl Context {
         )?;
         log::trace!("dispatch {workgroups} workgroups as grid {grid:?}");
         let bg = self.bind_group(pipeline, bindings);
-        let writes = timer.and_then(|(p, label)| p.pass_writes(label));
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: None,
-            timestamp_writes: writes,
-        });
+        let mut pass = match timer {
+            Some((p, label)) => p.compute_pass(enc, label),
+            None => enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: None,
+            }),
+        };
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bg, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
