@@ -7,22 +7,26 @@
 # Installs what is missing: Debian's chromium (apt-get), the wasm32 target, wasm-bindgen-cli at
 # the version of the wasm-bindgen crate in Cargo.lock, and the npm packages of
 # examples/web/package-lock.json (playwright-core).
+# `--build`: build the page (examples/web/pkg) and stop, without chromium or npm (then
+# `node examples/web/serve.mjs` serves it on http://127.0.0.1:8000/examples/web/).
 # Environment: PISA_WEB_QUERY (page parameters, e.g. "tokens=2048&kv_heads=3"), CHROMIUM.
 set -euo pipefail
+BUILD_ONLY=0
+[ "${1:-}" = "--build" ] && BUILD_ONLY=1
 cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s (%ds)\n' "$1" "$SECONDS"; }
 
-if [ -z "${CHROMIUM:-}" ]; then
+if [ "$BUILD_ONLY" = 0 ] && [ -z "${CHROMIUM:-}" ]; then
   if ! command -v chromium >/dev/null 2>&1; then
     step "installing chromium"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     $SUDO apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends chromium
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
   fi
   CHROMIUM=$(command -v chromium)
 fi
-export CHROMIUM
+export CHROMIUM="${CHROMIUM:-}"
 
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
 # wasm-bindgen-cli must match the wasm-bindgen crate exactly.
@@ -39,6 +43,7 @@ step "wasm-bindgen"
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 wasm-bindgen --target web --no-typescript --out-dir examples/web/pkg \
   "$TARGET_DIR/wasm32-unknown-unknown/release/pisa_web.wasm"
+[ "$BUILD_ONLY" = 1 ] && exit 0
 
 cd examples/web
 if [ ! -d node_modules/playwright-core ]; then

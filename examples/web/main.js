@@ -65,10 +65,12 @@ function show(r) {
       ["backend / type", esc(`${a.backend} / ${a.device_type}`)],
       ["driver", esc(a.driver || "–")],
       ["kernel path", esc(a.kernel_path)],
+      ["stage-2 / attention order", esc(a.leaf_order)],
       ["storage", esc(a.storage)],
       ["shader-f16 / subgroups / timestamps", `${a.shader_f16} / ${a.subgroups} / ${a.timestamps}`],
       ["notes", a.notes.map(esc).join("<br>")],
     ]) +
+    (r.errors.length ? "<h2>WebGPU errors</h2><pre>" + r.errors.map(esc).join("\n\n") + "</pre>" : "") +
     "<h2>Input</h2>" +
     table([["input", esc(r.input)], ["config", esc(r.config)], ["decode steps", r.params.steps]]) +
     "<h2>Prefill vs CPU reference</h2>" + table(check(r.prefill)) +
@@ -124,7 +126,8 @@ async function main() {
     const report = JSON.parse(json);
     show(report);
     const p = report.prefill, d = report.decode;
-    const summary = `prefill: ${p.rows_equal}/${p.rows} selection rows equal, O rel. err ${e(p.o_rel_err)}; decode: ${d.rows_equal}/${d.rows} rows equal, O rel. err ${e(d.o_rel_err)}; ${report.adapter.kernel_path} kernels, ${report.adapter.storage}`;
+    const errs = report.errors.length ? `; ${report.errors.length} WebGPU error(s), the first: ${report.errors[0].split("\n")[0]}` : "";
+    const summary = `prefill: ${p.rows_equal}/${p.rows} selection rows equal, O rel. err ${e(p.o_rel_err)}; decode: ${d.rows_equal}/${d.rows} rows equal, O rel. err ${e(d.o_rel_err)}; ${report.adapter.kernel_path} kernels, ${report.adapter.storage}${errs}`;
     if (report.ok) finish("pass", "PASS: results equal the CPU reference (" + summary + ").", report);
     else finish("fail", "FAIL: results differ from the CPU reference (" + summary + ").", report);
   } catch (err) {

@@ -53,10 +53,11 @@ try {
   if (r.report) {
     const a = r.report.adapter;
     console.log(`adapter: ${a.name || "(hidden)"} | ${a.backend} ${a.device_type} | ${a.driver}`);
-    console.log(`kernel path ${a.kernel_path}, storage ${a.storage}, f16 ${a.shader_f16}, subgroups ${a.subgroups}, timestamps ${a.timestamps}`);
+    console.log(`kernel path ${a.kernel_path}, order ${a.leaf_order}, storage ${a.storage}, f16 ${a.shader_f16}, subgroups ${a.subgroups}, timestamps ${a.timestamps}`);
     for (const n of a.notes) console.log(`note: ${n}`);
     console.log(`times: ${JSON.stringify(r.report.times)}`);
     const failures = [];
+    for (const err of r.report.errors) failures.push(`WebGPU error: ${err}`);
     for (const [name, c] of [["prefill", r.report.prefill], ["decode", r.report.decode]]) {
       console.log(`${name}: ${c.rows_equal}/${c.rows} selection rows equal, O rel. err ${c.o_rel_err.toExponential(3)}, LSE max abs ${c.lse_max_abs.toExponential(3)}`);
       if (!(c.rows > 0 && c.rows_equal === c.rows)) failures.push(`${name}: selection rows differ: ${JSON.stringify(c.differing)}`);

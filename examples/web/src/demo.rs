@@ -7,10 +7,11 @@
 use pisa_core::reference::{self, DecodeState};
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::{
-    wgpu, Context, DType, KvCache, PrefillOptions, PrefillOutputs, PrefillPlan, StepOutputs,
-    Storage, TensorView,
+    wgpu, Context, DType, KvCache, LeafOrder, PrefillOptions, PrefillOutputs, PrefillPlan,
+    StepOutputs, Storage, TensorView,
 };
 use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Mutex};
 use web_time::Instant;
 
 /// Largest relative L2 error of O against the f64 reference that counts as equal (f32).
@@ -35,6 +36,10 @@ pub struct Params {
     pub merge: usize,
     /// Timed prefill runs after the first.
     pub repeats: usize,
+    /// Consecutive queries per stage-2 tile (prefill).
+    pub q_tile: usize,
+    /// Order of selection stage 2 and attention: 0 auto, 1 query tiles, 2 leaf-major.
+    pub leaf_order: usize,
 }
 
 impl Default for Params {
@@ -47,6 +52,8 @@ impl Default for Params {
             top_k: 8,
             merge: 2,
             repeats: 3,
+            q_tile: 4,
+            leaf_order: 0,
         }
     }
 }
@@ -130,6 +137,50 @@ pub fn load(bytes: &[u8], p: &Params) -> Result<Input, String> {
     })
 }
 
+/// wgpu errors that reached the device's uncaptured-error handler, and a device loss.
+pub type Errors = Arc<Mutex<Vec<String>>>;
+
+/// Opens the high-performance adapter and a device of the page's own (with the features pisa
+/// uses where the adapter has them, except the experimental cooperative matrices, and the
+/// adapter's limits), with an uncaptured-error handler and a device-lost callback that collect
+/// what they get into the returned [`Errors`], and hands it to pisa ([`Context::from_device`]).
+pub async fn open() -> Result<(Context, Errors), String> {
+    let adapter = pisa_wgpu::instance()
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("no WebGPU adapter: {e}"))?;
+    let features =
+        pisa_wgpu::wanted_features(&adapter) - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    let (device, queue) = adapter
+        .request_device(&wgpu::DeviceDescriptor {
+            label: Some("pisa-web"),
+            required_features: features,
+            required_limits: adapter.limits(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("requesting a device: {e}"))?;
+    let errors: Errors = Default::default();
+    let sink = errors.clone();
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        let mut v = sink.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < 16 {
+            v.push(e.to_string());
+        }
+    }));
+    let sink = errors.clone();
+    device.set_device_lost_callback(move |reason, msg| {
+        sink.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(format!("device lost ({reason:?}): {msg}"));
+    });
+    let ctx = Context::from_device(&adapter, device, queue).map_err(err)?;
+    Ok((ctx, errors))
+}
+
 /// The adapter and what it offers.
 #[derive(Debug, Clone, Serialize)]
 pub struct AdapterInfo {
@@ -149,6 +200,8 @@ pub struct AdapterInfo {
     pub timestamps: bool,
     /// The kernel family pisa runs: "portable" or "coopmat".
     pub kernel_path: String,
+    /// The order of selection stage 2 and attention (Auto, Tiles, Leaves).
+    pub leaf_order: String,
     /// Storage precision of the demo.
     pub storage: String,
     /// Plain-language notes on missing features.
@@ -197,6 +250,7 @@ pub fn adapter_info(ctx: &Context) -> AdapterInfo {
         subgroups: r.subgroups,
         timestamps: ctx.has_timestamps(),
         kernel_path: path.into(),
+        leaf_order: format!("{:?}", ctx.leaf_order()),
         storage: "f32".into(),
         notes,
     }
@@ -285,6 +339,8 @@ pub struct Report {
     pub decode: Check,
     /// Timings.
     pub times: Times,
+    /// wgpu errors reported by the device (validation, a lost device); any fails the run.
+    pub errors: Vec<String>,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -382,6 +438,7 @@ fn token_major(x: &[f32], h: usize, n: usize, d: usize) -> Vec<f32> {
 /// `progress` gets a line per phase.
 pub async fn run(
     ctx: &Context,
+    errors: &Errors,
     input: &Input,
     p: &Params,
     open_ms: f64,
@@ -393,6 +450,16 @@ pub async fn run(
         return Err(format!("steps {}: between 1 and {}", p.steps, n - 1));
     }
     let cfg = config(p, input)?;
+    ctx.set_leaf_order(match p.leaf_order {
+        0 => LeafOrder::Auto,
+        1 => LeafOrder::Tiles,
+        2 => LeafOrder::Leaves,
+        x => {
+            return Err(format!(
+                "leaf_order {x}: 0 (auto), 1 (query tiles) or 2 (leaf-major)"
+            ))
+        }
+    });
     let k_top = cfg.top_k;
     let mut times = Times {
         open_ms,
@@ -407,7 +474,7 @@ pub async fn run(
         cfg,
         layout: TensorLayout::Bhnd,
         storage: Storage::F32,
-        q_tile: 4,
+        q_tile: p.q_tile,
         return_selection: true,
     };
     let plan = PrefillPlan::new(ctx, &s, &opts).map_err(err)?;
@@ -596,8 +663,10 @@ pub async fn run(
     decode.o_rel_err = (num / den.max(1e-300)).sqrt();
     times.cpu_decode_ms = ms(t);
 
+    let errors = errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
     Ok(Report {
-        ok: prefill.pass() && decode.pass(),
+        ok: prefill.pass() && decode.pass() && errors.is_empty(),
+        errors,
         adapter: adapter_info(ctx),
         input: input.source.clone(),
         params: *p,

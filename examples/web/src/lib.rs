@@ -12,7 +12,6 @@ pub mod demo;
 
 #[cfg(target_arch = "wasm32")]
 mod web {
-    use pisa_wgpu::{AdapterChoice, Context};
     use wasm_bindgen::prelude::*;
 
     use crate::demo;
@@ -54,11 +53,11 @@ mod web {
         let input = demo::load(&input, &p).map_err(|e| JsValue::from_str(&e))?;
         say("opening the WebGPU adapter and device");
         let t = web_time::Instant::now();
-        let ctx = Context::new_async(&AdapterChoice::HighPerformance)
+        let (ctx, errors) = demo::open()
             .await
             .map_err(|e| JsValue::from_str(&format!("WebGPU: {e}")))?;
         let open_ms = t.elapsed().as_secs_f64() * 1e3;
-        let report = demo::run(&ctx, &input, &p, open_ms, &mut say)
+        let report = demo::run(&ctx, &errors, &input, &p, open_ms, &mut say)
             .await
             .map_err(|e| JsValue::from_str(&e))?;
         serde_json::to_string(&report).map_err(|e| JsValue::from_str(&e.to_string()))

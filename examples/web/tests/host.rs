@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pisa_web::demo::{self, Params};
-use pisa_wgpu::{wgpu, AdapterChoice, Context};
+use pisa_wgpu::wgpu;
 
 const INPUT: &[u8] = include_bytes!("../../../data/demo-smollm2-layer15-4096.safetensors");
 
 #[test]
 fn demo_matches_the_reference_on_a_native_adapter() {
-    let Ok(ctx) = Context::new(&AdapterChoice::HighPerformance) else {
+    let Ok((ctx, errors)) = pollster::block_on(demo::open()) else {
         eprintln!("skipped: no adapter");
         return;
     };
@@ -24,6 +24,7 @@ fn demo_matches_the_reference_on_a_native_adapter() {
         top_k: 8,
         merge: 2,
         repeats: 1,
+        ..Default::default()
     };
     let input = demo::load(INPUT, &p).expect("input");
     let done = Arc::new(AtomicBool::new(false));
@@ -36,7 +37,9 @@ fn demo_matches_the_reference_on_a_native_adapter() {
             }
         })
     };
-    let r = pollster::block_on(demo::run(&ctx, &input, &p, 0.0, &mut |s| eprintln!("{s}")));
+    let r = pollster::block_on(demo::run(&ctx, &errors, &input, &p, 0.0, &mut |s| {
+        eprintln!("{s}")
+    }));
     done.store(true, Ordering::Relaxed);
     poller.join().unwrap();
     let r = r.expect("demo runs");
@@ -45,6 +48,7 @@ fn demo_matches_the_reference_on_a_native_adapter() {
     assert_eq!(r.decode.rows, 4);
     assert!(r.prefill.pass(), "prefill: {:?}", r.prefill);
     assert!(r.decode.pass(), "decode: {:?}", r.decode);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert!(r.ok);
 }
 
