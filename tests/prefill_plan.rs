@@ -251,3 +251,133 @@ fn read_async_returns_a_views_bytes_without_blocking_the_caller() {
     let e = pollster::block_on(ctx.read_async(&strided)).unwrap_err();
     assert!(matches!(e, GpuError::View(_)), "{e}");
 }
+
+#[test]
+fn varlen_prefill_equals_each_sequence_alone() {
+    let ctx = ctx();
+    let (hq, hkv, d, top_k) = (6usize, 2usize, 32usize, 3usize);
+    let lens = [150usize, 97, 230, 97];
+    let cu: Vec<usize> = std::iter::once(0)
+        .chain(lens.iter().scan(0, |a, &n| {
+            *a += n;
+            Some(*a)
+        }))
+        .collect();
+    let total = cu[lens.len()];
+    let opts = PrefillOptions {
+        cfg: SelectionConfig::new(32, top_k).unwrap(),
+        return_selection: true,
+        ..Default::default()
+    };
+    // Packed [T, H, D] rows (BNHD with B = 1), as a varlen batch arrives.
+    let mut r = rng(seed("varlen_prefill"));
+    let (q, k, v) = (
+        random(&mut r, total * hq * d, 1.0),
+        random(&mut r, total * hkv * d, 1.0),
+        random(&mut r, total * hkv * d, 1.0),
+    );
+    let packed = |data: &[f32], h: usize| {
+        let b = buffer_with(ctx, PAD, data);
+        TensorView::contiguous(
+            &b,
+            PAD as u64,
+            DType::F32,
+            [1, h, total, d],
+            TensorLayout::Bnhd,
+        )
+        .unwrap()
+    };
+    let (qv, kv, vv) = (packed(&q, hq), packed(&k, hkv), packed(&v, hkv));
+    let nan = f32::from_bits(0xFFFF_FFFF);
+    let (ob, lb, sb) = (
+        buffer_with(ctx, PAD, &vec![nan; total * hq * d]),
+        buffer_with(ctx, PAD, &vec![nan; total * hq]),
+        buffer_with(ctx, PAD, &vec![nan; total * hkv * top_k]),
+    );
+    let p = PAD as u64;
+    let ov =
+        TensorView::contiguous(&ob, p, DType::F32, [1, hq, total, d], TensorLayout::Bnhd).unwrap();
+    let lv = TensorView::new(&lb, p, DType::F32, [1, hq, total, 1], [0, 1, hq, 1]).unwrap();
+    // The selection [1, Hkv, T, K] row-major: each sequence's part is a strided view.
+    let sv = TensorView::contiguous(
+        &sb,
+        p,
+        DType::I32,
+        [1, hkv, total, top_k],
+        TensorLayout::Bhnd,
+    )
+    .unwrap();
+    let plan = pisa_wgpu::VarlenPrefillPlan::new(ctx, hq, hkv, d, &opts).unwrap();
+    let outs = PrefillOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: Some(&sv),
+    };
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    // Bad cu_seqlens are refused.
+    for bad in [vec![0usize], vec![1, total], vec![0, 100, 100, total]] {
+        let e = plan
+            .run(&mut enc, &bad, &qv, &kv, &vv, &outs, None)
+            .unwrap_err();
+        assert!(matches!(e, GpuError::Input(_)), "{e}");
+    }
+    plan.run(&mut enc, &cu, &qv, &kv, &vv, &outs, None).unwrap();
+    ctx.scoped("test submit", || {
+        ctx.queue().submit([enc.finish()]);
+        Ok(())
+    })
+    .unwrap();
+    let o = read_f32(ctx, &ob, PAD, total * hq * d);
+    let l = read_f32(ctx, &lb, PAD, total * hq);
+    let sel_bytes = ctx.read_bytes(&sb).unwrap();
+    let sel: &[i32] = bytemuck::cast_slice(&sel_bytes[PAD..PAD + 4 * total * hkv * top_k]);
+    for (i, &n) in lens.iter().enumerate() {
+        let t0 = cu[i];
+        // Sequence i alone, BHND, through prefill_host.
+        let part = |x: &[f32], h: usize| {
+            let mut out = vec![0f32; h * n * d];
+            for hi in 0..h {
+                for t in 0..n {
+                    let s = ((t0 + t) * h + hi) * d;
+                    out[(hi * n + t) * d..][..d].copy_from_slice(&x[s..s + d]);
+                }
+            }
+            out
+        };
+        let shape = AttentionShape::prefill(1, hq, hkv, n, d).unwrap();
+        let want = prefill_host(
+            ctx,
+            &part(&q, hq),
+            &part(&k, hkv),
+            &part(&v, hkv),
+            &shape,
+            &opts,
+        )
+        .unwrap();
+        for h in 0..hq {
+            for t in 0..n {
+                let got = &o[((t0 + t) * hq + h) * d..][..d];
+                assert_eq!(
+                    got,
+                    &want.out[(h * n + t) * d..][..d],
+                    "seq {i} O h{h} t{t}"
+                );
+                assert_eq!(
+                    l[(t0 + t) * hq + h].to_bits(),
+                    want.lse[h * n + t].to_bits()
+                );
+            }
+        }
+        let ws = want.selection.as_ref().unwrap();
+        for h in 0..hkv {
+            for t in 0..n {
+                let got = &sel[(h * total + t0 + t) * top_k..][..top_k];
+                assert_eq!(
+                    got,
+                    &ws[(h * n + t) * top_k..][..top_k],
+                    "seq {i} selection"
+                );
+            }
+        }
+    }
+}

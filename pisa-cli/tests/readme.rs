@@ -65,7 +65,7 @@ let shape = AttentionShape::prefill(1, hq, hkv, t, d)?;
 let opts = PrefillOptions { cfg: SelectionConfig::new(64, 16)?, storage: Storage::F32, ..Default::default() };
 let plan = PrefillPlan::new(&ctx, &shape, &opts)?;
 plan.run(&mut encoder, &q, &k, &v, &PrefillOutputs { out: &o, lse: &lse, selection: None }, None)?;
-// Varlen: one sequence of a packed batch is view.tokens(cu_seqlens[i], len_i).
+// Varlen (as flash_attn_varlen_func): VarlenPrefillPlan::run(&mut encoder, &cu_seqlens, ...).
 
 // Decode: a cache owns a clone of the context (an engine struct can own both).
 let mut cache = KvCache::new(&ctx, batch, capacity, hq, hkv, d, opts.cfg, Storage::F32)?;

@@ -13,7 +13,7 @@
 //!   strides, [`DType`] f32 / f16 / bf16 / i32), checked once against its buffer.
 //! - [`PrefillPlan`]: plan a prefill once per shape ([`PrefillOptions`]), then
 //!   [`PrefillPlan::run`] into the application's encoder over its views ([`PrefillOutputs`]).
-//!   A varlen batch is one plan per length over [`TensorView::tokens`] of the packed tensors.
+//!   A varlen batch (`cu_seqlens`, as `flash_attn_varlen_func`) is a [`VarlenPrefillPlan`].
 //! - [`KvCache`]: the decode cache; [`KvCache::record_append_view`] and
 //!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no allocation,
 //!   host write or wait; several recorded pairs are a multi-token append.
@@ -73,7 +73,9 @@ pub mod runtime;
 
 pub use error::{GpuError, Result};
 pub use ops::decode::{DecodeOutput, KvCache, StepOutputs};
-pub use ops::prefill::{prefill_host, PrefillOptions, PrefillOutput, PrefillOutputs, PrefillPlan};
+pub use ops::prefill::{
+    prefill_host, PrefillOptions, PrefillOutput, PrefillOutputs, PrefillPlan, VarlenPrefillPlan,
+};
 pub use runtime::adapter::{instance, list_adapters_async};
 #[doc(hidden)]
 pub use runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};

@@ -48,7 +48,7 @@
 mod chunks;
 mod plan;
 
-pub use self::plan::{PrefillOutputs, PrefillPlan};
+pub use self::plan::{PrefillOutputs, PrefillPlan, VarlenPrefillPlan};
 
 use pisa_core::{AttentionShape, PisaError, PyramidLayout, Scoring, SelectionConfig, TensorLayout};
 

@@ -32,8 +32,7 @@ pub struct PrefillOutputs<'a> {
     pub out: &'a TensorView,
     /// LSE `[B, Hq, N, 1]` f32 (natural log), any strides.
     pub lse: &'a TensorView,
-    /// The selection `[B, Hkv, N, K]` i32, contiguous (`[B, Hkv, N, K]` row-major) at a
-    /// 4-byte offset: ascending leaf indices, -1 padded.
+    /// The selection `[B, Hkv, N, K]` i32, any strides: ascending leaf indices, -1 padded.
     pub selection: Option<&'a TensorView>,
 }
 
@@ -208,10 +207,11 @@ impl PrefillPlan {
         }
         if let Some(sel) = outputs.selection {
             check_shape("selection", sel, [b, hkv, n, kk])?;
-            if sel.dtype() != DType::I32 || copy_range(sel, [b, hkv, n, kk]).is_none() {
-                return Err(GpuError::View(
-                    "selection: must be i32, contiguous [B, Hkv, N, K] at a 4-byte offset".into(),
-                ));
+            if sel.dtype() != DType::I32 {
+                return Err(GpuError::View(format!(
+                    "selection: must be i32, is {:?}",
+                    sel.dtype()
+                )));
             }
         }
         ctx.scope_now("prefill", || {
@@ -226,8 +226,8 @@ impl PrefillPlan {
             write_out(ctx, enc, &o.buffer, st, outputs.out)?;
             write_out(ctx, enc, &lse.buffer, Storage::F32, outputs.lse)?;
             if let Some(view) = outputs.selection {
-                let (off, bytes) = copy_range(view, view.shape()).expect("checked above");
-                enc.copy_buffer_to_buffer(&sel.buffer, 0, view.buffer(), off, bytes);
+                // i32 words: copied as they are (f32 storage is the 4-byte word kind).
+                write_out(ctx, enc, &sel.buffer, Storage::F32, view)?;
             }
             Ok(())
         })
@@ -289,11 +289,121 @@ fn write_out(
     storage: Storage,
     dst: &TensorView,
 ) -> Result<()> {
+    let same = dst.dtype() == DType::from(storage)
+        || (dst.dtype() == DType::I32 && storage == Storage::F32);
     match copy_range(dst, dst.shape()) {
-        Some((off, bytes)) if dst.dtype() == DType::from(storage) => {
+        Some((off, bytes)) if same => {
             enc.copy_buffer_to_buffer(src, 0, dst.buffer(), off, bytes);
             Ok(())
         }
         _ => record_scatter(ctx, enc, src, storage, dst),
+    }
+}
+
+/// A varlen prefill (as `flash_attn_varlen_func`): a batch of sequences packed along the token
+/// dimension, sequence `i` being tokens `cu_seqlens[i] .. cu_seqlens[i + 1]` of the views, each
+/// attending causally to itself only. One [`PrefillPlan`] per distinct sequence length, made on
+/// first use (or ahead with [`VarlenPrefillPlan::prepare`]) and kept; a run records every
+/// sequence's plan over its token range of the caller's views ([`TensorView::tokens`]).
+#[derive(Debug)]
+pub struct VarlenPrefillPlan {
+    ctx: Context,
+    heads: (usize, usize, usize),
+    opts: PrefillOptions,
+    plans: std::sync::Mutex<std::collections::BTreeMap<usize, std::sync::Arc<PrefillPlan>>>,
+}
+
+impl VarlenPrefillPlan {
+    /// A varlen prefill of `q_heads` (Hq) query heads, `kv_heads` (Hkv) KV heads of `head_dim`
+    /// (D) with `opts`. Errors: the options' and heads' validation errors.
+    pub fn new(
+        ctx: &Context,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        opts: &PrefillOptions,
+    ) -> Result<Self> {
+        opts.cfg.validate()?;
+        AttentionShape::prefill(1, q_heads, kv_heads, 1, head_dim)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            heads: (q_heads, kv_heads, head_dim),
+            opts: *opts,
+            plans: Default::default(),
+        })
+    }
+
+    /// Makes the plans of these sequence lengths now (a run with a length not planned yet makes
+    /// its plan then: allocation and pipeline builds on that run). Errors: as
+    /// [`PrefillPlan::new`].
+    pub fn prepare(&self, lengths: &[usize]) -> Result<()> {
+        for &n in lengths {
+            self.plan(n)?;
+        }
+        Ok(())
+    }
+
+    fn plan(&self, n: usize) -> Result<std::sync::Arc<PrefillPlan>> {
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = plans.get(&n) {
+            return Ok(p.clone());
+        }
+        let (hq, hkv, d) = self.heads;
+        let shape = AttentionShape::prefill(1, hq, hkv, n, d)?;
+        let p = std::sync::Arc::new(PrefillPlan::new(&self.ctx, &shape, &self.opts)?);
+        plans.insert(n, p.clone());
+        Ok(p)
+    }
+
+    /// Records the prefill of every sequence into `enc`. `q` `[1, Hq, T, D]`, `k`, `v`
+    /// `[1, Hkv, T, D]` (any strides and dtype, e.g. `[T, H, D]` packed rows), the outputs
+    /// `[1, Hq, T, D]`, `[1, Hq, T, 1]` and the optional selection `[1, Hkv, T, K]` over the
+    /// same T = `cu_seqlens[last]` tokens; `cu_seqlens` `[n + 1]`, starting at 0, strictly
+    /// increasing. Errors: [`GpuError::View`] for views whose token count is not T or whose
+    /// other dimensions do not match, [`pisa_core::PisaError`] input errors for `cu_seqlens`
+    /// (fewer than 2 entries, not starting at 0, not increasing), and those of
+    /// [`PrefillPlan::run`].
+    pub fn run(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        cu_seqlens: &[usize],
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        outputs: &PrefillOutputs<'_>,
+        mut prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let bad = |what: &'static str| GpuError::Input(pisa_core::PisaError::Zero { what });
+        if cu_seqlens.len() < 2 || cu_seqlens[0] != 0 {
+            return Err(bad(
+                "cu_seqlens: at least one sequence, starting at token 0",
+            ));
+        }
+        if cu_seqlens.windows(2).any(|w| w[1] <= w[0]) {
+            return Err(bad(
+                "cu_seqlens: sequence lengths (strictly increasing offsets)",
+            ));
+        }
+        let total = cu_seqlens[cu_seqlens.len() - 1];
+        let (hq, hkv, d) = self.heads;
+        check_shape("q", q, [1, hq, total, d])?;
+        check_shape("k", k, [1, hkv, total, d])?;
+        check_shape("v", v, [1, hkv, total, d])?;
+        check_shape("output", outputs.out, [1, hq, total, d])?;
+        check_shape("lse", outputs.lse, [1, hq, total, 1])?;
+        for w in cu_seqlens.windows(2) {
+            let (t0, n) = (w[0], w[1] - w[0]);
+            let plan = self.plan(n)?;
+            let sel = outputs.selection.map(|s| s.tokens(t0, n)).transpose()?;
+            let (o, l) = (outputs.out.tokens(t0, n)?, outputs.lse.tokens(t0, n)?);
+            let outs = PrefillOutputs {
+                out: &o,
+                lse: &l,
+                selection: sel.as_ref(),
+            };
+            let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
+            plan.run(enc, &qs, &ks, &vs, &outs, prof.as_deref_mut())?;
+        }
+        Ok(())
     }
 }
