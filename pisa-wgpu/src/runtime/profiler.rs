@@ -109,7 +109,9 @@ impl Profiler {
         };
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(stage),
-            timestamp_writes: query.as_ref().and_then(|q| q.compute_pass_timestamp_writes()),
+            timestamp_writes: query
+                .as_ref()
+                .and_then(|q| q.compute_pass_timestamp_writes()),
         });
         if let (Some(p), Some(q)) = (&self.inner, query) {
             // A pass query's timestamps are the pass's own writes: closing it records nothing.
@@ -171,7 +173,11 @@ impl Profiler {
             if let Some(r) = p.process_finished_frame(ctx.queue.get_timestamp_period()) {
                 let times = r
                     .iter()
-                    .map(|q| q.time.clone().map_or((0.0, 0.0), |t| (t.start * 1e3, t.end * 1e3)))
+                    .map(|q| {
+                        q.time
+                            .clone()
+                            .map_or((0.0, 0.0), |t| (t.start * 1e3, t.end * 1e3))
+                    })
                     .collect();
                 return Ok(Some(times));
             }
@@ -200,7 +206,12 @@ mod tests {
     fn span_is_first_begin_to_last_end_of_the_label() {
         // Three "burst" passes with gaps between them, and another label in the middle.
         let labels = ["burst", "other", "burst", "burst"];
-        let times = [(100.0, 110.0), (111.0, 500.0), (120.0, 130.0), (140.0, 175.0)];
+        let times = [
+            (100.0, 110.0),
+            (111.0, 500.0),
+            (120.0, 130.0),
+            (140.0, 175.0),
+        ];
         assert_eq!(span_ms(&labels, &times, "burst"), Some(75.0));
         // Summing the passes alone (what `finish` does) would give 10 + 10 + 35 = 55.
         assert_eq!(span_ms(&labels, &times, "other"), Some(389.0));
