@@ -11,13 +11,14 @@ const t0 = performance.now();
 function log(line) {
   line = `[${((performance.now() - t0) / 1000).toFixed(2)} s] ${line}`;
   logEl.textContent += line + "\n";
+  if (!window.pisaResult) statusEl.textContent = "running: " + line;
   console.log("pisa-web: " + line);
 }
 
 function finish(status, message, report = null) {
   statusEl.className = status;
   statusEl.textContent = message;
-  window.pisaResult = { ok: status === "pass", status, message, report };
+  window.pisaResult = { ok: status === "pass", status, message, report, adapter: jsAdapter };
   document.title = `PISA on WebGPU: ${status}`;
 }
 
@@ -37,6 +38,8 @@ function params() {
   }
   return p;
 }
+
+let jsAdapter = null; // what navigator.gpu says of the adapter (wgpu's report may lack the name)
 
 const f = (x, d = 2) => (x === null || x === undefined ? "–" : Number(x).toFixed(d));
 const e = (x) => (x === null || x === undefined ? "–" : Number(x).toExponential(2));
@@ -61,7 +64,7 @@ function show(r) {
   reportEl.innerHTML =
     "<h2>Adapter</h2>" +
     table([
-      ["adapter", esc(a.name || "(name hidden by the browser)")],
+      ["adapter", esc(a.name || (jsAdapter && jsAdapter.name) || "(name hidden by the browser)")],
       ["backend / type", esc(`${a.backend} / ${a.device_type}`)],
       ["driver", esc(a.driver || "–")],
       ["kernel path", esc(a.kernel_path)],
@@ -69,6 +72,7 @@ function show(r) {
       ["storage", esc(a.storage)],
       ["shader-f16 / subgroups / timestamps", `${a.shader_f16} / ${a.subgroups} / ${a.timestamps}`],
       ["notes", a.notes.map(esc).join("<br>")],
+      ["WebGPU features of the adapter", esc(jsAdapter ? jsAdapter.features.join(", ") || "none" : "–")],
     ]) +
     (r.errors.length ? "<h2>WebGPU errors</h2><pre>" + r.errors.map(esc).join("\n\n") + "</pre>" : "") +
     "<h2>Input</h2>" +
@@ -97,12 +101,21 @@ async function main() {
     return;
   }
   log("requesting a WebGPU adapter");
-  const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+  const timeout = new Promise((ok) => setTimeout(() => ok("timeout"), 20000));
+  const adapter = await Promise.race([navigator.gpu.requestAdapter({ powerPreference: "high-performance" }), timeout]);
+  if (adapter === "timeout") {
+    finish("no-webgpu", "No WebGPU adapter: navigator.gpu.requestAdapter() did not answer within 20 s (the browser's GPU process may be disabled, e.g. by --disable-gpu).");
+    return;
+  }
   if (!adapter) {
     finish("no-webgpu", "No WebGPU adapter: navigator.gpu exists but requestAdapter() returned null (WebGPU is disabled or blocklisted for this GPU; in Chromium try --enable-unsafe-webgpu, and on a machine without a GPU --use-webgpu-adapter=swiftshader --enable-unsafe-swiftshader).");
     return;
   }
   const info = adapter.info || {};
+  jsAdapter = {
+    name: [info.vendor, info.architecture, info.device, info.description].filter(Boolean).join(" "),
+    features: [...adapter.features].sort(),
+  };
   log(`adapter: ${[info.vendor, info.architecture, info.device, info.description].filter(Boolean).join(" ") || "(no info)"}; features: ${[...adapter.features].sort().join(", ") || "none"}`);
 
   log("loading the wasm module");

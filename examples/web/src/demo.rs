@@ -167,8 +167,9 @@ pub async fn open() -> Result<(Context, Errors), String> {
     let sink = errors.clone();
     device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
         let mut v = sink.lock().unwrap_or_else(|p| p.into_inner());
-        if v.len() < 16 {
-            v.push(e.to_string());
+        let m = e.to_string();
+        if v.len() < 16 && !v.contains(&m) {
+            v.push(m);
         }
     }));
     let sink = errors.clone();
@@ -222,7 +223,7 @@ pub fn adapter_info(ctx: &Context) -> AdapterInfo {
     }
     if !r.subgroups {
         notes.push(
-            "no subgroups on this adapter: the portable kernels (which do not need them) run"
+            "subgroups are not available to pisa here (not reported through wgpu): the portable kernels, which do not need them, run"
                 .to_string(),
         );
     }

@@ -59,7 +59,13 @@ mod web {
         let open_ms = t.elapsed().as_secs_f64() * 1e3;
         let report = demo::run(&ctx, &errors, &input, &p, open_ms, &mut say)
             .await
-            .map_err(|e| JsValue::from_str(&e))?;
+            .map_err(|e| {
+                let seen = errors.lock().unwrap_or_else(|p| p.into_inner()).join("; ");
+                match seen.is_empty() {
+                    true => JsValue::from_str(&e),
+                    false => JsValue::from_str(&format!("{e} (WebGPU: {seen})")),
+                }
+            })?;
         serde_json::to_string(&report).map_err(|e| JsValue::from_str(&e.to_string()))
     }
 }
