@@ -159,3 +159,107 @@ fn cache_from_plan_decodes_like_cache_from_views() {
     }
     assert_eq!(from_plan.lens(), &[n + 60, n + 60]);
 }
+
+/// Decode rows taken from a packed QKV projection `[B, (Hq + 2 Hkv) * D]` (views that are not
+/// contiguous, so the cache gathers them) and from bf16 copies decode bitwise like the same rows
+/// in separate contiguous buffers (bound in place); the bf16 rows are exactly representable, so
+/// the conversion must be exact.
+#[test]
+fn packed_and_bf16_rows_decode_like_contiguous_rows() {
+    let ctx = ctx();
+    let (bsz, hq, hkv, d) = (3usize, 4usize, 2usize, 32usize);
+    let cfg = SelectionConfig::new(16, 2).unwrap();
+    let new_cache = || KvCache::new(ctx, bsz, 96, hq, hkv, d, cfg, Storage::F32).unwrap();
+    let mut caches = [new_cache(), new_cache(), new_cache()];
+    let row = (hq + 2 * hkv) * d;
+    let out_buf = || buffer(ctx, &vec![f32::NAN; bsz * hq * d]);
+    let lse_buf = || buffer(ctx, &vec![f32::NAN; bsz * hq]);
+    let outs: Vec<(wgpu::Buffer, wgpu::Buffer)> = (0..3).map(|_| (out_buf(), lse_buf())).collect();
+    let base = seed("packed_rows");
+    for step in 0..40u64 {
+        // Rows exactly representable in bf16 (8 significant bits), so bf16 loses nothing.
+        let mut qkv = random(&mut rng(base + step), bsz * row, 1.0);
+        for x in qkv.iter_mut() {
+            *x = half::bf16::from_f32(*x).to_f32();
+        }
+        let packed = buffer(ctx, &qkv);
+        let strides = [row, d, row, 1];
+        let pv = |off: usize, h: usize| {
+            TensorView::new(
+                &packed,
+                (off * 4) as u64,
+                DType::F32,
+                [bsz, h, 1, d],
+                strides,
+            )
+            .unwrap()
+        };
+        let (pq, pk, pvv) = (pv(0, hq), pv(hq * d, hkv), pv((hq + hkv) * d, hkv));
+        // The same rows in separate contiguous buffers.
+        let part = |off: usize, h: usize| -> Vec<f32> {
+            (0..bsz)
+                .flat_map(|b| qkv[b * row + off..b * row + off + h * d].to_vec())
+                .collect()
+        };
+        let (cq, ck, cv) = (
+            buffer(ctx, &part(0, hq)),
+            buffer(ctx, &part(hq * d, hkv)),
+            buffer(ctx, &part((hq + hkv) * d, hkv)),
+        );
+        // And as bf16 words, packed like the f32 projection.
+        let words: Vec<u16> = qkv
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        let bf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("bf16 qkv"),
+            size: (words.len() * 2).div_ceil(4) as u64 * 4,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        ctx.queue()
+            .write_buffer(&bf, 0, bytemuck::cast_slice(&words));
+        let bv = |off: usize, h: usize| {
+            TensorView::new(&bf, (off * 2) as u64, DType::BF16, [bsz, h, 1, d], strides).unwrap()
+        };
+        let (bq, bk, bvv) = (bv(0, hq), bv(hq * d, hkv), bv((hq + hkv) * d, hkv));
+        let inputs = [
+            (pq, pk, pvv),
+            (
+                bhnd(&cq, [bsz, hq, 1, d]),
+                bhnd(&ck, [bsz, hkv, 1, d]),
+                bhnd(&cv, [bsz, hkv, 1, d]),
+            ),
+            (bq, bk, bvv),
+        ];
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        for ((cache, (q, k, v)), (o, l)) in caches.iter_mut().zip(&inputs).zip(&outs) {
+            cache
+                .record_append_view(&mut enc, k, v, &[true, step % 3 != 0, true], None)
+                .unwrap();
+            let (ov, lv) = (bhnd(o, [bsz, hq, 1, d]), bhnd(l, [bsz, hq, 1, 1]));
+            let so = StepOutputs {
+                out: &ov,
+                lse: &lv,
+                selection: None,
+            };
+            cache
+                .record_step_into(&mut enc, q, Some(&so), None)
+                .unwrap();
+        }
+        ctx.queue().submit([enc.finish()]);
+        if step % 8 == 7 {
+            let o: Vec<Vec<u8>> = outs
+                .iter()
+                .map(|(o, _)| ctx.read_bytes(o).unwrap())
+                .collect();
+            let f: &[f32] = bytemuck::cast_slice(&o[1]);
+            assert!(
+                f.iter().all(|x| x.is_finite()),
+                "step {step}: O not written"
+            );
+            assert_eq!(o[0], o[1], "step {step}: packed rows differ");
+            assert_eq!(o[2], o[1], "step {step}: bf16 rows differ");
+        }
+    }
+}

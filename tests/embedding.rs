@@ -467,15 +467,25 @@ fn misused_views_are_typed_errors() {
     let ok = TensorView::contiguous(&buf, 0, DType::F32, [1, 1, 32, D], TensorLayout::Bhnd);
     let e = ok.unwrap().tokens(20, 13);
     assert!(matches!(e, Err(GpuError::View(_))), "{e:?}");
-    // A decode query at an offset the device cannot bind in place.
+    // A decode output at an offset the device cannot bind in place is refused (a query there is
+    // gathered instead, so it is accepted).
     let cache = KvCache::new(&app.ctx, 3, 64, HQ, HKV, D, cfg, Storage::F32).unwrap();
     let a = app.align();
     let big = app.buffer("step", 2 * a + (3 * HQ * D * 4) as u64);
     if a > 4 {
-        let q = TensorView::contiguous(&big, a + 4, DType::F32, [3, HQ, 1, D], TensorLayout::Bhnd)
-            .unwrap();
+        let at = |off: u64, shape| {
+            TensorView::contiguous(&big, off, DType::F32, shape, TensorLayout::Bhnd).unwrap()
+        };
+        let (q, lse) = (at(a + 4, [3, HQ, 1, D]), at(0, [3, HQ, 1, 1]));
         let mut enc = app.device.create_command_encoder(&Default::default());
-        let e = cache.record_step_into(&mut enc, &q, None, None);
+        cache.record_step_into(&mut enc, &q, None, None).unwrap();
+        let o = at(a + 4, [3, HQ, 1, D]);
+        let outs = StepOutputs {
+            out: &o,
+            lse: &lse,
+            selection: None,
+        };
+        let e = cache.record_step_into(&mut enc, &q, Some(&outs), None);
         assert!(matches!(e, Err(GpuError::View(_))), "{e:?}");
     } else {
         eprintln!("min_storage_buffer_offset_alignment is {a}: every f32 offset binds");

@@ -172,6 +172,11 @@ pub struct KvCache {
     cands: GpuTensor,
     parts: GpuTensor,
     lens: Vec<usize>,
+    /// Gather targets of query, key and value views that cannot be bound in place
+    /// (`[B, Hq, D]`, `[B, Hkv, D]` in storage precision).
+    q_in: GpuTensor,
+    k_in: GpuTensor,
+    v_in: GpuTensor,
     /// The lengths on the GPU, u32 `[B]`: written by the host calls that set them
     /// ([`KvCache::prefill`], [`KvCache::reset`]) and advanced by every recorded append, so the
     /// recorded steps of an inference loop need no host write.

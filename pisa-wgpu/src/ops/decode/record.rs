@@ -81,11 +81,13 @@ impl KvCache {
     /// the first step of a given set of buffers builds its bind groups (and pipelines), every
     /// later one only records the pass: no allocation, no host write, no wait (the lengths live
     /// on the GPU, advanced by the recorded appends). `q`: `[B, Hq, 1, D]` in the cache's
-    /// storage dtype, contiguous, at an aligned offset (see [`TensorView`]).
+    /// storage dtype, contiguous, at an aligned offset (see [`TensorView`]) to be bound in place;
+    /// any other query view (a row of a packed QKV projection, bf16) is gathered first by one
+    /// small dispatch. The outputs are always bound in place.
     ///
-    /// Errors: [`GpuError::View`] for a view of the wrong shape or dtype, not contiguous, or
-    /// at an offset the device cannot bind; [`GpuError::Validation`] for a buffer of another
-    /// device. Nothing is recorded on error.
+    /// Errors: [`GpuError::View`] for a view of the wrong shape, or an output of the wrong
+    /// dtype, not contiguous, or at an offset the device cannot bind; [`GpuError::Validation`]
+    /// for a buffer of another device.
     ///
     /// ```no_run
     /// # fn f(ctx: &pisa_wgpu::Context, cache: &mut pisa_wgpu::ops::decode::KvCache,
@@ -106,18 +108,24 @@ impl KvCache {
         outputs: Option<&StepOutputs<'_>>,
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
-        let io = self.step_io(q, outputs)?;
+        let io = self.step_io(enc, q, outputs)?;
         let stages = self.cached_stages(&io)?;
         self.ctx.record_pass(enc, "decode", &stages, prof);
         Ok(())
     }
 
     /// The bindings of a step for a query view and optional output views, checked.
-    fn step_io(&self, q: &TensorView, outputs: Option<&StepOutputs<'_>>) -> Result<StepIo> {
+    fn step_io(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        q: &TensorView,
+        outputs: Option<&StepOutputs<'_>>,
+    ) -> Result<StepIo> {
         let s = &self.shape;
         let dt = DType::from(self.storage);
         let (b, hq, hkv, d, k) = (s.batch, s.q_heads, s.kv_heads, s.head_dim, self.cfg.top_k);
-        let q = self.bind_view("q", q, dt, [b, hq, 1, d])?;
+        // The outputs are checked before the query's gather (if any) is recorded: nothing is
+        // recorded on error.
         let (out, lse, sel) = match outputs {
             Some(o) => (
                 self.bind_view("decode output", o.out, dt, [b, hq, 1, d])?,
@@ -133,6 +141,7 @@ impl KvCache {
                 InPlace::whole(&self.sel.buffer),
             ),
         };
+        let q = self.input_view(enc, "q", q, [b, hq, 1, d], &self.q_in)?;
         Ok(StepIo {
             fused: self.is_fused(),
             q,
@@ -140,6 +149,34 @@ impl KvCache {
             lse,
             sel,
         })
+    }
+
+    /// An input `view` of `shape` as a range to bind: in place when it is contiguous, of the
+    /// cache's storage dtype and at an aligned offset; else (a packed QKV projection, bf16, an
+    /// unaligned offset) gathered on the GPU into the cache's `scratch` (one small dispatch
+    /// recorded into `enc`, with its own parameter buffer and bind group).
+    pub(super) fn input_view(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        what: &str,
+        view: &TensorView,
+        shape: [usize; 4],
+        scratch: &GpuTensor,
+    ) -> Result<InPlace> {
+        if view.shape() != shape {
+            return Err(GpuError::View(format!(
+                "{what}: expected shape {shape:?}, got {:?}",
+                view.shape()
+            )));
+        }
+        let align = self.ctx.limits().min_storage_buffer_offset_alignment as u64;
+        if view.dtype() == DType::from(self.storage) {
+            if let Some(r) = view.binding_words(TensorLayout::Bhnd, align) {
+                return Ok(r);
+            }
+        }
+        crate::ops::gather::record_gather(&self.ctx, enc, view, &scratch.buffer, self.storage)?;
+        Ok(InPlace::whole(&scratch.buffer))
     }
 
     /// `view` as a range bound in place, after checking its shape and dtype.

@@ -13,7 +13,7 @@ use crate::ops::pyramid;
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
-use crate::runtime::view::{DType, InPlace, TensorView};
+use crate::runtime::view::{InPlace, TensorView};
 
 impl KvCache {
     /// Loads the keys and values of sequence `seq`, replacing its contents: `k`, `v` are
@@ -365,11 +365,13 @@ impl KvCache {
     }
 
     /// [`Self::record_append`] of keys and values in a caller's buffers: `k`, `v`
-    /// `[B, Hkv, 1, D]` in the cache's storage dtype, contiguous, at offsets that are multiples
-    /// of the device's `min_storage_buffer_offset_alignment`, bound in place. The first append
-    /// of a given set of buffers and mask builds its bind groups; every later one only records
-    /// (no allocation, no host write: positions and lengths are computed on the GPU). Errors: as
-    /// [`Self::record_append`], [`crate::GpuError::View`] for an unusable view.
+    /// `[B, Hkv, 1, D]`, bound in place when contiguous, of the cache's storage dtype and at
+    /// offsets that are multiples of the device's `min_storage_buffer_offset_alignment`; any
+    /// other view (the rows of a packed QKV projection, bf16) is gathered first by one small
+    /// dispatch (with its own small parameter buffer and bind group). The first append of a
+    /// given set of buffers and mask builds its bind groups; every later one only records (no
+    /// allocation, no host write: positions and lengths are computed on the GPU). Errors: as
+    /// [`Self::record_append`], [`crate::GpuError::View`] for a view of the wrong shape.
     pub fn record_append_view(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
@@ -379,14 +381,13 @@ impl KvCache {
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
         let s = self.shape;
-        let (dt, shape) = (
-            DType::from(self.storage),
-            [s.batch, s.kv_heads, 1, s.head_dim],
-        );
+        let shape = [s.batch, s.kv_heads, 1, s.head_dim];
+        // Checked before any gather is recorded: nothing is recorded on error.
+        self.check_append(s.batch * s.kv_heads * s.head_dim, active)?;
         let io = AppendIo {
             active: active.to_vec(),
-            k: self.bind_view("appended keys", k, dt, shape)?,
-            v: self.bind_view("appended values", v, dt, shape)?,
+            k: self.input_view(enc, "appended keys", k, shape, &self.k_in)?,
+            v: self.input_view(enc, "appended values", v, shape, &self.v_in)?,
         };
         self.record_append_io(enc, io, prof)
     }
