@@ -92,3 +92,8 @@ fn build_union(lid: u32, row0: u32, i0: u32) -> u32 {
     }
     return workgroupUniformLoad(&ucount)[0];
 }
+
+// -inf as a runtime value: WGSL const-evaluates `bitcast<f32>(0xff800000u)` and Tint (Dawn,
+// the browsers' WGSL compiler) refuses -inf as a constant ("value -inf cannot be represented as
+// 'f32'"), where naga accepts it.
+fn neg_inf_bits() -> u32 { return 0xff800000u; }

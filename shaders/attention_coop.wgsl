@@ -385,7 +385,7 @@ fn finish() {
         if (row_valid(srow)) {
             let i = i0 + srow / p.gh;
             let hq = hq0 + srow % p.gh;
-            var out = bitcast<f32>(0xff800000u);
+            var out = bitcast<f32>(neg_inf_bits());
             if (l > 0.0) { out = (m_run + log2(l)) * 0.6931471805599453; }
             lse[(b * p.q_heads + hq) * p.q_len + i] = out;
         }

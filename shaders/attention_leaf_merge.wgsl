@@ -55,7 +55,7 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         hm[h] = mx;
         hl[h] = l;
-        var out = bitcast<f32>(0xff800000u);
+        var out = bitcast<f32>(neg_inf_bits());
         if (l > 0.0) { out = mx + log(l); }
         lse[(b * p.q_heads + hkv * GQ + h) * p.q_len + i] = out;
     }
@@ -76,3 +76,8 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         o[b * p.q_sb + (hkv * GQ + h) * p.q_sh + i * p.q_sn + d] = store_t(val);
     }
 }
+
+// -inf as a runtime value: WGSL const-evaluates `bitcast<f32>(0xff800000u)` and Tint (Dawn,
+// the browsers' WGSL compiler) refuses -inf as a constant ("value -inf cannot be represented as
+// 'f32'"), where naga accepts it.
+fn neg_inf_bits() -> u32 { return 0xff800000u; }

@@ -14,3 +14,8 @@ struct SplitParams {
 }
 
 @group(0) @binding(0) var<uniform> p: SplitParams;
+
+// -inf as a runtime value: WGSL const-evaluates `bitcast<f32>(0xff800000u)` and Tint (Dawn,
+// the browsers' WGSL compiler) refuses -inf as a constant ("value -inf cannot be represented as
+// 'f32'"), where naga accepts it.
+fn neg_inf_bits() -> u32 { return 0xff800000u; }

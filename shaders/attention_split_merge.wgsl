@@ -78,7 +78,7 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     }
     let ll = reduce(lid, ls, false);
     if (lid == 0u) {
-        var out = bitcast<f32>(0xff800000u);
+        var out = bitcast<f32>(neg_inf_bits());
         if (ll > 0.0) { out = (mm + log2(ll)) * 0.6931471805599453; }
         lse[(b * p.q_heads + h) * p.q_len + i] = out;
     }

@@ -20,7 +20,7 @@ var<workgroup> mcnt: array<u32, MCN>;         // partial rank counts [part][slot
 // sel_out[so..]).
 fn write_empty(qrow: u32, so: u32, lid: u32) {
     for (var i = lid; i < GQ * DD; i += WG) { out[qrow + i] = store_t(0.0); }
-    for (var i = lid; i < GQ; i += WG) { lse_out[qrow / DD + i] = bitcast<f32>(0xff800000u); }
+    for (var i = lid; i < GQ; i += WG) { lse_out[qrow / DD + i] = bitcast<f32>(neg_inf_bits()); }
     for (var i = lid; i < KMAX; i += WG) { sel_out[so + i] = -1; }
 }
 

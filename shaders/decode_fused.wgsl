@@ -246,7 +246,7 @@ fn fused(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let ml = hml[hh];
             out[qrow + e] = store_t(select(0.0, o[i] / ml.y, ml.y > 0.0));
             if (e % DD == 0u) {
-                lse_out[qrow / DD + hh] = select(bitcast<f32>(0xff800000u), ml.x + log(ml.y), ml.y > 0.0);
+                lse_out[qrow / DD + hh] = select(bitcast<f32>(neg_inf_bits()), ml.x + log(ml.y), ml.y > 0.0);
             }
         }
     }

@@ -65,7 +65,7 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         out[qrow + e] = store_t(select(0.0, o / l, l > 0.0));
         if (d == 0u) {
-            let lse = select(bitcast<f32>(0xff800000u), m + log(l), l > 0.0);
+            let lse = select(bitcast<f32>(neg_inf_bits()), m + log(l), l > 0.0);
             lse_out[qrow / DD + hh] = lse;
         }
     }
@@ -102,7 +102,7 @@ fn merge_weighted(po: u32, qrow: u32, lid: u32) {
         }
         mw[it] = select(0.0, exp(mml[it].x - m) / l, msel[i] != INVALID && l > 0.0);
         if (i == 0u) {
-            lse_out[qrow / DD + hh] = select(bitcast<f32>(0xff800000u), m + log(l), l > 0.0);
+            lse_out[qrow / DD + hh] = select(bitcast<f32>(neg_inf_bits()), m + log(l), l > 0.0);
         }
     }
     workgroupBarrier();

@@ -173,6 +173,17 @@ impl Context {
         Arc::as_ptr(&self.0) as usize
     }
 
+    /// The last wgpu error that reached pisa's uncaptured-error handler (installed on pisa's own
+    /// device only, [`Context::new`]), taken: work outside pisa's operations, or, in the
+    /// browser, pisa's own work (see the plans' docs). `None` on an application's device, whose
+    /// handler is the application's.
+    pub fn take_uncaptured_error(&self) -> Option<String> {
+        self.uncaptured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
     /// Whether `self` and `other` are the same context (clones of one another).
     pub fn same(&self, other: &Context) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
@@ -436,14 +447,18 @@ impl Context {
     /// Runs `f` (which creates resources or records commands, submitting nothing) inside
     /// validation and out-of-memory error scopes and returns what they caught as a
     /// [`GpuError`] naming `op`, without waiting for the GPU: wgpu reports these errors when the
-    /// resource is created, so the scopes are ready at once on native backends. (On the
-    /// browser's WebGPU they resolve later; there an error is left to the device's
-    /// uncaptured-error handler and the result is `f`'s.) Used on the hot paths of plans.
+    /// resource is created, so the scopes are ready at once on native backends. On wasm32 (the
+    /// browser's WebGPU, whose scopes resolve later) no scope is pushed: an error goes to the
+    /// device's uncaptured-error handler (the application's, or for pisa's own device the one
+    /// [`Context::take_uncaptured_error`] reads). Used on the hot paths of plans.
     pub(crate) fn scope_now<T>(
         &self,
         op: &'static str,
         f: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
+        if cfg!(target_arch = "wasm32") {
+            return f();
+        }
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();
