@@ -55,7 +55,13 @@ fn open_device(adapter: &wgpu::Adapter) -> (wgpu::Device, wgpu::Queue) {
 
 impl App {
     fn new() -> Self {
-        let instance = pisa_wgpu::instance();
+        // The application's own instance (each test its own: wgpu-hal's GL backend shares one
+        // EGL context among the devices of an instance, which threads cannot use at once).
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        if wgpu::Backends::from_env().is_none() {
+            desc.backends = wgpu::Backends::PRIMARY;
+        }
+        let instance = wgpu::Instance::new(desc);
         let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
             .expect("a GPU adapter (install mesa-vulkan-drivers)");
         let (device, queue) = open_device(&adapter);

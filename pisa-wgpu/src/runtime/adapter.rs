@@ -85,21 +85,23 @@ impl AdapterReport {
 }
 
 /// The wgpu instance every context pisa opens itself ([`Context::new`](crate::Context::new)) is made on, made once
-/// per process: the backends named by `WGPU_BACKEND`, else the primary ones. wgpu's resource
+/// per process: the backends named by `WGPU_BACKEND`, else the primary ones. (With the GL
+/// backend each context gets an instance of its own instead: see `find_adapter`.) wgpu's resource
 /// ids belong to an instance, so buffers of one instance cannot be used on a device of another;
 /// an application that opens its own devices on this instance (or hands its device to
 /// [`Context::from_device`](super::context::Context::from_device)) never mixes them.
 pub fn instance() -> wgpu::Instance {
     static INSTANCE: std::sync::OnceLock<wgpu::Instance> = std::sync::OnceLock::new();
-    INSTANCE
-        .get_or_init(|| {
-            let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-            if wgpu::Backends::from_env().is_none() {
-                desc.backends = wgpu::Backends::PRIMARY;
-            }
-            wgpu::Instance::new(desc)
-        })
-        .clone()
+    INSTANCE.get_or_init(new_instance).clone()
+}
+
+/// A new wgpu instance of the backends named by `WGPU_BACKEND`, else the primary ones.
+fn new_instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if wgpu::Backends::from_env().is_none() {
+        desc.backends = wgpu::Backends::PRIMARY;
+    }
+    wgpu::Instance::new(desc)
 }
 
 /// Every adapter wgpu finds (the primary backends, or those named by `WGPU_BACKEND`). Blocks;
@@ -125,7 +127,13 @@ pub const INSTALL_HINT: &str = ": install a Vulkan/Metal/DX12 driver, or Mesa's 
 /// pick, else the first adapter found. Errors: [`GpuError::NoAdapter`] (none found or none
 /// matches).
 pub(super) async fn find_adapter(choice: &AdapterChoice) -> Result<wgpu::Adapter> {
-    let inst = instance();
+    // wgpu-hal's GL backend keeps ONE EGL context per instance, shared by every device opened on
+    // it, each behind its own lock: two devices of one instance used from two threads at once
+    // make eglMakeCurrent fail (EGL_BAD_ACCESS, a panic inside wgpu-hal 30's gles/egl.rs). So
+    // with the GL backend every context pisa opens gets an instance (and EGL context) of its
+    // own.
+    let gl = wgpu::Backends::from_env().is_some_and(|b| b.contains(wgpu::Backends::GL));
+    let inst = if gl { new_instance() } else { instance() };
     let adapters = inst.enumerate_adapters(wgpu::Backends::all()).await;
     let found: Vec<String> = (adapters.iter().enumerate())
         .map(|(i, a)| format!("[{i}] {}", a.get_info().name))
