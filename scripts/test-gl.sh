@@ -42,8 +42,10 @@ if [ $# -gt 0 ]; then BINS=("$@"); fi
 args=()
 for b in "${BINS[@]}"; do args+=(--test "$b"); done
 
-# One test thread: every device wgpu's GL backend opens on one instance shares the instance's
-# single EGL context, each behind its own lock, so two devices used from two threads at once make
-# eglMakeCurrent fail with EGL_BAD_ACCESS, a panic inside wgpu-hal (tests that open a second
-# Context next to the shared one hit it).
+# One test thread. pisa gives each context it opens on the GL backend an instance (and EGL
+# context) of its own (wgpu-hal's GL backend shares one EGL context among the devices of an
+# instance, and two threads using it at once panic inside wgpu-hal); but the tests also share
+# one context between threads, and wgpu-hal holds a GL device's context lock while it waits for
+# the GPU: another thread using the same device gives up after a second and panics ("Could not
+# lock adapter context", wgpu-hal 30 gles/device.rs), which llvmpipe's slow kernels reach.
 cargo test -p pisa-wgpu --locked "${args[@]}" -- --test-threads=1
