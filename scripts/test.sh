@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command of README.md (and of CI): a Vulkan driver (lavapipe when no GPU), the whole
-# workspace's tests, the no_std build of pisa-core, and the formatting check (where rustfmt is
-# installed).
+# workspace's tests, the no_std build of pisa-core, the wasm32 build of pisa-wgpu, the kernel
+# tests on wgpu's OpenGL backend, the browser test of the WebGPU demo, and the formatting check
+# (where rustfmt is installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-vulkan.sh
@@ -22,3 +23,6 @@ command -v glslangValidator >/dev/null 2>&1 || { S=$([ "$(id -u)" = 0 ] || echo 
 cargo test --workspace --locked
 # The kernel tests again on wgpu's OpenGL backend (Mesa llvmpipe, headless EGL).
 bash scripts/test-gl.sh
+# The WebGPU demo page in headless Chromium (Dawn and its WGSL compiler Tint, on SwiftShader),
+# checked against the CPU reference.
+bash scripts/test-web.sh
