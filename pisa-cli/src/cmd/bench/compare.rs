@@ -21,9 +21,18 @@ fn shorten(name: &str, most: usize) -> String {
     cut.trim_end().to_string()
 }
 
-/// A report's column / series label (at most 24 characters): the adapter and the kernel path
-/// that ran (`portable`, `coopmat`), so runs of one GPU on both paths stay apart.
+/// A report's column / series label (at most 32 characters): the adapter, the backend (`vk`,
+/// `gl`, `webgpu`, `metal`, `dx12`) and the kernel path that ran (`portable`, `coopmat`), so
+/// runs of one GPU through two backends or on both paths stay apart.
 pub fn label(r: &Report) -> String {
+    let backend = match r.backend.as_str() {
+        "Vulkan" => "vk",
+        "Gl" => "gl",
+        "BrowserWebGpu" => "webgpu",
+        "Metal" => "metal",
+        "Dx12" => "dx12",
+        _ => "",
+    };
     let path = match &r.params {
         Some(p) => Some(p.kernel_path.as_str()),
         None => r
@@ -35,9 +44,20 @@ pub fn label(r: &Report) -> String {
     match path {
         Some(p) => {
             let p = shorten(p, 12);
-            format!("{} ({p})", shorten(&r.adapter, 24 - p.len() - 3))
+            let p = if backend.is_empty() {
+                p
+            } else {
+                format!("{backend} {p}")
+            };
+            format!("{} ({p})", shorten(&r.adapter, 32 - p.len() - 3))
         }
-        None => shorten(&r.adapter, 24),
+        None if !backend.is_empty() => {
+            format!(
+                "{} ({backend})",
+                shorten(&r.adapter, 24 - backend.len() - 3)
+            )
+        }
+        None => shorten(&r.adapter, 32),
     }
 }
 
@@ -234,18 +254,24 @@ mod tests {
             |p: &str| format!("Hq=32 Hkv=8 D=128 C=64 K=16 g=2 Lse Qtile=4, kernel path {p} (x)");
         assert_eq!(
             label(&report("NVIDIA H200", &shape("coopmat"))),
-            "NVIDIA H200 (coopmat)"
+            "NVIDIA H200 (vk coopmat)"
         );
         assert_eq!(
             label(&report("NVIDIA H200", &shape("portable"))),
-            "NVIDIA H200 (portable)"
+            "NVIDIA H200 (vk portable)"
         );
-        assert_eq!(label(&report("llvmpipe", "Hq=8")), "llvmpipe");
+        assert_eq!(label(&report("llvmpipe", "Hq=8")), "llvmpipe (vk)");
+        let mut gl = report("llvmpipe", &shape("portable"));
+        gl.backend = "Gl".into();
+        assert_eq!(label(&gl), "llvmpipe (gl portable)");
         let long = label(&report(
             "AMD Radeon RX 7900 XTX (RADV NAVI31)",
             &shape("portable"),
         ));
-        assert!(long.len() <= 24 && long.ends_with("(portable)"), "{long}");
+        assert!(
+            long.len() <= 32 && long.ends_with("(vk portable)"),
+            "{long}"
+        );
     }
 
     #[test]
@@ -266,7 +292,7 @@ mod tests {
         assert!(labels[0].starts_with("before: NVIDIA"), "{labels:?}");
         assert!(labels[1].starts_with("after: NVIDIA"), "{labels:?}");
         assert_ne!(labels[0], labels[1]);
-        assert_eq!(labels[2], "llvmpipe (coopmat)");
+        assert_eq!(labels[2], "llvmpipe (vk coopmat)");
     }
 
     #[test]
@@ -274,7 +300,7 @@ mod tests {
         let old =
             "Hq=32 Hkv=8 D=128 C=64 K=16 g=2 Lse Qtile=4 order Auto, kernel path portable (x)";
         let llvm = report("llvmpipe (LLVM 15.0.7, 256 bits)", old);
-        assert_eq!(label(&llvm), "llvmpipe (portable)");
+        assert_eq!(label(&llvm), "llvmpipe (vk portable)");
         let rec = |op: &str| Record {
             op: op.into(),
             n: 4096,
