@@ -223,11 +223,12 @@ pub fn prefill(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use pisa_core::SelectionConfig;
 
-    fn values(n: usize, seed: u64) -> Vec<f32> {
+    /// Deterministic values in [-1, 1) (xorshift of `seed`), for the CLI's GPU tests.
+    pub(crate) fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
             .map(|_| {

@@ -184,9 +184,9 @@ pub struct KvCache {
     /// The append positions, u32 `[B]`, computed on the GPU from `lens_gpu` and the mask.
     pos_gpu: wgpu::Buffer,
     /// Recorded step dispatches by bound buffers (see `record.rs`).
-    stage_cache: std::sync::Mutex<std::collections::HashMap<record::StepIo, Vec<record::Stage>>>,
+    stage_cache: record::StageCache<record::StepIo>,
     /// Recorded append dispatches by bound buffers and mask (see `write.rs`).
-    append_cache: std::sync::Mutex<std::collections::HashMap<write::AppendIo, Vec<record::Stage>>>,
+    append_cache: record::StageCache<write::AppendIo>,
 }
 
 fn input(e: PisaError) -> GpuError {

@@ -180,6 +180,20 @@ pub(crate) fn record_prefill_parts(
     Ok((o, lse, sel, pyr))
 }
 
+/// `shape` re-validated (its fields are public, so it may not come from a constructor) after
+/// `opts.cfg`: the checks every prefill entry point starts with.
+pub(crate) fn validated(shape: &AttentionShape, opts: &PrefillOptions) -> Result<AttentionShape> {
+    opts.cfg.validate()?;
+    Ok(AttentionShape::new(
+        shape.batch,
+        shape.q_heads,
+        shape.kv_heads,
+        shape.q_len,
+        shape.k_len,
+        shape.head_dim,
+    )?)
+}
+
 /// Opt-in check of prefill inputs: `Ok` when every element of `q`, `k` and `v` is finite, else
 /// [`GpuError::NonFinite`] naming the first tensor (in the order q, k, v) holding a NaN or
 /// infinity, the flat index of its first such element (in the tensor's layout) and the value.
@@ -210,15 +224,7 @@ pub fn prefill_host(
     shape: &AttentionShape,
     opts: &PrefillOptions,
 ) -> Result<PrefillOutput> {
-    opts.cfg.validate()?;
-    let shape = AttentionShape::new(
-        shape.batch,
-        shape.q_heads,
-        shape.kv_heads,
-        shape.q_len,
-        shape.k_len,
-        shape.head_dim,
-    )?;
+    let shape = validated(shape, opts)?;
     for (what, actual, expected) in [
         ("q", q.len(), shape.q_elems()),
         ("k", k.len(), shape.kv_elems()),

@@ -420,18 +420,7 @@ impl Context {
         let v = super::block::block_on(val.pop())?;
         let o = super::block::block_on(oom.pop())?;
         self.check_alive()?;
-        if let Some(e) = o {
-            return Err(GpuError::OutOfMemory {
-                op,
-                message: e.to_string(),
-            });
-        }
-        if let Some(e) = v {
-            return Err(GpuError::Validation {
-                op,
-                message: e.to_string(),
-            });
-        }
+        scope_errors(op, v, o)?;
         if let Some(m) = self
             .uncaptured
             .lock()
@@ -464,18 +453,7 @@ impl Context {
         let out = f();
         let v = super::block::ready(val.pop()).flatten();
         let o = super::block::ready(oom.pop()).flatten();
-        if let Some(e) = o {
-            return Err(GpuError::OutOfMemory {
-                op,
-                message: e.to_string(),
-            });
-        }
-        if let Some(e) = v {
-            return Err(GpuError::Validation {
-                op,
-                message: e.to_string(),
-            });
-        }
+        scope_errors(op, v, o)?;
         out
     }
 
@@ -518,4 +496,22 @@ impl Context {
         self.pipelines
             .get(&self.device, shader, entry, storage, consts, &[])
     }
+}
+
+/// What a validation scope (`v`) and an out-of-memory scope (`o`) caught around `op`, as a
+/// [`GpuError`] (out of memory first).
+fn scope_errors(op: &'static str, v: Option<wgpu::Error>, o: Option<wgpu::Error>) -> Result<()> {
+    if let Some(e) = o {
+        return Err(GpuError::OutOfMemory {
+            op,
+            message: e.to_string(),
+        });
+    }
+    if let Some(e) = v {
+        return Err(GpuError::Validation {
+            op,
+            message: e.to_string(),
+        });
+    }
+    Ok(())
 }

@@ -52,8 +52,50 @@ pub struct StepOutputs<'a> {
 
 pub(super) use crate::runtime::buffers::Stage;
 
-/// Most sets of step buffers a cache keeps recorded dispatches for.
+/// Most sets of buffers a cache keeps recorded dispatches for (per kind: steps, appends).
 const STAGE_CACHE_MAX: usize = 64;
+
+/// Recorded dispatches by what they bind (a step's or an append's buffers), built on first use
+/// and shared afterwards; bounded, so an app that binds ever new buffers rebuilds rather than
+/// grows the cache without end.
+pub(super) struct StageCache<K>(std::sync::Mutex<std::collections::HashMap<K, Arc<[Stage]>>>);
+
+impl<K> Default for StageCache<K> {
+    fn default() -> Self {
+        Self(Default::default())
+    }
+}
+
+impl<K> std::fmt::Debug for StageCache<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StageCache")
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> StageCache<K> {
+    /// The dispatches kept for `key`, or those `build` makes (then kept).
+    pub(super) fn get_or_build(
+        &self,
+        key: &K,
+        build: impl FnOnce() -> Result<Vec<Stage>>,
+    ) -> Result<Arc<[Stage]>> {
+        let mut cache = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(st) = cache.get(key) {
+            return Ok(st.clone());
+        }
+        let stages: Arc<[Stage]> = build()?.into();
+        if cache.len() >= STAGE_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key.clone(), stages.clone());
+        Ok(stages)
+    }
+
+    /// Forgets every kept dispatch (their sizes changed).
+    pub(super) fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
 
 impl KvCache {
     /// Records the decode step (PISA.md 3, 4, 5) of every sequence, labelled "decode" in
@@ -110,7 +152,7 @@ impl KvCache {
     ) -> Result<()> {
         let io = self.step_io(enc, q, outputs)?;
         let stages = self.cached_stages(&io)?;
-        self.ctx.record_pass(enc, "decode", &stages, prof);
+        self.ctx.record_pass(enc, "decode", stages.iter(), prof);
         Ok(())
     }
 
@@ -209,24 +251,16 @@ impl KvCache {
 
     /// The recorded dispatches of a step for `io`, built on first use and kept (the bind
     /// groups hold the buffers, the uniforms and the pipelines) until the step's sizes change.
-    pub(super) fn cached_stages(&self, io: &StepIo) -> Result<Vec<Stage>> {
-        let mut cache = self.stage_cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(st) = cache.get(io) {
-            return Ok(st.clone());
-        }
-        let stages = self.ctx.scope_now("decode step", || {
-            Ok(if io.fused {
-                vec![self.fused_stage(io)?]
-            } else {
-                self.stages(io)?.to_vec()
+    pub(super) fn cached_stages(&self, io: &StepIo) -> Result<Arc<[Stage]>> {
+        self.stage_cache.get_or_build(io, || {
+            self.ctx.scope_now("decode step", || {
+                Ok(if io.fused {
+                    vec![self.fused_stage(io)?]
+                } else {
+                    self.stages(io)?.to_vec()
+                })
             })
-        })?;
-        // A bounded cache: an app that binds ever new buffers rebuilds, it never grows without end.
-        if cache.len() >= STAGE_CACHE_MAX {
-            cache.clear();
-        }
-        cache.insert(io.clone(), stages.clone());
-        Ok(stages)
+        })
     }
 
     /// Records the steps of several caches (each as [`Self::record_step`], with its own `q`)
@@ -290,11 +324,11 @@ impl KvCache {
             };
             let st = cache.cached_stages(&io)?;
             if io.fused {
-                stages[0].extend(st);
+                stages[0].extend(st.iter().cloned());
                 continue;
             }
-            for (all, st) in stages.iter_mut().zip(st) {
-                all.push(st);
+            for (all, st) in stages.iter_mut().zip(st.iter()) {
+                all.push(st.clone());
             }
         }
         let passes: Vec<(&'static str, Vec<&Stage>)> = if by_stage {

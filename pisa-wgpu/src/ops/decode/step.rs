@@ -218,10 +218,7 @@ impl KvCache {
         self.plan = Plan::new(&lim, gq, d, &self.cfg)?;
         self.fplan = FusedPlan::new(&lim, gq, d, &self.cfg);
         self.limits = lim;
-        self.stage_cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.stage_cache.clear();
         Ok(())
     }
 }

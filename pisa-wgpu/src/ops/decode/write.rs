@@ -400,23 +400,11 @@ impl KvCache {
     ) -> Result<()> {
         let n = self.shape.batch * self.shape.kv_heads * self.shape.head_dim;
         self.check_append(n, &io.active)?;
-        let stages = {
-            let mut cache = self.append_cache.lock().unwrap_or_else(|p| p.into_inner());
-            match cache.get(&io) {
-                Some(st) => st.clone(),
-                None => {
-                    let st = self
-                        .ctx
-                        .scope_now("decode append", || self.append_stages(&io))?;
-                    if cache.len() >= 64 {
-                        cache.clear();
-                    }
-                    cache.insert(io.clone(), st.clone());
-                    st
-                }
-            }
-        };
-        self.ctx.record_pass(enc, "append", &stages, prof);
+        let stages = self.append_cache.get_or_build(&io, || {
+            self.ctx
+                .scope_now("decode append", || self.append_stages(&io))
+        })?;
+        self.ctx.record_pass(enc, "append", stages.iter(), prof);
         for (l, &a) in self.lens.iter_mut().zip(&io.active) {
             *l += a as usize;
         }

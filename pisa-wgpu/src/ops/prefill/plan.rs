@@ -79,15 +79,7 @@ impl PrefillPlan {
     /// [`super::prefill_host`] splits such calls by KV head; plan per head group instead);
     /// device errors.
     pub fn new(ctx: &Context, shape: &AttentionShape, opts: &PrefillOptions) -> Result<Self> {
-        opts.cfg.validate()?;
-        let shape = AttentionShape::new(
-            shape.batch,
-            shape.q_heads,
-            shape.kv_heads,
-            shape.q_len,
-            shape.k_len,
-            shape.head_dim,
-        )?;
+        let shape = super::validated(shape, opts)?;
         if opts.q_tile == 0 {
             return Err(pisa_core::PisaError::Zero { what: "q_tile" }.into());
         }
