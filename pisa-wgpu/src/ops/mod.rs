@@ -20,6 +20,8 @@ pub mod gather;
 #[doc(hidden)]
 pub mod leaf_select;
 #[doc(hidden)]
+pub mod nv_gemm;
+#[doc(hidden)]
 pub mod oracle;
 pub mod prefill;
 #[doc(hidden)]

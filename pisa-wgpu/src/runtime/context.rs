@@ -53,6 +53,11 @@ pub struct ContextInner {
     coop_ok: bool,
     coop_on: AtomicBool,
     leaf_order: AtomicU8,
+    /// Whether the device has `VK_NV_cooperative_matrix2` (see `nv.rs`), and whether its
+    /// kernels are on.
+    nv_ok: bool,
+    nv_on: AtomicBool,
+    pub(crate) nv_pipelines: super::nv::NvPipelines,
 }
 
 impl std::ops::Deref for Context {
@@ -108,6 +113,22 @@ impl Context {
     pub async fn new_async(choice: &AdapterChoice) -> Result<Self> {
         let adapter = find_adapter(choice).await?;
         let features = wanted_features(&adapter);
+        // The NVIDIA path (runtime/nv.rs) where the adapter has VK_NV_cooperative_matrix2;
+        // `PISA_NV_CM2=0` opens the device as everywhere else.
+        if std::env::var("PISA_NV_CM2").as_deref() != Ok("0")
+            && super::nv::nv_cm2_supported(&adapter)
+        {
+            let desc = wgpu::DeviceDescriptor {
+                label: Some("pisa"),
+                required_features: features,
+                required_limits: adapter.limits(),
+                ..Default::default()
+            };
+            match super::nv::request_device_nv_cm2(&adapter, &desc) {
+                Ok((device, queue)) => return Self::build(&adapter, device, queue, true),
+                Err(e) => log::warn!("VK_NV_cooperative_matrix2 device refused ({e}): opening without it"),
+            }
+        }
         let coop = features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
         // SAFETY: the experimental-features token is only handed to wgpu when the adapter
         // reports EXPERIMENTAL_COOPERATIVE_MATRIX, the one experimental feature requested; the
@@ -218,18 +239,20 @@ impl Context {
         let mut report = AdapterReport::of(adapter);
         report.shader_f16 = features.contains(wgpu::Features::SHADER_F16);
         let coop_ok = coop_supported(features, &limits, report.subgroup_size, &coop_props);
+        let nv_ok = coop_ok && super::nv::device_has_nv_cm2(&device);
         // On by default where the adapter supports them (their reference tests passed on an
         // NVIDIA H200: docs/runs/h200-2026-11-29b-coopmat.txt); `PISA_KERNEL_PATH=portable` or
         // `set_kernel_path` keeps the portable kernels.
         let coop_on = coop_ok && std::env::var("PISA_KERNEL_PATH").as_deref() != Ok("portable");
         log::info!(
-            "opened {} ({}, {} {}): kernel path {}, shader checks {checks}, subgroup size \
+            "opened {} ({}, {} {}): kernel path {}{}, shader checks {checks}, subgroup size \
              {}..{}, workgroup memory {} KiB, storage binding {} MiB",
             report.name,
             report.backend,
             report.driver,
             report.driver_info,
             if coop_on { "coopmat" } else { "portable" },
+            if nv_ok { " + VK_NV_cooperative_matrix2" } else { "" },
             report.subgroup_size.0,
             report.subgroup_size.1,
             limits.max_compute_workgroup_storage_size / 1024,
@@ -251,6 +274,9 @@ impl Context {
             coop_on: AtomicBool::new(coop_on),
             leaf_order: AtomicU8::new(LeafOrder::from_env().to_u8()),
             pool: Mutex::new(Default::default()),
+            nv_ok,
+            nv_on: AtomicBool::new(nv_ok),
+            nv_pipelines: Default::default(),
         }));
         ctx.check_alive()?;
         Ok(ctx)
@@ -471,6 +497,36 @@ impl Context {
 }
 
 impl Context {
+    /// Whether the NVIDIA cooperative-matrix-2 kernels run (runtime/nv.rs): the device has
+    /// `VK_NV_cooperative_matrix2` ([`crate::request_device_nv_cm2`]), the tensor-core path is
+    /// on ([`Context::kernel_path`] is [`KernelPath::CoopMat`]) and
+    /// [`Context::set_nv_cm2`] did not turn them off.
+    pub fn nv_cm2(&self) -> bool {
+        self.nv_ok && self.nv_on.load(Ordering::Relaxed) && self.kernel_path() == KernelPath::CoopMat
+    }
+
+    /// Turns the NVIDIA kernels on or off (on by default where the device has the
+    /// extension); returns whether they run now. Plans made before keep the kernels they
+    /// recorded.
+    pub fn set_nv_cm2(&self, on: bool) -> bool {
+        self.nv_on.store(on, Ordering::Relaxed);
+        self.nv_cm2()
+    }
+
+    /// The pipeline and bind group layout of an NVIDIA kernel (built once).
+    pub(crate) fn nv_pipeline(
+        &self,
+        k: &super::nv::NvKernel,
+    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+        if !self.nv_ok {
+            return Err(GpuError::Unsupported(format!(
+                "NVIDIA kernel {}: the device has no VK_NV_cooperative_matrix2",
+                k.name
+            )));
+        }
+        self.nv_pipelines.get(&self.device, k)
+    }
+
     /// The wgpu device (for callers that record their own passes).
     pub fn device(&self) -> &wgpu::Device {
         &self.device

@@ -2,7 +2,7 @@
 //! (adapter choice and reports), [`checks`] (the shaders' runtime checks per device), [`coop`] (kernel paths, cooperative-matrix support),
 //! [`pipeline`] (shader variants and the pipeline cache), [`buffers`] (storage buffers, upload,
 //! poisoned outputs, scratch, binding-size checks, dispatch), [`readback`] (reading tensors back)
-//! and [`profiler`] (GPU timestamps).
+//! [`profiler`] (GPU timestamps) and [`nv`] (the NVIDIA cooperative-matrix-2 device and kernels).
 
 pub mod adapter;
 pub(crate) mod arena;
@@ -11,6 +11,7 @@ pub mod buffers;
 pub mod checks;
 pub mod context;
 pub mod coop;
+pub mod nv;
 pub mod pipeline;
 pub mod profiler;
 pub mod readback;

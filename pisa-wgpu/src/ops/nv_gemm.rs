@@ -1,0 +1,95 @@
+//! C = A B^T on NVIDIA cooperative matrices 2 (`shaders/nv/gemm.comp`): the ceiling the
+//! NVIDIA attention kernels are read against, as `shaders/gemm_coop.wgsl` is for WGSL
+//! (benchmark and tests only). A `[m, k]` and B `[n, k]` f16 row-major, C `[m, n]` f32.
+
+use crate::error::{GpuError, Result};
+use crate::nv_kernel;
+use crate::runtime::buffers::GpuTensor;
+use crate::runtime::context::Context;
+use crate::runtime::nv::{NvBinding, NvKernel};
+use crate::runtime::pipeline::Storage;
+use crate::runtime::profiler::Profiler;
+use wgpu::util::DeviceExt;
+
+const B: &[NvBinding] = &[
+    NvBinding::Read,
+    NvBinding::Read,
+    NvBinding::Write,
+    NvBinding::Uniform,
+];
+
+/// The GEMM variants of `shaders/nv/kernels.txt`, with their tile (BM, BN).
+pub const VARIANTS: [(NvKernel, u32, u32); 5] = [
+    (nv_kernel!("gemm_128x128x32", B), 128, 128),
+    (nv_kernel!("gemm_128x128x64", B), 128, 128),
+    (nv_kernel!("gemm_128x256x32", B), 128, 256),
+    (nv_kernel!("gemm_256x128x64", B), 256, 128),
+    (nv_kernel!("gemm_64x64x64", B), 64, 64),
+];
+
+/// Records C = A B^T with variant `v` of [`VARIANTS`] into `enc` (one pass named "gemm").
+/// Errors: [`GpuError::Unsupported`] without `VK_NV_cooperative_matrix2` or for a variant
+/// index out of range; [`GpuError::Shape`]-like [`GpuError::Unsupported`] when a tensor's
+/// length or storage does not match.
+#[allow(clippy::too_many_arguments)]
+pub fn record_gemm(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    v: usize,
+    a: &GpuTensor,
+    b: &GpuTensor,
+    c: &GpuTensor,
+    (m, n, k): (usize, usize, usize),
+    prof: Option<&mut Profiler>,
+) -> Result<()> {
+    let Some(&(kernel, bm, bn)) = VARIANTS.get(v) else {
+        return Err(GpuError::Unsupported(format!("no NVIDIA GEMM variant {v}")));
+    };
+    let ok = a.len == m * k
+        && b.len == n * k
+        && c.len == m * n
+        && a.storage == Storage::F16
+        && b.storage == Storage::F16
+        && c.storage == Storage::F32;
+    if !ok {
+        return Err(GpuError::Unsupported(format!(
+            "NVIDIA GEMM: A [{m}, {k}] f16, B [{n}, {k}] f16, C [{m}, {n}] f32 expected"
+        )));
+    }
+    let (pipe, layout) = ctx.nv_pipeline(&kernel)?;
+    let dims = ctx
+        .device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("gemm dims"),
+            contents: bytemuck::cast_slice(&[m as u32, n as u32, k as u32, 0]),
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(kernel.name),
+        layout: &layout,
+        entries: &[
+            (0, &a.buffer),
+            (1, &b.buffer),
+            (2, &c.buffer),
+            (3, &dims),
+        ]
+        .map(|(i, buf)| wgpu::BindGroupEntry {
+            binding: i,
+            resource: buf.as_entire_binding(),
+        }),
+    });
+    let mut prof = prof;
+    let mut pass = match prof.as_mut() {
+        Some(p) => p.compute_pass(enc, "gemm"),
+        None => enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("gemm"),
+            timestamp_writes: None,
+        }),
+    };
+    pass.set_pipeline(&pipe);
+    pass.set_bind_group(0, &bind, &[]);
+    let gx = n.div_ceil(bn as usize) as u32;
+    let gy = m.div_ceil(bm as usize) as u32;
+    pass.dispatch_workgroups(gx, gy, 1);
+    Ok(())
+}

@@ -1,0 +1,343 @@
+//! The NVIDIA fast path: kernels written in GLSL with `GL_NV_cooperative_matrix2`
+//! (`shaders/nv/*.comp`, built into SPIR-V by `tools/spirv` and embedded from
+//! `shaders/nv/spv/`), loaded as passthrough SPIR-V (`wgpu::Features::PASSTHROUGH_SHADERS`) on a
+//! Vulkan device opened with `VK_NV_cooperative_matrix2`.
+//!
+//! WGSL cannot express what this extension gives (workgroup-scope matrices that the driver
+//! stages through shared memory itself, tensor-addressed loads with clamping, row reductions
+//! and per-element operations on accumulators), so the path is chosen at run time: a context
+//! runs these kernels only where [`device_has_nv_cm2`] holds, and the WGSL kernels stay the
+//! path everywhere else (and are tested there).
+//!
+//! How a device gets the extension: wgpu does not enable it by itself, so pisa opens the device
+//! through wgpu-hal ([`request_device_nv_cm2`]: `Adapter::open_with_callback` adds the
+//! extension and its feature structure to `vkCreateDevice`, then
+//! `Adapter::create_device_from_hal`). [`crate::Context::new`] does that where
+//! [`nv_cm2_supported`] holds; an application that opens its own device calls
+//! [`request_device_nv_cm2`] instead of `Adapter::request_device` to get the same.
+//!
+//! Invariants of the passthrough modules (wgpu validates nothing in them): every kernel names
+//! its bindings in [`NvKernel::bindings`] (set 0, in order), its workgroup size is fixed in the
+//! SPIR-V, and its sources are the only input of its SPIR-V (`tools/spirv --check` in CI).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::error::{GpuError, Result};
+
+/// `VK_NV_cooperative_matrix2`.
+pub const NV_COOPERATIVE_MATRIX_2: &std::ffi::CStr = c"VK_NV_cooperative_matrix2";
+
+/// What one binding of an NVIDIA kernel is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NvBinding {
+    /// A read-only storage buffer.
+    Read,
+    /// A read-write storage buffer.
+    Write,
+    /// A uniform buffer.
+    Uniform,
+}
+
+/// One embedded NVIDIA kernel: its SPIR-V (`shaders/nv/spv/<name>.spv`) and bindings.
+#[derive(Debug, Clone, Copy)]
+pub struct NvKernel {
+    /// The variant's name in `shaders/nv/kernels.txt`.
+    pub name: &'static str,
+    /// The SPIR-V bytes (little-endian words).
+    pub spirv: &'static [u8],
+    /// Bindings 0.. of set 0.
+    pub bindings: &'static [NvBinding],
+}
+
+/// `include_bytes!` of `shaders/nv/spv/<name>.spv` as an [`NvKernel`].
+#[macro_export]
+#[doc(hidden)]
+macro_rules! nv_kernel {
+    ($name:literal, $bindings:expr) => {
+        $crate::runtime::nv::NvKernel {
+            name: $name,
+            spirv: include_bytes!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../shaders/nv/spv/",
+                $name,
+                ".spv"
+            )),
+            bindings: $bindings,
+        }
+    };
+}
+
+/// The pipelines built from [`NvKernel`]s, by name.
+#[derive(Default)]
+pub(crate) struct NvPipelines {
+    built: Mutex<HashMap<&'static str, (wgpu::ComputePipeline, wgpu::BindGroupLayout)>>,
+}
+
+impl NvPipelines {
+    /// The pipeline of `k` on `device` (built once).
+    pub(crate) fn get(
+        &self,
+        device: &wgpu::Device,
+        k: &NvKernel,
+    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+        let mut built = self.built.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = built.get(k.name) {
+            return Ok(p.clone());
+        }
+        if k.spirv.len() % 4 != 0 || k.spirv.len() < 20 || k.spirv[..4] != [0x03, 0x02, 0x23, 0x07]
+        {
+            return Err(GpuError::Unsupported(format!(
+                "NVIDIA kernel {}: the embedded SPIR-V is not a SPIR-V module",
+                k.name
+            )));
+        }
+        let words: Vec<u32> = k
+            .spirv
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = (k.bindings.iter().enumerate())
+            .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: match b {
+                        NvBinding::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                        NvBinding::Write => wgpu::BufferBindingType::Storage { read_only: false },
+                        NvBinding::Uniform => wgpu::BufferBindingType::Uniform,
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(k.name),
+            entries: &entries,
+        });
+        let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(k.name),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        // SAFETY: the module is SPIR-V built by tools/spirv from shaders/nv (checked in CI to
+        // be what the sources make), run only on a device that enabled VK_NV_cooperative_matrix2
+        // and its features (device_has_nv_cm2), with the bindings the kernel declares; every
+        // kernel is tested against the CPU reference on such a device.
+        let module = unsafe {
+            device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                label: Some(k.name),
+                entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
+                    name: "main".into(),
+                    workgroup_size: (0, 0, 0),
+                }]),
+                spirv: Some(std::borrow::Cow::Owned(words)),
+                ..Default::default()
+            })
+        };
+        let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(k.name),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = crate::runtime::block::ready(scope.pop()).flatten() {
+            return Err(GpuError::Unsupported(format!(
+                "NVIDIA kernel {}: the device refused it: {e}",
+                k.name
+            )));
+        }
+        built.insert(k.name, (pipe.clone(), layout.clone()));
+        Ok((pipe, layout))
+    }
+}
+
+/// The feature structure of `VK_NV_cooperative_matrix2`
+/// (`VkPhysicalDeviceCooperativeMatrix2FeaturesNV`, which ash 0.38 predates).
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+struct CoopMat2Features {
+    s_type: ash::vk::StructureType,
+    p_next: *mut std::ffi::c_void,
+    workgroup_scope: ash::vk::Bool32,
+    flexible_dimensions: ash::vk::Bool32,
+    reductions: ash::vk::Bool32,
+    conversions: ash::vk::Bool32,
+    per_element_operations: ash::vk::Bool32,
+    tensor_addressing: ash::vk::Bool32,
+    block_loads: ash::vk::Bool32,
+}
+
+#[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+impl CoopMat2Features {
+    /// `VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV`.
+    const S_TYPE: ash::vk::StructureType = ash::vk::StructureType::from_raw(1_000_593_000);
+
+    fn new(on: bool) -> Self {
+        let v = on as ash::vk::Bool32;
+        Self {
+            s_type: Self::S_TYPE,
+            p_next: std::ptr::null_mut(),
+            workgroup_scope: v,
+            flexible_dimensions: v,
+            reductions: v,
+            conversions: v,
+            per_element_operations: v,
+            tensor_addressing: v,
+            block_loads: v,
+        }
+    }
+    /// Every feature the kernels use (all of them but block loads).
+    fn enough(&self) -> bool {
+        [
+            self.workgroup_scope,
+            self.flexible_dimensions,
+            self.reductions,
+            self.conversions,
+            self.per_element_operations,
+            self.tensor_addressing,
+        ]
+        .iter()
+        .all(|&b| b != 0)
+    }
+}
+
+/// The wgpu features the NVIDIA kernels need besides the extension.
+pub const NV_CM2_FEATURES: wgpu::Features = wgpu::Features::PASSTHROUGH_SHADERS
+    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    .union(wgpu::Features::SHADER_F16)
+    .union(wgpu::Features::SUBGROUP);
+
+/// Whether `adapter` (Vulkan) has `VK_NV_cooperative_matrix2` with the features the kernels use
+/// (workgroup scope, flexible dimensions, reductions, conversions, per-element operations,
+/// tensor addressing) and the wgpu features of [`NV_CM2_FEATURES`]. False on every other
+/// backend and on targets without wgpu's Vulkan backend.
+pub fn nv_cm2_supported(adapter: &wgpu::Adapter) -> bool {
+    if !adapter.features().contains(NV_CM2_FEATURES) {
+        return false;
+    }
+    #[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+    {
+        use ash::khr::get_physical_device_properties2 as props2;
+        use wgpu::hal::api::Vulkan;
+        // SAFETY: the raw handles are only read (extension lists, one feature query), never
+        // stored, while `adapter` is alive.
+        unsafe {
+            let Some(ad) = adapter.as_hal::<Vulkan>() else {
+                return false;
+            };
+            if !ad
+                .physical_device_capabilities()
+                .supports_extension(NV_COOPERATIVE_MATRIX_2)
+            {
+                return false;
+            }
+            let shared = ad.shared_instance();
+            if !shared.extensions().contains(&props2::NAME) {
+                return false;
+            }
+            let query = props2::Instance::new(shared.entry(), shared.raw_instance());
+            let mut cm2 = CoopMat2Features::new(false);
+            let mut f2 = ash::vk::PhysicalDeviceFeatures2::default();
+            f2.p_next = (&mut cm2 as *mut CoopMat2Features).cast();
+            query.get_physical_device_features2(ad.raw_physical_device(), &mut f2);
+            cm2.enough()
+        }
+    }
+    #[cfg(not(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    {
+        false
+    }
+}
+
+/// Opens a device on `adapter` as `adapter.request_device(desc)` would, with
+/// `VK_NV_cooperative_matrix2` and its features enabled and [`NV_CM2_FEATURES`] added to
+/// `desc.required_features` (the experimental cooperative-matrix feature needs
+/// `desc.experimental_features` enabled: this sets it). Hand the device to
+/// [`crate::Context::from_device`] and pisa runs its NVIDIA kernels on it.
+///
+/// Errors: [`GpuError::Unsupported`] where [`nv_cm2_supported`] does not hold;
+/// [`GpuError::RequestDevice`] when the driver refuses the device.
+pub fn request_device_nv_cm2(
+    adapter: &wgpu::Adapter,
+    desc: &wgpu::DeviceDescriptor<'_>,
+) -> Result<(wgpu::Device, wgpu::Queue)> {
+    if !nv_cm2_supported(adapter) {
+        return Err(GpuError::Unsupported(
+            "VK_NV_cooperative_matrix2: this adapter does not have it (NVIDIA Vulkan drivers \
+             of Turing and later do)"
+                .into(),
+        ));
+    }
+    #[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+    {
+        use wgpu::hal::api::Vulkan;
+        let features = desc.required_features | NV_CM2_FEATURES;
+        let mut cm2 = CoopMat2Features::new(true);
+        let cm2_ptr: *mut CoopMat2Features = &mut cm2;
+        // SAFETY: the callback only adds an extension the adapter supports and its feature
+        // structure, with the features the adapter reports (nv_cm2_supported); `cm2` outlives
+        // `open_with_callback`, the only user of the pointer chained into vkCreateDevice. The
+        // hal device is handed to wgpu from the same adapter with features it supports.
+        let open = unsafe {
+            let Some(ad) = adapter.as_hal::<Vulkan>() else {
+                return Err(GpuError::Unsupported("not a Vulkan adapter".into()));
+            };
+            ad.open_with_callback(
+                features,
+                &desc.required_limits,
+                &desc.memory_hints,
+                Some(Box::new(move |args: wgpu::hal::vulkan::CreateDeviceCallbackArgs| {
+                    args.extensions.push(NV_COOPERATIVE_MATRIX_2);
+                    (*cm2_ptr).p_next = args.create_info.p_next as *mut _;
+                    args.create_info.p_next = cm2_ptr.cast();
+                })),
+            )
+            .map_err(|e| GpuError::RequestDevice(format!("VK_NV_cooperative_matrix2: {e}")))?
+        };
+        let desc = wgpu::DeviceDescriptor {
+            required_features: features,
+            // SAFETY: as in Context::new_async: the experimental feature is the cooperative
+            // matrix one, whose kernels are tested against the CPU reference.
+            experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
+            ..desc.clone()
+        };
+        // SAFETY: `open` was made from this adapter's hal adapter with `features`.
+        unsafe { adapter.create_device_from_hal(open, &desc) }
+            .map_err(|e| GpuError::RequestDevice(e.to_string()))
+    }
+    #[cfg(not(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    {
+        let _ = desc;
+        Err(GpuError::Unsupported("no Vulkan backend on this target".into()))
+    }
+}
+
+/// Whether `device` was opened with `VK_NV_cooperative_matrix2` ([`request_device_nv_cm2`])
+/// and [`NV_CM2_FEATURES`]: the condition for pisa's NVIDIA kernels.
+pub fn device_has_nv_cm2(device: &wgpu::Device) -> bool {
+    if !device.features().contains(NV_CM2_FEATURES) {
+        return false;
+    }
+    #[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+    {
+        use wgpu::hal::api::Vulkan;
+        // SAFETY: only the list of enabled extensions is read.
+        unsafe {
+            device.as_hal::<Vulkan>().is_some_and(|d| {
+                d.enabled_device_extensions()
+                    .contains(&NV_COOPERATIVE_MATRIX_2)
+            })
+        }
+    }
+    #[cfg(not(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    {
+        false
+    }
+}

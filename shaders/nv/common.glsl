@@ -1,0 +1,11 @@
+// Extensions every NVIDIA cooperative-matrix-2 kernel uses (VK_NV_cooperative_matrix2:
+// workgroup-scope matrices, tensor-addressed loads and stores, row reductions, per-element
+// operations). Built by tools/spirv into shaders/nv/spv; see runtime/nv.rs for the device.
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_NV_cooperative_matrix2 : require
+
+#define CLAMP gl_CooperativeMatrixClampModeConstantNV

@@ -1,0 +1,152 @@
+//! The NVIDIA cooperative-matrix-2 path (runtime/nv.rs) and its ceiling kernel, C = A B^T
+//! (`shaders/nv/gemm.comp`).
+//!
+//! Everywhere: every embedded SPIR-V module is one, and a device without
+//! `VK_NV_cooperative_matrix2` (lavapipe, llvmpipe, other vendors) gets a typed error from
+//! `request_device_nv_cm2` and runs no NVIDIA kernel. On a device with it (an NVIDIA GPU;
+//! skipped with a message elsewhere, failed instead when `PISA_REQUIRE_NV_CM2=1`, which the
+//! GPU runs set): every variant matches a CPU f64 product of the same f16 inputs within 1e-5 of
+//! the row's sum of |products|, at sizes that are multiples of no tile (the clamped loads and
+//! stores), C poisoned so an unwritten element fails. `nv_gemm_tflops` (ignored) prints
+//! GPU-timed TFLOP/s of every variant (`PISA_GEMM_SIZES`, default 4096,8192).
+mod common;
+
+use common::*;
+use pisa_wgpu::ops::fill::random_tensor;
+use pisa_wgpu::ops::nv_gemm::{record_gemm, VARIANTS};
+use pisa_wgpu::{Context, GpuError, Profiler, Storage, POISON_F32};
+
+fn nv_ctx(test: &str) -> Option<&'static Context> {
+    let ctx = ctx();
+    if ctx.nv_cm2() {
+        return Some(ctx);
+    }
+    let msg = format!(
+        "{test}: adapter {:?} has no VK_NV_cooperative_matrix2",
+        ctx.report().name
+    );
+    assert!(
+        std::env::var("PISA_REQUIRE_NV_CM2").as_deref() != Ok("1"),
+        "{msg} (PISA_REQUIRE_NV_CM2=1)"
+    );
+    eprintln!("{msg}: SKIPPED");
+    None
+}
+
+#[test]
+fn embedded_spirv_is_spirv() {
+    for (k, _, _) in VARIANTS {
+        assert!(k.spirv.len() > 20 && k.spirv.len() % 4 == 0, "{}", k.name);
+        assert_eq!(&k.spirv[..4], &[0x03, 0x02, 0x23, 0x07], "{}: magic", k.name);
+    }
+}
+
+#[test]
+fn devices_without_the_extension_get_typed_errors() {
+    let ctx = ctx();
+    if ctx.nv_cm2() {
+        eprintln!("devices_without_the_extension_get_typed_errors: this device has it: SKIPPED");
+        return;
+    }
+    let instance = pisa_wgpu::instance();
+    for adapter in pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())) {
+        let info = adapter.get_info();
+        if pisa_wgpu::nv_cm2_supported(&adapter) {
+            continue;
+        }
+        let r = pisa_wgpu::request_device_nv_cm2(&adapter, &Default::default());
+        assert!(
+            matches!(r, Err(GpuError::Unsupported(_))),
+            "{}: {:?}",
+            info.name,
+            r.map(|_| ())
+        );
+    }
+    assert!(!pisa_wgpu::device_has_nv_cm2(ctx.device()));
+    let a = ctx.upload("A", &[1.0; 64], Storage::F16).unwrap();
+    let c = ctx.alloc("C", 64, Storage::F32, POISON_F32).unwrap();
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let r = record_gemm(ctx, &mut enc, 0, &a, &a, &c, (8, 8, 8), None);
+    assert!(matches!(r, Err(GpuError::Unsupported(_))), "{r:?}");
+}
+
+#[test]
+fn gemm_variants_match_cpu() {
+    let Some(ctx) = nv_ctx("gemm_variants_match_cpu") else {
+        return;
+    };
+    let seed = seed("nv_gemm");
+    let mut r = rng(seed);
+    // No multiple of any tile (64..256) nor of the K steps (32, 64); not powers of two.
+    for (m, n, k) in [(300, 200, 136), (77, 333, 40)] {
+        let a: Vec<f32> = through_f16(&random(&mut r, m * k, 1.0));
+        let b: Vec<f32> = through_f16(&random(&mut r, n * k, 1.0));
+        let ga = ctx.upload("A", &a, Storage::F16).unwrap();
+        let gb = ctx.upload("B", &b, Storage::F16).unwrap();
+        for (v, (kernel, _, _)) in VARIANTS.iter().enumerate() {
+            let c = ctx.alloc("C", m * n, Storage::F32, POISON_F32).unwrap();
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            record_gemm(ctx, &mut enc, v, &ga, &gb, &c, (m, n, k), None).unwrap();
+            ctx.queue().submit([enc.finish()]);
+            let got = ctx.read_f32(&c).unwrap();
+            let (mut worst, mut at) = (0f64, 0);
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut s, mut mag) = (0f64, 0f64);
+                    for t in 0..k {
+                        let p = a[i * k + t] as f64 * b[j * k + t] as f64;
+                        s += p;
+                        mag += p.abs();
+                    }
+                    // A NaN (an unwritten, poisoned element) counts as infinitely wrong.
+                    let e = (got[i * n + j] as f64 - s).abs() / mag.max(1e-30);
+                    let e = if e.is_nan() { f64::INFINITY } else { e };
+                    if e > worst {
+                        worst = e;
+                        at = i * n + j;
+                    }
+                }
+            }
+            eprintln!(
+                "{} {m}x{n}x{k}: worst error {worst:.2e} of the row's |products| at {at} (seed {seed})",
+                kernel.name
+            );
+            assert!(worst <= 1e-5, "{}: error {worst:.2e} at {at} (seed {seed})", kernel.name);
+        }
+    }
+}
+
+/// GPU-timed TFLOP/s of every variant (median of 5 after a warm-up).
+#[test]
+#[ignore]
+fn nv_gemm_tflops() {
+    let Some(ctx) = nv_ctx("nv_gemm_tflops") else {
+        return;
+    };
+    let sizes: Vec<usize> = std::env::var("PISA_GEMM_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or(vec![4096, 8192]);
+    for &s in &sizes {
+        let a = random_tensor(ctx, "A", s * s, Storage::F16, 1, 1.0).unwrap();
+        let b = random_tensor(ctx, "B", s * s, Storage::F16, 2, 1.0).unwrap();
+        let c = ctx.alloc("C", s * s, Storage::F32, POISON_F32).unwrap();
+        for (v, (kernel, _, _)) in VARIANTS.iter().enumerate() {
+            let mut times = Vec::new();
+            for rep in 0..6 {
+                let mut prof = Profiler::new(ctx, 1);
+                let mut enc = ctx.device().create_command_encoder(&Default::default());
+                record_gemm(ctx, &mut enc, v, &a, &b, &c, (s, s, s), Some(&mut prof)).unwrap();
+                ctx.queue().submit([enc.finish()]);
+                let st = prof.finish(ctx).unwrap();
+                if rep > 0 {
+                    times.push(st.get("gemm"));
+                }
+            }
+            times.sort_by(|x, y| x.partial_cmp(y).unwrap());
+            let ms = times[times.len() / 2];
+            let tf = 2.0 * (s as f64).powi(3) / (ms * 1e-3) / 1e12;
+            println!("nv {} {s}^3: {ms:.3} ms, {tf:.1} TFLOP/s", kernel.name);
+        }
+    }
+}
