@@ -29,6 +29,16 @@ fn run(ctx: &Context, r: &mut rand_chacha::ChaCha8Rng, case: Case, messy: bool, 
         return;
     }
     let (s, cfg, x, mut sel) = sparse_case(r, case);
+    // On a device with VK_NV_cooperative_matrix2 (PISA_REQUIRE_NV_CM2=1 on the GPU runs) the
+    // supported head dims run shaders/nv/attention_leaf.comp instead of the WGSL chunk kernel.
+    if std::env::var("PISA_REQUIRE_NV_CM2").as_deref() == Ok("1") {
+        assert!(ctx.nv_cm2(), "no VK_NV_cooperative_matrix2 (PISA_REQUIRE_NV_CM2=1)");
+    }
+    if let Some(k) = attention::by_leaf::nv_kernel_for(ctx, &s, &cfg) {
+        if storage == F16 {
+            eprintln!("D {}: {}", s.head_dim, k.name);
+        }
+    }
     if messy {
         // Holes and repeats (the kernels skip an entry not above every valid one before it, the
         // reference dedups: the same set for ascending lists with holes and repeats). Entry 0
@@ -45,6 +55,17 @@ fn run(ctx: &Context, r: &mut rand_chacha::ChaCha8Rng, case: Case, messy: bool, 
     let got =
         attention::sparse_attention_host(ctx, &x.q, &x.k, &x.v, &s, layout, &cfg, storage, &sel)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
+    if storage == F16 && attention::by_leaf::nv_kernel_for(ctx, &s, &cfg).is_some() {
+        let bad_lse = got.1.iter().filter(|x| !x.is_finite()).count();
+        eprintln!(
+            "  {what}: NVIDIA kernel: O {:?} (reference {:?}), LSE {:?} (reference {:?}), {bad_lse} of {} LSE not finite",
+            &got.0[..4],
+            &ro[..4],
+            &got.1[..4],
+            &rl[..4],
+            got.1.len()
+        );
+    }
     check(
         &format!("{what} path {:?}", path.unwrap()),
         (&got.0, &got.1),

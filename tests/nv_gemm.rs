@@ -13,7 +13,7 @@ mod common;
 
 use common::*;
 use pisa_wgpu::ops::fill::random_tensor;
-use pisa_wgpu::ops::nv_gemm::{record_gemm, VARIANTS};
+use pisa_wgpu::ops::nv_gemm::{record_gemm, record_probe, PROBES, VARIANTS};
 use pisa_wgpu::{Context, GpuError, Profiler, Storage, POISON_F32};
 
 fn nv_ctx(test: &str) -> Option<&'static Context> {
@@ -33,11 +33,33 @@ fn nv_ctx(test: &str) -> Option<&'static Context> {
     None
 }
 
+fn all_kernels() -> impl Iterator<Item = pisa_wgpu::runtime::nv::NvKernel> {
+    VARIANTS
+        .iter()
+        .map(|v| v.0)
+        .chain(PROBES)
+        .chain(pisa_wgpu::ops::attention::by_leaf::NV_ATTENTION)
+        .chain(pisa_wgpu::ops::leaf_select::by_leaf::NV_SCORERS)
+}
+
+/// Every embedded module is SPIR-V and declares only the Vulkan bindings its layout has: wgpu
+/// numbers a layout's bindings densely in order (shaders/nv/common.glsl), so a module that
+/// declared a WGSL-style sparse number would read another buffer.
 #[test]
-fn embedded_spirv_is_spirv() {
-    for (k, _, _) in VARIANTS {
+fn embedded_spirv_is_spirv_with_dense_bindings() {
+    for k in all_kernels() {
         assert!(k.spirv.len() > 20 && k.spirv.len() % 4 == 0, "{}", k.name);
         assert_eq!(&k.spirv[..4], &[0x03, 0x02, 0x23, 0x07], "{}: magic", k.name);
+        let words: Vec<u32> = k
+            .spirv
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let declared = pisa_wgpu::runtime::nv::spirv_bindings(&words);
+        assert!(!declared.is_empty(), "{}: no bindings found", k.name);
+        let max = *declared.iter().max().unwrap() as usize;
+        assert!(max < k.bindings.len(), "{}: binding {max} of {}", k.name, k.bindings.len());
+        assert!(k.bindings.windows(2).all(|w| w[0].0 < w[1].0), "{}: order", k.name);
     }
 }
 
@@ -114,6 +136,69 @@ fn gemm_variants_match_cpu() {
             assert!(worst <= 1e-5, "{}: error {worst:.2e} at {at} (seed {seed})", kernel.name);
         }
     }
+}
+
+/// Every embedded NVIDIA kernel builds on the device (a driver that cannot compile one reports
+/// an internal error, which `Context::nv_pipeline` turns into a typed error).
+#[test]
+fn every_kernel_builds() {
+    let Some(ctx) = nv_ctx("every_kernel_builds") else {
+        return;
+    };
+    let mut failed = Vec::new();
+    for k in all_kernels() {
+        match ctx.nv_pipeline_for_tests(&k) {
+            Ok(()) => eprintln!("{}: built", k.name),
+            Err(e) => {
+                eprintln!("{}: {e}", k.name);
+                failed.push(k.name);
+            }
+        }
+    }
+    assert!(failed.is_empty(), "not built: {failed:?}");
+}
+
+#[test]
+fn probes_match_cpu() {
+    let Some(ctx) = nv_ctx("probes_match_cpu") else {
+        return;
+    };
+    let seed = seed("nv_probe");
+    let mut r = rng(seed);
+    let a: Vec<f32> = through_f16(&random(&mut r, 64 * 128, 1.0));
+    let b: Vec<f32> = through_f16(&random(&mut r, 64 * 128, 1.0));
+    let ga = ctx.upload("A", &a, Storage::F16).unwrap();
+    let gb = ctx.upload("B", &b, Storage::F16).unwrap();
+    let s: Vec<f64> = (0..64 * 64)
+        .map(|x| {
+            let (i, j) = (x / 64, x % 64);
+            (0..128).map(|t| a[i * 128 + t] as f64 * b[j * 128 + t] as f64).sum()
+        })
+        .collect();
+    let rowmax: Vec<f64> = s.chunks(64).map(|r| r.iter().cloned().fold(f64::MIN, f64::max)).collect();
+    let mut failed = Vec::new();
+    for k in &PROBES {
+        let out = ctx.alloc("out", 64 * 64, Storage::F32, POISON_F32).unwrap();
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        record_probe(ctx, &mut enc, k, &ga, &gb, &out).unwrap();
+        ctx.queue().submit([enc.finish()]);
+        let got = ctx.read_f32(&out).unwrap();
+        let want: &[f64] = if k.name == "probe_shared_load" { &s } else { &rowmax };
+        let bad = (0..want.len())
+            .filter(|&x| !((got[x] as f64 - want[x]).abs() <= 1e-3 * (1.0 + want[x].abs())))
+            .count();
+        eprintln!(
+            "{}: {bad} of {} elements wrong (first: got {:?}, want {:?})",
+            k.name,
+            want.len(),
+            &got[..4],
+            &want[..4]
+        );
+        if bad > 0 {
+            failed.push(k.name);
+        }
+    }
+    assert!(failed.is_empty(), "probes failed: {failed:?} (seed {seed})");
 }
 
 /// GPU-timed TFLOP/s of every variant (median of 5 after a warm-up).

@@ -9,3 +9,9 @@
 #extension GL_NV_cooperative_matrix2 : require
 
 #define CLAMP gl_CooperativeMatrixClampModeConstantNV
+
+// Binding numbers: wgpu's Vulkan backend gives the bindings of a bind group layout dense Vulkan
+// binding numbers in order of their wgpu binding numbers (wgpu-hal 30, vulkan/device.rs,
+// create_bind_group_layout) and rewrites the WGSL shaders to match, but not a passthrough
+// module. So a kernel whose host binds wgpu bindings 0, 1, 7 declares bindings 0, 1, 2 here;
+// runtime/nv.rs checks that every binding a module declares is below its layout's count.

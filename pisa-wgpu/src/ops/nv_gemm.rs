@@ -11,11 +11,11 @@ use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
 use wgpu::util::DeviceExt;
 
-const B: &[NvBinding] = &[
-    NvBinding::Read,
-    NvBinding::Read,
-    NvBinding::Write,
-    NvBinding::Uniform,
+const B: &[(u32, NvBinding)] = &[
+    (0, NvBinding::Read),
+    (1, NvBinding::Read),
+    (2, NvBinding::Write),
+    (3, NvBinding::Uniform),
 ];
 
 /// The GEMM variants of `shaders/nv/kernels.txt`, with their tile (BM, BN).
@@ -29,8 +29,7 @@ pub const VARIANTS: [(NvKernel, u32, u32); 5] = [
 
 /// Records C = A B^T with variant `v` of [`VARIANTS`] into `enc` (one pass named "gemm").
 /// Errors: [`GpuError::Unsupported`] without `VK_NV_cooperative_matrix2` or for a variant
-/// index out of range; [`GpuError::Shape`]-like [`GpuError::Unsupported`] when a tensor's
-/// length or storage does not match.
+/// index out of range, or when a tensor's length or storage does not match.
 #[allow(clippy::too_many_arguments)]
 pub fn record_gemm(
     ctx: &Context,
@@ -91,5 +90,46 @@ pub fn record_gemm(
     let gx = n.div_ceil(bn as usize) as u32;
     let gy = m.div_ceil(bm as usize) as u32;
     pass.dispatch_workgroups(gx, gy, 1);
+    Ok(())
+}
+
+const PB: &[(u32, NvBinding)] = &[
+    (0, NvBinding::Read),
+    (1, NvBinding::Read),
+    (2, NvBinding::Write),
+];
+
+/// The probes of `shaders/nv/probe.comp` (single cooperative-matrix-2 operations, checked by
+/// the tests): one workgroup over A `[64, 128]` and B `[64, 128]` f16; `out` f32 gets S = A B^T
+/// (`probe_shared_load`, 64 x 64) or each row's max of S (`probe_callback`, 64).
+pub const PROBES: [NvKernel; 2] = [
+    nv_kernel!("probe_shared_load", PB),
+    nv_kernel!("probe_callback", PB),
+];
+
+/// Records probe `k` of [`PROBES`] (one workgroup).
+pub fn record_probe(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    k: &NvKernel,
+    a: &GpuTensor,
+    b: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
+    let (pipe, layout) = ctx.nv_pipeline(k)?;
+    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(k.name),
+        layout: &layout,
+        entries: &[(0, &a.buffer), (1, &b.buffer), (2, &out.buffer)].map(|(i, buf)| {
+            wgpu::BindGroupEntry {
+                binding: i,
+                resource: buf.as_entire_binding(),
+            }
+        }),
+    });
+    let mut pass = enc.begin_compute_pass(&Default::default());
+    pass.set_pipeline(&pipe);
+    pass.set_bind_group(0, &bind, &[]);
+    pass.dispatch_workgroups(1, 1, 1);
     Ok(())
 }

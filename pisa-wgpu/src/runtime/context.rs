@@ -517,7 +517,7 @@ impl Context {
     pub(crate) fn nv_pipeline(
         &self,
         k: &super::nv::NvKernel,
-    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+    ) -> Result<(Arc<wgpu::ComputePipeline>, wgpu::BindGroupLayout)> {
         if !self.nv_ok {
             return Err(GpuError::Unsupported(format!(
                 "NVIDIA kernel {}: the device has no VK_NV_cooperative_matrix2",
@@ -525,6 +525,12 @@ impl Context {
             )));
         }
         self.nv_pipelines.get(&self.device, k)
+    }
+
+    /// Builds an NVIDIA kernel's pipeline (tests: every embedded kernel builds).
+    #[doc(hidden)]
+    pub fn nv_pipeline_for_tests(&self, k: &super::nv::NvKernel) -> Result<()> {
+        self.nv_pipeline(k).map(|_| ())
     }
 
     /// The wgpu device (for callers that record their own passes).

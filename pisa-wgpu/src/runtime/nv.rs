@@ -21,7 +21,7 @@
 //! SPIR-V, and its sources are the only input of its SPIR-V (`tools/spirv --check` in CI).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{GpuError, Result};
 
@@ -46,8 +46,8 @@ pub struct NvKernel {
     pub name: &'static str,
     /// The SPIR-V bytes (little-endian words).
     pub spirv: &'static [u8],
-    /// Bindings 0.. of set 0.
-    pub bindings: &'static [NvBinding],
+    /// The bindings of set 0: (binding index, kind).
+    pub bindings: &'static [(u32, NvBinding)],
 }
 
 /// `include_bytes!` of `shaders/nv/spv/<name>.spv` as an [`NvKernel`].
@@ -71,7 +71,7 @@ macro_rules! nv_kernel {
 /// The pipelines built from [`NvKernel`]s, by name.
 #[derive(Default)]
 pub(crate) struct NvPipelines {
-    built: Mutex<HashMap<&'static str, (wgpu::ComputePipeline, wgpu::BindGroupLayout)>>,
+    built: Mutex<HashMap<&'static str, (Arc<wgpu::ComputePipeline>, wgpu::BindGroupLayout)>>,
 }
 
 impl NvPipelines {
@@ -80,7 +80,7 @@ impl NvPipelines {
         &self,
         device: &wgpu::Device,
         k: &NvKernel,
-    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+    ) -> Result<(Arc<wgpu::ComputePipeline>, wgpu::BindGroupLayout)> {
         let mut built = self.built.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = built.get(k.name) {
             return Ok(p.clone());
@@ -97,9 +97,23 @@ impl NvPipelines {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        let entries: Vec<wgpu::BindGroupLayoutEntry> = (k.bindings.iter().enumerate())
-            .map(|(i, b)| wgpu::BindGroupLayoutEntry {
-                binding: i as u32,
+        // wgpu's Vulkan backend numbers a layout's bindings densely in order (see
+        // shaders/nv/common.glsl), so the module must declare bindings below their count, and the
+        // host's list must be in ascending order for the numbers to line up.
+        let sorted = k.bindings.windows(2).all(|w| w[0].0 < w[1].0);
+        let declared = spirv_bindings(&words);
+        if let Some(&b) = declared.iter().find(|&&b| b as usize >= k.bindings.len()).filter(|_| sorted).or(
+            (!sorted).then_some(&u32::MAX),
+        ) {
+            return Err(GpuError::Unsupported(format!(
+                "NVIDIA kernel {}: the module declares binding {b}, its layout has {} (in ascending order: {sorted})",
+                k.name,
+                k.bindings.len()
+            )));
+        }
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = (k.bindings.iter())
+            .map(|&(i, b)| wgpu::BindGroupLayoutEntry {
+                binding: i,
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
                     ty: match b {
@@ -113,6 +127,10 @@ impl NvPipelines {
                 count: None,
             })
             .collect();
+        // A driver that cannot compile the module (too much workgroup memory for its staging,
+        // say) reports an internal error, not a validation one: both are caught, so such a
+        // kernel is a typed error here rather than a pipeline that silently never runs.
+        let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some(k.name),
@@ -146,15 +164,38 @@ impl NvPipelines {
             compilation_options: Default::default(),
             cache: None,
         });
-        if let Some(e) = crate::runtime::block::ready(scope.pop()).flatten() {
+        let v = crate::runtime::block::ready(scope.pop()).flatten();
+        let i = crate::runtime::block::ready(internal.pop()).flatten();
+        if let Some(e) = v.or(i) {
             return Err(GpuError::Unsupported(format!(
                 "NVIDIA kernel {}: the device refused it: {e}",
                 k.name
             )));
         }
+        let pipe = Arc::new(pipe);
         built.insert(k.name, (pipe.clone(), layout.clone()));
         Ok((pipe, layout))
     }
+}
+
+/// The `Binding` decorations of a SPIR-V module (`OpDecorate %id Binding n`).
+#[doc(hidden)]
+pub fn spirv_bindings(words: &[u32]) -> Vec<u32> {
+    const OP_DECORATE: u32 = 71;
+    const BINDING: u32 = 33;
+    let mut out = Vec::new();
+    let mut at = 5;
+    while at < words.len() {
+        let (count, op) = ((words[at] >> 16) as usize, words[at] & 0xffff);
+        if count == 0 {
+            break;
+        }
+        if op == OP_DECORATE && count >= 4 && words.get(at + 2) == Some(&BINDING) {
+            out.extend(words.get(at + 3));
+        }
+        at += count;
+    }
+    out
 }
 
 /// The feature structure of `VK_NV_cooperative_matrix2`

@@ -35,6 +35,7 @@ use crate::ops::leaf_select::by_leaf::{bucket_consts, Buckets, BUCKET_SHADER, BU
 use crate::ops::select::SelParams;
 use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::{Context, COOP_SUBGROUPS};
+use crate::runtime::nv::{NvBinding, NvKernel};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 
@@ -75,6 +76,54 @@ pub const MERGE_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/leaf_chunk.wgsl")
     ),
 };
+
+/// The bindings of `shaders/nv/attention_leaf.comp` (those of the WGSL chunk kernels).
+const NV_BINDINGS: &[(u32, NvBinding)] = &[
+    (0, NvBinding::Uniform),
+    (1, NvBinding::Read),
+    (2, NvBinding::Read),
+    (3, NvBinding::Read),
+    (7, NvBinding::Read),
+    (8, NvBinding::Read),
+    (10, NvBinding::Uniform),
+    (11, NvBinding::Read),
+    (12, NvBinding::Write),
+    (13, NvBinding::Write),
+    (14, NvBinding::Write),
+];
+
+/// The NVIDIA chunk kernel (`shaders/nv/attention_leaf.comp`, 64 rows of a chunk against 64
+/// key rows of a leaf) for a tensor-core plan on a device with `VK_NV_cooperative_matrix2`,
+/// where one is built for the head dim (64, 128) and the leaf fits its 64 key rows; `None`
+/// keeps the WGSL kernel. Same chunks (64 rows: `COOP_SUBGROUPS` x 16) and partial states.
+pub fn nv_kernel_for(
+    ctx: &Context,
+    s: &AttentionShape,
+    cfg: &SelectionConfig,
+) -> Option<NvKernel> {
+    if !ctx.nv_cm2() || cfg.block_size > 64 || 16 * COOP_SUBGROUPS != 64 {
+        return None;
+    }
+    let variant = std::env::var("PISA_NV_DC").unwrap_or_default();
+    let name = match (s.head_dim, variant.as_str()) {
+        (128, "") => "attention_leaf_d128_dc32",
+        (128, x) => return NV_ATTENTION.into_iter().find(|k| k.name.ends_with(x)),
+        (64, _) => "attention_leaf_d64",
+        _ => return None,
+    };
+    NV_ATTENTION.into_iter().find(|k| k.name == name)
+}
+
+/// The embedded NVIDIA chunk kernels (`shaders/nv/kernels.txt`).
+pub const NV_ATTENTION: [NvKernel; 6] = [
+    crate::nv_kernel!("attention_leaf_d128", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d128_dc32", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d128_dc16", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d128_dc32w64", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d128_dc32w256", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d64", NV_BINDINGS),
+];
+
 
 /// The chunk kernel's constants for plan `la` (the tensor-core kernel's when `la.coop`).
 fn attend_consts(
@@ -171,9 +220,10 @@ pub(crate) fn record(
     let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket)?;
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;
     let consts = attend_consts(la, s, cfg);
-    let attend = match la.coop {
-        Some(_) => pipe(&COOP_SHADER, "attend_leaf", Storage::F16, &consts)?,
-        None => pipe(&SHADER, "attend_leaf", q.storage, &consts)?,
+    let attend = match (la.coop, nv_kernel_for(ctx, s, cfg)) {
+        (Some(_), Some(nv)) => ctx.nv_pipeline(&nv)?.0,
+        (Some(_), None) => pipe(&COOP_SHADER, "attend_leaf", Storage::F16, &consts)?,
+        (None, _) => pipe(&SHADER, "attend_leaf", q.storage, &consts)?,
     };
     let merge = pipe(&MERGE_SHADER, "merge", q.storage, &merge_consts(g, kk))?;
 

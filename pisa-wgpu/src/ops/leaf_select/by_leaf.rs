@@ -34,6 +34,7 @@ use bytemuck::{Pod, Zeroable};
 use super::Plan;
 use crate::error::Result;
 use crate::runtime::buffers::{GpuTensor, POISON_I32};
+use crate::runtime::nv::{NvBinding, NvKernel};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
@@ -107,6 +108,50 @@ pub const PICK_SHADER: ShaderSource = ShaderSource {
 pub(crate) fn bucket_consts(mc: u32, qpc: u32, attend: bool) -> [(&'static str, u32); 3] {
     [("MC", mc), ("QPC", qpc), ("ATTEND", u32::from(attend))]
 }
+
+/// The bindings of `shaders/nv/leaf_score.comp` (those of the WGSL tensor-core scorer).
+const NV_BINDINGS: &[(u32, NvBinding)] = &[
+    (0, NvBinding::Uniform),
+    (1, NvBinding::Read),
+    (2, NvBinding::Read),
+    (7, NvBinding::Read),
+    (8, NvBinding::Read),
+    (9, NvBinding::Write),
+    (10, NvBinding::Uniform),
+    (11, NvBinding::Read),
+    (12, NvBinding::Read),
+];
+
+/// The NVIDIA scorer (`shaders/nv/leaf_score.comp`: 64 rows of a chunk against the 64 key rows
+/// of a leaf) for a tensor-core plan of 64-row chunks on a device with
+/// `VK_NV_cooperative_matrix2`, where one is built for the head dim (64, 128) and the leaf fits
+/// its 64 key rows; `None` keeps the WGSL scorer. Same chunks and scores.
+pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, bl: &ByLeaf) -> Option<NvKernel> {
+    let Scorer::Coop(v) = bl.scorer else {
+        return None;
+    };
+    if !ctx.nv_cm2() || bl.nsg != 4 || plan.params.block_size > 64 {
+        return None;
+    }
+    let variant = std::env::var("PISA_NV_DC").unwrap_or_default();
+    let name = match (v.hd, variant.as_str()) {
+        (128, "") => "leaf_score_d128_dc32",
+        (128, x) => return NV_SCORERS.into_iter().find(|k| k.name.ends_with(x)),
+        (64, _) => "leaf_score_d64",
+        _ => return None,
+    };
+    NV_SCORERS.into_iter().find(|k| k.name == name)
+}
+
+/// The embedded NVIDIA scorers (`shaders/nv/kernels.txt`).
+pub const NV_SCORERS: [NvKernel; 5] = [
+    crate::nv_kernel!("leaf_score_d128", NV_BINDINGS),
+    crate::nv_kernel!("leaf_score_d128_dc32", NV_BINDINGS),
+    crate::nv_kernel!("leaf_score_d128_dc16", NV_BINDINGS),
+    crate::nv_kernel!("leaf_score_d128_dc32w64", NV_BINDINGS),
+    crate::nv_kernel!("leaf_score_d64", NV_BINDINGS),
+];
+
 
 /// The scorer's constants for the leaf-major stage 2 `bl` of `plan`.
 fn score_consts(plan: &Plan, bl: &ByLeaf) -> Vec<(&'static str, u32)> {
@@ -226,9 +271,10 @@ pub(crate) fn record(
     // 4: score every chunk.
     let u_chunks = uniform(n_chunks)?;
     let consts = score_consts(plan, bl);
-    let score = match bl.scorer {
-        Scorer::Portable => pipe(&SCORE_SHADER, "leaf_score", plan.storage, &consts)?,
-        Scorer::Coop(_) => pipe(&SCORE_COOP_SHADER, "leaf_score", Storage::F16, &consts)?,
+    let score = match (bl.scorer, nv_scorer_for(ctx, plan, bl)) {
+        (Scorer::Portable, _) => pipe(&SCORE_SHADER, "leaf_score", plan.storage, &consts)?,
+        (Scorer::Coop(_), Some(nv)) => ctx.nv_pipeline(&nv)?.0,
+        (Scorer::Coop(_), None) => pipe(&SCORE_COOP_SHADER, "leaf_score", Storage::F16, &consts)?,
     };
     let b = [
         (0, &params),

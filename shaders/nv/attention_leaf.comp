@@ -1,0 +1,140 @@
+#version 450
+// Leaf-major block-sparse attention, part 2 of 3, on NVIDIA cooperative matrices 2 (PISA.md 4
+// and 5): the same chunks, bindings and partial states as shaders/attention_leaf_coop.wgsl
+// (host: pisa-wgpu/src/ops/attention/by_leaf.rs, which runs this kernel where the device has
+// VK_NV_cooperative_matrix2), so part 1 (leaf_bucket.wgsl) and part 3 (attention_leaf_merge.wgsl)
+// are shared. One workgroup per chunk: up to RT / GQ entries (local query i - i0, selection
+// slot o) of one bucket (a leaf), RT rows (entry e, head h at row e * GQ + h).
+//   1. the chunk's entries and each row's visible-token bound;       barrier
+//   2. the Q rows gathered into workgroup memory (16-byte loads);   barrier
+//   3. S = Q K^T over the leaf's CW = 64 key rows, read straight from K as a workgroup-scope
+//      matrix (rows past the leaf or the sequence read as zeros: the tensor layout ends there);
+//   4. scale and mask (key in the leaf, t < min(p_i + 1, Nk) when causal), row max m,
+//      P = exp(s - m), row sum l, all on the accumulator;
+//   5. O_part = P V (V read as a workgroup-scope matrix), stored f32 to the chunk's rows of
+//      `opart`; (m, l) to `mlpart` (as floats: see store_col0); 1 + each entry's first row
+//      to `spos`.
+// Rows past the chunk's entries are computed and stored but never read (the merge follows
+// spos). Defines: HD (head dim), RT (rows, a multiple of 16), CW (keys per leaf tile: 64),
+// DC (head-dim columns per multiply: a divisor of HD), WG (invocations).
+#include "common.glsl"
+// wgpu bindings 0, 1, 2, 3, 7, 8, 10, 11, 12, 13, 14 as Vulkan bindings 0 to 10 (common.glsl).
+#define B_PARAMS 0
+#define B_COFF 4
+#define B_LIST 5
+#define B_BUCKETS 6
+#define B_DESC 7
+#include "select_common.glsl"
+
+layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
+
+layout(set = 0, binding = 1, std430) readonly buffer BufQ { uvec4 q4[]; };
+layout(set = 0, binding = 2, std430) readonly buffer BufK { float16_t k[]; };
+layout(set = 0, binding = 3, std430) readonly buffer BufV { float16_t v[]; };
+layout(set = 0, binding = 8, std430) buffer BufO { float opart[]; };
+layout(set = 0, binding = 9, std430) buffer BufML { float mlpart[]; }; // (m, l) pairs
+layout(set = 0, binding = 10, std430) buffer BufSpos { uint spos[]; };
+
+const uint HD8 = HD / 8;
+
+shared float16_t qsh[RT * HD];
+shared uint ent[RT];
+shared uint rowlim[RT]; // row r sees tokens < rowlim[r] (0: a row past the entries)
+
+float mask_scale(const in uint r, const in uint c, const in float s, const in uint leaf0) {
+    return (c < p.block_size && leaf0 + c < rowlim[r]) ? s * p.scale : NEG;
+}
+float exp_elem(const in uint r, const in uint c, const in float x) { return exp(x); }
+float max_reduce(const in float a, const in float b) { return max(a, b); }
+float add_reduce(const in float a, const in float b) { return a + b; }
+// Column 0 of a row-reduced matrix (every column holds the row's value) to word `at + 2 r` of
+// mlpart. (A one-column tensor store does not do this: the H200's driver stores the other
+// columns too, over the next rows; tests/nv_gemm.rs probes both.)
+float store_col0(const in uint r, const in uint c, const in float x, const in uint at) {
+    if (c == 0) { mlpart[at + 2 * r] = x; }
+    return x;
+}
+
+void main() {
+    const uint cid = linear_workgroup();
+    if (cid >= bl.items || cid >= coff[bl.buckets]) { return; }
+    const uvec4 d = cdesc[cid];
+    const uint leaf = d.x, first = d.y, n = d.z;
+    const uint lid = gl_LocalInvocationIndex;
+    const uint gq = p.q_heads / p.kv_heads;
+    const uint b = bl.bh0 / p.kv_heads, hkv = bl.bh0 % p.kv_heads;
+    const uint leaf0 = leaf * p.block_size;
+    const uint kend = min(p.k_len, leaf0 + p.block_size);
+
+    // 1. Entries and visible bounds.
+    for (uint r = lid; r < RT; r += WG) {
+        uint e = r / gq;
+        uint x = e < n ? list[first + e] : 0u;
+        if (r < n) { ent[r] = list[first + r]; }
+        uint lim = 0u;
+        if (e < n) {
+            uint i = bl.i0 + x / p.mc;
+            lim = p.causal != 0u ? min(p.q_pos0 + i + 1u, p.k_len) : p.k_len;
+        }
+        rowlim[r] = lim;
+    }
+    // 2. Q rows (row r: entry r / gq, head hkv * gq + r % gq), zeros past the entries.
+    for (uint x = lid; x < RT * HD8; x += WG) {
+        uint r = x / HD8, e = r / gq;
+        uvec4 w = uvec4(0u);
+        if (e < n) {
+            uint i = bl.i0 + list[first + e] / p.mc;
+            uint hq = hkv * gq + r % gq;
+            w = q4[(b * p.q_sb + hq * p.q_sh + i * p.q_sn) / 8u + x % HD8];
+        }
+        uint at = r * HD + 8u * (x % HD8);
+        f16vec2 h0 = unpackFloat2x16(w.x), h1 = unpackFloat2x16(w.y);
+        f16vec2 h2 = unpackFloat2x16(w.z), h3 = unpackFloat2x16(w.w);
+        qsh[at] = h0.x; qsh[at + 1] = h0.y; qsh[at + 2] = h1.x; qsh[at + 3] = h1.y;
+        qsh[at + 4] = h2.x; qsh[at + 5] = h2.y; qsh[at + 6] = h3.x; qsh[at + 7] = h3.y;
+    }
+    barrier();
+
+    // 3. S = Q K^T, DC head-dim columns at a time (the driver stages each operand in
+    //    workgroup memory: whole 64 x 128 operands do not fit its 48 KiB beside qsh): the
+    //    leaf's keys as the B operand (K read transposed), rows past kend zero.
+    const uint kbase = b * p.k_sb + hkv * p.k_sh;
+    tensorLayoutNV<2, CLAMP> lk = createTensorLayoutNV(2, CLAMP);
+    lk = setTensorLayoutDimensionNV(lk, kend, HD);
+    lk = setTensorLayoutStrideNV(lk, p.k_sn, 1);
+    tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
+    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> s =
+        coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
+    [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
+        coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
+        coopMatLoad(qa, qsh, d0, HD, gl_CooperativeMatrixLayoutRowMajor);
+        coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
+        coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
+        s = coopMatMulAdd(qa, kt, s);
+    }
+
+    // 4. Softmax pieces of the chunk's rows over this leaf.
+    coopMatPerElementNV(s, s, mask_scale, leaf0);
+    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m, pr, l;
+    coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
+    coopMatPerElementNV(pr, s - m, exp_elem);
+    coopMatReduceNV(l, pr, gl_CooperativeMatrixReduceRowNV, add_reduce);
+    coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA> pa =
+        coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA>(pr);
+
+    // 5. O_part = P V, DC columns at a time.
+    tensorLayoutNV<2> lo = createTensorLayoutNV(2);
+    lo = setTensorLayoutDimensionNV(lo, RT, HD);
+    [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
+        coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vb;
+        coopMatLoadTensorNV(vb, v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC));
+        coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> o =
+            coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(0.0);
+        o = coopMatMulAdd(pa, vb, o);
+        coopMatStoreTensorNV(o, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
+    }
+    coopMatPerElementNV(m, m, store_col0, 2 * cid * RT);
+    coopMatPerElementNV(l, l, store_col0, 2 * cid * RT + 1);
+    barrier();
+    for (uint e = lid; e < n; e += WG) { spos[ent[e]] = cid * RT + e * gq + 1u; }
+}

@@ -1,0 +1,121 @@
+#version 450
+// Leaf-major stage 2 of PISA prefill selection, part 2 of 3 (the scorer), on NVIDIA cooperative
+// matrices 2 (PISA.md 2, 3.3 and 5): the same chunks, bindings and output as
+// shaders/leaf_score_coop.wgsl (host: pisa-wgpu/src/ops/leaf_select/by_leaf.rs, which runs this
+// kernel where the device has VK_NV_cooperative_matrix2), so the bucketing (leaf_bucket.wgsl)
+// and the pick (leaf_pick.wgsl) are shared. One workgroup per chunk: up to RT / GQ entries of
+// one bucket (b, KV head, leaf), i.e. queries that list the leaf as a candidate, RT rows
+// (entry e, head h at row e * GQ + h).
+//   1. the chunk's Q rows gathered into workgroup memory (16-byte loads);          barrier
+//   2. S = Q K^T over the leaf's CW = 64 key rows, read straight from K as a workgroup-scope
+//      matrix (rows past the leaf or the sequence read as zeros: the tensor layout ends there);
+//   3. scale, mask (keys of the leaf: candidates are complete past, no causal cut), row max m,
+//      row sum l of exp(s - m), LSE = m + log l, column 0 to workgroup memory;    barrier
+//   4. one invocation per entry: the LSEs of its GQ rows summed, as rank_key to its slot.
+// Defines: HD (head dim), RT (rows), CW (keys per leaf tile: 64), DC (head-dim columns per
+// multiply), WG (invocations).
+#include "common.glsl"
+// wgpu bindings 0, 1, 2, 7, 8, 9, 10, 11, 12 as Vulkan bindings 0 to 8 (common.glsl; 12, K
+// again for the WGSL kernel's staging copy, is not read here).
+#define B_PARAMS 0
+#define B_COFF 3
+#define B_LIST 4
+#define B_BUCKETS 6
+#define B_DESC 7
+#include "select_common.glsl"
+
+layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
+
+layout(set = 0, binding = 1, std430) readonly buffer BufQ { uvec4 q4[]; };
+layout(set = 0, binding = 2, std430) readonly buffer BufK { float16_t k[]; };
+layout(set = 0, binding = 5, std430) buffer BufScores { uint scores[]; };
+
+const uint HD8 = HD / 8;
+
+shared float16_t qsh[RT * HD];
+shared float rowlse[RT];
+
+float mask_scale(const in uint r, const in uint c, const in float s, const in uint leaf_len) {
+    return c < leaf_len ? s * p.scale : NEG;
+}
+float exp_elem(const in uint r, const in uint c, const in float x) { return exp(x); }
+float log_elem(const in uint r, const in uint c, const in float x) { return log(x); }
+float max_reduce(const in float a, const in float b) { return max(a, b); }
+float add_reduce(const in float a, const in float b) { return a + b; }
+float store_col0(const in uint r, const in uint c, const in float x) {
+    if (c == 0) { rowlse[r] = x; }
+    return x;
+}
+
+// Ranking key of a score (select_common.wgsl rank_key): an order-preserving map of f32 onto
+// u32; every NaN ranks as -inf, -0 as +0.
+uint rank_key(float s) {
+    uint b = floatBitsToUint(s);
+    if ((b & 0x7fffffffu) > 0x7f800000u) { b = 0xff800000u; }
+    if (b == 0x80000000u) { b = 0u; }
+    return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
+}
+
+void main() {
+    const uint cid = linear_workgroup();
+    if (cid >= bl.items || cid >= coff[bl.buckets]) { return; }
+    const uvec4 d = cdesc[cid];
+    const uint bh = d.x / p.nb0, leaf = d.x % p.nb0, first = d.y, n = d.z;
+    const uint lid = gl_LocalInvocationIndex;
+    const uint gq = p.q_heads / p.kv_heads;
+    const uint b = bh / p.kv_heads, hkv = bh % p.kv_heads;
+    const uint leaf0 = leaf * p.block_size;
+    const uint kend = min(p.k_len, leaf0 + p.block_size);
+
+    // 1. Q rows (row r: entry r / gq, head hkv * gq + r % gq), zeros past the entries.
+    for (uint x = lid; x < RT * HD8; x += WG) {
+        uint r = x / HD8, e = r / gq;
+        uvec4 w = uvec4(0u);
+        if (e < n) {
+            uint i = bl.i0 + list[first + e] / p.mc;
+            uint hq = hkv * gq + r % gq;
+            w = q4[(b * p.q_sb + hq * p.q_sh + i * p.q_sn) / 8u + x % HD8];
+        }
+        uint at = r * HD + 8u * (x % HD8);
+        f16vec2 h0 = unpackFloat2x16(w.x), h1 = unpackFloat2x16(w.y);
+        f16vec2 h2 = unpackFloat2x16(w.z), h3 = unpackFloat2x16(w.w);
+        qsh[at] = h0.x; qsh[at + 1] = h0.y; qsh[at + 2] = h1.x; qsh[at + 3] = h1.y;
+        qsh[at + 4] = h2.x; qsh[at + 5] = h2.y; qsh[at + 6] = h3.x; qsh[at + 7] = h3.y;
+    }
+    barrier();
+
+    // 2. S = Q K^T, DC head-dim columns at a time (the driver stages each operand in
+    //    workgroup memory).
+    tensorLayoutNV<2, CLAMP> lk = createTensorLayoutNV(2, CLAMP);
+    lk = setTensorLayoutDimensionNV(lk, kend, HD);
+    lk = setTensorLayoutStrideNV(lk, p.k_sn, 1);
+    tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
+    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> s =
+        coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
+    [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
+        coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
+        coopMatLoad(qa, qsh, d0, HD, gl_CooperativeMatrixLayoutRowMajor);
+        coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
+        coopMatLoadTensorNV(kt, k, b * p.k_sb + hkv * p.k_sh,
+                            sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
+        s = coopMatMulAdd(qa, kt, s);
+    }
+
+    // 3. Each row's LSE over the leaf's keys.
+    coopMatPerElementNV(s, s, mask_scale, kend - leaf0);
+    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m, e, l;
+    coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
+    coopMatPerElementNV(e, s - m, exp_elem);
+    coopMatReduceNV(l, e, gl_CooperativeMatrixReduceRowNV, add_reduce);
+    coopMatPerElementNV(l, l, log_elem);
+    l = m + l;
+    coopMatPerElementNV(l, l, store_col0);
+    barrier();
+
+    // 4. An entry's score: its rows' LSEs summed over the group.
+    for (uint x = lid; x < n; x += WG) {
+        float tot = 0.0;
+        for (uint h = 0; h < gq; h++) { tot += rowlse[x * gq + h]; }
+        scores[bh * p.q_len * p.mc + list[first + x]] = rank_key(tot);
+    }
+}

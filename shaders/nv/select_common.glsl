@@ -1,0 +1,30 @@
+// The uniforms shared with the WGSL selection and attention kernels (shaders/select_common.wgsl
+// `Params`, shaders/leaf_chunk.wgsl `Buckets`), same layout: the host writes one structure for
+// both paths. `levels` (the routing table after the scalars) is not read here and left out.
+layout(set = 0, binding = 0, std140) uniform Params {
+    uint q_sb; uint q_sh; uint q_sn; uint k_sb;
+    uint k_sh; uint k_sn; uint q_heads; uint kv_heads;
+    uint q_len; uint k_len; uint head_dim; uint block_size;
+    uint merge; uint top_k; uint causal; uint sink;
+    uint local_blocks; uint nb0; uint total_nodes; uint start_level;
+    uint scoring; uint tiles; uint wg_count; float scale;
+    uint q_pos0; uint mc; uint routed; uint pad1;
+} p;
+
+layout(set = 0, binding = B_BUCKETS, std140) uniform Buckets {
+    uint items; uint buckets; uint i0; uint nq;
+    uint bh0; uint pad0; uint pad1; uint pad2;
+} bl;
+
+// The chunk buckets of leaf_bucket.wgsl (see leaf_chunk.wgsl): coff[bl.buckets] is the chunk
+// count, cdesc[c] = (bucket, first entry in `list`, entries, 0).
+layout(set = 0, binding = B_COFF, std430) readonly buffer BufCoff { uint coff[]; };
+layout(set = 0, binding = B_LIST, std430) readonly buffer BufList { uint list[]; };
+layout(set = 0, binding = B_DESC, std430) readonly buffer BufDesc { uvec4 cdesc[]; };
+
+const float NEG = -3.0e38;
+
+uint linear_workgroup() {
+    return gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x
+        + gl_WorkGroupID.z * gl_NumWorkGroups.x * gl_NumWorkGroups.y;
+}
