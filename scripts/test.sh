@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command of README.md (and of CI): a Vulkan driver (lavapipe when no GPU), the whole
-# workspace's tests, the no_std build of pisa-core, the wasm32 build of pisa-wgpu, the kernel
+# workspace's tests, the check of the NVIDIA kernels' SPIR-V, the no_std build of pisa-core,
+# the wasm32 build of pisa-wgpu, the kernel
 # tests on wgpu's OpenGL backend, the browser test of the WebGPU demo, and the formatting check
 # (where rustfmt is installed).
 set -euo pipefail
@@ -21,6 +22,9 @@ cargo check --target wasm32-unknown-unknown -p pisa-wgpu --locked
 # glslang-tools); without it that test only translates. A failed install does not stop the run.
 command -v glslangValidator >/dev/null 2>&1 || { S=$([ "$(id -u)" = 0 ] || echo sudo); export DEBIAN_FRONTEND=noninteractive; $S apt-get install -y -qq glslang-tools >/dev/null 2>&1 || { $S apt-get update -qq && $S apt-get install -y -qq glslang-tools >/dev/null; }; } || echo "glslang-tools not installed: GLSL translations not compiled"
 cargo test --workspace --locked
+# The NVIDIA kernels' embedded SPIR-V (shaders/nv/spv) is what their GLSL sources make with the
+# pinned glslang (tools/spirv builds glslang from source: about 2 minutes).
+cargo run --release --locked --manifest-path tools/spirv/Cargo.toml -- --check
 # The kernel tests again on wgpu's OpenGL backend (Mesa llvmpipe, headless EGL).
 bash scripts/test-gl.sh
 # The WebGPU demo page in headless Chromium (Dawn and its WGSL compiler Tint, on SwiftShader),

@@ -32,7 +32,10 @@ fn run(ctx: &Context, r: &mut rand_chacha::ChaCha8Rng, case: Case, messy: bool, 
     // On a device with VK_NV_cooperative_matrix2 (PISA_REQUIRE_NV_CM2=1 on the GPU runs) the
     // supported head dims run shaders/nv/attention_leaf.comp instead of the WGSL chunk kernel.
     if std::env::var("PISA_REQUIRE_NV_CM2").as_deref() == Ok("1") {
-        assert!(ctx.nv_cm2(), "no VK_NV_cooperative_matrix2 (PISA_REQUIRE_NV_CM2=1)");
+        assert!(
+            ctx.nv_cm2(),
+            "no VK_NV_cooperative_matrix2 (PISA_REQUIRE_NV_CM2=1)"
+        );
     }
     if let Some(k) = attention::by_leaf::nv_kernel_for(ctx, &s, &cfg) {
         if storage == F16 {

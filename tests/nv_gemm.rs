@@ -49,7 +49,12 @@ fn all_kernels() -> impl Iterator<Item = pisa_wgpu::runtime::nv::NvKernel> {
 fn embedded_spirv_is_spirv_with_dense_bindings() {
     for k in all_kernels() {
         assert!(k.spirv.len() > 20 && k.spirv.len() % 4 == 0, "{}", k.name);
-        assert_eq!(&k.spirv[..4], &[0x03, 0x02, 0x23, 0x07], "{}: magic", k.name);
+        assert_eq!(
+            &k.spirv[..4],
+            &[0x03, 0x02, 0x23, 0x07],
+            "{}: magic",
+            k.name
+        );
         let words: Vec<u32> = k
             .spirv
             .chunks_exact(4)
@@ -58,8 +63,17 @@ fn embedded_spirv_is_spirv_with_dense_bindings() {
         let declared = pisa_wgpu::runtime::nv::spirv_bindings(&words);
         assert!(!declared.is_empty(), "{}: no bindings found", k.name);
         let max = *declared.iter().max().unwrap() as usize;
-        assert!(max < k.bindings.len(), "{}: binding {max} of {}", k.name, k.bindings.len());
-        assert!(k.bindings.windows(2).all(|w| w[0].0 < w[1].0), "{}: order", k.name);
+        assert!(
+            max < k.bindings.len(),
+            "{}: binding {max} of {}",
+            k.name,
+            k.bindings.len()
+        );
+        assert!(
+            k.bindings.windows(2).all(|w| w[0].0 < w[1].0),
+            "{}: order",
+            k.name
+        );
     }
 }
 
@@ -133,7 +147,11 @@ fn gemm_variants_match_cpu() {
                 "{} {m}x{n}x{k}: worst error {worst:.2e} of the row's |products| at {at} (seed {seed})",
                 kernel.name
             );
-            assert!(worst <= 1e-5, "{}: error {worst:.2e} at {at} (seed {seed})", kernel.name);
+            assert!(
+                worst <= 1e-5,
+                "{}: error {worst:.2e} at {at} (seed {seed})",
+                kernel.name
+            );
         }
     }
 }
@@ -172,10 +190,15 @@ fn probes_match_cpu() {
     let s: Vec<f64> = (0..64 * 64)
         .map(|x| {
             let (i, j) = (x / 64, x % 64);
-            (0..128).map(|t| a[i * 128 + t] as f64 * b[j * 128 + t] as f64).sum()
+            (0..128)
+                .map(|t| a[i * 128 + t] as f64 * b[j * 128 + t] as f64)
+                .sum()
         })
         .collect();
-    let rowmax: Vec<f64> = s.chunks(64).map(|r| r.iter().cloned().fold(f64::MIN, f64::max)).collect();
+    let rowmax: Vec<f64> = s
+        .chunks(64)
+        .map(|r| r.iter().cloned().fold(f64::MIN, f64::max))
+        .collect();
     let mut failed = Vec::new();
     for k in &PROBES {
         let out = ctx.alloc("out", 64 * 64, Storage::F32, POISON_F32).unwrap();
@@ -183,7 +206,11 @@ fn probes_match_cpu() {
         record_probe(ctx, &mut enc, k, &ga, &gb, &out).unwrap();
         ctx.queue().submit([enc.finish()]);
         let got = ctx.read_f32(&out).unwrap();
-        let want: &[f64] = if k.name == "probe_shared_load" { &s } else { &rowmax };
+        let want: &[f64] = if k.name == "probe_shared_load" {
+            &s
+        } else {
+            &rowmax
+        };
         let bad = (0..want.len())
             .filter(|&x| !((got[x] as f64 - want[x]).abs() <= 1e-3 * (1.0 + want[x].abs())))
             .count();

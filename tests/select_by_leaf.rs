@@ -24,6 +24,16 @@ use Storage::*;
 fn leaves() {
     ctx().set_leaf_order(LeafOrder::Leaves);
     assert_eq!(ctx().leaf_order(), LeafOrder::Leaves);
+    // PISA_NV_SCORER=1 (the GPU runs): the NVIDIA scorer (shaders/nv/leaf_score.comp) where
+    // the device has VK_NV_cooperative_matrix2.
+    let nv = std::env::var("PISA_NV_SCORER").as_deref() == Ok("1");
+    ctx().set_nv_scorer(nv);
+    if nv && std::env::var("PISA_REQUIRE_NV_CM2").as_deref() == Ok("1") {
+        assert!(
+            ctx().nv_cm2(),
+            "no VK_NV_cooperative_matrix2 (PISA_REQUIRE_NV_CM2=1)"
+        );
+    }
 }
 
 #[test]

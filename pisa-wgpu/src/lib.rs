@@ -83,9 +83,9 @@ pub use runtime::checks::ShaderChecks;
 pub use runtime::context::{
     list_adapters, wanted_features, AdapterChoice, AdapterReport, Context, KernelPath, LeafOrder,
 };
+pub use runtime::nv::{device_has_nv_cm2, nv_cm2_supported, request_device_nv_cm2};
 #[doc(hidden)]
 pub use runtime::pipeline::ShaderSource;
-pub use runtime::nv::{device_has_nv_cm2, nv_cm2_supported, request_device_nv_cm2};
 pub use runtime::pipeline::Storage;
 pub use runtime::profiler::{Profiler, StageTimes};
 pub use runtime::view::{DType, TensorView};

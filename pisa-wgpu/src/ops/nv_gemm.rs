@@ -66,15 +66,11 @@ pub fn record_gemm(
     let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some(kernel.name),
         layout: &layout,
-        entries: &[
-            (0, &a.buffer),
-            (1, &b.buffer),
-            (2, &c.buffer),
-            (3, &dims),
-        ]
-        .map(|(i, buf)| wgpu::BindGroupEntry {
-            binding: i,
-            resource: buf.as_entire_binding(),
+        entries: &[(0, &a.buffer), (1, &b.buffer), (2, &c.buffer), (3, &dims)].map(|(i, buf)| {
+            wgpu::BindGroupEntry {
+                binding: i,
+                resource: buf.as_entire_binding(),
+            }
         }),
     });
     let mut prof = prof;

@@ -57,6 +57,7 @@ pub struct ContextInner {
     /// kernels are on.
     nv_ok: bool,
     nv_on: AtomicBool,
+    nv_scorer: AtomicBool,
     pub(crate) nv_pipelines: super::nv::NvPipelines,
 }
 
@@ -126,7 +127,9 @@ impl Context {
             };
             match super::nv::request_device_nv_cm2(&adapter, &desc) {
                 Ok((device, queue)) => return Self::build(&adapter, device, queue, true),
-                Err(e) => log::warn!("VK_NV_cooperative_matrix2 device refused ({e}): opening without it"),
+                Err(e) => {
+                    log::warn!("VK_NV_cooperative_matrix2 device refused ({e}): opening without it")
+                }
             }
         }
         let coop = features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
@@ -252,7 +255,11 @@ impl Context {
             report.driver,
             report.driver_info,
             if coop_on { "coopmat" } else { "portable" },
-            if nv_ok { " + VK_NV_cooperative_matrix2" } else { "" },
+            if nv_ok {
+                " + VK_NV_cooperative_matrix2"
+            } else {
+                ""
+            },
             report.subgroup_size.0,
             report.subgroup_size.1,
             limits.max_compute_workgroup_storage_size / 1024,
@@ -276,6 +283,7 @@ impl Context {
             pool: Mutex::new(Default::default()),
             nv_ok,
             nv_on: AtomicBool::new(nv_ok),
+            nv_scorer: AtomicBool::new(false),
             nv_pipelines: Default::default(),
         }));
         ctx.check_alive()?;
@@ -502,7 +510,9 @@ impl Context {
     /// on ([`Context::kernel_path`] is [`KernelPath::CoopMat`]) and
     /// [`Context::set_nv_cm2`] did not turn them off.
     pub fn nv_cm2(&self) -> bool {
-        self.nv_ok && self.nv_on.load(Ordering::Relaxed) && self.kernel_path() == KernelPath::CoopMat
+        self.nv_ok
+            && self.nv_on.load(Ordering::Relaxed)
+            && self.kernel_path() == KernelPath::CoopMat
     }
 
     /// Turns the NVIDIA kernels on or off (on by default where the device has the
@@ -511,6 +521,18 @@ impl Context {
     pub fn set_nv_cm2(&self, on: bool) -> bool {
         self.nv_on.store(on, Ordering::Relaxed);
         self.nv_cm2()
+    }
+
+    /// Whether selection stage 2 scores leaves with the NVIDIA scorer
+    /// (`shaders/nv/leaf_score.comp`) where [`Context::nv_cm2`] holds. Off by default: the
+    /// WGSL tensor-core scorer was faster on the H200 (docs/benchmarks.md, 2026-12-01).
+    pub fn nv_scorer(&self) -> bool {
+        self.nv_scorer.load(Ordering::Relaxed)
+    }
+
+    /// Turns the NVIDIA scorer on or off (see [`Context::nv_scorer`]).
+    pub fn set_nv_scorer(&self, on: bool) {
+        self.nv_scorer.store(on, Ordering::Relaxed);
     }
 
     /// The pipeline and bind group layout of an NVIDIA kernel (built once).

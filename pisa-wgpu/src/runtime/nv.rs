@@ -102,9 +102,12 @@ impl NvPipelines {
         // host's list must be in ascending order for the numbers to line up.
         let sorted = k.bindings.windows(2).all(|w| w[0].0 < w[1].0);
         let declared = spirv_bindings(&words);
-        if let Some(&b) = declared.iter().find(|&&b| b as usize >= k.bindings.len()).filter(|_| sorted).or(
-            (!sorted).then_some(&u32::MAX),
-        ) {
+        if let Some(&b) = declared
+            .iter()
+            .find(|&&b| b as usize >= k.bindings.len())
+            .filter(|_| sorted)
+            .or((!sorted).then_some(&u32::MAX))
+        {
             return Err(GpuError::Unsupported(format!(
                 "NVIDIA kernel {}: the module declares binding {b}, its layout has {} (in ascending order: {sorted})",
                 k.name,
@@ -202,7 +205,12 @@ pub fn spirv_bindings(words: &[u32]) -> Vec<u32> {
 /// (`VkPhysicalDeviceCooperativeMatrix2FeaturesNV`, which ash 0.38 predates).
 #[repr(C)]
 #[derive(Clone, Copy)]
-#[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+#[cfg(any(
+    windows,
+    target_os = "linux",
+    target_os = "android",
+    target_os = "freebsd"
+))]
 struct CoopMat2Features {
     s_type: ash::vk::StructureType,
     p_next: *mut std::ffi::c_void,
@@ -215,7 +223,12 @@ struct CoopMat2Features {
     block_loads: ash::vk::Bool32,
 }
 
-#[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+#[cfg(any(
+    windows,
+    target_os = "linux",
+    target_os = "android",
+    target_os = "freebsd"
+))]
 impl CoopMat2Features {
     /// `VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV`.
     const S_TYPE: ash::vk::StructureType = ash::vk::StructureType::from_raw(1_000_593_000);
@@ -263,7 +276,12 @@ pub fn nv_cm2_supported(adapter: &wgpu::Adapter) -> bool {
     if !adapter.features().contains(NV_CM2_FEATURES) {
         return false;
     }
-    #[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+    #[cfg(any(
+        windows,
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd"
+    ))]
     {
         use ash::khr::get_physical_device_properties2 as props2;
         use wgpu::hal::api::Vulkan;
@@ -291,7 +309,12 @@ pub fn nv_cm2_supported(adapter: &wgpu::Adapter) -> bool {
             cm2.enough()
         }
     }
-    #[cfg(not(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    #[cfg(not(any(
+        windows,
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd"
+    )))]
     {
         false
     }
@@ -316,7 +339,12 @@ pub fn request_device_nv_cm2(
                 .into(),
         ));
     }
-    #[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+    #[cfg(any(
+        windows,
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd"
+    ))]
     {
         use wgpu::hal::api::Vulkan;
         let features = desc.required_features | NV_CM2_FEATURES;
@@ -334,11 +362,13 @@ pub fn request_device_nv_cm2(
                 features,
                 &desc.required_limits,
                 &desc.memory_hints,
-                Some(Box::new(move |args: wgpu::hal::vulkan::CreateDeviceCallbackArgs| {
-                    args.extensions.push(NV_COOPERATIVE_MATRIX_2);
-                    (*cm2_ptr).p_next = args.create_info.p_next as *mut _;
-                    args.create_info.p_next = cm2_ptr.cast();
-                })),
+                Some(Box::new(
+                    move |args: wgpu::hal::vulkan::CreateDeviceCallbackArgs| {
+                        args.extensions.push(NV_COOPERATIVE_MATRIX_2);
+                        (*cm2_ptr).p_next = args.create_info.p_next as *mut _;
+                        args.create_info.p_next = cm2_ptr.cast();
+                    },
+                )),
             )
             .map_err(|e| GpuError::RequestDevice(format!("VK_NV_cooperative_matrix2: {e}")))?
         };
@@ -353,10 +383,17 @@ pub fn request_device_nv_cm2(
         unsafe { adapter.create_device_from_hal(open, &desc) }
             .map_err(|e| GpuError::RequestDevice(e.to_string()))
     }
-    #[cfg(not(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    #[cfg(not(any(
+        windows,
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd"
+    )))]
     {
         let _ = desc;
-        Err(GpuError::Unsupported("no Vulkan backend on this target".into()))
+        Err(GpuError::Unsupported(
+            "no Vulkan backend on this target".into(),
+        ))
     }
 }
 
@@ -366,7 +403,12 @@ pub fn device_has_nv_cm2(device: &wgpu::Device) -> bool {
     if !device.features().contains(NV_CM2_FEATURES) {
         return false;
     }
-    #[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+    #[cfg(any(
+        windows,
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd"
+    ))]
     {
         use wgpu::hal::api::Vulkan;
         // SAFETY: only the list of enabled extensions is read.
@@ -377,7 +419,12 @@ pub fn device_has_nv_cm2(device: &wgpu::Device) -> bool {
             })
         }
     }
-    #[cfg(not(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    #[cfg(not(any(
+        windows,
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd"
+    )))]
     {
         false
     }

@@ -38,7 +38,10 @@ fn variants(dir: &Path) -> Result<Vec<Variant>, String> {
         }
         let mut words = line.split_whitespace();
         let (Some(name), Some(source)) = (words.next(), words.next()) else {
-            return Err(format!("kernels.txt:{}: expected `name source [DEFINES]`", i + 1));
+            return Err(format!(
+                "kernels.txt:{}: expected `name source [DEFINES]`",
+                i + 1
+            ));
         };
         let defines = words
             .map(|w| {
@@ -125,23 +128,24 @@ fn run(root: &Path, check: bool) -> Result<bool, String> {
     for v in &list {
         let spv = compile(&dir, v)?;
         let path = out_dir.join(format!("{}.spv", v.name));
+        let shown = format!("shaders/nv/spv/{}.spv", v.name);
         names.insert(format!("{}.spv", v.name));
         if check {
             match std::fs::read(&path) {
-                Ok(old) if old == spv => println!("same     {}", path.display()),
+                Ok(old) if old == spv => println!("same     {shown}"),
                 Ok(_) => {
-                    println!("DIFFERS  {}", path.display());
+                    println!("DIFFERS  {shown}");
                     ok = false;
                 }
                 Err(_) => {
-                    println!("MISSING  {}", path.display());
+                    println!("MISSING  {shown}");
                     ok = false;
                 }
             }
         } else {
             std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
             std::fs::write(&path, &spv).map_err(|e| format!("{}: {e}", path.display()))?;
-            println!("wrote    {} ({} bytes)", path.display(), spv.len());
+            println!("wrote    {shown} ({} bytes)", spv.len());
         }
     }
     if let Ok(entries) = std::fs::read_dir(&out_dir) {

@@ -96,34 +96,23 @@ const NV_BINDINGS: &[(u32, NvBinding)] = &[
 /// key rows of a leaf) for a tensor-core plan on a device with `VK_NV_cooperative_matrix2`,
 /// where one is built for the head dim (64, 128) and the leaf fits its 64 key rows; `None`
 /// keeps the WGSL kernel. Same chunks (64 rows: `COOP_SUBGROUPS` x 16) and partial states.
-pub fn nv_kernel_for(
-    ctx: &Context,
-    s: &AttentionShape,
-    cfg: &SelectionConfig,
-) -> Option<NvKernel> {
+pub fn nv_kernel_for(ctx: &Context, s: &AttentionShape, cfg: &SelectionConfig) -> Option<NvKernel> {
     if !ctx.nv_cm2() || cfg.block_size > 64 || 16 * COOP_SUBGROUPS != 64 {
         return None;
     }
-    let variant = std::env::var("PISA_NV_DC").unwrap_or_default();
-    let name = match (s.head_dim, variant.as_str()) {
-        (128, "") => "attention_leaf_d128_dc32",
-        (128, x) => return NV_ATTENTION.into_iter().find(|k| k.name.ends_with(x)),
-        (64, _) => "attention_leaf_d64",
+    let name = match s.head_dim {
+        128 => "attention_leaf_d128",
+        64 => "attention_leaf_d64",
         _ => return None,
     };
     NV_ATTENTION.into_iter().find(|k| k.name == name)
 }
 
 /// The embedded NVIDIA chunk kernels (`shaders/nv/kernels.txt`).
-pub const NV_ATTENTION: [NvKernel; 6] = [
+pub const NV_ATTENTION: [NvKernel; 2] = [
     crate::nv_kernel!("attention_leaf_d128", NV_BINDINGS),
-    crate::nv_kernel!("attention_leaf_d128_dc32", NV_BINDINGS),
-    crate::nv_kernel!("attention_leaf_d128_dc16", NV_BINDINGS),
-    crate::nv_kernel!("attention_leaf_d128_dc32w64", NV_BINDINGS),
-    crate::nv_kernel!("attention_leaf_d128_dc32w256", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_d64", NV_BINDINGS),
 ];
-
 
 /// The chunk kernel's constants for plan `la` (the tensor-core kernel's when `la.coop`).
 fn attend_consts(

@@ -60,6 +60,7 @@ pub struct PrefillPlan {
     path: KernelPath,
     order: LeafOrder,
     binding: u64,
+    nv: (bool, bool),
     q: GpuTensor,
     k: GpuTensor,
     v: GpuTensor,
@@ -108,6 +109,7 @@ impl PrefillPlan {
             path: ctx.kernel_path(),
             order: ctx.leaf_order(),
             binding: ctx.max_binding_bytes(),
+            nv: (ctx.nv_cm2(), ctx.nv_scorer()),
             q: ctx.alloc("plan q", shape.q_elems(), st, POISON_F32)?,
             k: ctx.alloc("plan k", shape.kv_elems(), st, POISON_F32)?,
             v: ctx.alloc("plan v", shape.kv_elems(), st, POISON_F32)?,
@@ -172,9 +174,10 @@ impl PrefillPlan {
         if ctx.kernel_path() != self.path
             || ctx.leaf_order() != self.order
             || ctx.max_binding_bytes() != self.binding
+            || (ctx.nv_cm2(), ctx.nv_scorer()) != self.nv
         {
             return Err(GpuError::Unsupported(
-                "the context's kernel path, leaf order or binding limit changed since this prefill was planned: make a new plan".into(),
+                "the context's kernel path, leaf order, binding limit or NVIDIA kernels changed since this prefill was planned: make a new plan".into(),
             ));
         }
         let s = &self.shape;
