@@ -37,9 +37,9 @@ fn run(ctx: &Context, r: &mut rand_chacha::ChaCha8Rng, case: Case, messy: bool, 
             "no VK_NV_cooperative_matrix2 (PISA_REQUIRE_NV_CM2=1)"
         );
     }
-    if let Some(k) = attention::by_leaf::nv_kernel_for(ctx, &s, &cfg) {
+    if let Some((k, m)) = attention::by_leaf::nv_kernel_for(ctx, &s, &cfg) {
         if storage == F16 {
-            eprintln!("D {}: {}", s.head_dim, k.name);
+            eprintln!("D {}: {} {:?}", s.head_dim, k.name, m.map(|m| m.name));
         }
     }
     if messy {

@@ -40,6 +40,7 @@ fn all_kernels() -> impl Iterator<Item = pisa_wgpu::runtime::nv::NvKernel> {
         .chain(PROBES)
         .chain(pisa_wgpu::ops::attention::by_leaf::NV_ATTENTION)
         .chain(pisa_wgpu::ops::leaf_select::by_leaf::NV_SCORERS)
+        .chain(pisa_wgpu::ops::attention::nv_dense::NV_DENSE.map(|k| k.0))
 }
 
 /// Every embedded module is SPIR-V and declares only the Vulkan bindings its layout has: wgpu

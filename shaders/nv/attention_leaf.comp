@@ -16,7 +16,8 @@
 //      to `spos`.
 // Rows past the chunk's entries are computed and stored but never read (the merge follows
 // spos). Defines: HD (head dim), RT (rows, a multiple of 16), CW (keys per leaf tile: 64),
-// DC (head-dim columns per multiply: a divisor of HD), WG (invocations).
+// DC (head-dim columns per multiply: a divisor of HD), WG (invocations), OPART_F16 (1: the
+// partial O rows stored as f16, for attention_leaf_merge.comp; 0: f32, for the WGSL merge).
 #include "common.glsl"
 // wgpu bindings 0, 1, 2, 3, 7, 8, 10, 11, 12, 13, 14 as Vulkan bindings 0 to 10 (common.glsl).
 #define B_PARAMS 0
@@ -31,7 +32,11 @@ layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
 layout(set = 0, binding = 1, std430) readonly buffer BufQ { uvec4 q4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer BufK { float16_t k[]; };
 layout(set = 0, binding = 3, std430) readonly buffer BufV { float16_t v[]; };
+#if OPART_F16
+layout(set = 0, binding = 8, std430) buffer BufO { float16_t opart[]; };
+#else
 layout(set = 0, binding = 8, std430) buffer BufO { float opart[]; };
+#endif
 layout(set = 0, binding = 9, std430) buffer BufML { float mlpart[]; }; // (m, l) pairs
 layout(set = 0, binding = 10, std430) buffer BufSpos { uint spos[]; };
 
@@ -131,7 +136,13 @@ void main() {
         coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> o =
             coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(0.0);
         o = coopMatMulAdd(pa, vb, o);
+#if OPART_F16
+        coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> oh =
+            coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(o);
+        coopMatStoreTensorNV(oh, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
+#else
         coopMatStoreTensorNV(o, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
+#endif
     }
     coopMatPerElementNV(m, m, store_col0, 2 * cid * RT);
     coopMatPerElementNV(l, l, store_col0, 2 * cid * RT + 1);

@@ -1,7 +1,11 @@
 // The uniforms shared with the WGSL selection and attention kernels (shaders/select_common.wgsl
 // `Params`, shaders/leaf_chunk.wgsl `Buckets`), same layout: the host writes one structure for
 // both paths. `levels` (the routing table after the scalars) is not read here and left out.
-layout(set = 0, binding = 0, std140) uniform Params {
+// Bindings: the including kernel defines B_PARAMS, B_BUCKETS, B_COFF, B_LIST and B_DESC as the
+// Vulkan binding numbers of WGSL bindings 0, 10, 7, 8 and 11 (see common.glsl: wgpu numbers a
+// layout's bindings densely in order), or NO_CHUNKS and only the first two when it reads no
+// chunk buckets.
+layout(set = 0, binding = B_PARAMS, std140) uniform Params {
     uint q_sb; uint q_sh; uint q_sn; uint k_sb;
     uint k_sh; uint k_sn; uint q_heads; uint kv_heads;
     uint q_len; uint k_len; uint head_dim; uint block_size;
@@ -16,11 +20,13 @@ layout(set = 0, binding = B_BUCKETS, std140) uniform Buckets {
     uint bh0; uint pad0; uint pad1; uint pad2;
 } bl;
 
+#ifndef NO_CHUNKS
 // The chunk buckets of leaf_bucket.wgsl (see leaf_chunk.wgsl): coff[bl.buckets] is the chunk
 // count, cdesc[c] = (bucket, first entry in `list`, entries, 0).
 layout(set = 0, binding = B_COFF, std430) readonly buffer BufCoff { uint coff[]; };
 layout(set = 0, binding = B_LIST, std430) readonly buffer BufList { uint list[]; };
 layout(set = 0, binding = B_DESC, std430) readonly buffer BufDesc { uvec4 cdesc[]; };
+#endif
 
 const float NEG = -3.0e38;
 

@@ -21,6 +21,7 @@ pub mod coop;
 pub mod host;
 mod kernel;
 mod launch;
+pub mod nv_dense;
 pub mod split_k;
 pub mod tiling;
 
@@ -250,6 +251,20 @@ pub fn record_attention(
             ctx, enc, q, k, v, selection, shape, layouts, cfg, &plan, prof,
         ),
         Plan::CoopTile(cv) => coop::record(ctx, enc, q, k, v, shape, layouts, kind, &cv, prof),
+        Plan::NvDense {
+            kernel,
+            causal,
+            scale,
+        } => nv_dense::record(
+            ctx,
+            enc,
+            (q, k, v),
+            shape,
+            layouts,
+            (causal, scale),
+            kernel,
+            prof,
+        ),
         Plan::PortableTile => record_tiles(ctx, enc, q, k, v, shape, layouts, kind, tiling, prof),
     }
 }

@@ -92,26 +92,54 @@ const NV_BINDINGS: &[(u32, NvBinding)] = &[
     (14, NvBinding::Write),
 ];
 
-/// The NVIDIA chunk kernel (`shaders/nv/attention_leaf.comp`, 64 rows of a chunk against 64
-/// key rows of a leaf) for a tensor-core plan on a device with `VK_NV_cooperative_matrix2`,
-/// where one is built for the head dim (64, 128) and the leaf fits its 64 key rows; `None`
-/// keeps the WGSL kernel. Same chunks (64 rows: `COOP_SUBGROUPS` x 16) and partial states.
-pub fn nv_kernel_for(ctx: &Context, s: &AttentionShape, cfg: &SelectionConfig) -> Option<NvKernel> {
+/// The NVIDIA kernels of leaf-major attention for a tensor-core plan on a device with
+/// `VK_NV_cooperative_matrix2` ([`Context::nv_cm2`]): the chunk kernel
+/// (`shaders/nv/attention_leaf.comp`, 64 rows of a chunk against the 64 key rows of a leaf;
+/// built for head dims 64 and 128, for leaves of at most 64 keys) and, where it applies, the
+/// merge that reads the partial O rows as f16 (`shaders/nv/attention_leaf_merge.comp`: head dim
+/// 128, GQA groups up to 16, top_k up to 64; half the partial-state traffic of the f32 rows the
+/// WGSL merge reads). `None` keeps the WGSL kernels. Same chunks (64 rows: `COOP_SUBGROUPS` x
+/// 16), partial states and outputs.
+pub fn nv_kernel_for(
+    ctx: &Context,
+    s: &AttentionShape,
+    cfg: &SelectionConfig,
+) -> Option<(NvKernel, Option<NvKernel>)> {
     if !ctx.nv_cm2() || cfg.block_size > 64 || 16 * COOP_SUBGROUPS != 64 {
         return None;
     }
-    let name = match s.head_dim {
-        128 => "attention_leaf_d128",
-        64 => "attention_leaf_d64",
-        _ => return None,
-    };
-    NV_ATTENTION.into_iter().find(|k| k.name == name)
+    let find = |name: &str| NV_ATTENTION.into_iter().find(|k| k.name == name);
+    let f16_merge = s.gqa_group() <= 16
+        && cfg.top_k <= 64
+        && std::env::var("PISA_NV_OPART").as_deref() != Ok("f32");
+    match s.head_dim {
+        128 if f16_merge => Some((
+            find("attention_leaf_d128_h")?,
+            find("attention_leaf_merge_h"),
+        )),
+        128 => Some((find("attention_leaf_d128")?, None)),
+        64 => Some((find("attention_leaf_d64")?, None)),
+        _ => None,
+    }
 }
 
-/// The embedded NVIDIA chunk kernels (`shaders/nv/kernels.txt`).
-pub const NV_ATTENTION: [NvKernel; 2] = [
+/// The embedded NVIDIA kernels of leaf-major attention (`shaders/nv/kernels.txt`).
+pub const NV_ATTENTION: [NvKernel; 4] = [
     crate::nv_kernel!("attention_leaf_d128", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d128_h", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_d64", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_merge_h", NV_MERGE_BINDINGS),
+];
+
+/// The bindings of `shaders/nv/attention_leaf_merge.comp` (those of the WGSL merge).
+const NV_MERGE_BINDINGS: &[(u32, NvBinding)] = &[
+    (0, NvBinding::Uniform),
+    (5, NvBinding::Write),
+    (10, NvBinding::Uniform),
+    (12, NvBinding::Read),
+    (13, NvBinding::Read),
+    (14, NvBinding::Write),
+    (15, NvBinding::Write),
 ];
 
 /// The chunk kernel's constants for plan `la` (the tensor-core kernel's when `la.coop`).
@@ -209,12 +237,16 @@ pub(crate) fn record(
     let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket)?;
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;
     let consts = attend_consts(la, s, cfg);
-    let attend = match (la.coop, nv_kernel_for(ctx, s, cfg)) {
-        (Some(_), Some(nv)) => ctx.nv_pipeline(&nv)?.0,
+    let nv = la.coop.and_then(|_| nv_kernel_for(ctx, s, cfg));
+    let attend = match (la.coop, nv) {
+        (Some(_), Some((k, _))) => ctx.nv_pipeline(&k)?.0,
         (Some(_), None) => pipe(&COOP_SHADER, "attend_leaf", Storage::F16, &consts)?,
         (None, _) => pipe(&SHADER, "attend_leaf", q.storage, &consts)?,
     };
-    let merge = pipe(&MERGE_SHADER, "merge", q.storage, &merge_consts(g, kk))?;
+    let merge = match nv.and_then(|(_, m)| m) {
+        Some(m) => ctx.nv_pipeline(&m)?.0,
+        None => pipe(&MERGE_SHADER, "merge", q.storage, &merge_consts(g, kk))?,
+    };
 
     let (c, of, co, l) = (&cnt.buffer, &off.buffer, &coff.buffer, &list.buffer);
     let (cd, sp, op, ml) = (&cdesc.buffer, &spos.buffer, &opart.buffer, &mlpart.buffer);

@@ -6,10 +6,12 @@ use pisa_core::{AttentionShape, SelectionConfig};
 
 use super::by_leaf::{self, LeafAttention};
 use super::coop::{self, CoopVariant};
+use super::nv_dense;
 use super::split_k::{self, SplitK};
 use super::{AttentionKind, QkvLayouts, Tiling};
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::{Context, KernelPath};
+use crate::runtime::nv::NvKernel;
 use crate::runtime::pipeline::Storage;
 
 /// The kernel that runs one attention call (PISA.md sections 4 and 5); [`attention_kernel`]
@@ -29,6 +31,9 @@ pub enum AttentionKernel {
     CoopTile,
     /// The portable query-tile kernel (`attention.wgsl`, [`Tiling`]).
     PortableTile,
+    /// Dense attention on NVIDIA cooperative matrices 2 ([`super::nv_dense`],
+    /// `shaders/nv/attention_dense.comp`), where the device has `VK_NV_cooperative_matrix2`.
+    NvDense,
 }
 
 impl AttentionKernel {
@@ -37,7 +42,9 @@ impl AttentionKernel {
     /// included: it has no tensor-core twin).
     pub fn path(self) -> KernelPath {
         match self {
-            Self::CoopTile | Self::LeafMajor(KernelPath::CoopMat) => KernelPath::CoopMat,
+            Self::CoopTile | Self::NvDense | Self::LeafMajor(KernelPath::CoopMat) => {
+                KernelPath::CoopMat
+            }
             Self::SplitK | Self::LeafMajor(KernelPath::Portable) | Self::PortableTile => {
                 KernelPath::Portable
             }
@@ -45,7 +52,7 @@ impl AttentionKernel {
     }
 
     /// A short stable name for reports: `split-k`, `leaf-major-coopmat`, `leaf-major-portable`,
-    /// `coop-tile` or `portable-tile`.
+    /// `coop-tile`, `portable-tile` or `nv-dense`.
     pub fn name(self) -> &'static str {
         match self {
             Self::SplitK => "split-k",
@@ -53,6 +60,7 @@ impl AttentionKernel {
             Self::LeafMajor(KernelPath::Portable) => "leaf-major-portable",
             Self::CoopTile => "coop-tile",
             Self::PortableTile => "portable-tile",
+            Self::NvDense => "nv-dense",
         }
     }
 }
@@ -77,6 +85,11 @@ pub(crate) enum Plan<'a> {
         cfg: &'a SelectionConfig,
     },
     CoopTile(CoopVariant),
+    NvDense {
+        kernel: (NvKernel, u32),
+        causal: bool,
+        scale: f32,
+    },
     PortableTile,
 }
 
@@ -90,6 +103,7 @@ impl Plan<'_> {
             }
             Self::LeafMajor { .. } => AttentionKernel::LeafMajor(KernelPath::Portable),
             Self::CoopTile(_) => AttentionKernel::CoopTile,
+            Self::NvDense { .. } => AttentionKernel::NvDense,
             Self::PortableTile => AttentionKernel::PortableTile,
         }
     }
@@ -132,6 +146,15 @@ pub(crate) fn plan<'a>(
     }
     if storage == Storage::F16 {
         if let Some(cv) = coop::plan(ctx, shape, kind) {
+            if let AttentionKind::Dense { causal, scale } = *kind {
+                if let Some(kernel) = nv_dense::kernel_for(ctx, shape, storage, layouts) {
+                    return Plan::NvDense {
+                        kernel,
+                        causal,
+                        scale,
+                    };
+                }
+            }
             return Plan::CoopTile(cv);
         }
     }
@@ -153,7 +176,9 @@ pub(crate) fn plan<'a>(
 ///    tile kernel at 64K / 256K on the H200, `docs/benchmarks.md`), Leaves wherever it fits,
 ///    Tiles never; see [`by_leaf::leaf_major_path`];
 /// 4. f16 storage where [`coop::plan`] finds a variant (the context on
-///    [`KernelPath::CoopMat`], D a multiple of 16 up to 128): [`AttentionKernel::CoopTile`];
+///    [`KernelPath::CoopMat`], D a multiple of 16 up to 128): for dense calls where
+///    [`nv_dense::kernel_for`] has a kernel (`VK_NV_cooperative_matrix2`, D 64 or 128),
+///    [`AttentionKernel::NvDense`], else [`AttentionKernel::CoopTile`];
 /// 5. otherwise [`AttentionKernel::PortableTile`].
 ///
 /// A call that [`super::record_attention`] rejects (bad head dim, lengths, configuration)

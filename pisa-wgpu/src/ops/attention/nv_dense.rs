@@ -1,0 +1,128 @@
+//! Dense attention on NVIDIA cooperative matrices 2 (`shaders/nv/attention_dense.comp`:
+//! FlashAttention-2's forward pass with workgroup-scope matrices; PISA.md 4). Runs in place of
+//! the WGSL tensor-core tile kernel ([`super::coop`]) for dense calls where the device has
+//! `VK_NV_cooperative_matrix2` ([`Context::nv_cm2`]), f16 storage, a head dim with a built
+//! kernel (64, 128), and strides of whole 16-byte pieces. Same outputs: O `[B, Hq, Nq, D]` in
+//! Q's layout (f16) and LSE `[B, Hq, Nq]` f32; profiler stage "dense".
+
+use pisa_core::AttentionShape;
+
+use super::{element_strides, QkvLayouts};
+use crate::error::Result;
+use crate::nv_kernel;
+use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::context::Context;
+use crate::runtime::nv::{NvBinding, NvKernel};
+use crate::runtime::pipeline::Storage;
+use crate::runtime::profiler::Profiler;
+
+const BINDINGS: &[(u32, NvBinding)] = &[
+    (0, NvBinding::Uniform),
+    (1, NvBinding::Read),
+    (2, NvBinding::Read),
+    (3, NvBinding::Read),
+    (4, NvBinding::Write),
+    (5, NvBinding::Write),
+];
+
+/// The embedded dense kernels (`shaders/nv/kernels.txt`) with their query rows per workgroup.
+pub const NV_DENSE: [(NvKernel, u32); 2] = [
+    (nv_kernel!("attention_dense_d128", BINDINGS), 128),
+    (nv_kernel!("attention_dense_d64", BINDINGS), 64),
+];
+
+/// The uniform of `attention_dense.comp` (std140 scalars, in order).
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    q_s: [u32; 3],
+    k_s: [u32; 3],
+    v_s: [u32; 3],
+    q_heads: u32,
+    kv_heads: u32,
+    q_len: u32,
+    k_len: u32,
+    q_pos0: u32,
+    causal: u32,
+    scale: f32,
+    tiles: u32,
+    pad: [u32; 3],
+}
+
+/// The dense kernel for this call (see the module docs), or `None` for the WGSL kernels.
+pub fn kernel_for(
+    ctx: &Context,
+    s: &AttentionShape,
+    storage: Storage,
+    layouts: QkvLayouts,
+) -> Option<(NvKernel, u32)> {
+    if !ctx.nv_cm2() || storage != Storage::F16 {
+        return None;
+    }
+    let aligned = [
+        element_strides(layouts.q, s.q_heads, s.q_len, s.head_dim),
+        element_strides(layouts.k, s.kv_heads, s.k_len, s.head_dim),
+        element_strides(layouts.v, s.kv_heads, s.k_len, s.head_dim),
+    ]
+    .iter()
+    .flatten()
+    .all(|x| x % 8 == 0);
+    let name = match s.head_dim {
+        128 => "attention_dense_d128",
+        64 => "attention_dense_d64",
+        _ => return None,
+    };
+    aligned
+        .then(|| NV_DENSE.into_iter().find(|k| k.0.name == name))
+        .flatten()
+}
+
+/// Records dense attention with `kernel` (from [`kernel_for`]); inputs validated by the
+/// caller. Returns (O, LSE), both poisoned before the kernel writes them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    (q, k, v): (&GpuTensor, &GpuTensor, &GpuTensor),
+    s: &AttentionShape,
+    layouts: QkvLayouts,
+    (causal, scale): (bool, f32),
+    (kernel, rows): (NvKernel, u32),
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
+    let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
+    let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
+    let tiles = (s.batch * s.q_heads) as u64 * s.q_len.div_ceil(rows as usize) as u64;
+    let params = Params {
+        q_s: element_strides(layouts.q, s.q_heads, s.q_len, s.head_dim),
+        k_s: element_strides(layouts.k, s.kv_heads, s.k_len, s.head_dim),
+        v_s: element_strides(layouts.v, s.kv_heads, s.k_len, s.head_dim),
+        q_heads: s.q_heads as u32,
+        kv_heads: s.kv_heads as u32,
+        q_len: s.q_len as u32,
+        k_len: s.k_len as u32,
+        q_pos0: (s.k_len - s.q_len) as u32,
+        causal: causal as u32,
+        scale,
+        tiles: u32::try_from(tiles).map_err(|_| crate::error::GpuError::Limit {
+            what: "dense attention workgroups".into(),
+            needed: tiles,
+            limit: u32::MAX as u64,
+            hint: "split the call by heads",
+        })?,
+        pad: [0; 3],
+    };
+    let u = ctx.uniform("dense params", &params)?;
+    let (pipe, _) = ctx.nv_pipeline(&kernel)?;
+    let binds = [
+        (0, &u),
+        (1, &q.buffer),
+        (2, &k.buffer),
+        (3, &v.buffer),
+        (4, &o.buffer),
+        (5, &lse.buffer),
+    ];
+    let stage = ctx.stage(&pipe, &binds, tiles)?;
+    ctx.record_pass(enc, "dense", [&stage], prof);
+    Ok((o, lse))
+}

@@ -1,0 +1,146 @@
+#version 450
+// Dense attention (the baseline of PISA.md 4, and the short-sequence path) on NVIDIA cooperative
+// matrices 2: FlashAttention-2's forward pass with workgroup-scope matrices (host:
+// pisa-wgpu/src/ops/attention/nv_dense.rs). One workgroup per BR consecutive queries of one
+// query head (b, hq; its KV head hq / (Hq / Hkv)); per key block of BC keys up to the tile's last
+// visible key:
+//   S = Q K^T (DC head-dim columns per multiply; Q's matrices loaded once), scale and mask
+//   (t < Nk, and t <= p_i when causal; only blocks that reach past a row's bound call the mask),
+//   m' = max(m, rowmax S), P = exp(S - m'), l = exp(m - m') l + rowsum P,
+//   O = exp(m - m') O + P V (f32 accumulators, P as f16).
+// Then O / l (f16) to O in Q's layout and m + log l to LSE [B, Hq, Nq]; a row that sees no key
+// gets O = 0 and LSE = -inf (none does in a causal prefill). Rows past Nq are computed on zero
+// queries and never stored (the tensor layouts end at Nq). Defines: HD, BR, BC, DC, WG.
+#include "common.glsl"
+
+layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
+
+layout(set = 0, binding = 0, std140) uniform Params {
+    uint q_sb; uint q_sh; uint q_sn; uint k_sb;
+    uint k_sh; uint k_sn; uint v_sb; uint v_sh;
+    uint v_sn; uint q_heads; uint kv_heads; uint q_len;
+    uint k_len; uint q_pos0; uint causal; float scale;
+    uint tiles; uint pad0; uint pad1; uint pad2;
+} p;
+layout(set = 0, binding = 1, std430) readonly buffer BufQ { float16_t q[]; };
+layout(set = 0, binding = 2, std430) readonly buffer BufK { float16_t k[]; };
+layout(set = 0, binding = 3, std430) readonly buffer BufV { float16_t v[]; };
+layout(set = 0, binding = 4, std430) buffer BufO { float16_t o[]; };
+layout(set = 0, binding = 5, std430) buffer BufLse { float lse[]; };
+
+const float NEG = -3.0e38;
+const uint NDC = HD / DC;
+
+// Scale, and mask to t < Nk and (causal) t <= p_i: row r of the tile is query i0 + r.
+float mask_scale(const in uint r, const in uint c, const in float s, const in uint j0,
+                 const in uint i0) {
+    uint t = j0 + c;
+    bool ok = t < p.k_len && (p.causal == 0u || t <= p.q_pos0 + i0 + r);
+    return ok ? s * p.scale : NEG;
+}
+float scale_only(const in uint r, const in uint c, const in float s) { return s * p.scale; }
+float exp_elem(const in uint r, const in uint c, const in float x) { return exp(x); }
+float max_elem(const in uint r, const in uint c, const in float x, const in float y) {
+    return max(x, y);
+}
+float log_elem(const in uint r, const in uint c, const in float x) { return log(x); }
+float max_reduce(const in float a, const in float b) { return max(a, b); }
+float add_reduce(const in float a, const in float b) { return a + b; }
+float smear_reduce(const in float a, const in float b) { return a; }
+float store_lse(const in uint r, const in uint c, const in float x, const in uint at,
+                const in uint rows) {
+    if (c == 0 && r < rows) { lse[at + r] = x; }
+    return x;
+}
+
+void main() {
+    const uint wid = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x
+        + gl_WorkGroupID.z * gl_NumWorkGroups.x * gl_NumWorkGroups.y;
+    if (wid >= p.tiles) { return; }
+    const uint ntiles = (p.q_len + BR - 1) / BR;
+    const uint tile = wid % ntiles;
+    const uint bh = wid / ntiles; // b * Hq + hq
+    const uint b = bh / p.q_heads, hq = bh % p.q_heads;
+    const uint hkv = hq / (p.q_heads / p.kv_heads);
+    const uint i0 = tile * BR;
+
+    tensorLayoutNV<2, CLAMP> lq = createTensorLayoutNV(2, CLAMP);
+    lq = setTensorLayoutDimensionNV(lq, p.q_len, HD);
+    lq = setTensorLayoutStrideNV(lq, p.q_sn, 1);
+    tensorLayoutNV<2, CLAMP> lk = createTensorLayoutNV(2, CLAMP);
+    lk = setTensorLayoutDimensionNV(lk, p.k_len, HD);
+    lk = setTensorLayoutStrideNV(lk, p.k_sn, 1);
+    tensorLayoutNV<2, CLAMP> lv = createTensorLayoutNV(2, CLAMP);
+    lv = setTensorLayoutDimensionNV(lv, p.k_len, HD);
+    lv = setTensorLayoutStrideNV(lv, p.v_sn, 1);
+    tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
+    const uint qbase = b * p.q_sb + hq * p.q_sh;
+    const uint kbase = b * p.k_sb + hkv * p.k_sh;
+    const uint vbase = b * p.v_sb + hkv * p.v_sh;
+
+    coopmat<float16_t, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseA> qa[NDC];
+    coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> acc[NDC];
+    [[unroll]] for (uint c = 0; c < NDC; c++) {
+        coopMatLoadTensorNV(qa[c], q, qbase, sliceTensorLayoutNV(lq, i0, BR, c * DC, DC));
+        acc[c] = coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator>(0.0);
+    }
+    coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> m =
+        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator>(NEG);
+    coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> l =
+        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator>(0.0);
+
+    // Keys up to the tile's last visible one; a block that ends past `bound0` (the first row's
+    // bound, or Nk) needs the mask.
+    const uint last_row = min(i0 + BR, p.q_len);
+    const uint kend = p.causal != 0u ? min(p.k_len, p.q_pos0 + last_row) : p.k_len;
+    const uint bound0 = p.causal != 0u ? min(p.k_len, p.q_pos0 + i0 + 1u) : p.k_len;
+    [[dont_unroll]]
+    for (uint j0 = 0; j0 < kend; j0 += BC) {
+        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> s =
+            coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator>(0.0);
+        [[unroll]] for (uint c = 0; c < NDC; c++) {
+            coopmat<float16_t, gl_ScopeWorkgroup, DC, BC, gl_MatrixUseB> kt;
+            coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, j0, BC, c * DC, DC),
+                                transpose);
+            s = coopMatMulAdd(qa[c], kt, s);
+        }
+        if (j0 + BC > bound0) {
+            coopMatPerElementNV(s, s, mask_scale, j0, i0);
+        } else {
+            coopMatPerElementNV(s, s, scale_only);
+        }
+        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> rowmax, mnew, pr, em,
+            rowsum;
+        coopMatReduceNV(rowmax, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
+        coopMatPerElementNV(mnew, rowmax, max_elem, m);
+        coopMatPerElementNV(pr, s - mnew, exp_elem);
+        coopMatPerElementNV(em, m - mnew, exp_elem);
+        coopMatReduceNV(rowsum, pr, gl_CooperativeMatrixReduceRowNV, add_reduce);
+        l = em * l + rowsum;
+        m = mnew;
+        coopmat<float16_t, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseA> pa =
+            coopmat<float16_t, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseA>(pr);
+        coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> emd;
+        coopMatReduceNV(emd, em, gl_CooperativeMatrixReduceRowNV, smear_reduce);
+        [[unroll]] for (uint c = 0; c < NDC; c++) {
+            coopmat<float16_t, gl_ScopeWorkgroup, BC, DC, gl_MatrixUseB> vb;
+            coopMatLoadTensorNV(vb, v, vbase, sliceTensorLayoutNV(lv, j0, BC, c * DC, DC));
+            acc[c] = acc[c] * emd;
+            acc[c] = coopMatMulAdd(pa, vb, acc[c]);
+        }
+    }
+
+    // O = acc / l in Q's layout (rows past Nq fall outside the layout and are not stored);
+    // LSE = m + log l.
+    coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> ld;
+    coopMatReduceNV(ld, l, gl_CooperativeMatrixReduceRowNV, smear_reduce);
+    [[unroll]] for (uint c = 0; c < NDC; c++) {
+        coopmat<float16_t, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> oh =
+            coopmat<float16_t, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator>(acc[c] / ld);
+        coopMatStoreTensorNV(oh, o, qbase, sliceTensorLayoutNV(lq, i0, BR, c * DC, DC));
+    }
+    coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> lg;
+    coopMatPerElementNV(lg, l, log_elem);
+    lg = m + lg;
+    coopMatPerElementNV(lg, lg, store_lse, bh * p.q_len + i0, last_row - i0);
+}
