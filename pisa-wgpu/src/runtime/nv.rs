@@ -85,7 +85,9 @@ impl NvPipelines {
         if let Some(p) = built.get(k.name) {
             return Ok(p.clone());
         }
-        if k.spirv.len() % 4 != 0 || k.spirv.len() < 20 || k.spirv[..4] != [0x03, 0x02, 0x23, 0x07]
+        if !k.spirv.len().is_multiple_of(4)
+            || k.spirv.len() < 20
+            || k.spirv[..4] != [0x03, 0x02, 0x23, 0x07]
         {
             return Err(GpuError::Unsupported(format!(
                 "NVIDIA kernel {}: the embedded SPIR-V is not a SPIR-V module",
@@ -101,15 +103,14 @@ impl NvPipelines {
         // shaders/nv/common.glsl), so the module must declare bindings below their count, and the
         // host's list must be in ascending order for the numbers to line up.
         let sorted = k.bindings.windows(2).all(|w| w[0].0 < w[1].0);
-        let declared = spirv_bindings(&words);
-        if let Some(&b) = declared
-            .iter()
-            .find(|&&b| b as usize >= k.bindings.len())
-            .filter(|_| sorted)
-            .or((!sorted).then_some(&u32::MAX))
-        {
+        let past = spirv_bindings(&words)
+            .into_iter()
+            .find(|&b| b as usize >= k.bindings.len());
+        if !sorted || past.is_some() {
             return Err(GpuError::Unsupported(format!(
-                "NVIDIA kernel {}: the module declares binding {b}, its layout has {} (in ascending order: {sorted})",
+                "NVIDIA kernel {}: its layout's bindings must be listed in ascending order \
+                 (they are: {sorted}) and the module must declare none past their count {} \
+                 (it declares {past:?})",
                 k.name,
                 k.bindings.len()
             )));
