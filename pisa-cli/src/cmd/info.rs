@@ -61,6 +61,11 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
                 "coopmat where the device supports it: f16 attention and PISA leaf scoring on tensor cores, the rest portable (PISA_KERNEL_PATH=portable turns it off)"
             };
             println!("    kernel path: {path}");
+            if r.nv_cooperative_matrix2 {
+                println!(
+                    "    VK_NV_cooperative_matrix2: yes: f16 sparse and dense attention run the NVIDIA kernels (shaders/nv; PISA_NV_CM2=0 turns them off)"
+                );
+            }
         } else {
             println!("    kernel path: portable (f32 arithmetic, any subgroup size)");
         }

@@ -44,6 +44,9 @@ pub struct AdapterReport {
     pub timestamps: bool,
     /// EXPERIMENTAL_COOPERATIVE_MATRIX (tensor cores from WGSL).
     pub cooperative_matrix: bool,
+    /// `VK_NV_cooperative_matrix2` with the features pisa's NVIDIA kernels use
+    /// ([`crate::nv_cm2_supported`]).
+    pub nv_cooperative_matrix2: bool,
     /// Largest storage buffer binding, bytes.
     pub max_storage_binding: u64,
     /// Largest buffer, bytes.
@@ -75,6 +78,7 @@ impl AdapterReport {
             subgroup_size: (i.subgroup_min_size, i.subgroup_max_size),
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
             cooperative_matrix: f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            nv_cooperative_matrix2: super::nv::nv_cm2_supported(adapter),
             max_storage_binding: l.max_storage_buffer_binding_size,
             max_buffer: l.max_buffer_size,
             workgroup_memory: l.max_compute_workgroup_storage_size,

@@ -43,14 +43,19 @@ impl Params {
             scoring: crate::text::scoring(cfg.scoring).into(),
             q_tile: a.q_tile,
             leaf_order: format!("{:?}", ctx.leaf_order()).to_ascii_lowercase(),
-            kernel_path: ctx.kernel_path().to_string(),
+            kernel_path: match ctx.nv_cm2() {
+                true => format!("{}+nv-cm2", ctx.kernel_path()),
+                false => ctx.kernel_path().to_string(),
+            },
             shader_checks: ctx.shader_checks().to_string(),
         }
     }
 
     /// The report's `shape` line, naming the kernel path that ran.
     pub fn line(&self) -> String {
-        let what = if self.kernel_path == "coopmat" {
+        let what = if self.kernel_path == "coopmat+nv-cm2" {
+            "f16 sparse and dense attention on VK_NV_cooperative_matrix2, leaf scoring on tensor cores, the rest portable"
+        } else if self.kernel_path == "coopmat" {
             "f16 attention and leaf scoring on tensor cores, the rest portable"
         } else {
             "every kernel portable"
