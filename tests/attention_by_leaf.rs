@@ -24,6 +24,20 @@ use Storage::{F16, F32};
 use TensorLayout::{Bhnd, Bnhd};
 
 fn run(ctx: &Context, r: &mut rand_chacha::ChaCha8Rng, case: Case, messy: bool, seed: u64) {
+    run_with(ctx, r, case, messy, false, seed)
+}
+
+/// `run`, and with `future` each query's last slot replaced by the leaf after its own (when
+/// there is one): under causal masking every key of that leaf is masked for the query, so its
+/// partial state must count for nothing (a chunk whose rows are all masked).
+fn run_with(
+    ctx: &Context,
+    r: &mut rand_chacha::ChaCha8Rng,
+    case: Case,
+    messy: bool,
+    future: bool,
+    seed: u64,
+) {
     let (.., c, kk, layout, storage, causal, pisa) = case;
     if skip_f16(ctx, storage) {
         return;
@@ -40,6 +54,16 @@ fn run(ctx: &Context, r: &mut rand_chacha::ChaCha8Rng, case: Case, messy: bool, 
     if let Some((k, m)) = attention::by_leaf::nv_kernel_for(ctx, &s, &cfg) {
         if storage == F16 {
             eprintln!("D {}: {} {:?}", s.head_dim, k.name, m.map(|m| m.name));
+        }
+    }
+    if future {
+        let nb0 = s.k_len.div_ceil(c) as i32;
+        for (row_i, row) in sel.chunks_mut(kk).enumerate() {
+            let i = row_i % s.q_len;
+            let own = ((s.k_len - s.q_len + i) / c) as i32;
+            if kk > 1 && own + 1 < nb0 && row[..kk - 1].iter().all(|&x| x < own + 1) {
+                row[kk - 1] = own + 1;
+            }
         }
     }
     if messy {
@@ -107,6 +131,24 @@ fn leaf_major_attention_matches_reference() {
     ];
     for &(case, messy) in cases {
         run(ctx, &mut r, case, messy, seed);
+    }
+}
+
+/// Selections that list the leaf after the query's own (causal: all its keys masked for that
+/// query): the NVIDIA chunk kernel and the WGSL ones must give such a state no weight.
+#[test]
+fn leaf_major_attention_ignores_future_leaves() {
+    let _settings = settings_lock();
+    let ctx = ctx();
+    ctx.set_leaf_order(LeafOrder::Leaves);
+    let seed = seed("leaf_major_future_leaves");
+    let mut r = rng(seed);
+    for case in [
+        (1, 4, 1, 300, 300, 128, 64, 8, Bhnd, F16, true, true),
+        (1, 8, 2, 257, 257, 64, 64, 5, Bnhd, F16, true, true),
+        (1, 4, 2, 200, 200, 80, 32, 4, Bhnd, F32, true, true),
+    ] {
+        run_with(ctx, &mut r, case, false, true, seed);
     }
 }
 

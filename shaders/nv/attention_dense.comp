@@ -8,9 +8,9 @@
 //   (t < Nk, and t <= p_i when causal; only blocks that reach past a row's bound call the mask),
 //   m' = max(m, rowmax S), P = exp(S - m'), l = exp(m - m') l + rowsum P,
 //   O = exp(m - m') O + P V (f32 accumulators, P as f16).
-// Then O / l (f16) to O in Q's layout and m + log l to LSE [B, Hq, Nq]; a row that sees no key
-// gets O = 0 and LSE = -inf (none does in a causal prefill). Rows past Nq are computed on zero
-// queries and never stored (the tensor layouts end at Nq). Defines: HD, BR, BC, DC, WG.
+// Then O / l (f16) to O in Q's layout and m + log l to LSE [B, Hq, Nq]. Every stored row sees at
+// least key 0 (Nk >= Nq >= 1, and query i sees keys up to Nk - Nq + i). Rows past Nq are computed
+// on zero queries and never stored (the tensor layouts end at Nq). Defines: HD, BR, BC, DC, WG.
 #include "common.glsl"
 
 layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;

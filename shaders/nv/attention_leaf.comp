@@ -1,9 +1,10 @@
 #version 450
 // Leaf-major block-sparse attention, part 2 of 3, on NVIDIA cooperative matrices 2 (PISA.md 4
-// and 5): the same chunks, bindings and partial states as shaders/attention_leaf_coop.wgsl
+// and 5): the same chunks, bindings and (m, l) states as shaders/attention_leaf_coop.wgsl
 // (host: pisa-wgpu/src/ops/attention/by_leaf.rs, which runs this kernel where the device has
-// VK_NV_cooperative_matrix2), so part 1 (leaf_bucket.wgsl) and part 3 (attention_leaf_merge.wgsl)
-// are shared. One workgroup per chunk: up to RT / GQ entries (local query i - i0, selection
+// VK_NV_cooperative_matrix2), so part 1 (leaf_bucket.wgsl) is shared; part 3 is
+// attention_leaf_merge.wgsl (OPART_F16 = 0: O_part rows f32, unnormalised, as the WGSL kernel
+// writes them) or attention_leaf_merge.comp (OPART_F16 = 1: O_part / l rows as f16). One workgroup per chunk: up to RT / GQ entries (local query i - i0, selection
 // slot o) of one bucket (a leaf), RT rows (entry e, head h at row e * GQ + h).
 //   1. the chunk's entries and each row's visible-token bound;       barrier
 //   2. the Q rows gathered into workgroup memory (16-byte loads);   barrier
@@ -11,9 +12,9 @@
 //      matrix (rows past the leaf or the sequence read as zeros: the tensor layout ends there);
 //   4. scale and mask (key in the leaf, t < min(p_i + 1, Nk) when causal), row max m,
 //      P = exp(s - m), row sum l, all on the accumulator;
-//   5. O_part = P V (V read as a workgroup-scope matrix), stored f32 to the chunk's rows of
-//      `opart`; (m, l) to `mlpart` (as floats: see store_col0); 1 + each entry's first row
-//      to `spos`.
+//   5. O_part = P V (V read as a workgroup-scope matrix) to the chunk's rows of `opart` (see
+//      OPART_F16); (m, l) to `mlpart` (as floats: see store_col0); 1 + each entry's first row
+//      to `spos`. A row whose keys are all masked has l = 0 and O_part = 0.
 // Rows past the chunk's entries are computed and stored but never read (the merge follows
 // spos). Defines: HD (head dim), RT (rows, a multiple of 16), CW (keys per leaf tile: 64),
 // DC (head-dim columns per multiply: a divisor of HD), WG (invocations), OPART_F16 (1: the
@@ -49,7 +50,16 @@ shared uint rowlim[RT]; // row r sees tokens < rowlim[r] (0: a row past the entr
 float mask_scale(const in uint r, const in uint c, const in float s, const in uint leaf0) {
     return (c < p.block_size && leaf0 + c < rowlim[r]) ? s * p.scale : NEG;
 }
-float exp_elem(const in uint r, const in uint c, const in float x) { return exp(x); }
+// exp(s - m) of a kept key; exactly 0 for a masked one, so a row whose keys are all masked
+// (a leaf after the query in a caller's selection) has l = 0 and O_part = 0, as the WGSL
+// kernel writes, and the merge skips its state.
+float exp_kept(const in uint r, const in uint c, const in float s, const in float m) {
+    return s > NEG ? exp(s - m) : 0.0;
+}
+float inv_or_zero(const in uint r, const in uint c, const in float l) {
+    return l > 0.0 ? 1.0 / l : 0.0;
+}
+float smear_reduce(const in float a, const in float b) { return a; }
 float max_reduce(const in float a, const in float b) { return max(a, b); }
 float add_reduce(const in float a, const in float b) { return a + b; }
 // Column 0 of a row-reduced matrix (every column holds the row's value) to word `at + 2 r` of
@@ -122,14 +132,22 @@ void main() {
     coopMatPerElementNV(s, s, mask_scale, leaf0);
     coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m, pr, l;
     coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
-    coopMatPerElementNV(pr, s - m, exp_elem);
+    coopMatPerElementNV(pr, s, exp_kept, m);
     coopMatReduceNV(l, pr, gl_CooperativeMatrixReduceRowNV, add_reduce);
     coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA> pa =
         coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA>(pr);
 
-    // 5. O_part = P V, DC columns at a time.
+    // 5. O_part = P V, DC columns at a time. With OPART_F16 the rows are stored divided by l
+    //    (within the values' range, so f16 cannot overflow where f32 O_part would exceed it);
+    //    the NVIDIA merge weights them by l.
     tensorLayoutNV<2> lo = createTensorLayoutNV(2);
     lo = setTensorLayoutDimensionNV(lo, RT, HD);
+#if OPART_F16
+    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> linv;
+    coopMatPerElementNV(linv, l, inv_or_zero);
+    coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> ld;
+    coopMatReduceNV(ld, linv, gl_CooperativeMatrixReduceRowNV, smear_reduce);
+#endif
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
         coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vb;
         coopMatLoadTensorNV(vb, v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC));
@@ -138,7 +156,7 @@ void main() {
         o = coopMatMulAdd(pa, vb, o);
 #if OPART_F16
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> oh =
-            coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(o);
+            coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(o * ld);
         coopMatStoreTensorNV(oh, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
 #else
         coopMatStoreTensorNV(o, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));

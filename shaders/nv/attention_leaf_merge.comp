@@ -2,7 +2,9 @@
 // Leaf-major block-sparse attention, part 3 of 3, for the NVIDIA chunk kernel
 // (attention_leaf.comp with OPART_F16 = 1): the same merge as shaders/attention_leaf_merge.wgsl
 // (one workgroup per query of the range: its selection slots' partial states, found through
-// `spos`, merged per head into O and LSE), reading the partial O rows as f16. Defines: MCMAX,
+// `spos`, merged per head into O and LSE), reading the partial rows as f16 O_part / l (so each
+// is weighted by l exp(m - M) here, where the WGSL merge weights f32 O_part by exp(m - M)).
+// Defines: MCMAX,
 // GQMAX (the most slots and heads per KV head it takes), WG.
 #include "common.glsl"
 // wgpu bindings 0, 5, 10, 12, 13, 14, 15 as Vulkan bindings 0 to 6 (common.glsl).
@@ -66,7 +68,9 @@ void main() {
             if (rows[s] != 0u) {
                 uint r = rows[s] - 1u + h;
                 vec2 ml = mlpart[r];
-                if (ml.y > 0.0) { acc += float(opart[r * p.head_dim + d]) * exp(ml.x - hm[h]); }
+                if (ml.y > 0.0) {
+                    acc += float(opart[r * p.head_dim + d]) * (ml.y * exp(ml.x - hm[h]));
+                }
             }
         }
         float val = hl[h] > 0.0 ? acc / hl[h] : 0.0;

@@ -516,8 +516,8 @@ impl Context {
     }
 
     /// Turns the NVIDIA kernels on or off (on by default where the device has the
-    /// extension); returns whether they run now. Plans made before keep the kernels they
-    /// recorded.
+    /// extension); returns whether they run now. A [`crate::PrefillPlan`] made before refuses
+    /// to run after a change (make a new one); a [`crate::VarlenPrefillPlan`] re-plans.
     pub fn set_nv_cm2(&self, on: bool) -> bool {
         self.nv_on.store(on, Ordering::Relaxed);
         self.nv_cm2()
@@ -547,6 +547,13 @@ impl Context {
             )));
         }
         self.nv_pipelines.get(&self.device, k)
+    }
+
+    /// Whether NVIDIA kernel `k` runs on this context: [`Context::nv_cm2`] holds and the
+    /// driver built it (built on the first ask; a refusal is kept, and the operations then run
+    /// their WGSL kernels).
+    pub(crate) fn nv_kernel_ok(&self, k: &super::nv::NvKernel) -> bool {
+        self.nv_cm2() && self.nv_pipeline(k).is_ok()
     }
 
     /// Builds an NVIDIA kernel's pipeline (tests: every embedded kernel builds).

@@ -72,11 +72,35 @@ macro_rules! nv_kernel {
 #[derive(Default)]
 pub(crate) struct NvPipelines {
     built: Mutex<HashMap<&'static str, (Arc<wgpu::ComputePipeline>, wgpu::BindGroupLayout)>>,
+    /// Kernels the device refused, with the error: not tried again, and the choosers of the
+    /// operations fall back to the WGSL kernels for them ([`crate::Context::nv_kernel_ok`]).
+    refused: Mutex<HashMap<&'static str, String>>,
 }
 
 impl NvPipelines {
     /// The pipeline of `k` on `device` (built once).
     pub(crate) fn get(
+        &self,
+        device: &wgpu::Device,
+        k: &NvKernel,
+    ) -> Result<(Arc<wgpu::ComputePipeline>, wgpu::BindGroupLayout)> {
+        if let Some(e) = self
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(k.name)
+        {
+            return Err(GpuError::Unsupported(e.clone()));
+        }
+        let out = self.build(device, k);
+        if let Err(GpuError::Unsupported(e)) = &out {
+            let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+            refused.insert(k.name, e.clone());
+        }
+        out
+    }
+
+    fn build(
         &self,
         device: &wgpu::Device,
         k: &NvKernel,
@@ -108,11 +132,15 @@ impl NvPipelines {
             .find(|&b| b as usize >= k.bindings.len());
         if !sorted || past.is_some() {
             return Err(GpuError::Unsupported(format!(
-                "NVIDIA kernel {}: its layout's bindings must be listed in ascending order \
-                 (they are: {sorted}) and the module must declare none past their count {} \
-                 (it declares {past:?})",
+                "NVIDIA kernel {}: the layout's bindings must be listed in ascending order ({}) \
+                 and the module must declare none past their count {} ({})",
                 k.name,
-                k.bindings.len()
+                if sorted { "they are" } else { "they are not" },
+                k.bindings.len(),
+                match past {
+                    Some(b) => format!("it declares {b}"),
+                    None => "it declares none".into(),
+                }
             )));
         }
         let entries: Vec<wgpu::BindGroupLayoutEntry> = (k.bindings.iter())
@@ -234,6 +262,8 @@ impl CoopMat2Features {
     /// `VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV`.
     const S_TYPE: ash::vk::StructureType = ash::vk::StructureType::from_raw(1_000_593_000);
 
+    /// The features the kernels use (`on`), or none (for a query). Block loads are never
+    /// requested: no kernel uses them, and a driver without them would refuse the device.
     fn new(on: bool) -> Self {
         let v = on as ash::vk::Bool32;
         Self {
@@ -245,7 +275,7 @@ impl CoopMat2Features {
             conversions: v,
             per_element_operations: v,
             tensor_addressing: v,
-            block_loads: v,
+            block_loads: 0,
         }
     }
     /// Every feature the kernels use (all of them but block loads).
@@ -352,7 +382,8 @@ pub fn request_device_nv_cm2(
         let mut cm2 = CoopMat2Features::new(true);
         let cm2_ptr: *mut CoopMat2Features = &mut cm2;
         // SAFETY: the callback only adds an extension the adapter supports and its feature
-        // structure, with the features the adapter reports (nv_cm2_supported); `cm2` outlives
+        // structure, with the features nv_cm2_supported found on the adapter (block loads,
+        // which it does not check, are not requested); `cm2` outlives
         // `open_with_callback`, the only user of the pointer chained into vkCreateDevice. The
         // hal device is handed to wgpu from the same adapter with features it supports.
         let open = unsafe {

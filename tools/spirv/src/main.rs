@@ -1,11 +1,14 @@
 //! Builds the NVIDIA cooperative-matrix-2 kernels of pisa (GLSL with `GL_NV_cooperative_matrix2`,
 //! `shaders/nv/*.comp`) into the SPIR-V the library embeds (`shaders/nv/spv/*.spv`), with the
-//! glslang this crate pins (`glslang = "=0.9.1"`, glslang built from source: the same compiler
-//! on every machine, so the output is byte-for-byte reproducible).
+//! glslang this crate pins: `glslang = "=0.9.1"` in Cargo.toml and its `glslang-sys` (the C++
+//! sources, built by cargo) in this crate's own Cargo.lock, used with `--locked` in CI. The same
+//! compiler on every machine, so the output is byte-for-byte reproducible.
 //!
 //! `shaders/nv/kernels.txt` lists the variants, one a line: `name source.comp [NAME=VALUE ...]`
 //! (the defines of that variant). `#include "file"` lines are expanded from `shaders/nv/`
-//! before glslang sees the source, so glslang's include extension is not needed.
+//! before glslang sees the source, so glslang's include extension is not needed (glslang's line
+//! numbers then count lines of the expanded source: `common.glsl` and the other includes come
+//! first).
 //!
 //! Usage (from the repository root):
 //! - `cargo run --release --manifest-path tools/spirv/Cargo.toml` writes every variant;
@@ -91,7 +94,7 @@ fn compile(dir: &Path, v: &Variant) -> Result<Vec<u8>, String> {
         .iter()
         .map(|(k, val)| format!("#define {k} {val}\n"))
         .collect();
-    let full = format!("{version}\n{defs}#line 2\n{body}");
+    let full = format!("{version}\n{defs}{body}");
     let compiler = Compiler::acquire().ok_or("glslang could not be initialised")?;
     let source = ShaderSource::from(full);
     let options = CompilerOptions {

@@ -14,8 +14,10 @@
 //!    leaf; -1 padding, repeats and out-of-order entries are skipped as the tile kernels' union
 //!    skips them);
 //! 2. `attend_leaf` (`shaders/attention_leaf_coop.wgsl` on tensor cores, f16; else the portable
-//!    `shaders/attention_leaf.wgsl`): a chunk's partial states;
-//! 3. `merge` (`shaders/attention_leaf_merge.wgsl`): O and LSE of the range's queries.
+//!    `shaders/attention_leaf.wgsl`; on a device with `VK_NV_cooperative_matrix2`
+//!    `shaders/nv/attention_leaf.comp`, see [`nv_kernel_for`]): a chunk's partial states;
+//! 3. `merge` (`shaders/attention_leaf_merge.wgsl`, or `shaders/nv/attention_leaf_merge.comp`
+//!    after the NVIDIA kernel's f16 rows): O and LSE of the range's queries.
 //!
 //! Chosen by `plan` ([`leaf_major_path`] tells the outcome) through the context's
 //! [`crate::LeafOrder`], the same switch as selection stage 2: by default (Auto) for sequences
@@ -98,7 +100,7 @@ const NV_BINDINGS: &[(u32, NvBinding)] = &[
 /// built for head dims 64 and 128, for leaves of at most 64 keys) and, where it applies, the
 /// merge that reads the partial O rows as f16 (`shaders/nv/attention_leaf_merge.comp`: head dim
 /// 128, GQA groups up to 16, top_k up to 64; half the partial-state traffic of the f32 rows the
-/// WGSL merge reads). `None` keeps the WGSL kernels. Same chunks (64 rows: `COOP_SUBGROUPS` x
+/// WGSL merge reads). Only kernels the driver built are chosen. `None` keeps the WGSL kernels. Same chunks (64 rows: `COOP_SUBGROUPS` x
 /// 16), partial states and outputs.
 pub fn nv_kernel_for(
     ctx: &Context,
@@ -108,10 +110,13 @@ pub fn nv_kernel_for(
     if !ctx.nv_cm2() || cfg.block_size > 64 || 16 * COOP_SUBGROUPS != 64 {
         return None;
     }
-    let find = |name: &str| NV_ATTENTION.into_iter().find(|k| k.name == name);
-    let f16_merge = s.gqa_group() <= 16
-        && cfg.top_k <= 64
-        && std::env::var("PISA_NV_OPART").as_deref() != Ok("f32");
+    let find = |name: &str| {
+        NV_ATTENTION
+            .into_iter()
+            .find(|k| k.name == name)
+            .filter(|k| ctx.nv_kernel_ok(k))
+    };
+    let f16_merge = s.gqa_group() <= 16 && cfg.top_k <= 64;
     match s.head_dim {
         128 if f16_merge => Some((
             find("attention_leaf_d128_h")?,

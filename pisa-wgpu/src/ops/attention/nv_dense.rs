@@ -2,7 +2,7 @@
 //! FlashAttention-2's forward pass with workgroup-scope matrices; PISA.md 4). Runs in place of
 //! the WGSL tensor-core tile kernel ([`super::coop`]) for dense calls where the device has
 //! `VK_NV_cooperative_matrix2` ([`Context::nv_cm2`]), f16 storage, a head dim with a built
-//! kernel (64, 128), and strides of whole 16-byte pieces. Same outputs: O `[B, Hq, Nq, D]` in
+//! kernel (64, 128) that the driver built, and strides of whole 16-byte pieces. Same outputs: O `[B, Hq, Nq, D]` in
 //! Q's layout (f16) and LSE `[B, Hq, Nq]` f32; profiler stage "dense".
 
 use pisa_core::AttentionShape;
@@ -75,6 +75,7 @@ pub fn kernel_for(
     aligned
         .then(|| NV_DENSE.into_iter().find(|k| k.0.name == name))
         .flatten()
+        .filter(|k| ctx.nv_kernel_ok(&k.0))
 }
 
 /// Records dense attention with `kernel` (from [`kernel_for`]); inputs validated by the

@@ -109,7 +109,7 @@ impl PrefillPlan {
             path: ctx.kernel_path(),
             order: ctx.leaf_order(),
             binding: ctx.max_binding_bytes(),
-            nv: (ctx.nv_cm2(), ctx.nv_scorer()),
+            nv: (ctx.nv_cm2(), ctx.nv_cm2() && ctx.nv_scorer()),
             q: ctx.alloc("plan q", shape.q_elems(), st, POISON_F32)?,
             k: ctx.alloc("plan k", shape.kv_elems(), st, POISON_F32)?,
             v: ctx.alloc("plan v", shape.kv_elems(), st, POISON_F32)?,
@@ -142,6 +142,16 @@ impl PrefillPlan {
         (&self.k, &self.v, pyr)
     }
 
+    /// Whether the context still runs the kernels this plan recorded: its kernel path, leaf
+    /// order, binding limit and NVIDIA switches are those of the plan's making.
+    pub(crate) fn current(&self) -> bool {
+        let ctx = &self.ctx;
+        ctx.kernel_path() == self.path
+            && ctx.leaf_order() == self.order
+            && ctx.max_binding_bytes() == self.binding
+            && (ctx.nv_cm2(), ctx.nv_cm2() && ctx.nv_scorer()) == self.nv
+    }
+
     /// The planned shape.
     pub fn shape(&self) -> &AttentionShape {
         &self.shape
@@ -158,7 +168,8 @@ impl PrefillPlan {
     ///
     /// Errors: [`GpuError::View`] for a view of the wrong shape or an output the plan cannot
     /// write; [`GpuError::Unsupported`] when the context's kernel path, leaf order or binding
-    /// limit changed since the plan was made (make a new plan); [`GpuError::Validation`] for a
+    /// limit or NVIDIA switches ([`Context::set_nv_cm2`], [`Context::set_nv_scorer`]) changed
+    /// since the plan was made (make a new plan); [`GpuError::Validation`] for a
     /// buffer of another device. Nothing is recorded on error except when wgpu itself reports
     /// one while recording.
     pub fn run(
@@ -171,11 +182,7 @@ impl PrefillPlan {
         mut prof: Option<&mut Profiler>,
     ) -> Result<()> {
         let ctx = &self.ctx;
-        if ctx.kernel_path() != self.path
-            || ctx.leaf_order() != self.order
-            || ctx.max_binding_bytes() != self.binding
-            || (ctx.nv_cm2(), ctx.nv_scorer()) != self.nv
-        {
+        if !self.current() {
             return Err(GpuError::Unsupported(
                 "the context's kernel path, leaf order, binding limit or NVIDIA kernels changed since this prefill was planned: make a new plan".into(),
             ));
@@ -340,7 +347,8 @@ impl VarlenPrefillPlan {
 
     fn plan(&self, n: usize) -> Result<std::sync::Arc<PrefillPlan>> {
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = plans.get(&n) {
+        // A plan made before the context's kernel switches changed is made again.
+        if let Some(p) = plans.get(&n).filter(|p| p.current()) {
             return Ok(p.clone());
         }
         let (hq, hkv, d) = self.heads;
