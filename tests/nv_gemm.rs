@@ -14,6 +14,7 @@ mod common;
 use common::*;
 use pisa_wgpu::ops::fill::random_tensor;
 use pisa_wgpu::ops::nv_gemm::{record_gemm, record_probe, PROBES, VARIANTS};
+use pisa_wgpu::runtime::nv::NvBinding;
 use pisa_wgpu::{Context, GpuError, Profiler, Storage, POISON_F32};
 
 fn nv_ctx(test: &str) -> Option<&'static Context> {
@@ -43,9 +44,10 @@ fn all_kernels() -> impl Iterator<Item = pisa_wgpu::runtime::nv::NvKernel> {
         .chain(pisa_wgpu::ops::attention::nv_dense::NV_DENSE.map(|k| k.0))
 }
 
-/// Every embedded module is SPIR-V and declares only the Vulkan bindings its layout has: wgpu
-/// numbers a layout's bindings densely in order (shaders/nv/common.glsl), so a module that
-/// declared a WGSL-style sparse number would read another buffer.
+/// Every embedded module is SPIR-V and declares only the Vulkan bindings its layout has, each of
+/// the layout's kind: wgpu numbers a layout's bindings densely in order (shaders/nv/common.glsl),
+/// so a module that declared a WGSL-style sparse number would read another buffer. A layout
+/// listed in another order (the kinds no longer line up) is refused.
 #[test]
 fn embedded_spirv_is_spirv_with_dense_bindings() {
     for k in all_kernels() {
@@ -61,20 +63,21 @@ fn embedded_spirv_is_spirv_with_dense_bindings() {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        let declared = pisa_wgpu::runtime::nv::spirv_bindings(&words);
-        assert!(!declared.is_empty(), "{}: no bindings found", k.name);
-        let max = *declared.iter().max().unwrap() as usize;
-        assert!(
-            max < k.bindings.len(),
-            "{}: binding {max} of {}",
-            k.name,
-            k.bindings.len()
-        );
-        assert!(
-            k.bindings.windows(2).all(|w| w[0].0 < w[1].0),
-            "{}: order",
-            k.name
-        );
+        pisa_wgpu::runtime::nv::check_bindings(&k, &words).unwrap();
+        // The same module against a layout of the other kinds (uniform and storage buffers
+        // swapped), or listed out of order, fails.
+        let flip = |b: NvBinding| match b {
+            NvBinding::Uniform => NvBinding::Read,
+            _ => NvBinding::Uniform,
+        };
+        let flipped: Vec<_> = k.bindings.iter().map(|&(i, b)| (i, flip(b))).collect();
+        let reversed: Vec<_> = k.bindings.iter().rev().cloned().collect();
+        for bindings in [flipped, reversed] {
+            let mut wrong = k;
+            wrong.bindings = Box::leak(bindings.into_boxed_slice());
+            let r = pisa_wgpu::runtime::nv::check_bindings(&wrong, &words);
+            assert!(r.is_err(), "{}", k.name);
+        }
     }
 }
 

@@ -14,4 +14,5 @@
 // binding numbers in order of their wgpu binding numbers (wgpu-hal 30, vulkan/device.rs,
 // create_bind_group_layout) and rewrites the WGSL shaders to match, but not a passthrough
 // module. So a kernel whose host binds wgpu bindings 0, 1, 7 declares bindings 0, 1, 2 here;
-// runtime/nv.rs checks that every binding a module declares is below its layout's count.
+// runtime/nv.rs checks every binding a module declares against its layout (set 0, in range,
+// uniform or storage buffer as the layout says).

@@ -123,26 +123,7 @@ impl NvPipelines {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        // wgpu's Vulkan backend numbers a layout's bindings densely in order (see
-        // shaders/nv/common.glsl), so the module must declare bindings below their count, and the
-        // host's list must be in ascending order for the numbers to line up.
-        let sorted = k.bindings.windows(2).all(|w| w[0].0 < w[1].0);
-        let past = spirv_bindings(&words)
-            .into_iter()
-            .find(|&b| b as usize >= k.bindings.len());
-        if !sorted || past.is_some() {
-            return Err(GpuError::Unsupported(format!(
-                "NVIDIA kernel {}: the layout's bindings must be listed in ascending order ({}) \
-                 and the module must declare none past their count {} ({})",
-                k.name,
-                if sorted { "they are" } else { "they are not" },
-                k.bindings.len(),
-                match past {
-                    Some(b) => format!("it declares {b}"),
-                    None => "it declares none".into(),
-                }
-            )));
-        }
+        check_bindings(k, &words).map_err(GpuError::Unsupported)?;
         let entries: Vec<wgpu::BindGroupLayoutEntry> = (k.bindings.iter())
             .map(|&(i, b)| wgpu::BindGroupLayoutEntry {
                 binding: i,
@@ -210,24 +191,73 @@ impl NvPipelines {
     }
 }
 
-/// The `Binding` decorations of a SPIR-V module (`OpDecorate %id Binding n`).
+/// Checks kernel `k`'s SPIR-V `words` against its layout. wgpu's Vulkan backend numbers a
+/// layout's bindings densely in ascending order of their wgpu numbers (see
+/// `shaders/nv/common.glsl`) and does not rewrite passthrough modules, so: the layout must be
+/// listed in ascending order, and every resource the module declares must be in set 0, at a
+/// binding below the layout's count, of the kind the layout gives that position (a uniform
+/// buffer in the `Uniform` storage class, a storage buffer in `StorageBuffer`). Errors: a
+/// message naming the first mismatch.
 #[doc(hidden)]
-pub fn spirv_bindings(words: &[u32]) -> Vec<u32> {
+pub fn check_bindings(k: &NvKernel, words: &[u32]) -> std::result::Result<(), String> {
+    const OP_VARIABLE: u32 = 59;
     const OP_DECORATE: u32 = 71;
     const BINDING: u32 = 33;
-    let mut out = Vec::new();
+    const SET: u32 = 34;
+    const UNIFORM: u32 = 2;
+    const STORAGE_BUFFER: u32 = 12;
+    if !k.bindings.windows(2).all(|w| w[0].0 < w[1].0) {
+        return Err(format!(
+            "NVIDIA kernel {}: layout not in ascending order",
+            k.name
+        ));
+    }
+    let (mut binding, mut set, mut class) = (Vec::new(), Vec::new(), Vec::new());
     let mut at = 5;
     while at < words.len() {
         let (count, op) = ((words[at] >> 16) as usize, words[at] & 0xffff);
-        if count == 0 {
-            break;
+        if count == 0 || at + count > words.len() {
+            return Err(format!("NVIDIA kernel {}: malformed SPIR-V", k.name));
         }
-        if op == OP_DECORATE && count >= 4 && words.get(at + 2) == Some(&BINDING) {
-            out.extend(words.get(at + 3));
+        let w = &words[at..at + count];
+        match (op, count) {
+            (OP_DECORATE, 4..) if w[2] == BINDING => binding.push((w[1], w[3])),
+            (OP_DECORATE, 4..) if w[2] == SET => set.push((w[1], w[3])),
+            (OP_VARIABLE, 4..) => class.push((w[2], w[3])),
+            _ => {}
         }
         at += count;
     }
-    out
+    if binding.is_empty() {
+        return Err(format!("NVIDIA kernel {}: declares no binding", k.name));
+    }
+    for (id, b) in binding {
+        let Some(&(_, kind)) = k.bindings.get(b as usize) else {
+            return Err(format!(
+                "NVIDIA kernel {}: declares binding {b}, its layout has {}",
+                k.name,
+                k.bindings.len()
+            ));
+        };
+        if set.iter().any(|&(i, s)| i == id && s != 0) {
+            return Err(format!(
+                "NVIDIA kernel {}: binding {b} outside set 0",
+                k.name
+            ));
+        }
+        let want = match kind {
+            NvBinding::Uniform => UNIFORM,
+            NvBinding::Read | NvBinding::Write => STORAGE_BUFFER,
+        };
+        let got = class.iter().find(|&&(i, _)| i == id).map(|&(_, c)| c);
+        if got != Some(want) {
+            return Err(format!(
+                "NVIDIA kernel {}: binding {b} is storage class {got:?}, its layout says {kind:?}",
+                k.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The feature structure of `VK_NV_cooperative_matrix2`
