@@ -388,7 +388,35 @@ pub fn nv_cm2_supported(adapter: &wgpu::Adapter) -> bool {
 /// [`crate::Context::from_device`] and pisa runs its NVIDIA kernels on it.
 ///
 /// Errors: [`GpuError::Unsupported`] where [`nv_cm2_supported`] does not hold;
-/// [`GpuError::RequestDevice`] when the driver refuses the device.
+/// [`GpuError::RequestDevice`] for features or limits the adapter lacks, or when the driver
+/// refuses the device.
+///
+/// ```no_run
+/// # async fn app() -> Result<(), Box<dyn std::error::Error>> {
+/// use pisa_wgpu::{wgpu, Context};
+/// let instance = wgpu::Instance::default();
+/// let adapter = instance.request_adapter(&Default::default()).await?;
+/// let desc = wgpu::DeviceDescriptor {
+///     required_features: pisa_wgpu::wanted_features(&adapter),
+///     required_limits: adapter.limits(),
+///     ..Default::default()
+/// };
+/// let (device, queue) = if pisa_wgpu::nv_cm2_supported(&adapter) {
+///     pisa_wgpu::request_device_nv_cm2(&adapter, &desc)?
+/// } else {
+///     // (the experimental cooperative-matrix feature also needs `experimental_features`:
+///     // see `Context::from_device`)
+///     let plain = wgpu::DeviceDescriptor {
+///         required_features: desc.required_features
+///             - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+///         ..desc.clone()
+///     };
+///     adapter.request_device(&plain).await?
+/// };
+/// let ctx = Context::from_device(&adapter, device, queue)?;
+/// println!("NVIDIA kernels: {}", ctx.nv_cm2());
+/// # Ok(()) }
+/// ```
 pub fn request_device_nv_cm2(
     adapter: &wgpu::Adapter,
     desc: &wgpu::DeviceDescriptor<'_>,
