@@ -201,6 +201,7 @@ fn shaders_of(kernel: AttentionKernel) -> &'static [&'static str] {
         AttentionKernel::LeafMajor(KernelPath::Portable) => {
             &["attention_leaf", "attention_leaf_merge", "leaf_bucket"]
         }
+        AttentionKernel::LeafMajorNv => &["attention_leaf_merge", "leaf_bucket"],
         AttentionKernel::LeafMajor(KernelPath::CoopMat) => {
             &["attention_leaf_coop", "attention_leaf_merge", "leaf_bucket"]
         }
@@ -279,16 +280,12 @@ fn reported_kernel_is_the_one_that_runs() {
             let what = format!("{what} {s:?} {storage:?} on {path}: reported {reported}");
             let built: Vec<_> = ctx.built_shaders();
             let new: Vec<_> = built.into_iter().filter(|x| !before.contains(x)).collect();
-            // On a device with VK_NV_cooperative_matrix2 leaf-major attention runs its NVIDIA
-            // chunk kernel (and, where it applies, merge) as passthrough SPIR-V instead.
+            // The NVIDIA merge, where it applies, is passthrough SPIR-V too.
             let mut want = shaders_of(reported).to_vec();
-            if let (LeafMajor(KernelPath::CoopMat), Some((_, merge))) =
+            if let (AttentionKernel::LeafMajorNv, Some((_, Some(_)))) =
                 (reported, attention::by_leaf::nv_kernel_for(ctx, &s, &cfg))
             {
-                want.retain(|&x| x != "attention_leaf_coop");
-                if merge.is_some() {
-                    want.retain(|&x| x != "attention_leaf_merge");
-                }
+                want.retain(|&x| x != "attention_leaf_merge");
             }
             assert_eq!(new, want, "{what}: shaders built");
             if path == KernelPath::Portable {

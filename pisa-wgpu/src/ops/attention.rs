@@ -247,6 +247,7 @@ pub fn record_attention(
             plan,
             selection,
             cfg,
+            ..
         } => by_leaf::record(
             ctx, enc, q, k, v, selection, shape, layouts, cfg, &plan, prof,
         ),

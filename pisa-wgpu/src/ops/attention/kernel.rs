@@ -26,6 +26,10 @@ pub enum AttentionKernel {
     /// ([`KernelPath::CoopMat`], `attention_leaf_coop.wgsl`) or portable
     /// (`attention_leaf.wgsl`).
     LeafMajor(KernelPath),
+    /// Leaf-major sparse attention with the NVIDIA chunk kernel
+    /// (`shaders/nv/attention_leaf.comp`, and its merge where it applies: see
+    /// [`by_leaf::nv_kernel_for`]), where the device has `VK_NV_cooperative_matrix2`.
+    LeafMajorNv,
     /// The cooperative-matrix (tensor-core) query-tile kernel ([`super::coop`],
     /// `attention_coop.wgsl`).
     CoopTile,
@@ -42,9 +46,10 @@ impl AttentionKernel {
     /// included: it has no tensor-core twin).
     pub fn path(self) -> KernelPath {
         match self {
-            Self::CoopTile | Self::NvDense | Self::LeafMajor(KernelPath::CoopMat) => {
-                KernelPath::CoopMat
-            }
+            Self::CoopTile
+            | Self::NvDense
+            | Self::LeafMajorNv
+            | Self::LeafMajor(KernelPath::CoopMat) => KernelPath::CoopMat,
             Self::SplitK | Self::LeafMajor(KernelPath::Portable) | Self::PortableTile => {
                 KernelPath::Portable
             }
@@ -52,12 +57,13 @@ impl AttentionKernel {
     }
 
     /// A short stable name for reports: `split-k`, `leaf-major-coopmat`, `leaf-major-portable`,
-    /// `coop-tile`, `portable-tile` or `nv-dense`.
+    /// `leaf-major-nv`, `coop-tile`, `portable-tile` or `nv-dense`.
     pub fn name(self) -> &'static str {
         match self {
             Self::SplitK => "split-k",
             Self::LeafMajor(KernelPath::CoopMat) => "leaf-major-coopmat",
             Self::LeafMajor(KernelPath::Portable) => "leaf-major-portable",
+            Self::LeafMajorNv => "leaf-major-nv",
             Self::CoopTile => "coop-tile",
             Self::PortableTile => "portable-tile",
             Self::NvDense => "nv-dense",
@@ -81,6 +87,8 @@ pub(crate) enum Plan<'a> {
     },
     LeafMajor {
         plan: LeafAttention,
+        /// The NVIDIA chunk kernel runs ([`by_leaf::nv_kernel_for`]).
+        nv: bool,
         selection: &'a GpuTensor,
         cfg: &'a SelectionConfig,
     },
@@ -98,6 +106,7 @@ impl Plan<'_> {
     pub fn kernel(&self) -> AttentionKernel {
         match self {
             Self::SplitK { .. } => AttentionKernel::SplitK,
+            Self::LeafMajor { nv: true, .. } => AttentionKernel::LeafMajorNv,
             Self::LeafMajor { plan, .. } if plan.coop.is_some() => {
                 AttentionKernel::LeafMajor(KernelPath::CoopMat)
             }
@@ -135,8 +144,11 @@ pub(crate) fn plan<'a>(
         AttentionKind::Sparse { selection, cfg } => {
             if cfg.validate().is_ok() {
                 if let Some(plan) = by_leaf::plan(ctx, storage, shape, layouts, cfg) {
+                    let nv =
+                        plan.coop.is_some() && by_leaf::nv_kernel_for(ctx, shape, cfg).is_some();
                     return Plan::LeafMajor {
                         plan,
+                        nv,
                         selection,
                         cfg,
                     };
@@ -171,7 +183,8 @@ pub(crate) fn plan<'a>(
 ///    keys (Nk >= [`split_k::MIN_KEYS`]) and a tile launch of fewer than
 ///    [`split_k::TILE_WORKGROUPS_BELOW`] workgroups: the decode baseline, 287 -> 1.63 ms at 1M
 ///    keys on the H200 (`docs/benchmarks.md`, split-K dense decode);
-/// 3. sparse, where the leaf-major plan takes it: [`AttentionKernel::LeafMajor`]. It follows
+/// 3. sparse, where the leaf-major plan takes it: [`AttentionKernel::LeafMajor`], or
+///    [`AttentionKernel::LeafMajorNv`] where [`by_leaf::nv_kernel_for`] has an NVIDIA kernel. It follows
 ///    [`Context::leaf_order`]: Auto on tensor cores from 8192 queries on (2.4x / 2.7x over the
 ///    tile kernel at 64K / 256K on the H200, `docs/benchmarks.md`), Leaves wherever it fits,
 ///    Tiles never; see [`by_leaf::leaf_major_path`];
