@@ -488,7 +488,11 @@ pub fn request_device_nv_cm2(
 }
 
 /// Whether `device` was opened with `VK_NV_cooperative_matrix2` ([`request_device_nv_cm2`])
-/// and [`NV_CM2_FEATURES`]: the condition for pisa's NVIDIA kernels.
+/// and [`NV_CM2_FEATURES`]: the condition for pisa's NVIDIA kernels. wgpu reports the enabled
+/// extensions but not the extension's enabled features, so a device opened with the extension
+/// by other means is taken to have the features [`request_device_nv_cm2`] enables (workgroup
+/// scope, flexible dimensions, reductions, conversions, per-element operations, tensor
+/// addressing); open it with that function to be sure.
 pub fn device_has_nv_cm2(device: &wgpu::Device) -> bool {
     if !device.features().contains(NV_CM2_FEATURES) {
         return false;
