@@ -58,11 +58,7 @@ fn embedded_spirv_is_spirv_with_dense_bindings() {
             "{}: magic",
             k.name
         );
-        let words: Vec<u32> = k
-            .spirv
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let words = k.words().unwrap();
         pisa_wgpu::runtime::nv::check_bindings(&k, &words).unwrap();
         // The same module against a layout of the other kinds (uniform and storage buffers
         // swapped), or listed out of order, fails.

@@ -9,7 +9,6 @@ use crate::runtime::context::Context;
 use crate::runtime::nv::{NvBinding, NvKernel};
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
-use wgpu::util::DeviceExt;
 
 const B: &[(u32, NvBinding)] = &[
     (0, NvBinding::Read),
@@ -55,37 +54,19 @@ pub fn record_gemm(
             "NVIDIA GEMM: A [{m}, {k}] f16, B [{n}, {k}] f16, C [{m}, {n}] f32 expected"
         )));
     }
-    let (pipe, layout) = ctx.nv_pipeline(&kernel)?;
-    let dims = ctx
-        .device
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("gemm dims"),
-            contents: bytemuck::cast_slice(&[m as u32, n as u32, k as u32, 0]),
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
-    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(kernel.name),
-        layout: &layout,
-        entries: &[(0, &a.buffer), (1, &b.buffer), (2, &c.buffer), (3, &dims)].map(|(i, buf)| {
-            wgpu::BindGroupEntry {
-                binding: i,
-                resource: buf.as_entire_binding(),
-            }
-        }),
-    });
-    let mut prof = prof;
-    let mut pass = match prof.as_mut() {
-        Some(p) => p.compute_pass(enc, "gemm"),
-        None => enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("gemm"),
-            timestamp_writes: None,
-        }),
-    };
-    pass.set_pipeline(&pipe);
-    pass.set_bind_group(0, &bind, &[]);
-    let gx = n.div_ceil(bn as usize) as u32;
-    let gy = m.div_ceil(bm as usize) as u32;
-    pass.dispatch_workgroups(gx, gy, 1);
+    let (pipe, _) = ctx.nv_pipeline(&kernel)?;
+    let dims = ctx.uniform("gemm dims", &[m as u32, n as u32, k as u32, 0])?;
+    let bind = ctx.bind_group(
+        &pipe,
+        &[(0, &a.buffer), (1, &b.buffer), (2, &c.buffer), (3, &dims)],
+    );
+    // Column tiles on x, row tiles on y (the shader reads both ids).
+    let grid = [
+        n.div_ceil(bn as usize) as u32,
+        m.div_ceil(bm as usize) as u32,
+        1,
+    ];
+    ctx.record_pass(enc, "gemm", [&(pipe, bind, grid)], prof);
     Ok(())
 }
 
@@ -112,20 +93,8 @@ pub fn record_probe(
     b: &GpuTensor,
     out: &GpuTensor,
 ) -> Result<()> {
-    let (pipe, layout) = ctx.nv_pipeline(k)?;
-    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(k.name),
-        layout: &layout,
-        entries: &[(0, &a.buffer), (1, &b.buffer), (2, &out.buffer)].map(|(i, buf)| {
-            wgpu::BindGroupEntry {
-                binding: i,
-                resource: buf.as_entire_binding(),
-            }
-        }),
-    });
-    let mut pass = enc.begin_compute_pass(&Default::default());
-    pass.set_pipeline(&pipe);
-    pass.set_bind_group(0, &bind, &[]);
-    pass.dispatch_workgroups(1, 1, 1);
+    let (pipe, _) = ctx.nv_pipeline(k)?;
+    let bind = ctx.bind_group(&pipe, &[(0, &a.buffer), (1, &b.buffer), (2, &out.buffer)]);
+    ctx.record_pass(enc, "probe", [&(pipe, bind, [1, 1, 1])], None);
     Ok(())
 }

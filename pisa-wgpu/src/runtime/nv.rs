@@ -50,6 +50,23 @@ pub struct NvKernel {
     pub bindings: &'static [(u32, NvBinding)],
 }
 
+impl NvKernel {
+    /// The SPIR-V as words. Errors: a message when the bytes are not a SPIR-V module (length,
+    /// magic number).
+    pub fn words(&self) -> std::result::Result<Vec<u32>, String> {
+        let s = self.spirv;
+        if !s.len().is_multiple_of(4) || s.len() < 20 || s[..4] != [0x03, 0x02, 0x23, 0x07] {
+            return Err(format!(
+                "NVIDIA kernel {}: the embedded SPIR-V is not a SPIR-V module",
+                self.name
+            ));
+        }
+        Ok(s.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+}
+
 /// `include_bytes!` of `shaders/nv/spv/<name>.spv` as an [`NvKernel`].
 #[macro_export]
 #[doc(hidden)]
@@ -109,20 +126,7 @@ impl NvPipelines {
         if let Some(p) = built.get(k.name) {
             return Ok(p.clone());
         }
-        if !k.spirv.len().is_multiple_of(4)
-            || k.spirv.len() < 20
-            || k.spirv[..4] != [0x03, 0x02, 0x23, 0x07]
-        {
-            return Err(GpuError::Unsupported(format!(
-                "NVIDIA kernel {}: the embedded SPIR-V is not a SPIR-V module",
-                k.name
-            )));
-        }
-        let words: Vec<u32> = k
-            .spirv
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let words = k.words().map_err(GpuError::Unsupported)?;
         check_bindings(k, &words).map_err(GpuError::Unsupported)?;
         let entries: Vec<wgpu::BindGroupLayoutEntry> = (k.bindings.iter())
             .map(|&(i, b)| wgpu::BindGroupLayoutEntry {
