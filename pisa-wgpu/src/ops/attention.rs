@@ -247,7 +247,6 @@ pub fn record_attention(
             plan,
             selection,
             cfg,
-            ..
         } => by_leaf::record(
             ctx, enc, q, k, v, selection, shape, layouts, cfg, &plan, prof,
         ),

@@ -242,7 +242,7 @@ pub(crate) fn record(
     let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket)?;
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;
     let consts = attend_consts(la, s, cfg);
-    let nv = la.coop.and_then(|_| nv_kernel_for(ctx, s, cfg));
+    let nv = la.nv;
     let attend = match (la.coop, nv) {
         (Some(_), Some((k, _))) => ctx.nv_pipeline(&k)?.0,
         (Some(_), None) => pipe(&COOP_SHADER, "attend_leaf", Storage::F16, &consts)?,

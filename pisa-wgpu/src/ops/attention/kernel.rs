@@ -87,8 +87,6 @@ pub(crate) enum Plan<'a> {
     },
     LeafMajor {
         plan: LeafAttention,
-        /// The NVIDIA chunk kernel runs ([`by_leaf::nv_kernel_for`]).
-        nv: bool,
         selection: &'a GpuTensor,
         cfg: &'a SelectionConfig,
     },
@@ -106,7 +104,7 @@ impl Plan<'_> {
     pub fn kernel(&self) -> AttentionKernel {
         match self {
             Self::SplitK { .. } => AttentionKernel::SplitK,
-            Self::LeafMajor { nv: true, .. } => AttentionKernel::LeafMajorNv,
+            Self::LeafMajor { plan, .. } if plan.nv.is_some() => AttentionKernel::LeafMajorNv,
             Self::LeafMajor { plan, .. } if plan.coop.is_some() => {
                 AttentionKernel::LeafMajor(KernelPath::CoopMat)
             }
@@ -144,11 +142,8 @@ pub(crate) fn plan<'a>(
         AttentionKind::Sparse { selection, cfg } => {
             if cfg.validate().is_ok() {
                 if let Some(plan) = by_leaf::plan(ctx, storage, shape, layouts, cfg) {
-                    let nv =
-                        plan.coop.is_some() && by_leaf::nv_kernel_for(ctx, shape, cfg).is_some();
                     return Plan::LeafMajor {
                         plan,
-                        nv,
                         selection,
                         cfg,
                     };

@@ -6,6 +6,7 @@ use pisa_core::{AttentionShape, SelectionConfig};
 
 use super::super::{element_strides, QkvLayouts};
 use crate::runtime::context::{Context, KernelPath, LeafOrder, COOP_SUBGROUPS};
+use crate::runtime::nv::NvKernel;
 use crate::runtime::pipeline::Storage;
 
 /// Most keys per leaf (one invocation per key in the portable kernel; at most 4 16-key tiles,
@@ -29,6 +30,9 @@ pub(crate) struct LeafAttention {
     pub rows: u32,
     /// Queries per range.
     pub nq: u32,
+    /// The NVIDIA chunk kernel and merge, where they run ([`super::nv_kernel_for`], chosen
+    /// once here for the recorder).
+    pub nv: Option<(NvKernel, Option<NvKernel>)>,
 }
 
 impl LeafAttention {
@@ -108,13 +112,15 @@ pub(crate) fn plan(
     if order == LeafOrder::Auto && (!coop_ok || s.q_len < AUTO_MIN_QUERIES) {
         return None;
     }
-    choose(
+    let la = choose(
         ctx.limits(),
         ctx.max_binding_bytes(),
         s,
         cfg,
         coop_ok.then_some(sg),
-    )
+    )?;
+    let nv = la.coop.and_then(|_| super::nv_kernel_for(ctx, s, cfg));
+    Some(LeafAttention { nv, ..la })
 }
 
 /// The merge's workgroup bytes (`attention_leaf_merge.wgsl`): the slot rows (`top_k`) and a
@@ -160,6 +166,7 @@ fn choose(
         qpc,
         rows,
         nq: 0,
+        nv: None,
     };
     if la.shared_bytes(d, c) > limit {
         return None;
