@@ -70,7 +70,7 @@ impl Run {
             c.storage,
         )
         .unwrap();
-        if pisa_wgpu::ops::decode::default_fused() && !cache.is_fused() {
+        if ctx.tuning().decode_fused && !cache.is_fused() {
             eprintln!(
                 "{}: PISA_DECODE=fused, but the fused step does not fit: split",
                 c.name

@@ -29,7 +29,7 @@ impl From<ScoringArg> for Scoring {
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum LeafOrderArg {
     /// Leaf-major where the kernels run on tensor cores, query tiles elsewhere (or
-    /// `PISA_LEAF_ORDER` when set).
+    /// `PISA_LEAF_ORDER` / `--tune leaf_order=...` when set).
     Auto,
     /// Query tiles: a workgroup per tile of consecutive queries, over the union of their leaves.
     Tiles,
@@ -216,8 +216,41 @@ impl DeviceArgs {
                 Err(_) => AdapterChoice::Name(s.clone()),
             },
         };
-        Ok(Context::new(&choice)?)
+        let ctx = Context::new(&choice)?;
+        let mut t = ctx.tuning();
+        for (knob, value) in TUNE.get().map(Vec::as_slice).unwrap_or_default() {
+            t.set(knob, value)?;
+        }
+        ctx.set_tuning(t)?;
+        Ok(ctx)
     }
+}
+
+/// The `--tune KNOB=VALUE` pairs of the command line, applied to every context the command
+/// opens ([`DeviceArgs::context`]) after the `PISA_*` variables.
+static TUNE: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// Checks the `PISA_*` tuning variables and the `--tune` pairs (names and values, against
+/// `pisa_wgpu::Tuning`) and keeps the pairs for [`DeviceArgs::context`]. Errors name the bad
+/// variable or pair.
+pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
+    let mut t = pisa_wgpu::Tuning::default().with_env()?;
+    let mut kept = Vec::new();
+    for p in pairs {
+        let Some((k, v)) = p.split_once('=') else {
+            anyhow::bail!("--tune {p}: expected KNOB=VALUE (knobs: {})", knob_names());
+        };
+        t.set(k.trim(), v)
+            .map_err(|e| anyhow::anyhow!("--tune {p}: {e}"))?;
+        kept.push((k.trim().to_string(), v.to_string()));
+    }
+    let _ = TUNE.set(kept);
+    Ok(())
+}
+
+/// The names of the tuning knobs, comma separated.
+pub fn knob_names() -> String {
+    pisa_wgpu::runtime::tuning::KNOBS.map(|k| k.0).join(", ")
 }
 
 /// A progress bar on a terminal, hidden when stderr is piped.

@@ -1,7 +1,7 @@
 //! Checks of values the GPU kernels or the output format cannot represent faithfully: inputs
 //! beyond the f16 range of `--storage f16`, possible attention scores beyond what the kernels
-//! tell apart from their "masked" sentinel, outputs beyond the f16 range of `--out-dtype f16`,
-//! and misspelled values of the environment knobs the library reads.
+//! tell apart from their "masked" sentinel, and outputs beyond the f16 range of
+//! `--out-dtype f16`. (Misspelled tuning knobs are errors of `pisa_wgpu::Tuning`.)
 
 use anyhow::{bail, Result};
 
@@ -11,32 +11,6 @@ use crate::io;
 /// The largest |score| (`scale * q . k`) accepted: the kernels' "no score" sentinel is -3e38
 /// and they treat anything below -1e38 as masked, so scores must stay well inside that.
 pub const MAX_SCORE: f64 = 1e29;
-
-/// The environment knobs the library reads as words, with the values it accepts (anything
-/// else is silently taken as the default by the library).
-pub const ENV_KNOBS: [(&str, &[&str]); 4] = [
-    ("PISA_KERNEL_PATH", &["portable"]),
-    ("PISA_LEAF_ORDER", &["tiles", "leaves"]),
-    ("PISA_DECODE", &["fused", "split"]),
-    ("PISA_SHADER_CHECKS", &["all", "bounds", "none"]),
-];
-
-/// One warning line per knob of [`ENV_KNOBS`] that is set to a value the library ignores.
-pub fn env_warnings() -> Vec<String> {
-    ENV_KNOBS
-        .iter()
-        .filter_map(|&(name, ok)| {
-            let v = std::env::var_os(name)?;
-            let v = v.to_string_lossy();
-            (!ok.contains(&v.as_ref())).then(|| {
-                format!(
-                    "warning: {name}={v:?} is not a known value and is ignored (accepted: {})",
-                    ok.join(", ")
-                )
-            })
-        })
-        .collect()
-}
 
 /// The largest L2 norm of the rows (of `d` values) of `x`, over rows that are all finite.
 fn max_row_norm(x: &[f32], d: usize) -> f64 {

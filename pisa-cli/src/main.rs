@@ -16,6 +16,12 @@ struct Cli {
     /// wgpu's info logs and every dispatch.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+    /// Set a tuning knob of the kernels, KNOB=VALUE (repeatable; after the `PISA_*` variables).
+    /// Knobs: tensor_cores, nv_cm2, nv_scorer, leaf_order, decode_fused, decode_key_lanes,
+    /// leaf_tiles_per_iteration, leaf_subgroups, leaf_stage_keys, route_lanes,
+    /// route_max_workgroup, route_tile (`pisa_wgpu::Tuning`). Speed only: results are the same.
+    #[arg(long, value_name = "KNOB=VALUE", global = true)]
+    tune: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -44,8 +50,9 @@ fn main() {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
     let cli = Cli::parse();
-    for w in limits::env_warnings() {
-        eprintln!("{w}");
+    if let Err(e) = args::set_tuning(&cli.tune) {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
     }
     // -v and -vv raise pisa's own logs (the device opened, its kernel path and shader checks;
     // each pipeline built and its compile time); wgpu's stay at warn below -vvv.

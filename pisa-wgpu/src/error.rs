@@ -50,6 +50,10 @@ pub enum GpuError {
         /// What to do about it.
         hint: &'static str,
     },
+    /// A tuning knob ([`crate::Tuning`]) with an unknown name or a value out of its range; the
+    /// text names the knob (or its environment variable) and the value.
+    #[error("bad tuning: {0}")]
+    Tuning(String),
     /// The request is valid but this build or adapter does not support it.
     #[error("unsupported: {0}")]
     Unsupported(String),

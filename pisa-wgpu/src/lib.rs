@@ -88,5 +88,6 @@ pub use runtime::nv::{device_has_nv_cm2, nv_cm2_supported, request_device_nv_cm2
 pub use runtime::pipeline::ShaderSource;
 pub use runtime::pipeline::Storage;
 pub use runtime::profiler::{Profiler, StageTimes};
+pub use runtime::tuning::Tuning;
 pub use runtime::view::{DType, TensorView};
 pub use wgpu;

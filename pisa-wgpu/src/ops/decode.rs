@@ -7,8 +7,8 @@
 //! modules) or `decode_fused.wgsl` (the fused step), and `shaders/decode_append.wgsl` (the
 //! append and the prefill copy).
 //!
-//! Paths. `PISA_DECODE=fused|split`, read once ([`default_fused`]; default `split` for now),
-//! or [`KvCache::set_fused`] per cache; [`KvCache::is_fused`] says which runs (the fused step
+//! Paths. [`crate::Tuning::decode_fused`] of the context when a cache is made (default
+//! split), or [`KvCache::set_fused`] per cache; [`KvCache::is_fused`] says which runs (the fused step
 //! falls back to split where its workgroup memory does not fit, and for a cache split over two
 //! storage bindings).
 //!
@@ -93,7 +93,6 @@ mod shaders;
 
 use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig};
 
-pub use self::fused::default_fused;
 use self::fused::FusedPlan;
 use self::plan::{Params, Plan};
 pub use self::record::StepOutputs;
@@ -156,7 +155,7 @@ pub struct KvCache {
     plan: Plan,
     /// The fused kernel's sizes, `None` when it does not fit the device.
     fplan: Option<FusedPlan>,
-    /// Whether the step runs fused (when `fplan` allows): [`default_fused`], or
+    /// Whether the step runs fused (when `fplan` allows): [`crate::Tuning::decode_fused`], or
     /// [`KvCache::set_fused`].
     fused: bool,
     /// K/V shards `[rows, capacity, D]` each: flat (sequence, KV head) rows `i * kv_rows ..`

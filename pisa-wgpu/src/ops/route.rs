@@ -6,7 +6,7 @@ use super::select::Plan;
 use crate::error::Result;
 use crate::runtime::buffers::{GpuTensor, POISON_I32};
 use crate::runtime::context::Context;
-use crate::runtime::pipeline::{env_u32, ShaderSource, Storage};
+use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 
 /// `shaders/route.wgsl`.
@@ -18,19 +18,11 @@ pub const SHADER: ShaderSource = ShaderSource {
     ),
 };
 
-/// Most invocations per routing workgroup by default (smaller workgroups leave the
-/// scheduler more of them per core to hide each one's barriers); `PISA_ROUTE_MAX_WG` (32 to
-/// 1024) overrides it, for tuning. Never above the device limits.
-const DEFAULT_MAX_WG: u32 = 256;
 /// Workgroup sizes are multiples of this.
 const WG_STEP: u32 = 32;
 /// Most queries per routing workgroup. Nothing is shared between the tile's queries, so the
 /// output does not depend on the tile; it is sized so that the score tasks fill the workgroup.
 const MAX_TILE: u32 = 16;
-/// Lanes per (candidate, head group) by default: each lane reads every L-th vec4 of the rows,
-/// so the L lanes of a row read L * 16 consecutive bytes together. `PISA_ROUTE_LANES` (1, 2,
-/// 4, 8 or 16) overrides it, for tuning; the lanes actually used divide ceil(D / 4).
-const DEFAULT_LANES: u32 = 4;
 /// Most query heads per KV head the routing kernel supports.
 pub const MAX_GQ: u32 = 32;
 
@@ -68,27 +60,6 @@ struct Shape {
     tile: u32,
     lanes: u32,
     wg: u32,
-}
-
-/// The lanes asked for: `PISA_ROUTE_LANES` if set to 1, 2, 4, 8 or 16, else [`DEFAULT_LANES`].
-fn lanes_asked() -> u32 {
-    env_u32("PISA_ROUTE_LANES")
-        .filter(|l| [1, 2, 4, 8, 16].contains(l))
-        .unwrap_or(DEFAULT_LANES)
-}
-
-/// The largest workgroup asked for: `PISA_ROUTE_MAX_WG` if set within 32..=1024, else
-/// [`DEFAULT_MAX_WG`].
-fn max_wg_asked() -> u32 {
-    env_u32("PISA_ROUTE_MAX_WG")
-        .filter(|w| (32..=1024).contains(w))
-        .unwrap_or(DEFAULT_MAX_WG)
-}
-
-/// The tile asked for: `PISA_ROUTE_TILE` if set within 1..=[`MAX_TILE`] (then used as is,
-/// only lowered to fit the workgroup memory), else `None` (the tile that fills the workgroup).
-fn tile_asked() -> Option<u32> {
-    env_u32("PISA_ROUTE_TILE").filter(|t| (1..=MAX_TILE).contains(t))
 }
 
 /// Chooses the workgroup shape: the most lanes up to `asked` that divide ceil(D / 4), then the
@@ -178,15 +149,20 @@ pub(crate) fn record(
     let v4 = (d % 4 == 0) as u32;
     let lim = ctx.limits();
     let mem = lim.max_compute_workgroup_storage_size as u64;
-    let max_wg = max_wg_asked()
+    let t = ctx.tuning();
+    let max_wg = t
+        .route_max_workgroup
         .min(lim.max_compute_invocations_per_workgroup)
         .min(lim.max_compute_workgroup_size_x);
-    let shape = choose_shape(lanes_asked(), tile_asked(), max_wg, mem, gq, d, mc, g, mv)
-        .ok_or_else(|| crate::GpuError::Limit {
-            what: "workgroup memory of route".into(),
-            needed: wg_bytes(1, 1, gq, d, mc, g, mv),
-            limit: mem,
-            hint: "use a smaller head dim, top_k, merge factor or GQA group",
+    let tile = t.route_tile.map(|t| t.min(MAX_TILE));
+    let shape =
+        choose_shape(t.route_lanes, tile, max_wg, mem, gq, d, mc, g, mv).ok_or_else(|| {
+            crate::GpuError::Limit {
+                what: "workgroup memory of route".into(),
+                needed: wg_bytes(1, 1, gq, d, mc, g, mv),
+                limit: mem,
+                hint: "use a smaller head dim, top_k, merge factor or GQA group",
+            }
         })?;
     let t = shape.tile;
     let len = plan.sched.candidates_len(&plan.shape);

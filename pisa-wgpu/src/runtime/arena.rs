@@ -10,8 +10,8 @@
 //! tables) are compared with what was recorded and written again only when they differ.
 //!
 //! Invariant: an operation's sequence of allocations and bindings is a function of its shape,
-//! options and the context's kernel path, leaf order, binding limit and NVIDIA switches
-//! (`Context::nv_cm2`, `Context::nv_scorer`); a plan records those
+//! options, the context's tuning (`Context::tuning`: kernel path, leaf order, NVIDIA switches,
+//! the other knobs) and its binding limit; a plan records those
 //! and refuses to run once they changed ([`crate::GpuError::Unsupported`]), and a replay that
 //! still meets a different request (size, usage or count) stops with an error instead of
 //! binding the wrong buffer.

@@ -24,7 +24,8 @@
 //! Loop bounding and integer-division guards are off in both: the loop counters naga adds stop
 //! NVIDIA's compiler from unrolling (sparse attention at 16K tokens: 543 ms with them, 84 ms
 //! without), and our loops are counted loops over host-validated sizes, our divisors sizes the
-//! host checked to be non-zero. `PISA_SHADER_CHECKS` overrides the choice for the process:
+//! host checked to be non-zero. [`crate::Tuning::shader_checks`] (`PISA_SHADER_CHECKS` for
+//! [`crate::Context::new`]) overrides the choice for a context:
 //! `all` (wgpu's default, every check), `bounds`, `none` (no checks even without the driver's
 //! bounds: a diagnostic).
 
@@ -39,7 +40,7 @@ pub enum ShaderChecks {
     Bounds,
     /// No checks in the shader: the driver bounds buffer accesses (`robustBufferAccess2`).
     DriverBounded,
-    /// No checks at all, with no driver bounds either (`PISA_SHADER_CHECKS=none` on a device
+    /// No checks at all, with no driver bounds either (`shader_checks = none` on a device
     /// without `robustBufferAccess2`).
     None,
 }
@@ -58,20 +59,20 @@ impl std::fmt::Display for ShaderChecks {
 
 impl ShaderChecks {
     /// The checks for a device whose driver does (`driver_bounds`) or does not bound buffer
-    /// accesses, unless `PISA_SHADER_CHECKS` (`all`, `bounds`, `none`) says otherwise.
+    /// accesses: [`Self::DriverBounded`] or [`Self::Bounds`].
     pub fn for_device(driver_bounds: bool) -> Self {
-        Self::choose(
-            std::env::var("PISA_SHADER_CHECKS").ok().as_deref(),
-            driver_bounds,
-        )
+        Self::choose(None, driver_bounds)
     }
 
-    /// [`Self::for_device`] with the environment's value `env`.
-    fn choose(env: Option<&str>, driver_bounds: bool) -> Self {
-        match (env, driver_bounds) {
-            (Some("all"), _) => Self::All,
-            (Some("bounds"), _) => Self::Bounds,
-            (Some("none"), false) => Self::None,
+    /// The checks `asked` for ([`crate::Tuning::shader_checks`]) on such a device: `All` and
+    /// `Bounds` as asked; `None` only where the driver does not bound buffers (where it does,
+    /// `DriverBounded` is the same shader code); `DriverBounded` only where it does (else
+    /// `Bounds`: never fewer checks than the driver's bounds need); unset: [`Self::for_device`].
+    pub fn choose(asked: Option<ShaderChecks>, driver_bounds: bool) -> Self {
+        match (asked, driver_bounds) {
+            (Some(Self::All), _) => Self::All,
+            (Some(Self::Bounds), _) => Self::Bounds,
+            (Some(Self::None), false) => Self::None,
             (_, true) => Self::DriverBounded,
             (_, false) => Self::Bounds,
         }
@@ -149,14 +150,14 @@ mod tests {
     use super::ShaderChecks as C;
 
     #[test]
-    fn the_environment_overrides_and_none_needs_no_driver_bounds() {
+    fn an_asked_choice_overrides_and_none_needs_no_driver_bounds() {
         assert_eq!(C::choose(None, true), C::DriverBounded);
         assert_eq!(C::choose(None, false), C::Bounds);
-        assert_eq!(C::choose(Some("all"), true), C::All);
-        assert_eq!(C::choose(Some("bounds"), true), C::Bounds);
-        assert_eq!(C::choose(Some("none"), true), C::DriverBounded);
-        assert_eq!(C::choose(Some("none"), false), C::None);
-        assert_eq!(C::choose(Some("bogus"), false), C::Bounds);
+        assert_eq!(C::choose(Some(C::All), true), C::All);
+        assert_eq!(C::choose(Some(C::Bounds), true), C::Bounds);
+        assert_eq!(C::choose(Some(C::None), true), C::DriverBounded);
+        assert_eq!(C::choose(Some(C::None), false), C::None);
+        assert_eq!(C::choose(Some(C::DriverBounded), false), C::Bounds);
         let b = C::Bounds.runtime_checks();
         assert!(b.bounds_checks && !b.force_loop_bounding);
         assert!(!C::DriverBounded.runtime_checks().bounds_checks);

@@ -9,12 +9,13 @@
 //! (which panics); every submission is wrapped in validation and out-of-memory error scopes,
 //! and a lost device is reported by every later call.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::adapter::find_adapter;
 use super::checks::{driver_bounds_buffers, ShaderChecks};
 use super::pipeline::PipelineCache;
+use super::tuning::Tuning;
 use crate::error::{GpuError, Result};
 
 pub use super::adapter::{list_adapters, AdapterChoice, AdapterReport};
@@ -51,13 +52,10 @@ pub struct ContextInner {
     pub(crate) pool: Mutex<super::buffers::BufferPool>,
     coop_props: Vec<wgpu::CooperativeMatrixProperties>,
     coop_ok: bool,
-    coop_on: AtomicBool,
-    leaf_order: AtomicU8,
-    /// Whether the device has `VK_NV_cooperative_matrix2` (see `nv.rs`), and whether its
-    /// kernels are on.
+    /// Whether the device has `VK_NV_cooperative_matrix2` (see `nv.rs`).
     nv_ok: bool,
-    nv_on: AtomicBool,
-    nv_scorer: AtomicBool,
+    /// The knobs in force ([`Context::tuning`]).
+    tuning: Mutex<Tuning>,
     pub(crate) nv_pipelines: super::nv::NvPipelines,
 }
 
@@ -114,11 +112,10 @@ impl Context {
     pub async fn new_async(choice: &AdapterChoice) -> Result<Self> {
         let adapter = find_adapter(choice).await?;
         let features = wanted_features(&adapter);
+        let tuning = Tuning::for_adapter(&AdapterReport::of(&adapter)).with_env()?;
         // The NVIDIA path (runtime/nv.rs) where the adapter has VK_NV_cooperative_matrix2;
-        // `PISA_NV_CM2=0` opens the device as everywhere else.
-        if std::env::var("PISA_NV_CM2").as_deref() != Ok("0")
-            && super::nv::nv_cm2_supported(&adapter)
-        {
+        // `tuning.nv_cm2 = false` (`PISA_NV_CM2=0`) opens the device as everywhere else.
+        if tuning.nv_cm2 && super::nv::nv_cm2_supported(&adapter) {
             let desc = wgpu::DeviceDescriptor {
                 label: Some("pisa"),
                 required_features: features,
@@ -126,7 +123,7 @@ impl Context {
                 ..Default::default()
             };
             match super::nv::request_device_nv_cm2(&adapter, &desc) {
-                Ok((device, queue)) => return Self::build(&adapter, device, queue, true),
+                Ok((device, queue)) => return Self::build(&adapter, device, queue, true, tuning),
                 Err(e) => {
                     log::warn!("VK_NV_cooperative_matrix2 device refused ({e}): opening without it")
                 }
@@ -151,7 +148,7 @@ impl Context {
             })
             .await
             .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
-        Self::build(&adapter, device, queue, true)
+        Self::build(&adapter, device, queue, true, tuning)
     }
 
     /// A context on the application's own device and queue (opened from `adapter`, ideally
@@ -189,7 +186,8 @@ impl Context {
         device: wgpu::Device,
         queue: wgpu::Queue,
     ) -> Result<Self> {
-        Self::build(adapter, device, queue, false)
+        let tuning = Tuning::for_adapter(&AdapterReport::of(adapter));
+        Self::build(adapter, device, queue, false, tuning)
     }
 
     /// The address of the shared state: tells contexts apart (the plans' arenas).
@@ -224,6 +222,7 @@ impl Context {
         device: wgpu::Device,
         queue: wgpu::Queue,
         owned: bool,
+        tuning: Tuning,
     ) -> Result<Self> {
         let features = device.features() & WANTED;
         let limits = device.limits();
@@ -233,7 +232,10 @@ impl Context {
         } else {
             Vec::new()
         };
-        let checks = ShaderChecks::for_device(driver_bounds_buffers(adapter, &device));
+        let checks = ShaderChecks::choose(
+            tuning.shader_checks,
+            driver_bounds_buffers(adapter, &device),
+        );
         let lost = Arc::new(Mutex::new(None));
         let uncaptured = Arc::new(Mutex::new(None));
         if owned {
@@ -244,9 +246,9 @@ impl Context {
         let coop_ok = coop_supported(features, &limits, report.subgroup_size, &coop_props);
         let nv_ok = coop_ok && super::nv::device_has_nv_cm2(&device);
         // On by default where the adapter supports them (their reference tests passed on an
-        // NVIDIA H200: docs/runs/h200-2026-11-29b-coopmat.txt); `PISA_KERNEL_PATH=portable` or
-        // `set_kernel_path` keeps the portable kernels.
-        let coop_on = coop_ok && std::env::var("PISA_KERNEL_PATH").as_deref() != Ok("portable");
+        // NVIDIA H200: docs/runs/h200-2026-11-29b-coopmat.txt); `tuning.tensor_cores = false`
+        // keeps the portable kernels.
+        let coop_on = coop_ok && tuning.tensor_cores;
         log::info!(
             "opened {} ({}, {} {}): kernel path {}{}, shader checks {checks}, subgroup size \
              {}..{}, workgroup memory {} KiB, storage binding {} MiB",
@@ -278,12 +280,9 @@ impl Context {
             uncaptured,
             coop_props,
             coop_ok,
-            coop_on: AtomicBool::new(coop_on),
-            leaf_order: AtomicU8::new(LeafOrder::from_env().to_u8()),
             pool: Mutex::new(Default::default()),
             nv_ok,
-            nv_on: AtomicBool::new(nv_ok),
-            nv_scorer: AtomicBool::new(false),
+            tuning: Mutex::new(tuning),
             nv_pipelines: Default::default(),
         }));
         ctx.check_alive()?;
@@ -320,9 +319,40 @@ impl Context {
         }));
     }
 
+    /// The tuning knobs in force (see [`Tuning`]): per-device defaults, with `PISA_*` variables
+    /// applied for a context of [`Context::new`], and whatever [`Context::set_tuning`] set.
+    pub fn tuning(&self) -> Tuning {
+        self.tuning_ref().clone()
+    }
+
+    /// Sets the tuning knobs for later calls (the results are the same for every setting: see
+    /// [`Tuning`]). Plans made before ([`crate::PrefillPlan`]) refuse to run after a change;
+    /// caches and variable-length plans re-plan.
+    ///
+    /// Errors: [`GpuError::Tuning`] for a knob out of range ([`Tuning::check`]);
+    /// [`GpuError::Unsupported`] for other shader checks than the context was made with
+    /// (fixed for its pipelines). Nothing changes on error.
+    pub fn set_tuning(&self, tuning: Tuning) -> Result<()> {
+        tuning.check()?;
+        let mut t = self.tuning_ref();
+        if tuning.shader_checks != t.shader_checks {
+            return Err(GpuError::Unsupported(format!(
+                "shader checks are fixed when a context is made (this one: {}); make a new context",
+                self.shader_checks()
+            )));
+        }
+        *t = tuning;
+        Ok(())
+    }
+
+    fn tuning_ref(&self) -> std::sync::MutexGuard<'_, Tuning> {
+        self.tuning.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The shader runtime checks every pipeline of this context is built with: no checks in
     /// the shader where the driver bounds buffer accesses (Vulkan's robustBufferAccess2), naga's
-    /// bounds checks elsewhere, or `PISA_SHADER_CHECKS` (see [`super::checks`]).
+    /// bounds checks elsewhere, or the context's [`Tuning::shader_checks`] (see
+    /// [`super::checks`]).
     pub fn shader_checks(&self) -> ShaderChecks {
         self.pipelines.checks()
     }
@@ -355,12 +385,12 @@ impl Context {
     }
 
     /// The kernel family in force: [`KernelPath::CoopMat`] when the adapter can run it (see
-    /// [`coop_supported`]) unless `PISA_KERNEL_PATH=portable` was set at [`Context::new`] or
-    /// [`Context::set_kernel_path`] chose Portable; [`KernelPath::Portable`] otherwise. With
+    /// [`coop_supported`]) unless [`Tuning::tensor_cores`] is off ([`Context::set_kernel_path`]
+    /// chose Portable); [`KernelPath::Portable`] otherwise. With
     /// CoopMat, f16-storage attention (sparse and dense) and PISA leaf scoring (selection stage
     /// 2) of a supported shape run on tensor cores, everything else on the portable kernels.
     pub fn kernel_path(&self) -> KernelPath {
-        if self.coop_on.load(Ordering::Relaxed) {
+        if self.coop_ok && self.tuning_ref().tensor_cores {
             KernelPath::CoopMat
         } else {
             KernelPath::Portable
@@ -370,26 +400,22 @@ impl Context {
     /// Chooses the kernel family for later calls (benchmarks compare both on one device) and
     /// returns the one now in force: asking for CoopMat where it is unsupported keeps Portable.
     pub fn set_kernel_path(&self, path: KernelPath) -> KernelPath {
-        self.coop_on.store(
-            path == KernelPath::CoopMat && self.coop_ok,
-            Ordering::Relaxed,
-        );
+        self.tuning_ref().tensor_cores = path == KernelPath::CoopMat;
         self.kernel_path()
     }
 
     /// The order of PISA selection's stage 2 and of block-sparse attention ([`LeafOrder`]):
-    /// `PISA_LEAF_ORDER` (`tiles` or `leaves`) at [`Context::new`], or
-    /// [`Context::set_leaf_order`]; [`LeafOrder::Auto`] by default. Every order gives the same
+    /// [`Tuning::leaf_order`] ([`Context::set_leaf_order`]); [`LeafOrder::Auto`] by default. Every order gives the same
     /// results (selections up to near-ties of f32 rounding, attention within f32 rounding).
     pub fn leaf_order(&self) -> LeafOrder {
-        LeafOrder::from_u8(self.leaf_order.load(Ordering::Relaxed))
+        self.tuning_ref().leaf_order
     }
 
     /// Chooses the order of selection stage 2 and sparse attention for later calls (tests and benchmarks
     /// compare them on one device). The setting is the context's: it applies to every thread
     /// using this context, from the next selection each records.
     pub fn set_leaf_order(&self, order: LeafOrder) {
-        self.leaf_order.store(order.to_u8(), Ordering::Relaxed);
+        self.tuning_ref().leaf_order = order;
     }
 
     /// Largest storage binding the kernels may use, bytes (the device limit unless lowered).
@@ -510,16 +536,14 @@ impl Context {
     /// on ([`Context::kernel_path`] is [`KernelPath::CoopMat`]) and
     /// [`Context::set_nv_cm2`] did not turn them off.
     pub fn nv_cm2(&self) -> bool {
-        self.nv_ok
-            && self.nv_on.load(Ordering::Relaxed)
-            && self.kernel_path() == KernelPath::CoopMat
+        self.nv_ok && self.tuning_ref().nv_cm2 && self.kernel_path() == KernelPath::CoopMat
     }
 
     /// Turns the NVIDIA kernels on or off (on by default where the device has the
     /// extension); returns whether they run now. A [`crate::PrefillPlan`] made before refuses
     /// to run after a change (make a new one); a [`crate::VarlenPrefillPlan`] re-plans.
     pub fn set_nv_cm2(&self, on: bool) -> bool {
-        self.nv_on.store(on, Ordering::Relaxed);
+        self.tuning_ref().nv_cm2 = on;
         self.nv_cm2()
     }
 
@@ -527,12 +551,12 @@ impl Context {
     /// (`shaders/nv/leaf_score.comp`) where [`Context::nv_cm2`] holds. Off by default: the
     /// WGSL tensor-core scorer was faster on the H200 (docs/benchmarks.md, 2026-12-01).
     pub fn nv_scorer(&self) -> bool {
-        self.nv_scorer.load(Ordering::Relaxed)
+        self.tuning_ref().nv_scorer
     }
 
     /// Turns the NVIDIA scorer on or off (see [`Context::nv_scorer`]).
     pub fn set_nv_scorer(&self, on: bool) {
-        self.nv_scorer.store(on, Ordering::Relaxed);
+        self.tuning_ref().nv_scorer = on;
     }
 
     /// The pipeline and bind group layout of an NVIDIA kernel (built once).

@@ -76,30 +76,3 @@ pub enum LeafOrder {
     /// kernels; query tiles only where neither plan fits).
     Leaves,
 }
-
-impl LeafOrder {
-    /// `PISA_LEAF_ORDER` = `tiles` or `leaves` (anything else: Auto).
-    pub(crate) fn from_env() -> Self {
-        match std::env::var("PISA_LEAF_ORDER").as_deref() {
-            Ok("tiles") => LeafOrder::Tiles,
-            Ok("leaves") => LeafOrder::Leaves,
-            _ => LeafOrder::Auto,
-        }
-    }
-
-    pub(crate) fn to_u8(self) -> u8 {
-        match self {
-            LeafOrder::Auto => 0,
-            LeafOrder::Tiles => 1,
-            LeafOrder::Leaves => 2,
-        }
-    }
-
-    pub(crate) fn from_u8(v: u8) -> Self {
-        match v {
-            1 => LeafOrder::Tiles,
-            2 => LeafOrder::Leaves,
-            _ => LeafOrder::Auto,
-        }
-    }
-}

@@ -1,6 +1,6 @@
 //! The runtime, split by role: [`context`] (device, limits, features, errors), [`adapter`]
 //! (adapter choice and reports), [`checks`] (the shaders' runtime checks per device), [`coop`] (kernel paths, cooperative-matrix support),
-//! [`pipeline`] (shader variants and the pipeline cache), [`buffers`] (storage buffers, upload,
+//! [`tuning`] (the kernels' tuning knobs), [`pipeline`] (shader variants and the pipeline cache), [`buffers`] (storage buffers, upload,
 //! poisoned outputs, scratch, binding-size checks, dispatch), [`readback`] (reading tensors back)
 //! [`profiler`] (GPU timestamps) and [`nv`] (the NVIDIA cooperative-matrix-2 device and kernels).
 
@@ -15,4 +15,5 @@ pub mod nv;
 pub mod pipeline;
 pub mod profiler;
 pub mod readback;
+pub mod tuning;
 pub mod view;

@@ -197,7 +197,7 @@ impl PipelineCache {
             source: wgpu::ShaderSource::Wgsl(src.into()),
         };
         // SAFETY: see `super::checks`: buffer accesses stay bounded (by naga's checks, or by the
-        // driver's robustBufferAccess2) unless PISA_SHADER_CHECKS=none; workgroup and private
+        // driver's robustBufferAccess2) unless the tuning asks for no checks; workgroup and private
         // array indices are in range by each kernel's invariants (sizes from the host's plan,
         // tested against the reference); every loop of our shaders is a counted loop over
         // host-validated sizes, and every integer divisor is a size the host checked to be
@@ -247,12 +247,6 @@ impl crate::Context {
         names.dedup();
         names
     }
-}
-
-/// A numeric tuning knob from the environment (`PISA_ROUTE_LANES`, `PISA_LEAF_LPI`, ...): the
-/// variable's value parsed as u32, or `None` when unset or not a number. Callers check the range.
-pub(crate) fn env_u32(name: &str) -> Option<u32> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
 /// Bytes of the `var<workgroup>` globals that entry point `entry` of `shader` uses, for

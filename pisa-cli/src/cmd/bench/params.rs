@@ -28,6 +28,10 @@ pub struct Params {
     /// `pisa_wgpu::runtime::checks`); empty in files written before it was recorded.
     #[serde(default)]
     pub shader_checks: String,
+    /// The tuning knobs that differ from the adapter's defaults (`--tune`, `PISA_*`), as
+    /// `name=value`; empty in files written before they were recorded.
+    #[serde(default)]
+    pub tuning: Vec<String>,
 }
 
 impl Params {
@@ -48,6 +52,9 @@ impl Params {
                 false => ctx.kernel_path().to_string(),
             },
             shader_checks: ctx.shader_checks().to_string(),
+            tuning: ctx
+                .tuning()
+                .changes_from(&pisa_wgpu::Tuning::for_adapter(ctx.report())),
         }
     }
 
@@ -60,8 +67,12 @@ impl Params {
         } else {
             "every kernel portable"
         };
+        let tuning = match self.tuning.is_empty() {
+            true => String::new(),
+            false => format!(", tuning {}", self.tuning.join(" ")),
+        };
         format!(
-            "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, leaf order {}, kernel path {} ({what}), shader checks {}",
+            "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, leaf order {}, kernel path {} ({what}), shader checks {}{tuning}",
             self.hq, self.hkv, self.d, self.block_size, self.top_k, self.merge_factor,
             self.scoring, self.q_tile, self.leaf_order, self.kernel_path,
             if self.shader_checks.is_empty() { "unrecorded" } else { &self.shader_checks }

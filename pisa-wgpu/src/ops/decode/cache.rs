@@ -8,7 +8,7 @@ use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig, Tenso
 
 use super::fused::FusedPlan;
 use super::plan::{needs_sq, Params, Plan};
-use super::{check_len, default_fused, input, KvCache};
+use super::{check_len, input, KvCache};
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::{self, KeyGeometry};
 use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
@@ -78,7 +78,14 @@ impl KvCache {
             ));
         }
         let plan = Plan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg)?;
-        let fplan = FusedPlan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg);
+        let tuning = ctx.tuning();
+        let fplan = FusedPlan::new(
+            ctx.limits(),
+            shape.gqa_group(),
+            head_dim,
+            &cfg,
+            tuning.decode_key_lanes,
+        );
         let kv_rows = Self::shard_rows(ctx, bh, capacity as u64 * d * storage.bytes())?;
         let mut kv = Vec::new();
         for r0 in (0..bh).step_by(kv_rows as usize) {
@@ -102,7 +109,7 @@ impl KvCache {
             limits: ctx.limits().clone(),
             plan,
             fplan,
-            fused: default_fused(),
+            fused: tuning.decode_fused,
             kv,
             kv_rows: kv_rows as usize,
             pyr,

@@ -1,5 +1,5 @@
 //! The fused decode step (`shaders/decode_fused.wgsl`, ONE dispatch per step; see the module
-//! docs of [`crate::ops::decode`]): the path selection (`PISA_DECODE`, [`default_fused`],
+//! docs of [`crate::ops::decode`]): the path selection ([`crate::Tuning::decode_fused`],
 //! [`KvCache::set_fused`]), the kernel's sizing ([`FusedPlan`]) and its dispatch.
 
 use pisa_core::SelectionConfig;
@@ -8,17 +8,6 @@ use super::plan::{cut_words, lanes, max_workgroup, Dims, Params, Plan};
 use super::record::{range, whole, Binds, Stage, StepIo};
 use super::{KvCache, FUSED_SHADER};
 use crate::error::{GpuError, Result};
-use crate::runtime::pipeline::env_u32;
-
-/// The decode step path new caches take, read once per process from `PISA_DECODE`: `fused`
-/// (one dispatch per step: `shaders/decode_fused.wgsl`) or `split` (three dispatches: route,
-/// leaf, merge); unset or anything else: `split`, the default for now. A cache's path can be
-/// changed with [`KvCache::set_fused`]; the fused one falls back to split where its workgroup
-/// memory does not fit ([`KvCache::is_fused`]).
-pub fn default_fused() -> bool {
-    static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FUSED.get_or_init(|| std::env::var("PISA_DECODE").as_deref() == Ok("fused"))
-}
 
 /// The constants of the fused decode kernel (`decode_fused.wgsl`: routing, every slot's block
 /// state, the cut and the attention over the selection in one workgroup per (sequence, KV
@@ -51,12 +40,18 @@ pub(super) struct FusedPlan {
 impl FusedPlan {
     /// Sizes the fused kernel for group `gq`, head dim `d` (a multiple of 4, checked by
     /// [`Plan::new`]) and `cfg` within `limits`. Largest workgroup (a power of two up to 1024);
-    /// LK = 4 invocations per key row (`PISA_DECODE_LK`, a power of two up to D/4, overrides:
-    /// an H200 tuning knob), one row per LK invocations a pass, whole blocks per pass when
+    /// LK = 4 invocations per key row (`key_lanes`, [`crate::Tuning::decode_key_lanes`], a
+    /// power of two up to D/4, overrides it), one row per LK invocations a pass, whole blocks per pass when
     /// memory allows (fewer lanes, then fewer keys per block and pass, when not). `None` when
     /// even one key row per pass, one P.V part per round and the route's one lane per row do
     /// not fit.
-    pub fn new(limits: &wgpu::Limits, gq: usize, d: usize, cfg: &SelectionConfig) -> Option<Self> {
+    pub fn new(
+        limits: &wgpu::Limits,
+        gq: usize,
+        d: usize,
+        cfg: &SelectionConfig,
+        key_lanes: Option<u32>,
+    ) -> Option<Self> {
         let wg = max_workgroup(limits).min(1024);
         let (gq, d) = (gq as u64, d as u64);
         let d4 = d / 4;
@@ -80,11 +75,11 @@ impl FusedPlan {
             return None;
         }
         let lr = lanes(8, d4, |lr| route(lr) <= budget && maxc * g * lr <= wg);
-        let lk_env = env_u32("PISA_DECODE_LK")
+        let lk_asked = key_lanes
             .map(|v| v as u64)
             .filter(|v| v.is_power_of_two() && *v <= d4);
         let rows = |lk: u64| (wg / lk).min(budget / (gq * (lk + 1)));
-        let lk = lanes(lk_env.unwrap_or(4), d4, |lk| rows(lk) >= c.min(wg / lk));
+        let lk = lanes(lk_asked.unwrap_or(4), d4, |lk| rows(lk) >= c.min(wg / lk));
         let r = rows(lk).max(1);
         let (nb, ch) = if r >= c { (r / c, c) } else { (1, r) };
         // P.V parts summed per round: as many as the route's and the passes' scratch holds
@@ -142,7 +137,7 @@ impl KvCache {
     /// Selects the step's path: `true`, the fused step (ONE dispatch per step: routing, leaf
     /// scores, cut and attention in one workgroup per (sequence, KV head)) where its workgroup
     /// memory fits and the cache's K/V are in one storage binding, else the split one; `false`, the split step (three dispatches: `route`,
-    /// `leaf`, `merge`). New caches take [`super::default_fused`] (`PISA_DECODE`). Results agree
+    /// `leaf`, `merge`). New caches take the context's [`crate::Tuning::decode_fused`]. Results agree
     /// within rounding.
     pub fn set_fused(&mut self, fused: bool) {
         self.fused = fused;

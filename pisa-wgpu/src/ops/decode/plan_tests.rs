@@ -51,7 +51,7 @@ fn workgroup_memory_accounting_covers_the_shaders() {
                 let consts = plan.consts(wg);
                 assert_workgroup_fits(shader, entry, Storage::F32, &consts, plan.smem, &what);
             }
-            if let Some(fp) = FusedPlan::new(&lim, gq, d, &cfg) {
+            if let Some(fp) = FusedPlan::new(&lim, gq, d, &cfg, None) {
                 let consts = fp.consts(&plan);
                 assert_workgroup_fits(
                     &FUSED_SHADER,

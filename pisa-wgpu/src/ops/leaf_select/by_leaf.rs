@@ -164,7 +164,10 @@ fn score_consts(plan: &Plan, bl: &ByLeaf) -> Vec<(&'static str, u32)> {
             ("CT", v.ct),
             ("SG", v.sg),
             ("NSG", bl.nsg),
-            ("KSTAGE", u32::from(stage_keys(plan, v.ct, bl.nsg))),
+            (
+                "KSTAGE",
+                u32::from(stage_keys(plan, v.ct, bl.nsg, bl.stage_asked)),
+            ),
         ],
     }
 }

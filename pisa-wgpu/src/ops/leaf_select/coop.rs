@@ -19,7 +19,7 @@ use super::{common_bytes, Plan};
 use crate::error::Result;
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::{Context, KernelPath, COOP_SUBGROUPS};
-use crate::runtime::pipeline::{env_u32, ShaderSource, Storage};
+use crate::runtime::pipeline::{ShaderSource, Storage};
 use pisa_core::{AttentionShape, SelectionConfig};
 
 /// `shaders/leaf_select_coop.wgsl` (its `enable` first), the shared selection prelude and the
@@ -91,7 +91,7 @@ impl LeafCoopVariant {
 ///
 /// Choice: QT = min(q_tile, 16 / g_q) queries (the paper's Qtile of 4 at g_q = 4), so that the
 /// tile's (query, head) rows fill one 16-row block; LPI = 2 leaves per iteration
-/// (`PISA_LEAF_LPI` overrides it for tuning).
+/// ([`crate::Tuning::leaf_tiles_per_iteration`] overrides it).
 pub fn plan_for(
     ctx: &Context,
     shape: &AttentionShape,
@@ -103,7 +103,7 @@ pub fn plan_for(
         return None;
     }
     let sg = ctx.report().subgroup_size.0;
-    let lpi = leaves_per_iteration();
+    let lpi = ctx.tuning().leaf_tiles_per_iteration;
     choose(ctx.limits(), sg, shape, cfg, storage, q_tile, lpi)
 }
 
@@ -142,13 +142,6 @@ pub(super) fn choose(
     };
     let budget = l.max_compute_workgroup_storage_size as u64;
     (v.shared_bytes() <= budget).then_some(v)
-}
-
-/// Leaves per iteration: `PISA_LEAF_LPI` (1 to 4, a tuning knob) or 2.
-fn leaves_per_iteration() -> u32 {
-    env_u32("PISA_LEAF_LPI")
-        .filter(|n| (1..=4).contains(n))
-        .unwrap_or(2)
 }
 
 /// [`plan_for`] of a validated selection call, with its strides checked (multiples of 4
@@ -207,7 +200,7 @@ pub(crate) mod tests {
     /// The scorer's workgroup variables (naga's sizes, f16, the variant's constants
     /// substituted) fit what [`LeafCoopVariant::shared_bytes`] charges, for the variants
     /// [`plan_for`] picks: head dims 16 to 128, GQA groups 1 to 16, C 16 to 128, K 8 to 64,
-    /// merge factors 2 to 4, q_tile 1 and 4, 1 to 4 leaves per iteration (`PISA_LEAF_LPI`),
+    /// merge factors 2 to 4, q_tile 1 and 4, 1 to 4 leaves per iteration (the tuning knob),
     /// subgroup sizes 8 to 64, at 16 and 48 KiB.
     #[test]
     fn shared_bytes_covers_the_shader() {

@@ -20,9 +20,10 @@ use crate::error::{GpuError, Result};
 use crate::ops::gather::{record_gather, record_scatter};
 use crate::runtime::arena::{with_arena, Arena};
 use crate::runtime::buffers::{GpuTensor, POISON_F32};
-use crate::runtime::context::{Context, KernelPath, LeafOrder};
+use crate::runtime::context::Context;
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
+use crate::runtime::tuning::Tuning;
 use crate::runtime::view::{contiguous_strides, DType, TensorView};
 
 /// The caller's outputs of a prefill run.
@@ -57,10 +58,9 @@ pub struct PrefillPlan {
     ctx: Context,
     shape: AttentionShape,
     opts: PrefillOptions,
-    path: KernelPath,
-    order: LeafOrder,
+    /// The context's tuning and binding limit when the plan was made.
+    tuning: Tuning,
     binding: u64,
-    nv: (bool, bool),
     q: GpuTensor,
     k: GpuTensor,
     v: GpuTensor,
@@ -106,10 +106,8 @@ impl PrefillPlan {
             ctx: ctx.clone(),
             shape,
             opts,
-            path: ctx.kernel_path(),
-            order: ctx.leaf_order(),
+            tuning: ctx.tuning(),
             binding: ctx.max_binding_bytes(),
-            nv: (ctx.nv_cm2(), ctx.nv_cm2() && ctx.nv_scorer()),
             q: ctx.alloc("plan q", shape.q_elems(), st, POISON_F32)?,
             k: ctx.alloc("plan k", shape.kv_elems(), st, POISON_F32)?,
             v: ctx.alloc("plan v", shape.kv_elems(), st, POISON_F32)?,
@@ -142,14 +140,12 @@ impl PrefillPlan {
         (&self.k, &self.v, pyr)
     }
 
-    /// Whether the context still runs the kernels this plan recorded: its kernel path, leaf
-    /// order, binding limit and NVIDIA switches are those of the plan's making.
+    /// Whether the context still runs the kernels this plan recorded: its tuning (kernel path,
+    /// leaf order, NVIDIA switches and the other knobs) and binding limit are those of the
+    /// plan's making.
     pub(crate) fn current(&self) -> bool {
         let ctx = &self.ctx;
-        ctx.kernel_path() == self.path
-            && ctx.leaf_order() == self.order
-            && ctx.max_binding_bytes() == self.binding
-            && (ctx.nv_cm2(), ctx.nv_cm2() && ctx.nv_scorer()) == self.nv
+        ctx.tuning() == self.tuning && ctx.max_binding_bytes() == self.binding
     }
 
     /// The planned shape.
@@ -167,9 +163,9 @@ impl PrefillPlan {
     /// gathers and output copies are not timed). Nothing is submitted.
     ///
     /// Errors: [`GpuError::View`] for a view of the wrong shape or an output the plan cannot
-    /// write; [`GpuError::Unsupported`] when the context's kernel path, leaf order or binding
-    /// limit or NVIDIA switches ([`Context::set_nv_cm2`], [`Context::set_nv_scorer`]) changed
-    /// since the plan was made (make a new plan); [`GpuError::Validation`] for a
+    /// write; [`GpuError::Unsupported`] when the context's tuning ([`Context::set_tuning`] and
+    /// the switches that set it) or binding limit changed since the plan was made (make a new
+    /// plan); [`GpuError::Validation`] for a
     /// buffer of another device. Nothing is recorded on error except when wgpu itself reports
     /// one while recording.
     pub fn run(
@@ -184,7 +180,7 @@ impl PrefillPlan {
         let ctx = &self.ctx;
         if !self.current() {
             return Err(GpuError::Unsupported(
-                "the context's kernel path, leaf order, binding limit or NVIDIA kernels changed since this prefill was planned: make a new plan".into(),
+                "the context's tuning (kernel path, leaf order, NVIDIA kernels, other knobs) or binding limit changed since this prefill was planned: make a new plan".into(),
             ));
         }
         let s = &self.shape;

@@ -2,19 +2,10 @@
 //! whether every buffer, index and workgroup fits the device.
 
 use super::super::{common_bytes, coop::LeafCoopVariant, Plan};
-use crate::runtime::context::{Context, COOP_SUBGROUPS};
-use crate::runtime::pipeline::env_u32;
+use crate::runtime::context::Context;
 
 /// Rows of a portable scoring chunk (entries * GQ), at least one entry.
 const PORTABLE_ROWS: u32 = 16;
-/// Subgroups (16-row tiles) of a tensor-core scoring workgroup: `PISA_LEAF_NSG` (2 or 4, a
-/// tuning knob) or [`COOP_SUBGROUPS`].
-fn coop_subgroups() -> u32 {
-    env_u32("PISA_LEAF_NSG")
-        .filter(|n| [2, 4].contains(n))
-        .unwrap_or(COOP_SUBGROUPS)
-}
-
 /// The scorer of a leaf-major stage 2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scorer {
@@ -36,6 +27,9 @@ pub(crate) struct ByLeaf {
     pub qpc: u32,
     /// Subgroups of a tensor-core scoring workgroup.
     pub nsg: u32,
+    /// Whether the context's tuning asks the tensor-core scorer to stage the leaf's keys
+    /// ([`crate::Tuning::leaf_stage_keys`]; see [`stage_keys`]).
+    pub stage_asked: bool,
 }
 
 impl ByLeaf {
@@ -59,8 +53,16 @@ impl ByLeaf {
 /// an index would not fit, or the scorer's or the pick's workgroup memory would not (the
 /// caller then tries another scorer or runs the tile kernel).
 pub(crate) fn plan(ctx: &Context, plan: &Plan, scorer: Scorer) -> Option<ByLeaf> {
-    let nsg = coop_subgroups();
-    plan_for(ctx.limits(), ctx.max_binding_bytes(), plan, scorer, nsg)
+    let t = ctx.tuning();
+    let mut bl = plan_for(
+        ctx.limits(),
+        ctx.max_binding_bytes(),
+        plan,
+        scorer,
+        t.leaf_subgroups,
+    )?;
+    bl.stage_asked = t.leaf_stage_keys;
+    Some(bl)
 }
 
 /// [`plan`] for a device with limits `l` and storage bindings of at most `max_binding` bytes,
@@ -94,6 +96,7 @@ fn plan_for(
         buckets,
         qpc,
         nsg,
+        stage_asked: true,
     };
     let pick = pick_bytes(p.mc);
     let fits = |n: u64| n < u32::MAX as u64 && 4 * n <= max_binding;
@@ -112,14 +115,13 @@ fn pick_bytes(mc: u32) -> u64 {
 
 /// Whether the tensor-core scorer stages the leaf's keys in workgroup memory: by default where
 /// the key rows fit in the Q rows' space (CT <= NSG) and K's strides are multiples of 8 halves
-/// (its 16-byte loads); `PISA_LEAF_KSTAGE=0` (a tuning knob) loads the key matrices straight
-/// from the storage buffer instead. On the H200 staging took the scorer from 98 to 76 ms at
+/// (its 16-byte loads), unless the tuning says not to (`asked`,
+/// [`crate::Tuning::leaf_stage_keys`]): then the key matrices load straight from the storage
+/// buffer. On the H200 staging took the scorer from 98 to 76 ms at
 /// 64K tokens (each staged key matrix serves the NSG subgroups; docs/benchmarks.md).
-pub(crate) fn stage_keys(plan: &Plan, ct: u32, nsg: u32) -> bool {
+pub(crate) fn stage_keys(plan: &Plan, ct: u32, nsg: u32, asked: bool) -> bool {
     let p = &plan.params;
-    env_u32("PISA_LEAF_KSTAGE") != Some(0)
-        && ct <= nsg
-        && [p.k_sb, p.k_sh, p.k_sn].iter().all(|s| s % 8 == 0)
+    asked && ct <= nsg && [p.k_sb, p.k_sh, p.k_sn].iter().all(|s| s % 8 == 0)
 }
 
 /// Workgroup bytes of `leaf_score_coop.wgsl` (mirrors its `var<workgroup>` list).

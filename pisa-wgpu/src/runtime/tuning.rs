@@ -1,0 +1,354 @@
+//! The kernels' tuning knobs, in one typed structure: [`Tuning`].
+//!
+//! A context holds one ([`Context::tuning`], [`Context::set_tuning`]); every operation reads
+//! its knobs from there when it plans. The defaults are per device ([`Tuning::for_adapter`]):
+//! the values measured fastest on the GPUs measured so far (`docs/benchmarks.md`), which are
+//! the same for every adapter today. The library itself never reads the environment for them,
+//! with one convenience for programs: [`Context::new`] applies the `PISA_*` variables through
+//! [`Tuning::with_env`] (the table of [`KNOBS`]); [`Context::from_device`] (an application's
+//! device) takes the defaults only.
+//!
+//! Every knob changes speed only: the results of every setting are the ones the reference
+//! tests check (selections up to near-ties of f32 rounding, outputs within f32 rounding).
+//!
+//! [`Context::tuning`]: super::context::Context::tuning
+//! [`Context::set_tuning`]: super::context::Context::set_tuning
+//! [`Context::new`]: super::context::Context::new
+//! [`Context::from_device`]: super::context::Context::from_device
+
+use super::adapter::AdapterReport;
+use super::checks::ShaderChecks;
+use super::coop::{LeafOrder, COOP_SUBGROUPS};
+use crate::error::{GpuError, Result};
+
+/// The tuning knobs of pisa's kernels (see the module docs). Build one with
+/// [`Tuning::for_adapter`] (or `Default`), change fields or [`Tuning::set`] them by name, and
+/// hand it to [`crate::Context::set_tuning`], which checks it ([`Tuning::check`]).
+///
+/// ```
+/// use pisa_wgpu::{LeafOrder, Tuning};
+/// let mut t = Tuning::default();
+/// t.set("route_lanes", "8")?;
+/// t.leaf_order = LeafOrder::Leaves;
+/// assert_eq!(t.route_lanes, 8);
+/// assert!(t.set("route_lanes", "3").is_err()); // not a power of two up to 16
+/// # Ok::<(), pisa_wgpu::GpuError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Tuning {
+    /// Tensor-core kernels (WGSL cooperative matrices, and the NVIDIA ones below) where the
+    /// device runs them; `false` keeps the portable kernels everywhere. Default `true`.
+    /// Variable `PISA_KERNEL_PATH` (`portable` or `coopmat`).
+    pub tensor_cores: bool,
+    /// The `VK_NV_cooperative_matrix2` kernels (`shaders/nv/`) where the device has the
+    /// extension; with [`crate::Context::new`], `false` also opens the device without it.
+    /// Default `true`. Variable `PISA_NV_CM2` (`0` or `1`).
+    pub nv_cm2: bool,
+    /// The NVIDIA leaf scorer of selection stage 2 (`shaders/nv/leaf_score.comp`) where the
+    /// NVIDIA kernels run. Default `false`: the WGSL tensor-core scorer was faster on the H200
+    /// (2026-12-01). Variable `PISA_NV_SCORER` (`0` or `1`).
+    pub nv_scorer: bool,
+    /// The order of selection stage 2 and sparse attention ([`LeafOrder`]). Default `Auto`.
+    /// Variable `PISA_LEAF_ORDER` (`auto`, `tiles` or `leaves`).
+    pub leaf_order: LeafOrder,
+    /// The shaders' runtime checks; `None` chooses per device ([`ShaderChecks::for_device`]).
+    /// Fixed when the context is made: [`crate::Context::set_tuning`] refuses a change.
+    /// Variable `PISA_SHADER_CHECKS` (`all`, `bounds`, `none`).
+    pub shader_checks: Option<ShaderChecks>,
+    /// Decode caches made from now on run the step as one dispatch (`decode_fused.wgsl`)
+    /// rather than three. Default `false` (the split step was faster on the H200). Variable
+    /// `PISA_DECODE` (`fused` or `split`).
+    pub decode_fused: bool,
+    /// Lanes per key row of the fused decode step's attention (a power of two, at most D / 4);
+    /// `None`: 4. Variable `PISA_DECODE_LK`.
+    pub decode_key_lanes: Option<u32>,
+    /// Leaves scored per iteration by the query-tile tensor-core scorer (1 to 4). Default 2.
+    /// Variable `PISA_LEAF_LPI`.
+    pub leaf_tiles_per_iteration: u32,
+    /// Subgroups (16-row tiles) of a leaf-major tensor-core scoring workgroup (2 or 4).
+    /// Default [`COOP_SUBGROUPS`]. Variable `PISA_LEAF_NSG`.
+    pub leaf_subgroups: u32,
+    /// Whether the leaf-major tensor-core scorer stages the leaf's keys in workgroup memory
+    /// (where its plan allows). Default `true`. Variable `PISA_LEAF_KSTAGE` (`0` or `1`).
+    pub leaf_stage_keys: bool,
+    /// Lanes per (candidate, head group) of the routing kernel: 1, 2, 4, 8 or 16 (those used
+    /// divide ceil(D / 4)). Default 4. Variable `PISA_ROUTE_LANES`.
+    pub route_lanes: u32,
+    /// Most invocations of a routing workgroup, 32 to 1024 (never above the device's limit).
+    /// Default 256. Variable `PISA_ROUTE_MAX_WG`.
+    pub route_max_workgroup: u32,
+    /// Queries per routing workgroup, 1 to 16 (lowered to fit workgroup memory); `None`: the
+    /// tile that fills the workgroup. Variable `PISA_ROUTE_TILE`.
+    pub route_tile: Option<u32>,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            tensor_cores: true,
+            nv_cm2: true,
+            nv_scorer: false,
+            leaf_order: LeafOrder::Auto,
+            shader_checks: None,
+            decode_fused: false,
+            decode_key_lanes: None,
+            leaf_tiles_per_iteration: 2,
+            leaf_subgroups: COOP_SUBGROUPS,
+            leaf_stage_keys: true,
+            route_lanes: 4,
+            route_max_workgroup: 256,
+            route_tile: None,
+        }
+    }
+}
+
+/// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
+/// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
+pub const KNOBS: [(&str, &str); 13] = [
+    ("tensor_cores", "PISA_KERNEL_PATH"),
+    ("nv_cm2", "PISA_NV_CM2"),
+    ("nv_scorer", "PISA_NV_SCORER"),
+    ("leaf_order", "PISA_LEAF_ORDER"),
+    ("shader_checks", "PISA_SHADER_CHECKS"),
+    ("decode_fused", "PISA_DECODE"),
+    ("decode_key_lanes", "PISA_DECODE_LK"),
+    ("leaf_tiles_per_iteration", "PISA_LEAF_LPI"),
+    ("leaf_subgroups", "PISA_LEAF_NSG"),
+    ("leaf_stage_keys", "PISA_LEAF_KSTAGE"),
+    ("route_lanes", "PISA_ROUTE_LANES"),
+    ("route_max_workgroup", "PISA_ROUTE_MAX_WG"),
+    ("route_tile", "PISA_ROUTE_TILE"),
+];
+
+impl Tuning {
+    /// The defaults for an adapter. They are the same for every adapter today: measured on the
+    /// NVIDIA H200, and right (not tuned) elsewhere.
+    pub fn for_adapter(_report: &AdapterReport) -> Self {
+        Self::default()
+    }
+
+    /// `self` with the `PISA_*` environment variables of [`KNOBS`] applied (unset ones leave
+    /// their knob as it is). Errors: [`GpuError::Tuning`] naming the variable whose value is
+    /// not one its knob takes (the value is never silently ignored).
+    pub fn with_env(mut self) -> Result<Self> {
+        for (name, var) in KNOBS {
+            if let Ok(v) = std::env::var(var) {
+                self.set_text(name, &v)
+                    .map_err(|e| GpuError::Tuning(format!("{var}={v}: {e}")))?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// Sets the knob `name` (a name of [`KNOBS`], or its variable) from text: `true`/`false`
+    /// or `1`/`0` for switches (and `portable`/`coopmat` for `tensor_cores`, `fused`/`split`
+    /// for `decode_fused`), a number for sizes, `auto`/`none` (or empty) for an optional knob's
+    /// default, the lower-case name of a [`LeafOrder`] or [`ShaderChecks`].
+    ///
+    /// Errors: [`GpuError::Tuning`] for an unknown name or a value out of the knob's range.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        self.set_text(name, value).map_err(GpuError::Tuning)
+    }
+
+    /// [`Tuning::set`] with the error as text.
+    fn set_text(&mut self, name: &str, value: &str) -> std::result::Result<(), String> {
+        let v = value.trim();
+        let bad = |what: &str| format!("{name}: `{v}` is not {what}");
+        let switch = |yes: &str, no: &str| match v {
+            "1" | "true" | "on" => Ok(true),
+            "0" | "false" | "off" => Ok(false),
+            _ if !yes.is_empty() && v == yes => Ok(true),
+            _ if !no.is_empty() && v == no => Ok(false),
+            _ if yes.is_empty() => Err(bad("a switch (1/0, true/false)")),
+            _ => Err(bad(&format!("{yes}, {no} or a switch (1/0, true/false)"))),
+        };
+        let num = |lo: u32, hi: u32| {
+            v.parse::<u32>()
+                .ok()
+                .filter(|n| (lo..=hi).contains(n))
+                .ok_or_else(|| bad(&format!("a whole number from {lo} to {hi}")))
+        };
+        let auto = matches!(v, "" | "auto" | "none" | "default");
+        let name = KNOBS
+            .iter()
+            .find(|(n, e)| *n == name || *e == name)
+            .map(|(n, _)| *n)
+            .ok_or_else(|| {
+                format!(
+                    "unknown knob `{name}` (known: {})",
+                    KNOBS.map(|k| k.0).join(", ")
+                )
+            })?;
+        match name {
+            "tensor_cores" => self.tensor_cores = switch("coopmat", "portable")?,
+            "nv_cm2" => self.nv_cm2 = switch("", "")?,
+            "nv_scorer" => self.nv_scorer = switch("", "")?,
+            "leaf_order" => {
+                self.leaf_order = match v {
+                    "auto" | "" => LeafOrder::Auto,
+                    "tiles" => LeafOrder::Tiles,
+                    "leaves" => LeafOrder::Leaves,
+                    _ => return Err(bad("auto, tiles or leaves")),
+                }
+            }
+            "shader_checks" => {
+                self.shader_checks = match v {
+                    "all" => Some(ShaderChecks::All),
+                    "bounds" => Some(ShaderChecks::Bounds),
+                    "none" => Some(ShaderChecks::None),
+                    "driver_bounded" => Some(ShaderChecks::DriverBounded),
+                    "auto" | "" => None,
+                    _ => return Err(bad("all, bounds, none, driver_bounded or auto")),
+                }
+            }
+            "decode_fused" => self.decode_fused = switch("fused", "split")?,
+            "decode_key_lanes" if auto => self.decode_key_lanes = None,
+            "decode_key_lanes" => {
+                let n = num(1, 64)?;
+                if !n.is_power_of_two() {
+                    return Err(bad("a power of two"));
+                }
+                self.decode_key_lanes = Some(n)
+            }
+            "leaf_tiles_per_iteration" => self.leaf_tiles_per_iteration = num(1, 4)?,
+            "leaf_subgroups" => {
+                self.leaf_subgroups = match num(2, 4)? {
+                    3 => return Err(bad("2 or 4")),
+                    n => n,
+                }
+            }
+            "leaf_stage_keys" => self.leaf_stage_keys = switch("", "")?,
+            "route_lanes" => {
+                let n = num(1, 16)?;
+                if !n.is_power_of_two() {
+                    return Err(bad("1, 2, 4, 8 or 16"));
+                }
+                self.route_lanes = n
+            }
+            "route_max_workgroup" => self.route_max_workgroup = num(32, 1024)?,
+            "route_tile" if auto => self.route_tile = None,
+            "route_tile" => self.route_tile = Some(num(1, 16)?),
+            _ => unreachable!("every name of KNOBS has a case"),
+        }
+        Ok(())
+    }
+
+    /// Checks every knob's range (fields set directly skip [`Tuning::set`]'s checks).
+    /// Errors: [`GpuError::Tuning`] naming the first knob out of range.
+    pub fn check(&self) -> Result<()> {
+        let mut t = self.clone();
+        let nums = [
+            ("decode_key_lanes", self.decode_key_lanes),
+            (
+                "leaf_tiles_per_iteration",
+                Some(self.leaf_tiles_per_iteration),
+            ),
+            ("leaf_subgroups", Some(self.leaf_subgroups)),
+            ("route_lanes", Some(self.route_lanes)),
+            ("route_max_workgroup", Some(self.route_max_workgroup)),
+            ("route_tile", self.route_tile),
+        ];
+        for (name, v) in nums {
+            if let Some(v) = v {
+                t.set(name, &v.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The knobs that differ from `base`, as `name=value` (what `pisa bench` records).
+    pub fn changes_from(&self, base: &Tuning) -> Vec<String> {
+        let (a, b) = (self.pairs(), base.pairs());
+        a.into_iter()
+            .zip(b)
+            .filter(|(x, y)| x != y)
+            .map(|((n, v), _)| format!("{n}={v}"))
+            .collect()
+    }
+
+    /// Every knob as `(name, value)` in the text [`Tuning::set`] takes.
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
+        let opt = |v: Option<u32>| v.map_or("auto".to_string(), |n| n.to_string());
+        let values = [
+            self.tensor_cores.to_string(),
+            self.nv_cm2.to_string(),
+            self.nv_scorer.to_string(),
+            format!("{:?}", self.leaf_order).to_ascii_lowercase(),
+            self.shader_checks
+                .map_or("auto".to_string(), |c| c.to_string()),
+            self.decode_fused.to_string(),
+            opt(self.decode_key_lanes),
+            self.leaf_tiles_per_iteration.to_string(),
+            self.leaf_subgroups.to_string(),
+            self.leaf_stage_keys.to_string(),
+            self.route_lanes.to_string(),
+            self.route_max_workgroup.to_string(),
+            opt(self.route_tile),
+        ];
+        KNOBS.iter().map(|k| k.0).zip(values).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_knob_round_trips_through_its_text() {
+        let mut t = Tuning::default();
+        for (name, v) in [
+            ("tensor_cores", "portable"),
+            ("nv_cm2", "0"),
+            ("nv_scorer", "1"),
+            ("leaf_order", "leaves"),
+            ("shader_checks", "bounds"),
+            ("decode_fused", "fused"),
+            ("decode_key_lanes", "8"),
+            ("leaf_tiles_per_iteration", "3"),
+            ("leaf_subgroups", "2"),
+            ("leaf_stage_keys", "0"),
+            ("route_lanes", "16"),
+            ("route_max_workgroup", "512"),
+            ("route_tile", "4"),
+        ] {
+            t.set(name, v).unwrap();
+        }
+        let mut u = Tuning::default();
+        for (name, v) in t.pairs() {
+            u.set(name, &v).unwrap();
+        }
+        assert_eq!(t, u);
+        assert_eq!(t.changes_from(&Tuning::default()).len(), KNOBS.len());
+        assert!(Tuning::default()
+            .changes_from(&Tuning::default())
+            .is_empty());
+        t.check().unwrap();
+    }
+
+    #[test]
+    fn bad_names_and_values_are_typed_errors() {
+        let mut t = Tuning::default();
+        for (name, v) in [
+            ("route_lane", "4"),
+            ("route_lanes", "3"),
+            ("route_lanes", "32"),
+            ("route_lanes", "x"),
+            ("leaf_subgroups", "3"),
+            ("route_max_workgroup", "16"),
+            ("leaf_order", "random"),
+            ("nv_cm2", "maybe"),
+            ("decode_key_lanes", "6"),
+        ] {
+            assert!(
+                matches!(t.set(name, v), Err(GpuError::Tuning(_))),
+                "{name}={v} was taken"
+            );
+        }
+        assert_eq!(t, Tuning::default(), "a refused value changed the tuning");
+        // The variable names work too.
+        t.set("PISA_ROUTE_TILE", "8").unwrap();
+        assert_eq!(t.route_tile, Some(8));
+        t.route_lanes = 5;
+        assert!(matches!(t.check(), Err(GpuError::Tuning(_))));
+    }
+}
