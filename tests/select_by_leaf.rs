@@ -24,11 +24,10 @@ use Storage::*;
 fn leaves() {
     ctx().set_leaf_order(LeafOrder::Leaves);
     assert_eq!(ctx().leaf_order(), LeafOrder::Leaves);
-    // PISA_NV_SCORER=1 (the GPU runs): the NVIDIA scorer (shaders/nv/leaf_score.comp) where
-    // the device has VK_NV_cooperative_matrix2.
-    let nv = std::env::var("PISA_NV_SCORER").as_deref() == Ok("1");
-    ctx().set_nv_scorer(nv);
-    if nv && std::env::var("PISA_REQUIRE_NV_CM2").as_deref() == Ok("1") {
+    // The context's scorer: the NVIDIA one (shaders/nv/leaf_score.comp) by default where the
+    // device has VK_NV_cooperative_matrix2, the WGSL one with PISA_NV_SCORER=0 (the GPU runs
+    // take both) and on every other device.
+    if ctx().nv_scorer() && std::env::var("PISA_REQUIRE_NV_CM2").as_deref() == Ok("1") {
         assert!(
             ctx().nv_cm2(),
             "no VK_NV_cooperative_matrix2 (PISA_REQUIRE_NV_CM2=1)"

@@ -41,9 +41,8 @@ layout(set = 0, binding = 8, std430) buffer BufO { float opart[]; };
 layout(set = 0, binding = 9, std430) buffer BufML { float mlpart[]; }; // (m, l) pairs
 layout(set = 0, binding = 10, std430) buffer BufSpos { uint spos[]; };
 
-const uint HD8 = HD / 8;
+#include "gather_q.glsl"
 
-shared float16_t qsh[RT * HD];
 shared uint ent[RT];
 shared uint rowlim[RT]; // row r sees tokens < rowlim[r] (0: a row past the entries)
 
@@ -94,20 +93,7 @@ void main() {
         rowlim[r] = lim;
     }
     // 2. Q rows (row r: entry r / gq, head hkv * gq + r % gq), zeros past the entries.
-    for (uint x = lid; x < RT * HD8; x += WG) {
-        uint r = x / HD8, e = r / gq;
-        uvec4 w = uvec4(0u);
-        if (e < n) {
-            uint i = bl.i0 + list[first + e] / p.mc;
-            uint hq = hkv * gq + r % gq;
-            w = q4[(b * p.q_sb + hq * p.q_sh + i * p.q_sn) / 8u + x % HD8];
-        }
-        uint at = r * HD + 8u * (x % HD8);
-        f16vec2 h0 = unpackFloat2x16(w.x), h1 = unpackFloat2x16(w.y);
-        f16vec2 h2 = unpackFloat2x16(w.z), h3 = unpackFloat2x16(w.w);
-        qsh[at] = h0.x; qsh[at + 1] = h0.y; qsh[at + 2] = h1.x; qsh[at + 3] = h1.y;
-        qsh[at + 4] = h2.x; qsh[at + 5] = h2.y; qsh[at + 6] = h3.x; qsh[at + 7] = h3.y;
-    }
+    gather_q(lid, b, hkv, gq, first, n);
     barrier();
 
     // 3. S = Q K^T, DC head-dim columns at a time (the driver stages each operand in
@@ -122,7 +108,7 @@ void main() {
         coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
-        coopMatLoad(qa, qsh, d0, HD, gl_CooperativeMatrixLayoutRowMajor);
+        coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
         coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
         coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
         s = coopMatMulAdd(qa, kt, s);

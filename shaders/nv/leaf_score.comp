@@ -30,9 +30,8 @@ layout(set = 0, binding = 1, std430) readonly buffer BufQ { uvec4 q4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer BufK { float16_t k[]; };
 layout(set = 0, binding = 5, std430) buffer BufScores { uint scores[]; };
 
-const uint HD8 = HD / 8;
+#include "gather_q.glsl"
 
-shared float16_t qsh[RT * HD];
 shared float rowlse[RT];
 
 float mask_scale(const in uint r, const in uint c, const in float s, const in uint leaf_len) {
@@ -68,20 +67,7 @@ void main() {
     const uint kend = min(p.k_len, leaf0 + p.block_size);
 
     // 1. Q rows (row r: entry r / gq, head hkv * gq + r % gq), zeros past the entries.
-    for (uint x = lid; x < RT * HD8; x += WG) {
-        uint r = x / HD8, e = r / gq;
-        uvec4 w = uvec4(0u);
-        if (e < n) {
-            uint i = bl.i0 + list[first + e] / p.mc;
-            uint hq = hkv * gq + r % gq;
-            w = q4[(b * p.q_sb + hq * p.q_sh + i * p.q_sn) / 8u + x % HD8];
-        }
-        uint at = r * HD + 8u * (x % HD8);
-        f16vec2 h0 = unpackFloat2x16(w.x), h1 = unpackFloat2x16(w.y);
-        f16vec2 h2 = unpackFloat2x16(w.z), h3 = unpackFloat2x16(w.w);
-        qsh[at] = h0.x; qsh[at + 1] = h0.y; qsh[at + 2] = h1.x; qsh[at + 3] = h1.y;
-        qsh[at + 4] = h2.x; qsh[at + 5] = h2.y; qsh[at + 6] = h3.x; qsh[at + 7] = h3.y;
-    }
+    gather_q(lid, b, hkv, gq, first, n);
     barrier();
 
     // 2. S = Q K^T, DC head-dim columns at a time (the driver stages each operand in
@@ -94,7 +80,7 @@ void main() {
         coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
-        coopMatLoad(qa, qsh, d0, HD, gl_CooperativeMatrixLayoutRowMajor);
+        coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
         coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
         coopMatLoadTensorNV(kt, k, b * p.k_sb + hkv * p.k_sh,
                             sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);

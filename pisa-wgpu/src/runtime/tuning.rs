@@ -45,8 +45,8 @@ pub struct Tuning {
     /// Default `true`. Variable `PISA_NV_CM2` (`0` or `1`).
     pub nv_cm2: bool,
     /// The NVIDIA leaf scorer of selection stage 2 (`shaders/nv/leaf_score.comp`) where the
-    /// NVIDIA kernels run. Default `false`: the WGSL tensor-core scorer was faster on the H200
-    /// (2026-12-01). Variable `PISA_NV_SCORER` (`0` or `1`).
+    /// NVIDIA kernels run. Default `true`: faster than the WGSL tensor-core scorer on the
+    /// H200 (2026-12-01). Variable `PISA_NV_SCORER` (`0` or `1`).
     pub nv_scorer: bool,
     /// The order of selection stage 2 and sparse attention ([`LeafOrder`]). Default `Auto`.
     /// Variable `PISA_LEAF_ORDER` (`auto`, `tiles` or `leaves`).
@@ -87,7 +87,7 @@ impl Default for Tuning {
         Self {
             tensor_cores: true,
             nv_cm2: true,
-            nv_scorer: false,
+            nv_scorer: true,
             leaf_order: LeafOrder::Auto,
             shader_checks: None,
             decode_fused: false,
@@ -299,7 +299,7 @@ mod tests {
         for (name, v) in [
             ("tensor_cores", "portable"),
             ("nv_cm2", "0"),
-            ("nv_scorer", "1"),
+            ("nv_scorer", "0"),
             ("leaf_order", "leaves"),
             ("shader_checks", "bounds"),
             ("decode_fused", "fused"),

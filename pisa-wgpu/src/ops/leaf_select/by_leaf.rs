@@ -125,8 +125,9 @@ const NV_BINDINGS: &[(u32, NvBinding)] = &[
 /// The NVIDIA scorer (`shaders/nv/leaf_score.comp`: 64 rows of a chunk against the 64 key rows
 /// of a leaf) for a tensor-core plan of 64-row chunks on a device with
 /// `VK_NV_cooperative_matrix2`, where one is built for the head dim (64, 128) and the leaf fits
-/// its 64 key rows, and [`Context::nv_scorer`] asks for it; `None` keeps the WGSL scorer
-/// (faster on the H200: 134.2 against 149.8 ms at 256K, 2026-12-01). Same chunks and scores.
+/// its 64 key rows, and [`Context::nv_scorer`] asks for it (by default: faster on the H200,
+/// 83.8 against 116.4 ms at 256K, 2026-12-01); `None` keeps the WGSL scorer. Same chunks and
+/// scores.
 pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, bl: &ByLeaf) -> Option<NvKernel> {
     let Scorer::Coop(v) = bl.scorer else {
         return None;
