@@ -125,24 +125,7 @@ fn gemm_variants_match_cpu() {
             record_gemm(ctx, &mut enc, v, &ga, &gb, &c, (m, n, k), None).unwrap();
             ctx.queue().submit([enc.finish()]);
             let got = ctx.read_f32(&c).unwrap();
-            let (mut worst, mut at) = (0f64, 0);
-            for i in 0..m {
-                for j in 0..n {
-                    let (mut s, mut mag) = (0f64, 0f64);
-                    for t in 0..k {
-                        let p = a[i * k + t] as f64 * b[j * k + t] as f64;
-                        s += p;
-                        mag += p.abs();
-                    }
-                    // A NaN (an unwritten, poisoned element) counts as infinitely wrong.
-                    let e = (got[i * n + j] as f64 - s).abs() / mag.max(1e-30);
-                    let e = if e.is_nan() { f64::INFINITY } else { e };
-                    if e > worst {
-                        worst = e;
-                        at = i * n + j;
-                    }
-                }
-            }
+            let (worst, at) = worst_gemm_error(&a, &b, &got, (m, n, k));
             eprintln!(
                 "{} {m}x{n}x{k}: worst error {worst:.2e} of the row's |products| at {at} (seed {seed})",
                 kernel.name

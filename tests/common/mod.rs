@@ -55,6 +55,37 @@ pub fn through_f16(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
 
+/// The worst error of `got` = C = A B^T (A `[m, k]`, B `[n, k]`, C `[m, n]`, row-major) against
+/// the f64 product of `a` and `b`, relative to the sum of the |products| of the element (so
+/// cancellation does not inflate it), and where it is. A NaN (an unwritten, poisoned element)
+/// counts as infinitely wrong.
+#[allow(dead_code)]
+pub fn worst_gemm_error(
+    a: &[f32],
+    b: &[f32],
+    got: &[f32],
+    (m, n, k): (usize, usize, usize),
+) -> (f64, usize) {
+    let (mut worst, mut at) = (0f64, 0);
+    for i in 0..m {
+        for j in 0..n {
+            let (mut s, mut mag) = (0f64, 0f64);
+            for t in 0..k {
+                let p = a[i * k + t] as f64 * b[j * k + t] as f64;
+                s += p;
+                mag += p.abs();
+            }
+            let e = (got[i * n + j] as f64 - s).abs() / mag.max(1e-30);
+            let e = if e.is_nan() { f64::INFINITY } else { e };
+            if e > worst {
+                worst = e;
+                at = i * n + j;
+            }
+        }
+    }
+    (worst, at)
+}
+
 /// Relative error `||a - b|| / ||b||` (L2); panics on NaN (poison left unwritten shows here).
 pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
