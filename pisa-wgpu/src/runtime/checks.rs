@@ -100,12 +100,7 @@ impl ShaderChecks {
 /// instance extension, so neither do we). False on every other backend, and on targets where
 /// wgpu has no native Vulkan backend.
 pub(crate) fn driver_bounds_buffers(adapter: &wgpu::Adapter, device: &wgpu::Device) -> bool {
-    #[cfg(any(
-        windows,
-        target_os = "linux",
-        target_os = "android",
-        target_os = "freebsd"
-    ))]
+    #[cfg(native_vulkan)]
     {
         use ash::khr::get_physical_device_properties2 as props2;
         use wgpu::hal::api::Vulkan;
@@ -133,12 +128,7 @@ pub(crate) fn driver_bounds_buffers(adapter: &wgpu::Adapter, device: &wgpu::Devi
             r2.robust_buffer_access2 != 0
         }
     }
-    #[cfg(not(any(
-        windows,
-        target_os = "linux",
-        target_os = "android",
-        target_os = "freebsd"
-    )))]
+    #[cfg(not(native_vulkan))]
     {
         let _ = (adapter, device);
         false

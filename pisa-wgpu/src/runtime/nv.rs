@@ -268,12 +268,7 @@ pub fn check_bindings(k: &NvKernel, words: &[u32]) -> std::result::Result<(), St
 /// (`VkPhysicalDeviceCooperativeMatrix2FeaturesNV`, which ash 0.38 predates).
 #[repr(C)]
 #[derive(Clone, Copy)]
-#[cfg(any(
-    windows,
-    target_os = "linux",
-    target_os = "android",
-    target_os = "freebsd"
-))]
+#[cfg(native_vulkan)]
 struct CoopMat2Features {
     s_type: ash::vk::StructureType,
     p_next: *mut std::ffi::c_void,
@@ -286,12 +281,7 @@ struct CoopMat2Features {
     block_loads: ash::vk::Bool32,
 }
 
-#[cfg(any(
-    windows,
-    target_os = "linux",
-    target_os = "android",
-    target_os = "freebsd"
-))]
+#[cfg(native_vulkan)]
 impl CoopMat2Features {
     /// `VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV`.
     const S_TYPE: ash::vk::StructureType = ash::vk::StructureType::from_raw(1_000_593_000);
@@ -341,12 +331,7 @@ pub fn nv_cm2_supported(adapter: &wgpu::Adapter) -> bool {
     if !adapter.features().contains(NV_CM2_FEATURES) {
         return false;
     }
-    #[cfg(any(
-        windows,
-        target_os = "linux",
-        target_os = "android",
-        target_os = "freebsd"
-    ))]
+    #[cfg(native_vulkan)]
     {
         use ash::khr::get_physical_device_properties2 as props2;
         use wgpu::hal::api::Vulkan;
@@ -374,12 +359,7 @@ pub fn nv_cm2_supported(adapter: &wgpu::Adapter) -> bool {
             cm2.enough()
         }
     }
-    #[cfg(not(any(
-        windows,
-        target_os = "linux",
-        target_os = "android",
-        target_os = "freebsd"
-    )))]
+    #[cfg(not(native_vulkan))]
     {
         false
     }
@@ -432,12 +412,7 @@ pub fn request_device_nv_cm2(
                 .into(),
         ));
     }
-    #[cfg(any(
-        windows,
-        target_os = "linux",
-        target_os = "android",
-        target_os = "freebsd"
-    ))]
+    #[cfg(native_vulkan)]
     {
         use wgpu::hal::api::Vulkan;
         let features = desc.required_features | NV_CM2_FEATURES;
@@ -477,12 +452,7 @@ pub fn request_device_nv_cm2(
         unsafe { adapter.create_device_from_hal(open, &desc) }
             .map_err(|e| GpuError::RequestDevice(e.to_string()))
     }
-    #[cfg(not(any(
-        windows,
-        target_os = "linux",
-        target_os = "android",
-        target_os = "freebsd"
-    )))]
+    #[cfg(not(native_vulkan))]
     {
         let _ = desc;
         Err(GpuError::Unsupported(
@@ -501,12 +471,7 @@ pub fn device_has_nv_cm2(device: &wgpu::Device) -> bool {
     if !device.features().contains(NV_CM2_FEATURES) {
         return false;
     }
-    #[cfg(any(
-        windows,
-        target_os = "linux",
-        target_os = "android",
-        target_os = "freebsd"
-    ))]
+    #[cfg(native_vulkan)]
     {
         use wgpu::hal::api::Vulkan;
         // SAFETY: only the list of enabled extensions is read.
@@ -517,12 +482,7 @@ pub fn device_has_nv_cm2(device: &wgpu::Device) -> bool {
             })
         }
     }
-    #[cfg(not(any(
-        windows,
-        target_os = "linux",
-        target_os = "android",
-        target_os = "freebsd"
-    )))]
+    #[cfg(not(native_vulkan))]
     {
         false
     }
