@@ -248,6 +248,16 @@ pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The tuning of this command on the defaults (`pisa_wgpu::Tuning::default`): the `PISA_*`
+/// variables, then the `--tune` pairs.
+pub fn command_tuning() -> anyhow::Result<pisa_wgpu::Tuning> {
+    let mut t = pisa_wgpu::Tuning::default().with_env()?;
+    for (knob, value) in TUNE.get().map(Vec::as_slice).unwrap_or_default() {
+        t.set(knob, value)?;
+    }
+    Ok(t)
+}
+
 /// The names of the tuning knobs, comma separated.
 pub fn knob_names() -> String {
     pisa_wgpu::runtime::tuning::KNOBS.map(|k| k.0).join(", ")

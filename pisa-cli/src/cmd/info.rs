@@ -31,6 +31,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             pisa_wgpu::GpuError::NoAdapter(pisa_wgpu::runtime::adapter::INSTALL_HINT.into())
         );
     }
+    let tuning = crate::args::command_tuning()?;
     for (i, r) in list.iter().enumerate() {
         println!("[{i}] {} ({}, {})", r.name, r.backend, r.device_type);
         println!(
@@ -55,16 +56,18 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             r.max_invocations
         );
         if r.cooperative_matrix {
-            let path = if std::env::var("PISA_KERNEL_PATH").as_deref() == Ok("portable") {
-                "portable (PISA_KERNEL_PATH=portable)"
+            let path = if !tuning.tensor_cores {
+                "portable (tuning tensor_cores=false)"
             } else {
-                "coopmat where the device supports it: f16 attention and PISA leaf scoring on tensor cores, the rest portable (PISA_KERNEL_PATH=portable turns it off)"
+                "coopmat where the device supports it: f16 attention and PISA leaf scoring on tensor cores, the rest portable (--tune tensor_cores=false or PISA_KERNEL_PATH=portable turns it off)"
             };
             println!("    kernel path: {path}");
             if r.nv_cooperative_matrix2 {
-                println!(
-                    "    VK_NV_cooperative_matrix2: yes: f16 sparse and dense attention run the NVIDIA kernels (shaders/nv; PISA_NV_CM2=0 turns them off)"
-                );
+                let on = match tuning.tensor_cores && tuning.nv_cm2 {
+                    true => "f16 sparse and dense attention and leaf scoring run the NVIDIA kernels (shaders/nv; --tune nv_cm2=0 or PISA_NV_CM2=0 turns them off)",
+                    false => "not used (tuning nv_cm2=false or tensor_cores=false)",
+                };
+                println!("    VK_NV_cooperative_matrix2: yes: {on}");
             }
         } else {
             println!("    kernel path: portable (f32 arithmetic, any subgroup size)");
