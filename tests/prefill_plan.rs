@@ -381,3 +381,70 @@ fn varlen_prefill_equals_each_sequence_alone() {
         }
     }
 }
+
+/// `Context::set_tuning`: a knob out of range and other shader checks than the context's are
+/// typed errors that change nothing; a plan keeps running after a change of a knob it does not
+/// use (the decode step's), refuses after one of its own (the route's), and a new plan under
+/// the new tuning gives the same outputs (the knobs change speed only).
+#[test]
+fn tuning_changes_and_plans() {
+    let own = Context::with_tuning(
+        &pisa_wgpu::AdapterChoice::HighPerformance,
+        pisa_wgpu::Tuning::default(),
+    )
+    .unwrap();
+    let before = own.tuning();
+    let mut bad = before.clone();
+    bad.route_lanes = 3;
+    let e = own.set_tuning(bad).unwrap_err();
+    assert!(matches!(e, GpuError::Tuning(_)), "{e}");
+    let mut other_checks = before.clone();
+    other_checks.shader_checks = Some(pisa_wgpu::ShaderChecks::All);
+    let e = own.set_tuning(other_checks).unwrap_err();
+    assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
+    assert_eq!(
+        own.tuning(),
+        before,
+        "a refused tuning changed the context's"
+    );
+
+    let s = AttentionShape::prefill(1, 4, 2, 150, 32).unwrap();
+    let opts = PrefillOptions {
+        cfg: SelectionConfig::new(16, 3).unwrap(),
+        return_selection: true,
+        ..Default::default()
+    };
+    let l = layer(&own, &s, &opts, seed("tuning_changes_and_plans"));
+    let [o, lse, sel] = outputs(&l, &s, 3);
+    let po = PrefillOutputs {
+        out: &o,
+        lse: &lse,
+        selection: Some(&sel),
+    };
+    let plan = PrefillPlan::new(&own, &s, &opts).unwrap();
+    let run = |plan: &PrefillPlan| -> pisa_wgpu::Result<Vec<f32>> {
+        let mut enc = own.device().create_command_encoder(&Default::default());
+        plan.run(&mut enc, &l.q, &l.k, &l.v, &po, None)?;
+        own.queue().submit([enc.finish()]);
+        Ok(read_f32(&own, &l.o, PAD, s.q_elems()))
+    };
+    let mut t = own.tuning();
+    t.decode_fused = !t.decode_fused;
+    own.set_tuning(t.clone()).unwrap();
+    assert_eq!(
+        run(&plan).unwrap(),
+        l.host.out,
+        "after a decode knob changed"
+    );
+    t.route_lanes = if t.route_lanes == 2 { 1 } else { 2 };
+    t.route_tile = Some(3);
+    own.set_tuning(t).unwrap();
+    let e = run(&plan).unwrap_err();
+    assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
+    let replanned = PrefillPlan::new(&own, &s, &opts).unwrap();
+    assert_eq!(
+        run(&replanned).unwrap(),
+        l.host.out,
+        "under other route knobs"
+    );
+}

@@ -216,18 +216,12 @@ impl DeviceArgs {
                 Err(_) => AdapterChoice::Name(s.clone()),
             },
         };
-        let ctx = Context::new(&choice)?;
-        let mut t = ctx.tuning();
-        for (knob, value) in TUNE.get().map(Vec::as_slice).unwrap_or_default() {
-            t.set(knob, value)?;
-        }
-        ctx.set_tuning(t)?;
-        Ok(ctx)
+        Ok(Context::with_tuning(&choice, command_tuning()?)?)
     }
 }
 
 /// The `--tune KNOB=VALUE` pairs of the command line, applied to every context the command
-/// opens ([`DeviceArgs::context`]) after the `PISA_*` variables.
+/// opens ([`DeviceArgs::context`], through [`command_tuning`]) after the `PISA_*` variables.
 static TUNE: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
 
 /// Checks the `PISA_*` tuning variables and the `--tune` pairs (names and values, against

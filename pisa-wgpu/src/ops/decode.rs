@@ -158,6 +158,9 @@ pub struct KvCache {
     /// Whether the step runs fused (when `fplan` allows): [`crate::Tuning::decode_fused`], or
     /// [`KvCache::set_fused`].
     fused: bool,
+    /// The fused step's lanes per key row asked for when the cache was made
+    /// ([`crate::Tuning::decode_key_lanes`]), kept for re-planning.
+    key_lanes: Option<u32>,
     /// K/V shards `[rows, capacity, D]` each: flat (sequence, KV head) rows `i * kv_rows ..`
     /// in shard i; one shard unless the cache exceeds one storage binding, two at most.
     kv: Vec<(GpuTensor, GpuTensor)>,

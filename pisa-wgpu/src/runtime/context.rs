@@ -54,6 +54,8 @@ pub struct ContextInner {
     coop_ok: bool,
     /// Whether the device has `VK_NV_cooperative_matrix2` (see `nv.rs`).
     nv_ok: bool,
+    /// Whether the driver bounds buffer accesses (see `checks.rs`).
+    driver_bounds: bool,
     /// The knobs in force ([`Context::tuning`]).
     tuning: Mutex<Tuning>,
     pub(crate) nv_pipelines: super::nv::NvPipelines,
@@ -103,16 +105,45 @@ impl Context {
     /// and an uncaptured-error handler on it. Blocks until the device is open (not on wasm32:
     /// use [`Context::new_async`] there; this returns [`GpuError::Unsupported`]).
     ///
-    /// Errors: [`GpuError::NoAdapter`] (none found or none matches), [`GpuError::RequestDevice`].
+    /// The tuning is the adapter's defaults with the `PISA_*` environment variables applied
+    /// ([`Tuning::with_env`]): the one place the library reads them, a convenience for
+    /// programs. [`Context::with_tuning`] takes a tuning instead and reads no variable.
+    ///
+    /// Errors: [`GpuError::NoAdapter`] (none found or none matches), [`GpuError::RequestDevice`],
+    /// [`GpuError::Tuning`] (a `PISA_*` variable set to a value its knob does not take).
     pub fn new(choice: &AdapterChoice) -> Result<Self> {
         super::block::block_on(Self::new_async(choice))?
     }
 
     /// [`Context::new`] without blocking (the browser's WebGPU, async apps).
     pub async fn new_async(choice: &AdapterChoice) -> Result<Self> {
+        Self::open(choice, None).await
+    }
+
+    /// [`Context::new`] with `tuning` (checked, [`Tuning::check`]) instead of the defaults and
+    /// the environment. Its `nv_cm2` decides whether the device is opened with
+    /// `VK_NV_cooperative_matrix2`, its `shader_checks` the checks every pipeline is built with
+    /// (both fixed for the context's life).
+    ///
+    /// Errors: those of [`Context::new`].
+    pub fn with_tuning(choice: &AdapterChoice, tuning: Tuning) -> Result<Self> {
+        super::block::block_on(Self::with_tuning_async(choice, tuning))?
+    }
+
+    /// [`Context::with_tuning`] without blocking.
+    pub async fn with_tuning_async(choice: &AdapterChoice, tuning: Tuning) -> Result<Self> {
+        tuning.check()?;
+        Self::open(choice, Some(tuning)).await
+    }
+
+    /// Opens `choice` with `tuning`, or with the adapter's defaults and the environment.
+    async fn open(choice: &AdapterChoice, tuning: Option<Tuning>) -> Result<Self> {
         let adapter = find_adapter(choice).await?;
         let features = wanted_features(&adapter);
-        let tuning = Tuning::for_adapter(&AdapterReport::of(&adapter)).with_env()?;
+        let tuning = match tuning {
+            Some(t) => t,
+            None => Tuning::for_adapter(&AdapterReport::of(&adapter)).with_env()?,
+        };
         // The NVIDIA path (runtime/nv.rs) where the adapter has VK_NV_cooperative_matrix2;
         // `tuning.nv_cm2 = false` (`PISA_NV_CM2=0`) opens the device as everywhere else.
         if tuning.nv_cm2 && super::nv::nv_cm2_supported(&adapter) {
@@ -162,6 +193,9 @@ impl Context {
     /// Buffers given to pisa ([`crate::TensorView`]) must be of this device; one of another
     /// device of the same `wgpu::Instance` is a [`GpuError::Validation`].
     ///
+    /// The tuning is the adapter's defaults ([`Tuning::for_adapter`]); no environment variable
+    /// is read. [`Context::from_device_with_tuning`] takes another.
+    ///
     /// Errors: [`GpuError::DeviceLost`] for a device already lost.
     ///
     /// ```no_run
@@ -187,6 +221,22 @@ impl Context {
         queue: wgpu::Queue,
     ) -> Result<Self> {
         let tuning = Tuning::for_adapter(&AdapterReport::of(adapter));
+        Self::build(adapter, device, queue, false, tuning)
+    }
+
+    /// [`Context::from_device`] with `tuning` (checked, [`Tuning::check`]); its
+    /// `shader_checks` are fixed for the context's life. (Its `nv_cm2` only chooses the
+    /// kernels: whether the device has `VK_NV_cooperative_matrix2` is the application's choice,
+    /// [`crate::request_device_nv_cm2`].)
+    ///
+    /// Errors: [`GpuError::Tuning`], and those of [`Context::from_device`].
+    pub fn from_device_with_tuning(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        tuning: Tuning,
+    ) -> Result<Self> {
+        tuning.check()?;
         Self::build(adapter, device, queue, false, tuning)
     }
 
@@ -232,10 +282,8 @@ impl Context {
         } else {
             Vec::new()
         };
-        let checks = ShaderChecks::choose(
-            tuning.shader_checks,
-            driver_bounds_buffers(adapter, &device),
-        );
+        let driver_bounds = driver_bounds_buffers(adapter, &device);
+        let checks = ShaderChecks::choose(tuning.shader_checks, driver_bounds);
         let lost = Arc::new(Mutex::new(None));
         let uncaptured = Arc::new(Mutex::new(None));
         if owned {
@@ -282,6 +330,7 @@ impl Context {
             coop_ok,
             pool: Mutex::new(Default::default()),
             nv_ok,
+            driver_bounds,
             tuning: Mutex::new(tuning),
             nv_pipelines: Default::default(),
         }));
@@ -326,22 +375,25 @@ impl Context {
     }
 
     /// Sets the tuning knobs for later calls (the results are the same for every setting: see
-    /// [`Tuning`]). Plans made before ([`crate::PrefillPlan`]) refuse to run after a change;
-    /// caches and variable-length plans re-plan.
+    /// [`Tuning`]); start from [`Context::tuning`]. A [`crate::PrefillPlan`] made before
+    /// refuses to run once a knob it uses changed (make a new one); a
+    /// [`crate::VarlenPrefillPlan`] re-plans; a [`crate::KvCache`] keeps the decode knobs it was
+    /// made with.
     ///
     /// Errors: [`GpuError::Tuning`] for a knob out of range ([`Tuning::check`]);
-    /// [`GpuError::Unsupported`] for other shader checks than the context was made with
-    /// (fixed for its pipelines). Nothing changes on error.
+    /// [`GpuError::Unsupported`] for shader checks other than those the context's pipelines
+    /// are built with (fixed when it is made: [`Context::with_tuning`]). Nothing changes on
+    /// error.
     pub fn set_tuning(&self, tuning: Tuning) -> Result<()> {
         tuning.check()?;
-        let mut t = self.tuning_ref();
-        if tuning.shader_checks != t.shader_checks {
+        let asked = ShaderChecks::choose(tuning.shader_checks, self.driver_bounds);
+        if asked != self.shader_checks() {
             return Err(GpuError::Unsupported(format!(
-                "shader checks are fixed when a context is made (this one: {}); make a new context",
+                "shader checks are fixed when a context is made (this one: {}, asked: {asked}); make a new context (Context::with_tuning)",
                 self.shader_checks()
             )));
         }
-        *t = tuning;
+        *self.tuning_ref() = tuning;
         Ok(())
     }
 
@@ -536,7 +588,8 @@ impl Context {
     /// on ([`Context::kernel_path`] is [`KernelPath::CoopMat`]) and
     /// [`Context::set_nv_cm2`] did not turn them off.
     pub fn nv_cm2(&self) -> bool {
-        self.nv_ok && self.tuning_ref().nv_cm2 && self.kernel_path() == KernelPath::CoopMat
+        let t = self.tuning();
+        self.nv_ok && t.nv_cm2 && t.tensor_cores && self.coop_ok
     }
 
     /// Turns the NVIDIA kernels on or off (on by default where the device has the

@@ -21,9 +21,11 @@ use super::checks::ShaderChecks;
 use super::coop::{LeafOrder, COOP_SUBGROUPS};
 use crate::error::{GpuError, Result};
 
-/// The tuning knobs of pisa's kernels (see the module docs). Build one with
-/// [`Tuning::for_adapter`] (or `Default`), change fields or [`Tuning::set`] them by name, and
-/// hand it to [`crate::Context::set_tuning`], which checks it ([`Tuning::check`]).
+/// The tuning knobs of pisa's kernels (see the module docs). Start from a context's
+/// ([`crate::Context::tuning`]) or from [`Tuning::for_adapter`] (or `Default`), change fields
+/// or [`Tuning::set`] them by name, and hand it to [`crate::Context::set_tuning`] or
+/// [`crate::Context::with_tuning`], which check it ([`Tuning::check`]). More knobs may come:
+/// the structure is `non_exhaustive` (build it from one of those, not from a literal).
 ///
 /// ```
 /// use pisa_wgpu::{LeafOrder, Tuning};
@@ -35,6 +37,7 @@ use crate::error::{GpuError, Result};
 /// # Ok::<(), pisa_wgpu::GpuError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct Tuning {
     /// Tensor-core kernels (WGSL cooperative matrices, and the NVIDIA ones below) where the
     /// device runs them; `false` keeps the portable kernels everywhere. Default `true`.
@@ -127,23 +130,32 @@ impl Tuning {
         Self::default()
     }
 
-    /// `self` with the `PISA_*` environment variables of [`KNOBS`] applied (unset ones leave
-    /// their knob as it is). Errors: [`GpuError::Tuning`] naming the variable whose value is
-    /// not one its knob takes (the value is never silently ignored).
+    /// `self` with the `PISA_*` environment variables of [`KNOBS`] applied (unset or empty
+    /// ones leave their knob as it is). Errors: [`GpuError::Tuning`] naming the variable whose
+    /// value is not one its knob takes, or is not UTF-8 (a value is never silently ignored).
     pub fn with_env(mut self) -> Result<Self> {
         for (name, var) in KNOBS {
-            if let Ok(v) = std::env::var(var) {
-                self.set_text(name, &v)
-                    .map_err(|e| GpuError::Tuning(format!("{var}={v}: {e}")))?;
+            let Some(raw) = std::env::var_os(var) else {
+                continue;
+            };
+            let Some(v) = raw.to_str() else {
+                return Err(GpuError::Tuning(format!("{var}: not UTF-8 ({raw:?})")));
+            };
+            if v.trim().is_empty() {
+                continue;
             }
+            self.set_text(name, v)
+                .map_err(|e| GpuError::Tuning(format!("{var}={v}: {e}")))?;
         }
         Ok(self)
     }
 
-    /// Sets the knob `name` (a name of [`KNOBS`], or its variable) from text: `true`/`false`
-    /// or `1`/`0` for switches (and `portable`/`coopmat` for `tensor_cores`, `fused`/`split`
-    /// for `decode_fused`), a number for sizes, `auto`/`none` (or empty) for an optional knob's
-    /// default, the lower-case name of a [`LeafOrder`] or [`ShaderChecks`].
+    /// Sets the knob `name` (a name of [`KNOBS`], or its variable) from text: `true`/`false`,
+    /// `on`/`off` or `1`/`0` for switches (and `coopmat`/`portable` for `tensor_cores`,
+    /// `fused`/`split` for `decode_fused`); a number for sizes, or `auto` for the default of an
+    /// optional one (`decode_key_lanes`, `route_tile`); `auto`, `tiles` or `leaves` for
+    /// `leaf_order`; `auto`, `all`, `bounds`, `none` (no checks) or `driver_bounded` for
+    /// `shader_checks`.
     ///
     /// Errors: [`GpuError::Tuning`] for an unknown name or a value out of the knob's range.
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
@@ -168,7 +180,7 @@ impl Tuning {
                 .filter(|n| (lo..=hi).contains(n))
                 .ok_or_else(|| bad(&format!("a whole number from {lo} to {hi}")))
         };
-        let auto = matches!(v, "" | "auto" | "none" | "default");
+        let auto = v == "auto";
         let name = KNOBS
             .iter()
             .find(|(n, e)| *n == name || *e == name)
@@ -185,7 +197,7 @@ impl Tuning {
             "nv_scorer" => self.nv_scorer = switch("", "")?,
             "leaf_order" => {
                 self.leaf_order = match v {
-                    "auto" | "" => LeafOrder::Auto,
+                    "auto" => LeafOrder::Auto,
                     "tiles" => LeafOrder::Tiles,
                     "leaves" => LeafOrder::Leaves,
                     _ => return Err(bad("auto, tiles or leaves")),
@@ -197,7 +209,7 @@ impl Tuning {
                     "bounds" => Some(ShaderChecks::Bounds),
                     "none" => Some(ShaderChecks::None),
                     "driver_bounded" => Some(ShaderChecks::DriverBounded),
-                    "auto" | "" => None,
+                    "auto" => None,
                     _ => return Err(bad("all, bounds, none, driver_bounded or auto")),
                 }
             }
@@ -318,6 +330,11 @@ mod tests {
             u.set(name, &v).unwrap();
         }
         assert_eq!(t, u);
+        // ... and back to every default, `auto` included.
+        for (name, v) in Tuning::default().pairs() {
+            u.set(name, &v).unwrap();
+        }
+        assert_eq!(u, Tuning::default());
         assert_eq!(t.changes_from(&Tuning::default()).len(), KNOBS.len());
         assert!(Tuning::default()
             .changes_from(&Tuning::default())
@@ -338,6 +355,14 @@ mod tests {
             ("leaf_order", "random"),
             ("nv_cm2", "maybe"),
             ("decode_key_lanes", "6"),
+            ("decode_key_lanes", "128"),
+            ("leaf_tiles_per_iteration", "0"),
+            ("leaf_tiles_per_iteration", "5"),
+            ("route_tile", "17"),
+            ("route_tile", "0"),
+            ("nv_scorer", ""),
+            ("leaf_order", "none"),
+            ("shader_checks", "off"),
         ] {
             assert!(
                 matches!(t.set(name, v), Err(GpuError::Tuning(_))),

@@ -110,6 +110,7 @@ impl KvCache {
             plan,
             fplan,
             fused: tuning.decode_fused,
+            key_lanes: tuning.decode_key_lanes,
             kv,
             kv_rows: kv_rows as usize,
             pyr,

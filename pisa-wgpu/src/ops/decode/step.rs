@@ -216,7 +216,7 @@ impl KvCache {
     fn replan(&mut self, lim: wgpu::Limits) -> Result<()> {
         let (gq, d) = (self.shape.gqa_group(), self.shape.head_dim);
         self.plan = Plan::new(&lim, gq, d, &self.cfg)?;
-        self.fplan = FusedPlan::new(&lim, gq, d, &self.cfg, self.ctx.tuning().decode_key_lanes);
+        self.fplan = FusedPlan::new(&lim, gq, d, &self.cfg, self.key_lanes);
         self.limits = lim;
         self.stage_cache.clear();
         Ok(())

@@ -20,7 +20,7 @@ use crate::error::{GpuError, Result};
 use crate::ops::gather::{record_gather, record_scatter};
 use crate::runtime::arena::{with_arena, Arena};
 use crate::runtime::buffers::{GpuTensor, POISON_F32};
-use crate::runtime::context::Context;
+use crate::runtime::context::{Context, KernelPath, LeafOrder};
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
 use crate::runtime::tuning::Tuning;
@@ -58,8 +58,9 @@ pub struct PrefillPlan {
     ctx: Context,
     shape: AttentionShape,
     opts: PrefillOptions,
-    /// The context's tuning and binding limit when the plan was made.
-    tuning: Tuning,
+    /// The context's knobs the prefill depends on, and its binding limit, when the plan was
+    /// made.
+    knobs: PrefillKnobs,
     binding: u64,
     q: GpuTensor,
     k: GpuTensor,
@@ -106,7 +107,7 @@ impl PrefillPlan {
             ctx: ctx.clone(),
             shape,
             opts,
-            tuning: ctx.tuning(),
+            knobs: PrefillKnobs::of(ctx),
             binding: ctx.max_binding_bytes(),
             q: ctx.alloc("plan q", shape.q_elems(), st, POISON_F32)?,
             k: ctx.alloc("plan k", shape.kv_elems(), st, POISON_F32)?,
@@ -140,12 +141,11 @@ impl PrefillPlan {
         (&self.k, &self.v, pyr)
     }
 
-    /// Whether the context still runs the kernels this plan recorded: its tuning (kernel path,
-    /// leaf order, NVIDIA switches and the other knobs) and binding limit are those of the
-    /// plan's making.
+    /// Whether the context still runs the kernels this plan recorded: the knobs of its stages
+    /// ([`PrefillKnobs`]) and its binding limit are those of the plan's making.
     pub(crate) fn current(&self) -> bool {
         let ctx = &self.ctx;
-        ctx.tuning() == self.tuning && ctx.max_binding_bytes() == self.binding
+        PrefillKnobs::of(ctx) == self.knobs && ctx.max_binding_bytes() == self.binding
     }
 
     /// The planned shape.
@@ -255,6 +255,38 @@ impl PrefillPlan {
             pyr.sq.as_ref().map(|t| t.buffer.clone()),
         ));
         Ok((o, lse, sel))
+    }
+}
+
+/// What a prefill's recording depends on in the context's tuning: the kernel path, leaf order
+/// and NVIDIA kernels in force, and the knobs of the route and leaf stages (not the decode
+/// knobs, nor a switch that changes nothing on this device).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PrefillKnobs {
+    path: KernelPath,
+    order: LeafOrder,
+    nv: (bool, bool),
+    stages: Tuning,
+}
+
+impl PrefillKnobs {
+    fn of(ctx: &Context) -> Self {
+        let t = ctx.tuning();
+        let stages = Tuning {
+            leaf_tiles_per_iteration: t.leaf_tiles_per_iteration,
+            leaf_subgroups: t.leaf_subgroups,
+            leaf_stage_keys: t.leaf_stage_keys,
+            route_lanes: t.route_lanes,
+            route_max_workgroup: t.route_max_workgroup,
+            route_tile: t.route_tile,
+            ..Tuning::default()
+        };
+        Self {
+            path: ctx.kernel_path(),
+            order: t.leaf_order,
+            nv: (ctx.nv_cm2(), ctx.nv_cm2() && t.nv_scorer),
+            stages,
+        }
     }
 }
 
