@@ -296,6 +296,7 @@ fn tune_is_recorded_by_bench() {
     args.extend(TINY_BENCH);
     args.extend(["--backward-max", "0", "--dense-max", "1"]);
     args.extend(["--json", json.to_str().unwrap(), "--tune", "route_lanes=2"]);
+    args.extend(["--leaf-order", "leaves"]); // recorded in its own field, not twice
     let r = run_in(dir.path(), &args).ok();
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(
@@ -304,7 +305,8 @@ fn tune_is_recorded_by_bench() {
         "{}",
         r.stdout
     );
-    assert!(r.stdout.contains("tuning route_lanes=2"), "{}", r.stdout);
+    assert!(r.stdout.contains("tuning route_lanes=2;"), "{}", r.stdout);
+    assert_eq!(v["params"]["leaf_order"], "leaves");
 }
 
 /// Regression: the decode measurement of `bench` forced at least 20 (then 5) repetitions

@@ -29,7 +29,8 @@ pub struct Params {
     #[serde(default)]
     pub shader_checks: String,
     /// The tuning knobs that differ from the adapter's defaults (`--tune`, `PISA_*`), as
-    /// `name=value`; empty in files written before they were recorded.
+    /// `name=value`, but the leaf order (its own field); empty in files written before they
+    /// were recorded.
     #[serde(default)]
     pub tuning: Vec<String>,
 }
@@ -52,9 +53,13 @@ impl Params {
                 false => ctx.kernel_path().to_string(),
             },
             shader_checks: ctx.shader_checks().to_string(),
+            // (the leaf order has its own field)
             tuning: ctx
                 .tuning()
-                .changes_from(&pisa_wgpu::Tuning::for_adapter(ctx.report())),
+                .changes_from(&pisa_wgpu::Tuning::for_adapter(ctx.report()))
+                .into_iter()
+                .filter(|c| !c.starts_with("leaf_order="))
+                .collect(),
         }
     }
 
