@@ -12,6 +12,8 @@ pub mod checks;
 pub mod context;
 pub mod coop;
 pub mod nv;
+#[cfg(test)]
+mod nv_uniforms;
 pub mod pipeline;
 pub mod profiler;
 pub mod readback;

@@ -34,19 +34,19 @@ pub const NV_DENSE: [(NvKernel, u32); 2] = [
 /// The uniform of `attention_dense.comp` (std140 scalars, in order).
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    q_s: [u32; 3],
-    k_s: [u32; 3],
-    v_s: [u32; 3],
-    q_heads: u32,
-    kv_heads: u32,
-    q_len: u32,
-    k_len: u32,
-    q_pos0: u32,
-    causal: u32,
-    scale: f32,
-    tiles: u32,
-    pad: [u32; 3],
+pub(crate) struct Params {
+    pub(crate) q_s: [u32; 3],
+    pub(crate) k_s: [u32; 3],
+    pub(crate) v_s: [u32; 3],
+    pub(crate) q_heads: u32,
+    pub(crate) kv_heads: u32,
+    pub(crate) q_len: u32,
+    pub(crate) k_len: u32,
+    pub(crate) q_pos0: u32,
+    pub(crate) causal: u32,
+    pub(crate) scale: f32,
+    pub(crate) tiles: u32,
+    pub(crate) pad: [u32; 3],
 }
 
 /// The dense kernel for this call (see the module docs), or `None` for the WGSL kernels.
