@@ -254,7 +254,7 @@ pub fn command_tuning() -> anyhow::Result<pisa_wgpu::Tuning> {
 
 /// The names of the tuning knobs, comma separated.
 pub fn knob_names() -> String {
-    pisa_wgpu::runtime::tuning::KNOBS.map(|k| k.0).join(", ")
+    pisa_wgpu::TUNING_KNOBS.map(|k| k.0).join(", ")
 }
 
 /// A progress bar on a terminal, hidden when stderr is piped.

@@ -17,6 +17,10 @@
 //! - [`KvCache`]: the decode cache; [`KvCache::record_append_view`] and
 //!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no allocation,
 //!   host write or wait; several recorded pairs are a multi-token append.
+//! - [`Tuning`]: the kernels' knobs (speed only, every setting gives the same results), with
+//!   per-device defaults; [`Context::tuning`] / [`Context::set_tuning`], or
+//!   [`Context::with_tuning`] before the device opens. Their names and `PISA_*` variables:
+//!   [`TUNING_KNOBS`].
 //! - [`Context::read_async`] reads a view back without blocking.
 //! - Host conveniences for tools and tests (blocking; refused on wasm32): [`prefill_host`],
 //!   [`KvCache::append_and_step`], [`Context::read_bytes`].
@@ -88,6 +92,6 @@ pub use runtime::nv::{device_has_nv_cm2, nv_cm2_supported, request_device_nv_cm2
 pub use runtime::pipeline::ShaderSource;
 pub use runtime::pipeline::Storage;
 pub use runtime::profiler::{Profiler, StageTimes};
-pub use runtime::tuning::Tuning;
+pub use runtime::tuning::{Tuning, KNOBS as TUNING_KNOBS};
 pub use runtime::view::{DType, TensorView};
 pub use wgpu;

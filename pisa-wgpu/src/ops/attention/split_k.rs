@@ -19,7 +19,7 @@
 //! Deterministic: every sum is in a fixed order.
 //!
 //! [`super::record_attention`] runs this path for dense calls with `tiling: None` where
-//! [`plan`] returns a plan (the rule is on [`plan`]); [`record_split_k`] runs it with an
+//! `plan` returns a plan (the rule is on `plan`); [`record_split_k`] runs it with an
 //! explicit plan.
 
 use bytemuck::{Pod, Zeroable};
@@ -82,7 +82,7 @@ struct SplitParams {
 }
 
 /// Records split-K dense attention with an explicit plan (tests and tuning; the default path
-/// picks one with [`plan`]). Arguments, outputs (O in Q's layout and storage, LSE f32
+/// picks one with `plan`). Arguments, outputs (O in Q's layout and storage, LSE f32
 /// `[B, Hq, Nq]`, freshly allocated and poisoned), profiler stage ("dense") and errors as
 /// [`super::record_dense_attention`], plus [`PisaError::InvalidValue`] for a zero
 /// `split_keys` or `pairs_per_range`, [`crate::GpuError::Limit`] when one range's partial states
