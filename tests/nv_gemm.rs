@@ -34,23 +34,13 @@ fn nv_ctx(test: &str) -> Option<&'static Context> {
     None
 }
 
-fn all_kernels() -> impl Iterator<Item = pisa_wgpu::runtime::nv::NvKernel> {
-    VARIANTS
-        .iter()
-        .map(|v| v.0)
-        .chain(PROBES)
-        .chain(pisa_wgpu::ops::attention::by_leaf::NV_ATTENTION)
-        .chain(pisa_wgpu::ops::leaf_select::by_leaf::NV_SCORERS)
-        .chain(pisa_wgpu::ops::attention::nv_dense::NV_DENSE.map(|k| k.0))
-}
-
 /// Every embedded module is SPIR-V and declares only the Vulkan bindings its layout has, each of
 /// the layout's kind: wgpu numbers a layout's bindings densely in order (shaders/nv/common.glsl),
 /// so a module that declared a WGSL-style sparse number would read another buffer. A layout
 /// listed in another order (the kinds no longer line up) is refused.
 #[test]
 fn embedded_spirv_is_spirv_with_dense_bindings() {
-    for k in all_kernels() {
+    for k in pisa_wgpu::runtime::nv::embedded_kernels() {
         assert!(k.spirv.len() > 20 && k.spirv.len() % 4 == 0, "{}", k.name);
         assert_eq!(
             &k.spirv[..4],
@@ -147,7 +137,7 @@ fn every_kernel_builds() {
         return;
     };
     let mut failed = Vec::new();
-    for k in all_kernels() {
+    for k in pisa_wgpu::runtime::nv::embedded_kernels() {
         match ctx.nv_pipeline_for_tests(&k) {
             Ok(()) => eprintln!("{}: built", k.name),
             Err(e) => {

@@ -220,36 +220,34 @@ impl DeviceArgs {
     }
 }
 
-/// The `--tune KNOB=VALUE` pairs of the command line, applied to every context the command
-/// opens ([`DeviceArgs::context`], through [`command_tuning`]) after the `PISA_*` variables.
-static TUNE: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+/// The tuning of this command: the defaults, the `PISA_*` variables, then the `--tune
+/// KNOB=VALUE` pairs ([`set_tuning`]); every context the command opens takes it
+/// ([`DeviceArgs::context`]).
+static TUNE: std::sync::OnceLock<pisa_wgpu::Tuning> = std::sync::OnceLock::new();
 
-/// Checks the `PISA_*` tuning variables and the `--tune` pairs (names and values, against
-/// `pisa_wgpu::Tuning`) and keeps the pairs for [`DeviceArgs::context`]. Errors name the bad
-/// variable or pair.
+/// Builds the command's tuning from the `PISA_*` variables and the `--tune` pairs (names and
+/// values checked by `pisa_wgpu::Tuning`) and keeps it for [`DeviceArgs::context`]. Errors
+/// name the bad variable or pair.
 pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
     let mut t = pisa_wgpu::Tuning::default().with_env()?;
-    let mut kept = Vec::new();
     for p in pairs {
         let Some((k, v)) = p.split_once('=') else {
             anyhow::bail!("--tune {p}: expected KNOB=VALUE (knobs: {})", knob_names());
         };
         t.set(k.trim(), v)
             .map_err(|e| anyhow::anyhow!("--tune {p}: {e}"))?;
-        kept.push((k.trim().to_string(), v.to_string()));
     }
-    let _ = TUNE.set(kept);
+    let _ = TUNE.set(t);
     Ok(())
 }
 
-/// The tuning of this command on the defaults (`pisa_wgpu::Tuning::default`): the `PISA_*`
-/// variables, then the `--tune` pairs.
+/// The tuning of this command ([`set_tuning`]); without it (the CLI's unit tests), the
+/// defaults with the `PISA_*` variables.
 pub fn command_tuning() -> anyhow::Result<pisa_wgpu::Tuning> {
-    let mut t = pisa_wgpu::Tuning::default().with_env()?;
-    for (knob, value) in TUNE.get().map(Vec::as_slice).unwrap_or_default() {
-        t.set(knob, value)?;
+    match TUNE.get() {
+        Some(t) => Ok(t.clone()),
+        None => Ok(pisa_wgpu::Tuning::default().with_env()?),
     }
-    Ok(t)
 }
 
 /// The names of the tuning knobs, comma separated.

@@ -634,6 +634,19 @@ impl Context {
         self.nv_cm2() && self.nv_pipeline(k).is_ok()
     }
 
+    /// The kernel named `name` of `list` where it runs on this context
+    /// ([`Context::nv_kernel_ok`]), else `None`.
+    pub(crate) fn nv_kernel_named(
+        &self,
+        list: &[super::nv::NvKernel],
+        name: &str,
+    ) -> Option<super::nv::NvKernel> {
+        list.iter()
+            .find(|k| k.name == name)
+            .filter(|k| self.nv_kernel_ok(k))
+            .copied()
+    }
+
     /// Builds an NVIDIA kernel's pipeline (tests: every embedded kernel builds).
     #[doc(hidden)]
     pub fn nv_pipeline_for_tests(&self, k: &super::nv::NvKernel) -> Result<()> {

@@ -195,6 +195,42 @@ impl NvPipelines {
     }
 }
 
+/// The instructions of a SPIR-V module's `words` (after its 5-word header), each as its words
+/// (opcode and count in the first), in order; an `Err` (and nothing after it) where a count
+/// is zero or runs past the end.
+pub(crate) fn instructions(
+    words: &[u32],
+) -> impl Iterator<Item = std::result::Result<&[u32], String>> {
+    let mut at = 5;
+    std::iter::from_fn(move || {
+        if at >= words.len() {
+            return None;
+        }
+        let count = (words[at] >> 16) as usize;
+        if count == 0 || at + count > words.len() {
+            at = words.len();
+            return Some(Err("malformed SPIR-V".to_string()));
+        }
+        let w = &words[at..at + count];
+        at += count;
+        Some(Ok(w))
+    })
+}
+
+/// Every NVIDIA kernel embedded in the library (`shaders/nv/kernels.txt`): the GEMMs, the
+/// probes, sparse attention's, the scorers and dense attention's. For tests and tools.
+#[doc(hidden)]
+pub fn embedded_kernels() -> Vec<NvKernel> {
+    crate::ops::nv_gemm::VARIANTS
+        .iter()
+        .map(|v| v.0)
+        .chain(crate::ops::nv_gemm::PROBES)
+        .chain(crate::ops::attention::by_leaf::NV_ATTENTION)
+        .chain(crate::ops::leaf_select::by_leaf::NV_SCORERS)
+        .chain(crate::ops::attention::nv_dense::NV_DENSE.map(|k| k.0))
+        .collect()
+}
+
 /// Checks kernel `k`'s SPIR-V `words` against its layout. wgpu's Vulkan backend numbers a
 /// layout's bindings densely in ascending order of their wgpu numbers (see
 /// `shaders/nv/common.glsl`) and does not rewrite passthrough modules, so: the layout must be
@@ -217,20 +253,14 @@ pub fn check_bindings(k: &NvKernel, words: &[u32]) -> std::result::Result<(), St
         ));
     }
     let (mut binding, mut set, mut class) = (Vec::new(), Vec::new(), Vec::new());
-    let mut at = 5;
-    while at < words.len() {
-        let (count, op) = ((words[at] >> 16) as usize, words[at] & 0xffff);
-        if count == 0 || at + count > words.len() {
-            return Err(format!("NVIDIA kernel {}: malformed SPIR-V", k.name));
-        }
-        let w = &words[at..at + count];
-        match (op, count) {
+    for w in instructions(words) {
+        let w = w.map_err(|e| format!("NVIDIA kernel {}: {e}", k.name))?;
+        match (w[0] & 0xffff, w.len()) {
             (OP_DECORATE, 4..) if w[2] == BINDING => binding.push((w[1], w[3])),
             (OP_DECORATE, 4..) if w[2] == SET => set.push((w[1], w[3])),
             (OP_VARIABLE, 4..) => class.push((w[2], w[3])),
             _ => {}
         }
-        at += count;
     }
     if binding.is_empty() {
         return Err(format!("NVIDIA kernel {}: declares no binding", k.name));

@@ -12,19 +12,7 @@ use std::mem::offset_of;
 use crate::ops::attention::nv_dense::Params as DenseParams;
 use crate::ops::leaf_select::by_leaf::Buckets;
 use crate::ops::select::SelParams;
-use crate::runtime::nv::NvKernel;
-
-/// Every embedded NVIDIA kernel.
-fn all_kernels() -> Vec<NvKernel> {
-    crate::ops::nv_gemm::VARIANTS
-        .iter()
-        .map(|v| v.0)
-        .chain(crate::ops::nv_gemm::PROBES)
-        .chain(crate::ops::attention::by_leaf::NV_ATTENTION)
-        .chain(crate::ops::leaf_select::by_leaf::NV_SCORERS)
-        .chain(crate::ops::attention::nv_dense::NV_DENSE.map(|k| k.0))
-        .collect()
-}
+use crate::runtime::nv::{embedded_kernels, instructions};
 
 /// The text of a SPIR-V literal string starting at `words[0]`.
 fn literal(words: &[u32]) -> String {
@@ -44,12 +32,10 @@ fn blocks(words: &[u32]) -> Vec<(String, Vec<(String, u32)>)> {
     let mut names: BTreeMap<u32, String> = BTreeMap::new();
     let mut members: BTreeMap<(u32, u32), String> = BTreeMap::new();
     let mut offsets: BTreeMap<(u32, u32), u32> = BTreeMap::new();
-    let mut at = 5;
-    while at < words.len() {
-        let (count, op) = ((words[at] >> 16) as usize, words[at] & 0xffff);
-        assert!(count > 0 && at + count <= words.len(), "malformed SPIR-V");
-        let w = &words[at..at + count];
-        match op {
+    for w in instructions(words) {
+        let w = w.unwrap();
+        let count = w.len();
+        match w[0] & 0xffff {
             OP_NAME if count >= 3 => {
                 names.insert(w[1], literal(&w[2..]));
             }
@@ -61,7 +47,6 @@ fn blocks(words: &[u32]) -> Vec<(String, Vec<(String, u32)>)> {
             }
             _ => {}
         }
-        at += count;
     }
     let mut out = Vec::new();
     for (id, name) in names {
@@ -156,7 +141,7 @@ fn pad_index(m: &str) -> usize {
 #[test]
 fn every_uniform_block_matches_the_host_structure() {
     let mut checked = 0;
-    for k in all_kernels() {
+    for k in embedded_kernels() {
         let words = k.words().unwrap();
         for (block, members) in blocks(&words) {
             // Storage blocks (runtime arrays at offset 0) are not the host's structures.

@@ -110,12 +110,7 @@ pub fn nv_kernel_for(
     if !ctx.nv_cm2() || cfg.block_size > 64 || 16 * COOP_SUBGROUPS != 64 {
         return None;
     }
-    let find = |name: &str| {
-        NV_ATTENTION
-            .into_iter()
-            .find(|k| k.name == name)
-            .filter(|k| ctx.nv_kernel_ok(k))
-    };
+    let find = |name: &str| ctx.nv_kernel_named(&NV_ATTENTION, name);
     let f16_merge = s.gqa_group() <= 16 && cfg.top_k <= 64;
     match s.head_dim {
         128 if f16_merge => Some((

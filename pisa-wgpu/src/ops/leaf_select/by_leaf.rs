@@ -140,10 +140,7 @@ pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, bl: &ByLeaf) -> Option<N
         64 => "leaf_score_d64",
         _ => return None,
     };
-    NV_SCORERS
-        .into_iter()
-        .find(|k| k.name == name)
-        .filter(|k| ctx.nv_kernel_ok(k))
+    ctx.nv_kernel_named(&NV_SCORERS, name)
 }
 
 /// The embedded NVIDIA scorers (`shaders/nv/kernels.txt`).
