@@ -34,7 +34,7 @@ fn time_op(ctx: &Context, op: Op, n: usize, iters: u64) -> Duration {
         kv_heads: 2,
         tokens: n,
         head_dim: 64,
-        layout,
+        layout: layout.into(),
     };
     let lay = PyramidLayout::new(n, 64, 2).unwrap();
     let mut total = Duration::ZERO;

@@ -21,7 +21,7 @@
 // did not choose a block are masked (and skip their work). Dense: every visible KT-key tile.
 //
 // Layouts: Q, K, V, O are vec4<store_t> arrays; element (b, h, n, 4c..4c+3) at
-// b*sb + h*sh + n*sn + c (strides in vec4 units; O uses Q's). sel: i32 [B, Hkv, Nq, K];
+// b*sb + h*sh + n*sn + c (strides in vec4 units; O its own, o_s*). sel: i32 [B, Hkv, Nq, K];
 // lse: f32 [B, Hq, Nq].
 alias store_t = f32;
 
@@ -267,7 +267,7 @@ fn write_row(r: u32, c: u32, x: vec4<f32>) {
         let l = alpha_sh[r / 4u][r % 4u];
         var val = vec4<f32>(0.0);
         if (l > 0.0) { val = x / l; }
-        let at = b * p.q_sb + (hq0 + r % p.gh) * p.q_sh + (i0 + r / p.gh) * p.q_sn + c;
+        let at = b * p.o_sb + (hq0 + r % p.gh) * p.o_sh + (i0 + r / p.gh) * p.o_sn + c;
         o[at] = vec4<store_t>(val);
     }
 }

@@ -20,7 +20,8 @@ struct Params {
     v_sn: u32, kv_heads: u32, q_heads: u32, group: u32,
     gh: u32, head_chunks: u32, q_len: u32, k_len: u32,
     block_size: u32, n_qtiles: u32, top_k: u32, nb0: u32,
-    causal: u32, wg_count: u32, scale_log2: f32, pad: u32,
+    causal: u32, wg_count: u32, scale_log2: f32, o_sb: u32,
+    o_sh: u32, o_sn: u32, pad0: u32, pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -408,7 +408,7 @@ fn finish() {
                     let x = st + (e / 4u) * 16u + 4u * c4;
                     val = vec4<f32>(fsh[x], fsh[x + 1u], fsh[x + 2u], fsh[x + 3u]) / l;
                 }
-                let at = b * p.q_sb + (hq0 + r % p.gh) * p.q_sh + (i0 + r / p.gh) * p.q_sn
+                let at = b * p.o_sb + (hq0 + r % p.gh) * p.o_sh + (i0 + r / p.gh) * p.o_sn
                     + dc * 4u + c4;
                 o[at] = vec4<f16>(val);
             }

@@ -4,7 +4,7 @@
 // O = sum O_part e^(m - M) / L, LSE = M + log L; a partial with l = 0 has no visible key and is
 // skipped; no state at all gives O = 0 and LSE = -inf, as the tile kernels write). One
 // workgroup per query i0 + i_local of (b, KV head) bh0, all GQ heads.
-// O: store_t in Q's layout; LSE: f32 [B, Hq, Nq]. (Params, p, linear_id: select_common.wgsl,
+// O: store_t at its own strides (o_s*); LSE: f32 [B, Hq, Nq]. (Params, p, linear_id: select_common.wgsl,
 // prepended; the Buckets uniform: leaf_chunk.wgsl, appended.)
 
 const GQ: u32 = 4u;   // query heads per KV head
@@ -73,7 +73,7 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         var val = 0.0;
         if (hl[h] > 0.0) { val = acc / hl[h]; }
-        o[b * p.q_sb + (hkv * GQ + h) * p.q_sh + i * p.q_sn + d] = store_t(val);
+        o[b * p.o_sb + (hkv * GQ + h) * p.o_sh + i * p.o_sn + d] = store_t(val);
     }
 }
 

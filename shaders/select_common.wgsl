@@ -14,6 +14,7 @@ struct Params {
     local: u32, nb0: u32, total_nodes: u32, start_level: u32,
     scoring: u32, tiles: u32, wg_count: u32, scale: f32,
     q_pos0: u32, mc: u32, routed: u32, pad1: u32,
+    o_sb: u32, o_sh: u32, o_sn: u32, pad2: u32,
     levels: array<vec4<u32>, 64>,
 }
 

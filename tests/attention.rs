@@ -262,7 +262,7 @@ fn reported_kernel_is_the_one_that_runs() {
                 },
             };
             let layouts = QkvLayouts {
-                v: v_layout,
+                v: v_layout.into(),
                 ..QkvLayouts::default()
             };
             let reported = attention::attention_kernel(ctx, &s, storage, layouts, &kind, tiling);

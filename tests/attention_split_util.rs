@@ -55,7 +55,12 @@ pub fn prepare(ctx: &Context, r: &mut ChaCha8Rng, c: &Call) -> Prepared {
     let kd = (s.batch, s.kv_heads, s.k_len, s.head_dim);
     let up = |d: &[f32], dims, l| ctx.upload("t", &convert(d, dims, l), c.storage).unwrap();
     let l = c.layouts;
-    let t = [up(&x.q, qd, l.q), up(&x.k, kd, l.k), up(&x.v, kd, l.v)];
+    let c_of = |k: pisa_wgpu::runtime::view::KernelLayout| k.contiguous().unwrap();
+    let t = [
+        up(&x.q, qd, c_of(l.q)),
+        up(&x.k, kd, c_of(l.k)),
+        up(&x.v, kd, c_of(l.v)),
+    ];
     Prepared { t, scale, want }
 }
 
@@ -84,13 +89,13 @@ pub fn exec(ctx: &Context, c: &Call, x: &Prepared, what: &str) -> (Vec<u32>, Vec
         })
         .unwrap();
     let (o, lse) = (ctx.read_f32(&o).unwrap(), ctx.read_f32(&lse).unwrap());
-    // O comes back in Q's layout; the reference is in Bhnd.
+    // O comes back in its layout (Q's); the reference is in Bhnd.
     let mut ob = vec![0.0; o.len()];
     let (d, n) = (s.head_dim, s.q_len);
     for bi in 0..s.batch {
         for h in 0..s.q_heads {
             for t in 0..n {
-                let f = l.q.index(s.q_heads, n, d, bi, h, t, 0);
+                let f = l.o.index(s.q_heads, n, d, bi, h, t, 0);
                 let g = Bhnd.index(s.q_heads, n, d, bi, h, t, 0);
                 ob[g..g + d].copy_from_slice(&o[f..f + d]);
             }
@@ -107,24 +112,8 @@ pub fn run(ctx: &Context, r: &mut ChaCha8Rng, c: &Call, what: &str) -> (Vec<u32>
 }
 
 pub const LAYOUTS: [QkvLayouts; 4] = [
-    QkvLayouts {
-        q: Bhnd,
-        k: Bhnd,
-        v: Bhnd,
-    },
-    QkvLayouts {
-        q: Bnhd,
-        k: Bnhd,
-        v: Bnhd,
-    },
-    QkvLayouts {
-        q: Bhnd,
-        k: Bnhd,
-        v: Bhnd,
-    },
-    QkvLayouts {
-        q: Bnhd,
-        k: Bhnd,
-        v: Bnhd,
-    },
+    QkvLayouts::contiguous(Bhnd, Bhnd, Bhnd),
+    QkvLayouts::contiguous(Bnhd, Bnhd, Bnhd),
+    QkvLayouts::contiguous(Bhnd, Bnhd, Bhnd),
+    QkvLayouts::contiguous(Bnhd, Bhnd, Bnhd),
 ];

@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions, PrefillOutputs, PrefillPlan};
-use pisa_wgpu::{wgpu, Context, DType, GpuError, TensorView};
+use pisa_wgpu::{wgpu, Context, DType, GpuError, LeafOrder, Storage, TensorView};
 
 /// A buffer holding `data` (f32) after `pad` bytes of 0x5A.
 fn buffer_with(ctx: &Context, pad: usize, data: &[f32]) -> wgpu::Buffer {
@@ -447,4 +447,244 @@ fn tuning_changes_and_plans() {
         l.host.out,
         "under other route knobs"
     );
+}
+
+/// One packed QKV case: (B, Hq, Hkv, N, D, C, K, storage). Every `Hq * D` and `(Hq + Hkv) * D`
+/// row offset is a multiple of 256 bytes, so K and V start on a binding boundary.
+type PackedCase = (usize, usize, usize, usize, usize, usize, usize, Storage);
+
+/// A packed QKV projection `[B, N, Hq + 2 Hkv, D]` of the storage dtype at byte `off` of an
+/// application buffer (filled with 0x5A around), and its Q, K, V views.
+fn packed(ctx: &Context, c: PackedCase, off: u64, x: [&[f32]; 3]) -> [TensorView; 3] {
+    let (b, hq, hkv, n, d, _, _, st) = c;
+    let t = hq + 2 * hkv;
+    let e = if st == Storage::F16 { 2 } else { 4 };
+    let mut rows = vec![0f32; b * n * t * d];
+    for (part, (h0, h, src)) in [(0, hq, x[0]), (hq, hkv, x[1]), (hq + hkv, hkv, x[2])]
+        .into_iter()
+        .enumerate()
+    {
+        let _ = part;
+        for bi in 0..b {
+            for hi in 0..h {
+                for ti in 0..n {
+                    let s = ((bi * h + hi) * n + ti) * d;
+                    let o = ((bi * n + ti) * t + h0 + hi) * d;
+                    rows[o..o + d].copy_from_slice(&src[s..s + d]);
+                }
+            }
+        }
+    }
+    let mut bytes = vec![0x5Au8; off as usize];
+    if st == Storage::F16 {
+        let h: Vec<u16> = rows
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect();
+        bytes.extend_from_slice(bytemuck::cast_slice(&h));
+    } else {
+        bytes.extend_from_slice(bytemuck::cast_slice(&rows));
+    }
+    bytes.resize(bytes.len().div_ceil(4) * 4 + 64, 0x5A);
+    let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("packed qkv"),
+        size: bytes.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    ctx.queue().write_buffer(&buf, 0, &bytes);
+    let dt = if st == Storage::F16 {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    let strides = [n * t * d, d, t * d, 1];
+    let view = |h0: usize, h: usize| {
+        let o = off + (h0 * d * e) as u64;
+        TensorView::new(&buf, o, dt, [b, h, n, d], strides).unwrap()
+    };
+    [view(0, hq), view(hq, hkv), view(hq + hkv, hkv)]
+}
+
+/// Contiguous BHND views of the same data at an offset of 52 bytes (not a binding boundary):
+/// the plan gathers these.
+fn unaligned(ctx: &Context, c: PackedCase, x: [&[f32]; 3]) -> [TensorView; 3] {
+    let (b, hq, hkv, n, d, _, _, st) = c;
+    let dt = if st == Storage::F16 {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    let mk = |data: &[f32], h: usize| {
+        let mut bytes = vec![0x5Au8; PAD];
+        if st == Storage::F16 {
+            let w: Vec<u16> = data
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect();
+            bytes.extend_from_slice(bytemuck::cast_slice(&w));
+        } else {
+            bytes.extend_from_slice(bytemuck::cast_slice(data));
+        }
+        bytes.resize(bytes.len().div_ceil(4) * 4, 0);
+        let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("bhnd"),
+            size: bytes.len() as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        ctx.queue().write_buffer(&buf, 0, &bytes);
+        TensorView::contiguous(&buf, PAD as u64, dt, [b, h, n, d], TensorLayout::Bhnd).unwrap()
+    };
+    [mk(x[0], hq), mk(x[1], hkv), mk(x[2], hkv)]
+}
+
+/// Runs `plan` on `qkv` and returns (O, LSE, selection), all BHND, O as f32.
+fn run_plan(
+    ctx: &Context,
+    plan: &PrefillPlan,
+    s: &AttentionShape,
+    top_k: usize,
+    qkv: &[TensorView; 3],
+) -> (Vec<f32>, Vec<f32>, Vec<i32>) {
+    let (b, hq, hkv, n, d) = (s.batch, s.q_heads, s.kv_heads, s.q_len, s.head_dim);
+    let poisoned = |elems: usize| buffer_with(ctx, 0, &vec![f32::NAN; elems]);
+    let (o, lse, sel) = (
+        poisoned(s.q_elems()),
+        poisoned(s.lse_elems()),
+        poisoned(b * hkv * n * top_k),
+    );
+    let ov = TensorView::contiguous(&o, 0, DType::F32, [b, hq, n, d], TensorLayout::Bhnd).unwrap();
+    let lv = TensorView::contiguous(&lse, 0, DType::F32, [b, hq, n, 1], TensorLayout::Bhnd);
+    let sv = TensorView::contiguous(&sel, 0, DType::I32, [b, hkv, n, top_k], TensorLayout::Bhnd);
+    let (lv, sv) = (lv.unwrap(), sv.unwrap());
+    let po = PrefillOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: Some(&sv),
+    };
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    plan.run(&mut enc, &qkv[0], &qkv[1], &qkv[2], &po, None)
+        .unwrap();
+    ctx.scoped("test submit", || {
+        ctx.queue().submit([enc.finish()]);
+        Ok(())
+    })
+    .unwrap();
+    let sel = read_f32(ctx, &sel, 0, b * hkv * n * top_k);
+    (
+        read_f32(ctx, &o, 0, s.q_elems()),
+        read_f32(ctx, &lse, 0, s.lse_elems()),
+        sel.iter().map(|x| x.to_bits() as i32).collect(),
+    )
+}
+
+/// A packed QKV projection (`[B, N, Hq + 2 Hkv, D]`, one buffer, Q, K and V at offsets that are
+/// multiples of 256 bytes) is read in place: no gather, the kernels address the views with
+/// their strides. Checked against the CPU reference (selection equal except rows whose K-th and
+/// (K+1)-th scores tie within 1e-3, 2e-2 for f16: the reference's margin says which; O and LSE
+/// within 1e-4, 5e-3 for f16), and bitwise against the same plan fed contiguous views at an
+/// unaligned offset, which it gathers. Both stage-2 and attention orders (tiles and leaves:
+/// the leaf-major merge writes O at its own strides), GQA groups 1, 2, 3, 4, 7, 8.
+#[test]
+fn packed_qkv_is_read_in_place() {
+    use pisa_core::reference::{select_pisa, sparse_attention};
+    let _settings = settings_lock();
+    let ctx = ctx();
+    let f = Storage::F32;
+    let h = Storage::F16;
+    let cases: [PackedCase; 6] = [
+        (2, 6, 2, 203, 32, 32, 3, f),
+        (1, 7, 1, 150, 64, 16, 4, f),
+        (1, 8, 8, 97, 48, 16, 2, h),
+        (2, 4, 2, 130, 64, 16, 3, h),
+        (1, 8, 1, 77, 64, 16, 2, f),
+        (1, 8, 2, 120, 64, 32, 2, h),
+    ];
+    let align = ctx.device().limits().min_storage_buffer_offset_alignment as u64;
+    let off = align.max(256);
+    let base = seed("packed_qkv_in_place");
+    let before = ctx.leaf_order();
+    let mut checked = 0;
+    for order in [LeafOrder::Tiles, LeafOrder::Leaves] {
+        ctx.set_leaf_order(order);
+        for (i, &c) in cases.iter().enumerate() {
+            let (b, hq, hkv, n, d, cb, kk, st) = c;
+            if st == h && !ctx.has_f16() {
+                eprintln!("no SHADER_F16: f16 case {i} skipped");
+                continue;
+            }
+            let s = AttentionShape::prefill(b, hq, hkv, n, d).unwrap();
+            let cfg = SelectionConfig::new(cb, kk).unwrap();
+            let opts = PrefillOptions {
+                cfg,
+                storage: st,
+                return_selection: true,
+                ..Default::default()
+            };
+            let mut r = rng(base + i as u64);
+            let mut x = [
+                random(&mut r, s.q_elems(), 1.0),
+                random(&mut r, s.kv_elems(), 1.0),
+                random(&mut r, s.kv_elems(), 1.0),
+            ];
+            if st == h {
+                x = x.map(|v| through_f16(&v));
+            }
+            let xs = [&x[0][..], &x[1][..], &x[2][..]];
+            let plan = PrefillPlan::new(ctx, &s, &opts).unwrap();
+            let direct = packed(ctx, c, off, xs);
+            let gathered = unaligned(ctx, c, xs);
+            for v in &direct {
+                assert!(plan.reads_in_place(v), "case {i}: packed view not in place");
+            }
+            for v in &gathered {
+                assert!(!plan.reads_in_place(v), "case {i}: unaligned view in place");
+            }
+            let got = run_plan(ctx, &plan, &s, kk, &direct);
+            let staged = run_plan(ctx, &plan, &s, kk, &gathered);
+            // Bitwise: the first differing element, if any.
+            let first = |a: &[u32], b: &[u32]| a.iter().zip(b).position(|(x, y)| x != y);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let sel_bits = |v: &[i32]| v.iter().map(|&x| x as u32).collect::<Vec<_>>();
+            for (what, a, b) in [
+                ("O", bits(&got.0), bits(&staged.0)),
+                ("LSE", bits(&got.1), bits(&staged.1)),
+                ("selection", sel_bits(&got.2), sel_bits(&staged.2)),
+            ] {
+                assert_eq!(a.len(), b.len());
+                if let Some(e) = first(&a, &b) {
+                    panic!(
+                        "case {i} {order:?}: {what} in place differs from gathered at {e}: {:#x} vs {:#x}",
+                        a[e], b[e]
+                    );
+                }
+            }
+            // Against the reference.
+            let want = select_pisa(xs[0], xs[1], &s, TensorLayout::Bhnd, &cfg).unwrap();
+            let tie = if st == h { 2e-2 } else { 1e-3 };
+            for row in 0..want.rows() {
+                let g = &got.2[row * kk..(row + 1) * kk];
+                if g != want.row(row) {
+                    assert!(
+                        want.margin[row] < tie,
+                        "case {i} {order:?} row {row}: GPU {g:?} vs reference {:?}, margin {}",
+                        want.row(row),
+                        want.margin[row]
+                    );
+                }
+            }
+            let (o, lse) =
+                sparse_attention(xs[0], xs[1], xs[2], &s, TensorLayout::Bhnd, &cfg, &got.2)
+                    .unwrap();
+            let tol = if st == h { 5e-3 } else { 1e-4 };
+            let e = rel_err(&got.0, &o);
+            assert!(e < tol, "case {i} {order:?}: O rel err {e}");
+            let e = rel_err(&got.1, &lse);
+            assert!(e < tol, "case {i} {order:?}: LSE rel err {e}");
+            checked += 1;
+        }
+    }
+    ctx.set_leaf_order(before);
+    assert!(checked >= 8, "only {checked} cases ran");
 }

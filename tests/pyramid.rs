@@ -23,7 +23,7 @@ fn pyramid_means_match_direct_means() {
             kv_heads: h,
             tokens: nk,
             head_dim: d,
-            layout,
+            layout: layout.into(),
         };
         let lay = PyramidLayout::new(nk, c, g).unwrap();
         let kt = ctx.upload("k", &k, Storage::F32).unwrap();

@@ -66,7 +66,7 @@ fn dispatch_past_the_grid_limit_is_a_typed_error() {
         });
     let mut enc = ctx.device().create_command_encoder(&Default::default());
     let e = ctx
-        .dispatch(&mut enc, &pipe, &[], u64::MAX, None)
+        .dispatch::<&wgpu::Buffer>(&mut enc, &pipe, &[], u64::MAX, None)
         .unwrap_err();
     assert!(
         matches!(
@@ -82,7 +82,7 @@ fn dispatch_past_the_grid_limit_is_a_typed_error() {
     let per_dim = ctx.limits().max_compute_workgroups_per_dimension as u64;
     ctx.scoped("noop", || {
         let mut enc = ctx.device().create_command_encoder(&Default::default());
-        ctx.dispatch(&mut enc, &pipe, &[], per_dim + 1, None)?;
+        ctx.dispatch::<&wgpu::Buffer>(&mut enc, &pipe, &[], per_dim + 1, None)?;
         ctx.queue().submit([enc.finish()]);
         Ok(())
     })

@@ -79,7 +79,7 @@ void main() {
                 a1 += ws * vec4(vec2(unpackFloat2x16(u.z)), vec2(unpackFloat2x16(u.w)));
             }
         }
-        o4[(b * p.q_sb + (hkv * gq + h) * p.q_sh + i * p.q_sn) / 8u + c] =
+        o4[(b * p.o_sb + (hkv * gq + h) * p.o_sh + i * p.o_sn) / 8u + c] =
             uvec4(packFloat2x16(f16vec2(a0.xy)), packFloat2x16(f16vec2(a0.zw)),
                   packFloat2x16(f16vec2(a1.xy)), packFloat2x16(f16vec2(a1.zw)));
     }

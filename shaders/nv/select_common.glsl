@@ -13,6 +13,7 @@ layout(set = 0, binding = B_PARAMS, std140) uniform Params {
     uint local_blocks; uint nb0; uint total_nodes; uint start_level;
     uint scoring; uint tiles; uint wg_count; float scale;
     uint q_pos0; uint mc; uint routed; uint pad1;
+    uint o_sb; uint o_sh; uint o_sn; uint pad2;
 } p;
 
 layout(set = 0, binding = B_BUCKETS, std140) uniform Buckets {

@@ -36,6 +36,7 @@ use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::ShaderSource;
 use crate::runtime::profiler::Profiler;
+use crate::runtime::view::KernelLayout;
 use kernel::Plan;
 use launch::Launch;
 
@@ -51,20 +52,39 @@ pub const SHADER: ShaderSource = ShaderSource {
 /// Head dims the kernels accept (the tested ones are 64, 80, 96, 128 and 256).
 pub const SUPPORTED_HEAD_DIMS: &str = "multiples of 16 from 16 to 256";
 
-/// Layouts of Q (and of the output O), K and V.
+/// Layouts of Q, K, V and of the output O (which the kernels allocate: contiguous).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QkvLayouts {
-    /// Layout of Q `[B, Hq, Nq, D]` and of O.
-    pub q: TensorLayout,
+    /// Layout of Q `[B, Hq, Nq, D]`.
+    pub q: KernelLayout,
     /// Layout of K `[B, Hkv, Nk, D]`.
-    pub k: TensorLayout,
+    pub k: KernelLayout,
     /// Layout of V `[B, Hkv, Nk, D]`.
-    pub v: TensorLayout,
+    pub v: KernelLayout,
+    /// Layout of O `[B, Hq, Nq, D]`, the same shape as Q.
+    pub o: TensorLayout,
+}
+
+impl QkvLayouts {
+    /// Q, K and V contiguous in their layouts, O in Q's.
+    pub const fn contiguous(q: TensorLayout, k: TensorLayout, v: TensorLayout) -> Self {
+        Self {
+            q: KernelLayout::Contiguous(q),
+            k: KernelLayout::Contiguous(k),
+            v: KernelLayout::Contiguous(v),
+            o: q,
+        }
+    }
 }
 
 impl From<TensorLayout> for QkvLayouts {
     fn from(l: TensorLayout) -> Self {
-        Self { q: l, k: l, v: l }
+        Self {
+            q: l.into(),
+            k: l.into(),
+            v: l.into(),
+            o: l,
+        }
     }
 }
 
@@ -98,6 +118,18 @@ fn u32_of(what: &'static str, v: usize) -> Result<u32> {
     })
 }
 
+/// The kernels that write O at Q's strides (split-K's merge, the NVIDIA dense kernel) need O in
+/// Q's layout, contiguous. Errors: [`GpuError::Unsupported`] otherwise.
+pub(crate) fn check_o_is_q(layouts: QkvLayouts) -> Result<()> {
+    if layouts.q != KernelLayout::Contiguous(layouts.o) {
+        return Err(GpuError::Unsupported(format!(
+            "dense attention with O ({:?}) in another layout than Q ({:?}): use a contiguous Q and O in its layout",
+            layouts.o, layouts.q
+        )));
+    }
+    Ok(())
+}
+
 fn check_len(what: &'static str, t: &GpuTensor, expected: usize) -> Result<()> {
     if t.len != expected {
         return Err(PisaError::BufferLen {
@@ -116,6 +148,7 @@ pub(crate) fn validate(
     q: &GpuTensor,
     k: &GpuTensor,
     v: &GpuTensor,
+    layouts: QkvLayouts,
     kind: &AttentionKind<'_>,
 ) -> Result<()> {
     let d = shape.head_dim;
@@ -128,9 +161,17 @@ pub(crate) fn validate(
     }
     u32_of("query elements", shape.q_elems())?;
     u32_of("key elements", shape.kv_elems())?;
-    check_len("q", q, shape.q_elems())?;
-    check_len("k", k, shape.kv_elems())?;
-    check_len("v", v, shape.kv_elems())?;
+    // Elements from the first to past the last (the element count when contiguous).
+    let (b, hq, hkv) = (shape.batch, shape.q_heads, shape.kv_heads);
+    let spans = [
+        ("q", q, layouts.q.span(b, hq, shape.q_len, d)),
+        ("k", k, layouts.k.span(b, hkv, shape.k_len, d)),
+        ("v", v, layouts.v.span(b, hkv, shape.k_len, d)),
+    ];
+    for (what, t, span) in spans {
+        u32_of("elements of a strided q, k or v", span)?;
+        check_len(what, t, span)?;
+    }
     if k.storage != q.storage || v.storage != q.storage {
         return Err(GpuError::Unsupported(format!(
             "q, k, v in different storage precisions ({:?}, {:?}, {:?}); use one",
@@ -158,8 +199,13 @@ pub(crate) fn validate(
 
 /// Element strides (batch, head, token) of a `[B, heads, tokens, d]` tensor in layout `l`, as
 /// the kernels' parameters hold them (callers have checked the element counts fit u32).
-pub(crate) fn element_strides(l: TensorLayout, heads: usize, tokens: usize, d: usize) -> [u32; 3] {
-    let (a, b, c) = l.strides(heads, tokens, d);
+pub(crate) fn element_strides(
+    l: impl Into<KernelLayout>,
+    heads: usize,
+    tokens: usize,
+    d: usize,
+) -> [u32; 3] {
+    let (a, b, c) = l.into().strides(heads, tokens, d);
     [a as u32, b as u32, c as u32]
 }
 
@@ -233,7 +279,7 @@ pub fn record_attention(
     tiling: Option<Tiling>,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
-    validate(shape, q, k, v, kind)?;
+    validate(shape, q, k, v, layouts, kind)?;
     match kernel::plan(ctx, shape, q.storage, layouts, kind, tiling) {
         Plan::SplitK {
             plan,
@@ -305,13 +351,5 @@ fn record_tiles(
         &var.consts(),
         &[],
     )?;
-    l.dispatch(
-        ctx,
-        enc,
-        &pipe,
-        [&q.buffer, &k.buffer, &v.buffer],
-        kind,
-        &[],
-        prof,
-    )
+    l.dispatch(ctx, enc, &pipe, [q, k, v], kind, &[], prof)
 }

@@ -5,7 +5,7 @@
 use super::pyramid::GpuPyramid;
 use super::select::{fit_tile, Plan};
 use crate::error::Result;
-use crate::runtime::buffers::{GpuTensor, POISON_I32};
+use crate::runtime::buffers::{Bind, GpuTensor, POISON_I32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
@@ -62,11 +62,11 @@ pub(crate) fn record(
         .get(&ctx.device, &SHADER, "bsa", plan.storage, &consts, &[])?;
     let p = plan.tiled(t);
     let u = ctx.uniform("bsa params", &p)?;
-    let b = [
-        (0, &u),
-        (1, &q.buffer),
-        (2, &pyr.means.buffer),
-        (3, &sel.buffer),
+    let b: [(u32, Bind<'_>); 4] = [
+        (0, (&u).into()),
+        (1, q.into()),
+        (2, (&pyr.means.buffer).into()),
+        (3, (&sel.buffer).into()),
     ];
     ctx.dispatch(
         enc,

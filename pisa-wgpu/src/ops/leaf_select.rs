@@ -14,7 +14,7 @@ pub mod coop;
 
 use super::select::{fit_tile, Plan};
 use crate::error::Result;
-use crate::runtime::buffers::{GpuTensor, POISON_I32};
+use crate::runtime::buffers::{Bind, GpuTensor, POISON_I32};
 use crate::runtime::context::{Context, KernelPath, LeafOrder};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
@@ -133,7 +133,7 @@ pub(crate) fn record(
     if let Some(var) = coop_var {
         let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
         let timer = prof.map(|pr| (pr, "leaf_select"));
-        let b = [&q.buffer, &k.buffer, &cand.buffer];
+        let b = [q.into(), k.into(), (&cand.buffer).into()];
         coop::record(ctx, enc, plan, b, &sel, &var, timer)?;
         return Ok(sel);
     }
@@ -151,12 +151,12 @@ pub(crate) fn record(
     )?;
     let p = plan.tiled(t);
     let u = ctx.uniform("leaf_select params", &p)?;
-    let b = [
-        (0, &u),
-        (1, &q.buffer),
-        (2, &k.buffer),
-        (3, &cand.buffer),
-        (4, &sel.buffer),
+    let b: [(u32, Bind<'_>); 5] = [
+        (0, (&u).into()),
+        (1, q.into()),
+        (2, k.into()),
+        (3, (&cand.buffer).into()),
+        (4, (&sel.buffer).into()),
     ];
     let timer = prof.map(|pr| (pr, "leaf_select"));
     ctx.dispatch(enc, &pipe, &b, p.wg_count as u64, timer)?;

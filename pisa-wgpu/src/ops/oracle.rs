@@ -3,7 +3,7 @@
 
 use super::select::{fit_tile, Plan};
 use crate::error::Result;
-use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
+use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
@@ -53,7 +53,12 @@ pub(crate) fn record(
     let (pm, pt) = (get("oracle_mass")?, get("oracle_topk")?);
     let p = plan.tiled(1);
     let u = ctx.uniform("oracle params", &p)?;
-    let b = [(0, &u), (1, &q.buffer), (2, &k.buffer), (3, &mass.buffer)];
+    let b: [(u32, Bind<'_>); 4] = [
+        (0, (&u).into()),
+        (1, q.into()),
+        (2, k.into()),
+        (3, (&mass.buffer).into()),
+    ];
     let timer = prof.as_deref_mut().map(|pr| (pr, "oracle"));
     ctx.dispatch(enc, &pm, &b, p.wg_count as u64, timer)?;
     let b = [(0, &u), (3, &mass.buffer), (4, &sel.buffer)];

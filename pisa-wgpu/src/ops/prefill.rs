@@ -125,18 +125,21 @@ pub fn record_prefill(
     opts: &PrefillOptions,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
-    record_prefill_parts(ctx, enc, q, k, v, shape, opts, prof).map(|(o, lse, sel, _)| (o, lse, sel))
+    let layouts = QkvLayouts::from(opts.layout);
+    record_prefill_parts(ctx, enc, [q, k, v], layouts, shape, opts, prof)
+        .map(|(o, lse, sel, _)| (o, lse, sel))
 }
 
-/// [`record_prefill`], also returning the key pyramid it built (layout of `shape.k_len`), for
-/// a decode cache to take over ([`crate::ops::decode::KvCache::record_prefill_from_plan`]).
+/// [`record_prefill`] with Q, K, V in `layouts` (strided when a plan reads a caller's views in
+/// place; O in `layouts.o`), also returning the key pyramid it built (layout of
+/// `shape.k_len`), for a decode cache to take over
+/// ([`crate::ops::decode::KvCache::record_prefill_from_plan`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record_prefill_parts(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
-    q: &GpuTensor,
-    k: &GpuTensor,
-    v: &GpuTensor,
+    [q, k, v]: [&GpuTensor; 3],
+    layouts: QkvLayouts,
     shape: &AttentionShape,
     opts: &PrefillOptions,
     mut prof: Option<&mut Profiler>,
@@ -147,36 +150,30 @@ pub(crate) fn record_prefill_parts(
         kv_heads: shape.kv_heads,
         tokens: shape.k_len,
         head_dim: shape.head_dim,
-        layout: opts.layout,
+        layout: layouts.k,
     };
     let pyr = pyramid::alloc(ctx, lay, &geo, opts.cfg.scoring == Scoring::MeanVar)?;
     pyramid::record_build(ctx, enc, k, &geo, shape.k_len, &pyr, prof.as_deref_mut())?;
-    let layouts = Layouts::new(opts.layout, shape);
+    let sel_layouts = Layouts {
+        q: layouts.q,
+        k: layouts.k,
+        k_tokens: shape.k_len,
+    };
     let sel = select(
         ctx,
         q,
         k,
         Some(&pyr),
         shape,
-        &layouts,
+        &sel_layouts,
         &opts.cfg,
         Method::Pisa,
         opts.q_tile,
         enc,
         prof.as_deref_mut(),
     )?;
-    let (o, lse) = record_sparse_attention(
-        ctx,
-        enc,
-        q,
-        k,
-        v,
-        &sel,
-        shape,
-        QkvLayouts::from(opts.layout),
-        &opts.cfg,
-        prof,
-    )?;
+    let (o, lse) =
+        record_sparse_attention(ctx, enc, q, k, v, &sel, shape, layouts, &opts.cfg, prof)?;
     Ok((o, lse, sel, pyr))
 }
 

@@ -5,13 +5,14 @@
 //! KV cache can grow inside one allocation).
 
 use bytemuck::{Pod, Zeroable};
-use pisa_core::{PyramidLayout, TensorLayout};
+use pisa_core::PyramidLayout;
 
 use crate::error::Result;
-use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
+use crate::runtime::view::KernelLayout;
 
 /// `shaders/pyramid.wgsl`.
 pub const SHADER: ShaderSource = ShaderSource {
@@ -63,7 +64,7 @@ pub struct KeyGeometry {
     /// D.
     pub head_dim: usize,
     /// Layout of K.
-    pub layout: TensorLayout,
+    pub layout: KernelLayout,
 }
 
 impl KeyGeometry {
@@ -156,7 +157,12 @@ pub fn record_build(
         let u = ctx.uniform("pyramid params", &p)?;
         let timer = prof.as_deref_mut().map(|pr| (pr, "pyramid"));
         if l == 0 {
-            let b = [(0, &u), (1, &k.buffer), (2, &pyr.means.buffer), (3, sq_buf)];
+            let b: [(u32, Bind<'_>); 4] = [
+                (0, (&u).into()),
+                (1, k.into()),
+                (2, (&pyr.means).into()),
+                (3, sq_buf.into()),
+            ];
             ctx.dispatch(enc, &leaves, &b, p.wg_count as u64, timer)?;
         } else {
             let b = [(0, &u), (2, &pyr.means.buffer), (3, sq_buf)];

@@ -4,7 +4,7 @@
 use super::pyramid::GpuPyramid;
 use super::select::Plan;
 use crate::error::Result;
-use crate::runtime::buffers::{GpuTensor, POISON_I32};
+use crate::runtime::buffers::{Bind, GpuTensor, POISON_I32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
@@ -182,14 +182,14 @@ pub(crate) fn record(
         .get(&ctx.device, &SHADER, "route", plan.storage, &consts, &[])?;
     let p = plan.tiled(t);
     let u = ctx.uniform("route params", &p)?;
-    let b = [
-        (0, &u),
-        (1, &q.buffer),
-        (2, m1),
-        (3, s1),
-        (4, &cand.buffer),
-        (5, m4),
-        (6, s4),
+    let b: [(u32, Bind<'_>); 7] = [
+        (0, (&u).into()),
+        (1, q.into()),
+        (2, m1.into()),
+        (3, s1.into()),
+        (4, (&cand.buffer).into()),
+        (5, m4.into()),
+        (6, s4.into()),
     ];
     ctx.dispatch(
         enc,

@@ -15,6 +15,7 @@ use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
+use crate::runtime::view::KernelLayout;
 
 mod plan;
 
@@ -41,9 +42,9 @@ pub enum Method {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layouts {
     /// Layout of Q (`Hq` heads, `Nq` tokens).
-    pub q: TensorLayout,
+    pub q: KernelLayout,
     /// Layout of K (`Hkv` heads, `k_tokens` tokens, of which the first `Nk` are valid).
-    pub k: TensorLayout,
+    pub k: KernelLayout,
     /// Tokens of K's token dimension (`>= Nk`; `Nk` for prefill, a capacity for a KV cache).
     pub k_tokens: usize,
 }
@@ -52,8 +53,8 @@ impl Layouts {
     /// Q and K both in `layout`, K holding exactly `shape.k_len` tokens.
     pub fn new(layout: TensorLayout, shape: &AttentionShape) -> Self {
         Self {
-            q: layout,
-            k: layout,
+            q: layout.into(),
+            k: layout.into(),
             k_tokens: shape.k_len,
         }
     }
@@ -220,7 +221,7 @@ pub fn build_pyramid(
         kv_heads: shape.kv_heads,
         tokens: shape.k_len,
         head_dim: shape.head_dim,
-        layout,
+        layout: layout.into(),
     };
     let with_sq = cfg.scoring == pisa_core::Scoring::MeanVar;
     let pyr = pyramid::alloc(ctx, lay, &geo, with_sq)?;

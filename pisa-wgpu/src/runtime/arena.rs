@@ -42,7 +42,7 @@ struct Slot {
 }
 
 /// A bind group's pipeline (auto layouts are per pipeline) and bindings.
-type GroupKey = (wgpu::ComputePipeline, Vec<(u32, wgpu::Buffer, u64)>);
+type GroupKey = (wgpu::ComputePipeline, Vec<(u32, wgpu::Buffer, u64, u64)>);
 
 /// The buffers and bind groups of one plan's recorded run.
 #[derive(Default, Debug)]
@@ -203,7 +203,7 @@ pub(crate) fn insert_buffer(
 pub(crate) fn lookup_group(
     ctx: usize,
     pipeline: &wgpu::ComputePipeline,
-    bindings: &[(u32, &wgpu::Buffer, u64)],
+    bindings: &[(u32, &wgpu::Buffer, u64, u64)],
 ) -> Option<wgpu::BindGroup> {
     with_active(ctx, |a| {
         if !a.replay || a.diverged.is_some() {
@@ -219,7 +219,7 @@ pub(crate) fn lookup_group(
                 && key
                     .iter()
                     .zip(bindings)
-                    .all(|(x, y)| x.0 == y.0 && &x.1 == y.1 && x.2 == y.2)
+                    .all(|(x, y)| x.0 == y.0 && &x.1 == y.1 && x.2 == y.2 && x.3 == y.3)
         };
         let g = alts.iter().find(|(k, _)| same(k)).map(|(_, g)| g.clone())?;
         a.next_group += 1;
@@ -232,7 +232,7 @@ pub(crate) fn lookup_group(
 pub(crate) fn insert_group(
     ctx: usize,
     pipeline: &wgpu::ComputePipeline,
-    bindings: &[(u32, &wgpu::Buffer, u64)],
+    bindings: &[(u32, &wgpu::Buffer, u64, u64)],
     group: &wgpu::BindGroup,
 ) {
     with_active(ctx, |a| {
@@ -240,7 +240,7 @@ pub(crate) fn insert_group(
             pipeline.clone(),
             bindings
                 .iter()
-                .map(|&(i, b, o)| (i, b.clone(), o))
+                .map(|&(i, b, o, n)| (i, b.clone(), o, n))
                 .collect(),
         );
         if !a.replay {

@@ -18,6 +18,7 @@ mod dispatch;
 
 use bytemuck::Pod;
 
+pub use self::dispatch::Bind;
 pub(crate) use self::dispatch::Stage;
 use super::context::Context;
 use super::pipeline::Storage;
@@ -38,6 +39,23 @@ pub struct GpuTensor {
     pub len: usize,
     /// Element precision.
     pub storage: Storage,
+    /// `(byte offset, bytes)` of the range the kernels bind when the tensor is part of a
+    /// caller's buffer read in place (offset a multiple of the device's
+    /// `min_storage_buffer_offset_alignment`, bytes a multiple of 4, `len` elements from the
+    /// offset); `None`: the whole buffer.
+    pub range: Option<(u64, u64)>,
+}
+
+impl GpuTensor {
+    /// Another handle on the same elements (the buffer is shared, not copied).
+    pub(crate) fn alias(&self) -> GpuTensor {
+        GpuTensor {
+            buffer: self.buffer.clone(),
+            len: self.len,
+            storage: self.storage,
+            range: self.range,
+        }
+    }
 }
 
 /// Most bytes the pool of recycled buffers keeps; a buffer returned past it is freed.
@@ -209,6 +227,7 @@ impl Context {
             buffer,
             len,
             storage,
+            range: None,
         })
     }
 
@@ -238,6 +257,7 @@ impl Context {
             buffer,
             len,
             storage,
+            range: None,
         })
     }
 
@@ -277,6 +297,7 @@ impl Context {
             buffer,
             len,
             storage,
+            range: None,
         })
     }
 

@@ -96,6 +96,10 @@ fn rust_offset(kernel: &str, block: &str, m: &str) -> Option<usize> {
             "mc" => offset_of!(SelParams, mc),
             "routed" => offset_of!(SelParams, routed),
             "pad1" => offset_of!(SelParams, pad1),
+            "o_sb" => offset_of!(SelParams, o_sb),
+            "o_sh" => offset_of!(SelParams, o_sh),
+            "o_sn" => offset_of!(SelParams, o_sn),
+            "pad2" => offset_of!(SelParams, pad2),
             _ => return None,
         },
         ("Params", true) => match m {

@@ -100,6 +100,62 @@ pub struct TensorView {
     strides: [usize; 4],
 }
 
+/// How a kernel addresses a `[B, H, N, D]` tensor of its storage type: a contiguous layout,
+/// or explicit element strides (batch, head, token; the head-dim stride is 1), as a view of a
+/// caller's buffer read in place has them (a packed QKV projection's Q, K or V, say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelLayout {
+    /// Contiguous BHND or BNHD.
+    Contiguous(TensorLayout),
+    /// Element strides of the batch, head and token dimensions.
+    Strided {
+        /// Batch stride, elements.
+        batch: usize,
+        /// Head stride, elements.
+        head: usize,
+        /// Token stride, elements.
+        token: usize,
+    },
+}
+
+impl Default for KernelLayout {
+    fn default() -> Self {
+        KernelLayout::Contiguous(TensorLayout::Bhnd)
+    }
+}
+
+impl From<TensorLayout> for KernelLayout {
+    fn from(l: TensorLayout) -> Self {
+        KernelLayout::Contiguous(l)
+    }
+}
+
+impl KernelLayout {
+    /// Element strides `(batch, head, token)` of a tensor of `heads` heads, `tokens` tokens and
+    /// head dim `dim` (the explicit ones when strided).
+    pub fn strides(self, heads: usize, tokens: usize, dim: usize) -> (usize, usize, usize) {
+        match self {
+            KernelLayout::Contiguous(l) => l.strides(heads, tokens, dim),
+            KernelLayout::Strided { batch, head, token } => (batch, head, token),
+        }
+    }
+
+    /// The contiguous layout, if it is one.
+    pub fn contiguous(self) -> Option<TensorLayout> {
+        match self {
+            KernelLayout::Contiguous(l) => Some(l),
+            KernelLayout::Strided { .. } => None,
+        }
+    }
+
+    /// Elements from the first to one past the last element of a `[batch, heads, tokens, dim]`
+    /// tensor in this layout (the element count when contiguous).
+    pub fn span(self, batch: usize, heads: usize, tokens: usize, dim: usize) -> usize {
+        let (sb, sh, sn) = self.strides(heads, tokens, dim);
+        (batch - 1) * sb + (heads - 1) * sh + (tokens - 1) * sn + dim
+    }
+}
+
 /// A buffer range to bind in place: the buffer, its byte offset and size.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct InPlace {

@@ -145,6 +145,7 @@ fn plan_chunk(ctx: &Context, p: &Plan, mut hc: usize) -> Result<Planned> {
             buffer,
             len,
             storage,
+            range: None,
         }
     };
     let dt = embed::dtype(p.storage);
@@ -234,7 +235,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
         kv_heads: hc,
         tokens: p.n,
         head_dim: p.d,
-        layout,
+        layout: layout.into(),
     };
     // The BSA baseline scores blocks by the pyramid's leaf means: the plan keeps its pyramid
     // to itself, so the baseline builds its own (untimed; its row counts the plan's timed

@@ -35,7 +35,7 @@ use super::{element_strides, QkvLayouts};
 use crate::error::Result;
 use crate::ops::leaf_select::by_leaf::{bucket_consts, Buckets, BUCKET_SHADER, BUCKET_WG};
 use crate::ops::select::SelParams;
-use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
+use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::{Context, COOP_SUBGROUPS};
 use crate::runtime::nv::{NvBinding, NvKernel};
 use crate::runtime::pipeline::{ShaderSource, Storage};
@@ -194,6 +194,8 @@ pub(crate) fn record(
     let mut params: SelParams = bytemuck::Zeroable::zeroed();
     [params.q_sb, params.q_sh, params.q_sn] = qs;
     [params.k_sb, params.k_sh, params.k_sn] = ks;
+    [params.o_sb, params.o_sh, params.o_sn] =
+        element_strides(layouts.o, s.q_heads, s.q_len, s.head_dim);
     params.q_heads = s.q_heads as u32;
     params.kv_heads = s.kv_heads as u32;
     params.q_len = s.q_len as u32;
@@ -253,12 +255,15 @@ pub(crate) fn record(
     // Every range's five dispatches, in order, recorded as ONE pass (timed "attention").
     let mut steps = Vec::new();
     let mut add = |p: &std::sync::Arc<wgpu::ComputePipeline>,
-                   binds: &[(u32, &wgpu::Buffer)],
+                   binds: &[(u32, Bind<'_>)],
                    n: u64|
      -> Result<()> {
         steps.push(ctx.stage(p, binds, n)?);
         Ok(())
     };
+    fn whole<'a>(binds: &[(u32, &'a wgpu::Buffer)]) -> Vec<(u32, Bind<'a>)> {
+        binds.iter().map(|&(i, b)| (i, b.into())).collect()
+    }
     for bh in 0..s.batch * s.kv_heads {
         for i0 in (0..s.q_len).step_by(la.nq as usize) {
             let nq = la.nq.min((s.q_len - i0) as u32);
@@ -280,23 +285,24 @@ pub(crate) fn record(
             let (u_e, u_b, u_c, u_q) = (uni(entries)?, uni(nb0 as u64)?, uni(n_chunks)?, uni(0)?);
             let sel = &selection.buffer;
             let wgs = entries.div_ceil(BUCKET_WG);
-            add(&count, &[(0, &u_params), (3, sel), (5, c), (10, &u_e)], wgs)?;
-            add(&scan, &[(5, c), (6, of), (7, co), (10, &u_b)], 1)?;
+            add(
+                &count,
+                &whole(&[(0, &u_params), (3, sel), (5, c), (10, &u_e)]),
+                wgs,
+            )?;
+            add(&scan, &whole(&[(5, c), (6, of), (7, co), (10, &u_b)]), 1)?;
             let b = [(0, &u_params), (3, sel), (5, c), (6, of), (7, co)];
             add(
                 &scatter,
-                &[&b[..], &[(8, l), (10, &u_e), (11, cd)]].concat(),
+                &whole(&[&b[..], &[(8, l), (10, &u_e), (11, cd)]].concat()),
                 wgs,
             )?;
-            let b = [
-                (0, &u_params),
-                (1, &q.buffer),
-                (2, &k.buffer),
-                (3, &v.buffer),
-            ];
-            let b2 = [(7, co), (8, l), (10, &u_c), (11, cd)];
-            let b3 = [(12, op), (13, ml), (14, sp)];
-            add(&attend, &[&b[..], &b2[..], &b3[..]].concat(), n_chunks)?;
+            // Q, K, V bound as their ranges (in place from a caller's buffer, or whole).
+            let b = [(1, q.into()), (2, k.into()), (3, v.into())];
+            let rest = [(0, &u_params), (7, co), (8, l), (10, &u_c), (11, cd)];
+            let rest2 = [(12, op), (13, ml), (14, sp)];
+            let binds: Vec<(u32, Bind<'_>)> = [whole(&rest), whole(&rest2), b.to_vec()].concat();
+            add(&attend, &binds, n_chunks)?;
             let b = [
                 (0, &u_params),
                 (5, &o.buffer),
@@ -306,7 +312,7 @@ pub(crate) fn record(
             ];
             add(
                 &merge,
-                &[&b[..], &[(14, sp), (15, &lse.buffer)]].concat(),
+                &whole(&[&b[..], &[(14, sp), (15, &lse.buffer)]].concat()),
                 nq as u64,
             )?;
         }

@@ -208,7 +208,7 @@ pub fn record_coop(
     var: &CoopVariant,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
-    validate(shape, q, k, v, kind)?;
+    validate(shape, q, k, v, layouts, kind)?;
     let wg = COOP_SUBGROUPS * ctx.report().subgroup_size.0;
     let ok = ctx.kernel_path() == KernelPath::CoopMat
         && q.storage == Storage::F16
@@ -264,16 +264,8 @@ pub(crate) fn record(
         &[],
     )?;
     // K and V again as f16 scalars for the direct (unstaged) tensor-core loads.
-    let extra = [(7, &k.buffer), (8, &v.buffer)];
-    l.dispatch(
-        ctx,
-        enc,
-        &pipe,
-        [&q.buffer, &k.buffer, &v.buffer],
-        kind,
-        &extra,
-        prof,
-    )
+    let extra = [(7, k.into()), (8, v.into())];
+    l.dispatch(ctx, enc, &pipe, [q, k, v], kind, &extra, prof)
 }
 
 #[cfg(test)]

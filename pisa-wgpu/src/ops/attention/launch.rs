@@ -3,14 +3,15 @@
 //! `Params` and row mapping, and differ only in the pipeline and its workgroup cut.
 
 use bytemuck::{Pod, Zeroable};
-use pisa_core::{AttentionShape, TensorLayout};
+use pisa_core::AttentionShape;
 
 use super::{element_strides, u32_of, AttentionKind, QkvLayouts};
 use crate::error::Result;
-use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
+use crate::runtime::view::KernelLayout;
 
 /// The kernels' `Params` uniform (`shaders/attention_common.wgsl`).
 #[repr(C)]
@@ -33,11 +34,13 @@ struct Params {
     causal: u32,
     wg_count: u32,
     scale_log2: f32,
-    pad: u32,
+    /// O's strides in vec4 units (O is allocated contiguous in `layouts.o`; Q may be strided).
+    o_s: [u32; 3],
+    pad: [u32; 2],
 }
 
 /// [`element_strides`] in vec4 units (the tile kernels read Q, K, V as vec4 rows).
-fn strides(l: TensorLayout, heads: usize, tokens: usize, d: usize) -> [u32; 3] {
+fn strides(l: impl Into<KernelLayout>, heads: usize, tokens: usize, d: usize) -> [u32; 3] {
     element_strides(l, heads, tokens, d).map(|x| x / 4)
 }
 
@@ -45,7 +48,7 @@ fn strides(l: TensorLayout, heads: usize, tokens: usize, d: usize) -> [u32; 3] {
 /// bindings, parameters and row mapping): its poisoned outputs, parameters, entry point and
 /// profiler label.
 pub(crate) struct Launch {
-    /// O, in Q's layout and storage.
+    /// O, in `layouts.o` and Q's storage.
     pub o: GpuTensor,
     /// LSE `[B, Hq, Nq]` f32.
     pub lse: GpuTensor,
@@ -101,7 +104,8 @@ impl Launch {
             causal: causal as u32,
             wg_count,
             scale_log2: scale * std::f32::consts::LOG2_E,
-            pad: 0,
+            o_s: strides(layouts.o, s.q_heads, s.q_len, s.head_dim),
+            pad: [0; 2],
         };
         let (entry, label) = match kind {
             AttentionKind::Sparse { .. } => ("sparse", "attention"),
@@ -129,22 +133,22 @@ impl Launch {
         ctx: &Context,
         enc: &mut wgpu::CommandEncoder,
         pipe: &wgpu::ComputePipeline,
-        [q, k, v]: [&wgpu::Buffer; 3],
+        [q, k, v]: [&GpuTensor; 3],
         kind: &AttentionKind<'_>,
-        extra: &[(u32, &wgpu::Buffer)],
+        extra: &[(u32, Bind<'_>)],
         prof: Option<&mut Profiler>,
     ) -> Result<(GpuTensor, GpuTensor)> {
         let u = ctx.uniform("attention params", &self.params)?;
-        let mut b = vec![
-            (0, &u),
-            (1, q),
-            (2, k),
-            (3, v),
-            (5, &self.o.buffer),
-            (6, &self.lse.buffer),
+        let mut b: Vec<(u32, Bind<'_>)> = vec![
+            (0, (&u).into()),
+            (1, q.into()),
+            (2, k.into()),
+            (3, v.into()),
+            (5, (&self.o).into()),
+            (6, (&self.lse).into()),
         ];
         if let AttentionKind::Sparse { selection, .. } = kind {
-            b.push((4, &selection.buffer));
+            b.push((4, (*selection).into()));
         }
         b.extend_from_slice(extra);
         let timer = prof.map(|pr| (pr, self.label));

@@ -10,7 +10,7 @@ use pisa_core::AttentionShape;
 use super::{element_strides, QkvLayouts};
 use crate::error::Result;
 use crate::nv_kernel;
-use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32};
 use crate::runtime::context::Context;
 use crate::runtime::nv::{NvBinding, NvKernel};
 use crate::runtime::pipeline::Storage;
@@ -91,6 +91,7 @@ pub(crate) fn record(
     (kernel, rows): (NvKernel, u32),
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
+    super::check_o_is_q(layouts)?;
     let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
     let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
     let tiles = (s.batch * s.q_heads) as u64 * s.q_len.div_ceil(rows as usize) as u64;
@@ -115,13 +116,13 @@ pub(crate) fn record(
     };
     let u = ctx.uniform("dense params", &params)?;
     let (pipe, _) = ctx.nv_pipeline(&kernel)?;
-    let binds = [
-        (0, &u),
-        (1, &q.buffer),
-        (2, &k.buffer),
-        (3, &v.buffer),
-        (4, &o.buffer),
-        (5, &lse.buffer),
+    let binds: [(u32, Bind<'_>); 6] = [
+        (0, (&u).into()),
+        (1, q.into()),
+        (2, k.into()),
+        (3, v.into()),
+        (4, (&o).into()),
+        (5, (&lse).into()),
     ];
     let stage = ctx.stage(&pipe, &binds, tiles)?;
     ctx.record_pass(enc, "dense", [&stage], prof);

@@ -27,7 +27,7 @@ use pisa_core::{AttentionShape, PisaError};
 
 use super::{element_strides, u32_of, validate, AttentionKind, QkvLayouts};
 use crate::error::Result;
-use crate::runtime::buffers::{GpuTensor, POISON_F32};
+use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
@@ -101,7 +101,15 @@ pub fn record_split_k(
     plan: &SplitK,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
-    validate(shape, q, k, v, &AttentionKind::Dense { causal, scale })?;
+    validate(
+        shape,
+        q,
+        k,
+        v,
+        layouts,
+        &AttentionKind::Dense { causal, scale },
+    )?;
+    super::check_o_is_q(layouts)?;
     if plan.split_keys == 0 || plan.pairs_per_range == 0 {
         return Err(PisaError::InvalidValue {
             what: "split-K split_keys and pairs_per_range must be positive",
@@ -196,8 +204,14 @@ pub(crate) fn record(
         let u_part = ctx.uniform("split-K params", &pp)?;
         pp.wg_count = u32_of("split-K merge workgroups", np * rows)?;
         let u_merge = ctx.uniform("split-K merge params", &pp)?;
-        let (qb, kb, vb) = (&q.buffer, &k.buffer, &v.buffer);
-        let b = [(0, &u_part), (1, qb), (2, kb), (3, vb), (4, op), (5, mb)];
+        let b: [(u32, Bind<'_>); 6] = [
+            (0, (&u_part).into()),
+            (1, q.into()),
+            (2, k.into()),
+            (3, v.into()),
+            (4, op.into()),
+            (5, mb.into()),
+        ];
         steps.push(ctx.stage(&partial, &b, wg)?);
         let b = [
             (0, &u_merge),

@@ -188,7 +188,7 @@ impl KvCache {
             kv_heads: h,
             tokens,
             head_dim: d,
-            layout: l,
+            layout: l.into(),
         }
     }
 

@@ -257,7 +257,7 @@ impl KvCache {
         }
         let n = ps.k_len;
         self.check_prefill_len(n)?;
-        let (k, v, pyr) = plan.parts();
+        let (k, v, pyr) = plan.parts(enc)?;
         let Some((means, sq)) = pyr else {
             return Err(crate::GpuError::Unsupported(
                 "the plan has no pyramid to take over: record its run first".into(),

@@ -33,7 +33,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::Plan;
 use crate::error::Result;
-use crate::runtime::buffers::{GpuTensor, POISON_I32};
+use crate::runtime::buffers::{Bind, GpuTensor, POISON_I32};
 use crate::runtime::context::Context;
 use crate::runtime::nv::{NvBinding, NvKernel};
 use crate::runtime::pipeline::{ShaderSource, Storage};
@@ -275,19 +275,19 @@ pub(crate) fn record(
         (Scorer::Coop(_), Some(nv)) => ctx.nv_pipeline(&nv)?.0,
         (Scorer::Coop(_), None) => pipe(&SCORE_COOP_SHADER, "leaf_score", Storage::F16, &consts)?,
     };
-    let b = [
-        (0, &params),
-        (1, &q.buffer),
-        (2, &k.buffer),
-        (7, co),
-        (8, l),
-        (9, &scores.buffer),
-        (10, &u_chunks),
-        (11, &cdesc.buffer),
+    let b: [(u32, Bind<'_>); 8] = [
+        (0, (&params).into()),
+        (1, q.into()),
+        (2, k.into()),
+        (7, co.into()),
+        (8, l.into()),
+        (9, (&scores.buffer).into()),
+        (10, (&u_chunks).into()),
+        (11, (&cdesc.buffer).into()),
     ];
     let mut b = b.to_vec();
     if matches!(bl.scorer, Scorer::Coop(_)) {
-        b.push((12, &k.buffer));
+        b.push((12, k.into()));
     }
     ctx.dispatch(enc, &score, &b, n_chunks, timer(&mut prof, "leaf_score"))?;
 

@@ -17,7 +17,7 @@
 
 use super::{common_bytes, Plan};
 use crate::error::Result;
-use crate::runtime::buffers::GpuTensor;
+use crate::runtime::buffers::{Bind, GpuTensor};
 use crate::runtime::context::{Context, KernelPath, COOP_SUBGROUPS};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use pisa_core::{AttentionShape, SelectionConfig};
@@ -162,7 +162,7 @@ pub(crate) fn record(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
     plan: &Plan,
-    bindings: [&wgpu::Buffer; 3],
+    bindings: [Bind<'_>; 3],
     sel: &GpuTensor,
     var: &LeafCoopVariant,
     timer: Option<(&mut crate::runtime::profiler::Profiler, &'static str)>,
@@ -178,7 +178,13 @@ pub(crate) fn record(
     let p = plan.tiled(var.qt);
     let u = ctx.uniform("leaf_select params", &p)?;
     let [q, k, cand] = bindings;
-    let b = [(0, &u), (1, q), (2, k), (3, cand), (4, &sel.buffer)];
+    let b = [
+        (0, (&u).into()),
+        (1, q),
+        (2, k),
+        (3, cand),
+        (4, (&sel.buffer).into()),
+    ];
     ctx.dispatch(enc, &pipe, &b, p.wg_count as u64, timer)?;
     Ok(())
 }

@@ -6,14 +6,34 @@
 //! in release builds and no wait beyond the few small parameter buffers and bind groups of the
 //! gathers (independent of N).
 //!
-//! The views are gathered on the GPU into the plan's contiguous BHND staging (`ops::gather`:
-//! any strides, f32 / f16 / bf16, any element-aligned offset: a packed QKV projection works as
-//! it is), and the outputs are copied (`copy_buffer_to_buffer`, when the view is contiguous
-//! BHND of the storage dtype at a 4-byte offset) or scattered (`ops::gather::record_scatter`)
-//! into the caller's views. Those passes cost one read and one write of Q, K, V and O on the
-//! device, no host transfer.
+//! # How the inputs are read
+//!
+//! The kernels read a view **in place**, with no copy, when they can address it directly:
+//! - its dtype is the plan's storage (f16 views for f16 storage, f32 for f32);
+//! - its head-dim stride is 1 and its batch, head and token strides (those of dimensions of
+//!   extent above 1) are multiples of 8 elements, so every row starts on a 16-byte boundary
+//!   as the vector loads need (a packed QKV projection `[B, N, Hq + 2 Hkv, D]` qualifies);
+//! - its byte offset is a multiple of the device's `min_storage_buffer_offset_alignment`
+//!   (256 bytes on most desktop GPUs), because a binding starts there;
+//! - the bytes from its first to past its last element fit one storage binding
+//!   ([`Context::max_binding_bytes`]);
+//! - for K and V: both qualify and have the same strides (the leaf-major kernels address V
+//!   with K's strides).
+//!
+//! Any other view (bf16, another dtype, an unaligned offset, a wider span) is **gathered** on
+//! the GPU into the plan's contiguous BHND staging (`ops::gather`: any strides, f32 / f16 /
+//! bf16, any element-aligned offset), one read and one write of the tensor on the device.
+//! [`PrefillPlan::reads_in_place`] says which way a view goes. The kernels and the result are
+//! the same either way (bit for bit: the tests compare both).
+//!
+//! The outputs are written by the kernels into the plan's O, LSE and selection, then copied
+//! (`copy_buffer_to_buffer`, when the caller's view is contiguous BHND of the storage dtype at
+//! a 4-byte offset) or scattered (`ops::gather::record_scatter`) into the caller's views.
 
 use pisa_core::{AttentionShape, TensorLayout};
+
+use crate::ops::attention::QkvLayouts;
+use crate::runtime::view::KernelLayout;
 
 use super::{record_prefill_parts, PrefillOptions};
 use crate::error::{GpuError, Result};
@@ -66,6 +86,9 @@ pub struct PrefillPlan {
     k: GpuTensor,
     v: GpuTensor,
     arena: std::sync::Mutex<Arena>,
+    /// The K and V views the last run read in place (`None`: it gathered them into `k`, `v`),
+    /// for a decode cache taking over the keys and values ([`Self::parts`]).
+    last_kv: std::sync::Mutex<Option<(TensorView, TensorView)>>,
     /// The key pyramid the prefill builds (an arena buffer: the same one every run), kept for a
     /// decode cache to take over.
     pyramid: std::sync::Mutex<Option<(wgpu::Buffer, Option<wgpu::Buffer>)>>,
@@ -113,10 +136,15 @@ impl PrefillPlan {
             k: ctx.alloc("plan k", shape.kv_elems(), st, POISON_F32)?,
             v: ctx.alloc("plan v", shape.kv_elems(), st, POISON_F32)?,
             arena: Default::default(),
+            last_kv: Default::default(),
             pyramid: Default::default(),
         };
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        ctx.scope_now("prefill plan", || plan.record(&mut enc, None).map(|_| ()))?;
+        let staged = [&plan.q, &plan.k, &plan.v];
+        let bhnd = QkvLayouts::from(TensorLayout::Bhnd);
+        ctx.scope_now("prefill plan", || {
+            plan.record(&mut enc, None, staged, bhnd).map(|_| ())
+        })?;
         drop(enc);
         Ok(plan)
     }
@@ -124,21 +152,41 @@ impl PrefillPlan {
     /// What a decode cache takes over after a run: the plan's contiguous BHND staging K and V
     /// (`[B, Hkv, N, D]` in the plan's storage) and the key pyramid's means and second moments
     /// (`[B*Hkv, nodes of N, D]` f32, the layout of N). Their contents are those of the last
-    /// recorded run once it has executed.
+    /// recorded run once it has executed. When that run read K and V in place, they are
+    /// gathered from the caller's views into the staging first (recorded into `enc`): the
+    /// views must then still hold the run's keys and values when `enc` executes.
     #[allow(clippy::type_complexity)]
     pub(crate) fn parts(
         &self,
-    ) -> (
+        enc: &mut wgpu::CommandEncoder,
+    ) -> Result<(
         &GpuTensor,
         &GpuTensor,
         Option<(wgpu::Buffer, Option<wgpu::Buffer>)>,
-    ) {
+    )> {
+        let last = self
+            .last_kv
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some((k, v)) = last {
+            let st = self.opts.storage;
+            record_gather(&self.ctx, enc, &k, &self.k.buffer, st)?;
+            record_gather(&self.ctx, enc, &v, &self.v.buffer, st)?;
+        }
         let pyr = self
             .pyramid
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        (&self.k, &self.v, pyr)
+        Ok((&self.k, &self.v, pyr))
+    }
+
+    /// Whether [`Self::run`] reads `view` in place (no copy) rather than gathering it into the
+    /// plan's staging: see the [module docs](self#how-the-inputs-are-read) for the rule. (K and
+    /// V are read in place only when both are, with the same strides.)
+    pub fn reads_in_place(&self, view: &TensorView) -> bool {
+        in_place(&self.ctx, view, self.opts.storage).is_some()
     }
 
     /// Whether the context still runs the kernels this plan recorded: the knobs of its stages
@@ -175,7 +223,7 @@ impl PrefillPlan {
         k: &TensorView,
         v: &TensorView,
         outputs: &PrefillOutputs<'_>,
-        mut prof: Option<&mut Profiler>,
+        prof: Option<&mut Profiler>,
     ) -> Result<()> {
         let ctx = &self.ctx;
         if !self.current() {
@@ -212,15 +260,41 @@ impl PrefillPlan {
                 )));
             }
         }
+        let st = self.opts.storage;
+        let q_in = in_place(ctx, q, st);
+        let (k_in, v_in) = match (in_place(ctx, k, st), in_place(ctx, v, st)) {
+            (Some(k), Some(v)) if k.1 == v.1 => (Some(k), Some(v)),
+            _ => (None, None),
+        };
         ctx.scope_now("prefill", || {
             // The gathers and scatters bind the caller's views: their small parameter buffers
             // and bind groups are made per run (a constant few, whatever N); the prefill
-            // itself replays the plan's arena.
-            let st = self.opts.storage;
-            for (view, dst) in [(q, &self.q), (k, &self.k), (v, &self.v)] {
-                record_gather(ctx, enc, view, &dst.buffer, st)?;
-            }
-            let (o, lse, sel) = self.record(enc, prof.as_deref_mut())?;
+            // itself replays the plan's arena, with the bind groups of in-place views among
+            // its alternatives (runtime/arena.rs).
+            let mut layouts = QkvLayouts::from(TensorLayout::Bhnd);
+            let mut read = |view: &TensorView,
+                            staged: &GpuTensor,
+                            direct: Option<(GpuTensor, KernelLayout)>,
+                            lay: &mut KernelLayout|
+             -> Result<GpuTensor> {
+                match direct {
+                    Some((t, l)) => {
+                        *lay = l;
+                        Ok(t)
+                    }
+                    None => {
+                        record_gather(ctx, enc, view, &staged.buffer, st)?;
+                        Ok(staged.alias())
+                    }
+                }
+            };
+            let qt = read(q, &self.q, q_in, &mut layouts.q)?;
+            let kv_in_place = k_in.is_some();
+            let kt = read(k, &self.k, k_in, &mut layouts.k)?;
+            let vt = read(v, &self.v, v_in, &mut layouts.v)?;
+            *self.last_kv.lock().unwrap_or_else(|p| p.into_inner()) =
+                kv_in_place.then(|| (k.clone(), v.clone()));
+            let (o, lse, sel) = self.record(enc, prof, [&qt, &kt, &vt], layouts)?;
             write_out(ctx, enc, &o.buffer, st, outputs.out)?;
             write_out(ctx, enc, &lse.buffer, Storage::F32, outputs.lse)?;
             if let Some(view) = outputs.selection {
@@ -236,19 +310,12 @@ impl PrefillPlan {
         &self,
         enc: &mut wgpu::CommandEncoder,
         prof: Option<&mut Profiler>,
+        qkv: [&GpuTensor; 3],
+        layouts: QkvLayouts,
     ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
         let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
         let (o, lse, sel, pyr) = with_arena(self.ctx.id(), &mut arena, || {
-            record_prefill_parts(
-                &self.ctx,
-                enc,
-                &self.q,
-                &self.k,
-                &self.v,
-                &self.shape,
-                &self.opts,
-                prof,
-            )
+            record_prefill_parts(&self.ctx, enc, qkv, layouts, &self.shape, &self.opts, prof)
         })?;
         *self.pyramid.lock().unwrap_or_else(|p| p.into_inner()) = Some((
             pyr.means.buffer.clone(),
@@ -298,6 +365,43 @@ fn check_shape(what: &str, view: &TensorView, shape: [usize; 4]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `view` as the kernels read it in place, with its layout, or `None` when it must be gathered:
+/// the rule of the [module docs](self#how-the-inputs-are-read). Strides of extent-1 dimensions
+/// are taken as 0 (they multiply 0).
+fn in_place(
+    ctx: &Context,
+    view: &TensorView,
+    storage: Storage,
+) -> Option<(GpuTensor, KernelLayout)> {
+    let shape = view.shape();
+    let s = view.strides();
+    let st = |i: usize| if shape[i] == 1 { 0 } else { s[i] };
+    let align = (ctx.limits().min_storage_buffer_offset_alignment as u64).max(4);
+    let layout = KernelLayout::Strided {
+        batch: st(0),
+        head: st(1),
+        token: st(2),
+    };
+    let span = layout.span(shape[0], shape[1], shape[2], shape[3]);
+    let bytes = (span as u64 * view.dtype().bytes()).div_ceil(4) * 4;
+    let ok = view.dtype().storage() == Some(storage)
+        && (shape[3] == 1 || s[3] == 1)
+        && (0..3).all(|i| st(i) % 8 == 0)
+        && view.offset().is_multiple_of(align)
+        && view.offset() + bytes <= view.buffer().size()
+        && bytes <= ctx.max_binding_bytes()
+        && span <= u32::MAX as usize;
+    ok.then(|| {
+        let t = GpuTensor {
+            buffer: view.buffer().clone(),
+            len: span,
+            storage,
+            range: Some((view.offset(), bytes)),
+        };
+        (t, layout)
+    })
 }
 
 /// `(byte offset, bytes)` of a view a buffer copy can write: contiguous BHND at a 4-byte

@@ -43,6 +43,11 @@ pub(crate) struct SelParams {
     pub mc: u32,
     pub routed: u32,
     pub pad1: u32,
+    /// O's strides in elements (the attention merge kernels; O is contiguous, Q may not be).
+    pub o_sb: u32,
+    pub o_sh: u32,
+    pub o_sn: u32,
+    pub pad2: u32,
     /// Per level: (node offset in the allocation, valid nodes, leaves per node, tokens per node).
     pub levels: [[u32; 4]; 64],
 }
@@ -115,8 +120,13 @@ pub(crate) fn plan(
         }
         Ok(())
     };
-    len_check("q", q.len, s.q_elems())?;
-    len_check("k", k.len, s.batch * s.kv_heads * layouts.k_tokens * d)?;
+    // The elements from the first to past the last (the element count when contiguous).
+    len_check("q", q.len, layouts.q.span(s.batch, s.q_heads, s.q_len, d))?;
+    len_check(
+        "k",
+        k.len,
+        layouts.k.span(s.batch, s.kv_heads, layouts.k_tokens, d),
+    )?;
     if q.storage != k.storage {
         return Err(GpuError::Unsupported(
             "q and k in different storage precisions".into(),
@@ -192,6 +202,10 @@ pub(crate) fn plan(
         mc: sched.max_candidates as u32,
         routed: sched.start_level.is_some() as u32,
         pad1: 0,
+        o_sb: 0,
+        o_sh: 0,
+        o_sn: 0,
+        pad2: 0,
         levels,
     };
     Ok(Plan {

@@ -7,8 +7,52 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::runtime::arena;
+use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::Context;
 use crate::runtime::profiler::Profiler;
+
+/// What a binding binds: a whole buffer, or a range of one (a tensor read in place from a
+/// caller's buffer, [`GpuTensor::range`]). Binding sites take anything that converts: a
+/// `&wgpu::Buffer` (the whole buffer) or a `&GpuTensor` (its range, or its whole buffer).
+#[derive(Debug, Clone, Copy)]
+#[doc(hidden)]
+pub struct Bind<'a> {
+    /// The buffer.
+    pub buffer: &'a wgpu::Buffer,
+    /// Byte offset and size; `None`: the whole buffer.
+    pub range: Option<(u64, u64)>,
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Bind<'a> {
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        Bind {
+            buffer,
+            range: None,
+        }
+    }
+}
+
+impl<'a> From<&'a GpuTensor> for Bind<'a> {
+    fn from(t: &'a GpuTensor) -> Self {
+        Bind {
+            buffer: &t.buffer,
+            range: t.range,
+        }
+    }
+}
+
+impl<'a> Bind<'a> {
+    fn resource(self) -> wgpu::BindingResource<'a> {
+        match self.range {
+            None => self.buffer.as_entire_binding(),
+            Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: self.buffer,
+                offset,
+                size: wgpu::BufferSize::new(size),
+            }),
+        }
+    }
+}
 
 /// One recorded dispatch of a multi-dispatch pass ([`Context::record_pass`]): pipeline, bind
 /// group, grid.
@@ -17,22 +61,28 @@ pub(crate) type Stage = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, [u32; 3]);
 impl Context {
     /// The bind group of `bindings` (`(i, buffer)` at `@group(0) @binding(i)`) for
     /// `pipeline`'s layout (derived from its entry point: name exactly the bindings it uses).
-    pub(crate) fn bind_group(
+    pub(crate) fn bind_group<'a, B: Copy + Into<Bind<'a>>>(
         &self,
         pipeline: &wgpu::ComputePipeline,
-        bindings: &[(u32, &wgpu::Buffer)],
+        bindings: &[(u32, B)],
     ) -> wgpu::BindGroup {
-        let key: Vec<(u32, &wgpu::Buffer, u64)> =
-            bindings.iter().map(|&(i, b)| (i, b, 0)).collect();
+        let binds: Vec<(u32, Bind<'a>)> = bindings.iter().map(|&(i, b)| (i, b.into())).collect();
+        let key: Vec<(u32, &wgpu::Buffer, u64, u64)> = binds
+            .iter()
+            .map(|&(i, b)| {
+                let (o, n) = b.range.unwrap_or((0, u64::MAX));
+                (i, b.buffer, o, n)
+            })
+            .collect();
         if let Some(g) = arena::lookup_group(self.id(), pipeline, &key) {
             return g;
         }
         let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> = bindings
+        let entries: Vec<wgpu::BindGroupEntry> = binds
             .iter()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: *i,
-                resource: b.as_entire_binding(),
+            .map(|&(i, b)| wgpu::BindGroupEntry {
+                binding: i,
+                resource: b.resource(),
             })
             .collect();
         let g = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -81,10 +131,10 @@ impl Context {
 
     /// One dispatch of `workgroups` workgroups of `pipeline` with `bindings`, for
     /// [`Context::record_pass`] (the grid split as [`Context::dispatch`] splits it).
-    pub(crate) fn stage(
+    pub(crate) fn stage<'a, B: Copy + Into<Bind<'a>>>(
         &self,
         pipeline: &Arc<wgpu::ComputePipeline>,
-        bindings: &[(u32, &wgpu::Buffer)],
+        bindings: &[(u32, B)],
         workgroups: u64,
     ) -> Result<Stage> {
         let max_dim = self.limits().max_compute_workgroups_per_dimension;
@@ -128,11 +178,11 @@ impl Context {
     /// `@builtin(num_workgroups)` and skip ids past the count they are given. `timer` labels the
     /// pass for GPU timestamps.
     #[doc(hidden)]
-    pub fn dispatch(
+    pub fn dispatch<'a, B: Copy + Into<Bind<'a>>>(
         &self,
         enc: &mut wgpu::CommandEncoder,
         pipeline: &wgpu::ComputePipeline,
-        bindings: &[(u32, &wgpu::Buffer)],
+        bindings: &[(u32, B)],
         workgroups: u64,
         timer: Option<(&mut Profiler, &'static str)>,
     ) -> Result<()> {
