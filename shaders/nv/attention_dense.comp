@@ -4,11 +4,13 @@
 // pisa-wgpu/src/ops/attention/nv_dense.rs). One workgroup per BR consecutive queries of one
 // query head (b, hq; its KV head hq / (Hq / Hkv)); per key block of BC keys up to the tile's last
 // visible key:
-//   S = Q K^T (DC head-dim columns per multiply; Q's matrices loaded once), scale and mask
-//   (t < Nk, and t <= p_i when causal; only blocks that reach past a row's bound call the mask),
-//   m' = max(m, rowmax S), P = exp(S - m'), l = exp(m - m') l + rowsum P,
-//   O = exp(m - m') O + P V (f32 accumulators, P as f16).
-// Then O / l (f16) to O in Q's layout and m + log l to LSE [B, Hq, Nq]. Every stored row sees at
+//   S = Q K^T (DC head-dim columns per multiply; Q's matrices loaded once), masked (t < Nk,
+//   and t <= p_i when causal; only blocks that reach past a row's bound call the mask),
+//   m' = max(m, rowmax S), P = exp(s (S - m')), l = exp(s (m - m')) l + rowsum P,
+//   O = exp(s (m - m')) O + P V (f32 accumulators, P as f16). The softmax scale s is folded into
+//   the exponent (exp2 of (x - y) * s * log2 e, one per-element pass): S and m stay unscaled
+//   (max commutes with a positive scale), so an unmasked block makes no scaling pass.
+// Then O / l (f16) to O in Q's layout and s m + log l to LSE [B, Hq, Nq]. Every stored row sees at
 // least key 0 (Nk >= Nq >= 1, and query i sees keys up to Nk - Nq + i). Rows past Nq are computed
 // on zero queries and never stored (the tensor layouts end at Nq). Defines: HD, BR, BC, DC, WG.
 #include "common.glsl"
@@ -31,15 +33,19 @@ layout(set = 0, binding = 5, std430) buffer BufLse { float lse[]; };
 const float NEG = -3.0e38;
 const uint NDC = HD / DC;
 
-// Scale, and mask to t < Nk and (causal) t <= p_i: row r of the tile is query i0 + r.
-float mask_scale(const in uint r, const in uint c, const in float s, const in uint j0,
-                 const in uint i0) {
+// Mask to t < Nk and (causal) t <= p_i: row r of the tile is query i0 + r.
+float mask(const in uint r, const in uint c, const in float s, const in uint j0,
+           const in uint i0) {
     uint t = j0 + c;
     bool ok = t < p.k_len && (p.causal == 0u || t <= p.q_pos0 + i0 + r);
-    return ok ? s * p.scale : NEG;
+    return ok ? s : NEG;
 }
-float scale_only(const in uint r, const in uint c, const in float s) { return s * p.scale; }
-float exp_elem(const in uint r, const in uint c, const in float x) { return exp(x); }
+// exp(s (x - y)) as exp2((x - y) * k), k = s log2 e: 0 for a masked x (NEG), as every row's
+// running max is a visible score's.
+float exp_scaled(const in uint r, const in uint c, const in float x, const in float y,
+                 const in float k) {
+    return exp2((x - y) * k);
+}
 float max_elem(const in uint r, const in uint c, const in float x, const in float y) {
     return max(x, y);
 }
@@ -94,6 +100,7 @@ void main() {
     const uint last_row = min(i0 + BR, p.q_len);
     const uint kend = p.causal != 0u ? min(p.k_len, p.q_pos0 + last_row) : p.k_len;
     const uint bound0 = p.causal != 0u ? min(p.k_len, p.q_pos0 + i0 + 1u) : p.k_len;
+    const float k2 = p.scale * 1.4426950408889634;
     [[dont_unroll]]
     for (uint j0 = 0; j0 < kend; j0 += BC) {
         coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> s =
@@ -105,16 +112,14 @@ void main() {
             s = coopMatMulAdd(qa[c], kt, s);
         }
         if (j0 + BC > bound0) {
-            coopMatPerElementNV(s, s, mask_scale, j0, i0);
-        } else {
-            coopMatPerElementNV(s, s, scale_only);
+            coopMatPerElementNV(s, s, mask, j0, i0);
         }
         coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> rowmax, mnew, pr, em,
             rowsum;
         coopMatReduceNV(rowmax, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
         coopMatPerElementNV(mnew, rowmax, max_elem, m);
-        coopMatPerElementNV(pr, s - mnew, exp_elem);
-        coopMatPerElementNV(em, m - mnew, exp_elem);
+        coopMatPerElementNV(pr, s, exp_scaled, mnew, k2);
+        coopMatPerElementNV(em, m, exp_scaled, mnew, k2);
         coopMatReduceNV(rowsum, pr, gl_CooperativeMatrixReduceRowNV, add_reduce);
         l = em * l + rowsum;
         m = mnew;
@@ -141,6 +146,6 @@ void main() {
     }
     coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> lg;
     coopMatPerElementNV(lg, l, log_elem);
-    lg = m + lg;
+    lg = m * p.scale + lg;
     coopMatPerElementNV(lg, lg, store_lse, bh * p.q_len + i0, last_row - i0);
 }
