@@ -686,5 +686,8 @@ fn packed_qkv_is_read_in_place() {
             checked += 1;
         }
     }
-    assert!(checked >= 8, "only {checked} cases ran");
+    // Every case of each order ran, the f16 ones where the device has SHADER_F16.
+    let runnable = cases.iter().filter(|c| c.7 == f || ctx.has_f16()).count();
+    assert_eq!(checked, 2 * runnable, "cases that ran");
+    assert!(runnable >= 3);
 }
