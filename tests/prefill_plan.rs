@@ -453,6 +453,39 @@ fn tuning_changes_and_plans() {
 /// row offset is a multiple of 256 bytes, so K and V start on a binding boundary.
 type PackedCase = (usize, usize, usize, usize, usize, usize, usize, Storage);
 
+/// The view dtype of storage `st`.
+fn dtype_of(st: Storage) -> DType {
+    if st == Storage::F16 {
+        DType::F16
+    } else {
+        DType::F32
+    }
+}
+
+/// A storage buffer holding `data` in the dtype of `st` after `pad` bytes of 0x5A (and 64 more
+/// after it, rounded to whole words).
+fn storage_buffer(ctx: &Context, pad: usize, data: &[f32], st: Storage) -> wgpu::Buffer {
+    let mut bytes = vec![0x5Au8; pad];
+    if st == Storage::F16 {
+        let h: Vec<u16> = data
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect();
+        bytes.extend_from_slice(bytemuck::cast_slice(&h));
+    } else {
+        bytes.extend_from_slice(bytemuck::cast_slice(data));
+    }
+    bytes.resize(bytes.len().div_ceil(4) * 4 + 64, 0x5A);
+    let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app"),
+        size: bytes.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    ctx.queue().write_buffer(&buf, 0, &bytes);
+    buf
+}
+
 /// A packed QKV projection `[B, N, Hq + 2 Hkv, D]` of the storage dtype at byte `off` of an
 /// application buffer (filled with 0x5A around), and its Q, K, V views.
 fn packed(ctx: &Context, c: PackedCase, off: u64, x: [&[f32]; 3]) -> [TensorView; 3] {
@@ -475,29 +508,8 @@ fn packed(ctx: &Context, c: PackedCase, off: u64, x: [&[f32]; 3]) -> [TensorView
             }
         }
     }
-    let mut bytes = vec![0x5Au8; off as usize];
-    if st == Storage::F16 {
-        let h: Vec<u16> = rows
-            .iter()
-            .map(|&v| half::f16::from_f32(v).to_bits())
-            .collect();
-        bytes.extend_from_slice(bytemuck::cast_slice(&h));
-    } else {
-        bytes.extend_from_slice(bytemuck::cast_slice(&rows));
-    }
-    bytes.resize(bytes.len().div_ceil(4) * 4 + 64, 0x5A);
-    let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some("packed qkv"),
-        size: bytes.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    ctx.queue().write_buffer(&buf, 0, &bytes);
-    let dt = if st == Storage::F16 {
-        DType::F16
-    } else {
-        DType::F32
-    };
+    let buf = storage_buffer(ctx, off as usize, &rows, st);
+    let dt = dtype_of(st);
     let strides = [n * t * d, d, t * d, 1];
     let view = |h0: usize, h: usize| {
         let o = off + (h0 * d * e) as u64;
@@ -510,30 +522,9 @@ fn packed(ctx: &Context, c: PackedCase, off: u64, x: [&[f32]; 3]) -> [TensorView
 /// the plan gathers these.
 fn unaligned(ctx: &Context, c: PackedCase, x: [&[f32]; 3]) -> [TensorView; 3] {
     let (b, hq, hkv, n, d, _, _, st) = c;
-    let dt = if st == Storage::F16 {
-        DType::F16
-    } else {
-        DType::F32
-    };
+    let dt = dtype_of(st);
     let mk = |data: &[f32], h: usize| {
-        let mut bytes = vec![0x5Au8; PAD];
-        if st == Storage::F16 {
-            let w: Vec<u16> = data
-                .iter()
-                .map(|&v| half::f16::from_f32(v).to_bits())
-                .collect();
-            bytes.extend_from_slice(bytemuck::cast_slice(&w));
-        } else {
-            bytes.extend_from_slice(bytemuck::cast_slice(data));
-        }
-        bytes.resize(bytes.len().div_ceil(4) * 4, 0);
-        let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some("bhnd"),
-            size: bytes.len() as u64,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        ctx.queue().write_buffer(&buf, 0, &bytes);
+        let buf = storage_buffer(ctx, PAD, data, st);
         TensorView::contiguous(&buf, PAD as u64, dt, [b, h, n, d], TensorLayout::Bhnd).unwrap()
     };
     [mk(x[0], hq), mk(x[1], hkv), mk(x[2], hkv)]
