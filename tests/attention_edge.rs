@@ -172,3 +172,84 @@ fn invalid_inputs_are_typed_errors() {
         "{e:?}"
     );
 }
+
+/// Strided views through the device-tensor API: a Q whose heads sit 2 D apart (as in a wider
+/// projection) runs dense attention on a kernel that writes O at O's own strides (split-K and
+/// the NVIDIA dense kernel, which write O at Q's, are not chosen), matching the reference; a
+/// stride that is not a multiple of 4 elements is a typed error, not a misaligned read.
+#[test]
+fn strided_q_and_misaligned_strides() {
+    use pisa_wgpu::ops::attention::{AttentionKind, QkvLayouts};
+    use pisa_wgpu::runtime::view::KernelLayout;
+    let ctx = ctx();
+    let mut r = rng(seed("strided q"));
+    // A decode-shaped call (one query against 2100 keys): split-K's shape (at least 2048 keys).
+    let nk = 2100;
+    let s = AttentionShape::new(1, 4, 2, 1, nk, 64).unwrap();
+    let x = inputs(&mut r, &s, Storage::F32);
+    let (d, hq) = (s.head_dim, s.q_heads);
+    // Q's head h at element 2 h D of a buffer twice its size; the gaps hold NaN.
+    let mut wide = vec![f32::NAN; 2 * hq * d];
+    for h in 0..hq {
+        wide[2 * h * d..(2 * h + 1) * d].copy_from_slice(&x.q[h * d..(h + 1) * d]);
+    }
+    // The tensor's length is the span, first to past the last element: (2 Hq - 1) D.
+    let q = ctx
+        .upload("q", &wide[..(2 * hq - 1) * d], Storage::F32)
+        .unwrap();
+    let k = ctx.upload("k", &x.k, Storage::F32).unwrap();
+    let v = ctx.upload("v", &x.v, Storage::F32).unwrap();
+    let scale = 0.125;
+    let kind = AttentionKind::Dense {
+        causal: true,
+        scale,
+    };
+    let strided = KernelLayout::Strided {
+        batch: 0,
+        head: 2 * d,
+        token: 2 * hq * d,
+    };
+    let layouts = QkvLayouts {
+        q: strided,
+        ..QkvLayouts::from(Bhnd)
+    };
+    let kernel = attention::attention_kernel(ctx, &s, Storage::F32, layouts, &kind, None);
+    assert!(
+        !matches!(
+            kernel,
+            attention::AttentionKernel::SplitK | attention::AttentionKernel::NvDense
+        ),
+        "{kernel:?}"
+    );
+    let (o, l) = ctx
+        .scoped("strided q", || {
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            let out = attention::record_attention(
+                ctx, &mut enc, &q, &k, &v, &s, layouts, &kind, None, None,
+            )?;
+            ctx.queue().submit([enc.finish()]);
+            Ok(out)
+        })
+        .unwrap();
+    let (o, l) = (ctx.read_f32(&o).unwrap(), ctx.read_f32(&l).unwrap());
+    let (ro, rl) = reference::dense_attention(&x.q, &x.k, &x.v, &s, Bhnd, true, scale).unwrap();
+    check("strided q", (&o, &l), (&ro, &rl), Storage::F32);
+
+    // A token stride of 18 elements: refused.
+    // Heads 18 * nk apart: the span is one head's stride plus nk - 1 token strides plus D.
+    let span = 18 * nk + 18 * (nk - 1) + 64;
+    let k18 = ctx.upload("k", &vec![0.5; span], Storage::F32).unwrap();
+    let bad = QkvLayouts {
+        q: strided,
+        k: KernelLayout::Strided {
+            batch: 0,
+            head: 18 * nk,
+            token: 18,
+        },
+        ..QkvLayouts::from(Bhnd)
+    };
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let e = attention::record_attention(ctx, &mut enc, &q, &k18, &v, &s, bad, &kind, None, None)
+        .unwrap_err();
+    assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
+}

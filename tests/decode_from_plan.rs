@@ -1,5 +1,6 @@
 //! A decode cache taking over a prefill plan's keys, values and key pyramid
-//! (`KvCache::record_prefill_from_plan`: buffer copies, no gather, no pyramid build) decodes
+//! (`KvCache::record_prefill_from_plan`: no pyramid build; the keys and values copied from the
+//! plan's staging, or gathered from the caller's views when the run read them in place) decodes
 //! bitwise like a cache loaded from the same keys and values through views
 //! (`record_prefill_view`: gather and pyramid build, itself checked against the CPU reference in
 //! `tests/embedding.rs`), over append + step rounds that cross pyramid level boundaries. Both
@@ -31,8 +32,32 @@ fn bhnd(b: &wgpu::Buffer, shape: [usize; 4]) -> TensorView {
     TensorView::contiguous(b, 0, DType::F32, shape, TensorLayout::Bhnd).unwrap()
 }
 
+/// The take-over after a run that read K and V in place (views at byte 0: the take-over
+/// gathers each batch entry from the caller's views) and after one that gathered them (views
+/// at byte 52, not a binding boundary: the take-over copies the plan's staging).
 #[test]
 fn cache_from_plan_decodes_like_cache_from_views() {
+    for pad in [0usize, 52] {
+        take_over(pad);
+    }
+}
+
+/// A buffer holding `data` after `pad` bytes of 0x5A.
+fn padded(ctx: &Context, pad: usize, data: &[f32]) -> wgpu::Buffer {
+    let mut bytes = vec![0x5Au8; pad];
+    bytes.extend_from_slice(bytemuck::cast_slice(data));
+    let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app"),
+        size: bytes.len().div_ceil(4) as u64 * 4,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    bytes.resize(bytes.len().div_ceil(4) * 4, 0);
+    ctx.queue().write_buffer(&b, 0, &bytes);
+    b
+}
+
+fn take_over(pad: usize) {
     let ctx = ctx();
     let (bsz, hq, hkv, n, d) = (2usize, 6usize, 2usize, 120usize, 32usize);
     let cfg = SelectionConfig::new(16, 3).unwrap();
@@ -47,7 +72,11 @@ fn cache_from_plan_decodes_like_cache_from_views() {
         random(&mut r, shape.kv_elems(), 1.0),
         random(&mut r, shape.kv_elems(), 1.0),
     );
-    let (qb, kb, vb) = (buffer(ctx, &q), buffer(ctx, &k), buffer(ctx, &v));
+    let (qb, kb, vb) = (
+        padded(ctx, pad, &q),
+        padded(ctx, pad, &k),
+        padded(ctx, pad, &v),
+    );
     let (ob, lb) = (
         buffer(ctx, &vec![0f32; shape.q_elems()]),
         buffer(ctx, &vec![0f32; shape.lse_elems()]),
@@ -69,11 +98,17 @@ fn cache_from_plan_decodes_like_cache_from_views() {
         .unwrap_err();
     assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
 
+    let at_pad = |b: &wgpu::Buffer, shape: [usize; 4]| {
+        TensorView::contiguous(b, pad as u64, DType::F32, shape, TensorLayout::Bhnd).unwrap()
+    };
     let (qv, kv, vv) = (
-        bhnd(&qb, [bsz, hq, n, d]),
-        bhnd(&kb, [bsz, hkv, n, d]),
-        bhnd(&vb, [bsz, hkv, n, d]),
+        at_pad(&qb, [bsz, hq, n, d]),
+        at_pad(&kb, [bsz, hkv, n, d]),
+        at_pad(&vb, [bsz, hkv, n, d]),
     );
+    for view in [&qv, &kv, &vv] {
+        assert_eq!(plan.reads_in_place(view), pad == 0, "pad {pad}");
+    }
     let (ov, lv) = (bhnd(&ob, [bsz, hq, n, d]), bhnd(&lb, [bsz, hq, n, 1]));
     let outs = PrefillOutputs {
         out: &ov,
@@ -85,7 +120,7 @@ fn cache_from_plan_decodes_like_cache_from_views() {
         from_plan
             .record_prefill_from_plan(&mut enc, b, &plan, b)
             .unwrap();
-        let at = (b * hkv * n * d * 4) as u64;
+        let at = (pad + b * hkv * n * d * 4) as u64;
         let view = |buf| {
             TensorView::contiguous(buf, at, DType::F32, [1, hkv, n, d], TensorLayout::Bhnd).unwrap()
         };

@@ -118,6 +118,20 @@ fn u32_of(what: &'static str, v: usize) -> Result<u32> {
     })
 }
 
+/// Strides of a strided layout the kernels can address: multiples of 4 elements (the tile
+/// kernels and the route read rows as vec4s; the tensor-core kernels, which need multiples of
+/// 8, are skipped for other strides). Errors: [`GpuError::Unsupported`] naming the tensor.
+pub(crate) fn check_strided(what: &str, l: KernelLayout) -> Result<()> {
+    if let KernelLayout::Strided { batch, head, token } = l {
+        if [batch, head, token].iter().any(|s| !s.is_multiple_of(4)) {
+            return Err(GpuError::Unsupported(format!(
+                "{what}: strides ({batch}, {head}, {token}) elements: the kernels need multiples of 4"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The kernels that write O at Q's strides (split-K's merge, the NVIDIA dense kernel) need O in
 /// Q's layout, contiguous. Errors: [`GpuError::Unsupported`] otherwise.
 pub(crate) fn check_o_is_q(layouts: QkvLayouts) -> Result<()> {
@@ -172,6 +186,9 @@ pub(crate) fn validate(
         u32_of("elements of a strided q, k or v", span)?;
         check_len(what, t, span)?;
     }
+    for (what, l) in [("q", layouts.q), ("k", layouts.k), ("v", layouts.v)] {
+        check_strided(what, l)?;
+    }
     if k.storage != q.storage || v.storage != q.storage {
         return Err(GpuError::Unsupported(format!(
             "q, k, v in different storage precisions ({:?}, {:?}, {:?}); use one",
@@ -215,7 +232,7 @@ pub(crate) fn element_strides(
 /// `q`: `[B, Hq, Nq, D]` in `layouts.q`; `k`, `v`: `[B, Hkv, Nk, D]` in `layouts.k` /
 /// `layouts.v`, all three in one storage precision; `selection`: `[B, Hkv, Nq, K]` i32 with
 /// `K = cfg.top_k`, ascending leaf indices padded with -1 (a -1, an index past the last leaf,
-/// or an entry not above its predecessor is ignored). Returns `(O, LSE)`: O in Q's layout and
+/// or an entry not above its predecessor is ignored). Returns `(O, LSE)`: O contiguous in `layouts.o`, Q's
 /// storage, LSE f32 `[B, Hq, Nq]` = ln sum exp(s q.k) over the attended keys (natural log); a
 /// row attending to no key gets zeros and -inf. Outputs are freshly allocated (poisoned, then
 /// fully written). Profiler stage "attention".

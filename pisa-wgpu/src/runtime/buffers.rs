@@ -42,11 +42,24 @@ pub struct GpuTensor {
     /// `(byte offset, bytes)` of the range the kernels bind when the tensor is part of a
     /// caller's buffer read in place (offset a multiple of the device's
     /// `min_storage_buffer_offset_alignment`, bytes a multiple of 4, `len` elements from the
-    /// offset); `None`: the whole buffer.
-    pub range: Option<(u64, u64)>,
+    /// offset); `None`: the whole buffer. Only the prefill plan makes ranged tensors, and only
+    /// as kernel inputs (never read back, recycled or written).
+    pub(crate) range: Option<(u64, u64)>,
 }
 
 impl GpuTensor {
+    /// The tensor of `len` elements of `storage` that is the whole of `buffer` (a buffer of
+    /// the context's device with `STORAGE` usage, at least `len` elements long).
+    #[doc(hidden)]
+    pub fn from_buffer(buffer: wgpu::Buffer, len: usize, storage: Storage) -> Self {
+        GpuTensor {
+            buffer,
+            len,
+            storage,
+            range: None,
+        }
+    }
+
     /// Another handle on the same elements (the buffer is shared, not copied).
     pub(crate) fn alias(&self) -> GpuTensor {
         GpuTensor {
@@ -96,7 +109,7 @@ impl Context {
     #[doc(hidden)]
     pub fn recycle(&self, t: GpuTensor) {
         let size = t.buffer.size();
-        if t.buffer.usage() != STORAGE_USAGE | wgpu::BufferUsages::COPY_DST {
+        if t.range.is_some() || t.buffer.usage() != STORAGE_USAGE | wgpu::BufferUsages::COPY_DST {
             return;
         }
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());

@@ -141,12 +141,7 @@ fn plan_chunk(ctx: &Context, p: &Plan, mut hc: usize) -> Result<Planned> {
     let out = |label, len, storage: Storage, dtype| {
         let bytes = embed::words(len, dtype);
         let buffer = embed::buffer(ctx, label, bytes);
-        GpuTensor {
-            buffer,
-            len,
-            storage,
-            range: None,
-        }
+        GpuTensor::from_buffer(buffer, len, storage)
     };
     let dt = embed::dtype(p.storage);
     Ok(Planned {

@@ -13,6 +13,7 @@ use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::{Context, KernelPath};
 use crate::runtime::nv::NvKernel;
 use crate::runtime::pipeline::Storage;
+use crate::runtime::view::KernelLayout;
 
 /// The kernel that runs one attention call (PISA.md sections 4 and 5); [`attention_kernel`]
 /// gives it for a call's arguments.
@@ -129,8 +130,11 @@ pub(crate) fn plan<'a>(
     if tiling.is_some() {
         return Plan::PortableTile;
     }
+    // Split-K's merge and the NVIDIA dense kernel write O at Q's strides: only with O in Q's
+    // layout, Q contiguous (the tile kernels write O at its own strides).
+    let o_is_q = layouts.q == KernelLayout::Contiguous(layouts.o);
     match *kind {
-        AttentionKind::Dense { causal, scale } => {
+        AttentionKind::Dense { causal, scale } if o_is_q => {
             if let Some(plan) = split_k::plan(ctx, shape, storage) {
                 return Plan::SplitK {
                     plan,
@@ -139,6 +143,7 @@ pub(crate) fn plan<'a>(
                 };
             }
         }
+        AttentionKind::Dense { .. } => {}
         AttentionKind::Sparse { selection, cfg } => {
             if cfg.validate().is_ok() {
                 if let Some(plan) = by_leaf::plan(ctx, storage, shape, layouts, cfg) {
@@ -153,7 +158,7 @@ pub(crate) fn plan<'a>(
     }
     if storage == Storage::F16 {
         if let Some(cv) = coop::plan(ctx, shape, kind) {
-            if let AttentionKind::Dense { causal, scale } = *kind {
+            if let (AttentionKind::Dense { causal, scale }, true) = (*kind, o_is_q) {
                 if let Some(kernel) = nv_dense::kernel_for(ctx, shape, storage, layouts) {
                     return Plan::NvDense {
                         kernel,

@@ -109,7 +109,6 @@ pub fn record_split_k(
         layouts,
         &AttentionKind::Dense { causal, scale },
     )?;
-    super::check_o_is_q(layouts)?;
     if plan.split_keys == 0 || plan.pairs_per_range == 0 {
         return Err(PisaError::InvalidValue {
             what: "split-K split_keys and pairs_per_range must be positive",
@@ -140,6 +139,7 @@ pub(crate) fn record(
     plan: &SplitK,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
+    super::check_o_is_q(layouts)?;
     let (g, d) = (s.gqa_group(), s.head_dim);
     let rows = g * s.q_len;
     let var = variant(ctx, d, q.storage)?;

@@ -218,12 +218,17 @@ impl KvCache {
         self.record_prefill_heads(enc, seq, 0, hkv, &kt, &vt, TensorLayout::Bhnd)
     }
 
-    /// Records the loading of sequence `seq` from what a [`PrefillPlan`] run left: its keys and
-    /// values (batch entry `batch` of its `[B, Hkv, N, D]` staging) and its key pyramid, taken
-    /// over by buffer copies (no gather, no pyramid build). Record it after the plan's run, into
-    /// the same encoder or a later one. The cache and the plan must agree on Hkv, D, storage,
-    /// block size, merge factor and scoring. What is copied is what the plan's last recorded run
-    /// leaves once it has executed, so record this after a run. Errors:
+    /// Records the loading of sequence `seq` from what a [`PrefillPlan`] run left: the keys and
+    /// values of its batch entry `batch` and its key pyramid (taken over by buffer copies: no
+    /// pyramid build). The keys and values come from where the run read them: the plan's
+    /// staging when it gathered them (buffer copies), or the caller's K and V views when it
+    /// read them in place ([`PrefillPlan::reads_in_place`]; one gather of entry `batch` into the
+    /// staging, then the copies). In that second case the views must still hold the run's keys
+    /// and values when this executes: record it in the run's encoder, or at least before
+    /// anything overwrites them (the next layer's QKV projection in a reused buffer, say).
+    /// The cache and the plan must agree on Hkv, D, storage, block size, merge factor and
+    /// scoring. What is loaded is what the plan's last recorded run leaves once it has
+    /// executed, so record this after a run. Errors:
     /// [`crate::GpuError::Unsupported`] when they differ; [`PisaError::TooLarge`] for a `seq`,
     /// `batch` or N past the cache's; nothing changes on error.
     pub fn record_prefill_from_plan(
@@ -257,7 +262,7 @@ impl KvCache {
         }
         let n = ps.k_len;
         self.check_prefill_len(n)?;
-        let (k, v, pyr) = plan.parts(enc)?;
+        let (k, v, pyr, entry) = plan.parts(enc, batch)?;
         let Some((means, sq)) = pyr else {
             return Err(crate::GpuError::Unsupported(
                 "the plan has no pyramid to take over: record its run first".into(),
@@ -272,7 +277,7 @@ impl KvCache {
             let row = seq * hkv + h;
             let (shard, r0) = (row / self.kv_rows, (row / self.kv_rows) * self.kv_rows);
             let (dk, dv) = (&self.kv[shard].0.buffer, &self.kv[shard].1.buffer);
-            let src = ((batch * hkv + h) * n * d) as u64 * e;
+            let src = ((entry * hkv + h) * n * d) as u64 * e;
             let dst = (row - r0) as u64 * cap * d as u64 * e;
             let bytes = (n * d) as u64 * e;
             enc.copy_buffer_to_buffer(&k.buffer, src, dk, dst, bytes);

@@ -2,9 +2,12 @@
 //! options builds the pipelines, the contiguous Q/K/V staging, every intermediate, the uniform
 //! parameters and the bind groups (by recording the prefill once, see `runtime/arena.rs`);
 //! [`PrefillPlan::run`] records into the caller's encoder, reading the caller's Q/K/V views and
-//! writing the caller's O, LSE (and optional selection) views, with no allocation, no host fill
-//! in release builds and no wait beyond the few small parameter buffers and bind groups of the
-//! gathers (independent of N).
+//! writing the caller's O, LSE (and optional selection) views, with no allocation of tensors,
+//! no host fill in release builds and no wait. What a run makes is small and independent of N:
+//! the parameter buffers and bind groups of the gathers and scatters, and, the first time a
+//! set of views is read in place, the bind groups and parameter buffers of those views (the
+//! arena keeps up to 16 sets, the layers of a model reusing one QKV buffer among them, and makes
+//! them anew each run past that; the kept sets hold references to the caller's buffers).
 //!
 //! # How the inputs are read
 //!
@@ -12,9 +15,12 @@
 //! - its dtype is the plan's storage (f16 views for f16 storage, f32 for f32);
 //! - its head-dim stride is 1 and its batch, head and token strides (those of dimensions of
 //!   extent above 1) are multiples of 8 elements, so every row starts on a 16-byte boundary
-//!   as the vector loads need (a packed QKV projection `[B, N, Hq + 2 Hkv, D]` qualifies);
+//!   as the vector loads need (a packed QKV projection `[B, N, Hq + 2 Hkv, D]` qualifies,
+//!   when D is a multiple of 8);
 //! - its byte offset is a multiple of the device's `min_storage_buffer_offset_alignment`
-//!   (256 bytes on most desktop GPUs), because a binding starts there;
+//!   (256 bytes on most desktop GPUs), because a binding starts there (in a packed QKV
+//!   buffer: when the buffer offset, `Hq * D` and `(Hq + Hkv) * D` elements are such
+//!   multiples, and so is each view's first token for a varlen sequence);
 //! - the bytes from its first to past its last element fit one storage binding
 //!   ([`Context::max_binding_bytes`]);
 //! - for K and V: both qualify and have the same strides (the leaf-major kernels address V
@@ -149,37 +155,42 @@ impl PrefillPlan {
         Ok(plan)
     }
 
-    /// What a decode cache takes over after a run: the plan's contiguous BHND staging K and V
-    /// (`[B, Hkv, N, D]` in the plan's storage) and the key pyramid's means and second moments
+    /// What a decode cache takes over of batch entry `batch` after a run: the plan's contiguous
+    /// BHND staging K and V (`[B, Hkv, N, D]` in the plan's storage), the entry of the staging
+    /// that holds `batch`'s keys and values, and the key pyramid's means and second moments
     /// (`[B*Hkv, nodes of N, D]` f32, the layout of N). Their contents are those of the last
-    /// recorded run once it has executed. When that run read K and V in place, they are
-    /// gathered from the caller's views into the staging first (recorded into `enc`): the
-    /// views must then still hold the run's keys and values when `enc` executes.
+    /// recorded run once it has executed. When that run read K and V in place, entry `batch`
+    /// of the caller's views is gathered into entry 0 of the staging first (recorded into
+    /// `enc`): the views must then still hold the run's keys and values when `enc` executes.
     #[allow(clippy::type_complexity)]
     pub(crate) fn parts(
         &self,
         enc: &mut wgpu::CommandEncoder,
+        batch: usize,
     ) -> Result<(
         &GpuTensor,
         &GpuTensor,
         Option<(wgpu::Buffer, Option<wgpu::Buffer>)>,
+        usize,
     )> {
         let last = self
             .last_kv
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        let mut entry = batch;
         if let Some((k, v)) = last {
             let st = self.opts.storage;
-            record_gather(&self.ctx, enc, &k, &self.k.buffer, st)?;
-            record_gather(&self.ctx, enc, &v, &self.v.buffer, st)?;
+            record_gather(&self.ctx, enc, &batch_entry(&k, batch)?, &self.k.buffer, st)?;
+            record_gather(&self.ctx, enc, &batch_entry(&v, batch)?, &self.v.buffer, st)?;
+            entry = 0;
         }
         let pyr = self
             .pyramid
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        Ok((&self.k, &self.v, pyr))
+        Ok((&self.k, &self.v, pyr, entry))
     }
 
     /// Whether [`Self::run`] reads `view` in place (no copy) rather than gathering it into the
@@ -205,10 +216,12 @@ impl PrefillPlan {
         &self.opts
     }
 
-    /// Records the prefill into `enc`: gathers `q` (`[B, Hq, N, D]`), `k`, `v`
-    /// (`[B, Hkv, N, D]`) from the caller's views (any strides, f32/f16/bf16), runs the
-    /// planned prefill and writes `outputs`. Stage times go to `prof` (the prefill's stages; the
-    /// gathers and output copies are not timed). Nothing is submitted.
+    /// Records the prefill into `enc`: reads `q` (`[B, Hq, N, D]`), `k`, `v` (`[B, Hkv, N, D]`)
+    /// from the caller's views (any strides, f32/f16/bf16), in place where the kernels can
+    /// address them and gathered into the plan's staging otherwise (see the [module
+    /// docs](self#how-the-inputs-are-read)), runs the planned prefill and writes `outputs`.
+    /// Stage times go to `prof` (the prefill's stages; the gathers and output copies are not
+    /// timed). Nothing is submitted.
     ///
     /// Errors: [`GpuError::View`] for a view of the wrong shape or an output the plan cannot
     /// write; [`GpuError::Unsupported`] when the context's tuning ([`Context::set_tuning`] and
@@ -292,9 +305,9 @@ impl PrefillPlan {
             let kv_in_place = k_in.is_some();
             let kt = read(k, &self.k, k_in, &mut layouts.k)?;
             let vt = read(v, &self.v, v_in, &mut layouts.v)?;
+            let (o, lse, sel) = self.record(enc, prof, [&qt, &kt, &vt], layouts)?;
             *self.last_kv.lock().unwrap_or_else(|p| p.into_inner()) =
                 kv_in_place.then(|| (k.clone(), v.clone()));
-            let (o, lse, sel) = self.record(enc, prof, [&qt, &kt, &vt], layouts)?;
             write_out(ctx, enc, &o.buffer, st, outputs.out)?;
             write_out(ctx, enc, &lse.buffer, Storage::F32, outputs.lse)?;
             if let Some(view) = outputs.selection {
@@ -365,6 +378,15 @@ fn check_shape(what: &str, view: &TensorView, shape: [usize; 4]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Batch entry `b` of `view`, as a view of batch 1. Errors as [`TensorView::new`] (none for an
+/// entry of a valid view).
+fn batch_entry(view: &TensorView, b: usize) -> Result<TensorView> {
+    let [_, h, n, d] = view.shape();
+    let s = view.strides();
+    let offset = view.offset() + (b * s[0]) as u64 * view.dtype().bytes();
+    TensorView::new(view.buffer(), offset, view.dtype(), [1, h, n, d], s)
 }
 
 /// `view` as the kernels read it in place, with its layout, or `None` when it must be gathered:

@@ -120,6 +120,8 @@ pub(crate) fn plan(
         }
         Ok(())
     };
+    crate::ops::attention::check_strided("q", layouts.q)?;
+    crate::ops::attention::check_strided("k", layouts.k)?;
     // The elements from the first to past the last (the element count when contiguous).
     len_check("q", q.len, layouts.q.span(s.batch, s.q_heads, s.q_len, d))?;
     len_check(
