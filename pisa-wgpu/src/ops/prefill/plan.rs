@@ -9,32 +9,8 @@
 //! arena keeps up to 16 sets, the layers of a model reusing one QKV buffer among them, and makes
 //! them anew each run past that; the kept sets hold references to the caller's buffers).
 //!
-//! # How the inputs are read
-//!
-//! The kernels read a view **in place**, with no copy, when they can address it directly:
-//! - its dtype is the plan's storage (f16 views for f16 storage, f32 for f32);
-//! - its head-dim stride is 1 and its batch, head and token strides (those of dimensions of
-//!   extent above 1) are multiples of 8 elements, so every row starts on a 16-byte boundary
-//!   as the vector loads need (a packed QKV projection `[B, N, Hq + 2 Hkv, D]` qualifies,
-//!   when D is a multiple of 8);
-//! - its byte offset is a multiple of the device's `min_storage_buffer_offset_alignment`
-//!   (256 bytes on most desktop GPUs), because a binding starts there (in a packed QKV
-//!   buffer: when the buffer offset, `Hq * D` and `(Hq + Hkv) * D` elements are such
-//!   multiples, and so is each view's first token for a varlen sequence);
-//! - the bytes from its first to past its last element fit one storage binding
-//!   ([`Context::max_binding_bytes`]);
-//! - for K and V: both qualify and have the same strides (the leaf-major kernels address V
-//!   with K's strides).
-//!
-//! Any other view (bf16, another dtype, an unaligned offset, a wider span) is **gathered** on
-//! the GPU into the plan's contiguous BHND staging (`ops::gather`: any strides, f32 / f16 /
-//! bf16, any element-aligned offset), one read and one write of the tensor on the device.
-//! [`PrefillPlan::reads_in_place`] says which way a view goes. The kernels and the result are
-//! the same either way (bit for bit: the tests compare both).
-//!
-//! The outputs are written by the kernels into the plan's O, LSE and selection, then copied
-//! (`copy_buffer_to_buffer`, when the caller's view is contiguous BHND of the storage dtype at
-//! a 4-byte offset) or scattered (`ops::gather::record_scatter`) into the caller's views.
+//! How a run reads its inputs (in place or gathered) and writes its outputs: see
+//! [`PrefillPlan`].
 
 use pisa_core::{AttentionShape, TensorLayout};
 
@@ -64,6 +40,35 @@ pub struct PrefillOutputs<'a> {
 }
 
 /// A prefill planned for one shape and options: see the module docs of [`crate::ops::prefill`].
+///
+/// # How the inputs are read
+///
+/// The kernels read a view **in place**, with no copy, when they can address it directly:
+/// - its dtype is the plan's storage (f16 views for f16 storage, f32 for f32);
+/// - its head-dim stride is 1 and its batch, head and token strides (those of dimensions of
+///   extent above 1) are multiples of 8 elements, so every row starts on a 16-byte boundary
+///   as the vector loads need (a packed QKV projection `[B, N, Hq + 2 Hkv, D]` qualifies,
+///   when D is a multiple of 8);
+/// - its byte offset is a multiple of the device's `min_storage_buffer_offset_alignment`
+///   (256 bytes on most desktop GPUs), because a binding starts there (in a packed QKV
+///   buffer: when the buffer offset, `Hq * D` and `(Hq + Hkv) * D` elements are such
+///   multiples, and so is each view's first token for a varlen sequence);
+/// - the bytes from its first to past its last element fit one storage binding
+///   ([`Context::max_binding_bytes`]);
+/// - for K and V: both qualify and have the same strides (the leaf-major kernels address V
+///   with K's strides).
+///
+/// Any other view (bf16, another dtype, an unaligned offset, a wider span) is **gathered** on
+/// the GPU into the plan's contiguous BHND staging (`ops::gather`: any strides, f32 / f16 /
+/// bf16, any element-aligned offset), one read and one write of the tensor on the device.
+/// [`PrefillPlan::reads_in_place`] says which way a view goes. The kernels and the result are
+/// the same either way (bit for bit: the tests compare both).
+///
+/// The outputs are written by the kernels into the plan's O, LSE and selection, then copied
+/// (`copy_buffer_to_buffer`, when the caller's view is contiguous BHND of the storage dtype at
+/// a 4-byte offset) or scattered (`ops::gather::record_scatter`) into the caller's views.
+///
+/// # Example
 ///
 /// ```no_run
 /// # fn f(ctx: &pisa_wgpu::Context, q: &pisa_wgpu::TensorView, k: &pisa_wgpu::TensorView,
@@ -194,8 +199,8 @@ impl PrefillPlan {
     }
 
     /// Whether [`Self::run`] reads `view` in place (no copy) rather than gathering it into the
-    /// plan's staging: see the [module docs](self#how-the-inputs-are-read) for the rule. (K and
-    /// V are read in place only when both are, with the same strides.)
+    /// plan's staging: see [How the inputs are read](PrefillPlan#how-the-inputs-are-read) for
+    /// the rule. (K and V are read in place only when both are, with the same strides.)
     pub fn reads_in_place(&self, view: &TensorView) -> bool {
         in_place(&self.ctx, view, self.opts.storage).is_some()
     }
@@ -218,10 +223,10 @@ impl PrefillPlan {
 
     /// Records the prefill into `enc`: reads `q` (`[B, Hq, N, D]`), `k`, `v` (`[B, Hkv, N, D]`)
     /// from the caller's views (any strides, f32/f16/bf16), in place where the kernels can
-    /// address them and gathered into the plan's staging otherwise (see the [module
-    /// docs](self#how-the-inputs-are-read)), runs the planned prefill and writes `outputs`.
-    /// Stage times go to `prof` (the prefill's stages; the gathers and output copies are not
-    /// timed). Nothing is submitted.
+    /// address them and gathered into the plan's staging otherwise (see [How the inputs are
+    /// read](PrefillPlan#how-the-inputs-are-read)), runs the planned prefill and writes
+    /// `outputs`. Stage times go to `prof` (the prefill's stages; the gathers and output
+    /// copies are not timed). Nothing is submitted.
     ///
     /// Errors: [`GpuError::View`] for a view of the wrong shape or an output the plan cannot
     /// write; [`GpuError::Unsupported`] when the context's tuning ([`Context::set_tuning`] and
@@ -390,8 +395,8 @@ fn batch_entry(view: &TensorView, b: usize) -> Result<TensorView> {
 }
 
 /// `view` as the kernels read it in place, with its layout, or `None` when it must be gathered:
-/// the rule of the [module docs](self#how-the-inputs-are-read). Strides of extent-1 dimensions
-/// are taken as 0 (they multiply 0).
+/// the rule of [How the inputs are read](PrefillPlan#how-the-inputs-are-read). Strides of
+/// extent-1 dimensions are taken as 0 (they multiply 0).
 fn in_place(
     ctx: &Context,
     view: &TensorView,
