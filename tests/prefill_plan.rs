@@ -9,7 +9,9 @@ mod common;
 
 use common::*;
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::attention::{by_leaf::leaf_major_path, QkvLayouts};
 use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions, PrefillOutputs, PrefillPlan};
+use pisa_wgpu::runtime::view::KernelLayout;
 use pisa_wgpu::{wgpu, Context, DType, GpuError, LeafOrder, Storage, TensorView};
 
 /// A buffer holding `data` (f32) after `pad` bytes of 0x5A.
@@ -633,23 +635,56 @@ fn packed_qkv_is_read_in_place() {
             for v in &gathered {
                 assert!(!plan.reads_in_place(v), "case {i}: unaligned view in place");
             }
+            // Under `Leaves`, the leaf-major kernels run for the packed layouts as for the
+            // staging's BHND (the same kernels either way, so the arena's replay holds).
+            if order == LeafOrder::Leaves {
+                let t = hq + 2 * hkv;
+                let packed_layout = KernelLayout::Strided {
+                    batch: n * t * d,
+                    head: d,
+                    token: t * d,
+                };
+                let packed = QkvLayouts {
+                    q: packed_layout,
+                    k: packed_layout,
+                    v: packed_layout,
+                    o: TensorLayout::Bhnd,
+                };
+                let bhnd = QkvLayouts::from(TensorLayout::Bhnd);
+                let path = leaf_major_path(ctx, st, &s, bhnd, &cfg);
+                assert!(path.is_some(), "case {i}: not leaf-major under Leaves");
+                assert_eq!(leaf_major_path(ctx, st, &s, packed, &cfg), path, "case {i}");
+            }
             let got = run_plan(ctx, &plan, &s, kk, &direct);
             let staged = run_plan(ctx, &plan, &s, kk, &gathered);
+            // Q gathered with K and V in place, and Q in place with K and V gathered.
+            let [gq, gk, gv] = gathered.clone();
+            let [dq, dk, dv] = direct.clone();
+            let mixed = [
+                ("Q gathered", run_plan(ctx, &plan, &s, kk, &[gq, dk, dv])),
+                ("K, V gathered", run_plan(ctx, &plan, &s, kk, &[dq, gk, gv])),
+            ];
             // Bitwise: the first differing element, if any.
             let first = |a: &[u32], b: &[u32]| a.iter().zip(b).position(|(x, y)| x != y);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let sel_bits = |v: &[i32]| v.iter().map(|&x| x as u32).collect::<Vec<_>>();
-            for (what, a, b) in [
-                ("O", bits(&got.0), bits(&staged.0)),
-                ("LSE", bits(&got.1), bits(&staged.1)),
-                ("selection", sel_bits(&got.2), sel_bits(&staged.2)),
+            for (run, out) in [
+                ("in place", &got),
+                (mixed[0].0, &mixed[0].1),
+                (mixed[1].0, &mixed[1].1),
             ] {
-                assert_eq!(a.len(), b.len());
-                if let Some(e) = first(&a, &b) {
-                    panic!(
-                        "case {i} {order:?}: {what} in place differs from gathered at {e}: {:#x} vs {:#x}",
-                        a[e], b[e]
-                    );
+                for (what, a, b) in [
+                    ("O", bits(&out.0), bits(&staged.0)),
+                    ("LSE", bits(&out.1), bits(&staged.1)),
+                    ("selection", sel_bits(&out.2), sel_bits(&staged.2)),
+                ] {
+                    assert_eq!(a.len(), b.len());
+                    if let Some(e) = first(&a, &b) {
+                        panic!(
+                            "case {i} {order:?}: {what} {run} differs from gathered at {e}: {:#x} vs {:#x}",
+                            a[e], b[e]
+                        );
+                    }
                 }
             }
             // Against the reference.
