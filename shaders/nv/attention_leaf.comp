@@ -10,8 +10,8 @@
 //   2. the Q rows gathered into workgroup memory (16-byte loads);   barrier
 //   3. S = Q K^T over the leaf's CW = 64 key rows, read straight from K as a workgroup-scope
 //      matrix (rows past the leaf or the sequence read as zeros: the tensor layout ends there);
-//   4. scale and mask (key in the leaf, t < min(p_i + 1, Nk) when causal), row max m,
-//      P = exp(s - m), row sum l, all on the accumulator;
+//   4. mask (key in the leaf, t < min(p_i + 1, Nk) when causal), row max m of the unscaled
+//      scores, P = exp(scale (s - m)) (one exp2 pass), row sum l, all on the accumulator;
 //   5. O_part = P V (V read as a workgroup-scope matrix) to the chunk's rows of `opart` (see
 //      OPART_F16); (m, l) to `mlpart` (as floats: see store_col0); 1 + each entry's first row
 //      to `spos`. A row whose keys are all masked has l = 0 and O_part = 0.
@@ -46,14 +46,17 @@ layout(set = 0, binding = 10, std430) buffer BufSpos { uint spos[]; };
 shared uint ent[RT];
 shared uint rowlim[RT]; // row r sees tokens < rowlim[r] (0: a row past the entries)
 
-float mask_scale(const in uint r, const in uint c, const in float s, const in uint leaf0) {
-    return (c < p.block_size && leaf0 + c < rowlim[r]) ? s * p.scale : NEG;
+// Keys in the leaf and visible to the row kept; scores stay unscaled (the softmax scale is
+// folded into the exponent, and m is scaled when stored).
+float mask(const in uint r, const in uint c, const in float s, const in uint leaf0) {
+    return (c < p.block_size && leaf0 + c < rowlim[r]) ? s : NEG;
 }
-// exp(s - m) of a kept key; exactly 0 for a masked one, so a row whose keys are all masked
-// (a leaf after the query in a caller's selection) has l = 0 and O_part = 0, as the WGSL
-// kernel writes, and the merge skips its state.
-float exp_kept(const in uint r, const in uint c, const in float s, const in float m) {
-    return s > NEG ? exp(s - m) : 0.0;
+// exp(scale (s - m)) of a kept key as exp2((s - m) k), k = scale log2 e; exactly 0 for a
+// masked one, so a row whose keys are all masked (a leaf after the query in a caller's
+// selection) has l = 0 and O_part = 0, as the WGSL kernel writes, and the merge skips its state.
+float exp_kept(const in uint r, const in uint c, const in float s, const in float m,
+               const in float k) {
+    return s > NEG ? exp2((s - m) * k) : 0.0;
 }
 float inv_or_zero(const in uint r, const in uint c, const in float l) {
     return l > 0.0 ? 1.0 / l : 0.0;
@@ -115,10 +118,10 @@ void main() {
     }
 
     // 4. Softmax pieces of the chunk's rows over this leaf.
-    coopMatPerElementNV(s, s, mask_scale, leaf0);
+    coopMatPerElementNV(s, s, mask, leaf0);
     coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m, pr, l;
     coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
-    coopMatPerElementNV(pr, s, exp_kept, m);
+    coopMatPerElementNV(pr, s, exp_kept, m, p.scale * 1.4426950408889634);
     coopMatReduceNV(l, pr, gl_CooperativeMatrixReduceRowNV, add_reduce);
     coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA> pa =
         coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA>(pr);
@@ -148,6 +151,8 @@ void main() {
         coopMatStoreTensorNV(o, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
 #endif
     }
+    // m in the merge's units (natural log of the scaled scores).
+    m = m * p.scale;
     coopMatPerElementNV(m, m, store_col0, 2 * cid * RT);
     coopMatPerElementNV(l, l, store_col0, 2 * cid * RT + 1);
     barrier();

@@ -9,8 +9,9 @@
 //   1. the chunk's Q rows gathered into workgroup memory (16-byte loads);          barrier
 //   2. S = Q K^T over the leaf's CW = 64 key rows, read straight from K as a workgroup-scope
 //      matrix (rows past the leaf or the sequence read as zeros: the tensor layout ends there);
-//   3. scale, mask (keys of the leaf: candidates are complete past, no causal cut), row max m,
-//      row sum l of exp(s - m), LSE = m + log l, column 0 to workgroup memory;    barrier
+//   3. mask (keys of the leaf: candidates are complete past, no causal cut), row max m of the
+//      unscaled scores, row sum l of exp(scale (s - m)) (one exp2 pass), LSE = scale m + log l,
+//      column 0 to workgroup memory;                                             barrier
 //   4. one invocation per entry: the LSEs of its GQ rows summed, as rank_key to its slot.
 // Defines: HD (head dim), RT (rows), CW (keys per leaf tile: 64), DC (head-dim columns per
 // multiply), WG (invocations).
@@ -34,10 +35,15 @@ layout(set = 0, binding = 5, std430) buffer BufScores { uint scores[]; };
 
 shared float rowlse[RT];
 
-float mask_scale(const in uint r, const in uint c, const in float s, const in uint leaf_len) {
-    return c < leaf_len ? s * p.scale : NEG;
+// Keys past the leaf's end masked; scores stay unscaled (the scale is folded into the exponent).
+float mask(const in uint r, const in uint c, const in float s, const in uint leaf_len) {
+    return c < leaf_len ? s : NEG;
 }
-float exp_elem(const in uint r, const in uint c, const in float x) { return exp(x); }
+// exp(scale (x - y)) as exp2((x - y) k), k = scale log2 e: one pass, 0 for a masked x.
+float exp_scaled(const in uint r, const in uint c, const in float x, const in float y,
+                 const in float k) {
+    return exp2((x - y) * k);
+}
 float log_elem(const in uint r, const in uint c, const in float x) { return log(x); }
 float max_reduce(const in float a, const in float b) { return max(a, b); }
 float add_reduce(const in float a, const in float b) { return a + b; }
@@ -88,13 +94,13 @@ void main() {
     }
 
     // 3. Each row's LSE over the leaf's keys.
-    coopMatPerElementNV(s, s, mask_scale, kend - leaf0);
+    coopMatPerElementNV(s, s, mask, kend - leaf0);
     coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m, e, l;
     coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
-    coopMatPerElementNV(e, s - m, exp_elem);
+    coopMatPerElementNV(e, s, exp_scaled, m, p.scale * 1.4426950408889634);
     coopMatReduceNV(l, e, gl_CooperativeMatrixReduceRowNV, add_reduce);
     coopMatPerElementNV(l, l, log_elem);
-    l = m + l;
+    l = m * p.scale + l;
     coopMatPerElementNV(l, l, store_col0);
     barrier();
 
