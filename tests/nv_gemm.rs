@@ -184,6 +184,8 @@ fn probes_match_cpu() {
         } else {
             &rowmax
         };
+        // Negated so that a NaN element counts as bad.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
         let bad = (0..want.len())
             .filter(|&x| !((got[x] as f64 - want[x]).abs() <= 1e-3 * (1.0 + want[x].abs())))
             .count();

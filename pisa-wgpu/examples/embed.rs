@@ -164,9 +164,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Decode: the batch's K/V loaded from the packed buffer, then steps in the app's buffers.
     let mut cache = KvCache::new(&ctx, 3, 230 + STEPS, HQ, HKV, D, cfg, Storage::F32)?;
     let mut refs = Vec::new();
-    for i in 0..3 {
+    for (i, &n) in LENS.iter().enumerate() {
         cache.prefill_view(i, &part(1, i).0?, &part(2, i).0?)?;
-        let (k, v, n) = (part(1, i).1, part(2, i).1, LENS[i]);
+        let (k, v) = (part(1, i).1, part(2, i).1);
         let mut st = DecodeState::new(HQ, HKV, D, cfg)?;
         let row = |x: &[f32], t| -> Vec<f32> {
             (0..HKV)

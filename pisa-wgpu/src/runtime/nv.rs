@@ -383,8 +383,10 @@ pub fn nv_cm2_supported(adapter: &wgpu::Adapter) -> bool {
             }
             let query = props2::Instance::new(shared.entry(), shared.raw_instance());
             let mut cm2 = CoopMat2Features::new(false);
-            let mut f2 = ash::vk::PhysicalDeviceFeatures2::default();
-            f2.p_next = (&mut cm2 as *mut CoopMat2Features).cast();
+            let mut f2 = ash::vk::PhysicalDeviceFeatures2 {
+                p_next: (&mut cm2 as *mut CoopMat2Features).cast(),
+                ..Default::default()
+            };
             query.get_physical_device_features2(ad.raw_physical_device(), &mut f2);
             cm2.enough()
         }

@@ -94,7 +94,7 @@ impl Context {
     /// mapping fails (device lost included).
     pub async fn read_async(&self, view: &crate::TensorView) -> Result<Vec<u8>> {
         let bytes = view.elems() as u64 * view.dtype().bytes();
-        if !view.is_contiguous() || view.offset() % 4 != 0 || bytes % 4 != 0 {
+        if !view.is_contiguous() || !view.offset().is_multiple_of(4) || !bytes.is_multiple_of(4) {
             return Err(GpuError::View(format!(
                 "read_async reads contiguous views of whole 4-byte words at a 4-byte offset (offset {}, {} bytes, strides {:?})",
                 view.offset(),

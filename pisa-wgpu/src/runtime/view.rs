@@ -200,7 +200,7 @@ impl TensorView {
                 buffer.usage()
             )));
         }
-        if offset % dtype.bytes() != 0 {
+        if !offset.is_multiple_of(dtype.bytes()) {
             return Err(GpuError::View(format!(
                 "byte offset {offset} is not a multiple of the {dtype:?} element size ({})",
                 dtype.bytes()
@@ -343,7 +343,7 @@ impl TensorView {
         // cannot be bound in place.
         let size = (self.elems() as u64 * self.dtype.bytes()).div_ceil(4) * 4;
         let fits = self.offset + size <= self.buffer.size();
-        (contiguous && fits && self.offset % align.max(1) == 0).then(|| InPlace {
+        (contiguous && fits && self.offset.is_multiple_of(align.max(1))).then(|| InPlace {
             buffer: self.buffer.clone(),
             offset: self.offset,
             size,

@@ -438,7 +438,8 @@ fn copy_range(view: &TensorView, shape: [usize; 4]) -> Option<(u64, u64)> {
     let bhnd = (0..4).all(|i| {
         shape[i] == 1 || view.strides()[i] == contiguous_strides(shape, TensorLayout::Bhnd)[i]
     });
-    (bhnd && view.offset() % 4 == 0 && bytes % 4 == 0).then_some((view.offset(), bytes))
+    (bhnd && view.offset().is_multiple_of(4) && bytes.is_multiple_of(4))
+        .then_some((view.offset(), bytes))
 }
 
 /// Writes the plan's contiguous BHND `src` of `storage` into the caller's `dst`: a buffer
@@ -525,6 +526,7 @@ impl VarlenPrefillPlan {
     /// other dimensions do not match, [`pisa_core::PisaError`] input errors for `cu_seqlens`
     /// (fewer than 2 entries, not starting at 0, not increasing), and those of
     /// [`PrefillPlan::run`].
+    #[allow(clippy::too_many_arguments)] // flash_attn_varlen_func's arguments, plus the encoder
     pub fn run(
         &self,
         enc: &mut wgpu::CommandEncoder,
