@@ -64,19 +64,8 @@ fn check_inputs(
     } else {
         TIE
     };
-    let (mut ties, kk) = (0, cfg.top_k);
-    for row in 0..want.rows() {
-        let g = &sel[row * kk..(row + 1) * kk];
-        if g != want.row(row) {
-            assert!(
-                want.margin[row] < tie,
-                "row {row}: GPU {g:?} vs reference {:?}, margin {} (seed {seed})",
-                want.row(row),
-                want.margin[row]
-            );
-            ties += 1;
-        }
-    }
+    let what = format!("seed {seed}");
+    let ties = check_selection_ties(&what, sel, &want, cfg.top_k, tie);
     eprintln!(
         "{shape:?} {storage:?}: {ties} of {} rows differ within a tie",
         want.rows()

@@ -176,3 +176,29 @@ pub fn bind_group(
             entries: &entries,
         })
 }
+
+/// Checks `got`, rows of `K = want.k`-wide selections, against the reference `want`: a row
+/// may differ only where the reference's K-th and (K+1)-th scores tie within `tie` (its
+/// `margin`). Returns the rows that differed within a tie; `what` names the case in a failure.
+pub fn check_selection_ties(
+    what: &str,
+    got: &[i32],
+    want: &pisa_core::reference::Selection,
+    kk: usize,
+    tie: f64,
+) -> usize {
+    let mut ties = 0;
+    for row in 0..want.rows() {
+        let g = &got[row * kk..(row + 1) * kk];
+        if g != want.row(row) {
+            assert!(
+                want.margin[row] < tie,
+                "{what} row {row}: GPU {g:?} vs reference {:?}, margin {}",
+                want.row(row),
+                want.margin[row]
+            );
+            ties += 1;
+        }
+    }
+    ties
+}

@@ -66,10 +66,10 @@ impl Context {
         pipeline: &wgpu::ComputePipeline,
         bindings: &[(u32, B)],
     ) -> wgpu::BindGroup {
-        let binds: Vec<(u32, Bind<'a>)> = bindings.iter().map(|&(i, b)| (i, b.into())).collect();
-        let key: Vec<(u32, &wgpu::Buffer, u64, u64)> = binds
+        let key: Vec<(u32, &wgpu::Buffer, u64, u64)> = bindings
             .iter()
             .map(|&(i, b)| {
+                let b: Bind<'a> = b.into();
                 let (o, n) = b.range.unwrap_or((0, u64::MAX));
                 (i, b.buffer, o, n)
             })
@@ -78,11 +78,11 @@ impl Context {
             return g;
         }
         let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> = binds
+        let entries: Vec<wgpu::BindGroupEntry> = bindings
             .iter()
             .map(|&(i, b)| wgpu::BindGroupEntry {
                 binding: i,
-                resource: b.resource(),
+                resource: b.into().resource(),
             })
             .collect();
         let g = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
