@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-vulkan.sh
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}  # quiets Mesa's WSI warning on headless machines
+# A one-off build keeps no incremental caches (they double target/ for nothing on a clean clone).
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 if cargo fmt --version >/dev/null 2>&1; then
   cargo fmt --all -- --check
 else
