@@ -82,7 +82,7 @@ fn setup(id: u32, qt: u32) {
         var val = vec4<f32>(0.0);
         if (row_valid(r)) {
             let at = b * p.q_sb + (hq0 + r % p.gh) * p.q_sh + (i0 + r / p.gh) * p.q_sn + c;
-            val = vec4<f32>(q[at]) * p.scale_log2;
+            val = in4_q(at) * p.scale_log2;
         }
         q_sh[r * ROW4 + c] = val;
     }
@@ -100,9 +100,9 @@ fn load_tile(from_v: bool, t0: u32, tcount: u32) {
         let t = t0 + kk;
         if (kk < tcount && t < p.k_len) {
             if (from_v) {
-                val = vec4<f32>(v[b * p.v_sb + kvh * p.v_sh + t * p.v_sn + c]);
+                val = in4_v(b * p.v_sb + kvh * p.v_sh + t * p.v_sn + c);
             } else {
-                val = vec4<f32>(k[b * p.k_sb + kvh * p.k_sh + t * p.k_sn + c]);
+                val = in4_k(b * p.k_sb + kvh * p.k_sh + t * p.k_sn + c);
             }
         }
         kv_sh[kk * ROW4 + c] = val;

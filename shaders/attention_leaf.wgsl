@@ -70,7 +70,7 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                 let qb = b * p.q_sb + (hkv * GQ + r % GQ) * p.q_sh + i * p.q_sn;
                 let kr = kb + tok * p.k_sn;
                 var a = 0.0;
-                for (var d = 0u; d < p.head_dim; d++) { a += f32(q[qb + d]) * f32(k[kr + d]); }
+                for (var d = 0u; d < p.head_dim; d++) { a += in_q(qb + d) * in_k(kr + d); }
                 s = p.scale * a;
             }
         }
@@ -100,7 +100,7 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         let nk = row_keys(r, n, leaf0, leaf1);
         var acc = 0.0;
         for (var j = 0u; j < nk; j++) {
-            acc += sm[r * WG + j] * f32(v[kb + (leaf0 + j) * p.k_sn + d]);
+            acc += sm[r * WG + j] * in_v(kb + (leaf0 + j) * p.k_sn + d);
         }
         opart[(cid * R + r) * p.head_dim + d] = acc;
     }

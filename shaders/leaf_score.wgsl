@@ -58,7 +58,7 @@ fn leaf_score(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
                 let qb = b * p.q_sb + (hkv * GQ + r % GQ) * p.q_sh + (ent[e] / MC) * p.q_sn;
                 let kr = kb + tok * p.k_sn;
                 var a = 0.0;
-                for (var d = 0u; d < p.head_dim; d++) { a += f32(q[qb + d]) * f32(k[kr + d]); }
+                for (var d = 0u; d < p.head_dim; d++) { a += in_q(qb + d) * in_k(kr + d); }
                 s = p.scale * a;
             }
             sm[r * WG + lid] = s;

@@ -48,7 +48,7 @@ fn stage_k(e: u32, leaf: u32, t0: u32, d0: u32) {
     let d = d0 + e % DC;
     let ok = tt < p.block_size && tok < p.k_len && d < p.head_dim;
     let i = select(0u, kbase_g + tok * p.k_sn + d, ok);
-    ks[(e / DC) * (DC + 1u) + e % DC] = select(0.0, f32(k[i]), ok);
+    ks[(e / DC) * (DC + 1u) + e % DC] = select(0.0, in_k(i), ok);
 }
 
 fn stage_k4(e: u32, leaf: u32, t0: u32, d0: u32) {
@@ -78,7 +78,7 @@ fn leaf_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         var v = 0.0;
         if (j < QG && i < p.q_len && d < d_n) {
             let hq = hkv * GQ + j % GQ;
-            v = p.scale * f32(q[b * p.q_sb + hq * p.q_sh + i * p.q_sn + d]);
+            v = p.scale * in_q(b * p.q_sb + hq * p.q_sh + i * p.q_sn + d);
         }
         qs[d * QG4 + j / 4u][j % 4u] = v;
     }

@@ -46,7 +46,7 @@ fn pool_leaves(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         var s = 0.0;
         var s2 = 0.0;
         for (var t = t0; t < t1; t++) {
-            let x = f32(k[base + t * p.k_sn + d]);
+            let x = in_k(base + t * p.k_sn + d);
             s += x;
             s2 += x * x;
         }

@@ -231,7 +231,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         let i = i0 + qi;
         var v = 0.0;
         if (i < p.q_len && d < d_n) {
-            v = p.scale * f32(q[b * p.q_sb + (hkv * GQ + hh) * p.q_sh + i * p.q_sn + d]);
+            v = p.scale * in_q(b * p.q_sb + (hkv * GQ + hh) * p.q_sh + i * p.q_sn + d);
         }
         qs[r * D4 + d / 4u][d % 4u] = v;
     }

@@ -1,6 +1,6 @@
 //! GPU block-sparse and dense attention (PISA.md section 4) against the f64 CPU reference:
 //! selections from the reference PISA selector and random valid ones, GQA groups 1..32, head
-//! dims 64..256, both layouts, f32 and f16 storage, causal and not, and forced small tilings.
+//! dims 64..256, both layouts, f32, f16 and bf16 storage, causal and not, and forced small tilings.
 //! Tolerance: relative L2 error of O and LSE at most 1e-4 (f32 storage) or 5e-3 (f16, against the
 //! reference on f16-rounded inputs), and no element non-finite (outputs start poisoned, so an
 //! unwritten one fails); see `attention_util.rs`. Single-key and empty rows, the binding-size
@@ -22,7 +22,7 @@ fn sparse_matches_reference() {
     let ctx = ctx();
     let seed = seed("sparse");
     let mut r = rng(seed);
-    use Storage::{F16, F32};
+    use Storage::{Bf16, F16, F32};
     let cases: &[Case] = &[
         (2, 4, 2, 100, 100, 64, 16, 4, Bhnd, F32, true, true),
         (2, 3, 1, 65, 65, 80, 32, 3, Bnhd, F32, true, true),
@@ -41,6 +41,9 @@ fn sparse_matches_reference() {
         (1, 3, 1, 128, 128, 64, 4096, 1, Bhnd, F32, true, true),
         (1, 2, 1, 100, 100, 64, 4096, 2, Bnhd, F32, false, false),
         (1, 1, 1, 64, 4112, 64, 4096, 2, Bhnd, F32, false, false),
+        // bf16 storage: the kernels read the 16-bit words and widen them (f32 tolerance).
+        (2, 6, 2, 70, 70, 64, 16, 3, Bnhd, Bf16, true, true),
+        (1, 8, 1, 45, 45, 128, 32, 2, Bhnd, Bf16, true, false),
     ];
     for &case in cases {
         let (.., c, kk, layout, storage, causal, pisa) = case;
@@ -156,7 +159,7 @@ fn dense_matches_reference() {
     let ctx = ctx();
     let seed = seed("dense");
     let mut r = rng(seed);
-    use Storage::{F16, F32};
+    use Storage::{Bf16, F16, F32};
     let cases: &[DenseCase] = &[
         (2, 4, 2, 100, 100, 64, Bhnd, F32, true),
         (1, 7, 1, 65, 65, 80, Bnhd, F32, true),
@@ -171,6 +174,8 @@ fn dense_matches_reference() {
         (2, 8, 8, 129, 129, 64, Bhnd, F16, false),
         (1, 6, 2, 257, 257, 128, Bhnd, F16, true),
         (1, 7, 1, 100, 100, 128, Bnhd, F16, true),
+        (1, 6, 3, 77, 77, 64, Bhnd, Bf16, true),
+        (2, 2, 1, 40, 90, 96, Bnhd, Bf16, false),
     ];
     for &(b, hq, hkv, nq, nk, d, layout, storage, causal) in cases {
         if skip_f16(ctx, storage) {

@@ -1,7 +1,8 @@
 //! Helpers of the attention tests (included with `#[path]` by `attention.rs` and
-//! `attention_edge.rs`): seeded inputs (f16-rounded for f16 storage, so the f64 reference sees
-//! what the GPU holds), random valid selections, and the comparison with the reference by relative
-//! L2 error of O and LSE: at most 1e-4 for f32 storage, 5e-3 for f16.
+//! `attention_edge.rs`): seeded inputs (rounded to f16 or bf16 for 16-bit storage, so the f64
+//! reference sees what the GPU holds), random valid selections, and the comparison with the
+//! reference by relative L2 error of O and LSE: at most 1e-4 for f32 storage, 5e-3 for f16 (O
+//! stored in f16), 1e-4 for bf16 (inputs widened exactly, O written in f32).
 #![allow(dead_code)]
 
 use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
@@ -9,13 +10,14 @@ use pisa_wgpu::{Context, Storage};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::common::{random, rel_err, through_f16};
+use crate::common::{random, rel_err, through_storage};
 
 /// Tolerance of the relative L2 error for a storage precision (f16: vs f16-rounded inputs).
 pub fn tol(storage: Storage) -> f64 {
     match storage {
         Storage::F32 => 1e-4,
         Storage::F16 => 5e-3,
+        Storage::Bf16 => 1e-4,
     }
 }
 
@@ -29,8 +31,9 @@ pub fn inputs(r: &mut ChaCha8Rng, s: &AttentionShape, storage: Storage) -> Input
     let mut q = random(r, s.q_elems(), 1.5);
     let mut k = random(r, s.kv_elems(), 1.5);
     let mut v = random(r, s.kv_elems(), 1.0);
-    if storage == Storage::F16 {
-        (q, k, v) = (through_f16(&q), through_f16(&k), through_f16(&v));
+    if storage != Storage::F32 {
+        let t = |x: &[f32]| through_storage(x, storage);
+        (q, k, v) = (t(&q), t(&k), t(&v));
     }
     Inputs { q, k, v }
 }

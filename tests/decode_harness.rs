@@ -115,10 +115,7 @@ impl Run {
     }
 
     fn round_vec(&self, x: Vec<f32>) -> Vec<f32> {
-        match self.case.storage {
-            Storage::F16 => through_f16(&x),
-            Storage::F32 => x,
-        }
+        through_storage(&x, self.case.storage)
     }
 
     pub fn prefill(&mut self, b: usize, p: usize) {
@@ -211,7 +208,7 @@ impl Run {
                 .unwrap()
         };
         let tol = match c.storage {
-            Storage::F32 => 1e-4,
+            Storage::F32 | Storage::Bf16 => 1e-4,
             Storage::F16 => 5e-3,
         };
         let e = rel_err(out, &want_o);

@@ -227,6 +227,42 @@ fn plan_refuses_views_it_cannot_use() {
     assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
 }
 
+/// bf16 where the kernels do not read it is a typed error: a bf16 decode cache, and the kernels
+/// that index their inputs directly (the oracle baseline here), never bf16 words read as f32.
+#[test]
+fn bf16_is_refused_where_the_kernels_do_not_read_it() {
+    use pisa_wgpu::ops::decode::KvCache;
+    let ctx = ctx();
+    let cfg = SelectionConfig::new(16, 2).unwrap();
+    let e = KvCache::new(ctx, 1, 64, 4, 2, 32, cfg, Storage::Bf16).unwrap_err();
+    assert!(
+        matches!(e, GpuError::Unsupported(ref m) if m.contains("bf16")),
+        "{e}"
+    );
+    let shape = AttentionShape::prefill(1, 4, 2, 40, 32).unwrap();
+    let mut r = rng(seed("bf16_refused"));
+    let (q, k) = (
+        random(&mut r, shape.q_elems(), 1.0),
+        random(&mut r, shape.kv_elems(), 1.0),
+    );
+    let e = pisa_wgpu::ops::select::select_host(
+        ctx,
+        &q,
+        &k,
+        &shape,
+        TensorLayout::Bhnd,
+        &cfg,
+        Storage::Bf16,
+        pisa_wgpu::ops::select::Method::Oracle,
+        4,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, GpuError::Unsupported(ref m) if m.contains("bf16")),
+        "{e}"
+    );
+}
+
 #[test]
 fn read_async_returns_a_views_bytes_without_blocking_the_caller() {
     let ctx = ctx();
@@ -457,25 +493,23 @@ type PackedCase = (usize, usize, usize, usize, usize, usize, usize, Storage);
 
 /// The view dtype of storage `st`.
 fn dtype_of(st: Storage) -> DType {
-    if st == Storage::F16 {
-        DType::F16
-    } else {
-        DType::F32
-    }
+    DType::from(st)
 }
 
 /// A storage buffer holding `data` in the dtype of `st` after `pad` bytes of 0x5A (and 64 more
 /// after it, rounded to whole words).
 fn storage_buffer(ctx: &Context, pad: usize, data: &[f32], st: Storage) -> wgpu::Buffer {
     let mut bytes = vec![0x5Au8; pad];
-    if st == Storage::F16 {
-        let h: Vec<u16> = data
-            .iter()
-            .map(|&v| half::f16::from_f32(v).to_bits())
-            .collect();
-        bytes.extend_from_slice(bytemuck::cast_slice(&h));
-    } else {
-        bytes.extend_from_slice(bytemuck::cast_slice(data));
+    match st {
+        Storage::F16 => {
+            let h: Vec<u16> = (data.iter().map(|&v| half::f16::from_f32(v).to_bits())).collect();
+            bytes.extend_from_slice(bytemuck::cast_slice(&h));
+        }
+        Storage::Bf16 => {
+            let h: Vec<u16> = (data.iter().map(|&v| half::bf16::from_f32(v).to_bits())).collect();
+            bytes.extend_from_slice(bytemuck::cast_slice(&h));
+        }
+        Storage::F32 => bytes.extend_from_slice(bytemuck::cast_slice(data)),
     }
     bytes.resize(bytes.len().div_ceil(4) * 4 + 64, 0x5A);
     let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
@@ -493,7 +527,7 @@ fn storage_buffer(ctx: &Context, pad: usize, data: &[f32], st: Storage) -> wgpu:
 fn packed(ctx: &Context, c: PackedCase, off: u64, x: [&[f32]; 3]) -> [TensorView; 3] {
     let (b, hq, hkv, n, d, _, _, st) = c;
     let t = hq + 2 * hkv;
-    let e = if st == Storage::F16 { 2 } else { 4 };
+    let e = st.bytes() as usize;
     let mut rows = vec![0f32; b * n * t * d];
     for (part, (h0, h, src)) in [(0, hq, x[0]), (hq, hkv, x[1]), (hq + hkv, hkv, x[2])]
         .into_iter()
@@ -578,7 +612,9 @@ fn run_plan(
 /// (K+1)-th scores tie within 1e-3, 2e-2 for f16: the reference's margin says which; O and LSE
 /// within 1e-4, 5e-3 for f16), and bitwise against the same plan fed contiguous views at an
 /// unaligned offset, which it gathers. Both stage-2 and attention orders (tiles and leaves:
-/// the leaf-major merge writes O at its own strides), GQA groups 1, 2, 3, 4, 7, 8.
+/// the leaf-major merge writes O at its own strides), GQA groups 1, 2, 3, 4, 7, 8, f32, f16
+/// and bf16 storage (bf16: the kernels widen the words exactly and compute in f32, so the
+/// tolerances are f32's, against the reference on the bf16-rounded inputs).
 #[test]
 fn packed_qkv_is_read_in_place() {
     use pisa_core::reference::{select_pisa, sparse_attention};
@@ -588,13 +624,21 @@ fn packed_qkv_is_read_in_place() {
     let ctx = &own;
     let f = Storage::F32;
     let h = Storage::F16;
-    let cases: [PackedCase; 6] = [
+    let bf = Storage::Bf16;
+    let cases: [PackedCase; 12] = [
         (2, 6, 2, 203, 32, 32, 3, f),
         (1, 7, 1, 150, 64, 16, 4, f),
         (1, 8, 8, 97, 48, 16, 2, h),
         (2, 4, 2, 130, 64, 16, 3, h),
         (1, 8, 1, 77, 64, 16, 2, f),
         (1, 8, 2, 120, 64, 32, 2, h),
+        // bf16: the kernels widen the words themselves (no SHADER_F16 needed).
+        (2, 6, 2, 203, 32, 32, 3, bf),
+        (1, 7, 1, 150, 64, 16, 4, bf),
+        (1, 8, 4, 97, 48, 16, 2, bf),
+        (2, 4, 1, 130, 128, 16, 3, bf),
+        (1, 8, 1, 77, 64, 16, 2, bf),
+        (1, 3, 3, 61, 32, 16, 2, bf),
     ];
     let align = ctx.device().limits().min_storage_buffer_offset_alignment as u64;
     let off = align.max(256);
@@ -622,9 +666,7 @@ fn packed_qkv_is_read_in_place() {
                 random(&mut r, s.kv_elems(), 1.0),
                 random(&mut r, s.kv_elems(), 1.0),
             ];
-            if st == h {
-                x = x.map(|v| through_f16(&v));
-            }
+            x = x.map(|v| through_storage(&v, st));
             let xs = [&x[0][..], &x[1][..], &x[2][..]];
             let plan = PrefillPlan::new(ctx, &s, &opts).unwrap();
             let direct = packed(ctx, c, off, xs);
@@ -703,7 +745,7 @@ fn packed_qkv_is_read_in_place() {
         }
     }
     // Every case of each order ran, the f16 ones where the device has SHADER_F16.
-    let runnable = cases.iter().filter(|c| c.7 == f || ctx.has_f16()).count();
+    let runnable = cases.iter().filter(|c| c.7 != h || ctx.has_f16()).count();
     assert_eq!(checked, 2 * runnable, "cases that ran");
     assert!(runnable >= 3);
 }

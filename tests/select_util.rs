@@ -11,7 +11,7 @@ use pisa_wgpu::ops::select::{select_host, Method};
 use pisa_wgpu::Storage;
 use rand_chacha::ChaCha8Rng;
 
-use crate::common::{ctx, random, through_f16};
+use crate::common::{ctx, random, through_storage};
 
 /// One selection test case.
 #[derive(Debug, Clone, Copy)]
@@ -86,10 +86,10 @@ impl Case {
                 }
             }
         }
-        match self.storage {
-            Storage::F32 => (q, k),
-            Storage::F16 => (through_f16(&q), through_f16(&k)),
-        }
+        (
+            through_storage(&q, self.storage),
+            through_storage(&k, self.storage),
+        )
     }
 
     /// Tie tolerance on the reference margin: see [`tie_tol`].
@@ -106,7 +106,8 @@ impl Case {
 pub fn tie_tol(gq: usize, d: usize, scale: f64, q: &[f32], k: &[f32], storage: Storage) -> f64 {
     let amax = |v: &[f32]| v.iter().fold(0f64, |m, &x| m.max(x.abs() as f64));
     let per_head = match storage {
-        Storage::F32 => 2e-5,
+        // bf16 inputs are widened exactly: f32 arithmetic as for f32 storage.
+        Storage::F32 | Storage::Bf16 => 2e-5,
         Storage::F16 => 4e-5,
     };
     per_head * gq as f64 * (1.0 + scale * amax(q) * amax(k) * (d as f64).sqrt())

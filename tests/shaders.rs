@@ -1,4 +1,5 @@
-//! Every shader family parses and validates with naga, for the f32 and the f16 variant (the
+//! Every shader family parses and validates with naga, for the f32 and the f16 variant, and the
+//! bf16 variant where the shader reads bf16 (the
 //! split-K attention shaders are listed here beside `ops::all_shaders`).
 
 use pisa_wgpu::runtime::pipeline::{preprocess, Storage};
@@ -24,4 +25,73 @@ fn every_shader_validates_in_f32_and_f16() {
                 .unwrap_or_else(|e| panic!("{} {storage:?}: {}", s.name, e.emit_to_string(&src)));
         }
     }
+}
+
+/// The bf16 variant (`Storage::Bf16`: inputs bound as 16-bit words, read through the generated
+/// `in_*` accessors) of every shader either parses and validates, or is refused with a typed
+/// error because the shader indexes an input directly (so it never reads bf16 words as f32).
+/// The prefill's portable kernels are among those accepted; the decode and baseline kernels
+/// among those refused.
+#[test]
+fn bf16_variants_validate_or_are_refused() {
+    let shaders = pisa_wgpu::ops::all_shaders();
+    let split_k = [
+        pisa_wgpu::ops::attention::split_k::SHADER,
+        pisa_wgpu::ops::attention::split_k::MERGE_SHADER,
+    ];
+    let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+    for s in shaders.into_iter().chain(split_k) {
+        match preprocess(&s, Storage::Bf16, &[]) {
+            Ok(src) => {
+                assert!(!src.contains("enable f16"), "{}: bf16 needs no f16", s.name);
+                let module = naga::front::wgsl::parse_str(&src)
+                    .unwrap_or_else(|e| panic!("{} bf16: {}", s.name, e.emit_to_string(&src)));
+                naga::valid::Validator::new(
+                    naga::valid::ValidationFlags::all(),
+                    naga::valid::Capabilities::all(),
+                )
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{} bf16: {}", s.name, e.emit_to_string(&src)));
+                accepted.push(s.name);
+            }
+            Err(pisa_wgpu::GpuError::Unsupported(m)) if m.contains("bf16") => refused.push(s.name),
+            Err(e) => panic!("{} bf16: unexpected error {e}", s.name),
+        }
+    }
+    let prefill = [
+        "pyramid",
+        "route",
+        "leaf_select",
+        "leaf_score",
+        "attention",
+        "attention_leaf",
+    ];
+    for name in prefill
+        .into_iter()
+        .chain(["attention_leaf_merge", "gather"])
+    {
+        assert!(
+            accepted.contains(&name),
+            "{name} refuses bf16 ({refused:?})"
+        );
+    }
+    for name in ["decode", "decode_append", "oracle", "bsa", "backward"] {
+        assert!(refused.contains(&name), "{name} accepts bf16");
+    }
+}
+
+/// The generated accessors index the bound words of the bf16 variant, and plain elements of the
+/// others.
+#[test]
+fn bf16_inputs_are_bound_as_words() {
+    let s = pisa_wgpu::ops::pyramid::SHADER;
+    let bf = preprocess(&s, Storage::Bf16, &[]).unwrap();
+    assert!(bf.contains("var<storage, read> k: array<u32>;"));
+    assert!(bf.contains("fn in_k(i: u32) -> f32 { let w = k[i >> 1u];"));
+    let f = preprocess(&s, Storage::F16, &[]).unwrap();
+    assert!(f.contains("var<storage, read> k: array<store_t>;"));
+    assert!(f.contains("fn in_k(i: u32) -> f32 { return f32(k[i]); }"));
+    let a = preprocess(&pisa_wgpu::ops::attention::SHADER, Storage::Bf16, &[]).unwrap();
+    assert!(a.contains("var<storage, read> q: array<vec2<u32>>;"));
+    assert!(a.contains("fn in4_q(i: u32) -> vec4<f32>"));
 }

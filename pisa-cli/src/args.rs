@@ -73,6 +73,8 @@ pub enum StorageArg {
     F32,
     /// 2-byte floats (needs SHADER_F16).
     F16,
+    /// bfloat16, widened in the kernels (prefill on the portable kernels; decode refuses it).
+    Bf16,
 }
 
 impl From<StorageArg> for Storage {
@@ -80,6 +82,7 @@ impl From<StorageArg> for Storage {
         match s {
             StorageArg::F32 => Storage::F32,
             StorageArg::F16 => Storage::F16,
+            StorageArg::Bf16 => Storage::Bf16,
         }
     }
 }

@@ -55,6 +55,24 @@ pub fn through_f16(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
 
+/// `v` rounded to bf16 (nearest even) and back: the values bf16 storage holds.
+#[allow(dead_code)]
+pub fn through_bf16(v: &[f32]) -> Vec<f32> {
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect()
+}
+
+/// `v` as the 16-bit storage `storage` holds it (unchanged for f32).
+#[allow(dead_code)]
+pub fn through_storage(v: &[f32], storage: pisa_wgpu::Storage) -> Vec<f32> {
+    match storage {
+        pisa_wgpu::Storage::F32 => v.to_vec(),
+        pisa_wgpu::Storage::F16 => through_f16(v),
+        pisa_wgpu::Storage::Bf16 => through_bf16(v),
+    }
+}
+
 /// The worst error of `got` = C = A B^T (A `[m, k]`, B `[n, k]`, C `[m, n]`, row-major) against
 /// the f64 product of `a` and `b`, relative to the sum of the |products| of the element (so
 /// cancellation does not inflate it), and where it is. A NaN (an unwritten, poisoned element)

@@ -18,10 +18,7 @@ const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 
 /// The view dtype of a storage precision.
 pub fn dtype(storage: Storage) -> DType {
-    match storage {
-        Storage::F32 => DType::F32,
-        Storage::F16 => DType::F16,
-    }
+    DType::from(storage)
 }
 
 /// `n` elements of `dtype`, in bytes rounded up to whole 4-byte words (buffer copies and
@@ -40,7 +37,7 @@ pub fn buffer(ctx: &Context, label: &str, bytes: u64) -> wgpu::Buffer {
     })
 }
 
-/// `data` as bytes of `storage` (f16: rounded to nearest, as the library's own uploads),
+/// `data` as bytes of `storage` (f16, bf16: rounded to nearest, as the library's own uploads),
 /// padded with zeros to whole 4-byte words.
 pub fn bytes_of(data: &[f32], storage: Storage) -> Vec<u8> {
     let mut out: Vec<u8> = match storage {
@@ -48,6 +45,10 @@ pub fn bytes_of(data: &[f32], storage: Storage) -> Vec<u8> {
         Storage::F16 => data
             .iter()
             .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect(),
+        Storage::Bf16 => data
+            .iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
             .collect(),
     };
     out.resize(out.len().div_ceil(4) * 4, 0);
@@ -66,6 +67,11 @@ pub fn f32_of(bytes: &[u8], storage: Storage, n: usize) -> Vec<f32> {
             .chunks_exact(2)
             .take(n)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Storage::Bf16 => bytes
+            .chunks_exact(2)
+            .take(n)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
     }
 }

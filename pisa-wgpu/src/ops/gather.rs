@@ -148,7 +148,7 @@ pub fn record_gather(
         let count = (c.nb * c.nh * c.nn * d) as u64;
         let units = match dst_storage {
             Storage::F32 => count,
-            Storage::F16 => ((cont.first + count - 1) >> 1) - (cont.first >> 1) + 1,
+            Storage::F16 | Storage::Bf16 => ((cont.first + count - 1) >> 1) - (cont.first >> 1) + 1,
         };
         let p = params(c, d, g.strides, count, units, cont.first, view.first)?;
         dispatches.push((p, view, cont, units));
@@ -224,8 +224,8 @@ fn kind(d: DType, storage: Storage) -> Result<f64> {
         (DType::F32, _) | (DType::I32, Storage::F32) => Ok(0.0),
         (DType::F16, _) => Ok(1.0),
         (DType::BF16, _) => Ok(2.0),
-        (DType::I32, Storage::F16) => Err(GpuError::Unsupported(
-            "gather and scatter between i32 views and f16 storage (i32 is copied to and from \
+        (DType::I32, Storage::F16 | Storage::Bf16) => Err(GpuError::Unsupported(
+            "gather and scatter between i32 views and 2-byte storage (i32 is copied to and from \
              f32 storage only)"
                 .into(),
         )),

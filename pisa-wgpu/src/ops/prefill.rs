@@ -72,8 +72,10 @@ pub struct PrefillOptions {
     pub cfg: SelectionConfig,
     /// Layout of Q, K, V and O.
     pub layout: TensorLayout,
-    /// GPU storage precision of Q, K, V and O (f32 or f16). bf16 inputs: widen them with
-    /// `pisa_core::lse::bf16_to_f32_vec` (exact), then store as f16 or f32.
+    /// GPU storage precision of Q, K, V and O: f32, f16, or bf16 ([`Storage::Bf16`]: the
+    /// kernels read the 16-bit words and widen them exactly, O is written in f32). bf16 runs
+    /// on the portable kernels only: on a cooperative-matrix or NVIDIA path, f16 storage with
+    /// bf16 views (converted on the GPU, exact within f16's range) is the fast one.
     pub storage: Storage,
     /// Consecutive queries per stage-2 tile (PISA.md section 5; 4 in the paper).
     pub q_tile: usize,

@@ -205,6 +205,11 @@ impl Context {
                 let h: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
                 bytemuck::cast_slice(&h).to_vec()
             }
+            Storage::Bf16 => {
+                // Rounded to nearest even (NaN stays NaN), as the GPU gather rounds.
+                let h: Vec<half::bf16> = data.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                bytemuck::cast_slice(&h).to_vec()
+            }
         };
         self.upload_bytes(label, bytes, data.len(), storage)
     }

@@ -4,6 +4,13 @@
 //! `include_str!`. Two conventions make one file serve every variant:
 //! - storage precision: each file declares `alias store_t = f32;`; the f16 variant prepends
 //!   `enable f16;` and turns the alias into `f16`. Arithmetic is always f32 (loads convert).
+//! - loads of the inputs: every read-only binding `var<storage, read> x: array<store_t>;`
+//!   (or `array<vec4<store_t>>`) gets a generated accessor `in_x(i) -> f32` (or
+//!   `in4_x(i) -> vec4<f32>`, `i` counting vec4s). The bf16 variant binds such an input as
+//!   `array<u32>` (`array<vec2<u32>>`), two bf16 per word, and its accessors widen them (exact:
+//!   a bf16 is the upper half of an f32); `store_t` stays f32 there, so what a kernel writes
+//!   (O, intermediates) is f32. A shader that indexes such an input directly instead of through
+//!   its accessor does not read bf16: the bf16 variant refuses it ([`GpuError::Unsupported`]).
 //! - sizes that WGSL needs as true constants (private array lengths) are declared
 //!   `const NAME: u32 = <default>u;` and substituted per variant; everything else that varies
 //!   is an `override` set through pipeline constants.
@@ -16,7 +23,8 @@ use std::sync::{Arc, Mutex};
 use super::checks::ShaderChecks;
 use crate::error::{GpuError, Result};
 
-/// Element type of Q, K, V and O in GPU memory. Arithmetic is f32 either way.
+/// Element type of Q, K, V (and, for f32 and f16, of O) in GPU memory. Arithmetic is f32
+/// either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
 pub enum Storage {
     /// 4-byte floats.
@@ -24,6 +32,14 @@ pub enum Storage {
     F32,
     /// 2-byte IEEE half floats (needs SHADER_F16); bf16 inputs are converted to this or f32.
     F16,
+    /// bfloat16 inputs (2 bytes, the upper half of an f32), read as 16-bit words and widened
+    /// in the kernels (exact); what the kernels write (O) is f32 ([`Storage::output`]), which a
+    /// prefill plan converts into the caller's O view (bf16 included). The portable scalar
+    /// kernels of the prefill read it (pyramid, route, stage-2 scoring, sparse attention, on
+    /// every device, no feature needed); the cooperative-matrix, split-K and NVIDIA kernels and
+    /// the decode cache do not, and refuse it with [`GpuError::Unsupported`] (use f16 storage
+    /// with bf16 views there: they are converted on the GPU).
+    Bf16,
 }
 
 impl Storage {
@@ -31,7 +47,16 @@ impl Storage {
     pub fn bytes(self) -> u64 {
         match self {
             Storage::F32 => 4,
-            Storage::F16 => 2,
+            Storage::F16 | Storage::Bf16 => 2,
+        }
+    }
+
+    /// The element type the kernels write O in for inputs of this storage: the storage itself,
+    /// except f32 for bf16 (WGSL has no 16-bit store of bf16).
+    pub fn output(self) -> Storage {
+        match self {
+            Storage::Bf16 => Storage::F32,
+            s => s,
         }
     }
 }
@@ -46,7 +71,8 @@ pub struct ShaderSource {
 }
 
 /// The WGSL text of `shader` for `storage`, with the `const NAME: u32 = ...;` lines of `consts`
-/// replaced. Errors if a named constant is not declared in the file.
+/// replaced and the inputs' load accessors generated (module docs). Errors if a named constant
+/// is not declared in the file, or, for bf16, if the shader indexes an input directly.
 pub fn preprocess(
     shader: &ShaderSource,
     storage: Storage,
@@ -57,11 +83,31 @@ pub fn preprocess(
         out.push_str("enable f16;\n");
     }
     let mut seen = vec![false; consts.len()];
+    let mut inputs = Vec::new();
     for line in shader.wgsl.lines() {
         let t = line.trim_start();
         let mut replaced = false;
         if t.starts_with("alias store_t = f32;") && storage == Storage::F16 {
             out.push_str("alias store_t = f16;\n");
+            continue;
+        }
+        if let Some((name, vec4)) = input_binding(t) {
+            let (decl, load) = input_accessor(name, vec4, storage);
+            let line = match storage {
+                Storage::Bf16 => line.replace(
+                    if vec4 {
+                        "array<vec4<store_t>>"
+                    } else {
+                        "array<store_t>"
+                    },
+                    decl,
+                ),
+                _ => line.to_string(),
+            };
+            out.push_str(&line);
+            out.push('\n');
+            out.push_str(&load);
+            inputs.push(name);
             continue;
         }
         for (i, (name, val)) in consts.iter().enumerate() {
@@ -82,7 +128,67 @@ pub fn preprocess(
             shader.name, consts[i].0
         )));
     }
+    if storage == Storage::Bf16 {
+        if let Some(name) = inputs.iter().find(|n| indexes_directly(shader.wgsl, n)) {
+            return Err(GpuError::Unsupported(format!(
+                "bf16 storage: the {} kernel reads its input `{name}` as f32/f16 only; use f16 or f32 storage (bf16 views are converted on the GPU)",
+                shader.name
+            )));
+        }
+    }
     Ok(out)
+}
+
+/// `(name, is vec4)` of a read-only input binding line `... var<storage, read> name:
+/// array<store_t>;` (or `array<vec4<store_t>>`).
+fn input_binding(t: &str) -> Option<(&str, bool)> {
+    let rest = t.split("var<storage, read> ").nth(1)?;
+    let (name, ty) = rest.split_once(':')?;
+    match ty.trim() {
+        "array<store_t>;" => Some((name.trim(), false)),
+        "array<vec4<store_t>>;" => Some((name.trim(), true)),
+        _ => None,
+    }
+}
+
+/// The array type an input is bound as for `storage` (bf16 only) and its load accessor.
+fn input_accessor(name: &str, vec4: bool, storage: Storage) -> (&'static str, String) {
+    match (storage, vec4) {
+        (Storage::Bf16, false) => (
+            "array<u32>",
+            format!(
+                "fn in_{name}(i: u32) -> f32 {{ let w = {name}[i >> 1u]; \
+                 return bitcast<f32>(select(w << 16u, w & 0xFFFF0000u, (i & 1u) == 1u)); }}\n"
+            ),
+        ),
+        (Storage::Bf16, true) => (
+            "array<vec2<u32>>",
+            format!(
+                "fn in4_{name}(i: u32) -> vec4<f32> {{ let w = {name}[i]; \
+                 return bitcast<vec4<f32>>(vec4<u32>(w.x << 16u, w.x & 0xFFFF0000u, \
+                 w.y << 16u, w.y & 0xFFFF0000u)); }}\n"
+            ),
+        ),
+        (_, false) => (
+            "",
+            format!("fn in_{name}(i: u32) -> f32 {{ return f32({name}[i]); }}\n"),
+        ),
+        (_, true) => (
+            "",
+            format!("fn in4_{name}(i: u32) -> vec4<f32> {{ return vec4<f32>({name}[i]); }}\n"),
+        ),
+    }
+}
+
+/// Whether `src` indexes `name` directly (`name[`, not part of a longer identifier).
+fn indexes_directly(src: &str, name: &str) -> bool {
+    let pat = format!("{name}[");
+    src.match_indices(&pat).any(|(i, _)| {
+        !src[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -8,17 +8,11 @@ use super::pipeline::Storage;
 use crate::error::{GpuError, Result};
 
 impl Context {
-    /// Reads a tensor back as f32 (f16 storage is widened).
+    /// Reads a tensor back as f32 (f16 and bf16 storage are widened).
     #[doc(hidden)]
     pub fn read_f32(&self, t: &GpuTensor) -> Result<Vec<f32>> {
         let bytes = self.read_bytes(&t.buffer)?;
-        Ok(match t.storage {
-            Storage::F32 => bytemuck::cast_slice::<u8, f32>(&bytes)[..t.len].to_vec(),
-            Storage::F16 => bytemuck::cast_slice::<u8, half::f16>(&bytes)[..t.len]
-                .iter()
-                .map(|h| h.to_f32())
-                .collect(),
-        })
+        Ok(widen(&bytes, t.storage, t.len))
     }
 
     /// Reads a tensor of 4-byte integers back.
@@ -121,5 +115,18 @@ impl Context {
             .await
             .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?;
         Ok(data)
+    }
+}
+
+/// The first `n` elements of `bytes` (elements of `storage`) as f32 (widened exactly).
+pub(crate) fn widen(bytes: &[u8], storage: Storage, n: usize) -> Vec<f32> {
+    match storage {
+        Storage::F32 => bytemuck::cast_slice::<u8, f32>(bytes)[..n].to_vec(),
+        Storage::F16 => (bytemuck::cast_slice::<u8, half::f16>(bytes)[..n].iter())
+            .map(|h| h.to_f32())
+            .collect(),
+        Storage::Bf16 => (bytemuck::cast_slice::<u8, half::bf16>(bytes)[..n].iter())
+            .map(|h| h.to_f32())
+            .collect(),
     }
 }

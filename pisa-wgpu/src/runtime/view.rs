@@ -29,8 +29,9 @@ pub enum DType {
     F32,
     /// IEEE half precision, 2 bytes (binding in place needs SHADER_F16).
     F16,
-    /// bfloat16, 2 bytes (the upper half of an f32); converted on the GPU to the plan's
-    /// storage (f32 exactly, or f16) by `ops::gather`.
+    /// bfloat16, 2 bytes (the upper half of an f32): read in place by bf16 storage
+    /// ([`Storage::Bf16`]), converted on the GPU to f32 (exactly) or f16 storage by
+    /// `ops::gather`.
     BF16,
     /// 32-bit signed integers: selections (block indices, -1 padded).
     I32,
@@ -50,7 +51,8 @@ impl DType {
         match self {
             DType::F32 => Some(Storage::F32),
             DType::F16 => Some(Storage::F16),
-            DType::BF16 | DType::I32 => None,
+            DType::BF16 => Some(Storage::Bf16),
+            DType::I32 => None,
         }
     }
 }
@@ -60,6 +62,7 @@ impl From<Storage> for DType {
         match s {
             Storage::F32 => DType::F32,
             Storage::F16 => DType::F16,
+            Storage::Bf16 => DType::BF16,
         }
     }
 }

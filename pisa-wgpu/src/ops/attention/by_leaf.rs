@@ -187,7 +187,7 @@ pub(crate) fn record(
 ) -> Result<(GpuTensor, GpuTensor)> {
     let (g, d, kk) = (s.gqa_group() as u32, s.head_dim as u32, cfg.top_k as u32);
     let nb0 = s.k_len.div_ceil(cfg.block_size);
-    let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
+    let o = ctx.alloc("attention O", s.q_elems(), q.storage.output(), POISON_F32)?;
     let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
     let qs = element_strides(layouts.q, s.q_heads, s.q_len, s.head_dim);
     let ks = element_strides(layouts.k, s.kv_heads, s.k_len, s.head_dim);

@@ -134,7 +134,8 @@ pub(crate) fn plan<'a>(
     // layout, Q contiguous (the tile kernels write O at its own strides).
     let o_is_q = layouts.q == KernelLayout::Contiguous(layouts.o);
     match *kind {
-        AttentionKind::Dense { causal, scale } if o_is_q => {
+        // (Split-K reads f32 or f16 only.)
+        AttentionKind::Dense { causal, scale } if o_is_q && storage != Storage::Bf16 => {
             if let Some(plan) = split_k::plan(ctx, shape, storage) {
                 return Plan::SplitK {
                     plan,
@@ -178,7 +179,7 @@ pub(crate) fn plan<'a>(
 /// the answer is the kernel that runs. Rule, first match:
 ///
 /// 1. an explicit `tiling`: [`AttentionKernel::PortableTile`] (tests and tuning);
-/// 2. dense, where [`split_k::plan`] says so: [`AttentionKernel::SplitK`] (FlashDecoding,
+/// 2. dense with f32 or f16 storage, where [`split_k::plan`] says so: [`AttentionKernel::SplitK`] (FlashDecoding,
 ///    Dao et al. 2023). Few rows per (batch, KV head) (g_q * Nq <= [`split_k::MAX_ROWS`]), many
 ///    keys (Nk >= [`split_k::MIN_KEYS`]) and a tile launch of fewer than
 ///    [`split_k::TILE_WORKGROUPS_BELOW`] workgroups: the decode baseline, 287 -> 1.63 ms at 1M

@@ -78,7 +78,7 @@ impl Launch {
             ),
             AttentionKind::Dense { causal, scale } => (dense_kt as usize, 1, *causal, *scale),
         };
-        let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
+        let o = ctx.alloc("attention O", s.q_elems(), q.storage.output(), POISON_F32)?;
         let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
         let head_chunks = g.div_ceil(gh as usize);
         let n_qtiles = s.q_len.div_ceil(qt as usize);

@@ -92,7 +92,7 @@ pub(crate) fn record(
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
     super::check_o_is_q(layouts)?;
-    let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
+    let o = ctx.alloc("attention O", s.q_elems(), q.storage.output(), POISON_F32)?;
     let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
     let tiles = (s.batch * s.q_heads) as u64 * s.q_len.div_ceil(rows as usize) as u64;
     let params = Params {

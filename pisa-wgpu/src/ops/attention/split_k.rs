@@ -157,7 +157,7 @@ pub(crate) fn record(
             limit: u32::MAX as u64,
         })?;
     u32_of("split-K partial elements", states)?;
-    let o = ctx.alloc("attention O", s.q_elems(), q.storage, POISON_F32)?;
+    let o = ctx.alloc("attention O", s.q_elems(), q.storage.output(), POISON_F32)?;
     let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
     // Written before read: the merge reads only states the partial dispatch wrote.
     let opart = ctx.scratch("split-K partial O", states, Storage::F32)?;

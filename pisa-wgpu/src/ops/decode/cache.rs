@@ -27,7 +27,7 @@ impl KvCache {
     /// head) row, [`Self::kv_shards`]), the pyramid one, or the step's workgroup memory its
     /// limit;
     /// [`PisaError::HeadDim`] for D not a multiple of 4 (or above 1024);
-    /// [`GpuError::Unsupported`] for f16 without SHADER_F16, a device with fewer than 9
+    /// [`GpuError::Unsupported`] for bf16 storage, f16 without SHADER_F16, a device with fewer than 9
     /// storage buffers per stage, or g_q above the workgroup size.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -65,6 +65,11 @@ impl KvCache {
         ];
         if let Some(e) = checks.into_iter().flatten().next() {
             return Err(e);
+        }
+        if storage == Storage::Bf16 {
+            return Err(GpuError::Unsupported(
+                "a bf16 decode cache (the decode kernels read f32 or f16; append bf16 rows to an f16 or f32 cache: they are converted on the GPU)".into(),
+            ));
         }
         if storage == Storage::F16 && !ctx.has_f16() {
             return Err(GpuError::Unsupported(format!(

@@ -44,7 +44,7 @@ pub struct PrefillOutputs<'a> {
 /// # How the inputs are read
 ///
 /// The kernels read a view **in place**, with no copy, when they can address it directly:
-/// - its dtype is the plan's storage (f16 views for f16 storage, f32 for f32);
+/// - its dtype is the plan's storage (f16 views for f16 storage, bf16 for bf16, f32 for f32);
 /// - its head-dim stride is 1 and its batch, head and token strides (those of dimensions of
 ///   extent above 1) are multiples of 8 elements, so every row starts on a 16-byte boundary
 ///   as the vector loads need (a packed QKV projection `[B, N, Hq + 2 Hkv, D]` qualifies,
@@ -58,15 +58,25 @@ pub struct PrefillOutputs<'a> {
 /// - for K and V: both qualify and have the same strides (the leaf-major kernels address V
 ///   with K's strides).
 ///
-/// Any other view (bf16, another dtype, an unaligned offset, a wider span) is **gathered** on
+/// Any other view (another dtype, an unaligned offset, a wider span) is **gathered** on
 /// the GPU into the plan's contiguous BHND staging (`ops::gather`: any strides, f32 / f16 /
 /// bf16, any element-aligned offset), one read and one write of the tensor on the device.
 /// [`PrefillPlan::reads_in_place`] says which way a view goes. The kernels and the result are
 /// the same either way (bit for bit: the tests compare both).
 ///
-/// The outputs are written by the kernels into the plan's O, LSE and selection, then copied
-/// (`copy_buffer_to_buffer`, when the caller's view is contiguous BHND of the storage dtype at
-/// a 4-byte offset) or scattered (`ops::gather::record_scatter`) into the caller's views.
+/// The outputs are written by the kernels into the plan's O (of [`Storage::output`]: f32 for
+/// bf16 storage), LSE and selection, then copied (`copy_buffer_to_buffer`, when the caller's
+/// view is contiguous BHND of O's dtype at a 4-byte offset) or scattered
+/// (`ops::gather::record_scatter`, converting to the view's dtype) into the caller's views.
+///
+/// # bf16
+///
+/// With [`Storage::Bf16`] the kernels bind bf16 views and the bf16 staging as 16-bit words
+/// and widen each element to f32 as they load it (exact: a bf16 is the upper half of an f32),
+/// so results equal f32 storage on the same bf16 values. Those are the portable kernels (the
+/// plan never picks a cooperative-matrix or NVIDIA kernel for bf16); a decode cache does not
+/// take bf16 ([`crate::ops::decode::KvCache::new`] refuses it), so
+/// [`crate::ops::decode::KvCache::record_prefill_from_plan`] refuses a bf16 plan.
 ///
 /// # Example
 ///
@@ -313,7 +323,8 @@ impl PrefillPlan {
             let (o, lse, sel) = self.record(enc, prof, [&qt, &kt, &vt], layouts)?;
             *self.last_kv.lock().unwrap_or_else(|p| p.into_inner()) =
                 kv_in_place.then(|| (k.clone(), v.clone()));
-            write_out(ctx, enc, &o.buffer, st, outputs.out)?;
+            // (O is of the kernels' output type: f32 for bf16 inputs.)
+            write_out(ctx, enc, &o.buffer, o.storage, outputs.out)?;
             write_out(ctx, enc, &lse.buffer, Storage::F32, outputs.lse)?;
             if let Some(view) = outputs.selection {
                 // i32 words: copied as they are (f32 storage is the 4-byte word kind).
