@@ -19,8 +19,9 @@
 // file followed by one of the three). The append and the prefill copy live in
 // decode_append.wgsl.
 //
-// Layouts: q, out [B, Hq, D]; kc, vc [B, Hkv, capacity, D] (store_t, read as vec4 rows: D is a
-// multiple of 4; the flat rows b * Hkv + h from p.kv_split on live in kc2, vc2 from row 0 when
+// Layouts: q, out [B, Hq, D]; kc, vc [B, Hkv, capacity, D] (store_t, read as vec4 rows through
+// the generated in4_*/raw4_* accessors, which widen bf16 words: D is a multiple of 4; out is f32
+// for bf16; the flat rows b * Hkv + h from p.kv_split on live in kc2, vc2 from row 0 when
 // the cache is split over two bindings, see `leaf`); means, sq f32 [B*Hkv, cap_nodes, D] with
 // node j of level l at cap_off[l] + j (the capacity's layout; the nodes of a shorter length are
 // a prefix of each level); lens [B] u32; lse_out [B, Hq] f32; sel_out [B, Hkv, K] i32
@@ -117,7 +118,7 @@ fn load_q(qrow: u32, b: u32, lid: u32) {
     if (lid == 0u) { wlen = lens[b]; }
     for (var i = lid; i < GQ * D4; i += WG) {
         let o = qrow + 4u * i;
-        qs[i] = vec4<f32>(f32(q[o]), f32(q[o + 1u]), f32(q[o + 2u]), f32(q[o + 3u]));
+        qs[i] = vec4<f32>(in_q(o), in_q(o + 1u), in_q(o + 2u), in_q(o + 3u));
     }
 }
 fn is_forced(bq: u32, j: u32) -> bool {
@@ -148,7 +149,7 @@ fn dots_key_part(row: u32, u: u32) -> array<f32, GQ> {
     for (var i = 0u; i < DLK; i++) {
         let j = u + i * LK;
         if (D4 % LK == 0u || j < D4) {
-            let k = vec4<f32>(kc[row + j]);
+            let k = in4_kc(row + j);
             for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], k); }
         }
     }

@@ -2,14 +2,16 @@
 // (sequence, KV head) and recomputes only the ancestor path of its leaf (the leaf from its raw
 // keys, each ancestor from its children); `copy_rows` loads a prefill's keys and values.
 //
-// Layouts: kc, vc [rows, capacity, D] store_t, one shard of the cache (flat (sequence, KV head)
+// Layouts: kc, vc [rows, capacity, D] cache_t (the storage type), one shard of the cache (flat (sequence, KV head)
 // row r = b * Hkv + h at r - p.kv_row0; the host dispatches once per shard); means, sq f32
 // [B*Hkv, cap_nodes, D], node j of level l at cap_off[l] + j (the capacity's layout); rows_k, rows_v [B, Hkv, D] store_t;
 // pos [B] u32: the position the new key takes (the old length), 0xffffffff for a sequence that
-// does not append. Each invocation owns dimensions d (stride WG) from the key write up to the
-// top of the path, so it only ever reads pyramid values it wrote itself or an earlier dispatch
-// wrote: no barrier is needed.
+// does not append. Each invocation owns pairs of dimensions (d, d + 1), d even (stride 2 WG),
+// from the key write up to the top of the path, so it only ever reads pyramid values it wrote
+// itself or an earlier dispatch wrote: no barrier is needed. The cache is written a pair at a
+// time (out2_*: one whole word for bf16, whose two elements share it; D is a multiple of 4).
 alias store_t = f32;
+alias cache_t = store_t;
 
 override WG: u32 = 64u;
 override WITH_SQ: bool = false;
@@ -28,8 +30,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read> pos: array<u32>;
 @group(0) @binding(2) var<storage, read> rows_k: array<store_t>;
 @group(0) @binding(3) var<storage, read> rows_v: array<store_t>;
-@group(0) @binding(4) var<storage, read_write> kc: array<store_t>;
-@group(0) @binding(5) var<storage, read_write> vc: array<store_t>;
+@group(0) @binding(4) var<storage, read_write> kc: array<cache_t>;
+@group(0) @binding(5) var<storage, read_write> vc: array<cache_t>;
 @group(0) @binding(6) var<storage, read_write> means: array<f32>;
 @group(0) @binding(7) var<storage, read_write> sq: array<f32>;
 
@@ -38,6 +40,58 @@ fn linear_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 }
 fn cdiv(a: u32, b: u32) -> u32 { return a / b + select(0u, 1u, a % b != 0u); }
 fn cap_off(l: u32) -> u32 { return p.cap_off[l / 4u][l % 4u]; }
+
+// The pyramid path of dimension d after token t_new (key value kn) of flat (sequence, KV head)
+// id, row kr of the bound shard: its leaf's mean (and E[k^2]) over the leaf's raw keys, then
+// each ancestor from its children.
+fn update_path(id: u32, kr: u32, t_new: u32, d: u32, kn: f32) {
+    let len = t_new + 1u;
+    let d_n = p.head_dim;
+    let c_n = p.block_size;
+    let g = p.merge;
+    let node_base = id * p.cap_nodes;
+    let leaf = t_new / c_n;
+    let t0 = leaf * c_n;
+    let inv = 1.0 / f32(len - t0);
+    // Leaf: mean (and E[k^2]) of its raw keys, the new one taken from the row itself.
+    var s = 0.0;
+    var s2 = 0.0;
+    for (var t = t0; t < len; t++) {
+        var x = kn;
+        if (t != t_new) { x = in_kc((kr * p.capacity + t) * d_n + d); }
+        s += x;
+        s2 += x * x;
+    }
+    var o = (node_base + leaf) * d_n + d;
+    means[o] = s * inv;
+    if (WITH_SQ) { sq[o] = s2 * inv; }
+    // Ancestors: count-weighted mean of the valid children.
+    var j = leaf;
+    var n_child = cdiv(len, c_n);
+    var w = c_n;
+    var l = 1u;
+    while (n_child > 1u) {
+        let jp = j / g;
+        let c0 = jp * g;
+        let c1 = min(c0 + g, n_child);
+        var m = 0.0;
+        var m2 = 0.0;
+        for (var c = c0; c < c1; c++) {
+            let n = f32(min(len - c * w, w));
+            let src = (node_base + cap_off(l - 1u) + c) * d_n + d;
+            m += n * means[src];
+            if (WITH_SQ) { m2 += n * sq[src]; }
+        }
+        let n_tot = f32(min(len - c0 * w, w * (c1 - c0)));
+        o = (node_base + cap_off(l) + jp) * d_n + d;
+        means[o] = m / n_tot;
+        if (WITH_SQ) { sq[o] = m2 / n_tot; }
+        j = jp;
+        n_child = cdiv(n_child, g);
+        w = w * g;
+        l++;
+    }
+}
 
 // One workgroup per (sequence, KV head).
 @compute @workgroup_size(WG)
@@ -48,70 +102,28 @@ fn append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let kr = id - p.kv_row0; // its row in the bound shard
     let t_new = pos[id / p.kv_heads];
     if (t_new == 0xffffffffu) { return; }
-    let len = t_new + 1u;
     let d_n = p.head_dim;
-    let c_n = p.block_size;
-    let g = p.merge;
     let krow = (kr * p.capacity + t_new) * d_n;
-    let node_base = id * p.cap_nodes;
-    let leaf = t_new / c_n;
-    let t0 = leaf * c_n;
-    let inv = 1.0 / f32(len - t0);
-    for (var d = lid; d < d_n; d += WG) {
-        let kn = rows_k[id * d_n + d];
-        kc[krow + d] = kn;
-        vc[krow + d] = rows_v[id * d_n + d];
-        // Leaf: mean (and E[k^2]) of its raw keys, the new one taken from the row itself.
-        var s = 0.0;
-        var s2 = 0.0;
-        for (var t = t0; t < len; t++) {
-            var x = f32(kn);
-            if (t != t_new) { x = f32(kc[(kr * p.capacity + t) * d_n + d]); }
-            s += x;
-            s2 += x * x;
-        }
-        var o = (node_base + leaf) * d_n + d;
-        means[o] = s * inv;
-        if (WITH_SQ) { sq[o] = s2 * inv; }
-        // Ancestors: count-weighted mean of the valid children.
-        var j = leaf;
-        var n_child = cdiv(len, c_n);
-        var w = c_n;
-        var l = 1u;
-        while (n_child > 1u) {
-            let jp = j / g;
-            let c0 = jp * g;
-            let c1 = min(c0 + g, n_child);
-            var m = 0.0;
-            var m2 = 0.0;
-            for (var c = c0; c < c1; c++) {
-                let n = f32(min(len - c * w, w));
-                let src = (node_base + cap_off(l - 1u) + c) * d_n + d;
-                m += n * means[src];
-                if (WITH_SQ) { m2 += n * sq[src]; }
-            }
-            let n_tot = f32(min(len - c0 * w, w * (c1 - c0)));
-            o = (node_base + cap_off(l) + jp) * d_n + d;
-            means[o] = m / n_tot;
-            if (WITH_SQ) { sq[o] = m2 / n_tot; }
-            j = jp;
-            n_child = cdiv(n_child, g);
-            w = w * g;
-            l++;
-        }
+    for (var d = 2u * lid; d < d_n; d += 2u * WG) {
+        let r = id * d_n + d;
+        let kn = vec2<f32>(in_rows_k(r), in_rows_k(r + 1u));
+        out2_kc(krow + d, kn.x, kn.y);
+        out2_vc(krow + d, in_rows_v(r), in_rows_v(r + 1u));
+        update_path(id, kr, t_new, d, kn.x);
+        update_path(id, kr, t_new, d + 1u, kn.y);
     }
 }
 
-// Prefill copy: element e of heads hd0.. of a source [H, src_len, D] (strides src_sh, src_sn;
-// head hd0 at source head src_h0) to sequence `seq` of the bound shard, tokens 0..src_len.
-// WG invocations per workgroup, one element each.
+// Prefill copy: elements e, e + 1 (e even; p.count elements in all) of heads hd0.. of a source
+// [H, src_len, D] (strides src_sh, src_sn, even; head hd0 at source head src_h0) to sequence
+// `seq` of the bound shard, tokens 0..src_len. WG invocations per workgroup, one pair each.
 @group(0) @binding(8) var<storage, read> src_k: array<store_t>;
 @group(0) @binding(9) var<storage, read> src_v: array<store_t>;
 
 @compute @workgroup_size(WG)
 fn copy_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
-    let e = linear_id(wid, nwg) * WG + lid;
+    let e = 2u * (linear_id(wid, nwg) * WG + lid);
     if (e >= p.count) { return; }
     let d_n = p.head_dim;
     let hl = e / (p.src_len * d_n);
@@ -120,6 +132,6 @@ fn copy_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let d = r % d_n;
     let src = (p.src_h0 + hl) * p.src_sh + t * p.src_sn + d;
     let dst = ((p.seq * p.kv_heads + p.hd0 + hl - p.kv_row0) * p.capacity + t) * d_n + d;
-    kc[dst] = src_k[src];
-    vc[dst] = src_v[src];
+    out2_kc(dst, in_src_k(src), in_src_k(src + 1u));
+    out2_vc(dst, in_src_v(src), in_src_v(src + 1u));
 }

@@ -23,8 +23,8 @@ var<workgroup> wleaf: vec2<u32>; // (length, the slot's block)
 // bh < p.kv_split, else shard 1 (kc2, vc2) at row bh - kv_split (a cache past one storage
 // binding). bh is the same over the workgroup: the branch does not diverge.
 fn value_vec(bh: u32, t: u32, j: u32) -> vec4<store_t> {
-    if (bh < p.kv_split) { return vc[key_row(bh, t) + j]; }
-    return vc2[key_row(bh - p.kv_split, t) + j];
+    if (bh < p.kv_split) { return raw4_vc(key_row(bh, t) + j); }
+    return raw4_vc2(key_row(bh - p.kv_split, t) + j);
 }
 
 // Vec4 j4 of the value rows part, part + PARTS, ... (PVR of them, clamped to the chunk's cn
@@ -34,11 +34,11 @@ fn load_values(bh: u32, t: u32, cn: u32, part: u32, j4: u32) -> array<vec4<store
     var vv: array<vec4<store_t>, PVR>;
     if (bh < p.kv_split) {
         for (var i = 0u; i < PVR; i++) {
-            vv[i] = vc[key_row(bh, t + min(part + i * PARTS, cn - 1u)) + j4];
+            vv[i] = raw4_vc(key_row(bh, t + min(part + i * PARTS, cn - 1u)) + j4);
         }
     } else {
         for (var i = 0u; i < PVR; i++) {
-            vv[i] = vc2[key_row(bh - p.kv_split, t + min(part + i * PARTS, cn - 1u)) + j4];
+            vv[i] = raw4_vc2(key_row(bh - p.kv_split, t + min(part + i * PARTS, cn - 1u)) + j4);
         }
     }
     return vv;
@@ -53,7 +53,7 @@ fn dots_key_shard(bh: u32, t: u32, u: u32) -> array<f32, GQ> {
     for (var i = 0u; i < DLK; i++) {
         let j = u + i * LK;
         if (D4 % LK == 0u || j < D4) {
-            let k = vec4<f32>(kc2[row + j]);
+            let k = in4_kc2(row + j);
             for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qs[hh * D4 + j], k); }
         }
     }

@@ -189,7 +189,7 @@ fn fused(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             if (FPREF && part < FPARTS) {
                 for (var i = 0u; i < FPV; i++) {
                     let t = pass_token(bi0, c0, part + i * FPARTS, ns, len);
-                    vv[i] = vc[key_row(id, select(t_any, t, t != INVALID)) + j4];
+                    vv[i] = raw4_vc(key_row(id, select(t_any, t, t != INVALID)) + j4);
                 }
             }
             pass_partials(id, bi0, c0, ns, len, lid);
@@ -208,7 +208,7 @@ fn fused(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                     if (FPREF) {
                         v = vec4<f32>(vv[i]);
                     } else {
-                        v = vec4<f32>(vc[key_row(id, select(t_any, t, t != INVALID)) + j4]);
+                        v = in4_vc(key_row(id, select(t_any, t, t != INVALID)) + j4);
                     }
                     if (t != INVALID) {
                         for (var hh = 0u; hh < GQ; hh++) { acc[hh] += xr[XP + r * GQ + hh] * v; }

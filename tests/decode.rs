@@ -181,6 +181,36 @@ fn f16_storage() {
     Run::new(c, 120).run();
 }
 
+/// bf16 storage: the cache holds bf16 words (appended rows rounded to bf16, prefill rows copied
+/// a pair at a time), the kernels widen them as they read (exactly), so the steps match the
+/// reference on the bf16-rounded inputs at f32's tolerance (O is f32). Both step paths (fused
+/// and split), both layouts of the prefill copy, GQA 3 and 1, mean and mean+variance scoring
+/// (the second moments updated from the bf16 keys on append). No feature needed.
+#[test]
+fn bf16_storage() {
+    for (i, fused) in [true, false].into_iter().enumerate() {
+        let (hq, hkv, d, scoring, layout) = [
+            (6, 2, 64, Scoring::Lse, TensorLayout::Bhnd),
+            (3, 3, 32, Scoring::MeanVar, TensorLayout::Bnhd),
+        ][i];
+        let mut c = base(
+            ["bf16 fused", "bf16 split"][i],
+            hq,
+            hkv,
+            d,
+            cfg(16, 4, 2, scoring).with_forced(0, 1),
+        );
+        c.storage = Storage::Bf16;
+        c.layout = layout;
+        c.prefill = vec![50, 17];
+        c.steps = 40;
+        let mut r = Run::new(c, 120);
+        r.cache.set_fused(fused);
+        assert_eq!(r.cache.is_fused(), fused, "{}", r.case.name);
+        r.run();
+    }
+}
+
 #[test]
 fn incremental_pyramid_equals_rebuild() {
     let mut c = base("pyramid", 3, 3, 64, cfg(8, 4, 3, Scoring::MeanVar));

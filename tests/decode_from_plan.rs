@@ -34,18 +34,29 @@ fn bhnd(b: &wgpu::Buffer, shape: [usize; 4]) -> TensorView {
 
 /// The take-over after a run that read K and V in place (views at byte 0: the take-over
 /// gathers each batch entry from the caller's views) and after one that gathered them (views
-/// at byte 52, not a binding boundary: the take-over copies the plan's staging).
+/// at byte 52, not a binding boundary: the take-over copies the plan's staging), with f32 and
+/// bf16 storage (bf16 views read in place, a bf16 cache).
 #[test]
 fn cache_from_plan_decodes_like_cache_from_views() {
     for pad in [0usize, 52] {
-        take_over(pad);
+        take_over(pad, Storage::F32);
+    }
+    // bf16: the plan reads bf16 views in place (pad 0) or gathers them, the caches hold bf16.
+    for pad in [0usize, 52] {
+        take_over(pad, Storage::Bf16);
     }
 }
 
-/// A buffer holding `data` after `pad` bytes of 0x5A.
-fn padded(ctx: &Context, pad: usize, data: &[f32]) -> wgpu::Buffer {
+/// A buffer holding `data` in the dtype of `st` (f32 or bf16) after `pad` bytes of 0x5A.
+fn padded(ctx: &Context, pad: usize, data: &[f32], st: Storage) -> wgpu::Buffer {
     let mut bytes = vec![0x5Au8; pad];
-    bytes.extend_from_slice(bytemuck::cast_slice(data));
+    match st {
+        Storage::Bf16 => {
+            let h: Vec<u16> = (data.iter().map(|&x| half::bf16::from_f32(x).to_bits())).collect();
+            bytes.extend_from_slice(bytemuck::cast_slice(&h));
+        }
+        _ => bytes.extend_from_slice(bytemuck::cast_slice(data)),
+    }
     let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
         label: Some("app"),
         size: bytes.len().div_ceil(4) as u64 * 4,
@@ -57,13 +68,14 @@ fn padded(ctx: &Context, pad: usize, data: &[f32]) -> wgpu::Buffer {
     b
 }
 
-fn take_over(pad: usize) {
+fn take_over(pad: usize, st: Storage) {
     let ctx = ctx();
     let (bsz, hq, hkv, n, d) = (2usize, 6usize, 2usize, 120usize, 32usize);
     let cfg = SelectionConfig::new(16, 3).unwrap();
     let shape = AttentionShape::prefill(bsz, hq, hkv, n, d).unwrap();
     let opts = PrefillOptions {
         cfg,
+        storage: st,
         ..Default::default()
     };
     let mut r = rng(seed("cache_from_plan"));
@@ -73,9 +85,9 @@ fn take_over(pad: usize) {
         random(&mut r, shape.kv_elems(), 1.0),
     );
     let (qb, kb, vb) = (
-        padded(ctx, pad, &q),
-        padded(ctx, pad, &k),
-        padded(ctx, pad, &v),
+        padded(ctx, pad, &q, st),
+        padded(ctx, pad, &k, st),
+        padded(ctx, pad, &v, st),
     );
     let (ob, lb) = (
         buffer(ctx, &vec![0f32; shape.q_elems()]),
@@ -83,13 +95,14 @@ fn take_over(pad: usize) {
     );
     let plan = PrefillPlan::new(ctx, &shape, &opts).unwrap();
     let capacity = 200;
-    let new_cache = || KvCache::new(ctx, bsz, capacity, hq, hkv, d, cfg, Storage::F32).unwrap();
+    let new_cache = || KvCache::new(ctx, bsz, capacity, hq, hkv, d, cfg, st).unwrap();
     let (mut from_plan, mut from_views) = (new_cache(), new_cache());
 
     let mut enc = ctx.device().create_command_encoder(&Default::default());
     // A plan of another block size is refused.
     let other = PrefillOptions {
         cfg: SelectionConfig::new(32, 3).unwrap(),
+        storage: st,
         ..Default::default()
     };
     let other_plan = PrefillPlan::new(ctx, &shape, &other).unwrap();
@@ -99,7 +112,7 @@ fn take_over(pad: usize) {
     assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
 
     let at_pad = |b: &wgpu::Buffer, shape: [usize; 4]| {
-        TensorView::contiguous(b, pad as u64, DType::F32, shape, TensorLayout::Bhnd).unwrap()
+        TensorView::contiguous(b, pad as u64, DType::from(st), shape, TensorLayout::Bhnd).unwrap()
     };
     let (qv, kv, vv) = (
         at_pad(&qb, [bsz, hq, n, d]),
@@ -107,7 +120,7 @@ fn take_over(pad: usize) {
         at_pad(&vb, [bsz, hkv, n, d]),
     );
     for view in [&qv, &kv, &vv] {
-        assert_eq!(plan.reads_in_place(view), pad == 0, "pad {pad}");
+        assert_eq!(plan.reads_in_place(view), pad == 0, "pad {pad} {st:?}");
     }
     let (ov, lv) = (bhnd(&ob, [bsz, hq, n, d]), bhnd(&lb, [bsz, hq, n, 1]));
     let outs = PrefillOutputs {
@@ -120,9 +133,10 @@ fn take_over(pad: usize) {
         from_plan
             .record_prefill_from_plan(&mut enc, b, &plan, b)
             .unwrap();
-        let at = (pad + b * hkv * n * d * 4) as u64;
+        let at = pad as u64 + (b * hkv * n * d) as u64 * st.bytes();
         let view = |buf| {
-            TensorView::contiguous(buf, at, DType::F32, [1, hkv, n, d], TensorLayout::Bhnd).unwrap()
+            TensorView::contiguous(buf, at, DType::from(st), [1, hkv, n, d], TensorLayout::Bhnd)
+                .unwrap()
         };
         from_views
             .record_prefill_view(&mut enc, b, &view(&kb), &view(&vb))

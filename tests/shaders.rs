@@ -30,8 +30,8 @@ fn every_shader_validates_in_f32_and_f16() {
 /// The bf16 variant (`Storage::Bf16`: inputs bound as 16-bit words, read through the generated
 /// `in_*` accessors) of every shader either parses and validates, or is refused with a typed
 /// error because the shader indexes an input directly (so it never reads bf16 words as f32).
-/// The prefill's portable kernels are among those accepted; the decode and baseline kernels
-/// among those refused.
+/// The prefill's portable kernels and the decode kernels are among those accepted; the baseline
+/// and backward kernels among those refused.
 #[test]
 fn bf16_variants_validate_or_are_refused() {
     let shaders = pisa_wgpu::ops::all_shaders();
@@ -66,8 +66,16 @@ fn bf16_variants_validate_or_are_refused() {
         "attention",
         "attention_leaf",
     ];
+    let decode = [
+        "decode_route",
+        "decode",
+        "decode_merge",
+        "decode_fused",
+        "decode_append",
+    ];
     for name in prefill
         .into_iter()
+        .chain(decode)
         .chain(["attention_leaf_merge", "gather"])
     {
         assert!(
@@ -75,7 +83,7 @@ fn bf16_variants_validate_or_are_refused() {
             "{name} refuses bf16 ({refused:?})"
         );
     }
-    for name in ["decode", "decode_append", "oracle", "bsa", "backward"] {
+    for name in ["oracle", "bsa", "backward"] {
         assert!(refused.contains(&name), "{name} accepts bf16");
     }
 }
@@ -91,6 +99,10 @@ fn bf16_inputs_are_bound_as_words() {
     let f = preprocess(&s, Storage::F16, &[]).unwrap();
     assert!(f.contains("var<storage, read> k: array<store_t>;"));
     assert!(f.contains("fn in_k(i: u32) -> f32 { return f32(k[i]); }"));
+    let c = preprocess(&pisa_wgpu::ops::decode::APPEND_SHADER, Storage::Bf16, &[]).unwrap();
+    assert!(c.contains("var<storage, read_write> kc: array<u32>;"));
+    assert!(c.contains("fn out2_kc(i: u32, a: f32, b: f32) { kc[i >> 1u] = bf16_bits(a)"));
+    assert_eq!(c.matches("fn bf16_bits").count(), 1);
     let a = preprocess(&pisa_wgpu::ops::attention::SHADER, Storage::Bf16, &[]).unwrap();
     assert!(a.contains("var<storage, read> q: array<vec2<u32>>;"));
     assert!(a.contains("fn in4_q(i: u32) -> vec4<f32>"));

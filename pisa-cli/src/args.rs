@@ -73,7 +73,7 @@ pub enum StorageArg {
     F32,
     /// 2-byte floats (needs SHADER_F16).
     F16,
-    /// bfloat16, widened in the kernels (prefill on the portable kernels; decode refuses it).
+    /// bfloat16, widened in the kernels (on the portable kernels; O in f32).
     Bf16,
 }
 

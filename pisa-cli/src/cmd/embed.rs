@@ -168,9 +168,11 @@ pub fn prefill(
     );
     let (st, layout) = (opts.storage, opts.layout);
     let dt = dtype(st);
+    // O in the kernels' output type (f32 for bf16 storage: no rounding of the result).
+    let odt = dtype(st.output());
     let sel_elems = b * hkv * n * kk;
     let bytes = [
-        words(s.q_elems(), dt),
+        words(s.q_elems(), odt),
         words(s.lse_elems(), DType::F32),
         words(sel_elems, DType::I32),
     ];
@@ -195,7 +197,7 @@ pub fn prefill(
             view(&kb, dt, [b, hkv, n, d])?,
             view(&vb, dt, [b, hkv, n, d])?,
         );
-        let ov = view(&ob, dt, [b, hq, n, d])?;
+        let ov = view(&ob, odt, [b, hq, n, d])?;
         let bhnd =
             |buf, dtype, shape| TensorView::contiguous(buf, 0, dtype, shape, TensorLayout::Bhnd);
         let lv = bhnd(&lb, DType::F32, [b, hq, n, 1])?;
@@ -220,7 +222,7 @@ pub fn prefill(
     let (o, rest) = got.split_at(bytes[0] as usize);
     let (lse, sel) = rest.split_at(bytes[1] as usize);
     Ok(PrefillOutput {
-        out: f32_of(o, st, s.q_elems()),
+        out: f32_of(o, st.output(), s.q_elems()),
         lse: f32_of(lse, Storage::F32, s.lse_elems()),
         selection: opts.return_selection.then(|| i32_of(sel, sel_elems)),
         times,

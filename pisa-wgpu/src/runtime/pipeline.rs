@@ -4,13 +4,18 @@
 //! `include_str!`. Two conventions make one file serve every variant:
 //! - storage precision: each file declares `alias store_t = f32;`; the f16 variant prepends
 //!   `enable f16;` and turns the alias into `f16`. Arithmetic is always f32 (loads convert).
-//! - loads of the inputs: every read-only binding `var<storage, read> x: array<store_t>;`
-//!   (or `array<vec4<store_t>>`) gets a generated accessor `in_x(i) -> f32` (or
-//!   `in4_x(i) -> vec4<f32>`, `i` counting vec4s). The bf16 variant binds such an input as
-//!   `array<u32>` (`array<vec2<u32>>`), two bf16 per word, and its accessors widen them (exact:
-//!   a bf16 is the upper half of an f32); `store_t` stays f32 there, so what a kernel writes
-//!   (O, intermediates) is f32. A shader that indexes such an input directly instead of through
-//!   its accessor does not read bf16: the bf16 variant refuses it ([`GpuError::Unsupported`]).
+//! - 16-bit inputs and caches: every read-only binding `var<storage, read> x: array<store_t>;`
+//!   (or `array<vec4<store_t>>`) gets generated accessors `in_x(i) -> f32` and
+//!   `raw_x(i) -> store_t` (or `in4_x(i) -> vec4<f32>` and `raw4_x(i) -> vec4<store_t>`, `i`
+//!   counting vec4s); every read-write binding `var<storage, read_write> x: array<cache_t>;`
+//!   (`alias cache_t = store_t;`: a tensor kept in the storage type, the decode cache) gets
+//!   `in_x(i) -> f32` and `out2_x(i, a, b)`, which writes elements `i` (even) and `i + 1`. The
+//!   bf16 variant binds those as `array<u32>` (`array<vec2<u32>>`), two bf16 per word: the
+//!   loads widen them (exact: a bf16 is the upper half of an f32), `out2_x` rounds to nearest
+//!   even and writes one whole word (so no two invocations share one). `store_t` stays f32
+//!   there, so what a kernel writes as `store_t` (O, intermediates) is f32. A shader that
+//!   indexes such a binding directly instead of through its accessors does not read bf16: the
+//!   bf16 variant refuses it ([`GpuError::Unsupported`]).
 //! - sizes that WGSL needs as true constants (private array lengths) are declared
 //!   `const NAME: u32 = <default>u;` and substituted per variant; everything else that varies
 //!   is an `override` set through pipeline constants.
@@ -32,13 +37,15 @@ pub enum Storage {
     F32,
     /// 2-byte IEEE half floats (needs SHADER_F16); bf16 inputs are converted to this or f32.
     F16,
-    /// bfloat16 inputs (2 bytes, the upper half of an f32), read as 16-bit words and widened
-    /// in the kernels (exact); what the kernels write (O) is f32 ([`Storage::output`]), which a
-    /// prefill plan converts into the caller's O view (bf16 included). The portable scalar
-    /// kernels of the prefill read it (pyramid, route, stage-2 scoring, sparse attention, on
-    /// every device, no feature needed); the cooperative-matrix, split-K and NVIDIA kernels and
-    /// the decode cache do not, and refuse it with [`GpuError::Unsupported`] (use f16 storage
-    /// with bf16 views there: they are converted on the GPU).
+    /// bfloat16 (2 bytes, the upper half of an f32): Q, K, V and the decode cache are read as
+    /// 16-bit words and widened in the kernels (exact); what the kernels write as O is f32
+    /// ([`Storage::output`]), which a prefill plan converts into the caller's O view (bf16
+    /// included). The portable kernels of the prefill (pyramid, route, stage-2 scoring, sparse
+    /// and dense tile attention) and of decode read it, on every device, no feature needed. The
+    /// cooperative-matrix, split-K and NVIDIA kernels do not and are not picked for it (f16
+    /// storage with bf16 views is the fast path there: converted on the GPU, exact within f16's
+    /// range); the baseline selectors and the backward pass refuse it with
+    /// [`GpuError::Unsupported`].
     Bf16,
 }
 
@@ -84,6 +91,7 @@ pub fn preprocess(
     }
     let mut seen = vec![false; consts.len()];
     let mut inputs = Vec::new();
+    let mut caches = false;
     for line in shader.wgsl.lines() {
         let t = line.trim_start();
         let mut replaced = false;
@@ -91,22 +99,16 @@ pub fn preprocess(
             out.push_str("alias store_t = f16;\n");
             continue;
         }
-        if let Some((name, vec4)) = input_binding(t) {
-            let (decl, load) = input_accessor(name, vec4, storage);
+        if let Some((name, kind)) = binding_16(t) {
+            let (words, fns) = accessors(name, kind, storage);
             let line = match storage {
-                Storage::Bf16 => line.replace(
-                    if vec4 {
-                        "array<vec4<store_t>>"
-                    } else {
-                        "array<store_t>"
-                    },
-                    decl,
-                ),
+                Storage::Bf16 => line.replace(kind.array(), words),
                 _ => line.to_string(),
             };
             out.push_str(&line);
             out.push('\n');
-            out.push_str(&load);
+            out.push_str(&fns);
+            caches |= kind == Binding16::Cache;
             inputs.push(name);
             continue;
         }
@@ -128,10 +130,13 @@ pub fn preprocess(
             shader.name, consts[i].0
         )));
     }
+    if storage == Storage::Bf16 && caches {
+        out.push_str(BF16_BITS);
+    }
     if storage == Storage::Bf16 {
         if let Some(name) = inputs.iter().find(|n| indexes_directly(shader.wgsl, n)) {
             return Err(GpuError::Unsupported(format!(
-                "bf16 storage: the {} kernel reads its input `{name}` as f32/f16 only; use f16 or f32 storage (bf16 views are converted on the GPU)",
+                "bf16 storage: the {} kernel reads `{name}` as f32/f16 only; use f16 or f32 storage (bf16 views are converted on the GPU)",
                 shader.name
             )));
         }
@@ -139,43 +144,101 @@ pub fn preprocess(
     Ok(out)
 }
 
-/// `(name, is vec4)` of a read-only input binding line `... var<storage, read> name:
-/// array<store_t>;` (or `array<vec4<store_t>>`).
-fn input_binding(t: &str) -> Option<(&str, bool)> {
-    let rest = t.split("var<storage, read> ").nth(1)?;
-    let (name, ty) = rest.split_once(':')?;
-    match ty.trim() {
-        "array<store_t>;" => Some((name.trim(), false)),
-        "array<vec4<store_t>>;" => Some((name.trim(), true)),
-        _ => None,
+/// f32 -> bf16 bits, rounded to nearest even (a NaN stays a NaN): the bf16 variant's
+/// `out2_*` accessors call it (appended once to a module that has any).
+const BF16_BITS: &str = "fn bf16_bits(v: f32) -> u32 { let b = bitcast<u32>(v); \
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) { return (b >> 16u) | 0x40u; } \
+    return (b + 0x7FFFu + ((b >> 16u) & 1u)) >> 16u; }\n";
+
+/// A binding that holds the storage type (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Binding16 {
+    /// `var<storage, read> x: array<store_t>;`
+    Input,
+    /// `var<storage, read> x: array<vec4<store_t>>;`
+    Input4,
+    /// `var<storage, read_write> x: array<cache_t>;`
+    Cache,
+}
+
+impl Binding16 {
+    fn array(self) -> &'static str {
+        match self {
+            Binding16::Input => "array<store_t>",
+            Binding16::Input4 => "array<vec4<store_t>>",
+            Binding16::Cache => "array<cache_t>",
+        }
     }
 }
 
-/// The array type an input is bound as for `storage` (bf16 only) and its load accessor.
-fn input_accessor(name: &str, vec4: bool, storage: Storage) -> (&'static str, String) {
-    match (storage, vec4) {
-        (Storage::Bf16, false) => (
+/// The name and kind of a binding line that holds the storage type, if `t` is one.
+fn binding_16(t: &str) -> Option<(&str, Binding16)> {
+    let (rest, read_only) = match t.split_once("var<storage, read> ") {
+        Some((_, r)) => (r, true),
+        None => (t.split_once("var<storage, read_write> ")?.1, false),
+    };
+    let (name, ty) = rest.split_once(':')?;
+    let kind = match (ty.trim(), read_only) {
+        ("array<store_t>;", true) => Binding16::Input,
+        ("array<vec4<store_t>>;", true) => Binding16::Input4,
+        ("array<cache_t>;", false) => Binding16::Cache,
+        _ => return None,
+    };
+    Some((name.trim(), kind))
+}
+
+/// The array type a binding of `kind` is bound as in the bf16 variant, and its accessors for
+/// `storage`.
+fn accessors(x: &str, kind: Binding16, storage: Storage) -> (&'static str, String) {
+    let bf16 = storage == Storage::Bf16;
+    match (kind, bf16) {
+        (Binding16::Input, true) => (
             "array<u32>",
             format!(
-                "fn in_{name}(i: u32) -> f32 {{ let w = {name}[i >> 1u]; \
-                 return bitcast<f32>(select(w << 16u, w & 0xFFFF0000u, (i & 1u) == 1u)); }}\n"
+                "fn in_{x}(i: u32) -> f32 {{ let w = {x}[i >> 1u]; \
+                 return bitcast<f32>(select(w << 16u, w & 0xFFFF0000u, (i & 1u) == 1u)); }}\n\
+                 fn raw_{x}(i: u32) -> store_t {{ return in_{x}(i); }}\n"
             ),
         ),
-        (Storage::Bf16, true) => (
+        (Binding16::Input4, true) => (
             "array<vec2<u32>>",
             format!(
-                "fn in4_{name}(i: u32) -> vec4<f32> {{ let w = {name}[i]; \
+                "fn in4_{x}(i: u32) -> vec4<f32> {{ let w = {x}[i]; \
                  return bitcast<vec4<f32>>(vec4<u32>(w.x << 16u, w.x & 0xFFFF0000u, \
-                 w.y << 16u, w.y & 0xFFFF0000u)); }}\n"
+                 w.y << 16u, w.y & 0xFFFF0000u)); }}\n\
+                 fn raw4_{x}(i: u32) -> vec4<store_t> {{ return in4_{x}(i); }}\n"
             ),
         ),
-        (_, false) => (
-            "",
-            format!("fn in_{name}(i: u32) -> f32 {{ return f32({name}[i]); }}\n"),
+        (Binding16::Cache, true) => (
+            "array<u32>",
+            format!(
+                "fn in_{x}(i: u32) -> f32 {{ let w = {x}[i >> 1u]; \
+                 return bitcast<f32>(select(w << 16u, w & 0xFFFF0000u, (i & 1u) == 1u)); }}\n\
+                 fn out2_{x}(i: u32, a: f32, b: f32) {{ \
+                 {x}[i >> 1u] = bf16_bits(a) | (bf16_bits(b) << 16u); }}\n"
+            ),
         ),
-        (_, true) => (
+        (Binding16::Input, false) => (
             "",
-            format!("fn in4_{name}(i: u32) -> vec4<f32> {{ return vec4<f32>({name}[i]); }}\n"),
+            format!(
+                "fn in_{x}(i: u32) -> f32 {{ return f32({x}[i]); }}\n\
+                 fn raw_{x}(i: u32) -> store_t {{ return {x}[i]; }}\n"
+            ),
+        ),
+        (Binding16::Input4, false) => (
+            "",
+            format!(
+                "fn in4_{x}(i: u32) -> vec4<f32> {{ return vec4<f32>({x}[i]); }}\n\
+                 fn raw4_{x}(i: u32) -> vec4<store_t> {{ return {x}[i]; }}\n"
+            ),
+        ),
+        (Binding16::Cache, false) => (
+            "",
+            format!(
+                "fn in_{x}(i: u32) -> f32 {{ return f32({x}[i]); }}\n\
+                 fn out2_{x}(i: u32, a: f32, b: f32) {{ \
+                 {x}[i] = cache_t(a); {x}[i + 1u] = cache_t(b); }}\n"
+            ),
         ),
     }
 }

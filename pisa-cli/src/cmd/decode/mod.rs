@@ -48,7 +48,7 @@ pub struct DecodeArgs {
     #[arg(long)]
     pub save_selection: bool,
     /// Compare every decoded row with `forward` (prefill) on the same input; fails past the
-    /// tolerance (1e-4 relative for f32 storage, 5e-3 for f16).
+    /// tolerance (1e-4 relative for f32 and bf16 storage, 5e-3 for f16).
     #[arg(long)]
     pub check: bool,
 }

@@ -154,7 +154,9 @@ pub fn run_decode(
     let (kv_n, q_n, sel_n) = (b_count * hkv * d, b_count * hq * d, b_count * hkv * k);
     let (kv_slot, q_bytes) = (slot(embed::words(kv_n, dt)), embed::words(q_n, dt));
     let input = embed::buffer(ctx, "cli decode rows", 2 * kv_slot + q_bytes);
-    let o_bytes = embed::words(q_n, dt);
+    // The step writes O in the kernels' output type (f32 for bf16 storage).
+    let odt = embed::dtype(storage.output());
+    let o_bytes = embed::words(q_n, odt);
     let l_bytes = embed::words(b_count * hq, DType::F32);
     let s_bytes = embed::words(sel_n, DType::I32);
     let (o_at, l_at, s_at) = (0, slot(o_bytes), slot(o_bytes) + slot(l_bytes));
@@ -176,7 +178,7 @@ pub fn run_decode(
     );
     let out_view =
         |at, dtype, shape| TensorView::contiguous(&output, at, dtype, shape, TensorLayout::Bhnd);
-    let ov = out_view(o_at, dt, [b_count, hq, 1, d])?;
+    let ov = out_view(o_at, odt, [b_count, hq, 1, d])?;
     let lv = out_view(l_at, DType::F32, [b_count, hq, 1, 1])?;
     let sv = out_view(s_at, DType::I32, [b_count, hkv, 1, k])?;
     let outs = StepOutputs {
@@ -219,7 +221,7 @@ pub fn run_decode(
         let (o_t, rest) = got.split_at(o_bytes as usize);
         let (lse_t, sel_t) = rest.split_at(l_bytes as usize);
         let (o_t, lse_t, sel_t) = (
-            embed::f32_of(o_t, storage, q_n),
+            embed::f32_of(o_t, storage.output(), q_n),
             embed::f32_of(lse_t, Storage::F32, b_count * hq),
             embed::i32_of(sel_t, sel_n),
         );

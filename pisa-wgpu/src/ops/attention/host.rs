@@ -29,6 +29,7 @@ fn plan(ctx: &Context, s: &AttentionShape, storage: Storage, top_k: usize) -> Re
     let (g, d, e) = (s.gqa_group() as u64, s.head_dim as u64, storage.bytes());
     let per_pair = [
         g * s.q_len as u64 * d * e,
+        g * s.q_len as u64 * d * storage.output().bytes(), // O (f32 for bf16)
         s.k_len as u64 * d * e,
         s.q_len as u64 * top_k as u64 * 4,
         g * s.q_len as u64 * 4,

@@ -18,7 +18,8 @@ use crate::runtime::pipeline::Storage;
 impl KvCache {
     /// An empty cache (every length 0) for `batch` sequences of up to `capacity` tokens,
     /// `q_heads` (Hq) query heads, `kv_heads` (Hkv) KV heads, head dim D, selection `cfg`, keys,
-    /// values, queries and outputs in `storage` precision.
+    /// values and queries in `storage` precision, outputs in [`Storage::output`] (f32 for
+    /// bf16: the kernels widen the bf16 cache as they read it).
     ///
     /// Errors: the shape's and configuration's validation errors ([`GpuError::Input`]);
     /// [`PisaError::TooLarge`] when an index would not fit u32 (cache elements, pyramid
@@ -27,7 +28,7 @@ impl KvCache {
     /// head) row, [`Self::kv_shards`]), the pyramid one, or the step's workgroup memory its
     /// limit;
     /// [`PisaError::HeadDim`] for D not a multiple of 4 (or above 1024);
-    /// [`GpuError::Unsupported`] for bf16 storage, f16 without SHADER_F16, a device with fewer than 9
+    /// [`GpuError::Unsupported`] for f16 without SHADER_F16, a device with fewer than 9
     /// storage buffers per stage, or g_q above the workgroup size.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -65,11 +66,6 @@ impl KvCache {
         ];
         if let Some(e) = checks.into_iter().flatten().next() {
             return Err(e);
-        }
-        if storage == Storage::Bf16 {
-            return Err(GpuError::Unsupported(
-                "a bf16 decode cache (the decode kernels read f32 or f16; append bf16 rows to an f16 or f32 cache: they are converted on the GPU)".into(),
-            ));
         }
         if storage == Storage::F16 && !ctx.has_f16() {
             return Err(GpuError::Unsupported(format!(
@@ -120,7 +116,7 @@ impl KvCache {
             kv_rows: kv_rows as usize,
             pyr,
             dummy: ctx.alloc("unused", 4, Storage::F32, 0)?,
-            out: ctx.alloc("decode out", q_elems, storage, POISON_F32)?,
+            out: ctx.alloc("decode out", q_elems, storage.output(), POISON_F32)?,
             lse: ctx.alloc("decode lse", batch * q_heads, Storage::F32, POISON_F32)?,
             sel: ctx.alloc(
                 "decode selection",

@@ -41,7 +41,8 @@ pub(super) struct StepIo {
 /// `min_storage_buffer_offset_alignment`.
 #[derive(Debug, Clone, Copy)]
 pub struct StepOutputs<'a> {
-    /// O `[B, Hq, 1, D]` in the cache's storage dtype.
+    /// O `[B, Hq, 1, D]` in the cache's storage dtype (f32 for a bf16 cache:
+    /// [`crate::Storage::output`]).
     pub out: &'a TensorView,
     /// LSE `[B, Hq, 1, 1]` f32 (natural log).
     pub lse: &'a TensorView,
@@ -104,7 +105,7 @@ impl KvCache {
     /// `route`, one workgroup per (sequence, KV head); `leaf`, one per (sequence, KV head,
     /// leaf slot); `merge`, one per (sequence, KV head)). `q`: `[B, Hq, D]` in the cache's storage
     /// precision, the token at position `len(b) - 1` of each sequence (append its key first).
-    /// Writes [`Self::outputs`]: O `[B, Hq, D]` (storage precision), LSE `[B, Hq]` f32,
+    /// Writes [`Self::outputs`]: O `[B, Hq, D]` (storage precision; f32 for bf16), LSE `[B, Hq]` f32,
     /// selection `[B, Hkv, K]` i32. An empty sequence gets zeros, LSE `-inf` and no blocks.
     /// Errors: [`pisa_core::PisaError::BufferLen`] or [`crate::GpuError::Unsupported`] for a
     /// `q` of the wrong size or precision.
@@ -164,7 +165,8 @@ impl KvCache {
         outputs: Option<&StepOutputs<'_>>,
     ) -> Result<StepIo> {
         let s = &self.shape;
-        let dt = DType::from(self.storage);
+        // O is of the kernels' output type: the storage's, f32 for bf16.
+        let dt = DType::from(self.storage.output());
         let (b, hq, hkv, d, k) = (s.batch, s.q_heads, s.kv_heads, s.head_dim, self.cfg.top_k);
         // The outputs are checked before the query's gather (if any) is recorded: nothing is
         // recorded on error.

@@ -103,7 +103,7 @@ impl KvCache {
         let (o_bytes, rest) = bytes.split_at(sizes[0] as usize);
         let (l_bytes, s_bytes) = rest.split_at(sizes[1] as usize);
         let n_out = self.out.len;
-        let out = crate::runtime::readback::widen(o_bytes, self.storage, n_out);
+        let out = crate::runtime::readback::widen(o_bytes, self.storage.output(), n_out);
         let lse = bytemuck::cast_slice::<u8, f32>(l_bytes)[..self.lse.len].to_vec();
         let sel = bytemuck::cast_slice::<u8, i32>(s_bytes)[..self.sel.len].to_vec();
         Ok(Some(DecodeOutput {

@@ -162,7 +162,9 @@ impl KvCache {
                     (8, &k.buffer),
                     (9, &v.buffer),
                 ];
-                ctx.dispatch(enc, &pipe, &b, count.div_ceil(APPEND_WG) as u64, None)?;
+                // One invocation per pair of elements (D is even: a multiple of 4).
+                let pairs = count / 2;
+                ctx.dispatch(enc, &pipe, &b, pairs.div_ceil(APPEND_WG) as u64, None)?;
             }
             pyramid::record_build(&ctx, enc, k, &geo, p_len, &tmp, None)?;
             enc.copy_buffer_to_buffer(&tmp.means.buffer, 0, &self.pyr.means.buffer, off, bytes);

@@ -24,11 +24,12 @@ pub(super) fn units_per_chunk(
         opts.storage.bytes(),
     );
     let per_unit = [
-        g * shape.q_len as u64 * d * e,                       // Q and O
-        shape.k_len as u64 * d * e,                           // K, V
-        lay.total_nodes() as u64 * d * 4,                     // pyramid
-        shape.q_len as u64 * sched.max_candidates as u64 * 4, // stage-1 candidates
-        g * shape.q_len as u64 * 4,                           // LSE
+        g * shape.q_len as u64 * d * e,                             // Q
+        g * shape.q_len as u64 * d * opts.storage.output().bytes(), // O (f32 for bf16)
+        shape.k_len as u64 * d * e,                                 // K, V
+        lay.total_nodes() as u64 * d * 4,                           // pyramid
+        shape.q_len as u64 * sched.max_candidates as u64 * 4,       // stage-1 candidates
+        g * shape.q_len as u64 * 4,                                 // LSE
     ]
     .into_iter()
     .max()

@@ -74,9 +74,9 @@ pub struct PrefillOutputs<'a> {
 /// With [`Storage::Bf16`] the kernels bind bf16 views and the bf16 staging as 16-bit words
 /// and widen each element to f32 as they load it (exact: a bf16 is the upper half of an f32),
 /// so results equal f32 storage on the same bf16 values. Those are the portable kernels (the
-/// plan never picks a cooperative-matrix or NVIDIA kernel for bf16); a decode cache does not
-/// take bf16 ([`crate::ops::decode::KvCache::new`] refuses it), so
-/// [`crate::ops::decode::KvCache::record_prefill_from_plan`] refuses a bf16 plan.
+/// plan never picks a cooperative-matrix or NVIDIA kernel for bf16). A bf16 decode cache takes
+/// over a bf16 plan's keys, values and pyramid
+/// ([`crate::ops::decode::KvCache::record_prefill_from_plan`]) as for the other storages.
 ///
 /// # Example
 ///
