@@ -1,4 +1,5 @@
-//! The GPU fill writes every element, stays in range, is not constant, and repeats per seed.
+//! The GPU fill writes every element, stays in range, is not constant, and repeats per seed; its
+//! bf16 values are its f32 values rounded to nearest even.
 mod common;
 
 use pisa_wgpu::ops::fill::random_tensor;
@@ -11,6 +12,8 @@ fn fill_writes_every_element_in_range() {
         (1usize, Storage::F32),
         (4099, Storage::F32),
         (100_003, Storage::F16),
+        (7, Storage::Bf16),
+        (4099, Storage::Bf16),
     ] {
         if storage == Storage::F16 && !ctx.has_f16() {
             // Refused with a typed error, not a pipeline that fails to build.
@@ -32,6 +35,13 @@ fn fill_writes_every_element_in_range() {
             "unwritten or out of range"
         );
         assert_eq!(a, b, "same seed, same values");
+        if storage == Storage::Bf16 {
+            let f = random_tensor(ctx, "f", len, Storage::F32, 7, 2.0).unwrap();
+            let want: Vec<f32> = (ctx.read_f32(&f).unwrap().iter())
+                .map(|&x| half::bf16::from_f32(x).to_f32())
+                .collect();
+            assert_eq!(a, want, "bf16 fill is the f32 fill rounded");
+        }
         if len > 1 {
             assert_ne!(a, c, "different seed, different values");
             let mean = a.iter().map(|&x| x as f64).sum::<f64>() / len as f64;

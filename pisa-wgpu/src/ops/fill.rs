@@ -23,7 +23,9 @@ struct Params {
     per_thread: u32,
 }
 
-/// A new tensor of `len` elements of `storage`, filled with random values in `[-scale, scale)`.
+/// A new tensor of `len` elements of `storage`, filled with random values in `[-scale, scale)`
+/// (bf16 included: the value rounded to nearest even). Its buffer holds an even number of
+/// elements (the kernel writes pairs).
 pub fn random_tensor(
     ctx: &Context,
     label: &str,
@@ -32,10 +34,12 @@ pub fn random_tensor(
     seed: u32,
     scale: f32,
 ) -> Result<GpuTensor> {
-    let t = ctx.alloc(label, len, storage, POISON_F32)?;
+    let mut t = ctx.alloc(label, len.next_multiple_of(2), storage, POISON_F32)?;
+    t.len = len;
+    let pairs = len.div_ceil(2);
     let per_thread = 16u32;
     let p = Params {
-        len: len as u32,
+        len: pairs as u32,
         seed,
         scale,
         per_thread,
@@ -46,7 +50,7 @@ pub fn random_tensor(
         .get(&ctx.device, &SHADER, "main", storage, &[], &[])?;
     ctx.scoped("fill", || {
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        let groups = (len as u64).div_ceil(256 * per_thread as u64);
+        let groups = (pairs as u64).div_ceil(256 * per_thread as u64);
         ctx.dispatch(&mut enc, &pipe, &[(0, &u), (1, &t.buffer)], groups, None)?;
         ctx.queue.submit([enc.finish()]);
         Ok(())

@@ -46,7 +46,8 @@ pub struct BenchArgs {
     /// Order of selection stage 2 and sparse attention (query tiles or leaf-major).
     #[arg(long, value_enum, default_value_t = LeafOrderArg::Auto)]
     pub leaf_order: LeafOrderArg,
-    /// Storage precisions to run (comma separated: f16,f32).
+    /// Storage precisions to run (comma separated: f16, f32, bf16; bf16 runs the portable
+    /// kernels and leaves out the BSA baseline and the backward pass, which do not read it).
     #[arg(long, default_value = "f16,f32")]
     pub storages: String,
     /// Time dense attention only up to this N (the portable kernel is O(N^2)).
@@ -115,7 +116,7 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
 /// Parses "f16,f32" into storage precisions (at least one).
 pub(super) fn storages(s: &str) -> Result<Vec<Storage>> {
     if s.split(',').all(|x| x.trim().is_empty()) {
-        bail!("--storages is empty: give f16 and/or f32");
+        bail!("--storages is empty: give f16, f32 and/or bf16");
     }
     s.split(',')
         .map(str::trim)
@@ -123,7 +124,8 @@ pub(super) fn storages(s: &str) -> Result<Vec<Storage>> {
         .map(|x| match x {
             "f32" => Ok(Storage::F32),
             "f16" => Ok(Storage::F16),
-            _ => bail!("unknown storage {x:?}: use f16 and/or f32"),
+            "bf16" => Ok(Storage::Bf16),
+            _ => bail!("unknown storage {x:?}: use f16, f32 and/or bf16"),
         })
         .collect()
 }

@@ -70,12 +70,14 @@ impl Cache {
             .map(view)
             .collect::<pisa_wgpu::Result<_>>()?;
         let align = (ctx.limits().min_storage_buffer_offset_alignment as u64).max(4);
-        let o_bytes = embed::words(heads * p.d, dt).next_multiple_of(align);
+        // O in the kernels' output type (f32 for bf16).
+        let odt = embed::dtype(p.storage.output());
+        let o_bytes = embed::words(heads * p.d, odt).next_multiple_of(align);
         let outs = embed::buffer(ctx, "bench decode outputs", o_bytes + heads as u64 * 4);
         let out_view =
             |at, dtype, shape| TensorView::contiguous(&outs, at, dtype, shape, TensorLayout::Bhnd);
         Ok(Cache {
-            out: out_view(0, dt, [1, heads, 1, p.d])?,
+            out: out_view(0, odt, [1, heads, 1, p.d])?,
             lse: out_view(o_bytes, DType::F32, [1, heads, 1, 1])?,
             cache,
             qs,
@@ -264,10 +266,17 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
             let np = parts.len();
             for s in 0..p.burst {
                 for (i, x) in parts.iter().enumerate() {
-                    // Step s > 0 reads step s-1's output as its query (see `burst`).
+                    // Step s > 0 reads step s-1's output as its query (see `burst`). With
+                    // bf16 storage O is f32: its buffer is read as bf16 words (meaningless
+                    // values, the same work: the ordering is what is needed).
+                    let chained;
                     let q = match s {
                         0 => &x.burst_qs[0],
-                        _ => &outs[(s - 1) * np + i].0,
+                        _ => {
+                            let o = &outs[(s - 1) * np + i].0;
+                            chained = GpuTensor::from_buffer(o.buffer.clone(), o.len, p.storage);
+                            &chained
+                        }
                     };
                     let prof = Some(&mut *prof);
                     let o = record_dense_attention(

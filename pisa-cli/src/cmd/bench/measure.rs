@@ -42,6 +42,8 @@ pub struct Plan {
     pub dense: bool,
     /// Also time the backward pass (dQ, dK, dV through the selected blocks).
     pub backward: bool,
+    /// Also time the BSA selection baseline.
+    pub baselines: bool,
     /// Timed repetitions (at most).
     pub reps: usize,
     /// Seconds of GPU time one size may take (caps the repetitions).
@@ -143,9 +145,10 @@ fn plan_chunk(ctx: &Context, p: &Plan, mut hc: usize) -> Result<Planned> {
         let buffer = embed::buffer(ctx, label, bytes);
         GpuTensor::from_buffer(buffer, len, storage)
     };
-    let dt = embed::dtype(p.storage);
+    // O in the kernels' output type (f32 for bf16).
+    let (ost, odt) = (p.storage.output(), embed::dtype(p.storage.output()));
     Ok(Planned {
-        o: out("bench o", s.q_elems(), p.storage, dt),
+        o: out("bench o", s.q_elems(), ost, odt),
         lse: out("bench lse", s.lse_elems(), Storage::F32, DType::F32),
         sel: out(
             "bench selection",
@@ -202,7 +205,13 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
         });
     }
     let (o_view, lse_view, sel_view) = (
-        view(&planned.o, hc * g)?,
+        TensorView::contiguous(
+            &planned.o.buffer,
+            0,
+            embed::dtype(p.storage.output()),
+            [1, hc * g, p.n, p.d],
+            TensorLayout::Bhnd,
+        )?,
         TensorView::contiguous(
             &planned.lse.buffer,
             0,
@@ -287,20 +296,22 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
                         Some(&mut prof),
                     )?;
                 }
-                pyramid::record_build(ctx, &mut enc, k, &geo, p.n, &bsa_pyr, None)?;
-                select(
-                    ctx,
-                    q,
-                    k,
-                    Some(&bsa_pyr),
-                    &shape,
-                    &layouts,
-                    &p.cfg,
-                    Method::Bsa,
-                    p.q_tile,
-                    &mut enc,
-                    Some(&mut prof),
-                )?;
+                if p.baselines {
+                    pyramid::record_build(ctx, &mut enc, k, &geo, p.n, &bsa_pyr, None)?;
+                    select(
+                        ctx,
+                        q,
+                        k,
+                        Some(&bsa_pyr),
+                        &shape,
+                        &layouts,
+                        &p.cfg,
+                        Method::Bsa,
+                        p.q_tile,
+                        &mut enc,
+                        Some(&mut prof),
+                    )?;
+                }
                 if p.dense {
                     record_attention(
                         ctx,
