@@ -23,6 +23,8 @@
 // Layouts: Q, K, V, O are vec4<store_t> arrays; element (b, h, n, 4c..4c+3) at
 // b*sb + h*sh + n*sn + c (strides in vec4 units; O its own, o_s*). sel: i32 [B, Hkv, Nq, K];
 // lse: f32 [B, Hq, Nq].
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 alias store_t = f32;
 
 const HD4: u32 = 32u;  // head dim / 4

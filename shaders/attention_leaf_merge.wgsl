@@ -7,6 +7,8 @@
 // O: store_t at its own strides (o_s*); LSE: f32 [B, Hq, Nq]. (Params, p, linear_id: select_common.wgsl,
 // prepended; the Buckets uniform: leaf_chunk.wgsl, appended.)
 
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 const GQ: u32 = 4u;   // query heads per KV head
 const MC: u32 = 16u;  // selection slots per query (top_k)
 const WG: u32 = 64u;

@@ -26,6 +26,8 @@
 // node j of level l at cap_off[l] + j (the capacity's layout; the nodes of a shorter length are
 // a prefix of each level); lens [B] u32; lse_out [B, Hq] f32; sel_out [B, Hkv, K] i32
 // ascending, -1 padded; cands u32 [B*Hkv, NS]; parts f32 [B*Hkv, NS, GQ, D + 2] (O, then m, l).
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 alias store_t = f32;
 
 // Sizes substituted per pipeline (see ops/decode/plan.rs).

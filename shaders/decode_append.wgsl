@@ -6,10 +6,14 @@
 // row r = b * Hkv + h at r - p.kv_row0; the host dispatches once per shard); means, sq f32
 // [B*Hkv, cap_nodes, D], node j of level l at cap_off[l] + j (the capacity's layout); rows_k, rows_v [B, Hkv, D] store_t;
 // pos [B] u32: the position the new key takes (the old length), 0xffffffff for a sequence that
-// does not append. Each invocation owns pairs of dimensions (d, d + 1), d even (stride 2 WG),
-// from the key write up to the top of the path, so it only ever reads pyramid values it wrote
-// itself or an earlier dispatch wrote: no barrier is needed. The cache is written a pair at a
-// time (out2_*: one whole word for bf16, whose two elements share it; D is a multiple of 4).
+// does not append. The new key and value rows are written a pair of dimensions (d, d + 1), d
+// even, per invocation (out2_*: one whole word for bf16, whose two elements share it; D is a
+// multiple of 4); the pyramid path is updated one dimension d per invocation (stride WG), from
+// the leaf up, taking the new key from the row itself and the leaf's older keys from the cache
+// (written by earlier dispatches), so an invocation only ever reads pyramid values it wrote
+// itself or an earlier dispatch wrote: no barrier is needed.
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 alias store_t = f32;
 alias cache_t = store_t;
 
@@ -104,13 +108,13 @@ fn append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (t_new == 0xffffffffu) { return; }
     let d_n = p.head_dim;
     let krow = (kr * p.capacity + t_new) * d_n;
+    let r = id * d_n;
     for (var d = 2u * lid; d < d_n; d += 2u * WG) {
-        let r = id * d_n + d;
-        let kn = vec2<f32>(in_rows_k(r), in_rows_k(r + 1u));
-        out2_kc(krow + d, kn.x, kn.y);
-        out2_vc(krow + d, in_rows_v(r), in_rows_v(r + 1u));
-        update_path(id, kr, t_new, d, kn.x);
-        update_path(id, kr, t_new, d + 1u, kn.y);
+        out2_kc(krow + d, in_rows_k(r + d), in_rows_k(r + d + 1u));
+        out2_vc(krow + d, in_rows_v(r + d), in_rows_v(r + d + 1u));
+    }
+    for (var d = lid; d < d_n; d += WG) {
+        update_path(id, kr, t_new, d, in_rows_k(r + d));
     }
 }
 

@@ -9,6 +9,8 @@
 // One workgroup of WG invocations, each owning sequences b = lid, lid + WG, ...; B is the
 // length of `append_mask`.
 
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 const WG: u32 = 64u;
 
 @group(0) @binding(0) var<storage, read> append_mask: array<u32>;

@@ -2,6 +2,8 @@
 // (PCG-style) of (seed, index): benchmark inputs made on the GPU, never zeros. Written a pair
 // of elements (2i, 2i + 1) at a time through out2_out (one whole word for bf16): the host
 // allocates an even number of elements.
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 alias store_t = f32;
 alias cache_t = store_t;
 

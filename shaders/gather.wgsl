@@ -1,5 +1,5 @@
 // Gather and scatter between a strided tensor view [B, H, N, D] of any element type (f32, f16,
-// bf16) and a contiguous BHND tensor of the kernels' storage (f32 or f16), converting on the
+// bf16) and a contiguous BHND tensor of the kernels' storage (f32, f16 or bf16), converting on the
 // way. Both sides are bound as arrays of u32 words, so a 2-byte element at any element offset
 // is a half-word (element i of a 2-byte array: word i >> 1, bits 16 * (i & 1)), and every
 // conversion is integer arithmetic on the bits (no SHADER_F16, no denormal flushing, the same
@@ -12,15 +12,15 @@
 // range of the BHND order; (b, h, n, d) below are coordinates inside the box, whose extents
 // are [*, p.nh, p.nn, p.d].
 //
-// gather: dst = contiguous BHND of DST_KIND (F32 or F16), src = the view (SRC_KIND).
+// gather: dst = contiguous BHND of DST_KIND (F32, F16 or BF16), src = the view (SRC_KIND).
 //   Element (b, h, n, d) of the box is read at source element
 //   p.base + b * p.sb + h * p.sh + n * p.sn + d * p.sd and written at destination element
-//   p.first + its index in the box; p.count elements. F32: one invocation per element. F16:
+//   p.first + its index in the box; p.count elements. F32: one invocation per element. F16, BF16:
 //   one invocation per destination word (p.units words), writing it whole; a word holding an
 //   element outside this dispatch's range (an odd first or end) keeps that half as it is (read,
 //   modified, written: the dispatches of the neighbouring ranges run before or after, never
 //   at the same time).
-// scatter: src = contiguous BHND of SRC_KIND (F32 or F16), dst = the view (DST_KIND, any of
+// scatter: src = contiguous BHND of SRC_KIND (F32, F16 or BF16), dst = the view (DST_KIND, any of
 //   the three). Element p.first + i of the source goes to destination element
 //   p.base + b * p.sb + h * p.sh + n * p.sn + d * p.sd. F32: one invocation per element
 //   (p.count elements). F16, BF16: one invocation per pair (d, d + 1), d even (p.count pairs),

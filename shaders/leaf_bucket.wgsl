@@ -17,6 +17,8 @@
 // and has slots left after its forced ones); the others are never read by the pick.
 // (Params, p, visible, is_forced, n_forced, linear_id: select_common.wgsl, prepended.)
 
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 const MC: u32 = 34u;   // candidate slots per query, g * (K + 1)
 const QPC: u32 = 16u;  // entries per scoring chunk
 const NONE: u32 = 0xffffffffu;

@@ -5,6 +5,8 @@
 // read from `scores` instead of computed in the workgroup.
 // (Params, p, linear_id: select_common.wgsl, prepended; cand, sel: leaf_common.wgsl)
 
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 const QT: u32 = 1u;   // queries per workgroup
 const MC: u32 = 34u;  // candidate slots per query
 const WG: u32 = 64u;

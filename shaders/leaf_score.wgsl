@@ -9,6 +9,8 @@
 // (Params, p, rank_key, linear_id: select_common.wgsl, prepended; buckets and chunk_of:
 // leaf_chunk.wgsl, appended)
 
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 const GQ: u32 = 4u;   // query heads per KV head
 const QPC: u32 = 4u;  // entries per chunk
 const MC: u32 = 34u;  // candidate slots per query

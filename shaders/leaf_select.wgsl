@@ -16,6 +16,8 @@
 // (store_t, Params, p and the shared helpers: select_common.wgsl, prepended; cand, sel and the
 // union: leaf_common.wgsl, appended)
 
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 const GQ: u32 = 1u;
 const QT: u32 = 4u;
 const MC: u32 = 34u;

@@ -6,6 +6,8 @@
 // means / sq are f32 [B*Hkv, total_nodes, D]; node j of level l at flat index off_l + j,
 // where the offsets are those of the layout of `cap_len` keys (a KV cache's capacity), of
 // which the first `k_len` are valid.
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 alias store_t = f32;
 
 override WG: u32 = 64u;

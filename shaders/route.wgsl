@@ -32,6 +32,8 @@
 // V4 = 1, i.e. D % 4 == 0); the host binds a dummy to the pair that is not used.
 // (store_t, Params, p and the shared helpers: select_common.wgsl, prepended)
 
+// Reads its inputs through the generated accessors: the bf16 variant may be built.
+const BF16_READY: bool = true;
 const GQ: u32 = 1u;
 const QT: u32 = 4u;
 const MC: u32 = 34u;

@@ -152,6 +152,8 @@ fn rule_picks_split_k_for_decode_and_tiles_for_prefill() {
     ];
     for s in yes {
         assert!(split_k::plan(ctx, &s, Storage::F16).is_some(), "{s:?}");
+        // Split-K reads f32 or f16 words: never planned for bf16 (the tile kernels read it).
+        assert!(split_k::plan(ctx, &s, Storage::Bf16).is_none(), "{s:?}");
     }
     let no = [
         sh(1, 32, 8, 4096, 4096, 128),  // prefill

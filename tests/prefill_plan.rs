@@ -227,14 +227,43 @@ fn plan_refuses_views_it_cannot_use() {
     assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
 }
 
-/// bf16 where the kernels do not read it is a typed error: a bf16 decode cache, and the kernels
-/// that index their inputs directly (the oracle baseline here), never bf16 words read as f32.
+/// bf16 where the kernels do not read it is a typed error, never bf16 words read as f32: a
+/// kernel that does not opt in (the oracle baseline's, here through the public selection call)
+/// and split-K attention called with an explicit plan.
 #[test]
 fn bf16_is_refused_where_the_kernels_do_not_read_it() {
-    use pisa_wgpu::ops::decode::KvCache;
+    use pisa_wgpu::ops::attention::split_k::{record_split_k, SplitK};
     let ctx = ctx();
     let cfg = SelectionConfig::new(16, 2).unwrap();
-    let e = KvCache::new(ctx, 1, 64, 4, 2, 32, cfg, Storage::Bf16).unwrap_err();
+    let dshape = AttentionShape::new(1, 4, 2, 1, 40, 32).unwrap();
+    let up = |n: usize, s: u64| {
+        let x = random(&mut rng(s), n, 1.0);
+        ctx.upload("x", &x, Storage::Bf16).unwrap()
+    };
+    let base = seed("bf16_refused_split");
+    let (q, k, v) = (
+        up(dshape.q_elems(), base),
+        up(dshape.kv_elems(), base + 1),
+        up(dshape.kv_elems(), base + 2),
+    );
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let plan = SplitK {
+        split_keys: 16,
+        pairs_per_range: 1,
+    };
+    let e = record_split_k(
+        ctx,
+        &mut enc,
+        &q,
+        &k,
+        &v,
+        &dshape,
+        pisa_wgpu::ops::attention::QkvLayouts::from(TensorLayout::Bhnd),
+        (true, 0.2),
+        &plan,
+        None,
+    )
+    .unwrap_err();
     assert!(
         matches!(e, GpuError::Unsupported(ref m) if m.contains("bf16")),
         "{e}"

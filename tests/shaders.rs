@@ -30,8 +30,8 @@ fn every_shader_validates_in_f32_and_f16() {
 /// The bf16 variant (`Storage::Bf16`: inputs bound as 16-bit words, read through the generated
 /// `in_*` accessors) of every shader either parses and validates, or is refused with a typed
 /// error because the shader indexes an input directly (so it never reads bf16 words as f32).
-/// The prefill's portable kernels and the decode kernels are among those accepted; the baseline
-/// and backward kernels among those refused.
+/// The prefill's portable kernels and the decode kernels are among those accepted; the baseline,
+/// backward and split-K kernels (which bind raw words) among those refused.
 #[test]
 fn bf16_variants_validate_or_are_refused() {
     let shaders = pisa_wgpu::ops::all_shaders();
@@ -73,17 +73,19 @@ fn bf16_variants_validate_or_are_refused() {
         "decode_fused",
         "decode_append",
     ];
-    for name in prefill
-        .into_iter()
-        .chain(decode)
-        .chain(["attention_leaf_merge", "gather"])
-    {
+    for name in prefill.into_iter().chain(decode).chain([
+        "attention_leaf_merge",
+        "leaf_bucket",
+        "leaf_pick",
+        "fill",
+    ]) {
         assert!(
             accepted.contains(&name),
             "{name} refuses bf16 ({refused:?})"
         );
     }
-    for name in ["oracle", "bsa", "backward"] {
+    // (gather binds raw words in every variant and is built once, as f32.)
+    for name in ["oracle", "bsa", "backward", "attention_split"] {
         assert!(refused.contains(&name), "{name} accepts bf16");
     }
 }

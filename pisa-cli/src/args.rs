@@ -201,7 +201,7 @@ pub struct DeviceArgs {
     /// Adapter: a name fragment or an index from `pisa info` (default: highest performance).
     #[arg(long)]
     pub adapter: Option<String>,
-    /// GPU storage precision of Q, K, V and O (arithmetic is f32).
+    /// GPU storage precision of Q, K, V and O (arithmetic is f32; O is f32 for bf16).
     #[arg(long, value_enum, default_value_t = StorageArg::F32)]
     pub storage: StorageArg,
     /// Machine-readable output.

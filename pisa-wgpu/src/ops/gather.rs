@@ -1,7 +1,7 @@
 //! Gather and scatter on the GPU (`shaders/gather.wgsl`): between a caller's tensor view
 //! ([`TensorView`]: any strides, f32, f16 or bf16, at any byte offset that is a multiple of its
-//! element size) and a contiguous BHND tensor `[B, H, N, D]` of the kernels' storage (f32 or
-//! f16) at byte 0 of a buffer, converting the element type on the way. One pass over the
+//! element size) and a contiguous BHND tensor `[B, H, N, D]` of the kernels' storage (f32,
+//! f16 or bf16) at byte 0 of a buffer, converting the element type on the way. One pass over the
 //! view's bytes, no host transfer.
 //!
 //! Conversions are integer operations on the bits (the shader needs no SHADER_F16): f16 -> f32
@@ -102,13 +102,13 @@ impl Geometry {
 /// contiguous BHND tensor `[B, H, N, D]` (`src.shape()`) of `dst_storage`: element
 /// `(b, h, n, d)` at element index `((b * H + h) * N + n) * D + d`, converted from the view's
 /// dtype (see the module docs for the rounding). Writes `B*H*N*D` elements of `dst` and
-/// nothing else, except that with f16 storage and an odd element count the upper half of the
-/// last word keeps its contents. Runs on the GPU when `enc` is submitted; wgpu validation errors
+/// nothing else, except that with 2-byte storage (f16, bf16) and an odd element count the upper
+/// half of the last word keeps its contents. Runs on the GPU when `enc` is submitted; wgpu validation errors
 /// surface at the caller's [`Context::scoped`].
 ///
 /// An i32 view (indices) is copied word for word into f32 storage.
 ///
-/// Errors: [`GpuError::Unsupported`] for an i32 view with f16 storage; [`GpuError::View`] when `dst` lacks `STORAGE` usage, holds fewer than the tensor's
+/// Errors: [`GpuError::Unsupported`] for an i32 view with 2-byte (f16, bf16) storage; [`GpuError::View`] when `dst` lacks `STORAGE` usage, holds fewer than the tensor's
 /// bytes (rounded up to 4), is the view's own buffer, or when the view's last element ends in
 /// a 4-byte word past its buffer's end (a buffer whose size is not a multiple of 4);
 /// [`GpuError::Limit`] when one row of the view (or of `dst`) does not fit in a storage
@@ -167,7 +167,7 @@ pub fn record_gather(
 /// dimension of extent above 1. An f32 view may have any strides. An i32 view (indices)
 /// takes the words of f32 storage unchanged.
 ///
-/// Errors: [`GpuError::Unsupported`] for an i32 view with f16 storage; [`GpuError::View`] for a 2-byte view that breaks those conditions (the message says
+/// Errors: [`GpuError::Unsupported`] for an i32 view with 2-byte (f16, bf16) storage; [`GpuError::View`] for a 2-byte view that breaks those conditions (the message says
 /// which), a `src` without `STORAGE` usage or holding fewer than the tensor's bytes (rounded up
 /// to 4), a `src` that is the view's own buffer, a view whose last element ends in a 4-byte
 /// word past its buffer's end; [`GpuError::Limit`] when one row does not fit in a storage

@@ -30,7 +30,7 @@ pub const POISON_F32: u32 = 0xFFFF_FFFF;
 pub const POISON_I32: u32 = 0x8000_0000;
 
 /// A tensor in GPU memory: a storage buffer holding `len` elements of `storage` precision
-/// (f32 or f16; index buffers use `Storage::F32`, whose 4-byte element is an i32 or u32).
+/// (f32, f16 or bf16; index buffers use `Storage::F32`, whose 4-byte element is an i32 or u32).
 #[derive(Debug)]
 pub struct GpuTensor {
     /// The buffer, size padded up to a multiple of 4 bytes.

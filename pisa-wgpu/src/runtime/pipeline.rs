@@ -13,9 +13,12 @@
 //!   bf16 variant binds those as `array<u32>` (`array<vec2<u32>>`), two bf16 per word: the
 //!   loads widen them (exact: a bf16 is the upper half of an f32), `out2_x` rounds to nearest
 //!   even and writes one whole word (so no two invocations share one). `store_t` stays f32
-//!   there, so what a kernel writes as `store_t` (O, intermediates) is f32. A shader that
-//!   indexes such a binding directly instead of through its accessors does not read bf16: the
-//!   bf16 variant refuses it ([`GpuError::Unsupported`]).
+//!   there, so what a kernel writes as `store_t` (O, intermediates) is f32. A shader opts in to
+//!   the bf16 variant by declaring `const BF16_READY: bool = true;` (once per module); the
+//!   bf16 variant of any other shader is refused ([`GpuError::Unsupported`]: those bind their
+//!   data as raw words or f16 matrices), and so is one that still indexes such a binding
+//!   directly instead of through its accessors, or has a read-only binding of the storage type
+//!   the preprocessor does not recognise.
 //! - sizes that WGSL needs as true constants (private array lengths) are declared
 //!   `const NAME: u32 = <default>u;` and substituted per variant; everything else that varies
 //!   is an `override` set through pipeline constants.
@@ -35,7 +38,8 @@ pub enum Storage {
     /// 4-byte floats.
     #[default]
     F32,
-    /// 2-byte IEEE half floats (needs SHADER_F16); bf16 inputs are converted to this or f32.
+    /// 2-byte IEEE half floats (needs SHADER_F16); bf16 views are converted to this (exact
+    /// within f16's range) on the tensor-core paths, which read f16.
     F16,
     /// bfloat16 (2 bytes, the upper half of an f32): Q, K, V and the decode cache are read as
     /// 16-bit words and widened in the kernels (exact); what the kernels write as O is f32
@@ -134,9 +138,29 @@ pub fn preprocess(
         out.push_str(BF16_BITS);
     }
     if storage == Storage::Bf16 {
-        if let Some(name) = inputs.iter().find(|n| indexes_directly(shader.wgsl, n)) {
+        let ready = shader
+            .wgsl
+            .lines()
+            .any(|l| l.trim_start().starts_with("const BF16_READY: bool = true;"));
+        // A read-only binding of the storage type that `binding_16` did not take.
+        let unrecognised = shader.wgsl.lines().find(|l| {
+            l.contains("var<storage, read>")
+                && l.contains("store_t")
+                && binding_16(l.trim_start()).is_none()
+        });
+        let direct = inputs.iter().find(|n| indexes_directly(shader.wgsl, n));
+        let why = match (ready, unrecognised, direct) {
+            (false, ..) => Some("it does not read bf16".to_string()),
+            (_, Some(l), _) => Some(format!(
+                "binding `{}` is not one of the forms it converts",
+                l.trim()
+            )),
+            (_, _, Some(name)) => Some(format!("it indexes `{name}` directly")),
+            _ => None,
+        };
+        if let Some(why) = why {
             return Err(GpuError::Unsupported(format!(
-                "bf16 storage: the {} kernel reads `{name}` as f32/f16 only; use f16 or f32 storage (bf16 views are converted on the GPU)",
+                "bf16 storage for the {} kernel: {why}; use f16 or f32 storage (bf16 views are converted on the GPU)",
                 shader.name
             )));
         }
@@ -271,7 +295,7 @@ pub struct PipelineCache {
 }
 
 /// `PISA_DUMP_WGSL=<dir>` (a diagnostic knob): writes the preprocessed WGSL of every pipeline
-/// the process builds to `<dir>/<shader>.<entry>.<F16|F32>.<hash of constants and overrides>.wgsl`, its
+/// the process builds to `<dir>/<shader>.<entry>.<F16|F32|Bf16>.<hash of constants and overrides>.wgsl`, its
 /// first lines `// entry: <entry>` and `// overrides: <name>=<value>,...` (the pipeline's
 /// override constants), for offline tools (`tests/shader_stats.rs` reads the driver's
 /// register and memory statistics of each). A write that fails is reported on stderr and

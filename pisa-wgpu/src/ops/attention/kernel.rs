@@ -134,8 +134,8 @@ pub(crate) fn plan<'a>(
     // layout, Q contiguous (the tile kernels write O at its own strides).
     let o_is_q = layouts.q == KernelLayout::Contiguous(layouts.o);
     match *kind {
-        // (Split-K reads f32 or f16 only.)
-        AttentionKind::Dense { causal, scale } if o_is_q && storage != Storage::Bf16 => {
+        // (Split-K reads f32 or f16 only: its plan is None for bf16.)
+        AttentionKind::Dense { causal, scale } if o_is_q => {
             if let Some(plan) = split_k::plan(ctx, shape, storage) {
                 return Plan::SplitK {
                     plan,

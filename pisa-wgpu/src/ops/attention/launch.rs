@@ -48,7 +48,7 @@ fn strides(l: impl Into<KernelLayout>, heads: usize, tokens: usize, d: usize) ->
 /// bindings, parameters and row mapping): its poisoned outputs, parameters, entry point and
 /// profiler label.
 pub(crate) struct Launch {
-    /// O, in `layouts.o` and Q's storage.
+    /// O, in `layouts.o` and Q's storage's output type (`Storage::output`: f32 for bf16).
     pub o: GpuTensor,
     /// LSE `[B, Hq, Nq]` f32.
     pub lse: GpuTensor,

@@ -82,7 +82,7 @@ struct SplitParams {
 }
 
 /// Records split-K dense attention with an explicit plan (tests and tuning; the default path
-/// picks one with `plan`). Arguments, outputs (O in Q's layout and storage, LSE f32
+/// picks one with `plan`; f32 or f16 storage). Arguments, outputs (O in Q's layout and storage, LSE f32
 /// `[B, Hq, Nq]`, freshly allocated and poisoned), profiler stage ("dense") and errors as
 /// [`super::record_dense_attention`], plus [`PisaError::InvalidValue`] for a zero
 /// `split_keys` or `pairs_per_range`, [`crate::GpuError::Limit`] when one range's partial states

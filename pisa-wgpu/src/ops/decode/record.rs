@@ -125,7 +125,7 @@ impl KvCache {
     /// later one only records the pass: no allocation, no host write, no wait (the lengths live
     /// on the GPU, advanced by the recorded appends). `q`: `[B, Hq, 1, D]` in the cache's
     /// storage dtype, contiguous, at an aligned offset (see [`TensorView`]) to be bound in place;
-    /// any other query view (a row of a packed QKV projection, bf16) is gathered first by one
+    /// any other query view (a row of a packed QKV projection, another dtype) is gathered first by one
     /// small dispatch. The outputs are always bound in place.
     ///
     /// Errors: [`GpuError::View`] for a view of the wrong shape, or an output of the wrong
@@ -196,7 +196,7 @@ impl KvCache {
     }
 
     /// An input `view` of `shape` as a range to bind: in place when it is contiguous, of the
-    /// cache's storage dtype and at an aligned offset; else (a packed QKV projection, bf16, an
+    /// cache's storage dtype and at an aligned offset; else (a packed QKV projection, another dtype, an
     /// unaligned offset) gathered on the GPU into the cache's `scratch` (one small dispatch
     /// recorded into `enc`, with its own parameter buffer and bind group).
     pub(super) fn input_view(

@@ -142,7 +142,8 @@ impl KvCache {
     pub fn config(&self) -> &SelectionConfig {
         &self.cfg
     }
-    /// Storage precision of keys, values, queries and outputs.
+    /// Storage precision of keys, values and queries, and of the outputs except for bf16
+    /// (whose outputs are f32: [`Storage::output`]).
     pub fn storage(&self) -> Storage {
         self.storage
     }

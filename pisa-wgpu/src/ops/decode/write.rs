@@ -374,7 +374,7 @@ impl KvCache {
     /// [`Self::record_append`] of keys and values in a caller's buffers: `k`, `v`
     /// `[B, Hkv, 1, D]`, bound in place when contiguous, of the cache's storage dtype and at
     /// offsets that are multiples of the device's `min_storage_buffer_offset_alignment`; any
-    /// other view (the rows of a packed QKV projection, bf16) is gathered first by one small
+    /// other view (the rows of a packed QKV projection, another dtype) is gathered first by one small
     /// dispatch (with its own small parameter buffer and bind group). The first append of a
     /// given set of buffers and mask builds its bind groups; every later one only records (no
     /// allocation, no host write: positions and lengths are computed on the GPU). Errors: as

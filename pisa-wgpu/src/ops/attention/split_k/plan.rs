@@ -78,6 +78,13 @@ pub(super) fn variant(ctx: &Context, head_dim: usize, storage: Storage) -> Resul
 
 /// [`variant`] for a device with limits `l`.
 fn variant_for(l: &wgpu::Limits, head_dim: usize, storage: Storage) -> Result<Variant> {
+    // The kernel reads f32 or f16 words (raw vec4<u32>): not bf16.
+    if storage == Storage::Bf16 {
+        return Err(GpuError::Unsupported(
+            "split-K attention with bf16 storage (it reads f32 or f16; the tile kernels read bf16)"
+                .into(),
+        ));
+    }
     let wg_max = MAX_WG
         .min(l.max_compute_invocations_per_workgroup)
         .min(l.max_compute_workgroup_size_x);
