@@ -35,7 +35,8 @@ fn bhnd(b: &wgpu::Buffer, shape: [usize; 4]) -> TensorView {
 /// The take-over after a run that read K and V in place (views at byte 0: the take-over
 /// gathers each batch entry from the caller's views) and after one that gathered them (views
 /// at byte 52, not a binding boundary: the take-over copies the plan's staging), with f32 and
-/// bf16 storage (bf16 views read in place, a bf16 cache).
+/// bf16 storage (bf16 views read in place, a bf16 cache); with views read in place, also the
+/// take-over from a plan without staging ([`PrefillPlan::new_in_place`]).
 #[test]
 fn cache_from_plan_decodes_like_cache_from_views() {
     for pad in [0usize, 52] {
@@ -97,6 +98,9 @@ fn take_over(pad: usize, st: Storage) {
     let capacity = 200;
     let new_cache = || KvCache::new(ctx, bsz, capacity, hq, hkv, d, cfg, st).unwrap();
     let (mut from_plan, mut from_views) = (new_cache(), new_cache());
+    // With views read in place, also a plan without staging (new_in_place), whose take-over
+    // gathers from the views into tensors of its own.
+    let mut from_only = (pad == 0).then(new_cache);
 
     let mut enc = ctx.device().create_command_encoder(&Default::default());
     // A plan of another block size is refused.
@@ -129,10 +133,18 @@ fn take_over(pad: usize, st: Storage) {
         selection: None,
     };
     plan.run(&mut enc, &qv, &kv, &vv, &outs, None).unwrap();
+    let only = from_only.as_ref().map(|_| {
+        let p = PrefillPlan::new_in_place(ctx, &shape, &opts, &qv, &kv, &vv).unwrap();
+        p.run(&mut enc, &qv, &kv, &vv, &outs, None).unwrap();
+        p
+    });
     for b in 0..bsz {
         from_plan
             .record_prefill_from_plan(&mut enc, b, &plan, b)
             .unwrap();
+        if let (Some(c), Some(p)) = (&mut from_only, &only) {
+            c.record_prefill_from_plan(&mut enc, b, p, b).unwrap();
+        }
         let at = pad as u64 + (b * hkv * n * d) as u64 * st.bytes();
         let view = |buf| {
             TensorView::contiguous(buf, at, DType::from(st), [1, hkv, n, d], TensorLayout::Bhnd)
@@ -164,6 +176,8 @@ fn take_over(pad: usize, st: Storage) {
         bhnd(&o2, [bsz, hq, 1, d]),
         bhnd(&l2, [bsz, hq, 1, 1]),
     );
+    let (o3, l3) = (out_buf(bsz * hq * d), out_buf(bsz * hq));
+    let (ov3, lv3) = (bhnd(&o3, [bsz, hq, 1, d]), bhnd(&l3, [bsz, hq, 1, 1]));
     let base = seed("cache_from_plan_steps");
     for step in 0..60u64 {
         let (kr, vr, qr) = (
@@ -177,7 +191,11 @@ fn take_over(pad: usize, st: Storage) {
             bhnd(&qr, [bsz, hq, 1, d]),
         );
         let mut enc = ctx.device().create_command_encoder(&Default::default());
-        for (cache, o, l) in [(&mut from_plan, &ov1, &lv1), (&mut from_views, &ov2, &lv2)] {
+        let mut caches = vec![(&mut from_plan, &ov1, &lv1), (&mut from_views, &ov2, &lv2)];
+        if let Some(c) = &mut from_only {
+            caches.push((c, &ov3, &lv3));
+        }
+        for (cache, o, l) in caches {
             cache
                 .record_append_view(&mut enc, &krv, &vrv, &[true, true], None)
                 .unwrap();
@@ -204,6 +222,18 @@ fn take_over(pad: usize, st: Storage) {
                 ctx.read_bytes(&l2).unwrap(),
                 "step {step}: LSE differs"
             );
+            if from_only.is_some() {
+                assert_eq!(
+                    a,
+                    ctx.read_bytes(&o3).unwrap(),
+                    "step {step}: O (no staging)"
+                );
+                assert_eq!(
+                    ctx.read_bytes(&l1).unwrap(),
+                    ctx.read_bytes(&l3).unwrap(),
+                    "step {step}: LSE (no staging)"
+                );
+            }
         }
     }
     assert_eq!(from_plan.lens(), &[n + 60, n + 60]);

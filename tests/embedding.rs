@@ -233,7 +233,15 @@ fn app_owned_device_varlen_prefill_and_decode() {
     let mut plans = Vec::new();
     for i in 0..3 {
         let shape = AttentionShape::prefill(1, HQ, HKV, LENS[i], D).unwrap();
-        let plan = PrefillPlan::new(&app.ctx, &shape, &opts).unwrap();
+        let (q, k, v) = (
+            qkv.view(0, cu[i], LENS[i]),
+            qkv.view(1, cu[i], LENS[i]),
+            qkv.view(2, cu[i], LENS[i]),
+        );
+        // Rows of ROW * 4 = 1280 bytes (a multiple of 256) after PAD = 256 bytes: every view
+        // starts on a binding boundary of any device (the limit is at most 256), so the kernels
+        // read the packed buffer in place, without a gather, and the plan needs no staging.
+        let plan = PrefillPlan::new_in_place(&app.ctx, &shape, &opts, &q, &k, &v).unwrap();
         let sel = TensorView::contiguous(
             &sel_buf,
             (cu[i] * HKV * kk * 4) as u64,
@@ -247,14 +255,6 @@ fn app_owned_device_varlen_prefill_and_decode() {
             lse: &lse_all.tokens(cu[i], LENS[i]).unwrap(),
             selection: Some(&sel),
         };
-        let (q, k, v) = (
-            qkv.view(0, cu[i], LENS[i]),
-            qkv.view(1, cu[i], LENS[i]),
-            qkv.view(2, cu[i], LENS[i]),
-        );
-        // Rows of ROW * 4 = 1280 bytes (a multiple of 256) after PAD = 256 bytes: every view
-        // starts on a binding boundary of any device (the limit is at most 256), so the kernels
-        // read the packed buffer in place, without a gather.
         for view in [&q, &k, &v] {
             assert!(
                 plan.reads_in_place(view),

@@ -595,6 +595,17 @@ fn unaligned(ctx: &Context, c: PackedCase, x: [&[f32]; 3]) -> [TensorView; 3] {
     [mk(x[0], hq), mk(x[1], hkv), mk(x[2], hkv)]
 }
 
+/// Contiguous f32 O and LSE views of `s` in new buffers (for runs expected to fail).
+fn outputs_for(ctx: &Context, s: &AttentionShape) -> (TensorView, TensorView) {
+    let (b, hq, n, d) = (s.batch, s.q_heads, s.q_len, s.head_dim);
+    let o = buffer_with(ctx, 0, &vec![f32::NAN; s.q_elems()]);
+    let l = buffer_with(ctx, 0, &vec![f32::NAN; s.lse_elems()]);
+    (
+        TensorView::contiguous(&o, 0, DType::F32, [b, hq, n, d], TensorLayout::Bhnd).unwrap(),
+        TensorView::contiguous(&l, 0, DType::F32, [b, hq, n, 1], TensorLayout::Bhnd).unwrap(),
+    )
+}
+
 /// Runs `plan` on `qkv` and returns (O, LSE, selection), all BHND, O as f32.
 fn run_plan(
     ctx: &Context,
@@ -728,6 +739,29 @@ fn packed_qkv_is_read_in_place() {
             }
             let got = run_plan(ctx, &plan, &s, kk, &direct);
             let staged = run_plan(ctx, &plan, &s, kk, &gathered);
+            // A plan without staging (in place only) on the same views; it refuses views that
+            // would need a gather, at planning and at run time, with a typed error.
+            let [dq, dk, dv] = &direct;
+            let only = PrefillPlan::new_in_place(ctx, &s, &opts, dq, dk, dv).unwrap();
+            let only_got = run_plan(ctx, &only, &s, kk, &direct);
+            let [gq, gk, gv] = &gathered;
+            let e = PrefillPlan::new_in_place(ctx, &s, &opts, gq, dk, dv).unwrap_err();
+            assert!(
+                matches!(e, GpuError::View(ref m) if m.contains("in place")),
+                "{e}"
+            );
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            let (o, l) = outputs_for(ctx, &s);
+            let po = PrefillOutputs {
+                out: &o,
+                lse: &l,
+                selection: None,
+            };
+            let e = only.run(&mut enc, dq, gk, gv, &po, None).unwrap_err();
+            assert!(
+                matches!(e, GpuError::View(ref m) if m.contains("in place")),
+                "{e}"
+            );
             // Q gathered with K and V in place, and Q in place with K and V gathered.
             let [gq, gk, gv] = gathered.clone();
             let [dq, dk, dv] = direct.clone();
@@ -741,6 +775,7 @@ fn packed_qkv_is_read_in_place() {
             let sel_bits = |v: &[i32]| v.iter().map(|&x| x as u32).collect::<Vec<_>>();
             for (run, out) in [
                 ("in place", &got),
+                ("in place, no staging", &only_got),
                 (mixed[0].0, &mixed[0].1),
                 (mixed[1].0, &mixed[1].1),
             ] {

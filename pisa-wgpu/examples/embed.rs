@@ -120,7 +120,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut enc = device.create_command_encoder(&Default::default());
     let mut plans = Vec::new();
     for (i, &n) in LENS.iter().enumerate() {
-        let plan = PrefillPlan::new(&ctx, &AttentionShape::prefill(1, HQ, HKV, n, D)?, &opts)?;
         let (out, lse) = (o_all.tokens(cu[i], n)?, lse_all.tokens(cu[i], n)?);
         let outs = PrefillOutputs {
             out: &out,
@@ -128,9 +127,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             selection: None,
         };
         let qkv = [part(0, i).0?, part(1, i).0?, part(2, i).0?];
-        plan.run(&mut enc, &qkv[0], &qkv[1], &qkv[2], &outs, None)?;
         // Rows of 1280 bytes after 256: every view starts on a binding boundary, so the kernels
-        // read Q, K and V straight from the packed buffer (no gather).
+        // read Q, K and V straight from the packed buffer (no gather), and the plan needs no
+        // staging of its own (`PrefillPlan::new` keeps one, for views that must be gathered).
+        let shape = AttentionShape::prefill(1, HQ, HKV, n, D)?;
+        let plan = PrefillPlan::new_in_place(&ctx, &shape, &opts, &qkv[0], &qkv[1], &qkv[2])?;
+        plan.run(&mut enc, &qkv[0], &qkv[1], &qkv[2], &outs, None)?;
         let direct = qkv.iter().map(|v| plan.reads_in_place(v));
         println!(
             "sequence {i}: q, k, v read in place: {:?}",

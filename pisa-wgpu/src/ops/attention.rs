@@ -233,7 +233,7 @@ pub(crate) fn element_strides(
 /// `layouts.v`, all three in one storage precision; `selection`: `[B, Hkv, Nq, K]` i32 with
 /// `K = cfg.top_k`, ascending leaf indices padded with -1 (a -1, an index past the last leaf,
 /// or an entry not above its predecessor is ignored). Returns `(O, LSE)`: O contiguous in
-/// `layouts.o`, of Q's [`Storage::output`] (Q's storage; f32 for bf16), LSE f32 `[B, Hq, Nq]` = ln sum exp(s q.k) over the attended keys
+/// `layouts.o`, of Q's [`crate::Storage::output`] (Q's storage; f32 for bf16), LSE f32 `[B, Hq, Nq]` = ln sum exp(s q.k) over the attended keys
 /// (natural log); a row attending to no key gets zeros and -inf. Outputs are freshly allocated (poisoned, then
 /// fully written). Profiler stage "attention".
 ///

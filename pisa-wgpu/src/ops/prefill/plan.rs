@@ -62,7 +62,10 @@ pub struct PrefillOutputs<'a> {
 /// the GPU into the plan's contiguous BHND staging (`ops::gather`: any strides, f32 / f16 /
 /// bf16, any element-aligned offset), one read and one write of the tensor on the device.
 /// [`PrefillPlan::reads_in_place`] says which way a view goes. The kernels and the result are
-/// the same either way (bit for bit: the tests compare both).
+/// the same either way (bit for bit: the tests compare both). A plan made by
+/// [`PrefillPlan::new_in_place`] holds no staging (Q, K and V in the plan's storage: 3 GiB at
+/// 256K tokens with 32 query and 8 KV heads of 128 in f16) and refuses views it would have to
+/// gather.
 ///
 /// The outputs are written by the kernels into the plan's O (of [`Storage::output`]: f32 for
 /// bf16 storage), LSE and selection, then copied (`copy_buffer_to_buffer`, when the caller's
@@ -103,9 +106,9 @@ pub struct PrefillPlan {
     /// made.
     knobs: PrefillKnobs,
     binding: u64,
-    q: GpuTensor,
-    k: GpuTensor,
-    v: GpuTensor,
+    /// The contiguous BHND staging of Q, K and V that a run gathers views into; `None` for a
+    /// plan made by [`Self::new_in_place`], which reads its inputs in place only.
+    staging: Option<[GpuTensor; 3]>,
     arena: std::sync::Mutex<Arena>,
     /// The K and V views the last run read in place (`None`: it gathered them into `k`, `v`),
     /// for a decode cache taking over the keys and values ([`Self::parts`]).
@@ -125,6 +128,64 @@ impl PrefillPlan {
     /// [`super::prefill_host`] splits such calls by KV head; plan per head group instead);
     /// device errors.
     pub fn new(ctx: &Context, shape: &AttentionShape, opts: &PrefillOptions) -> Result<Self> {
+        let (shape, opts) = Self::checked(ctx, shape, opts)?;
+        let st = opts.storage;
+        let staging = [
+            ctx.alloc("plan q", shape.q_elems(), st, POISON_F32)?,
+            ctx.alloc("plan k", shape.kv_elems(), st, POISON_F32)?,
+            ctx.alloc("plan v", shape.kv_elems(), st, POISON_F32)?,
+        ];
+        let plan = Self::unrecorded(ctx, shape, opts, Some(staging));
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        let staged = plan.staging.as_ref().map(|[q, k, v]| [q, k, v]);
+        let staged = staged.expect("made with staging");
+        let bhnd = QkvLayouts::from(TensorLayout::Bhnd);
+        ctx.scope_now("prefill plan", || {
+            plan.record(&mut enc, None, staged, bhnd).map(|_| ())
+        })?;
+        drop(enc);
+        Ok(plan)
+    }
+
+    /// Plans a prefill that reads Q, K and V **in place only**: the plan holds no staging of
+    /// the inputs (at 256K tokens, 32 query and 8 KV heads of 128 f16, that is 3 GiB less than
+    /// [`Self::new`]). `q`, `k`, `v` are views of the caller's buffers
+    /// ([How the inputs are read](PrefillPlan#how-the-inputs-are-read)); the prefill is
+    /// recorded once with them (pipelines, intermediates and bind groups made here, as by
+    /// [`Self::new`]). Every later [`Self::run`] must be given views the kernels can read in
+    /// place too (the same ones, or others of the same shape and dtype, e.g. the next layer's
+    /// QKV projection): a view that would need a gather is a [`GpuError::View`]. The decode
+    /// take-over ([`crate::ops::decode::KvCache::record_prefill_from_plan`]) gathers the keys
+    /// and values from the views the last run read.
+    ///
+    /// Errors: as [`Self::new`], and [`GpuError::View`] for a view of the wrong shape or one the
+    /// kernels cannot read in place (the message says why).
+    pub fn new_in_place(
+        ctx: &Context,
+        shape: &AttentionShape,
+        opts: &PrefillOptions,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+    ) -> Result<Self> {
+        let (shape, opts) = Self::checked(ctx, shape, opts)?;
+        let plan = Self::unrecorded(ctx, shape, opts, None);
+        let (qt, kt, vt, layouts) = plan.in_place_inputs(q, k, v)?;
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        ctx.scope_now("prefill plan", || {
+            plan.record(&mut enc, None, [&qt, &kt, &vt], layouts)
+                .map(|_| ())
+        })?;
+        drop(enc);
+        Ok(plan)
+    }
+
+    /// The checked shape and options of a plan (`layout` set to BHND: unused).
+    fn checked(
+        ctx: &Context,
+        shape: &AttentionShape,
+        opts: &PrefillOptions,
+    ) -> Result<(AttentionShape, PrefillOptions)> {
         let shape = super::validated(shape, opts)?;
         if opts.q_tile == 0 {
             return Err(pisa_core::PisaError::Zero { what: "q_tile" }.into());
@@ -146,45 +207,79 @@ impl PrefillPlan {
             layout: TensorLayout::Bhnd,
             ..*opts
         };
-        let st = opts.storage;
-        let plan = Self {
+        Ok((shape, opts))
+    }
+
+    /// A plan with nothing recorded yet.
+    fn unrecorded(
+        ctx: &Context,
+        shape: AttentionShape,
+        opts: PrefillOptions,
+        staging: Option<[GpuTensor; 3]>,
+    ) -> Self {
+        Self {
             ctx: ctx.clone(),
             shape,
             opts,
             knobs: PrefillKnobs::of(ctx),
             binding: ctx.max_binding_bytes(),
-            q: ctx.alloc("plan q", shape.q_elems(), st, POISON_F32)?,
-            k: ctx.alloc("plan k", shape.kv_elems(), st, POISON_F32)?,
-            v: ctx.alloc("plan v", shape.kv_elems(), st, POISON_F32)?,
+            staging,
             arena: Default::default(),
             last_kv: Default::default(),
             pyramid: Default::default(),
-        };
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        let staged = [&plan.q, &plan.k, &plan.v];
-        let bhnd = QkvLayouts::from(TensorLayout::Bhnd);
-        ctx.scope_now("prefill plan", || {
-            plan.record(&mut enc, None, staged, bhnd).map(|_| ())
-        })?;
-        drop(enc);
-        Ok(plan)
+        }
     }
 
-    /// What a decode cache takes over of batch entry `batch` after a run: the plan's contiguous
-    /// BHND staging K and V (`[B, Hkv, N, D]` in the plan's storage), the entry of the staging
-    /// that holds `batch`'s keys and values, and the key pyramid's means and second moments
-    /// (`[B*Hkv, nodes of N, D]` f32, the layout of N). Their contents are those of the last
-    /// recorded run once it has executed. When that run read K and V in place, entry `batch`
-    /// of the caller's views is gathered into entry 0 of the staging first (recorded into
-    /// `enc`): the views must then still hold the run's keys and values when `enc` executes.
+    /// `q`, `k`, `v` as the kernels read them in place, with their layouts: checked against
+    /// the plan's shape and the rule of [How the inputs are read](PrefillPlan#how-the-inputs-are-read).
+    /// Errors: [`GpuError::View`] saying which view does not qualify.
+    fn in_place_inputs(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+    ) -> Result<(GpuTensor, GpuTensor, GpuTensor, QkvLayouts)> {
+        let s = &self.shape;
+        let (b, hq, hkv, n, d) = (s.batch, s.q_heads, s.kv_heads, s.q_len, s.head_dim);
+        check_shape("q", q, [b, hq, n, d])?;
+        check_shape("k", k, [b, hkv, n, d])?;
+        check_shape("v", v, [b, hkv, n, d])?;
+        let st = self.opts.storage;
+        let not_in_place = |what: &str| {
+            GpuError::View(format!(
+                "{what}: this plan reads its inputs in place only (PrefillPlan::new_in_place),                  and this view would need a gather: it must be of the plan's storage dtype                  ({:?}), head dim contiguous, its other strides multiples of 8 elements, its                  byte offset a multiple of {} and its span within one binding (K and V with                  equal strides); use PrefillPlan::new to gather other views",
+                DType::from(st),
+                (self.ctx.limits().min_storage_buffer_offset_alignment as u64).max(4)
+            ))
+        };
+        let (qt, ql) = in_place(&self.ctx, q, st).ok_or_else(|| not_in_place("q"))?;
+        let (kt, kl) = in_place(&self.ctx, k, st).ok_or_else(|| not_in_place("k"))?;
+        let (vt, vl) = in_place(&self.ctx, v, st).ok_or_else(|| not_in_place("v"))?;
+        if kl != vl {
+            return Err(not_in_place("k and v"));
+        }
+        let mut layouts = QkvLayouts::from(TensorLayout::Bhnd);
+        (layouts.q, layouts.k, layouts.v) = (ql, kl, vl);
+        Ok((qt, kt, vt, layouts))
+    }
+
+    /// What a decode cache takes over of batch entry `batch` after a run: contiguous BHND K
+    /// and V (`[B', Hkv, N, D]` in the plan's storage), the entry of those that holds `batch`'s
+    /// keys and values, and the key pyramid's means and second moments (`[B*Hkv, nodes of N,
+    /// D]` f32, the layout of N). Their contents are those of the last recorded run once it has
+    /// executed. When that run gathered K and V, they are the plan's staging; when it read them
+    /// in place, entry `batch` of the caller's views is gathered (recorded into `enc`) into
+    /// entry 0 of the staging, or, for a plan without staging ([`Self::new_in_place`]), into
+    /// new `[1, Hkv, N, D]` tensors: the views must then still hold the run's keys and values
+    /// when `enc` executes.
     #[allow(clippy::type_complexity)]
     pub(crate) fn parts(
         &self,
         enc: &mut wgpu::CommandEncoder,
         batch: usize,
     ) -> Result<(
-        &GpuTensor,
-        &GpuTensor,
+        GpuTensor,
+        GpuTensor,
         Option<(wgpu::Buffer, Option<wgpu::Buffer>)>,
         usize,
     )> {
@@ -193,19 +288,36 @@ impl PrefillPlan {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let mut entry = batch;
-        if let Some((k, v)) = last {
-            let st = self.opts.storage;
-            record_gather(&self.ctx, enc, &batch_entry(&k, batch)?, &self.k.buffer, st)?;
-            record_gather(&self.ctx, enc, &batch_entry(&v, batch)?, &self.v.buffer, st)?;
-            entry = 0;
-        }
         let pyr = self
             .pyramid
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        Ok((&self.k, &self.v, pyr, entry))
+        let st = self.opts.storage;
+        let (k, v, entry) = match (last, &self.staging) {
+            (None, Some([_, k, v])) => (k.alias(), v.alias(), batch),
+            (None, None) => {
+                return Err(GpuError::Unsupported(
+                    "the plan has no keys to take over: record its run first".into(),
+                ))
+            }
+            (Some((kv, vv)), staging) => {
+                let (k, v) = match staging {
+                    Some([_, k, v]) => (k.alias(), v.alias()),
+                    None => {
+                        let n = self.shape.kv_elems() / self.shape.batch;
+                        (
+                            self.ctx.scratch("take-over keys", n, st)?,
+                            self.ctx.scratch("take-over values", n, st)?,
+                        )
+                    }
+                };
+                record_gather(&self.ctx, enc, &batch_entry(&kv, batch)?, &k.buffer, st)?;
+                record_gather(&self.ctx, enc, &batch_entry(&vv, batch)?, &v.buffer, st)?;
+                (k, v, 0)
+            }
+        };
+        Ok((k, v, pyr, entry))
     }
 
     /// Whether [`Self::run`] reads `view` in place (no copy) rather than gathering it into the
@@ -238,8 +350,9 @@ impl PrefillPlan {
     /// `outputs`. Stage times go to `prof` (the prefill's stages; the gathers and output
     /// copies are not timed). Nothing is submitted.
     ///
-    /// Errors: [`GpuError::View`] for a view of the wrong shape or an output the plan cannot
-    /// write; [`GpuError::Unsupported`] when the context's tuning ([`Context::set_tuning`] and
+    /// Errors: [`GpuError::View`] for a view of the wrong shape, an output the plan cannot
+    /// write, or, for a plan made by [`Self::new_in_place`], an input it cannot read in place;
+    /// [`GpuError::Unsupported`] when the context's tuning ([`Context::set_tuning`] and
     /// the switches that set it) or binding limit changed since the plan was made (make a new
     /// plan); [`GpuError::Validation`] for a
     /// buffer of another device. Nothing is recorded on error except when wgpu itself reports
@@ -294,6 +407,10 @@ impl PrefillPlan {
             (Some(k), Some(v)) if k.1 == v.1 => (Some(k), Some(v)),
             _ => (None, None),
         };
+        if self.staging.is_none() && (q_in.is_none() || k_in.is_none()) {
+            // The typed error naming the view that would need a gather.
+            self.in_place_inputs(q, k, v)?;
+        }
         ctx.scope_now("prefill", || {
             // The gathers and scatters bind the caller's views: their small parameter buffers
             // and bind groups are made per run (a constant few, whatever N); the prefill
@@ -301,25 +418,27 @@ impl PrefillPlan {
             // its alternatives (runtime/arena.rs).
             let mut layouts = QkvLayouts::from(TensorLayout::Bhnd);
             let mut read = |view: &TensorView,
-                            staged: &GpuTensor,
+                            i: usize,
                             direct: Option<(GpuTensor, KernelLayout)>,
                             lay: &mut KernelLayout|
              -> Result<GpuTensor> {
-                match direct {
-                    Some((t, l)) => {
+                match (direct, &self.staging) {
+                    (Some((t, l)), _) => {
                         *lay = l;
                         Ok(t)
                     }
-                    None => {
-                        record_gather(ctx, enc, view, &staged.buffer, st)?;
-                        Ok(staged.alias())
+                    (None, Some(staging)) => {
+                        record_gather(ctx, enc, view, &staging[i].buffer, st)?;
+                        Ok(staging[i].alias())
                     }
+                    // Checked above: a plan without staging reads every input in place.
+                    (None, None) => Err(GpuError::View("an input needs a gather".into())),
                 }
             };
-            let qt = read(q, &self.q, q_in, &mut layouts.q)?;
+            let qt = read(q, 0, q_in, &mut layouts.q)?;
             let kv_in_place = k_in.is_some();
-            let kt = read(k, &self.k, k_in, &mut layouts.k)?;
-            let vt = read(v, &self.v, v_in, &mut layouts.v)?;
+            let kt = read(k, 1, k_in, &mut layouts.k)?;
+            let vt = read(v, 2, v_in, &mut layouts.v)?;
             let (o, lse, sel) = self.record(enc, prof, [&qt, &kt, &vt], layouts)?;
             *self.last_kv.lock().unwrap_or_else(|p| p.into_inner()) =
                 kv_in_place.then(|| (k.clone(), v.clone()));
