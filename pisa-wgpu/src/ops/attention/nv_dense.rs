@@ -106,12 +106,8 @@ pub(crate) fn record(
         q_pos0: (s.k_len - s.q_len) as u32,
         causal: causal as u32,
         scale,
-        tiles: u32::try_from(tiles).map_err(|_| crate::error::GpuError::Limit {
-            what: "dense attention workgroups".into(),
-            needed: tiles,
-            limit: u32::MAX as u64,
-            hint: "split the call by heads",
-        })?,
+        // The same error as the WGSL kernels' (`Launch`) for a grid past u32.
+        tiles: super::u32_of("attention workgroups", tiles as usize)?,
         pad: [0; 3],
     };
     let u = ctx.uniform("dense params", &params)?;
