@@ -447,6 +447,55 @@ fn varlen_prefill_equals_each_sequence_alone() {
             }
         }
     }
+
+    // In place only (VarlenPrefillPlan::new_in_place): the same rows at byte 0, where every
+    // sequence's view starts on a binding boundary (a token row of Hkv * D * 4 = 256 bytes,
+    // of Hq * D * 4 = 768), give the same outputs bit for bit; the views at byte 52 are refused
+    // with a typed error, and so is `prepare`.
+    let only = pisa_wgpu::VarlenPrefillPlan::new_in_place(ctx, hq, hkv, d, &opts).unwrap();
+    let e = only.prepare(&[97]).unwrap_err();
+    assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let e = only
+        .run(&mut enc, &cu, &qv, &kv, &vv, &outs, None)
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.contains("in place")),
+        "{e}"
+    );
+    let at0 = |data: &[f32], h: usize| {
+        let b = buffer_with(ctx, 0, data);
+        TensorView::contiguous(&b, 0, DType::F32, [1, h, total, d], TensorLayout::Bnhd).unwrap()
+    };
+    let (q0, k0, v0) = (at0(&q, hq), at0(&k, hkv), at0(&v, hkv));
+    let (ob2, lb2) = (
+        buffer_with(ctx, PAD, &vec![nan; total * hq * d]),
+        buffer_with(ctx, PAD, &vec![nan; total * hq]),
+    );
+    let ov2 =
+        TensorView::contiguous(&ob2, p, DType::F32, [1, hq, total, d], TensorLayout::Bnhd).unwrap();
+    let lv2 = TensorView::new(&lb2, p, DType::F32, [1, hq, total, 1], [0, 1, hq, 1]).unwrap();
+    let outs2 = PrefillOutputs {
+        out: &ov2,
+        lse: &lv2,
+        selection: None,
+    };
+    only.run(&mut enc, &cu, &q0, &k0, &v0, &outs2, None)
+        .unwrap();
+    ctx.scoped("test submit", || {
+        ctx.queue().submit([enc.finish()]);
+        Ok(())
+    })
+    .unwrap();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert!(
+        bits(read_f32(ctx, &ob2, PAD, total * hq * d)) == bits(o),
+        "in-place varlen O differs"
+    );
+    assert!(
+        bits(read_f32(ctx, &lb2, PAD, total * hq)) == bits(l),
+        "in-place varlen LSE differs"
+    );
 }
 
 /// `Context::set_tuning`: a knob out of range and other shader checks than the context's are

@@ -596,12 +596,16 @@ fn write_out(
 /// dimension, sequence `i` being tokens `cu_seqlens[i] .. cu_seqlens[i + 1]` of the views, each
 /// attending causally to itself only. One [`PrefillPlan`] per distinct sequence length, made on
 /// first use (or ahead with [`VarlenPrefillPlan::prepare`]) and kept; a run records every
-/// sequence's plan over its token range of the caller's views ([`TensorView::tokens`]).
+/// sequence's plan over its token range of the caller's views ([`TensorView::tokens`]). Made
+/// with [`VarlenPrefillPlan::new_in_place`], its plans hold no staging
+/// ([`PrefillPlan::new_in_place`]).
 #[derive(Debug)]
 pub struct VarlenPrefillPlan {
     ctx: Context,
     heads: (usize, usize, usize),
     opts: PrefillOptions,
+    /// Plans read their inputs in place only (made at their first run, from its views).
+    in_place: bool,
     plans: std::sync::Mutex<std::collections::BTreeMap<usize, std::sync::Arc<PrefillPlan>>>,
 }
 
@@ -621,21 +625,52 @@ impl VarlenPrefillPlan {
             ctx: ctx.clone(),
             heads: (q_heads, kv_heads, head_dim),
             opts: *opts,
+            in_place: false,
             plans: Default::default(),
+        })
+    }
+
+    /// [`Self::new`] for views read in place only: each sequence length's plan is a
+    /// [`PrefillPlan::new_in_place`] (no staging of Q, K and V), made at the first run that
+    /// meets that length, from that run's views of the sequence; a run whose views the kernels
+    /// cannot read in place is a [`GpuError::View`]. [`Self::prepare`] is refused (a plan needs
+    /// views to be made). Errors: as [`Self::new`].
+    pub fn new_in_place(
+        ctx: &Context,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        opts: &PrefillOptions,
+    ) -> Result<Self> {
+        Ok(Self {
+            in_place: true,
+            ..Self::new(ctx, q_heads, kv_heads, head_dim, opts)?
         })
     }
 
     /// Makes the plans of these sequence lengths now (a run with a length not planned yet makes
     /// its plan then: allocation and pipeline builds on that run). Errors: as
-    /// [`PrefillPlan::new`].
+    /// [`PrefillPlan::new`]; [`GpuError::Unsupported`] for a plan made by
+    /// [`Self::new_in_place`].
     pub fn prepare(&self, lengths: &[usize]) -> Result<()> {
+        if self.in_place {
+            return Err(GpuError::Unsupported(
+                "VarlenPrefillPlan::prepare on a plan made by new_in_place: its plans are made at their first run, from the run's views".into(),
+            ));
+        }
         for &n in lengths {
-            self.plan(n)?;
+            self.plan(n, None)?;
         }
         Ok(())
     }
 
-    fn plan(&self, n: usize) -> Result<std::sync::Arc<PrefillPlan>> {
+    /// The plan of sequence length `n`, made if missing (in place from `views`, for a plan made
+    /// by [`Self::new_in_place`]).
+    fn plan(
+        &self,
+        n: usize,
+        views: Option<[&TensorView; 3]>,
+    ) -> Result<std::sync::Arc<PrefillPlan>> {
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         // A plan made before the context's kernel switches changed is made again.
         if let Some(p) = plans.get(&n).filter(|p| p.current()) {
@@ -643,7 +678,18 @@ impl VarlenPrefillPlan {
         }
         let (hq, hkv, d) = self.heads;
         let shape = AttentionShape::prefill(1, hq, hkv, n, d)?;
-        let p = std::sync::Arc::new(PrefillPlan::new(&self.ctx, &shape, &self.opts)?);
+        let p = match (self.in_place, views) {
+            (true, Some([q, k, v])) => {
+                PrefillPlan::new_in_place(&self.ctx, &shape, &self.opts, q, k, v)?
+            }
+            (true, None) => {
+                return Err(GpuError::Unsupported(
+                    "an in-place varlen plan is made from a run's views".into(),
+                ))
+            }
+            (false, _) => PrefillPlan::new(&self.ctx, &shape, &self.opts)?,
+        };
+        let p = std::sync::Arc::new(p);
         plans.insert(n, p.clone());
         Ok(p)
     }
@@ -655,7 +701,8 @@ impl VarlenPrefillPlan {
     /// increasing. Errors: [`GpuError::View`] for views whose token count is not T or whose
     /// other dimensions do not match, [`pisa_core::PisaError`] input errors for `cu_seqlens`
     /// (fewer than 2 entries, not starting at 0, not increasing), and those of
-    /// [`PrefillPlan::run`].
+    /// [`PrefillPlan::run`] (and, for a plan made by [`Self::new_in_place`], of
+    /// [`PrefillPlan::new_in_place`] when a sequence's plan is made).
     #[allow(clippy::too_many_arguments)] // flash_attn_varlen_func's arguments, plus the encoder
     pub fn run(
         &self,
@@ -687,7 +734,8 @@ impl VarlenPrefillPlan {
         check_shape("lse", outputs.lse, [1, hq, total, 1])?;
         for w in cu_seqlens.windows(2) {
             let (t0, n) = (w[0], w[1] - w[0]);
-            let plan = self.plan(n)?;
+            let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
+            let plan = self.plan(n, Some([&qs, &ks, &vs]))?;
             let sel = outputs.selection.map(|s| s.tokens(t0, n)).transpose()?;
             let (o, l) = (outputs.out.tokens(t0, n)?, outputs.lse.tokens(t0, n)?);
             let outs = PrefillOutputs {
@@ -695,7 +743,6 @@ impl VarlenPrefillPlan {
                 lse: &l,
                 selection: sel.as_ref(),
             };
-            let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
             plan.run(enc, &qs, &ks, &vs, &outs, prof.as_deref_mut())?;
         }
         Ok(())
