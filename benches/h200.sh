@@ -4,6 +4,10 @@
 #   MODE=check  : pisa info + GPU correctness tests (.bin/tests.tar.xz: release test binaries)
 #   MODE=bench  : pisa bench (+ PyTorch peers when PEERS=1)
 #   MODE=all    : both (default)
+#   MODE=ab     : .bin/pisa-base (a build of an earlier commit) and .bin/pisa interleaved,
+#                 AB_ROUNDS times (3), each `pisa bench ${AB_ARGS}` (default: prefill 256K and
+#                 decode at 1M, f16), into $OUT/ab-<base|head>-<round>.{txt,json}: the same
+#                 GPU state for both builds, for before/after comparisons
 # With MODE=bench or all, pisa bench dumps its pipelines' WGSL (PISA_DUMP_WGSL) and, when
 # .bin/test-shader_stats is there, the driver's registers / local / shared memory of each go
 # to $OUT/shader-stats.txt (tests/shader_stats.rs).
@@ -21,6 +25,15 @@ if [ "$MODE" = check ] || [ "$MODE" = all ]; then
   for t in .bin/test-*; do
     echo "== $t"; timeout 120 "$t" --test-threads 4 2>&1 | grep -v "^test .* ok$" | tail -25
   done | tee "$OUT/check.txt"
+fi
+if [ "$MODE" = ab ]; then
+  AB_ARGS=${AB_ARGS:---storages f16 --sizes 256k --dense-max 1k --backward-max 0 --decode-sizes 1m --reps 3 --budget-s 2}
+  for i in $(seq "${AB_ROUNDS:-3}"); do
+    for b in base head; do
+      bin=.bin/pisa; [ "$b" = base ] && bin=.bin/pisa-base
+      timeout 200 "$bin" bench $AB_ARGS --json "$OUT/ab-$b-$i.json" > "$OUT/ab-$b-$i.txt" 2>&1
+    done
+  done
 fi
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   PISA_DUMP_WGSL=/tmp/pisa-wgsl ./.bin/pisa bench ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
