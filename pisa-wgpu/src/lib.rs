@@ -14,6 +14,10 @@
 //! - [`PrefillPlan`]: plan a prefill once per shape ([`PrefillOptions`]), then
 //!   [`PrefillPlan::run`] into the application's encoder over its views ([`PrefillOutputs`]).
 //!   A varlen batch (`cu_seqlens`, as `flash_attn_varlen_func`) is a [`VarlenPrefillPlan`].
+//!   Views the kernels can read in place (a packed QKV projection at aligned offsets) need no
+//!   staging: [`PrefillPlan::new_in_place`] plans for them alone.
+//! - [`Storage`]: the element type the kernels read, f32, f16 (the tensor-core paths) or bf16
+//!   (16-bit words widened in the kernels, O written in f32), for prefill and the decode cache.
 //! - [`KvCache`]: the decode cache; [`KvCache::record_append_view`] and
 //!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no allocation,
 //!   host write or wait; several recorded pairs are a multi-token append.
