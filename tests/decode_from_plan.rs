@@ -11,8 +11,8 @@ mod common;
 use common::*;
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::{
-    wgpu, Context, DType, GpuError, KvCache, PrefillOptions, PrefillOutputs, PrefillPlan,
-    StepOutputs, Storage, TensorView,
+    wgpu, Context, DType, GpuError, KvCache, PlanViews, PrefillOptions, PrefillOutputs,
+    PrefillPlan, StepOutputs, Storage, TensorView,
 };
 
 fn buffer(ctx: &Context, data: &[f32]) -> wgpu::Buffer {
@@ -134,7 +134,13 @@ fn take_over(pad: usize, st: Storage) {
     };
     plan.run(&mut enc, &qv, &kv, &vv, &outs, None).unwrap();
     let only = from_only.as_ref().map(|_| {
-        let p = PrefillPlan::new_in_place(ctx, &shape, &opts, &qv, &kv, &vv).unwrap();
+        let views = PlanViews {
+            q: &qv,
+            k: &kv,
+            v: &vv,
+            out: None,
+        };
+        let p = PrefillPlan::new_in_place(ctx, &shape, &opts, &views).unwrap();
         p.run(&mut enc, &qv, &kv, &vv, &outs, None).unwrap();
         p
     });

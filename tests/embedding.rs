@@ -15,7 +15,7 @@ use common::{check_selection_ties, random, rel_err, rng, seed};
 use pisa_core::reference::{select_pisa, sparse_attention, DecodeState};
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
-use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutputs, PrefillPlan};
+use pisa_wgpu::ops::prefill::{PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan};
 use pisa_wgpu::{wgpu, Context, DType, GpuError, Storage, TensorView};
 
 const TIE: f64 = 1e-3;
@@ -240,8 +240,16 @@ fn app_owned_device_varlen_prefill_and_decode() {
         );
         // Rows of ROW * 4 = 1280 bytes (a multiple of 256) after PAD = 256 bytes: every view
         // starts on a binding boundary of any device (the limit is at most 256), so the kernels
-        // read the packed buffer in place, without a gather, and the plan needs no staging.
-        let plan = PrefillPlan::new_in_place(&app.ctx, &shape, &opts, &q, &k, &v).unwrap();
+        // read the packed buffer in place, without a gather, and the plan needs no staging. O
+        // rows of Hq * D * 4 = 768 bytes from byte 0 of their own buffer: written in place too.
+        let out = o_all.tokens(cu[i], LENS[i]).unwrap();
+        let views = PlanViews {
+            q: &q,
+            k: &k,
+            v: &v,
+            out: Some(&out),
+        };
+        let plan = PrefillPlan::new_in_place(&app.ctx, &shape, &opts, &views).unwrap();
         let sel = TensorView::contiguous(
             &sel_buf,
             (cu[i] * HKV * kk * 4) as u64,
@@ -251,7 +259,7 @@ fn app_owned_device_varlen_prefill_and_decode() {
         )
         .unwrap();
         let outs = PrefillOutputs {
-            out: &o_all.tokens(cu[i], LENS[i]).unwrap(),
+            out: &out,
             lse: &lse_all.tokens(cu[i], LENS[i]).unwrap(),
             selection: Some(&sel),
         };

@@ -10,7 +10,9 @@ mod common;
 use common::*;
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::attention::{by_leaf::leaf_major_path, QkvLayouts};
-use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions, PrefillOutputs, PrefillPlan};
+use pisa_wgpu::ops::prefill::{
+    prefill_host, PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan,
+};
 use pisa_wgpu::runtime::view::KernelLayout;
 use pisa_wgpu::{wgpu, Context, DType, GpuError, LeafOrder, Storage, TensorView};
 
@@ -317,6 +319,31 @@ fn read_async_returns_a_views_bytes_without_blocking_the_caller() {
     let strided = TensorView::new(&buf, 256, DType::F32, [1, 5, 7, 4], [280, 56, 8, 2]).unwrap();
     let e = pollster::block_on(ctx.read_async(&strided)).unwrap_err();
     assert!(matches!(e, GpuError::View(_)), "{e}");
+    // A buffer without COPY_SRC usage cannot be read: a typed error, not zeros.
+    let storage_only = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 256,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let e = ctx.read_bytes(&storage_only).unwrap_err();
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.contains("COPY_SRC")),
+        "{e}"
+    );
+    let v = TensorView::contiguous(
+        &storage_only,
+        0,
+        DType::F32,
+        [1, 1, 4, 16],
+        TensorLayout::Bhnd,
+    )
+    .unwrap();
+    let e = pollster::block_on(ctx.read_async(&v)).unwrap_err();
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.contains("COPY_SRC")),
+        "{e}"
+    );
 }
 
 #[test]
@@ -593,7 +620,9 @@ fn storage_buffer(ctx: &Context, pad: usize, data: &[f32], st: Storage) -> wgpu:
     let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
         label: Some("app"),
         size: bytes.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     });
     ctx.queue().write_buffer(&buf, 0, &bytes);
@@ -644,6 +673,46 @@ fn unaligned(ctx: &Context, c: PackedCase, x: [&[f32]; 3]) -> [TensorView; 3] {
     [mk(x[0], hq), mk(x[1], hkv), mk(x[2], hkv)]
 }
 
+/// A buffer holding O of `s` as BNHD `[B, N, Hq, D]` of storage `st`'s output dtype at byte 256
+/// (poisoned), and its `[B, Hq, N, D]` view: an O the kernels can write in place.
+fn out_in_place(ctx: &Context, s: &AttentionShape, st: Storage) -> (wgpu::Buffer, TensorView) {
+    let (b, hq, n, d) = (s.batch, s.q_heads, s.q_len, s.head_dim);
+    let buf = storage_buffer(ctx, 256, &vec![f32::NAN; s.q_elems()], st.output());
+    let strides = [n * hq * d, d, hq * d, 1];
+    let dt = DType::from(st.output());
+    let view = TensorView::new(&buf, 256, dt, [b, hq, n, d], strides).unwrap();
+    (buf, view)
+}
+
+/// O written by [`out_in_place`]'s view, as BHND f32 (widened exactly from f16).
+fn read_bnhd_as_bhnd(
+    ctx: &Context,
+    buf: &wgpu::Buffer,
+    s: &AttentionShape,
+    st: Storage,
+) -> Vec<f32> {
+    let (b, hq, n, d) = (s.batch, s.q_heads, s.q_len, s.head_dim);
+    let bytes = ctx.read_bytes(buf).unwrap();
+    let e = st.output().bytes() as usize;
+    let raw = &bytes[256..256 + s.q_elems() * e];
+    let x: Vec<f32> = match st.output() {
+        Storage::F16 => (bytemuck::cast_slice::<u8, u16>(raw).iter())
+            .map(|&h| half::f16::from_bits(h).to_f32())
+            .collect(),
+        _ => bytemuck::cast_slice::<u8, f32>(raw).to_vec(),
+    };
+    let mut out = Vec::with_capacity(x.len());
+    for bi in 0..b {
+        for h in 0..hq {
+            for t in 0..n {
+                let at = ((bi * n + t) * hq + h) * d;
+                out.extend_from_slice(&x[at..at + d]);
+            }
+        }
+    }
+    out
+}
+
 /// Contiguous f32 O and LSE views of `s` in new buffers (for runs expected to fail).
 fn outputs_for(ctx: &Context, s: &AttentionShape) -> (TensorView, TensorView) {
     let (b, hq, n, d) = (s.batch, s.q_heads, s.q_len, s.head_dim);
@@ -663,6 +732,32 @@ fn run_plan(
     top_k: usize,
     qkv: &[TensorView; 3],
 ) -> (Vec<f32>, Vec<f32>, Vec<i32>) {
+    run_plan_out(ctx, plan, s, top_k, qkv, None)
+}
+
+/// [`run_plan`] for a plan that writes O in place, into `out` ([`out_in_place`]'s buffer and
+/// view, `st` the plan's storage): O read back from there, as BHND f32.
+fn run_plan_into(
+    ctx: &Context,
+    plan: &PrefillPlan,
+    s: &AttentionShape,
+    top_k: usize,
+    qkv: &[TensorView; 3],
+    (buf, view): (&wgpu::Buffer, &TensorView),
+    st: Storage,
+) -> (Vec<f32>, Vec<f32>, Vec<i32>) {
+    let (_, lse, sel) = run_plan_out(ctx, plan, s, top_k, qkv, Some(view));
+    (read_bnhd_as_bhnd(ctx, buf, s, st), lse, sel)
+}
+
+fn run_plan_out(
+    ctx: &Context,
+    plan: &PrefillPlan,
+    s: &AttentionShape,
+    top_k: usize,
+    qkv: &[TensorView; 3],
+    o_view: Option<&TensorView>,
+) -> (Vec<f32>, Vec<f32>, Vec<i32>) {
     let (b, hq, hkv, n, d) = (s.batch, s.q_heads, s.kv_heads, s.q_len, s.head_dim);
     let poisoned = |elems: usize| buffer_with(ctx, 0, &vec![f32::NAN; elems]);
     let (o, lse, sel) = (
@@ -670,12 +765,14 @@ fn run_plan(
         poisoned(s.lse_elems()),
         poisoned(b * hkv * n * top_k),
     );
-    let ov = TensorView::contiguous(&o, 0, DType::F32, [b, hq, n, d], TensorLayout::Bhnd).unwrap();
+    let own = TensorView::contiguous(&o, 0, DType::F32, [b, hq, n, d], TensorLayout::Bhnd);
+    let own = own.unwrap();
+    let ov = o_view.unwrap_or(&own);
     let lv = TensorView::contiguous(&lse, 0, DType::F32, [b, hq, n, 1], TensorLayout::Bhnd);
     let sv = TensorView::contiguous(&sel, 0, DType::I32, [b, hkv, n, top_k], TensorLayout::Bhnd);
     let (lv, sv) = (lv.unwrap(), sv.unwrap());
     let po = PrefillOutputs {
-        out: &ov,
+        out: ov,
         lse: &lv,
         selection: Some(&sv),
     };
@@ -791,10 +888,22 @@ fn packed_qkv_is_read_in_place() {
             // A plan without staging (in place only) on the same views; it refuses views that
             // would need a gather, at planning and at run time, with a typed error.
             let [dq, dk, dv] = &direct;
-            let only = PrefillPlan::new_in_place(ctx, &s, &opts, dq, dk, dv).unwrap();
+            let views = |q, k, v, out| PlanViews { q, k, v, out };
+            let only = PrefillPlan::new_in_place(ctx, &s, &opts, &views(dq, dk, dv, None)).unwrap();
             let only_got = run_plan(ctx, &only, &s, kk, &direct);
+            // And writing O in place too: a BNHD O in a buffer of its own, of the output dtype.
+            let (o_in_place, o_view) = out_in_place(ctx, &s, st);
+            let with_o = views(dq, dk, dv, Some(&o_view));
+            let only_o = PrefillPlan::new_in_place(ctx, &s, &opts, &with_o).unwrap();
+            let only_o_got =
+                run_plan_into(ctx, &only_o, &s, kk, &direct, (&o_in_place, &o_view), st);
+            // O in the buffer of the inputs, or of the wrong dtype, is refused.
+            let e = PrefillPlan::new_in_place(ctx, &s, &opts, &views(dq, dk, dv, Some(dq)))
+                .unwrap_err();
+            assert!(matches!(e, GpuError::View(_)), "{e}");
             let [gq, gk, gv] = &gathered;
-            let e = PrefillPlan::new_in_place(ctx, &s, &opts, gq, dk, dv).unwrap_err();
+            let e =
+                PrefillPlan::new_in_place(ctx, &s, &opts, &views(gq, dk, dv, None)).unwrap_err();
             assert!(
                 matches!(e, GpuError::View(ref m) if m.contains("in place")),
                 "{e}"
@@ -825,6 +934,7 @@ fn packed_qkv_is_read_in_place() {
             for (run, out) in [
                 ("in place", &got),
                 ("in place, no staging", &only_got),
+                ("in place, no staging, O in place", &only_o_got),
                 (mixed[0].0, &mixed[0].1),
                 (mixed[1].0, &mixed[1].1),
             ] {

@@ -11,7 +11,7 @@
 use pisa_core::reference::{select_pisa, sparse_attention, DecodeState};
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout::Bhnd};
 use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
-use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutputs, PrefillPlan};
+use pisa_wgpu::ops::prefill::{PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan};
 use pisa_wgpu::{wgpu, Context, DType::F32, Storage, TensorView};
 
 const HQ: usize = 6;
@@ -130,8 +130,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Rows of 1280 bytes after 256: every view starts on a binding boundary, so the kernels
         // read Q, K and V straight from the packed buffer (no gather), and the plan needs no
         // staging of its own (`PrefillPlan::new` keeps one, for views that must be gathered).
+        // O rows of 768 bytes from byte 0 of their own buffer: written in place as well.
         let shape = AttentionShape::prefill(1, HQ, HKV, n, D)?;
-        let plan = PrefillPlan::new_in_place(&ctx, &shape, &opts, &qkv[0], &qkv[1], &qkv[2])?;
+        let views = PlanViews {
+            q: &qkv[0],
+            k: &qkv[1],
+            v: &qkv[2],
+            out: Some(&out),
+        };
+        let plan = PrefillPlan::new_in_place(&ctx, &shape, &opts, &views)?;
         plan.run(&mut enc, &qkv[0], &qkv[1], &qkv[2], &outs, None)?;
         let direct = qkv.iter().map(|v| plan.reads_in_place(v));
         println!(

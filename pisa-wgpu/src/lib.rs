@@ -82,7 +82,8 @@ pub mod runtime;
 pub use error::{GpuError, Result};
 pub use ops::decode::{DecodeOutput, KvCache, StepOutputs};
 pub use ops::prefill::{
-    prefill_host, PrefillOptions, PrefillOutput, PrefillOutputs, PrefillPlan, VarlenPrefillPlan,
+    prefill_host, PlanViews, PrefillOptions, PrefillOutput, PrefillOutputs, PrefillPlan,
+    VarlenPrefillPlan,
 };
 pub use runtime::adapter::{instance, list_adapters_async};
 #[doc(hidden)]

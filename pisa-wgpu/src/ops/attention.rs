@@ -214,6 +214,16 @@ pub(crate) fn validate(
     Ok(())
 }
 
+/// Where sparse attention writes O instead of a new tensor of its own: a caller's tensor (a
+/// range of its buffer) at `layout`'s element strides (D contiguous; strides multiples of 8,
+/// as a view read in place: `PrefillPlan::new_in_place`), of Q's [`crate::Storage::output`].
+pub(crate) struct OutTarget {
+    /// The tensor O is written into.
+    pub o: GpuTensor,
+    /// O's strides.
+    pub layout: KernelLayout,
+}
+
 /// Element strides (batch, head, token) of a `[B, heads, tokens, d]` tensor in layout `l`, as
 /// the kernels' parameters hold them (callers have checked the element counts fit u32).
 pub(crate) fn element_strides(
@@ -296,8 +306,56 @@ pub fn record_attention(
     tiling: Option<Tiling>,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
+    record_attention_to(
+        ctx,
+        enc,
+        [q, k, v],
+        shape,
+        layouts,
+        kind,
+        tiling,
+        None,
+        prof,
+    )
+}
+
+/// [`record_attention`] writing O into `out` when given (sparse attention only: a dense call
+/// with a target is [`GpuError::Unsupported`]); the returned O is then `out.o`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_attention_to(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    [q, k, v]: [&GpuTensor; 3],
+    shape: &AttentionShape,
+    layouts: QkvLayouts,
+    kind: &AttentionKind<'_>,
+    tiling: Option<Tiling>,
+    out: Option<&OutTarget>,
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
     validate(shape, q, k, v, layouts, kind)?;
+    if let Some(t) = out {
+        let (b, hq, d) = (shape.batch, shape.q_heads, shape.head_dim);
+        if matches!(kind, AttentionKind::Dense { .. }) {
+            return Err(GpuError::Unsupported(
+                "dense attention into a caller's O (sparse attention only)".into(),
+            ));
+        }
+        if t.o.storage != q.storage.output() {
+            return Err(GpuError::Unsupported(format!(
+                "O of {:?} for inputs of {:?} (O is {:?})",
+                t.o.storage,
+                q.storage,
+                q.storage.output()
+            )));
+        }
+        check_strided("o", t.layout)?;
+        check_len("o", &t.o, t.layout.span(b, hq, shape.q_len, d))?;
+    }
     match kernel::plan(ctx, shape, q.storage, layouts, kind, tiling) {
+        Plan::SplitK { .. } | Plan::NvDense { .. } if out.is_some() => Err(GpuError::Unsupported(
+            "dense attention into a caller's O (sparse attention only)".into(),
+        )),
         Plan::SplitK {
             plan,
             causal,
@@ -311,9 +369,11 @@ pub fn record_attention(
             selection,
             cfg,
         } => by_leaf::record(
-            ctx, enc, q, k, v, selection, shape, layouts, cfg, &plan, prof,
+            ctx, enc, q, k, v, selection, shape, layouts, cfg, &plan, out, prof,
         ),
-        Plan::CoopTile(cv) => coop::record(ctx, enc, q, k, v, shape, layouts, kind, &cv, prof),
+        Plan::CoopTile(cv) => {
+            coop::record(ctx, enc, [q, k, v], shape, layouts, kind, &cv, out, prof)
+        }
         Plan::NvDense {
             kernel,
             causal,
@@ -328,7 +388,9 @@ pub fn record_attention(
             kernel,
             prof,
         ),
-        Plan::PortableTile => record_tiles(ctx, enc, q, k, v, shape, layouts, kind, tiling, prof),
+        Plan::PortableTile => {
+            record_tiles(ctx, enc, [q, k, v], shape, layouts, kind, tiling, out, prof)
+        }
     }
 }
 
@@ -338,13 +400,12 @@ pub fn record_attention(
 fn record_tiles(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
-    q: &GpuTensor,
-    k: &GpuTensor,
-    v: &GpuTensor,
+    [q, k, v]: [&GpuTensor; 3],
     shape: &AttentionShape,
     layouts: QkvLayouts,
     kind: &AttentionKind<'_>,
     tiling: Option<Tiling>,
+    out: Option<&OutTarget>,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
     let s = shape;
@@ -359,7 +420,7 @@ fn record_tiles(
     };
     let want = tiling.unwrap_or_else(|| Tiling::default_for(g, sparse_c));
     let (_, var) = want.fit(ctx, s.head_dim, g, top_k)?;
-    let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt))?;
+    let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt), out)?;
     let pipe = ctx.pipelines.get(
         &ctx.device,
         &SHADER,

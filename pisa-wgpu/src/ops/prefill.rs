@@ -48,11 +48,11 @@
 mod chunks;
 mod plan;
 
-pub use self::plan::{PrefillOutputs, PrefillPlan, VarlenPrefillPlan};
+pub use self::plan::{PlanViews, PrefillOutputs, PrefillPlan, VarlenPrefillPlan};
 
 use pisa_core::{AttentionShape, PisaError, PyramidLayout, Scoring, SelectionConfig, TensorLayout};
 
-use super::attention::{record_sparse_attention, QkvLayouts};
+use super::attention::{record_attention_to, AttentionKind, OutTarget, QkvLayouts};
 use super::pyramid::{self, KeyGeometry};
 use super::select::{select, Layouts, Method};
 use crate::error::Result;
@@ -128,13 +128,13 @@ pub fn record_prefill(
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
     let layouts = QkvLayouts::from(opts.layout);
-    record_prefill_parts(ctx, enc, [q, k, v], layouts, shape, opts, prof)
+    record_prefill_parts(ctx, enc, [q, k, v], layouts, shape, opts, None, prof)
         .map(|(o, lse, sel, _)| (o, lse, sel))
 }
 
 /// [`record_prefill`] with Q, K, V in `layouts` (strided when a plan reads a caller's views in
-/// place; O in `layouts.o`), also returning the key pyramid it built (layout of
-/// `shape.k_len`), for a decode cache to take over
+/// place; O in `layouts.o`, or written into `out`), also returning the key pyramid it built
+/// (layout of `shape.k_len`), for a decode cache to take over
 /// ([`crate::ops::decode::KvCache::record_prefill_from_plan`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record_prefill_parts(
@@ -144,6 +144,7 @@ pub(crate) fn record_prefill_parts(
     layouts: QkvLayouts,
     shape: &AttentionShape,
     opts: &PrefillOptions,
+    out: Option<&OutTarget>,
     mut prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor, GpuTensor, pyramid::GpuPyramid)> {
     let lay = PyramidLayout::new(shape.k_len, opts.cfg.block_size, opts.cfg.merge_factor)?;
@@ -174,8 +175,12 @@ pub(crate) fn record_prefill_parts(
         enc,
         prof.as_deref_mut(),
     )?;
+    let kind = AttentionKind::Sparse {
+        selection: &sel,
+        cfg: &opts.cfg,
+    };
     let (o, lse) =
-        record_sparse_attention(ctx, enc, q, k, v, &sel, shape, layouts, &opts.cfg, prof)?;
+        record_attention_to(ctx, enc, [q, k, v], shape, layouts, &kind, None, out, prof)?;
     Ok((o, lse, sel, pyr))
 }
 

@@ -23,11 +23,13 @@ impl Context {
     }
 
     /// Copies a buffer into a mappable one and returns its bytes (wgpu's `DownloadBuffer`,
-    /// then a wait). Errors: [`GpuError::DeviceLost`] (before or during the read),
-    /// [`GpuError::Poll`]; [`GpuError::Unsupported`] on wasm32 (it blocks: use
-    /// [`Context::read_async`]).
+    /// then a wait). Errors: [`GpuError::View`] for a buffer without `COPY_SRC` usage (the
+    /// copy would fail validation outside any error scope and the read return zeros);
+    /// [`GpuError::DeviceLost`] (before or during the read), [`GpuError::Poll`];
+    /// [`GpuError::Unsupported`] on wasm32 (it blocks: use [`Context::read_async`]).
     pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
         self.check_alive()?;
+        check_copy_src(buffer)?;
         let (tx, rx) = std::sync::mpsc::channel();
         wgpu::util::DownloadBuffer::read_buffer(
             &self.device,
@@ -84,8 +86,8 @@ impl Context {
     /// mapping is done. In the browser the mapping completes by itself; on native backends the
     /// application polls the device (`ctx.device().poll(..)`, as it does for any wgpu mapping)
     /// or uses the blocking [`Context::read_bytes`]. Errors: [`GpuError::View`] for a view that
-    /// is not contiguous (BHND or BNHD) or not 4-byte aligned; [`GpuError::Poll`] when the
-    /// mapping fails (device lost included).
+    /// is not contiguous (BHND or BNHD), not 4-byte aligned or in a buffer without `COPY_SRC`
+    /// usage; [`GpuError::Poll`] when the mapping fails (device lost included).
     pub async fn read_async(&self, view: &crate::TensorView) -> Result<Vec<u8>> {
         let bytes = view.elems() as u64 * view.dtype().bytes();
         if !view.is_contiguous() || !view.offset().is_multiple_of(4) || !bytes.is_multiple_of(4) {
@@ -96,6 +98,7 @@ impl Context {
                 view.strides()
             )));
         }
+        check_copy_src(view.buffer())?;
         let slot: Slot = Default::default();
         let s2 = slot.clone();
         let range = view.offset()..view.offset() + bytes;
@@ -116,6 +119,17 @@ impl Context {
             .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?;
         Ok(data)
     }
+}
+
+/// A read copies out of `buffer`: it needs `COPY_SRC` usage.
+fn check_copy_src(buffer: &wgpu::Buffer) -> Result<()> {
+    if !buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+        return Err(GpuError::View(format!(
+            "reading back a buffer without COPY_SRC usage (its usage: {:?}); create it with wgpu::BufferUsages::COPY_SRC",
+            buffer.usage()
+        )));
+    }
+    Ok(())
 }
 
 /// The first `n` elements of `bytes` (elements of `storage`) as f32 (widened exactly).

@@ -183,11 +183,18 @@ pub(crate) fn record(
     layouts: QkvLayouts,
     cfg: &SelectionConfig,
     la: &LeafAttention,
+    out: Option<&super::OutTarget>,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
     let (g, d, kk) = (s.gqa_group() as u32, s.head_dim as u32, cfg.top_k as u32);
     let nb0 = s.k_len.div_ceil(cfg.block_size);
-    let o = ctx.alloc("attention O", s.q_elems(), q.storage.output(), POISON_F32)?;
+    let (o, o_layout) = match out {
+        Some(t) => (t.o.alias(), t.layout),
+        None => (
+            ctx.alloc("attention O", s.q_elems(), q.storage.output(), POISON_F32)?,
+            layouts.o.into(),
+        ),
+    };
     let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
     let qs = element_strides(layouts.q, s.q_heads, s.q_len, s.head_dim);
     let ks = element_strides(layouts.k, s.kv_heads, s.k_len, s.head_dim);
@@ -195,7 +202,7 @@ pub(crate) fn record(
     [params.q_sb, params.q_sh, params.q_sn] = qs;
     [params.k_sb, params.k_sh, params.k_sn] = ks;
     [params.o_sb, params.o_sh, params.o_sn] =
-        element_strides(layouts.o, s.q_heads, s.q_len, s.head_dim);
+        element_strides(o_layout, s.q_heads, s.q_len, s.head_dim);
     params.q_heads = s.q_heads as u32;
     params.kv_heads = s.kv_heads as u32;
     params.q_len = s.q_len as u32;
@@ -303,18 +310,11 @@ pub(crate) fn record(
             let rest2 = [(12, op), (13, ml), (14, sp)];
             let binds: Vec<(u32, Bind<'_>)> = [whole(&rest), whole(&rest2), b.to_vec()].concat();
             add(&attend, &binds, n_chunks)?;
-            let b = [
-                (0, &u_params),
-                (5, &o.buffer),
-                (10, &u_q),
-                (12, op),
-                (13, ml),
-            ];
-            add(
-                &merge,
-                &whole(&[&b[..], &[(14, sp), (15, &lse.buffer)]].concat()),
-                nq as u64,
-            )?;
+            let b = [(0, &u_params), (10, &u_q), (12, op), (13, ml)];
+            let rest = [(14, sp), (15, &lse.buffer)];
+            // O bound as its range (a caller's tensor, or the whole of its own).
+            let binds = [whole(&b), whole(&rest), vec![(5, (&o).into())]].concat();
+            add(&merge, &binds, nq as u64)?;
         }
     }
     ctx.record_pass(enc, "attention", &steps, prof);

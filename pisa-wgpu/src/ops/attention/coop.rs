@@ -235,7 +235,7 @@ pub fn record_coop(
             "cooperative-matrix variant {var:?} for {shape:?} on this context"
         )));
     }
-    record(ctx, enc, q, k, v, shape, layouts, kind, var, prof)
+    record(ctx, enc, [q, k, v], shape, layouts, kind, var, None, prof)
 }
 
 /// Records the cooperative-matrix kernel of variant `var` (from [`plan`]); inputs validated by
@@ -245,16 +245,15 @@ pub fn record_coop(
 pub(crate) fn record(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
-    q: &GpuTensor,
-    k: &GpuTensor,
-    v: &GpuTensor,
+    [q, k, v]: [&GpuTensor; 3],
     s: &AttentionShape,
     layouts: QkvLayouts,
     kind: &AttentionKind<'_>,
     var: &CoopVariant,
+    out: Option<&super::OutTarget>,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
-    let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt))?;
+    let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt), out)?;
     let pipe = ctx.pipelines.get(
         &ctx.device,
         &SHADER,

@@ -34,7 +34,7 @@ struct Params {
     causal: u32,
     wg_count: u32,
     scale_log2: f32,
-    /// O's strides in vec4 units (O is allocated contiguous in `layouts.o`; Q may be strided).
+    /// O's strides in vec4 units (O contiguous in `layouts.o`, or a caller's at its strides).
     o_s: [u32; 3],
     pad: [u32; 2],
 }
@@ -58,8 +58,9 @@ pub(crate) struct Launch {
 }
 
 impl Launch {
-    /// Allocates the outputs and builds the parameters for a kernel cut into workgroups of `gh`
-    /// query heads x `qt` queries; `dense_kt`, the key tile, is the dense kernel's block size.
+    /// Allocates the outputs (O only when `out` is `None`: else O is `out`, at its strides)
+    /// and builds the parameters for a kernel cut into workgroups of `gh` query heads x `qt`
+    /// queries; `dense_kt`, the key tile, is the dense kernel's block size.
     pub(crate) fn new(
         ctx: &Context,
         q: &GpuTensor,
@@ -67,6 +68,7 @@ impl Launch {
         layouts: QkvLayouts,
         kind: &AttentionKind<'_>,
         (gh, qt, dense_kt): (u32, u32, u32),
+        out: Option<&super::OutTarget>,
     ) -> Result<Self> {
         let g = s.gqa_group();
         let (c, top_k, causal, scale) = match kind {
@@ -78,7 +80,13 @@ impl Launch {
             ),
             AttentionKind::Dense { causal, scale } => (dense_kt as usize, 1, *causal, *scale),
         };
-        let o = ctx.alloc("attention O", s.q_elems(), q.storage.output(), POISON_F32)?;
+        let (o, o_layout) = match out {
+            Some(t) => (t.o.alias(), t.layout),
+            None => (
+                ctx.alloc("attention O", s.q_elems(), q.storage.output(), POISON_F32)?,
+                layouts.o.into(),
+            ),
+        };
         let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
         let head_chunks = g.div_ceil(gh as usize);
         let n_qtiles = s.q_len.div_ceil(qt as usize);
@@ -104,7 +112,7 @@ impl Launch {
             causal: causal as u32,
             wg_count,
             scale_log2: scale * std::f32::consts::LOG2_E,
-            o_s: strides(layouts.o, s.q_heads, s.q_len, s.head_dim),
+            o_s: strides(o_layout, s.q_heads, s.q_len, s.head_dim),
             pad: [0; 2],
         };
         let (entry, label) = match kind {

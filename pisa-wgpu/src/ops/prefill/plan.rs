@@ -14,7 +14,7 @@
 
 use pisa_core::{AttentionShape, TensorLayout};
 
-use crate::ops::attention::QkvLayouts;
+use crate::ops::attention::{OutTarget, QkvLayouts};
 use crate::runtime::view::KernelLayout;
 
 use super::{record_prefill_parts, PrefillOptions};
@@ -37,6 +37,23 @@ pub struct PrefillOutputs<'a> {
     pub lse: &'a TensorView,
     /// The selection `[B, Hkv, N, K]` i32, any strides: ascending leaf indices, -1 padded.
     pub selection: Option<&'a TensorView>,
+}
+
+/// The caller's views a plan made by [`PrefillPlan::new_in_place`] is made for: Q, K, V read in
+/// place, and optionally O written in place.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanViews<'a> {
+    /// Q `[B, Hq, N, D]`.
+    pub q: &'a TensorView,
+    /// K `[B, Hkv, N, D]`.
+    pub k: &'a TensorView,
+    /// V `[B, Hkv, N, D]` (with K's strides).
+    pub v: &'a TensorView,
+    /// O `[B, Hq, N, D]` to be written in place by the kernels (in a buffer other than Q's,
+    /// K's and V's, of the plan's [`Storage::output`] dtype, laid out as a view read in place
+    /// must be), or `None` to have the plan write its own O and copy it into each run's output
+    /// view (any strides and dtype).
+    pub out: Option<&'a TensorView>,
 }
 
 /// A prefill planned for one shape and options: see the module docs of [`crate::ops::prefill`].
@@ -70,7 +87,9 @@ pub struct PrefillOutputs<'a> {
 /// The outputs are written by the kernels into the plan's O (of [`Storage::output`]: f32 for
 /// bf16 storage), LSE and selection, then copied (`copy_buffer_to_buffer`, when the caller's
 /// view is contiguous BHND of O's dtype at a 4-byte offset) or scattered
-/// (`ops::gather::record_scatter`, converting to the view's dtype) into the caller's views.
+/// (`ops::gather::record_scatter`, converting to the view's dtype) into the caller's views;
+/// a plan made by [`PrefillPlan::new_in_place`] with [`PlanViews::out`] has the kernels write
+/// the caller's O directly (no O of its own, no copy).
 ///
 /// # bf16
 ///
@@ -109,6 +128,9 @@ pub struct PrefillPlan {
     /// The contiguous BHND staging of Q, K and V that a run gathers views into; `None` for a
     /// plan made by [`Self::new_in_place`], which reads its inputs in place only.
     staging: Option<[GpuTensor; 3]>,
+    /// The kernels write O into the caller's output view (a plan made by
+    /// [`Self::new_in_place`] with [`PlanViews::out`]): the plan holds no O of its own.
+    out_in_place: bool,
     arena: std::sync::Mutex<Arena>,
     /// The K and V views the last run read in place (`None`: it gathered them into `k`, `v`),
     /// for a decode cache taking over the keys and values ([`Self::parts`]).
@@ -141,7 +163,7 @@ impl PrefillPlan {
         let staged = staged.expect("made with staging");
         let bhnd = QkvLayouts::from(TensorLayout::Bhnd);
         ctx.scope_now("prefill plan", || {
-            plan.record(&mut enc, None, staged, bhnd).map(|_| ())
+            plan.record(&mut enc, None, staged, bhnd, None).map(|_| ())
         })?;
         drop(enc);
         Ok(plan)
@@ -149,35 +171,80 @@ impl PrefillPlan {
 
     /// Plans a prefill that reads Q, K and V **in place only**: the plan holds no staging of
     /// the inputs (at 256K tokens, 32 query and 8 KV heads of 128 f16, that is 3 GiB less than
-    /// [`Self::new`]). `q`, `k`, `v` are views of the caller's buffers
+    /// [`Self::new`]), and, with [`PlanViews::out`], no O either (2 GiB more; the kernels write
+    /// the caller's O directly, no copy). `views` are the caller's
     /// ([How the inputs are read](PrefillPlan#how-the-inputs-are-read)); the prefill is
     /// recorded once with them (pipelines, intermediates and bind groups made here, as by
-    /// [`Self::new`]). Every later [`Self::run`] must be given views the kernels can read in
-    /// place too (the same ones, or others of the same shape and dtype, e.g. the next layer's
-    /// QKV projection): a view that would need a gather is a [`GpuError::View`]. The decode
-    /// take-over ([`crate::ops::decode::KvCache::record_prefill_from_plan`]) gathers the keys
-    /// and values from the views the last run read.
+    /// [`Self::new`]). Every later [`Self::run`] must be given views the kernels can read (and,
+    /// with `out`, an O they can write) in place too: the same ones, or others of the same
+    /// shape and dtype (the next layer's QKV projection, say); one that would need a gather or
+    /// a copy is a [`GpuError::View`]. The decode take-over
+    /// ([`crate::ops::decode::KvCache::record_prefill_from_plan`]) gathers the keys and values
+    /// from the views the last run read.
     ///
-    /// Errors: as [`Self::new`], and [`GpuError::View`] for a view of the wrong shape or one the
-    /// kernels cannot read in place (the message says why).
+    /// Errors: as [`Self::new`], and [`GpuError::View`] for a view of the wrong shape, one the
+    /// kernels cannot read or write in place, or an O in the buffer of Q, K or V (wgpu binds a
+    /// buffer either read-only or writable in one dispatch); the message says why.
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &pisa_wgpu::Context, q: &pisa_wgpu::TensorView, k: &pisa_wgpu::TensorView,
+    /// #      v: &pisa_wgpu::TensorView, o: &pisa_wgpu::TensorView, lse: &pisa_wgpu::TensorView)
+    /// #      -> pisa_wgpu::Result<()> {
+    /// use pisa_core::{AttentionShape, SelectionConfig};
+    /// use pisa_wgpu::ops::prefill::{PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan};
+    /// let shape = AttentionShape::prefill(1, 32, 8, 4096, 128)?;
+    /// let opts = PrefillOptions { cfg: SelectionConfig::new(64, 16)?, ..Default::default() };
+    /// // q, k, v: views of a packed QKV projection at aligned offsets; o in another buffer.
+    /// let views = PlanViews { q, k, v, out: Some(o) };
+    /// let plan = PrefillPlan::new_in_place(ctx, &shape, &opts, &views)?;
+    /// let mut enc = ctx.device().create_command_encoder(&Default::default());
+    /// plan.run(&mut enc, q, k, v, &PrefillOutputs { out: o, lse, selection: None }, None)?;
+    /// ctx.queue().submit([enc.finish()]);
+    /// # Ok(()) }
+    /// ```
     pub fn new_in_place(
         ctx: &Context,
         shape: &AttentionShape,
         opts: &PrefillOptions,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
+        views: &PlanViews<'_>,
     ) -> Result<Self> {
         let (shape, opts) = Self::checked(ctx, shape, opts)?;
-        let plan = Self::unrecorded(ctx, shape, opts, None);
-        let (qt, kt, vt, layouts) = plan.in_place_inputs(q, k, v)?;
+        let mut plan = Self::unrecorded(ctx, shape, opts, None);
+        plan.out_in_place = views.out.is_some();
+        let (qt, kt, vt, layouts) = plan.in_place_inputs(views.q, views.k, views.v)?;
+        let out = match views.out {
+            Some(o) => Some(plan.out_target(o, [views.q, views.k, views.v])?),
+            None => None,
+        };
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         ctx.scope_now("prefill plan", || {
-            plan.record(&mut enc, None, [&qt, &kt, &vt], layouts)
+            plan.record(&mut enc, None, [&qt, &kt, &vt], layouts, out.as_ref())
                 .map(|_| ())
         })?;
         drop(enc);
         Ok(plan)
+    }
+
+    /// `out` as the kernels write it in place. Errors: [`GpuError::View`] for a view of the
+    /// wrong shape or dtype, one they cannot address, or one in the buffer of an input.
+    fn out_target(&self, out: &TensorView, inputs: [&TensorView; 3]) -> Result<OutTarget> {
+        let s = &self.shape;
+        check_shape("output", out, [s.batch, s.q_heads, s.q_len, s.head_dim])?;
+        let st = self.opts.storage.output();
+        let (o, layout) = in_place(&self.ctx, out, st).ok_or_else(|| {
+            GpuError::View(format!(
+                "output: this plan writes O in place (PrefillPlan::new_in_place with PlanViews::out), and this view cannot be: it must be {:?} (the output type of {:?} storage), head dim contiguous, its other strides multiples of 8 elements, its byte offset a multiple of {} and its span within one binding",
+                DType::from(st),
+                self.opts.storage,
+                (self.ctx.limits().min_storage_buffer_offset_alignment as u64).max(4)
+            ))
+        })?;
+        if inputs.iter().any(|v| v.buffer() == out.buffer()) {
+            return Err(GpuError::View(
+                "output: O is written in place and lies in the buffer of Q, K or V: a dispatch binds a buffer either read-only or writable, so put O in another buffer".into(),
+            ));
+        }
+        Ok(OutTarget { o, layout })
     }
 
     /// The checked shape and options of a plan (`layout` set to BHND: unused).
@@ -224,6 +291,7 @@ impl PrefillPlan {
             knobs: PrefillKnobs::of(ctx),
             binding: ctx.max_binding_bytes(),
             staging,
+            out_in_place: false,
             arena: Default::default(),
             last_kv: Default::default(),
             pyramid: Default::default(),
@@ -247,7 +315,7 @@ impl PrefillPlan {
         let st = self.opts.storage;
         let not_in_place = |what: &str| {
             GpuError::View(format!(
-                "{what}: this plan reads its inputs in place only (PrefillPlan::new_in_place),                  and this view would need a gather: it must be of the plan's storage dtype                  ({:?}), head dim contiguous, its other strides multiples of 8 elements, its                  byte offset a multiple of {} and its span within one binding (K and V with                  equal strides); use PrefillPlan::new to gather other views",
+                "{what}: this plan reads its inputs in place only (PrefillPlan::new_in_place), and this view would need a gather: it must be of the plan's storage dtype ({:?}), head dim contiguous, its other strides multiples of 8 elements, its byte offset a multiple of {} and its span within one binding (K and V with equal strides); use PrefillPlan::new to gather other views",
                 DType::from(st),
                 (self.ctx.limits().min_storage_buffer_offset_alignment as u64).max(4)
             ))
@@ -411,6 +479,10 @@ impl PrefillPlan {
             // The typed error naming the view that would need a gather.
             self.in_place_inputs(q, k, v)?;
         }
+        let out = match self.out_in_place {
+            true => Some(self.out_target(outputs.out, [q, k, v])?),
+            false => None,
+        };
         ctx.scope_now("prefill", || {
             // The gathers and scatters bind the caller's views: their small parameter buffers
             // and bind groups are made per run (a constant few, whatever N); the prefill
@@ -439,11 +511,14 @@ impl PrefillPlan {
             let kv_in_place = k_in.is_some();
             let kt = read(k, 1, k_in, &mut layouts.k)?;
             let vt = read(v, 2, v_in, &mut layouts.v)?;
-            let (o, lse, sel) = self.record(enc, prof, [&qt, &kt, &vt], layouts)?;
+            let (o, lse, sel) = self.record(enc, prof, [&qt, &kt, &vt], layouts, out.as_ref())?;
             *self.last_kv.lock().unwrap_or_else(|p| p.into_inner()) =
                 kv_in_place.then(|| (k.clone(), v.clone()));
-            // (O is of the kernels' output type: f32 for bf16 inputs.)
-            write_out(ctx, enc, &o.buffer, o.storage, outputs.out)?;
+            // (O is of the kernels' output type: f32 for bf16 inputs; written in place already
+            // when the plan writes the caller's O.)
+            if out.is_none() {
+                write_out(ctx, enc, &o.buffer, o.storage, outputs.out)?;
+            }
             write_out(ctx, enc, &lse.buffer, Storage::F32, outputs.lse)?;
             if let Some(view) = outputs.selection {
                 // i32 words: copied as they are (f32 storage is the 4-byte word kind).
@@ -460,10 +535,12 @@ impl PrefillPlan {
         prof: Option<&mut Profiler>,
         qkv: [&GpuTensor; 3],
         layouts: QkvLayouts,
+        out: Option<&OutTarget>,
     ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
         let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
         let (o, lse, sel, pyr) = with_arena(self.ctx.id(), &mut arena, || {
-            record_prefill_parts(&self.ctx, enc, qkv, layouts, &self.shape, &self.opts, prof)
+            let (s, opts) = (&self.shape, &self.opts);
+            record_prefill_parts(&self.ctx, enc, qkv, layouts, s, opts, out, prof)
         })?;
         *self.pyramid.lock().unwrap_or_else(|p| p.into_inner()) = Some((
             pyr.means.buffer.clone(),
@@ -680,7 +757,8 @@ impl VarlenPrefillPlan {
         let shape = AttentionShape::prefill(1, hq, hkv, n, d)?;
         let p = match (self.in_place, views) {
             (true, Some([q, k, v])) => {
-                PrefillPlan::new_in_place(&self.ctx, &shape, &self.opts, q, k, v)?
+                let views = PlanViews { q, k, v, out: None };
+                PrefillPlan::new_in_place(&self.ctx, &shape, &self.opts, &views)?
             }
             (true, None) => {
                 return Err(GpuError::Unsupported(
