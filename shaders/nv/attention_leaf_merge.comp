@@ -6,8 +6,8 @@
 // is weighted by l exp(m - M) here, where the WGSL merge weights f32 O_part by exp(m - M)).
 // Each (slot, head) weight l exp(m - M) / L is computed once into workgroup memory; then each
 // invocation sums 8 head-dim columns of one head over the slots with 16-byte loads and writes
-// them with one 16-byte store (Q's strides, which O shares, are multiples of 8 elements: the
-// chunk kernel's Q loads need the same). Defines: HD (head dim, a multiple of 8), MCMAX,
+// them with one 16-byte store (O's strides are multiples of 8 elements: the host writes O
+// contiguous, or a caller's O whose strides it checked to be such multiples). Defines: HD (head dim, a multiple of 8), MCMAX,
 // GQMAX (the most slots and heads per KV head it takes), WG.
 #include "common.glsl"
 // wgpu bindings 0, 5, 10, 12, 13, 14, 15 as Vulkan bindings 0 to 6 (common.glsl).

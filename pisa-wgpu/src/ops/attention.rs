@@ -349,7 +349,15 @@ pub(crate) fn record_attention_to(
                 q.storage.output()
             )));
         }
-        check_strided("o", t.layout)?;
+        // The NVIDIA merge writes O 8 elements (16 bytes of f16) at a time: strides of
+        // dimensions of extent above 1 are multiples of 8, as for a view read in place.
+        let (sb, sh, sn) = t.layout.strides(hq, shape.q_len, d);
+        let used = [(b, sb), (hq, sh), (shape.q_len, sn)];
+        if used.iter().any(|&(n, st)| n > 1 && st % 8 != 0) {
+            return Err(GpuError::Unsupported(format!(
+                "O written in place needs strides that are multiples of 8 elements (strides {sb}, {sh}, {sn})"
+            )));
+        }
         check_len("o", &t.o, t.layout.span(b, hq, shape.q_len, d))?;
     }
     match kernel::plan(ctx, shape, q.storage, layouts, kind, tiling) {

@@ -225,9 +225,11 @@ impl KvCache {
     /// pyramid build). The keys and values come from where the run read them: the plan's
     /// staging when it gathered them (buffer copies), or the caller's K and V views when it
     /// read them in place ([`PrefillPlan::reads_in_place`]; one gather of entry `batch` into the
-    /// staging, then the copies). In that second case the views must still hold the run's keys
-    /// and values when this executes: record it in the run's encoder, or at least before
-    /// anything overwrites them (the next layer's QKV projection in a reused buffer, say).
+    /// staging, or, for a plan without staging ([`PrefillPlan::new_in_place`]), into `[1, Hkv,
+    /// N, D]` K and V tensors made for this call and freed once it has run; then the copies).
+    /// In that second case the views must still hold the run's keys and values when this
+    /// executes: record it in the run's encoder, or at least before anything overwrites them
+    /// (the next layer's QKV projection in a reused buffer, say).
     /// The cache and the plan must agree on Hkv, D, storage, block size, merge factor and
     /// scoring. What is loaded is what the plan's last recorded run leaves once it has
     /// executed, so record this after a run. Errors:
@@ -264,16 +266,17 @@ impl KvCache {
         }
         let n = ps.k_len;
         self.check_prefill_len(n)?;
+        let ctx = self.ctx.clone();
+        let e = self.storage.bytes();
+        let src_lay = pisa_core::PyramidLayout::new(n, c.block_size, c.merge_factor)?;
+        let len_buf = ctx.upload_u32("prefill length", &[n as u32])?;
+        // Last, so that nothing is recorded on error: `parts` records the gathers.
         let (k, v, pyr, entry) = plan.parts(enc, batch)?;
         let Some((means, sq)) = pyr else {
             return Err(crate::GpuError::Unsupported(
                 "the plan has no pyramid to take over: record its run first".into(),
             ));
         };
-        let ctx = self.ctx.clone();
-        let e = self.storage.bytes();
-        let src_lay = pisa_core::PyramidLayout::new(n, c.block_size, c.merge_factor)?;
-        let len_buf = ctx.upload_u32("prefill length", &[n as u32])?;
         let cap = self.layout.key_len() as u64;
         for h in 0..hkv {
             let row = seq * hkv + h;

@@ -132,9 +132,11 @@ pub struct PrefillPlan {
     /// [`Self::new_in_place`] with [`PlanViews::out`]): the plan holds no O of its own.
     out_in_place: bool,
     arena: std::sync::Mutex<Arena>,
-    /// The K and V views the last run read in place (`None`: it gathered them into `k`, `v`),
-    /// for a decode cache taking over the keys and values ([`Self::parts`]).
-    last_kv: std::sync::Mutex<Option<(TensorView, TensorView)>>,
+    /// What the last run read K and V from, for a decode cache taking over the keys and values
+    /// ([`Self::parts`]): `None` before any run, `Some(None)` when it gathered them into the
+    /// staging, `Some(Some(views))` when it read the caller's views in place. Set while the
+    /// arena is held, so it always goes with the pyramid of the same run.
+    last_kv: std::sync::Mutex<Option<Option<(TensorView, TensorView)>>>,
     /// The key pyramid the prefill builds (an arena buffer: the same one every run), kept for a
     /// decode cache to take over.
     pyramid: std::sync::Mutex<Option<(wgpu::Buffer, Option<wgpu::Buffer>)>>,
@@ -163,7 +165,11 @@ impl PrefillPlan {
         let staged = staged.expect("made with staging");
         let bhnd = QkvLayouts::from(TensorLayout::Bhnd);
         ctx.scope_now("prefill plan", || {
-            plan.record(&mut enc, None, staged, bhnd, None).map(|_| ())
+            let io = RunIo {
+                out: None,
+                last_kv: None,
+            };
+            plan.record(&mut enc, None, staged, bhnd, io).map(|_| ())
         })?;
         drop(enc);
         Ok(plan)
@@ -218,7 +224,11 @@ impl PrefillPlan {
         };
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         ctx.scope_now("prefill plan", || {
-            plan.record(&mut enc, None, [&qt, &kt, &vt], layouts, out.as_ref())
+            let io = RunIo {
+                out: out.as_ref(),
+                last_kv: None,
+            };
+            plan.record(&mut enc, None, [&qt, &kt, &vt], layouts, io)
                 .map(|_| ())
         })?;
         drop(enc);
@@ -312,23 +322,7 @@ impl PrefillPlan {
         check_shape("q", q, [b, hq, n, d])?;
         check_shape("k", k, [b, hkv, n, d])?;
         check_shape("v", v, [b, hkv, n, d])?;
-        let st = self.opts.storage;
-        let not_in_place = |what: &str| {
-            GpuError::View(format!(
-                "{what}: this plan reads its inputs in place only (PrefillPlan::new_in_place), and this view would need a gather: it must be of the plan's storage dtype ({:?}), head dim contiguous, its other strides multiples of 8 elements, its byte offset a multiple of {} and its span within one binding (K and V with equal strides); use PrefillPlan::new to gather other views",
-                DType::from(st),
-                (self.ctx.limits().min_storage_buffer_offset_alignment as u64).max(4)
-            ))
-        };
-        let (qt, ql) = in_place(&self.ctx, q, st).ok_or_else(|| not_in_place("q"))?;
-        let (kt, kl) = in_place(&self.ctx, k, st).ok_or_else(|| not_in_place("k"))?;
-        let (vt, vl) = in_place(&self.ctx, v, st).ok_or_else(|| not_in_place("v"))?;
-        if kl != vl {
-            return Err(not_in_place("k and v"));
-        }
-        let mut layouts = QkvLayouts::from(TensorLayout::Bhnd);
-        (layouts.q, layouts.k, layouts.v) = (ql, kl, vl);
-        Ok((qt, kt, vt, layouts))
+        in_place_qkv(&self.ctx, self.opts.storage, q, k, v)
     }
 
     /// What a decode cache takes over of batch entry `batch` after a run: contiguous BHND K
@@ -351,19 +345,32 @@ impl PrefillPlan {
         Option<(wgpu::Buffer, Option<wgpu::Buffer>)>,
         usize,
     )> {
+        // Held while both are read: a run sets them together under the arena's lock.
+        let _arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
         let last = self
             .last_kv
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
+            .clone()
+            .ok_or_else(|| {
+                GpuError::Unsupported(
+                    "the plan has no keys to take over: record its run first".into(),
+                )
+            })?;
         let pyr = self
             .pyramid
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        if pyr.is_none() {
+            return Err(GpuError::Unsupported(
+                "the plan has no pyramid to take over: record its run first".into(),
+            ));
+        }
         let st = self.opts.storage;
         let (k, v, entry) = match (last, &self.staging) {
             (None, Some([_, k, v])) => (k.alias(), v.alias(), batch),
+            // (A plan without staging reads K and V in place on every run.)
             (None, None) => {
                 return Err(GpuError::Unsupported(
                     "the plan has no keys to take over: record its run first".into(),
@@ -406,7 +413,7 @@ impl PrefillPlan {
     pub fn shape(&self) -> &AttentionShape {
         &self.shape
     }
-    /// The planned options (`layout` is BHND: the plan's own staging).
+    /// The planned options (`layout` is BHND, and unused: the views carry their strides).
     pub fn options(&self) -> &PrefillOptions {
         &self.opts
     }
@@ -422,9 +429,14 @@ impl PrefillPlan {
     /// write, or, for a plan made by [`Self::new_in_place`], an input it cannot read in place;
     /// [`GpuError::Unsupported`] when the context's tuning ([`Context::set_tuning`] and
     /// the switches that set it) or binding limit changed since the plan was made (make a new
-    /// plan); [`GpuError::Validation`] for a
-    /// buffer of another device. Nothing is recorded on error except when wgpu itself reports
-    /// one while recording.
+    /// plan); [`GpuError::Validation`] for a buffer of another device. The views are checked
+    /// before anything is recorded; an error found later (wgpu's own while recording, a replay
+    /// that does not match the plan's recording, an output copy that fails) leaves part of the
+    /// prefill recorded in `enc`: drop the encoder.
+    ///
+    /// A plan keeps the bind groups of the views it ran on (up to 16 sets, see the module
+    /// docs), and with them references to the caller's buffers: their memory is freed when
+    /// both the caller and the plan have dropped them.
     pub fn run(
         &self,
         enc: &mut wgpu::CommandEncoder,
@@ -511,9 +523,12 @@ impl PrefillPlan {
             let kv_in_place = k_in.is_some();
             let kt = read(k, 1, k_in, &mut layouts.k)?;
             let vt = read(v, 2, v_in, &mut layouts.v)?;
-            let (o, lse, sel) = self.record(enc, prof, [&qt, &kt, &vt], layouts, out.as_ref())?;
-            *self.last_kv.lock().unwrap_or_else(|p| p.into_inner()) =
-                kv_in_place.then(|| (k.clone(), v.clone()));
+            let last = kv_in_place.then(|| (k.clone(), v.clone()));
+            let run = RunIo {
+                out: out.as_ref(),
+                last_kv: Some(last),
+            };
+            let (o, lse, sel) = self.record(enc, prof, [&qt, &kt, &vt], layouts, run)?;
             // (O is of the kernels' output type: f32 for bf16 inputs; written in place already
             // when the plan writes the caller's O.)
             if out.is_none() {
@@ -535,19 +550,30 @@ impl PrefillPlan {
         prof: Option<&mut Profiler>,
         qkv: [&GpuTensor; 3],
         layouts: QkvLayouts,
-        out: Option<&OutTarget>,
+        io: RunIo<'_>,
     ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
         let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
         let (o, lse, sel, pyr) = with_arena(self.ctx.id(), &mut arena, || {
             let (s, opts) = (&self.shape, &self.opts);
-            record_prefill_parts(&self.ctx, enc, qkv, layouts, s, opts, out, prof)
+            record_prefill_parts(&self.ctx, enc, qkv, layouts, s, opts, io.out, prof)
         })?;
+        // Both set while the arena is held: a take-over sees the pyramid and K, V of one run.
         *self.pyramid.lock().unwrap_or_else(|p| p.into_inner()) = Some((
             pyr.means.buffer.clone(),
             pyr.sq.as_ref().map(|t| t.buffer.clone()),
         ));
+        if let Some(last) = io.last_kv {
+            *self.last_kv.lock().unwrap_or_else(|p| p.into_inner()) = Some(last);
+        }
         Ok((o, lse, sel))
     }
+}
+
+/// What a recording writes besides its own buffers: the caller's O (`out`), and, for a run (not
+/// the recording at planning), where its keys and values were read (for [`PrefillPlan::parts`]).
+struct RunIo<'a> {
+    out: Option<&'a OutTarget>,
+    last_kv: Option<Option<(TensorView, TensorView)>>,
 }
 
 /// What a prefill's recording depends on in the context's tuning: the kernel path, leaf order
@@ -636,6 +662,34 @@ fn in_place(
         };
         (t, layout)
     })
+}
+
+/// `q`, `k`, `v` as the kernels read them in place from views of storage `st`, with their
+/// layouts. Errors: [`GpuError::View`] saying which view does not qualify (the rule of [How the
+/// inputs are read](PrefillPlan#how-the-inputs-are-read)).
+fn in_place_qkv(
+    ctx: &Context,
+    st: Storage,
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+) -> Result<(GpuTensor, GpuTensor, GpuTensor, QkvLayouts)> {
+    let not_in_place = |what: &str| {
+        GpuError::View(format!(
+            "{what}: this plan reads its inputs in place only (PrefillPlan::new_in_place), and this view would need a gather: it must be of the plan's storage dtype ({:?}), head dim contiguous, its other strides multiples of 8 elements, its byte offset a multiple of {} and its span within one binding (K and V with equal strides); use PrefillPlan::new to gather other views",
+            DType::from(st),
+            (ctx.limits().min_storage_buffer_offset_alignment as u64).max(4)
+        ))
+    };
+    let (qt, ql) = in_place(ctx, q, st).ok_or_else(|| not_in_place("q"))?;
+    let (kt, kl) = in_place(ctx, k, st).ok_or_else(|| not_in_place("k"))?;
+    let (vt, vl) = in_place(ctx, v, st).ok_or_else(|| not_in_place("v"))?;
+    if kl != vl {
+        return Err(not_in_place("k and v"));
+    }
+    let mut layouts = QkvLayouts::from(TensorLayout::Bhnd);
+    (layouts.q, layouts.k, layouts.v) = (ql, kl, vl);
+    Ok((qt, kt, vt, layouts))
 }
 
 /// `(byte offset, bytes)` of a view a buffer copy can write: contiguous BHND at a 4-byte
@@ -810,6 +864,15 @@ impl VarlenPrefillPlan {
         check_shape("v", v, [1, hkv, total, d])?;
         check_shape("output", outputs.out, [1, hq, total, d])?;
         check_shape("lse", outputs.lse, [1, hq, total, 1])?;
+        if self.in_place {
+            // Every sequence's views are checked before any is recorded (whether a view is
+            // read in place depends on where its sequence starts).
+            for w in cu_seqlens.windows(2) {
+                let (t0, n) = (w[0], w[1] - w[0]);
+                let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
+                in_place_qkv(&self.ctx, self.opts.storage, &qs, &ks, &vs)?;
+            }
+        }
         for w in cu_seqlens.windows(2) {
             let (t0, n) = (w[0], w[1] - w[0]);
             let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
