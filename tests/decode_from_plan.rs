@@ -113,7 +113,18 @@ fn take_over(pad: usize, st: Storage) {
     let e = from_plan
         .record_prefill_from_plan(&mut enc, 0, &other_plan, 0)
         .unwrap_err();
-    assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
+    assert!(
+        matches!(e, GpuError::Unsupported(ref m) if m.contains("block size")),
+        "{e}"
+    );
+    // A plan that has not run has nothing to hand over (its buffers hold no sequence yet).
+    let e = from_plan
+        .record_prefill_from_plan(&mut enc, 0, &plan, 0)
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::Unsupported(ref m) if m.contains("run first")),
+        "{e}"
+    );
 
     let at_pad = |b: &wgpu::Buffer, shape: [usize; 4]| {
         TensorView::contiguous(b, pad as u64, DType::from(st), shape, TensorLayout::Bhnd).unwrap()

@@ -199,6 +199,46 @@ fn plan_refuses_views_it_cannot_use() {
         .run(&mut enc, &l.q, &l.k, &l.v, &po2, None)
         .unwrap_err();
     assert!(matches!(e, GpuError::View(_)), "{e}");
+    // O must be a float type; a 2-byte O that its scatter cannot write in whole words (an odd
+    // token stride) is refused before anything is recorded.
+    let [n_o, d_o] = [o.shape()[2], o.shape()[3]];
+    let bad = TensorView::new(o.buffer(), 0, DType::I32, o.shape(), o.strides()).unwrap();
+    let e = plan
+        .run(
+            &mut enc,
+            &l.q,
+            &l.k,
+            &l.v,
+            &PrefillOutputs { out: &bad, ..po },
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.contains("I32")),
+        "{e}"
+    );
+    let odd = TensorView::new(
+        o.buffer(),
+        0,
+        DType::F16,
+        o.shape(),
+        [0, n_o * (d_o + 1), d_o + 1, 1],
+    );
+    let odd = odd.unwrap();
+    let e = plan
+        .run(
+            &mut enc,
+            &l.q,
+            &l.k,
+            &l.v,
+            &PrefillOutputs { out: &odd, ..po },
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.contains("stride")),
+        "{e}"
+    );
     // A buffer without STORAGE usage cannot make a view.
     let staging = ctx.device().create_buffer(&wgpu::BufferDescriptor {
         label: None,
@@ -522,6 +562,81 @@ fn varlen_prefill_equals_each_sequence_alone() {
     assert!(
         bits(read_f32(ctx, &lb2, PAD, total * hq)) == bits(l),
         "in-place varlen LSE differs"
+    );
+
+    // The varlen prefill handed over to a decode cache (two sequences share the length 97, so
+    // one plan: each take-over must copy its own sequence's keys and pyramid), into cache
+    // sequences in another order; it decodes bitwise like a cache loaded from each sequence's
+    // K and V views.
+    use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
+    let seqs = [2usize, 0, 3, 1];
+    let cap = 256;
+    let new_cache = || KvCache::new(ctx, 4, cap, hq, hkv, d, opts.cfg, Storage::F32).unwrap();
+    let (mut handed, mut loaded) = (new_cache(), new_cache());
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let e = plan
+        .run_into_cache(
+            &mut enc,
+            &cu,
+            &qv,
+            &kv,
+            &vv,
+            &outs,
+            &mut handed,
+            &seqs[..3],
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(e, GpuError::View(_)), "{e}");
+    plan.run_into_cache(
+        &mut enc,
+        &cu,
+        &qv,
+        &kv,
+        &vv,
+        &outs,
+        &mut handed,
+        &seqs,
+        None,
+    )
+    .unwrap();
+    for (i, &n) in lens.iter().enumerate() {
+        let (ks, vs) = (kv.tokens(cu[i], n).unwrap(), vv.tokens(cu[i], n).unwrap());
+        loaded
+            .record_prefill_view(&mut enc, seqs[i], &ks, &vs)
+            .unwrap();
+    }
+    ctx.queue().submit([enc.finish()]);
+    assert_eq!(handed.lens(), loaded.lens());
+    let q_row = buffer_with(ctx, 0, &random(&mut r, 4 * hq * d, 1.0));
+    let qrv =
+        TensorView::contiguous(&q_row, 0, DType::F32, [4, hq, 1, d], TensorLayout::Bhnd).unwrap();
+    let mut got = Vec::new();
+    for cache in [&handed, &loaded] {
+        let (o, l) = (
+            buffer_with(ctx, 0, &vec![nan; 4 * hq * d]),
+            buffer_with(ctx, 0, &vec![nan; 4 * hq]),
+        );
+        let ov = TensorView::contiguous(&o, 0, DType::F32, [4, hq, 1, d], TensorLayout::Bhnd);
+        let lv = TensorView::contiguous(&l, 0, DType::F32, [4, hq, 1, 1], TensorLayout::Bhnd);
+        let (ov, lv) = (ov.unwrap(), lv.unwrap());
+        let so = StepOutputs {
+            out: &ov,
+            lse: &lv,
+            selection: None,
+        };
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        cache
+            .record_step_into(&mut enc, &qrv, Some(&so), None)
+            .unwrap();
+        ctx.queue().submit([enc.finish()]);
+        let o = read_f32(ctx, &o, 0, 4 * hq * d);
+        assert!(o.iter().all(|x| x.is_finite()), "decode O not written");
+        got.push((bits(o), bits(read_f32(ctx, &l, 0, 4 * hq))));
+    }
+    assert!(
+        got[0] == got[1],
+        "a varlen prefill handed to the cache decodes differently"
     );
 }
 

@@ -232,6 +232,24 @@ fn kind(d: DType, storage: Storage) -> Result<f64> {
     }
 }
 
+/// The checks of [`record_scatter`] on its destination alone (its conversions from
+/// `src_storage`, its buffer usage and extent, the pairs of a 2-byte view), for callers that
+/// check their outputs before recording anything. Errors as [`record_scatter`]'s for `dst`.
+pub(crate) fn check_scatter_dst(src_storage: Storage, dst: &TensorView) -> Result<()> {
+    kind(dst.dtype(), src_storage)?;
+    if !dst.buffer().usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(GpuError::View(format!(
+            "the scatter destination buffer was not created with BufferUsages::STORAGE (it has {:?})",
+            dst.buffer().usage()
+        )));
+    }
+    check_view_end(dst, "scatter destination")?;
+    if dst.dtype().bytes() == 2 {
+        check_pairs(dst)?;
+    }
+    Ok(())
+}
+
 /// `bytes` rounded up to whole 4-byte words.
 fn words(bytes: u64) -> u64 {
     bytes.div_ceil(4) * 4

@@ -69,8 +69,8 @@ impl std::ops::Deref for Context {
 }
 
 /// The features pisa uses where the adapter has them, for an application that opens the device
-/// itself and hands it to [`Context::from_device`]: `SHADER_F16` (f16 storage; without it only
-/// f32 storage runs), `SUBGROUP` (reported, not required: every kernel is right without it),
+/// itself and hands it to [`Context::from_device`]: `SHADER_F16` (f16 storage; without it f32
+/// and bf16 storage run, bf16 needing no feature), `SUBGROUP` (reported, not required: every kernel is right without it),
 /// `TIMESTAMP_QUERY` (GPU time per stage; without it times read 0), and
 /// `EXPERIMENTAL_COOPERATIVE_MATRIX` (the tensor-core kernels; without it the portable kernels
 /// run). Nothing is required: pisa runs on a device with none of them. Request
@@ -187,7 +187,7 @@ impl Context {
     /// callbacks: the application's uncaptured-error handler and device-lost callback stay its
     /// own, and errors of pisa's own work come back as [`Result`]s through error scopes. The
     /// kernels use the features and limits the device was opened with (`device.features()`,
-    /// `device.limits()`): without SHADER_F16 only f32 storage runs, without
+    /// `device.limits()`): without SHADER_F16, f32 and bf16 storage run (not f16), without
     /// EXPERIMENTAL_COOPERATIVE_MATRIX the portable kernels run.
     ///
     /// Buffers given to pisa ([`crate::TensorView`]) must be of this device; one of another

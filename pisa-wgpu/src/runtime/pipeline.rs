@@ -49,7 +49,9 @@ pub enum Storage {
     /// cooperative-matrix, split-K and NVIDIA kernels do not and are not picked for it (f16
     /// storage with bf16 views is the fast path there: converted on the GPU, exact within f16's
     /// range); the baseline selectors and the backward pass refuse it with
-    /// [`GpuError::Unsupported`].
+    /// [`GpuError::Unsupported`]. Views of another dtype given to a bf16 plan or cache (f32,
+    /// f16) are rounded to bf16 (nearest even) as they are gathered in: the widening is exact,
+    /// the narrowing is not.
     Bf16,
 }
 

@@ -233,7 +233,7 @@ impl KvCache {
     ) -> Result<InPlace> {
         if view.shape() != shape || view.dtype() != dtype {
             return Err(GpuError::View(format!(
-                "{what}: expected {dtype:?} {shape:?}, got {:?} {:?}",
+                "{what}: expected {dtype:?} {shape:?}, got {:?} {:?} (a decode step binds its outputs in place and does not convert them: O is of the cache's storage, f32 for bf16; LSE f32; the selection i32)",
                 view.dtype(),
                 view.shape()
             )));

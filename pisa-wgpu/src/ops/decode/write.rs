@@ -178,6 +178,65 @@ impl KvCache {
         Ok(())
     }
 
+    /// The checks of [`Self::record_prefill_from_plan`] before it records anything, for a plan
+    /// of `ps` and `po`: the plan matches the cache (Hkv, D, storage, block size, merge factor,
+    /// scoring; [`crate::GpuError::Unsupported`] naming what differs), `seq` is one of the
+    /// cache's, `batch` one of the plan's and its length fits the cache
+    /// ([`PisaError::TooLarge`]).
+    pub(crate) fn check_plan(
+        &self,
+        ps: &pisa_core::AttentionShape,
+        po: &crate::ops::prefill::PrefillOptions,
+        seq: usize,
+        batch: usize,
+    ) -> Result<()> {
+        let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
+        let c = &self.cfg;
+        let diffs: Vec<String> = [
+            ("KV heads", ps.kv_heads.to_string(), hkv.to_string()),
+            ("head dim", ps.head_dim.to_string(), d.to_string()),
+            (
+                "storage",
+                format!("{:?}", po.storage),
+                format!("{:?}", self.storage),
+            ),
+            (
+                "block size",
+                po.cfg.block_size.to_string(),
+                c.block_size.to_string(),
+            ),
+            (
+                "merge factor",
+                po.cfg.merge_factor.to_string(),
+                c.merge_factor.to_string(),
+            ),
+            (
+                "second moments (meanvar scoring)",
+                (po.cfg.scoring == pisa_core::Scoring::MeanVar).to_string(),
+                self.pyr.sq.is_some().to_string(),
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(what, a, b)| format!("{what} {a} (plan) vs {b} (cache)"))
+        .collect();
+        if !diffs.is_empty() {
+            return Err(crate::GpuError::Unsupported(format!(
+                "a plan that does not match the cache: {}",
+                diffs.join(", ")
+            )));
+        }
+        self.check_seq(seq)?;
+        if batch >= ps.batch {
+            return Err(input(PisaError::TooLarge {
+                what: "batch entry of the plan",
+                value: batch as u64,
+                limit: ps.batch as u64 - 1,
+            }));
+        }
+        self.check_prefill_len(ps.k_len)
+    }
+
     fn check_prefill_len(&self, p_len: usize) -> Result<()> {
         if p_len > self.layout.key_len() {
             return Err(input(PisaError::TooLarge {
@@ -243,29 +302,10 @@ impl KvCache {
         batch: usize,
     ) -> Result<()> {
         let (ps, po) = (plan.shape(), plan.options());
+        self.check_plan(ps, po, seq, batch)?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
         let c = &self.cfg;
-        let same = ps.kv_heads == hkv
-            && ps.head_dim == d
-            && po.storage == self.storage
-            && po.cfg.block_size == c.block_size
-            && po.cfg.merge_factor == c.merge_factor
-            && (po.cfg.scoring == pisa_core::Scoring::MeanVar) == self.pyr.sq.is_some();
-        if !same {
-            return Err(crate::GpuError::Unsupported(
-                "a plan of another Hkv, D, storage, block size, merge factor or scoring than the cache's".into(),
-            ));
-        }
-        self.check_seq(seq)?;
-        if batch >= ps.batch {
-            return Err(input(PisaError::TooLarge {
-                what: "batch entry of the plan",
-                value: batch as u64,
-                limit: ps.batch as u64 - 1,
-            }));
-        }
         let n = ps.k_len;
-        self.check_prefill_len(n)?;
         let ctx = self.ctx.clone();
         let e = self.storage.bytes();
         let src_lay = pisa_core::PyramidLayout::new(n, c.block_size, c.merge_factor)?;

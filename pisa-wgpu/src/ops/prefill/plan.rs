@@ -19,7 +19,8 @@ use crate::runtime::view::KernelLayout;
 
 use super::{record_prefill_parts, PrefillOptions};
 use crate::error::{GpuError, Result};
-use crate::ops::gather::{record_gather, record_scatter};
+use crate::ops::decode::KvCache;
+use crate::ops::gather::{check_scatter_dst, record_gather, record_scatter};
 use crate::runtime::arena::{with_arena, Arena};
 use crate::runtime::buffers::{GpuTensor, POISON_F32};
 use crate::runtime::context::{Context, KernelPath, LeafOrder};
@@ -481,6 +482,24 @@ impl PrefillPlan {
                 )));
             }
         }
+        if outputs.out.dtype() == DType::I32 {
+            return Err(GpuError::View(
+                "output: O must be f32, f16 or bf16, is I32".into(),
+            ));
+        }
+        // The outputs' scatters are checked now, so that nothing is recorded when they would
+        // fail (a buffer copy, where it applies, cannot).
+        let scatters = |st: Storage, dst: &TensorView| match copy_of(st, dst) {
+            Some(_) => Ok(()),
+            None => check_scatter_dst(st, dst),
+        };
+        if !self.out_in_place {
+            scatters(self.opts.storage.output(), outputs.out)?;
+        }
+        scatters(Storage::F32, outputs.lse)?;
+        if let Some(sel) = outputs.selection {
+            scatters(Storage::F32, sel)?;
+        }
         let st = self.opts.storage;
         let q_in = in_place(ctx, q, st);
         let (k_in, v_in) = match (in_place(ctx, k, st), in_place(ctx, v, st)) {
@@ -712,15 +731,22 @@ fn write_out(
     storage: Storage,
     dst: &TensorView,
 ) -> Result<()> {
-    let same = dst.dtype() == DType::from(storage)
-        || (dst.dtype() == DType::I32 && storage == Storage::F32);
-    match copy_range(dst, dst.shape()) {
-        Some((off, bytes)) if same => {
+    match copy_of(storage, dst) {
+        Some((off, bytes)) => {
             enc.copy_buffer_to_buffer(src, 0, dst.buffer(), off, bytes);
             Ok(())
         }
-        _ => record_scatter(ctx, enc, src, storage, dst),
+        None => record_scatter(ctx, enc, src, storage, dst),
     }
+}
+
+/// `(byte offset, bytes)` of the buffer copy that writes a contiguous BHND tensor of `storage`
+/// into `dst`, when one can: `dst` contiguous BHND of the same dtype (i32 taking f32 storage's
+/// words) at a 4-byte offset; `None` when it takes a scatter.
+fn copy_of(storage: Storage, dst: &TensorView) -> Option<(u64, u64)> {
+    let same = dst.dtype() == DType::from(storage)
+        || (dst.dtype() == DType::I32 && storage == Storage::F32);
+    copy_range(dst, dst.shape()).filter(|_| same)
 }
 
 /// A varlen prefill (as `flash_attn_varlen_func`): a batch of sequences packed along the token
@@ -844,6 +870,71 @@ impl VarlenPrefillPlan {
         k: &TensorView,
         v: &TensorView,
         outputs: &PrefillOutputs<'_>,
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        self.run_to(enc, cu_seqlens, [q, k, v], outputs, None, prof)
+    }
+
+    /// [`Self::run`], then each sequence `i` loaded into sequence `seqs[i]` of the decode
+    /// `cache` right after its prefill ([`KvCache::record_prefill_from_plan`]: its keys, values
+    /// and key pyramid, no pyramid build), all recorded into `enc`: the varlen prefill of a
+    /// batch hands over to decode. (Sequences of one length share a plan, whose buffers the next
+    /// one's run reuses: each take-over is recorded before that next run, so it copies its own
+    /// sequence's.) The cache must match the plan's heads, head dim, storage, block size,
+    /// merge factor and scoring, and hold `seqs.len()` sequences of these lengths.
+    ///
+    /// Errors: those of [`Self::run`]; [`GpuError::View`] when `seqs` does not have one entry
+    /// per sequence, or names a sequence twice; those of
+    /// [`KvCache::record_prefill_from_plan`] (a cache that does not match, a sequence or length
+    /// past its own), checked before anything is recorded.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_into_cache(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        cu_seqlens: &[usize],
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        outputs: &PrefillOutputs<'_>,
+        cache: &mut KvCache,
+        seqs: &[usize],
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let n_seqs = cu_seqlens.len().saturating_sub(1);
+        if seqs.len() != n_seqs {
+            return Err(GpuError::View(format!(
+                "seqs: {} cache sequences for {n_seqs} prefilled ones",
+                seqs.len()
+            )));
+        }
+        if (1..seqs.len()).any(|i| seqs[..i].contains(&seqs[i])) {
+            return Err(GpuError::View(format!(
+                "seqs: a cache sequence named twice ({seqs:?})"
+            )));
+        }
+        let (hq, hkv, d) = self.heads;
+        for (i, w) in cu_seqlens.windows(2).enumerate() {
+            let shape = AttentionShape::prefill(1, hq, hkv, w[1].saturating_sub(w[0]).max(1), d)?;
+            cache.check_plan(&shape, &self.opts, seqs[i], 0)?;
+        }
+        self.run_to(
+            enc,
+            cu_seqlens,
+            [q, k, v],
+            outputs,
+            Some((cache, seqs)),
+            prof,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_to(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        cu_seqlens: &[usize],
+        [q, k, v]: [&TensorView; 3],
+        outputs: &PrefillOutputs<'_>,
+        mut cache: Option<(&mut KvCache, &[usize])>,
         mut prof: Option<&mut Profiler>,
     ) -> Result<()> {
         let bad = |what: &'static str| GpuError::Input(pisa_core::PisaError::Zero { what });
@@ -873,7 +964,7 @@ impl VarlenPrefillPlan {
                 in_place_qkv(&self.ctx, self.opts.storage, &qs, &ks, &vs)?;
             }
         }
-        for w in cu_seqlens.windows(2) {
+        for (i, w) in cu_seqlens.windows(2).enumerate() {
             let (t0, n) = (w[0], w[1] - w[0]);
             let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
             let plan = self.plan(n, Some([&qs, &ks, &vs]))?;
@@ -885,6 +976,9 @@ impl VarlenPrefillPlan {
                 selection: sel.as_ref(),
             };
             plan.run(enc, &qs, &ks, &vs, &outs, prof.as_deref_mut())?;
+            if let Some((cache, seqs)) = &mut cache {
+                cache.record_prefill_from_plan(enc, seqs[i], &plan, 0)?;
+            }
         }
         Ok(())
     }
