@@ -291,7 +291,9 @@ impl KvCache {
     /// (the next layer's QKV projection in a reused buffer, say).
     /// The cache and the plan must agree on Hkv, D, storage, block size, merge factor and
     /// scoring. What is loaded is what the plan's last recorded run leaves once it has
-    /// executed, so record this after a run. Errors:
+    /// executed, so record this after that run and before the plan's next one (which reuses
+    /// the same buffers: two runs then two take-overs load the second run's sequence twice);
+    /// a varlen prefill hands over with [`crate::VarlenPrefillPlan::run_into_cache`]. Errors:
     /// [`crate::GpuError::Unsupported`] when they differ; [`PisaError::TooLarge`] for a `seq`,
     /// `batch` or N past the cache's; nothing changes on error.
     pub fn record_prefill_from_plan(
