@@ -788,28 +788,36 @@ fn unaligned(ctx: &Context, c: PackedCase, x: [&[f32]; 3]) -> [TensorView; 3] {
     [mk(x[0], hq), mk(x[1], hkv), mk(x[2], hkv)]
 }
 
-/// A buffer holding O of `s` as BNHD `[B, N, Hq, D]` of storage `st`'s output dtype at byte 256
-/// (poisoned), and its `[B, Hq, N, D]` view: an O the kernels can write in place.
-fn out_in_place(ctx: &Context, s: &AttentionShape, st: Storage) -> (wgpu::Buffer, TensorView) {
+/// A buffer holding O of `s` of storage `st`'s output dtype (poisoned), and its
+/// `[B, Hq, N, D]` view: an O the kernels can write in place, as BNHD `[B, N, Hq, D]` at byte
+/// 256 (`bnhd`) or as BHND at byte 512.
+fn out_in_place(
+    ctx: &Context,
+    s: &AttentionShape,
+    st: Storage,
+    bnhd: bool,
+) -> (wgpu::Buffer, TensorView) {
     let (b, hq, n, d) = (s.batch, s.q_heads, s.q_len, s.head_dim);
-    let buf = storage_buffer(ctx, 256, &vec![f32::NAN; s.q_elems()], st.output());
-    let strides = [n * hq * d, d, hq * d, 1];
+    let at = if bnhd { 256 } else { 512 };
+    let buf = storage_buffer(ctx, at, &vec![f32::NAN; s.q_elems()], st.output());
+    let strides = match bnhd {
+        true => [n * hq * d, d, hq * d, 1],
+        false => [hq * n * d, n * d, d, 1],
+    };
     let dt = DType::from(st.output());
-    let view = TensorView::new(&buf, 256, dt, [b, hq, n, d], strides).unwrap();
+    let view = TensorView::new(&buf, at as u64, dt, [b, hq, n, d], strides).unwrap();
     (buf, view)
 }
 
-/// O written by [`out_in_place`]'s view, as BHND f32 (widened exactly from f16).
-fn read_bnhd_as_bhnd(
-    ctx: &Context,
-    buf: &wgpu::Buffer,
-    s: &AttentionShape,
-    st: Storage,
-) -> Vec<f32> {
-    let (b, hq, n, d) = (s.batch, s.q_heads, s.q_len, s.head_dim);
+/// O written through `view` (of [`out_in_place`]) in `buf`, as BHND f32 (widened exactly from
+/// f16).
+fn read_o(ctx: &Context, buf: &wgpu::Buffer, view: &TensorView, st: Storage) -> Vec<f32> {
+    let [b, hq, n, d] = view.shape();
+    let [sb, sh, sn, _] = view.strides();
+    let at = view.offset() as usize;
     let bytes = ctx.read_bytes(buf).unwrap();
     let e = st.output().bytes() as usize;
-    let raw = &bytes[256..256 + s.q_elems() * e];
+    let raw = &bytes[at..at + b * hq * n * d * e];
     let x: Vec<f32> = match st.output() {
         Storage::F16 => (bytemuck::cast_slice::<u8, u16>(raw).iter())
             .map(|&h| half::f16::from_bits(h).to_f32())
@@ -820,7 +828,7 @@ fn read_bnhd_as_bhnd(
     for bi in 0..b {
         for h in 0..hq {
             for t in 0..n {
-                let at = ((bi * n + t) * hq + h) * d;
+                let at = bi * sb + h * sh + t * sn;
                 out.extend_from_slice(&x[at..at + d]);
             }
         }
@@ -862,7 +870,7 @@ fn run_plan_into(
     st: Storage,
 ) -> (Vec<f32>, Vec<f32>, Vec<i32>) {
     let (_, lse, sel) = run_plan_out(ctx, plan, s, top_k, qkv, Some(view));
-    (read_bnhd_as_bhnd(ctx, buf, s, st), lse, sel)
+    (read_o(ctx, buf, view, st), lse, sel)
 }
 
 fn run_plan_out(
@@ -1007,11 +1015,23 @@ fn packed_qkv_is_read_in_place() {
             let only = PrefillPlan::new_in_place(ctx, &s, &opts, &views(dq, dk, dv, None)).unwrap();
             let only_got = run_plan(ctx, &only, &s, kk, &direct);
             // And writing O in place too: a BNHD O in a buffer of its own, of the output dtype.
-            let (o_in_place, o_view) = out_in_place(ctx, &s, st);
+            let (o_in_place, o_view) = out_in_place(ctx, &s, st, true);
             let with_o = views(dq, dk, dv, Some(&o_view));
             let only_o = PrefillPlan::new_in_place(ctx, &s, &opts, &with_o).unwrap();
             let only_o_got =
                 run_plan_into(ctx, &only_o, &s, kk, &direct, (&o_in_place, &o_view), st);
+            // The same plan writing another O buffer (new strides in its parameters, a new bind
+            // group): the same O.
+            let (o2, o2_view) = out_in_place(ctx, &s, st, false);
+            let again = run_plan_into(ctx, &only_o, &s, kk, &direct, (&o2, &o2_view), st);
+            assert!(
+                again
+                    .0
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .eq(only_o_got.0.iter().map(|x| x.to_bits())),
+                "case {i} {order:?}: O in place into a second buffer differs"
+            );
             // O in the buffer of the inputs, or of the wrong dtype, is refused.
             let e = PrefillPlan::new_in_place(ctx, &s, &opts, &views(dq, dk, dv, Some(dq)))
                 .unwrap_err();
