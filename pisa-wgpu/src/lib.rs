@@ -20,7 +20,8 @@
 //!   (16-bit words widened in the kernels, O written in f32), for prefill and the decode cache.
 //! - [`KvCache`]: the decode cache; [`KvCache::record_append_view`] and
 //!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no allocation,
-//!   host write or wait; several recorded pairs are a multi-token append.
+//!   host write or wait; [`KvCache::record_chunk`] ([`ChunkOutputs`]) appends and attends T
+//!   tokens per sequence (a chunked prefill into the cache).
 //! - [`Tuning`]: the kernels' knobs (speed only, every setting gives the same results), with
 //!   per-device defaults; [`Context::tuning`] / [`Context::set_tuning`], or
 //!   [`Context::with_tuning`] before the device opens. Their names and `PISA_*` variables:
@@ -80,7 +81,7 @@ pub mod ops;
 pub mod runtime;
 
 pub use error::{GpuError, Result};
-pub use ops::decode::{DecodeOutput, KvCache, StepOutputs};
+pub use ops::decode::{ChunkOutputs, DecodeOutput, KvCache, StepOutputs};
 pub use ops::prefill::{
     prefill_host, PlanViews, PrefillOptions, PrefillOutput, PrefillOutputs, PrefillPlan,
     VarlenPrefillPlan,

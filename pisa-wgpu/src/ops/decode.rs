@@ -87,12 +87,14 @@
 //! D = 128, C = 64; the fused kernel, when it fits, about 30 KiB).
 
 mod cache;
+mod chunk;
 mod fused;
 mod plan;
 mod shaders;
 
 use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig};
 
+pub use self::chunk::ChunkOutputs;
 use self::fused::FusedPlan;
 use self::plan::{Params, Plan};
 pub use self::record::StepOutputs;

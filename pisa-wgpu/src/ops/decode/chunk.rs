@@ -1,0 +1,111 @@
+//! A chunk of tokens appended to every sequence and attended (chunked prefill into the cache,
+//! or speculative decoding's verification: `flash_attn_with_kvcache` with T query tokens), as
+//! T recorded append + step pairs: the same kernels and results as recording them one by one.
+
+use super::KvCache;
+use crate::error::{GpuError, Result};
+use crate::ops::gather::{check_scatter_dst, record_scatter};
+use crate::runtime::pipeline::Storage;
+use crate::runtime::profiler::Profiler;
+use crate::runtime::view::{DType, TensorView};
+use pisa_core::PisaError;
+
+/// The caller's outputs of [`KvCache::record_chunk`]: any strides, written token by token.
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkOutputs<'a> {
+    /// O `[B, Hq, T, D]`: f32, f16 or bf16 (converted from the cache's output type).
+    pub out: &'a TensorView,
+    /// LSE `[B, Hq, T, 1]` f32 (natural log).
+    pub lse: &'a TensorView,
+}
+
+impl KvCache {
+    /// Records a chunk of T tokens for every sequence: for `t` in `0..T`, token `t` of `k`,
+    /// `v` (`[B, Hkv, T, D]`) is appended to each sequence (after its current length), then
+    /// query token `t` of `q` (`[B, Hq, T, D]`) attends over the sequence's cache (PISA
+    /// selection and attention of a decode step: its earlier tokens and the chunk's tokens up
+    /// to `t`, causal), and its O and LSE go to token `t` of `outputs`. The views may have any
+    /// strides and dtype (token slices that cannot be bound in place are gathered, as
+    /// [`Self::record_append_view`] and [`Self::record_step_into`] do); the outputs are written
+    /// by a scatter per token from the cache's own ([`Self::outputs`], which hold the last
+    /// token's afterwards).
+    ///
+    /// Cost: T decode steps and appends (the kernels of decode, one token at a time), plus the
+    /// host work of one small parameter buffer and bind group per gather and scatter; the
+    /// sequences' lengths advance by T.
+    ///
+    /// Errors: [`GpuError::View`] for views of the wrong shape, an LSE that is not f32 or an O
+    /// its scatter cannot write; [`PisaError::TooLarge`] when a sequence would pass the cache's
+    /// capacity; [`PisaError::Zero`] for T = 0. All checked before anything is recorded.
+    pub fn record_chunk(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        outputs: &ChunkOutputs<'_>,
+        mut prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let s = self.shape;
+        let (b, hq, hkv, d) = (s.batch, s.q_heads, s.kv_heads, s.head_dim);
+        let t_n = q.shape()[2];
+        if t_n == 0 {
+            return Err(PisaError::Zero {
+                what: "chunk tokens",
+            }
+            .into());
+        }
+        let want = [
+            ("q", q, [b, hq, t_n, d]),
+            ("k", k, [b, hkv, t_n, d]),
+            ("v", v, [b, hkv, t_n, d]),
+            ("chunk output", outputs.out, [b, hq, t_n, d]),
+            ("chunk lse", outputs.lse, [b, hq, t_n, 1]),
+        ];
+        for (what, view, shape) in want {
+            if view.shape() != shape {
+                return Err(GpuError::View(format!(
+                    "{what}: expected shape {shape:?}, got {:?}",
+                    view.shape()
+                )));
+            }
+        }
+        if outputs.lse.dtype() != DType::F32 || outputs.out.dtype() == DType::I32 {
+            return Err(GpuError::View(format!(
+                "chunk outputs: O must be f32, f16 or bf16 and LSE f32 (got {:?}, {:?})",
+                outputs.out.dtype(),
+                outputs.lse.dtype()
+            )));
+        }
+        let cap = self.layout.key_len();
+        if let Some(&len) = self.lens.iter().find(|&&len| len + t_n > cap) {
+            return Err(PisaError::TooLarge {
+                what: "sequence length after the chunk",
+                value: (len + t_n) as u64,
+                limit: cap as u64,
+            }
+            .into());
+        }
+        let o_st = self.storage.output();
+        for t in 0..t_n {
+            check_scatter_dst(o_st, &outputs.out.tokens(t, 1)?)?;
+            check_scatter_dst(Storage::F32, &outputs.lse.tokens(t, 1)?)?;
+        }
+        let all = vec![true; b];
+        for t in 0..t_n {
+            let (kt, vt, qt) = (k.tokens(t, 1)?, v.tokens(t, 1)?, q.tokens(t, 1)?);
+            self.record_append_view(enc, &kt, &vt, &all, prof.as_deref_mut())?;
+            self.record_step_into(enc, &qt, None, prof.as_deref_mut())?;
+            let (o, lse) = (&self.out.buffer, &self.lse.buffer);
+            record_scatter(&self.ctx, enc, o, o_st, &outputs.out.tokens(t, 1)?)?;
+            record_scatter(
+                &self.ctx,
+                enc,
+                lse,
+                Storage::F32,
+                &outputs.lse.tokens(t, 1)?,
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,165 @@
+//! `KvCache::record_chunk` (T tokens appended and attended per sequence: chunked prefill into
+//! the cache) gives bitwise what recording the T append + step pairs one by one gives, over two
+//! chunks (lengths advance), with the chunk's views strided (gathered per token) and outputs
+//! poisoned first; bad calls are typed errors that record nothing.
+
+mod common;
+
+use common::*;
+use pisa_core::{SelectionConfig, TensorLayout};
+use pisa_wgpu::ops::decode::{ChunkOutputs, KvCache, StepOutputs};
+use pisa_wgpu::{wgpu, Context, DType, GpuError, Storage, TensorView};
+
+fn buffer(ctx: &Context, data: &[f32]) -> wgpu::Buffer {
+    let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app"),
+        size: (data.len() * 4).max(4) as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    ctx.queue().write_buffer(&b, 0, bytemuck::cast_slice(data));
+    b
+}
+
+fn bhnd(b: &wgpu::Buffer, shape: [usize; 4]) -> TensorView {
+    TensorView::contiguous(b, 0, DType::F32, shape, TensorLayout::Bhnd).unwrap()
+}
+
+fn bits(ctx: &Context, b: &wgpu::Buffer) -> Vec<u32> {
+    let bytes = ctx.read_bytes(b).unwrap();
+    bytemuck::cast_slice::<u8, u32>(&bytes).to_vec()
+}
+
+#[test]
+fn chunk_equals_steps_one_by_one() {
+    let ctx = ctx();
+    let (bsz, hq, hkv, d, cap) = (2usize, 6usize, 2usize, 32usize, 200usize);
+    let cfg = SelectionConfig::new(16, 3).unwrap();
+    let new_cache = || KvCache::new(ctx, bsz, cap, hq, hkv, d, cfg, Storage::F32).unwrap();
+    let (mut chunked, mut stepped) = (new_cache(), new_cache());
+    let mut r = rng(seed("decode_chunk"));
+    // Both caches start from the same 50 (sequence 0) and 33 (sequence 1) tokens.
+    for (seq, p) in [(0usize, 50usize), (1, 33)] {
+        let (k, v) = (
+            random(&mut r, hkv * p * d, 1.0),
+            random(&mut r, hkv * p * d, 1.0),
+        );
+        for c in [&mut chunked, &mut stepped] {
+            c.prefill(seq, &k, &v, TensorLayout::Bhnd).unwrap();
+        }
+    }
+    for t_n in [7usize, 4] {
+        let (q, k, v) = (
+            buffer(ctx, &random(&mut r, bsz * hq * t_n * d, 1.0)),
+            buffer(ctx, &random(&mut r, bsz * hkv * t_n * d, 1.0)),
+            buffer(ctx, &random(&mut r, bsz * hkv * t_n * d, 1.0)),
+        );
+        let (qv, kv, vv) = (
+            bhnd(&q, [bsz, hq, t_n, d]),
+            bhnd(&k, [bsz, hkv, t_n, d]),
+            bhnd(&v, [bsz, hkv, t_n, d]),
+        );
+        let (o, l) = (
+            buffer(ctx, &vec![f32::NAN; bsz * hq * t_n * d]),
+            buffer(ctx, &vec![f32::NAN; bsz * hq * t_n]),
+        );
+        let (ov, lv) = (bhnd(&o, [bsz, hq, t_n, d]), bhnd(&l, [bsz, hq, t_n, 1]));
+        let outs = ChunkOutputs { out: &ov, lse: &lv };
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        // Bad calls first: nothing is recorded, nothing changes.
+        let e = chunked
+            .record_chunk(&mut enc, &kv, &kv, &vv, &outs, None)
+            .unwrap_err();
+        assert!(matches!(e, GpuError::View(_)), "{e}");
+        let bad = TensorView::new(&o, 0, DType::I32, ov.shape(), ov.strides()).unwrap();
+        let e = chunked
+            .record_chunk(
+                &mut enc,
+                &qv,
+                &kv,
+                &vv,
+                &ChunkOutputs {
+                    out: &bad,
+                    lse: &lv,
+                },
+                None,
+            )
+            .unwrap_err();
+        assert!(matches!(e, GpuError::View(_)), "{e}");
+        let lens = chunked.lens().to_vec();
+        chunked
+            .record_chunk(&mut enc, &qv, &kv, &vv, &outs, None)
+            .unwrap();
+        // The same tokens one by one, each step's outputs in a buffer of its own.
+        let mut per_token = Vec::new();
+        for t in 0..t_n {
+            let (ot, lt) = (
+                buffer(ctx, &vec![f32::NAN; bsz * hq * d]),
+                buffer(ctx, &vec![f32::NAN; bsz * hq]),
+            );
+            let (otv, ltv) = (bhnd(&ot, [bsz, hq, 1, d]), bhnd(&lt, [bsz, hq, 1, 1]));
+            let all = [true; 2];
+            let (kt, vt) = (kv.tokens(t, 1).unwrap(), vv.tokens(t, 1).unwrap());
+            stepped
+                .record_append_view(&mut enc, &kt, &vt, &all, None)
+                .unwrap();
+            let so = StepOutputs {
+                out: &otv,
+                lse: &ltv,
+                selection: None,
+            };
+            stepped
+                .record_step_into(&mut enc, &qv.tokens(t, 1).unwrap(), Some(&so), None)
+                .unwrap();
+            per_token.push((ot, lt));
+        }
+        ctx.queue().submit([enc.finish()]);
+        assert_eq!(chunked.lens(), stepped.lens());
+        assert_eq!(chunked.lens(), &[lens[0] + t_n, lens[1] + t_n][..]);
+        let (o_bits, l_bits) = (bits(ctx, &o), bits(ctx, &l));
+        assert!(
+            o_bits.iter().all(|&x| f32::from_bits(x).is_finite()),
+            "O not written"
+        );
+        for (t, (ot, lt)) in per_token.iter().enumerate() {
+            let (want_o, want_l) = (bits(ctx, ot), bits(ctx, lt));
+            for bh in 0..bsz * hq {
+                let got = &o_bits[(bh * t_n + t) * d..][..d];
+                assert_eq!(got, &want_o[bh * d..][..d], "T {t_n} token {t} row {bh}: O");
+                assert_eq!(
+                    l_bits[bh * t_n + t],
+                    want_l[bh],
+                    "T {t_n} token {t} row {bh}: LSE"
+                );
+            }
+        }
+    }
+    // Past the capacity: refused before anything is recorded.
+    let t_n = cap;
+    let (q, k) = (
+        buffer(ctx, &vec![0.5; bsz * hq * t_n * d]),
+        buffer(ctx, &vec![0.5; bsz * hkv * t_n * d]),
+    );
+    let (o, l) = (
+        buffer(ctx, &vec![0.0; bsz * hq * t_n * d]),
+        buffer(ctx, &vec![0.0; bsz * hq * t_n]),
+    );
+    let (ov, lv) = (bhnd(&o, [bsz, hq, t_n, d]), bhnd(&l, [bsz, hq, t_n, 1]));
+    let kv = bhnd(&k, [bsz, hkv, t_n, d]);
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let lens = chunked.lens().to_vec();
+    let e = chunked
+        .record_chunk(
+            &mut enc,
+            &bhnd(&q, [bsz, hq, t_n, d]),
+            &kv,
+            &kv,
+            &ChunkOutputs { out: &ov, lse: &lv },
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(e, GpuError::Input(_)), "{e}");
+    assert_eq!(chunked.lens(), &lens[..]);
+}
