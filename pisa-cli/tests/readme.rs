@@ -49,7 +49,8 @@ use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
 use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutputs, PrefillPlan};
 use pisa_wgpu::{Context, DType, Storage, TensorView};
 
-// The app's device (open it with pisa_wgpu::wanted_features(&adapter) and adapter.limits()).
+// The app's device (open it with pisa_wgpu::wanted_features(&adapter) and adapter.limits();
+// less EXPERIMENTAL_COOPERATIVE_MATRIX unless the descriptor enables wgpu's experimental features).
 // pisa never replaces its callbacks; pisa's errors come back as Results (error scopes).
 let ctx = Context::from_device(&adapter, device.clone(), queue.clone())?;
 
