@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
-use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutputs, PrefillPlan};
+use pisa_wgpu::ops::prefill::{PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan};
 use pisa_wgpu::{wgpu, AdapterChoice, Context, DType, Storage, TensorView};
 
 const B: usize = 3;
@@ -103,13 +103,25 @@ fn prefill_record(c: &mut Criterion) {
         cfg: SelectionConfig::new(64, 8).expect("config"),
         ..Default::default()
     };
-    let mut group = c.benchmark_group("prefill_record_run");
+    for in_place in [false, true] {
+        prefill_group(c, &ctx, &opts, in_place);
+    }
+}
+
+/// `prefill_record_run`: [`PrefillPlan::new`] run on views of the caller's buffers (read in
+/// place, O copied out); `prefill_record_run_in_place`: [`PrefillPlan::new_in_place`] with O
+/// written in place (no staging, no copy).
+fn prefill_group(c: &mut Criterion, ctx: &Context, opts: &PrefillOptions, in_place: bool) {
+    let name = match in_place {
+        false => "prefill_record_run",
+        true => "prefill_record_run_in_place",
+    };
+    let mut group = c.benchmark_group(name);
     for n in [1024usize, 4096, 16384] {
         let shape = AttentionShape::prefill(1, HQ, HKV, n, D).expect("shape");
-        let plan = PrefillPlan::new(&ctx, &shape, &opts).expect("plan");
-        let (q, o) = (buffer(&ctx, HQ * n * D * 4), buffer(&ctx, HQ * n * D * 4));
-        let (k, v) = (buffer(&ctx, HKV * n * D * 4), buffer(&ctx, HKV * n * D * 4));
-        let lse = buffer(&ctx, HQ * n * 4);
+        let (q, o) = (buffer(ctx, HQ * n * D * 4), buffer(ctx, HQ * n * D * 4));
+        let (k, v) = (buffer(ctx, HKV * n * D * 4), buffer(ctx, HKV * n * D * 4));
+        let lse = buffer(ctx, HQ * n * 4);
         let (qs, kvs) = ([1, HQ, n, D], [1, HKV, n, D]);
         let (qv, kv, vv) = (
             view(&q, DType::F32, qs),
@@ -125,6 +137,19 @@ fn prefill_record(c: &mut Criterion) {
             lse: &lv,
             selection: None,
         };
+        let plan = match in_place {
+            false => PrefillPlan::new(ctx, &shape, opts),
+            true => {
+                let views = PlanViews {
+                    q: &qv,
+                    k: &kv,
+                    v: &vv,
+                    out: Some(&ov),
+                };
+                PrefillPlan::new_in_place(ctx, &shape, opts, &views)
+            }
+        }
+        .expect("plan");
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |bch, _| {
             bch.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
