@@ -39,7 +39,7 @@ export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # Left out: the cooperative-matrix and Vulkan-only binaries.
 BINS=(pyramid fill gather prefill prefill_plan attention attention_edge attention_split
   attention_union select select_route coopmat_select backward attention_by_leaf
-  select_baselines embedding decode_from_plan reliability reliability_device
+  select_baselines embedding decode_from_plan decode_chunk reliability reliability_device
   reliability_determinism reliability_nonfinite reliability_nonfinite_rows
   reliability_nonfinite_decode)
 if [ $# -gt 0 ]; then BINS=("$@"); fi
