@@ -37,6 +37,18 @@ impl KvCache {
     /// Errors: [`GpuError::View`] for views of the wrong shape, an LSE that is not f32 or an O
     /// its scatter cannot write; [`PisaError::TooLarge`] when a sequence would pass the cache's
     /// capacity; [`PisaError::Zero`] for T = 0. All checked before anything is recorded.
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &pisa_wgpu::Context, cache: &mut pisa_wgpu::KvCache, q: &pisa_wgpu::TensorView,
+    /// #      k: &pisa_wgpu::TensorView, v: &pisa_wgpu::TensorView, o: &pisa_wgpu::TensorView,
+    /// #      lse: &pisa_wgpu::TensorView) -> pisa_wgpu::Result<()> {
+    /// use pisa_wgpu::ChunkOutputs;
+    /// // q [B, Hq, T, D], k, v [B, Hkv, T, D]: T new tokens of every sequence.
+    /// let mut enc = ctx.device().create_command_encoder(&Default::default());
+    /// cache.record_chunk(&mut enc, q, k, v, &ChunkOutputs { out: o, lse }, None)?;
+    /// ctx.queue().submit([enc.finish()]);
+    /// # Ok(()) }
+    /// ```
     pub fn record_chunk(
         &mut self,
         enc: &mut wgpu::CommandEncoder,

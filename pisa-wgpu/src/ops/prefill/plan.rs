@@ -887,6 +887,25 @@ impl VarlenPrefillPlan {
     /// per sequence, or names a sequence twice; those of
     /// [`KvCache::record_prefill_from_plan`] (a cache that does not match, a sequence or length
     /// past its own), checked before anything is recorded.
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &pisa_wgpu::Context, q: &pisa_wgpu::TensorView, k: &pisa_wgpu::TensorView,
+    /// #      v: &pisa_wgpu::TensorView, o: &pisa_wgpu::TensorView, lse: &pisa_wgpu::TensorView)
+    /// #      -> pisa_wgpu::Result<()> {
+    /// use pisa_core::SelectionConfig;
+    /// use pisa_wgpu::{KvCache, PrefillOptions, PrefillOutputs, Storage, VarlenPrefillPlan};
+    /// let opts = PrefillOptions { cfg: SelectionConfig::new(64, 16)?, ..Default::default() };
+    /// let varlen = VarlenPrefillPlan::new(ctx, 32, 8, 128, &opts)?;
+    /// let mut cache = KvCache::new(ctx, 3, 1 << 16, 32, 8, 128, opts.cfg, Storage::F32)?;
+    /// // Three sequences of 1000, 700 and 1000 tokens packed along q, k, v's token dimension,
+    /// // loaded into cache sequences 0, 1 and 2.
+    /// let cu = [0, 1000, 1700, 2700];
+    /// let outs = PrefillOutputs { out: o, lse, selection: None };
+    /// let mut enc = ctx.device().create_command_encoder(&Default::default());
+    /// varlen.run_into_cache(&mut enc, &cu, q, k, v, &outs, &mut cache, &[0, 1, 2], None)?;
+    /// ctx.queue().submit([enc.finish()]);
+    /// # Ok(()) }
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn run_into_cache(
         &self,
