@@ -792,6 +792,23 @@ impl VarlenPrefillPlan {
     /// meets that length, from that run's views of the sequence; a run whose views the kernels
     /// cannot read in place is a [`GpuError::View`]. [`Self::prepare`] is refused (a plan needs
     /// views to be made). Errors: as [`Self::new`].
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &pisa_wgpu::Context, q: &pisa_wgpu::TensorView, k: &pisa_wgpu::TensorView,
+    /// #      v: &pisa_wgpu::TensorView, o: &pisa_wgpu::TensorView, lse: &pisa_wgpu::TensorView)
+    /// #      -> pisa_wgpu::Result<()> {
+    /// use pisa_core::SelectionConfig;
+    /// use pisa_wgpu::{PrefillOptions, PrefillOutputs, VarlenPrefillPlan};
+    /// let opts = PrefillOptions { cfg: SelectionConfig::new(64, 16)?, ..Default::default() };
+    /// // q, k, v: a packed QKV projection [T, Hq + 2 Hkv, D] whose sequences start on binding
+    /// // boundaries (a token row of (Hq + 2 Hkv) * D elements a multiple of 256 bytes).
+    /// let varlen = VarlenPrefillPlan::new_in_place(ctx, 32, 8, 128, &opts)?;
+    /// let outs = PrefillOutputs { out: o, lse, selection: None };
+    /// let mut enc = ctx.device().create_command_encoder(&Default::default());
+    /// varlen.run(&mut enc, &[0, 1024, 3072], q, k, v, &outs, None)?;
+    /// ctx.queue().submit([enc.finish()]);
+    /// # Ok(()) }
+    /// ```
     pub fn new_in_place(
         ctx: &Context,
         q_heads: usize,
