@@ -88,6 +88,36 @@ fn chunk_equals_steps_one_by_one() {
             )
             .unwrap_err();
         assert!(matches!(e, GpuError::View(_)), "{e}");
+        // An i32 query, a k of another T, and outputs over the queries are refused too.
+        let q32 = TensorView::new(&q, 0, DType::I32, qv.shape(), qv.strides()).unwrap();
+        let e = chunked
+            .record_chunk(&mut enc, &q32, &kv, &vv, &outs, None)
+            .unwrap_err();
+        assert!(
+            matches!(e, GpuError::View(ref m) if m.contains("I32")),
+            "{e}"
+        );
+        let k_short = bhnd(&k, [bsz, hkv, t_n - 1, d]);
+        let e = chunked
+            .record_chunk(&mut enc, &qv, &k_short, &vv, &outs, None)
+            .unwrap_err();
+        assert!(
+            matches!(e, GpuError::View(ref m) if m.contains("same T")),
+            "{e}"
+        );
+        let over = ChunkOutputs { out: &qv, lse: &lv };
+        let e = chunked
+            .record_chunk(&mut enc, &qv, &kv, &vv, &over, None)
+            .unwrap_err();
+        assert!(
+            matches!(e, GpuError::View(ref m) if m.contains("share bytes")),
+            "{e}"
+        );
+        assert_eq!(
+            chunked.lens(),
+            stepped.lens(),
+            "a refused chunk changed the lengths"
+        );
         let lens = chunked.lens().to_vec();
         chunked
             .record_chunk(&mut enc, &qv, &kv, &vv, &outs, None)

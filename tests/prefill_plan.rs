@@ -199,6 +199,25 @@ fn plan_refuses_views_it_cannot_use() {
         .run(&mut enc, &l.q, &l.k, &l.v, &po2, None)
         .unwrap_err();
     assert!(matches!(e, GpuError::View(_)), "{e}");
+    // Outputs sharing bytes (LSE over O) are refused.
+    let lse_over_o = TensorView::new(o.buffer(), 0, DType::F32, lse.shape(), lse.strides());
+    let e = plan
+        .run(
+            &mut enc,
+            &l.q,
+            &l.k,
+            &l.v,
+            &PrefillOutputs {
+                lse: &lse_over_o.unwrap(),
+                ..po
+            },
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.contains("share bytes")),
+        "{e}"
+    );
     // O must be a float type; a 2-byte O that its scatter cannot write in whole words (an odd
     // token stride) is refused before anything is recorded.
     let [n_o, d_o] = [o.shape()[2], o.shape()[3]];
@@ -588,6 +607,16 @@ fn varlen_prefill_equals_each_sequence_alone() {
         )
         .unwrap_err();
     assert!(matches!(e, GpuError::View(_)), "{e}");
+    // Outputs over the inputs (sequence i's O would overwrite later sequences' Q): refused
+    // before anything is recorded.
+    let o_over_q = PrefillOutputs { out: &qv, ..outs };
+    let e = plan
+        .run(&mut enc, &cu, &qv, &kv, &vv, &o_over_q, None)
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.contains("share bytes")),
+        "{e}"
+    );
     plan.run_into_cache(
         &mut enc,
         &cu,

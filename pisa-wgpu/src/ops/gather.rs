@@ -250,6 +250,14 @@ pub(crate) fn check_scatter_dst(src_storage: Storage, dst: &TensorView) -> Resul
     Ok(())
 }
 
+/// The checks of [`record_gather`] on its source alone (its conversion into `dst_storage`, its
+/// extent), for callers that check their inputs before recording anything. Errors as
+/// [`record_gather`]'s for `src`.
+pub(crate) fn check_gather_src(src: &TensorView, dst_storage: Storage) -> Result<()> {
+    kind(src.dtype(), dst_storage)?;
+    check_view_end(src, "gather source")
+}
+
 /// `bytes` rounded up to whole 4-byte words.
 fn words(bytes: u64) -> u64 {
     bytes.div_ceil(4) * 4

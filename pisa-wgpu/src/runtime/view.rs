@@ -297,6 +297,22 @@ impl TensorView {
         self.shape.iter().product()
     }
 
+    /// The bytes from the view's first element to past its last, `start..end` in its buffer.
+    pub(crate) fn byte_span(&self) -> std::ops::Range<u64> {
+        let last: u64 = (self.shape.iter().zip(&self.strides))
+            .map(|(&n, &s)| (n.saturating_sub(1) * s) as u64)
+            .sum();
+        self.offset..self.offset + (last + 1) * self.dtype.bytes()
+    }
+
+    /// Whether `self` and `other` lie in one buffer with intersecting byte spans (a
+    /// conservative test: strided views may interleave without sharing an element; the
+    /// operations that refuse overlapping views say so).
+    pub(crate) fn overlaps(&self, other: &TensorView) -> bool {
+        let (a, b) = (self.byte_span(), other.byte_span());
+        self.buffer == other.buffer && a.start < b.end && b.start < a.end
+    }
+
     /// The layout in which the view is contiguous (BHND is reported first where both hold,
     /// e.g. H = 1), if any.
     pub fn contiguous_layout(&self) -> Option<TensorLayout> {
@@ -367,4 +383,35 @@ pub fn contiguous_strides(shape: [usize; 4], layout: TensorLayout) -> [usize; 4]
 /// dimensions do not matter).
 fn same_strides(shape: [usize; 4], a: [usize; 4], b: [usize; 4]) -> bool {
     (0..4).all(|i| shape[i] == 1 || a[i] == b[i])
+}
+
+/// An input of attention (Q, K, V, decode rows) must hold floats: an i32 view would be read as
+/// raw bits. Errors: [`GpuError::View`] naming it.
+pub(crate) fn check_float_input(what: &str, view: &TensorView) -> Result<()> {
+    if view.dtype() == DType::I32 {
+        return Err(GpuError::View(format!(
+            "{what}: an input of attention must be f32, f16 or bf16, is I32"
+        )));
+    }
+    Ok(())
+}
+
+/// Views an operation writes must not share bytes with each other, nor with the views it reads
+/// after writing them (`named`: all of them, with the pairs to test given by `pairs` as index
+/// pairs). Errors: [`GpuError::View`] naming the two.
+pub(crate) fn check_disjoint(
+    named: &[(&str, &TensorView)],
+    pairs: &[(usize, usize)],
+) -> Result<()> {
+    for &(i, j) in pairs {
+        let ((a, va), (b, vb)) = (named[i], named[j]);
+        if va.overlaps(vb) {
+            return Err(GpuError::View(format!(
+                "{a} and {b} share bytes of one buffer (bytes {:?} and {:?}); they must not, as one is written while or before the other is used",
+                va.byte_span(),
+                vb.byte_span()
+            )));
+        }
+    }
+    Ok(())
 }

@@ -4,10 +4,10 @@
 
 use super::KvCache;
 use crate::error::{GpuError, Result};
-use crate::ops::gather::{check_scatter_dst, record_scatter};
+use crate::ops::gather::{check_gather_src, check_scatter_dst, record_scatter};
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
-use crate::runtime::view::{DType, TensorView};
+use crate::runtime::view::{check_disjoint, check_float_input, DType, TensorView};
 use pisa_core::PisaError;
 
 /// The caller's outputs of [`KvCache::record_chunk`]: any strides, written token by token.
@@ -34,7 +34,11 @@ impl KvCache {
     /// host work of one small parameter buffer and bind group per gather and scatter; the
     /// sequences' lengths advance by T.
     ///
-    /// Errors: [`GpuError::View`] for views of the wrong shape, an LSE that is not f32 or an O
+    /// The outputs must not share bytes with the inputs or each other (token `t`'s are written
+    /// before token `t + 1`'s inputs are read).
+    ///
+    /// Errors: [`GpuError::View`] for views of the wrong shape or of different T, an input of
+    /// i32, outputs that share bytes with inputs or each other, an LSE that is not f32 or an O
     /// its scatter cannot write; [`PisaError::TooLarge`] when a sequence would pass the cache's
     /// capacity; [`PisaError::Zero`] for T = 0. All checked before anything is recorded.
     ///
@@ -67,6 +71,13 @@ impl KvCache {
             }
             .into());
         }
+        let ts = [k, v, outputs.out, outputs.lse].map(|x| x.shape()[2]);
+        if ts.iter().any(|&t| t != t_n) {
+            return Err(GpuError::View(format!(
+                "chunk: q, k, v, O and LSE must hold the same T tokens (they hold {t_n}, {}, {}, {}, {})",
+                ts[0], ts[1], ts[2], ts[3]
+            )));
+        }
         let want = [
             ("q", q, [b, hq, t_n, d]),
             ("k", k, [b, hkv, t_n, d]),
@@ -98,6 +109,22 @@ impl KvCache {
             }
             .into());
         }
+        for (what, view) in [("q", q), ("k", k), ("v", v)] {
+            check_float_input(what, view)?;
+            check_gather_src(view, self.storage)?;
+        }
+        // Token t's outputs are written before token t + 1's inputs are read.
+        let named = [
+            ("q", q),
+            ("k", k),
+            ("v", v),
+            ("chunk output", outputs.out),
+            ("chunk lse", outputs.lse),
+        ];
+        check_disjoint(
+            &named,
+            &[(0, 3), (1, 3), (2, 3), (0, 4), (1, 4), (2, 4), (3, 4)],
+        )?;
         let o_st = self.storage.output();
         for t in 0..t_n {
             check_scatter_dst(o_st, &outputs.out.tokens(t, 1)?)?;

@@ -10,7 +10,7 @@ use super::{KvCache, Params, MERGE_SHADER, ROUTE_SHADER, SHADER};
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::profiler::Profiler;
-use crate::runtime::view::{DType, InPlace, TensorView};
+use crate::runtime::view::{check_disjoint, check_float_input, DType, InPlace, TensorView};
 
 /// Bindings of one dispatch: `(binding, buffer, byte offset, bytes)`.
 pub(super) type Binds<'a> = Vec<(u32, &'a wgpu::Buffer, u64, u64)>;
@@ -168,8 +168,19 @@ impl KvCache {
         // O is of the kernels' output type: the storage's, f32 for bf16.
         let dt = DType::from(self.storage.output());
         let (b, hq, hkv, d, k) = (s.batch, s.q_heads, s.kv_heads, s.head_dim, self.cfg.top_k);
-        // The outputs are checked before the query's gather (if any) is recorded: nothing is
-        // recorded on error.
+        // The outputs and the query are checked before the query's gather (if any) is
+        // recorded: nothing is recorded on error.
+        self.check_input_view("q", q, [b, hq, 1, d])?;
+        if let Some(o) = outputs {
+            let mut named = vec![("decode output", o.out), ("decode lse", o.lse)];
+            if let Some(sel) = o.selection {
+                named.push(("decode selection", sel));
+            }
+            let pairs: Vec<(usize, usize)> = (0..named.len())
+                .flat_map(|i| (i + 1..named.len()).map(move |j| (i, j)))
+                .collect();
+            check_disjoint(&named, &pairs)?;
+        }
         let (out, lse, sel) = match outputs {
             Some(o) => (
                 self.bind_view("decode output", o.out, dt, [b, hq, 1, d])?,
@@ -193,6 +204,25 @@ impl KvCache {
             lse,
             sel,
         })
+    }
+
+    /// The checks of [`Self::input_view`] that come before it records anything: the shape, a
+    /// float dtype, and, for a view it would gather, the gather's own checks. Errors:
+    /// [`GpuError::View`] and those of the gather.
+    pub(super) fn check_input_view(
+        &self,
+        what: &str,
+        view: &TensorView,
+        shape: [usize; 4],
+    ) -> Result<()> {
+        if view.shape() != shape {
+            return Err(GpuError::View(format!(
+                "{what}: expected shape {shape:?}, got {:?}",
+                view.shape()
+            )));
+        }
+        check_float_input(what, view)?;
+        crate::ops::gather::check_gather_src(view, self.storage)
     }
 
     /// An input `view` of `shape` as a range to bind: in place when it is contiguous, of the

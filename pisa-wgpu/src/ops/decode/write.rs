@@ -436,6 +436,9 @@ impl KvCache {
         let shape = [s.batch, s.kv_heads, 1, s.head_dim];
         // Checked before any gather is recorded: nothing is recorded on error.
         self.check_append(s.batch * s.kv_heads * s.head_dim, active)?;
+        for (what, view) in [("appended keys", k), ("appended values", v)] {
+            self.check_input_view(what, view, shape)?;
+        }
         let io = AppendIo {
             active: active.to_vec(),
             k: self.input_view(enc, "appended keys", k, shape, &self.k_in)?,

@@ -27,7 +27,9 @@ use crate::runtime::context::{Context, KernelPath, LeafOrder};
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
 use crate::runtime::tuning::Tuning;
-use crate::runtime::view::{contiguous_strides, DType, TensorView};
+use crate::runtime::view::{
+    check_disjoint, check_float_input, contiguous_strides, DType, TensorView,
+};
 
 /// The caller's outputs of a prefill run.
 #[derive(Debug, Clone, Copy)]
@@ -465,41 +467,15 @@ impl PrefillPlan {
         check_shape("q", q, [b, hq, n, d])?;
         check_shape("k", k, [b, hkv, n, d])?;
         check_shape("v", v, [b, hkv, n, d])?;
-        check_shape("output", outputs.out, [b, hq, n, d])?;
-        check_shape("lse", outputs.lse, [b, hq, n, 1])?;
-        if outputs.lse.dtype() != DType::F32 {
-            return Err(GpuError::View(format!(
-                "lse: must be f32, is {:?}",
-                outputs.lse.dtype()
-            )));
+        for (what, view) in [("q", q), ("k", k), ("v", v)] {
+            check_float_input(what, view)?;
         }
-        if let Some(sel) = outputs.selection {
-            check_shape("selection", sel, [b, hkv, n, kk])?;
-            if sel.dtype() != DType::I32 {
-                return Err(GpuError::View(format!(
-                    "selection: must be i32, is {:?}",
-                    sel.dtype()
-                )));
-            }
-        }
-        if outputs.out.dtype() == DType::I32 {
-            return Err(GpuError::View(
-                "output: O must be f32, f16 or bf16, is I32".into(),
-            ));
-        }
-        // The outputs' scatters are checked now, so that nothing is recorded when they would
-        // fail (a buffer copy, where it applies, cannot).
-        let scatters = |st: Storage, dst: &TensorView| match copy_of(st, dst) {
-            Some(_) => Ok(()),
-            None => check_scatter_dst(st, dst),
-        };
-        if !self.out_in_place {
-            scatters(self.opts.storage.output(), outputs.out)?;
-        }
-        scatters(Storage::F32, outputs.lse)?;
-        if let Some(sel) = outputs.selection {
-            scatters(Storage::F32, sel)?;
-        }
+        check_outputs(
+            outputs,
+            [b, hq, hkv, n, d, kk],
+            self.opts.storage,
+            self.out_in_place,
+        )?;
         let st = self.opts.storage;
         let q_in = in_place(ctx, q, st);
         let (k_in, v_in) = match (in_place(ctx, k, st), in_place(ctx, v, st)) {
@@ -681,6 +657,73 @@ fn in_place(
         };
         (t, layout)
     })
+}
+
+/// `cu_seqlens` of a varlen call: at least one sequence, from token 0, strictly increasing.
+/// Errors: [`GpuError::Input`].
+fn check_cu_seqlens(cu_seqlens: &[usize]) -> Result<()> {
+    let bad = |what: &'static str| GpuError::Input(pisa_core::PisaError::Zero { what });
+    if cu_seqlens.len() < 2 || cu_seqlens[0] != 0 {
+        return Err(bad(
+            "cu_seqlens: at least one sequence, starting at token 0",
+        ));
+    }
+    if cu_seqlens.windows(2).any(|w| w[1] <= w[0]) {
+        return Err(bad(
+            "cu_seqlens: sequence lengths (strictly increasing offsets)",
+        ));
+    }
+    Ok(())
+}
+
+/// The checks of a run's outputs (`dims`: B, Hq, Hkv, N, D, K) before anything is recorded:
+/// shapes and dtypes, the scatters that will write them (unless a buffer copy does; O not at all
+/// when written in place), and no two of them sharing bytes. Errors: [`GpuError::View`].
+fn check_outputs(
+    outputs: &PrefillOutputs<'_>,
+    [b, hq, hkv, n, d, kk]: [usize; 6],
+    storage: Storage,
+    out_in_place: bool,
+) -> Result<()> {
+    check_shape("output", outputs.out, [b, hq, n, d])?;
+    check_shape("lse", outputs.lse, [b, hq, n, 1])?;
+    if outputs.lse.dtype() != DType::F32 {
+        return Err(GpuError::View(format!(
+            "lse: must be f32, is {:?}",
+            outputs.lse.dtype()
+        )));
+    }
+    if let Some(sel) = outputs.selection {
+        check_shape("selection", sel, [b, hkv, n, kk])?;
+        if sel.dtype() != DType::I32 {
+            return Err(GpuError::View(format!(
+                "selection: must be i32, is {:?}",
+                sel.dtype()
+            )));
+        }
+    }
+    if outputs.out.dtype() == DType::I32 {
+        return Err(GpuError::View(
+            "output: O must be f32, f16 or bf16, is I32".into(),
+        ));
+    }
+    let scatters = |st: Storage, dst: &TensorView| match copy_of(st, dst) {
+        Some(_) => Ok(()),
+        None => check_scatter_dst(st, dst),
+    };
+    if !out_in_place {
+        scatters(storage.output(), outputs.out)?;
+    }
+    scatters(Storage::F32, outputs.lse)?;
+    let mut named = vec![("output", outputs.out), ("lse", outputs.lse)];
+    if let Some(sel) = outputs.selection {
+        scatters(Storage::F32, sel)?;
+        named.push(("selection", sel));
+    }
+    let pairs: Vec<(usize, usize)> = (0..named.len())
+        .flat_map(|i| (i + 1..named.len()).map(move |j| (i, j)))
+        .collect();
+    check_disjoint(&named, &pairs)
 }
 
 /// `q`, `k`, `v` as the kernels read them in place from views of storage `st`, with their
@@ -873,8 +916,10 @@ impl VarlenPrefillPlan {
     /// `[1, Hkv, T, D]` (any strides and dtype, e.g. `[T, H, D]` packed rows), the outputs
     /// `[1, Hq, T, D]`, `[1, Hq, T, 1]` and the optional selection `[1, Hkv, T, K]` over the
     /// same T = `cu_seqlens[last]` tokens; `cu_seqlens` `[n + 1]`, starting at 0, strictly
-    /// increasing. Errors: [`GpuError::View`] for views whose token count is not T or whose
-    /// other dimensions do not match, [`pisa_core::PisaError`] input errors for `cu_seqlens`
+    /// increasing. The outputs must not share bytes with the inputs or with each other
+    /// (sequence `i`'s are written before sequence `i + 1`'s inputs are read). Errors:
+    /// [`GpuError::View`] for views whose token count is not T or whose other dimensions do not
+    /// match, outputs that share bytes with inputs or each other, an input of i32, [`pisa_core::PisaError`] input errors for `cu_seqlens`
     /// (fewer than 2 entries, not starting at 0, not increasing), and those of
     /// [`PrefillPlan::run`] (and, for a plan made by [`Self::new_in_place`], of
     /// [`PrefillPlan::new_in_place`] when a sequence's plan is made).
@@ -897,7 +942,7 @@ impl VarlenPrefillPlan {
     /// and key pyramid, no pyramid build), all recorded into `enc`: the varlen prefill of a
     /// batch hands over to decode. (Sequences of one length share a plan, whose buffers the next
     /// one's run reuses: each take-over is recorded before that next run, so it copies its own
-    /// sequence's.) The cache must match the plan's heads, head dim, storage, block size,
+    /// sequence's.) The cache must match the plan's KV heads, head dim, storage, block size,
     /// merge factor and scoring, and hold `seqs.len()` sequences of these lengths.
     ///
     /// Errors: those of [`Self::run`]; [`GpuError::View`] when `seqs` does not have one entry
@@ -936,7 +981,8 @@ impl VarlenPrefillPlan {
         seqs: &[usize],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
-        let n_seqs = cu_seqlens.len().saturating_sub(1);
+        check_cu_seqlens(cu_seqlens)?;
+        let n_seqs = cu_seqlens.len() - 1;
         if seqs.len() != n_seqs {
             return Err(GpuError::View(format!(
                 "seqs: {} cache sequences for {n_seqs} prefilled ones",
@@ -950,7 +996,7 @@ impl VarlenPrefillPlan {
         }
         let (hq, hkv, d) = self.heads;
         for (i, w) in cu_seqlens.windows(2).enumerate() {
-            let shape = AttentionShape::prefill(1, hq, hkv, w[1].saturating_sub(w[0]).max(1), d)?;
+            let shape = AttentionShape::prefill(1, hq, hkv, w[1] - w[0], d)?;
             cache.check_plan(&shape, &self.opts, seqs[i], 0)?;
         }
         self.run_to(
@@ -973,17 +1019,7 @@ impl VarlenPrefillPlan {
         mut cache: Option<(&mut KvCache, &[usize])>,
         mut prof: Option<&mut Profiler>,
     ) -> Result<()> {
-        let bad = |what: &'static str| GpuError::Input(pisa_core::PisaError::Zero { what });
-        if cu_seqlens.len() < 2 || cu_seqlens[0] != 0 {
-            return Err(bad(
-                "cu_seqlens: at least one sequence, starting at token 0",
-            ));
-        }
-        if cu_seqlens.windows(2).any(|w| w[1] <= w[0]) {
-            return Err(bad(
-                "cu_seqlens: sequence lengths (strictly increasing offsets)",
-            ));
-        }
+        check_cu_seqlens(cu_seqlens)?;
         let total = cu_seqlens[cu_seqlens.len() - 1];
         let (hq, hkv, d) = self.heads;
         check_shape("q", q, [1, hq, total, d])?;
@@ -991,14 +1027,37 @@ impl VarlenPrefillPlan {
         check_shape("v", v, [1, hkv, total, d])?;
         check_shape("output", outputs.out, [1, hq, total, d])?;
         check_shape("lse", outputs.lse, [1, hq, total, 1])?;
-        if self.in_place {
-            // Every sequence's views are checked before any is recorded (whether a view is
-            // read in place depends on where its sequence starts).
-            for w in cu_seqlens.windows(2) {
-                let (t0, n) = (w[0], w[1] - w[0]);
-                let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
+        for (what, view) in [("q", q), ("k", k), ("v", v)] {
+            check_float_input(what, view)?;
+        }
+        // Sequence i's outputs are written before sequence i + 1's inputs are read: outputs
+        // must not share bytes with inputs (nor with each other: `check_outputs` below).
+        let mut named = vec![("q", q), ("k", k), ("v", v), ("output", outputs.out)];
+        named.push(("lse", outputs.lse));
+        if let Some(sel) = outputs.selection {
+            named.push(("selection", sel));
+        }
+        let pairs: Vec<(usize, usize)> = (3..named.len())
+            .flat_map(|o| (0..3).map(move |i| (i, o)))
+            .collect();
+        check_disjoint(&named, &pairs)?;
+        // Every sequence's views are checked before any is recorded (whether a view is read in
+        // place, or an output written by a scatter, depends on where its sequence starts).
+        let kk = self.opts.cfg.top_k;
+        for w in cu_seqlens.windows(2) {
+            let (t0, n) = (w[0], w[1] - w[0]);
+            let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
+            if self.in_place {
                 in_place_qkv(&self.ctx, self.opts.storage, &qs, &ks, &vs)?;
             }
+            let sel = outputs.selection.map(|s| s.tokens(t0, n)).transpose()?;
+            let (o, l) = (outputs.out.tokens(t0, n)?, outputs.lse.tokens(t0, n)?);
+            let outs = PrefillOutputs {
+                out: &o,
+                lse: &l,
+                selection: sel.as_ref(),
+            };
+            check_outputs(&outs, [1, hq, hkv, n, d, kk], self.opts.storage, false)?;
         }
         for (i, w) in cu_seqlens.windows(2).enumerate() {
             let (t0, n) = (w[0], w[1] - w[0]);
