@@ -361,9 +361,6 @@ pub(crate) fn record_attention_to(
         check_len("o", &t.o, t.layout.span(b, hq, shape.q_len, d))?;
     }
     match kernel::plan(ctx, shape, q.storage, layouts, kind, tiling) {
-        Plan::SplitK { .. } | Plan::NvDense { .. } if out.is_some() => Err(GpuError::Unsupported(
-            "dense attention into a caller's O (sparse attention only)".into(),
-        )),
         Plan::SplitK {
             plan,
             causal,

@@ -919,8 +919,9 @@ impl VarlenPrefillPlan {
     /// increasing. The outputs must not share bytes with the inputs or with each other
     /// (sequence `i`'s are written before sequence `i + 1`'s inputs are read). Errors:
     /// [`GpuError::View`] for views whose token count is not T or whose other dimensions do not
-    /// match, outputs that share bytes with inputs or each other, an input of i32, [`pisa_core::PisaError`] input errors for `cu_seqlens`
-    /// (fewer than 2 entries, not starting at 0, not increasing), and those of
+    /// match, outputs that share bytes with inputs or each other, an input of i32;
+    /// [`pisa_core::PisaError`] input errors for `cu_seqlens` (fewer than 2 entries, not
+    /// starting at 0, not increasing); those of
     /// [`PrefillPlan::run`] (and, for a plan made by [`Self::new_in_place`], of
     /// [`PrefillPlan::new_in_place`] when a sequence's plan is made).
     #[allow(clippy::too_many_arguments)] // flash_attn_varlen_func's arguments, plus the encoder
