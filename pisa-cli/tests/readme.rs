@@ -46,7 +46,7 @@ fn readme_library_example(
     // ---- README.md "Library use", verbatim ----
 use pisa_core::{AttentionShape, SelectionConfig};
 use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
-use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutputs, PrefillPlan};
+use pisa_wgpu::ops::prefill::{PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan};
 use pisa_wgpu::{Context, DType, Storage, TensorView};
 
 // The app's device (open it with pisa_wgpu::wanted_features(&adapter) and adapter.limits();
@@ -62,9 +62,11 @@ let k = TensorView::new(&qkv, (hq * d * 4) as u64, DType::F32, [1, hkv, t, d], [
 let v = TensorView::new(&qkv, ((hq + hkv) * d * 4) as u64, DType::F32, [1, hkv, t, d], [t * row, d, row, 1])?;
 
 // Prefill: plan once per shape (pipelines, scratch, parameters, bind groups), run every call.
+// Views the kernels read in place need no copy: plan for them (O, in another buffer, written
+// in place too); PrefillPlan::new(&ctx, &shape, &opts) plans for views of any layout.
 let shape = AttentionShape::prefill(1, hq, hkv, t, d)?;
 let opts = PrefillOptions { cfg: SelectionConfig::new(64, 16)?, storage: Storage::F32, ..Default::default() };
-let plan = PrefillPlan::new(&ctx, &shape, &opts)?;
+let plan = PrefillPlan::new_in_place(&ctx, &shape, &opts, &PlanViews { q: &q, k: &k, v: &v, out: Some(&o) })?;
 plan.run(&mut encoder, &q, &k, &v, &PrefillOutputs { out: &o, lse: &lse, selection: None }, None)?;
 // Varlen (as flash_attn_varlen_func): VarlenPrefillPlan::run(&mut encoder, &cu_seqlens, ...).
 
