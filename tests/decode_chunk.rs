@@ -10,23 +10,6 @@ use pisa_core::{SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::decode::{ChunkOutputs, KvCache, StepOutputs};
 use pisa_wgpu::{wgpu, Context, DType, GpuError, Storage, TensorView};
 
-fn buffer(ctx: &Context, data: &[f32]) -> wgpu::Buffer {
-    let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some("app"),
-        size: (data.len() * 4).max(4) as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_DST
-            | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    ctx.queue().write_buffer(&b, 0, bytemuck::cast_slice(data));
-    b
-}
-
-fn bhnd(b: &wgpu::Buffer, shape: [usize; 4]) -> TensorView {
-    TensorView::contiguous(b, 0, DType::F32, shape, TensorLayout::Bhnd).unwrap()
-}
-
 fn bits(ctx: &Context, b: &wgpu::Buffer) -> Vec<u32> {
     let bytes = ctx.read_bytes(b).unwrap();
     bytemuck::cast_slice::<u8, u32>(&bytes).to_vec()
@@ -52,20 +35,23 @@ fn chunk_equals_steps_one_by_one() {
     }
     for t_n in [7usize, 4] {
         let (q, k, v) = (
-            buffer(ctx, &random(&mut r, bsz * hq * t_n * d, 1.0)),
-            buffer(ctx, &random(&mut r, bsz * hkv * t_n * d, 1.0)),
-            buffer(ctx, &random(&mut r, bsz * hkv * t_n * d, 1.0)),
+            app_buffer(ctx, &random(&mut r, bsz * hq * t_n * d, 1.0)),
+            app_buffer(ctx, &random(&mut r, bsz * hkv * t_n * d, 1.0)),
+            app_buffer(ctx, &random(&mut r, bsz * hkv * t_n * d, 1.0)),
         );
         let (qv, kv, vv) = (
-            bhnd(&q, [bsz, hq, t_n, d]),
-            bhnd(&k, [bsz, hkv, t_n, d]),
-            bhnd(&v, [bsz, hkv, t_n, d]),
+            bhnd_f32(&q, [bsz, hq, t_n, d]),
+            bhnd_f32(&k, [bsz, hkv, t_n, d]),
+            bhnd_f32(&v, [bsz, hkv, t_n, d]),
         );
         let (o, l) = (
-            buffer(ctx, &vec![f32::NAN; bsz * hq * t_n * d]),
-            buffer(ctx, &vec![f32::NAN; bsz * hq * t_n]),
+            app_buffer(ctx, &vec![f32::NAN; bsz * hq * t_n * d]),
+            app_buffer(ctx, &vec![f32::NAN; bsz * hq * t_n]),
         );
-        let (ov, lv) = (bhnd(&o, [bsz, hq, t_n, d]), bhnd(&l, [bsz, hq, t_n, 1]));
+        let (ov, lv) = (
+            bhnd_f32(&o, [bsz, hq, t_n, d]),
+            bhnd_f32(&l, [bsz, hq, t_n, 1]),
+        );
         let outs = ChunkOutputs { out: &ov, lse: &lv };
         let mut enc = ctx.device().create_command_encoder(&Default::default());
         // Bad calls first: nothing is recorded, nothing changes.
@@ -97,7 +83,7 @@ fn chunk_equals_steps_one_by_one() {
             matches!(e, GpuError::View(ref m) if m.contains("I32")),
             "{e}"
         );
-        let k_short = bhnd(&k, [bsz, hkv, t_n - 1, d]);
+        let k_short = bhnd_f32(&k, [bsz, hkv, t_n - 1, d]);
         let e = chunked
             .record_chunk(&mut enc, &qv, &k_short, &vv, &outs, None)
             .unwrap_err();
@@ -126,10 +112,13 @@ fn chunk_equals_steps_one_by_one() {
         let mut per_token = Vec::new();
         for t in 0..t_n {
             let (ot, lt) = (
-                buffer(ctx, &vec![f32::NAN; bsz * hq * d]),
-                buffer(ctx, &vec![f32::NAN; bsz * hq]),
+                app_buffer(ctx, &vec![f32::NAN; bsz * hq * d]),
+                app_buffer(ctx, &vec![f32::NAN; bsz * hq]),
             );
-            let (otv, ltv) = (bhnd(&ot, [bsz, hq, 1, d]), bhnd(&lt, [bsz, hq, 1, 1]));
+            let (otv, ltv) = (
+                bhnd_f32(&ot, [bsz, hq, 1, d]),
+                bhnd_f32(&lt, [bsz, hq, 1, 1]),
+            );
             let all = [true; 2];
             let (kt, vt) = (kv.tokens(t, 1).unwrap(), vv.tokens(t, 1).unwrap());
             stepped
@@ -169,21 +158,24 @@ fn chunk_equals_steps_one_by_one() {
     // Past the capacity: refused before anything is recorded.
     let t_n = cap;
     let (q, k) = (
-        buffer(ctx, &vec![0.5; bsz * hq * t_n * d]),
-        buffer(ctx, &vec![0.5; bsz * hkv * t_n * d]),
+        app_buffer(ctx, &vec![0.5; bsz * hq * t_n * d]),
+        app_buffer(ctx, &vec![0.5; bsz * hkv * t_n * d]),
     );
     let (o, l) = (
-        buffer(ctx, &vec![0.0; bsz * hq * t_n * d]),
-        buffer(ctx, &vec![0.0; bsz * hq * t_n]),
+        app_buffer(ctx, &vec![0.0; bsz * hq * t_n * d]),
+        app_buffer(ctx, &vec![0.0; bsz * hq * t_n]),
     );
-    let (ov, lv) = (bhnd(&o, [bsz, hq, t_n, d]), bhnd(&l, [bsz, hq, t_n, 1]));
-    let kv = bhnd(&k, [bsz, hkv, t_n, d]);
+    let (ov, lv) = (
+        bhnd_f32(&o, [bsz, hq, t_n, d]),
+        bhnd_f32(&l, [bsz, hq, t_n, 1]),
+    );
+    let kv = bhnd_f32(&k, [bsz, hkv, t_n, d]);
     let mut enc = ctx.device().create_command_encoder(&Default::default());
     let lens = chunked.lens().to_vec();
     let e = chunked
         .record_chunk(
             &mut enc,
-            &bhnd(&q, [bsz, hq, t_n, d]),
+            &bhnd_f32(&q, [bsz, hq, t_n, d]),
             &kv,
             &kv,
             &ChunkOutputs { out: &ov, lse: &lv },

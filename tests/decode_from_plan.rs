@@ -15,23 +15,6 @@ use pisa_wgpu::{
     PrefillPlan, StepOutputs, Storage, TensorView,
 };
 
-fn buffer(ctx: &Context, data: &[f32]) -> wgpu::Buffer {
-    let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some("app"),
-        size: (data.len() * 4) as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_DST
-            | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    ctx.queue().write_buffer(&b, 0, bytemuck::cast_slice(data));
-    b
-}
-
-fn bhnd(b: &wgpu::Buffer, shape: [usize; 4]) -> TensorView {
-    TensorView::contiguous(b, 0, DType::F32, shape, TensorLayout::Bhnd).unwrap()
-}
-
 /// The take-over after a run that read K and V in place (views at byte 0: the take-over
 /// gathers each batch entry from the caller's views) and after one that gathered them (views
 /// at byte 52, not a binding boundary: the take-over copies the plan's staging), with f32 and
@@ -91,8 +74,8 @@ fn take_over(pad: usize, st: Storage) {
         padded(ctx, pad, &v, st),
     );
     let (ob, lb) = (
-        buffer(ctx, &vec![0f32; shape.q_elems()]),
-        buffer(ctx, &vec![0f32; shape.lse_elems()]),
+        app_buffer(ctx, &vec![0f32; shape.q_elems()]),
+        app_buffer(ctx, &vec![0f32; shape.lse_elems()]),
     );
     let plan = PrefillPlan::new(ctx, &shape, &opts).unwrap();
     let capacity = 200;
@@ -137,7 +120,10 @@ fn take_over(pad: usize, st: Storage) {
     for view in [&qv, &kv, &vv] {
         assert_eq!(plan.reads_in_place(view), pad == 0, "pad {pad} {st:?}");
     }
-    let (ov, lv) = (bhnd(&ob, [bsz, hq, n, d]), bhnd(&lb, [bsz, hq, n, 1]));
+    let (ov, lv) = (
+        bhnd_f32(&ob, [bsz, hq, n, d]),
+        bhnd_f32(&lb, [bsz, hq, n, 1]),
+    );
     let outs = PrefillOutputs {
         out: &ov,
         lse: &lv,
@@ -180,7 +166,7 @@ fn take_over(pad: usize, st: Storage) {
 
     // Append + step rounds: 120 -> 180 tokens crosses the 128-token level boundary (C 16, g 2).
     let row = |len: usize, seed: u64| random(&mut rng(seed), len, 1.0);
-    let out_buf = |len: usize| buffer(ctx, &vec![f32::NAN; len]);
+    let out_buf = |len: usize| app_buffer(ctx, &vec![f32::NAN; len]);
     let (o1, l1, o2, l2) = (
         out_buf(bsz * hq * d),
         out_buf(bsz * hq),
@@ -188,24 +174,27 @@ fn take_over(pad: usize, st: Storage) {
         out_buf(bsz * hq),
     );
     let (ov1, lv1, ov2, lv2) = (
-        bhnd(&o1, [bsz, hq, 1, d]),
-        bhnd(&l1, [bsz, hq, 1, 1]),
-        bhnd(&o2, [bsz, hq, 1, d]),
-        bhnd(&l2, [bsz, hq, 1, 1]),
+        bhnd_f32(&o1, [bsz, hq, 1, d]),
+        bhnd_f32(&l1, [bsz, hq, 1, 1]),
+        bhnd_f32(&o2, [bsz, hq, 1, d]),
+        bhnd_f32(&l2, [bsz, hq, 1, 1]),
     );
     let (o3, l3) = (out_buf(bsz * hq * d), out_buf(bsz * hq));
-    let (ov3, lv3) = (bhnd(&o3, [bsz, hq, 1, d]), bhnd(&l3, [bsz, hq, 1, 1]));
+    let (ov3, lv3) = (
+        bhnd_f32(&o3, [bsz, hq, 1, d]),
+        bhnd_f32(&l3, [bsz, hq, 1, 1]),
+    );
     let base = seed("cache_from_plan_steps");
     for step in 0..60u64 {
         let (kr, vr, qr) = (
-            buffer(ctx, &row(bsz * hkv * d, base + 3 * step)),
-            buffer(ctx, &row(bsz * hkv * d, base + 3 * step + 1)),
-            buffer(ctx, &row(bsz * hq * d, base + 3 * step + 2)),
+            app_buffer(ctx, &row(bsz * hkv * d, base + 3 * step)),
+            app_buffer(ctx, &row(bsz * hkv * d, base + 3 * step + 1)),
+            app_buffer(ctx, &row(bsz * hq * d, base + 3 * step + 2)),
         );
         let (krv, vrv, qrv) = (
-            bhnd(&kr, [bsz, hkv, 1, d]),
-            bhnd(&vr, [bsz, hkv, 1, d]),
-            bhnd(&qr, [bsz, hq, 1, d]),
+            bhnd_f32(&kr, [bsz, hkv, 1, d]),
+            bhnd_f32(&vr, [bsz, hkv, 1, d]),
+            bhnd_f32(&qr, [bsz, hq, 1, d]),
         );
         let mut enc = ctx.device().create_command_encoder(&Default::default());
         let mut caches = vec![(&mut from_plan, &ov1, &lv1), (&mut from_views, &ov2, &lv2)];
@@ -268,8 +257,8 @@ fn packed_and_bf16_rows_decode_like_contiguous_rows() {
     let new_cache = || KvCache::new(ctx, bsz, 96, hq, hkv, d, cfg, Storage::F32).unwrap();
     let mut caches = [new_cache(), new_cache(), new_cache()];
     let row = (hq + 2 * hkv) * d;
-    let out_buf = || buffer(ctx, &vec![f32::NAN; bsz * hq * d]);
-    let lse_buf = || buffer(ctx, &vec![f32::NAN; bsz * hq]);
+    let out_buf = || app_buffer(ctx, &vec![f32::NAN; bsz * hq * d]);
+    let lse_buf = || app_buffer(ctx, &vec![f32::NAN; bsz * hq]);
     let outs: Vec<(wgpu::Buffer, wgpu::Buffer)> = (0..3).map(|_| (out_buf(), lse_buf())).collect();
     let base = seed("packed_rows");
     for step in 0..40u64 {
@@ -278,7 +267,7 @@ fn packed_and_bf16_rows_decode_like_contiguous_rows() {
         for x in qkv.iter_mut() {
             *x = half::bf16::from_f32(*x).to_f32();
         }
-        let packed = buffer(ctx, &qkv);
+        let packed = app_buffer(ctx, &qkv);
         let strides = [row, d, row, 1];
         let pv = |off: usize, h: usize| {
             TensorView::new(
@@ -298,9 +287,9 @@ fn packed_and_bf16_rows_decode_like_contiguous_rows() {
                 .collect()
         };
         let (cq, ck, cv) = (
-            buffer(ctx, &part(0, hq)),
-            buffer(ctx, &part(hq * d, hkv)),
-            buffer(ctx, &part((hq + hkv) * d, hkv)),
+            app_buffer(ctx, &part(0, hq)),
+            app_buffer(ctx, &part(hq * d, hkv)),
+            app_buffer(ctx, &part((hq + hkv) * d, hkv)),
         );
         // And as bf16 words, packed like the f32 projection.
         let words: Vec<u16> = qkv
@@ -322,9 +311,9 @@ fn packed_and_bf16_rows_decode_like_contiguous_rows() {
         let inputs = [
             (pq, pk, pvv),
             (
-                bhnd(&cq, [bsz, hq, 1, d]),
-                bhnd(&ck, [bsz, hkv, 1, d]),
-                bhnd(&cv, [bsz, hkv, 1, d]),
+                bhnd_f32(&cq, [bsz, hq, 1, d]),
+                bhnd_f32(&ck, [bsz, hkv, 1, d]),
+                bhnd_f32(&cv, [bsz, hkv, 1, d]),
             ),
             (bq, bk, bvv),
         ];
@@ -333,7 +322,7 @@ fn packed_and_bf16_rows_decode_like_contiguous_rows() {
             cache
                 .record_append_view(&mut enc, k, v, &[true, step % 3 != 0, true], None)
                 .unwrap();
-            let (ov, lv) = (bhnd(o, [bsz, hq, 1, d]), bhnd(l, [bsz, hq, 1, 1]));
+            let (ov, lv) = (bhnd_f32(o, [bsz, hq, 1, d]), bhnd_f32(l, [bsz, hq, 1, 1]));
             let so = StepOutputs {
                 out: &ov,
                 lse: &lv,

@@ -192,72 +192,37 @@ fn plan_refuses_views_it_cannot_use() {
     // q given where k is expected: wrong shape.
     let e = plan.run(&mut enc, &l.q, &l.q, &l.v, &po, None).unwrap_err();
     assert!(matches!(e, GpuError::View(_)), "{e}");
+    // A run with these outputs is a View error whose message holds `needle`.
+    let mut refused = |outs: PrefillOutputs<'_>, needle: &str| {
+        let e = plan
+            .run(&mut enc, &l.q, &l.k, &l.v, &outs, None)
+            .unwrap_err();
+        assert!(
+            matches!(e, GpuError::View(ref m) if m.contains(needle)),
+            "{e}"
+        );
+    };
     // LSE must be f32.
     let bad = TensorView::new(&l.lse, 0, DType::I32, [1, 2, 70, 1], [140, 70, 1, 1]).unwrap();
-    let po2 = PrefillOutputs { lse: &bad, ..po };
-    let e = plan
-        .run(&mut enc, &l.q, &l.k, &l.v, &po2, None)
-        .unwrap_err();
-    assert!(matches!(e, GpuError::View(_)), "{e}");
+    refused(PrefillOutputs { lse: &bad, ..po }, "lse");
     // Outputs sharing bytes (LSE over O) are refused.
     let lse_over_o = TensorView::new(o.buffer(), 0, DType::F32, lse.shape(), lse.strides());
-    let e = plan
-        .run(
-            &mut enc,
-            &l.q,
-            &l.k,
-            &l.v,
-            &PrefillOutputs {
-                lse: &lse_over_o.unwrap(),
-                ..po
-            },
-            None,
-        )
-        .unwrap_err();
-    assert!(
-        matches!(e, GpuError::View(ref m) if m.contains("share bytes")),
-        "{e}"
+    let lse_over_o = lse_over_o.unwrap();
+    refused(
+        PrefillOutputs {
+            lse: &lse_over_o,
+            ..po
+        },
+        "share bytes",
     );
     // O must be a float type; a 2-byte O that its scatter cannot write in whole words (an odd
     // token stride) is refused before anything is recorded.
     let [n_o, d_o] = [o.shape()[2], o.shape()[3]];
     let bad = TensorView::new(o.buffer(), 0, DType::I32, o.shape(), o.strides()).unwrap();
-    let e = plan
-        .run(
-            &mut enc,
-            &l.q,
-            &l.k,
-            &l.v,
-            &PrefillOutputs { out: &bad, ..po },
-            None,
-        )
-        .unwrap_err();
-    assert!(
-        matches!(e, GpuError::View(ref m) if m.contains("I32")),
-        "{e}"
-    );
-    let odd = TensorView::new(
-        o.buffer(),
-        0,
-        DType::F16,
-        o.shape(),
-        [0, n_o * (d_o + 1), d_o + 1, 1],
-    );
-    let odd = odd.unwrap();
-    let e = plan
-        .run(
-            &mut enc,
-            &l.q,
-            &l.k,
-            &l.v,
-            &PrefillOutputs { out: &odd, ..po },
-            None,
-        )
-        .unwrap_err();
-    assert!(
-        matches!(e, GpuError::View(ref m) if m.contains("stride")),
-        "{e}"
-    );
+    refused(PrefillOutputs { out: &bad, ..po }, "I32");
+    let odd_strides = [0, n_o * (d_o + 1), d_o + 1, 1];
+    let odd = TensorView::new(o.buffer(), 0, DType::F16, o.shape(), odd_strides).unwrap();
+    refused(PrefillOutputs { out: &odd, ..po }, "stride");
     // A buffer without STORAGE usage cannot make a view.
     let staging = ctx.device().create_buffer(&wgpu::BufferDescriptor {
         label: None,

@@ -220,3 +220,30 @@ pub fn check_selection_ties(
     }
     ties
 }
+
+/// An application's buffer holding `data` (f32), usable as storage, written and read back.
+pub fn app_buffer(ctx: &Context, data: &[f32]) -> pisa_wgpu::wgpu::Buffer {
+    use pisa_wgpu::wgpu;
+    let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app"),
+        size: (data.len() * 4).max(4) as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    ctx.queue().write_buffer(&b, 0, bytemuck::cast_slice(data));
+    b
+}
+
+/// The contiguous f32 BHND view of `shape` at byte 0 of `b`.
+pub fn bhnd_f32(b: &pisa_wgpu::wgpu::Buffer, shape: [usize; 4]) -> pisa_wgpu::TensorView {
+    pisa_wgpu::TensorView::contiguous(
+        b,
+        0,
+        pisa_wgpu::DType::F32,
+        shape,
+        pisa_core::TensorLayout::Bhnd,
+    )
+    .unwrap()
+}

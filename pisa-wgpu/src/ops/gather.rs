@@ -134,7 +134,7 @@ pub fn record_gather(
             "the gather source view lies in the destination buffer".into(),
         ));
     }
-    check_view_end(src, "gather source")?;
+    check_gather_src(src, dst_storage)?;
 
     let align = align(ctx);
     let limit = limit(ctx);
@@ -193,10 +193,7 @@ pub fn record_scatter(
             "the scatter destination view lies in the source buffer".into(),
         ));
     }
-    check_view_end(dst, "scatter destination")?;
-    if g.bytes == 2 {
-        check_pairs(dst)?;
-    }
+    check_scatter_dst(src_storage, dst)?;
 
     let align = align(ctx);
     let limit = limit(ctx);
@@ -232,17 +229,12 @@ fn kind(d: DType, storage: Storage) -> Result<f64> {
     }
 }
 
-/// The checks of [`record_scatter`] on its destination alone (its conversions from
-/// `src_storage`, its buffer usage and extent, the pairs of a 2-byte view), for callers that
-/// check their outputs before recording anything. Errors as [`record_scatter`]'s for `dst`.
+/// The checks of [`record_scatter`] on its destination alone (its conversion from
+/// `src_storage`, its extent, the pairs of a 2-byte view; a view's buffer has `STORAGE` usage
+/// by construction), for callers that check their outputs before recording anything, and for
+/// [`record_scatter`] itself. Errors as [`record_scatter`]'s for `dst`.
 pub(crate) fn check_scatter_dst(src_storage: Storage, dst: &TensorView) -> Result<()> {
     kind(dst.dtype(), src_storage)?;
-    if !dst.buffer().usage().contains(wgpu::BufferUsages::STORAGE) {
-        return Err(GpuError::View(format!(
-            "the scatter destination buffer was not created with BufferUsages::STORAGE (it has {:?})",
-            dst.buffer().usage()
-        )));
-    }
     check_view_end(dst, "scatter destination")?;
     if dst.dtype().bytes() == 2 {
         check_pairs(dst)?;
@@ -251,7 +243,8 @@ pub(crate) fn check_scatter_dst(src_storage: Storage, dst: &TensorView) -> Resul
 }
 
 /// The checks of [`record_gather`] on its source alone (its conversion into `dst_storage`, its
-/// extent), for callers that check their inputs before recording anything. Errors as
+/// extent), for callers that check their inputs before recording anything, and for
+/// [`record_gather`] itself. Errors as
 /// [`record_gather`]'s for `src`.
 pub(crate) fn check_gather_src(src: &TensorView, dst_storage: Storage) -> Result<()> {
     kind(src.dtype(), dst_storage)?;

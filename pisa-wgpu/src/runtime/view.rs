@@ -396,21 +396,30 @@ pub(crate) fn check_float_input(what: &str, view: &TensorView) -> Result<()> {
     Ok(())
 }
 
-/// Views an operation writes must not share bytes with each other, nor with the views it reads
-/// after writing them (`named`: all of them, with the pairs to test given by `pairs` as index
-/// pairs). Errors: [`GpuError::View`] naming the two.
-pub(crate) fn check_disjoint(
-    named: &[(&str, &TensorView)],
-    pairs: &[(usize, usize)],
+/// No two of `views` (views an operation writes) share bytes. Errors: [`GpuError::View`]
+/// naming the two.
+pub(crate) fn check_disjoint_among(views: &[(&str, &TensorView)]) -> Result<()> {
+    for (i, a) in views.iter().enumerate() {
+        check_disjoint_between(&[*a], &views[i + 1..])?;
+    }
+    Ok(())
+}
+
+/// No view of `writes` shares bytes with a view of `others` (views read after, or written
+/// beside, them). Errors: [`GpuError::View`] naming the two.
+pub(crate) fn check_disjoint_between(
+    writes: &[(&str, &TensorView)],
+    others: &[(&str, &TensorView)],
 ) -> Result<()> {
-    for &(i, j) in pairs {
-        let ((a, va), (b, vb)) = (named[i], named[j]);
-        if va.overlaps(vb) {
-            return Err(GpuError::View(format!(
-                "{a} and {b} share bytes of one buffer (bytes {:?} and {:?}); they must not, as one is written while or before the other is used",
-                va.byte_span(),
-                vb.byte_span()
-            )));
+    for (a, va) in writes {
+        for (b, vb) in others {
+            if va.overlaps(vb) {
+                return Err(GpuError::View(format!(
+                    "{a} and {b} share bytes of one buffer (bytes {:?} and {:?}); they must not, as one is written while or before the other is used",
+                    va.byte_span(),
+                    vb.byte_span()
+                )));
+            }
         }
     }
     Ok(())

@@ -7,7 +7,9 @@ use crate::error::{GpuError, Result};
 use crate::ops::gather::{check_gather_src, check_scatter_dst, record_scatter};
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
-use crate::runtime::view::{check_disjoint, check_float_input, DType, TensorView};
+use crate::runtime::view::{
+    check_disjoint_among, check_disjoint_between, check_float_input, DType, TensorView,
+};
 use pisa_core::PisaError;
 
 /// The caller's outputs of [`KvCache::record_chunk`]: any strides, written token by token.
@@ -114,17 +116,9 @@ impl KvCache {
             check_gather_src(view, self.storage)?;
         }
         // Token t's outputs are written before token t + 1's inputs are read.
-        let named = [
-            ("q", q),
-            ("k", k),
-            ("v", v),
-            ("chunk output", outputs.out),
-            ("chunk lse", outputs.lse),
-        ];
-        check_disjoint(
-            &named,
-            &[(0, 3), (1, 3), (2, 3), (0, 4), (1, 4), (2, 4), (3, 4)],
-        )?;
+        let written = [("chunk output", outputs.out), ("chunk lse", outputs.lse)];
+        check_disjoint_between(&written, &[("q", q), ("k", k), ("v", v)])?;
+        check_disjoint_among(&written)?;
         let o_st = self.storage.output();
         for t in 0..t_n {
             check_scatter_dst(o_st, &outputs.out.tokens(t, 1)?)?;

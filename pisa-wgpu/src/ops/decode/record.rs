@@ -10,7 +10,7 @@ use super::{KvCache, Params, MERGE_SHADER, ROUTE_SHADER, SHADER};
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::profiler::Profiler;
-use crate::runtime::view::{check_disjoint, check_float_input, DType, InPlace, TensorView};
+use crate::runtime::view::{check_disjoint_among, check_float_input, DType, InPlace, TensorView};
 
 /// Bindings of one dispatch: `(binding, buffer, byte offset, bytes)`.
 pub(super) type Binds<'a> = Vec<(u32, &'a wgpu::Buffer, u64, u64)>;
@@ -173,13 +173,8 @@ impl KvCache {
         self.check_input_view("q", q, [b, hq, 1, d])?;
         if let Some(o) = outputs {
             let mut named = vec![("decode output", o.out), ("decode lse", o.lse)];
-            if let Some(sel) = o.selection {
-                named.push(("decode selection", sel));
-            }
-            let pairs: Vec<(usize, usize)> = (0..named.len())
-                .flat_map(|i| (i + 1..named.len()).map(move |j| (i, j)))
-                .collect();
-            check_disjoint(&named, &pairs)?;
+            named.extend(o.selection.map(|sel| ("decode selection", sel)));
+            check_disjoint_among(&named)?;
         }
         let (out, lse, sel) = match outputs {
             Some(o) => (

@@ -28,7 +28,8 @@ use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
 use crate::runtime::tuning::Tuning;
 use crate::runtime::view::{
-    check_disjoint, check_float_input, contiguous_strides, DType, TensorView,
+    check_disjoint_among, check_disjoint_between, check_float_input, contiguous_strides, DType,
+    TensorView,
 };
 
 /// The caller's outputs of a prefill run.
@@ -715,15 +716,17 @@ fn check_outputs(
         scatters(storage.output(), outputs.out)?;
     }
     scatters(Storage::F32, outputs.lse)?;
-    let mut named = vec![("output", outputs.out), ("lse", outputs.lse)];
     if let Some(sel) = outputs.selection {
         scatters(Storage::F32, sel)?;
-        named.push(("selection", sel));
     }
-    let pairs: Vec<(usize, usize)> = (0..named.len())
-        .flat_map(|i| (i + 1..named.len()).map(move |j| (i, j)))
-        .collect();
-    check_disjoint(&named, &pairs)
+    check_disjoint_among(&output_views(outputs))
+}
+
+/// The named views of `outputs`.
+fn output_views<'a>(outputs: &PrefillOutputs<'a>) -> Vec<(&'static str, &'a TensorView)> {
+    let mut named = vec![("output", outputs.out), ("lse", outputs.lse)];
+    named.extend(outputs.selection.map(|sel| ("selection", sel)));
+    named
 }
 
 /// `q`, `k`, `v` as the kernels read them in place from views of storage `st`, with their
@@ -1033,15 +1036,7 @@ impl VarlenPrefillPlan {
         }
         // Sequence i's outputs are written before sequence i + 1's inputs are read: outputs
         // must not share bytes with inputs (nor with each other: `check_outputs` below).
-        let mut named = vec![("q", q), ("k", k), ("v", v), ("output", outputs.out)];
-        named.push(("lse", outputs.lse));
-        if let Some(sel) = outputs.selection {
-            named.push(("selection", sel));
-        }
-        let pairs: Vec<(usize, usize)> = (3..named.len())
-            .flat_map(|o| (0..3).map(move |i| (i, o)))
-            .collect();
-        check_disjoint(&named, &pairs)?;
+        check_disjoint_between(&output_views(outputs), &[("q", q), ("k", k), ("v", v)])?;
         // Every sequence's views are checked before any is recorded (whether a view is read in
         // place, or an output written by a scatter, depends on where its sequence starts).
         let kk = self.opts.cfg.top_k;
