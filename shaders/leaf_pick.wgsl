@@ -1,17 +1,48 @@
 // Leaf-major stage 2 of PISA prefill selection, part 3 of 3 (PISA.md 3.3 and 3.4; host:
 // pisa-wgpu/src/ops/leaf_select/by_leaf.rs): the final pick from the scores the leaf-major
-// scorer wrote. One workgroup per (b, KV head, query); the union and the rank-based pick are
-// leaf_common.wgsl's (appended), exactly as the tile kernels use them, with the ranking keys
-// read from `scores` instead of computed in the workgroup.
-// (Params, p, linear_id: select_common.wgsl, prepended; cand, sel: leaf_common.wgsl)
+// scorer wrote. One workgroup of WG invocations per (b, KV head, QW consecutive queries), one
+// invocation per candidate entry (query, slot), two barriers in all:
+//   1. each entry's leaf (a non-forced candidate of a query that sees more than K leaves, else
+//      NONE) and its ranking key from `scores` into workgroup memory;          barrier
+//   2. keep = rank < K - |forced|, the rank being the number of the query's candidates strictly
+//      better (higher key, then lower leaf): exactly that many kept whatever the scores, all of
+//      them when the query has no more candidates than slots;                  barrier
+//   3. the ascending row: a kept leaf goes after the forced leaves and kept leaves below it; the
+//      entry of slot o also writes forced leaf o (and o + MC, ...) and the -1 padding of row
+//      position o (and o + MC, ...). A query that sees K or fewer leaves gets them all.
+// The same rule as leaf_common.wgsl's `write_selection` (the tile kernels'), without its union:
+// a query's candidates are distinct leaves, each scored in its own slot of `scores`. Measured
+// on the H200 (docs/benchmarks.md): one workgroup of 64 per query with leaf_common's union and
+// pick took 11.2 ms at 256K tokens (Hkv 8, MC 34).
+// cand: i32 [B, Hkv, Nq, MC] (-1 padded); scores: u32 ranking keys (`rank_key`) at the same
+// index, written by the scorer for the entries step 1 keeps; sel: i32 [B, Hkv, Nq, K].
+// (Params, p, linear_id, visible, is_forced, n_forced, forced_below, local_start, sink_end:
+// select_common.wgsl, prepended.)
 
 // Reads its inputs through the generated accessors: the bf16 variant may be built.
 const BF16_READY: bool = true;
-const QT: u32 = 1u;   // queries per workgroup
 const MC: u32 = 34u;  // candidate slots per query
-const WG: u32 = 64u;
+const QW: u32 = 7u;   // queries per workgroup: max(1, WG / MC)
+const WG: u32 = 256u;
+const NE: u32 = QW * MC;
+const NONE: u32 = 0xffffffffu;
 
+@group(0) @binding(3) var<storage, read> cand: array<i32>;
+@group(0) @binding(4) var<storage, read_write> sel: array<i32>;
 @group(0) @binding(9) var<storage, read> scores: array<u32>;
+
+var<workgroup> cl: array<u32, NE>; // entry's leaf, or NONE
+var<workgroup> sc: array<u32, NE>; // entry's ranking key
+var<workgroup> kf: array<u32, NE>; // 1: kept
+
+// Kept leaves of local query qi below leaf x.
+fn kept_below(qi: u32, x: u32) -> u32 {
+    var n = 0u;
+    for (var o = qi * MC; o < qi * MC + MC; o++) {
+        if (kf[o] != 0u && cl[o] < x) { n++; }
+    }
+    return n;
+}
 
 @compute @workgroup_size(WG)
 fn leaf_pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -19,13 +50,70 @@ fn leaf_pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let id = linear_id(wid, nwg);
     if (id >= p.wg_count) { return; }
     let bh = id / p.tiles;
-    let i0 = (id % p.tiles) * QT;
-    _ = gather_union(lid, bh, i0);
-    for (var e = lid; e < QT * MC; e += WG) {
+    let i0 = (id % p.tiles) * QW;
+    let kk = p.top_k;
+    for (var e = lid; e < NE; e += WG) {
+        let i = i0 + e / MC;
+        var x = NONE;
+        var s = 0u;
+        if (i < p.q_len) {
+            let bq = (p.q_pos0 + i) / p.block_size;
+            let at = (bh * p.q_len + i) * MC + e % MC;
+            let c = cand[at];
+            if (visible(bq) > kk && c >= 0 && !is_forced(bq, u32(c))) {
+                x = u32(c);
+                s = scores[at];
+            }
+        }
+        cl[e] = x;
+        sc[e] = s;
+    }
+    workgroupBarrier();
+    for (var e = lid; e < NE; e += WG) {
         let qi = e / MC;
-        if (cl[e] != NONE && nd[qi] != 0u) {
-            us[ui[e] * QT + qi] = scores[(bh * p.q_len + i0 + qi) * MC + e % MC];
+        let x = cl[e];
+        var keep = 0u;
+        if (x != NONE) {
+            let bq = (p.q_pos0 + i0 + qi) / p.block_size;
+            let s = sc[e];
+            var rank = 0u;
+            for (var o = qi * MC; o < qi * MC + MC; o++) {
+                let xo = cl[o];
+                let so = sc[o];
+                if (xo != NONE && (so > s || (so == s && xo < x))) { rank++; }
+            }
+            keep = select(0u, 1u, rank < kk - n_forced(bq));
+        }
+        kf[e] = keep;
+    }
+    workgroupBarrier();
+    for (var e = lid; e < NE; e += WG) {
+        let qi = e / MC;
+        let o = e % MC;
+        let i = i0 + qi;
+        if (i >= p.q_len) { continue; }
+        let out = (bh * p.q_len + i) * kk;
+        let bq = (p.q_pos0 + i) / p.block_size;
+        let vis = visible(bq);
+        if (vis <= kk) {
+            for (var r = o; r < kk; r += MC) { sel[out + r] = select(-1, i32(r), r < vis); }
+            continue;
+        }
+        let x = cl[e];
+        if (kf[e] != 0u) { sel[out + forced_below(bq, x) + kept_below(qi, x)] = i32(x); }
+        // Forced leaf r (sinks 0..se, then ls..=bq) and the padding after the kept ones.
+        let nf = n_forced(bq);
+        let se = sink_end(bq);
+        let ls = local_start(bq);
+        var nk = 0u;
+        for (var j = qi * MC; j < qi * MC + MC; j++) { nk += kf[j]; }
+        for (var r = o; r < kk; r += MC) {
+            if (r < nf) {
+                let f = select(ls + r - se, r, r < se);
+                sel[out + r + kept_below(qi, f)] = i32(f);
+            } else if (r >= nf + nk) {
+                sel[out + r] = -1;
+            }
         }
     }
-    write_selection(lid, bh, i0);
 }

@@ -17,8 +17,9 @@
 //! 4. `leaf_score` (`shaders/leaf_score.wgsl`, or `shaders/leaf_score_coop.wgsl` on tensor
 //!    cores): one workgroup per chunk, the candidate's exact-LSE score summed over the group,
 //!    as a ranking key in its own slot of `scores` `[B, Hkv, Nq, MC]`;
-//! 5. `leaf_pick` (`shaders/leaf_pick.wgsl`): the tile kernels' union and rank-based pick
-//!    (`shaders/leaf_common.wgsl`) over those keys, one workgroup per query.
+//! 5. `leaf_pick` (`shaders/leaf_pick.wgsl`): the tile kernels' rank-based pick
+//!    (`shaders/leaf_common.wgsl`'s rule) over those keys, one invocation per entry, QW queries
+//!    per workgroup.
 //!
 //! Determinism: the order of entries inside a bucket depends on atomics, but every entry's
 //! score is computed from its own rows only and lands in its own slot, so the output is the
@@ -93,13 +94,12 @@ pub const SCORE_COOP_SHADER: ShaderSource = ShaderSource {
     ),
 };
 
-/// `shaders/leaf_pick.wgsl` with the union and pick of `shaders/leaf_common.wgsl`.
+/// `shaders/leaf_pick.wgsl` after the selection prelude.
 pub const PICK_SHADER: ShaderSource = ShaderSource {
     name: "leaf_pick",
     wgsl: concat!(
         include_str!("../../../../shaders/select_common.wgsl"),
-        include_str!("../../../../shaders/leaf_pick.wgsl"),
-        include_str!("../../../../shaders/leaf_common.wgsl")
+        include_str!("../../../../shaders/leaf_pick.wgsl")
     ),
 };
 
@@ -170,9 +170,17 @@ fn score_consts(plan: &Plan, bl: &ByLeaf) -> Vec<(&'static str, u32)> {
     }
 }
 
-/// The pick's constants for `mc` slots per query (one query per workgroup: the shader's QT).
-fn pick_consts(mc: u32) -> [(&'static str, u32); 1] {
-    [("MC", mc)]
+/// Invocations of a pick workgroup (`leaf_pick.wgsl`'s WG).
+const PICK_WG: u32 = 256;
+
+/// Queries per pick workgroup for `mc` slots per query (one invocation per slot).
+pub(crate) fn pick_queries(mc: u32) -> u32 {
+    (PICK_WG / mc.max(1)).max(1)
+}
+
+/// The pick's constants for `mc` slots per query.
+fn pick_consts(mc: u32) -> [(&'static str, u32); 2] {
+    [("MC", mc), ("QW", pick_queries(mc))]
 }
 
 /// Records the leaf-major stage 2 `bl` over the candidates `cand` (`[B, Hkv, Nq, MC]` from
@@ -291,8 +299,8 @@ pub(crate) fn record(
     }
     ctx.dispatch(enc, &score, &b, n_chunks, timer(&mut prof, "leaf_score"))?;
 
-    // 5: the pick, one query per workgroup.
-    let tiled = plan.tiled(1);
+    // 5: the pick, QW queries per workgroup.
+    let tiled = plan.tiled(pick_queries(mc));
     let u_pick = ctx.uniform("leaf_pick params", &tiled)?;
     let pick = pipe(&PICK_SHADER, "leaf_pick", Storage::F32, &pick_consts(mc))?;
     let b = [

@@ -1,7 +1,8 @@
 //! The plan of a leaf-major stage 2 ([`super`]): which scorer, chunk size and subgroups, and
 //! whether every buffer, index and workgroup fits the device.
 
-use super::super::{common_bytes, coop::LeafCoopVariant, Plan};
+use super::super::{coop::LeafCoopVariant, Plan};
+use super::pick_queries;
 use crate::runtime::context::Context;
 
 /// Rows of a portable scoring chunk (entries * GQ), at least one entry.
@@ -107,10 +108,10 @@ fn plan_for(
     ok.then_some(bl)
 }
 
-/// Workgroup bytes of the pick (`leaf_pick.wgsl`: leaf_common.wgsl's arrays for one query of
+/// Workgroup bytes of the pick (`leaf_pick.wgsl`: three words per entry of its QW queries of
 /// `mc` candidates).
 fn pick_bytes(mc: u32) -> u64 {
-    common_bytes(1, mc)
+    12 * (pick_queries(mc) * mc) as u64
 }
 
 /// Whether the tensor-core scorer stages the leaf's keys in workgroup memory: by default where
