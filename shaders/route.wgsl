@@ -82,16 +82,6 @@ var<workgroup> kp: array<vec4<u32>, QT * MC4>;
 var<workgroup> nc: array<u32, 2u * QT>;
 var<workgroup> rt: array<u32, QT>;
 
-// vec4s of a query head's row per lane.
-const DL: u32 = (D4 + L - 1u) / L;
-// Whether every invocation keeps one score task for the whole route (the tasks fit the
-// workgroup: its query, head group and lane never change) with its 4 * DL query vec4s in
-// registers (`qr`), read there instead of from `qs` at every level: the score step's loads
-// from workgroup memory cost as much as its pyramid-row loads (A.9's knock-outs,
-// docs/benchmarks.md). Up to 32 vec4s (D <= 128 at L = 4), so that they stay in registers.
-const QREG: bool = QT * MC * GQ4 * L <= WG && DL <= 8u;
-var<private> qr: array<vec4<f32>, 4u * DL>;
-
 // Dims 4*d4 .. 4*d4+3 of the pyramid row starting at element `base` (zero past D).
 fn ld_mean(base: u32, d4: u32) -> vec4<f32> {
     if (V4 != 0u) { return means4[base / 4u + d4]; }
@@ -137,24 +127,16 @@ fn score_task(it: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
         nr = min(j * G + G, lc.y) - j * G;
         base = (row0 + lc.x + j * G) * p.head_dim;
     }
-    for (var i = 0u; i < DL; i++) {
+    for (var i = 0u; i < (D4 + L - 1u) / L; i++) {
         let d4 = i * L + lane;
         if (D4 % L == 0u || d4 < D4) {
-            var q0: vec4<f32>;
+            let q0 = qs[qb + d4];
             var q1 = vec4<f32>(0.0);
             var q2 = vec4<f32>(0.0);
             var q3 = vec4<f32>(0.0);
-            if (QREG) {
-                q0 = qr[i * 4u];
-                q1 = qr[i * 4u + 1u];
-                q2 = qr[i * 4u + 2u];
-                q3 = qr[i * 4u + 3u];
-            } else {
-                q0 = qs[qb + d4];
-                if (head_ok(hg, 1u)) { q1 = qs[qb + D4 + d4]; }
-                if (head_ok(hg, 2u)) { q2 = qs[qb + 2u * D4 + d4]; }
-                if (head_ok(hg, 3u)) { q3 = qs[qb + 3u * D4 + d4]; }
-            }
+            if (head_ok(hg, 1u)) { q1 = qs[qb + D4 + d4]; }
+            if (head_ok(hg, 2u)) { q2 = qs[qb + 2u * D4 + d4]; }
+            if (head_ok(hg, 3u)) { q3 = qs[qb + 3u * D4 + d4]; }
             for (var c = 0u; c < G; c++) {
                 // The row is loaded whether or not the child exists (c < nr), so that no load
                 // waits on a condition (0.9% faster at 256K on the H200, commit 702a543:
@@ -254,24 +236,6 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             v = p.scale * in_q(b * p.q_sb + (hkv * GQ + hh) * p.q_sh + i * p.q_sn + d);
         }
         qs[r * D4 + d / 4u][d % 4u] = v;
-    }
-    // The invocation's query vec4s into registers (QREG; zero for a head past the group).
-    if (QREG) {
-        workgroupBarrier();
-        if (lid < QT * MC * GQ4 * L) {
-            let it = lid / L;
-            let lane = lid % L;
-            let hg = it % GQ4;
-            let qb = ((it / GQ4 / MC) * GQ + hg * 4u) * D4;
-            for (var i = 0u; i < DL; i++) {
-                let d4 = i * L + lane;
-                for (var t = 0u; t < 4u; t++) {
-                    var v = vec4<f32>(0.0);
-                    if ((D4 % L == 0u || d4 < D4) && head_ok(hg, t)) { v = qs[qb + t * D4 + d4]; }
-                    qr[i * 4u + t] = v;
-                }
-            }
-        }
     }
     // Start-level candidates: the complete-past nodes 0..n (the ancestor is implicit).
     let top = p.levels[p.start_level];
