@@ -49,6 +49,10 @@ const WG: u32 = 256u;
 // Lanes per (candidate, head group): each reads every L-th vec4 of the rows.
 const L: u32 = 4u;
 const GQ4: u32 = (GQ + 3u) / 4u;
+// 1: the tile's queries held unscaled as f16 pairs of heads (`qh`, two heads' vec4 in one
+// 16-byte load), the scale applied to the dot products; the host sets it for f16 storage
+// only, where the queries are f16 values and the pairs hold them exactly.
+const QH: u32 = 0u;
 // Score items (query, candidate, head group) of the tile.
 const NIT: u32 = QT * MC * GQ4;
 const NEG: f32 = -3.0e38;
@@ -68,7 +72,10 @@ fn get_kp(qi: u32, ci: u32) -> u32 { return kp[qi * MC4 + ci / 4u][ci % 4u]; }
 @group(0) @binding(6) var<storage, read> sq4: array<vec4<f32>>;
 
 // Scaled queries of the tile: [QT][GQ][D4] vec4 (dims 4*d4 .. 4*d4+3), zero-padded.
-var<workgroup> qs: array<vec4<f32>, QT * GQ * D4>;
+var<workgroup> qs: array<vec4<f32>, (1u - QH) * QT * GQ * D4 + QH>;
+// QH = 1: the queries as [QT][GQ4][2][D4] vec4<u32>, component k of pair pp of head group hg
+// packing dim 4*d4+k of heads 4*hg+2*pp (low half) and 4*hg+2*pp+1 (high half), zero-padded.
+var<workgroup> qh: array<vec4<u32>, QH * QT * GQ4 * 2u * D4 + 1u>;
 // Candidate lists (two halves: current level, next level), per query MC slots.
 var<workgroup> cl: array<u32, 2u * QT * MC>;
 // Rank keys of the scored candidates.
@@ -130,13 +137,34 @@ fn score_task(it: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
     for (var i = 0u; i < (D4 + L - 1u) / L; i++) {
         let d4 = i * L + lane;
         if (D4 % L == 0u || d4 < D4) {
-            let q0 = qs[qb + d4];
+            var q0: vec4<f32>;
             var q1 = vec4<f32>(0.0);
             var q2 = vec4<f32>(0.0);
             var q3 = vec4<f32>(0.0);
-            if (head_ok(hg, 1u)) { q1 = qs[qb + D4 + d4]; }
-            if (head_ok(hg, 2u)) { q2 = qs[qb + 2u * D4 + d4]; }
-            if (head_ok(hg, 3u)) { q3 = qs[qb + 3u * D4 + d4]; }
+            if (QH != 0u) {
+                let hb = (qi * GQ4 + hg) * 2u * D4 + d4;
+                let w = qh[hb];
+                let a0 = unpack2x16float(w.x);
+                let a1 = unpack2x16float(w.y);
+                let a2 = unpack2x16float(w.z);
+                let a3 = unpack2x16float(w.w);
+                q0 = vec4<f32>(a0.x, a1.x, a2.x, a3.x);
+                q1 = vec4<f32>(a0.y, a1.y, a2.y, a3.y);
+                if (head_ok(hg, 2u)) {
+                    let u = qh[hb + D4];
+                    let b0 = unpack2x16float(u.x);
+                    let b1 = unpack2x16float(u.y);
+                    let b2 = unpack2x16float(u.z);
+                    let b3 = unpack2x16float(u.w);
+                    q2 = vec4<f32>(b0.x, b1.x, b2.x, b3.x);
+                    q3 = vec4<f32>(b0.y, b1.y, b2.y, b3.y);
+                }
+            } else {
+                q0 = qs[qb + d4];
+                if (head_ok(hg, 1u)) { q1 = qs[qb + D4 + d4]; }
+                if (head_ok(hg, 2u)) { q2 = qs[qb + 2u * D4 + d4]; }
+                if (head_ok(hg, 3u)) { q3 = qs[qb + 3u * D4 + d4]; }
+            }
             for (var c = 0u; c < G; c++) {
                 // The row is loaded whether or not the child exists (c < nr), so that no load
                 // waits on a condition (0.9% faster at 256K on the H200, commit 702a543:
@@ -155,8 +183,11 @@ fn score_task(it: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
             }
         }
     }
-    for (var c = 0u; c < G; c++) { pr[(c * L + lane) * NIT + it] = acc[c]; }
-    if (MV != 0u) { pv[lane * NIT + it] = vacc; }
+    // (QH: the dots of unscaled queries; the variance term is quadratic in the scale.)
+    var f = 1.0;
+    if (QH != 0u) { f = p.scale; }
+    for (var c = 0u; c < G; c++) { pr[(c * L + lane) * NIT + it] = acc[c] * f; }
+    if (MV != 0u) { pv[lane * NIT + it] = vacc * (f * f); }
 }
 
 // Score of candidate ce (node j of level l >= 1) from the lanes' partial dot products, summed
@@ -224,8 +255,23 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let row0 = bh * p.total_nodes;
     let k = p.top_k;
     let g = p.merge;
-    // Scaled queries of the tile, [QT][GQ][D4] vec4, zero-padded.
-    for (var e = lid; e < QT * GQ * D4 * 4u; e += WG) {
+    // Scaled queries of the tile, [QT][GQ][D4] vec4, zero-padded (QH: unscaled f16 pairs).
+    for (var e = lid; e < QH * QT * GQ4 * 2u * D4 * 4u; e += WG) {
+        let k = e % 4u;
+        let d = (e / 4u) % D4 * 4u + k;
+        let pr_ = e / (4u * D4); // (query, head group, pair)
+        let qi = pr_ / (GQ4 * 2u);
+        let ha = (pr_ % (GQ4 * 2u)) * 2u; // first head of the pair
+        let i = i0 + qi;
+        var v = vec2<f32>(0.0);
+        if (i < p.q_len && d < d_n) {
+            let at = b * p.q_sb + (hkv * GQ + ha) * p.q_sh + i * p.q_sn + d;
+            if (ha < GQ) { v.x = in_q(at); }
+            if (ha + 1u < GQ) { v.y = in_q(at + p.q_sh); }
+        }
+        qh[e / 4u][k] = pack2x16float(v);
+    }
+    for (var e = lid; e < (1u - QH) * QT * GQ * D4 * 4u; e += WG) {
         let r = e / (D4 * 4u);
         let d = e % (D4 * 4u);
         let qi = r / GQ;

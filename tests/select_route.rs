@@ -108,6 +108,60 @@ fn pisa_route_paths() {
             },
             true,
         ),
+        // f16 storage: the kernel holds the queries as f16 pairs of heads (a pair past the
+        // group's last head is half empty: GQ 1, 7).
+        (
+            "gq4 d128 lse f16",
+            Case {
+                b: 1,
+                hq: 8,
+                hkv: 2,
+                nq: 333,
+                nk: 333,
+                d: 128,
+                c: 8,
+                k: 5,
+                storage: F16,
+                ..base
+            },
+            true,
+        ),
+        (
+            "gq7 d36 meanvar sink1 f16",
+            Case {
+                b: 1,
+                hq: 7,
+                hkv: 1,
+                nq: 410,
+                nk: 410,
+                d: 36,
+                c: 8,
+                k: 5,
+                sink: 1,
+                scoring: MeanVar,
+                storage: F16,
+                ..base
+            },
+            false,
+        ),
+        (
+            "gq1 d20 lse g3 f16 bnhd",
+            Case {
+                b: 2,
+                hq: 3,
+                hkv: 3,
+                nq: 290,
+                nk: 290,
+                d: 20,
+                c: 4,
+                k: 4,
+                g: 3,
+                storage: F16,
+                layout: Bnhd,
+                ..base
+            },
+            false,
+        ),
     ];
     for (name, c, tile1) in cases {
         run_case(name, c, &mut r, tile1);

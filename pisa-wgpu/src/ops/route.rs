@@ -27,21 +27,40 @@ const MAX_TILE: u32 = 16;
 pub const MAX_GQ: u32 = 32;
 
 /// Workgroup bytes of the routing kernel (see the shader's `var<workgroup>`s) for a tile of `t`
-/// queries and `l` lanes.
+/// queries and `l` lanes, whether it holds its queries as f32 or as f16 pairs
+/// ([`queries_as_f16`]): the larger of the two, so that the shape does not depend on it.
 fn wg_bytes(t: u32, l: u32, gq: u32, d: u32, mc: u32, g: u32, mv: u32) -> u64 {
     let gq4 = gq.div_ceil(4) as u64;
     let (t, l, gq, d4) = (t as u64, l as u64, gq as u64, d.div_ceil(4) as u64);
     let (mc, g, mv) = (mc as u64, g as u64, mv as u64);
-    16 * t * gq * d4
+    let queries = (16 * t * gq * d4).max(16 * t * gq4 * 2 * d4) + 32;
+    queries
         + 16 * t * mc * gq4 * l * g
         + 16 * (mv * t * mc * gq4 * l + 1)
         + 4 * (2 * t * mc + 3 * t)
         + 2 * 16 * t * mc.div_ceil(4)
 }
 
+/// Whether the routing kernel holds its queries as f16 pairs of heads (the shader's QH): for
+/// f16 storage, whose queries the pairs hold exactly, so that one 16-byte load from workgroup
+/// memory serves two heads.
+fn queries_as_f16(storage: Storage) -> bool {
+    storage == Storage::F16
+}
+
 /// The shader constants of the routing kernel for workgroup shape `s`.
-fn consts(s: Shape, gq: u32, d: u32, mc: u32, g: u32, mv: u32) -> [(&'static str, u32); 9] {
+#[allow(clippy::too_many_arguments)]
+fn consts(
+    s: Shape,
+    gq: u32,
+    d: u32,
+    mc: u32,
+    g: u32,
+    mv: u32,
+    qh: bool,
+) -> [(&'static str, u32); 10] {
     [
+        ("QH", u32::from(qh)),
         ("GQ", gq),
         ("QT", s.tile),
         ("MC", mc),
@@ -176,7 +195,7 @@ pub(crate) fn record(
     } else {
         (&pyr.means.buffer, sq, &dummy.buffer, &dummy.buffer)
     };
-    let consts = consts(shape, gq, d, mc, g, mv);
+    let consts = consts(shape, gq, d, mc, g, mv, queries_as_f16(plan.storage));
     let pipe = ctx
         .pipelines
         .get(&ctx.device, &SHADER, "route", plan.storage, &consts, &[])?;
@@ -259,9 +278,11 @@ mod tests {
                         continue;
                     };
                     checked += 1;
-                    let c = consts(s, gq, d, mc, g, mv);
                     let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv);
-                    assert_workgroup_fits(&SHADER, "route", Storage::F32, &c, charged, "wg_bytes");
+                    for (st, qh) in [(Storage::F32, false), (Storage::F16, true)] {
+                        let c = consts(s, gq, d, mc, g, mv, qh);
+                        assert_workgroup_fits(&SHADER, "route", st, &c, charged, "wg_bytes");
+                    }
                 }
             }
         }
