@@ -12,8 +12,8 @@
 //      position o (and o + MC, ...). A query that sees K or fewer leaves gets them all.
 // The same rule as leaf_common.wgsl's `write_selection` (the tile kernels'), without its union:
 // a query's candidates are distinct leaves, each scored in its own slot of `scores`. Measured
-// on the H200 (docs/benchmarks.md): one workgroup of 64 per query with leaf_common's union and
-// pick took 11.2 ms at 256K tokens (Hkv 8, MC 34).
+// on the H200 at 256K tokens, Hkv 8, MC 34 (docs/benchmarks.md, 2026-12-02, commit 83e52fe):
+// 4.08 ms, where one workgroup of 64 per query with leaf_common's union and pick took 11.2.
 // cand: i32 [B, Hkv, Nq, MC] (-1 padded); scores: u32 ranking keys (`rank_key`) at the same
 // index, written by the scorer for the entries step 1 keeps; sel: i32 [B, Hkv, Nq, K].
 // (Params, p, linear_id, visible, is_forced, n_forced, forced_below, local_start, sink_end:
