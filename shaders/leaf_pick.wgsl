@@ -2,20 +2,23 @@
 // pisa-wgpu/src/ops/leaf_select/by_leaf.rs): the final pick from the scores the leaf-major
 // scorer wrote. One workgroup of WG invocations per (b, KV head, QW consecutive queries), one
 // invocation per candidate entry (query, slot), two barriers in all:
-//   1. each entry's leaf (a non-forced candidate of a query that sees more than K leaves, else
-//      NONE) and its ranking key from `scores` into workgroup memory;          barrier
+//   1. each entry's leaf (a non-forced candidate of a query that sees more than K leaves and has
+//      slots left after its forced ones: the entries leaf_bucket.wgsl buckets and the scorer
+//      scores; else NONE) and its ranking key from `scores` into workgroup memory;  barrier
 //   2. keep = rank < K - |forced|, the rank being the number of the query's candidates strictly
 //      better (higher key, then lower leaf): exactly that many kept whatever the scores, all of
 //      them when the query has no more candidates than slots;                  barrier
 //   3. the ascending row: a kept leaf goes after the forced leaves and kept leaves below it; the
-//      entry of slot o also writes forced leaf o (and o + MC, ...) and the -1 padding of row
-//      position o (and o + MC, ...). A query that sees K or fewer leaves gets them all.
+//      entry of slot o also writes the o-th forced leaf (sinks first, then the locals and the
+//      own block; and the (o + MC)-th, ...) after the kept leaves below it, and the -1 padding
+//      of row position o (and o + MC, ...). A query that sees K or fewer leaves gets them all.
 // The same rule as leaf_common.wgsl's `write_selection` (the tile kernels'), without its union:
 // a query's candidates are distinct leaves, each scored in its own slot of `scores`. Measured
 // on the H200 at 256K tokens, Hkv 8, MC 34 (docs/benchmarks.md, 2026-12-02, commit 83e52fe):
 // 4.08 ms, where one workgroup of 64 per query with leaf_common's union and pick took 11.2.
 // cand: i32 [B, Hkv, Nq, MC] (-1 padded); scores: u32 ranking keys (`rank_key`) at the same
-// index, written by the scorer for the entries step 1 keeps; sel: i32 [B, Hkv, Nq, K].
+// index, written by the scorer for the entries step 1 keeps (the only ones read);
+// sel: i32 [B, Hkv, Nq, K].
 // (Params, p, linear_id, visible, is_forced, n_forced, forced_below, local_start, sink_end:
 // select_common.wgsl, prepended.)
 
@@ -60,7 +63,7 @@ fn leaf_pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             let bq = (p.q_pos0 + i) / p.block_size;
             let at = (bh * p.q_len + i) * MC + e % MC;
             let c = cand[at];
-            if (visible(bq) > kk && c >= 0 && !is_forced(bq, u32(c))) {
+            if (visible(bq) > kk && n_forced(bq) < kk && c >= 0 && !is_forced(bq, u32(c))) {
                 x = u32(c);
                 s = scores[at];
             }

@@ -10,7 +10,8 @@
 //      every L-th vec4 of the pyramid rows the candidate needs (`lse`: its children; `mean`,
 //      `meanvar`: its own row) straight from global memory (f32 means, L2-resident; vec4 loads
 //      when D % 4 == 0; the L lanes of a row read L * 16 consecutive bytes together) and dots
-//      them with its heads' scaled queries (workgroup memory) into partial sums; after a
+//      them with its heads' queries (workgroup memory; scaled, or for f16 storage unscaled f16
+//      pairs with the scale applied to the sums, see QH) into partial sums; after a
 //      barrier (none when one task is the whole candidate), one invocation per candidate sums
 //      the lanes and forms the score summed over the GQ heads;
 //   2. keep: a level with more than K candidates keeps those of rank < K, where the rank is the
@@ -119,9 +120,9 @@ fn head_ok(hg: u32, t: u32) -> bool {
 
 // Task e = (candidate ce, head group hg, lane) of the score step: the partial dot products of
 // lane `lane` (dims 4*d4 .. 4*d4+3 for d4 = lane, lane + L, ...) of the candidate's rows (`lse`:
-// its G children, slot c; `mean`, `meanvar`: its own row, slot 0) with the 4 scaled queries of
-// head group hg, into pr[(c * L + lane) * NIT + it] (it = ce * GQ4 + hg; component t: head
-// 4*hg + t); `meanvar` also the partial sum_d q_d^2 var_d into pv[lane * NIT + it]. The L lanes
+// its G children, slot c; `mean`, `meanvar`: its own row, slot 0) with the 4 queries of
+// head group hg (scaled, or scaled afterwards when QH = 1), into pr[(c * L + lane) * NIT + it]
+// (it = ce * GQ4 + hg; component t: head 4*hg + t); `meanvar` also the partial sum_d q_d^2 var_d into pv[lane * NIT + it]. The L lanes
 // of a row read L * 16 consecutive bytes together; items are the fastest index of pr, pv so
 // that the per-candidate sums read consecutive vec4s (no bank conflicts).
 fn score_task(it: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {

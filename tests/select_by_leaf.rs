@@ -5,7 +5,8 @@
 //! adapters without cooperative matrices (lavapipe, CI), the tensor-core scorer
 //! (`leaf_score_coop.wgsl`) for supported f16 shapes where they exist. Cases: GQA groups 1, 2,
 //! 3, 4, 7, 8 and 32, head dims 32 to 256, lengths that are not multiples of the block, both
-//! layouts, every scoring, causal and not, forced blocks, Nq < Nk, batch 2, f32 and f16. A GPU
+//! layouts, every scoring, causal and not, forced blocks, Nq < Nk, batch 2, f32 and f16, and
+//! more candidate slots per query (260) than a pick workgroup has invocations. A GPU
 //! row may differ from the reference only where the reference's margin is a near-tie
 //! (`select_util::check`, at most 5% of the rows); Qtile 1 and 4 must agree exactly (the
 //! leaf-major path does not depend on Qtile, so this checks that two runs agree bit for bit).
@@ -100,6 +101,24 @@ fn by_leaf_lengths_and_partial_blocks() {
             Case {
                 storage: F16,
                 ..partial
+            },
+        ),
+        (
+            // g * (K + 1) = 260 candidate slots per query: more than a pick workgroup's 256
+            // invocations, so one query's entries take two trips of its loops.
+            "K64 g4 local2 C4 (MC 260)",
+            Case {
+                b: 1,
+                hq: 2,
+                hkv: 1,
+                nq: 371,
+                nk: 371,
+                d: 16,
+                c: 4,
+                k: 64,
+                g: 4,
+                local: 2,
+                ..base()
             },
         ),
         (
