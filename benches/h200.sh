@@ -8,7 +8,7 @@
 #                 AB_ROUNDS times (3), each `pisa bench ${AB_ARGS}` (default: prefill 256K and
 #                 decode at 1M, f16), into $OUT/ab-<base|head>-<round>.{txt,json}: the same
 #                 GPU state for both builds, for before/after comparisons
-# More than 8 result files are packed into $OUT/res.tgz (the GPU machine returns 8 at most).
+# More than 8 result files are packed into one archive, $OUT/res.tgz (PACK=0: left as they are).
 # With MODE=bench or all, pisa bench dumps its pipelines' WGSL (PISA_DUMP_WGSL) and, when
 # .bin/test-shader_stats is there, the driver's registers / local / shared memory of each go
 # to $OUT/shader-stats.txt (tests/shader_stats.rs).
@@ -50,8 +50,8 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
       | grep -v -E "^(USDT|STAGE|WARNING:2|ERROR:2)" | tee "$OUT/peers.txt"
   fi
 fi
-# The GPU machine returns at most 8 files from $OUT: past that, everything goes into one archive
-# ($OUT/res.tgz) and the files themselves are removed (PACK=0 keeps them as they are).
+# Past 8 result files, everything under $OUT goes into one archive
+# ($OUT/res.tgz), for transfers that take few files; the files themselves are removed.
 if [ "${PACK:-1}" = 1 ] && [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
   (cd "$OUT" && tar czf /tmp/h200-res.tgz --exclude=res.tgz . && find . -maxdepth 1 -type f -delete \
     && mv /tmp/h200-res.tgz res.tgz)
