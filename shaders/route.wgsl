@@ -118,6 +118,15 @@ fn head_ok(hg: u32, t: u32) -> bool {
     return GQ % 4u == 0u || hg * 4u + t < GQ;
 }
 
+// The two heads' vec4s of a `qh` word (QH = 1): columns 0 (low halves) and 1 (high halves).
+fn unpack_pair(w: vec4<u32>) -> mat2x4<f32> {
+    let a0 = unpack2x16float(w.x);
+    let a1 = unpack2x16float(w.y);
+    let a2 = unpack2x16float(w.z);
+    let a3 = unpack2x16float(w.w);
+    return mat2x4<f32>(vec4<f32>(a0.x, a1.x, a2.x, a3.x), vec4<f32>(a0.y, a1.y, a2.y, a3.y));
+}
+
 // Task e = (candidate ce, head group hg, lane) of the score step: the partial dot products of
 // lane `lane` (dims 4*d4 .. 4*d4+3 for d4 = lane, lane + L, ...) of the candidate's rows (`lse`:
 // its G children, slot c; `mean`, `meanvar`: its own row, slot 0) with the 4 queries of
@@ -146,21 +155,13 @@ fn score_task(it: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
             var q3 = vec4<f32>(0.0);
             if (QH != 0u) {
                 let hb = (qi * GQ4 + hg) * 2u * D4 + d4;
-                let w = qh[hb];
-                let a0 = unpack2x16float(w.x);
-                let a1 = unpack2x16float(w.y);
-                let a2 = unpack2x16float(w.z);
-                let a3 = unpack2x16float(w.w);
-                q0 = vec4<f32>(a0.x, a1.x, a2.x, a3.x);
-                q1 = vec4<f32>(a0.y, a1.y, a2.y, a3.y);
+                let p01 = unpack_pair(qh[hb]);
+                q0 = p01[0];
+                q1 = p01[1];
                 if (head_ok(hg, 2u)) {
-                    let u = qh[hb + D4];
-                    let b0 = unpack2x16float(u.x);
-                    let b1 = unpack2x16float(u.y);
-                    let b2 = unpack2x16float(u.z);
-                    let b3 = unpack2x16float(u.w);
-                    q2 = vec4<f32>(b0.x, b1.x, b2.x, b3.x);
-                    q3 = vec4<f32>(b0.y, b1.y, b2.y, b3.y);
+                    let p23 = unpack_pair(qh[hb + D4]);
+                    q2 = p23[0];
+                    q3 = p23[1];
                 }
             } else {
                 q0 = qs[qb + d4];
