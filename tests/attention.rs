@@ -41,6 +41,11 @@ fn sparse_matches_reference() {
         (1, 3, 1, 128, 128, 64, 4096, 1, Bhnd, F32, true, true),
         (1, 2, 1, 100, 100, 64, 4096, 2, Bnhd, F32, false, false),
         (1, 1, 1, 64, 4112, 64, 4096, 2, Bhnd, F32, false, false),
+        // A large top_k at D 16 (workgroups of 4 invocations): the union of 4 queries' 160
+        // entries alone passed lavapipe's 65535 loop iterations per invocation, so the tile
+        // kernel returned wrong rows there; the host now halves the query tile until the
+        // kernel's count fits (Context::loop_limit).
+        (1, 1, 1, 256, 256, 16, 1, 160, Bhnd, F32, true, false),
         // bf16 storage: the kernels read the 16-bit words and widen them (f32 tolerance).
         (2, 6, 2, 70, 70, 64, 16, 3, Bnhd, Bf16, true, true),
         (1, 8, 1, 45, 45, 128, 32, 2, Bhnd, Bf16, true, false),
@@ -137,6 +142,51 @@ fn forced_tilings_match_reference() {
                 (&dro[..], &drl[..])
             };
             check(&what, (&o, &l), want, Storage::F32);
+        }
+    }
+}
+
+/// Where the driver caps a shader invocation's loop iterations (llvmpipe:
+/// `Context::loop_limit`), a tile-kernel attention that cannot fit the cap even with one query
+/// per workgroup is refused with a typed error before anything runs, not returned wrong: here
+/// a dense walk over 40000 keys at D 16 (about 110000 iterations per invocation). Elsewhere the
+/// same call runs, and its rows are checked against the reference.
+#[test]
+fn loop_limit_is_refused_not_wrong() {
+    let ctx = ctx();
+    let mut r = rng(seed("loop_limit"));
+    let s = AttentionShape::new(1, 1, 1, 3, 40000, 16).unwrap();
+    let x = inputs(&mut r, &s, Storage::F32);
+    let up = |d: &[f32]| ctx.upload("t", d, Storage::F32).unwrap();
+    let (qt, kt, vt) = (up(&x.q), up(&x.k), up(&x.v));
+    let kind = AttentionKind::Dense {
+        causal: true,
+        scale: 0.25,
+    };
+    let tiling = Tiling::default_for(1, None);
+    let got = ctx.scoped("test", || {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let out = attention::record_attention(
+            ctx, &mut enc, &qt, &kt, &vt, &s, Bhnd.into(), &kind, Some(tiling), None,
+        )?;
+        ctx.queue().submit([enc.finish()]);
+        Ok(out)
+    });
+    match ctx.loop_limit() {
+        Some(limit) => {
+            let e = got.expect_err("a walk past the loop limit must be refused");
+            let msg = e.to_string();
+            assert!(
+                matches!(e, pisa_wgpu::GpuError::Limit { .. }) && msg.contains(&limit.to_string()),
+                "{msg}"
+            );
+        }
+        None => {
+            let (o, l) = got.unwrap();
+            let (o, l) = (ctx.read_f32(&o).unwrap(), ctx.read_f32(&l).unwrap());
+            let (ro, rl) =
+                reference::dense_attention(&x.q, &x.k, &x.v, &s, Bhnd, true, 0.25).unwrap();
+            check("dense 40000 keys D 16", (&o, &l), (&ro, &rl), Storage::F32);
         }
     }
 }

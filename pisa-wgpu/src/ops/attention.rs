@@ -399,6 +399,59 @@ pub(crate) fn record_attention_to(
     }
 }
 
+/// `want` fitted to the device ([`Tiling::fit`]) and, where the driver caps an invocation's loop
+/// iterations ([`Context::loop_limit`]), to that cap: query tiles halved until the kernel's
+/// count ([`tiling::Variant::loop_iterations`]) fits (a query tile changes no result), else
+/// [`GpuError::Limit`]. The count: the union of QT * top_k selection entries (sparse), then the
+/// key tiles walked: up to min(QT * top_k, blocks) blocks of C keys (sparse), or all Nk keys
+/// (dense).
+fn fit_loops(
+    ctx: &Context,
+    mut want: Tiling,
+    s: &AttentionShape,
+    sparse_c: Option<usize>,
+    top_k: usize,
+) -> Result<(Tiling, tiling::Variant)> {
+    let g = s.gqa_group();
+    loop {
+        let (t, var) = want.fit(ctx, s.head_dim, g, top_k)?;
+        let Some(limit) = ctx.loop_limit() else {
+            return Ok((t, var));
+        };
+        let kt = var.kt as u64;
+        let (tiles, blocks) = match sparse_c {
+            Some(c) => {
+                let blocks = s.k_len.div_ceil(c.max(1)) as u64;
+                let walked = blocks.min((var.qt as u64) * top_k as u64);
+                (walked * (c as u64).min(s.k_len as u64).div_ceil(kt), blocks)
+            }
+            None => ((s.k_len as u64).div_ceil(kt), 0),
+        };
+        let needed = var.loop_iterations(sparse_c.is_some(), tiles, blocks);
+        if needed <= limit {
+            return Ok((t, var));
+        }
+        if t.query_tile > 1 {
+            want = Tiling {
+                query_tile: t.query_tile / 2,
+                ..t
+            };
+            continue;
+        }
+        return Err(GpuError::Limit {
+            what: format!(
+                "loop iterations of one attention shader invocation on {} (it ends every \
+                 invocation's loops after {limit} in all, and the output would be wrong)",
+                ctx.report().name
+            ),
+            needed,
+            limit,
+            hint: "use a GPU, fewer keys or a smaller top_k, or the leaf-major order \
+                   (LeafOrder::Leaves)",
+        });
+    }
+}
+
 /// Records the portable tile kernel (`shaders/attention.wgsl`) with `tiling` (`None`: the
 /// default for the kind); inputs validated by the caller.
 #[allow(clippy::too_many_arguments)]
@@ -424,7 +477,7 @@ fn record_tiles(
         AttentionKind::Dense { .. } => None,
     };
     let want = tiling.unwrap_or_else(|| Tiling::default_for(g, sparse_c));
-    let (_, var) = want.fit(ctx, s.head_dim, g, top_k)?;
+    let (_, var) = fit_loops(ctx, want, s, sparse_c, top_k)?;
     let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt), out)?;
     let pipe = ctx.pipelines.get(
         &ctx.device,

@@ -413,6 +413,15 @@ impl Context {
     pub fn report(&self) -> &AdapterReport {
         &self.report
     }
+    /// The most loop iterations a shader invocation may run on this device, where the driver
+    /// caps them: `Some(65535)` on Mesa's llvmpipe (lavapipe), whose loop limiter ends every loop
+    /// of an invocation once it has run 65535 iterations in all, silently
+    /// (`tests/lavapipe_loops.rs`); `None` elsewhere. The portable attention kernel checks its
+    /// count against it before recording, and runs smaller query tiles or refuses with
+    /// [`crate::GpuError::Limit`] rather than return a wrong result.
+    pub fn loop_limit(&self) -> Option<u64> {
+        self.report.name.contains("llvmpipe").then_some(65535)
+    }
     /// Features enabled on the device.
     pub fn features(&self) -> wgpu::Features {
         self.features

@@ -49,6 +49,41 @@ impl Variant {
         16 * (rp + kt) * row4 + 4 * (kt * rp + wg + rp) + 20 * maxu4 + 16
     }
 
+    /// Loop iterations one invocation of `shaders/attention.wgsl` runs, at most (every loop of
+    /// every function it calls counted, for the invocation that runs the most): the union of
+    /// `attention_common.wgsl` (sparse), then the key tiles it walks, `tiles` of them. Some
+    /// drivers cap this count: llvmpipe stops every loop of an invocation after 65535 iterations
+    /// in all ([`crate::Context::loop_limit`]), silently, so the host checks it there.
+    /// `distinct`: at most this many distinct blocks in the union (sparse: the leaf blocks).
+    pub fn loop_iterations(&self, sparse: bool, tiles: u64, distinct: u64) -> u64 {
+        let (hd4, kt, wg, rm) = (self.hd4 as u64, self.kt as u64, self.wg as u64, self.rm as u64);
+        let split = hd4 / rm;
+        let ng = kt.div_ceil(4 * split);
+        // process_tile: two tile loads, the S phase (groups x head-dim vec4s), the row max, the
+        // exponentials, the rows' flags, the P V keys; and the outer loops' own iterations.
+        let tile = 2 * (kt * hd4).div_ceil(wg) + ng * (1 + hd4) + split + 4 * ng + rm + kt + 2;
+        // setup's Q load and finish's sum.
+        let fixed = (self.rp as u64 * hd4).div_ceil(wg) + split + 1;
+        let mut union = 0;
+        if sparse {
+            let (maxu, selk) = ((self.qt * self.selk) as u64, self.selk.max(1) as u64);
+            // build_union, invocation `lid`: per entry x = lid, lid + WG, ...: its pass-1 load,
+            // the x % SELK entries before it in its list, the x entries before it in the tile,
+            // and (a first occurrence) all MAXU; invocation 0 also counts the union.
+            let first = distinct.min(maxu.div_ceil(wg));
+            union = (0..wg.min(maxu))
+                .map(|lid| {
+                    let xs = (lid..maxu).step_by(wg as usize);
+                    xs.map(|x| 3 + x % selk + x).sum::<u64>()
+                        + first * maxu
+                        + if lid == 0 { maxu } else { 0 }
+                })
+                .max()
+                .unwrap_or(0);
+        }
+        union + tiles * tile + fixed
+    }
+
     /// The `(name, value)` constants for [`crate::runtime::pipeline::preprocess`].
     pub fn consts(&self) -> [(&'static str, u32); 6] {
         [
