@@ -158,9 +158,20 @@ impl SelectArgs {
 /// A failure of a call with `cfg` over `n_keys` keys, with a note when `top_k` exceeds the
 /// leaf blocks there are (the selection buffers grow with top_k, so a huge top_k reads as a
 /// sequence too long; `--top-k` equal to the block count already selects every block).
+/// Only a size limit gets the note (a buffer, workgroup memory or an index too large): other
+/// errors, a head dim or a GQA group the kernels do not take, are not the top_k's doing.
 pub fn top_k_note(e: anyhow::Error, cfg: &SelectionConfig, n_keys: usize) -> anyhow::Error {
     let blocks = n_keys.div_ceil(cfg.block_size.max(1));
-    if cfg.top_k <= blocks {
+    let size_limit = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<pisa_wgpu::GpuError>(),
+            Some(
+                pisa_wgpu::GpuError::Limit { .. }
+                    | pisa_wgpu::GpuError::Input(pisa_core::PisaError::TooLarge { .. })
+            )
+        )
+    });
+    if cfg.top_k <= blocks || !size_limit {
         return e;
     }
     anyhow::anyhow!(
@@ -271,4 +282,35 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     );
     pb.set_message(what.to_string());
     pb
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The --top-k note goes on size limits only, and only when top_k exceeds the blocks.
+    #[test]
+    fn top_k_note_only_on_size_limits() {
+        let cfg = SelectionConfig::new(64, 16).unwrap();
+        let limit = || {
+            anyhow::Error::new(pisa_wgpu::GpuError::Limit {
+                what: "workgroup memory".into(),
+                needed: 2,
+                limit: 1,
+                hint: "smaller",
+            })
+            .context("prefill failed")
+        };
+        let head_dim = || {
+            anyhow::Error::new(pisa_wgpu::GpuError::Input(pisa_core::PisaError::HeadDim {
+                head_dim: 40,
+                supported: "multiples of 16",
+            }))
+        };
+        // 128 tokens: 2 blocks of 64, below top_k 16.
+        assert!(format!("{:#}", top_k_note(limit(), &cfg, 128)).contains("--top-k 2 already"));
+        assert!(!format!("{:#}", top_k_note(head_dim(), &cfg, 128)).contains("--top-k"));
+        // 4096 tokens: 64 blocks, top_k within them.
+        assert!(!format!("{:#}", top_k_note(limit(), &cfg, 4096)).contains("--top-k"));
+    }
 }
