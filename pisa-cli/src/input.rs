@@ -260,6 +260,17 @@ impl InputArgs {
             )
         });
         let (qb, qh, qt, qd) = dims(&q, layout, &source)?;
+        if let Some(w) = io::sliding_window(&meta, self.layer) {
+            if (w as usize) < qt {
+                eprintln!(
+                    "warning: {}: layer {} attends a sliding window of {w} tokens (metadata \
+                     `layers`); pisa attends to every past block it selects, so its outputs \
+                     are not that layer's over these {qt} tokens",
+                    qp.display(),
+                    self.layer.unwrap_or_default()
+                );
+            }
+        }
         let (kb, kh, kt, kd) = dims(&k, layout, &source)?;
         ensure!(
             k.shape == v.shape,

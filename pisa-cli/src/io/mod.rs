@@ -42,7 +42,7 @@ use anyhow::{bail, Result};
 pub use paths::{check_output_paths, npy_sibling, output_paths};
 pub use read::{
     parse_index_tensor_bytes, parse_safetensors_header_bytes, parse_tensor_bytes,
-    read_index_tensor, read_metadata, read_tensor, softmax_scale, tensor_names,
+    read_index_tensor, read_metadata, read_tensor, sliding_window, softmax_scale, tensor_names,
 };
 pub(crate) use tensor::unravel;
 pub use tensor::{check_finite, DType, HostTensor, IndexTensor};

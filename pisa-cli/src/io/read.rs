@@ -85,6 +85,17 @@ pub fn parse_safetensors_header_bytes(
     Ok((st::names(bytes)?, st::metadata(bytes)?))
 }
 
+/// The sliding window (tokens) of layer `layer` in a metadata map's `layers` object
+/// (`{"15": {"sliding_window": 4096, ...}}`, as `scripts/capture_qkv.py` records it), when it
+/// is a positive number; `None` for none, `null` or anything else. PISA attends to every past
+/// block it selects, so a layer with a window shorter than the sequence gets other outputs
+/// than its model computes: the CLI warns about it.
+pub fn sliding_window(meta: &BTreeMap<String, String>, layer: Option<usize>) -> Option<u64> {
+    let j: serde_json::Value = serde_json::from_str(meta.get("layers")?).ok()?;
+    let w = j.get(layer?.to_string())?.get("sliding_window")?.as_u64()?;
+    (w > 0).then_some(w)
+}
+
 /// Looks up the softmax scale in a metadata map.
 ///
 /// Lookup order: `layer{layer}.scale`; then the key `layers`, a JSON object such as

@@ -172,6 +172,12 @@ fn softmax_scale_lookup() {
     assert_eq!(softmax_scale(&layers, Some(0)).unwrap(), None);
     assert!(softmax_scale(&m(&[("scale", "abc")]), None).is_err());
     assert!(softmax_scale(&m(&[("scale", "-1")]), None).is_err());
+    // The sliding window the CLI warns about: a positive number only.
+    assert_eq!(sliding_window(&layers, Some(15)), None);
+    let win = m(&[("layers", r#"{"3": {"scale": 0.1, "sliding_window": 128}}"#)]);
+    assert_eq!(sliding_window(&win, Some(3)), Some(128));
+    assert_eq!(sliding_window(&win, Some(4)), None);
+    assert_eq!(sliding_window(&win, None), None);
 }
 
 #[test]
