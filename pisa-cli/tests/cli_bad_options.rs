@@ -77,6 +77,12 @@ fn bad_selection_options() {
         &["recall", "-i", "in.safetensors", "--scoring", "mean"],
         &["--scoring does not apply to recall"],
     );
+    // The oracle reads f32 or f16: bf16 storage is a usage error, not a library message.
+    common::usage_fails(
+        d,
+        &["recall", "-i", "in.safetensors", "--storage", "bf16"],
+        &["--storage bf16 does not apply to recall"],
+    );
 }
 
 /// Regression: an output path equal to an input file replaced the input with the results (the

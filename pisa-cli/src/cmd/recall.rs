@@ -168,6 +168,12 @@ pub fn run(a: RecallArgs) -> Result<()> {
             "--scoring does not apply to recall: it measures every scoring (lse, mean, meanvar) and BSA side by side"
         );
     }
+    if a.device.storage == crate::args::StorageArg::Bf16 {
+        crate::args::usage_bail!(
+            "--storage bf16 does not apply to recall: its oracle (full attention's mass per block) \
+             reads f32 or f16; use --storage f32 or f16"
+        );
+    }
     let l = a.input.load_for(a.device.storage, false)?;
     let cfg = a.select.config(&l.file_scale)?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
