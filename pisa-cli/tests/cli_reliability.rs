@@ -294,7 +294,7 @@ fn tune_is_recorded_by_bench() {
     let json = dir.path().join("b.json");
     let mut args = vec!["bench", "--sizes", "128", "--decode-sizes", "128"];
     args.extend(TINY_BENCH);
-    args.extend(["--backward-max", "0", "--dense-max", "1"]);
+    args.extend(["--backward-max", "0", "--dense-max", "0"]); // 0: never
     args.extend(["--json", json.to_str().unwrap(), "--tune", "route_lanes=2"]);
     args.extend(["--leaf-order", "leaves"]); // recorded in its own field, not twice
     let r = run_in(dir.path(), &args).ok();
@@ -307,6 +307,10 @@ fn tune_is_recorded_by_bench() {
     );
     assert!(r.stdout.contains("tuning route_lanes=2;"), "{}", r.stdout);
     assert_eq!(v["params"]["leaf_order"], "leaves");
+    // --dense-max 0: no dense timing at all.
+    let ops: Vec<_> = v["records"].as_array().unwrap().iter().map(|r| &r["op"]).collect();
+    assert!(ops.iter().any(|o| *o == "pisa_prefill"), "{ops:?}");
+    assert!(!ops.iter().any(|o| *o == "dense"), "{ops:?}");
 }
 
 /// Regression: the decode measurement of `bench` forced at least 20 (then 5) repetitions

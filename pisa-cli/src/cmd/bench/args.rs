@@ -50,7 +50,7 @@ pub struct BenchArgs {
     /// kernels and leaves out the BSA baseline and the backward pass, which do not read it).
     #[arg(long, default_value = "f16,f32")]
     pub storages: String,
-    /// Time dense attention only up to this N (the portable kernel is O(N^2)).
+    /// Time dense attention only up to this N (the portable kernel is O(N^2); 0: never).
     #[arg(long, default_value = "64k")]
     pub dense_max: String,
     /// Time the backward pass only up to this N (0: never).
