@@ -25,9 +25,10 @@ pub struct DemoArgs {
 
 /// Runs `pisa demo`.
 pub fn run(a: DemoArgs) -> Result<()> {
-    if a.tokens < 2 {
+    if !(2..=4096).contains(&a.tokens) {
         anyhow::bail!(
-            "--tokens {} is too few: the demo prefills and then decodes, which needs at least 2",
+            "--tokens {} is out of the demo's range 2..=4096: it prefills and then decodes \
+             (at least 2 tokens) the embedded input's 4096 tokens at most",
             a.tokens
         );
     }
