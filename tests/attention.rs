@@ -167,7 +167,16 @@ fn loop_limit_is_refused_not_wrong() {
     let got = ctx.scoped("test", || {
         let mut enc = ctx.device().create_command_encoder(&Default::default());
         let out = attention::record_attention(
-            ctx, &mut enc, &qt, &kt, &vt, &s, Bhnd.into(), &kind, Some(tiling), None,
+            ctx,
+            &mut enc,
+            &qt,
+            &kt,
+            &vt,
+            &s,
+            Bhnd.into(),
+            &kind,
+            Some(tiling),
+            None,
         )?;
         ctx.queue().submit([enc.finish()]);
         Ok(out)

@@ -308,7 +308,12 @@ fn tune_is_recorded_by_bench() {
     assert!(r.stdout.contains("tuning route_lanes=2;"), "{}", r.stdout);
     assert_eq!(v["params"]["leaf_order"], "leaves");
     // --dense-max 0: no dense timing at all.
-    let ops: Vec<_> = v["records"].as_array().unwrap().iter().map(|r| &r["op"]).collect();
+    let ops: Vec<_> = v["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["op"])
+        .collect();
     assert!(ops.iter().any(|o| *o == "pisa_prefill"), "{ops:?}");
     assert!(!ops.iter().any(|o| *o == "dense"), "{ops:?}");
 }

@@ -93,7 +93,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         if s.trim() == "0" {
             return Ok(0);
         }
-        Ok(parse_sizes(s).context(what.to_string())?.first().copied().unwrap_or(0))
+        Ok(parse_sizes(s)
+            .context(what.to_string())?
+            .first()
+            .copied()
+            .unwrap_or(0))
     };
     let dense_max = max_size(&a.dense_max, "--dense-max")?;
     let backward_max = max_size(&a.backward_max, "--backward-max")?;

@@ -56,7 +56,12 @@ impl Variant {
     /// in all ([`crate::Context::loop_limit`]), silently, so the host checks it there.
     /// `distinct`: at most this many distinct blocks in the union (sparse: the leaf blocks).
     pub fn loop_iterations(&self, sparse: bool, tiles: u64, distinct: u64) -> u64 {
-        let (hd4, kt, wg, rm) = (self.hd4 as u64, self.kt as u64, self.wg as u64, self.rm as u64);
+        let (hd4, kt, wg, rm) = (
+            self.hd4 as u64,
+            self.kt as u64,
+            self.wg as u64,
+            self.rm as u64,
+        );
         let split = hd4 / rm;
         let ng = kt.div_ceil(4 * split);
         // process_tile: two tile loads, the S phase (groups x head-dim vec4s), the row max, the
