@@ -115,25 +115,7 @@ fn forced_tilings_match_reference() {
                     scale: 0.3,
                 }
             };
-            let (o, l) = ctx
-                .scoped("test", || {
-                    let mut enc = ctx.device().create_command_encoder(&Default::default());
-                    let out = attention::record_attention(
-                        ctx,
-                        &mut enc,
-                        &qt,
-                        &kt,
-                        &vt,
-                        &s,
-                        Bnhd.into(),
-                        &kind,
-                        Some(tiling),
-                        None,
-                    )?;
-                    ctx.queue().submit([enc.finish()]);
-                    Ok(out)
-                })
-                .unwrap();
+            let (o, l) = record_tiled(ctx, [&qt, &kt, &vt], &s, Bnhd, &kind, tiling).unwrap();
             let (o, l) = (ctx.read_f32(&o).unwrap(), ctx.read_f32(&l).unwrap());
             let what = format!("{tiling:?} sparse {sparse} seed {seed}");
             let want = if sparse {
@@ -144,6 +126,34 @@ fn forced_tilings_match_reference() {
             check(&what, (&o, &l), want, Storage::F32);
         }
     }
+}
+
+/// Records and submits one attention call of the tile kernel with `tiling`; returns (O, LSE).
+fn record_tiled(
+    ctx: &Context,
+    [q, k, v]: [&pisa_wgpu::GpuTensor; 3],
+    s: &AttentionShape,
+    layout: TensorLayout,
+    kind: &AttentionKind<'_>,
+    tiling: Tiling,
+) -> pisa_wgpu::Result<(pisa_wgpu::GpuTensor, pisa_wgpu::GpuTensor)> {
+    ctx.scoped("test", || {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let out = attention::record_attention(
+            ctx,
+            &mut enc,
+            q,
+            k,
+            v,
+            s,
+            layout.into(),
+            kind,
+            Some(tiling),
+            None,
+        )?;
+        ctx.queue().submit([enc.finish()]);
+        Ok(out)
+    })
 }
 
 /// Where the driver caps a shader invocation's loop iterations (llvmpipe:
@@ -164,23 +174,7 @@ fn loop_limit_is_refused_not_wrong() {
         scale: 0.25,
     };
     let tiling = Tiling::default_for(1, None);
-    let got = ctx.scoped("test", || {
-        let mut enc = ctx.device().create_command_encoder(&Default::default());
-        let out = attention::record_attention(
-            ctx,
-            &mut enc,
-            &qt,
-            &kt,
-            &vt,
-            &s,
-            Bhnd.into(),
-            &kind,
-            Some(tiling),
-            None,
-        )?;
-        ctx.queue().submit([enc.finish()]);
-        Ok(out)
-    });
+    let got = record_tiled(ctx, [&qt, &kt, &vt], &s, Bhnd, &kind, tiling);
     match ctx.loop_limit() {
         Some(limit) => {
             let e = got.expect_err("a walk past the loop limit must be refused");

@@ -38,6 +38,8 @@ pub struct ContextInner {
     pub(crate) queue: wgpu::Queue,
     pub(crate) pipelines: PipelineCache,
     report: AdapterReport,
+    /// [`Context::loop_limit`], from the adapter's name once.
+    loop_limit: Option<u64>,
     features: wgpu::Features,
     limits: wgpu::Limits,
     /// Set by the device-lost callback, which is installed only on pisa's own device.
@@ -320,6 +322,7 @@ impl Context {
             queue,
             owned,
             pipelines: PipelineCache::new(checks),
+            loop_limit: report.name.contains("llvmpipe").then_some(65535),
             report,
             features,
             binding_limit: AtomicU64::new(limits.max_storage_buffer_binding_size),
@@ -420,7 +423,7 @@ impl Context {
     /// count against it before recording, and runs smaller query tiles or refuses with
     /// [`crate::GpuError::Limit`] rather than return a wrong result.
     pub fn loop_limit(&self) -> Option<u64> {
-        self.report.name.contains("llvmpipe").then_some(65535)
+        self.loop_limit
     }
     /// Features enabled on the device.
     pub fn features(&self) -> wgpu::Features {

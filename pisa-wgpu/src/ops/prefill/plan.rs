@@ -1040,14 +1040,19 @@ impl VarlenPrefillPlan {
         // Every sequence's views are checked before any is recorded (whether a view is read in
         // place, or an output written by a scatter, depends on where its sequence starts).
         let kk = self.opts.cfg.top_k;
-        for w in cu_seqlens.windows(2) {
-            let (t0, n) = (w[0], w[1] - w[0]);
+        // Sequence views: Q, K, V, then O, LSE and the selection's rows.
+        let seq = |t0: usize, n: usize| -> Result<([TensorView; 5], Option<TensorView>)> {
             let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
+            let sel = outputs.selection.map(|s| s.tokens(t0, n)).transpose()?;
+            let (o, l) = (outputs.out.tokens(t0, n)?, outputs.lse.tokens(t0, n)?);
+            Ok(([qs, ks, vs, o, l], sel))
+        };
+        for w in cu_seqlens.windows(2) {
+            let n = w[1] - w[0];
+            let ([qs, ks, vs, o, l], sel) = seq(w[0], n)?;
             if self.in_place {
                 in_place_qkv(&self.ctx, self.opts.storage, &qs, &ks, &vs)?;
             }
-            let sel = outputs.selection.map(|s| s.tokens(t0, n)).transpose()?;
-            let (o, l) = (outputs.out.tokens(t0, n)?, outputs.lse.tokens(t0, n)?);
             let outs = PrefillOutputs {
                 out: &o,
                 lse: &l,
@@ -1056,11 +1061,9 @@ impl VarlenPrefillPlan {
             check_outputs(&outs, [1, hq, hkv, n, d, kk], self.opts.storage, false)?;
         }
         for (i, w) in cu_seqlens.windows(2).enumerate() {
-            let (t0, n) = (w[0], w[1] - w[0]);
-            let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
+            let n = w[1] - w[0];
+            let ([qs, ks, vs, o, l], sel) = seq(w[0], n)?;
             let plan = self.plan(n, Some([&qs, &ks, &vs]))?;
-            let sel = outputs.selection.map(|s| s.tokens(t0, n)).transpose()?;
-            let (o, l) = (outputs.out.tokens(t0, n)?, outputs.lse.tokens(t0, n)?);
             let outs = PrefillOutputs {
                 out: &o,
                 lse: &l,
