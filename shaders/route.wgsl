@@ -24,6 +24,10 @@
 //      children at g * (kept nodes before them); meanwhile one invocation per query counts the
 //      kept children (min(n, K) * g, less the shortfall of the level's last node if kept) and
 //      appends the complete-past children of the ancestor (at most g - 1 of them) after them.
+// Levels from the start level down to `tb.lt` are looked up in the routing table (rank keys of
+// every node of those levels per query, route_table.wgsl or shaders/nv/route_table.comp) rather
+// than scored; the table covers the queries tb.i0 .. tb.i0 + tb.nq, the chunk this dispatch
+// routes (tb.lt above the start level: no table, the chunk is every query).
 // Output: cand [B, Hkv, Nq, MC] i32, ascending leaf indices, -1 padded. Queries that see K or
 // fewer leaves (and every query when nb_0 <= K) get an all -1 row: stage 2 gives them all leaves.
 //
@@ -73,6 +77,14 @@ fn get_kp(qi: u32, ci: u32) -> u32 { return kp[qi * MC4 + ci / 4u][ci % 4u]; }
 @group(0) @binding(4) var<storage, read_write> cand: array<i32>;
 @group(0) @binding(5) var<storage, read> means4: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> sq4: array<vec4<f32>>;
+// The routing table of the chunk, [B * Hkv, tb.nq, tb.tn] rank keys (route_table.wgsl).
+@group(0) @binding(7) var<storage, read> table: array<u32>;
+// The chunk and the table's shape (route.rs `TableParams`; route_table.wgsl's `Table`).
+struct Table {
+    i0: u32, nq: u32, lt: u32, tn: u32,
+    items: u32, tiles: u32, pad0: u32, pad1: u32,
+}
+@group(0) @binding(8) var<uniform> tb: Table;
 
 // Scaled queries of the tile: [QT][GQ][D4] vec4 (dims 4*d4 .. 4*d4+3), zero-padded.
 var<workgroup> qs: array<vec4<f32>, (1u - QH) * QT * GQ * D4 + QH>;
@@ -252,7 +264,9 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let id = linear_id(wid, nwg);
     if (id >= p.wg_count) { return; }
     let bh = id / p.tiles;
-    let i0 = (id % p.tiles) * QT;
+    let i0 = tb.i0 + (id % p.tiles) * QT;
+    // End of the chunk's queries.
+    let qend = min(p.q_len, tb.i0 + tb.nq);
     let b = bh / p.kv_heads;
     let hkv = bh % p.kv_heads;
     let d_n = p.head_dim;
@@ -268,7 +282,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         let ha = (pr_ % (GQ4 * 2u)) * 2u; // first head of the pair
         let i = i0 + qi;
         var v = vec2<f32>(0.0);
-        if (i < p.q_len && d < d_n) {
+        if (i < qend && d < d_n) {
             let at = b * p.q_sb + (hkv * GQ + ha) * p.q_sh + i * p.q_sn + d;
             if (ha < GQ) { v.x = in_q(at); }
             if (ha + 1u < GQ) { v.y = in_q(at + p.q_sh); }
@@ -282,7 +296,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         let hh = r % GQ;
         let i = i0 + qi;
         var v = 0.0;
-        if (i < p.q_len && d < d_n) {
+        if (i < qend && d < d_n) {
             v = p.scale * in_q(b * p.q_sb + (hkv * GQ + hh) * p.q_sh + i * p.q_sn + d);
         }
         qs[r * D4 + d / 4u][d % 4u] = v;
@@ -293,7 +307,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         let i = i0 + lid;
         var n = 0u;
         var routed = 0u;
-        if (i < p.q_len && p.routed != 0u) {
+        if (i < qend && p.routed != 0u) {
             let bq = (p.q_pos0 + i) / p.block_size;
             if (p.causal == 0u) {
                 n = top.y;
@@ -310,31 +324,45 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         cl[e] = e % MC;
     }
     var cur = 0u;
+    // Entry of the level's node 0 in a query's table row.
+    var toff = 0u;
     for (var l = p.start_level; l >= 1u; l--) {
         let lc = p.levels[l - 1u];
         let nxt = QT * MC - cur;
         let hc = select(0u, QT, cur != 0u);
         workgroupBarrier();
-        // 1. score: one invocation per (query, candidate, head group, lane), then one per
-        // candidate sums the lanes and heads.
-        for (var e = lid; e < QT * MC * GQ4 * L; e += WG) {
-            let it = e / L;
-            let ce = it / GQ4;
-            let qi = ce / MC;
-            let n = nc[hc + qi];
-            if (ce % MC < n && n > k) {
-                let j = cl[cur + ce];
-                score_task(it, qi, it % GQ4, e % L, l, j, row0);
-                // One task per candidate: it reads back its own partials, no barrier needed.
-                if (L == 1u && GQ4 == 1u) { set_sc(qi, ce % MC, rank_key(score(ce, l, j))); }
-            }
-        }
-        if (L != 1u || GQ4 != 1u) {
-            workgroupBarrier();
+        if (l >= tb.lt) {
+            // 1. (table level) the rank keys looked up.
             for (var e = lid; e < QT * MC; e += WG) {
-                let n = nc[hc + e / MC];
+                let qi = e / MC;
+                let n = nc[hc + qi];
                 if (e % MC < n && n > k) {
-                    set_sc(e / MC, e % MC, rank_key(score(e, l, cl[cur + e])));
+                    let row = (bh * tb.nq + i0 + qi - tb.i0) * tb.tn + toff;
+                    set_sc(qi, e % MC, table[row + cl[cur + e]]);
+                }
+            }
+        } else {
+            // 1. score: one invocation per (query, candidate, head group, lane), then one per
+            // candidate sums the lanes and heads.
+            for (var e = lid; e < QT * MC * GQ4 * L; e += WG) {
+                let it = e / L;
+                let ce = it / GQ4;
+                let qi = ce / MC;
+                let n = nc[hc + qi];
+                if (ce % MC < n && n > k) {
+                    let j = cl[cur + ce];
+                    score_task(it, qi, it % GQ4, e % L, l, j, row0);
+                    // One task per candidate: it reads back its own partials, no barrier needed.
+                    if (L == 1u && GQ4 == 1u) { set_sc(qi, ce % MC, rank_key(score(ce, l, j))); }
+                }
+            }
+            if (L != 1u || GQ4 != 1u) {
+                workgroupBarrier();
+                for (var e = lid; e < QT * MC; e += WG) {
+                    let n = nc[hc + e / MC];
+                    if (e % MC < n && n > k) {
+                        set_sc(e / MC, e % MC, rank_key(score(e, l, cl[cur + e])));
+                    }
                 }
             }
         }
@@ -412,6 +440,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             nc[QT - hc + qi] = total;
         }
         cur = nxt;
+        toff += p.levels[l].y;
     }
     workgroupBarrier();
     let hc = select(0u, QT, cur != 0u);
@@ -419,7 +448,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         let qi = e / MC;
         let ci = e % MC;
         let i = i0 + qi;
-        if (i < p.q_len && ci < p.mc) {
+        if (i < qend && ci < p.mc) {
             var v = -1;
             if (ci < nc[hc + qi]) { v = i32(cl[cur + e]); }
             cand[(bh * p.q_len + i) * p.mc + ci] = v;

@@ -167,3 +167,161 @@ fn pisa_route_paths() {
         run_case(name, c, &mut r, tile1);
     }
 }
+
+/// The routing table (`route_table.wgsl`, or `shaders/nv/route_table.comp` where the NVIDIA
+/// kernels run): the top levels looked up rather than scored, for some of the levels or all of
+/// them, in one chunk of queries or several (chunks not a multiple of anything), `lse` and
+/// `mean`, causal or not, GQA groups 1 to 8, head dims 20 to 128; judged as the other cases.
+/// Each case checks that its table kernel ran (per-thread dispatch count), so a table path
+/// that silently stays off fails; with `PISA_REQUIRE_NV_CM2=1` the f16 cases of head dim 64
+/// and 128 must have run the NVIDIA kernel.
+#[test]
+fn pisa_route_table() {
+    use pisa_wgpu::ops::route::table_dispatches_on_this_thread;
+    let _guard = settings_lock();
+    let seed = seed("pisa_route_table");
+    let mut r = rng(seed);
+    let base = base();
+    let require_nv = std::env::var("PISA_REQUIRE_NV_CM2").as_deref() == Ok("1");
+    // (name, case, table nodes, queries per chunk, whether the NVIDIA kernel takes it)
+    let cases = [
+        (
+            "lse gq2 d64 levels 3-2 of 3, chunks",
+            Case {
+                hq: 4,
+                hkv: 2,
+                nq: 1000,
+                nk: 1000,
+                ..base
+            },
+            24,
+            Some(97),
+            false,
+        ),
+        (
+            "mean gq3 d36 f16 all levels",
+            Case {
+                b: 1,
+                hq: 3,
+                hkv: 1,
+                nq: 700,
+                nk: 700,
+                d: 36,
+                c: 8,
+                k: 5,
+                scoring: Mean,
+                storage: F16,
+                ..base
+            },
+            4096,
+            None,
+            false,
+        ),
+        (
+            "lse gq7 d20 g3 non-causal start level only, chunks",
+            Case {
+                b: 1,
+                hq: 7,
+                hkv: 1,
+                nq: 500,
+                nk: 500,
+                d: 20,
+                c: 8,
+                k: 4,
+                g: 3,
+                causal: false,
+                ..base
+            },
+            7,
+            Some(50),
+            false,
+        ),
+        (
+            "lse gq8 d128 f16 bnhd sink1 local1",
+            Case {
+                b: 1,
+                hq: 16,
+                hkv: 2,
+                nq: 1500,
+                nk: 1500,
+                d: 128,
+                c: 16,
+                k: 5,
+                sink: 1,
+                local: 1,
+                storage: F16,
+                layout: Bnhd,
+                ..base
+            },
+            42,
+            None,
+            true,
+        ),
+        (
+            "lse gq1 d64 f16 all levels, chunks",
+            Case {
+                b: 1,
+                hq: 2,
+                hkv: 2,
+                nq: 900,
+                nk: 900,
+                c: 8,
+                k: 6,
+                storage: F16,
+                ..base
+            },
+            512,
+            Some(300),
+            true,
+        ),
+        (
+            "mean gq4 d128 f16 q offset",
+            Case {
+                b: 2,
+                hq: 8,
+                hkv: 2,
+                nq: 333,
+                nk: 1200,
+                d: 128,
+                c: 16,
+                k: 4,
+                scoring: Mean,
+                storage: F16,
+                ..base
+            },
+            4096,
+            None,
+            true,
+        ),
+    ];
+    let ctx = ctx();
+    let before = ctx.tuning();
+    for (name, c, nodes, chunk, nv_shape) in cases {
+        if c.storage == F16 && !ctx.has_f16() {
+            eprintln!("{name}: skipped (adapter has no SHADER_F16)");
+            continue;
+        }
+        let mut t = before.clone();
+        t.route_table_nodes = nodes;
+        t.route_table_portable = true;
+        t.route_table_queries = chunk;
+        ctx.set_tuning(t).unwrap();
+        let (a0, n0) = table_dispatches_on_this_thread();
+        run_case(name, c, &mut r, false);
+        let (a1, n1) = table_dispatches_on_this_thread();
+        let runs = (a1 - a0) + (n1 - n0);
+        eprintln!(
+            "{name}: {} portable, {} NVIDIA table dispatches",
+            a1 - a0,
+            n1 - n0
+        );
+        assert!(runs > 0, "{name}: the routing table did not run");
+        if chunk.is_some() {
+            assert!(runs >= 2, "{name}: one chunk only");
+        }
+        if require_nv && nv_shape {
+            assert!(n1 > n0, "{name}: the NVIDIA table kernel did not run");
+        }
+    }
+    ctx.set_tuning(before).unwrap();
+}

@@ -1,10 +1,11 @@
 // The uniforms shared with the WGSL selection and attention kernels (shaders/select_common.wgsl
 // `Params`, shaders/leaf_chunk.wgsl `Buckets`), same layout: the host writes one structure for
-// both paths. `levels` (the routing table after the scalars) is not read here and left out.
+// both paths. `levels` (per level after the scalars) is declared only where a kernel defines
+// PARAMS_LEVELS.
 // Bindings: the including kernel defines B_PARAMS, B_BUCKETS, B_COFF, B_LIST and B_DESC as the
 // Vulkan binding numbers of WGSL bindings 0, 10, 7, 8 and 11 (see common.glsl: wgpu numbers a
 // layout's bindings densely in order), or NO_CHUNKS and only the first two when it reads no
-// chunk buckets.
+// chunk buckets, or NO_CHUNKS and NO_BUCKETS and only B_PARAMS.
 layout(set = 0, binding = B_PARAMS, std140) uniform Params {
     uint q_sb; uint q_sh; uint q_sn; uint k_sb;
     uint k_sh; uint k_sn; uint q_heads; uint kv_heads;
@@ -14,12 +15,18 @@ layout(set = 0, binding = B_PARAMS, std140) uniform Params {
     uint scoring; uint tiles; uint wg_count; float scale;
     uint q_pos0; uint mc; uint routed; uint pad1;
     uint o_sb; uint o_sh; uint o_sn; uint pad2;
+#ifdef PARAMS_LEVELS
+    // Per level: node offset in the allocation, valid nodes, leaves per node, tokens per node.
+    uvec4 levels[64];
+#endif
 } p;
 
+#ifndef NO_BUCKETS
 layout(set = 0, binding = B_BUCKETS, std140) uniform Buckets {
     uint items; uint buckets; uint i0; uint nq;
     uint bh0; uint pad0; uint pad1; uint pad2;
 } bl;
+#endif
 
 #ifndef NO_CHUNKS
 // The chunk buckets of leaf_bucket.wgsl (see leaf_chunk.wgsl): coff[bl.buckets] is the chunk

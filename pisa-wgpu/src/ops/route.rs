@@ -1,11 +1,25 @@
 //! Stage 1 of PISA prefill selection (PISA.md sections 3 and 5): routes every query through the
 //! intermediate pyramid levels and writes its leaf candidates; shader `shaders/route.wgsl`.
+//!
+//! The top levels can come from a routing table instead ([`Tuning::route_table_nodes`]): the
+//! score of every node of those levels for every query, computed for tiles of queries as matrix
+//! products (`shaders/nv/route_table.comp` on NVIDIA tensor cores; `shaders/route_table.wgsl`,
+//! scalar, on any device when asked), which the routing kernel looks up. Each query routes
+//! through its few candidates per level, reading each candidate's rows from memory; the table
+//! reads each row once per tile of queries, so its levels cost matrix products instead of row
+//! loads. The table holds every node of the levels it covers, so it covers the top levels
+//! only, and the table and the routing run in chunks of queries that keep the table small.
+//!
+//! [`Tuning::route_table_nodes`]: crate::Tuning::route_table_nodes
 
 use super::pyramid::GpuPyramid;
-use super::select::Plan;
+use super::select::{Plan, SelParams};
+use bytemuck::{Pod, Zeroable};
+
 use crate::error::Result;
 use crate::runtime::buffers::{Bind, GpuTensor, POISON_I32};
 use crate::runtime::context::Context;
+use crate::runtime::nv::{NvBinding, NvKernel};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 
@@ -17,6 +31,148 @@ pub const SHADER: ShaderSource = ShaderSource {
         include_str!("../../../shaders/route.wgsl")
     ),
 };
+
+/// `shaders/route_table.wgsl`, the portable table kernel.
+pub const TABLE_SHADER: ShaderSource = ShaderSource {
+    name: "route_table",
+    wgsl: concat!(
+        include_str!("../../../shaders/select_common.wgsl"),
+        include_str!("../../../shaders/route_table.wgsl")
+    ),
+};
+
+/// Invocations of a portable table workgroup (`route_table.wgsl`'s WG), one per entry.
+const TABLE_WG: u32 = 64;
+
+/// Rows (query heads of a tile of queries) of an NVIDIA table workgroup (the kernel's RT).
+const NV_TABLE_ROWS: u32 = 64;
+/// Child rows of an NVIDIA table kernel's matrix products (the kernel's CW).
+const NV_TABLE_COLS: u32 = 32;
+
+/// The bindings of `shaders/nv/route_table.comp`.
+const NV_TABLE_BINDINGS: &[(u32, NvBinding)] = &[
+    (0, NvBinding::Uniform),
+    (1, NvBinding::Read),
+    (2, NvBinding::Read),
+    (3, NvBinding::Write),
+    (4, NvBinding::Uniform),
+];
+
+/// The embedded NVIDIA table kernels (`shaders/nv/kernels.txt`).
+pub const NV_TABLES: [NvKernel; 2] = [
+    crate::nv_kernel!("route_table_d128", NV_TABLE_BINDINGS),
+    crate::nv_kernel!("route_table_d64", NV_TABLE_BINDINGS),
+];
+
+/// Most bytes of a routing table: the table and the routing run in chunks of queries whose
+/// table fits.
+const TABLE_BYTES: u64 = 256 << 20;
+
+/// The `Table` uniform of `route.wgsl`, `route_table.wgsl` and `route_table.comp`: the chunk of
+/// queries `i0 .. i0 + nq`, the lowest table level `lt` (above the start level: no table),
+/// the entries per query `tn`, and the table kernel's grid: `items` (entries for the portable
+/// kernel, workgroups for the NVIDIA one) and the NVIDIA kernel's query tiles per (b, KV head).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+pub(crate) struct TableParams {
+    pub i0: u32,
+    pub nq: u32,
+    pub lt: u32,
+    pub tn: u32,
+    pub items: u32,
+    pub tiles: u32,
+    pub pad: [u32; 2],
+}
+
+thread_local! {
+    /// Table-kernel dispatches recorded on this thread: (portable, NVIDIA).
+    static TABLE_DISPATCHES: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Routing-table dispatches recorded on the calling thread so far, `(portable, NVIDIA)`: lets a
+/// test tell that a case went through the table, and through which kernel.
+#[doc(hidden)]
+pub fn table_dispatches_on_this_thread() -> (u64, u64) {
+    TABLE_DISPATCHES.with(|c| c.get())
+}
+
+/// Which kernel writes the routing table.
+#[derive(Debug, Clone, Copy)]
+enum TableKernel {
+    Portable,
+    Nv(NvKernel),
+}
+
+/// A selection's routing table: levels `lt ..= start level`, `tn` entries per query, chunks of
+/// `chunk` queries (a multiple of the routing tile).
+#[derive(Debug, Clone, Copy)]
+struct TablePlan {
+    lt: u32,
+    tn: u32,
+    chunk: u32,
+    kernel: TableKernel,
+}
+
+/// The NVIDIA table kernel for `plan`, where the device runs the NVIDIA kernels: f16 storage,
+/// head dim 64 or 128, at most [`NV_TABLE_ROWS`] query heads per KV head, a merge factor up to
+/// [`NV_TABLE_COLS`], and Q strides of whole 16-byte words (its loads).
+fn nv_table_for(ctx: &Context, plan: &Plan) -> Option<NvKernel> {
+    let p = &plan.params;
+    if !ctx.nv_cm2() || plan.storage != Storage::F16 {
+        return None;
+    }
+    let strides = [p.q_sb, p.q_sh, p.q_sn];
+    if plan.gq > NV_TABLE_ROWS || p.merge > NV_TABLE_COLS || strides.iter().any(|s| s % 8 != 0) {
+        return None;
+    }
+    let name = match p.head_dim {
+        128 => "route_table_d128",
+        64 => "route_table_d64",
+        _ => return None,
+    };
+    ctx.nv_kernel_named(&NV_TABLES, name)
+}
+
+/// The routing table of `plan` with routing tile `tile`, or `None`: no routing, `meanvar`
+/// scoring, [`crate::Tuning::route_table_nodes`] 0 or below the start level's nodes, no table
+/// kernel (the NVIDIA one does not run and the portable one is not asked for), or not even one
+/// tile's table within [`TABLE_BYTES`] and the device's buffer limits.
+fn table_plan(ctx: &Context, plan: &Plan, tile: u32) -> Option<TablePlan> {
+    let p = &plan.params;
+    let t = ctx.tuning();
+    if p.routed == 0 || p.scoring == 2 || t.route_table_nodes == 0 {
+        return None;
+    }
+    let (mut lt, mut tn) = (None, 0u32);
+    for l in (1..=p.start_level).rev() {
+        let n = p.levels[l as usize][1];
+        if tn + n > t.route_table_nodes {
+            break;
+        }
+        tn += n;
+        lt = Some(l);
+    }
+    let lt = lt?;
+    let kernel = match nv_table_for(ctx, plan) {
+        Some(k) => TableKernel::Nv(k),
+        None if t.route_table_portable => TableKernel::Portable,
+        None => return None,
+    };
+    let cap = TABLE_BYTES.min(ctx.max_binding_bytes());
+    let per_query = plan.bh * tn as u64 * 4;
+    let fit = cap / per_query;
+    let asked = t.route_table_queries.map_or(fit, |c| (c as u64).min(fit));
+    let chunk = (asked / tile as u64 * tile as u64).min(p.q_len.next_multiple_of(tile) as u64);
+    if chunk == 0 {
+        return None;
+    }
+    Some(TablePlan {
+        lt,
+        tn,
+        chunk: chunk as u32,
+        kernel,
+    })
+}
 
 /// Workgroup sizes are multiples of this.
 const WG_STEP: u32 = 32;
@@ -199,24 +355,99 @@ pub(crate) fn record(
     let pipe = ctx
         .pipelines
         .get(&ctx.device, &SHADER, "route", plan.storage, &consts, &[])?;
-    let p = plan.tiled(t);
-    let u = ctx.uniform("route params", &p)?;
-    let b: [(u32, Bind<'_>); 7] = [
-        (0, (&u).into()),
-        (1, q.into()),
-        (2, m1.into()),
-        (3, s1.into()),
-        (4, (&cand.buffer).into()),
-        (5, m4.into()),
-        (6, s4.into()),
-    ];
-    ctx.dispatch(
-        enc,
-        &pipe,
-        &b,
-        p.wg_count as u64,
-        prof.map(|pr| (pr, "route")),
-    )?;
+    let q_len = plan.params.q_len;
+    let table = table_plan(ctx, plan, t);
+    let (chunk, lt, tn) = match table {
+        Some(tp) => (tp.chunk, tp.lt, tp.tn),
+        None => (q_len, u32::MAX, 0),
+    };
+    // Written before read: the routing reads the entries of its chunk's complete-past nodes,
+    // which the table kernel writes (the NVIDIA one, per query tile, every node up to the
+    // tile's last query's complete past).
+    let tbuf = match table {
+        Some(_) => ctx.scratch(
+            "routing table",
+            (plan.bh * chunk as u64 * tn as u64) as usize,
+            Storage::F32,
+        )?,
+        None => ctx.alloc("unused", 4, Storage::F32, 0)?,
+    };
+    let table_pipe = match table.map(|tp| tp.kernel) {
+        Some(TableKernel::Nv(k)) => Some(ctx.nv_pipeline(&k)?.0),
+        Some(TableKernel::Portable) => Some(ctx.pipelines.get(
+            &ctx.device,
+            &TABLE_SHADER,
+            "route_table",
+            plan.storage,
+            &[],
+            &[],
+        )?),
+        None => None,
+    };
+    let mut prof = prof;
+    let mut i0 = 0;
+    while i0 < q_len {
+        let nq = chunk.min(q_len - i0);
+        let tiles = nq.div_ceil(t);
+        let p = SelParams {
+            tiles,
+            wg_count: plan.bh as u32 * tiles,
+            ..plan.params
+        };
+        let mut tp = TableParams {
+            i0,
+            nq,
+            lt,
+            tn,
+            ..Default::default()
+        };
+        let u = ctx.uniform("route params", &p)?;
+        if let (Some(kernel), Some(tpipe)) = (table.map(|x| x.kernel), &table_pipe) {
+            let workgroups = match kernel {
+                TableKernel::Nv(_) => {
+                    tp.tiles = nq.div_ceil(NV_TABLE_ROWS / gq);
+                    tp.items = plan.bh as u32 * tp.tiles;
+                    tp.items as u64
+                }
+                TableKernel::Portable => {
+                    tp.items = (plan.bh * nq as u64 * tn as u64) as u32;
+                    (tp.items as u64).div_ceil(TABLE_WG as u64)
+                }
+            };
+            let ut = ctx.uniform("route table params", &tp)?;
+            let b: [(u32, Bind<'_>); 5] = [
+                (0, (&u).into()),
+                (1, q.into()),
+                (2, (&pyr.means.buffer).into()),
+                (3, (&tbuf.buffer).into()),
+                (4, (&ut).into()),
+            ];
+            let timer = prof.as_deref_mut().map(|pr| (pr, "route_table"));
+            ctx.dispatch(enc, tpipe, &b, workgroups, timer)?;
+            TABLE_DISPATCHES.with(|c| {
+                let (a, n) = c.get();
+                c.set(match kernel {
+                    TableKernel::Portable => (a + 1, n),
+                    TableKernel::Nv(_) => (a, n + 1),
+                });
+            });
+        }
+        let ut = ctx.uniform("route table params", &tp)?;
+        let b: [(u32, Bind<'_>); 9] = [
+            (0, (&u).into()),
+            (1, q.into()),
+            (2, m1.into()),
+            (3, s1.into()),
+            (4, (&cand.buffer).into()),
+            (5, m4.into()),
+            (6, s4.into()),
+            (7, (&tbuf.buffer).into()),
+            (8, (&ut).into()),
+        ];
+        let timer = prof.as_deref_mut().map(|pr| (pr, "route"));
+        ctx.dispatch(enc, &pipe, &b, p.wg_count as u64, timer)?;
+        i0 += nq;
+    }
     Ok(cand)
 }
 

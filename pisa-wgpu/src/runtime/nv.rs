@@ -218,7 +218,7 @@ pub(crate) fn instructions(
 }
 
 /// Every NVIDIA kernel embedded in the library (`shaders/nv/kernels.txt`): the GEMMs, the
-/// probes, sparse attention's, the scorers and dense attention's. For tests and tools.
+/// probes, sparse attention's, the scorers, the routing tables and dense attention's. For tests and tools.
 #[doc(hidden)]
 pub fn embedded_kernels() -> Vec<NvKernel> {
     crate::ops::nv_gemm::VARIANTS
@@ -227,6 +227,7 @@ pub fn embedded_kernels() -> Vec<NvKernel> {
         .chain(crate::ops::nv_gemm::PROBES)
         .chain(crate::ops::attention::by_leaf::NV_ATTENTION)
         .chain(crate::ops::leaf_select::by_leaf::NV_SCORERS)
+        .chain(crate::ops::route::NV_TABLES)
         .chain(crate::ops::attention::nv_dense::NV_DENSE.map(|k| k.0))
         .collect()
 }

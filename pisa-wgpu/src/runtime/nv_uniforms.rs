@@ -1,6 +1,6 @@
 //! The NVIDIA kernels' uniform blocks against the Rust structures the host writes into them.
 //!
-//! The GLSL of `shaders/nv/` restates each uniform block (`Params`, `Buckets`, `Dims`) by hand,
+//! The GLSL of `shaders/nv/` restates each uniform block (`Params`, `Buckets`, `Dims`, `Table`) by hand,
 //! beside the `#[repr(C)]` structure the host fills; a field added, removed or moved on one
 //! side only would make a kernel read another field, silently. This test reads every embedded
 //! module's uniform blocks from its SPIR-V (member names and `Offset` decorations, which
@@ -11,6 +11,7 @@ use std::mem::offset_of;
 
 use crate::ops::attention::nv_dense::Params as DenseParams;
 use crate::ops::leaf_select::by_leaf::Buckets;
+use crate::ops::route::TableParams;
 use crate::ops::select::SelParams;
 use crate::runtime::nv::{embedded_kernels, instructions};
 
@@ -100,6 +101,7 @@ fn rust_offset(kernel: &str, block: &str, m: &str) -> Option<usize> {
             "o_sh" => offset_of!(SelParams, o_sh),
             "o_sn" => offset_of!(SelParams, o_sn),
             "pad2" => offset_of!(SelParams, pad2),
+            "levels" => offset_of!(SelParams, levels),
             _ => return None,
         },
         ("Params", true) => match m {
@@ -126,6 +128,16 @@ fn rust_offset(kernel: &str, block: &str, m: &str) -> Option<usize> {
             "pad0" | "pad1" | "pad2" => offset_of!(Buckets, pad) + 4 * pad_index(m),
             _ => return None,
         },
+        ("Table", _) => match m {
+            "i0" => offset_of!(TableParams, i0),
+            "nq" => offset_of!(TableParams, nq),
+            "lt" => offset_of!(TableParams, lt),
+            "tn" => offset_of!(TableParams, tn),
+            "items" => offset_of!(TableParams, items),
+            "tiles" => offset_of!(TableParams, tiles),
+            "pad0" | "pad1" => offset_of!(TableParams, pad) + 4 * pad_index(m),
+            _ => return None,
+        },
         // ops/nv_gemm.rs writes [m, n, k, 0] as u32.
         ("Dims", _) => 4 * ["m", "n", "k"].iter().position(|&x| x == m)?,
         _ => return None,
@@ -149,7 +161,7 @@ fn every_uniform_block_matches_the_host_structure() {
         let words = k.words().unwrap();
         for (block, members) in blocks(&words) {
             // Storage blocks (runtime arrays at offset 0) are not the host's structures.
-            if !["Params", "Buckets", "Dims"].contains(&block.as_str()) {
+            if !["Params", "Buckets", "Dims", "Table"].contains(&block.as_str()) {
                 continue;
             }
             for (m, off) in &members {

@@ -83,6 +83,24 @@ pub struct Tuning {
     /// Queries per routing workgroup, 1 to 16 (lowered to fit workgroup memory); `None`: the
     /// tile that fills the workgroup. Variable `PISA_ROUTE_TILE`.
     pub route_tile: Option<u32>,
+    /// Most nodes per query of the routing table (`ops/route.rs`): the scores of every node
+    /// of the top pyramid levels, from the start level down while their nodes add up to at
+    /// most this, computed for a tile of queries as matrix products, so that routing looks
+    /// those levels up instead of scoring them. 0 turns it off. Used where a table kernel runs:
+    /// the NVIDIA one (`shaders/nv/route_table.comp`), or the portable one when
+    /// [`Tuning::route_table_portable`] asks. Default 0 (off): on the H200 (2026-12-02, f16,
+    /// Hq 32, Hkv 8, D 128, C 64, K 16) the NVIDIA table of 512 nodes took 46.2 ms at 256K
+    /// tokens and cut the routing walk by 32.3 ms only (route 107.6 against 93.7 ms;
+    /// docs/benchmarks.md). Variable `PISA_ROUTE_TABLE_NODES`.
+    pub route_table_nodes: u32,
+    /// The portable table kernel (`shaders/route_table.wgsl`, scalar) where the NVIDIA one
+    /// does not run. Default `false`: it is there so that the routing's table path runs on
+    /// every device (tests), not for speed. Variable `PISA_ROUTE_TABLE_PORTABLE` (`0` or `1`).
+    pub route_table_portable: bool,
+    /// Queries per routing-table chunk (the table and the routing run per chunk, so that the
+    /// table buffer stays small); `None`: as many as fit in 256 MiB. Variable
+    /// `PISA_ROUTE_TABLE_QUERIES`.
+    pub route_table_queries: Option<u32>,
 }
 
 impl Default for Tuning {
@@ -101,13 +119,16 @@ impl Default for Tuning {
             route_lanes: 4,
             route_max_workgroup: 256,
             route_tile: None,
+            route_table_nodes: 0,
+            route_table_portable: false,
+            route_table_queries: None,
         }
     }
 }
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 13] = [
+pub const KNOBS: [(&str, &str); 16] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -121,6 +142,9 @@ pub const KNOBS: [(&str, &str); 13] = [
     ("route_lanes", "PISA_ROUTE_LANES"),
     ("route_max_workgroup", "PISA_ROUTE_MAX_WG"),
     ("route_tile", "PISA_ROUTE_TILE"),
+    ("route_table_nodes", "PISA_ROUTE_TABLE_NODES"),
+    ("route_table_portable", "PISA_ROUTE_TABLE_PORTABLE"),
+    ("route_table_queries", "PISA_ROUTE_TABLE_QUERIES"),
 ];
 
 impl Tuning {
@@ -240,6 +264,10 @@ impl Tuning {
             "route_max_workgroup" => self.route_max_workgroup = num(32, 1024)?,
             "route_tile" if auto => self.route_tile = None,
             "route_tile" => self.route_tile = Some(num(1, 16)?),
+            "route_table_nodes" => self.route_table_nodes = num(0, 4096)?,
+            "route_table_portable" => self.route_table_portable = switch("", "")?,
+            "route_table_queries" if auto => self.route_table_queries = None,
+            "route_table_queries" => self.route_table_queries = Some(num(1, 1 << 24)?),
             _ => unreachable!("every name of KNOBS has a case"),
         }
         Ok(())
@@ -259,6 +287,8 @@ impl Tuning {
             ("route_lanes", Some(self.route_lanes)),
             ("route_max_workgroup", Some(self.route_max_workgroup)),
             ("route_tile", self.route_tile),
+            ("route_table_nodes", Some(self.route_table_nodes)),
+            ("route_table_queries", self.route_table_queries),
         ];
         for (name, v) in nums {
             if let Some(v) = v {
@@ -296,6 +326,9 @@ impl Tuning {
             self.route_lanes.to_string(),
             self.route_max_workgroup.to_string(),
             opt(self.route_tile),
+            self.route_table_nodes.to_string(),
+            self.route_table_portable.to_string(),
+            opt(self.route_table_queries),
         ];
         KNOBS.iter().map(|k| k.0).zip(values).collect()
     }
@@ -322,6 +355,9 @@ mod tests {
             ("route_lanes", "16"),
             ("route_max_workgroup", "512"),
             ("route_tile", "4"),
+            ("route_table_nodes", "512"),
+            ("route_table_portable", "1"),
+            ("route_table_queries", "1000"),
         ] {
             t.set(name, v).unwrap();
         }

@@ -202,12 +202,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
             // three timed parts, recorded apart as well.
             let leaf_parts = ["leaf_bucket", "leaf_score", "leaf_pick"];
             let leaf = g("leaf_select") + leaf_parts.iter().map(|s| g(s)).sum::<f64>();
-            let sel = g("pyramid") + g("route") + leaf;
+            // Stage 1 is the routing dispatches, and the routing table's where it runs
+            // (recorded apart as well).
+            let route = g("route") + g("route_table");
+            let sel = g("pyramid") + route + leaf;
             let attn_flops =
                 4.0 * a.hq as f64 * n as f64 * (a.top_k * a.block_size).min(n) as f64 * a.d as f64;
             if t.gpu {
-                for s in ["pyramid", "route"] {
-                    out.records.push(rec(s, g(s), None));
+                out.records.push(rec("pyramid", g("pyramid"), None));
+                out.records.push(rec("route", route, None));
+                if g("route_table") > 0.0 {
+                    out.records.push(rec("route_table", g("route_table"), None));
                 }
                 out.records.push(rec("leaf_select", leaf, None));
                 for s in leaf_parts.into_iter().filter(|s| g(s) > 0.0) {

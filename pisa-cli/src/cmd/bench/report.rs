@@ -14,7 +14,8 @@ use super::decode::DecodeTimes;
 /// One measured quantity at one size.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
-    /// What was timed: `pyramid`, `route`, `leaf_select`, `pisa_select`, `bsa_select`,
+    /// What was timed: `pyramid`, `route` (with `route_table`, also recorded apart where the
+    /// routing table runs), `leaf_select`, `pisa_select`, `bsa_select`,
     /// `attention`, `pisa_prefill`, `dense`, `backward`, `copy`; decode: `decode_pisa`,
     /// `decode_dense` (one isolated step per submission), `decode_route`, `decode_leaf`,
     /// `decode_merge` (its three dispatches timed apart), `decode_pisa_burst`,
