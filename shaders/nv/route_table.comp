@@ -50,6 +50,8 @@ shared uvec4 qsh[RT * QS8];
 shared uvec4 mhi[CW * QS8];
 shared uvec4 mlo[CW * QS8];
 shared float ssh[RT * CW];
+// log n_c of the step's columns (its rows' token counts), NEG past the level's rows.
+shared float lnc[CW];
 
 // Ranking key of a score (select_common.wgsl rank_key): an order-preserving map of f32 onto
 // u32; every NaN ranks as -inf, -0 as +0.
@@ -139,7 +141,6 @@ void main() {
     vec4 v[ML];
     load_rows(v, l, j0, gr, npc, row0, lid);
     while (l >= tb.lt && l != 0u) {
-        const uvec4 lv = p.levels[l];
         const uvec4 lr = p.levels[lse ? l - 1u : l];
         const uint r0 = j0 * gr;
         barrier();
@@ -156,6 +157,9 @@ void main() {
                 mlo[at][c] = packFloat2x16(lo.xy);
                 mlo[at][c + 1u] = packFloat2x16(lo.zw);
             }
+        }
+        if (lid < CW) {
+            lnc[lid] = r0 + lid < lr.y ? log(float(node_len(r0 + lid, lr.w))) : NEG;
         }
         barrier();
         // The next step's rows, in flight during this step's products.
@@ -179,27 +183,28 @@ void main() {
         sh = sh + sl * (1.0 / LO_SCALE);
         coopMatStore(sh, ssh, 0u, CW, gl_CooperativeMatrixLayoutRowMajor);
         barrier();
-        // 3. One invocation per (query, node of the step): its score, summed over the heads.
+        // 3. One invocation per (query, node of the step): its score, summed over the heads
+        // (`lse`: the max over the children, then one exp each and one log; children past the
+        // level's end have log n_c = NEG and add 0).
         for (uint x = lid; x < qn * npc; x += WG) {
             const uint e = x / npc, jn = x % npc, j = j0 + jn;
             if (j < nn) {
                 float total = 0.0;
+                const uint c0 = jn * gr;
                 for (uint h = 0u; h < gq; h++) {
-                    const uint sr = (e * gq + h) * CW + jn * gr;
+                    const uint sr = (e * gq + h) * CW + c0;
                     if (lse) {
                         float m = NEG;
+                        for (uint c = 0u; c < gr; c++) {
+                            m = max(m, p.scale * ssh[sr + c] + lnc[c0 + c]);
+                        }
                         float s = 0.0;
-                        for (uint c = 0u; c < gr && r0 + jn * gr + c < lr.y; c++) {
-                            const uint ch = j * gr + c;
-                            const float y = p.scale * ssh[sr + c]
-                                + log(float(node_len(ch, lr.w)));
-                            const float mn = max(m, y);
-                            s = s * exp(m - mn) + exp(y - mn);
-                            m = mn;
+                        for (uint c = 0u; c < gr; c++) {
+                            s += exp(p.scale * ssh[sr + c] + lnc[c0 + c] - m);
                         }
                         total += m + log(s);
                     } else {
-                        total += p.scale * ssh[sr] + log(float(node_len(j, lv.w)));
+                        total += p.scale * ssh[sr] + lnc[c0];
                     }
                 }
                 table[(bh * tb.nq + q0 - tb.i0 + e) * tb.tn + toff + j] = rank_key(total);

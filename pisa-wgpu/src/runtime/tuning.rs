@@ -89,9 +89,10 @@ pub struct Tuning {
     /// those levels up instead of scoring them. 0 turns it off. Used where a table kernel runs:
     /// the NVIDIA one (`shaders/nv/route_table.comp`), or the portable one when
     /// [`Tuning::route_table_portable`] asks. Default 0 (off): on the H200 (2026-12-02, f16,
-    /// Hq 32, Hkv 8, D 128, C 64, K 16) the NVIDIA table of 512 nodes took 46.2 ms at 256K
-    /// tokens and cut the routing walk by 32.3 ms only (route 107.6 against 93.7 ms;
-    /// docs/benchmarks.md). Variable `PISA_ROUTE_TABLE_NODES`.
+    /// Hq 32, Hkv 8, D 128, C 64, K 16) the NVIDIA table costs more than the routing steps it
+    /// saves: with 512 nodes the table took 19.9 ms at 128K tokens and the route as a whole
+    /// 43.0 against 39.0 ms without it (100.9 against 93.7 at 256K); 224 and 1024 nodes were
+    /// slower too (docs/benchmarks.md). Variable `PISA_ROUTE_TABLE_NODES`.
     pub route_table_nodes: u32,
     /// The portable table kernel (`shaders/route_table.wgsl`, scalar) where the NVIDIA one
     /// does not run. Default `false`: it is there so that the routing's table path runs on
