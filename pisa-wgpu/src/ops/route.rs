@@ -133,9 +133,28 @@ fn nv_table_for(ctx: &Context, plan: &Plan) -> Option<NvKernel> {
     ctx.nv_kernel_named(&NV_TABLES, name)
 }
 
+/// Whether an invocation of the portable table kernel stays within the device's loop limit
+/// ([`Context::loop_limit`]: llvmpipe ends every loop of an invocation after 65535 iterations in
+/// all, silently): its loops run GQ heads x g children (1 for `mean`) x D dims, plus the level
+/// walk. Past the limit the routing scores those levels itself (no table).
+fn portable_fits(ctx: &Context, plan: &Plan) -> bool {
+    let p = &plan.params;
+    let n = portable_iterations(plan.gq, p.merge, p.scoring, p.head_dim);
+    ctx.loop_limit().is_none_or(|limit| n <= limit)
+}
+
+/// Loop iterations of one invocation of the portable table kernel (an upper bound): per head,
+/// per child (`lse`: g; `mean`: 1), the D dims and the child's own step; the level walk (at
+/// most 64 levels).
+fn portable_iterations(gq: u32, merge: u32, scoring: u32, d: u32) -> u64 {
+    let children = if scoring == 0 { merge } else { 1 } as u64;
+    gq as u64 * (1 + children * (d as u64 + 1)) + 64
+}
+
 /// The routing table of `plan` with routing tile `tile`, or `None`: no routing, `meanvar`
 /// scoring, [`crate::Tuning::route_table_nodes`] 0 or below the start level's nodes, no table
-/// kernel (the NVIDIA one does not run and the portable one is not asked for), or not even one
+/// kernel (the NVIDIA one does not run, and the portable one is not asked for or would pass the
+/// device's loop limit: [`portable_fits`]), or not even one
 /// tile's table within [`TABLE_BYTES`] and the device's buffer limits.
 fn table_plan(ctx: &Context, plan: &Plan, tile: u32) -> Option<TablePlan> {
     let p = &plan.params;
@@ -155,7 +174,7 @@ fn table_plan(ctx: &Context, plan: &Plan, tile: u32) -> Option<TablePlan> {
     let lt = lt?;
     let kernel = match nv_table_for(ctx, plan) {
         Some(k) => TableKernel::Nv(k),
-        None if t.route_table_portable => TableKernel::Portable,
+        None if t.route_table_portable && portable_fits(ctx, plan) => TableKernel::Portable,
         None => return None,
     };
     let cap = TABLE_BYTES.min(ctx.max_binding_bytes());
@@ -455,6 +474,16 @@ pub(crate) fn record(
 mod tests {
     use super::*;
     use crate::runtime::pipeline::assert_workgroup_fits;
+
+    #[test]
+    fn portable_table_iterations() {
+        // GQ 4, g 2, D 128 (the bench shape): 4 * (1 + 2 * 129) + 64.
+        assert_eq!(portable_iterations(4, 2, 0, 128), 1100);
+        // `mean` scores a node's own row.
+        assert_eq!(portable_iterations(4, 2, 1, 128), 4 * 130 + 64);
+        // Past llvmpipe's 65535: 32 heads, g 4, D 512.
+        assert!(portable_iterations(32, 4, 0, 512) > 65535);
+    }
 
     #[test]
     fn shapes_fill_the_workgroup_and_fit_memory() {
