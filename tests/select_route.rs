@@ -20,6 +20,8 @@ use select_util::{base, run_case, Case};
 /// `PISA_ROUTE_LANES`, `PISA_ROUTE_TILE`, `PISA_ROUTE_MAX_WG` select other shapes.
 #[test]
 fn pisa_route_paths() {
+    // `pisa_route_table` changes the context's routing knobs meanwhile: not while this runs.
+    let _guard = settings_lock();
     let seed = seed("pisa_route_paths");
     let mut r = rng(seed);
     let base = base();
@@ -233,7 +235,8 @@ fn pisa_route_table() {
                 ..base
             },
             7,
-            Some(50),
+            // Fewer queries than a routing tile: chunks of one tile.
+            Some(1),
             false,
         ),
         (
@@ -296,6 +299,14 @@ fn pisa_route_table() {
     ];
     let ctx = ctx();
     let before = ctx.tuning();
+    // Puts the context's knobs back however the test ends.
+    struct Restore(pisa_wgpu::Tuning);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            common::ctx().set_tuning(self.0.clone()).unwrap();
+        }
+    }
+    let _restore = Restore(before.clone());
     for (name, c, nodes, chunk, nv_shape) in cases {
         if c.storage == F16 && !ctx.has_f16() {
             eprintln!("{name}: skipped (adapter has no SHADER_F16)");
@@ -323,5 +334,4 @@ fn pisa_route_table() {
             assert!(n1 > n0, "{name}: the NVIDIA table kernel did not run");
         }
     }
-    ctx.set_tuning(before).unwrap();
 }

@@ -9,10 +9,11 @@
 // e * GQ + h. Per table level, the rows the level's scores need (`lse`: the nodes' children,
 // one level down; `mean`: the nodes' own rows), up to the complete past of the tile's last
 // query, CW rows at a time:
-//   1. the rows (f32 means) split into f16 hi + f16 lo parts, lo scaled by 2^12 so that it
-//      stays a normal f16: hi + lo / 2^12 holds a mean to about 2^-22 of its size, near f32
-//      (the queries are f16 values, held exactly);                               barrier
-//   2. S = Q hi^T + (Q lo^T) / 2^12 (two matrix products with f32 accumulators), to workgroup
+//   1. the rows (f32 means) split into f16 hi + f16 lo parts, lo scaled by 2^11 so that it
+//      stays a normal f16 for means from about 6e-5 up to f16's largest (the residual is at
+//      most half an f16 ulp, 2^-11 of the mean): hi + lo / 2^11 holds a mean to about 2^-22
+//      of its size, near f32 (the queries are f16 values, held exactly);        barrier
+//   2. S = Q hi^T + (Q lo^T) / 2^11 (two matrix products with f32 accumulators), to workgroup
 //      memory;                                                                     barrier
 //   3. one invocation per (query, node): route.wgsl's score (`lse`: per head the LSE over the
 //      node's children of s q.mu_c + log n_c; `mean`: s q.mu_j + log n_j; summed over the GQ
@@ -44,14 +45,12 @@ const uint HD8 = HD / 8;
 // padding puts consecutive rows in different banks for the matrix loads).
 const uint QS8 = HD8 + 1;
 const uint ML = (CW * HD4 + WG - 1) / WG; // vec4 loads of means per invocation and step
-const float LO_SCALE = 4096.0;
+const float LO_SCALE = 2048.0;
 
 shared uvec4 qsh[RT * QS8];
 shared uvec4 mhi[CW * QS8];
 shared uvec4 mlo[CW * QS8];
 shared float ssh[RT * CW];
-// log n_c of the step's columns (its rows' token counts), NEG past the level's rows.
-shared float lnc[CW];
 
 // Ranking key of a score (select_common.wgsl rank_key): an order-preserving map of f32 onto
 // u32; every NaN ranks as -inf, -0 as +0.
@@ -141,6 +140,7 @@ void main() {
     vec4 v[ML];
     load_rows(v, l, j0, gr, npc, row0, lid);
     while (l >= tb.lt && l != 0u) {
+        const uvec4 lv = p.levels[l];
         const uvec4 lr = p.levels[lse ? l - 1u : l];
         const uint r0 = j0 * gr;
         barrier();
@@ -158,15 +158,12 @@ void main() {
                 mlo[at][c + 1u] = packFloat2x16(lo.zw);
             }
         }
-        if (lid < CW) {
-            lnc[lid] = r0 + lid < lr.y ? log(float(node_len(r0 + lid, lr.w))) : NEG;
-        }
         barrier();
         // The next step's rows, in flight during this step's products.
         uint nl = l, nj0 = j0 + npc, ntoff = toff, nnn = nn;
         next_step(nl, nj0, ntoff, nnn, bq_last, npc);
         load_rows(v, nl, nj0, gr, npc, row0, lid);
-        // 2. S = Q hi^T + (Q lo^T) / 2^12.
+        // 2. S = Q hi^T + (Q lo^T) / 2^11.
         coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> sh =
             coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
         coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> sl =
@@ -183,28 +180,27 @@ void main() {
         sh = sh + sl * (1.0 / LO_SCALE);
         coopMatStore(sh, ssh, 0u, CW, gl_CooperativeMatrixLayoutRowMajor);
         barrier();
-        // 3. One invocation per (query, node of the step): its score, summed over the heads
-        // (`lse`: the max over the children, then one exp each and one log; children past the
-        // level's end have log n_c = NEG and add 0).
+        // 3. One invocation per (query, node of the step): its score, summed over the heads.
         for (uint x = lid; x < qn * npc; x += WG) {
             const uint e = x / npc, jn = x % npc, j = j0 + jn;
             if (j < nn) {
                 float total = 0.0;
-                const uint c0 = jn * gr;
                 for (uint h = 0u; h < gq; h++) {
-                    const uint sr = (e * gq + h) * CW + c0;
+                    const uint sr = (e * gq + h) * CW + jn * gr;
                     if (lse) {
                         float m = NEG;
-                        for (uint c = 0u; c < gr; c++) {
-                            m = max(m, p.scale * ssh[sr + c] + lnc[c0 + c]);
-                        }
                         float s = 0.0;
-                        for (uint c = 0u; c < gr; c++) {
-                            s += exp(p.scale * ssh[sr + c] + lnc[c0 + c] - m);
+                        for (uint c = 0u; c < gr && r0 + jn * gr + c < lr.y; c++) {
+                            const uint ch = j * gr + c;
+                            const float y = p.scale * ssh[sr + c]
+                                + log(float(node_len(ch, lr.w)));
+                            const float mn = max(m, y);
+                            s = s * exp(m - mn) + exp(y - mn);
+                            m = mn;
                         }
                         total += m + log(s);
                     } else {
-                        total += p.scale * ssh[sr] + lnc[c0];
+                        total += p.scale * ssh[sr] + log(float(node_len(j, lv.w)));
                     }
                 }
                 table[(bh * tb.nq + q0 - tb.i0 + e) * tb.tn + toff + j] = rank_key(total);

@@ -179,12 +179,16 @@ fn table_plan(ctx: &Context, plan: &Plan, tile: u32) -> Option<TablePlan> {
     };
     let cap = TABLE_BYTES.min(ctx.max_binding_bytes());
     let per_query = plan.bh * tn as u64 * 4;
-    let fit = cap / per_query;
-    let asked = t.route_table_queries.map_or(fit, |c| (c as u64).min(fit));
-    let chunk = (asked / tile as u64 * tile as u64).min(p.q_len.next_multiple_of(tile) as u64);
-    if chunk == 0 {
+    // Whole routing tiles that fit; at least one tile even when fewer queries are asked for.
+    let tile = tile as u64;
+    let fit = cap / per_query / tile * tile;
+    if fit == 0 {
         return None;
     }
+    let asked = t
+        .route_table_queries
+        .map_or(fit, |c| (c as u64).max(tile) / tile * tile);
+    let chunk = asked.min(fit).min((p.q_len as u64).next_multiple_of(tile));
     Some(TablePlan {
         lt,
         tn,

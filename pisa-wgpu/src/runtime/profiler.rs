@@ -123,7 +123,17 @@ impl Profiler {
 
     /// Resolves the timestamps of a finished submission (call after the work was submitted).
     /// Sums the time of the passes per label, ms. Without timestamps: empty, `gpu` false.
+    /// Passes recorded past the profiler's capacity are not timed (a warning says how many):
+    /// their stages are under-reported.
     pub fn finish(mut self, ctx: &Context) -> Result<StageTimes> {
+        if self.untimed > 0 {
+            log::warn!(
+                "{} passes past the profiler's capacity of {} went untimed: their stages' times \
+                 are under-reported",
+                self.untimed,
+                self.capacity
+            );
+        }
         let Some(results) = self.results(ctx)? else {
             return Ok(StageTimes::default());
         };

@@ -99,8 +99,8 @@ pub struct Tuning {
     /// every device (tests), not for speed. Variable `PISA_ROUTE_TABLE_PORTABLE` (`0` or `1`).
     pub route_table_portable: bool,
     /// Queries per routing-table chunk (the table and the routing run per chunk, so that the
-    /// table buffer stays small); `None`: as many as fit in 256 MiB. Variable
-    /// `PISA_ROUTE_TABLE_QUERIES`.
+    /// table buffer stays small), rounded down to whole routing tiles (at least one), and no
+    /// more than fit in 256 MiB; `None`: as many as fit. Variable `PISA_ROUTE_TABLE_QUERIES`.
     pub route_table_queries: Option<u32>,
 }
 
