@@ -88,11 +88,12 @@ pub struct Tuning {
     /// most this, computed for a tile of queries as matrix products, so that routing looks
     /// those levels up instead of scoring them. 0 turns it off. Used where a table kernel runs:
     /// the NVIDIA one (`shaders/nv/route_table.comp`), or the portable one when
-    /// [`Tuning::route_table_portable`] asks. Default 0 (off): on the H200 (2026-12-02, f16,
-    /// Hq 32, Hkv 8, D 128, C 64, K 16) the NVIDIA table costs more than the routing steps it
-    /// saves: with 512 nodes the table took 19.9 ms at 128K tokens and the route as a whole
-    /// 43.0 against 39.0 ms without it (100.9 against 93.7 at 256K); 224 and 1024 nodes were
-    /// slower too (docs/benchmarks.md). Variable `PISA_ROUTE_TABLE_NODES`.
+    /// [`Tuning::route_table_portable`] asks. Default 224, the three top levels (the start
+    /// level has at most 32 nodes): on the H200 (2026-12-02, f16, Hq 32, Hkv 8, D 128, C 64,
+    /// K 16) the route took 14.6 / 36.7 / 88.7 ms at 64K / 128K / 256K tokens with it, against
+    /// 15.7 / 39.0 / 93.6 without; 512 nodes (four levels) 16.1 / 39.7 / 94.4, the table
+    /// costing about what the routing saves (docs/benchmarks.md). Variable
+    /// `PISA_ROUTE_TABLE_NODES`.
     pub route_table_nodes: u32,
     /// The portable table kernel (`shaders/route_table.wgsl`, scalar) where the NVIDIA one
     /// does not run. Default `false`: it is there so that the routing's table path runs on
@@ -120,7 +121,7 @@ impl Default for Tuning {
             route_lanes: 4,
             route_max_workgroup: 256,
             route_tile: None,
-            route_table_nodes: 0,
+            route_table_nodes: 224,
             route_table_portable: false,
             route_table_queries: None,
         }
