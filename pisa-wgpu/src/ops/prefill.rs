@@ -285,7 +285,7 @@ fn run_once(
         ctx.upload("k", k, opts.storage)?,
         ctx.upload("v", v, opts.storage)?,
     );
-    let mut prof = Profiler::new(ctx, 64);
+    let mut prof = Profiler::new(ctx, 512);
     let (o, lse, sel) = ctx.scoped("prefill", || {
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         let r = record_prefill(ctx, &mut enc, &qt, &kt, &vt, s, opts, Some(&mut prof))?;

@@ -271,7 +271,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
         };
         for c in 0..chunks {
             let inp = &sets[(rep * chunks + c) % pool];
-            let mut prof = Profiler::new(ctx, 128);
+            let mut prof = Profiler::new(ctx, 512);
             ctx.scoped("bench", || {
                 let mut enc = ctx.device().create_command_encoder(&Default::default());
                 let [qv, kv, vv] = &inp.views;
