@@ -699,6 +699,40 @@ fn tuning_changes_and_plans() {
         l.host.out,
         "under other route knobs"
     );
+
+    // The routing table (the portable kernel here), in chunks of 20 queries: every replay of a
+    // plan binds each chunk's own parameters, and equals prefill_host under the same knobs.
+    let mut t = own.tuning();
+    t.route_table_portable = true;
+    t.route_table_nodes = 4096;
+    t.route_table_queries = Some(20);
+    own.set_tuning(t).unwrap();
+    let l2 = layer(&own, &s, &opts, seed("tuning_changes_and_plans, table"));
+    let [o2, lse2, sel2] = outputs(&l2, &s, 3);
+    let po2 = PrefillOutputs {
+        out: &o2,
+        lse: &lse2,
+        selection: Some(&sel2),
+    };
+    let tabled = PrefillPlan::new(&own, &s, &opts).unwrap();
+    for replay in 0..2 {
+        let (a0, n0) = pisa_wgpu::ops::route::table_dispatches_on_this_thread();
+        let mut enc = own.device().create_command_encoder(&Default::default());
+        tabled
+            .run(&mut enc, &l2.q, &l2.k, &l2.v, &po2, None)
+            .unwrap();
+        own.queue().submit([enc.finish()]);
+        let (a1, n1) = pisa_wgpu::ops::route::table_dispatches_on_this_thread();
+        assert!(
+            (a1 - a0) + (n1 - n0) >= 2,
+            "replay {replay}: the table ran in fewer than two chunks"
+        );
+        assert_eq!(
+            read_f32(&own, &l2.o, PAD, s.q_elems()),
+            l2.host.out,
+            "replay {replay} with the routing table"
+        );
+    }
 }
 
 /// One packed QKV case: (B, Hq, Hkv, N, D, C, K, storage). Every `Hq * D` and `(Hq + Hkv) * D`
