@@ -52,15 +52,6 @@ float store_col0(const in uint r, const in uint c, const in float x) {
     return x;
 }
 
-// Ranking key of a score (select_common.wgsl rank_key): an order-preserving map of f32 onto
-// u32; every NaN ranks as -inf, -0 as +0.
-uint rank_key(float s) {
-    uint b = floatBitsToUint(s);
-    if ((b & 0x7fffffffu) > 0x7f800000u) { b = 0xff800000u; }
-    if (b == 0x80000000u) { b = 0u; }
-    return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
-}
-
 void main() {
     const uint cid = linear_workgroup();
     if (cid >= bl.items || cid >= coff[bl.buckets]) { return; }

@@ -52,15 +52,6 @@ shared uvec4 mhi[CW * QS8];
 shared uvec4 mlo[CW * QS8];
 shared float ssh[RT * CW];
 
-// Ranking key of a score (select_common.wgsl rank_key): an order-preserving map of f32 onto
-// u32; every NaN ranks as -inf, -0 as +0.
-uint rank_key(float s) {
-    uint b = floatBitsToUint(s);
-    if ((b & 0x7fffffffu) > 0x7f800000u) { b = 0xff800000u; }
-    if (b == 0x80000000u) { b = 0u; }
-    return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
-}
-
 // Tokens of node j of a level with `tpn` tokens per full node (select_common.wgsl node_len).
 uint node_len(const uint j, const uint tpn) {
     return min((j + 1u) * tpn, p.k_len) - j * tpn;

@@ -42,3 +42,12 @@ uint linear_workgroup() {
     return gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x
         + gl_WorkGroupID.z * gl_NumWorkGroups.x * gl_NumWorkGroups.y;
 }
+
+// Ranking key of a score (select_common.wgsl rank_key): an order-preserving map of f32 onto
+// u32; every NaN ranks as -inf, -0 as +0.
+uint rank_key(float s) {
+    uint b = floatBitsToUint(s);
+    if ((b & 0x7fffffffu) > 0x7f800000u) { b = 0xff800000u; }
+    if (b == 0x80000000u) { b = 0u; }
+    return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
+}
