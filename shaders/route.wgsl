@@ -79,11 +79,7 @@ fn get_kp(qi: u32, ci: u32) -> u32 { return kp[qi * MC4 + ci / 4u][ci % 4u]; }
 @group(0) @binding(6) var<storage, read> sq4: array<vec4<f32>>;
 // The routing table of the chunk, [B * Hkv, tb.nq, tb.tn] rank keys (route_table.wgsl).
 @group(0) @binding(7) var<storage, read> table: array<u32>;
-// The chunk and the table's shape (route.rs `TableParams`; route_table.wgsl's `Table`).
-struct Table {
-    i0: u32, nq: u32, lt: u32, tn: u32,
-    items: u32, tiles: u32, pad0: u32, pad1: u32,
-}
+// (`Table`: route_chunk.wgsl, prepended)
 @group(0) @binding(8) var<uniform> tb: Table;
 
 // Scaled queries of the tile: [QT][GQ][D4] vec4 (dims 4*d4 .. 4*d4+3), zero-padded.

@@ -12,17 +12,12 @@
 // s q.mu_c + log n_c; `mean`: sum over the heads of s q.mu_j + log n_j (`meanvar` has no
 // table). Every node of a table level is scored, causal or not: the routing reads the
 // complete-past ones only.
-// (store_t, Params, p and the shared helpers: select_common.wgsl, prepended)
+// (store_t, Params, p and the shared helpers: select_common.wgsl; `Table`: route_chunk.wgsl;
+// both prepended)
 
 // Reads its inputs through the generated accessors: the bf16 variant may be built.
 const BF16_READY: bool = true;
 const WG: u32 = 64u;
-
-// The chunk and the table's shape (route.rs `TableParams`).
-struct Table {
-    i0: u32, nq: u32, lt: u32, tn: u32,
-    items: u32, tiles: u32, pad0: u32, pad1: u32,
-}
 
 @group(0) @binding(1) var<storage, read> q: array<store_t>;
 @group(0) @binding(2) var<storage, read> means: array<f32>;

@@ -28,6 +28,7 @@ pub const SHADER: ShaderSource = ShaderSource {
     name: "route",
     wgsl: concat!(
         include_str!("../../../shaders/select_common.wgsl"),
+        include_str!("../../../shaders/route_chunk.wgsl"),
         include_str!("../../../shaders/route.wgsl")
     ),
 };
@@ -37,6 +38,7 @@ pub const TABLE_SHADER: ShaderSource = ShaderSource {
     name: "route_table",
     wgsl: concat!(
         include_str!("../../../shaders/select_common.wgsl"),
+        include_str!("../../../shaders/route_chunk.wgsl"),
         include_str!("../../../shaders/route_table.wgsl")
     ),
 };
@@ -387,24 +389,29 @@ pub(crate) fn record(
     // Written before read: the routing reads the entries of its chunk's complete-past nodes,
     // which the table kernel writes (the NVIDIA one, per query tile, every node up to the
     // tile's last query's complete past).
+    // (no table: the routing's table binding gets the dummy)
     let tbuf = match table {
-        Some(_) => ctx.scratch(
+        Some(_) => Some(ctx.scratch(
             "routing table",
             (plan.bh * chunk as u64 * tn as u64) as usize,
             Storage::F32,
-        )?,
-        None => ctx.alloc("unused", 4, Storage::F32, 0)?,
-    };
-    let table_pipe = match table.map(|tp| tp.kernel) {
-        Some(TableKernel::Nv(k)) => Some(ctx.nv_pipeline(&k)?.0),
-        Some(TableKernel::Portable) => Some(ctx.pipelines.get(
-            &ctx.device,
-            &TABLE_SHADER,
-            "route_table",
-            plan.storage,
-            &[],
-            &[],
         )?),
+        None => None,
+    };
+    let tb = tbuf.as_ref().map_or(&dummy.buffer, |t| &t.buffer);
+    let table_pipe = match table.map(|tp| tp.kernel) {
+        Some(k @ TableKernel::Nv(nv)) => Some((k, ctx.nv_pipeline(&nv)?.0)),
+        Some(k @ TableKernel::Portable) => Some((
+            k,
+            ctx.pipelines.get(
+                &ctx.device,
+                &TABLE_SHADER,
+                "route_table",
+                plan.storage,
+                &[],
+                &[],
+            )?,
+        )),
         None => None,
     };
     let mut prof = prof;
@@ -424,25 +431,27 @@ pub(crate) fn record(
             tn,
             ..Default::default()
         };
+        // The table kernel's grid (the routing reads the chunk and the table's shape only).
+        let workgroups = match table_pipe.as_ref().map(|x| x.0) {
+            Some(TableKernel::Nv(_)) => {
+                tp.tiles = nq.div_ceil(NV_TABLE_ROWS / gq);
+                tp.items = plan.bh as u32 * tp.tiles;
+                tp.items as u64
+            }
+            Some(TableKernel::Portable) => {
+                tp.items = (plan.bh * nq as u64 * tn as u64) as u32;
+                (tp.items as u64).div_ceil(TABLE_WG as u64)
+            }
+            None => 0,
+        };
         let u = ctx.uniform("route params", &p)?;
-        if let (Some(kernel), Some(tpipe)) = (table.map(|x| x.kernel), &table_pipe) {
-            let workgroups = match kernel {
-                TableKernel::Nv(_) => {
-                    tp.tiles = nq.div_ceil(NV_TABLE_ROWS / gq);
-                    tp.items = plan.bh as u32 * tp.tiles;
-                    tp.items as u64
-                }
-                TableKernel::Portable => {
-                    tp.items = (plan.bh * nq as u64 * tn as u64) as u32;
-                    (tp.items as u64).div_ceil(TABLE_WG as u64)
-                }
-            };
-            let ut = ctx.uniform("route table params", &tp)?;
+        let ut = ctx.uniform("route table params", &tp)?;
+        if let Some((kernel, tpipe)) = &table_pipe {
             let b: [(u32, Bind<'_>); 5] = [
                 (0, (&u).into()),
                 (1, q.into()),
                 (2, (&pyr.means.buffer).into()),
-                (3, (&tbuf.buffer).into()),
+                (3, tb.into()),
                 (4, (&ut).into()),
             ];
             let timer = prof.as_deref_mut().map(|pr| (pr, "route_table"));
@@ -455,7 +464,6 @@ pub(crate) fn record(
                 });
             });
         }
-        let ut = ctx.uniform("route table params", &tp)?;
         let b: [(u32, Bind<'_>); 9] = [
             (0, (&u).into()),
             (1, q.into()),
@@ -464,7 +472,7 @@ pub(crate) fn record(
             (4, (&cand.buffer).into()),
             (5, m4.into()),
             (6, s4.into()),
-            (7, (&tbuf.buffer).into()),
+            (7, tb.into()),
             (8, (&ut).into()),
         ];
         let timer = prof.as_deref_mut().map(|pr| (pr, "route"));
