@@ -26,6 +26,14 @@ const NONE: u32 = 0xffffffffu;
 // are the valid slots of queries i0 .. i0 + nq of ONE (b, KV head) bh0, `cand` is the selection
 // [B, Hkv, Nq, MC] (MC = top_k), a bucket is a leaf, and list entries are i_local * MC + o.
 const ATTEND: u32 = 0u;
+// 1 (with ATTEND = 0; the NVIDIA pair scorer, shaders/nv/leaf_score.comp PAIR = 1): a bucket
+// is a pair of leaves (bh * ceil(nb0 / 2) + leaf / 2), and a query that lists both leaves of a
+// pair in adjacent slots o, o + 1 (a kept node's children, g = 2) is one entry, o | BOTH; one
+// that lists only leaf 2P + 1 is o | ODD, only 2P is o. The list values i * MC + o must stay
+// below 2^30 (the host checks).
+const PAIR: u32 = 0u;
+const BOTH: u32 = 0x80000000u;
+const ODD: u32 = 0x40000000u;
 
 // items: entries (count, scatter) or buckets (scan); i0, nq, bh0: the query range and the
 // (b, KV head) of an ATTEND = 1 bucketing.
@@ -59,17 +67,30 @@ fn attend_leaf(e: u32) -> u32 {
 
 // The bucket of entry e (NONE when it is not bucketed): ATTEND = 0, entry
 // e = (bh * q_len + i) * MC + o and bucket bh * nb0 + leaf; ATTEND = 1, bucket = leaf.
+// PAIR = 1: bucket bh * ceil(nb0 / 2) + leaf / 2, NONE for the second slot of a BOTH entry.
 fn entry_bucket(e: u32) -> u32 {
     if (ATTEND == 1u) { return attend_leaf(e); }
     let j = entry_leaf(e);
     if (j == NONE) { return NONE; }
-    return (e / (p.q_len * MC)) * p.nb0 + j;
+    let bh = e / (p.q_len * MC);
+    if (PAIR == 1u) {
+        if ((j & 1u) == 1u && e % MC > 0u && entry_leaf(e - 1u) == j - 1u) { return NONE; }
+        return bh * ((p.nb0 + 1u) / 2u) + j / 2u;
+    }
+    return bh * p.nb0 + j;
 }
 
-// The entry's value in its bucket's list: ATTEND = 0, i * MC + o; ATTEND = 1, e itself.
+// The entry's value in its bucket's list: ATTEND = 0, i * MC + o (PAIR = 1: with BOTH or ODD);
+// ATTEND = 1, e itself.
 fn entry_value(e: u32) -> u32 {
     if (ATTEND == 1u) { return e; }
-    return e % (p.q_len * MC);
+    let v = e % (p.q_len * MC);
+    if (PAIR == 1u) {
+        let j = entry_leaf(e);
+        if ((j & 1u) == 1u) { return v | ODD; }
+        if (e % MC + 1u < MC && entry_leaf(e + 1u) == j + 1u) { return v | BOTH; }
+    }
+    return v;
 }
 
 // The leaf of entry e = (bh * q_len + i) * MC + o when it is to be scored, else NONE.

@@ -7,7 +7,11 @@
 // Every invocation issues all of its global loads before its first store to workgroup memory:
 // in a loop that alternates them, each load waits behind the previous iteration's stores (the
 // same change halved the WGSL scorer, docs/benchmarks.md A.3).
-// Needs: RT, HD, WG defined; `p`, `bl`, `list` (select_common.glsl) and `q4` declared.
+// Needs: RT, HD, WG defined; `p`, `bl`, `list` (select_common.glsl) and `q4` declared;
+// ENTRY_INDEX(v), where defined, takes a list value to i * MC + o (flag bits cleared).
+#ifndef ENTRY_INDEX
+#define ENTRY_INDEX(v) (v)
+#endif
 const uint HD8 = HD / 8;
 const uint QS8 = HD8 + 1;
 const uint QG = (RT * HD8 + WG - 1) / WG; // 16-byte words per invocation
@@ -22,7 +26,7 @@ void gather_q(const uint lid, const uint b, const uint hkv, const uint gq, const
         const uint r = x / HD8, e = r / gq;
         w[j] = uvec4(0u);
         if (x < RT * HD8 && e < n) {
-            const uint i = bl.i0 + list[first + e] / p.mc;
+            const uint i = bl.i0 + ENTRY_INDEX(list[first + e]) / p.mc;
             const uint hq = hkv * gq + r % gq;
             w[j] = q4[(b * p.q_sb + hq * p.q_sh + i * p.q_sn) / 8u + x % HD8];
         }

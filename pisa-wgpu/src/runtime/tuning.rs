@@ -51,6 +51,11 @@ pub struct Tuning {
     /// NVIDIA kernels run. Default `true`: faster than the WGSL tensor-core scorer on the
     /// H200 (2026-12-01). Variable `PISA_NV_SCORER` (`0` or `1`).
     pub nv_scorer: bool,
+    /// Whether the NVIDIA leaf scorer scores pairs of leaves (`shaders/leaf_bucket.wgsl` PAIR
+    /// buckets, `leaf_score.comp` PAIR = 1): a query that lists both leaves of a pair (a kept
+    /// node's two children) is one entry whose rows are gathered once for both. Default
+    /// `true`. Variable `PISA_LEAF_PAIRS` (`0` or `1`).
+    pub leaf_score_pairs: bool,
     /// The order of selection stage 2 and sparse attention ([`LeafOrder`]). Default `Auto`.
     /// Variable `PISA_LEAF_ORDER` (`auto`, `tiles` or `leaves`).
     pub leaf_order: LeafOrder,
@@ -111,6 +116,7 @@ impl Default for Tuning {
             tensor_cores: true,
             nv_cm2: true,
             nv_scorer: true,
+            leaf_score_pairs: true,
             leaf_order: LeafOrder::Auto,
             shader_checks: None,
             decode_fused: false,
@@ -130,10 +136,11 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 16] = [
+pub const KNOBS: [(&str, &str); 17] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
+    ("leaf_score_pairs", "PISA_LEAF_PAIRS"),
     ("leaf_order", "PISA_LEAF_ORDER"),
     ("shader_checks", "PISA_SHADER_CHECKS"),
     ("decode_fused", "PISA_DECODE"),
@@ -221,6 +228,7 @@ impl Tuning {
             "tensor_cores" => self.tensor_cores = switch("coopmat", "portable")?,
             "nv_cm2" => self.nv_cm2 = switch("", "")?,
             "nv_scorer" => self.nv_scorer = switch("", "")?,
+            "leaf_score_pairs" => self.leaf_score_pairs = switch("", "")?,
             "leaf_order" => {
                 self.leaf_order = match v {
                     "auto" => LeafOrder::Auto,
@@ -317,6 +325,7 @@ impl Tuning {
             self.tensor_cores.to_string(),
             self.nv_cm2.to_string(),
             self.nv_scorer.to_string(),
+            self.leaf_score_pairs.to_string(),
             format!("{:?}", self.leaf_order).to_ascii_lowercase(),
             self.shader_checks
                 .map_or("auto".to_string(), |c| c.to_string()),
@@ -347,6 +356,7 @@ mod tests {
             ("tensor_cores", "portable"),
             ("nv_cm2", "0"),
             ("nv_scorer", "0"),
+            ("leaf_score_pairs", "0"),
             ("leaf_order", "leaves"),
             ("shader_checks", "bounds"),
             ("decode_fused", "fused"),

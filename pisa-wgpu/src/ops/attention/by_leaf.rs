@@ -241,7 +241,7 @@ pub(crate) fn record(
     let pipe = |shader: &ShaderSource, entry: &'static str, st: Storage, c: &[(&str, u32)]| {
         ctx.pipelines.get(&ctx.device, shader, entry, st, c, &[])
     };
-    let bucket = bucket_consts(kk, la.qpc, true);
+    let bucket = bucket_consts(kk, la.qpc, true, false);
     let count = pipe(&BUCKET_SHADER, "count", Storage::F32, &bucket)?;
     let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket)?;
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;

@@ -104,9 +104,20 @@ pub const PICK_SHADER: ShaderSource = ShaderSource {
 };
 
 /// The constants of `leaf_bucket.wgsl` for `mc` slots per query and `qpc` entries per chunk;
-/// `attend`: bucketing a block selection for leaf-major attention.
-pub(crate) fn bucket_consts(mc: u32, qpc: u32, attend: bool) -> [(&'static str, u32); 3] {
-    [("MC", mc), ("QPC", qpc), ("ATTEND", u32::from(attend))]
+/// `attend`: bucketing a block selection for leaf-major attention; `pair`: buckets of leaf
+/// pairs for the NVIDIA pair scorer ([`nv_scorer_for`]).
+pub(crate) fn bucket_consts(
+    mc: u32,
+    qpc: u32,
+    attend: bool,
+    pair: bool,
+) -> [(&'static str, u32); 4] {
+    [
+        ("MC", mc),
+        ("QPC", qpc),
+        ("ATTEND", u32::from(attend)),
+        ("PAIR", u32::from(pair)),
+    ]
 }
 
 /// The bindings of `shaders/nv/leaf_score.comp` (those of the WGSL tensor-core scorer).
@@ -123,30 +134,46 @@ const NV_BINDINGS: &[(u32, NvBinding)] = &[
 ];
 
 /// The NVIDIA scorer (`shaders/nv/leaf_score.comp`: 64 rows of a chunk against the 64 key rows
-/// of a leaf) for a tensor-core plan of 64-row chunks on a device with
-/// `VK_NV_cooperative_matrix2`, where one is built for the head dim (64, 128) and the leaf fits
-/// its 64 key rows, and [`Context::nv_scorer`] asks for it (by default: faster on the H200,
-/// 83.8 against 116.4 ms at 256K, 2026-12-01); `None` keeps the WGSL scorer. Same chunks and
-/// scores.
-pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, bl: &ByLeaf) -> Option<NvKernel> {
+/// of a leaf, or of each leaf of a pair) for a tensor-core plan of 64-row chunks on a device
+/// with `VK_NV_cooperative_matrix2`, where one is built for the head dim (64, 128) and the leaf
+/// fits its 64 key rows, and [`Context::nv_scorer`] asks for it (by default: faster on the
+/// H200, 83.8 against 116.4 ms at 256K, 2026-12-01); `None` keeps the WGSL scorer. Same scores.
+/// With it comes whether it scores pairs of leaves ([`NvScorer::pair`]).
+pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, bl: &ByLeaf) -> Option<NvScorer> {
     let Scorer::Coop(v) = bl.scorer else {
         return None;
     };
     if !ctx.nv_cm2() || !ctx.nv_scorer() || bl.nsg != 4 || plan.params.block_size > 64 {
         return None;
     }
-    let name = match v.hd {
-        128 => "leaf_score_d128",
-        64 => "leaf_score_d64",
+    // The pair buckets' list values i * MC + o carry two flag bits above them.
+    let pair = ctx.tuning().leaf_score_pairs
+        && (plan.params.q_len as u64) * (plan.params.mc as u64) < 1 << 30;
+    let name = match (v.hd, pair) {
+        (128, false) => "leaf_score_d128",
+        (64, false) => "leaf_score_d64",
+        (128, true) => "leaf_score_pair_d128",
+        (64, true) => "leaf_score_pair_d64",
         _ => return None,
     };
-    ctx.nv_kernel_named(&NV_SCORERS, name)
+    let kernel = ctx.nv_kernel_named(&NV_SCORERS, name)?;
+    Some(NvScorer { kernel, pair })
+}
+
+/// An NVIDIA scorer chosen by [`nv_scorer_for`].
+pub(crate) struct NvScorer {
+    pub kernel: NvKernel,
+    /// Whether it scores buckets of leaf pairs (`leaf_bucket.wgsl` PAIR = 1,
+    /// [`crate::Tuning::leaf_score_pairs`]): then `B * Hkv * ceil(nb0 / 2)` buckets.
+    pub pair: bool,
 }
 
 /// The embedded NVIDIA scorers (`shaders/nv/kernels.txt`).
-pub const NV_SCORERS: [NvKernel; 2] = [
+pub const NV_SCORERS: [NvKernel; 4] = [
     crate::nv_kernel!("leaf_score_d128", NV_BINDINGS),
     crate::nv_kernel!("leaf_score_d64", NV_BINDINGS),
+    crate::nv_kernel!("leaf_score_pair_d128", NV_BINDINGS),
+    crate::nv_kernel!("leaf_score_pair_d64", NV_BINDINGS),
 ];
 
 /// The scorer's constants for the leaf-major stage 2 `bl` of `plan`.
@@ -198,89 +225,54 @@ pub(crate) fn record(
     mut prof: Option<&mut Profiler>,
 ) -> Result<GpuTensor> {
     let mc = plan.params.mc;
+    let nv = nv_scorer_for(ctx, plan, bl);
+    let pair = nv.as_ref().is_some_and(|n| n.pair);
     let n_entries = bl.entries as usize;
-    let n_buckets = bl.buckets as usize;
-    let cnt = ctx.alloc("leaf bucket counts", n_buckets, Storage::F32, 0)?;
-    let off = ctx.alloc(
-        "leaf bucket offsets",
-        n_buckets + 1,
-        Storage::F32,
-        POISON_I32,
-    )?;
-    let coff = ctx.alloc(
-        "leaf bucket chunks",
-        n_buckets + 1,
-        Storage::F32,
-        POISON_I32,
-    )?;
-    // Written before read: the lists and chunk descriptors (scatter), the scores (scorer; the pick
-    // reads only scored slots).
-    let list = ctx.scratch("leaf bucket lists", n_entries, Storage::F32)?;
+    // Pair buckets: ceil(nb0 / 2) per (b, KV head), at most the leaf buckets of the plan.
+    let buckets = if pair {
+        plan.bh * (plan.params.nb0 as u64).div_ceil(2)
+    } else {
+        bl.buckets
+    };
     let n_chunks = bl.chunk_bound();
-    // One (bucket, first entry, entries, 0) descriptor per chunk (leaf_chunk.wgsl).
-    let cdesc = ctx.scratch("leaf chunks", 4 * n_chunks as usize, Storage::F32)?;
+    let lists = record_buckets(
+        ctx,
+        enc,
+        &plan.params,
+        cand,
+        BucketSizes {
+            entries: bl.entries,
+            buckets,
+            chunks: n_chunks,
+            qpc: bl.qpc,
+            pair,
+        },
+        &mut prof,
+    )?;
     let scores = ctx.scratch("leaf scores", n_entries, Storage::F32)?;
     let sel_len = plan.sched.selection_len(&plan.shape);
     let sel = ctx.alloc("selection", sel_len, Storage::F32, POISON_I32)?;
     let params = ctx.uniform("leaf_select params", &plan.params)?;
-    let uniform = |items: u64| {
-        ctx.uniform(
-            "leaf buckets",
-            &Buckets {
-                items: items as u32,
-                buckets: bl.buckets as u32,
-                ..Default::default()
-            },
-        )
-    };
-    let bucket_consts = bucket_consts(mc, bl.qpc, false);
     let pipe =
         |shader: &ShaderSource, entry: &'static str, storage: Storage, consts: &[(&str, u32)]| {
             ctx.pipelines
                 .get(&ctx.device, shader, entry, storage, consts, &[])
         };
-
-    // 1-3: count, scan, scatter.
-    let u_entries = uniform(bl.entries)?;
-    let (c, o, co, l) = (&cnt.buffer, &off.buffer, &coff.buffer, &list.buffer);
-    let count = pipe(&BUCKET_SHADER, "count", Storage::F32, &bucket_consts)?;
-    let b = [(0, &params), (3, &cand.buffer), (5, c), (10, &u_entries)];
-    ctx.dispatch(
-        enc,
-        &count,
-        &b,
-        bl.entries.div_ceil(BUCKET_WG),
-        timer(&mut prof, "leaf_bucket"),
-    )?;
-    let u_buckets = uniform(bl.buckets)?;
-    let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket_consts)?;
-    let b = [(5, c), (6, o), (7, co), (10, &u_buckets)];
-    ctx.dispatch(enc, &scan, &b, 1, timer(&mut prof, "leaf_bucket"))?;
-    let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket_consts)?;
-    let b = [
-        (0, &params),
-        (3, &cand.buffer),
-        (5, c),
-        (6, o),
-        (7, co),
-        (8, l),
-        (10, &u_entries),
-        (11, &cdesc.buffer),
-    ];
-    ctx.dispatch(
-        enc,
-        &scatter,
-        &b,
-        bl.entries.div_ceil(BUCKET_WG),
-        timer(&mut prof, "leaf_bucket"),
-    )?;
+    let (co, l) = (&lists.coff.buffer, &lists.list.buffer);
 
     // 4: score every chunk.
-    let u_chunks = uniform(n_chunks)?;
+    let u_chunks = ctx.uniform(
+        "leaf buckets",
+        &Buckets {
+            items: n_chunks as u32,
+            buckets: buckets as u32,
+            ..Default::default()
+        },
+    )?;
     let consts = score_consts(plan, bl);
-    let score = match (bl.scorer, nv_scorer_for(ctx, plan, bl)) {
+    let score = match (bl.scorer, nv) {
         (Scorer::Portable, _) => pipe(&SCORE_SHADER, "leaf_score", plan.storage, &consts)?,
-        (Scorer::Coop(_), Some(nv)) => ctx.nv_pipeline(&nv)?.0,
+        (Scorer::Coop(_), Some(nv)) => ctx.nv_pipeline(&nv.kernel)?.0,
         (Scorer::Coop(_), None) => pipe(&SCORE_COOP_SHADER, "leaf_score", Storage::F16, &consts)?,
     };
     let b: [(u32, Bind<'_>); 8] = [
@@ -291,7 +283,7 @@ pub(crate) fn record(
         (8, l.into()),
         (9, (&scores.buffer).into()),
         (10, (&u_chunks).into()),
-        (11, (&cdesc.buffer).into()),
+        (11, (&lists.cdesc.buffer).into()),
     ];
     let mut b = b.to_vec();
     if matches!(bl.scorer, Scorer::Coop(_)) {
@@ -318,6 +310,119 @@ pub(crate) fn record(
     )?;
     Ok(sel)
 }
+
+/// The sizes of one bucketing ([`record_buckets`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BucketSizes {
+    /// Candidate entries `B * Hkv * Nq * MC` (count / scatter items).
+    pub entries: u64,
+    /// Buckets: `B * Hkv * nb0`, or `B * Hkv * ceil(nb0 / 2)` with `pair`.
+    pub buckets: u64,
+    /// Chunk descriptors allocated (an upper bound: [`ByLeaf::chunk_bound`]).
+    pub chunks: u64,
+    /// Entries per chunk.
+    pub qpc: u32,
+    /// Buckets of leaf pairs (`leaf_bucket.wgsl` PAIR = 1).
+    pub pair: bool,
+}
+
+/// The bucket lists of steps 1-3 (`leaf_bucket.wgsl`): per bucket, its first entry (`off`) and
+/// first chunk (`coff`), both `buckets + 1` long; the entries (`list`); the chunk descriptors
+/// (`cdesc`, four words each); the counts (`cnt`, back to zero after the scatter).
+pub(crate) struct BucketLists {
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub cnt: GpuTensor,
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub off: GpuTensor,
+    pub coff: GpuTensor,
+    pub list: GpuTensor,
+    pub cdesc: GpuTensor,
+}
+
+/// Records steps 1-3 (count, scan, scatter) over the candidates `cand` (`[B, Hkv, Nq, MC]`)
+/// of a selection with parameters `params`. Errors: those of allocation and dispatch.
+pub(crate) fn record_buckets(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    params: &crate::ops::select::SelParams,
+    cand: &GpuTensor,
+    z: BucketSizes,
+    prof: &mut Option<&mut Profiler>,
+) -> Result<BucketLists> {
+    let n_buckets = z.buckets as usize;
+    let cnt = ctx.alloc("leaf bucket counts", n_buckets, Storage::F32, 0)?;
+    let poisoned = |label| ctx.alloc(label, n_buckets + 1, Storage::F32, POISON_I32);
+    let off = poisoned("leaf bucket offsets")?;
+    let coff = poisoned("leaf bucket chunks")?;
+    // Written before read: the lists and chunk descriptors (scatter).
+    let list = ctx.scratch("leaf bucket lists", z.entries as usize, Storage::F32)?;
+    // One (bucket, first entry, entries, 0) descriptor per chunk (leaf_chunk.wgsl).
+    let cdesc = ctx.scratch("leaf chunks", 4 * z.chunks as usize, Storage::F32)?;
+    let mc = params.mc;
+    let params = ctx.uniform("leaf_select params", params)?;
+    let uniform = |items: u64| {
+        ctx.uniform(
+            "leaf buckets",
+            &Buckets {
+                items: items as u32,
+                buckets: z.buckets as u32,
+                ..Default::default()
+            },
+        )
+    };
+    let consts = bucket_consts(mc, z.qpc, false, z.pair);
+    let pipe = |entry: &'static str| {
+        ctx.pipelines.get(
+            &ctx.device,
+            &BUCKET_SHADER,
+            entry,
+            Storage::F32,
+            &consts,
+            &[],
+        )
+    };
+    let u_entries = uniform(z.entries)?;
+    let (c, o, co, l) = (&cnt.buffer, &off.buffer, &coff.buffer, &list.buffer);
+    let b = [(0, &params), (3, &cand.buffer), (5, c), (10, &u_entries)];
+    let groups = z.entries.div_ceil(BUCKET_WG);
+    ctx.dispatch(
+        enc,
+        &*pipe("count")?,
+        &b,
+        groups,
+        timer(prof, "leaf_bucket"),
+    )?;
+    let u_buckets = uniform(z.buckets)?;
+    let b = [(5, c), (6, o), (7, co), (10, &u_buckets)];
+    ctx.dispatch(enc, &*pipe("scan")?, &b, 1, timer(prof, "leaf_bucket"))?;
+    let b = [
+        (0, &params),
+        (3, &cand.buffer),
+        (5, c),
+        (6, o),
+        (7, co),
+        (8, l),
+        (10, &u_entries),
+        (11, &cdesc.buffer),
+    ];
+    ctx.dispatch(
+        enc,
+        &*pipe("scatter")?,
+        &b,
+        groups,
+        timer(prof, "leaf_bucket"),
+    )?;
+    Ok(BucketLists {
+        cnt,
+        off,
+        coff,
+        list,
+        cdesc,
+    })
+}
+
+#[cfg(test)]
+mod tests;
 
 /// The profiler slot of one of the stage's dispatches, labelled `label`.
 fn timer<'a>(

@@ -590,9 +590,13 @@ impl PrefillKnobs {
             leaf_tiles_per_iteration: t.leaf_tiles_per_iteration,
             leaf_subgroups: t.leaf_subgroups,
             leaf_stage_keys: t.leaf_stage_keys,
+            leaf_score_pairs: t.leaf_score_pairs,
             route_lanes: t.route_lanes,
             route_max_workgroup: t.route_max_workgroup,
             route_tile: t.route_tile,
+            route_table_nodes: t.route_table_nodes,
+            route_table_portable: t.route_table_portable,
+            route_table_queries: t.route_table_queries,
             ..Tuning::default()
         };
         Self {

@@ -240,7 +240,7 @@ mod tests {
                     let charged = merge_bytes(top_k, g as u32);
                     assert_workgroup_fits(&MERGE_SHADER, "merge", storage, &consts, charged, &what);
                     for entry in ["count", "scan", "scatter"] {
-                        let c = bucket_consts(top_k as u32, la.qpc, true);
+                        let c = bucket_consts(top_k as u32, la.qpc, true, false);
                         let min = MIN_WORKGROUP_BYTES;
                         assert_workgroup_fits(&BUCKET_SHADER, entry, Storage::F32, &c, min, &what);
                     }

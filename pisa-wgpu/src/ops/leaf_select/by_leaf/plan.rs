@@ -233,8 +233,11 @@ mod tests {
                         charged,
                         &what,
                     );
-                    for entry in ["count", "scan", "scatter"] {
-                        let c = bucket_consts(mc, bl.qpc, false);
+                    for (entry, pair) in ["count", "scan", "scatter"]
+                        .into_iter()
+                        .flat_map(|e| [(e, false), (e, true)])
+                    {
+                        let c = bucket_consts(mc, bl.qpc, false, pair);
                         let min = MIN_WORKGROUP_BYTES;
                         assert_workgroup_fits(&BUCKET_SHADER, entry, Storage::F32, &c, min, &what);
                     }
