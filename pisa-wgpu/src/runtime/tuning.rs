@@ -56,9 +56,6 @@ pub struct Tuning {
     /// node's two children) is one entry whose rows are gathered once for both. Default
     /// `true`. Variable `PISA_LEAF_PAIRS` (`0` or `1`).
     pub leaf_score_pairs: bool,
-    /// Rows (entries times the GQA group) of a chunk of the NVIDIA pair scorer: 64 or 128
-    /// (then 256 invocations). Default 64. Variable `PISA_LEAF_ROWS`.
-    pub leaf_score_rows: u32,
     /// The order of selection stage 2 and sparse attention ([`LeafOrder`]). Default `Auto`.
     /// Variable `PISA_LEAF_ORDER` (`auto`, `tiles` or `leaves`).
     pub leaf_order: LeafOrder,
@@ -120,7 +117,6 @@ impl Default for Tuning {
             nv_cm2: true,
             nv_scorer: true,
             leaf_score_pairs: true,
-            leaf_score_rows: 64,
             leaf_order: LeafOrder::Auto,
             shader_checks: None,
             decode_fused: false,
@@ -140,12 +136,11 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 18] = [
+pub const KNOBS: [(&str, &str); 17] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
     ("leaf_score_pairs", "PISA_LEAF_PAIRS"),
-    ("leaf_score_rows", "PISA_LEAF_ROWS"),
     ("leaf_order", "PISA_LEAF_ORDER"),
     ("shader_checks", "PISA_SHADER_CHECKS"),
     ("decode_fused", "PISA_DECODE"),
@@ -234,12 +229,6 @@ impl Tuning {
             "nv_cm2" => self.nv_cm2 = switch("", "")?,
             "nv_scorer" => self.nv_scorer = switch("", "")?,
             "leaf_score_pairs" => self.leaf_score_pairs = switch("", "")?,
-            "leaf_score_rows" => {
-                self.leaf_score_rows = match num(64, 128)? {
-                    n @ (64 | 128) => n,
-                    _ => return Err(bad("64 or 128")),
-                }
-            }
             "leaf_order" => {
                 self.leaf_order = match v {
                     "auto" => LeafOrder::Auto,
@@ -305,7 +294,6 @@ impl Tuning {
                 Some(self.leaf_tiles_per_iteration),
             ),
             ("leaf_subgroups", Some(self.leaf_subgroups)),
-            ("leaf_score_rows", Some(self.leaf_score_rows)),
             ("route_lanes", Some(self.route_lanes)),
             ("route_max_workgroup", Some(self.route_max_workgroup)),
             ("route_tile", self.route_tile),
@@ -338,7 +326,6 @@ impl Tuning {
             self.nv_cm2.to_string(),
             self.nv_scorer.to_string(),
             self.leaf_score_pairs.to_string(),
-            self.leaf_score_rows.to_string(),
             format!("{:?}", self.leaf_order).to_ascii_lowercase(),
             self.shader_checks
                 .map_or("auto".to_string(), |c| c.to_string()),
@@ -370,7 +357,6 @@ mod tests {
             ("nv_cm2", "0"),
             ("nv_scorer", "0"),
             ("leaf_score_pairs", "0"),
-            ("leaf_score_rows", "128"),
             ("leaf_order", "leaves"),
             ("shader_checks", "bounds"),
             ("decode_fused", "fused"),
@@ -413,7 +399,6 @@ mod tests {
             ("route_lanes", "32"),
             ("route_lanes", "x"),
             ("leaf_subgroups", "3"),
-            ("leaf_score_rows", "96"),
             ("route_max_workgroup", "16"),
             ("leaf_order", "random"),
             ("nv_cm2", "maybe"),

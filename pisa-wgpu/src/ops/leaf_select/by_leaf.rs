@@ -147,25 +147,17 @@ pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, bl: &ByLeaf) -> Option<N
         return None;
     }
     // The pair buckets' list values i * MC + o carry two flag bits above them.
-    let t = ctx.tuning();
-    let pair = t.leaf_score_pairs && (plan.params.q_len as u64) * (plan.params.mc as u64) < 1 << 30;
-    // 128 rows: 35 KiB of Q rows in workgroup memory, with the driver's staging of the
-    // key matrices beside them.
-    let big = ctx.limits().max_compute_workgroup_storage_size >= 48 << 10;
-    let rows = if pair && big { t.leaf_score_rows } else { 64 };
-    let name = match (v.hd, pair, rows) {
-        (128, false, _) => "leaf_score_d128",
-        (64, false, _) => "leaf_score_d64",
-        (128, true, 64) => "leaf_score_pair_d128",
-        (64, true, 64) => "leaf_score_pair_d64",
-        (128, true, _) => "leaf_score_pair_r128_d128",
-        (64, true, _) => "leaf_score_pair_r128_d64",
+    let pair = ctx.tuning().leaf_score_pairs
+        && (plan.params.q_len as u64) * (plan.params.mc as u64) < 1 << 30;
+    let name = match (v.hd, pair) {
+        (128, false) => "leaf_score_d128",
+        (64, false) => "leaf_score_d64",
+        (128, true) => "leaf_score_pair_d128",
+        (64, true) => "leaf_score_pair_d64",
         _ => return None,
     };
     let kernel = ctx.nv_kernel_named(&NV_SCORERS, name)?;
-    // Entries per chunk: the kernel's rows over the group (at least one row per entry).
-    let qpc = if rows == 64 { bl.qpc } else { rows / plan.gq };
-    Some(NvScorer { kernel, pair, qpc })
+    Some(NvScorer { kernel, pair })
 }
 
 /// An NVIDIA scorer chosen by [`nv_scorer_for`].
@@ -174,19 +166,14 @@ pub(crate) struct NvScorer {
     /// Whether it scores buckets of leaf pairs (`leaf_bucket.wgsl` PAIR = 1,
     /// [`crate::Tuning::leaf_score_pairs`]): then `B * Hkv * ceil(nb0 / 2)` buckets.
     pub pair: bool,
-    /// Entries per chunk (the plan's, or those of the 128-row pair kernel,
-    /// [`crate::Tuning::leaf_score_rows`]).
-    pub qpc: u32,
 }
 
 /// The embedded NVIDIA scorers (`shaders/nv/kernels.txt`).
-pub const NV_SCORERS: [NvKernel; 6] = [
+pub const NV_SCORERS: [NvKernel; 4] = [
     crate::nv_kernel!("leaf_score_d128", NV_BINDINGS),
     crate::nv_kernel!("leaf_score_d64", NV_BINDINGS),
     crate::nv_kernel!("leaf_score_pair_d128", NV_BINDINGS),
     crate::nv_kernel!("leaf_score_pair_d64", NV_BINDINGS),
-    crate::nv_kernel!("leaf_score_pair_r128_d128", NV_BINDINGS),
-    crate::nv_kernel!("leaf_score_pair_r128_d64", NV_BINDINGS),
 ];
 
 /// The scorer's constants for the leaf-major stage 2 `bl` of `plan`.
@@ -247,8 +234,7 @@ pub(crate) fn record(
     } else {
         bl.buckets
     };
-    let qpc = nv.as_ref().map_or(bl.qpc, |n| n.qpc);
-    let n_chunks = ByLeaf { qpc, ..*bl }.chunk_bound();
+    let n_chunks = bl.chunk_bound();
     let lists = record_buckets(
         ctx,
         enc,
@@ -258,7 +244,7 @@ pub(crate) fn record(
             entries: bl.entries,
             buckets,
             chunks: n_chunks,
-            qpc,
+            qpc: bl.qpc,
             pair,
         },
         &mut prof,

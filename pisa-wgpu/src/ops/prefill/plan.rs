@@ -591,7 +591,6 @@ impl PrefillKnobs {
             leaf_subgroups: t.leaf_subgroups,
             leaf_stage_keys: t.leaf_stage_keys,
             leaf_score_pairs: t.leaf_score_pairs,
-            leaf_score_rows: t.leaf_score_rows,
             route_lanes: t.route_lanes,
             route_max_workgroup: t.route_max_workgroup,
             route_tile: t.route_tile,
