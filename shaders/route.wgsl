@@ -60,6 +60,18 @@ const GQ4: u32 = (GQ + 3u) / 4u;
 // route took 93.0 ms at 256K tokens this way against 103.7 with f32 queries
 // (docs/benchmarks.md, 2026-12-02, commit 0837fd7).
 const QH: u32 = 0u;
+// 1: the score step with subgroup lanes (route_sg.wgsl, appended): one
+// invocation per (query, lane), QT = WG / L, holding its lane's dims of the query's GQ <= 4 heads
+// in registers (scaled f32), looping over the query's candidates; the L lanes' partial dot
+// products summed by subgroupShuffleXor butterflies (lanes_sum), so that neither the queries
+// nor the partial sums pass through workgroup memory. `lse` scoring, D % (4 L) == 0, and L at
+// most the smallest subgroup (the host checks); the L lanes of a query are L consecutive
+// invocations, so in one subgroup (subgroups are formed from consecutive invocations of a
+// one-dimensional workgroup on the drivers pisa runs on). The knock-out of the queries'
+// workgroup loads halved the score step on the H200 (docs/benchmarks.md, A.9).
+const SG: u32 = 0u;
+// SG = 1: vec4 slots of a query head row per lane.
+const QD: u32 = (D4 + L - 1u) / L;
 // Score items (query, candidate, head group) of the tile.
 const NIT: u32 = QT * MC * GQ4;
 const NEG: f32 = -3.0e38;
@@ -83,17 +95,18 @@ fn get_kp(qi: u32, ci: u32) -> u32 { return kp[qi * MC4 + ci / 4u][ci % 4u]; }
 @group(0) @binding(8) var<uniform> tb: Table;
 
 // Scaled queries of the tile: [QT][GQ][D4] vec4 (dims 4*d4 .. 4*d4+3), zero-padded.
-var<workgroup> qs: array<vec4<f32>, (1u - QH) * QT * GQ * D4 + QH>;
+var<workgroup> qs: array<vec4<f32>, (1u - QH) * (1u - SG) * QT * GQ * D4 + 1u>;
 // QH = 1: the queries as [QT][GQ4][2][D4] vec4<u32>, component k of pair pp of head group hg
 // packing dim 4*d4+k of heads 4*hg+2*pp (low half) and 4*hg+2*pp+1 (high half), zero-padded.
-var<workgroup> qh: array<vec4<u32>, QH * QT * GQ4 * 2u * D4 + 1u>;
+var<workgroup> qh: array<vec4<u32>, QH * (1u - SG) * QT * GQ4 * 2u * D4 + 1u>;
 // Candidate lists (two halves: current level, next level), per query MC slots.
 var<workgroup> cl: array<u32, 2u * QT * MC>;
 // Rank keys of the scored candidates.
 // (vec4 per 4 slots, MC4 vec4 per query: the rank and expand steps read 4 slots per load)
 var<workgroup> sc: array<vec4<u32>, QT * MC4>;
 // Partial dot products per score task (candidate, head group, lane) and row slot.
-var<workgroup> pr: array<vec4<f32>, QT * MC * GQ4 * L * G>;
+// (SG = 1: not used.)
+var<workgroup> pr: array<vec4<f32>, (1u - SG) * QT * MC * GQ4 * L * G + 1u>;
 var<workgroup> pv: array<vec4<f32>, MV * QT * MC * GQ4 * L + 1u>;
 var<workgroup> kp: array<vec4<u32>, QT * MC4>;
 // Candidate counts per query, two halves like `cl` (current level, next level).
@@ -202,6 +215,33 @@ fn score_task(it: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
     if (MV != 0u) { pv[lane * NIT + it] = vacc * (f * f); }
 }
 
+// SG = 1 (`lse`, GQ <= 4): the score of node j of level l >= 1 from its children's dot
+// products with the query heads (dots[c][t]: child c, head t; scaled), summed over the heads:
+// per head the LSE over the children of n_c * exp(s q.mu_c), as `score` forms it.
+fn score_lse(dots: array<vec4<f32>, G>, l: u32, j: u32) -> f32 {
+    let lc = p.levels[l - 1u];
+    let nr = min(j * G + G, lc.y) - j * G;
+    var ln: array<f32, G>;
+    for (var c = 0u; c < G; c++) { ln[c] = log(f32(node_len(j * G + c, lc.w))); }
+    var total = 0.0;
+    for (var t = 0u; t < 4u; t++) {
+        if (t < GQ) {
+            var m = NEG;
+            var s = 0.0;
+            for (var c = 0u; c < G; c++) {
+                if (c < nr) {
+                    let v = dots[c][t] + ln[c];
+                    let mn = max(m, v);
+                    s = s * exp(m - mn) + exp(v - mn);
+                    m = mn;
+                }
+            }
+            total += m + log(s);
+        }
+    }
+    return total;
+}
+
 // Score of candidate ce (node j of level l >= 1) from the lanes' partial dot products, summed
 // over the GQ heads: `lse`: per head LSE over the children of n_c * exp(s q.mu_c); `mean`:
 // s q.mu_j + log n_j; `meanvar`: plus (s^2 / 2) sum_d q_d^2 var_d.
@@ -270,7 +310,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let k = p.top_k;
     let g = p.merge;
     // Scaled queries of the tile, [QT][GQ][D4] vec4, zero-padded (QH: unscaled f16 pairs).
-    for (var e = lid; e < QH * QT * GQ4 * 2u * D4 * 4u; e += WG) {
+    for (var e = lid; e < (1u - SG) * QH * QT * GQ4 * 2u * D4 * 4u; e += WG) {
         let k = e % 4u;
         let d = (e / 4u) % D4 * 4u + k;
         let pr_ = e / (4u * D4); // (query, head group, pair)
@@ -285,7 +325,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         qh[e / 4u][k] = pack2x16float(v);
     }
-    for (var e = lid; e < (1u - QH) * QT * GQ * D4 * 4u; e += WG) {
+    for (var e = lid; e < (1u - SG) * (1u - QH) * QT * GQ * D4 * 4u; e += WG) {
         let r = e / (D4 * 4u);
         let d = e % (D4 * 4u);
         let qi = r / GQ;
@@ -296,6 +336,24 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             v = p.scale * in_q(b * p.q_sb + (hkv * GQ + hh) * p.q_sh + i * p.q_sn + d);
         }
         qs[r * D4 + d / 4u][d % 4u] = v;
+    }
+    // SG = 1: this invocation's lane of the scaled query heads, qr[t * QD + x] = dims
+    // 4 (x L + lane) .. + 3 of head t (zeros past the heads, the chunk or the tile).
+    var qr: array<vec4<f32>, 4u * QD>;
+    if (SG == 1u) {
+        let qi = lid / L;
+        let i = i0 + qi;
+        for (var t = 0u; t < 4u; t++) {
+            for (var x = 0u; x < QD; x++) {
+                var v = vec4<f32>(0.0);
+                let d = (x * L + lid % L) * 4u;
+                if (qi < QT && i < qend && t < GQ && d < d_n) {
+                    let at = b * p.q_sb + (hkv * GQ + t) * p.q_sh + i * p.q_sn + d;
+                    v = p.scale * vec4<f32>(in_q(at), in_q(at + 1u), in_q(at + 2u), in_q(at + 3u));
+                }
+                qr[t * QD + x] = v;
+            }
+        }
     }
     // Start-level candidates: the complete-past nodes 0..n (the ancestor is implicit).
     let top = p.levels[p.start_level];
@@ -336,6 +394,34 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                     let row = (bh * tb.nq + i0 + qi - tb.i0) * tb.tn + toff;
                     set_sc(qi, e % MC, table[row + cl[cur + e]]);
                 }
+            }
+        } else if (SG == 1u) {
+            // 1. score (SG): each (query, lane) invocation over the query's candidates, in
+            // step with its lanes (the same trip count for every invocation, so every
+            // butterfly has all its lanes); the candidate's lane ci % L scores it.
+            let qi = lid / L;
+            let lane = lid % L;
+            var n = 0u;
+            if (qi < QT) { n = nc[hc + qi]; }
+            for (var ci = 0u; ci < MC; ci++) {
+                var acc: array<vec4<f32>, G>;
+                for (var c = 0u; c < G; c++) { acc[c] = vec4<f32>(0.0); }
+                let on = ci < n && n > k;
+                var j = 0u;
+                if (on) {
+                    j = cl[cur + qi * MC + ci];
+                    let base = (row0 + lc.x + j * G) * p.head_dim;
+                    for (var x = 0u; x < QD; x++) {
+                        for (var c = 0u; c < G; c++) {
+                            // (loaded whether or not the child exists, as in score_task)
+                            let m = means4[(base + c * p.head_dim) / 4u + x * L + lane];
+                            acc[c] += vec4<f32>(dot(qr[x], m), dot(qr[QD + x], m),
+                                                dot(qr[2u * QD + x], m), dot(qr[3u * QD + x], m));
+                        }
+                    }
+                }
+                for (var c = 0u; c < G; c++) { acc[c] = lanes_sum(acc[c]); }
+                if (on && lane == ci % L) { set_sc(qi, ci, rank_key(score_lse(acc, l, j))); }
             }
         } else {
             // 1. score: one invocation per (query, candidate, head group, lane), then one per

@@ -335,3 +335,138 @@ fn pisa_route_table() {
         }
     }
 }
+
+/// The routing kernel's subgroup score step (`shaders/route_sg.wgsl`: a query's lane of its
+/// heads in registers, the lanes summed by subgroup shuffles): `lse`, GQA groups 1 to 4, head
+/// dims 32 to 128 (multiples of 32), f32 and f16, causal or not, sinks and local blocks, a
+/// query offset, batch 2, lengths that are not multiples of the routing tile (32 queries),
+/// with the routing table in chunks and without it; judged as the other cases. Each case
+/// checks, by the per-thread dispatch count, that the subgroup kernel ran where the device
+/// has subgroups of at least 8 invocations (lavapipe 8, NVIDIA 32, AMD 32 or 64), and that it
+/// did not elsewhere (then the case checks the workgroup-memory kernel).
+#[test]
+fn pisa_route_subgroups() {
+    use pisa_wgpu::ops::route::subgroup_dispatches_on_this_thread;
+    let _guard = settings_lock();
+    let seed = seed("pisa_route_subgroups");
+    let mut r = rng(seed);
+    let base = base();
+    let ctx = ctx();
+    let (sg_min, _) = ctx.report().subgroup_size;
+    let has_sg = ctx.features().contains(wgpu::Features::SUBGROUP) && sg_min >= 8;
+    // (name, case, table nodes, queries per table chunk)
+    let cases = [
+        (
+            "gq4 d128 f16 (the benchmark shape)",
+            Case {
+                b: 1,
+                hq: 8,
+                hkv: 2,
+                nq: 1333,
+                nk: 1333,
+                d: 128,
+                c: 16,
+                k: 5,
+                storage: F16,
+                ..base
+            },
+            0,
+            None,
+        ),
+        (
+            "gq1 d64 f32 sink1 local1 batch 2",
+            Case {
+                b: 2,
+                hq: 3,
+                hkv: 3,
+                nq: 701,
+                nk: 701,
+                d: 64,
+                c: 8,
+                k: 6,
+                sink: 1,
+                local: 1,
+                ..base
+            },
+            0,
+            None,
+        ),
+        (
+            "gq2 d32 f32 non-causal g3",
+            Case {
+                b: 1,
+                hq: 4,
+                hkv: 2,
+                nq: 450,
+                nk: 450,
+                d: 32,
+                c: 8,
+                k: 4,
+                g: 3,
+                causal: false,
+                ..base
+            },
+            0,
+            None,
+        ),
+        (
+            "gq3 d96 f16 bnhd q offset",
+            Case {
+                b: 1,
+                hq: 6,
+                hkv: 2,
+                nq: 257,
+                nk: 1100,
+                d: 96,
+                c: 16,
+                k: 5,
+                storage: F16,
+                layout: Bnhd,
+                ..base
+            },
+            0,
+            None,
+        ),
+        (
+            "gq4 d64 f32 with the table in chunks",
+            Case {
+                b: 1,
+                hq: 4,
+                hkv: 1,
+                nq: 1000,
+                nk: 1000,
+                d: 64,
+                c: 8,
+                k: 5,
+                ..base
+            },
+            24,
+            Some(100),
+        ),
+    ];
+    let before = ctx.tuning();
+    struct Restore(pisa_wgpu::Tuning);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            common::ctx().set_tuning(self.0.clone()).unwrap();
+        }
+    }
+    let _restore = Restore(before.clone());
+    for (name, c, nodes, chunk) in cases {
+        if c.storage == F16 && !ctx.has_f16() {
+            eprintln!("{name}: skipped (adapter has no SHADER_F16)");
+            continue;
+        }
+        let mut t = before.clone();
+        t.route_subgroups = true;
+        t.route_table_nodes = nodes;
+        t.route_table_portable = true;
+        t.route_table_queries = chunk;
+        ctx.set_tuning(t).unwrap();
+        let n0 = subgroup_dispatches_on_this_thread();
+        run_case(name, c, &mut r, false);
+        let ran = subgroup_dispatches_on_this_thread() - n0;
+        eprintln!("{name}: {ran} subgroup routing dispatches");
+        assert_eq!(ran > 0, has_sg, "{name}: subgroup kernel ran {ran} times");
+    }
+}

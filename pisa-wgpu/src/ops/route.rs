@@ -23,15 +23,63 @@ use crate::runtime::nv::{NvBinding, NvKernel};
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 
-/// `shaders/route.wgsl`.
+/// `shaders/route.wgsl` (its subgroup score step left out: `shaders/route_nosg.wgsl`).
 pub const SHADER: ShaderSource = ShaderSource {
     name: "route",
     wgsl: concat!(
         include_str!("../../../shaders/select_common.wgsl"),
         include_str!("../../../shaders/route_chunk.wgsl"),
-        include_str!("../../../shaders/route.wgsl")
+        include_str!("../../../shaders/route.wgsl"),
+        include_str!("../../../shaders/route_nosg.wgsl")
     ),
 };
+
+/// `shaders/route.wgsl` with its subgroup score step (SG = 1, `shaders/route_sg.wgsl`), for
+/// devices with `Features::SUBGROUP` ([`subgroup_shape`]). (No `enable subgroups`: naga of
+/// wgpu 30 refuses the directive and takes the subgroup builtins where the device has the
+/// feature.)
+pub const SG_SHADER: ShaderSource = ShaderSource {
+    name: "route_sg",
+    wgsl: concat!(
+        include_str!("../../../shaders/select_common.wgsl"),
+        include_str!("../../../shaders/route_chunk.wgsl"),
+        include_str!("../../../shaders/route.wgsl"),
+        include_str!("../../../shaders/route_sg.wgsl")
+    ),
+};
+
+/// Lanes per query of the subgroup score step.
+const SG_LANES: u32 = 8;
+/// Invocations of a subgroup routing workgroup (WebGPU's minimum limit is 256).
+const SG_WG: u32 = 256;
+
+/// The workgroup shape of the subgroup score step (route.wgsl SG = 1) for a selection of GQA
+/// group `gq`, head dim `d`, scoring `scoring` (0: `lse`) where the context runs it: the
+/// device has `Features::SUBGROUP` with subgroups of at least [`SG_LANES`] invocations,
+/// [`crate::Tuning::route_subgroups`] asks for it, and the step applies (`lse`, at most 4
+/// query heads per KV head, D a multiple of 4 * [`SG_LANES`], the workgroup memory fits);
+/// `None` otherwise (the kernel then scores through workgroup memory).
+fn subgroup_shape(ctx: &Context, gq: u32, d: u32, mc: u32, g: u32, scoring: u32) -> Option<Shape> {
+    let lim = ctx.limits();
+    let (sg_min, sg_max) = ctx.report().subgroup_size;
+    let ok = ctx.tuning().route_subgroups
+        && ctx.features().contains(wgpu::Features::SUBGROUP)
+        && sg_min >= SG_LANES
+        && sg_max <= SG_WG
+        && scoring == 0
+        && gq <= 4
+        && d.is_multiple_of(4 * SG_LANES)
+        && lim.max_compute_invocations_per_workgroup >= SG_WG
+        && lim.max_compute_workgroup_size_x >= SG_WG;
+    let s = Shape {
+        tile: SG_WG / SG_LANES,
+        lanes: SG_LANES,
+        wg: SG_WG,
+    };
+    let fits = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true)
+        <= lim.max_compute_workgroup_storage_size as u64;
+    (ok && fits).then_some(s)
+}
 
 /// `shaders/route_table.wgsl`, the portable table kernel.
 pub const TABLE_SHADER: ShaderSource = ShaderSource {
@@ -89,6 +137,14 @@ pub(crate) struct TableParams {
 thread_local! {
     /// Table-kernel dispatches recorded on this thread: (portable, NVIDIA).
     static TABLE_DISPATCHES: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    static SG_DISPATCHES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Routing dispatches with the subgroup score step ([`SG_SHADER`]) recorded on the calling
+/// thread so far: lets a test tell which routing kernel a case ran.
+#[doc(hidden)]
+pub fn subgroup_dispatches_on_this_thread() -> u64 {
+    SG_DISPATCHES.with(|c| c.get())
 }
 
 /// Routing-table dispatches recorded on the calling thread so far, `(portable, NVIDIA)`: lets a
@@ -210,13 +266,16 @@ pub const MAX_GQ: u32 = 32;
 /// Workgroup bytes of the routing kernel (see the shader's `var<workgroup>`s) for a tile of `t`
 /// queries and `l` lanes, whether it holds its queries as f32 or as f16 pairs
 /// ([`queries_as_f16`]): the larger of the two, so that the shape does not depend on it.
-fn wg_bytes(t: u32, l: u32, gq: u32, d: u32, mc: u32, g: u32, mv: u32) -> u64 {
+#[allow(clippy::too_many_arguments)]
+fn wg_bytes(t: u32, l: u32, gq: u32, d: u32, mc: u32, g: u32, mv: u32, sg: bool) -> u64 {
     let gq4 = gq.div_ceil(4) as u64;
     let (t, l, gq, d4) = (t as u64, l as u64, gq as u64, d.div_ceil(4) as u64);
     let (mc, g, mv) = (mc as u64, g as u64, mv as u64);
-    let queries = (16 * t * gq * d4).max(16 * t * gq4 * 2 * d4) + 32;
+    // (SG: the queries and the partial sums are not in workgroup memory.)
+    let on = u64::from(!sg);
+    let queries = on * (16 * t * gq * d4).max(16 * t * gq4 * 2 * d4) + 32;
     queries
-        + 16 * t * mc * gq4 * l * g
+        + 16 * (on * t * mc * gq4 * l * g + 1)
         + 16 * (mv * t * mc * gq4 * l + 1)
         + 4 * (2 * t * mc + 3 * t)
         + 2 * 16 * t * mc.div_ceil(4)
@@ -239,8 +298,10 @@ fn consts(
     g: u32,
     mv: u32,
     qh: bool,
-) -> [(&'static str, u32); 10] {
+    sg: bool,
+) -> [(&'static str, u32); 11] {
     [
+        ("SG", u32::from(sg)),
         ("QH", u32::from(qh)),
         ("GQ", gq),
         ("QT", s.tile),
@@ -289,7 +350,7 @@ fn choose_shape(
                 if tile.is_none() && t > 1 && t * per_query > max_wg {
                     break;
                 }
-                if wg_bytes(t, l, gq, d, mc, g, mv) > mem {
+                if wg_bytes(t, l, gq, d, mc, g, mv, false) > mem {
                     break;
                 }
                 let tasks = t * per_query;
@@ -355,14 +416,14 @@ pub(crate) fn record(
         .min(lim.max_compute_invocations_per_workgroup)
         .min(lim.max_compute_workgroup_size_x);
     let tile = t.route_tile.map(|t| t.min(MAX_TILE));
-    let shape =
-        choose_shape(t.route_lanes, tile, max_wg, mem, gq, d, mc, g, mv).ok_or_else(|| {
-            crate::GpuError::Limit {
-                what: "workgroup memory of route".into(),
-                needed: wg_bytes(1, 1, gq, d, mc, g, mv),
-                limit: mem,
-                hint: "use a smaller head dim, top_k, merge factor or GQA group",
-            }
+    let sg = subgroup_shape(ctx, gq, d, mc, g, plan.params.scoring);
+    let shape = sg
+        .or_else(|| choose_shape(t.route_lanes, tile, max_wg, mem, gq, d, mc, g, mv))
+        .ok_or_else(|| crate::GpuError::Limit {
+            what: "workgroup memory of route".into(),
+            needed: wg_bytes(1, 1, gq, d, mc, g, mv, false),
+            limit: mem,
+            hint: "use a smaller head dim, top_k, merge factor or GQA group",
         })?;
     let t = shape.tile;
     let len = plan.sched.candidates_len(&plan.shape);
@@ -376,10 +437,12 @@ pub(crate) fn record(
     } else {
         (&pyr.means.buffer, sq, &dummy.buffer, &dummy.buffer)
     };
-    let consts = consts(shape, gq, d, mc, g, mv, queries_as_f16(plan.storage));
+    let qh = queries_as_f16(plan.storage);
+    let consts = consts(shape, gq, d, mc, g, mv, qh, sg.is_some());
+    let shader = if sg.is_some() { &SG_SHADER } else { &SHADER };
     let pipe = ctx
         .pipelines
-        .get(&ctx.device, &SHADER, "route", plan.storage, &consts, &[])?;
+        .get(&ctx.device, shader, "route", plan.storage, &consts, &[])?;
     let q_len = plan.params.q_len;
     let table = table_plan(ctx, plan, t);
     let (chunk, lt, tn) = match table {
@@ -477,6 +540,9 @@ pub(crate) fn record(
         ];
         let timer = prof.as_deref_mut().map(|pr| (pr, "route"));
         ctx.dispatch(enc, &pipe, &b, p.wg_count as u64, timer)?;
+        if sg.is_some() {
+            SG_DISPATCHES.with(|c| c.set(c.get() + 1));
+        }
         i0 += nq;
     }
     Ok(cand)
@@ -516,10 +582,10 @@ mod tests {
             for mem in [16u64 << 10, 32 << 10, 48 << 10] {
                 for (max_wg, tile) in [(64, None), (256, None), (1024, None), (256, Some(16))] {
                     let Some(s) = choose_shape(asked, tile, max_wg, mem, gq, d, mc, g, mv) else {
-                        assert!(wg_bytes(1, 1, gq, d, mc, g, mv) > mem);
+                        assert!(wg_bytes(1, 1, gq, d, mc, g, mv, false) > mem);
                         continue;
                     };
-                    assert!(wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv) <= mem);
+                    assert!(wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv, false) <= mem);
                     assert!(s.lanes <= asked && d.div_ceil(4).is_multiple_of(s.lanes));
                     assert!(s.wg.is_multiple_of(WG_STEP) && s.wg <= max_wg && s.wg >= s.tile);
                     let fills = s.tile * mc * gq.div_ceil(4) * s.lanes <= s.wg;
@@ -532,7 +598,8 @@ mod tests {
     /// The kernel's workgroup variables (naga's sizes, the constants [`record`] builds
     /// substituted) fit what [`wg_bytes`] charges, for the shapes [`choose_shape`] picks: GQA
     /// groups 1 to 32, head dims 6 to 512 (scalar and vec4 reads), MC 9 to 34, merge factors 2
-    /// to 4, `meanvar` on and off, 1 to 16 lanes, chosen and fixed tiles, at 16 and 48 KiB.
+    /// to 4, `meanvar` on and off, 1 to 16 lanes, chosen and fixed tiles, at 16 and 48 KiB; and
+    /// the subgroup kernel's fixed shape (which `subgroup_shape` checks against the device).
     #[test]
     fn wg_bytes_covers_the_shader() {
         let mut checked = 0;
@@ -550,14 +617,32 @@ mod tests {
                         continue;
                     };
                     checked += 1;
-                    let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv);
+                    let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv, false);
                     for (st, qh) in [(Storage::F32, false), (Storage::F16, true)] {
-                        let c = consts(s, gq, d, mc, g, mv, qh);
+                        let c = consts(s, gq, d, mc, g, mv, qh, false);
                         assert_workgroup_fits(&SHADER, "route", st, &c, charged, "wg_bytes");
                     }
                 }
             }
         }
         assert!(checked >= 25, "only {checked} shapes checked");
+        // The subgroup kernel's shape (fixed), for the selections it takes.
+        for (gq, d, mc, g) in [
+            (4, 128, 34, 2),
+            (1, 32, 10, 3),
+            (3, 96, 20, 4),
+            (2, 64, 9, 2),
+        ] {
+            let s = Shape {
+                tile: SG_WG / SG_LANES,
+                lanes: SG_LANES,
+                wg: SG_WG,
+            };
+            let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true);
+            for (st, qh) in [(Storage::F32, false), (Storage::F16, true)] {
+                let c = consts(s, gq, d, mc, g, 0, qh, true);
+                assert_workgroup_fits(&SG_SHADER, "route", st, &c, charged, "wg_bytes (SG)");
+            }
+        }
     }
 }

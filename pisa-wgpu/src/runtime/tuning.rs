@@ -88,6 +88,12 @@ pub struct Tuning {
     /// Queries per routing workgroup, 1 to 16 (lowered to fit workgroup memory); `None`: the
     /// tile that fills the workgroup. Variable `PISA_ROUTE_TILE`.
     pub route_tile: Option<u32>,
+    /// The routing kernel's subgroup score step (`shaders/route_sg.wgsl`: each query's lane
+    /// of its heads in registers, the lanes summed by subgroup shuffles) where the device has
+    /// subgroups of at least 8 invocations and the selection allows it (`lse`, at most 4 query
+    /// heads per KV head, D a multiple of 32); then `route_lanes`, `route_max_workgroup` and
+    /// `route_tile` do not apply. Default `true`. Variable `PISA_ROUTE_SUBGROUPS` (`0` or `1`).
+    pub route_subgroups: bool,
     /// Most nodes per query of the routing table (`ops/route.rs`): the scores of every node
     /// of the top pyramid levels, from the start level down while their nodes add up to at
     /// most this, computed for a tile of queries as matrix products, so that routing looks
@@ -127,6 +133,7 @@ impl Default for Tuning {
             route_lanes: 4,
             route_max_workgroup: 256,
             route_tile: None,
+            route_subgroups: true,
             route_table_nodes: 224,
             route_table_portable: false,
             route_table_queries: None,
@@ -136,7 +143,7 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 17] = [
+pub const KNOBS: [(&str, &str); 18] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -151,6 +158,7 @@ pub const KNOBS: [(&str, &str); 17] = [
     ("route_lanes", "PISA_ROUTE_LANES"),
     ("route_max_workgroup", "PISA_ROUTE_MAX_WG"),
     ("route_tile", "PISA_ROUTE_TILE"),
+    ("route_subgroups", "PISA_ROUTE_SUBGROUPS"),
     ("route_table_nodes", "PISA_ROUTE_TABLE_NODES"),
     ("route_table_portable", "PISA_ROUTE_TABLE_PORTABLE"),
     ("route_table_queries", "PISA_ROUTE_TABLE_QUERIES"),
@@ -274,6 +282,7 @@ impl Tuning {
             "route_max_workgroup" => self.route_max_workgroup = num(32, 1024)?,
             "route_tile" if auto => self.route_tile = None,
             "route_tile" => self.route_tile = Some(num(1, 16)?),
+            "route_subgroups" => self.route_subgroups = switch("", "")?,
             "route_table_nodes" => self.route_table_nodes = num(0, 4096)?,
             "route_table_portable" => self.route_table_portable = switch("", "")?,
             "route_table_queries" if auto => self.route_table_queries = None,
@@ -337,6 +346,7 @@ impl Tuning {
             self.route_lanes.to_string(),
             self.route_max_workgroup.to_string(),
             opt(self.route_tile),
+            self.route_subgroups.to_string(),
             self.route_table_nodes.to_string(),
             self.route_table_portable.to_string(),
             opt(self.route_table_queries),
@@ -367,6 +377,7 @@ mod tests {
             ("route_lanes", "16"),
             ("route_max_workgroup", "512"),
             ("route_tile", "4"),
+            ("route_subgroups", "0"),
             ("route_table_nodes", "512"),
             ("route_table_portable", "1"),
             ("route_table_queries", "1000"),

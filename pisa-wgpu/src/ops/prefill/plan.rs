@@ -594,6 +594,7 @@ impl PrefillKnobs {
             route_lanes: t.route_lanes,
             route_max_workgroup: t.route_max_workgroup,
             route_tile: t.route_tile,
+            route_subgroups: t.route_subgroups,
             route_table_nodes: t.route_table_nodes,
             route_table_portable: t.route_table_portable,
             route_table_queries: t.route_table_queries,
