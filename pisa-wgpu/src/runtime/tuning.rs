@@ -54,7 +54,9 @@ pub struct Tuning {
     /// Whether the NVIDIA leaf scorer scores pairs of leaves (`shaders/leaf_bucket.wgsl` PAIR
     /// buckets, `leaf_score.comp` PAIR = 1): a query that lists both leaves of a pair (a kept
     /// node's two children) is one entry whose rows are gathered once for both. Default
-    /// `true`. Variable `PISA_LEAF_PAIRS` (`0` or `1`).
+    /// `true`: on the H200 (2026-12-02, f16, Hq 32, Hkv 8, D 128, C 64, K 16) the scorer took
+    /// 14.8 / 60.7 ms at 64K / 256K tokens against 20.0 / 82.6 per leaf (docs/benchmarks.md).
+    /// Variable `PISA_LEAF_PAIRS` (`0` or `1`).
     pub leaf_score_pairs: bool,
     /// The order of selection stage 2 and sparse attention ([`LeafOrder`]). Default `Auto`.
     /// Variable `PISA_LEAF_ORDER` (`auto`, `tiles` or `leaves`).
@@ -92,18 +94,22 @@ pub struct Tuning {
     /// of its heads in registers, the lanes summed by subgroup shuffles) where the device has
     /// subgroups of at least 8 invocations and the selection allows it (`lse`, at most 4 query
     /// heads per KV head, D a multiple of 32); then `route_lanes`, `route_max_workgroup` and
-    /// `route_tile` do not apply. Default `true`. Variable `PISA_ROUTE_SUBGROUPS` (`0` or `1`).
+    /// `route_tile` do not apply. Default `true`: on the H200 (2026-12-02, f16, Hq 32, Hkv 8,
+    /// D 128, C 64, K 16) the route took 10.8 / 63.5 ms at 64K / 256K tokens against 14.6 /
+    /// 88.7 through workgroup memory; 4 or 16 lanes per query instead of 8, 12.2 / 71.7 and
+    /// 11.8 / 74.0 (docs/benchmarks.md). Variable `PISA_ROUTE_SUBGROUPS` (`0` or `1`).
     pub route_subgroups: bool,
     /// Most nodes per query of the routing table (`ops/route.rs`): the scores of every node
     /// of the top pyramid levels, from the start level down while their nodes add up to at
     /// most this, computed for a tile of queries as matrix products, so that routing looks
     /// those levels up instead of scoring them. 0 turns it off. Used where a table kernel runs:
     /// the NVIDIA one (`shaders/nv/route_table.comp`), or the portable one when
-    /// [`Tuning::route_table_portable`] asks. Default 224, the three top levels (the start
-    /// level has at most 32 nodes): on the H200 (2026-12-02, f16, Hq 32, Hkv 8, D 128, C 64,
-    /// K 16) the route took 14.6 / 36.7 / 88.7 ms at 64K / 128K / 256K tokens with it, against
-    /// 15.7 / 39.0 / 93.6 without; 512 nodes (four levels) 16.1 / 39.7 / 94.4, the table
-    /// costing about what the routing saves (docs/benchmarks.md). Variable
+    /// [`Tuning::route_table_portable`] asks. Default 96, the two top levels (the start level
+    /// has at most 32 nodes). On the H200 (2026-12-02, f16, Hq 32, Hkv 8, D 128, C 64, K 16),
+    /// with the routing kernel's subgroup score step, the route took 10.35 / 62.07 ms at 64K /
+    /// 256K tokens with 96 nodes, 10.73 / 63.54 with 224 and 10.65 / 62.83 without the table;
+    /// before that step (routing through workgroup memory) 224 nodes were the fastest, 14.6 /
+    /// 88.7 ms against 15.7 / 93.6 without (docs/benchmarks.md). Variable
     /// `PISA_ROUTE_TABLE_NODES`.
     pub route_table_nodes: u32,
     /// The portable table kernel (`shaders/route_table.wgsl`, scalar) where the NVIDIA one
@@ -134,7 +140,7 @@ impl Default for Tuning {
             route_max_workgroup: 256,
             route_tile: None,
             route_subgroups: true,
-            route_table_nodes: 224,
+            route_table_nodes: 96,
             route_table_portable: false,
             route_table_queries: None,
         }
