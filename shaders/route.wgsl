@@ -60,18 +60,21 @@ const GQ4: u32 = (GQ + 3u) / 4u;
 // route took 93.0 ms at 256K tokens this way against 103.7 with f32 queries
 // (docs/benchmarks.md, 2026-12-02, commit 0837fd7).
 const QH: u32 = 0u;
-// 1: the score step with subgroup lanes (route_sg.wgsl, appended): one
-// invocation per (query, lane), QT = WG / L, holding its lane's dims of the query's GQ <= 4 heads
-// in registers (scaled f32), looping over the query's candidates; the L lanes' partial dot
-// products summed by subgroupShuffleXor butterflies (lanes_sum), so that neither the queries
-// nor the partial sums pass through workgroup memory. `lse` scoring, D % (4 L) == 0, and L at
-// most the smallest subgroup (the host checks); the L lanes of a query are L consecutive
-// invocations, so in one subgroup (subgroups are formed from consecutive invocations of a
-// one-dimensional workgroup on the drivers pisa runs on). The knock-out of the queries'
-// workgroup loads halved the score step on the H200 (docs/benchmarks.md, A.9).
+// 1: the score step with subgroup lanes (route_sg.wgsl, appended): one invocation per (query,
+// head group of 4, lane), L lanes per head group, GQ4P (GQ4 rounded up to a power of two)
+// groups per query, QT = WG / (L GQ4P); each holds its lane's dims of its group's heads in
+// registers (scaled f32) and loops over the query's candidates; the L lanes' partial dot
+// products are summed by subgroupShuffleXor butterflies (lanes_sum), each group forms its
+// heads' part of the score, and the groups' parts are summed the same way (groups_sum), so
+// that neither the queries nor the partial sums pass through workgroup memory. `lse` scoring,
+// D % (4 L) == 0, L GQ4P at most the smallest subgroup (the host checks); a query's L GQ4P
+// invocations are consecutive, so in one subgroup (subgroups are formed from consecutive
+// invocations of a one-dimensional workgroup on the drivers pisa runs on). The knock-out of
+// the queries' workgroup loads halved the score step on the H200 (docs/benchmarks.md, A.9).
 const SG: u32 = 0u;
-// SG = 1: vec4 slots of a query head row per lane.
+// SG = 1: vec4 slots of a query head row per lane; head groups per query, a power of two.
 const QD: u32 = (D4 + L - 1u) / L;
+const GQ4P: u32 = select(select(select(8u, 4u, GQ4 <= 4u), 2u, GQ4 <= 2u), 1u, GQ4 <= 1u);
 // Score items (query, candidate, head group) of the tile.
 const NIT: u32 = QT * MC * GQ4;
 const NEG: f32 = -3.0e38;
@@ -215,17 +218,18 @@ fn score_task(it: u32, qi: u32, hg: u32, lane: u32, l: u32, j: u32, row0: u32) {
     if (MV != 0u) { pv[lane * NIT + it] = vacc * (f * f); }
 }
 
-// SG = 1 (`lse`, GQ <= 4): the score of node j of level l >= 1 from its children's dot
-// products with the query heads (dots[c][t]: child c, head t; scaled), summed over the heads:
-// per head the LSE over the children of n_c * exp(s q.mu_c), as `score` forms it.
-fn score_lse(dots: array<vec4<f32>, G>, l: u32, j: u32) -> f32 {
+// SG = 1 (`lse`): head group hg's part of the score of node j of level l >= 1 from its
+// children's dot products with the group's heads (dots[c][t]: child c, head 4 hg + t; scaled),
+// summed over those heads: per head the LSE over the children of n_c * exp(s q.mu_c), as
+// `score` forms it.
+fn score_lse(dots: array<vec4<f32>, G>, l: u32, j: u32, hg: u32) -> f32 {
     let lc = p.levels[l - 1u];
     let nr = min(j * G + G, lc.y) - j * G;
     var ln: array<f32, G>;
     for (var c = 0u; c < G; c++) { ln[c] = log(f32(node_len(j * G + c, lc.w))); }
     var total = 0.0;
     for (var t = 0u; t < 4u; t++) {
-        if (t < GQ) {
+        if (hg * 4u + t < GQ) {
             var m = NEG;
             var s = 0.0;
             for (var c = 0u; c < G; c++) {
@@ -337,18 +341,21 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         qs[r * D4 + d / 4u][d % 4u] = v;
     }
-    // SG = 1: this invocation's lane of the scaled query heads, qr[t * QD + x] = dims
-    // 4 (x L + lane) .. + 3 of head t (zeros past the heads, the chunk or the tile).
+    // SG = 1: this invocation's lane of its group's scaled query heads, qr[t * QD + x] =
+    // dims 4 (x L + lane) .. + 3 of head 4 hg + t (zeros past the heads, the chunk or the
+    // tile).
     var qr: array<vec4<f32>, 4u * QD>;
     if (SG == 1u) {
-        let qi = lid / L;
+        let qi = lid / (L * GQ4P);
+        let hg = (lid / L) % GQ4P;
         let i = i0 + qi;
         for (var t = 0u; t < 4u; t++) {
             for (var x = 0u; x < QD; x++) {
                 var v = vec4<f32>(0.0);
                 let d = (x * L + lid % L) * 4u;
-                if (qi < QT && i < qend && t < GQ && d < d_n) {
-                    let at = b * p.q_sb + (hkv * GQ + t) * p.q_sh + i * p.q_sn + d;
+                let hh = hg * 4u + t;
+                if (qi < QT && i < qend && hh < GQ && d < d_n) {
+                    let at = b * p.q_sb + (hkv * GQ + hh) * p.q_sh + i * p.q_sn + d;
                     v = p.scale * vec4<f32>(in_q(at), in_q(at + 1u), in_q(at + 2u), in_q(at + 3u));
                 }
                 qr[t * QD + x] = v;
@@ -396,10 +403,11 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 }
             }
         } else if (SG == 1u) {
-            // 1. score (SG): each (query, lane) invocation over the query's candidates, in
-            // step with its lanes (the same trip count for every invocation, so every
-            // butterfly has all its lanes); the candidate's lane ci % L scores it.
-            let qi = lid / L;
+            // 1. score (SG): each (query, head group, lane) invocation over the query's
+            // candidates, in step with its lanes (the same trip count for every invocation, so
+            // every butterfly has all its lanes); lane ci % L of group 0 stores the score.
+            let qi = lid / (L * GQ4P);
+            let hg = (lid / L) % GQ4P;
             let lane = lid % L;
             var n = 0u;
             if (qi < QT) { n = nc[hc + qi]; }
@@ -421,7 +429,10 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                     }
                 }
                 for (var c = 0u; c < G; c++) { acc[c] = lanes_sum(acc[c]); }
-                if (on && lane == ci % L) { set_sc(qi, ci, rank_key(score_lse(acc, l, j))); }
+                var part = 0.0;
+                if (on) { part = score_lse(acc, l, j, hg); }
+                let total = groups_sum(part);
+                if (on && hg == 0u && lane == ci % L) { set_sc(qi, ci, rank_key(total)); }
             }
         } else {
             // 1. score: one invocation per (query, candidate, head group, lane), then one per

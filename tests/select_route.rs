@@ -337,13 +337,14 @@ fn pisa_route_table() {
 }
 
 /// The routing kernel's subgroup score step (`shaders/route_sg.wgsl`: a query's lane of its
-/// heads in registers, the lanes summed by subgroup shuffles): `lse`, GQA groups 1 to 4, head
-/// dims 32 to 128 (multiples of 32), f32 and f16, causal or not, sinks and local blocks, a
-/// query offset, batch 2, lengths that are not multiples of the routing tile (32 queries),
-/// with the routing table in chunks and without it; judged as the other cases. Each case
-/// checks, by the per-thread dispatch count, that the subgroup kernel ran where the device
-/// has subgroups of at least 8 invocations (lavapipe 8, NVIDIA 32, AMD 32 or 64), and that it
-/// did not elsewhere (then the case checks the workgroup-memory kernel).
+/// heads in registers, the lanes and head groups summed by subgroup shuffles): `lse`, GQA
+/// groups 1, 2, 3, 4, 7, 8 and 16 (one, two and four head groups), head dims 32 to 128, f32 and
+/// f16, causal or not, sinks and local blocks, a query offset, batch 2, lengths that are not
+/// multiples of the routing tile, with the routing table in chunks and without it; judged as
+/// the other cases. Each case checks, by the per-thread dispatch count, that the subgroup
+/// kernel ran exactly where the library's rule says it runs (subgroups, and a query's head
+/// groups times at least 2 lanes within the smallest subgroup: lavapipe 8, NVIDIA 32, AMD 32
+/// or 64), so on a device without it the case checks the workgroup-memory kernel.
 #[test]
 fn pisa_route_subgroups() {
     use pisa_wgpu::ops::route::subgroup_dispatches_on_this_thread;
@@ -353,7 +354,13 @@ fn pisa_route_subgroups() {
     let base = base();
     let ctx = ctx();
     let (sg_min, _) = ctx.report().subgroup_size;
-    let has_sg = ctx.features().contains(wgpu::Features::SUBGROUP) && sg_min >= 8;
+    let has_sg = ctx.features().contains(wgpu::Features::SUBGROUP);
+    // The rule of `route::subgroup_shape`: lanes per head group min(8, subgroup / groups).
+    let runs_sg = |gq: usize, d: usize| {
+        let groups = gq.div_ceil(4).next_power_of_two() as u32;
+        let lanes = 8.min(sg_min / groups) as usize;
+        has_sg && lanes >= 2 && d.is_multiple_of(4 * lanes)
+    };
     // (name, case, table nodes, queries per table chunk)
     let cases = [
         (
@@ -428,6 +435,57 @@ fn pisa_route_subgroups() {
             None,
         ),
         (
+            "gq8 d128 f16 (two head groups)",
+            Case {
+                b: 1,
+                hq: 16,
+                hkv: 2,
+                nq: 777,
+                nk: 777,
+                d: 128,
+                c: 16,
+                k: 5,
+                storage: F16,
+                ..base
+            },
+            0,
+            None,
+        ),
+        (
+            "gq7 d64 f32 sink1 (a half-empty head group)",
+            Case {
+                b: 1,
+                hq: 7,
+                hkv: 1,
+                nq: 600,
+                nk: 600,
+                d: 64,
+                c: 8,
+                k: 5,
+                sink: 1,
+                ..base
+            },
+            24,
+            Some(128),
+        ),
+        (
+            "gq16 d32 f32 non-causal (four head groups)",
+            Case {
+                b: 1,
+                hq: 16,
+                hkv: 1,
+                nq: 300,
+                nk: 300,
+                d: 32,
+                c: 8,
+                k: 4,
+                causal: false,
+                ..base
+            },
+            0,
+            None,
+        ),
+        (
             "gq4 d64 f32 with the table in chunks",
             Case {
                 b: 1,
@@ -467,6 +525,7 @@ fn pisa_route_subgroups() {
         run_case(name, c, &mut r, false);
         let ran = subgroup_dispatches_on_this_thread() - n0;
         eprintln!("{name}: {ran} subgroup routing dispatches");
-        assert_eq!(ran > 0, has_sg, "{name}: subgroup kernel ran {ran} times");
+        let want = runs_sg(c.hq / c.hkv, c.d);
+        assert_eq!(ran > 0, want, "{name}: subgroup kernel ran {ran} times");
     }
 }

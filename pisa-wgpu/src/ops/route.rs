@@ -48,37 +48,48 @@ pub const SG_SHADER: ShaderSource = ShaderSource {
     ),
 };
 
-/// Lanes per query of the subgroup score step.
+/// Most lanes per head group of the subgroup score step (8 measured fastest on the H200 for
+/// GQ 4: 63.5 ms at 256K against 71.7 with 4 and 74.0 with 16, docs/benchmarks.md).
 const SG_LANES: u32 = 8;
 /// Invocations of a subgroup routing workgroup (WebGPU's minimum limit is 256).
 const SG_WG: u32 = 256;
+/// Most query heads per KV head of the subgroup score step (four head groups).
+const SG_MAX_GQ: u32 = 16;
 
 /// The workgroup shape of the subgroup score step (route.wgsl SG = 1) for a selection of GQA
-/// group `gq`, head dim `d`, scoring `scoring` (0: `lse`) where the context runs it: the
-/// device has `Features::SUBGROUP` with subgroups of at least [`SG_LANES`] invocations,
-/// [`crate::Tuning::route_subgroups`] asks for it, and the step applies (`lse`, at most 4
-/// query heads per KV head, D a multiple of 4 * [`SG_LANES`], the workgroup memory fits);
-/// `None` otherwise (the kernel then scores through workgroup memory).
+/// group `gq`, head dim `d`, scoring `scoring` (0: `lse`) where the context runs it, or `None`
+/// (the kernel then scores through workgroup memory). It runs where
+/// [`crate::Tuning::route_subgroups`] asks, the device has `Features::SUBGROUP`, the scoring
+/// is `lse`, `gq` is at most [`SG_MAX_GQ`], and a query's lanes fit the smallest subgroup: its
+/// head groups rounded up to a power of two (`GQ4P`) times the lanes per group, at most
+/// [`SG_LANES`] and at least 2 (each lane holds D / (4 lanes) vec4 of each of its 4 heads), with
+/// D a multiple of 4 lanes, and the workgroup memory fits.
 fn subgroup_shape(ctx: &Context, gq: u32, d: u32, mc: u32, g: u32, scoring: u32) -> Option<Shape> {
     let lim = ctx.limits();
     let (sg_min, sg_max) = ctx.report().subgroup_size;
+    let groups = gq.div_ceil(4).next_power_of_two();
+    let lanes = SG_LANES.min(sg_min / groups);
     let ok = ctx.tuning().route_subgroups
         && ctx.features().contains(wgpu::Features::SUBGROUP)
-        && sg_min >= SG_LANES
-        && sg_max <= SG_WG
         && scoring == 0
-        && gq <= 4
-        && d.is_multiple_of(4 * SG_LANES)
+        && gq <= SG_MAX_GQ
+        && lanes >= 2
+        && lanes.is_power_of_two()
+        && sg_max <= SG_WG
+        && d.is_multiple_of(4 * lanes)
         && lim.max_compute_invocations_per_workgroup >= SG_WG
         && lim.max_compute_workgroup_size_x >= SG_WG;
+    if !ok {
+        return None;
+    }
     let s = Shape {
-        tile: SG_WG / SG_LANES,
-        lanes: SG_LANES,
+        tile: SG_WG / (lanes * groups),
+        lanes,
         wg: SG_WG,
     };
     let fits = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true)
         <= lim.max_compute_workgroup_storage_size as u64;
-    (ok && fits).then_some(s)
+    fits.then_some(s)
 }
 
 /// `shaders/route_table.wgsl`, the portable table kernel.
@@ -627,15 +638,19 @@ mod tests {
         }
         assert!(checked >= 25, "only {checked} shapes checked");
         // The subgroup kernel's shape (fixed), for the selections it takes.
-        for (gq, d, mc, g) in [
-            (4, 128, 34, 2),
-            (1, 32, 10, 3),
-            (3, 96, 20, 4),
-            (2, 64, 9, 2),
+        for (gq, d, mc, g, lanes) in [
+            (4, 128, 34, 2, 8),
+            (1, 32, 10, 3, 8),
+            (3, 96, 20, 4, 8),
+            (2, 64, 9, 2, 8),
+            (8, 128, 34, 2, 4),
+            (7, 64, 34, 2, 8),
+            (16, 128, 34, 2, 2),
         ] {
+            let groups = gq.div_ceil(4).next_power_of_two();
             let s = Shape {
-                tile: SG_WG / SG_LANES,
-                lanes: SG_LANES,
+                tile: SG_WG / (lanes * groups),
+                lanes,
                 wg: SG_WG,
             };
             let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true);

@@ -90,12 +90,13 @@ pub struct Tuning {
     /// Queries per routing workgroup, 1 to 16 (lowered to fit workgroup memory); `None`: the
     /// tile that fills the workgroup. Variable `PISA_ROUTE_TILE`.
     pub route_tile: Option<u32>,
-    /// The routing kernel's subgroup score step (`shaders/route_sg.wgsl`: each query's lane
-    /// of its heads in registers, the lanes summed by subgroup shuffles) where the device has
-    /// subgroups of at least 8 invocations and the selection allows it (`lse`, at most 4 query
-    /// heads per KV head, D a multiple of 32); then `route_lanes`, `route_max_workgroup` and
-    /// `route_tile` do not apply. Default `true`: on the H200 (2026-12-02, f16, Hq 32, Hkv 8,
-    /// D 128, C 64, K 16) the route took 10.8 / 63.5 ms at 64K / 256K tokens against 14.6 /
+    /// The routing kernel's subgroup score step (`shaders/route_sg.wgsl`: each query's lanes
+    /// hold their dims of its heads in registers, the lanes and head groups summed by subgroup
+    /// shuffles) where the device has subgroups and the selection allows it (`lse`, at most 16
+    /// query heads per KV head, a query's head groups times at least 2 lanes within the
+    /// smallest subgroup, D a multiple of 4 lanes); then `route_lanes`, `route_max_workgroup`
+    /// and `route_tile` do not apply. Default `true`: on the H200 (2026-12-02, f16, Hq 32, Hkv
+    /// 8, D 128, C 64, K 16) the route took 10.8 / 63.5 ms at 64K / 256K tokens against 14.6 /
     /// 88.7 through workgroup memory; 4 or 16 lanes per query instead of 8, 12.2 / 71.7 and
     /// 11.8 / 74.0 (docs/benchmarks.md). Variable `PISA_ROUTE_SUBGROUPS` (`0` or `1`).
     pub route_subgroups: bool,
