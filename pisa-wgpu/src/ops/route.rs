@@ -67,7 +67,7 @@ const SG_MAX_GQ: u32 = 16;
 fn subgroup_shape(ctx: &Context, gq: u32, d: u32, mc: u32, g: u32, scoring: u32) -> Option<Shape> {
     let lim = ctx.limits();
     let (sg_min, sg_max) = ctx.report().subgroup_size;
-    let groups = gq.div_ceil(4).next_power_of_two();
+    let groups = u32::div_ceil(gq, 4).next_power_of_two();
     let lanes = SG_LANES.min(sg_min / groups);
     let ok = ctx.tuning().route_subgroups
         && ctx.features().contains(wgpu::Features::SUBGROUP)
@@ -647,7 +647,7 @@ mod tests {
             (7, 64, 34, 2, 8),
             (16, 128, 34, 2, 2),
         ] {
-            let groups = gq.div_ceil(4).next_power_of_two();
+            let groups = u32::div_ceil(gq, 4).next_power_of_two();
             let s = Shape {
                 tile: SG_WG / (lanes * groups),
                 lanes,
