@@ -3,11 +3,13 @@
 // so that a leaf's raw keys are read once per chunk of the queries that list it, not once per
 // query tile (the tile kernels' union of 4 queries' candidates is mostly disjoint on inputs
 // without locality: up to 4x the useful matrix work there).
-//   count:   cnt[x] = entries of bucket x = bh * nb0 + leaf (atomics; cnt starts at zero);
+//   count:   cnt[x] = entries of bucket x = bh * nb0 + leaf (PAIR = 1: bh * ceil(nb0 / 2) +
+//            leaf / 2; atomics; cnt starts at zero);
 //   scan:    off[x] (first entry of x in `list`) and coff[x] (first chunk of x: a bucket of n
 //            entries has ceil(n / QPC) chunks), exclusive prefix sums, one workgroup;
 //            off[buckets] = entries, coff[buckets] = chunks;
-//   scatter: list[off[x] + slot] = i * MC + o for every entry (query i, candidate slot o); the
+//   scatter: list[off[x] + slot] = i * MC + o for every entry (query i, candidate slot o; PAIR
+//            = 1: with the flags BOTH or ODD, see PAIR below); the
 //            slot comes from counting cnt back down to zero (order within a bucket is
 //            unspecified, and does not matter: each entry's score goes to its own slot); the
 //            entry that takes a slot that is a multiple of QPC also writes its chunk's

@@ -4,8 +4,9 @@
 // One workgroup of WG invocations per (b, KV head, tile of QT consecutive queries); the host
 // sizes QT, L and WG so that the score tasks fill the workgroup (nothing is shared between the
 // tile's queries: the output does not depend on the tile). Candidates, scores and keep flags
-// live in workgroup memory; no query-by-block matrix is ever written. Per level, four barriers (three when L = 1 and
-// GQ <= 4):
+// live in workgroup memory; no query-by-block matrix is ever written. Per level, four barriers
+// (three when L = 1 and GQ <= 4, or with the subgroup score step SG = 1 below, whose shape
+// is fixed: QT = WG / (L GQ4P)):
 //   1. score: one invocation per task (query, candidate, group of 4 query heads, lane) reads
 //      every L-th vec4 of the pyramid rows the candidate needs (`lse`: its children; `mean`,
 //      `meanvar`: its own row) straight from global memory (f32 means, L2-resident; vec4 loads

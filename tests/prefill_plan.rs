@@ -690,6 +690,8 @@ fn tuning_changes_and_plans() {
     );
     t.route_lanes = if t.route_lanes == 2 { 1 } else { 2 };
     t.route_tile = Some(3);
+    // (the lanes and tile shape the workgroup-memory routing, not the subgroup one)
+    t.route_subgroups = false;
     own.set_tuning(t).unwrap();
     let e = run(&plan).unwrap_err();
     assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
@@ -700,7 +702,8 @@ fn tuning_changes_and_plans() {
         "under other route knobs"
     );
 
-    // The routing table (the portable kernel here), in chunks of 20 queries: every replay of a
+    // The routing table (the portable kernel here), in chunks of 20 queries (rounded down to
+    // whole routing tiles of the route knobs above, at least one): every replay of a
     // plan binds each chunk's own parameters, and equals prefill_host under the same knobs.
     let mut t = own.tuning();
     t.route_table_portable = true;

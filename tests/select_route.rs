@@ -13,15 +13,31 @@ use pisa_core::TensorLayout::*;
 use pisa_wgpu::Storage::*;
 use select_util::{base, run_case, Case};
 
+/// Puts the shared context's tuning back however a test ends (the tests here change the
+/// routing knobs while they hold `settings_lock`).
+struct Restore(pisa_wgpu::Tuning);
+impl Drop for Restore {
+    fn drop(&mut self) {
+        common::ctx().set_tuning(self.0.clone()).unwrap();
+    }
+}
+
 /// Routing code paths: head dims not a multiple of 4 (scalar pyramid loads; an odd number of
 /// vec4s gives one lane per candidate, scored without the partial-sum barrier), GQA groups of
 /// several head groups (partial scores summed across invocations, up to the 32-head limit),
-/// and small candidate lists (the widest query tile, with a partial last tile).
-/// `PISA_ROUTE_LANES`, `PISA_ROUTE_TILE`, `PISA_ROUTE_MAX_WG` select other shapes.
+/// and small candidate lists (the widest query tile, with a partial last tile). All through the
+/// workgroup-memory routing kernel (`route_subgroups` off: the kernel of devices without
+/// subgroups; `pisa_route_subgroups` checks the other). `PISA_ROUTE_LANES`, `PISA_ROUTE_TILE`,
+/// `PISA_ROUTE_MAX_WG` select other shapes.
 #[test]
 fn pisa_route_paths() {
     // `pisa_route_table` changes the context's routing knobs meanwhile: not while this runs.
     let _guard = settings_lock();
+    let before = ctx().tuning();
+    let _restore = Restore(before.clone());
+    let mut t = before;
+    t.route_subgroups = false;
+    ctx().set_tuning(t).unwrap();
     let seed = seed("pisa_route_paths");
     let mut r = rng(seed);
     let base = base();
@@ -299,13 +315,6 @@ fn pisa_route_table() {
     ];
     let ctx = ctx();
     let before = ctx.tuning();
-    // Puts the context's knobs back however the test ends.
-    struct Restore(pisa_wgpu::Tuning);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            common::ctx().set_tuning(self.0.clone()).unwrap();
-        }
-    }
     let _restore = Restore(before.clone());
     for (name, c, nodes, chunk, nv_shape) in cases {
         if c.storage == F16 && !ctx.has_f16() {
@@ -503,12 +512,6 @@ fn pisa_route_subgroups() {
         ),
     ];
     let before = ctx.tuning();
-    struct Restore(pisa_wgpu::Tuning);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            common::ctx().set_tuning(self.0.clone()).unwrap();
-        }
-    }
     let _restore = Restore(before.clone());
     for (name, c, nodes, chunk) in cases {
         if c.storage == F16 && !ctx.has_f16() {

@@ -8,7 +8,8 @@
 // (entry e, head h at row e * GQ + h).
 //   1. the chunk's Q rows gathered into workgroup memory (16-byte loads);          barrier
 //   2. S = Q K^T over the leaf's CW = 64 key rows, read straight from K as a workgroup-scope
-//      matrix (rows past the leaf or the sequence read as zeros: the tensor layout ends there);
+//      matrix (rows past the sequence, or past the leaf (PAIR: past the pair), read as zeros:
+//      the tensor layout ends there; within it, keys past a leaf of C < 64 are masked in 3);
 //   3. mask (keys of the leaf: candidates are complete past, no causal cut), row max m of the
 //      unscaled scores, row sum l of exp(scale (s - m)) (one exp2 pass), LSE = scale m + log l,
 //      column 0 to workgroup memory;                                             barrier

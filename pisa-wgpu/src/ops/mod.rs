@@ -75,6 +75,7 @@ pub fn all_shaders() -> Vec<ShaderSource> {
         gather::SHADER,
         pyramid::SHADER,
         route::SHADER,
+        route::SG_SHADER,
         route::TABLE_SHADER,
         leaf_select::SHADER,
         leaf_select::by_leaf::BUCKET_SHADER,

@@ -10,7 +10,14 @@
 //! loads. The table holds every node of the levels it covers, so it covers the top levels
 //! only, and the table and the routing run in chunks of queries that keep the table small.
 //!
+//! Two routing kernels share `shaders/route.wgsl`: where the device has subgroups (and the
+//! selection allows, [`Tuning::route_subgroups`]), each query's lanes hold its heads in
+//! registers and sum their dot products by subgroup shuffles (SG = 1, [`SG_SHADER`], a fixed
+//! workgroup shape); elsewhere the score tasks go through workgroup memory, with the shape
+//! [`choose_shape`] sizes from the tuning's lanes, tile and workgroup limit.
+//!
 //! [`Tuning::route_table_nodes`]: crate::Tuning::route_table_nodes
+//! [`Tuning::route_subgroups`]: crate::Tuning::route_subgroups
 
 use super::pyramid::GpuPyramid;
 use super::select::{Plan, SelParams};
@@ -394,7 +401,8 @@ fn choose_shape(
 /// Records stage 1 and returns the candidates `[B, Hkv, Nq, g*(K+1)]` i32: per query its
 /// level-0 candidate leaves, ascending, -1 padded (all -1 for a query that sees K or fewer
 /// leaves, which stage 2 handles without scoring). `_q_tile` (stage 2's query tile) is not used:
-/// the routing sizes its own tile (see [`choose_shape`]); its output does not depend on it.
+/// the routing sizes its own tile (see [`subgroup_shape`] and [`choose_shape`]); its output
+/// does not depend on it.
 /// Profiler stage "route". Errors: [`crate::GpuError::Limit`] (buffers, workgroup memory).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(

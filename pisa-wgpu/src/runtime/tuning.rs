@@ -105,8 +105,8 @@ pub struct Tuning {
     /// most this, computed for a tile of queries as matrix products, so that routing looks
     /// those levels up instead of scoring them. 0 turns it off. Used where a table kernel runs:
     /// the NVIDIA one (`shaders/nv/route_table.comp`), or the portable one when
-    /// [`Tuning::route_table_portable`] asks. Default 96, the two top levels (the start level
-    /// has at most 32 nodes). On the H200 (2026-12-02, f16, Hq 32, Hkv 8, D 128, C 64, K 16),
+    /// [`Tuning::route_table_portable`] asks. Default 96: the two top levels for merge factor
+    /// 2 (the start level has at most 32 nodes); for larger factors the start level only. On the H200 (2026-12-02, f16, Hq 32, Hkv 8, D 128, C 64, K 16),
     /// with the routing kernel's subgroup score step, the route took 10.35 / 62.07 ms at 64K /
     /// 256K tokens with 96 nodes, 10.73 / 63.54 with 224 and 10.65 / 62.83 without the table;
     /// before that step (routing through workgroup memory) 224 nodes were the fastest, 14.6 /

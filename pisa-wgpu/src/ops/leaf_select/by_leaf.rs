@@ -15,11 +15,17 @@
 //! 3. `scatter`: the bucket lists of entries `i * MC + o` (query, candidate slot) and the
 //!    descriptor of every chunk (bucket, first entry, entries);
 //! 4. `leaf_score` (`shaders/leaf_score.wgsl`, or `shaders/leaf_score_coop.wgsl` on tensor
-//!    cores): one workgroup per chunk, the candidate's exact-LSE score summed over the group,
-//!    as a ranking key in its own slot of `scores` `[B, Hkv, Nq, MC]`;
+//!    cores, or `shaders/nv/leaf_score.comp` where the NVIDIA kernels run): one workgroup per
+//!    chunk, the candidate's exact-LSE score summed over the group, as a ranking key in its own
+//!    slot of `scores` `[B, Hkv, Nq, MC]`;
 //! 5. `leaf_pick` (`shaders/leaf_pick.wgsl`): the tile kernels' rank-based pick
 //!    (`shaders/leaf_common.wgsl`'s rule) over those keys, one invocation per entry, QW queries
 //!    per workgroup.
+//!
+//! With the NVIDIA pair scorer ([`nv_scorer_for`], [`crate::Tuning::leaf_score_pairs`]) the
+//! buckets are pairs of leaves (2P, 2P + 1), `B * Hkv * ceil(nb0 / 2)` of them: a query that
+//! lists both leaves of a pair in adjacent slots (a kept node's two children) is one entry,
+//! whose Q rows the scorer gathers once for both leaves; steps 1-3 run with `PAIR = 1`.
 //!
 //! Determinism: the order of entries inside a bucket depends on atomics, but every entry's
 //! score is computed from its own rows only and lands in its own slot, so the output is the
@@ -27,7 +33,7 @@
 //!
 //! Memory: beside the candidates `[B, Hkv, Nq, MC]` (the input), two buffers of the same size
 //! (bucket lists, scores), one of about 4 / QPC of that (chunk descriptors, four words each) and
-//! `3 * B * Hkv * nb0 + 2` u32 (counts, entry and chunk offsets); `plan` returns `None` when a buffer
+//! `3 * B * Hkv * nb0 + 2` u32 at most (counts, entry and chunk offsets); `plan` returns `None` when a buffer
 //! would pass the binding limit or an index would pass u32.
 
 use bytemuck::{Pod, Zeroable};
@@ -146,18 +152,25 @@ pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, bl: &ByLeaf) -> Option<N
     if !ctx.nv_cm2() || !ctx.nv_scorer() || bl.nsg != 4 || plan.params.block_size > 64 {
         return None;
     }
-    // The pair buckets' list values i * MC + o carry two flag bits above them.
-    let pair = ctx.tuning().leaf_score_pairs
-        && (plan.params.q_len as u64) * (plan.params.mc as u64) < 1 << 30;
-    let name = match (v.hd, pair) {
-        (128, false) => "leaf_score_d128",
-        (64, false) => "leaf_score_d64",
-        (128, true) => "leaf_score_pair_d128",
-        (64, true) => "leaf_score_pair_d64",
+    let (single, paired) = match v.hd {
+        128 => ("leaf_score_d128", "leaf_score_pair_d128"),
+        64 => ("leaf_score_d64", "leaf_score_pair_d64"),
         _ => return None,
     };
-    let kernel = ctx.nv_kernel_named(&NV_SCORERS, name)?;
-    Some(NvScorer { kernel, pair })
+    // The pair buckets' list values i * MC + o carry two flag bits above them. Where the
+    // pair kernel is not to be had, the single-leaf one.
+    let pair_ok = ctx.tuning().leaf_score_pairs
+        && (plan.params.q_len as u64) * (plan.params.mc as u64) < 1 << 30;
+    if pair_ok {
+        if let Some(kernel) = ctx.nv_kernel_named(&NV_SCORERS, paired) {
+            return Some(NvScorer { kernel, pair: true });
+        }
+    }
+    let kernel = ctx.nv_kernel_named(&NV_SCORERS, single)?;
+    Some(NvScorer {
+        kernel,
+        pair: false,
+    })
 }
 
 /// An NVIDIA scorer chosen by [`nv_scorer_for`].

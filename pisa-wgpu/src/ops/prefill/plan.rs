@@ -586,15 +586,27 @@ struct PrefillKnobs {
 impl PrefillKnobs {
     fn of(ctx: &Context) -> Self {
         let t = ctx.tuning();
+        let d = Tuning::default();
+        // The switches of kernels this device does not run are left at their defaults.
+        let nv_scorer = ctx.nv_cm2() && t.nv_scorer;
+        let subgroups = ctx.features().contains(wgpu::Features::SUBGROUP);
         let stages = Tuning {
             leaf_tiles_per_iteration: t.leaf_tiles_per_iteration,
             leaf_subgroups: t.leaf_subgroups,
             leaf_stage_keys: t.leaf_stage_keys,
-            leaf_score_pairs: t.leaf_score_pairs,
+            leaf_score_pairs: if nv_scorer {
+                t.leaf_score_pairs
+            } else {
+                d.leaf_score_pairs
+            },
             route_lanes: t.route_lanes,
             route_max_workgroup: t.route_max_workgroup,
             route_tile: t.route_tile,
-            route_subgroups: t.route_subgroups,
+            route_subgroups: if subgroups {
+                t.route_subgroups
+            } else {
+                d.route_subgroups
+            },
             route_table_nodes: t.route_table_nodes,
             route_table_portable: t.route_table_portable,
             route_table_queries: t.route_table_queries,
@@ -603,7 +615,7 @@ impl PrefillKnobs {
         Self {
             path: ctx.kernel_path(),
             order: t.leaf_order,
-            nv: (ctx.nv_cm2(), ctx.nv_cm2() && t.nv_scorer),
+            nv: (ctx.nv_cm2(), nv_scorer),
             stages,
         }
     }

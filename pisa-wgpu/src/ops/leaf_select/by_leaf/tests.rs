@@ -5,7 +5,9 @@
 //! lone leaves, forced leaves, -1 padding), causal and not, with sinks and local blocks, a
 //! query offset, and an odd leaf count (the last pair has one leaf). Every bucket's entries
 //! (order within a bucket is free: compared sorted), the offsets, the chunk offsets and every
-//! chunk descriptor must equal the model's; the outputs are poisoned before the run.
+//! chunk descriptor must equal the model's, and the slots the scorer writes from the lists
+//! (checked apart from the model's rule) must be the scored slots, once each; the outputs are
+//! poisoned before the run.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -121,7 +123,8 @@ fn pair_and_leaf_buckets_equal_the_model() {
         .map_or(1, |d| d.as_nanos() as u64);
     let mut r = ChaCha8Rng::seed_from_u64(seed);
     let mut checked_pairs = 0;
-    // (B * Hkv, Nq, query offset, C, K, causal, MC): nb0 = 22 (odd) and 29.
+    // (B * Hkv, Nq, query offset, C, K, causal, MC): nb0 = 22, 29 and 7 (the last two odd:
+    // their last pair has one leaf).
     for (bh, q_len, q_pos0, c, k, causal, mc) in [
         (3, 300, 37, 16, 4, true, 10),
         (2, 201, 0, 7, 5, true, 12),
@@ -177,6 +180,38 @@ fn pair_and_leaf_buckets_equal_the_model() {
             }
             let last = want.len();
             assert_eq!((off[last], coff[last]), (o, co), "{what}: totals");
+            // Independent of the model's pairing rule: the scores the scorer writes from these
+            // lists (each entry's slot; BOTH also the next one) cover every scored slot exactly
+            // once, each with a leaf of its entry's bucket (2P at the first slot of BOTH or a
+            // flag-less entry, 2P + 1 at ODD's or BOTH's second).
+            let units = want.len() / bh;
+            let per_bh = q_len as usize * mc as usize;
+            let mut written = vec![0u32; cand.len()];
+            for x in 0..want.len() {
+                for &v in &list[off[x] as usize..off[x + 1] as usize] {
+                    let e = (x / units) * per_bh + (v & !(BOTH | ODD)) as usize;
+                    let mut slots = vec![(e, 0)];
+                    if v & BOTH != 0 {
+                        slots.push((e + 1, 1));
+                    } else if v & ODD != 0 {
+                        slots[0].1 = 1;
+                    }
+                    for (slot, half) in slots {
+                        written[slot] += 1;
+                        let leaf = cand[slot] as usize;
+                        let ok = if pair {
+                            leaf / 2 == x % units && leaf % 2 == half
+                        } else {
+                            leaf == x % units
+                        };
+                        assert!(ok, "{what}: bucket {x} writes slot {slot} (leaf {leaf})");
+                    }
+                }
+            }
+            for (e, &n) in written.iter().enumerate() {
+                let scored = entry_leaf(&p, &cand, e).is_some();
+                assert_eq!(n, u32::from(scored), "{what}: slot {e} written {n} times");
+            }
         }
     }
     assert!(checked_pairs > 100, "only {checked_pairs} pair entries");
