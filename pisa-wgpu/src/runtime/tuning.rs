@@ -98,7 +98,8 @@ pub struct Tuning {
     /// and `route_tile` do not apply. Default `true`: on the H200 (2026-12-02, f16, Hq 32, Hkv
     /// 8, D 128, C 64, K 16) the route took 10.8 / 63.5 ms at 64K / 256K tokens against 14.6 /
     /// 88.7 through workgroup memory; 4 or 16 lanes per query instead of 8, 12.2 / 71.7 and
-    /// 11.8 / 74.0 (docs/benchmarks.md). Variable `PISA_ROUTE_SUBGROUPS` (`0` or `1`).
+    /// 11.8 / 74.0; with GQA group 8 (Hq 64) 20.6 against 32.6 ms at 64K (docs/benchmarks.md).
+    /// Variable `PISA_ROUTE_SUBGROUPS` (`0` or `1`).
     pub route_subgroups: bool,
     /// Most nodes per query of the routing table (`ops/route.rs`): the scores of every node
     /// of the top pyramid levels, from the start level down while their nodes add up to at
