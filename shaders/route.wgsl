@@ -230,21 +230,24 @@ fn score_lse(dots: array<vec4<f32>, G>, l: u32, j: u32, hg: u32) -> f32 {
     for (var c = 0u; c < G; c++) { ln[c] = log(f32(node_len(j * G + c, lc.w))); }
     var total = 0.0;
     for (var t = 0u; t < 4u; t++) {
-        if (hg * 4u + t < GQ) {
-            var m = NEG;
-            var s = 0.0;
-            for (var c = 0u; c < G; c++) {
-                if (c < nr) {
-                    let v = dots[c][t] + ln[c];
-                    let mn = max(m, v);
-                    s = s * exp(m - mn) + exp(v - mn);
-                    m = mn;
-                }
-            }
-            total += m + log(s);
-        }
+        if (hg * 4u + t < GQ) { total += children_lse(dots, ln, nr, t); }
     }
     return total;
+}
+
+// Head t's LSE over the first nr children of x_c = dots[c][t] + ln[c] (online, one pass).
+fn children_lse(dots: array<vec4<f32>, G>, ln: array<f32, G>, nr: u32, t: u32) -> f32 {
+    var m = NEG;
+    var s = 0.0;
+    for (var c = 0u; c < G; c++) {
+        if (c < nr) {
+            let v = dots[c][t] + ln[c];
+            let mn = max(m, v);
+            s = s * exp(m - mn) + exp(v - mn);
+            m = mn;
+        }
+    }
+    return m + log(s);
 }
 
 // Score of candidate ce (node j of level l >= 1) from the lanes' partial dot products, summed
@@ -278,17 +281,7 @@ fn score(ce: u32, l: u32, j: u32) -> f32 {
         for (var t = 0u; t < 4u; t++) {
             if (head_ok(hg, t)) {
                 if (lse) {
-                    var m = NEG;
-                    var s = 0.0;
-                    for (var c = 0u; c < G; c++) {
-                        if (c < nr) {
-                            let v = dots[c][t] + ln[c];
-                            let mn = max(m, v);
-                            s = s * exp(m - mn) + exp(v - mn);
-                            m = mn;
-                        }
-                    }
-                    total += m + log(s);
+                    total += children_lse(dots, ln, nr, t);
                 } else {
                     total += dots[0][t] + ln[0];
                     if (MV != 0u && p.scoring == 2u) { total += 0.5 * vs[t]; }
