@@ -72,6 +72,14 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         } else {
             println!("    kernel path: portable (f32 arithmetic, any subgroup size)");
         }
+        // The routing's score step (pisa_wgpu::Tuning::route_subgroups; the library's rule
+        // also needs `lse`, a GQA group of at most 16 and a fitting head dim).
+        let route = match (r.subgroups, tuning.route_subgroups) {
+            (true, true) => "subgroup lanes for lse selections with GQA groups up to 16 (--tune route_subgroups=0 turns them off), workgroup memory otherwise",
+            (true, false) => "workgroup memory (tuning route_subgroups=false)",
+            (false, _) => "workgroup memory (no subgroups)",
+        };
+        println!("    routing: {route}");
     }
     Ok(())
 }
