@@ -71,7 +71,9 @@ const SG_MAX_GQ: u32 = 16;
 /// head groups rounded up to a power of two (`GQ4P`) times the lanes per group, at most
 /// [`SG_LANES`] and at least 2 (each lane holds D / (4 lanes) vec4 of each of its 4 heads), with
 /// D a multiple of 4 lanes, and the workgroup memory fits.
-fn subgroup_shape(ctx: &Context, gq: u32, d: u32, mc: u32, g: u32, scoring: u32) -> Option<Shape> {
+fn subgroup_shape(ctx: &Context, plan: &Plan) -> Option<Shape> {
+    let p = &plan.params;
+    let (gq, d, mc, g, scoring) = (plan.gq, p.head_dim, p.mc, p.merge, p.scoring);
     let lim = ctx.limits();
     let (sg_min, sg_max) = ctx.report().subgroup_size;
     let groups = u32::div_ceil(gq, 4).next_power_of_two();
@@ -96,7 +98,33 @@ fn subgroup_shape(ctx: &Context, gq: u32, d: u32, mc: u32, g: u32, scoring: u32)
     };
     let fits = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true)
         <= lim.max_compute_workgroup_storage_size as u64;
-    fits.then_some(s)
+    // An invocation loops over every candidate of every level: within a loop limit (llvmpipe)
+    // only if the count stays below it; else the workgroup-memory kernel, one task each.
+    let n = sg_iterations(s, p.start_level, mc, g, d, groups);
+    let loops_ok = ctx.loop_limit().is_none_or(|limit| n <= limit);
+    (fits && loops_ok).then_some(s)
+}
+
+/// Loop iterations of one invocation of the subgroup routing kernel (an upper bound, counting
+/// every loop of route.wgsl and route_sg.wgsl it runs) for `levels` intermediate levels, `mc`
+/// candidate slots, merge factor `g`, head dim `d` and `groups` head groups per query (a
+/// power of two).
+fn sg_iterations(s: Shape, levels: u32, mc: u32, g: u32, d: u32, groups: u32) -> u64 {
+    let (mc, g, levels) = (mc as u64, g as u64, levels as u64);
+    let lanes = s.lanes as u64;
+    let qd = (d as u64).div_ceil(4).div_ceil(lanes);
+    let log2 = |x: u64| 64 - u64::from(x.leading_zeros()) - 1;
+    // Per candidate: the sums' zeroing, the head dims' vec4s by child, the lane butterflies by
+    // child, score_lse (the children's logs, 4 heads by children), the group butterfly.
+    let per_candidate =
+        g + qd * (1 + g) + g * (1 + log2(lanes)) + g + 4 * (1 + g) + log2(groups as u64 + 1) + 2;
+    // The workgroup's strided loops over the tile's slots, with the keep step's rank loop and
+    // the expand step's "kept before" loop and children.
+    let strided = (s.tile as u64 * mc).div_ceil(s.wg as u64);
+    let mc4 = mc.div_ceil(4);
+    let per_level = mc * per_candidate + strided * (3 + 2 * mc4 + g) + g;
+    // The query registers, the start and final strided loops, then the levels.
+    4 * (qd + 1) + 2 * strided + levels * (per_level + 1)
 }
 
 /// `shaders/route_table.wgsl`, the portable table kernel.
@@ -435,7 +463,7 @@ pub(crate) fn record(
         .min(lim.max_compute_invocations_per_workgroup)
         .min(lim.max_compute_workgroup_size_x);
     let tile = t.route_tile.map(|t| t.min(MAX_TILE));
-    let sg = subgroup_shape(ctx, gq, d, mc, g, plan.params.scoring);
+    let sg = subgroup_shape(ctx, plan);
     let shape = sg
         .or_else(|| choose_shape(t.route_lanes, tile, max_wg, mem, gq, d, mc, g, mv))
         .ok_or_else(|| crate::GpuError::Limit {
@@ -612,6 +640,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The subgroup kernel's loop count ([`sg_iterations`]) keeps the benchmark shape within
+    /// llvmpipe's loop limit up to 16M tokens, and leaves it to the workgroup-memory kernel for
+    /// top_k 64 with four head groups of 2 lanes there (a count past 65535).
+    #[test]
+    fn subgroup_loops_against_the_llvmpipe_limit() {
+        let shape = |lanes: u32, groups: u32| Shape {
+            tile: SG_WG / (lanes * groups),
+            lanes,
+            wg: SG_WG,
+        };
+        // GQ 4, D 128, K 16, g 2: MC 34; 16M tokens of C 64 have 18 levels, the start one 5.
+        let small = sg_iterations(shape(8, 1), 14, 34, 2, 128, 1);
+        assert!(small < 65535 / 2, "{small}");
+        // GQ 16 on subgroups of 8 (2 lanes), K 64 (MC 130), 16 levels.
+        let big = sg_iterations(shape(2, 4), 16, 130, 2, 128, 4);
+        assert!(big > 65535, "{big}");
     }
 
     /// The kernel's workgroup variables (naga's sizes, the constants [`record`] builds
