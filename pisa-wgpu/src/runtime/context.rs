@@ -421,7 +421,8 @@ impl Context {
     /// of an invocation once it has run 65535 iterations in all, silently
     /// (`tests/lavapipe_loops.rs`); `None` elsewhere. The portable attention kernel checks its
     /// count against it before recording, and runs smaller query tiles or refuses with
-    /// [`crate::GpuError::Limit`] rather than return a wrong result.
+    /// [`crate::GpuError::Limit`] rather than return a wrong result; the routing's portable
+    /// table and its subgroup score step are left out past it (their other kernels run).
     pub fn loop_limit(&self) -> Option<u64> {
         self.loop_limit
     }
