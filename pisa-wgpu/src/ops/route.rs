@@ -76,7 +76,7 @@ fn subgroup_shape(ctx: &Context, plan: &Plan) -> Option<Shape> {
     let (gq, d, mc, g, scoring) = (plan.gq, p.head_dim, p.mc, p.merge, p.scoring);
     let lim = ctx.limits();
     let (sg_min, sg_max) = ctx.report().subgroup_size;
-    let groups = u32::div_ceil(gq, 4).next_power_of_two();
+    let groups = sg_groups(gq);
     let lanes = SG_LANES.min(sg_min / groups);
     let ok = ctx.tuning().route_subgroups
         && ctx.features().contains(wgpu::Features::SUBGROUP)
@@ -91,11 +91,7 @@ fn subgroup_shape(ctx: &Context, plan: &Plan) -> Option<Shape> {
     if !ok {
         return None;
     }
-    let s = Shape {
-        tile: SG_WG / (lanes * groups),
-        lanes,
-        wg: SG_WG,
-    };
+    let s = sg_shape(lanes, groups);
     let fits = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true)
         <= lim.max_compute_workgroup_storage_size as u64;
     // An invocation loops over every candidate of every level: within a loop limit (llvmpipe)
@@ -103,6 +99,22 @@ fn subgroup_shape(ctx: &Context, plan: &Plan) -> Option<Shape> {
     let n = sg_iterations(s, p.start_level, mc, g, d, groups);
     let loops_ok = ctx.loop_limit().is_none_or(|limit| n <= limit);
     (fits && loops_ok).then_some(s)
+}
+
+/// Head groups of 4 per query of the subgroup score step for GQA group `gq`, rounded up to a
+/// power of two (the shader's GQ4P).
+fn sg_groups(gq: u32) -> u32 {
+    gq.div_ceil(4).next_power_of_two()
+}
+
+/// The subgroup score step's workgroup: [`SG_WG`] invocations, `lanes` per head group and
+/// `groups` head groups per query.
+fn sg_shape(lanes: u32, groups: u32) -> Shape {
+    Shape {
+        tile: SG_WG / (lanes * groups),
+        lanes,
+        wg: SG_WG,
+    }
 }
 
 /// Loop iterations of one invocation of the subgroup routing kernel (an upper bound, counting
@@ -647,11 +659,7 @@ mod tests {
     /// top_k 64 with four head groups of 2 lanes there (a count past 65535).
     #[test]
     fn subgroup_loops_against_the_llvmpipe_limit() {
-        let shape = |lanes: u32, groups: u32| Shape {
-            tile: SG_WG / (lanes * groups),
-            lanes,
-            wg: SG_WG,
-        };
+        let shape = sg_shape;
         // GQ 4, D 128, K 16, g 2: MC 34; 16M tokens of C 64 have 18 levels, the start one 5.
         let small = sg_iterations(shape(8, 1), 14, 34, 2, 128, 1);
         assert!(small < 65535 / 2, "{small}");
@@ -701,12 +709,7 @@ mod tests {
             (7, 64, 34, 2, 8),
             (16, 128, 34, 2, 2),
         ] {
-            let groups = u32::div_ceil(gq, 4).next_power_of_two();
-            let s = Shape {
-                tile: SG_WG / (lanes * groups),
-                lanes,
-                wg: SG_WG,
-            };
+            let s = sg_shape(lanes, sg_groups(gq));
             let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true);
             for (st, qh) in [(Storage::F32, false), (Storage::F16, true)] {
                 let c = consts(s, gq, d, mc, g, 0, qh, true);
