@@ -67,13 +67,18 @@ fn attend_leaf(e: u32) -> u32 {
     return u32(c);
 }
 
-// The bucket of entry e (NONE when it is not bucketed): ATTEND = 0, entry
-// e = (bh * q_len + i) * MC + o and bucket bh * nb0 + leaf; ATTEND = 1, bucket = leaf.
-// PAIR = 1: bucket bh * ceil(nb0 / 2) + leaf / 2, NONE for the second slot of a BOTH entry.
-fn entry_bucket(e: u32) -> u32 {
+// The leaf of entry e, NONE when it is not bucketed: ATTEND = 0, entry_leaf; ATTEND = 1,
+// attend_leaf.
+fn bucket_leaf(e: u32) -> u32 {
     if (ATTEND == 1u) { return attend_leaf(e); }
-    let j = entry_leaf(e);
-    if (j == NONE) { return NONE; }
+    return entry_leaf(e);
+}
+
+// The bucket of entry e of leaf j (j not NONE): ATTEND = 0, entry e = (bh * q_len + i) * MC + o
+// and bucket bh * nb0 + leaf; ATTEND = 1, bucket = leaf. PAIR = 1: bucket
+// bh * ceil(nb0 / 2) + leaf / 2, NONE for the second slot of a BOTH entry.
+fn entry_bucket(e: u32, j: u32) -> u32 {
+    if (ATTEND == 1u) { return j; }
     let bh = e / (p.q_len * MC);
     if (PAIR == 1u) {
         if ((j & 1u) == 1u && e % MC > 0u && entry_leaf(e - 1u) == j - 1u) { return NONE; }
@@ -82,13 +87,12 @@ fn entry_bucket(e: u32) -> u32 {
     return bh * p.nb0 + j;
 }
 
-// The entry's value in its bucket's list: ATTEND = 0, i * MC + o (PAIR = 1: with BOTH or ODD);
-// ATTEND = 1, e itself.
-fn entry_value(e: u32) -> u32 {
+// The value in its bucket's list of entry e of leaf j: ATTEND = 0, i * MC + o (PAIR = 1: with
+// BOTH or ODD); ATTEND = 1, e itself.
+fn entry_value(e: u32, j: u32) -> u32 {
     if (ATTEND == 1u) { return e; }
     let v = e % (p.q_len * MC);
     if (PAIR == 1u) {
-        let j = entry_leaf(e);
         if ((j & 1u) == 1u) { return v | ODD; }
         if (e % MC + 1u < MC && entry_leaf(e + 1u) == j + 1u) { return v | BOTH; }
     }
@@ -110,7 +114,9 @@ fn count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
          @builtin(local_invocation_index) lid: u32) {
     let e = linear_id(wid, nwg) * 256u + lid;
     if (e >= bl.items) { return; }
-    let x = entry_bucket(e);
+    let j = bucket_leaf(e);
+    if (j == NONE) { return; }
+    let x = entry_bucket(e, j);
     if (x != NONE) { atomicAdd(&cnt[x], 1u); }
 }
 
@@ -166,11 +172,13 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
            @builtin(local_invocation_index) lid: u32) {
     let e = linear_id(wid, nwg) * 256u + lid;
     if (e >= bl.items) { return; }
-    let x = entry_bucket(e);
+    let j = bucket_leaf(e);
+    if (j == NONE) { return; }
+    let x = entry_bucket(e, j);
     if (x != NONE) {
         let slot = atomicSub(&cnt[x], 1u) - 1u;
         let o = off[x];
-        list[o + slot] = entry_value(e);
+        list[o + slot] = entry_value(e, j);
         if (slot % QPC == 0u) {
             let n = min(QPC, off[x + 1u] - o - slot);
             cdesc[coff[x] + slot / QPC] = vec4<u32>(x, o + slot, n, 0u);
