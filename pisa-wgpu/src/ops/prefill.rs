@@ -105,7 +105,9 @@ pub struct PrefillOutput {
     /// Selected leaves `[B, Hkv, Nq, K]` ascending, -1 padded (when requested).
     pub selection: Option<Vec<i32>>,
     /// GPU time per stage: "pyramid", "route", "leaf_select" (or, leaf-major, "leaf_bucket",
-    /// "leaf_score", "leaf_pick"), "attention" (summed over chunks).
+    /// "leaf_score", "leaf_pick"), "attention" (or, leaf-major, "attention_bucket",
+    /// "attention_leaf", "attention_merge": [`crate::ops::attention::by_leaf::PARTS`]),
+    /// summed over chunks.
     pub times: StageTimes,
     /// Number of chunks the call was split into (1 when everything fit one binding).
     pub chunks: usize,

@@ -16,7 +16,8 @@ use super::decode::DecodeTimes;
 pub struct Record {
     /// What was timed: `pyramid`, `route` (with `route_table`, also recorded apart where the
     /// routing table runs), `leaf_select`, `pisa_select`, `bsa_select`,
-    /// `attention`, `pisa_prefill`, `dense`, `backward`, `copy`; decode: `decode_pisa`,
+    /// `attention` (leaf-major: also its parts `attention_bucket`, `attention_leaf`,
+    /// `attention_merge`), `pisa_prefill`, `dense`, `backward`, `copy`; decode: `decode_pisa`,
     /// `decode_dense` (one isolated step per submission), `decode_route`, `decode_leaf`,
     /// `decode_merge` (its three dispatches timed apart), `decode_pisa_burst`,
     /// `decode_dense_burst` (ms per step of a burst of 10 back-to-back steps in one

@@ -8,8 +8,9 @@
 //! a query that selected the leaf. The price is the partial states: `D + 2` floats per (query
 //! head, selected leaf), written and read once.
 //!
-//! One compute pass timed as "attention" holds, for every (b, KV head) and range of queries
-//! (sized so the partial states fit one storage binding), five dispatches:
+//! One compute pass ("attention"; profiled, three timed passes per range, [`PARTS`]) holds,
+//! for every (b, KV head) and range of queries (sized so the partial states fit one storage
+//! binding), five dispatches:
 //! 1. `count`, `scan`, `scatter` of `shaders/leaf_bucket.wgsl` with `ATTEND = 1` (a bucket is a
 //!    leaf; -1 padding, repeats and out-of-order entries are skipped as the tile kernels' union
 //!    skips them);
@@ -42,6 +43,10 @@ use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 
 mod plan;
+
+/// The profiler stages of a profiled leaf-major attention, in order (their sum is the
+/// "attention" stage of the other kernels): steps 1 (bucketing), 2 (chunk kernel) and 3 (merge).
+pub const PARTS: [&str; 3] = ["attention_bucket", "attention_leaf", "attention_merge"];
 
 pub use plan::leaf_major_path;
 pub(crate) use plan::{plan, LeafAttention};
@@ -259,13 +264,19 @@ pub(crate) fn record(
 
     let (c, of, co, l) = (&cnt.buffer, &off.buffer, &coff.buffer, &list.buffer);
     let (cd, sp, op, ml) = (&cdesc.buffer, &spos.buffer, &opart.buffer, &mlpart.buffer);
-    // Every range's five dispatches, in order, recorded as ONE pass (timed "attention").
-    let mut steps = Vec::new();
+    // Every range's five dispatches, in order: ONE pass ("attention") unprofiled; profiled,
+    // three timed passes per range (`PARTS`: the bucketing, the chunk kernel, the merge), the
+    // same dispatches and barriers with a timestamp pair around each part.
+    let mut steps: Vec<(usize, crate::runtime::buffers::Stage)> = Vec::new();
+    let mut part = 0;
     let mut add = |p: &std::sync::Arc<wgpu::ComputePipeline>,
                    binds: &[(u32, Bind<'_>)],
                    n: u64|
      -> Result<()> {
-        steps.push(ctx.stage(p, binds, n)?);
+        // count, scan, scatter | attend | merge.
+        let stage = [0, 0, 0, 1, 2][part % 5];
+        part += 1;
+        steps.push((stage, ctx.stage(p, binds, n)?));
         Ok(())
     };
     fn whole<'a>(binds: &[(u32, &'a wgpu::Buffer)]) -> Vec<(u32, Bind<'a>)> {
@@ -317,6 +328,14 @@ pub(crate) fn record(
             add(&merge, &binds, nq as u64)?;
         }
     }
-    ctx.record_pass(enc, "attention", &steps, prof);
+    match prof {
+        None => ctx.record_pass(enc, "attention", steps.iter().map(|s| &s.1), None),
+        Some(prof) => {
+            for run in steps.chunk_by(|a, b| a.0 == b.0) {
+                let stages = run.iter().map(|s| &s.1);
+                ctx.record_pass(enc, PARTS[run[0].0], stages, Some(&mut *prof));
+            }
+        }
+    }
     Ok((o, lse))
 }
