@@ -240,7 +240,9 @@ pub(crate) fn record(
     let cdesc = ctx.scratch("attention chunks", 4 * chunks as usize, Storage::F32)?;
     let spos = ctx.alloc("attention slot rows", slots, Storage::F32, 0)?;
     let n_rows = chunks as usize * la.rows as usize;
-    let opart = ctx.scratch("attention partial O", n_rows * d as usize, Storage::F32)?;
+    // f32 words: the NVIDIA kernel's f16 rows take half (`opart_bytes`; d is even).
+    let opart_words = n_rows * d as usize * plan::opart_bytes(la.nv.as_ref()) as usize / 4;
+    let opart = ctx.scratch("attention partial O", opart_words, Storage::F32)?;
     let mlpart = ctx.scratch("attention partial m, l", 2 * n_rows, Storage::F32)?;
 
     let pipe = |shader: &ShaderSource, entry: &'static str, st: Storage, c: &[(&str, u32)]| {

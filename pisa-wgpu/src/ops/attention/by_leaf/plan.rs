@@ -112,15 +112,25 @@ pub(crate) fn plan(
     if order == LeafOrder::Auto && (!coop_ok || s.q_len < AUTO_MIN_QUERIES) {
         return None;
     }
+    let nv = coop_ok.then(|| super::nv_kernel_for(ctx, s, cfg)).flatten();
     let la = choose(
         ctx.limits(),
         ctx.max_binding_bytes(),
         s,
         cfg,
         coop_ok.then_some(sg),
+        opart_bytes(nv.as_ref()),
     )?;
-    let nv = la.coop.and_then(|_| super::nv_kernel_for(ctx, s, cfg));
     Some(LeafAttention { nv, ..la })
+}
+
+/// Bytes of one partial O element: 2 where the NVIDIA chunk kernel stores its rows as f16 for
+/// its merge (`attention_leaf_d128_h` with `attention_leaf_merge_h`), else 4 (f32).
+pub(crate) fn opart_bytes(nv: Option<&(NvKernel, Option<NvKernel>)>) -> u64 {
+    match nv {
+        Some((_, Some(_))) => 2,
+        _ => 4,
+    }
 }
 
 /// The merge's workgroup bytes (`attention_leaf_merge.wgsl`): the slot rows (`top_k`) and a
@@ -132,13 +142,14 @@ fn merge_bytes(top_k: usize, g: u32) -> u64 {
 
 /// [`plan`] once the order took leaf-major, for a device with limits `l` and storage bindings
 /// of at most `max_binding` bytes: on tensor cores with subgroup size `coop`, or portable
-/// (`None`).
+/// (`None`); partial O elements of `elem_bytes` bytes ([`opart_bytes`]).
 fn choose(
     l: &wgpu::Limits,
     max_binding: u64,
     s: &AttentionShape,
     cfg: &SelectionConfig,
     coop: Option<u32>,
+    elem_bytes: u64,
 ) -> Option<LeafAttention> {
     let (g, d, c) = (s.gqa_group() as u32, s.head_dim, cfg.block_size);
     if c > MAX_BLOCK {
@@ -173,7 +184,7 @@ fn choose(
     }
     // Queries per range: the partial states of its chunks within one binding.
     let nb0 = s.k_len.div_ceil(c) as u64;
-    let row_bytes = 4 * d as u64;
+    let row_bytes = elem_bytes * d as u64;
     let max_rows = max_binding / row_bytes;
     let chunks = (max_rows / rows as u64).checked_sub(nb0 + 1)?;
     let nq = (chunks * qpc as u64 / cfg.top_k as u64).min(s.q_len as u64);
@@ -223,7 +234,7 @@ mod tests {
                     runs.extend([16, 32, 64].map(|sg| (Some(sg), Storage::F16)));
                 }
                 for (coop, storage) in runs {
-                    let Some(la) = choose(&lim, 1 << 31, &s, &cfg, coop) else {
+                    let Some(la) = choose(&lim, 1 << 31, &s, &cfg, coop, 4) else {
                         continue;
                     };
                     checked += 1;
