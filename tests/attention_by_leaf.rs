@@ -127,6 +127,16 @@ fn leaf_major_attention_matches_reference() {
             false,
         ),
         ((1, 4, 1, 64, 64, 80, 64, 1, Bnhd, F32, false, false), true),
+        // The NVIDIA f16 merge with a partial batch of slots (GQ 8, K 11), and past its slots x
+        // heads limit (GQ 16, K 17: the f32 rows and the WGSL merge instead).
+        (
+            (1, 8, 1, 200, 200, 128, 16, 11, Bnhd, F16, true, false),
+            false,
+        ),
+        (
+            (1, 16, 1, 150, 150, 128, 32, 17, Bhnd, F16, true, true),
+            false,
+        ),
         ((1, 16, 2, 90, 200, 64, 12, 6, Bhnd, F32, true, false), true),
     ];
     for &(case, messy) in cases {

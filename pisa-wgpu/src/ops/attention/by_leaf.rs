@@ -104,9 +104,10 @@ const NV_BINDINGS: &[(u32, NvBinding)] = &[
 /// (`shaders/nv/attention_leaf.comp`, 64 rows of a chunk against the 64 key rows of a leaf;
 /// built for head dims 64 and 128, for leaves of at most 64 keys) and, where it applies, the
 /// merge that reads the partial O rows as f16 (`shaders/nv/attention_leaf_merge.comp`: head dim
-/// 128, GQA groups up to 16, top_k up to 64; half the partial-state traffic of the f32 rows the
-/// WGSL merge reads). Only kernels the driver built are chosen. `None` keeps the WGSL kernels. Same chunks (64 rows: `COOP_SUBGROUPS` x
-/// 16), partial states and outputs.
+/// 128, GQA groups up to 16, top_k up to 64, their product up to 256; half the partial-state
+/// traffic of the f32 rows the WGSL merge reads). Only kernels the driver built are chosen.
+/// `None` keeps the WGSL kernels. Same chunks (64 rows: `COOP_SUBGROUPS` x 16), partial states
+/// and outputs.
 pub fn nv_kernel_for(
     ctx: &Context,
     s: &AttentionShape,
@@ -116,7 +117,9 @@ pub fn nv_kernel_for(
         return None;
     }
     let find = |name: &str| ctx.nv_kernel_named(&NV_ATTENTION, name);
-    let f16_merge = s.gqa_group() <= 16 && cfg.top_k <= 64;
+    // The merge's limits (shaders/nv/kernels.txt: GQMAX, MCMAX, MHMAX).
+    let (g, k) = (s.gqa_group(), cfg.top_k);
+    let f16_merge = g <= 16 && k <= 64 && g * k <= 256;
     match s.head_dim {
         128 if f16_merge => Some((
             find("attention_leaf_d128_h")?,
