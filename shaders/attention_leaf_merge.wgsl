@@ -20,9 +20,21 @@ const WG: u32 = 64u;
 @group(0) @binding(14) var<storage, read_write> spos: array<u32>;
 
 var<workgroup> rows: array<u32, MC>;
+// (slot s, head h) at s * GQ + h: m (NEG for no state); l, then the weight e^(m - M) / L (0 for
+// no state).
+var<workgroup> wm: array<f32, MC * GQ>;
+var<workgroup> w: array<f32, MC * GQ>;
 var<workgroup> hm: array<f32, GQ>;
-var<workgroup> hl: array<f32, GQ>;
+var<workgroup> hinv: array<f32, GQ>;
 
+const NEG: f32 = -3.0e38;
+
+// Every global load of a phase is issued before any of its results is used (no load behind a
+// branch or behind another load), so a workgroup's time is a few memory round trips, not one
+// per slot: 1. the slots' rows | 2. each (slot, head)'s (m, l) | 3. per head M, L and the LSE,
+// from workgroup memory | 4. the weights | 5. O, each element summing its slots' rows, a slot
+// without a state reading row h with weight 0 (selected away from the garbage it may hold).
+// (The NVIDIA merge, shaders/nv/attention_leaf_merge.comp, has the same phases.)
 @compute @workgroup_size(WG)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
@@ -31,51 +43,57 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let i = bl.i0 + il;
     let b = bl.bh0 / p.kv_heads;
     let hkv = bl.bh0 % p.kv_heads;
-    // spos holds 1 + the first row of a slot's state, 0 for a slot without one; zeroed once
-    // read, ready for the host's next range.
+    // 1. spos holds 1 + the first row of a slot's state, 0 for a slot without one; zeroed once
+    //    read, ready for the host's next range.
     for (var s = lid; s < MC; s += WG) {
         rows[s] = spos[il * MC + s];
         spos[il * MC + s] = 0u;
     }
     workgroupBarrier();
+    // 2. The states (a state with l = 0 saw no key: no state).
+    for (var x = lid; x < MC * GQ; x += WG) {
+        let r = rows[x / GQ];
+        var ml = vec2<f32>(NEG, 0.0);
+        if (r != 0u) { ml = mlpart[r - 1u + x % GQ]; }
+        let on = ml.y > 0.0;
+        wm[x] = select(NEG, ml.x, on);
+        w[x] = select(0.0, ml.y, on);
+    }
+    workgroupBarrier();
+    // 3. Per head: M, L and the LSE.
     for (var h = lid; h < GQ; h += WG) {
-        var mx = -3.0e38;
-        for (var s = 0u; s < MC; s++) {
-            let r = rows[s] - 1u;
-            if (rows[s] != 0u) {
-                let ml = mlpart[r + h];
-                if (ml.y > 0.0) { mx = max(mx, ml.x); }
-            }
-        }
+        var mx = NEG;
+        for (var s = 0u; s < MC; s++) { mx = max(mx, wm[s * GQ + h]); }
         var l = 0.0;
         for (var s = 0u; s < MC; s++) {
-            let r = rows[s] - 1u;
-            if (rows[s] != 0u) {
-                let ml = mlpart[r + h];
-                if (ml.y > 0.0) { l += ml.y * exp(ml.x - mx); }
-            }
+            let ls = w[s * GQ + h];
+            if (ls > 0.0) { l += ls * exp(wm[s * GQ + h] - mx); }
         }
         hm[h] = mx;
-        hl[h] = l;
+        hinv[h] = select(0.0, 1.0 / l, l > 0.0);
         var out = bitcast<f32>(neg_inf_bits());
         if (l > 0.0) { out = mx + log(l); }
         lse[(b * p.q_heads + hkv * GQ + h) * p.q_len + i] = out;
     }
     workgroupBarrier();
+    // 4. The weights of the (unnormalised) partial rows.
+    for (var x = lid; x < MC * GQ; x += WG) {
+        let h = x % GQ;
+        w[x] = select(0.0, exp(wm[x] - hm[h]) * hinv[h], w[x] > 0.0);
+    }
+    workgroupBarrier();
+    // 5. O.
     for (var x = lid; x < GQ * p.head_dim; x += WG) {
         let h = x / p.head_dim;
         let d = x % p.head_dim;
         var acc = 0.0;
         for (var s = 0u; s < MC; s++) {
-            let r = rows[s] - 1u;
-            if (rows[s] != 0u) {
-                let ml = mlpart[r + h];
-                if (ml.y > 0.0) { acc += opart[(r + h) * p.head_dim + d] * exp(ml.x - hm[h]); }
-            }
+            let ws = w[s * GQ + h];
+            let r = select(0u, rows[s] - 1u, ws != 0.0);
+            let v = opart[(r + h) * p.head_dim + d];
+            acc += select(0.0, v * ws, ws != 0.0);
         }
-        var val = 0.0;
-        if (hl[h] > 0.0) { val = acc / hl[h]; }
-        o[b * p.o_sb + (hkv * GQ + h) * p.o_sh + i * p.o_sn + d] = store_t(val);
+        o[b * p.o_sb + (hkv * GQ + h) * p.o_sh + i * p.o_sn + d] = store_t(acc);
     }
 }
 

@@ -133,11 +133,11 @@ pub(crate) fn opart_bytes(nv: Option<&(NvKernel, Option<NvKernel>)>) -> u64 {
     }
 }
 
-/// The merge's workgroup bytes (`attention_leaf_merge.wgsl`): the slot rows (`top_k`) and a
-/// (max, sum) per head of the group `g`, plus 16 bytes to spare (the chunk lookup's four words,
-/// which the merge does not use).
+/// The merge's workgroup bytes (`attention_leaf_merge.wgsl`): the slot rows (`top_k`), an (m,
+/// weight) pair per (slot, head of the group `g`) and a (max, 1 / sum) pair per head, plus 16
+/// bytes to spare (the chunk lookup's four words, which the merge does not use).
 fn merge_bytes(top_k: usize, g: u32) -> u64 {
-    4 * top_k as u64 + 8 * g as u64 + 16
+    4 * top_k as u64 + 8 * top_k as u64 * g as u64 + 8 * g as u64 + 16
 }
 
 /// [`plan`] once the order took leaf-major, for a device with limits `l` and storage bindings
