@@ -245,7 +245,7 @@ pub(crate) fn element_strides(
 /// or an entry not above its predecessor is ignored). Returns `(O, LSE)`: O contiguous in
 /// `layouts.o`, of Q's [`crate::Storage::output`] (Q's storage; f32 for bf16), LSE f32 `[B, Hq, Nq]` = ln sum exp(s q.k) over the attended keys
 /// (natural log); a row attending to no key gets zeros and -inf. Outputs are freshly allocated (poisoned, then
-/// fully written). Profiler stage "attention".
+/// fully written). Profiler stage "attention" (leaf-major: its parts, [`by_leaf::PARTS`]).
 ///
 /// Errors: [`PisaError::HeadDim`] (see [`SUPPORTED_HEAD_DIMS`]), [`PisaError::BufferLen`],
 /// configuration errors, [`GpuError::Limit`] for outputs above the binding limit (split with

@@ -177,8 +177,8 @@ fn merge_consts(g: u32, kk: u32) -> [(&'static str, u32); 2] {
 }
 
 /// Records leaf-major sparse attention of plan `la`: arguments, outputs and errors as
-/// [`super::record_sparse_attention`] (`selection`: `[B, Hkv, Nq, K]` i32). Profiler stage
-/// "attention" (one timed pass).
+/// [`super::record_sparse_attention`] (`selection`: `[B, Hkv, Nq, K]` i32). Profiler stages
+/// [`PARTS`] (three timed passes per range; one untimed pass without a profiler).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
     ctx: &Context,
