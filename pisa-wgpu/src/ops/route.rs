@@ -14,7 +14,7 @@
 //! selection allows, [`Tuning::route_subgroups`]), each query's lanes hold its heads in
 //! registers and sum their dot products by subgroup shuffles (SG = 1, [`SG_SHADER`], a fixed
 //! workgroup shape); elsewhere the score tasks go through workgroup memory, with the shape
-//! [`choose_shape`] sizes from the tuning's lanes, tile and workgroup limit.
+//! `choose_shape` sizes from the tuning's lanes, tile and workgroup limit.
 //!
 //! [`Tuning::route_table_nodes`]: crate::Tuning::route_table_nodes
 //! [`Tuning::route_subgroups`]: crate::Tuning::route_subgroups
@@ -42,7 +42,7 @@ pub const SHADER: ShaderSource = ShaderSource {
 };
 
 /// `shaders/route.wgsl` with its subgroup score step (SG = 1, `shaders/route_sg.wgsl`), for
-/// devices with `Features::SUBGROUP` ([`subgroup_shape`]). (No `enable subgroups`: naga of
+/// devices with `Features::SUBGROUP` (`subgroup_shape`). (No `enable subgroups`: naga of
 /// wgpu 30 refuses the directive and takes the subgroup builtins where the device has the
 /// feature.)
 pub const SG_SHADER: ShaderSource = ShaderSource {

@@ -22,7 +22,7 @@
 //!    (`shaders/leaf_common.wgsl`'s rule) over those keys, one invocation per entry, QW queries
 //!    per workgroup.
 //!
-//! With the NVIDIA pair scorer ([`nv_scorer_for`], [`crate::Tuning::leaf_score_pairs`]) the
+//! With the NVIDIA pair scorer (`nv_scorer_for`, [`crate::Tuning::leaf_score_pairs`]) the
 //! buckets are pairs of leaves (2P, 2P + 1), `B * Hkv * ceil(nb0 / 2)` of them: a query that
 //! lists both leaves of a pair in adjacent slots (a kept node's two children) is one entry,
 //! whose Q rows the scorer gathers once for both leaves; steps 1-3 run with `PAIR = 1`.
