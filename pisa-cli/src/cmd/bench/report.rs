@@ -123,6 +123,36 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
+/// The stages recorded in parts under the prefill table: selection stage 2 (leaf-major:
+/// bucketing, scoring, pick) and sparse attention (leaf-major: bucketing, chunk kernel, merge),
+/// for the lengths that have them.
+fn parts_lines(s: &mut String, r: &Report, ns: &BTreeSet<usize>, st: &str) {
+    let groups = [
+        (
+            "leaf",
+            ["leaf_bucket", "leaf_score", "leaf_pick"],
+            "bucketing / scoring / pick",
+        ),
+        (
+            "attn",
+            ["attention_bucket", "attention_leaf", "attention_merge"],
+            "bucketing / chunk kernel / merge",
+        ),
+    ];
+    for (name, ops, what) in groups {
+        let rows: Vec<String> = ns
+            .iter()
+            .filter_map(|&n| {
+                let v: Option<Vec<f64>> = ops.iter().map(|op| r.ms(op, n, st)).collect();
+                v.map(|v| format!("{n}: {:.3} / {:.3} / {:.3}", v[0], v[1], v[2]))
+            })
+            .collect();
+        if !rows.is_empty() {
+            let _ = writeln!(s, "({name} = {what}, ms: {})", rows.join("; "));
+        }
+    }
+}
+
 /// The prefill and decode tables of one report.
 pub fn table(r: &Report) -> String {
     let mut s = String::new();
@@ -162,7 +192,7 @@ pub fn table(r: &Report) -> String {
                 "dns/PISA",
                 "TFLOP/s"
             );
-            for n in ns {
+            for &n in &ns {
                 let g = |op: &str| r.ms(op, n, st);
                 let tf = r
                     .records
@@ -186,6 +216,7 @@ pub fn table(r: &Report) -> String {
                     tf.map_or("-".into(), |t| format!("{t:.1}")),
                 );
             }
+            parts_lines(&mut s, r, &ns, st);
         }
         let bw: Vec<&Record> = r
             .records
@@ -315,5 +346,27 @@ pub fn storage_name(st: Storage) -> &'static str {
         Storage::F32 => "f32",
         Storage::F16 => "f16",
         Storage::Bf16 => "bf16",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parts lines under the prefill table, from a report `pisa bench` wrote on the H200
+    /// (docs/runs): both groups, every length, the parts' own times.
+    #[test]
+    fn table_lists_the_parts_of_the_leaf_major_stages() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/runs/h200-2026-12-02q2-bench.json");
+        let r = Report::load(&path).unwrap();
+        let t = table(&r);
+        let leaf = t.lines().find(|l| l.starts_with("(leaf = ")).expect(&t);
+        let attn = t.lines().find(|l| l.starts_with("(attn = ")).expect(&t);
+        for n in ["65536", "131072", "262144"] {
+            assert!(leaf.contains(n) && attn.contains(n), "{t}");
+        }
+        assert!(attn.contains("65536: 2.058 / 17.646 / 2.732"), "{attn}");
+        assert!(leaf.contains("262144: 6.511 / 61.000 / 4.122"), "{leaf}");
     }
 }
