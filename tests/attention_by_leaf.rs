@@ -270,3 +270,81 @@ fn leaf_major_equals_tiles_on_messy_selections() {
         assert!(empty > 0, "{what}: no empty row was tested");
     }
 }
+
+/// Profiled, leaf-major attention is timed in its three parts when the profiler has room for
+/// every part of every range, and as one "attention" pass when it has not; the outputs are the
+/// same either way (and the same as unprofiled).
+#[test]
+fn leaf_major_attention_profiled_in_parts_or_whole() {
+    use pisa_wgpu::Profiler;
+    let _settings = settings_lock();
+    let ctx = ctx();
+    ctx.set_leaf_order(LeafOrder::Leaves);
+    let seed = seed("leaf_major_attention_profiled");
+    let mut r = rng(seed);
+    let s = AttentionShape::new(2, 4, 2, 130, 130, 32).unwrap();
+    let cfg = SelectionConfig::new(16, 3).unwrap();
+    assert!(leaf_major_path(ctx, F32, &s, QkvLayouts::from(Bhnd), &cfg).is_some());
+    let x = inputs(&mut r, &s, F32);
+    let sel = attention_util::random_selection(&mut r, &s, &cfg);
+    let (q, k, v) = (
+        ctx.upload("q", &x.q, F32).unwrap(),
+        ctx.upload("k", &x.k, F32).unwrap(),
+        ctx.upload("v", &x.v, F32).unwrap(),
+    );
+    let sel = ctx.upload_u32("selection", &sel).unwrap();
+    let run = |capacity: Option<u32>| {
+        let mut prof = capacity.map(|c| Profiler::new(ctx, c));
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let (o, lse) = attention::record_sparse_attention(
+            ctx,
+            &mut enc,
+            &q,
+            &k,
+            &v,
+            &sel,
+            &s,
+            Bhnd.into(),
+            &cfg,
+            prof.as_mut(),
+        )
+        .unwrap();
+        ctx.queue().submit([enc.finish()]);
+        let stages: Vec<String> = match prof {
+            Some(p) => p
+                .finish(ctx)
+                .unwrap()
+                .stages
+                .into_iter()
+                .map(|x| x.0)
+                .collect(),
+            None => Vec::new(),
+        };
+        (
+            ctx.read_f32(&o).unwrap(),
+            ctx.read_f32(&lse).unwrap(),
+            stages,
+        )
+    };
+    let plain = run(None);
+    // 4 (b, KV head) pairs x one range: twelve parts.
+    let parts = run(Some(12));
+    let whole = run(Some(11));
+    if ctx.has_timestamps() {
+        let names = attention::by_leaf::PARTS;
+        assert_eq!(
+            parts.2,
+            names.map(String::from).to_vec(),
+            "room for every part"
+        );
+        assert_eq!(
+            whole.2,
+            vec!["attention".to_string()],
+            "no room for every part"
+        );
+    }
+    for got in [&parts, &whole] {
+        assert_eq!(got.0, plain.0, "O");
+        assert_eq!(got.1, plain.1, "LSE");
+    }
+}

@@ -91,6 +91,15 @@ impl Profiler {
         }
     }
 
+    /// Timed passes this profiler still records (0 when disabled or without timestamps): a
+    /// recorder that can time its work in parts or as one pass asks before choosing.
+    pub fn remaining(&self) -> u32 {
+        match self.inner {
+            Some(_) => self.capacity.saturating_sub(self.labels.len() as u32),
+            None => 0,
+        }
+    }
+
     /// Begins a compute pass on `enc`, timed as `stage` (its begin and end timestamps are
     /// written by the pass itself; untimed when disabled or full).
     pub fn compute_pass<'e>(
