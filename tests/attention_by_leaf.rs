@@ -127,8 +127,8 @@ fn leaf_major_attention_matches_reference() {
             false,
         ),
         ((1, 4, 1, 64, 64, 80, 64, 1, Bnhd, F32, false, false), true),
-        // The NVIDIA f16 merge with a partial batch of slots (GQ 8, K 11), and past its slots x
-        // heads limit (GQ 16, K 17: the f32 rows and the WGSL merge instead).
+        // The NVIDIA f16 merges: the small one with a partial batch of slots (GQ 8, K 11), the
+        // large one past the small one's 256 (slot, head) pairs (GQ 16, K 17).
         (
             (1, 8, 1, 200, 200, 128, 16, 11, Bnhd, F16, true, false),
             false,

@@ -105,10 +105,10 @@ const NV_BINDINGS: &[(u32, NvBinding)] = &[
 /// (`shaders/nv/attention_leaf.comp`, 64 rows of a chunk against the 64 key rows of a leaf;
 /// built for head dims 64 and 128, for leaves of at most 64 keys) and, where it applies, the
 /// merge that reads the partial O rows as f16 (`shaders/nv/attention_leaf_merge.comp`: head dim
-/// 128, GQA groups up to 16, top_k up to 64, their product up to 256; half the partial-state
-/// traffic of the f32 rows the WGSL merge reads). Only kernels the driver built are chosen.
-/// `None` keeps the WGSL kernels. Same chunks (64 rows: `COOP_SUBGROUPS` x 16), partial states
-/// and outputs.
+/// 128, GQA groups up to 16, top_k up to 64, in two variants by their product; half the
+/// partial-state traffic of the f32 rows the WGSL merge reads). Only kernels the driver built
+/// are chosen. `None` keeps the WGSL kernels. Same chunks (64 rows: `COOP_SUBGROUPS` x 16),
+/// partial states and outputs.
 pub fn nv_kernel_for(
     ctx: &Context,
     s: &AttentionShape,
@@ -118,16 +118,18 @@ pub fn nv_kernel_for(
         return None;
     }
     let find = |name: &str| ctx.nv_kernel_named(&NV_ATTENTION, name);
-    // The merge's limits (shaders/nv/kernels.txt: GQMAX, MCMAX, MHMAX).
+    // The merges' limits (shaders/nv/kernels.txt: GQMAX, MCMAX, MHMAX): the variant for at
+    // most 256 (slot, head) pairs where it applies (a quarter of the other's workgroup memory).
     let (g, k) = (s.gqa_group(), cfg.top_k);
-    let f16_merge = g <= 16 && k <= 64 && g * k <= 256;
+    let merge = match g * k {
+        _ if g > 16 || k > 64 => None,
+        0..=256 => find("attention_leaf_merge_h"),
+        _ => find("attention_leaf_merge_h1k"),
+    };
     match s.head_dim {
-        // The f16 rows only with the merge that reads them (a driver that refused the merge
+        // The f16 rows only with a merge that reads them (a driver that refused the merge
         // gets the f32 rows and the WGSL merge).
-        128 if f16_merge && find("attention_leaf_merge_h").is_some() => Some((
-            find("attention_leaf_d128_h")?,
-            find("attention_leaf_merge_h"),
-        )),
+        128 if merge.is_some() => Some((find("attention_leaf_d128_h")?, merge)),
         128 => Some((find("attention_leaf_d128")?, None)),
         64 => Some((find("attention_leaf_d64")?, None)),
         _ => None,
@@ -135,11 +137,12 @@ pub fn nv_kernel_for(
 }
 
 /// The embedded NVIDIA kernels of leaf-major attention (`shaders/nv/kernels.txt`).
-pub const NV_ATTENTION: [NvKernel; 4] = [
+pub const NV_ATTENTION: [NvKernel; 5] = [
     crate::nv_kernel!("attention_leaf_d128", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_d128_h", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_d64", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_merge_h", NV_MERGE_BINDINGS),
+    crate::nv_kernel!("attention_leaf_merge_h1k", NV_MERGE_BINDINGS),
 ];
 
 /// The bindings of `shaders/nv/attention_leaf_merge.comp` (those of the WGSL merge).
