@@ -125,10 +125,7 @@ fn time_op(ctx: &Context, op: Op, n: usize, iters: u64) -> Duration {
             .map(|s| t.get(s))
             .sum(),
             Op::BsaSelect => t.get("pyramid") + t.get("bsa"),
-            Op::SparseAttention => {
-                let parts = pisa_wgpu::ops::attention::by_leaf::PARTS;
-                t.get("attention") + parts.iter().map(|s| t.get(s)).sum::<f64>()
-            }
+            Op::SparseAttention => t.attention(),
             Op::Dense => t.get("dense"),
         };
         total += if t.gpu {

@@ -67,9 +67,8 @@ fn time_ms(ctx: &Context, label: &'static str, run: &Run<'_>) -> (f64, GpuTensor
         let wall = t0.elapsed().as_secs_f64() * 1e3;
         let st = prof.finish(ctx).unwrap();
         // (leaf-major attention, where the profiler has room, is timed in parts)
-        let parts = pisa_wgpu::ops::attention::by_leaf::PARTS;
         let ms = match (st.gpu, label) {
-            (true, "attention") => st.get(label) + parts.iter().map(|p| st.get(p)).sum::<f64>(),
+            (true, "attention") => st.attention(),
             (true, _) => st.get(label),
             (false, _) => wall,
         };

@@ -36,6 +36,12 @@ impl StageTimes {
             .map(|s| s.1)
             .sum()
     }
+    /// Time of sparse attention, ms: the "attention" stage, plus leaf-major attention's parts
+    /// where it was timed in parts ([`crate::ops::attention::by_leaf::PARTS`]).
+    pub fn attention(&self) -> f64 {
+        let parts = crate::ops::attention::by_leaf::PARTS;
+        self.get("attention") + parts.iter().map(|s| self.get(s)).sum::<f64>()
+    }
     fn add(&mut self, stage: &str, ms: f64) {
         match self.stages.iter_mut().find(|s| s.0 == stage) {
             Some(s) => s.1 += ms,

@@ -207,7 +207,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let route = g("route") + g("route_table");
             // Leaf-major attention, profiled, is timed as three parts, recorded apart as well.
             let attn_parts = pisa_wgpu::ops::attention::by_leaf::PARTS;
-            let attn = g("attention") + attn_parts.iter().map(|s| g(s)).sum::<f64>();
+            let attn = t.attention();
             let sel = g("pyramid") + route + leaf;
             let attn_flops =
                 4.0 * a.hq as f64 * n as f64 * (a.top_k * a.block_size).min(n) as f64 * a.d as f64;

@@ -279,16 +279,14 @@ pub(crate) fn record(
     // Every range's five dispatches, in order: ONE pass ("attention") unprofiled; profiled,
     // three timed passes per range (`PARTS`: the bucketing, the chunk kernel, the merge), the
     // same dispatches and barriers with a timestamp pair around each part.
+    // Each dispatch with its part (an index into `PARTS`).
     let mut steps: Vec<(usize, crate::runtime::buffers::Stage)> = Vec::new();
-    let mut part = 0;
-    let mut add = |p: &std::sync::Arc<wgpu::ComputePipeline>,
+    let mut add = |part: usize,
+                   p: &std::sync::Arc<wgpu::ComputePipeline>,
                    binds: &[(u32, Bind<'_>)],
                    n: u64|
      -> Result<()> {
-        // count, scan, scatter | attend | merge.
-        let stage = [0, 0, 0, 1, 2][part % 5];
-        part += 1;
-        steps.push((stage, ctx.stage(p, binds, n)?));
+        steps.push((part, ctx.stage(p, binds, n)?));
         Ok(())
     };
     fn whole<'a>(binds: &[(u32, &'a wgpu::Buffer)]) -> Vec<(u32, Bind<'a>)> {
@@ -316,13 +314,15 @@ pub(crate) fn record(
             let sel = &selection.buffer;
             let wgs = entries.div_ceil(BUCKET_WG);
             add(
+                0,
                 &count,
                 &whole(&[(0, &u_params), (3, sel), (5, c), (10, &u_e)]),
                 wgs,
             )?;
-            add(&scan, &whole(&[(5, c), (6, of), (7, co), (10, &u_b)]), 1)?;
+            add(0, &scan, &whole(&[(5, c), (6, of), (7, co), (10, &u_b)]), 1)?;
             let b = [(0, &u_params), (3, sel), (5, c), (6, of), (7, co)];
             add(
+                0,
                 &scatter,
                 &whole(&[&b[..], &[(8, l), (10, &u_e), (11, cd)]].concat()),
                 wgs,
@@ -332,17 +332,17 @@ pub(crate) fn record(
             let rest = [(0, &u_params), (7, co), (8, l), (10, &u_c), (11, cd)];
             let rest2 = [(12, op), (13, ml), (14, sp)];
             let binds: Vec<(u32, Bind<'_>)> = [whole(&rest), whole(&rest2), b.to_vec()].concat();
-            add(&attend, &binds, n_chunks)?;
+            add(1, &attend, &binds, n_chunks)?;
             let b = [(0, &u_params), (10, &u_q), (12, op), (13, ml)];
             let rest = [(14, sp), (15, &lse.buffer)];
             // O bound as its range (a caller's tensor, or the whole of its own).
             let binds = [whole(&b), whole(&rest), vec![(5, (&o).into())]].concat();
-            add(&merge, &binds, nq as u64)?;
+            add(2, &merge, &binds, nq as u64)?;
         }
     }
     // Timed in parts only where the profiler has room for every part of every range (else
     // one timed pass, "attention", as the other kernels).
-    let parts = 3 * (steps.len() as u32).div_ceil(5);
+    let parts = steps.chunk_by(|a, b| a.0 == b.0).count() as u32;
     match prof {
         None => ctx.record_pass(enc, "attention", steps.iter().map(|s| &s.1), None),
         Some(prof) if prof.remaining() < parts => {
