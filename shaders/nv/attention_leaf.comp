@@ -10,15 +10,29 @@
 //   2. the Q rows gathered into workgroup memory (16-byte loads);   barrier
 //   3. S = Q K^T over the leaf's CW = 64 key rows, read straight from K as a workgroup-scope
 //      matrix (rows past the leaf or the sequence read as zeros: the tensor layout ends there);
-//   4. mask (key in the leaf, t < min(p_i + 1, Nk) when causal), row max m of the unscaled
-//      scores, P = exp(scale (s - m)) (one exp2 pass), row sum l, all on the accumulator;
+//   4. mask (key in the leaf, t < min(p_i + 1, Nk) when causal; skipped, uniformly, where
+//      every key of the tile is in the leaf and visible to every entry's rows: all leaves but
+//      a query's own), row max m of the unscaled scores, P = exp(scale (s - m)) (one exp2
+//      pass), row sum l, all on the accumulator; (m, l) to `mlpart` (as floats: see
+//      store_col0) before step 5, so that neither full-size matrix stays live through it;
 //   5. O_part = P V (V read as a workgroup-scope matrix) to the chunk's rows of `opart` (see
-//      OPART_F16); (m, l) to `mlpart` (as floats: see store_col0); 1 + each entry's first row
-//      to `spos`. A row whose keys are all masked has l = 0 and O_part = 0.
+//      OPART_F16); 1 + each entry's first row to `spos`. A row whose keys are all masked has
+//      l = 0 and O_part = 0.
 // Rows past the chunk's entries are computed and stored but never read (the merge follows
 // spos). Defines: HD (head dim), RT (rows, a multiple of 16), CW (keys per leaf tile: 64),
 // DC (head-dim columns per multiply: a divisor of HD), WG (invocations), OPART_F16 (1: the
-// partial O rows stored as f16, for attention_leaf_merge.comp; 0: f32, for the WGSL merge).
+// partial O rows stored as f16, for attention_leaf_merge.comp; 0: f32, for the WGSL merge),
+// PREFETCH_K / PREFETCH_V (1: the leaf's K slices loaded before the Q gather / its V slices
+// before the softmax, so their loads overlap it; default 0).
+#ifndef PREFETCH_K
+#define PREFETCH_K 0
+#endif
+#ifndef PREFETCH_V
+#define PREFETCH_V 0
+#endif
+#ifndef ALL_O
+#define ALL_O 0
+#endif
 #include "common.glsl"
 // wgpu bindings 0, 1, 2, 3, 7, 8, 10, 11, 12, 13, 14 as Vulkan bindings 0 to 10 (common.glsl).
 #define B_PARAMS 0
@@ -45,6 +59,7 @@ layout(set = 0, binding = 10, std430) buffer BufSpos { uint spos[]; };
 
 shared uint ent[RT];
 shared uint rowlim[RT]; // row r sees tokens < rowlim[r] (0: a row past the entries)
+shared uint cut;        // 1 where some entry's row sees only part of the leaf's tile
 
 // Keys in the leaf and visible to the row kept; scores stay unscaled (the softmax scale is
 // folded into the exponent, and m is scaled when stored).
@@ -83,7 +98,22 @@ void main() {
     const uint leaf0 = leaf * p.block_size;
     const uint kend = min(p.k_len, leaf0 + p.block_size);
 
-    // 1. Entries and visible bounds.
+    const uint kbase = b * p.k_sb + hkv * p.k_sh;
+    tensorLayoutNV<2, CLAMP> lk = createTensorLayoutNV(2, CLAMP);
+    lk = setTensorLayoutDimensionNV(lk, kend, HD);
+    lk = setTensorLayoutStrideNV(lk, p.k_sn, 1);
+    tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
+#if PREFETCH_K
+    coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kts[HD / DC];
+    [[unroll]] for (uint j = 0; j < HD / DC; j++) {
+        coopMatLoadTensorNV(kts[j], k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC),
+                            transpose);
+    }
+#endif
+
+    // 1. Entries and visible bounds, and whether any entry's row sees part of the tile only.
+    if (lid == 0) { cut = kend - leaf0 < CW ? 1u : 0u; }
+    barrier();
     for (uint r = lid; r < RT; r += WG) {
         uint e = r / gq;
         uint x = e < n ? list[first + e] : 0u;
@@ -92,6 +122,7 @@ void main() {
         if (e < n) {
             uint i = bl.i0 + x / p.mc;
             lim = p.causal != 0u ? min(p.q_pos0 + i + 1u, p.k_len) : p.k_len;
+            if (lim < kend) { cut = 1u; }
         }
         rowlim[r] = lim;
     }
@@ -102,47 +133,83 @@ void main() {
     // 3. S = Q K^T, DC head-dim columns at a time (the driver stages each operand in
     //    workgroup memory: whole 64 x 128 operands do not fit its 48 KiB beside qsh): the
     //    leaf's keys as the B operand (K read transposed), rows past kend zero.
-    const uint kbase = b * p.k_sb + hkv * p.k_sh;
-    tensorLayoutNV<2, CLAMP> lk = createTensorLayoutNV(2, CLAMP);
-    lk = setTensorLayoutDimensionNV(lk, kend, HD);
-    lk = setTensorLayoutStrideNV(lk, p.k_sn, 1);
-    tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
+#if PREFETCH_V == 2
+    coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vbs[HD / DC];
+    [[unroll]] for (uint j = 0; j < HD / DC; j++) {
+        coopMatLoadTensorNV(vbs[j], v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC));
+    }
+#endif
     coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> s =
         coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
         coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
+#if PREFETCH_K
+        s = coopMatMulAdd(qa, kts[d0 / DC], s);
+#else
         coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
         coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
         s = coopMatMulAdd(qa, kt, s);
+#endif
     }
 
-    // 4. Softmax pieces of the chunk's rows over this leaf.
-    coopMatPerElementNV(s, s, mask, leaf0);
-    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m, pr, l;
+    // 4. Softmax pieces of the chunk's rows over this leaf (rows past the entries are left
+    //    unmasked where `cut` is 0: their Q rows are zeros, and the merge never reads them).
+#if PREFETCH_V == 1
+    coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vbs[HD / DC];
+    [[unroll]] for (uint j = 0; j < HD / DC; j++) {
+        coopMatLoadTensorNV(vbs[j], v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC));
+    }
+#endif
+    if (cut != 0u) { coopMatPerElementNV(s, s, mask, leaf0); }
+    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m, l;
     coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
-    coopMatPerElementNV(pr, s, exp_kept, m, p.scale * 1.4426950408889634);
-    coopMatReduceNV(l, pr, gl_CooperativeMatrixReduceRowNV, add_reduce);
+    coopMatPerElementNV(s, s, exp_kept, m, p.scale * 1.4426950408889634);
+    coopMatReduceNV(l, s, gl_CooperativeMatrixReduceRowNV, add_reduce);
     coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA> pa =
-        coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA>(pr);
+        coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA>(s);
+#if OPART_F16
+    coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> ld;
+    {
+        coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> linv;
+        coopMatPerElementNV(linv, l, inv_or_zero);
+        coopMatReduceNV(ld, linv, gl_CooperativeMatrixReduceRowNV, smear_reduce);
+    }
+#endif
+    // m in the merge's units (natural log of the scaled scores).
+    m = m * p.scale;
+    coopMatPerElementNV(m, m, store_col0, 2 * cid * RT);
+    coopMatPerElementNV(l, l, store_col0, 2 * cid * RT + 1);
 
     // 5. O_part = P V, DC columns at a time. With OPART_F16 the rows are stored divided by l
     //    (within the values' range, so f16 cannot overflow where f32 O_part would exceed it);
     //    the NVIDIA merge weights them by l.
     tensorLayoutNV<2> lo = createTensorLayoutNV(2);
     lo = setTensorLayoutDimensionNV(lo, RT, HD);
-#if OPART_F16
-    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> linv;
-    coopMatPerElementNV(linv, l, inv_or_zero);
-    coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> ld;
-    coopMatReduceNV(ld, linv, gl_CooperativeMatrixReduceRowNV, smear_reduce);
-#endif
+#if ALL_O && OPART_F16 && PREFETCH_V
+    coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> ohs[HD / DC];
+    [[unroll]] for (uint j = 0; j < HD / DC; j++) {
+        coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> o =
+            coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(0.0);
+        o = coopMatMulAdd(pa, vbs[j], o);
+        ohs[j] = coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(o * ld);
+    }
+    [[unroll]] for (uint j = 0; j < HD / DC; j++) {
+        coopMatStoreTensorNV(ohs[j], opart, cid * RT * HD,
+                             sliceTensorLayoutNV(lo, 0, RT, j * DC, DC));
+    }
+#else
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
+#if PREFETCH_V
+#define vb vbs[d0 / DC]
+#else
         coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vb;
         coopMatLoadTensorNV(vb, v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC));
+#endif
         coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> o =
             coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(0.0);
         o = coopMatMulAdd(pa, vb, o);
+#undef vb
 #if OPART_F16
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> oh =
             coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(o * ld);
@@ -151,10 +218,7 @@ void main() {
         coopMatStoreTensorNV(o, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
 #endif
     }
-    // m in the merge's units (natural log of the scaled scores).
-    m = m * p.scale;
-    coopMatPerElementNV(m, m, store_col0, 2 * cid * RT);
-    coopMatPerElementNV(l, l, store_col0, 2 * cid * RT + 1);
+#endif
     barrier();
     for (uint e = lid; e < n; e += WG) { spos[ent[e]] = cid * RT + e * gq + 1u; }
 }
