@@ -22,16 +22,10 @@
 // spos). Defines: HD (head dim), RT (rows, a multiple of 16), CW (keys per leaf tile: 64),
 // DC (head-dim columns per multiply: a divisor of HD), WG (invocations), OPART_F16 (1: the
 // partial O rows stored as f16, for attention_leaf_merge.comp; 0: f32, for the WGSL merge),
-// PREFETCH_K / PREFETCH_V (1: the leaf's K slices loaded before the Q gather / its V slices
-// before the softmax, so their loads overlap it; default 0).
-#ifndef PREFETCH_K
-#define PREFETCH_K 0
-#endif
+// PREFETCH_V (1: the leaf's V slices loaded before the softmax, so their loads overlap it;
+// default 0).
 #ifndef PREFETCH_V
 #define PREFETCH_V 0
-#endif
-#ifndef ALL_O
-#define ALL_O 0
 #endif
 #include "common.glsl"
 // wgpu bindings 0, 1, 2, 3, 7, 8, 10, 11, 12, 13, 14 as Vulkan bindings 0 to 10 (common.glsl).
@@ -103,13 +97,6 @@ void main() {
     lk = setTensorLayoutDimensionNV(lk, kend, HD);
     lk = setTensorLayoutStrideNV(lk, p.k_sn, 1);
     tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
-#if PREFETCH_K
-    coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kts[HD / DC];
-    [[unroll]] for (uint j = 0; j < HD / DC; j++) {
-        coopMatLoadTensorNV(kts[j], k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC),
-                            transpose);
-    }
-#endif
 
     // 1. Entries and visible bounds, and whether any entry's row sees part of the tile only.
     if (lid == 0) { cut = kend - leaf0 < CW ? 1u : 0u; }
@@ -133,29 +120,19 @@ void main() {
     // 3. S = Q K^T, DC head-dim columns at a time (the driver stages each operand in
     //    workgroup memory: whole 64 x 128 operands do not fit its 48 KiB beside qsh): the
     //    leaf's keys as the B operand (K read transposed), rows past kend zero.
-#if PREFETCH_V == 2
-    coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vbs[HD / DC];
-    [[unroll]] for (uint j = 0; j < HD / DC; j++) {
-        coopMatLoadTensorNV(vbs[j], v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC));
-    }
-#endif
     coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> s =
         coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
         coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
-#if PREFETCH_K
-        s = coopMatMulAdd(qa, kts[d0 / DC], s);
-#else
         coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
         coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
         s = coopMatMulAdd(qa, kt, s);
-#endif
     }
 
     // 4. Softmax pieces of the chunk's rows over this leaf (rows past the entries are left
     //    unmasked where `cut` is 0: their Q rows are zeros, and the merge never reads them).
-#if PREFETCH_V == 1
+#if PREFETCH_V
     coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vbs[HD / DC];
     [[unroll]] for (uint j = 0; j < HD / DC; j++) {
         coopMatLoadTensorNV(vbs[j], v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC));
@@ -186,19 +163,6 @@ void main() {
     //    the NVIDIA merge weights them by l.
     tensorLayoutNV<2> lo = createTensorLayoutNV(2);
     lo = setTensorLayoutDimensionNV(lo, RT, HD);
-#if ALL_O && OPART_F16 && PREFETCH_V
-    coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> ohs[HD / DC];
-    [[unroll]] for (uint j = 0; j < HD / DC; j++) {
-        coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> o =
-            coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(0.0);
-        o = coopMatMulAdd(pa, vbs[j], o);
-        ohs[j] = coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(o * ld);
-    }
-    [[unroll]] for (uint j = 0; j < HD / DC; j++) {
-        coopMatStoreTensorNV(ohs[j], opart, cid * RT * HD,
-                             sliceTensorLayoutNV(lo, 0, RT, j * DC, DC));
-    }
-#else
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
 #if PREFETCH_V
 #define vb vbs[d0 / DC]
@@ -218,7 +182,6 @@ void main() {
         coopMatStoreTensorNV(o, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
 #endif
     }
-#endif
     barrier();
     for (uint e = lid; e < n; e += WG) { spos[ent[e]] = cid * RT + e * gq + 1u; }
 }

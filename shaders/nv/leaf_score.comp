@@ -71,15 +71,14 @@ float store_col0(const in uint r, const in uint c, const in float x, const in ui
 #define ACC coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>
 
 // Step 3 for one leaf: each row's LSE over the leaf's first `len` keys of `s` to rowlse[base +
-// row] (a macro: the matrices stay in the caller's scope). The mask runs only where the leaf
-// has fewer than CW keys (a uniform branch: the last leaf, or leaves of C < 64).
+// row] (a macro: the matrices stay in the caller's scope).
 #define ROW_LSE(s, len, base)                                                          \
     {                                                                                  \
-        if (len < CW) { coopMatPerElementNV(s, s, mask, len); }                        \
-        ACC m, l;                                                                      \
+        coopMatPerElementNV(s, s, mask, len);                                          \
+        ACC m, e, l;                                                                   \
         coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);            \
-        coopMatPerElementNV(s, s, exp_scaled, m, p.scale * 1.4426950408889634);        \
-        coopMatReduceNV(l, s, gl_CooperativeMatrixReduceRowNV, add_reduce);            \
+        coopMatPerElementNV(e, s, exp_scaled, m, p.scale * 1.4426950408889634);        \
+        coopMatReduceNV(l, e, gl_CooperativeMatrixReduceRowNV, add_reduce);            \
         coopMatPerElementNV(l, l, log_elem);                                           \
         l = m * p.scale + l;                                                           \
         coopMatPerElementNV(l, l, store_col0, base);                                   \
