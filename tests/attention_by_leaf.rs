@@ -144,6 +144,33 @@ fn leaf_major_attention_matches_reference() {
     }
 }
 
+/// A GQA group past the NVIDIA f16 merge's 16 heads: on a device with
+/// VK_NV_cooperative_matrix2 the chunk kernel's f32-row variant (`attention_leaf_d128`) runs,
+/// followed by the WGSL merge (elsewhere the WGSL kernels); causal and not, leaves of 64 keys
+/// and fewer, a ragged last leaf.
+#[test]
+fn leaf_major_attention_f32_rows_past_the_f16_merge() {
+    let _settings = settings_lock();
+    let ctx = ctx();
+    ctx.set_leaf_order(LeafOrder::Leaves);
+    let seed = seed("leaf_major_f32_rows");
+    let mut r = rng(seed);
+    for case in [
+        (1, 32, 1, 150, 150, 128, 64, 6, Bnhd, F16, true, false),
+        (1, 24, 1, 97, 161, 128, 48, 4, Bhnd, F16, false, true),
+    ] {
+        let (b, hq, hkv, nq, nk, d, c, kk, _, storage, causal, _) = case;
+        if ctx.nv_cm2() && !skip_f16(ctx, storage) {
+            let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
+            let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
+            let (k, m) = attention::by_leaf::nv_kernel_for(ctx, &s, &cfg)
+                .expect("the NVIDIA chunk kernel for head dim 128");
+            assert_eq!((k.name, m.map(|m| m.name)), ("attention_leaf_d128", None));
+        }
+        run(ctx, &mut r, case, false, seed);
+    }
+}
+
 /// Selections that list the leaf after the query's own (causal: all its keys masked for that
 /// query): the NVIDIA chunk kernel and the WGSL ones must give such a state no weight.
 #[test]

@@ -109,7 +109,7 @@ void main() {
         if (e < n) {
             uint i = bl.i0 + x / p.mc;
             lim = p.causal != 0u ? min(p.q_pos0 + i + 1u, p.k_len) : p.k_len;
-            if (lim < kend) { cut = 1u; }
+            if (lim < kend) { atomicOr(cut, 1u); }
         }
         rowlim[r] = lim;
     }
