@@ -297,6 +297,7 @@ mod tests {
                 what: "workgroup memory".into(),
                 needed: 2,
                 limit: 1,
+                unit: "bytes",
                 hint: "smaller",
             })
             .context("prefill failed")

@@ -215,6 +215,12 @@ impl InputArgs {
                         p.display()
                     );
                 }
+                if self.q_name != "q" || self.k_name != "k" || self.v_name != "v" {
+                    usage_bail!(
+                        "{}: --q-name, --k-name and --v-name pick tensors of a .safetensors file; a .npy file holds one tensor",
+                        p.display()
+                    );
+                }
                 let missing = match (&self.k_file, &self.v_file) {
                     (None, None) => "K and V with --k-file and --v-file",
                     (None, Some(_)) => "K with --k-file",

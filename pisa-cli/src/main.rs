@@ -51,6 +51,13 @@ fn main() {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
+    // A closed pipe (`pisa info | head -1`) ends the process quietly, as it does other Unix
+    // tools, instead of making `println!` panic: Rust's runtime ignores SIGPIPE unless told.
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     if let Err(e) = args::set_tuning(&cli.tune) {
         eprintln!("error: {e:#}");

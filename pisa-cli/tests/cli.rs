@@ -38,6 +38,29 @@ fn help_on_every_command() {
     run_in(dir.path(), &["--version"]).ok();
 }
 
+/// A reader that closes the pipe (`pisa info | head -0`) ends `pisa` quietly (SIGPIPE's default,
+/// as other Unix tools), not with a panic in `println!`.
+#[cfg(unix)]
+#[test]
+fn closed_stdout_pipe_is_not_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = common::pisa()
+        .current_dir(dir.path())
+        .args(["info", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let ok = out.status.code() == Some(0) || out.status.signal() == Some(13);
+    assert!(ok, "{:?}\n{stderr}", out.status);
+}
+
 #[test]
 fn info_text_and_json() {
     let dir = tempfile::tempdir().unwrap();

@@ -138,6 +138,17 @@ fn wrong_tensor_names_and_layers() {
         ],
         &["q.npy", "--layer"],
     );
+    // Regression: tensor names beside .npy inputs were silently ignored.
+    for name in ["--q-name", "--k-name", "--v-name"] {
+        usage_fails(
+            d,
+            &[
+                "forward", "-i", "q.npy", "--k-file", "k.npy", "--v-file", "v.npy", "--layout",
+                "bnhd", name, "foo",
+            ],
+            &["q.npy", "--q-name, --k-name and --v-name"],
+        );
+    }
     let forward = ["forward", "-i", "in.safetensors", "-o", "out.safetensors"];
     usage_fails(
         d,

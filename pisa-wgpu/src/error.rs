@@ -39,14 +39,16 @@ pub enum GpuError {
     #[error("GPU device lost: {0}; create a new context")]
     DeviceLost(String),
     /// A size is above what this adapter allows and cannot be split further.
-    #[error("{what} needs {needed} bytes, above this adapter's limit of {limit} bytes ({hint})")]
+    #[error("{what} needs {needed} {unit}, above this adapter's limit of {limit} {unit} ({hint})")]
     Limit {
         /// The resource.
         what: String,
-        /// Bytes needed.
+        /// Amount needed, in `unit`.
         needed: u64,
-        /// The adapter's limit.
+        /// The adapter's limit, in `unit`.
         limit: u64,
+        /// Unit of `needed` and `limit` ("bytes", "loop iterations", "elements").
+        unit: &'static str,
         /// What to do about it.
         hint: &'static str,
     },

@@ -440,12 +440,13 @@ fn fit_loops(
         }
         return Err(GpuError::Limit {
             what: format!(
-                "loop iterations of one attention shader invocation on {} (it ends every \
-                 invocation's loops after {limit} in all, and the output would be wrong)",
+                "one attention shader invocation on {} (it ends every invocation's loops \
+                 after {limit} in all, and the output would be wrong)",
                 ctx.report().name
             ),
             needed,
             limit,
+            unit: "loop iterations",
             hint: "use a GPU, fewer keys or a smaller top_k, or the leaf-major order \
                    (LeafOrder::Leaves)",
         });

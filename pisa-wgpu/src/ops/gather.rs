@@ -410,6 +410,7 @@ fn plan(g: &Geometry, cb: u64, align: u64, limit: u64) -> Result<Vec<Chunk>> {
         ),
         needed: slack + (row * vb).max(d * cb),
         limit,
+        unit: "bytes",
         hint: "use a smaller head dim or a denser layout",
     })
 }
@@ -454,6 +455,7 @@ fn params(
             what: "an element index inside one gather binding".into(),
             needed: x,
             limit: u32::MAX as u64,
+            unit: "elements",
             hint: "split the call into fewer heads or a shorter sequence",
         })
     };

@@ -482,6 +482,7 @@ pub(crate) fn record(
             what: "workgroup memory of route".into(),
             needed: wg_bytes(1, 1, gq, d, mc, g, mv, false),
             limit: mem,
+            unit: "bytes",
             hint: "use a smaller head dim, top_k, merge factor or GQA group",
         })?;
     let t = shape.tile;

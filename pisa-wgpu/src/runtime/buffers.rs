@@ -142,6 +142,7 @@ impl Context {
                 what: what.to_string(),
                 needed: bytes,
                 limit,
+                unit: "bytes",
                 hint: "split the call into fewer heads or a shorter sequence",
             });
         }

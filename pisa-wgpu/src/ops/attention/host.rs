@@ -41,6 +41,7 @@ fn plan(ctx: &Context, s: &AttentionShape, storage: Storage, top_k: usize) -> Re
             what: "one (batch, KV head) slice of attention".into(),
             needed: per_pair.iter().copied().max().unwrap_or(0),
             limit,
+            unit: "bytes",
             hint: "use a shorter sequence or a smaller head dim",
         });
     }

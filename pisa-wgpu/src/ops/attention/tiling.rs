@@ -217,6 +217,7 @@ impl Tiling {
                     ),
                     needed: need,
                     limit: budget,
+                    unit: "bytes",
                     hint: "use a smaller head dim or top_k",
                 });
             }

@@ -153,6 +153,7 @@ impl KvCache {
                 what: "KV cache keys per storage binding (two bindings at most)".into(),
                 needed: half * row_bytes,
                 limit: ctx.max_binding_bytes(),
+                unit: "bytes",
                 hint: "use a smaller capacity or batch, or split the KV heads over several caches",
             })
         }

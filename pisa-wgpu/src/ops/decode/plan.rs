@@ -183,6 +183,7 @@ impl Plan {
                 what: "decode workgroup memory".into(),
                 needed,
                 limit,
+                unit: "bytes",
                 hint: "use a smaller top_k, merge factor, GQA group or head dim",
             });
         }

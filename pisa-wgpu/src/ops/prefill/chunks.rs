@@ -40,6 +40,7 @@ pub(super) fn units_per_chunk(
             what: format!("one head of a {}-token prefill", shape.k_len),
             needed: per_unit,
             limit,
+            unit: "bytes",
             hint: "use f16 storage or a shorter sequence",
         });
     }

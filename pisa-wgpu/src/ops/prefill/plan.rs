@@ -275,12 +275,12 @@ impl PrefillPlan {
         if units < shape.batch * shape.kv_heads {
             return Err(GpuError::Limit {
                 what: format!(
-                    "a planned prefill of {} tokens and {} KV heads",
-                    shape.k_len,
-                    shape.batch * shape.kv_heads
+                    "a planned prefill of {} tokens (its buffers in one storage binding each)",
+                    shape.k_len
                 ),
-                needed: 0,
-                limit: ctx.max_binding_bytes(),
+                needed: (shape.batch * shape.kv_heads) as u64,
+                limit: units as u64,
+                unit: "(batch, KV head) pairs",
                 hint: "plan fewer KV heads per call (at most the number that fits one binding)",
             });
         }

@@ -237,6 +237,7 @@ pub(crate) fn fit_tile(
             what: format!("workgroup memory of {what}"),
             needed: bytes(1),
             limit: dev,
+            unit: "bytes",
             hint: "use a smaller head dim, top_k, merge factor or GQA group",
         })
 }

@@ -105,6 +105,7 @@ fn variant_for(l: &wgpu::Limits, head_dim: usize, storage: Storage) -> Result<Va
             what: format!("split-K attention workgroup memory (head dim {head_dim})"),
             needed: Variant { kg: 1, ..v }.shared_bytes(),
             limit: budget,
+            unit: "bytes",
             hint: "use a smaller head dim or the tile kernel (an explicit tiling)",
         });
     }
