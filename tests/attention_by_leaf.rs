@@ -14,7 +14,7 @@
 mod attention_util;
 mod common;
 
-use attention_util::{check, inputs, skip_f16, sparse_case, Case};
+use attention_util::{case_config, check, inputs, skip_f16, sparse_case, Case};
 use common::*;
 use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::attention::{self, by_leaf::leaf_major_path, QkvLayouts};
@@ -22,6 +22,23 @@ use pisa_wgpu::{Context, LeafOrder, Storage};
 use rand::Rng;
 use Storage::{F16, F32};
 use TensorLayout::{Bhnd, Bnhd};
+
+/// The preamble of a leaf-major test: the settings lock (held while the test runs), the shared
+/// context in the leaf-major order, the test's seed and its generator.
+fn leaf_major(
+    test: &str,
+) -> (
+    std::sync::MutexGuard<'static, ()>,
+    &'static Context,
+    u64,
+    rand_chacha::ChaCha8Rng,
+) {
+    let settings = settings_lock();
+    let ctx = ctx();
+    ctx.set_leaf_order(LeafOrder::Leaves);
+    let seed = seed(test);
+    (settings, ctx, seed, rng(seed))
+}
 
 fn run(ctx: &Context, r: &mut rand_chacha::ChaCha8Rng, case: Case, messy: bool, seed: u64) {
     run_with(ctx, r, case, messy, false, seed)
@@ -103,11 +120,7 @@ fn run_with(
 
 #[test]
 fn leaf_major_attention_matches_reference() {
-    let _settings = settings_lock();
-    let ctx = ctx();
-    ctx.set_leaf_order(LeafOrder::Leaves);
-    let seed = seed("leaf_major_attention");
-    let mut r = rng(seed);
+    let (_settings, ctx, seed, mut r) = leaf_major("leaf_major_attention");
     let cases: &[(Case, bool)] = &[
         ((2, 4, 2, 100, 100, 64, 16, 4, Bhnd, F32, true, true), false),
         ((2, 3, 1, 65, 65, 80, 32, 3, Bnhd, F32, true, true), false),
@@ -150,19 +163,13 @@ fn leaf_major_attention_matches_reference() {
 /// and fewer, a ragged last leaf.
 #[test]
 fn leaf_major_attention_f32_rows_past_the_f16_merge() {
-    let _settings = settings_lock();
-    let ctx = ctx();
-    ctx.set_leaf_order(LeafOrder::Leaves);
-    let seed = seed("leaf_major_f32_rows");
-    let mut r = rng(seed);
+    let (_settings, ctx, seed, mut r) = leaf_major("leaf_major_f32_rows");
     for case in [
         (1, 32, 1, 150, 150, 128, 64, 6, Bnhd, F16, true, false),
         (1, 24, 1, 97, 161, 128, 48, 4, Bhnd, F16, false, true),
     ] {
-        let (b, hq, hkv, nq, nk, d, c, kk, _, storage, causal, _) = case;
-        if ctx.nv_cm2() && !skip_f16(ctx, storage) {
-            let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
-            let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
+        if ctx.nv_cm2() && !skip_f16(ctx, case.9) {
+            let (s, cfg) = case_config(case);
             let (k, m) = attention::by_leaf::nv_kernel_for(ctx, &s, &cfg)
                 .expect("the NVIDIA chunk kernel for head dim 128");
             assert_eq!((k.name, m.map(|m| m.name)), ("attention_leaf_d128", None));
@@ -175,11 +182,7 @@ fn leaf_major_attention_f32_rows_past_the_f16_merge() {
 /// query): the NVIDIA chunk kernel and the WGSL ones must give such a state no weight.
 #[test]
 fn leaf_major_attention_ignores_future_leaves() {
-    let _settings = settings_lock();
-    let ctx = ctx();
-    ctx.set_leaf_order(LeafOrder::Leaves);
-    let seed = seed("leaf_major_future_leaves");
-    let mut r = rng(seed);
+    let (_settings, ctx, seed, mut r) = leaf_major("leaf_major_future_leaves");
     for case in [
         (1, 4, 1, 300, 300, 128, 64, 8, Bhnd, F16, true, true),
         (1, 8, 2, 257, 257, 64, 64, 5, Bnhd, F16, true, true),
@@ -304,11 +307,7 @@ fn leaf_major_equals_tiles_on_messy_selections() {
 #[test]
 fn leaf_major_attention_profiled_in_parts_or_whole() {
     use pisa_wgpu::Profiler;
-    let _settings = settings_lock();
-    let ctx = ctx();
-    ctx.set_leaf_order(LeafOrder::Leaves);
-    let seed = seed("leaf_major_attention_profiled");
-    let mut r = rng(seed);
+    let (_settings, ctx, _, mut r) = leaf_major("leaf_major_attention_profiled");
     let s = AttentionShape::new(2, 4, 2, 130, 130, 32).unwrap();
     let cfg = SelectionConfig::new(16, 3).unwrap();
     assert!(leaf_major_path(ctx, F32, &s, QkvLayouts::from(Bhnd), &cfg).is_some());

@@ -97,14 +97,21 @@ pub type Case = (
     bool,
 );
 
+/// A case's shape and selection configuration.
+pub fn case_config(case: Case) -> (AttentionShape, SelectionConfig) {
+    let (b, hq, hkv, nq, nk, d, c, kk, _, _, causal, _) = case;
+    let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
+    let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
+    (s, cfg)
+}
+
 /// A case's shape, configuration, inputs and selection (`[B, Hkv, Nq, K]`).
 pub fn sparse_case(
     r: &mut ChaCha8Rng,
     case: Case,
 ) -> (AttentionShape, SelectionConfig, Inputs, Vec<i32>) {
-    let (b, hq, hkv, nq, nk, d, c, kk, layout, storage, causal, pisa) = case;
-    let s = AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
-    let cfg = SelectionConfig::new(c, kk).unwrap().with_causal(causal);
+    let (.., layout, storage, _, pisa) = case;
+    let (s, cfg) = case_config(case);
     let x = inputs(r, &s, storage);
     let sel = if pisa {
         reference::select_pisa(&x.q, &x.k, &s, layout, &cfg)
