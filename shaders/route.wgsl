@@ -75,6 +75,16 @@ const QH: u32 = 0u;
 const SG: u32 = 0u;
 // SG = 1: vec4 slots of a query head row per lane; head groups per query, a power of two.
 const QD: u32 = (D4 + L - 1u) / L;
+// SG = 1 with g = 2 and 8 lanes per head group: the lanes' sums taken as a transposed butterfly
+// (score_lanes, route_sg.wgsl), which leaves each lane one (child, head) sum, so each lane forms
+// one head's LSE over the children, instead of every lane summing all 8 and forming all 4
+// heads' LSEs (10 shuffles and 4 transcendentals per lane and candidate instead of 24 and 14).
+// On the H200 (2026-12-02, f16, Hq 32, Hkv 8, D 128, K 16) the route (table included) took
+// 54.4 / 9.27 ms at 256K / 64K tokens against 63.2 / 10.51 with every lane summing all 8; with
+// the next candidate's rows also loaded during the current one's sums, 73.4 / 12.63; with the
+// loop then ending at the query's own candidate count, 77.3 / 13.09; with 16 lanes per head
+// group (score_lanes is written for 8 or 16), 59.2 / 9.92 (docs/benchmarks.md A.16).
+const TR: bool = SG == 1u && G == 2u && L == 8u;
 const GQ4P: u32 = select(select(select(8u, 4u, GQ4 <= 4u), 2u, GQ4 <= 2u), 1u, GQ4 <= 1u);
 // Score items (query, candidate, head group) of the tile.
 const NIT: u32 = QT * MC * GQ4;
@@ -422,9 +432,14 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                         }
                     }
                 }
-                for (var c = 0u; c < G; c++) { acc[c] = lanes_sum(acc[c]); }
                 var part = 0.0;
-                if (on) { part = score_lse(acc, l, j, hg); }
+                if (TR) {
+                    // (every lane shuffles, `on` or not, so that each butterfly has its lanes)
+                    part = score_lanes(acc, lane, l, j, hg, on);
+                } else {
+                    for (var c = 0u; c < G; c++) { acc[c] = lanes_sum(acc[c]); }
+                    if (on) { part = score_lse(acc, l, j, hg); }
+                }
                 let total = groups_sum(part);
                 if (on && hg == 0u && lane == ci % L) { set_sc(qi, ci, rank_key(total)); }
             }

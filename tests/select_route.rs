@@ -347,9 +347,11 @@ fn pisa_route_table() {
 
 /// The routing kernel's subgroup score step (`shaders/route_sg.wgsl`: a query's lane of its
 /// heads in registers, the lanes and head groups summed by subgroup shuffles): `lse`, GQA
-/// groups 1, 2, 3, 4, 7, 8 and 16 (one, two and four head groups), head dims 32 to 128, f32 and
-/// f16, causal or not, sinks and local blocks, a query offset, batch 2, lengths that are not
-/// multiples of the routing tile, with the routing table in chunks and without it; judged as
+/// groups 1, 2, 3, 4, 7, 8 and 16 (one, two and four head groups), head dims 32 to 128 (80:
+/// fewer lanes per head group, as D allows), f32 and f16, causal or not, merge factors 2 (the
+/// transposed lane sums, `score_lanes`, where a head group has 8 lanes) and 3, sinks and local
+/// blocks, a query offset, batch 2, lengths that are not multiples of the routing tile, with
+/// the routing table in chunks and without it; judged as
 /// the other cases. Each case checks, by the per-thread dispatch count, that the subgroup
 /// kernel ran exactly where the library's rule says it runs (subgroups, and a query's head
 /// groups times at least 2 lanes within the smallest subgroup: lavapipe 8, NVIDIA 32, AMD 32
@@ -364,11 +366,15 @@ fn pisa_route_subgroups() {
     let ctx = ctx();
     let (sg_min, _) = ctx.report().subgroup_size;
     let has_sg = ctx.features().contains(wgpu::Features::SUBGROUP);
-    // The rule of `route::subgroup_shape`: lanes per head group min(8, subgroup / groups).
+    // The rule of `route::subgroup_shape`: lanes per head group the most, a power of two of at
+    // most min(8, subgroup / groups), whose 4-element slices divide D; at least 2.
     let runs_sg = |gq: usize, d: usize| {
         let groups = gq.div_ceil(4).next_power_of_two() as u32;
-        let lanes = 8.min(sg_min / groups) as usize;
-        has_sg && lanes >= 2 && d.is_multiple_of(4 * lanes)
+        let mut lanes = 8.min(sg_min / groups) as usize;
+        while lanes >= 2 && !(lanes.is_power_of_two() && d.is_multiple_of(4 * lanes)) {
+            lanes -= 1;
+        }
+        has_sg && lanes >= 2
     };
     // (name, case, table nodes, queries per table chunk)
     let cases = [
@@ -489,6 +495,22 @@ fn pisa_route_subgroups() {
                 c: 8,
                 k: 4,
                 causal: false,
+                ..base
+            },
+            0,
+            None,
+        ),
+        (
+            "gq2 d80 f32 (fewer lanes: 80 is not a multiple of 8 lanes' vec4s)",
+            Case {
+                b: 1,
+                hq: 4,
+                hkv: 2,
+                nq: 333,
+                nk: 333,
+                d: 80,
+                c: 8,
+                k: 6,
                 ..base
             },
             0,

@@ -56,7 +56,9 @@ pub const SG_SHADER: ShaderSource = ShaderSource {
 };
 
 /// Most lanes per head group of the subgroup score step (8 measured fastest on the H200 for
-/// GQ 4: 63.5 ms at 256K against 71.7 with 4 and 74.0 with 16, docs/benchmarks.md).
+/// GQ 4: 63.5 ms at 256K against 71.7 with 4 and 74.0 with 16; with the transposed lane sums
+/// of `route_sg.wgsl` `score_lanes`, 54.4 against 59.2 with 16, 2026-12-02,
+/// docs/benchmarks.md A.16).
 const SG_LANES: u32 = 8;
 /// Invocations of a subgroup routing workgroup (WebGPU's minimum limit is 256).
 const SG_WG: u32 = 256;
@@ -77,7 +79,7 @@ fn subgroup_shape(ctx: &Context, plan: &Plan) -> Option<Shape> {
     let lim = ctx.limits();
     let (sg_min, sg_max) = ctx.report().subgroup_size;
     let groups = sg_groups(gq);
-    let lanes = SG_LANES.min(sg_min / groups);
+    let lanes = sg_lanes(sg_min / groups, d);
     let ok = ctx.tuning().route_subgroups
         && ctx.features().contains(wgpu::Features::SUBGROUP)
         && scoring == 0
@@ -99,6 +101,21 @@ fn subgroup_shape(ctx: &Context, plan: &Plan) -> Option<Shape> {
     let n = sg_iterations(s, p.start_level, mc, g, d, groups);
     let loops_ok = ctx.loop_limit().is_none_or(|limit| n <= limit);
     (fits && loops_ok).then_some(s)
+}
+
+/// Lanes per head group of the subgroup score step: the most, a power of two, of at most
+/// [`SG_LANES`] and `room` (the smallest subgroup over the query's head groups) whose vec4s
+/// divide the head dim `d` (4 lanes x vec4 must divide D); 0 or 1 where none (D not a multiple
+/// of 8, or no room for 2).
+fn sg_lanes(room: u32, d: u32) -> u32 {
+    let mut lanes = SG_LANES.min(room.max(1)).next_power_of_two();
+    if lanes > SG_LANES.min(room) {
+        lanes /= 2;
+    }
+    while lanes > 1 && !d.is_multiple_of(4 * lanes) {
+        lanes /= 2;
+    }
+    lanes
 }
 
 /// Head groups of 4 per query of the subgroup score step for GQA group `gq`, rounded up to a
