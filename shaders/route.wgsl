@@ -83,7 +83,8 @@ const QD: u32 = (D4 + L - 1u) / L;
 // 54.4 / 9.27 ms at 256K / 64K tokens against 63.2 / 10.51 with every lane summing all 8; with
 // the next candidate's rows also loaded during the current one's sums, 73.4 / 12.63; with the
 // loop then ending at the query's own candidate count, 77.3 / 13.09; with 16 lanes per head
-// group (score_lanes is written for 8 or 16), 59.2 / 9.92 (docs/benchmarks.md A.16).
+// group (score_lanes is written for 8 or 16), 59.2 / 9.92. log n_c taken once per level for
+// full nodes (ln_full): 54.1 / 9.24 against 54.4 / 9.27 (docs/benchmarks.md A.16).
 const TR: bool = SG == 1u && G == 2u && L == 8u;
 const GQ4P: u32 = select(select(select(8u, 4u, GQ4 <= 4u), 2u, GQ4 <= 2u), 1u, GQ4 <= 1u);
 // Score items (query, candidate, head group) of the tile.
@@ -415,6 +416,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let lane = lid % L;
             var n = 0u;
             if (qi < QT) { n = nc[hc + qi]; }
+            let ln_full = log(f32(lc.w));
             for (var ci = 0u; ci < MC; ci++) {
                 var acc: array<vec4<f32>, G>;
                 for (var c = 0u; c < G; c++) { acc[c] = vec4<f32>(0.0); }
@@ -435,7 +437,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 var part = 0.0;
                 if (TR) {
                     // (every lane shuffles, `on` or not, so that each butterfly has its lanes)
-                    part = score_lanes(acc, lane, l, j, hg, on);
+                    part = score_lanes(acc, lane, l, j, hg, on, ln_full);
                 } else {
                     for (var c = 0u; c < G; c++) { acc[c] = lanes_sum(acc[c]); }
                     if (on) { part = score_lse(acc, l, j, hg); }

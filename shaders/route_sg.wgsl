@@ -26,7 +26,8 @@ fn groups_sum(x: f32) -> f32 {
 // of the two children of a head exchange theirs and form the head's LSE over the children
 // (the same expression in both, in the same order: equal results), and the heads' LSEs are
 // summed by two more steps. Every lane returns the group's part (`on` false: 0).
-fn score_lanes(acc: array<vec4<f32>, G>, lane: u32, l: u32, j: u32, hg: u32, on: bool) -> f32 {
+fn score_lanes(acc: array<vec4<f32>, G>, lane: u32, l: u32, j: u32, hg: u32, on: bool,
+               ln_full: f32) -> f32 {
     // Lane bits: BC the child, BP the head pair, BH the head within the pair; below BH (L = 16:
     // bit 1) the lanes hold parts of the same sums.
     const BC = L / 2u;
@@ -44,7 +45,12 @@ fn score_lanes(acc: array<vec4<f32>, G>, lane: u32, l: u32, j: u32, hg: u32, on:
     let lc = p.levels[l - 1u];
     // Children of the node (1 or 2: the level's last node may have one).
     let nr = min(j * 2u + 2u, lc.y) - j * 2u;
-    let x = d + log(f32(node_len(j * 2u + c, lc.w)));
+    // log n_c: of a full node, ln_full (the caller's log of the level's node span, once per
+    // level); only a level's last node may be shorter.
+    let len = node_len(j * 2u + c, lc.w);
+    var ln = ln_full;
+    if (len != lc.w) { ln = log(f32(len)); }
+    let x = d + ln;
     let xo = subgroupShuffleXor(x, BC);
     // x0, x1: child 0's and child 1's, in both lanes.
     let x0 = select(x, xo, bc);
