@@ -32,6 +32,12 @@ layout(set = 0, binding = 5, std430) buffer BufLse { float lse[]; };
 
 const float NEG = -3.0e38;
 const uint NDC = HD / DC;
+// Columns of the row-state matrices m and l (each column a copy of the row's value): BC (the
+// default), or fewer, so that exp(s (m - m')) is taken MW times per row instead of BC, at the
+// cost of broadcasting m' back to BR x BC for P.
+#ifndef MW
+#define MW BC
+#endif
 
 // Mask to t < Nk and (causal) t <= p_i: row r of the tile is query i0 + r.
 float mask(const in uint r, const in uint c, const in float s, const in uint j0,
@@ -90,10 +96,11 @@ void main() {
         coopMatLoadTensorNV(qa[c], q, qbase, sliceTensorLayoutNV(lq, i0, BR, c * DC, DC));
         acc[c] = coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator>(0.0);
     }
-    coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> m =
-        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator>(NEG);
-    coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> l =
-        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator>(0.0);
+    // (m, l) per row, MW copies of each (MW = BC: every column; see MW above).
+    coopmat<float, gl_ScopeWorkgroup, BR, MW, gl_MatrixUseAccumulator> m =
+        coopmat<float, gl_ScopeWorkgroup, BR, MW, gl_MatrixUseAccumulator>(NEG);
+    coopmat<float, gl_ScopeWorkgroup, BR, MW, gl_MatrixUseAccumulator> l =
+        coopmat<float, gl_ScopeWorkgroup, BR, MW, gl_MatrixUseAccumulator>(0.0);
 
     // Keys up to the tile's last visible one; a block that ends past `bound0` (the first row's
     // bound, or Nk) needs the mask.
@@ -114,11 +121,18 @@ void main() {
         if (j0 + BC > bound0) {
             coopMatPerElementNV(s, s, mask, j0, i0);
         }
-        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> rowmax, mnew, pr, em,
+        coopmat<float, gl_ScopeWorkgroup, BR, MW, gl_MatrixUseAccumulator> rowmax, mnew, em,
             rowsum;
+        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> pr;
         coopMatReduceNV(rowmax, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
         coopMatPerElementNV(mnew, rowmax, max_elem, m);
+#if MW == BC
         coopMatPerElementNV(pr, s, exp_scaled, mnew, k2);
+#else
+        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> mb;
+        coopMatReduceNV(mb, mnew, gl_CooperativeMatrixReduceRowNV, smear_reduce);
+        coopMatPerElementNV(pr, s, exp_scaled, mb, k2);
+#endif
         coopMatPerElementNV(em, m, exp_scaled, mnew, k2);
         coopMatReduceNV(rowsum, pr, gl_CooperativeMatrixReduceRowNV, add_reduce);
         l = em * l + rowsum;
@@ -144,7 +158,7 @@ void main() {
             coopmat<float16_t, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator>(acc[c] / ld);
         coopMatStoreTensorNV(oh, o, qbase, sliceTensorLayoutNV(lq, i0, BR, c * DC, DC));
     }
-    coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> lg;
+    coopmat<float, gl_ScopeWorkgroup, BR, MW, gl_MatrixUseAccumulator> lg;
     coopMatPerElementNV(lg, l, log_elem);
     lg = m * p.scale + lg;
     coopMatPerElementNV(lg, lg, store_lse, bh * p.q_len + i0, last_row - i0);
