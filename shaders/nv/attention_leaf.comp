@@ -146,6 +146,9 @@ void main() {
     coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA> pa =
         coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA>(s);
 #if OPART_F16
+    // (1 / l taken on the RT x DC copy instead, half of the reciprocals: chunk kernel 16.34 ->
+    // 17.35 ms at 64K and 65.10 -> 69.26 at 256K on the H200, 2026-12-02, docs/benchmarks.md
+    // A.16; not kept.)
     coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> ld;
     {
         coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> linv;
