@@ -230,9 +230,47 @@ impl DeviceArgs {
                 Err(_) => AdapterChoice::Name(s.clone()),
             },
         };
-        Ok(Context::with_tuning(&choice, command_tuning()?)?)
+        let ctx = Context::with_tuning(&choice, command_tuning()?)?;
+        for line in unavailable_asked(&ctx) {
+            eprintln!("warning: {line}");
+        }
+        Ok(ctx)
     }
 }
+
+/// The knobs this command set (by `--tune` or a `PISA_*` variable) that ask for a hardware path
+/// the adapter does not have: one line each, naming the knob, the adapter and what runs
+/// instead. (The library falls back without an error, as it must for an app's defaults; a
+/// person who asked by name is told.)
+fn unavailable_asked(ctx: &Context) -> Vec<String> {
+    let t = ctx.tuning();
+    let r = ctx.report();
+    let asked = |knob: &str| EXPLICIT.get().is_some_and(|k| k.iter().any(|x| x == knob));
+    let mut out = Vec::new();
+    if asked("tensor_cores") && t.tensor_cores && !r.cooperative_matrix {
+        out.push(format!(
+            "tensor_cores asks for tensor cores, but {} has no cooperative matrices: the portable kernels run",
+            r.name
+        ));
+    }
+    if asked("nv_cm2") && t.nv_cm2 && t.tensor_cores && !r.nv_cooperative_matrix2 {
+        out.push(format!(
+            "nv_cm2 asks for the NVIDIA kernels, but {} has no usable VK_NV_cooperative_matrix2: they do not run",
+            r.name
+        ));
+    }
+    if asked("route_subgroups") && t.route_subgroups && !r.subgroups {
+        out.push(format!(
+            "route_subgroups asks for the routing's subgroup step, but {} has no subgroups: the workgroup-memory step runs",
+            r.name
+        ));
+    }
+    out
+}
+
+/// The knob names the command set explicitly ([`set_tuning`]): `--tune` pairs and `PISA_*`
+/// variables present in the environment.
+static EXPLICIT: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
 /// The tuning of this command: the defaults, the `PISA_*` variables, then the `--tune
 /// KNOB=VALUE` pairs ([`set_tuning`]); every context the command opens takes it
@@ -244,14 +282,21 @@ static TUNE: std::sync::OnceLock<pisa_wgpu::Tuning> = std::sync::OnceLock::new()
 /// name the bad variable or pair.
 pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
     let mut t = pisa_wgpu::Tuning::default().with_env()?;
+    let mut explicit: Vec<String> = pisa_wgpu::TUNING_KNOBS
+        .iter()
+        .filter(|(_, var)| std::env::var_os(var).is_some())
+        .map(|(name, _)| name.to_string())
+        .collect();
     for p in pairs {
         let Some((k, v)) = p.split_once('=') else {
             anyhow::bail!("--tune {p}: expected KNOB=VALUE (knobs: {})", knob_names());
         };
         t.set(k.trim(), v)
             .map_err(|e| anyhow::anyhow!("--tune {p}: {e}"))?;
+        explicit.push(k.trim().to_string());
     }
     let _ = TUNE.set(t);
+    let _ = EXPLICIT.set(explicit);
     Ok(())
 }
 

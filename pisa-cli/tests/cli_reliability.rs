@@ -355,3 +355,27 @@ fn demo_recall_hint_names_demo_flags() {
     assert!(r.stdout.contains("use --tokens above 512"), "{}", r.stdout);
     assert!(!r.stdout.contains("--top-k"), "{}", r.stdout);
 }
+
+/// A knob set by name that asks for hardware the adapter lacks is told on stderr (the library
+/// falls back without an error, as an app's defaults need): `--tune tensor_cores=coopmat` on an
+/// adapter without cooperative matrices warns once and still runs; on one with them, and
+/// without `--tune`, there is no warning.
+#[test]
+fn tune_asking_for_missing_hardware_warns() {
+    let info = run_cmd(pisa().args(["info", "--json"])).ok().json();
+    let list = info.as_array().unwrap();
+    assert!(!list.is_empty(), "no adapter: {info}");
+    let coop = list[0]["cooperative_matrix"].as_bool().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let demo = ["demo", "--tokens", "64", "--steps", "2", "--adapter", "0"];
+    let mut asked = demo.to_vec();
+    asked.extend(["--tune", "tensor_cores=coopmat"]);
+    let r = run_in(dir.path(), &asked).ok();
+    let warnings = r
+        .stderr
+        .matches("warning: tensor_cores asks for tensor cores")
+        .count();
+    assert_eq!(warnings, usize::from(!coop), "{}", r.stderr);
+    let r = run_in(dir.path(), &demo).ok();
+    assert!(!r.stderr.contains("warning:"), "{}", r.stderr);
+}
