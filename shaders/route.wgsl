@@ -78,7 +78,8 @@ const QD: u32 = (D4 + L - 1u) / L;
 // SG = 1 with g = 2 and 8 lanes per head group: the lanes' sums taken as a transposed butterfly
 // (score_lanes, route_sg.wgsl), which leaves each lane one (child, head) sum, so each lane forms
 // one head's LSE over the children, instead of every lane summing all 8 and forming all 4
-// heads' LSEs (10 shuffles and 4 transcendentals per lane and candidate instead of 24 and 14).
+// heads' LSEs (10 shuffles and 3 transcendentals per lane and candidate, 4 at a level's last
+// node, instead of 24 and 22: 2 logs of n_c and, per head, 4 exponentials and a log).
 // On the H200 (2026-12-02, f16, Hq 32, Hkv 8, D 128, K 16) the route (table included) took
 // 54.4 / 9.27 ms at 256K / 64K tokens against 63.2 / 10.51 with every lane summing all 8; with
 // the next candidate's rows also loaded during the current one's sums, 73.4 / 12.63; with the

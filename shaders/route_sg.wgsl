@@ -28,8 +28,8 @@ fn groups_sum(x: f32) -> f32 {
 // summed by two more steps. Every lane returns the group's part (`on` false: 0).
 fn score_lanes(acc: array<vec4<f32>, G>, lane: u32, l: u32, j: u32, hg: u32, on: bool,
                ln_full: f32) -> f32 {
-    // Lane bits: BC the child, BP the head pair, BH the head within the pair; below BH (L = 16:
-    // bit 1) the lanes hold parts of the same sums.
+    // Lane bits: BC the child, BP the head pair, BH the head within the pair; the bits below BH
+    // (L = 16: bit 0) tell apart lanes that hold parts of the same sums.
     const BC = L / 2u;
     const BP = L / 4u;
     const BH = L / 8u;

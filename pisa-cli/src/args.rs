@@ -239,37 +239,42 @@ impl DeviceArgs {
 }
 
 /// The knobs this command set (by `--tune` or a `PISA_*` variable) that ask for a hardware path
-/// the adapter does not have: one line each, naming the knob, the adapter and what runs
+/// the opened context does not run: one line each, naming the knob, the adapter and what runs
 /// instead. (The library falls back without an error, as it must for an app's defaults; a
-/// person who asked by name is told.)
+/// person who asked by name is told.) What runs is the context's own choice
+/// ([`Context::kernel_path`], [`Context::nv_cm2`], its features), which also weighs the
+/// adapter's shapes, subgroup sizes and limits, not only its feature list.
 fn unavailable_asked(ctx: &Context) -> Vec<String> {
     let t = ctx.tuning();
-    let r = ctx.report();
+    let name = &ctx.report().name;
     let asked = |knob: &str| EXPLICIT.get().is_some_and(|k| k.iter().any(|x| x == knob));
     let mut out = Vec::new();
-    if asked("tensor_cores") && t.tensor_cores && !r.cooperative_matrix {
+    if asked("tensor_cores")
+        && t.tensor_cores
+        && ctx.kernel_path() != pisa_wgpu::KernelPath::CoopMat
+    {
         out.push(format!(
-            "tensor_cores asks for tensor cores, but {} has no cooperative matrices: the portable kernels run",
-            r.name
+            "tensor_cores asks for tensor cores, but pisa's tensor-core kernels cannot run on {name}: the portable kernels run"
         ));
     }
-    if asked("nv_cm2") && t.nv_cm2 && t.tensor_cores && !r.nv_cooperative_matrix2 {
+    if asked("nv_cm2") && t.nv_cm2 && t.tensor_cores && !ctx.nv_cm2() {
         out.push(format!(
-            "nv_cm2 asks for the NVIDIA kernels, but {} has no usable VK_NV_cooperative_matrix2: they do not run",
-            r.name
+            "nv_cm2 asks for the NVIDIA kernels, but they cannot run on {name} (no usable VK_NV_cooperative_matrix2): they do not run"
         ));
     }
-    if asked("route_subgroups") && t.route_subgroups && !r.subgroups {
+    if asked("route_subgroups")
+        && t.route_subgroups
+        && !ctx.features().contains(pisa_wgpu::wgpu::Features::SUBGROUP)
+    {
         out.push(format!(
-            "route_subgroups asks for the routing's subgroup step, but {} has no subgroups: the workgroup-memory step runs",
-            r.name
+            "route_subgroups asks for the routing's subgroup step, but {name} has no subgroups: the workgroup-memory step runs"
         ));
     }
     out
 }
 
-/// The knob names the command set explicitly ([`set_tuning`]): `--tune` pairs and `PISA_*`
-/// variables present in the environment.
+/// The knob names the command set explicitly ([`set_tuning`]): `--tune` pairs (by knob or
+/// variable name) and `PISA_*` variables set to a non-blank value (a blank one is not read).
 static EXPLICIT: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
 /// The tuning of this command: the defaults, the `PISA_*` variables, then the `--tune
@@ -282,9 +287,10 @@ static TUNE: std::sync::OnceLock<pisa_wgpu::Tuning> = std::sync::OnceLock::new()
 /// name the bad variable or pair.
 pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
     let mut t = pisa_wgpu::Tuning::default().with_env()?;
+    let set = |var: &str| std::env::var(var).is_ok_and(|v| !v.trim().is_empty());
     let mut explicit: Vec<String> = pisa_wgpu::TUNING_KNOBS
         .iter()
-        .filter(|(_, var)| std::env::var_os(var).is_some())
+        .filter(|(_, var)| set(var))
         .map(|(name, _)| name.to_string())
         .collect();
     for p in pairs {
@@ -293,7 +299,14 @@ pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
         };
         t.set(k.trim(), v)
             .map_err(|e| anyhow::anyhow!("--tune {p}: {e}"))?;
-        explicit.push(k.trim().to_string());
+        // (`Tuning::set` takes a knob's variable name too)
+        let k = k.trim();
+        if let Some((name, _)) = pisa_wgpu::TUNING_KNOBS
+            .iter()
+            .find(|(n, v)| *n == k || *v == k)
+        {
+            explicit.push(name.to_string());
+        }
     }
     let _ = TUNE.set(t);
     let _ = EXPLICIT.set(explicit);

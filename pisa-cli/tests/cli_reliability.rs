@@ -357,25 +357,43 @@ fn demo_recall_hint_names_demo_flags() {
 }
 
 /// A knob set by name that asks for hardware the adapter lacks is told on stderr (the library
-/// falls back without an error, as an app's defaults need): `--tune tensor_cores=coopmat` on an
-/// adapter without cooperative matrices warns once and still runs; on one with them, and
-/// without `--tune`, there is no warning.
+/// falls back without an error, as an app's defaults need): `--tune tensor_cores=coopmat` (or
+/// by its variable's name) where the context runs the portable kernels warns once and still
+/// runs; where it runs the tensor-core kernels, and without `--tune`, there is no warning. What
+/// the context runs is read from its own log line (`-v`: "kernel path ..."), with the default
+/// tuning, whose `tensor_cores` is on; the caller's `PISA_*` variables are removed.
 #[test]
 fn tune_asking_for_missing_hardware_warns() {
-    let info = run_cmd(pisa().args(["info", "--json"])).ok().json();
-    let list = info.as_array().unwrap();
-    assert!(!list.is_empty(), "no adapter: {info}");
-    let coop = list[0]["cooperative_matrix"].as_bool().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let demo = ["demo", "--tokens", "64", "--steps", "2", "--adapter", "0"];
-    let mut asked = demo.to_vec();
-    asked.extend(["--tune", "tensor_cores=coopmat"]);
-    let r = run_in(dir.path(), &asked).ok();
-    let warnings = r
+    let run = |extra: &[&str]| {
+        let mut c = pisa();
+        c.current_dir(dir.path());
+        for (_, var) in pisa_wgpu::TUNING_KNOBS {
+            c.env_remove(var);
+        }
+        c.args(["demo", "--tokens", "64", "--steps", "2", "--adapter", "0"]);
+        run_cmd(c.args(extra)).ok()
+    };
+    let plain = run(&["-v"]);
+    let path = plain
         .stderr
-        .matches("warning: tensor_cores asks for tensor cores")
-        .count();
-    assert_eq!(warnings, usize::from(!coop), "{}", r.stderr);
-    let r = run_in(dir.path(), &demo).ok();
-    assert!(!r.stderr.contains("warning:"), "{}", r.stderr);
+        .split("kernel path ")
+        .nth(1)
+        .and_then(|t| t.split([',', ' ']).next())
+        .unwrap_or_else(|| panic!("no kernel path in the log:\n{}", plain.stderr))
+        .to_string();
+    assert!(!plain.stderr.contains("warning:"), "{}", plain.stderr);
+    let want = usize::from(path != "coopmat");
+    for tune in ["tensor_cores=coopmat", "PISA_KERNEL_PATH=coopmat"] {
+        let r = run(&["--tune", tune]);
+        let warnings = r
+            .stderr
+            .matches("warning: tensor_cores asks for tensor cores")
+            .count();
+        assert_eq!(
+            warnings, want,
+            "--tune {tune}, kernel path {path}: {}",
+            r.stderr
+        );
+    }
 }

@@ -12,7 +12,8 @@
 //   (max commutes with a positive scale), so an unmasked block makes no scaling pass.
 // Then O / l (f16) to O in Q's layout and s m + log l to LSE [B, Hq, Nq]. Every stored row sees at
 // least key 0 (Nk >= Nq >= 1, and query i sees keys up to Nk - Nq + i). Rows past Nq are computed
-// on zero queries and never stored (the tensor layouts end at Nq). Defines: HD, BR, BC, DC, WG.
+// on zero queries and never stored (the tensor layouts end at Nq). Defines: HD, BR, BC, DC, WG, MW
+// (below).
 #include "common.glsl"
 
 layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;

@@ -104,7 +104,7 @@ fn subgroup_shape(ctx: &Context, plan: &Plan) -> Option<Shape> {
 }
 
 /// Lanes per head group of the subgroup score step: the most, a power of two, of at most
-/// [`SG_LANES`] and `room` (the smallest subgroup over the query's head groups) whose vec4s
+/// [`SG_LANES`] and `room` (the smallest subgroup size divided by the query's head groups) whose vec4s
 /// divide the head dim `d` (4 lanes x vec4 must divide D); 0 or 1 where none (D not a multiple
 /// of 8, or no room for 2).
 fn sg_lanes(room: u32, d: u32) -> u32 {
