@@ -105,7 +105,9 @@ fn append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (id >= p.wg_count) { return; }
     let kr = id - p.kv_row0; // its row in the bound shard
     let t_new = pos[id / p.kv_heads];
-    if (t_new == 0xffffffffu) { return; }
+    // (past the capacity only when the host's lengths ran ahead of the GPU's, as after an
+    // encoder with a recorded reset was dropped: never write into the next row's keys)
+    if (t_new == 0xffffffffu || t_new >= p.capacity) { return; }
     let d_n = p.head_dim;
     let krow = (kr * p.capacity + t_new) * d_n;
     let r = id * d_n;

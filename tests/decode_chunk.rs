@@ -185,3 +185,57 @@ fn chunk_equals_steps_one_by_one() {
     assert!(matches!(e, GpuError::Input(_)), "{e}");
     assert_eq!(chunked.lens(), &lens[..]);
 }
+
+/// Regression (found by an embedder's trial): an encoder holding a recorded reset that is
+/// dropped leaves the sequence's host length at 0 and its GPU length at the capacity, so a later
+/// recorded append passed the host's capacity check and the GPU wrote the key one position past
+/// the sequence's rows, into the next sequence's keys (its outputs changed). The append kernel
+/// now skips a position past the capacity: sequence 1, never touched, must give the same outputs
+/// (bit for bit) before and after. Batch 2, capacity 40 (not a multiple of the block size 16),
+/// both sequences full; large key values, so that a stray key would move sequence 1's softmax.
+#[test]
+fn dropped_reset_leaves_the_other_sequences_alone() {
+    let _g = settings_lock();
+    let ctx = ctx();
+    let mut r = rng(seed("dropped_reset_leaves_the_other_sequences_alone"));
+    let (bsz, cap, hq, hkv, d) = (2, 40, 4, 2, 32);
+    let cfg = SelectionConfig::new(16, 2).unwrap();
+    let mut cache = KvCache::new(ctx, bsz, cap, hq, hkv, d, cfg, Storage::F32).unwrap();
+    for b in 0..bsz {
+        let k = random(&mut r, hkv * cap * d, 1.0);
+        let v = random(&mut r, hkv * cap * d, 1.0);
+        cache.prefill(b, &k, &v, TensorLayout::Bhnd).unwrap();
+    }
+    let q = random(&mut r, bsz * hq * d, 1.0);
+    let before = cache.step(&q, false).unwrap();
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    cache.record_reset(&mut enc, 0).unwrap();
+    drop(enc);
+    assert_eq!(
+        cache.lens(),
+        &[0, cap],
+        "the host length changes when recorded"
+    );
+    let big = app_buffer(ctx, &vec![50.0; bsz * hkv * d]);
+    let rows = bhnd_f32(&big, [bsz, hkv, 1, d]);
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    cache
+        .record_append_view(&mut enc, &rows, &rows, &[true, false], None)
+        .unwrap();
+    ctx.queue().submit([enc.finish()]);
+    let after = cache.step(&q, false).unwrap();
+    let s1 = hq * d;
+    assert_eq!(
+        &after.out[s1..],
+        &before.out[s1..],
+        "sequence 1's O changed"
+    );
+    assert_eq!(
+        &after.lse[hq..],
+        &before.lse[hq..],
+        "sequence 1's LSE changed"
+    );
+    // A reset writes the GPU lengths too: sequence 0 is usable again.
+    cache.reset(0).unwrap();
+    assert_eq!(cache.lens(), &[0, cap]);
+}

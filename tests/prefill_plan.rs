@@ -172,6 +172,65 @@ fn plan_runs_equal_prefill_host_across_replays_and_layers() {
     }
 }
 
+/// Regression (found by an embedder's trial): an output view the plan would copy into (contiguous
+/// BHND of O's dtype) in a buffer without `COPY_DST` made `run` succeed and the encoder's
+/// `finish` panic inside wgpu. Such a view now takes the scatter, which binds it as storage
+/// only: O (poisoned, in a `STORAGE | COPY_SRC` buffer) must equal `prefill_host`'s.
+#[test]
+fn outputs_without_copy_dst_take_the_scatter() {
+    let ctx = ctx();
+    let s = AttentionShape::prefill(1, 4, 2, 77, 32).unwrap();
+    let opts = PrefillOptions {
+        cfg: SelectionConfig::new(16, 3).unwrap(),
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(ctx, &s, &opts).unwrap();
+    let l = layer(ctx, &s, &opts, seed("outputs_without_copy_dst"));
+    let poison = vec![f32::from_bits(0xFFFF_FFFF); s.q_elems()];
+    let o_buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app o without COPY_DST"),
+        size: 4 * s.q_elems() as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: true,
+    });
+    o_buf
+        .slice(..)
+        .get_mapped_range_mut()
+        .unwrap()
+        .copy_from_slice(bytemuck::cast_slice(&poison));
+    o_buf.unmap();
+    let [b, hq, n, d] = [s.batch, s.q_heads, s.q_len, s.head_dim];
+    let o = TensorView::contiguous(&o_buf, 0, DType::F32, [b, hq, n, d], TensorLayout::Bhnd);
+    let o = o.unwrap();
+    let [_, lse, _] = outputs(&l, &s, 3);
+    let po = PrefillOutputs {
+        out: &o,
+        lse: &lse,
+        selection: None,
+    };
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    plan.run(&mut enc, &l.q, &l.k, &l.v, &po, None).unwrap();
+    ctx.scoped("test submit", || {
+        ctx.queue().submit([enc.finish()]);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(read_f32(ctx, &o_buf, 0, s.q_elems()), l.host.out);
+}
+
+/// A planned prefill takes every key's query: `q_len != k_len` is refused when planning (it
+/// was accepted, and its first run failed after part of it was recorded).
+#[test]
+fn plan_refuses_q_len_other_than_k_len() {
+    let ctx = ctx();
+    let s = AttentionShape::new(1, 4, 2, 50, 100, 32).unwrap();
+    let e = PrefillPlan::new(ctx, &s, &PrefillOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, GpuError::Unsupported(ref m) if m.contains("q_len 50 and k_len 100")),
+        "{e}"
+    );
+}
+
 #[test]
 fn plan_refuses_views_it_cannot_use() {
     let ctx = ctx();

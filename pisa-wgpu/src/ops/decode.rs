@@ -144,6 +144,16 @@ pub struct DecodeOutput {
 /// value gives NaN; a non-finite query element makes that step's row of its head NaN. Once a bad
 /// key is in the cache it also enters the pyramid means above it, so it can change the selection
 /// (not only the output) of every later step of its sequence until a reset.
+///
+/// # Recorded commands
+///
+/// The `record_*` methods (append, reset, prefill, take-over) change the cache's host state, its
+/// lengths ([`KvCache::lens`]), when they record, and the GPU state when the encoder runs. An
+/// encoder holding them must be submitted: if it is dropped instead (after an error, say), the
+/// host lengths of the sequences it touched are ahead of the GPU's, and those sequences'
+/// outputs are unspecified until [`KvCache::reset`] or a prefill, which set both. The other
+/// sequences are unaffected: an append that would land past a sequence's capacity on the GPU
+/// is skipped there, never written into another sequence's rows.
 #[derive(Debug)]
 pub struct KvCache {
     ctx: Context,

@@ -90,7 +90,8 @@ pub struct PlanViews<'a> {
 ///
 /// The outputs are written by the kernels into the plan's O (of [`Storage::output`]: f32 for
 /// bf16 storage), LSE and selection, then copied (`copy_buffer_to_buffer`, when the caller's
-/// view is contiguous BHND of O's dtype at a 4-byte offset) or scattered
+/// view is contiguous BHND of O's dtype at a 4-byte offset in a buffer with `COPY_DST`) or
+/// scattered
 /// (`ops::gather::record_scatter`, converting to the view's dtype) into the caller's views;
 /// a plan made by [`PrefillPlan::new_in_place`] with [`PlanViews::out`] has the kernels write
 /// the caller's O directly (no O of its own, no copy).
@@ -151,7 +152,8 @@ impl PrefillPlan {
     /// the views carry their own strides). Records the prefill once (into an encoder that is
     /// dropped): pipelines are built and every buffer and bind group is made here.
     ///
-    /// Errors: the shape's and options' validation errors; [`GpuError::Limit`] when a tensor
+    /// Errors: the shape's and options' validation errors; [`GpuError::Unsupported`] when
+    /// `q_len != k_len`; [`GpuError::Limit`] when a tensor
     /// of the call exceeds one storage binding (the host convenience
     /// [`super::prefill_host`] splits such calls by KV head; plan per head group instead);
     /// device errors.
@@ -268,6 +270,15 @@ impl PrefillPlan {
         opts: &PrefillOptions,
     ) -> Result<(AttentionShape, PrefillOptions)> {
         let shape = super::validated(shape, opts)?;
+        if shape.q_len != shape.k_len {
+            return Err(GpuError::Unsupported(format!(
+                "a planned prefill takes every key's query (q_len == k_len: its staging, pyramid \
+                 and decode take-over hold the whole sequence); this shape has q_len {} and k_len \
+                 {} (for queries at the end of a longer sequence use prefill_host, or plan the \
+                 whole sequence)",
+                shape.q_len, shape.k_len
+            )));
+        }
         if opts.q_tile == 0 {
             return Err(pisa_core::PisaError::Zero { what: "q_tile" }.into());
         }
@@ -786,7 +797,8 @@ fn copy_range(view: &TensorView, shape: [usize; 4]) -> Option<(u64, u64)> {
 }
 
 /// Writes the plan's contiguous BHND `src` of `storage` into the caller's `dst`: a buffer
-/// copy when `dst` is contiguous BHND of the same dtype at a 4-byte offset, else a scatter.
+/// copy when `dst` is contiguous BHND of the same dtype at a 4-byte offset in a buffer with
+/// `COPY_DST`, else a scatter.
 fn write_out(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -794,7 +806,9 @@ fn write_out(
     storage: Storage,
     dst: &TensorView,
 ) -> Result<()> {
-    match copy_of(storage, dst) {
+    // (a buffer without COPY_DST takes the scatter, which binds it as storage only)
+    let copyable = dst.buffer().usage().contains(wgpu::BufferUsages::COPY_DST);
+    match copy_of(storage, dst).filter(|_| copyable) {
         Some((off, bytes)) => {
             enc.copy_buffer_to_buffer(src, 0, dst.buffer(), off, bytes);
             Ok(())
