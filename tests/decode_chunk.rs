@@ -239,3 +239,67 @@ fn dropped_reset_leaves_the_other_sequences_alone() {
     cache.reset(0).unwrap();
     assert_eq!(cache.lens(), &[0, cap]);
 }
+
+/// Regression (found by an embedder's trial): with the fused step, a query and an output in one
+/// buffer (disjoint, aligned ranges) made `record_step_into` succeed and the encoder's `finish`
+/// panic inside wgpu (one dispatch binds q read-only and the outputs writable). It is now a
+/// `View` error that records nothing; the split step, whose dispatches bind them apart, runs
+/// the same views and gives the outputs of separate buffers (bit for bit).
+#[test]
+fn fused_step_refuses_q_and_output_in_one_buffer() {
+    let _g = settings_lock();
+    let ctx = ctx();
+    let mut r = rng(seed("fused_step_refuses_q_and_output_in_one_buffer"));
+    let (bsz, cap, hq, hkv, d) = (1, 70, 4, 2, 32);
+    let cfg = SelectionConfig::new(16, 2).unwrap();
+    let mut cache = KvCache::new(ctx, bsz, cap, hq, hkv, d, cfg, Storage::F32).unwrap();
+    let k = random(&mut r, hkv * 50 * d, 1.0);
+    let v = random(&mut r, hkv * 50 * d, 1.0);
+    cache.prefill(0, &k, &v, TensorLayout::Bhnd).unwrap();
+    let q = random(&mut r, bsz * hq * d, 1.0);
+    let align = ctx.device().limits().min_storage_buffer_offset_alignment as usize / 4;
+    let o_at = (bsz * hq * d).div_ceil(align) * align; // O after Q, aligned
+    let mut data = q.clone();
+    data.resize(o_at + bsz * hq * d, f32::NAN);
+    let shared = app_buffer(ctx, &data);
+    let qv = bhnd_f32(&shared, [bsz, hq, 1, d]);
+    let ov = TensorView::contiguous(
+        &shared,
+        4 * o_at as u64,
+        DType::F32,
+        [bsz, hq, 1, d],
+        TensorLayout::Bhnd,
+    )
+    .unwrap();
+    let lse = app_buffer(ctx, &vec![f32::NAN; bsz * hq]);
+    let lv = bhnd_f32(&lse, [bsz, hq, 1, 1]);
+    let so = StepOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: None,
+    };
+    cache.set_fused(true);
+    if cache.is_fused() {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let e = cache
+            .record_step_into(&mut enc, &qv, Some(&so), None)
+            .unwrap_err();
+        assert!(
+            matches!(e, GpuError::View(ref m) if m.contains("one buffer")),
+            "{e}"
+        );
+        ctx.queue().submit([enc.finish()]);
+    } else {
+        eprintln!("the fused step does not fit this device: only the split step is checked");
+    }
+    cache.set_fused(false);
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    cache
+        .record_step_into(&mut enc, &qv, Some(&so), None)
+        .unwrap();
+    ctx.queue().submit([enc.finish()]);
+    let want = cache.step(&q, false).unwrap();
+    let got = ctx.read_bytes(&shared).unwrap();
+    let got: &[f32] = bytemuck::cast_slice(&got[4 * o_at..4 * (o_at + bsz * hq * d)]);
+    assert_eq!(got, want.out.as_slice());
+}

@@ -100,6 +100,19 @@ fn take_over(pad: usize, st: Storage) {
         matches!(e, GpuError::Unsupported(ref m) if m.contains("block size")),
         "{e}"
     );
+    // A plan of another context (another device) is refused: the take-over's copies would
+    // panic inside wgpu when the encoder finishes (found by an embedder's trial).
+    if pad == 0 && st == Storage::F32 {
+        let own = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+        let foreign = PrefillPlan::new(&own, &shape, &opts).unwrap();
+        let e = from_plan
+            .record_prefill_from_plan(&mut enc, 0, &foreign, 0)
+            .unwrap_err();
+        assert!(
+            matches!(e, GpuError::Unsupported(ref m) if m.contains("different contexts")),
+            "{e}"
+        );
+    }
     // A plan that has not run has nothing to hand over (its buffers hold no sequence yet).
     let e = from_plan
         .record_prefill_from_plan(&mut enc, 0, &plan, 0)

@@ -129,8 +129,9 @@ impl KvCache {
     /// small dispatch. The outputs are always bound in place.
     ///
     /// Errors: [`GpuError::View`] for a view of the wrong shape, or an output of the wrong
-    /// dtype, not contiguous, or at an offset the device cannot bind; [`GpuError::Validation`]
-    /// for a buffer of another device.
+    /// dtype, not contiguous, or at an offset the device cannot bind, or, when the step runs
+    /// fused, in the buffer of a `q` bound in place; [`GpuError::Validation`] for a buffer of
+    /// another device.
     ///
     /// ```no_run
     /// # fn f(ctx: &pisa_wgpu::Context, cache: &mut pisa_wgpu::ops::decode::KvCache,
@@ -192,6 +193,15 @@ impl KvCache {
             ),
         };
         let q = self.input_view(enc, "q", q, [b, hq, 1, d], &self.q_in)?;
+        // (q bound in place, so nothing is recorded yet: a gathered q is in the cache's scratch)
+        if self.is_fused() && [&out, &lse, &sel].iter().any(|o| o.buffer == q.buffer) {
+            return Err(GpuError::View(
+                "q and a decode output in one buffer: the fused step binds q read-only and the \
+                 outputs writable in one dispatch, which wgpu refuses for one buffer (even for \
+                 disjoint ranges); put them in separate buffers, or run the split step"
+                    .into(),
+            ));
+        }
         Ok(StepIo {
             fused: self.is_fused(),
             q,

@@ -179,17 +179,26 @@ impl KvCache {
     }
 
     /// The checks of [`Self::record_prefill_from_plan`] before it records anything, for a plan
-    /// of `ps` and `po`: the plan matches the cache (Hkv, D, storage, block size, merge factor,
-    /// scoring; [`crate::GpuError::Unsupported`] naming what differs), `seq` is one of the
+    /// of `ps` and `po` made with `plan_ctx`: the plan matches the cache (its context, Hkv, D,
+    /// storage, block size, merge factor, scoring; [`crate::GpuError::Unsupported`] naming what
+    /// differs), `seq` is one of the
     /// cache's, `batch` one of the plan's and its length fits the cache
     /// ([`PisaError::TooLarge`]).
     pub(crate) fn check_plan(
         &self,
+        plan_ctx: &crate::Context,
         ps: &pisa_core::AttentionShape,
         po: &crate::ops::prefill::PrefillOptions,
         seq: usize,
         batch: usize,
     ) -> Result<()> {
+        if !plan_ctx.same(&self.ctx) {
+            return Err(crate::GpuError::Unsupported(
+                "the plan and the cache belong to different contexts (the take-over copies \
+                 between buffers of one device): make both with one Context"
+                    .into(),
+            ));
+        }
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
         let c = &self.cfg;
         let diffs: Vec<String> = [
@@ -289,8 +298,8 @@ impl KvCache {
     /// In that second case the views must still hold the run's keys and values when this
     /// executes: record it in the run's encoder, or at least before anything overwrites them
     /// (the next layer's QKV projection in a reused buffer, say).
-    /// The cache and the plan must agree on Hkv, D, storage, block size, merge factor and
-    /// scoring. What is loaded is what the plan's last recorded run leaves once it has
+    /// The cache and the plan must share their context and agree on Hkv, D, storage, block
+    /// size, merge factor and scoring. What is loaded is what the plan's last recorded run leaves once it has
     /// executed, so record this after that run and before the plan's next one (which reuses
     /// the same buffers: two runs then two take-overs load the second run's sequence twice);
     /// a varlen prefill hands over with [`crate::VarlenPrefillPlan::run_into_cache`]. Errors:
@@ -304,7 +313,7 @@ impl KvCache {
         batch: usize,
     ) -> Result<()> {
         let (ps, po) = (plan.shape(), plan.options());
-        self.check_plan(ps, po, seq, batch)?;
+        self.check_plan(plan.context(), ps, po, seq, batch)?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
         let c = &self.cfg;
         let n = ps.k_len;

@@ -148,6 +148,11 @@ pub struct PrefillPlan {
 }
 
 impl PrefillPlan {
+    /// The context the plan was made with.
+    pub(crate) fn context(&self) -> &Context {
+        &self.ctx
+    }
+
     /// Plans the prefill of `shape` (`q_len == k_len`) with `opts` (its `layout` is not used:
     /// the views carry their own strides). Records the prefill once (into an encoder that is
     /// dropped): pipelines are built and every buffer and bind group is made here.
@@ -1032,7 +1037,7 @@ impl VarlenPrefillPlan {
         let (hq, hkv, d) = self.heads;
         for (i, w) in cu_seqlens.windows(2).enumerate() {
             let shape = AttentionShape::prefill(1, hq, hkv, w[1] - w[0], d)?;
-            cache.check_plan(&shape, &self.opts, seqs[i], 0)?;
+            cache.check_plan(&self.ctx, &shape, &self.opts, seqs[i], 0)?;
         }
         self.run_to(
             enc,
