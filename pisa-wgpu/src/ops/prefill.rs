@@ -70,7 +70,9 @@ use crate::error::GpuError;
 pub struct PrefillOptions {
     /// Selection configuration (C, K, g, scoring, forced blocks, causal, scale).
     pub cfg: SelectionConfig,
-    /// Layout of Q, K, V and O.
+    /// Layout of Q, K, V and O in the host slices of [`prefill_host`] and the tensors of
+    /// [`record_prefill`]. A [`PrefillPlan`] does not use it: the views given to its runs
+    /// carry their own strides.
     pub layout: TensorLayout,
     /// GPU storage precision of Q, K, V and O: f32, f16, or bf16 ([`Storage::Bf16`]: the
     /// kernels read the 16-bit words and widen them exactly, O is written in f32). bf16 runs
