@@ -1197,3 +1197,21 @@ fn packed_qkv_is_read_in_place() {
     assert_eq!(checked, 2 * runnable, "cases that ran");
     assert!(runnable >= 3);
 }
+
+/// A top_k whose stage-1 candidates (g (top_k + 1) per query) exceed one storage binding is a
+/// `Limit` error whose hint names top_k (it named f16 storage, which does not shrink them).
+/// 1024 queries x 2 (2^20 + 1) candidates x 4 bytes = 8 GiB, past any binding.
+#[test]
+fn a_top_k_past_one_binding_is_named_in_the_hint() {
+    let ctx = ctx();
+    let s = AttentionShape::prefill(1, 2, 1, 1024, 16).unwrap();
+    let opts = PrefillOptions {
+        cfg: SelectionConfig::new(16, 1 << 20).unwrap(),
+        ..Default::default()
+    };
+    let e = PrefillPlan::new(ctx, &s, &opts).unwrap_err();
+    assert!(
+        matches!(e, GpuError::Limit { hint, .. } if hint.contains("smaller top_k")),
+        "{e}"
+    );
+}

@@ -23,17 +23,21 @@ pub(super) fn units_per_chunk(
         shape.head_dim as u64,
         opts.storage.bytes(),
     );
-    let per_unit = [
-        g * shape.q_len as u64 * d * e,                             // Q
-        g * shape.q_len as u64 * d * opts.storage.output().bytes(), // O (f32 for bf16)
-        shape.k_len as u64 * d * e,                                 // K, V
-        lay.total_nodes() as u64 * d * 4,                           // pyramid
-        shape.q_len as u64 * sched.max_candidates as u64 * 4,       // stage-1 candidates
-        g * shape.q_len as u64 * 4,                                 // LSE
+    // (bytes, whether top_k sizes it)
+    let (per_unit, by_top_k) = [
+        (g * shape.q_len as u64 * d * e, false), // Q
+        (
+            g * shape.q_len as u64 * d * opts.storage.output().bytes(),
+            false,
+        ), // O (f32 for bf16)
+        (shape.k_len as u64 * d * e, false),     // K, V
+        (lay.total_nodes() as u64 * d * 4, false), // pyramid
+        (shape.q_len as u64 * sched.max_candidates as u64 * 4, true), // stage-1 candidates
+        (g * shape.q_len as u64 * 4, false),     // LSE
     ]
     .into_iter()
-    .max()
-    .unwrap_or(1);
+    .max_by_key(|&(bytes, _)| bytes)
+    .unwrap_or((1, false));
     let limit = ctx.max_binding_bytes();
     if per_unit > limit {
         return Err(GpuError::Limit {
@@ -41,7 +45,12 @@ pub(super) fn units_per_chunk(
             needed: per_unit,
             limit,
             unit: "bytes",
-            hint: "use f16 storage or a shorter sequence",
+            hint: if by_top_k {
+                "use a smaller top_k (the stage-1 candidates, g (top_k + 1) per query, are the \
+                 largest tensor) or a shorter sequence"
+            } else {
+                "use f16 storage or a shorter sequence"
+            },
         });
     }
     Ok((limit / per_unit) as usize)
