@@ -193,7 +193,13 @@ impl Context {
     /// EXPERIMENTAL_COOPERATIVE_MATRIX the portable kernels run.
     ///
     /// Buffers given to pisa ([`crate::TensorView`]) must be of this device; one of another
-    /// device of the same `wgpu::Instance` is a [`GpuError::Validation`].
+    /// device of the same `wgpu::Instance` is a [`GpuError::Validation`] where pisa binds it
+    /// (an output it only copies into fails in wgpu when the encoder finishes).
+    ///
+    /// A device lost (or destroyed) after the context is made is the application's to see,
+    /// through its own device-lost callback: pisa's later calls on it return the errors wgpu
+    /// gives them, typically [`GpuError::Validation`] for an invalid object, not
+    /// [`GpuError::DeviceLost`].
     ///
     /// The tuning is the adapter's defaults ([`Tuning::for_adapter`]); no environment variable
     /// is read. [`Context::from_device_with_tuning`] takes another.
