@@ -183,3 +183,58 @@ fn destroyed_device_gives_errors_and_a_new_context_works() {
     let got = prefill_host(&fresh, &q, &k, &v, &shape, &opts(cfg)).unwrap();
     assert!(same_output(&want, &got));
 }
+
+/// A device the application opened with lower limits than the adapter's gets typed errors
+/// that say what to change, not wgpu's validation errors: with wgpu's downlevel defaults (4
+/// storage buffers per stage) a prefill is a `Limit` in "bindings" naming the kernel; with its
+/// WebGL2 defaults (no compute shaders) the context itself is `Unsupported`. With the
+/// adapter's limits the same prefill runs (so the errors come from the limits alone).
+#[test]
+fn lower_device_limits_give_typed_errors() {
+    let instance = pisa_wgpu::wgpu::Instance::new(
+        pisa_wgpu::wgpu::InstanceDescriptor::new_without_display_handle_from_env(),
+    );
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
+        .expect("a GPU adapter (install mesa-vulkan-drivers)");
+    let open = |limits: pisa_wgpu::wgpu::Limits| {
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&pisa_wgpu::wgpu::DeviceDescriptor {
+                required_features: pisa_wgpu::wanted_features(&adapter)
+                    - pisa_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+                required_limits: limits.using_resolution(adapter.limits()),
+                ..Default::default()
+            }))
+            .expect("a device with lower limits than the adapter's");
+        pisa_wgpu::Context::from_device(&adapter, device, queue)
+    };
+    let (shape, cfg) = small();
+    let (q, k, v) = inputs(&shape, 11);
+
+    let ctx = open(adapter.limits()).unwrap();
+    prefill_host(&ctx, &q, &k, &v, &shape, &opts(cfg)).unwrap();
+
+    let ctx = open(pisa_wgpu::wgpu::Limits::downlevel_defaults()).unwrap();
+    match prefill_host(&ctx, &q, &k, &v, &shape, &opts(cfg)).unwrap_err() {
+        GpuError::Limit {
+            what,
+            needed,
+            limit,
+            unit,
+            ..
+        } => {
+            assert_eq!((unit, limit), ("bindings", 4), "{what}");
+            assert!(needed > 4, "{what}: {needed}");
+            assert!(
+                what.contains("storage buffers") && what.contains("kernel"),
+                "{what}"
+            );
+        }
+        other => panic!("expected GpuError::Limit, got {other:?}"),
+    }
+
+    match open(pisa_wgpu::wgpu::Limits::downlevel_webgl2_defaults()) {
+        Err(GpuError::Unsupported(msg)) => assert!(msg.contains("compute"), "{msg}"),
+        Err(other) => panic!("expected GpuError::Unsupported, got {other:?}"),
+        Ok(_) => panic!("a context on a device without compute shaders"),
+    }
+}

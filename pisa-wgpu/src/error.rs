@@ -47,7 +47,7 @@ pub enum GpuError {
         needed: u64,
         /// The adapter's limit, in `unit`.
         limit: u64,
-        /// Unit of `needed` and `limit` ("bytes", "loop iterations", "elements").
+        /// Unit of `needed` and `limit` ("bytes", "loop iterations", "elements", "bindings").
         unit: &'static str,
         /// What to do about it.
         hint: &'static str,

@@ -284,6 +284,7 @@ impl Context {
     ) -> Result<Self> {
         let features = device.features() & WANTED;
         let limits = device.limits();
+        check_compute_limits(&limits)?;
         let coop = features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
         let coop_props = if coop {
             adapter.cooperative_matrix_properties()
@@ -713,6 +714,33 @@ fn scope_errors(op: &'static str, v: Option<wgpu::Error>, o: Option<wgpu::Error>
             op,
             message: e.to_string(),
         });
+    }
+    Ok(())
+}
+
+/// Refuses a device that can run no compute shader over storage buffers (wgpu's WebGL2
+/// downlevel limits, `wgpu::Limits::downlevel_webgl2_defaults`, have none): every pisa kernel is
+/// one, and without this check the first plan would fail with a `Limit` of 0 bytes. Devices
+/// with fewer storage buffers per stage than a kernel binds are refused per kernel, when its
+/// pipeline is built (`pipeline::check_bindings`).
+fn check_compute_limits(limits: &wgpu::Limits) -> Result<()> {
+    let l = limits;
+    if l.max_storage_buffers_per_shader_stage == 0
+        || l.max_storage_buffer_binding_size == 0
+        || l.max_compute_invocations_per_workgroup == 0
+        || l.max_compute_workgroups_per_dimension == 0
+    {
+        return Err(GpuError::Unsupported(format!(
+            "a device without compute shaders over storage buffers (its limits: \
+             max_storage_buffers_per_shader_stage {}, max_storage_buffer_binding_size {}, \
+             max_compute_invocations_per_workgroup {}, max_compute_workgroups_per_dimension {}); \
+             pisa's kernels are compute shaders: open the device with the adapter's limits \
+             (WebGL2 has no compute shaders; WebGPU and native backends do)",
+            l.max_storage_buffers_per_shader_stage,
+            l.max_storage_buffer_binding_size,
+            l.max_compute_invocations_per_workgroup,
+            l.max_compute_workgroups_per_dimension
+        )));
     }
     Ok(())
 }

@@ -387,6 +387,7 @@ impl PipelineCache {
         let t0 = web_time::Instant::now();
         let src = preprocess(shader, storage, consts)?;
         dump_wgsl(&key, &src);
+        check_bindings(&device.limits(), shader.name, entry, &src)?;
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),
             source: wgpu::ShaderSource::Wgsl(src.into()),
@@ -442,6 +443,68 @@ impl crate::Context {
         names.dedup();
         names
     }
+}
+
+/// Refuses, with [`GpuError::Limit`] (unit "bindings"), an entry point that binds more storage
+/// or uniform buffers than the device allows per shader stage: wgpu would fail its pipeline
+/// with a validation error naming neither the kernel nor the remedy. (wgpu's downlevel limits,
+/// which some apps open their device with, allow 4 storage buffers per stage, fewer than the
+/// routing and decode kernels bind; pisa's plans size everything else against the device.) The
+/// declared
+/// bindings are counted in the text first; only a module declaring more than a limit is
+/// parsed and validated by naga, to count the ones `entry` uses (an implicit layout binds only
+/// those). A module naga does not validate is left to wgpu, which reports it. (Native targets,
+/// through wgpu's naga; on wasm32 the browser's WebGPU reports it, as a validation error.)
+#[cfg(target_arch = "wasm32")]
+fn check_bindings(_: &wgpu::Limits, _: &str, _: &str, _: &str) -> Result<()> {
+    Ok(())
+}
+#[cfg(not(target_arch = "wasm32"))]
+fn check_bindings(limits: &wgpu::Limits, name: &str, entry: &str, src: &str) -> Result<()> {
+    use wgpu::naga;
+    let storage_limit = limits.max_storage_buffers_per_shader_stage;
+    let uniform_limit = limits.max_uniform_buffers_per_shader_stage;
+    let declared = |pat: &str| src.matches(pat).count() as u32;
+    if declared("var<storage") <= storage_limit && declared("var<uniform") <= uniform_limit {
+        return Ok(());
+    }
+    let Ok(module) = naga::front::wgsl::parse_str(src) else {
+        return Ok(());
+    };
+    let Ok(info) = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module) else {
+        return Ok(());
+    };
+    let Some(ep) = module.entry_points.iter().position(|e| e.name == entry) else {
+        return Ok(());
+    };
+    let uses = info.get_entry_point(ep);
+    let used = |space: fn(&naga::AddressSpace) -> bool| {
+        (module.global_variables.iter())
+            .filter(|(h, v)| space(&v.space) && !uses[*h].is_empty())
+            .count() as u64
+    };
+    let storage = used(|s| matches!(s, naga::AddressSpace::Storage { .. }));
+    let uniform = used(|s| matches!(s, naga::AddressSpace::Uniform));
+    for (kind, needed, limit) in [
+        ("storage", storage, storage_limit),
+        ("uniform", uniform, uniform_limit),
+    ] {
+        if needed > limit as u64 {
+            return Err(GpuError::Limit {
+                what: format!("{kind} buffers per shader stage of the {name} kernel ({entry})"),
+                needed,
+                limit: limit as u64,
+                unit: "bindings",
+                hint: "open the device with the adapter's limits (`required_limits: \
+                       adapter.limits()`); wgpu's downlevel defaults allow 4 storage buffers",
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Bytes of the `var<workgroup>` globals that entry point `entry` of `shader` uses, for
