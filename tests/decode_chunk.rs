@@ -83,6 +83,19 @@ fn chunk_equals_steps_one_by_one() {
             matches!(e, GpuError::View(ref m) if m.contains("I32")),
             "{e}"
         );
+        // i32 keys and values loaded into a cache are refused as well (they were copied as raw
+        // bits into the f32 cache), and the sequence keeps its length.
+        let k1 = bhnd_f32(&k, [1, hkv, t_n, d]);
+        let k32 = TensorView::new(&k, 0, DType::I32, k1.shape(), k1.strides()).unwrap();
+        let len0 = chunked.len(0);
+        for (kk, vv2) in [(&k32, &k1), (&k1, &k32)] {
+            let e = chunked.prefill_view(0, kk, vv2).unwrap_err();
+            assert!(
+                matches!(e, GpuError::View(ref m) if m.contains("I32")),
+                "{e}"
+            );
+        }
+        assert_eq!(chunked.len(0), len0);
         let k_short = bhnd_f32(&k, [bsz, hkv, t_n - 1, d]);
         let e = chunked
             .record_chunk(&mut enc, &qv, &k_short, &vv, &outs, None)

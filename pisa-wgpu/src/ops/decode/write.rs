@@ -37,7 +37,8 @@ impl KvCache {
     /// strides and dtype (f32, f16, bf16; e.g. one sequence of a varlen prefill's packed K/V,
     /// [`TensorView::tokens`]), gathered on the GPU into the cache (no host transfer). Blocks
     /// until the copy and the pyramid build are done (wasm32: refused). Errors: as
-    /// [`Self::prefill_device`], [`crate::GpuError::View`] for views of the wrong shape.
+    /// [`Self::prefill_device`], [`crate::GpuError::View`] for views of the wrong shape or of
+    /// dtype i32.
     pub fn prefill_view(&mut self, seq: usize, k: &TensorView, v: &TensorView) -> Result<()> {
         let ctx = self.ctx.clone();
         ctx.scoped("decode prefill", || {
@@ -270,6 +271,7 @@ impl KvCache {
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
         let p_len = k.shape()[2];
         for (what, t) in [("prefill keys", k), ("prefill values", v)] {
+            crate::runtime::view::check_float_input(what, t)?;
             if t.shape() != [1, hkv, p_len, d] {
                 return Err(crate::GpuError::View(format!(
                     "{what}: expected [1, {hkv}, {p_len}, {d}], got {:?}",
