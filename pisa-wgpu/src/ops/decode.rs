@@ -141,7 +141,9 @@ pub struct DecodeOutput {
 /// later steps of that sequence that attend the bad key or value are unspecified. On Mesa
 /// lavapipe: a NaN key gives **finite** outputs, as if the key were absent; a +inf key gives NaN,
 /// zeros with LSE -inf (like an empty sequence) or finite outputs depending on the step; a NaN
-/// value gives NaN; a non-finite query element makes that step's row of its head NaN. Once a bad
+/// value gives NaN; a non-finite query element makes that step's row of its head **zeros with
+/// LSE -inf** (every score of the row is non-finite and ranks as -inf: it looks like an empty
+/// sequence, not like NaN; test the LSE, or check the inputs). Once a bad
 /// key is in the cache it also enters the pyramid means above it, so it can change the selection
 /// (not only the output) of every later step of its sequence until a reset.
 ///

@@ -36,8 +36,9 @@
 //! 15) it is: NaN key: a **finite** result equal to attention without that key (the NaN is
 //! silently dropped); +inf or -inf key: either that (finite) or, where the score is +inf or NaN
 //! after scaling, **zeros with LSE -inf**, which looks like an empty row; NaN or ±inf value:
-//! NaN; NaN or ±inf in a query row: that row NaN. So a non-finite input need not show up as NaN
-//! in the output: check the inputs where it cannot be ruled out upstream.
+//! NaN; NaN or ±inf in a query row: that row **zeros with LSE -inf** (all its scores are
+//! non-finite and rank as -inf), like a row that sees nothing. So a non-finite input need not
+//! show up as NaN in the output: check the inputs where it cannot be ruled out upstream.
 //!
 //! Also: with `Storage::F16`, finite values above 65504 in magnitude become ±inf on upload
 //! ([`check_finite`] sees the f32 input, not the f16 copy). On the cooperative-matrix
