@@ -491,12 +491,20 @@ fn varlen_prefill_equals_each_sequence_alone() {
         selection: Some(&sv),
     };
     let mut enc = ctx.device().create_command_encoder(&Default::default());
-    // Bad cu_seqlens are refused.
-    for bad in [vec![0usize], vec![1, total], vec![0, 100, 100, total]] {
+    // Bad cu_seqlens are refused, each with a message that says what is wrong.
+    for (bad, says) in [
+        (vec![0usize], "sequences"),
+        (vec![1, total], "first offset must be 0"),
+        (vec![0, 100, 100, total], "every sequence's length"),
+        (vec![0, 100, 50, total], "offsets must increase"),
+    ] {
         let e = plan
             .run(&mut enc, &bad, &qv, &kv, &vv, &outs, None)
             .unwrap_err();
-        assert!(matches!(e, GpuError::Input(_)), "{e}");
+        assert!(
+            matches!(e, GpuError::Input(_)) && e.to_string().contains(says),
+            "{bad:?}: {e}"
+        );
     }
     plan.run(&mut enc, &cu, &qv, &kv, &vv, &outs, None).unwrap();
     ctx.scoped("test submit", || {

@@ -696,16 +696,27 @@ fn in_place(
 /// `cu_seqlens` of a varlen call: at least one sequence, from token 0, strictly increasing.
 /// Errors: [`GpuError::Input`].
 fn check_cu_seqlens(cu_seqlens: &[usize]) -> Result<()> {
-    let bad = |what: &'static str| GpuError::Input(pisa_core::PisaError::Zero { what });
-    if cu_seqlens.len() < 2 || cu_seqlens[0] != 0 {
-        return Err(bad(
-            "cu_seqlens: at least one sequence, starting at token 0",
-        ));
+    use pisa_core::PisaError::{InvalidValue, Zero};
+    let err = |e| Err(GpuError::Input(e));
+    if cu_seqlens.len() < 2 {
+        return err(Zero {
+            what: "cu_seqlens: sequences (it holds n + 1 offsets)",
+        });
     }
-    if cu_seqlens.windows(2).any(|w| w[1] <= w[0]) {
-        return Err(bad(
-            "cu_seqlens: sequence lengths (strictly increasing offsets)",
-        ));
+    if cu_seqlens[0] != 0 {
+        return err(InvalidValue {
+            what: "cu_seqlens: the first offset must be 0",
+        });
+    }
+    if cu_seqlens.windows(2).any(|w| w[1] == w[0]) {
+        return err(Zero {
+            what: "cu_seqlens: every sequence's length",
+        });
+    }
+    if cu_seqlens.windows(2).any(|w| w[1] < w[0]) {
+        return err(InvalidValue {
+            what: "cu_seqlens: offsets must increase",
+        });
     }
     Ok(())
 }
