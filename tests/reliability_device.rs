@@ -45,6 +45,40 @@ fn binding_limit_gives_limit_error_then_the_context_recovers() {
     assert!(same_output(&want, &again));
 }
 
+/// The `Limit` hint of a head past one binding suggests f16 storage only where the storage is
+/// f32: with f16 storage already it says to shorten the sequence.
+#[test]
+fn binding_limit_hint_fits_the_storage() {
+    let ctx = private_ctx();
+    let (shape, cfg) = small();
+    let (q, k, v) = inputs(&shape, 5);
+    // One KV head of K: 200 * 32 * 2 = 12,800 bytes in f16, 25,600 in f32.
+    ctx.set_max_binding_bytes(4096);
+    for (storage, f16_hint) in [(Storage::F32, true), (Storage::F16, false)] {
+        if storage == Storage::F16
+            && !ctx
+                .features()
+                .contains(pisa_wgpu::wgpu::Features::SHADER_F16)
+        {
+            continue;
+        }
+        let o = pisa_wgpu::ops::prefill::PrefillOptions {
+            storage,
+            ..opts(cfg)
+        };
+        match prefill_host(&ctx, &q, &k, &v, &shape, &o).unwrap_err() {
+            GpuError::Limit { hint, .. } => {
+                assert_eq!(
+                    hint.contains("f16 storage"),
+                    f16_hint,
+                    "{storage:?}: {hint}"
+                )
+            }
+            other => panic!("expected GpuError::Limit, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn dispatch_past_the_grid_limit_is_a_typed_error() {
     let ctx = ctx();

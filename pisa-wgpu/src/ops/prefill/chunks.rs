@@ -23,21 +23,25 @@ pub(super) fn units_per_chunk(
         shape.head_dim as u64,
         opts.storage.bytes(),
     );
-    // (bytes, whether top_k sizes it)
-    let (per_unit, by_top_k) = [
-        (g * shape.q_len as u64 * d * e, false), // Q
+    // (bytes, what a smaller one needs: top_k, f16 storage (f32 storage only), or neither)
+    let f32_storage = e == 4;
+    let (per_unit, by) = [
+        (g * shape.q_len as u64 * d * e, Shrink::Storage), // Q
         (
             g * shape.q_len as u64 * d * opts.storage.output().bytes(),
-            false,
+            Shrink::Storage,
         ), // O (f32 for bf16)
-        (shape.k_len as u64 * d * e, false),     // K, V
-        (lay.total_nodes() as u64 * d * 4, false), // pyramid
-        (shape.q_len as u64 * sched.max_candidates as u64 * 4, true), // stage-1 candidates
-        (g * shape.q_len as u64 * 4, false),     // LSE
+        (shape.k_len as u64 * d * e, Shrink::Storage),     // K, V
+        (lay.total_nodes() as u64 * d * 4, Shrink::Length), // pyramid (f32 means)
+        (
+            shape.q_len as u64 * sched.max_candidates as u64 * 4,
+            Shrink::TopK,
+        ), // stage-1 candidates
+        (g * shape.q_len as u64 * 4, Shrink::Length),      // LSE
     ]
     .into_iter()
     .max_by_key(|&(bytes, _)| bytes)
-    .unwrap_or((1, false));
+    .unwrap_or((1, Shrink::Length));
     let limit = ctx.max_binding_bytes();
     if per_unit > limit {
         return Err(GpuError::Limit {
@@ -45,11 +49,16 @@ pub(super) fn units_per_chunk(
             needed: per_unit,
             limit,
             unit: "bytes",
-            hint: if by_top_k {
-                "use a smaller top_k (the stage-1 candidates, g (top_k + 1) per query, are the \
-                 largest tensor) or a shorter sequence"
-            } else {
-                "use f16 storage or a shorter sequence"
+            hint: match by {
+                Shrink::TopK => {
+                    "use a smaller top_k (the stage-1 candidates, g (top_k + 1) per query, are \
+                     the largest tensor) or a shorter sequence"
+                }
+                Shrink::Storage if f32_storage => "use f16 storage or a shorter sequence",
+                _ => {
+                    "use a shorter sequence (each tensor of one head must fit one storage \
+                     binding of the device)"
+                }
             },
         });
     }
@@ -178,4 +187,15 @@ pub(super) fn prefill_chunked(
         times,
         chunks,
     })
+}
+
+/// What would shrink the largest per-head tensor of a prefill (the `Limit` error's hint).
+#[derive(Clone, Copy)]
+enum Shrink {
+    /// The stage-1 candidates: a smaller top_k.
+    TopK,
+    /// Q, O, K, V: 2-byte storage, where the storage is f32.
+    Storage,
+    /// Only a shorter sequence.
+    Length,
 }
