@@ -10,6 +10,7 @@
 mod common;
 
 use common::{args, fails, forward_fails, run_in, setup, SMALL, TINY_BENCH};
+use std::path::Path;
 
 #[test]
 fn bad_selection_options() {
@@ -256,6 +257,14 @@ fn bad_bench_arguments() {
         &["--sizes", "64", "--json", "nodir/b.json"],
         &["nodir/b.json", "does not exist"],
     );
+    // Regression: a directory that exists but takes no new files (root writes anywhere else)
+    // also failed only after the whole benchmark, naming the temporary file.
+    if Path::new("/proc/self").is_dir() {
+        bench(
+            &["--sizes", "64", "--json", "/proc/b.json"],
+            &["/proc/b.json", "does not take new files"],
+        );
+    }
     fails(
         d,
         &["bench", "--compare", "missing.json"],

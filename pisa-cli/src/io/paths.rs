@@ -46,8 +46,10 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// Checks, before any work is done, that `outputs` can be written: each one's directory
-/// exists, none is a directory, and none is one of the `inputs` (writing it would destroy the
-/// input). The error names the output file and the problem.
+/// exists and takes a new file (a probe file is made there and removed: outputs are written
+/// through a temporary file beside them, and a long benchmark should not learn at its end that
+/// it cannot save its report), none is a directory, and none is one of the `inputs` (writing
+/// it would destroy the input). The error names the output file and the problem.
 pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
     for out in outputs {
         let dir = match out.parent() {
@@ -63,6 +65,16 @@ pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
         }
         if out.is_dir() {
             bail!("cannot write {}: it is a directory", out.display());
+        }
+        if let Err(e) = tempfile::Builder::new()
+            .prefix(".pisa-probe-")
+            .tempfile_in(dir)
+        {
+            bail!(
+                "cannot write {}: directory {} does not take new files ({e})",
+                out.display(),
+                dir.display()
+            );
         }
         if let Some(inp) = inputs.iter().find(|i| same_file(out, i)) {
             bail!(
