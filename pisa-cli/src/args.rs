@@ -38,13 +38,26 @@ pub enum LeafOrderArg {
 }
 
 impl LeafOrderArg {
-    /// Applies the order to `ctx` (Auto keeps what the context was opened with).
+    /// Applies the order to `ctx` (Auto keeps what the context was opened with). A flag that
+    /// overrides another order asked for by the tuning (`--tune leaf_order=...` or
+    /// `PISA_LEAF_ORDER`) says so on stderr.
     pub fn apply(self, ctx: &Context) {
-        match self {
-            LeafOrderArg::Auto => {}
-            LeafOrderArg::Tiles => ctx.set_leaf_order(pisa_wgpu::LeafOrder::Tiles),
-            LeafOrderArg::Leaves => ctx.set_leaf_order(pisa_wgpu::LeafOrder::Leaves),
+        let order = match self {
+            LeafOrderArg::Auto => return,
+            LeafOrderArg::Tiles => pisa_wgpu::LeafOrder::Tiles,
+            LeafOrderArg::Leaves => pisa_wgpu::LeafOrder::Leaves,
+        };
+        let tuned = ctx.tuning().leaf_order;
+        if tuned != pisa_wgpu::LeafOrder::Auto && tuned != order {
+            let name = |o: pisa_wgpu::LeafOrder| format!("{o:?}").to_ascii_lowercase();
+            eprintln!(
+                "warning: --leaf-order {} overrides the tuning's leaf_order={} (--tune or \
+                 PISA_LEAF_ORDER)",
+                name(order),
+                name(tuned)
+            );
         }
+        ctx.set_leaf_order(order);
     }
 }
 

@@ -297,7 +297,14 @@ fn tune_is_recorded_by_bench() {
     args.extend(["--backward-max", "0", "--dense-max", "0"]); // 0: never
     args.extend(["--json", json.to_str().unwrap(), "--tune", "route_lanes=2"]);
     args.extend(["--leaf-order", "leaves"]); // recorded in its own field, not twice
+    args.extend(["--tune", "leaf_order=tiles"]); // overridden by --leaf-order, with a warning
     let r = run_in(dir.path(), &args).ok();
+    assert!(
+        r.stderr
+            .contains("warning: --leaf-order leaves overrides the tuning's leaf_order=tiles"),
+        "{}",
+        r.stderr
+    );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(
         v["params"]["tuning"],
