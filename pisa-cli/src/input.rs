@@ -69,6 +69,9 @@ pub struct Loaded {
     pub file_scale: std::result::Result<Option<f32>, String>,
     /// Where it came from (for messages).
     pub source: String,
+    /// The names of the Q, K and V tensors read (`layer{N}.q` ... with `--layer`; the
+    /// `--q-name` ... values otherwise, nominal for `.npy` files), recorded in outputs.
+    pub tensors: [String; 3],
     /// Shape of the Q tensor as read (3-D without batch or 4-D), after `--tokens`.
     pub q_dims: Vec<usize>,
     /// Shape of K (and V) as read, after `--tokens`.
@@ -338,6 +341,7 @@ impl InputArgs {
             layout,
             file_scale,
             source,
+            tensors: [qn, kn, vn],
         })
     }
 }

@@ -264,7 +264,11 @@ fn forward_layer_and_scale_from_metadata_and_tokens() {
     )
     .ok();
     let out = dir.path().join("o.safetensors");
-    assert_eq!(pisa_cli::io::read_metadata(&out).unwrap()["scale"], "0.25");
+    let meta = pisa_cli::io::read_metadata(&out).unwrap();
+    assert_eq!(meta["scale"], "0.25");
+    // Which layer and how many of its tokens the outputs are of.
+    assert_eq!(meta["tensors"], "layer3.q, layer3.k, layer3.v", "{meta:?}");
+    assert_eq!(meta["tokens"], "100", "{meta:?}");
     assert_eq!(read_tensor(&out, "o").unwrap().shape, [4, 100, 32]);
     assert_eq!(read_tensor(&out, "lse").unwrap().shape, [4, 100]);
     assert!(

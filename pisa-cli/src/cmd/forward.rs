@@ -147,6 +147,9 @@ pub fn run(a: ForwardArgs) -> Result<()> {
         );
         meta.insert("config".to_string(), crate::text::config(&cfg));
         meta.insert("source".to_string(), l.source.clone());
+        // Which tensors of the source (its layer) and how many tokens of them (`--tokens`).
+        meta.insert("tensors".to_string(), l.tensors.join(", "));
+        meta.insert("tokens".to_string(), l.shape.k_len.to_string());
         written = io::write_outputs(
             path,
             &Outputs {
@@ -162,7 +165,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
     let clock = if r.times.gpu { "GPU" } else { "wall-clock" };
     if a.device.json {
         let j = serde_json::json!({
-            "adapter": ctx.report().name, "source": l.source, "shape": crate::text::shape_json(s),
+            "adapter": ctx.report().name, "source": l.source, "tensors": l.tensors, "shape": crate::text::shape_json(s),
             "config": crate::text::config_json(&cfg),
             // The scale the kernels used (config's `scale` is null when it defaults to 1/sqrt(D)).
             "softmax_scale": cfg.softmax_scale(s.head_dim),

@@ -103,6 +103,9 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         );
         meta.insert("config".to_string(), crate::text::config(&cfg));
         meta.insert("source".to_string(), l.source.clone());
+        // Which tensors of the source (its layer) and how many tokens of them (`--tokens`).
+        meta.insert("tensors".to_string(), l.tensors.join(", "));
+        meta.insert("tokens".to_string(), l.shape.k_len.to_string());
         written = io::write_outputs(
             path,
             &Outputs {
@@ -117,7 +120,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let clock = if r.gpu { "GPU" } else { "wall-clock" };
     if a.device.json {
         let mut j = serde_json::json!({
-            "adapter": ctx.report().name, "source": l.source,
+            "adapter": ctx.report().name, "source": l.source, "tensors": l.tensors,
             "shape": crate::text::shape_json(&l.shape), "config": crate::text::config_json(&cfg),
             "softmax_scale": cfg.softmax_scale(l.shape.head_dim),
             "prefill": p, "steps": r.step_ms.len(),

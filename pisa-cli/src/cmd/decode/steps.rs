@@ -283,6 +283,7 @@ mod tests {
                 layout,
                 file_scale: Ok(None),
                 source: "test".into(),
+                tensors: ["q".into(), "k".into(), "v".into()],
                 q_dims: vec![b_count, hq, n, d],
                 kv_dims: vec![b_count, hkv, n, d],
             };
