@@ -128,8 +128,9 @@ pub fn llvmpipe_note(name: &str, keys: usize) -> Option<String> {
     (name.contains("llvmpipe") && keys > LLVMPIPE_KEYS).then(|| {
         format!(
             "{name} stops every shader invocation's loops after 65535 iterations in all, so \
-             attention over {keys} keys (above about {LLVMPIPE_KEYS}) may come out wrong on it; \
-             use a GPU for long sequences"
+             a run over {keys} keys (above about {LLVMPIPE_KEYS}) may come out wrong on it \
+             (the kernels refuse what they count, but not every loop is counted); use a GPU \
+             for long sequences"
         )
     })
 }

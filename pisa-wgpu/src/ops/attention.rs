@@ -448,7 +448,7 @@ fn fit_loops(
             limit,
             unit: "loop iterations",
             hint: "use a GPU, fewer keys or a smaller top_k, or the leaf-major order \
-                   (LeafOrder::Leaves)",
+                   (LeafOrder::Leaves: tuning knob leaf_order=leaves, PISA_LEAF_ORDER=leaves)",
         });
     }
 }
