@@ -129,9 +129,9 @@ pub struct SelectArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub scale: Option<f32>,
     /// Consecutive queries per stage-2 tile (PISA.md section 5), in the query-tile order: the
-    /// kernels take at most what fits their workgroup (32 query heads per tile, less on small
-    /// devices; `-vv` shows the tile built) and the leaf-major order has no query tiles. The
-    /// result does not depend on it.
+    /// kernels clamp it (at most 32 rows of query heads per tile, fewer where workgroup memory
+    /// does not hold them; `-vv` shows the tile built), and the leaf-major order has no query
+    /// tiles. The result does not depend on it.
     #[arg(long, default_value_t = 4)]
     pub q_tile: usize,
 }
