@@ -8,9 +8,8 @@
 //   and t <= p_i when causal; only blocks that reach past a row's bound call the mask),
 //   m' = max(m, rowmax S), P = exp(s (S - m')), l = exp(s (m - m')) l + rowsum P,
 //   O = exp(s (m - m')) O + P V (f32 accumulators, P as f16). The softmax scale s is folded into
-//   the exponent, with QSCALE (below) into Q itself (S and m then in log2 units, each exponential
-//   exp2(x - y)), else as exp2 of (x - y) * s * log2 e: S and m unscaled (max commutes with a
-//   positive scale). Either way an unmasked block makes no scaling pass.
+//   Q itself when it is loaded (below): S and m are then in log2 units, each exponential is
+//   exp2(x - y), and an unmasked block makes no scaling pass.
 // Then O / l (f16) to O in Q's layout and s m + log l to LSE [B, Hq, Nq]. Every stored row sees at
 // least key 0 (Nk >= Nq >= 1, and query i sees keys up to Nk - Nq + i). Rows past Nq are computed
 // on zero queries and never stored (the tensor layouts end at Nq). Defines: HD, BR, BC, DC, WG, MW
@@ -40,14 +39,12 @@ const uint NDC = HD / DC;
 #ifndef MW
 #define MW BC
 #endif
-// QSCALE 1: Q's matrices are scaled by k = s log2 e once, when loaded (in f32, then rounded to
-// f16 as they were), so that S, m and P's exponent are in log2 units and each element's
-// exponential is exp2(x - y), one multiply fewer per score; LSE = m ln 2 + log l. The rounding
-// of k q to f16 is of the order of Q's own f16 storage (relative 2^-11 per element).
-// Measured on the H200 (docs/benchmarks.md A.17): 173.6 -> 170.3 ms at 64K, causal, D 128.
-#ifndef QSCALE
-#define QSCALE 0
-#endif
+// Q's matrices are scaled by k = s log2 e once, when loaded (in f32, then rounded to f16 as
+// they were), so that S, m and P's exponent are in log2 units and each element's exponential
+// is exp2(x - y), one multiply fewer per score than exp2((x - y) k); LSE = m ln 2 + log l. The
+// rounding of k q to f16 is of the order of Q's own f16 storage (relative 2^-11 per element).
+// Measured on the H200 (docs/benchmarks.md A.17, commit e36c73e): 173.6 -> 170.3 ms at 64K,
+// causal, D 128.
 
 // Mask to t < Nk and (causal) t <= p_i: row r of the tile is query i0 + r.
 float mask(const in uint r, const in uint c, const in float s, const in uint j0,
@@ -56,15 +53,12 @@ float mask(const in uint r, const in uint c, const in float s, const in uint j0,
     bool ok = t < p.k_len && (p.causal == 0u || t <= p.q_pos0 + i0 + r);
     return ok ? s : NEG;
 }
-// exp(s (x - y)) as exp2((x - y) * k), k = s log2 e: 0 for a masked x (NEG), as every row's
-// running max is a visible score's.
+// exp(s (x - y)) of unscaled scores, as exp2(x - y) of the scores of Q scaled by s log2 e: 0
+// for a masked x (NEG), as every row's running max is a visible score's. (`k`, the callers'
+// s log2 e, is not used: the scale is in Q.)
 float exp_scaled(const in uint r, const in uint c, const in float x, const in float y,
                  const in float k) {
-#if QSCALE
     return exp2(x - y);
-#else
-    return exp2((x - y) * k);
-#endif
 }
 float max_elem(const in uint r, const in uint c, const in float x, const in float y) {
     return max(x, y);
@@ -107,16 +101,12 @@ void main() {
     coopmat<float16_t, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseA> qa[NDC];
     coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> acc[NDC];
     [[unroll]] for (uint c = 0; c < NDC; c++) {
-#if QSCALE
         coopmat<float16_t, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> qh;
         coopMatLoadTensorNV(qh, q, qbase, sliceTensorLayoutNV(lq, i0, BR, c * DC, DC));
         coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> qf =
             coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator>(qh);
         qf = qf * (p.scale * 1.4426950408889634);
         qa[c] = coopmat<float16_t, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseA>(qf);
-#else
-        coopMatLoadTensorNV(qa[c], q, qbase, sliceTensorLayoutNV(lq, i0, BR, c * DC, DC));
-#endif
         acc[c] = coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator>(0.0);
     }
     // (m, l) per row, MW copies of each (MW = BC: every column; see MW above).
@@ -183,10 +173,6 @@ void main() {
     }
     coopmat<float, gl_ScopeWorkgroup, BR, MW, gl_MatrixUseAccumulator> lg;
     coopMatPerElementNV(lg, l, log_elem);
-#if QSCALE
-    lg = m * 0.6931471805599453 + lg;
-#else
-    lg = m * p.scale + lg;
-#endif
+    lg = m * 0.6931471805599453 + lg; // m in log2 units
     coopMatPerElementNV(lg, lg, store_lse, bh * p.q_len + i0, last_row - i0);
 }
