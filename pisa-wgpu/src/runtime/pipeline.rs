@@ -450,10 +450,9 @@ impl crate::Context {
 /// with a validation error naming neither the kernel nor the remedy. (wgpu's downlevel limits,
 /// which some apps open their device with, allow 4 storage buffers per stage, fewer than the
 /// routing and decode kernels bind; pisa's plans size everything else against the device.) The
-/// declared
-/// bindings are counted in the text first; only a module declaring more than a limit is
-/// parsed and validated by naga, to count the ones `entry` uses (an implicit layout binds only
-/// those). A module naga does not validate is left to wgpu, which reports it. (Native targets,
+/// declared bindings are counted in the text first; only a module declaring more than a limit
+/// is parsed and validated by naga ([`entry_globals`]), to count the ones `entry` uses (an
+/// implicit layout binds only those). A module naga does not validate is left to wgpu, which reports it. (Native targets,
 /// through wgpu's naga; on wasm32 the browser's WebGPU reports it, as a validation error.)
 #[cfg(target_arch = "wasm32")]
 fn check_bindings(_: &wgpu::Limits, _: &str, _: &str, _: &str) -> Result<()> {
@@ -468,23 +467,12 @@ fn check_bindings(limits: &wgpu::Limits, name: &str, entry: &str, src: &str) -> 
     if declared("var<storage") <= storage_limit && declared("var<uniform") <= uniform_limit {
         return Ok(());
     }
-    let Ok(module) = naga::front::wgsl::parse_str(src) else {
+    let Ok(EntryGlobals { module, used }) = entry_globals(src, entry) else {
         return Ok(());
     };
-    let Ok(info) = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module) else {
-        return Ok(());
-    };
-    let Some(ep) = module.entry_points.iter().position(|e| e.name == entry) else {
-        return Ok(());
-    };
-    let uses = info.get_entry_point(ep);
     let used = |space: fn(&naga::AddressSpace) -> bool| {
-        (module.global_variables.iter())
-            .filter(|(h, v)| space(&v.space) && !uses[*h].is_empty())
+        (used.iter())
+            .filter(|&&h| space(&module.global_variables[h].space))
             .count() as u64
     };
     let storage = used(|s| matches!(s, naga::AddressSpace::Storage { .. }));
@@ -507,6 +495,37 @@ fn check_bindings(limits: &wgpu::Limits, name: &str, entry: &str, src: &str) -> 
     Ok(())
 }
 
+/// A preprocessed module, parsed and validated by naga, and the globals its entry point uses.
+#[cfg(not(target_arch = "wasm32"))]
+struct EntryGlobals {
+    module: wgpu::naga::Module,
+    used: Vec<wgpu::naga::Handle<wgpu::naga::GlobalVariable>>,
+}
+
+/// The globals entry point `entry` of the WGSL `src` uses (naga's validation of the module);
+/// shared by [`check_bindings`] and the workgroup-memory accounting of the tests. Errors: the
+/// parse or validation error (rendered against `src`), or the missing entry point.
+#[cfg(not(target_arch = "wasm32"))]
+fn entry_globals(src: &str, entry: &str) -> std::result::Result<EntryGlobals, String> {
+    use wgpu::naga;
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| e.emit_to_string(src))?;
+    let ep = (module.entry_points.iter())
+        .position(|e| e.name == entry)
+        .ok_or_else(|| format!("no entry point {entry}"))?;
+    let uses = info.get_entry_point(ep);
+    let used = (module.global_variables.iter())
+        .filter(|(h, _)| !uses[*h].is_empty())
+        .map(|(h, _)| h)
+        .collect();
+    Ok(EntryGlobals { module, used })
+}
+
 /// Bytes of the `var<workgroup>` globals that entry point `entry` of `shader` uses, for
 /// `storage` with `consts` substituted: naga's own type sizes of the validated module, so the
 /// unit tests can check each op's hand-written workgroup-memory accounting against the shader.
@@ -520,25 +539,12 @@ pub(crate) fn workgroup_bytes(
     consts: &[(&str, u32)],
 ) -> u64 {
     let src = preprocess(shader, storage, consts).unwrap();
-    let module = naga::front::wgsl::parse_str(&src)
-        .unwrap_or_else(|e| panic!("{} {consts:?}: {}", shader.name, e.emit_to_string(&src)));
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .unwrap_or_else(|e| panic!("{} {consts:?}: {}", shader.name, e.emit_to_string(&src)));
-    let ep = module
-        .entry_points
-        .iter()
-        .position(|e| e.name == entry)
-        .unwrap_or_else(|| panic!("{} has no entry point {entry}", shader.name));
-    let uses = info.get_entry_point(ep);
-    module
-        .global_variables
-        .iter()
-        .filter(|(h, v)| v.space == naga::AddressSpace::WorkGroup && !uses[*h].is_empty())
-        .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()) as u64)
+    let EntryGlobals { module, used } =
+        entry_globals(&src, entry).unwrap_or_else(|e| panic!("{} {consts:?}: {e}", shader.name));
+    (used.iter())
+        .map(|&h| &module.global_variables[h])
+        .filter(|v| v.space == wgpu::naga::AddressSpace::WorkGroup)
+        .map(|v| module.types[v.ty].inner.size(module.to_ctx()) as u64)
         .sum()
 }
 
