@@ -79,6 +79,25 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// The metadata of an output file made from these inputs with `cfg`: the softmax scale
+    /// used, the configuration, the source file, the tensors read (`tensors`: the layer) and
+    /// the tokens used (`tokens`, after `--tokens`).
+    pub fn output_metadata(
+        &self,
+        cfg: &pisa_core::SelectionConfig,
+    ) -> std::collections::BTreeMap<String, String> {
+        [
+            ("scale", cfg.softmax_scale(self.shape.head_dim).to_string()),
+            ("config", crate::text::config(cfg)),
+            ("source", self.source.clone()),
+            ("tensors", self.tensors.join(", ")),
+            ("tokens", self.shape.k_len.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
     /// Whether the inputs had a batch dimension (4-D).
     pub fn batched(&self) -> bool {
         self.q_dims.len() == 4

@@ -2,7 +2,6 @@
 //! writes O, LSE and optionally the selected leaves, and prints a one-line summary with the GPU
 //! time per stage.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
@@ -140,16 +139,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
     if let Some(path) = &a.output {
         l.check_out_range(&r.out, out_dtype)?;
         let (o, lse, idx) = output_tensors(&l, &r, cfg.top_k)?;
-        let mut meta = BTreeMap::new();
-        meta.insert(
-            "scale".to_string(),
-            cfg.softmax_scale(l.shape.head_dim).to_string(),
-        );
-        meta.insert("config".to_string(), crate::text::config(&cfg));
-        meta.insert("source".to_string(), l.source.clone());
-        // Which tensors of the source (its layer) and how many tokens of them (`--tokens`).
-        meta.insert("tensors".to_string(), l.tensors.join(", "));
-        meta.insert("tokens".to_string(), l.shape.k_len.to_string());
+        let meta = l.output_metadata(&cfg);
         written = io::write_outputs(
             path,
             &Outputs {

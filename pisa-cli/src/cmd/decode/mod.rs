@@ -9,7 +9,6 @@
 pub mod stats;
 pub mod steps;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _, Result};
@@ -95,17 +94,8 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         l.check_out_range(&r.out, out_dtype)?;
         let sel = a.save_selection.then_some(&r.selection[..]);
         let (o, lse, idx) = super::forward::output_tensors_of(&l, &r.out, &r.lse, sel, cfg.top_k)?;
-        let mut meta = BTreeMap::new();
+        let mut meta = l.output_metadata(&cfg);
         meta.insert("prefill_tokens".to_string(), p.to_string());
-        meta.insert(
-            "scale".to_string(),
-            cfg.softmax_scale(l.shape.head_dim).to_string(),
-        );
-        meta.insert("config".to_string(), crate::text::config(&cfg));
-        meta.insert("source".to_string(), l.source.clone());
-        // Which tensors of the source (its layer) and how many tokens of them (`--tokens`).
-        meta.insert("tensors".to_string(), l.tensors.join(", "));
-        meta.insert("tokens".to_string(), l.shape.k_len.to_string());
         written = io::write_outputs(
             path,
             &Outputs {
