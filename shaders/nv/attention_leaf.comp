@@ -17,9 +17,14 @@
 //      store_col0) before step 5, so that neither full-size matrix stays live through it;
 //   5. O_part = P V (V read as a workgroup-scope matrix) to the chunk's rows of `opart` (see
 //      OPART_F16); 1 + each entry's first row to `spos`. A row whose keys are all masked has
-//      l = 0 and O_part = 0.
-// Rows past the chunk's entries are computed and stored but never read (the merge follows
-// spos). Defines: HD (head dim), RT (rows, a multiple of 16), CW (keys per leaf tile: 64),
+//      l = 0 and O_part = 0. With OPART_F16 the f16 slices go to workgroup memory first (the
+//      Q rows' array, free once S is formed; a barrier before and after), and the entries'
+//      rows are then copied out with 16-byte stores, consecutive invocations writing
+//      consecutive words; rows past the entries are not stored. On the H200 the chunk kernel
+//      took 16.19 -> 15.07 ms at 64K and 64.21 -> 60.26 at 256K this way against the matrix
+//      stores straight to `opart` (2026-12-03, docs/benchmarks.md A.18).
+// Rows past the chunk's entries are computed (and, OPART_F16 = 0, stored) but never read (the
+// merge follows spos). Defines: HD (head dim), RT (rows, a multiple of 16), CW (keys per leaf tile: 64),
 // DC (head-dim columns per multiply: a divisor of HD), WG (invocations), OPART_F16 (1: the
 // partial O rows stored as f16, for attention_leaf_merge.comp; 0: f32, for the WGSL merge),
 // PREFETCH_V (1: the leaf's V slices loaded before the softmax, so their loads overlap it;
@@ -43,6 +48,8 @@ layout(set = 0, binding = 2, std430) readonly buffer BufK { float16_t k[]; };
 layout(set = 0, binding = 3, std430) readonly buffer BufV { float16_t v[]; };
 #if OPART_F16
 layout(set = 0, binding = 8, std430) buffer BufO { float16_t opart[]; };
+// The same rows as 16-byte words, for the stores from workgroup memory (step 5).
+layout(set = 0, binding = 8, std430) buffer BufO4 { uvec4 opart4[]; };
 #else
 layout(set = 0, binding = 8, std430) buffer BufO { float opart[]; };
 #endif
@@ -166,6 +173,10 @@ void main() {
     //    the NVIDIA merge weights them by l.
     tensorLayoutNV<2> lo = createTensorLayoutNV(2);
     lo = setTensorLayoutDimensionNV(lo, RT, HD);
+#if OPART_F16
+    // qsh is overwritten by the O_part slices below: every invocation's Q loads are done.
+    barrier();
+#endif
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
 #if PREFETCH_V
 #define vb vbs[d0 / DC]
@@ -180,11 +191,17 @@ void main() {
 #if OPART_F16
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> oh =
             coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(o * ld);
-        coopMatStoreTensorNV(oh, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
+        coopMatStore(oh, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
 #else
         coopMatStoreTensorNV(o, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
 #endif
     }
     barrier();
+#if OPART_F16
+    // The entries' rows from workgroup memory, 16 bytes per store (rows past them not stored).
+    for (uint x = lid; x < n * gq * HD8; x += WG) {
+        opart4[(cid * RT) * HD8 + x] = qsh[(x / HD8) * QS8 + x % HD8];
+    }
+#endif
     for (uint e = lid; e < n; e += WG) { spos[ent[e]] = cid * RT + e * gq + 1u; }
 }
