@@ -28,15 +28,15 @@ pub struct InputArgs {
     /// `.npy` file of V (when --input is a `.npy`).
     #[arg(long)]
     pub v_file: Option<PathBuf>,
-    /// Tensor name of Q in a safetensors file.
-    #[arg(long, default_value = "q")]
-    pub q_name: String,
-    /// Tensor name of K.
-    #[arg(long, default_value = "k")]
-    pub k_name: String,
-    /// Tensor name of V.
-    #[arg(long, default_value = "v")]
-    pub v_name: String,
+    /// Tensor name of Q in a safetensors file [default: q].
+    #[arg(long, value_name = "NAME")]
+    pub q_name: Option<String>,
+    /// Tensor name of K [default: k].
+    #[arg(long, value_name = "NAME")]
+    pub k_name: Option<String>,
+    /// Tensor name of V [default: v].
+    #[arg(long, value_name = "NAME")]
+    pub v_name: Option<String>,
     /// Read `layer{N}.q`, `layer{N}.k`, `layer{N}.v` (and that layer's scale from the metadata).
     #[arg(long)]
     pub layer: Option<usize>,
@@ -179,6 +179,8 @@ fn layout_hint(q: &HostTensor, k: &HostTensor, layout: TensorLayout) -> String {
 }
 
 impl InputArgs {
+    /// The Q, K and V tensor names to read: `layer{N}.q/k/v` with `--layer`, else the
+    /// `--q-name`, `--k-name` and `--v-name` given, `q`, `k` and `v` where not given.
     fn names(&self) -> (String, String, String) {
         match self.layer {
             Some(l) => (
@@ -186,12 +188,23 @@ impl InputArgs {
                 format!("layer{l}.k"),
                 format!("layer{l}.v"),
             ),
-            None => (
-                self.q_name.clone(),
-                self.k_name.clone(),
-                self.v_name.clone(),
-            ),
+            None => {
+                let name = |n: &Option<String>, default: &str| {
+                    n.clone().unwrap_or_else(|| default.to_string())
+                };
+                (
+                    name(&self.q_name, "q"),
+                    name(&self.k_name, "k"),
+                    name(&self.v_name, "v"),
+                )
+            }
         }
+    }
+
+    /// Whether any of `--q-name`, `--k-name`, `--v-name` was given (also with its default
+    /// value: `--layer` and `.npy` inputs refuse them either way).
+    fn names_given(&self) -> bool {
+        self.q_name.is_some() || self.k_name.is_some() || self.v_name.is_some()
     }
 
     /// [`InputArgs::load`] of a file (no demo input) for GPU storage `storage`: with f16 storage,
@@ -220,8 +233,7 @@ impl InputArgs {
 
     /// Loads Q, K, V (the embedded demo input when `--input` is absent and `allow_demo`).
     pub fn load(&self, allow_demo: bool) -> Result<Loaded> {
-        if self.layer.is_some() && (self.q_name != "q" || self.k_name != "k" || self.v_name != "v")
-        {
+        if self.layer.is_some() && self.names_given() {
             usage_bail!(
                 "--layer N reads layer{{N}}.q/k/v: it cannot be combined with --q-name, --k-name or --v-name"
             );
@@ -237,7 +249,7 @@ impl InputArgs {
                         p.display()
                     );
                 }
-                if self.q_name != "q" || self.k_name != "k" || self.v_name != "v" {
+                if self.names_given() {
                     usage_bail!(
                         "{}: --q-name, --k-name and --v-name pick tensors of a .safetensors file; a .npy file holds one tensor",
                         p.display()

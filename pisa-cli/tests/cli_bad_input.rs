@@ -177,6 +177,30 @@ fn wrong_tensor_names_and_layers() {
     usage_fails(d, &npy, &["give K and V"]);
 }
 
+/// Regression: a tensor name given with its default value (`--q-name q`) was taken for no name
+/// at all, so `--layer` and `.npy` inputs, which refuse the names, let it through.
+#[test]
+fn default_tensor_names_given_explicitly_are_refused_too() {
+    let dir = setup();
+    let d = dir.path();
+    let forward = ["forward", "-i", "in.safetensors", "-o", "out.safetensors"];
+    for (name, value) in [("--q-name", "q"), ("--k-name", "k"), ("--v-name", "v")] {
+        usage_fails(
+            d,
+            &args(&forward, &SMALL, &["--layer", "0", name, value]),
+            &["--layer", "--q-name, --k-name or --v-name"],
+        );
+        usage_fails(
+            d,
+            &[
+                "forward", "-i", "q.npy", "--k-file", "k.npy", "--v-file", "v.npy", "--layout",
+                "bnhd", name, value,
+            ],
+            &["q.npy", "--q-name, --k-name and --v-name"],
+        );
+    }
+}
+
 #[test]
 fn unsupported_dtypes_and_head_dims() {
     let dir = setup();
