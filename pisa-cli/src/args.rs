@@ -100,7 +100,9 @@ impl From<StorageArg> for Storage {
     }
 }
 
-/// Selection options (PISA.md "Notation" and section 3).
+/// Selection options (PISA.md "Notation" and section 3) that every selecting command takes;
+/// the scoring ([`ScoringArgs`]) and causality ([`CausalArgs`]) are taken by the commands they
+/// apply to.
 #[derive(Args, Clone, Debug)]
 pub struct SelectArgs {
     /// Leaf block size C in tokens (1 to 1048576).
@@ -112,19 +114,13 @@ pub struct SelectArgs {
     /// Merge factor g of the pyramid (2 to 64).
     #[arg(long, default_value_t = 2)]
     pub merge: usize,
-    /// Intermediate-level scoring.
-    #[arg(long, value_enum, default_value_t = ScoringArg::Lse)]
-    pub scoring: ScoringArg,
     /// Forced first blocks (attention sinks): blocks 0..N at or before the query's own block
-    /// (also with --non-causal: PISA.md's "as in the causal case").
+    /// (also non-causal: PISA.md's "as in the causal case").
     #[arg(long, default_value_t = 0)]
     pub sink_blocks: usize,
     /// Forced blocks just before each query's own block.
     #[arg(long, default_value_t = 0)]
     pub local_blocks: usize,
-    /// Attend to every key (encoders); default is causal.
-    #[arg(long)]
-    pub non_causal: bool,
     /// Softmax scale; default: the file's metadata, else 1/sqrt(D).
     #[arg(long, allow_hyphen_values = true)]
     pub scale: Option<f32>,
@@ -136,11 +132,32 @@ pub struct SelectArgs {
     pub q_tile: usize,
 }
 
+/// `--scoring`, for the commands that select with one scoring (`forward`, `decode`; `recall`
+/// measures every scoring side by side).
+#[derive(Args, Clone, Debug)]
+pub struct ScoringArgs {
+    /// Intermediate-level scoring.
+    #[arg(long, value_enum, default_value_t = ScoringArg::Lse)]
+    pub scoring: ScoringArg,
+}
+
+/// `--non-causal`, for the commands that can attend to every key (`forward`, `recall`; each
+/// token `decode` appends attends to the tokens before it).
+#[derive(Args, Clone, Debug)]
+pub struct CausalArgs {
+    /// Attend to every key (encoders); default is causal.
+    #[arg(long)]
+    pub non_causal: bool,
+}
+
 impl SelectArgs {
-    /// The validated configuration (scale from the file when not given: `file_scale` as
-    /// [`crate::input::Loaded::file_scale`], whose error counts only then).
+    /// The validated configuration with `scoring` and `causal` (scale from the file when not
+    /// given: `file_scale` as [`crate::input::Loaded::file_scale`], whose error counts only
+    /// then).
     pub fn config(
         &self,
+        scoring: Scoring,
+        causal: bool,
         file_scale: &std::result::Result<Option<f32>, String>,
     ) -> anyhow::Result<SelectionConfig> {
         let file_scale = match (self.scale, file_scale) {
@@ -157,10 +174,10 @@ impl SelectArgs {
             block_size: self.block_size,
             top_k: self.top_k,
             merge_factor: self.merge,
-            scoring: self.scoring.into(),
+            scoring,
             sink_blocks: self.sink_blocks,
             local_blocks: self.local_blocks,
-            causal: !self.non_causal,
+            causal,
             scale: self.scale.or(file_scale),
         };
         c.validate()?;

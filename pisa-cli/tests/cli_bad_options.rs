@@ -71,12 +71,12 @@ fn bad_selection_options() {
         &["recall", "-i", "in.safetensors", "--top-k", "0"],
         &["top_k"],
     );
-    // Regression: recall took --scoring and ignored it. Options that do not
-    // go together: a usage error (exit 2).
-    common::usage_fails(
+    // Regression: recall took --scoring and ignored it. It has no such option: a usage error
+    // (exit 2).
+    not_an_option(
         d,
         &["recall", "-i", "in.safetensors", "--scoring", "mean"],
-        &["--scoring does not apply to recall"],
+        "--scoring",
     );
     // The oracle reads f32 or f16: bf16 storage is a usage error, not a library message.
     common::usage_fails(
@@ -362,10 +362,10 @@ fn decode_non_causal_and_flags_without_output_are_refused() {
     let dir = setup();
     let d = dir.path();
     let decode = ["decode", "-i", "in.safetensors"];
-    common::usage_fails(
+    not_an_option(
         d,
         &[&decode[..], &SMALL, &["--non-causal"]].concat(),
-        &["--non-causal", "decode is causal"],
+        "--non-causal",
     );
     for cmd in ["forward", "decode"] {
         let base = [cmd, "-i", "in.safetensors"];
@@ -376,4 +376,83 @@ fn decode_non_causal_and_flags_without_output_are_refused() {
             common::usage_fails(d, &[&base[..], &SMALL, flag].concat(), &[want]);
         }
     }
+}
+
+/// Runs `pisa args...` in `dir` and checks that clap refused `flag` as an option the command
+/// does not have: exit code 2, no panic, nothing on stdout, and `dir` unchanged.
+fn not_an_option(dir: &Path, args: &[&str], flag: &str) {
+    let before = common::snapshot(dir);
+    let r = run_in(dir, args);
+    let what = format!("`pisa {}`", args.join(" "));
+    assert_eq!(r.code, Some(2), "{what}: exit code\nstderr: {}", r.stderr);
+    let want = format!("error: unexpected argument '{flag}'");
+    assert!(r.stderr.starts_with(&want), "{what}: {want}:\n{}", r.stderr);
+    assert!(!r.stderr.contains("panicked"), "{what}:\n{}", r.stderr);
+    assert!(r.stdout.is_empty(), "{what}: stdout:\n{}", r.stdout);
+    assert!(before == common::snapshot(dir), "{what}: files changed");
+}
+
+/// Regression: `decode --help` offered `--non-causal` and `recall --help` offered `--scoring`,
+/// options those commands then refused. Each command offers, and takes, only the options it
+/// applies: `forward` both, `decode` `--scoring` (decode is causal), `recall` `--non-causal`
+/// (it measures every scoring).
+#[test]
+fn commands_offer_only_the_selection_options_they_apply() {
+    let dir = setup();
+    let d = dir.path();
+    for (cmd, scoring, non_causal) in [
+        ("forward", true, true),
+        ("decode", true, false),
+        ("recall", false, true),
+    ] {
+        let help = run_in(d, &[cmd, "--help"]).ok().stdout;
+        assert_eq!(help.contains("--scoring"), scoring, "{cmd}:\n{help}");
+        assert_eq!(help.contains("--non-causal"), non_causal, "{cmd}:\n{help}");
+        let base = [
+            cmd,
+            "-i",
+            "in.safetensors",
+            "--block-size",
+            "16",
+            "--top-k",
+            "4",
+        ];
+        if !scoring {
+            not_an_option(
+                d,
+                &[&base[..], &["--scoring", "mean"]].concat(),
+                "--scoring",
+            );
+        }
+        if !non_causal {
+            not_an_option(d, &[&base[..], &["--non-causal"]].concat(), "--non-causal");
+        }
+    }
+    // The options a command offers still reach it.
+    let decode = [
+        "decode",
+        "-i",
+        "in.safetensors",
+        "--block-size",
+        "16",
+        "--top-k",
+        "4",
+    ];
+    let j = run_in(
+        d,
+        &[&decode[..], &["--scoring", "meanvar", "--json"]].concat(),
+    )
+    .ok()
+    .json();
+    assert_eq!(j["config"]["scoring"], "meanvar", "{j}");
+    let recall = [
+        "recall",
+        "-i",
+        "in.safetensors",
+        "--block-size",
+        "16",
+        "--top-k",
+        "4",
+    ];
+    run_in(d, &[&recall[..], &["--non-causal"]].concat()).ok();
 }

@@ -6,7 +6,7 @@ use clap::Args;
 use pisa_core::{reference, AttentionShape, SelectionConfig};
 use pisa_wgpu::ops::prefill::PrefillOptions;
 
-use crate::args::{DeviceArgs, LayoutArg, ScoringArg, SelectArgs, StorageArg};
+use crate::args::{DeviceArgs, LayoutArg, SelectArgs, StorageArg};
 use crate::input::InputArgs;
 
 /// Arguments of `pisa demo`.
@@ -60,14 +60,12 @@ pub fn run(a: DemoArgs) -> Result<()> {
         block_size: 64,
         top_k: 8,
         merge: 2,
-        scoring: ScoringArg::Lse,
         sink_blocks: 0,
         local_blocks: 0,
-        non_causal: false,
         scale: None,
         q_tile: 4,
     };
-    let cfg = sel.config(&l.file_scale)?;
+    let cfg = sel.config(pisa_core::Scoring::Lse, true, &l.file_scale)?;
     let dev = DeviceArgs {
         adapter: a.adapter.clone(),
         storage: StorageArg::F32,
@@ -135,7 +133,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     // 3. recall
     println!("\nselection quality against the full-attention oracle (PISA.md section 3):");
-    let rows = super::recall::measure(&ctx, &l, &sel, pisa_wgpu::Storage::F32)?;
+    let rows = super::recall::measure(&ctx, &l, &cfg, sel.q_tile, pisa_wgpu::Storage::F32)?;
     let hint = format!(
         "use --tokens above {} (the demo selects {} blocks of {} tokens)",
         cfg.top_k * cfg.block_size,

@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutput};
 
-use crate::args::{DeviceArgs, SelectArgs};
+use crate::args::{CausalArgs, DeviceArgs, ScoringArgs, SelectArgs};
 use crate::input::{InputArgs, Loaded};
 use crate::io::{self, DType, HostTensor, IndexTensor, Outputs};
 
@@ -19,6 +19,10 @@ pub struct ForwardArgs {
     pub input: InputArgs,
     #[command(flatten)]
     pub select: SelectArgs,
+    #[command(flatten)]
+    pub scoring: ScoringArgs,
+    #[command(flatten)]
+    pub causal: CausalArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Output file (`.safetensors`: tensors o, lse, indices; `.npy`: OUT.o.npy, OUT.lse.npy, ...).
@@ -121,7 +125,11 @@ pub fn run(a: ForwardArgs) -> Result<()> {
         check_output(path, out_dtype, a.save_selection, &a.input)?;
     }
     let l = a.input.load_for(a.device.storage, true)?;
-    let cfg = a.select.config(&l.file_scale)?;
+    let cfg = a.select.config(
+        a.scoring.scoring.into(),
+        !a.causal.non_causal,
+        &l.file_scale,
+    )?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
     crate::limits::warn_llvmpipe(&ctx, l.shape.k_len);

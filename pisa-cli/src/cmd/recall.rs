@@ -7,10 +7,10 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 use pisa_core::reference::metrics::{try_recall_per_kv_head, Recall};
 use pisa_core::reference::Selection;
-use pisa_core::Scoring;
+use pisa_core::{Scoring, SelectionConfig};
 use pisa_wgpu::ops::select::{oracle_host, select_host, Method};
 
-use crate::args::{progress, DeviceArgs, SelectArgs};
+use crate::args::{progress, CausalArgs, DeviceArgs, SelectArgs};
 use crate::input::InputArgs;
 
 /// Arguments of `pisa recall`.
@@ -20,6 +20,8 @@ pub struct RecallArgs {
     pub input: InputArgs,
     #[command(flatten)]
     pub select: SelectArgs,
+    #[command(flatten)]
+    pub causal: CausalArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -55,16 +57,17 @@ fn average(per: &[Recall]) -> (f64, f64, usize) {
     (w(|r| r.recall_at_k), w(|r| r.mass_recall), n)
 }
 
-/// Computes the quality table; shared with `pisa demo`.
+/// Computes the quality table of `cfg` (every scoring, whatever its own) with query tiles of
+/// `q_tile`; shared with `pisa demo`.
 pub fn measure(
     ctx: &pisa_wgpu::Context,
     l: &crate::input::Loaded,
-    a: &SelectArgs,
+    cfg: &SelectionConfig,
+    q_tile: usize,
     storage: pisa_wgpu::Storage,
 ) -> Result<Vec<MethodRecall>> {
-    let cfg = a.config(&l.file_scale)?;
     let pb = progress(5, "recall");
-    let (oracle_idx, mass) = oracle_host(ctx, &l.q, &l.k, &l.shape, l.layout, &cfg, storage)
+    let (oracle_idx, mass) = oracle_host(ctx, &l.q, &l.k, &l.shape, l.layout, cfg, storage)
         .context("oracle selection")?;
     pb.inc(1);
     let mass: Vec<f64> = mass.iter().map(|&x| x as f64).collect();
@@ -85,7 +88,7 @@ pub fn measure(
     for (name, method, scoring) in runs {
         let c = cfg.with_scoring(scoring);
         let sel = select_host(
-            ctx, &l.q, &l.k, &l.shape, l.layout, &c, storage, method, a.q_tile,
+            ctx, &l.q, &l.k, &l.shape, l.layout, &c, storage, method, q_tile,
         )
         .with_context(|| format!("{name} selection"))?;
         let per = try_recall_per_kv_head(&wrap(sel), &oracle, &mass, &l.shape, &c)?;
@@ -163,11 +166,6 @@ pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
 
 /// Runs `pisa recall`.
 pub fn run(a: RecallArgs) -> Result<()> {
-    if a.select.scoring != crate::args::ScoringArg::Lse {
-        crate::args::usage_bail!(
-            "--scoring does not apply to recall: it measures every scoring (lse, mean, meanvar) and BSA side by side"
-        );
-    }
     if a.device.storage == crate::args::StorageArg::Bf16 {
         crate::args::usage_bail!(
             "--storage bf16 does not apply to recall: its oracle (full attention's mass per block) \
@@ -175,11 +173,14 @@ pub fn run(a: RecallArgs) -> Result<()> {
         );
     }
     let l = a.input.load_for(a.device.storage, false)?;
-    let cfg = a.select.config(&l.file_scale)?;
+    // (Every scoring is measured: the configuration's own is not used.)
+    let cfg = a
+        .select
+        .config(Scoring::Lse, !a.causal.non_causal, &l.file_scale)?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
     crate::limits::warn_llvmpipe(&ctx, l.shape.k_len);
-    let rows = measure(&ctx, &l, &a.select, a.device.storage.into())
+    let rows = measure(&ctx, &l, &cfg, a.select.q_tile, a.device.storage.into())
         .map_err(|e| crate::args::top_k_note(e, &cfg, l.shape.k_len))
         .with_context(|| format!("{}: recall failed", l.source))?;
     if a.device.json {

@@ -16,7 +16,7 @@ use clap::Args;
 use pisa_core::SelectionConfig;
 use pisa_wgpu::{Context, Storage};
 
-use crate::args::{DeviceArgs, SelectArgs};
+use crate::args::{DeviceArgs, ScoringArgs, SelectArgs};
 use crate::input::{InputArgs, Loaded};
 use crate::io::{self, DType, Outputs};
 use crate::text::plural;
@@ -31,6 +31,8 @@ pub struct DecodeArgs {
     pub input: InputArgs,
     #[command(flatten)]
     pub select: SelectArgs,
+    #[command(flatten)]
+    pub scoring: ScoringArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Tokens prefilled before decoding starts (default: half the input).
@@ -54,18 +56,16 @@ pub struct DecodeArgs {
 
 /// Runs `pisa decode`.
 pub fn run(a: DecodeArgs) -> Result<()> {
-    if a.select.non_causal {
-        crate::args::usage_bail!(
-            "--non-causal does not apply to decode: each new token attends to the tokens before it (decode is causal); use `pisa forward --non-causal`"
-        );
-    }
     let out_dtype =
         super::forward::out_dtype_of(a.output.as_deref(), a.out_dtype, a.save_selection)?;
     if let Some(path) = &a.output {
         super::forward::check_output(path, out_dtype, a.save_selection, &a.input)?;
     }
     let l = a.input.load_for(a.device.storage, true)?;
-    let cfg = a.select.config(&l.file_scale)?;
+    // Causal: each decoded token attends to the tokens before it.
+    let cfg = a
+        .select
+        .config(a.scoring.scoring.into(), true, &l.file_scale)?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let p = a.prefill.unwrap_or(l.shape.q_len / 2);
     check_prefill(p, l.shape.q_len).with_context(|| l.source.clone())?;
