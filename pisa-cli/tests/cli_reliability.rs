@@ -286,6 +286,33 @@ fn misspelled_tuning_knobs_are_errors() {
     assert!(!r.stderr.contains("error"), "{}", r.stderr);
 }
 
+/// A `--tune` value out of its knob's range is a usage error like a misspelled one (exit code
+/// 2, one line naming the pair and the range), for every numeric knob, `route_tile` included.
+#[test]
+fn out_of_range_tuning_values_are_usage_errors() {
+    for (arg, range) in [
+        ("route_tile=99", "from 1 to 16"),
+        ("route_tile=0", "from 1 to 16"),
+        ("decode_key_lanes=128", "from 1 to 64"),
+        ("leaf_tiles_per_iteration=5", "from 1 to 4"),
+        ("leaf_subgroups=8", "from 2 to 4"),
+        ("route_lanes=32", "from 1 to 16"),
+        ("route_max_workgroup=2048", "from 32 to 1024"),
+        ("route_table_nodes=5000", "from 0 to 4096"),
+        ("route_table_queries=16777217", "from 1 to 16777216"),
+    ] {
+        for cmd in ["info", "forward"] {
+            let r = run_cmd(pisa().args([cmd, "--tune", arg]));
+            assert_eq!(r.code, Some(2), "{cmd} --tune {arg}: {}", r.stderr);
+            let want = format!("error: --tune {arg}: ");
+            assert!(r.stderr.starts_with(&want), "{want}:\n{}", r.stderr);
+            assert!(r.stderr.contains(range), "{range}:\n{}", r.stderr);
+            assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+            assert!(r.stdout.is_empty(), "{}", r.stdout);
+        }
+    }
+}
+
 /// `--tune` reaches the kernels' context: `pisa bench` records the knobs that differ from the
 /// defaults, and its results are those of the default tuning (the knobs change speed only).
 #[test]
