@@ -98,6 +98,32 @@ impl Loaded {
         .collect()
     }
 
+    /// The `--json` output of a command run on these inputs with `cfg` on the adapter named
+    /// `adapter`, Q, K and V stored as `storage`: what `forward`, `decode` and `recall` record
+    /// alike (the adapter, the source file, the tensors read, the shape, the configuration, the
+    /// softmax scale the kernels used and the storage), then the command's own `fields` (a JSON
+    /// object).
+    pub fn run_json(
+        &self,
+        adapter: &str,
+        cfg: &pisa_core::SelectionConfig,
+        storage: pisa_wgpu::Storage,
+        fields: serde_json::Value,
+    ) -> serde_json::Value {
+        let mut j = serde_json::json!({
+            "adapter": adapter, "source": self.source, "tensors": self.tensors,
+            "shape": crate::text::shape_json(&self.shape),
+            "config": crate::text::config_json(cfg),
+            // The scale the kernels used (config's `scale` is null when it defaults to 1/sqrt(D)).
+            "softmax_scale": cfg.softmax_scale(self.shape.head_dim),
+            "storage": crate::text::storage(storage),
+        });
+        if let (Some(j), serde_json::Value::Object(f)) = (j.as_object_mut(), fields) {
+            j.extend(f);
+        }
+        j
+    }
+
     /// Whether the inputs had a batch dimension (4-D).
     pub fn batched(&self) -> bool {
         self.q_dims.len() == 4

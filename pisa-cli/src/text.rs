@@ -2,6 +2,7 @@
 //! output, metadata and reports, in place of Rust `Debug` strings; and plurals for messages.
 
 use pisa_core::{AttentionShape, Scoring, SelectionConfig};
+use pisa_wgpu::Storage;
 use serde_json::{json, Value};
 
 /// `1 step`, `2 steps`.
@@ -19,6 +20,15 @@ pub fn scoring(s: Scoring) -> &'static str {
         Scoring::Lse => "lse",
         Scoring::Mean => "mean",
         Scoring::MeanVar => "meanvar",
+    }
+}
+
+/// The storage precision's name as `--storage` spells it: `f32`, `f16`, `bf16`.
+pub fn storage(s: Storage) -> &'static str {
+    match s {
+        Storage::F32 => "f32",
+        Storage::F16 => "f16",
+        Storage::Bf16 => "bf16",
     }
 }
 
@@ -84,6 +94,7 @@ mod tests {
         );
         assert_eq!(config_json(&SelectionConfig::default())["top_k"], 16);
         assert_eq!(shape_json(&s)["head_dim"], 128);
+        assert_eq!(storage(Storage::Bf16), "bf16");
         assert_eq!(plural(1, "step"), "1 step");
         assert_eq!(plural(2, "token"), "2 tokens");
     }

@@ -168,7 +168,7 @@ fn recall_json() {
     let j = run_in(dir.path(), &[&args[..], &["--json"]].concat())
         .ok()
         .json();
-    let rows = j.as_array().unwrap();
+    let rows = j["methods"].as_array().unwrap();
     let methods: Vec<&str> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
     assert_eq!(methods, ["pisa-lse", "pisa-mean", "pisa-meanvar", "bsa"]);
     for r in rows {
@@ -181,6 +181,106 @@ fn recall_json() {
     }
     let text = run_in(dir.path(), &args).ok();
     assert!(text.stdout.contains("pisa-lse"), "{}", text.stdout);
+}
+
+/// Regression: `recall --json` printed the methods' rows alone, without the configuration they
+/// were measured with; it records it as `forward` and `decode` do (the adapter, source, tensors,
+/// shape, configuration, softmax scale and storage), the scoring null (every scoring is one row
+/// of `methods`).
+#[test]
+fn recall_json_records_the_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path(), "in.safetensors", &Spec::small());
+    let j = run_in(
+        dir.path(),
+        &[
+            "recall",
+            "-i",
+            "in.safetensors",
+            "--block-size",
+            "16",
+            "--top-k",
+            "5",
+            "--merge",
+            "4",
+            "--sink-blocks",
+            "1",
+            "--local-blocks",
+            "2",
+            "--non-causal",
+            "--scale",
+            "0.25",
+            "--tokens",
+            "140",
+            "--storage",
+            "f16",
+            "--json",
+        ],
+    )
+    .ok()
+    .json();
+    let c = &j["config"];
+    assert_eq!(c["block_size"], 16, "{j}");
+    assert_eq!(c["top_k"], 5, "{j}");
+    assert_eq!(c["merge_factor"], 4, "{j}");
+    assert!(c["scoring"].is_null(), "{j}");
+    assert_eq!(c["causal"], false, "{j}");
+    assert_eq!(c["sink_blocks"], 1, "{j}");
+    assert_eq!(c["local_blocks"], 2, "{j}");
+    assert_eq!(c["scale"], 0.25, "{j}");
+    assert_eq!(j["softmax_scale"], 0.25, "{j}");
+    assert_eq!(j["storage"], "f16", "{j}");
+    assert_eq!(j["source"], "in.safetensors", "{j}");
+    assert_eq!(j["tensors"], serde_json::json!(["q", "k", "v"]), "{j}");
+    let shape = serde_json::json!({
+        "batch": 1, "q_heads": 4, "kv_heads": 2, "q_len": 140, "k_len": 140, "head_dim": 32,
+    });
+    assert_eq!(j["shape"], shape, "{j}");
+    assert!(j["adapter"].as_str().is_some_and(|a| !a.is_empty()), "{j}");
+    assert_eq!(j["methods"].as_array().unwrap().len(), 4, "{j}");
+    // The same fields as forward's, with the same values for the same run.
+    let f = run_in(
+        dir.path(),
+        &[
+            "forward",
+            "-i",
+            "in.safetensors",
+            "--block-size",
+            "16",
+            "--top-k",
+            "5",
+            "--merge",
+            "4",
+            "--sink-blocks",
+            "1",
+            "--local-blocks",
+            "2",
+            "--non-causal",
+            "--scale",
+            "0.25",
+            "--tokens",
+            "140",
+            "--storage",
+            "f16",
+            "--json",
+        ],
+    )
+    .ok()
+    .json();
+    for key in [
+        "adapter",
+        "source",
+        "tensors",
+        "shape",
+        "softmax_scale",
+        "storage",
+    ] {
+        assert_eq!(j[key], f[key], "{key}:\nrecall {j}\nforward {f}");
+    }
+    assert_eq!(f["config"]["scoring"], "lse", "{f}");
+    let mut fc = f["config"].clone();
+    fc["scoring"] = serde_json::Value::Null;
+    assert_eq!(j["config"], fc, "recall {j}\nforward {f}");
 }
 
 /// Regression: when no query sees more than K leaves there is nothing to measure; the table
@@ -214,8 +314,8 @@ fn recall_with_nothing_to_count_says_so() {
     let j = run_in(dir.path(), &[&args[..], &["--json"]].concat())
         .ok()
         .json();
-    assert!(j[0]["recall_at_k"].is_null(), "{j}");
-    assert_eq!(j[0]["queries"], 0, "{j}");
+    assert!(j["methods"][0]["recall_at_k"].is_null(), "{j}");
+    assert_eq!(j["methods"][0]["queries"], 0, "{j}");
 }
 
 #[test]

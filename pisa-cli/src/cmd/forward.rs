@@ -162,14 +162,15 @@ pub fn run(a: ForwardArgs) -> Result<()> {
     let s = &l.shape;
     let clock = if r.times.gpu { "GPU" } else { "wall-clock" };
     if a.device.json {
-        let j = serde_json::json!({
-            "adapter": ctx.report().name, "source": l.source, "tensors": l.tensors, "shape": crate::text::shape_json(s),
-            "config": crate::text::config_json(&cfg),
-            // The scale the kernels used (config's `scale` is null when it defaults to 1/sqrt(D)).
-            "softmax_scale": cfg.softmax_scale(s.head_dim),
-            "gpu_timed": r.times.gpu, "stages_ms": r.times.stages,
-            "total_ms": r.times.total(), "chunks": r.chunks, "written": written,
-        });
+        let j = l.run_json(
+            &ctx.report().name,
+            &cfg,
+            opts.storage,
+            serde_json::json!({
+                "gpu_timed": r.times.gpu, "stages_ms": r.times.stages,
+                "total_ms": r.times.total(), "chunks": r.chunks, "written": written,
+            }),
+        );
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
         let stages: Vec<String> = r

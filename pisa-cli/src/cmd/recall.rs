@@ -184,7 +184,16 @@ pub fn run(a: RecallArgs) -> Result<()> {
         .map_err(|e| crate::args::top_k_note(e, &cfg, l.shape.k_len))
         .with_context(|| format!("{}: recall failed", l.source))?;
     if a.device.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        // The run's configuration as forward and decode record it, but for the scoring: null,
+        // as every scoring is measured (one row of `methods` each).
+        let mut j = l.run_json(
+            &ctx.report().name,
+            &cfg,
+            a.device.storage.into(),
+            serde_json::json!({ "methods": rows }),
+        );
+        j["config"]["scoring"] = serde_json::Value::Null;
+        println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
         println!(
             "selection quality on {} ({}), C={} K={}:",

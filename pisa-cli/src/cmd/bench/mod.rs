@@ -155,7 +155,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             eprintln!("skipping f16: {} has no SHADER_F16", r.name);
             continue;
         }
-        let stn = report::storage_name(st);
+        let stn = crate::text::storage(st);
         // The BSA baseline and the backward pass do not read bf16 (typed errors): left out.
         let baselines = st != Storage::Bf16;
         let path = path_of(st);

@@ -308,7 +308,7 @@ pub fn decode_records(
     path: &str,
 ) -> Vec<Record> {
     let bytes = 2.0 * (hkv * n * d) as f64 * st.bytes() as f64;
-    let stn = storage_name(st);
+    let stn = crate::text::storage(st);
     let gbps = |ms: f64| Some(bytes / ms.max(1e-9) * 1e-6);
     let staged = ["decode_route", "decode_leaf", "decode_merge"]
         .into_iter()
@@ -338,15 +338,6 @@ pub fn decode_records(
                 .flatten(),
         })
         .collect()
-}
-
-/// The name of a storage precision in the bench's records and arguments.
-pub fn storage_name(st: Storage) -> &'static str {
-    match st {
-        Storage::F32 => "f32",
-        Storage::F16 => "f16",
-        Storage::Bf16 => "bf16",
-    }
 }
 
 #[cfg(test)]

@@ -109,14 +109,16 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     }
     let clock = if r.gpu { "GPU" } else { "wall-clock" };
     if a.device.json {
-        let mut j = serde_json::json!({
-            "adapter": ctx.report().name, "source": l.source, "tensors": l.tensors,
-            "shape": crate::text::shape_json(&l.shape), "config": crate::text::config_json(&cfg),
-            "softmax_scale": cfg.softmax_scale(l.shape.head_dim),
-            "prefill": p, "steps": r.step_ms.len(),
-            "step_ms_median": med, "step_ms_p99": p99, "gpu_timed": r.gpu,
-            "wall_ms_median": wmed, "wall_ms_p99": wp99, "written": written,
-        });
+        let mut j = l.run_json(
+            &ctx.report().name,
+            &cfg,
+            storage,
+            serde_json::json!({
+                "prefill": p, "steps": r.step_ms.len(),
+                "step_ms_median": med, "step_ms_p99": p99, "gpu_timed": r.gpu,
+                "wall_ms_median": wmed, "wall_ms_p99": wp99, "written": written,
+            }),
+        );
         if let Some(c) = &checked {
             j["check"] = serde_json::json!({"out_rel_err": c.out_err, "lse_rel_err": c.lse_err, "selection_rows_differing": c.differing.0, "rows": c.differing.1, "tolerance": tol, "passed": check_ok});
         }
