@@ -316,3 +316,24 @@ fn block_far_above_the_sequence() {
     let e = rel_err(&o.data, &o_ref);
     assert!(e <= 1e-4, "O rel. error {e:.2e}");
 }
+
+/// Regression: the stage times `forward` reports included the kernels' compilation on drivers
+/// that compile at a pipeline's first dispatch (lavapipe), so the first stages read several
+/// times slower than the kernels run. The prefill now runs once untimed before the timed run,
+/// which `-vv` logs, once. (The times themselves are not compared: they vary run to run.)
+#[test]
+fn forward_times_a_warmed_up_run() {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path(), "in.safetensors", &Spec::small());
+    let r = common::run_cmd(
+        common::pisa()
+            .current_dir(dir.path())
+            .env_remove("RUST_LOG")
+            .args(["-vv", "forward", "-i", "in.safetensors"])
+            .args(["--block-size", "16", "--top-k", "4", "--json"]),
+    )
+    .ok();
+    let warm_ups = r.stderr.matches("prefill warm-up: one untimed run").count();
+    assert_eq!(warm_ups, 1, "{}", r.stderr);
+    assert!(r.json()["stages_ms"].is_array(), "{}", r.stdout);
+}

@@ -99,7 +99,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         q_tile: 4,
         return_selection: true,
     };
-    let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, s, &opts)?;
+    let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, s, &opts, true)?;
     let sel_gpu = r.selection.clone().unwrap_or_default();
     let want = reference::select_pisa(&l.q, &l.k, s, l.layout, &cfg)?;
     let same = want

@@ -137,6 +137,12 @@ pub fn copy_out(
 /// call fits one storage binding, else (the plan refuses it with [`GpuError::Limit`], or Q and
 /// K differ in length) through [`prefill_host`], which splits it by KV heads. Same kernels
 /// either way, so the same outputs.
+///
+/// With `warm_up`, the plan runs once untimed before the timed run, so that the stage times
+/// leave out what a driver does on a pipeline's first dispatch (lavapipe compiles its kernels
+/// there, not when the pipeline is built): one more prefill on the same buffers, nothing
+/// allocated or read back for it. The [`prefill_host`] fallback is not warmed up (it runs
+/// calls too large for one binding, where a second run would cost as much as the first).
 pub fn prefill(
     ctx: &Context,
     q: &[f32],
@@ -144,6 +150,7 @@ pub fn prefill(
     v: &[f32],
     shape: &AttentionShape,
     opts: &PrefillOptions,
+    warm_up: bool,
 ) -> pisa_wgpu::Result<PrefillOutput> {
     // The host path's own checks and errors for what a plan would refuse differently: input
     // lengths, f16 without SHADER_F16, a cross-attention shape.
@@ -207,6 +214,17 @@ pub fn prefill(
             lse: &lv,
             selection: opts.return_selection.then_some(&sv),
         };
+        if warm_up {
+            let t0 = std::time::Instant::now();
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            plan.run(&mut enc, &qv, &kv, &vv, &outs, None)?;
+            ctx.queue().submit([enc.finish()]);
+            ctx.wait()?;
+            log::debug!(
+                "prefill warm-up: one untimed run before the timed one, {:.1} ms",
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+        }
         let mut enc = ctx.device().create_command_encoder(&Default::default());
         plan.run(&mut enc, &qv, &kv, &vv, &outs, Some(&mut prof))?;
         let mut parts = vec![(&ob, 0, bytes[0]), (&lb, 0, bytes[1])];
@@ -249,7 +267,8 @@ pub(crate) mod tests {
     }
 
     /// The CLI's prefill (a plan on its own buffers, or `prefill_host` past one binding) is
-    /// bitwise `prefill_host`'s, in both layouts, with and without the selection.
+    /// bitwise `prefill_host`'s, in both layouts, with and without the selection and the
+    /// warm-up.
     #[test]
     fn prefill_on_cli_buffers_equals_prefill_host() {
         let Ok(ctx) = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance) else {
@@ -270,7 +289,8 @@ pub(crate) mod tests {
                 ..Default::default()
             };
             let want = prefill_host(&ctx, &q, &k, &v, &shape, &opts).unwrap();
-            let got = prefill(&ctx, &q, &k, &v, &shape, &opts).unwrap();
+            // (warmed up in one of the two: the untimed run changes nothing of the timed one's)
+            let got = prefill(&ctx, &q, &k, &v, &shape, &opts, sel).unwrap();
             assert_eq!(got.chunks, 1);
             assert_eq!(got.out, want.out, "{layout:?}");
             assert_eq!(got.lse, want.lse, "{layout:?}");
@@ -286,7 +306,7 @@ pub(crate) mod tests {
             return_selection: true,
             ..Default::default()
         };
-        let got = prefill(&ctx, &q, &k, &v, &shape, &opts).unwrap();
+        let got = prefill(&ctx, &q, &k, &v, &shape, &opts, false).unwrap();
         assert!(got.chunks > 1, "{} chunks", got.chunks);
         let want = prefill_host(&ctx, &q, &k, &v, &shape, &opts).unwrap();
         assert_eq!((got.out, got.lse), (want.out, want.lse));

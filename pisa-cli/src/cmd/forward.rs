@@ -140,7 +140,8 @@ pub fn run(a: ForwardArgs) -> Result<()> {
         q_tile: a.select.q_tile,
         return_selection: a.save_selection,
     };
-    let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, &l.shape, &opts)
+    // Warmed up: the reported stage times are the kernels', without first-dispatch compiles.
+    let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, &l.shape, &opts, true)
         .map_err(|e| crate::args::top_k_note(e.into(), &cfg, l.shape.k_len))
         .with_context(|| format!("{}: prefill failed", l.source))?;
     let mut written = Vec::new();

@@ -52,7 +52,7 @@ pub fn check(
         q_tile: 4,
         return_selection: true,
     };
-    let f = crate::cmd::embed::prefill(ctx, &l.q, &l.k, &l.v, &s, &opts)?;
+    let f = crate::cmd::embed::prefill(ctx, &l.q, &l.k, &l.v, &s, &opts, false)?;
     let (mut o_acc, mut l_acc) = (ErrAcc::default(), ErrAcc::default());
     for b in 0..s.batch {
         for h in 0..s.q_heads {

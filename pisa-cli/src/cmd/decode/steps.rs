@@ -110,7 +110,7 @@ pub fn run_decode(
         q_tile: 4,
         return_selection: true,
     };
-    let pre = embed::prefill(ctx, &q_pre, &k_pre, &v_pre, &pre_shape, &opts)
+    let pre = embed::prefill(ctx, &q_pre, &k_pre, &v_pre, &pre_shape, &opts, false)
         .context("prefill of the first tokens")?;
     let mut out = vec![0f32; s.q_elems()];
     let mut lse = vec![0f32; s.lse_elems()];
