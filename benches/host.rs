@@ -66,7 +66,7 @@ fn decode_record(c: &mut Criterion) {
                     let mut total = Duration::ZERO;
                     for i in 0..iters {
                         // The cache would fill up: empty it now and then (outside the timing).
-                        if cache.len(0) + 1 >= capacity {
+                        if cache.len(0).expect("len") + 1 >= capacity {
                             for s in 0..B {
                                 cache.reset(s).expect("reset");
                             }

@@ -344,6 +344,40 @@ fn errors_are_typed_and_leave_the_cache_unchanged() {
     assert_eq!(&ok.selection.unwrap()[2..], &[-1, -1]);
 }
 
+/// The per-sequence accessors answer a sequence index out of range with the typed error of
+/// the other per-sequence calls ([`KvCache::reset`]), not a panic; in range they agree with
+/// [`KvCache::lens`].
+#[test]
+fn sequence_accessors_out_of_range_are_typed_errors() {
+    let ctx = ctx();
+    let cf = cfg(4, 2, 2, Scoring::Lse);
+    let mut c = KvCache::new(ctx, 2, 6, 2, 1, 8, cf, Storage::F32).unwrap();
+    c.prefill(0, &[0.25; 3 * 8], &[0.25; 3 * 8], TensorLayout::Bhnd)
+        .unwrap();
+    assert_eq!(c.lens(), &[3, 0]);
+    assert_eq!(c.len(0).unwrap(), 3);
+    assert_eq!(c.len(1).unwrap(), 0);
+    assert!(!c.is_empty(0).unwrap());
+    assert!(c.is_empty(1).unwrap());
+    let out_of_range = |e: GpuError| {
+        matches!(
+            e,
+            GpuError::Input(PisaError::TooLarge {
+                what: "sequence index",
+                value: 2,
+                limit: 1
+            })
+        )
+    };
+    let len = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.len(2)))
+        .expect("KvCache::len panicked on a sequence index out of range");
+    assert!(out_of_range(len.unwrap_err()));
+    let empty = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.is_empty(2)))
+        .expect("KvCache::is_empty panicked on a sequence index out of range");
+    assert!(out_of_range(empty.unwrap_err()));
+    assert_eq!(c.lens(), &[3, 0]);
+}
+
 #[test]
 fn head_dim_must_be_a_multiple_of_4() {
     let e = KvCache::new(

@@ -87,7 +87,7 @@ fn chunk_equals_steps_one_by_one() {
         // bits into the f32 cache), and the sequence keeps its length.
         let k1 = bhnd_f32(&k, [1, hkv, t_n, d]);
         let k32 = TensorView::new(&k, 0, DType::I32, k1.shape(), k1.strides()).unwrap();
-        let len0 = chunked.len(0);
+        let len0 = chunked.len(0).unwrap();
         for (kk, vv2) in [(&k32, &k1), (&k1, &k32)] {
             let e = chunked.prefill_view(0, kk, vv2).unwrap_err();
             assert!(
@@ -95,7 +95,7 @@ fn chunk_equals_steps_one_by_one() {
                 "{e}"
             );
         }
-        assert_eq!(chunked.len(0), len0);
+        assert_eq!(chunked.len(0).unwrap(), len0);
         let k_short = bhnd_f32(&k, [bsz, hkv, t_n - 1, d]);
         let e = chunked
             .record_chunk(&mut enc, &qv, &k_short, &vv, &outs, None)

@@ -135,7 +135,7 @@ impl Run {
             };
             self.refs[b].append(&row(&k), &row(&v)).unwrap();
         }
-        assert_eq!(self.cache.len(b), p);
+        assert_eq!(self.cache.len(b).unwrap(), p);
     }
 
     /// One append-and-step of every sequence (active ones append), checked per sequence.
@@ -155,7 +155,7 @@ impl Run {
                 let r = b * hkv * d..(b + 1) * hkv * d;
                 self.refs[b].append(&kr[r.clone()], &vr[r]).unwrap();
             }
-            assert_eq!(self.cache.len(b), self.refs[b].len());
+            assert_eq!(self.cache.len(b).unwrap(), self.refs[b].len());
             self.check(step, b, &q[b * hq * d..(b + 1) * hq * d], &o);
         }
     }

@@ -354,7 +354,7 @@ fn decode(
             };
             refs[i].append(&row(&k), &row(&v)).unwrap();
         }
-        assert_eq!(cache.len(i), n);
+        assert_eq!(cache.len(i).unwrap(), n);
     }
     // The application's step buffers: inputs K, V [3, Hkv, 1, D] and Q [3, Hq, 1, D], outputs
     // O [3, Hq, 1, D], LSE [3, Hq, 1, 1], selection [3, Hkv, 1, K], each at an aligned
@@ -412,7 +412,7 @@ fn decode(
             if append {
                 refs[b].append(&kr[rows.clone()], &vr[rows]).unwrap();
             }
-            assert_eq!(cache.len(b), refs[b].len());
+            assert_eq!(cache.len(b).unwrap(), refs[b].len());
             let st = &refs[b];
             let qb = &q[b * HQ * D..(b + 1) * HQ * D];
             let want = st.step_detailed(qb).unwrap();

@@ -79,9 +79,9 @@ fn soak(steps: usize, cap: usize, check_every: usize) -> SoakReport {
     let t0 = std::time::Instant::now();
     for step in 0..steps {
         for b in 0..2 {
-            if cache.len(b) == limits[b] {
+            if cache.len(b).unwrap() == limits[b] {
                 cache.reset(b).unwrap();
-                assert_eq!(cache.len(b), 0);
+                assert_eq!(cache.len(b).unwrap(), 0);
                 refs[b] = DecodeState::new(hq, hkv, d, cfg).unwrap();
                 cycle[b] += 1;
                 rngs[b] = gen(b, cycle[b]);
@@ -103,12 +103,16 @@ fn soak(steps: usize, cap: usize, check_every: usize) -> SoakReport {
             refs[b]
                 .append(&kr[b * n..(b + 1) * n], &vr[b * n..(b + 1) * n])
                 .unwrap();
-            assert_eq!(cache.len(b), refs[b].len(), "step {step} seq {b}: length");
+            assert_eq!(
+                cache.len(b).unwrap(),
+                refs[b].len(),
+                "step {step} seq {b}: length"
+            );
             let (ob, lb) = (
                 &o.out[b * hq * d..(b + 1) * hq * d],
                 &o.lse[b * hq..(b + 1) * hq],
             );
-            let pos = cache.len(b) - 1;
+            let pos = cache.len(b).unwrap() - 1;
             let f = fp(ob, lb);
             let (par, c) = (cycle[b] % 2, cycle[b]);
             if c < 2 {

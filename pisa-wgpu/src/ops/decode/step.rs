@@ -122,17 +122,21 @@ impl KvCache {
         Ok(())
     }
 
-    /// Tokens held by sequence `seq`. Panics when `seq >= B`.
-    pub fn len(&self, seq: usize) -> usize {
-        self.lens[seq]
+    /// Tokens held by sequence `seq` (as the host tracks them, see [`Self::lens`]).
+    /// Errors: [`pisa_core::PisaError::TooLarge`] for a `seq` out of range (`seq >= B`), as
+    /// [`Self::reset`].
+    pub fn len(&self, seq: usize) -> Result<usize> {
+        self.check_seq(seq)?;
+        Ok(self.lens[seq])
     }
     /// Tokens held by every sequence, `[B]`.
     pub fn lens(&self) -> &[usize] {
         &self.lens
     }
-    /// Whether sequence `seq` is empty. Panics when `seq >= B`.
-    pub fn is_empty(&self, seq: usize) -> bool {
-        self.lens[seq] == 0
+    /// Whether sequence `seq` holds no token. Errors: [`pisa_core::PisaError::TooLarge`] for
+    /// a `seq` out of range (`seq >= B`), as [`Self::len`].
+    pub fn is_empty(&self, seq: usize) -> Result<bool> {
+        Ok(self.len(seq)? == 0)
     }
     /// Batch, heads and head dim (`q_len` 1, `k_len` = capacity).
     pub fn shape(&self) -> &AttentionShape {
