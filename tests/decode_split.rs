@@ -238,11 +238,20 @@ pub(crate) fn check_outputs(
     (g, d, kk): (usize, usize, usize),
 ) {
     for (h, c) in caches.iter().enumerate() {
-        let (o, l, s) = c.outputs();
+        let outs = c.outputs();
         let bits = |x: Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        let o = ctx.read_f32(o).unwrap();
-        let l = ctx.read_f32(l).unwrap();
-        let s = ctx.read_i32(s).unwrap();
+        // (f32 caches: every output is of 4-byte words)
+        let read = |v: &pisa_wgpu::TensorView| {
+            let bytes = ctx.read_bytes(v.buffer()).unwrap();
+            bytemuck::cast_slice::<u8, u32>(&bytes)[..v.elems()].to_vec()
+        };
+        let f32s = |w: Vec<u32>| w.into_iter().map(f32::from_bits).collect::<Vec<_>>();
+        let o = f32s(read(outs.out));
+        let l = f32s(read(outs.lse));
+        let s: Vec<i32> = read(outs.selection.unwrap())
+            .into_iter()
+            .map(|w| w as i32)
+            .collect();
         assert_eq!(
             bits(o),
             bits(want.out[h * g * d..(h + 1) * g * d].to_vec()),

@@ -510,6 +510,51 @@ fn misused_views_are_typed_errors() {
     assert!(matches!(e, Err(GpuError::View(_))), "{e:?}");
 }
 
+/// The cache's own step outputs (`KvCache::outputs`) are public views that describe their
+/// buffers (shape, dtype, BHND from the view's offset) well enough for the application to copy
+/// them with its own commands: the application's copy of each view's bytes is bitwise the
+/// step's own read-back.
+#[test]
+fn cache_outputs_are_views_the_app_can_read() {
+    let app = App::new();
+    let cfg = cfg();
+    let b = 3;
+    let mut r = rng(seed("cache outputs"));
+    let mut cache = KvCache::new(&app.ctx, b, 64, HQ, HKV, D, cfg, Storage::F32).unwrap();
+    for s in 0..b {
+        let n = 40 + 7 * s;
+        let (k, v) = (
+            random(&mut r, HKV * n * D, 1.0),
+            random(&mut r, HKV * n * D, 1.0),
+        );
+        cache.prefill(s, &k, &v, TensorLayout::Bhnd).unwrap();
+    }
+    let q = random(&mut r, b * HQ * D, 1.5);
+    let want = cache.step(&q, true).unwrap();
+    let outs = cache.outputs();
+    let sel = outs.selection.expect("the cache's selection view");
+    let described = [
+        (outs.out, [b, HQ, 1, D], DType::F32),
+        (outs.lse, [b, HQ, 1, 1], DType::F32),
+        (sel, [b, HKV, 1, cfg.top_k], DType::I32),
+    ];
+    for (view, shape, dtype) in described {
+        assert_eq!((view.shape(), view.dtype()), (shape, dtype));
+        assert_eq!(view.contiguous_layout(), Some(TensorLayout::Bhnd));
+    }
+    // The application's own copy of each view's byte range.
+    let app_words = |v: &TensorView| -> Vec<u32> {
+        let bytes = v.elems() as u64 * v.dtype().bytes();
+        bytemuck::cast_slice(&app.read(v.buffer(), v.offset(), bytes)).to_vec()
+    };
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(app_words(outs.out), bits(&want.out));
+    assert_eq!(app_words(outs.lse), bits(&want.lse));
+    let want_sel = want.selection.unwrap();
+    assert_eq!(app_words(sel), bytemuck::cast_slice::<i32, u32>(&want_sel));
+    assert!(want_sel.iter().any(|&x| x >= 0), "{want_sel:?}");
+}
+
 #[test]
 fn buffer_of_another_device_is_a_validation_error() {
     let app = App::new();

@@ -184,6 +184,9 @@ pub struct KvCache {
     out: GpuTensor,
     lse: GpuTensor,
     sel: GpuTensor,
+    /// `out`, `lse` and `sel` as the views [`KvCache::outputs`] lends: `[B, Hq, 1, D]`,
+    /// `[B, Hq, 1, 1]`, `[B, Hkv, 1, K]`, BHND from byte 0.
+    out_views: [crate::TensorView; 3],
     /// Step scratch: leaf slots `[B*Hkv, NS]` u32 and their states `[B*Hkv, NS, g_q, D+2]` f32.
     cands: GpuTensor,
     parts: GpuTensor,

@@ -14,6 +14,7 @@ use crate::ops::pyramid::{self, KeyGeometry};
 use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::Storage;
+use crate::runtime::view::{DType, TensorView};
 
 impl KvCache {
     /// An empty cache (every length 0) for `batch` sequences of up to `capacity` tokens,
@@ -101,6 +102,22 @@ impl KvCache {
         let q_elems = batch * q_heads * head_dim;
         let slots = batch * kv_heads * plan.slots() as usize;
         let part_elems = slots * shape.gqa_group() * (head_dim + 2);
+        let out = ctx.alloc("decode out", q_elems, storage.output(), POISON_F32)?;
+        let lse = ctx.alloc("decode lse", batch * q_heads, Storage::F32, POISON_F32)?;
+        let sel = ctx.alloc(
+            "decode selection",
+            batch * kv_heads * cfg.top_k,
+            Storage::F32,
+            POISON_I32,
+        )?;
+        let view = |t: &GpuTensor, dtype, shape| {
+            TensorView::contiguous(&t.buffer, 0, dtype, shape, TensorLayout::Bhnd)
+        };
+        let out_views = [
+            view(&out, storage.output().into(), [batch, q_heads, 1, head_dim])?,
+            view(&lse, DType::F32, [batch, q_heads, 1, 1])?,
+            view(&sel, DType::I32, [batch, kv_heads, 1, cfg.top_k])?,
+        ];
         Ok(Self {
             ctx: ctx.clone(),
             shape,
@@ -116,14 +133,10 @@ impl KvCache {
             kv_rows: kv_rows as usize,
             pyr,
             dummy: ctx.alloc("unused", 4, Storage::F32, 0)?,
-            out: ctx.alloc("decode out", q_elems, storage.output(), POISON_F32)?,
-            lse: ctx.alloc("decode lse", batch * q_heads, Storage::F32, POISON_F32)?,
-            sel: ctx.alloc(
-                "decode selection",
-                batch * kv_heads * cfg.top_k,
-                Storage::F32,
-                POISON_I32,
-            )?,
+            out,
+            lse,
+            sel,
+            out_views,
             cands: ctx.alloc("decode leaf slots", slots, Storage::F32, POISON_I32)?,
             parts: ctx.alloc("decode block states", part_elems, Storage::F32, POISON_F32)?,
             lens: vec![0; batch],

@@ -36,9 +36,9 @@ pub(super) struct StepIo {
     pub sel: InPlace,
 }
 
-/// Caller-owned outputs of a decode step ([`KvCache::record_step_into`]), each bound in place:
-/// contiguous, at an offset that is a multiple of the device's
-/// `min_storage_buffer_offset_alignment`.
+/// The outputs of a decode step: the caller's, given to [`KvCache::record_step_into`] and
+/// bound in place there (contiguous, at an offset that is a multiple of the device's
+/// `min_storage_buffer_offset_alignment`), or the cache's own, lent by [`KvCache::outputs`].
 #[derive(Debug, Clone, Copy)]
 pub struct StepOutputs<'a> {
     /// O `[B, Hq, 1, D]` in the cache's storage dtype (f32 for a bf16 cache:

@@ -1,7 +1,7 @@
 //! The synchronous wrappers of the decode step (append, step, append-and-step, reset,
 //! accessors); the recording itself is in `record.rs`.
 
-use super::{check_len, DecodeOutput, FusedPlan, KvCache, Plan};
+use super::{check_len, DecodeOutput, FusedPlan, KvCache, Plan, StepOutputs};
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::GpuPyramid;
 use crate::runtime::buffers::GpuTensor;
@@ -168,10 +168,26 @@ impl KvCache {
     pub fn kv_shards(&self) -> (&[(GpuTensor, GpuTensor)], usize) {
         (&self.kv, self.kv_rows)
     }
-    /// The step's outputs: O `[B, Hq, D]`, LSE `[B, Hq]` f32, selection `[B, Hkv, K]` i32.
-    #[doc(hidden)]
-    pub fn outputs(&self) -> (&GpuTensor, &GpuTensor, &GpuTensor) {
-        (&self.out, &self.lse, &self.sel)
+    /// The cache's own step outputs, which every step writes unless given the caller's
+    /// ([`Self::record_step_into`]): views of the cache's buffers, BHND contiguous from byte 0,
+    /// to bind or copy from in the application's own commands (the buffers have `STORAGE` and
+    /// `COPY_SRC` usage) or to read with [`crate::Context::read_async`]:
+    /// - `out`: O `[B, Hq, 1, D]` in the storage dtype ([`crate::Storage::output`]: f32 for a
+    ///   bf16 cache);
+    /// - `lse`: LSE `[B, Hq, 1, 1]` f32 (natural log; `-inf` for an empty sequence);
+    /// - `selection`: always `Some`, the selected leaves `[B, Hkv, 1, K]` i32, ascending, -1
+    ///   padded.
+    ///
+    /// They hold the last step recorded with the cache's outputs (or the last token of
+    /// [`Self::record_chunk`]) once its submission finishes (unspecified before any step);
+    /// the next such step overwrites them: copy them out first to keep them.
+    pub fn outputs(&self) -> StepOutputs<'_> {
+        let [out, lse, selection] = &self.out_views;
+        StepOutputs {
+            out,
+            lse,
+            selection: Some(selection),
+        }
     }
     /// Workgroup memory of the step's largest kernel, bytes: the fused kernel's when the step
     /// runs fused ([`Self::is_fused`]), else the largest of `route`, `leaf`, `merge`.
