@@ -3,8 +3,10 @@
 //! buffer (at a non-zero offset, three sequences of lengths that are not multiples of the block
 //! size) into the application's O / LSE / selection buffers, then a batched decode loop whose
 //! appended K/V, queries and outputs all live in the application's buffers; every result
-//! against pisa-core's CPU reference. Also: misused tensors come back as typed errors
-//! (`GpuError::View`, and `GpuError::Validation` for a buffer of another device).
+//! against pisa-core's CPU reference. Also: the cache's own step outputs read by the
+//! application through their public views (`KvCache::outputs`); misused tensors come back as
+//! typed errors (`GpuError::View`, and `GpuError::Validation` for a buffer of another device);
+//! a destroyed device of the application's gives `GpuError::DeviceLost`.
 //!
 //! Tie rule (as tests/prefill.rs and tests/decode_harness.rs): a selection row may differ from
 //! the reference's only where the reference's margin is within rounding (`TIE`); the output is
@@ -553,6 +555,88 @@ fn cache_outputs_are_views_the_app_can_read() {
     let want_sel = want.selection.unwrap();
     assert_eq!(app_words(sel), bytemuck::cast_slice::<i32, u32>(&want_sel));
     assert!(want_sel.iter().any(|&x| x >= 0), "{want_sel:?}");
+}
+
+/// A destroyed device of the application's (`Context::from_device`: no device-lost callback of
+/// pisa's on it): pisa's later calls, the recording ones of a plan and a cache made before
+/// included, return `GpuError::DeviceLost`, neither a validation error about invalid objects
+/// nor a panic in wgpu's default uncaptured-error handler (the application here installs none),
+/// and the application's own device-lost callback still runs.
+#[test]
+fn destroyed_app_device_gives_device_lost() {
+    let app = App::new();
+    let cfg = cfg();
+    let n = 40;
+    let shape = AttentionShape::prefill(1, HQ, HKV, n, D).unwrap();
+    let opts = PrefillOptions {
+        cfg,
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(&app.ctx, &shape, &opts).unwrap();
+    let mut cache = KvCache::new(&app.ctx, 3, 64, HQ, HKV, D, cfg, Storage::F32).unwrap();
+    let own = app.buffer("own", (HQ * n * D * 4) as u64);
+    let own_lse = app.buffer("own lse", (HQ * n * 4) as u64);
+    let view = |b, shape| TensorView::contiguous(b, 0, DType::F32, shape, TensorLayout::Bhnd);
+    let (x, kv, lse) = (
+        view(&own, [1, HQ, n, D]).unwrap(),
+        view(&own, [1, HKV, n, D]).unwrap(),
+        view(&own_lse, [1, HQ, n, 1]).unwrap(),
+    );
+    let q1 = view(&own, [3, HQ, 1, D]).unwrap();
+    let (hkv_rows, q_rows) = (vec![0.1; 3 * HKV * D], vec![0.1; 3 * HQ * D]);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen2 = seen.clone();
+    app.device.set_device_lost_callback(move |reason, _| {
+        *seen2.lock().unwrap() = Some(reason);
+    });
+    app.device.destroy();
+    let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut enc = app.device.create_command_encoder(&Default::default());
+        let outs = PrefillOutputs {
+            out: &x,
+            lse: &lse,
+            selection: None,
+        };
+        let run = plan.run(&mut enc, &x, &kv, &kv, &outs, None);
+        let record = cache.record_step_into(&mut enc, &q1, None, None);
+        let step = cache.append_and_step(&hkv_rows, &hkv_rows, &[true; 3], &q_rows, true);
+        vec![
+            ("PrefillPlan::run", run),
+            ("record_step_into", record),
+            ("append_and_step", step.map(|_| ())),
+            ("check_alive", app.ctx.check_alive()),
+            ("read_bytes", app.ctx.read_bytes(&own).map(|_| ())),
+            (
+                "KvCache::new",
+                KvCache::new(&app.ctx, 3, 64, HQ, HKV, D, cfg, Storage::F32).map(|_| ()),
+            ),
+            (
+                "PrefillPlan::new",
+                PrefillPlan::new(&app.ctx, &shape, &opts).map(|_| ()),
+            ),
+        ]
+    }))
+    .unwrap_or_else(|p| {
+        panic!(
+            "a call on the destroyed device panicked: {:?}",
+            p.downcast_ref::<String>()
+                .map(String::as_str)
+                .or(p.downcast_ref::<&str>().copied())
+        )
+    });
+    for (what, r) in results {
+        match r {
+            Err(GpuError::DeviceLost(m)) => assert!(m.contains("lost or destroyed"), "{m}"),
+            other => panic!("{what} on the destroyed device: {other:?}, not DeviceLost"),
+        }
+    }
+    assert!(
+        matches!(
+            *seen.lock().unwrap(),
+            Some(wgpu::DeviceLostReason::Destroyed)
+        ),
+        "the application's device-lost callback did not run"
+    );
 }
 
 #[test]

@@ -42,8 +42,12 @@ pub struct ContextInner {
     loop_limit: Option<u64>,
     features: wgpu::Features,
     limits: wgpu::Limits,
-    /// Set by the device-lost callback, which is installed only on pisa's own device.
+    /// Set by the device-lost callback, which is installed only on pisa's own device, or, on
+    /// the application's device, by [`Context::app_device_lost`].
     lost: Arc<Mutex<Option<String>>>,
+    /// A 4-byte buffer of the application's device for [`Context::app_device_lost`]; `None` on
+    /// pisa's own device, whose device-lost callback reports the loss.
+    probe: Option<wgpu::Buffer>,
     /// Set by the uncaptured-error handler, which is installed only on pisa's own device.
     uncaptured: Arc<Mutex<Option<String>>>,
     /// Whether pisa opened the device (and so owns its callbacks).
@@ -197,9 +201,12 @@ impl Context {
     /// (an output it only copies into fails in wgpu when the encoder finishes).
     ///
     /// A device lost (or destroyed) after the context is made is the application's to see,
-    /// through its own device-lost callback: pisa's later calls on it return the errors wgpu
-    /// gives them, typically [`GpuError::Validation`] for an invalid object, not
-    /// [`GpuError::DeviceLost`].
+    /// through its own device-lost callback; pisa notices it without one (by a probe of the
+    /// device, see [`Context::check_alive`]): its later calls return [`GpuError::DeviceLost`],
+    /// as on pisa's own device. (A recording call that creates nothing, such as a
+    /// [`crate::PrefillPlan::run`] or [`crate::KvCache::record_step_into`] replaying what it
+    /// built before, may still return `Ok`: its commands fail where the application finishes
+    /// or submits the encoder.)
     ///
     /// The tuning is the adapter's defaults ([`Tuning::for_adapter`]); no environment variable
     /// is read. [`Context::from_device_with_tuning`] takes another.
@@ -298,6 +305,16 @@ impl Context {
         if owned {
             Self::install_callbacks(&device, &lost, &uncaptured);
         }
+        // (On a device already lost this buffer is invalid; the probe does not mind: the
+        // queue checks the device first.)
+        let probe = (!owned).then(|| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("pisa device-lost probe"),
+                size: 4,
+                usage: wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
         let mut report = AdapterReport::of(adapter);
         report.shader_f16 = features.contains(wgpu::Features::SHADER_F16);
         let coop_ok = coop_supported(features, &limits, report.subgroup_size, &coop_props);
@@ -335,6 +352,7 @@ impl Context {
             binding_limit: AtomicU64::new(limits.max_storage_buffer_binding_size),
             limits,
             lost,
+            probe,
             uncaptured,
             coop_props,
             coop_ok,
@@ -509,18 +527,62 @@ impl Context {
     /// Fails with [`GpuError::DeviceLost`] once the device is lost or destroyed.
     ///
     /// wgpu runs the device-lost callback from its maintenance, so a device destroyed since the
-    /// last poll is noticed through a non-blocking poll here. Called at the start of every
-    /// entry point that creates or reads GPU resources ([`Context::upload`], [`Context::alloc`],
-    /// [`Context::uniform`], [`Context::read_bytes`], [`Context::dispatch`],
+    /// last poll is noticed through a non-blocking poll here; the application's device
+    /// ([`Context::from_device`]), whose callback is the application's, is probed by a queue
+    /// write that only a live device refuses (see `app_device_lost`). Called at the start of
+    /// every entry point that creates or reads GPU resources ([`Context::upload`],
+    /// [`Context::alloc`], [`Context::uniform`], [`Context::read_bytes`], [`Context::dispatch`],
     /// [`Context::scoped`]).
     pub fn check_alive(&self) -> Result<()> {
         self.lost_error()?;
         // A failed poll means the device is gone; its callback has then usually run too.
         let polled = self.device.poll(wgpu::PollType::Poll);
+        self.app_device_lost();
         self.lost_error()?;
         polled
             .map(|_| ())
             .map_err(|e| GpuError::Poll(e.to_string()))
+    }
+
+    /// Whether the application's device is lost or destroyed, remembered for every later call
+    /// once seen; `false` on pisa's own device (its device-lost callback reports the loss) and
+    /// on wasm32 (whose error scopes resolve later).
+    ///
+    /// wgpu gives no error scope an error for a lost device (WebGPU generates none on a lost
+    /// device; wgpu drops errors of `wgpu_types::error::ErrorType::DeviceLost`), and wgpu 30 has
+    /// no query for it; pisa must not take over the application's device-lost callback. So the
+    /// probe asks the queue for a write that a live device always refuses, in a validation
+    /// scope: 1 byte at offset 1 of the 4-byte probe buffer (offset and size must be multiples
+    /// of 4). A live device reports the validation error; a lost one fails the write on its
+    /// device check, before looking at the buffer, and reports nothing. Either way nothing is
+    /// allocated or written (`Queue::write_buffer_with` validates before it makes its staging
+    /// buffer).
+    pub(crate) fn app_device_lost(&self) -> bool {
+        let Some(probe) = self
+            .probe
+            .as_ref()
+            .filter(|_| !cfg!(target_arch = "wasm32"))
+        else {
+            return false;
+        };
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let refused = self
+            .queue
+            .write_buffer_with(probe, 1, wgpu::BufferSize::MIN)
+            .is_none();
+        let reported = matches!(super::block::ready(scope.pop()), Some(Some(_)));
+        let lost = refused && !reported;
+        if lost {
+            self.lost
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| {
+                    "the application's device is lost or destroyed (its device-lost callback has \
+                     the reason)"
+                        .to_string()
+                });
+        }
+        lost
     }
 
     fn lost_error(&self) -> Result<()> {
@@ -585,6 +647,11 @@ impl Context {
         let out = f();
         let v = super::block::ready(val.pop()).flatten();
         let o = super::block::ready(oom.pop()).flatten();
+        // On the application's device, a lost device shows as validation errors about
+        // invalid objects (those created since the loss): probe it, only then.
+        if (v.is_some() || o.is_some()) && self.app_device_lost() {
+            self.lost_error()?;
+        }
         scope_errors(op, v, o)?;
         out
     }
