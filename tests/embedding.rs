@@ -714,3 +714,81 @@ fn buffer_of_another_device_is_a_validation_error() {
         ),
     }
 }
+
+/// An output that a planned prefill only copies into (contiguous BHND of the plan's dtype, in a
+/// buffer with `COPY_DST`) in a buffer of another device is refused at the call, as a bound one
+/// is, not left to fail when the application finishes the encoder: O, LSE and the selection in
+/// turn.
+#[test]
+fn copied_output_of_another_device_is_a_validation_error() {
+    let app = App::new();
+    let cfg = cfg();
+    let (other, _other_queue) = open_device(&app.adapter);
+    let n = 40;
+    let shape = AttentionShape::prefill(1, HQ, HKV, n, D).unwrap();
+    let opts = PrefillOptions {
+        cfg,
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(&app.ctx, &shape, &opts).unwrap();
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    let on = |device: &wgpu::Device, label, elems: usize| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (elems * 4) as u64,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    let kk = cfg.top_k;
+    let v = |b: &wgpu::Buffer, h, dd, dtype| {
+        TensorView::contiguous(b, 0, dtype, [1, h, n, dd], TensorLayout::Bhnd).unwrap()
+    };
+    let qkv = app.buffer("own qkv", (HQ * n * D * 4) as u64);
+    let (q, k) = (v(&qkv, HQ, D, DType::F32), v(&qkv, HKV, D, DType::F32));
+    for foreign in ["out", "lse", "selection"] {
+        let device = |which| {
+            if which == foreign {
+                &other
+            } else {
+                &app.device
+            }
+        };
+        let o = on(device("out"), "o", HQ * n * D);
+        let l = on(device("lse"), "lse", HQ * n);
+        let s = on(device("selection"), "selection", HKV * n * kk);
+        let (ov, lv, sv) = (
+            v(&o, HQ, D, DType::F32),
+            v(&l, HQ, 1, DType::F32),
+            v(&s, HKV, kk, DType::I32),
+        );
+        let outs = PrefillOutputs {
+            out: &ov,
+            lse: &lv,
+            selection: Some(&sv),
+        };
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut enc = app.device.create_command_encoder(&Default::default());
+            plan.run(&mut enc, &q, &k, &k, &outs, None)
+        }));
+        match got {
+            Ok(Err(GpuError::Validation { .. })) => {}
+            Ok(other) => panic!("{foreign} of another device: {other:?}"),
+            Err(_) => panic!("{foreign} of another device: a panic inside wgpu"),
+        }
+    }
+    // The same outputs, all of the application's device, are written.
+    let (o, l) = (
+        on(&app.device, "o", HQ * n * D),
+        on(&app.device, "lse", HQ * n),
+    );
+    let (ov, lv) = (v(&o, HQ, D, DType::F32), v(&l, HQ, 1, DType::F32));
+    let outs = PrefillOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: None,
+    };
+    let mut enc = app.device.create_command_encoder(&Default::default());
+    plan.run(&mut enc, &q, &k, &k, &outs, None).unwrap();
+    app.queue.submit([enc.finish()]);
+}

@@ -197,8 +197,8 @@ impl Context {
     /// EXPERIMENTAL_COOPERATIVE_MATRIX the portable kernels run.
     ///
     /// Buffers given to pisa ([`crate::TensorView`]) must be of this device; one of another
-    /// device of the same `wgpu::Instance` is a [`GpuError::Validation`] where pisa binds it
-    /// (an output it only copies into fails in wgpu when the encoder finishes).
+    /// device of the same `wgpu::Instance` is a [`GpuError::Validation`] of the call that binds
+    /// it or copies into it.
     ///
     /// A device lost (or destroyed) after the context is made is the application's to see,
     /// through its own device-lost callback; pisa notices it without one (by a probe of the

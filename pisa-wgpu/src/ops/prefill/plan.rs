@@ -814,7 +814,8 @@ fn copy_range(view: &TensorView, shape: [usize; 4]) -> Option<(u64, u64)> {
 
 /// Writes the plan's contiguous BHND `src` of `storage` into the caller's `dst`: a buffer
 /// copy when `dst` is contiguous BHND of the same dtype at a 4-byte offset in a buffer with
-/// `COPY_DST`, else a scatter.
+/// `COPY_DST`, else a scatter. Inside the run's error scope: a `dst` of another device is a
+/// validation error there (a copy's, through the zero-byte queue write below).
 fn write_out(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -826,6 +827,12 @@ fn write_out(
     let copyable = dst.buffer().usage().contains(wgpu::BufferUsages::COPY_DST);
     match copy_of(storage, dst).filter(|_| copyable) {
         Some((off, bytes)) => {
+            // wgpu validates a recorded copy only when the encoder finishes (the caller's
+            // `finish`, outside pisa), while a bound buffer of another device fails at once
+            // when its bind group is made. A zero-byte queue write to `dst` is validated at
+            // once against this context's device (the buffer's device, usage and offset) and
+            // writes and allocates nothing: it brings the copy's device check into the call.
+            ctx.queue.write_buffer(dst.buffer(), off, &[]);
             enc.copy_buffer_to_buffer(src, 0, dst.buffer(), off, bytes);
             Ok(())
         }
