@@ -213,9 +213,10 @@ fn score_consts(plan: &Plan, bl: &ByLeaf) -> Vec<(&'static str, u32)> {
 /// Invocations of a pick workgroup (`leaf_pick.wgsl`'s WG).
 const PICK_WG: u32 = 256;
 
-/// Queries per pick workgroup for `mc` slots per query (one invocation per slot).
+/// Queries per pick workgroup for `mc` slots per query (one invocation per slot, the slots
+/// padded to a multiple of 4 as `leaf_pick.wgsl` packs them).
 pub(crate) fn pick_queries(mc: u32) -> u32 {
-    (PICK_WG / mc.max(1)).max(1)
+    (PICK_WG / mc.max(1).next_multiple_of(4)).max(1)
 }
 
 /// The pick's constants for `mc` slots per query.

@@ -109,9 +109,9 @@ fn plan_for(
 }
 
 /// Workgroup bytes of the pick (`leaf_pick.wgsl`: three words per entry of its QW queries of
-/// `mc` candidates).
+/// `mc` candidates, padded to a multiple of 4).
 fn pick_bytes(mc: u32) -> u64 {
-    12 * (pick_queries(mc) * mc) as u64
+    12 * (pick_queries(mc) * mc.next_multiple_of(4)) as u64
 }
 
 /// Whether the tensor-core scorer stages the leaf's keys in workgroup memory: by default where
