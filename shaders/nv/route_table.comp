@@ -174,7 +174,27 @@ void main() {
         // 3. One invocation per (query, node of the step): its score, summed over the heads.
         for (uint x = lid; x < qn * npc; x += WG) {
             const uint e = x / npc, jn = x % npc, j = j0 + jn;
-            if (j < nn) {
+            if (j < nn && lse && gr == 2u) {
+                // g = 2: the two children's log n_c once per node, not per head, and each
+                // head's LSE over them as max + log(1 + exp(min - max)) (one exponential and
+                // one log instead of the loop's four and one).
+                const bool two = r0 + jn * 2u + 1u < lr.y;
+                const float ln0 = log(float(node_len(j * 2u, lr.w)));
+                const float ln1 = two ? log(float(node_len(j * 2u + 1u, lr.w))) : 0.0;
+                float total = 0.0;
+                for (uint h = 0u; h < gq; h++) {
+                    const uint sr = (e * gq + h) * CW + jn * 2u;
+                    const float y0 = p.scale * ssh[sr] + ln0;
+                    if (two) {
+                        const float y1 = p.scale * ssh[sr + 1u] + ln1;
+                        const float m = max(y0, y1);
+                        total += m + log(1.0 + exp(min(y0, y1) - m));
+                    } else {
+                        total += y0;
+                    }
+                }
+                table[(bh * tb.nq + q0 - tb.i0 + e) * tb.tn + toff + j] = rank_key(total);
+            } else if (j < nn) {
                 float total = 0.0;
                 for (uint h = 0u; h < gq; h++) {
                     const uint sr = (e * gq + h) * CW + jn * gr;
