@@ -27,7 +27,7 @@
 // Reads its inputs through the generated accessors: the bf16 variant may be built.
 const BF16_READY: bool = true;
 const MC: u32 = 34u;  // candidate slots per query
-const QW: u32 = 7u;   // queries per workgroup: max(1, WG / MC)
+const QW: u32 = 7u;   // queries per workgroup: max(1, WG / (4 MC4)), the padded slots
 const WG: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
 // Workgroup memory holds a query's slots four to a vec4 (MC4 vec4 per query, the slots past MC

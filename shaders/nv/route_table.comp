@@ -175,9 +175,12 @@ void main() {
         for (uint x = lid; x < qn * npc; x += WG) {
             const uint e = x / npc, jn = x % npc, j = j0 + jn;
             if (j < nn && lse && gr == 2u) {
-                // g = 2: the two children's log n_c once per node, not per head, and each
-                // head's LSE over them as max + log(1 + exp(min - max)) (one exponential and
-                // one log instead of the loop's four and one).
+                // g = 2: the two children's log n_c once per node, not per head (the loop
+                // below takes them for every child and head), and each head's LSE over them as
+                // max + log(1 + exp(min - max)) (one exponential and one log instead of the
+                // loop's four and one). The same value for finite scores; for non-finite ones
+                // (non-finite means) a +inf child gives +inf here where the loop gives NaN,
+                // which rank_key ranks as -inf.
                 const bool two = r0 + jn * 2u + 1u < lr.y;
                 const float ln0 = log(float(node_len(j * 2u, lr.w)));
                 const float ln1 = two ? log(float(node_len(j * 2u + 1u, lr.w))) : 0.0;

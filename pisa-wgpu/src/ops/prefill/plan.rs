@@ -832,6 +832,8 @@ fn write_out(
             // when its bind group is made. A zero-byte queue write to `dst` is validated at
             // once against this context's device (the buffer's device, usage and offset) and
             // writes and allocates nothing: it brings the copy's device check into the call.
+            // (It also requires `dst` to be unmapped now, where the recorded copy needs that
+            // only at submission: a mapped output buffer is refused here.)
             ctx.queue.write_buffer(dst.buffer(), off, &[]);
             enc.copy_buffer_to_buffer(src, 0, dst.buffer(), off, bytes);
             Ok(())
