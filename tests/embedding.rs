@@ -35,6 +35,24 @@ fn cfg() -> SelectionConfig {
     SelectionConfig::new(32, 4).unwrap()
 }
 
+/// A planned prefill of `n` tokens of the tests' heads and head dim, with its shape and options.
+fn plan_of(ctx: &Context, n: usize) -> (AttentionShape, PrefillOptions, PrefillPlan) {
+    let shape = AttentionShape::prefill(1, HQ, HKV, n, D).unwrap();
+    let opts = PrefillOptions {
+        cfg: cfg(),
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(ctx, &shape, &opts).unwrap();
+    (shape, opts, plan)
+}
+
+/// The message of a caught panic, where it is a string.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> Option<&str> {
+    p.downcast_ref::<String>()
+        .map(String::as_str)
+        .or(p.downcast_ref::<&str>().copied())
+}
+
 /// The application: its own instance, adapter, device and queue, and pisa's context on them.
 struct App {
     instance: wgpu::Instance,
@@ -567,12 +585,7 @@ fn destroyed_app_device_gives_device_lost() {
     let app = App::new();
     let cfg = cfg();
     let n = 40;
-    let shape = AttentionShape::prefill(1, HQ, HKV, n, D).unwrap();
-    let opts = PrefillOptions {
-        cfg,
-        ..Default::default()
-    };
-    let plan = PrefillPlan::new(&app.ctx, &shape, &opts).unwrap();
+    let (shape, opts, plan) = plan_of(&app.ctx, n);
     let mut cache = KvCache::new(&app.ctx, 3, 64, HQ, HKV, D, cfg, Storage::F32).unwrap();
     let own = app.buffer("own", (HQ * n * D * 4) as u64);
     let own_lse = app.buffer("own lse", (HQ * n * 4) as u64);
@@ -619,9 +632,7 @@ fn destroyed_app_device_gives_device_lost() {
     .unwrap_or_else(|p| {
         panic!(
             "a call on the destroyed device panicked: {:?}",
-            p.downcast_ref::<String>()
-                .map(String::as_str)
-                .or(p.downcast_ref::<&str>().copied())
+            panic_text(&*p)
         )
     });
     for (what, r) in results {
@@ -664,19 +675,12 @@ fn buffer_of_another_device_is_a_validation_error() {
         Ok(other) => panic!("record_step_into with another device's buffer: {other:?}"),
         Err(p) => panic!(
             "record_step_into with another device's buffer panicked inside wgpu: {:?}",
-            p.downcast_ref::<String>()
-                .map(String::as_str)
-                .or(p.downcast_ref::<&str>().copied())
+            panic_text(&*p)
         ),
     }
     // The same for a planned prefill reading another device's buffer.
     let n = 40;
-    let shape = AttentionShape::prefill(1, HQ, HKV, n, D).unwrap();
-    let opts = PrefillOptions {
-        cfg,
-        ..Default::default()
-    };
-    let plan = PrefillPlan::new(&app.ctx, &shape, &opts).unwrap();
+    let (_, _, plan) = plan_of(&app.ctx, n);
     let own = app.buffer("own", (HQ * n * D * 4) as u64);
     let lse = app.buffer("own lse", (HQ * n * 4) as u64);
     let fq = other.create_buffer(&wgpu::BufferDescriptor {
@@ -708,9 +712,7 @@ fn buffer_of_another_device_is_a_validation_error() {
         Ok(other) => panic!("PrefillPlan::run with another device's buffer: {other:?}"),
         Err(p) => panic!(
             "PrefillPlan::run with another device's buffer panicked inside wgpu: {:?}",
-            p.downcast_ref::<String>()
-                .map(String::as_str)
-                .or(p.downcast_ref::<&str>().copied())
+            panic_text(&*p)
         ),
     }
 }
@@ -725,12 +727,7 @@ fn copied_output_of_another_device_is_a_validation_error() {
     let cfg = cfg();
     let (other, _other_queue) = open_device(&app.adapter);
     let n = 40;
-    let shape = AttentionShape::prefill(1, HQ, HKV, n, D).unwrap();
-    let opts = PrefillOptions {
-        cfg,
-        ..Default::default()
-    };
-    let plan = PrefillPlan::new(&app.ctx, &shape, &opts).unwrap();
+    let (_, _, plan) = plan_of(&app.ctx, n);
     let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
     let on = |device: &wgpu::Device, label, elems: usize| {
         device.create_buffer(&wgpu::BufferDescriptor {

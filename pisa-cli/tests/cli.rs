@@ -191,34 +191,32 @@ fn recall_json() {
 fn recall_json_records_the_configuration() {
     let dir = tempfile::tempdir().unwrap();
     write_input(dir.path(), "in.safetensors", &Spec::small());
-    let j = run_in(
-        dir.path(),
-        &[
-            "recall",
-            "-i",
-            "in.safetensors",
-            "--block-size",
-            "16",
-            "--top-k",
-            "5",
-            "--merge",
-            "4",
-            "--sink-blocks",
-            "1",
-            "--local-blocks",
-            "2",
-            "--non-causal",
-            "--scale",
-            "0.25",
-            "--tokens",
-            "140",
-            "--storage",
-            "f16",
-            "--json",
-        ],
-    )
-    .ok()
-    .json();
+    // One run's options, given to recall and then to forward.
+    let opts = [
+        "-i",
+        "in.safetensors",
+        "--block-size",
+        "16",
+        "--top-k",
+        "5",
+        "--merge",
+        "4",
+        "--sink-blocks",
+        "1",
+        "--local-blocks",
+        "2",
+        "--non-causal",
+        "--scale",
+        "0.25",
+        "--tokens",
+        "140",
+        "--storage",
+        "f16",
+        "--json",
+    ];
+    let j = run_in(dir.path(), &[&["recall"][..], &opts[..]].concat())
+        .ok()
+        .json();
     let c = &j["config"];
     assert_eq!(c["block_size"], 16, "{j}");
     assert_eq!(c["top_k"], 5, "{j}");
@@ -239,34 +237,9 @@ fn recall_json_records_the_configuration() {
     assert!(j["adapter"].as_str().is_some_and(|a| !a.is_empty()), "{j}");
     assert_eq!(j["methods"].as_array().unwrap().len(), 4, "{j}");
     // The same fields as forward's, with the same values for the same run.
-    let f = run_in(
-        dir.path(),
-        &[
-            "forward",
-            "-i",
-            "in.safetensors",
-            "--block-size",
-            "16",
-            "--top-k",
-            "5",
-            "--merge",
-            "4",
-            "--sink-blocks",
-            "1",
-            "--local-blocks",
-            "2",
-            "--non-causal",
-            "--scale",
-            "0.25",
-            "--tokens",
-            "140",
-            "--storage",
-            "f16",
-            "--json",
-        ],
-    )
-    .ok()
-    .json();
+    let f = run_in(dir.path(), &[&["forward"][..], &opts[..]].concat())
+        .ok()
+        .json();
     for key in [
         "adapter",
         "source",

@@ -400,6 +400,17 @@ fn not_an_option(dir: &Path, args: &[&str], flag: &str) {
 fn commands_offer_only_the_selection_options_they_apply() {
     let dir = setup();
     let d = dir.path();
+    let base = |cmd| {
+        [
+            cmd,
+            "-i",
+            "in.safetensors",
+            "--block-size",
+            "16",
+            "--top-k",
+            "4",
+        ]
+    };
     for (cmd, scoring, non_causal) in [
         ("forward", true, true),
         ("decode", true, false),
@@ -408,15 +419,7 @@ fn commands_offer_only_the_selection_options_they_apply() {
         let help = run_in(d, &[cmd, "--help"]).ok().stdout;
         assert_eq!(help.contains("--scoring"), scoring, "{cmd}:\n{help}");
         assert_eq!(help.contains("--non-causal"), non_causal, "{cmd}:\n{help}");
-        let base = [
-            cmd,
-            "-i",
-            "in.safetensors",
-            "--block-size",
-            "16",
-            "--top-k",
-            "4",
-        ];
+        let base = base(cmd);
         if !scoring {
             not_an_option(
                 d,
@@ -429,30 +432,12 @@ fn commands_offer_only_the_selection_options_they_apply() {
         }
     }
     // The options a command offers still reach it.
-    let decode = [
-        "decode",
-        "-i",
-        "in.safetensors",
-        "--block-size",
-        "16",
-        "--top-k",
-        "4",
-    ];
     let j = run_in(
         d,
-        &[&decode[..], &["--scoring", "meanvar", "--json"]].concat(),
+        &[&base("decode")[..], &["--scoring", "meanvar", "--json"]].concat(),
     )
     .ok()
     .json();
     assert_eq!(j["config"]["scoring"], "meanvar", "{j}");
-    let recall = [
-        "recall",
-        "-i",
-        "in.safetensors",
-        "--block-size",
-        "16",
-        "--top-k",
-        "4",
-    ];
-    run_in(d, &[&recall[..], &["--non-causal"]].concat()).ok();
+    run_in(d, &[&base("recall")[..], &["--non-causal"]].concat()).ok();
 }
