@@ -10,7 +10,7 @@
 //            off[buckets] = entries, coff[buckets] = chunks;
 //   scatter: list[off[x] + slot] = i * MC + o for every entry (query i, candidate slot o; PAIR
 //            = 1: with the flags BOTH or ODD, see PAIR below); the
-//            slot comes from counting cnt back down to zero (order within a bucket is
+//            slots come from counting cnt back down to zero (order within a bucket is
 //            unspecified, and does not matter: each entry's score goes to its own slot); the
 //            entry that takes a slot that is a multiple of QPC also writes its chunk's
 //            descriptor cdesc[coff[x] + slot / QPC] = (x, first entry, entries, 0), so a
@@ -109,15 +109,76 @@ fn entry_leaf(e: u32) -> u32 {
     return u32(c);
 }
 
+// Count and scatter take EPI entries per invocation, 256 * EPI consecutive entries per
+// workgroup (a tile), and first add them up per bucket in workgroup memory: a tile's queries
+// share many of their candidate leaves (always so at the sequence's start, and where
+// selections cluster), and one global atomic per bucket and tile, instead of one per entry,
+// spares the bucket counters the contention of the queries in flight (on the H200 the per-entry
+// atomics took twice the time per entry at 64K as at 256K, where the queries in flight spread
+// over four times as many buckets). The bins `win` hold the WB buckets that end at the tile's
+// last query's next leaf (the latest leaves any of its queries can list, causally); an entry of
+// a bucket outside them (older leaves past WB, another (b, KV head), any leaf without causal
+// masking) takes the global atomic directly. Which entries the bins take changes nothing but
+// time: count leaves the totals, and scatter hands out each bucket's slots 0 .. n - 1 once each.
+const EPI: u32 = 8u;
+const WB: u32 = 4096u;
+var<workgroup> win: array<atomic<u32>, WB>;
+
+// The first bucket of the bins of the tile whose last entry is e_last, and their number (at
+// most WB, fewer where the (b, KV head) has fewer buckets up to the window's end).
+fn window(e_last: u32) -> vec2<u32> {
+    var last = 0u;     // the last bucket of the window
+    var first = 0u;    // the first bucket of the window's (b, KV head)
+    if (ATTEND == 1u) {
+        let bq = (p.q_pos0 + bl.i0 + e_last / MC) / p.block_size;
+        last = select(p.nb0 - 1u, min(bq + 1u, p.nb0 - 1u), p.causal != 0u);
+    } else {
+        let bh = e_last / (p.q_len * MC);
+        let bq = (p.q_pos0 + (e_last / MC) % p.q_len) / p.block_size;
+        var leaf = select(p.nb0 - 1u, min(bq + 1u, p.nb0 - 1u), p.causal != 0u);
+        var units = p.nb0;
+        if (PAIR == 1u) {
+            units = (p.nb0 + 1u) / 2u;
+            leaf /= 2u;
+        }
+        first = bh * units;
+        last = first + leaf;
+    }
+    let n = min(last + 1u - first, WB);
+    return vec2<u32>(last + 1u - n, n);
+}
+
+// The tile of workgroup wid: its first entry, and the window of its bins (window()).
+fn tile(wid: vec3<u32>, nwg: vec3<u32>) -> vec3<u32> {
+    let e0 = linear_id(wid, nwg) * 256u * EPI;
+    let w = window(min(e0 + 256u * EPI, bl.items) - 1u);
+    return vec3<u32>(e0, w);
+}
+
 @compute @workgroup_size(256)
 fn count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
-    let e = linear_id(wid, nwg) * 256u + lid;
-    if (e >= bl.items) { return; }
-    let j = bucket_leaf(e);
-    if (j == NONE) { return; }
-    let x = entry_bucket(e, j);
-    if (x != NONE) { atomicAdd(&cnt[x], 1u); }
+    let t = tile(wid, nwg);
+    for (var k = lid; k < t.z; k += 256u) { atomicStore(&win[k], 0u); }
+    workgroupBarrier();
+    for (var k = 0u; k < EPI; k++) {
+        let e = t.x + k * 256u + lid;
+        if (e >= bl.items) { break; }
+        let j = bucket_leaf(e);
+        if (j == NONE) { continue; }
+        let x = entry_bucket(e, j);
+        if (x == NONE) { continue; }
+        if (x - t.y < t.z) {
+            atomicAdd(&win[x - t.y], 1u);
+        } else {
+            atomicAdd(&cnt[x], 1u);
+        }
+    }
+    workgroupBarrier();
+    for (var k = lid; k < t.z; k += 256u) {
+        let c = atomicLoad(&win[k]);
+        if (c > 0u) { atomicAdd(&cnt[t.y + k], c); }
+    }
 }
 
 var<workgroup> part: array<u32, 256>;
@@ -167,21 +228,55 @@ fn scan(@builtin(local_invocation_index) lid: u32) {
     }
 }
 
+// Entry value v in bucket x at slot `slot` of the bucket's list; the entry that takes a slot
+// that is a multiple of QPC also writes its chunk's descriptor.
+fn place(x: u32, slot: u32, v: u32) {
+    let o = off[x];
+    list[o + slot] = v;
+    if (slot % QPC == 0u) {
+        let n = min(QPC, off[x + 1u] - o - slot);
+        cdesc[coff[x] + slot / QPC] = vec4<u32>(x, o + slot, n, 0u);
+    }
+}
+
 @compute @workgroup_size(256)
 fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
-    let e = linear_id(wid, nwg) * 256u + lid;
-    if (e >= bl.items) { return; }
-    let j = bucket_leaf(e);
-    if (j == NONE) { return; }
-    let x = entry_bucket(e, j);
-    if (x != NONE) {
-        let slot = atomicSub(&cnt[x], 1u) - 1u;
-        let o = off[x];
-        list[o + slot] = entry_value(e, j);
-        if (slot % QPC == 0u) {
-            let n = min(QPC, off[x + 1u] - o - slot);
-            cdesc[coff[x] + slot / QPC] = vec4<u32>(x, o + slot, n, 0u);
+    let t = tile(wid, nwg);
+    for (var k = lid; k < t.z; k += 256u) { atomicStore(&win[k], 0u); }
+    workgroupBarrier();
+    // The binned entries: bucket (NONE: none), rank among the tile's entries of that bucket,
+    // list value.
+    var bx: array<u32, EPI>;
+    var br: array<u32, EPI>;
+    var bv: array<u32, EPI>;
+    for (var k = 0u; k < EPI; k++) {
+        bx[k] = NONE;
+        let e = t.x + k * 256u + lid;
+        if (e >= bl.items) { continue; }
+        let j = bucket_leaf(e);
+        if (j == NONE) { continue; }
+        let x = entry_bucket(e, j);
+        if (x == NONE) { continue; }
+        let v = entry_value(e, j);
+        if (x - t.y < t.z) {
+            bx[k] = x;
+            br[k] = atomicAdd(&win[x - t.y], 1u);
+            bv[k] = v;
+        } else {
+            // The slot comes from counting cnt back down to zero.
+            place(x, atomicSub(&cnt[x], 1u) - 1u, v);
         }
+    }
+    workgroupBarrier();
+    // Each bin takes its entries' slots in one step: the n slots below the bucket's count.
+    for (var k = lid; k < t.z; k += 256u) {
+        let c = atomicLoad(&win[k]);
+        if (c > 0u) { atomicStore(&win[k], atomicSub(&cnt[t.y + k], c) - c); }
+    }
+    workgroupBarrier();
+    for (var k = 0u; k < EPI; k++) {
+        let x = bx[k];
+        if (x != NONE) { place(x, atomicLoad(&win[x - t.y]) + br[k], bv[k]); }
     }
 }

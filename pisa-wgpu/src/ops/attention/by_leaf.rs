@@ -35,7 +35,9 @@ use pisa_core::{AttentionShape, SelectionConfig};
 
 use super::{element_strides, QkvLayouts};
 use crate::error::Result;
-use crate::ops::leaf_select::by_leaf::{bucket_consts, Buckets, BUCKET_SHADER, BUCKET_WG};
+use crate::ops::leaf_select::by_leaf::{
+    bucket_consts, Buckets, BUCKET_SHADER, BUCKET_TILE, BUCKET_WINDOW,
+};
 use crate::ops::select::SelParams;
 use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32, POISON_I32};
 use crate::runtime::context::{Context, COOP_SUBGROUPS};
@@ -258,7 +260,7 @@ pub(crate) fn record(
     let pipe = |shader: &ShaderSource, entry: &'static str, st: Storage, c: &[(&str, u32)]| {
         ctx.pipelines.get(&ctx.device, shader, entry, st, c, &[])
     };
-    let bucket = bucket_consts(kk, la.qpc, true, false);
+    let bucket = bucket_consts(kk, la.qpc, true, false, BUCKET_WINDOW);
     let count = pipe(&BUCKET_SHADER, "count", Storage::F32, &bucket)?;
     let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket)?;
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;
@@ -312,7 +314,7 @@ pub(crate) fn record(
             };
             let (u_e, u_b, u_c, u_q) = (uni(entries)?, uni(nb0 as u64)?, uni(n_chunks)?, uni(0)?);
             let sel = &selection.buffer;
-            let wgs = entries.div_ceil(BUCKET_WG);
+            let wgs = entries.div_ceil(BUCKET_TILE);
             add(
                 0,
                 &count,

@@ -51,8 +51,14 @@ mod plan;
 use plan::stage_keys;
 pub(crate) use plan::{plan, ByLeaf, Scorer};
 
-/// Invocations of `count` and `scatter` workgroups (the shader's `@workgroup_size`).
-pub(crate) const BUCKET_WG: u64 = 256;
+/// Entries per `count` and `scatter` workgroup (`leaf_bucket.wgsl`: 256 invocations of EPI
+/// entries each).
+pub(crate) const BUCKET_TILE: u64 = 256 * 8;
+
+/// Buckets a `count` or `scatter` workgroup adds up in workgroup memory before the global
+/// counts (`leaf_bucket.wgsl` WB): 16 KiB, what every adapter offers (WebGPU's least
+/// `maxComputeWorkgroupStorageSize`).
+pub(crate) const BUCKET_WINDOW: u32 = 4096;
 
 /// The `Buckets` uniform of `leaf_bucket.wgsl` and `leaf_chunk.wgsl`: the dispatch's items
 /// (entries, buckets or chunks), the bucket count, and for leaf-major attention
@@ -111,18 +117,22 @@ pub const PICK_SHADER: ShaderSource = ShaderSource {
 
 /// The constants of `leaf_bucket.wgsl` for `mc` slots per query and `qpc` entries per chunk;
 /// `attend`: bucketing a block selection for leaf-major attention; `pair`: buckets of leaf
-/// pairs for the NVIDIA pair scorer ([`nv_scorer_for`]).
+/// pairs for the NVIDIA pair scorer ([`nv_scorer_for`]); `window`: the buckets a workgroup
+/// adds up in workgroup memory ([`BUCKET_WINDOW`]; tests take fewer).
 pub(crate) fn bucket_consts(
     mc: u32,
     qpc: u32,
     attend: bool,
     pair: bool,
-) -> [(&'static str, u32); 4] {
+    window: u32,
+) -> [(&'static str, u32); 6] {
     [
+        ("EPI", (BUCKET_TILE / 256) as u32),
         ("MC", mc),
         ("QPC", qpc),
         ("ATTEND", u32::from(attend)),
         ("PAIR", u32::from(pair)),
+        ("WB", window),
     ]
 }
 
@@ -260,6 +270,7 @@ pub(crate) fn record(
             chunks: n_chunks,
             qpc: bl.qpc,
             pair,
+            window: BUCKET_WINDOW,
         },
         &mut prof,
     )?;
@@ -338,6 +349,8 @@ pub(crate) struct BucketSizes {
     pub qpc: u32,
     /// Buckets of leaf pairs (`leaf_bucket.wgsl` PAIR = 1).
     pub pair: bool,
+    /// Buckets a workgroup adds up in workgroup memory ([`BUCKET_WINDOW`]).
+    pub window: u32,
 }
 
 /// The bucket lists of steps 1-3 (`leaf_bucket.wgsl`): per bucket, its first entry (`off`) and
@@ -384,7 +397,7 @@ pub(crate) fn record_buckets(
             },
         )
     };
-    let consts = bucket_consts(mc, z.qpc, false, z.pair);
+    let consts = bucket_consts(mc, z.qpc, false, z.pair, z.window);
     let pipe = |entry: &'static str| {
         ctx.pipelines.get(
             &ctx.device,
@@ -398,7 +411,7 @@ pub(crate) fn record_buckets(
     let u_entries = uniform(z.entries)?;
     let (c, o, co, l) = (&cnt.buffer, &off.buffer, &coff.buffer, &list.buffer);
     let b = [(0, &params), (3, &cand.buffer), (5, c), (10, &u_entries)];
-    let groups = z.entries.div_ceil(BUCKET_WG);
+    let groups = z.entries.div_ceil(BUCKET_TILE);
     ctx.dispatch(
         enc,
         &*pipe("count")?,

@@ -198,7 +198,7 @@ fn choose(
 mod tests {
     use super::super::{attend_consts, merge_consts, COOP_SHADER, MERGE_SHADER, SHADER};
     use super::*;
-    use crate::ops::leaf_select::by_leaf::{bucket_consts, BUCKET_SHADER};
+    use crate::ops::leaf_select::by_leaf::{bucket_consts, BUCKET_SHADER, BUCKET_WINDOW};
     use crate::runtime::pipeline::{
         assert_workgroup_fits, limits_with_memory, MIN_WORKGROUP_BYTES,
     };
@@ -251,7 +251,7 @@ mod tests {
                     let charged = merge_bytes(top_k, g as u32);
                     assert_workgroup_fits(&MERGE_SHADER, "merge", storage, &consts, charged, &what);
                     for entry in ["count", "scan", "scatter"] {
-                        let c = bucket_consts(top_k as u32, la.qpc, true, false);
+                        let c = bucket_consts(top_k as u32, la.qpc, true, false, BUCKET_WINDOW);
                         let min = MIN_WORKGROUP_BYTES;
                         assert_workgroup_fits(&BUCKET_SHADER, entry, Storage::F32, &c, min, &what);
                     }

@@ -135,8 +135,8 @@ fn coop_bytes(v: &LeafCoopVariant, nsg: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::super::{
-        bucket_consts, pick_consts, score_consts, BUCKET_SHADER, PICK_SHADER, SCORE_COOP_SHADER,
-        SCORE_SHADER,
+        bucket_consts, pick_consts, score_consts, BUCKET_SHADER, BUCKET_WINDOW, PICK_SHADER,
+        SCORE_COOP_SHADER, SCORE_SHADER,
     };
     use super::*;
     use crate::ops::leaf_select::coop;
@@ -237,7 +237,7 @@ mod tests {
                         .into_iter()
                         .flat_map(|e| [(e, false), (e, true)])
                     {
-                        let c = bucket_consts(mc, bl.qpc, false, pair);
+                        let c = bucket_consts(mc, bl.qpc, false, pair, BUCKET_WINDOW);
                         let min = MIN_WORKGROUP_BYTES;
                         assert_workgroup_fits(&BUCKET_SHADER, entry, Storage::F32, &c, min, &what);
                     }

@@ -115,6 +115,44 @@ fn candidates(r: &mut ChaCha8Rng, p: &SelParams, bh: usize) -> Vec<i32> {
     cand
 }
 
+/// What a bucketing wrote, read back.
+struct Lists<'a> {
+    cnt: Vec<u32>,
+    off: &'a [u32],
+    coff: Vec<u32>,
+    list: &'a [u32],
+    cdesc: Vec<u32>,
+}
+
+/// Asserts that `got` holds the buckets `want` (each bucket's list values, sorted) in chunks of
+/// `qpc` entries: counts back at zero, entry and chunk offsets, every bucket's entries (in any
+/// order), every chunk's descriptor.
+fn check_lists(want: &[Vec<u32>], got: &Lists, qpc: u32, what: &str) {
+    assert!(
+        got.cnt.iter().all(|&n| n == 0),
+        "{what}: counts not back to 0"
+    );
+    let (mut o, mut co) = (0u32, 0u32);
+    for (x, w) in want.iter().enumerate() {
+        let offsets = (got.off[x], got.coff[x]);
+        assert_eq!(offsets, (o, co), "{what}: offsets of bucket {x}");
+        let n = w.len() as u32;
+        let mut entries = got.list[o as usize..(o + n) as usize].to_vec();
+        entries.sort_unstable();
+        assert_eq!(&entries, w, "{what}: entries of bucket {x}");
+        for j in 0..n.div_ceil(qpc) {
+            let d = &got.cdesc[4 * (co + j) as usize..][..3];
+            let want_d = [x as u32, o + j * qpc, (n - j * qpc).min(qpc)];
+            assert_eq!(d, want_d, "{what}: chunk {j} of bucket {x}");
+        }
+        o += n;
+        co += n.div_ceil(qpc);
+    }
+    let last = want.len();
+    let totals = (got.off[last], got.coff[last]);
+    assert_eq!(totals, (o, co), "{what}: totals");
+}
+
 #[test]
 fn pair_and_leaf_buckets_equal_the_model() {
     let ctx = Context::new(&AdapterChoice::HighPerformance).expect("a GPU adapter");
@@ -133,7 +171,12 @@ fn pair_and_leaf_buckets_equal_the_model() {
         let p = params(q_len, q_pos0, c, k, causal, mc);
         let cand = candidates(&mut r, &p, bh);
         let t = ctx.upload_u32("candidates", &cand).unwrap();
-        for pair in [false, true] {
+        // Windows of workgroup bins: every bucket of a tile's (b, KV head) (4096), a few
+        // (some entries then take the global counts directly), one.
+        for (pair, window) in [false, true]
+            .into_iter()
+            .flat_map(|x| [(x, 4096), (x, 5), (x, 1)])
+        {
             let units = if pair { p.nb0.div_ceil(2) } else { p.nb0 } as u64;
             let qpc = 4;
             let z = BucketSizes {
@@ -142,6 +185,7 @@ fn pair_and_leaf_buckets_equal_the_model() {
                 chunks: (cand.len() as u64).div_ceil(qpc) + bh as u64 * units,
                 qpc: qpc as u32,
                 pair,
+                window,
             };
             let mut enc = ctx.device.create_command_encoder(&Default::default());
             let lists = record_buckets(&ctx, &mut enc, &p, &t, z, &mut None).unwrap();
@@ -159,27 +203,18 @@ fn pair_and_leaf_buckets_equal_the_model() {
             let (off, coff) = (read(&lists.off), read(&lists.coff));
             let (list, cdesc, cnt) = (read(&lists.list), read(&lists.cdesc), read(&lists.cnt));
             let want = model(&p, &cand, bh, pair);
-            let what = format!("bh {bh} nq {q_len} C {c} causal {causal} pair {pair} seed {seed}");
-            assert!(cnt.iter().all(|&n| n == 0), "{what}: counts not back to 0");
-            let (mut o, mut co) = (0u32, 0u32);
-            for (x, w) in want.iter().enumerate() {
-                assert_eq!((off[x], coff[x]), (o, co), "{what}: offsets of bucket {x}");
-                let n = w.len() as u32;
-                let mut got = list[o as usize..(o + n) as usize].to_vec();
-                got.sort_unstable();
-                assert_eq!(&got, w, "{what}: entries of bucket {x}");
-                for j in 0..n.div_ceil(qpc as u32) {
-                    let d = &cdesc[4 * (co + j) as usize..][..3];
-                    let first = o + j * qpc as u32;
-                    let want_d = [x as u32, first, (n - j * qpc as u32).min(qpc as u32)];
-                    assert_eq!(d, want_d, "{what}: chunk {j} of bucket {x}");
-                }
-                checked_pairs += w.iter().filter(|v| *v & BOTH != 0).count();
-                o += n;
-                co += n.div_ceil(qpc as u32);
-            }
-            let last = want.len();
-            assert_eq!((off[last], coff[last]), (o, co), "{what}: totals");
+            let what = format!(
+                "bh {bh} nq {q_len} C {c} causal {causal} pair {pair} bins {window} seed {seed}"
+            );
+            let got = Lists {
+                cnt,
+                off: &off,
+                coff,
+                list: &list,
+                cdesc,
+            };
+            check_lists(&want, &got, qpc as u32, &what);
+            checked_pairs += want.iter().flatten().filter(|v| *v & BOTH != 0).count();
             // Independent of the model's pairing rule: the scores the scorer writes from these
             // lists (each entry's slot; BOTH also the next one) cover every scored slot exactly
             // once, each with a leaf of its entry's bucket (2P at the first slot of BOTH or a
@@ -215,4 +250,133 @@ fn pair_and_leaf_buckets_equal_the_model() {
         }
     }
     assert!(checked_pairs > 100, "only {checked_pairs} pair entries");
+}
+
+/// The bucketing of a block selection for leaf-major attention (`ATTEND = 1`,
+/// `ops/attention/by_leaf.rs`) against a model of `attend_leaf`: one (b, KV head) and query
+/// range at a time, a bucket per leaf, list values the range's local entries `i_local * K + o`;
+/// a slot counts where its leaf is below nb0 and above every in-range slot before it (-1
+/// padding, repeats and out-of-order slots are skipped). Random selections with such slots,
+/// windows of bins of every bucket, a few, and one; outputs poisoned before each run.
+#[test]
+fn attention_buckets_equal_the_model() {
+    let ctx = Context::new(&AdapterChoice::HighPerformance).expect("a GPU adapter");
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    // (B * Hkv, Nq, query offset, C, K, causal, queries per range)
+    for (bh, q_len, q_pos0, c, k, causal, per) in [
+        (2, 700, 50, 16, 6, true, 300),
+        (3, 333, 0, 7, 5, false, 333),
+    ] {
+        let p = params(q_len, q_pos0, c, k, causal, k);
+        let nb0 = p.nb0;
+        // Mostly ascending visible leaves, with repeats, out-of-order slots, -1 and leaves
+        // past nb0.
+        let sel: Vec<i32> = (0..bh * q_len as usize)
+            .flat_map(|row| {
+                let bq = (q_pos0 + row as u32 % q_len) / c;
+                let see = if causal { bq + 1 } else { nb0 };
+                let mut v: Vec<i32> = (0..k).map(|_| r.random_range(0..see) as i32).collect();
+                v.sort_unstable();
+                for x in v.iter_mut() {
+                    match r.random_range(0..20) {
+                        0 => *x = -1,
+                        1 => *x = (nb0 + 3) as i32,
+                        2 => *x = r.random_range(0..see) as i32,
+                        _ => {}
+                    }
+                }
+                v
+            })
+            .collect();
+        let t = ctx.upload_u32("selection", &sel).unwrap();
+        let qpc = 4u32;
+        for window in [BUCKET_WINDOW, 5, 1] {
+            for b in 0..bh {
+                for i0 in (0..q_len).step_by(per) {
+                    let nq = (per as u32).min(q_len - i0);
+                    let entries = nq * k;
+                    // The model: the list values of each leaf's bucket.
+                    let mut want = vec![Vec::new(); nb0 as usize];
+                    for e in 0..entries {
+                        let g = ((b as u32 * q_len + i0 + e / k) * k + e % k) as usize;
+                        let o = (e % k) as usize;
+                        let x = sel[g];
+                        let shadowed = sel[g - o..g].iter().any(|&y| y >= x && (y as u32) < nb0);
+                        if x >= 0 && (x as u32) < nb0 && !shadowed {
+                            want[x as usize].push(e);
+                        }
+                    }
+                    want.iter_mut().for_each(|l| l.sort_unstable());
+                    let chunks = entries.div_ceil(qpc) + nb0;
+                    let cnt = ctx.alloc("counts", nb0 as usize, Storage::F32, 0).unwrap();
+                    let alloc = |n: u32| ctx.alloc("out", n as usize, Storage::F32, POISON_I32);
+                    let (off, coff) = (alloc(nb0 + 1).unwrap(), alloc(nb0 + 1).unwrap());
+                    let (list, cdesc) = (alloc(entries).unwrap(), alloc(4 * chunks).unwrap());
+                    let u_params = ctx.uniform("params", &p).unwrap();
+                    let uni = |items: u32| {
+                        let b = Buckets {
+                            items,
+                            buckets: nb0,
+                            i0,
+                            nq,
+                            bh0: b as u32,
+                            pad: [0; 3],
+                        };
+                        ctx.uniform("buckets", &b).unwrap()
+                    };
+                    let (u_e, u_b) = (uni(entries), uni(nb0));
+                    let consts = bucket_consts(k, qpc, true, false, window);
+                    let pipe = |entry| {
+                        let st = Storage::F32;
+                        ctx.pipelines
+                            .get(&ctx.device, &BUCKET_SHADER, entry, st, &consts, &[])
+                    };
+                    let (sb, cb, ob, cob) = (&t.buffer, &cnt.buffer, &off.buffer, &coff.buffer);
+                    let mut enc = ctx.device.create_command_encoder(&Default::default());
+                    let groups = (entries as u64).div_ceil(BUCKET_TILE);
+                    let bind = [(0, &u_params), (3, sb), (5, cb), (10, &u_e)];
+                    ctx.dispatch(&mut enc, &pipe("count").unwrap(), &bind, groups, None)
+                        .unwrap();
+                    let bind = [(5, cb), (6, ob), (7, cob), (10, &u_b)];
+                    ctx.dispatch(&mut enc, &pipe("scan").unwrap(), &bind, 1, None)
+                        .unwrap();
+                    let bind = [
+                        (0, &u_params),
+                        (3, sb),
+                        (5, cb),
+                        (6, ob),
+                        (7, cob),
+                        (8, &list.buffer),
+                        (10, &u_e),
+                        (11, &cdesc.buffer),
+                    ];
+                    let scatter = pipe("scatter").unwrap();
+                    ctx.dispatch(&mut enc, &scatter, &bind, groups, None)
+                        .unwrap();
+                    ctx.queue.submit([enc.finish()]);
+                    let read = |g: &GpuTensor| -> Vec<u32> {
+                        ctx.read_i32(g)
+                            .unwrap()
+                            .into_iter()
+                            .map(|x| x as u32)
+                            .collect()
+                    };
+                    let (off, list) = (read(&off), read(&list));
+                    let got = Lists {
+                        cnt: read(&cnt),
+                        off: &off,
+                        coff: read(&coff),
+                        list: &list,
+                        cdesc: read(&cdesc),
+                    };
+                    let what =
+                        format!("bh {b} i0 {i0} C {c} causal {causal} bins {window} seed {seed}");
+                    check_lists(&want, &got, qpc, &what);
+                }
+            }
+        }
+    }
 }
