@@ -178,9 +178,11 @@ void main() {
                 // g = 2: the two children's log n_c once per node, not per head (the loop
                 // below takes them for every child and head), and each head's LSE over them as
                 // max + log(1 + exp(min - max)) (one exponential and one log instead of the
-                // loop's four and one). The same value for finite scores; for non-finite ones
-                // (non-finite means) a +inf child gives +inf here where the loop gives NaN,
-                // which rank_key ranks as -inf.
+                // loop's four and one). The same value for finite scores. A +inf child score
+                // would give +inf here where the loop gives NaN, but none reaches this step: a
+                // mean past f16's range (non-finite keys) has a non-finite high part and a NaN
+                // low part (step 1), so its scores are NaN on this path, ranked as -inf as the
+                // loop ranks them; f16 rows of finite means cannot sum to an infinite score.
                 const bool two = r0 + jn * 2u + 1u < lr.y;
                 const float ln0 = log(float(node_len(j * 2u, lr.w)));
                 const float ln1 = two ? log(float(node_len(j * 2u + 1u, lr.w))) : 0.0;
