@@ -6,7 +6,8 @@
 //! against pisa-core's CPU reference. Also: the cache's own step outputs read by the
 //! application through their public views (`KvCache::outputs`); misused tensors come back as
 //! typed errors (`GpuError::View`, and `GpuError::Validation` for a buffer of another device);
-//! a destroyed device of the application's gives `GpuError::DeviceLost`.
+//! a destroyed device of the application's gives `GpuError::DeviceLost`, and the probe that
+//! notices it runs once per public call.
 //!
 //! Tie rule (as tests/prefill.rs and tests/decode_harness.rs): a selection row may differ from
 //! the reference's only where the reference's margin is within rounding (`TIE`); the output is
@@ -17,7 +18,9 @@ use common::{check_selection_ties, random, rel_err, rng, seed};
 use pisa_core::reference::{select_pisa, sparse_attention, DecodeState};
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
-use pisa_wgpu::ops::prefill::{PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan};
+use pisa_wgpu::ops::prefill::{
+    PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan, VarlenPrefillPlan,
+};
 use pisa_wgpu::{wgpu, Context, DType, GpuError, Storage, TensorView};
 
 const TIE: f64 = 1e-3;
@@ -648,6 +651,108 @@ fn destroyed_app_device_gives_device_lost() {
         ),
         "the application's device-lost callback did not run"
     );
+}
+
+/// `f()`, checking that it probed the application's device for its loss once.
+fn probed_once<T>(ctx: &Context, what: &str, f: impl FnOnce() -> T) -> T {
+    let before = ctx.device_probes();
+    let out = f();
+    assert_eq!(ctx.device_probes() - before, 1, "device probes of {what}");
+    out
+}
+
+/// The application's device is probed for its loss (a queue write in an error scope) once per
+/// public call, however many allocations, uploads, dispatches, gathers, scatters and reads the
+/// call makes: a plan's making and a run that gathers its inputs and scatters its output, a
+/// varlen run that makes its sequences' plans on the way, a decode cache's making, loading,
+/// append, step and host step, and a read.
+#[test]
+fn one_device_probe_per_public_call() {
+    let app = App::new();
+    let ctx = &app.ctx;
+    let n = 40;
+    let (_, opts, plan) = probed_once(ctx, "PrefillPlan::new", || plan_of(ctx, n));
+    // Q, K, V at a 4-byte offset (gathered) and a BNHD O (scattered).
+    let qkv = app.buffer("qkv", 4 + (HQ * n * D * 4) as u64);
+    let o_buf = app.buffer("o", (HQ * n * D * 4) as u64);
+    let lse_buf = app.buffer("lse", (HQ * n * 4) as u64);
+    let view = |b, off, h, dd, layout| {
+        TensorView::contiguous(b, off, DType::F32, [1, h, n, dd], layout).unwrap()
+    };
+    let (q, k) = (
+        view(&qkv, 4, HQ, D, TensorLayout::Bhnd),
+        view(&qkv, 4, HKV, D, TensorLayout::Bhnd),
+    );
+    let (o, lse) = (
+        view(&o_buf, 0, HQ, D, TensorLayout::Bnhd),
+        view(&lse_buf, 0, HQ, 1, TensorLayout::Bhnd),
+    );
+    assert!(!plan.reads_in_place(&q));
+    let outs = PrefillOutputs {
+        out: &o,
+        lse: &lse,
+        selection: None,
+    };
+    let mut enc = app.device.create_command_encoder(&Default::default());
+    probed_once(ctx, "PrefillPlan::run", || {
+        plan.run(&mut enc, &q, &k, &k, &outs, None).unwrap()
+    });
+    // Three sequences of the packed buffer, each with its own plan made in the run.
+    let packed = Packed::new(&app, &mut rng(seed("embedding probes")));
+    let total = packed.total;
+    let varlen = VarlenPrefillPlan::new(ctx, HQ, HKV, D, &opts).unwrap();
+    let vo_buf = app.buffer("varlen o", (HQ * total * D * 4) as u64);
+    let vl_buf = app.buffer("varlen lse", (HQ * total * 4) as u64);
+    let vview = |b, h, dd| {
+        TensorView::contiguous(b, 0, DType::F32, [1, h, total, dd], TensorLayout::Bhnd).unwrap()
+    };
+    let (vo, vl) = (vview(&vo_buf, HQ, D), vview(&vl_buf, HQ, 1));
+    let vouts = PrefillOutputs {
+        out: &vo,
+        lse: &vl,
+        selection: None,
+    };
+    let [vq, vk, vv] = [0, 1, 2].map(|part| packed.view(part, 0, total));
+    probed_once(ctx, "VarlenPrefillPlan::run", || {
+        varlen
+            .run(&mut enc, &cu_lens(), &vq, &vk, &vv, &vouts, None)
+            .unwrap()
+    });
+    app.queue.submit([enc.finish()]);
+    // A decode cache of the three sequences.
+    let mut cache = probed_once(ctx, "KvCache::new", || {
+        KvCache::new(ctx, 3, 256, HQ, HKV, D, opts.cfg, Storage::F32).unwrap()
+    });
+    let (ck, cv) = (packed.view(1, 0, LENS[0]), packed.view(2, 0, LENS[0]));
+    probed_once(ctx, "KvCache::prefill_view", || {
+        cache.prefill_view(0, &ck, &cv).unwrap()
+    });
+    let step = app.buffer("step", (3 * HQ * D * 4) as u64);
+    let row =
+        |h| TensorView::contiguous(&step, 0, DType::F32, [3, h, 1, D], TensorLayout::Bhnd).unwrap();
+    let (kr, qr) = (row(HKV), row(HQ));
+    let mut enc = app.device.create_command_encoder(&Default::default());
+    probed_once(ctx, "KvCache::record_append_view", || {
+        cache
+            .record_append_view(&mut enc, &kr, &kr, &[true; 3], None)
+            .unwrap()
+    });
+    probed_once(ctx, "KvCache::record_step_into", || {
+        cache.record_step_into(&mut enc, &qr, None, None).unwrap()
+    });
+    app.queue.submit([enc.finish()]);
+    let (k_rows, q_rows) = (vec![0.1; 3 * HKV * D], vec![0.1; 3 * HQ * D]);
+    probed_once(ctx, "KvCache::append_and_step", || {
+        cache
+            .append_and_step(&k_rows, &k_rows, &[true; 3], &q_rows, true)
+            .unwrap()
+    });
+    let lse_bytes = probed_once(ctx, "Context::read_bytes", || {
+        ctx.read_bytes(&lse_buf).unwrap()
+    });
+    assert!(bytemuck::cast_slice::<u8, f32>(&lse_bytes)
+        .iter()
+        .all(|x| x.is_finite()));
 }
 
 #[test]

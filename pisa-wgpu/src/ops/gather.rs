@@ -120,7 +120,7 @@ pub fn record_gather(
     dst: &wgpu::Buffer,
     dst_storage: Storage,
 ) -> Result<()> {
-    ctx.check_alive()?;
+    ctx.check_step()?;
     let g = Geometry::of(src);
     let [_, _, _, d] = g.shape;
     let db = dst_storage.bytes();
@@ -179,7 +179,7 @@ pub fn record_scatter(
     src_storage: Storage,
     dst: &TensorView,
 ) -> Result<()> {
-    ctx.check_alive()?;
+    ctx.check_step()?;
     let g = Geometry::of(dst);
     let [_, _, _, d] = g.shape;
     let sb = src_storage.bytes();

@@ -132,6 +132,7 @@ pub fn record_prefill(
     opts: &PrefillOptions,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
+    let _call = ctx.public_call()?;
     let layouts = QkvLayouts::from(opts.layout);
     record_prefill_parts(ctx, enc, [q, k, v], layouts, shape, opts, None, prof)
         .map(|(o, lse, sel, _)| (o, lse, sel))
@@ -233,6 +234,7 @@ pub fn prefill_host(
     shape: &AttentionShape,
     opts: &PrefillOptions,
 ) -> Result<PrefillOutput> {
+    let _call = ctx.public_call()?;
     let shape = validated(shape, opts)?;
     for (what, actual, expected) in [
         ("q", q.len(), shape.q_elems()),

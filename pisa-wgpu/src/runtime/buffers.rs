@@ -9,10 +9,12 @@
 //! `i32::MIN` for indices) so an element a kernel forgets to write shows in every test; only
 //! intermediates whose every element read is written first by an earlier kernel are created
 //! unfilled ([`Context::scratch`]).
-//! Every entry point starts with [`Context::check_alive`], so a lost or destroyed device is a
-//! [`GpuError::DeviceLost`]; buffers are created unmapped and filled with `Queue::write_buffer`
-//! (never `mapped_at_creation`, whose mapping panics inside wgpu on a dead device), so a device
-//! lost in the middle of a call gives a wgpu error, not a panic.
+//! Every entry point starts with the device check of a step (`Context::check_step`: the lost
+//! flag and a poll, and the probe of the application's device when called outside a public
+//! call, see `context.rs`), so a lost or destroyed device is a [`GpuError::DeviceLost`];
+//! buffers are created unmapped and filled with `Queue::write_buffer` (never
+//! `mapped_at_creation`, whose mapping panics inside wgpu on a dead device), so a device lost
+//! in the middle of a call gives a wgpu error, not a panic.
 
 mod dispatch;
 
@@ -193,7 +195,7 @@ impl Context {
     /// [`GpuError::Unsupported`] for f16 storage without SHADER_F16.
     #[doc(hidden)]
     pub fn upload(&self, label: &str, data: &[f32], storage: Storage) -> Result<GpuTensor> {
-        self.check_alive()?;
+        self.check_step()?;
         let bytes: Vec<u8> = match storage {
             Storage::F32 => bytemuck::cast_slice(data).to_vec(),
             Storage::F16 => {
@@ -218,7 +220,7 @@ impl Context {
     /// Uploads 4-byte integers (indices, lengths) as a storage tensor.
     #[doc(hidden)]
     pub fn upload_u32<T: Pod>(&self, label: &str, data: &[T]) -> Result<GpuTensor> {
-        self.check_alive()?;
+        self.check_step()?;
         self.upload_bytes(
             label,
             bytemuck::cast_slice(data).to_vec(),
@@ -283,7 +285,7 @@ impl Context {
     /// Padded bytes of a storage tensor of `len` elements, checked against the binding limit
     /// (errors as [`Context::alloc`]).
     fn storage_bytes(&self, label: &str, len: usize, storage: Storage) -> Result<u64> {
-        self.check_alive()?;
+        self.check_step()?;
         if storage == Storage::F16 && !self.has_f16() {
             return Err(GpuError::Unsupported(format!(
                 "f16 storage for {label} on {} (no SHADER_F16); use f32 storage",
@@ -323,7 +325,7 @@ impl Context {
     /// A uniform buffer holding `params`. Errors: [`GpuError::DeviceLost`].
     #[doc(hidden)]
     pub fn uniform<T: Pod>(&self, label: &str, params: &T) -> Result<wgpu::Buffer> {
-        self.check_alive()?;
+        self.check_step()?;
         let bytes = bytemuck::bytes_of(params);
         let mut words = vec![0u8; padded(bytes.len() as u64) as usize];
         words[..bytes.len()].copy_from_slice(bytes);

@@ -8,7 +8,16 @@
 //! Invariant: after construction no wgpu error reaches wgpu's default uncaptured-error handler
 //! (which panics); every submission is wrapped in validation and out-of-memory error scopes,
 //! and a lost device is reported by every later call.
+//!
+//! Where the application's device is probed for its loss (`Context::app_device_lost`, a queue
+//! write in an error scope: about 1 us and an error message each): once at the start of each
+//! public call (`Context::public_call`), and again only after an error caught in a call (a
+//! scope's error, a failed wait or map), to tell a lost device from other errors. The internal
+//! steps of a call (allocations, uploads, dispatches, gathers, reads) check the lost flag and
+//! poll the device, and probe only when called on their own, outside any public call.
 
+use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -48,6 +57,8 @@ pub struct ContextInner {
     /// A 4-byte buffer of the application's device for [`Context::app_device_lost`]; `None` on
     /// pisa's own device, whose device-lost callback reports the loss.
     probe: Option<wgpu::Buffer>,
+    /// Probes run by [`Context::app_device_lost`] ([`Context::device_probes`]).
+    probes: AtomicU64,
     /// Set by the uncaptured-error handler, which is installed only on pisa's own device.
     uncaptured: Arc<Mutex<Option<String>>>,
     /// Whether pisa opened the device (and so owns its callbacks).
@@ -202,11 +213,11 @@ impl Context {
     ///
     /// A device lost (or destroyed) after the context is made is the application's to see,
     /// through its own device-lost callback; pisa notices it without one (by a probe of the
-    /// device, see [`Context::check_alive`]): its later calls return [`GpuError::DeviceLost`],
-    /// as on pisa's own device. (A recording call that creates nothing, such as a
-    /// [`crate::PrefillPlan::run`] or [`crate::KvCache::record_step_into`] replaying what it
-    /// built before, may still return `Ok`: its commands fail where the application finishes
-    /// or submits the encoder.)
+    /// device at the start of each of its calls, see [`Context::check_alive`]): its later calls
+    /// return [`GpuError::DeviceLost`], as on pisa's own device. (A call during which the
+    /// device is lost may still return `Ok`, a recording call such as a
+    /// [`crate::PrefillPlan::run`] or [`crate::KvCache::record_step_into`] in particular: its
+    /// commands fail where the application finishes or submits the encoder.)
     ///
     /// The tuning is the adapter's defaults ([`Tuning::for_adapter`]); no environment variable
     /// is read. [`Context::from_device_with_tuning`] takes another.
@@ -353,6 +364,7 @@ impl Context {
             limits,
             lost,
             probe,
+            probes: AtomicU64::new(0),
             uncaptured,
             coop_props,
             coop_ok,
@@ -529,19 +541,68 @@ impl Context {
     /// wgpu runs the device-lost callback from its maintenance, so a device destroyed since the
     /// last poll is noticed through a non-blocking poll here; the application's device
     /// ([`Context::from_device`]), whose callback is the application's, is probed by a queue
-    /// write that only a live device refuses (see `app_device_lost`). Called at the start of
-    /// every entry point that creates or reads GPU resources ([`Context::upload`],
-    /// [`Context::alloc`], [`Context::uniform`], [`Context::read_bytes`], [`Context::dispatch`],
-    /// [`Context::scoped`]).
+    /// write that only a live device refuses (see `app_device_lost`). Run once at the start of
+    /// each public call that records, runs, reads or allocates (`Context::public_call`), and
+    /// after an error a call caught; the steps inside a call check only what is known already
+    /// (see the module docs).
     pub fn check_alive(&self) -> Result<()> {
+        self.alive(true)
+    }
+
+    /// [`Context::check_alive`] without the probe of the application's device when `probe` is
+    /// false: the lost flag, and a non-blocking poll (which runs the device-lost callback of
+    /// pisa's own device).
+    fn alive(&self, probe: bool) -> Result<()> {
         self.lost_error()?;
         // A failed poll means the device is gone; its callback has then usually run too.
         let polled = self.device.poll(wgpu::PollType::Poll);
-        self.app_device_lost();
+        if probe {
+            self.app_device_lost();
+        }
         self.lost_error()?;
         polled
             .map(|_| ())
             .map_err(|e| GpuError::Poll(e.to_string()))
+    }
+
+    /// Starts a public call of pisa's on this context (one that records, runs, reads or
+    /// allocates: the plans', the cache's, the reads'), to be kept until the call returns: the
+    /// outermost one on this thread runs [`Context::check_alive`], probing the application's
+    /// device once for the whole call; one nested in another call of this context (a varlen
+    /// run's per-sequence runs, a read inside a host step) checks only the lost flag and
+    /// polls. Errors: [`GpuError::DeviceLost`], [`GpuError::Poll`].
+    pub(crate) fn public_call(&self) -> Result<PublicCall> {
+        let id = self.id();
+        if IN_CALL.with(|c| c.borrow().contains(&id)) {
+            self.alive(false)?;
+            return Ok(PublicCall {
+                id: None,
+                _thread: PhantomData,
+            });
+        }
+        self.check_alive()?;
+        IN_CALL.with(|c| c.borrow_mut().push(id));
+        Ok(PublicCall {
+            id: Some(id),
+            _thread: PhantomData,
+        })
+    }
+
+    /// The check at the start of an internal step (an allocation, upload, uniform, dispatch,
+    /// gather or scatter): inside a public call, the lost flag and a poll; called on its own
+    /// (the hidden entry points that tests, benchmarks and the stage-level operations call
+    /// directly), the step is a public call of its own and probes. Errors as
+    /// [`Context::check_alive`].
+    pub(crate) fn check_step(&self) -> Result<()> {
+        self.public_call().map(drop)
+    }
+
+    /// How many times [`Context::check_alive`] (or a call that caught an error) probed the
+    /// application's device so far; always 0 on pisa's own device. For tests of where the
+    /// probe runs.
+    #[doc(hidden)]
+    pub fn device_probes(&self) -> u64 {
+        self.probes.load(Ordering::Relaxed)
     }
 
     /// Whether the application's device is lost or destroyed, remembered for every later call
@@ -565,6 +626,7 @@ impl Context {
         else {
             return false;
         };
+        self.probes.fetch_add(1, Ordering::Relaxed);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let refused = self
             .queue
@@ -596,7 +658,7 @@ impl Context {
     /// error scopes, waits for the queue, and turns any error into a [`GpuError`] naming `op`.
     #[doc(hidden)]
     pub fn scoped<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        self.check_alive()?;
+        self.check_step()?;
         // An uncaptured error left by work outside any scope is not this operation's: log it
         // and start clean, so it is not reported by the wrong call.
         if let Some(m) = self
@@ -613,7 +675,12 @@ impl Context {
         let wait = self.wait();
         let v = super::block::block_on(val.pop())?;
         let o = super::block::block_on(oom.pop())?;
-        self.check_alive()?;
+        // A caught error or a failed wait may be a lost device: probe it then (as `scope_now`).
+        if v.is_some() || o.is_some() || wait.is_err() {
+            self.check_alive()?;
+        } else {
+            self.check_step()?;
+        }
         scope_errors(op, v, o)?;
         if let Some(m) = self
             .uncaptured
@@ -666,6 +733,34 @@ impl Context {
         });
         self.lost_error()?;
         r.map(|_| ()).map_err(|e| GpuError::Poll(e.to_string()))
+    }
+}
+
+thread_local! {
+    /// The contexts (by `Context::id`) in a public call on this thread, whose device that
+    /// call checked at its start ([`Context::public_call`]).
+    static IN_CALL: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A public call of pisa's in progress on this thread ([`Context::public_call`]), ended when
+/// dropped. Not `Send`: the mark is the thread's.
+#[must_use = "the call ends when this is dropped"]
+pub(crate) struct PublicCall {
+    /// The context this call marked; `None` for a call nested in another of the same context.
+    id: Option<usize>,
+    _thread: PhantomData<*const ()>,
+}
+
+impl Drop for PublicCall {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            IN_CALL.with(|c| {
+                let mut c = c.borrow_mut();
+                if let Some(i) = c.iter().rposition(|&x| x == id) {
+                    c.remove(i);
+                }
+            });
+        }
     }
 }
 

@@ -28,7 +28,7 @@ impl Context {
     /// [`GpuError::DeviceLost`] (before or during the read), [`GpuError::Poll`];
     /// [`GpuError::Unsupported`] on wasm32 (it blocks: use [`Context::read_async`]).
     pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
-        self.check_alive()?;
+        let _call = self.public_call()?;
         check_copy_src(buffer)?;
         let (tx, rx) = std::sync::mpsc::channel();
         wgpu::util::DownloadBuffer::read_buffer(
@@ -87,8 +87,11 @@ impl Context {
     /// application polls the device (`ctx.device().poll(..)`, as it does for any wgpu mapping)
     /// or uses the blocking [`Context::read_bytes`]. Errors: [`GpuError::View`] for a view that
     /// is not contiguous (BHND or BNHD), not 4-byte aligned or in a buffer without `COPY_SRC`
-    /// usage; [`GpuError::Poll`] when the mapping fails (device lost included).
+    /// usage; [`GpuError::DeviceLost`] for a device lost before the call; [`GpuError::Poll`]
+    /// when the mapping fails (a device lost during the read included).
     pub async fn read_async(&self, view: &crate::TensorView) -> Result<Vec<u8>> {
+        // The check of a public call, without its mark: that is the thread's, and this awaits.
+        self.check_alive()?;
         let bytes = view.elems() as u64 * view.dtype().bytes();
         if !view.is_contiguous() || !view.offset().is_multiple_of(4) || !bytes.is_multiple_of(4) {
             return Err(GpuError::View(format!(

@@ -42,6 +42,7 @@ impl KvCache {
         cfg: SelectionConfig,
         storage: Storage,
     ) -> Result<Self> {
+        let _call = ctx.public_call()?;
         let shape = AttentionShape::new(batch, q_heads, kv_heads, 1, capacity, head_dim)?;
         cfg.validate()?;
         let layout = PyramidLayout::new(capacity, cfg.block_size, cfg.merge_factor)?;

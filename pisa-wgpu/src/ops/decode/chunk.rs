@@ -64,6 +64,7 @@ impl KvCache {
         outputs: &ChunkOutputs<'_>,
         mut prof: Option<&mut Profiler>,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         let s = self.shape;
         let (b, hq, hkv, d) = (s.batch, s.q_heads, s.kv_heads, s.head_dim);
         let t_n = q.shape()[2];

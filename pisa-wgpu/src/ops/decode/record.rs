@@ -152,6 +152,7 @@ impl KvCache {
         outputs: Option<&StepOutputs<'_>>,
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         let io = self.step_io(enc, q, outputs)?;
         let stages = self.cached_stages(&io)?;
         self.ctx.record_pass(enc, "decode", stages.iter(), prof);
@@ -343,6 +344,7 @@ impl KvCache {
         let Some(first) = steps.first() else {
             return Ok(());
         };
+        let _call = first.0.ctx.public_call()?;
         let mut stages: [Vec<Stage>; 3] = Default::default();
         for (cache, q) in steps {
             if !cache.ctx.same(&first.0.ctx) {

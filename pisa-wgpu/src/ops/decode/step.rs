@@ -49,6 +49,7 @@ impl KvCache {
         q: Option<&[f32]>,
         with_selection: bool,
     ) -> Result<Option<DecodeOutput>> {
+        let _call = self.ctx.public_call()?;
         let s = self.shape;
         let n = s.batch * s.kv_heads * s.head_dim;
         if let Some((k, v, active)) = rows {

@@ -28,6 +28,7 @@ impl KvCache {
         v: &[f32],
         layout: TensorLayout,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         let kt = self.ctx.upload("prefill keys", k, self.storage)?;
         let vt = self.ctx.upload("prefill values", v, self.storage)?;
         self.prefill_device(seq, &kt, &vt, layout)
@@ -40,6 +41,7 @@ impl KvCache {
     /// [`Self::prefill_device`], [`crate::GpuError::View`] for views of the wrong shape or of
     /// dtype i32.
     pub fn prefill_view(&mut self, seq: usize, k: &TensorView, v: &TensorView) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         let ctx = self.ctx.clone();
         ctx.scoped("decode prefill", || {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
@@ -79,6 +81,7 @@ impl KvCache {
         v: &GpuTensor,
         layout: TensorLayout,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         let ctx = self.ctx.clone();
         ctx.scoped("decode prefill", || {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
@@ -103,6 +106,7 @@ impl KvCache {
         v: &GpuTensor,
         layout: TensorLayout,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         self.check_seq(seq)?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
         if heads == 0 {
@@ -268,6 +272,7 @@ impl KvCache {
         k: &TensorView,
         v: &TensorView,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
         let p_len = k.shape()[2];
         for (what, t) in [("prefill keys", k), ("prefill values", v)] {
@@ -314,6 +319,7 @@ impl KvCache {
         plan: &PrefillPlan,
         batch: usize,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         let (ps, po) = (plan.shape(), plan.options());
         self.check_plan(plan.context(), ps, po, seq, batch)?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
@@ -416,6 +422,7 @@ impl KvCache {
         active: &[bool],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         let n = self.shape.batch * self.shape.kv_heads * self.shape.head_dim;
         self.check_tensor("appended keys", k_rows, n)?;
         self.check_tensor("appended values", v_rows, n)?;
@@ -443,6 +450,7 @@ impl KvCache {
         active: &[bool],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         let s = self.shape;
         let shape = [s.batch, s.kv_heads, 1, s.head_dim];
         // Checked before any gather is recorded: nothing is recorded on error.

@@ -163,6 +163,7 @@ impl PrefillPlan {
     /// [`super::prefill_host`] splits such calls by KV head; plan per head group instead);
     /// device errors.
     pub fn new(ctx: &Context, shape: &AttentionShape, opts: &PrefillOptions) -> Result<Self> {
+        let _call = ctx.public_call()?;
         let (shape, opts) = Self::checked(ctx, shape, opts)?;
         let st = opts.storage;
         let staging = [
@@ -225,6 +226,7 @@ impl PrefillPlan {
         opts: &PrefillOptions,
         views: &PlanViews<'_>,
     ) -> Result<Self> {
+        let _call = ctx.public_call()?;
         let (shape, opts) = Self::checked(ctx, shape, opts)?;
         let mut plan = Self::unrecorded(ctx, shape, opts, None);
         plan.out_in_place = views.out.is_some();
@@ -466,6 +468,7 @@ impl PrefillPlan {
         outputs: &PrefillOutputs<'_>,
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         let ctx = &self.ctx;
         if !self.current() {
             return Err(GpuError::Unsupported(
@@ -929,6 +932,7 @@ impl VarlenPrefillPlan {
     /// [`PrefillPlan::new`]; [`GpuError::Unsupported`] for a plan made by
     /// [`Self::new_in_place`].
     pub fn prepare(&self, lengths: &[usize]) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         if self.in_place {
             return Err(GpuError::Unsupported(
                 "VarlenPrefillPlan::prepare on a plan made by new_in_place: its plans are made at their first run, from the run's views".into(),
@@ -994,6 +998,7 @@ impl VarlenPrefillPlan {
         outputs: &PrefillOutputs<'_>,
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         self.run_to(enc, cu_seqlens, [q, k, v], outputs, None, prof)
     }
 
@@ -1041,6 +1046,7 @@ impl VarlenPrefillPlan {
         seqs: &[usize],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         check_cu_seqlens(cu_seqlens)?;
         let n_seqs = cu_seqlens.len() - 1;
         if seqs.len() != n_seqs {

@@ -186,7 +186,7 @@ impl Context {
         workgroups: u64,
         timer: Option<(&mut Profiler, &'static str)>,
     ) -> Result<()> {
-        self.check_alive()?;
+        self.check_step()?;
         if workgroups == 0 {
             return Ok(());
         }
