@@ -822,6 +822,51 @@ fn buffer_of_another_device_is_a_validation_error() {
     }
 }
 
+/// Reading back a buffer of another device of the same instance (`Context::read_bytes`, and
+/// `Context::read_async` of a view of it) is a `GpuError::Validation` of the call, not a panic
+/// in wgpu's uncaptured-error handler where the copy's encoder finishes; the context reads its
+/// own device's buffers after.
+#[test]
+fn reading_a_buffer_of_another_device_is_a_validation_error() {
+    let app = App::new();
+    let (other, _other_queue) = open_device(&app.adapter);
+    let foreign = other.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("other device"),
+        size: 256,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let view =
+        TensorView::contiguous(&foreign, 0, DType::F32, [1, 1, 64, 1], TensorLayout::Bhnd).unwrap();
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let read = app.ctx.read_bytes(&foreign);
+        // Refused before anything is awaited: ready at its first poll, no device polling needed.
+        let mut fut = std::pin::pin!(app.ctx.read_async(&view));
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let read_async = match std::future::Future::poll(fut.as_mut(), &mut cx) {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => panic!("read_async of another device's buffer waits"),
+        };
+        [("read_bytes", read), ("read_async", read_async)]
+    }))
+    .unwrap_or_else(|p| {
+        panic!(
+            "reading another device's buffer panicked inside wgpu: {:?}",
+            panic_text(&*p)
+        )
+    });
+    for (what, r) in got {
+        match r {
+            Err(GpuError::Validation { .. }) => {}
+            other => panic!("{what} of another device's buffer: {other:?}"),
+        }
+    }
+    let own = app.buffer("own", 256);
+    app.queue.write_buffer(&own, 0, &[7; 256]);
+    assert_eq!(app.ctx.read_bytes(&own).unwrap(), vec![7; 256]);
+}
+
 /// An output that a planned prefill only copies into (contiguous BHND of the plan's dtype, in a
 /// buffer with `COPY_DST`) in a buffer of another device is refused at the call, as a bound one
 /// is, not left to fail when the application finishes the encoder: O, LSE and the selection in

@@ -209,7 +209,7 @@ impl Context {
     ///
     /// Buffers given to pisa ([`crate::TensorView`]) must be of this device; one of another
     /// device of the same `wgpu::Instance` is a [`GpuError::Validation`] of the call that binds
-    /// it or copies into it.
+    /// it, copies into it or reads it back ([`Context::read_bytes`], [`Context::read_async`]).
     ///
     /// A device lost (or destroyed) after the context is made is the application's to see,
     /// through its own device-lost callback; pisa notices it without one (by a probe of the

@@ -22,40 +22,77 @@ impl Context {
         Ok(bytemuck::cast_slice::<u8, i32>(&bytes)[..t.len].to_vec())
     }
 
-    /// Copies a buffer into a mappable one and returns its bytes (wgpu's `DownloadBuffer`,
-    /// then a wait). Errors: [`GpuError::View`] for a buffer without `COPY_SRC` usage (the
-    /// copy would fail validation outside any error scope and the read return zeros);
-    /// [`GpuError::DeviceLost`] (before or during the read), [`GpuError::Poll`];
-    /// [`GpuError::Unsupported`] on wasm32 (it blocks: use [`Context::read_async`]).
+    /// Copies a buffer into a mappable one and returns its bytes (a map, then a wait).
+    /// Errors: [`GpuError::View`] for a buffer without `COPY_SRC` usage (the copy would fail
+    /// validation and the read return zeros); [`GpuError::Validation`] for a buffer of another
+    /// device (see `Context::copy_out`); [`GpuError::DeviceLost`] (before or during the read),
+    /// [`GpuError::Poll`]; [`GpuError::Unsupported`] on wasm32 (it blocks: use
+    /// [`Context::read_async`]).
     pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
         let _call = self.public_call()?;
         check_copy_src(buffer)?;
+        let staging = self.copy_out("read_bytes", buffer, 0, buffer.size())?;
         let (tx, rx) = std::sync::mpsc::channel();
-        wgpu::util::DownloadBuffer::read_buffer(
-            &self.device,
-            &self.queue,
-            &buffer.slice(..),
-            move |r| {
-                let _ = tx.send(r.map(|d| d.to_vec()));
-            },
-        );
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
         self.wait()?;
         // A map that fails because the device died meanwhile is reported as such.
         let mapped = rx
             .recv()
             .map_err(|e| GpuError::Poll(e.to_string()))
-            .and_then(|r| r.map_err(|e| GpuError::Poll(format!("buffer map failed: {e}"))));
+            .and_then(|r| r.map_err(|e| GpuError::Poll(format!("buffer map failed: {e}"))))
+            .and_then(|()| mapped_bytes(&staging));
         if mapped.is_err() {
             self.check_alive()?;
         }
         mapped
     }
+
+    /// Records the copy of `size` bytes of `buffer` from `offset` into a new mappable buffer,
+    /// submits it and returns that buffer (to map). wgpu checks a recorded copy (the buffer's
+    /// device among the rest) when its encoder finishes: here, in this context's error scopes
+    /// (`scope_now`), so a buffer of another device is a [`GpuError::Validation`] naming `op`,
+    /// and nothing is submitted, rather than an error for the device's uncaptured-error
+    /// handler (whose default panics). Errors: those of `scope_now`.
+    fn copy_out(
+        &self,
+        op: &'static str,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+    ) -> Result<wgpu::Buffer> {
+        let (staging, commands) = self.scope_now(op, || {
+            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("pisa readback"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
+            Ok((staging, enc.finish()))
+        })?;
+        self.queue.submit([commands]);
+        Ok(staging)
+    }
+}
+
+/// The bytes of `staging`, mapped for reading; unmapped after. Errors: [`GpuError::Poll`].
+fn mapped_bytes(staging: &wgpu::Buffer) -> Result<Vec<u8>> {
+    let bytes = staging
+        .slice(..)
+        .get_mapped_range()
+        .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?
+        .to_vec();
+    staging.unmap();
+    Ok(bytes)
 }
 
 /// The state a mapping callback shares with the future waiting on it.
 type Slot = std::sync::Arc<
     std::sync::Mutex<(
-        Option<std::result::Result<Vec<u8>, String>>,
+        Option<std::result::Result<(), String>>,
         Option<std::task::Waker>,
     )>,
 >;
@@ -64,7 +101,7 @@ type Slot = std::sync::Arc<
 struct Mapped(Slot);
 
 impl std::future::Future for Mapped {
-    type Output = std::result::Result<Vec<u8>, String>;
+    type Output = std::result::Result<(), String>;
     fn poll(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -87,8 +124,10 @@ impl Context {
     /// application polls the device (`ctx.device().poll(..)`, as it does for any wgpu mapping)
     /// or uses the blocking [`Context::read_bytes`]. Errors: [`GpuError::View`] for a view that
     /// is not contiguous (BHND or BNHD), not 4-byte aligned or in a buffer without `COPY_SRC`
-    /// usage; [`GpuError::DeviceLost`] for a device lost before the call; [`GpuError::Poll`]
-    /// when the mapping fails (a device lost during the read included).
+    /// usage; [`GpuError::Validation`] for a view in a buffer of another device (natively; in
+    /// the browser the device's uncaptured-error handler gets the error); [`GpuError::DeviceLost`]
+    /// for a device lost before the call; [`GpuError::Poll`] when the mapping fails (a device
+    /// lost during the read included).
     pub async fn read_async(&self, view: &crate::TensorView) -> Result<Vec<u8>> {
         // The check of a public call, without its mark: that is the thread's, and this awaits.
         self.check_alive()?;
@@ -102,25 +141,20 @@ impl Context {
             )));
         }
         check_copy_src(view.buffer())?;
+        let staging = self.copy_out("read_async", view.buffer(), view.offset(), bytes)?;
         let slot: Slot = Default::default();
         let s2 = slot.clone();
-        let range = view.offset()..view.offset() + bytes;
-        wgpu::util::DownloadBuffer::read_buffer(
-            &self.device,
-            &self.queue,
-            &view.buffer().slice(range),
-            move |r| {
-                let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
-                s.0 = Some(r.map(|d| d.to_vec()).map_err(|e| e.to_string()));
-                if let Some(w) = s.1.take() {
-                    w.wake();
-                }
-            },
-        );
-        let data = Mapped(slot)
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
+            s.0 = Some(r.map_err(|e| e.to_string()));
+            if let Some(w) = s.1.take() {
+                w.wake();
+            }
+        });
+        Mapped(slot)
             .await
             .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?;
-        Ok(data)
+        mapped_bytes(&staging)
     }
 }
 

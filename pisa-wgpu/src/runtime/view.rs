@@ -10,13 +10,15 @@
 //! contiguous scratch by `ops::gather` (one pass over the view's bytes, no host transfer).
 //!
 //! Which device a buffer belongs to cannot be read from a `wgpu::Buffer`. Views are checked by
-//! wgpu itself when they are bound, and an output a plan only copies into by a zero-byte queue
-//! write (wgpu validates recorded copies only when the encoder finishes): a buffer of another
-//! device of the same instance is a validation error, which the operations return as
-//! [`GpuError::Validation`] (never a panic, never the wrong buffer). Buffers of a different `wgpu::Instance` are the one case wgpu cannot
-//! tell apart (its ids are per instance); [`crate::Context::from_device`] makes the context on
-//! the application's own device, so an application that creates its buffers with that device
-//! (`ctx.device()`) never has such a buffer.
+//! wgpu itself when they are bound, an output a plan only copies into by a zero-byte queue
+//! write (wgpu validates recorded copies only when the encoder finishes), and a buffer read
+//! back by finishing the copy's encoder in the read's error scope: a buffer of another device
+//! of the same instance is a validation error, which the operations return as
+//! [`GpuError::Validation`] (never a panic, never the wrong buffer). Buffers of a different
+//! `wgpu::Instance` are the one case wgpu cannot tell apart (its ids are per instance);
+//! [`crate::Context::from_device`] makes the context on the application's own device, so an
+//! application that creates its buffers with that device (`ctx.device()`) never has such a
+//! buffer.
 
 use pisa_core::{PisaError, TensorLayout};
 
