@@ -395,9 +395,10 @@ fn not_an_option(dir: &Path, args: &[&str], flag: &str) {
 /// Regression: `decode --help` offered `--non-causal` and `recall --help` offered `--scoring`,
 /// options those commands then refused. Each command offers, and takes, only the options it
 /// applies: `forward` both, `decode` `--scoring` (decode is causal), `recall` `--non-causal`
-/// (it measures every scoring).
+/// (it measures every scoring); `--no-warmup` only `forward` (and `demo`), which time a
+/// warmed-up prefill.
 #[test]
-fn commands_offer_only_the_selection_options_they_apply() {
+fn commands_offer_only_the_options_they_apply() {
     let dir = setup();
     let d = dir.path();
     let base = |cmd| {
@@ -411,14 +412,15 @@ fn commands_offer_only_the_selection_options_they_apply() {
             "4",
         ]
     };
-    for (cmd, scoring, non_causal) in [
-        ("forward", true, true),
-        ("decode", true, false),
-        ("recall", false, true),
+    for (cmd, scoring, non_causal, no_warmup) in [
+        ("forward", true, true, true),
+        ("decode", true, false, false),
+        ("recall", false, true, false),
     ] {
         let help = run_in(d, &[cmd, "--help"]).ok().stdout;
         assert_eq!(help.contains("--scoring"), scoring, "{cmd}:\n{help}");
         assert_eq!(help.contains("--non-causal"), non_causal, "{cmd}:\n{help}");
+        assert_eq!(help.contains("--no-warmup"), no_warmup, "{cmd}:\n{help}");
         let base = base(cmd);
         if !scoring {
             not_an_option(
@@ -430,7 +432,12 @@ fn commands_offer_only_the_selection_options_they_apply() {
         if !non_causal {
             not_an_option(d, &[&base[..], &["--non-causal"]].concat(), "--non-causal");
         }
+        if !no_warmup {
+            not_an_option(d, &[&base[..], &["--no-warmup"]].concat(), "--no-warmup");
+        }
     }
+    let help = run_in(d, &["demo", "--help"]).ok().stdout;
+    assert!(help.contains("--no-warmup"), "demo:\n{help}");
     // The options a command offers still reach it.
     let j = run_in(
         d,

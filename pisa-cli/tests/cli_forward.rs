@@ -337,3 +337,31 @@ fn forward_times_a_warmed_up_run() {
     assert_eq!(warm_ups, 1, "{}", r.stderr);
     assert!(r.json()["stages_ms"].is_array(), "{}", r.stdout);
 }
+
+/// `--no-warmup` skips the untimed run: `forward` and `demo` take it, succeed, and log no
+/// warm-up at `-vv` (`demo` logs its one warm-up without it).
+#[test]
+fn no_warmup_skips_the_untimed_run() {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path(), "in.safetensors", &Spec::small());
+    let run = |args: &[&str]| {
+        common::run_cmd(
+            common::pisa()
+                .current_dir(dir.path())
+                .env_remove("RUST_LOG")
+                .arg("-vv")
+                .args(args),
+        )
+        .ok()
+    };
+    let warm_ups = |stderr: &str| stderr.matches("prefill warm-up: one untimed run").count();
+    let forward = ["forward", "-i", "in.safetensors", "--block-size", "16"];
+    let r = run(&[&forward[..], &["--top-k", "4", "--json", "--no-warmup"]].concat());
+    assert_eq!(warm_ups(&r.stderr), 0, "{}", r.stderr);
+    assert!(r.json()["stages_ms"].is_array(), "{}", r.stdout);
+    let demo = ["demo", "--tokens", "160", "--steps", "2"];
+    let r = run(&[&demo[..], &["--no-warmup"]].concat());
+    assert_eq!(warm_ups(&r.stderr), 0, "{}", r.stderr);
+    assert!(r.stdout.contains("forward:"), "{}", r.stdout);
+    assert_eq!(warm_ups(&run(&demo).stderr), 1);
+}

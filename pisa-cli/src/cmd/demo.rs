@@ -21,6 +21,10 @@ pub struct DemoArgs {
     /// Adapter name fragment or index.
     #[arg(long)]
     pub adapter: Option<String>,
+    /// Skip the untimed warm-up prefill: the forward's times then include the shader compilation
+    /// and pipeline creation that drivers do at a pipeline's first dispatch (a cold start).
+    #[arg(long)]
+    pub no_warmup: bool,
 }
 
 /// Runs `pisa demo`.
@@ -99,7 +103,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         q_tile: 4,
         return_selection: true,
     };
-    let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, s, &opts, true)?;
+    let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, s, &opts, !a.no_warmup)?;
     let sel_gpu = r.selection.clone().unwrap_or_default();
     let want = reference::select_pisa(&l.q, &l.k, s, l.layout, &cfg)?;
     let same = want

@@ -34,6 +34,10 @@ pub struct ForwardArgs {
     /// Also write the selected leaf blocks ([B,] Hkv, N, K; ascending, -1 padded).
     #[arg(long)]
     pub save_selection: bool,
+    /// Skip the untimed warm-up prefill: the timed prefill then includes the shader compilation
+    /// and pipeline creation that drivers do at a pipeline's first dispatch (a cold start).
+    #[arg(long)]
+    pub no_warmup: bool,
 }
 
 /// Output tensor shapes that mirror the input's rank.
@@ -140,8 +144,9 @@ pub fn run(a: ForwardArgs) -> Result<()> {
         q_tile: a.select.q_tile,
         return_selection: a.save_selection,
     };
-    // Warmed up: the reported stage times are the kernels', without first-dispatch compiles.
-    let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, &l.shape, &opts, true)
+    // Warmed up unless --no-warmup: the reported stage times are then the kernels', without
+    // first-dispatch compiles.
+    let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, &l.shape, &opts, !a.no_warmup)
         .map_err(|e| crate::args::top_k_note(e.into(), &cfg, l.shape.k_len))
         .with_context(|| format!("{}: prefill failed", l.source))?;
     let mut written = Vec::new();
