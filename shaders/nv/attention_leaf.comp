@@ -147,8 +147,8 @@ void main() {
         const bool fresh = leaf != loaded;
         if (fresh) {
             [[unroll]] for (uint j = 0; j < HD / DC; j++) {
-                coopMatLoadTensorNV(kts[j], k, kbase,
-                                    sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC), transpose);
+                coopMatLoadTensorNV(kts[j], k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC),
+                                    transpose);
             }
         }
 #endif
@@ -159,8 +159,7 @@ void main() {
             s = coopMatMulAdd(qa, kts[d0 / DC], s);
 #else
             coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
-            coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC),
-                                transpose);
+            coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
             s = coopMatMulAdd(qa, kt, s);
 #endif
         }
@@ -170,8 +169,7 @@ void main() {
 #if KREUSE
         if (fresh) {
             [[unroll]] for (uint j = 0; j < HD / DC; j++) {
-                coopMatLoadTensorNV(vbs[j], v, kbase,
-                                    sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC));
+                coopMatLoadTensorNV(vbs[j], v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC));
             }
             loaded = leaf;
         }

@@ -156,14 +156,12 @@ void main() {
 #endif
 #else
             KT kt;
-            coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC),
-                                transpose);
+            coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
             s = coopMatMulAdd(qa, kt, s);
 #if PAIR
             KT kt1;
             coopMatLoadTensorNV(kt1, k, kbase,
-                                sliceTensorLayoutNV(lk, leaf0 + p.block_size, CW, d0, DC),
-                                transpose);
+                                sliceTensorLayoutNV(lk, leaf0 + p.block_size, CW, d0, DC), transpose);
             s1 = coopMatMulAdd(qa, kt1, s1);
 #endif
 #endif
