@@ -36,7 +36,7 @@ use pisa_core::{AttentionShape, SelectionConfig};
 use super::{element_strides, QkvLayouts};
 use crate::error::Result;
 use crate::ops::leaf_select::by_leaf::{
-    bucket_consts, Buckets, BUCKET_SHADER, BUCKET_TILE, BUCKET_WINDOW, NV_CHUNKS_PER_WORKGROUP,
+    bucket_consts, Buckets, BUCKET_SHADER, BUCKET_TILE, BUCKET_WINDOW,
 };
 use crate::ops::select::SelParams;
 use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32, POISON_I32};
@@ -334,12 +334,7 @@ pub(crate) fn record(
             let rest = [(0, &u_params), (7, co), (8, l), (10, &u_c), (11, cd)];
             let rest2 = [(12, op), (13, ml), (14, sp)];
             let binds: Vec<(u32, Bind<'_>)> = [whole(&rest), whole(&rest2), b.to_vec()].concat();
-            // The NVIDIA chunk kernel takes NV_CHUNKS_PER_WORKGROUP chunks per workgroup.
-            let groups = match nv {
-                Some(_) => n_chunks.div_ceil(NV_CHUNKS_PER_WORKGROUP),
-                None => n_chunks,
-            };
-            add(1, &attend, &binds, groups)?;
+            add(1, &attend, &binds, n_chunks)?;
             let b = [(0, &u_params), (10, &u_q), (12, op), (13, ml)];
             let rest = [(14, sp), (15, &lse.buffer)];
             // O bound as its range (a caller's tensor, or the whole of its own).

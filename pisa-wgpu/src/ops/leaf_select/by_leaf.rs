@@ -183,13 +183,6 @@ pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, bl: &ByLeaf) -> Option<N
     })
 }
 
-/// Chunks each workgroup of the NVIDIA chunk kernels takes, one after the other
-/// (`shaders/nv/leaf_score.comp` and `shaders/nv/attention_leaf.comp`, define CPW of every
-/// `leaf_score*` and `attention_leaf_d*` line of `shaders/nv/kernels.txt`; a unit test holds
-/// them equal): consecutive chunks are mostly of one bucket, whose key (and value) matrices the
-/// workgroup then loads once (KREUSE).
-pub(crate) const NV_CHUNKS_PER_WORKGROUP: u64 = 4;
-
 /// An NVIDIA scorer chosen by [`nv_scorer_for`].
 pub(crate) struct NvScorer {
     pub kernel: NvKernel,
@@ -257,7 +250,6 @@ pub(crate) fn record(
 ) -> Result<GpuTensor> {
     let mc = plan.params.mc;
     let nv = nv_scorer_for(ctx, plan, bl);
-    let on_nv = nv.is_some();
     let pair = nv.as_ref().is_some_and(|n| n.pair);
     let n_entries = bl.entries as usize;
     // Pair buckets: ceil(nb0 / 2) per (b, KV head), at most the leaf buckets of the plan.
@@ -322,12 +314,7 @@ pub(crate) fn record(
     if matches!(bl.scorer, Scorer::Coop(_)) {
         b.push((12, k.into()));
     }
-    // The NVIDIA scorer takes NV_CHUNKS_PER_WORKGROUP chunks per workgroup, the others one.
-    let groups = match on_nv {
-        true => n_chunks.div_ceil(NV_CHUNKS_PER_WORKGROUP),
-        false => n_chunks,
-    };
-    ctx.dispatch(enc, &score, &b, groups, timer(&mut prof, "leaf_score"))?;
+    ctx.dispatch(enc, &score, &b, n_chunks, timer(&mut prof, "leaf_score"))?;
 
     // 5: the pick, QW queries per workgroup.
     let tiled = plan.tiled(pick_queries(mc));

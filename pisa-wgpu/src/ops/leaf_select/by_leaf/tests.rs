@@ -380,24 +380,3 @@ fn attention_buckets_equal_the_model() {
         }
     }
 }
-
-/// The NVIDIA chunk kernels' chunks per workgroup (define CPW in `shaders/nv/kernels.txt`)
-/// equal the dispatch's [`NV_CHUNKS_PER_WORKGROUP`] on every scorer and sparse-attention line:
-/// fewer would leave chunks unscored, more would score some twice.
-#[test]
-fn nv_chunks_per_workgroup_match_the_kernels() {
-    let list = include_str!("../../../../../shaders/nv/kernels.txt");
-    let want = format!("CPW={NV_CHUNKS_PER_WORKGROUP}");
-    let mut lines = 0;
-    for l in list.lines() {
-        let mut w = l.split_whitespace();
-        let (Some(_), Some(src)) = (w.next(), w.next()) else {
-            continue;
-        };
-        if src == "leaf_score.comp" || src == "attention_leaf.comp" {
-            assert!(l.split_whitespace().any(|d| d == want), "{l}: not {want}");
-            lines += 1;
-        }
-    }
-    assert_eq!(lines, 7, "scorer and chunk kernel lines in kernels.txt");
-}
