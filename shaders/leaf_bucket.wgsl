@@ -115,14 +115,16 @@ fn entry_leaf(e: u32) -> u32 {
 // selections cluster), and one global atomic per bucket and tile, instead of one per entry,
 // spares the bucket counters the contention of the queries in flight (on the H200 the per-entry
 // atomics took twice the time per entry at 64K as at 256K, where the queries in flight spread
-// over four times as many buckets). The bins `win` hold the WB buckets that end at the tile's
-// last query's next leaf (the latest leaves any of its queries can list, causally); an entry of
-// a bucket outside them (older leaves past WB, another (b, KV head), any leaf without causal
-// masking) takes the global atomic directly. Which entries the bins take changes nothing but
-// time: count leaves the totals, and scatter hands out each bucket's slots 0 .. n - 1 once each.
-// On the H200 (2026-12-03, docs/benchmarks.md A.19) the selection's bucketing went from 3.43 to
-// 0.60 ms at 64K and 6.63 to 2.52 at 256K, the attention's from 2.06 to 0.57 and 5.09 to 2.39;
-// 16 entries per invocation were no faster (attention's 2.83 ms at 256K).
+// over four times as many buckets). The bins `win` hold the WB buckets of the tile's last
+// (b, KV head) that end one past its last query's own leaf (causally, no query lists a later
+// one; without causal masking, the WB buckets that end at the last leaf); an entry of a bucket
+// outside them (older leaves past WB, another (b, KV head)) takes the global atomic directly.
+// Which entries the bins take changes nothing but time: count leaves the totals, and scatter
+// hands out each bucket's slots 0 .. n - 1 once each. On the H200 (2026-12-03,
+// docs/benchmarks.md A.19) the selection's bucketing went from 3.43 to 0.60 ms at 64K and 6.63
+// to 2.52 at 256K, the attention's from 2.06 to 0.57 and 5.09 to 2.39; with 16 entries per
+// invocation the selection's took 2.49 ms at 256K and the attention's 2.83, prefill as long or
+// longer.
 const EPI: u32 = 8u;
 const WB: u32 = 4096u;
 var<workgroup> win: array<atomic<u32>, WB>;

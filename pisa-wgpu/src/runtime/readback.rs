@@ -125,7 +125,8 @@ impl Context {
     /// or uses the blocking [`Context::read_bytes`]. Errors: [`GpuError::View`] for a view that
     /// is not contiguous (BHND or BNHD), not 4-byte aligned or in a buffer without `COPY_SRC`
     /// usage; [`GpuError::Validation`] for a view in a buffer of another device (natively; in
-    /// the browser the device's uncaptured-error handler gets the error); [`GpuError::DeviceLost`]
+    /// the browser, which has no error scopes, the device's uncaptured-error handler gets the
+    /// error and the call returns zeros); [`GpuError::DeviceLost`]
     /// for a device lost before the call; [`GpuError::Poll`] when the mapping fails (a device
     /// lost during the read included).
     pub async fn read_async(&self, view: &crate::TensorView) -> Result<Vec<u8>> {

@@ -265,10 +265,13 @@ fn attention_buckets_equal_the_model() {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_nanos() as u64);
     let mut r = ChaCha8Rng::seed_from_u64(seed);
-    // (B * Hkv, Nq, query offset, C, K, causal, queries per range)
+    // (B * Hkv, Nq, query offset, C, K, causal, queries per range): ranges of one tile
+    // (BUCKET_TILE entries) and of several, the last one partial.
     for (bh, q_len, q_pos0, c, k, causal, per) in [
         (2, 700, 50, 16, 6, true, 300),
         (3, 333, 0, 7, 5, false, 333),
+        (1, 1500, 20, 8, 4, true, 1500),
+        (2, 1100, 0, 16, 7, false, 1100),
     ] {
         let p = params(q_len, q_pos0, c, k, causal, k);
         let nb0 = p.nb0;
