@@ -126,7 +126,7 @@ impl Context {
     /// is not contiguous (BHND or BNHD), not 4-byte aligned or in a buffer without `COPY_SRC`
     /// usage; [`GpuError::Validation`] for a view in a buffer of another device (natively; in
     /// the browser, which has no error scopes, the device's uncaptured-error handler gets the
-    /// error and the call returns zeros); [`GpuError::DeviceLost`]
+    /// error, and the call may still return `Ok`); [`GpuError::DeviceLost`]
     /// for a device lost before the call; [`GpuError::Poll`] when the mapping fails (a device
     /// lost during the read included).
     pub async fn read_async(&self, view: &crate::TensorView) -> Result<Vec<u8>> {
