@@ -36,7 +36,7 @@ use pisa_core::{AttentionShape, SelectionConfig};
 use super::{element_strides, QkvLayouts};
 use crate::error::Result;
 use crate::ops::leaf_select::by_leaf::{
-    bucket_consts, Buckets, BUCKET_SHADER, BUCKET_TILE, BUCKET_WINDOW,
+    bucket_consts, bucket_window, Buckets, BUCKET_SHADER, BUCKET_TILE,
 };
 use crate::ops::select::SelParams;
 use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32, POISON_I32};
@@ -260,7 +260,7 @@ pub(crate) fn record(
     let pipe = |shader: &ShaderSource, entry: &'static str, st: Storage, c: &[(&str, u32)]| {
         ctx.pipelines.get(&ctx.device, shader, entry, st, c, &[])
     };
-    let bucket = bucket_consts(kk, la.qpc, true, false, BUCKET_WINDOW);
+    let bucket = bucket_consts(kk, la.qpc, true, false, bucket_window(ctx));
     let count = pipe(&BUCKET_SHADER, "count", Storage::F32, &bucket)?;
     let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket)?;
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;

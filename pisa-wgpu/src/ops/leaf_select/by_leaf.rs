@@ -56,9 +56,16 @@ pub(crate) use plan::{plan, ByLeaf, Scorer};
 pub(crate) const BUCKET_TILE: u64 = 256 * 8;
 
 /// Buckets a `count` or `scatter` workgroup adds up in workgroup memory before the global
-/// counts (`leaf_bucket.wgsl` WB): 16 KiB, what every adapter offers (WebGPU's least
-/// `maxComputeWorkgroupStorageSize`).
+/// counts (`leaf_bucket.wgsl` WB): 16 KiB, WebGPU's least `maxComputeWorkgroupStorageSize`;
+/// fewer where a device offers less ([`bucket_window`]).
 pub(crate) const BUCKET_WINDOW: u32 = 4096;
+
+/// The bucketing's bins on `ctx`'s device: [`BUCKET_WINDOW`], or as many 4-byte counters as its
+/// workgroup memory holds where that is less (wgpu's downlevel limits give 16352 bytes). Fewer
+/// bins change only how many entries take the global counters directly.
+pub(crate) fn bucket_window(ctx: &Context) -> u32 {
+    (ctx.limits().max_compute_workgroup_storage_size / 4).clamp(1, BUCKET_WINDOW)
+}
 
 /// The `Buckets` uniform of `leaf_bucket.wgsl` and `leaf_chunk.wgsl`: the dispatch's items
 /// (entries, buckets or chunks), the bucket count, and for leaf-major attention
@@ -270,7 +277,7 @@ pub(crate) fn record(
             chunks: n_chunks,
             qpc: bl.qpc,
             pair,
-            window: BUCKET_WINDOW,
+            window: bucket_window(ctx),
         },
         &mut prof,
     )?;
