@@ -132,23 +132,21 @@ var<workgroup> win: array<atomic<u32>, WB>;
 // The first bucket of the bins of the tile whose last entry is e_last, and their number (at
 // most WB, fewer where the (b, KV head) has fewer buckets up to the window's end).
 fn window(e_last: u32) -> vec2<u32> {
-    var last = 0u;     // the last bucket of the window
-    var first = 0u;    // the first bucket of the window's (b, KV head)
+    // The tile's last query (ATTEND = 1: of the range i0 ..), and its (b, KV head)'s first
+    // bucket (ATTEND = 1: a bucket per leaf of one (b, KV head)).
+    var i = (e_last / MC) % p.q_len;
+    var first = 0u;
+    var units = p.nb0;
+    if (PAIR == 1u) { units = (p.nb0 + 1u) / 2u; }
     if (ATTEND == 1u) {
-        let bq = (p.q_pos0 + bl.i0 + e_last / MC) / p.block_size;
-        last = select(p.nb0 - 1u, min(bq + 1u, p.nb0 - 1u), p.causal != 0u);
+        i = bl.i0 + e_last / MC;
     } else {
-        let bh = e_last / (p.q_len * MC);
-        let bq = (p.q_pos0 + (e_last / MC) % p.q_len) / p.block_size;
-        var leaf = select(p.nb0 - 1u, min(bq + 1u, p.nb0 - 1u), p.causal != 0u);
-        var units = p.nb0;
-        if (PAIR == 1u) {
-            units = (p.nb0 + 1u) / 2u;
-            leaf /= 2u;
-        }
-        first = bh * units;
-        last = first + leaf;
+        first = e_last / (p.q_len * MC) * units;
     }
+    let bq = (p.q_pos0 + i) / p.block_size;
+    var leaf = select(p.nb0 - 1u, min(bq + 1u, p.nb0 - 1u), p.causal != 0u);
+    if (PAIR == 1u) { leaf /= 2u; }
+    let last = first + leaf;
     let n = min(last + 1u - first, WB);
     return vec2<u32>(last + 1u - n, n);
 }
@@ -160,6 +158,14 @@ fn tile(wid: vec3<u32>, nwg: vec3<u32>) -> vec3<u32> {
     return vec3<u32>(e0, w);
 }
 
+// Entry e's leaf and bucket; bucket NONE for an entry past the items or not bucketed.
+fn tile_entry(e: u32) -> vec2<u32> {
+    if (e >= bl.items) { return vec2<u32>(NONE); }
+    let j = bucket_leaf(e);
+    if (j == NONE) { return vec2<u32>(NONE); }
+    return vec2<u32>(j, entry_bucket(e, j));
+}
+
 @compute @workgroup_size(256)
 fn count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
@@ -167,11 +173,7 @@ fn count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     for (var k = lid; k < t.z; k += 256u) { atomicStore(&win[k], 0u); }
     workgroupBarrier();
     for (var k = 0u; k < EPI; k++) {
-        let e = t.x + k * 256u + lid;
-        if (e >= bl.items) { break; }
-        let j = bucket_leaf(e);
-        if (j == NONE) { continue; }
-        let x = entry_bucket(e, j);
+        let x = tile_entry(t.x + k * 256u + lid).y;
         if (x == NONE) { continue; }
         if (x - t.y < t.z) {
             atomicAdd(&win[x - t.y], 1u);
@@ -258,12 +260,10 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var k = 0u; k < EPI; k++) {
         bx[k] = NONE;
         let e = t.x + k * 256u + lid;
-        if (e >= bl.items) { continue; }
-        let j = bucket_leaf(e);
-        if (j == NONE) { continue; }
-        let x = entry_bucket(e, j);
+        let jx = tile_entry(e);
+        let x = jx.y;
         if (x == NONE) { continue; }
-        let v = entry_value(e, j);
+        let v = entry_value(e, jx.x);
         if (x - t.y < t.z) {
             bx[k] = x;
             br[k] = atomicAdd(&win[x - t.y], 1u);

@@ -153,13 +153,18 @@ fn check_lists(want: &[Vec<u32>], got: &Lists, qpc: u32, what: &str) {
     assert_eq!(totals, (o, co), "{what}: totals");
 }
 
-#[test]
-fn pair_and_leaf_buckets_equal_the_model() {
+/// The test adapter's context, a fresh seed (printed in failures) and its generator.
+fn setup() -> (Context, u64, ChaCha8Rng) {
     let ctx = Context::new(&AdapterChoice::HighPerformance).expect("a GPU adapter");
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_nanos() as u64);
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    (ctx, seed, ChaCha8Rng::seed_from_u64(seed))
+}
+
+#[test]
+fn pair_and_leaf_buckets_equal_the_model() {
+    let (ctx, seed, mut r) = setup();
     let mut checked_pairs = 0;
     // (B * Hkv, Nq, query offset, C, K, causal, MC): nb0 = 22, 29 and 7 (the last two odd:
     // their last pair has one leaf).
@@ -260,11 +265,7 @@ fn pair_and_leaf_buckets_equal_the_model() {
 /// windows of bins of every bucket, a few, and one; outputs poisoned before each run.
 #[test]
 fn attention_buckets_equal_the_model() {
-    let ctx = Context::new(&AdapterChoice::HighPerformance).expect("a GPU adapter");
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    let (ctx, seed, mut r) = setup();
     // (B * Hkv, Nq, query offset, C, K, causal, queries per range): ranges of one tile
     // (BUCKET_TILE entries) and of several, the last one partial.
     for (bh, q_len, q_pos0, c, k, causal, per) in [
