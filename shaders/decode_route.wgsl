@@ -11,12 +11,6 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let b = id / p.kv_heads;
     let h = id % p.kv_heads;
     load_q((b * p.q_heads + h * GQ) * DD, b, lid);
-    // The table (kept at the start of the (sequence, KV head)'s block states in `parts`, which
-    // `leaf` writes only after this dispatch); route_levels' first barrier orders it. Rows past
-    // the current length's levels are loaded and never read.
-    if (TL > 0u) {
-        for (var i = lid; i < TROWS * GQ; i += WG) { tabw[i] = parts[id * NS * GQ * PW + i]; }
-    }
     let len = workgroupUniformLoad(&wlen);
     let so = id * NS;
     if (len == 0u) {
@@ -27,9 +21,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     for (var i = lid; i < NS; i += WG) { cands[so + i] = slot_at(s, i); }
 }
 
-// The score table (decode_table.wgsl) of this workgroup's (sequence, KV head), loaded whole
-// before the routing: TROWS * GQ floats (one word when there is no table, TL = 0).
-var<workgroup> tabw: array<f32, TROWS * GQ>;
-
-// q_h . mu of score-table row r, head hh (`bh` is this workgroup's).
-fn table_at(bh: u32, r: u32, hh: u32) -> f32 { return tabw[r * GQ + hh]; }
+// q_h . mu of score-table row r, head hh (decode_table.wgsl), for (sequence, KV head) bh: the
+// table is kept at the start of bh's block states in `parts`, which `leaf` writes only after
+// this dispatch.
+fn table_at(bh: u32, r: u32, hh: u32) -> f32 { return parts[bh * NS * GQ * PW + r * GQ + hh]; }

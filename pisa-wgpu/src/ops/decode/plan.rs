@@ -119,12 +119,6 @@ pub(super) struct Plan {
     pub trows: u32,
     /// Invocations per `table` workgroup.
     pub wt: u32,
-    /// Workgroup memory of `route` without the table, of the largest kernel without it, and
-    /// the limit the plan was made for, bytes (`route` holds the whole table in workgroup
-    /// memory).
-    pub route_smem: u64,
-    pub smem_base: u64,
-    pub smem_limit: u64,
 }
 
 impl Plan {
@@ -226,9 +220,6 @@ impl Plan {
             tl: 0,
             trows: 0,
             wt: 0,
-            route_smem: route,
-            smem_base: smem,
-            smem_limit: limit,
         })
     }
 
@@ -236,14 +227,12 @@ impl Plan {
     /// [`crate::Tuning::decode_table_nodes`]) for `lse` scoring: as many levels from the start
     /// level down as have at most `nodes` nodes together, counting each level at its most (the
     /// start level has at most g K nodes, so the t-th level below it g^(t+1) K), and whose rows
-    /// fit both at the start of a (sequence, KV head)'s block states (NS (D + 2) rows of g_q
-    /// f32) and, beside the routing's own, in `route`'s workgroup memory (g_q f32 a row).
+    /// fit at the start of a (sequence, KV head)'s block states (NS (D + 2) rows of g_q f32).
     /// `table` runs on workgroups of at most 256 invocations (and at most `route`'s) whose lane
     /// partials fit the routing's scratch (`xr`, which it reuses).
     pub fn with_table(mut self, cfg: &SelectionConfig, nodes: u32) -> Self {
         let Dims { k, g, ns, .. } = Dims::of(cfg);
-        let room = self.smem_limit.saturating_sub(self.route_smem) / (4 * self.gq.max(1) as u64);
-        let cap = (nodes as u64).min(ns * (self.dd as u64 + 2)).min(room);
+        let cap = (nodes as u64).min(ns * (self.dd as u64 + 2));
         let (mut tl, mut rows, mut level) = (0u32, 0u64, g.saturating_mul(k));
         if cfg.scoring == Scoring::Lse {
             while tl < 32 {
@@ -256,7 +245,6 @@ impl Plan {
             }
         }
         (self.tl, self.trows, self.wt) = (0, 0, 0);
-        self.smem = self.smem_base;
         let xr_rows = (self.xr / self.gq.max(1)) as u64;
         let wt = (1u64 << (63 - xr_rows.clamp(1, 256).leading_zeros())).min(self.wr as u64);
         if tl == 0 || wt < self.lr as u64 {
@@ -265,7 +253,6 @@ impl Plan {
         self.tl = tl;
         self.trows = rows as u32;
         self.wt = wt as u32;
-        self.smem = self.smem_base.max(self.route_smem + 4 * rows * self.gq as u64);
         self
     }
 
