@@ -23,9 +23,6 @@
 // f32 arithmetic, no subgroup operations. Scratch: `xr` holds the route's partial scores, then
 // a pass's partial scores [RP * LK, GQ] and row values [RP, GQ] (from XP), then the P.V rounds.
 
-// The fused step has no score table (TL = 0: route_levels never reads it).
-fn table_at(bh: u32, r: u32, hh: u32) -> f32 { return 0.0; }
-
 const FNB: u32 = 4u;   // blocks per pass
 const FCH: u32 = 64u;  // keys of each block per pass (C when memory allows)
 const FRN: u32 = 4u;   // sub-accumulators per (block, head) (keys k = sub mod FRN)

@@ -70,13 +70,11 @@ fn child_x(s: u32, c: u32, hh: u32, ln: f32) -> f32 {
 
 // The `lse` score of every candidate slot from the partial dots in xr, in two steps: one
 // invocation per (child, head, slot) sums the LR lanes into x = s * q.mu_c + log n_c (NEG for a
-// child past the level's end), written over lane 0's partial (read by that invocation only),
-// or, where the level's rows are in the score table (`tab` != INVALID: the child's row is
-// tab + child there), takes q.mu_c from the table (decode_table.wgsl, the same sums);
+// child past the level's end), written over lane 0's partial (read by that invocation only);
 // then one invocation per slot takes, per head, the max over the children and the sum of
 // exp(x - max) over the scored ones (max-then-sum: a +inf child makes NaN, ranked as -inf), and
 // sums m + log(sum) over the heads. Ends with rk written.
-fn score_lse_split(bh: u32, len: u32, nchild: u32, w: u32, co: u32, tab: u32, lid: u32) {
+fn score_lse_split(len: u32, nchild: u32, w: u32, co: u32, lid: u32) {
     for (var it = lid; it < MG * GQ * MAXC; it += WG) {
         let s = it % MAXC;
         let hh = (it / MAXC) % GQ;
@@ -85,12 +83,7 @@ fn score_lse_split(bh: u32, len: u32, nchild: u32, w: u32, co: u32, tab: u32, li
         let child = node * MG + c;
         var x = NEG;
         if (node != INVALID && child < nchild) {
-            let ln = log(f32(min(len - child * w, w)));
-            if (tab == INVALID) {
-                x = child_x(s, c, hh, ln);
-            } else {
-                x = p.scale * table_at(bh, tab + child, hh) + ln;
-            }
+            x = child_x(s, c, hh, log(f32(min(len - child * w, w))));
         }
         xr[(c * LR * GQ + hh) * MAXC + s] = x;
     }
@@ -118,27 +111,23 @@ fn score_lse_split(bh: u32, len: u32, nchild: u32, w: u32, co: u32, tab: u32, li
 // rk[slot] = rank_key of the score of the candidates cand[co..co + MAXC] of level l >= 1
 // (PISA.md 2), summed over the group; 0 (below every score's key) for an empty slot. `pw` is
 // g^(l-1), the leaves under a child. Ends with rk written (the caller's barrier orders it).
-// `tab`: INVALID, or (`lse` only) the table row of the level's first child row (its rows are
-// then read from the score table instead of the pyramid).
-fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, tab: u32, lid: u32) {
+fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) {
     let g = MG; // (the pipeline constant: divisions by it are shifts for g = 2)
     let nchild = cdiv_pw(nb0, pw);
     let w = mul_pw(p.block_size, pw);
     if (p.scoring == 0u) {
-        if (tab == INVALID) {
-            // lse: LR items per (candidate, child), partial dots of the child's mean.
-            for (var it = lid; it < MAXC * g * LR; it += WG) {
-                let ci = it / LR;
-                let node = cand[co + ci / g];
-                let child = node * g + ci % g;
-                var a: array<f32, GQ>;
-                if (node != INVALID && child < nchild) { a = dots_mean(node_row(bh, l - 1u, child), it % LR); }
-                let xo = (it % (g * LR)) * GQ * MAXC + it / (g * LR); // [child, lane, head, slot]
-                for (var hh = 0u; hh < GQ; hh++) { xr[xo + hh * MAXC] = a[hh]; }
-            }
-            workgroupBarrier();
+        // lse: LR items per (candidate, child), partial dots of the child's mean.
+        for (var it = lid; it < MAXC * g * LR; it += WG) {
+            let ci = it / LR;
+            let node = cand[co + ci / g];
+            let child = node * g + ci % g;
+            var a: array<f32, GQ>;
+            if (node != INVALID && child < nchild) { a = dots_mean(node_row(bh, l - 1u, child), it % LR); }
+            let xo = (it % (g * LR)) * GQ * MAXC + it / (g * LR); // [child, lane, head, slot]
+            for (var hh = 0u; hh < GQ; hh++) { xr[xo + hh * MAXC] = a[hh]; }
         }
-        score_lse_split(bh, len, nchild, w, co, tab, lid);
+        workgroupBarrier();
+        score_lse_split(len, nchild, w, co, lid);
     } else {
         // mean / meanvar: s * q.mu + log n (+ s^2/2 * sum_d q_d^2 var_d), var = E[k^2] - mu^2;
         // LR items per candidate, partial sums of both terms.
@@ -190,31 +179,21 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, tab: u32, 
     }
 }
 
-// The routing's start level s over nb0 leaves (the lowest level whose parent level has at most
-// K nodes; it has at most g K), as (s, g^s).
-fn start_level(nb0: u32) -> vec2<u32> {
+// PISA routing (PISA.md 3.1-3.2) of the query at position len - 1 down to the leaf
+// candidates; returns the offset (0 or MAXC) of the slots in `cand` holding them, forced
+// leaves excluded.
+fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
+    let g = MG;
+    let causal = p.causal != 0u;
     var s = 0u;
     var n = nb0;
     var pw = 1u; // g^s
     loop {
-        n = cdiv(n, MG);
+        n = cdiv(n, g);
         if (n <= KMAX) { break; }
         s++;
-        pw *= MG;
+        pw *= g;
     }
-    return vec2<u32>(s, pw);
-}
-
-// PISA routing (PISA.md 3.1-3.2) of the query at position len - 1 down to the leaf
-// candidates; returns the offset (0 or MAXC) of the slots in `cand` holding them, forced
-// leaves excluded. The child rows of the top TL levels (`lse`) come from the score table.
-fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
-    let g = MG;
-    let causal = p.causal != 0u;
-    let sp = start_level(nb0);
-    let s = sp.x;
-    var pw = sp.y;
-    var tab = 0u; // the table row of the next level's first child row
     var first = cdiv_pw(nb0, pw);
     if (causal) { first = div_pw(bq, pw); }
     for (var i = lid; i < MAXC; i += WG) {
@@ -225,11 +204,10 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
     for (var l = s; l >= 1u; l--) {
         let cn = MAXC - co; // the next level's slots
         let pc = pw / g;    // g^(l-1)
-        let nchild = cdiv_pw(nb0, pc);
-        score_level(bh, l, len, nb0, pc, co, select(INVALID, tab, l + TL > s), lid);
-        tab += nchild;
+        score_level(bh, l, len, nb0, pc, co, lid);
         // Clear the next slots; the ancestor's children below the own path go after the
         // K * g children of the kept nodes.
+        let nchild = cdiv_pw(nb0, pc);
         let a_hi = div_pw(bq, pw) * g;
         let a_lo = div_pw(bq, pc);
         for (var i = lid; i < MAXC; i += WG) {

@@ -20,8 +20,3 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let s = route_slots(id, len, lid);
     for (var i = lid; i < NS; i += WG) { cands[so + i] = slot_at(s, i); }
 }
-
-// q_h . mu of score-table row r, head hh (decode_table.wgsl), for (sequence, KV head) bh: the
-// table is kept at the start of bh's block states in `parts`, which `leaf` writes only after
-// this dispatch.
-fn table_at(bh: u32, r: u32, hh: u32) -> f32 { return parts[bh * NS * GQ * PW + r * GQ + hh]; }

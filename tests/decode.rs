@@ -2,8 +2,7 @@
 //! prefix, `sparse_attention`), step by step. The tests here run the path `PISA_DECODE` selects
 //! (split by default: run again with `PISA_DECODE=fused`); `decode_split` and `decode_fused`
 //! pin one path each; `decode_shards` tests caches split over two storage bindings;
-//! `decode_level_math` the route's level-width arithmetic; `decode_table` the split step's
-//! score table of the top routing levels.
+//! `decode_level_math` the route's level-width arithmetic.
 mod common;
 #[path = "decode_fused.rs"]
 mod decode_fused;
@@ -15,8 +14,6 @@ mod decode_level_math;
 mod decode_shards;
 #[path = "decode_split.rs"]
 mod decode_split;
-#[path = "decode_table.rs"]
-mod decode_table;
 
 use decode_harness::{base, cfg, Run};
 

@@ -99,7 +99,7 @@ use self::fused::FusedPlan;
 use self::plan::{Params, Plan};
 pub use self::record::StepOutputs;
 pub use self::shaders::{
-    APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER, TABLE_SHADER,
+    APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER,
 };
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::GpuPyramid;
@@ -175,9 +175,6 @@ pub struct KvCache {
     /// The fused step's lanes per key row asked for when the cache was made
     /// ([`crate::Tuning::decode_key_lanes`]), kept for re-planning.
     key_lanes: Option<u32>,
-    /// The split step's score-table rows asked for when the cache was made
-    /// ([`crate::Tuning::decode_table_nodes`]), kept for re-planning.
-    table_nodes: u32,
     /// K/V shards `[rows, capacity, D]` each: flat (sequence, KV head) rows `i * kv_rows ..`
     /// in shard i; one shard unless the cache exceeds one storage binding, two at most.
     kv: Vec<(GpuTensor, GpuTensor)>,

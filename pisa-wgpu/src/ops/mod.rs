@@ -83,7 +83,6 @@ pub fn all_shaders() -> Vec<ShaderSource> {
         leaf_select::by_leaf::PICK_SHADER,
         bsa::SHADER,
         oracle::SHADER,
-        decode::TABLE_SHADER,
         decode::ROUTE_SHADER,
         decode::SHADER,
         decode::MERGE_SHADER,

@@ -72,16 +72,6 @@ pub struct Tuning {
     /// Lanes per key row of the fused decode step's attention (a power of two, at most D / 4);
     /// `None`: 4. Variable `PISA_DECODE_LK`.
     pub decode_key_lanes: Option<u32>,
-    /// Most score-table rows per (sequence, KV head) of the split decode step (`lse` scoring;
-    /// `shaders/decode_table.wgsl`): a dispatch before the routing computes the query's dot
-    /// products with every node of the routing's top levels (from the start level down while
-    /// their most nodes, g^2 K + g^3 K + ..., add up to at most this), spread over the GPU, so
-    /// that the routing, one workgroup per KV head walking the levels one after the other,
-    /// looks those levels' children up instead of loading and scoring their rows. The
-    /// selection is the same bit for bit. 0 turns it off. Default 960: the routing's top four
-    /// levels for merge factor 2 and top_k 16 (see docs/benchmarks.md). Variable
-    /// `PISA_DECODE_TABLE_NODES`.
-    pub decode_table_nodes: u32,
     /// Leaves scored per iteration by the query-tile tensor-core scorer (1 to 4). Default 2.
     /// Variable `PISA_LEAF_LPI`.
     pub leaf_tiles_per_iteration: u32,
@@ -145,7 +135,6 @@ impl Default for Tuning {
             shader_checks: None,
             decode_fused: false,
             decode_key_lanes: None,
-            decode_table_nodes: 960,
             leaf_tiles_per_iteration: 2,
             leaf_subgroups: COOP_SUBGROUPS,
             leaf_stage_keys: true,
@@ -162,7 +151,7 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 19] = [
+pub const KNOBS: [(&str, &str); 18] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -171,7 +160,6 @@ pub const KNOBS: [(&str, &str); 19] = [
     ("shader_checks", "PISA_SHADER_CHECKS"),
     ("decode_fused", "PISA_DECODE"),
     ("decode_key_lanes", "PISA_DECODE_LK"),
-    ("decode_table_nodes", "PISA_DECODE_TABLE_NODES"),
     ("leaf_tiles_per_iteration", "PISA_LEAF_LPI"),
     ("leaf_subgroups", "PISA_LEAF_NSG"),
     ("leaf_stage_keys", "PISA_LEAF_KSTAGE"),
@@ -284,7 +272,6 @@ impl Tuning {
                 }
                 self.decode_key_lanes = Some(n)
             }
-            "decode_table_nodes" => self.decode_table_nodes = num(0, 8192)?,
             "leaf_tiles_per_iteration" => self.leaf_tiles_per_iteration = num(1, 4)?,
             "leaf_subgroups" => {
                 self.leaf_subgroups = match num(2, 4)? {
@@ -319,7 +306,6 @@ impl Tuning {
         let mut t = self.clone();
         let nums = [
             ("decode_key_lanes", self.decode_key_lanes),
-            ("decode_table_nodes", Some(self.decode_table_nodes)),
             (
                 "leaf_tiles_per_iteration",
                 Some(self.leaf_tiles_per_iteration),
@@ -362,7 +348,6 @@ impl Tuning {
                 .map_or("auto".to_string(), |c| c.to_string()),
             self.decode_fused.to_string(),
             opt(self.decode_key_lanes),
-            self.decode_table_nodes.to_string(),
             self.leaf_tiles_per_iteration.to_string(),
             self.leaf_subgroups.to_string(),
             self.leaf_stage_keys.to_string(),
@@ -394,7 +379,6 @@ mod tests {
             ("shader_checks", "bounds"),
             ("decode_fused", "fused"),
             ("decode_key_lanes", "8"),
-            ("decode_table_nodes", "448"),
             ("leaf_tiles_per_iteration", "3"),
             ("leaf_subgroups", "2"),
             ("leaf_stage_keys", "0"),
@@ -439,7 +423,6 @@ mod tests {
             ("nv_cm2", "maybe"),
             ("decode_key_lanes", "6"),
             ("decode_key_lanes", "128"),
-            ("decode_table_nodes", "9000"),
             ("leaf_tiles_per_iteration", "0"),
             ("leaf_tiles_per_iteration", "5"),
             ("route_tile", "17"),

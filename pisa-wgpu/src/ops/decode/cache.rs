@@ -80,9 +80,8 @@ impl KvCache {
                 "decode needs 9 storage buffers per shader stage".into(),
             ));
         }
+        let plan = Plan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg)?;
         let tuning = ctx.tuning();
-        let plan = Plan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg)?
-            .with_table(&cfg, tuning.decode_table_nodes);
         let fplan = FusedPlan::new(
             ctx.limits(),
             shape.gqa_group(),
@@ -131,7 +130,6 @@ impl KvCache {
             fplan,
             fused: tuning.decode_fused,
             key_lanes: tuning.decode_key_lanes,
-            table_nodes: tuning.decode_table_nodes,
             kv,
             kv_rows: kv_rows as usize,
             pyr,

@@ -113,12 +113,6 @@ pub(super) struct Plan {
     pub parts: u32,
     /// Workgroup memory of the largest of the three kernels, bytes.
     pub smem: u64,
-    /// Routing levels whose child rows come from the score table (`decode_table.wgsl`; 0: no
-    /// table dispatch), and the table's rows per (sequence, KV head), at most.
-    pub tl: u32,
-    pub trows: u32,
-    /// Invocations per `table` workgroup.
-    pub wt: u32,
 }
 
 impl Plan {
@@ -217,43 +211,7 @@ impl Plan {
             dd: d as u32,
             parts: parts as u32,
             smem,
-            tl: 0,
-            trows: 0,
-            wt: 0,
         })
-    }
-
-    /// This plan with the score table of the routing's top levels (`shaders/decode_table.wgsl`,
-    /// [`crate::Tuning::decode_table_nodes`]) for `lse` scoring: as many levels from the start
-    /// level down as have at most `nodes` nodes together, counting each level at its most (the
-    /// start level has at most g K nodes, so the t-th level below it g^(t+1) K), and whose rows
-    /// fit at the start of a (sequence, KV head)'s block states (NS (D + 2) rows of g_q f32).
-    /// `table` runs on workgroups of at most 256 invocations (and at most `route`'s) whose lane
-    /// partials fit the routing's scratch (`xr`, which it reuses).
-    pub fn with_table(mut self, cfg: &SelectionConfig, nodes: u32) -> Self {
-        let Dims { k, g, ns, .. } = Dims::of(cfg);
-        let cap = (nodes as u64).min(ns * (self.dd as u64 + 2));
-        let (mut tl, mut rows, mut level) = (0u32, 0u64, g.saturating_mul(k));
-        if cfg.scoring == Scoring::Lse {
-            while tl < 32 {
-                level = level.saturating_mul(g);
-                if rows + level > cap {
-                    break;
-                }
-                rows += level;
-                tl += 1;
-            }
-        }
-        (self.tl, self.trows, self.wt) = (0, 0, 0);
-        let xr_rows = (self.xr / self.gq.max(1)) as u64;
-        let wt = (1u64 << (63 - xr_rows.clamp(1, 256).leading_zeros())).min(self.wr as u64);
-        if tl == 0 || wt < self.lr as u64 {
-            return self;
-        }
-        self.tl = tl;
-        self.trows = rows as u32;
-        self.wt = wt as u32;
-        self
     }
 
     /// Value rows each `leaf` P.V invocation loads with the keys, `ceil(CH / PARTS)` when at
@@ -274,7 +232,7 @@ impl Plan {
 
     /// The `const` substitutions of `decode.wgsl` (shared by the three modules) for a kernel of
     /// `wg` invocations per workgroup (`wr` for `route`, `wg` for `leaf`, `wm` for `merge`).
-    pub fn consts(&self, wg: u32) -> [(&'static str, u32); 15] {
+    pub fn consts(&self, wg: u32) -> [(&'static str, u32); 13] {
         [
             ("WG", wg),
             ("GQ", self.gq),
@@ -289,8 +247,6 @@ impl Plan {
             ("DD", self.dd),
             ("PARTS", self.parts),
             ("PVR", self.prefetch_rows()),
-            ("TL", self.tl),
-            ("TROWS", self.trows.max(1)),
         ]
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use pisa_core::TensorLayout;
 
-use super::{KvCache, Params, MERGE_SHADER, ROUTE_SHADER, SHADER, TABLE_SHADER};
+use super::{KvCache, Params, MERGE_SHADER, ROUTE_SHADER, SHADER};
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::profiler::Profiler;
@@ -295,7 +295,7 @@ impl KvCache {
                 Ok(if io.fused {
                     vec![self.fused_stage(io)?]
                 } else {
-                    self.stages(io)?
+                    self.stages(io)?.to_vec()
                 })
             })
         })
@@ -321,8 +321,8 @@ impl KvCache {
     }
 
     /// As [`Self::record_steps`], but always the split step (whatever [`Self::is_fused`] says),
-    /// each of its three stages (every cache's `table` and `route`, then `leaf`, then `merge`) in
-    /// its own timed compute pass, labelled "decode_route", "decode_leaf" and "decode_merge" in
+    /// each of its three dispatches (every cache's `route`, then `leaf`, then `merge`) in its
+    /// own timed compute pass, labelled "decode_route", "decode_leaf" and "decode_merge" in
     /// `prof`: where a split step's GPU time goes (benchmarks; the pass boundaries add a little
     /// time against the one-pass step). Same errors; the outputs of the split step (those of
     /// the fused step within rounding).
@@ -345,8 +345,6 @@ impl KvCache {
             return Ok(());
         };
         let _call = first.0.ctx.public_call()?;
-        // Every cache's score table (where its plan has one) and route, then every leaf, then
-        // every merge.
         let mut stages: [Vec<Stage>; 3] = Default::default();
         for (cache, q) in steps {
             if !cache.ctx.same(&first.0.ctx) {
@@ -368,10 +366,9 @@ impl KvCache {
                 stages[0].extend(st.iter().cloned());
                 continue;
             }
-            let (route, rest) = st.split_at(st.len() - 2);
-            stages[0].extend(route.iter().cloned());
-            stages[1].push(rest[0].clone());
-            stages[2].push(rest[1].clone());
+            for (all, st) in stages.iter_mut().zip(st.iter()) {
+                all.push(st.clone());
+            }
         }
         let passes: Vec<(&'static str, Vec<&Stage>)> = if by_stage {
             ["decode_route", "decode_leaf", "decode_merge"]
@@ -402,9 +399,8 @@ impl KvCache {
         self.ctx.stage_ranges(&p, b, n)
     }
 
-    /// The dispatches of this cache's split step for `q`: `table` (where the plan has a score
-    /// table), `route`, `leaf`, `merge`.
-    fn stages(&self, io: &StepIo) -> Result<Vec<Stage>> {
+    /// The three dispatches of this cache's split step for `q`: `route`, `leaf`, `merge`.
+    fn stages(&self, io: &StepIo) -> Result<[Stage; 3]> {
         let s = &self.shape;
         let ctx = &self.ctx;
         let heads = (s.batch * s.kv_heads) as u64;
@@ -427,7 +423,6 @@ impl KvCache {
         let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
         let (l, c, pa) = (&self.lens_gpu, &self.cands.buffer, &self.parts.buffer);
         let last = self.kv.len() - 1;
-        // `route` reads the score table from `parts` (decode_table.wgsl), when there is one.
         let route: Binds = vec![
             whole(0, &u_heads),
             whole(1, l),
@@ -435,21 +430,7 @@ impl KvCache {
             whole(5, &self.pyr.means.buffer),
             whole(6, &sq.buffer),
             whole(10, c),
-            whole(11, pa),
         ];
-        let mut out = Vec::new();
-        if self.plan.tl > 0 {
-            let table: Binds = vec![
-                whole(0, &u_heads),
-                whole(1, l),
-                range(2, &io.q),
-                whole(5, &self.pyr.means.buffer),
-                whole(11, pa),
-            ];
-            let per = (self.plan.trows as u64).div_ceil((self.plan.wt / self.plan.lr) as u64);
-            let p = pipe(&TABLE_SHADER, "table", self.plan.wt)?;
-            out.push(self.make_stage(p, &table, heads * per)?);
-        }
         let leaf: Binds = vec![
             whole(0, &u_slots),
             whole(1, l),
@@ -471,11 +452,10 @@ impl KvCache {
             whole(11, pa),
         ];
         let stage = |p, b: Binds, n| self.make_stage(p, &b, n);
-        out.extend([
+        Ok([
             stage(pipe(&ROUTE_SHADER, "route", self.plan.wr)?, route, heads)?,
             stage(pipe(&SHADER, "leaf", self.plan.wg)?, leaf, slots)?,
             stage(pipe(&MERGE_SHADER, "merge", self.plan.wm)?, merge, heads)?,
-        ]);
-        Ok(out)
+        ])
     }
 }

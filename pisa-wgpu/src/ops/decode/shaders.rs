@@ -14,16 +14,6 @@ pub const ROUTE_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/decode_route.wgsl")
     ),
 };
-/// `shaders/decode.wgsl`, `decode_levels.wgsl` and `decode_table.wgsl`: the split step's score
-/// table of the routing's top levels (`table`), before `route` where the plan has one.
-pub const TABLE_SHADER: ShaderSource = ShaderSource {
-    name: "decode_table",
-    wgsl: concat!(
-        include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_levels.wgsl"),
-        include_str!("../../../../shaders/decode_table.wgsl")
-    ),
-};
 /// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl`: step dispatch 2 (`leaf`).
 pub const SHADER: ShaderSource = ShaderSource {
     name: "decode",

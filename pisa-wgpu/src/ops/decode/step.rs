@@ -228,29 +228,10 @@ impl KvCache {
         self.replan(lim)
     }
 
-    /// Sets the split step's score table to at most `nodes` rows per (sequence, KV head), as
-    /// [`crate::Tuning::decode_table_nodes`] does for the caches a context makes (0: no table).
-    /// The selection, output and LSE do not change (the table holds the dot products the
-    /// routing would compute, bit for bit), only the time. [`Self::score_table_levels`] says
-    /// how many routing levels it serves.
-    pub fn set_score_table_nodes(&mut self, nodes: u32) {
-        self.table_nodes = nodes;
-        self.plan = self.plan.with_table(&self.cfg, nodes);
-        self.stage_cache.clear();
-    }
-
-    /// The routing levels (from the start level down) whose child rows the split step's score
-    /// table serves: 0 without a table (`mean` or `meanvar` scoring,
-    /// [`crate::Tuning::decode_table_nodes`] below the start level's children, or a
-    /// [`Self::set_score_table_nodes`] of 0). The fused step never has one.
-    pub fn score_table_levels(&self) -> u32 {
-        self.plan.tl
-    }
-
     /// Sizes both paths' kernels for `lim`, kept only when the split step fits.
     fn replan(&mut self, lim: wgpu::Limits) -> Result<()> {
         let (gq, d) = (self.shape.gqa_group(), self.shape.head_dim);
-        self.plan = Plan::new(&lim, gq, d, &self.cfg)?.with_table(&self.cfg, self.table_nodes);
+        self.plan = Plan::new(&lim, gq, d, &self.cfg)?;
         self.fplan = FusedPlan::new(&lim, gq, d, &self.cfg, self.key_lanes);
         self.limits = lim;
         self.stage_cache.clear();
