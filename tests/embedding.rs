@@ -665,7 +665,7 @@ fn probed_once<T>(ctx: &Context, what: &str, f: impl FnOnce() -> T) -> T {
 /// public call, however many allocations, uploads, dispatches, gathers, scatters and reads the
 /// call makes: a plan's making and a run that gathers its inputs and scatters its output, a
 /// varlen run that makes its sequences' plans on the way, a decode cache's making, loading,
-/// append, step and host step, and a read.
+/// append, step and host step, a read, and the stage-level selection and backward.
 #[test]
 fn one_device_probe_per_public_call() {
     let app = App::new();
@@ -753,6 +753,22 @@ fn one_device_probe_per_public_call() {
     assert!(bytemuck::cast_slice::<u8, f32>(&lse_bytes)
         .iter()
         .all(|x| x.is_finite()));
+    // The stage-level operations (hidden from the docs, used by tests and benchmarks) too.
+    use pisa_wgpu::ops::{backward::backward_host, select::select_host, select::Method};
+    let shape = AttentionShape::prefill(1, HQ, HKV, n, D).unwrap();
+    let mut r = rng(seed("embedding stage probes"));
+    let [q, k, v, o, d_o] = [HQ, HKV, HKV, HQ, HQ].map(|h| random(&mut r, h * n * D, 1.0));
+    let lse = random(&mut r, HQ * n, 1.0);
+    let (lay, st) = (TensorLayout::Bhnd, Storage::F32);
+    let sel = probed_once(ctx, "select::select_host", || {
+        select_host(ctx, &q, &k, &shape, lay, &opts.cfg, st, Method::Pisa, 4).unwrap()
+    });
+    probed_once(ctx, "backward::backward_host", || {
+        backward_host(
+            ctx, &q, &k, &v, &o, &lse, &d_o, &shape, lay, &opts.cfg, st, &sel,
+        )
+        .unwrap()
+    });
 }
 
 #[test]

@@ -263,6 +263,7 @@ pub fn record_sparse_attention(
     cfg: &SelectionConfig,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
+    let _call = ctx.public_call()?;
     let kind = AttentionKind::Sparse { selection, cfg };
     record_attention(ctx, enc, q, k, v, shape, layouts, &kind, None, prof)
 }
@@ -283,6 +284,7 @@ pub fn record_dense_attention(
     scale: f32,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
+    let _call = ctx.public_call()?;
     let kind = AttentionKind::Dense { causal, scale };
     record_attention(ctx, enc, q, k, v, shape, layouts, &kind, None, prof)
 }
@@ -306,6 +308,7 @@ pub fn record_attention(
     tiling: Option<Tiling>,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
+    let _call = ctx.public_call()?;
     record_attention_to(
         ctx,
         enc,

@@ -130,6 +130,7 @@ pub fn record_backward(
     cfg: &SelectionConfig,
     mut prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
+    let _call = ctx.public_call()?;
     cfg.validate()?;
     let s = shape;
     let (hd, g, c) = (s.head_dim, s.gqa_group(), cfg.block_size);
@@ -252,6 +253,7 @@ pub fn backward_host(
     storage: Storage,
     selection: &[i32],
 ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    let _call = ctx.public_call()?;
     let t = |name, x: &[f32], st| ctx.upload(name, x, st);
     let (qt, kt, vt) = (
         t("q", q, storage)?,

@@ -34,6 +34,7 @@ pub fn random_tensor(
     seed: u32,
     scale: f32,
 ) -> Result<GpuTensor> {
+    let _call = ctx.public_call()?;
     let mut t = ctx.alloc(label, len.next_multiple_of(2), storage, POISON_F32)?;
     t.len = len;
     let pairs = len.div_ceil(2);

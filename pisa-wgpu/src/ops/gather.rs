@@ -120,6 +120,7 @@ pub fn record_gather(
     dst: &wgpu::Buffer,
     dst_storage: Storage,
 ) -> Result<()> {
+    let _call = ctx.public_call()?;
     ctx.check_step()?;
     let g = Geometry::of(src);
     let [_, _, _, d] = g.shape;
@@ -179,6 +180,7 @@ pub fn record_scatter(
     src_storage: Storage,
     dst: &TensorView,
 ) -> Result<()> {
+    let _call = ctx.public_call()?;
     ctx.check_step()?;
     let g = Geometry::of(dst);
     let [_, _, _, d] = g.shape;

@@ -84,6 +84,7 @@ pub fn alloc(
     geo: &KeyGeometry,
     with_sq: bool,
 ) -> Result<GpuPyramid> {
+    let _call = ctx.public_call()?;
     let len = geo.batch * geo.kv_heads * capacity.total_nodes() * geo.head_dim;
     let means = ctx.alloc("pyramid means", len, Storage::F32, POISON_F32)?;
     let sq = if with_sq {
@@ -108,6 +109,7 @@ pub fn record_build(
     pyr: &GpuPyramid,
     mut prof: Option<&mut Profiler>,
 ) -> Result<()> {
+    let _call = ctx.public_call()?;
     let cap = pyr.capacity;
     let valid = PyramidLayout::new(k_len, cap.block_size(), cap.merge_factor())?;
     let with_sq = pyr.sq.is_some();

@@ -95,6 +95,7 @@ pub fn select(
     enc: &mut wgpu::CommandEncoder,
     mut prof: Option<&mut Profiler>,
 ) -> Result<GpuTensor> {
+    let _call = ctx.public_call()?;
     check_q_tile(q_tile)?;
     let plan = plan(q, k, pyramid, shape, layouts, cfg, method)?;
     match method {
@@ -124,6 +125,7 @@ pub fn select_host(
     method: Method,
     q_tile: usize,
 ) -> Result<Vec<i32>> {
+    let _call = ctx.public_call()?;
     check_host(q, k, shape)?;
     check_q_tile(q_tile)?;
     let qt = ctx.upload("q", q, storage)?;
@@ -165,6 +167,7 @@ pub fn oracle_host(
     cfg: &SelectionConfig,
     storage: Storage,
 ) -> Result<(Vec<i32>, Vec<f32>)> {
+    let _call = ctx.public_call()?;
     check_host(q, k, shape)?;
     let qt = ctx.upload("q", q, storage)?;
     let kt = ctx.upload("k", k, storage)?;
@@ -215,6 +218,7 @@ pub fn build_pyramid(
     layout: TensorLayout,
     cfg: &SelectionConfig,
 ) -> Result<GpuPyramid> {
+    let _call = ctx.public_call()?;
     let lay = PyramidLayout::new(shape.k_len, cfg.block_size, cfg.merge_factor)?;
     let geo = KeyGeometry {
         batch: shape.batch,

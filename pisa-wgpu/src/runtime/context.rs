@@ -589,9 +589,10 @@ impl Context {
     }
 
     /// The check at the start of an internal step (an allocation, upload, uniform, dispatch,
-    /// gather or scatter): inside a public call, the lost flag and a poll; called on its own
-    /// (the hidden entry points that tests, benchmarks and the stage-level operations call
-    /// directly), the step is a public call of its own and probes. Errors as
+    /// gather or scatter): inside a public call (the public API's and the documentation-hidden
+    /// stage-level operations' entry points each open one), the lost flag and a poll; called
+    /// on its own (internal helpers that tests call directly), the step is a public call of
+    /// its own and probes. Errors as
     /// [`Context::check_alive`].
     pub(crate) fn check_step(&self) -> Result<()> {
         self.public_call().map(drop)
