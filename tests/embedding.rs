@@ -840,8 +840,9 @@ fn buffer_of_another_device_is_a_validation_error() {
 
 /// Reading back a buffer of another device of the same instance (`Context::read_bytes`, and
 /// `Context::read_async` of a view of it) is a `GpuError::Validation` of the call, not a panic
-/// in wgpu's uncaptured-error handler where the copy's encoder finishes; the context reads its
-/// own device's buffers after.
+/// in wgpu's uncaptured-error handler where the copy's encoder finishes; so is reading a
+/// destroyed buffer (refused where the copy is submitted); the context reads its own device's
+/// buffers after.
 #[test]
 fn reading_a_buffer_of_another_device_is_a_validation_error() {
     let app = App::new();
@@ -880,6 +881,25 @@ fn reading_a_buffer_of_another_device_is_a_validation_error() {
     }
     let own = app.buffer("own", 256);
     app.queue.write_buffer(&own, 0, &[7; 256]);
+    assert_eq!(app.ctx.read_bytes(&own).unwrap(), vec![7; 256]);
+    // A destroyed buffer of the context's own device: the same (wgpu refuses it where the copy
+    // is submitted), and the context still reads after.
+    let gone = app.buffer("destroyed", 256);
+    let gone_view =
+        TensorView::contiguous(&gone, 0, DType::F32, [1, 1, 64, 1], TensorLayout::Bhnd).unwrap();
+    gone.destroy();
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let read = app.ctx.read_bytes(&gone);
+        let read_async = pollster::block_on(app.ctx.read_async(&gone_view));
+        [("read_bytes", read), ("read_async", read_async)]
+    }))
+    .unwrap_or_else(|p| panic!("reading a destroyed buffer panicked: {:?}", panic_text(&*p)));
+    for (what, r) in got {
+        match r {
+            Err(GpuError::Validation { .. }) => {}
+            other => panic!("{what} of a destroyed buffer: {other:?}"),
+        }
+    }
     assert_eq!(app.ctx.read_bytes(&own).unwrap(), vec![7; 256]);
 }
 

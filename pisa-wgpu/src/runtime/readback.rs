@@ -25,7 +25,7 @@ impl Context {
     /// Copies a buffer into a mappable one and returns its bytes (a map, then a wait).
     /// Errors: [`GpuError::View`] for a buffer without `COPY_SRC` usage (the copy would fail
     /// validation and the read return zeros); [`GpuError::Validation`] for a buffer of another
-    /// device (see `Context::copy_out`); [`GpuError::DeviceLost`] (before or during the read),
+    /// device or a destroyed one (see `Context::copy_out`); [`GpuError::DeviceLost`] (before or during the read),
     /// [`GpuError::Poll`]; [`GpuError::Unsupported`] on wasm32 (it blocks: use
     /// [`Context::read_async`]).
     pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
@@ -51,10 +51,10 @@ impl Context {
 
     /// Records the copy of `size` bytes of `buffer` from `offset` into a new mappable buffer,
     /// submits it and returns that buffer (to map). wgpu checks a recorded copy (the buffer's
-    /// device among the rest) when its encoder finishes: here, in this context's error scopes
-    /// (`scope_now`), so a buffer of another device is a [`GpuError::Validation`] naming `op`,
-    /// and nothing is submitted, rather than an error for the device's uncaptured-error
-    /// handler (whose default panics). Errors: those of `scope_now`.
+    /// device among the rest) when its encoder finishes, and a destroyed buffer when the copy is
+    /// submitted: both here, in this context's error scopes (`scope_now`), so such a buffer is a
+    /// [`GpuError::Validation`] naming `op` rather than an error for the device's
+    /// uncaptured-error handler (whose default panics). Errors: those of `scope_now`.
     fn copy_out(
         &self,
         op: &'static str,
@@ -62,7 +62,7 @@ impl Context {
         offset: u64,
         size: u64,
     ) -> Result<wgpu::Buffer> {
-        let (staging, commands) = self.scope_now(op, || {
+        self.scope_now(op, || {
             let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("pisa readback"),
                 size,
@@ -71,10 +71,9 @@ impl Context {
             });
             let mut enc = self.device.create_command_encoder(&Default::default());
             enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
-            Ok((staging, enc.finish()))
-        })?;
-        self.queue.submit([commands]);
-        Ok(staging)
+            self.queue.submit([enc.finish()]);
+            Ok(staging)
+        })
     }
 }
 
@@ -124,7 +123,8 @@ impl Context {
     /// application polls the device (`ctx.device().poll(..)`, as it does for any wgpu mapping)
     /// or uses the blocking [`Context::read_bytes`]. Errors: [`GpuError::View`] for a view that
     /// is not contiguous (BHND or BNHD), not 4-byte aligned or in a buffer without `COPY_SRC`
-    /// usage; [`GpuError::Validation`] for a view in a buffer of another device (natively; in
+    /// usage; [`GpuError::Validation`] for a view in a buffer of another device or a destroyed
+    /// buffer (natively; in
     /// the browser, which has no error scopes, the device's uncaptured-error handler gets the
     /// error, and the call may still return `Ok`); [`GpuError::DeviceLost`]
     /// for a device lost before the call; [`GpuError::Poll`] when the mapping fails (a device
