@@ -220,7 +220,8 @@ fn destroyed_device_gives_errors_and_a_new_context_works() {
 
 /// A device the application opened with lower limits than the adapter's gets typed errors
 /// that say what to change, not wgpu's validation errors: with wgpu's downlevel defaults (4
-/// storage buffers per stage) a prefill is a `Limit` in "bindings" naming the kernel; with its
+/// storage buffers per stage) a prefill and a decode cache are a `Limit` in "bindings" naming
+/// the kernel; with its
 /// WebGL2 defaults (no compute shaders) the context itself is `Unsupported`. With the
 /// adapter's limits the same prefill runs (so the errors come from the limits alone).
 #[test]
@@ -264,6 +265,20 @@ fn lower_device_limits_give_typed_errors() {
             );
         }
         other => panic!("expected GpuError::Limit, got {other:?}"),
+    }
+    // A decode cache too (its kernels bind 9 storage buffers; checked when it is made).
+    match KvCache::new(&ctx, 1, 64, 4, 2, 16, cfg, Storage::F32) {
+        Err(GpuError::Limit {
+            what,
+            needed,
+            limit,
+            unit,
+            ..
+        }) => {
+            assert_eq!((unit, limit, needed), ("bindings", 4, 9), "{what}");
+            assert!(what.contains("decode"), "{what}");
+        }
+        other => panic!("expected GpuError::Limit for a decode cache, got {other:?}"),
     }
 
     match open(pisa_wgpu::wgpu::Limits::downlevel_webgl2_defaults()) {

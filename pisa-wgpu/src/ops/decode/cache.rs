@@ -29,8 +29,9 @@ impl KvCache {
     /// head) row, [`Self::kv_shards`]), the pyramid one, or the step's workgroup memory its
     /// limit;
     /// [`PisaError::HeadDim`] for D not a multiple of 4 (or above 1024);
-    /// [`GpuError::Unsupported`] for f16 without SHADER_F16, a device with fewer than 9
-    /// storage buffers per stage, or g_q above the workgroup size.
+    /// [`GpuError::Limit`] in "bindings" for a device with fewer than 9 storage buffers per
+    /// shader stage (wgpu's downlevel defaults allow 4: open it with the adapter's limits);
+    /// [`GpuError::Unsupported`] for f16 without SHADER_F16, or g_q above the workgroup size.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         ctx: &Context,
@@ -75,10 +76,16 @@ impl KvCache {
                 ctx.report().name
             )));
         }
-        if ctx.limits().max_storage_buffers_per_shader_stage < 9 {
-            return Err(GpuError::Unsupported(
-                "decode needs 9 storage buffers per shader stage".into(),
-            ));
+        let storage_limit = ctx.limits().max_storage_buffers_per_shader_stage;
+        if storage_limit < 9 {
+            return Err(GpuError::Limit {
+                what: "storage buffers per shader stage of the decode kernels".into(),
+                needed: 9,
+                limit: storage_limit as u64,
+                unit: "bindings",
+                hint: "open the device with the adapter's limits (`required_limits: \
+                       adapter.limits()`); wgpu's downlevel defaults allow 4 storage buffers",
+            });
         }
         let plan = Plan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg)?;
         let tuning = ctx.tuning();
