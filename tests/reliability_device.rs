@@ -281,6 +281,33 @@ fn lower_device_limits_give_typed_errors() {
         other => panic!("expected GpuError::Limit for a decode cache, got {other:?}"),
     }
 
+    // A device opened without SHADER_F16: f16 storage is refused, naming the device's
+    // features where the adapter has it.
+    let (device, queue) =
+        pollster::block_on(adapter.request_device(&pisa_wgpu::wgpu::DeviceDescriptor {
+            required_features: pisa_wgpu::wanted_features(&adapter)
+                - pisa_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                - pisa_wgpu::wgpu::Features::SHADER_F16,
+            required_limits: adapter.limits(),
+            ..Default::default()
+        }))
+        .expect("a device without SHADER_F16");
+    let ctx = pisa_wgpu::Context::from_device(&adapter, device, queue).unwrap();
+    let adapter_f16 = adapter
+        .features()
+        .contains(pisa_wgpu::wgpu::Features::SHADER_F16);
+    match KvCache::new(&ctx, 1, 64, 4, 2, 16, cfg, Storage::F16) {
+        Err(GpuError::Unsupported(msg)) => {
+            let want = if adapter_f16 {
+                "device was opened without SHADER_F16"
+            } else {
+                "adapter has no SHADER_F16"
+            };
+            assert!(msg.contains(want), "{msg}");
+        }
+        other => panic!("expected GpuError::Unsupported for f16 storage, got {other:?}"),
+    }
+
     match open(pisa_wgpu::wgpu::Limits::downlevel_webgl2_defaults()) {
         Err(GpuError::Unsupported(msg)) => assert!(msg.contains("compute"), "{msg}"),
         Err(other) => panic!("expected GpuError::Unsupported, got {other:?}"),

@@ -200,10 +200,7 @@ impl Context {
             Storage::F32 => bytemuck::cast_slice(data).to_vec(),
             Storage::F16 => {
                 if !self.has_f16() {
-                    return Err(GpuError::Unsupported(format!(
-                        "f16 storage on {} (no SHADER_F16); use f32 storage",
-                        self.report().name
-                    )));
+                    return Err(self.no_f16(""));
                 }
                 let h: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
                 bytemuck::cast_slice(&h).to_vec()
@@ -287,10 +284,7 @@ impl Context {
     fn storage_bytes(&self, label: &str, len: usize, storage: Storage) -> Result<u64> {
         self.check_step()?;
         if storage == Storage::F16 && !self.has_f16() {
-            return Err(GpuError::Unsupported(format!(
-                "f16 storage for {label} on {} (no SHADER_F16); use f32 storage",
-                self.report().name
-            )));
+            return Err(self.no_f16(&format!(" for {label}")));
         }
         let bytes =
             (len as u64)

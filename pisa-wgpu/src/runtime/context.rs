@@ -50,6 +50,8 @@ pub struct ContextInner {
     /// [`Context::loop_limit`], from the adapter's name once.
     loop_limit: Option<u64>,
     features: wgpu::Features,
+    /// Whether the adapter has SHADER_F16 (the device may have been opened without it).
+    adapter_f16: bool,
     limits: wgpu::Limits,
     /// Set by the device-lost callback, which is installed only on pisa's own device, or, on
     /// the application's device, by [`Context::app_device_lost`].
@@ -327,6 +329,7 @@ impl Context {
             })
         });
         let mut report = AdapterReport::of(adapter);
+        let adapter_f16 = report.shader_f16;
         report.shader_f16 = features.contains(wgpu::Features::SHADER_F16);
         let coop_ok = coop_supported(features, &limits, report.subgroup_size, &coop_props);
         let nv_ok = coop_ok && super::nv::device_has_nv_cm2(&device);
@@ -360,6 +363,7 @@ impl Context {
             loop_limit: report.name.contains("llvmpipe").then_some(65535),
             report,
             features,
+            adapter_f16,
             binding_limit: AtomicU64::new(limits.max_storage_buffer_binding_size),
             limits,
             lost,
@@ -478,6 +482,22 @@ impl Context {
     /// Whether f16 storage is available.
     pub fn has_f16(&self) -> bool {
         self.features.contains(wgpu::Features::SHADER_F16)
+    }
+
+    /// The error for f16 storage (of `what`, e.g. " for decode keys", or "") where
+    /// [`Context::has_f16`] is false: [`GpuError::Unsupported`], saying whether the adapter
+    /// lacks SHADER_F16 or only the device was opened without it.
+    pub(crate) fn no_f16(&self, what: &str) -> GpuError {
+        let name = &self.report().name;
+        GpuError::Unsupported(if self.0.adapter_f16 {
+            format!(
+                "f16 storage{what} on {name}: the device was opened without SHADER_F16, which \
+                 the adapter has (open it with pisa_wgpu::wanted_features(&adapter)), or use f32 \
+                 storage"
+            )
+        } else {
+            format!("f16 storage{what} on {name}: the adapter has no SHADER_F16; use f32 storage")
+        })
     }
 
     /// The cooperative-matrix configurations of the adapter (empty without

@@ -71,10 +71,7 @@ impl KvCache {
             return Err(e);
         }
         if storage == Storage::F16 && !ctx.has_f16() {
-            return Err(GpuError::Unsupported(format!(
-                "f16 storage on {} (no SHADER_F16); use f32 storage",
-                ctx.report().name
-            )));
+            return Err(ctx.no_f16(" for a decode cache"));
         }
         let storage_limit = ctx.limits().max_storage_buffers_per_shader_stage;
         if storage_limit < 9 {
