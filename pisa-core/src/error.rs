@@ -29,7 +29,8 @@ pub enum PisaError {
         expected: usize,
         actual: usize,
     },
-    /// A value is larger than a limit (for example a device limit or `u32` indexing).
+    /// A value is larger than a limit (for example a device limit or `u32` indexing); a
+    /// `value` of `u64::MAX` stands for a count that overflows 64 bits.
     TooLarge {
         what: &'static str,
         value: u64,
@@ -63,6 +64,10 @@ impl fmt::Display for PisaError {
             }
             PisaError::BufferLen { what, expected, actual } => {
                 write!(f, "{what} has {actual} elements, the shape needs {expected}")
+            }
+            // u64::MAX stands for a count past 64 bits (an overflowing product).
+            PisaError::TooLarge { what, value, limit } if *value == u64::MAX => {
+                write!(f, "{what} overflows 64 bits (the limit is {limit})")
             }
             PisaError::TooLarge { what, value, limit } => {
                 write!(f, "{what} is {value}, above the limit of {limit}")

@@ -106,9 +106,14 @@ impl AttentionShape {
             ),
         ] {
             if checked_product(&dims).is_none() {
+                // The count itself, or u64::MAX where it overflows 64 bits too.
+                let value = dims
+                    .iter()
+                    .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+                    .unwrap_or(u64::MAX);
                 return Err(PisaError::TooLarge {
                     what,
-                    value: u64::MAX,
+                    value,
                     limit: usize::MAX as u64,
                 });
             }

@@ -337,6 +337,9 @@ fn large_but_valid_sizes() {
     // hand-built shape (public fields) before allocating.
     let r = AttentionShape::new(1 << 20, 1 << 20, 1, 1 << 20, 1 << 20, 1 << 20);
     assert!(matches!(r, Err(PisaError::TooLarge { .. })), "{r:?}");
+    // Its message says the count overflows, not that u64::MAX is above usize::MAX.
+    let msg = r.unwrap_err().to_string();
+    assert!(msg.contains("overflows 64 bits"), "{msg}");
     let shape = AttentionShape {
         batch: 1 << 20,
         q_heads: 1 << 20,
