@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
+use pisa_core::{AttentionShape, PisaError, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::attention::{by_leaf::leaf_major_path, QkvLayouts};
 use pisa_wgpu::ops::prefill::{
     prefill_host, PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan,
@@ -229,6 +229,28 @@ fn plan_refuses_q_len_other_than_k_len() {
         matches!(e, GpuError::Unsupported(ref m) if m.contains("q_len 50 and k_len 100")),
         "{e}"
     );
+}
+
+/// A varlen plan refuses a head dim the attention kernels do not take when it is made, as a
+/// prefill plan does (it was accepted, and its first run failed).
+#[test]
+fn varlen_plan_refuses_unsupported_head_dims() {
+    let ctx = ctx();
+    let opts = PrefillOptions::default();
+    for d in [20, 8, 272] {
+        for e in [
+            pisa_wgpu::VarlenPrefillPlan::new(ctx, 4, 2, d, &opts).unwrap_err(),
+            pisa_wgpu::VarlenPrefillPlan::new_in_place(ctx, 4, 2, d, &opts).unwrap_err(),
+        ] {
+            assert!(
+                matches!(e, GpuError::Input(PisaError::HeadDim { head_dim, .. }) if head_dim == d),
+                "D {d}: {e}"
+            );
+        }
+        let s = AttentionShape::prefill(1, 4, 2, 64, d).unwrap();
+        assert!(PrefillPlan::new(ctx, &s, &opts).is_err(), "D {d}");
+    }
+    pisa_wgpu::VarlenPrefillPlan::new(ctx, 4, 2, 48, &opts).unwrap();
 }
 
 #[test]

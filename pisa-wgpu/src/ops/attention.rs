@@ -52,6 +52,18 @@ pub const SHADER: ShaderSource = ShaderSource {
 /// Head dims the kernels accept (the tested ones are 64, 80, 96, 128 and 256).
 pub const SUPPORTED_HEAD_DIMS: &str = "multiples of 16 from 16 to 256";
 
+/// [`PisaError::HeadDim`] unless the attention kernels take head dim `d` ([`SUPPORTED_HEAD_DIMS`]).
+pub(crate) fn check_head_dim(d: usize) -> Result<()> {
+    if !d.is_multiple_of(16) || d > 256 {
+        return Err(PisaError::HeadDim {
+            head_dim: d,
+            supported: SUPPORTED_HEAD_DIMS,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// Layouts of Q, K, V and of the output O (which the kernels allocate: contiguous).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QkvLayouts {
@@ -166,13 +178,7 @@ pub(crate) fn validate(
     kind: &AttentionKind<'_>,
 ) -> Result<()> {
     let d = shape.head_dim;
-    if !d.is_multiple_of(16) || d > 256 {
-        return Err(PisaError::HeadDim {
-            head_dim: d,
-            supported: SUPPORTED_HEAD_DIMS,
-        }
-        .into());
-    }
+    check_head_dim(d)?;
     u32_of("query elements", shape.q_elems())?;
     u32_of("key elements", shape.kv_elems())?;
     // Elements from the first to past the last (the element count when contiguous).

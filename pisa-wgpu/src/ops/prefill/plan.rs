@@ -873,7 +873,9 @@ pub struct VarlenPrefillPlan {
 
 impl VarlenPrefillPlan {
     /// A varlen prefill of `q_heads` (Hq) query heads, `kv_heads` (Hkv) KV heads of `head_dim`
-    /// (D) with `opts`. Errors: the options' and heads' validation errors.
+    /// (D) with `opts`. Errors: the options' and heads' validation errors, and
+    /// [`PisaError::HeadDim`](pisa_core::PisaError::HeadDim) for a head dim the attention
+    /// kernels do not take (as [`PrefillPlan::new`]), before any run.
     pub fn new(
         ctx: &Context,
         q_heads: usize,
@@ -883,6 +885,7 @@ impl VarlenPrefillPlan {
     ) -> Result<Self> {
         opts.cfg.validate()?;
         AttentionShape::prefill(1, q_heads, kv_heads, 1, head_dim)?;
+        crate::ops::attention::check_head_dim(head_dim)?;
         Ok(Self {
             ctx: ctx.clone(),
             heads: (q_heads, kv_heads, head_dim),
