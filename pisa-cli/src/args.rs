@@ -190,7 +190,8 @@ impl SelectArgs {
 
 /// A failure of a call with `cfg` over `n_keys` keys, with a note when `top_k` exceeds the
 /// leaf blocks there are (the selection buffers grow with top_k, so a huge top_k reads as a
-/// sequence too long; `--top-k` equal to the block count already selects every block).
+/// sequence too long; `--top-k` equal to the block count already selects every block). The
+/// note does not call top_k the cause: the merge factor also sizes the routing's memory.
 /// Only a size limit gets the note (a buffer, workgroup memory or an index too large): other
 /// errors, a head dim or a GQA group the kernels do not take, are not the top_k's doing.
 pub fn top_k_note(e: anyhow::Error, cfg: &SelectionConfig, n_keys: usize) -> anyhow::Error {
@@ -207,13 +208,17 @@ pub fn top_k_note(e: anyhow::Error, cfg: &SelectionConfig, n_keys: usize) -> any
     if cfg.top_k <= blocks || !size_limit {
         return e;
     }
+    // (Not "the cause": the memory also grows with the merge factor, and a smaller top_k need
+    // not be enough.)
     anyhow::anyhow!(
-        "{e:#}; here the cause is --top-k {}: it is above the {} of {} (C={}), and \
-         --top-k {blocks} already selects every block",
+        "{e:#}; note: --top-k {} is above the {} of {} (C={}), and --top-k {blocks} already \
+         selects every block; the kernels' buffers and workgroup memory grow with top_k and \
+         with the merge factor (--merge {})",
         cfg.top_k,
         crate::text::plural(blocks, "leaf block"),
         crate::text::plural(n_keys, "token"),
-        cfg.block_size
+        cfg.block_size,
+        cfg.merge_factor
     )
 }
 
@@ -400,7 +405,13 @@ mod tests {
             }))
         };
         // 128 tokens: 2 blocks of 64, below top_k 16.
-        assert!(format!("{:#}", top_k_note(limit(), &cfg, 128)).contains("--top-k 2 already"));
+        let note = format!("{:#}", top_k_note(limit(), &cfg, 128));
+        assert!(note.contains("--top-k 2 already"), "{note}");
+        // Not blamed alone: the merge factor sizes the memory too.
+        assert!(
+            note.contains("--merge 2") && !note.contains("cause"),
+            "{note}"
+        );
         assert!(!format!("{:#}", top_k_note(head_dim(), &cfg, 128)).contains("--top-k"));
         // 4096 tokens: 64 blocks, top_k within them.
         assert!(!format!("{:#}", top_k_note(limit(), &cfg, 4096)).contains("--top-k"));

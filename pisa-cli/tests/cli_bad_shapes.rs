@@ -275,7 +275,8 @@ fn bad_decode_lengths() {
 }
 
 /// Regression: a --top-k far above the leaf blocks read as a sequence too long ("use f16
-/// storage or a shorter sequence"); the error now names --top-k and the block count.
+/// storage or a shorter sequence"); the error now notes --top-k against the block count (and
+/// the merge factor, which sizes the memory too).
 #[test]
 fn huge_top_k_is_named_as_the_cause() {
     let dir = setup();
