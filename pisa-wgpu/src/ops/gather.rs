@@ -121,7 +121,6 @@ pub fn record_gather(
     dst_storage: Storage,
 ) -> Result<()> {
     let _call = ctx.public_call()?;
-    ctx.check_step()?;
     let g = Geometry::of(src);
     let [_, _, _, d] = g.shape;
     let db = dst_storage.bytes();
@@ -181,7 +180,6 @@ pub fn record_scatter(
     dst: &TensorView,
 ) -> Result<()> {
     let _call = ctx.public_call()?;
-    ctx.check_step()?;
     let g = Geometry::of(dst);
     let [_, _, _, d] = g.shape;
     let sb = src_storage.bytes();
