@@ -135,6 +135,37 @@ fn non_causal_decode() {
     Run::new(c, 400).run();
 }
 
+/// `reset` of one sequence while an encoder holding recorded appends of the batch is pending (a
+/// serving loop freeing a finished request's slot before it submits): the other sequence's
+/// append lands as recorded, and its next step equals the reference. (`reset` wrote every
+/// sequence's host length, which already counted the pending appends, so they counted twice and
+/// the other sequence attended an unwritten, poisoned row: NaN.)
+#[test]
+fn reset_beside_pending_appends_of_another_sequence() {
+    let mut c = base("reset_pending", 2, 1, 16, cfg(4, 2, 2, Scoring::Lse));
+    c.prefill = vec![10, 10];
+    c.steps = 0;
+    let mut r = Run::new(c, 64);
+    let d = 16;
+    let (k_rows, v_rows) = (
+        random(&mut r.rng, 2 * d, 1.0),
+        random(&mut r.rng, 2 * d, 1.0),
+    );
+    let (kb, vb) = (app_buffer(ctx(), &k_rows), app_buffer(ctx(), &v_rows));
+    let (kv, vv) = (bhnd_f32(&kb, [2, 1, 1, d]), bhnd_f32(&vb, [2, 1, 1, d]));
+    let mut enc = ctx().device().create_command_encoder(&Default::default());
+    r.cache
+        .record_append_view(&mut enc, &kv, &vv, &[true, true], None)
+        .unwrap();
+    r.cache.reset(0).unwrap();
+    ctx().queue().submit([enc.finish()]);
+    assert_eq!(r.cache.lens(), &[0, 11]);
+    r.refs[1].append(&k_rows[d..], &v_rows[d..]).unwrap();
+    let q = random(&mut r.rng, 2 * 2 * d, 1.5);
+    let o = r.cache.step(&q, true).unwrap();
+    r.check(0, 1, &q[2 * d..], &o);
+}
+
 #[test]
 fn reset_then_reuse() {
     let mut c = base(

@@ -155,7 +155,9 @@ pub struct DecodeOutput {
 /// host lengths of the sequences it touched are ahead of the GPU's, and those sequences'
 /// outputs are unspecified until [`KvCache::reset`] or a prefill, which set both. The other
 /// sequences are unaffected: an append that would land past a sequence's capacity on the GPU
-/// is skipped there, never written into another sequence's rows.
+/// is skipped there, never written into another sequence's rows. [`KvCache::reset`] itself is
+/// queue-ordered (it lands before commands recorded earlier but submitted after it); while an
+/// encoder holds commands for the sequence, [`KvCache::record_reset`] keeps the order.
 #[derive(Debug)]
 pub struct KvCache {
     ctx: Context,

@@ -187,15 +187,6 @@ impl KvCache {
         })
     }
 
-    /// Writes the host's lengths to the GPU (lands before the next submission: submit the
-    /// steps recorded earlier first).
-    pub(super) fn write_lens(&self) {
-        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
-        self.ctx
-            .queue
-            .write_buffer(&self.lens_gpu, 0, bytemuck::cast_slice(&lens));
-    }
-
     pub(super) fn geometry(
         b: usize,
         h: usize,

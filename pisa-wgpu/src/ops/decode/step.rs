@@ -115,11 +115,18 @@ impl KvCache {
     }
 
     /// Empties sequence `seq` (its length becomes 0; the next append or prefill refills it).
-    /// Errors: [`pisa_core::PisaError::TooLarge`] for a `seq` out of range.
+    /// Queue-ordered: a queue write of `seq`'s GPU length alone, which lands before the next
+    /// submission. So commands recorded into an encoder not submitted yet run after it: the
+    /// other sequences' recorded appends and steps are unaffected, but a recorded append to
+    /// `seq` itself would land after the reset; while an encoder holds commands for `seq`,
+    /// use [`Self::record_reset`] (encoder-ordered) instead. Errors:
+    /// [`pisa_core::PisaError::TooLarge`] for a `seq` out of range.
     pub fn reset(&mut self, seq: usize) -> Result<()> {
         self.check_seq(seq)?;
         self.lens[seq] = 0;
-        self.write_lens();
+        self.ctx
+            .queue
+            .write_buffer(&self.lens_gpu, seq as u64 * 4, bytemuck::bytes_of(&0u32));
         Ok(())
     }
 
