@@ -30,7 +30,7 @@ pub enum PisaError {
         actual: usize,
     },
     /// A value is larger than a limit (for example a device limit or `u32` indexing); a
-    /// `value` of `u64::MAX` stands for a count that overflows 64 bits.
+    /// `value` of `u64::MAX` not above `limit` stands for a count that overflows 64 bits.
     TooLarge {
         what: &'static str,
         value: u64,
@@ -65,8 +65,9 @@ impl fmt::Display for PisaError {
             PisaError::BufferLen { what, expected, actual } => {
                 write!(f, "{what} has {actual} elements, the shape needs {expected}")
             }
-            // u64::MAX stands for a count past 64 bits (an overflowing product).
-            PisaError::TooLarge { what, value, limit } if *value == u64::MAX => {
+            // A value not above its limit is one that saturated at u64::MAX (a count past 64
+            // bits, whose limit is u64::MAX too): it has no value to print.
+            PisaError::TooLarge { what, value, limit } if value <= limit => {
                 write!(f, "{what} overflows 64 bits (the limit is {limit})")
             }
             PisaError::TooLarge { what, value, limit } => {
