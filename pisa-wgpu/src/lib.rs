@@ -69,6 +69,13 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Threads
+//!
+//! On native targets [`Context`], [`PrefillPlan`], [`VarlenPrefillPlan`], [`KvCache`] and
+//! [`TensorView`] are `Send + Sync` (asserted at compile time): share a context and its plans
+//! across threads; a plan's `run` only records into the caller's encoder, and the calls that
+//! change a cache take `&mut self`. On wasm32 this follows wgpu's own types there.
+//!
 //! ## Layout
 //!
 //! `runtime` (device, pipelines, buffers, plans' arenas, timestamps) and one module per kernel
@@ -98,6 +105,17 @@ pub use runtime::nv::{device_has_nv_cm2, nv_cm2_supported, request_device_nv_cm2
 pub use runtime::pipeline::ShaderSource;
 pub use runtime::pipeline::Storage;
 pub use runtime::profiler::{Profiler, StageTimes};
+
+// What the "Threads" section of the crate docs says, checked by the compiler.
+#[cfg(not(target_arch = "wasm32"))]
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Context>();
+    send_sync::<PrefillPlan>();
+    send_sync::<VarlenPrefillPlan>();
+    send_sync::<KvCache>();
+    send_sync::<TensorView>();
+};
 pub use runtime::tuning::{Tuning, KNOBS as TUNING_KNOBS};
 pub use runtime::view::{DType, TensorView};
 pub use wgpu;
