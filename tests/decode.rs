@@ -428,3 +428,28 @@ fn head_dim_must_be_a_multiple_of_4() {
         "{e}"
     );
 }
+
+/// The widest head dim (1024) and GQA group (256) a cache takes, against the reference: the
+/// `leaf` workgroup grows from its 128 invocations to what D/4 and g_q need.
+#[test]
+fn widest_head_dim_and_group() {
+    for (name, hq, d) in [("d1024", 1, 1024), ("gq256", 256, 4)] {
+        let mut c = base(name, hq, 1, d, cfg(4, 2, 2, Scoring::Lse));
+        c.prefill = vec![13];
+        c.steps = 2;
+        Run::new(c, 16).run();
+    }
+    for (hq, d) in [(1, 1028), (257, 4)] {
+        let r = KvCache::new(
+            ctx(),
+            1,
+            8,
+            hq,
+            1,
+            d,
+            cfg(4, 2, 2, Scoring::Lse),
+            Storage::F32,
+        );
+        assert!(r.is_err(), "Hq {hq} D {d} taken");
+    }
+}

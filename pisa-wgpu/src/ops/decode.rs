@@ -41,7 +41,8 @@
 //!    each kept node writing its children straight into the next level's slots: five
 //!    barriers per level (`lse`; four for `mean`, `meanvar`), no serial loop over candidates.
 //!    It writes g(K+1) leaf candidates and the forced leaves (`cands`, NS = g(K+1) + K slots).
-//! 2. `leaf`, one workgroup of 256 per (sequence, KV head, slot) (B * Hkv * NS workgroups,
+//! 2. `leaf`, one workgroup of 128 (up to 256 where D/4 or g_q needs it) per (sequence, KV
+//!    head, slot) (B * Hkv * NS workgroups,
 //!    400 at Hkv = 8, K = 16, g = 2; empty slots exit at once), computes the slot block's
 //!    online-softmax state per head (max, sum, unnormalised P.V) over its C keys: scores with
 //!    LK consecutive invocations per key row (one round trip), per-head max, exponentials,

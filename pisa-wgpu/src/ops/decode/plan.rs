@@ -82,9 +82,14 @@ impl Params {
     }
 }
 
-/// Invocations per `leaf` workgroup (lowered to the device's limit). 512 was slower on the
-/// H200 (leaf 19.5 -> 22.4 us at 1M: docs/benchmarks.md, A.6, commit dbef09c).
-const WG: u32 = 256;
+/// Invocations per `leaf` workgroup, where D/4 and g_q allow (more up to [`WG_MAX`] where they
+/// need it; lowered to the device's limit). On the H200 (docs/benchmarks.md, A.20, call t7)
+/// 128 made the leaf dispatch 17.8 -> 16.4 us and the step 59.2 -> 57.3 us at 1M (and 47.5 ->
+/// 46.3 at 64K) against 256; 64 took 31 us; 512 was slower than 256 (A.6, commit dbef09c).
+const WG: u32 = 128;
+/// The most invocations per `leaf` workgroup: D/4 and g_q up to this are taken (D up to 1024,
+/// g_q up to 256).
+const WG_MAX: u32 = 256;
 /// Invocations per `merge` workgroup (lowered to the device's limit): one output element of
 /// the group per invocation at g_q = 4, D = 128; 256 was 1.9 us slower on the H200
 /// (docs/benchmarks.md, A.6, commit dbef09c).
@@ -123,14 +128,14 @@ impl Plan {
     /// chunk (LK lanes per key row) when memory allows, else as many keys as fit; `merge`
     /// needs the slot lists, the cut's partial rank counts and, for K <= 32, the (m, l) and
     /// weights per (head, selected block).
-    /// Errors: [`PisaError::HeadDim`] unless D is a multiple of 4 up to `4 * WG`;
+    /// Errors: [`PisaError::HeadDim`] unless D is a multiple of 4 up to `4 * WG_MAX`;
     /// [`GpuError::Limit`] when even the minimum of a kernel does not fit;
     /// [`GpuError::Unsupported`] for a GQA group above the workgroup size.
     pub fn new(limits: &wgpu::Limits, gq: usize, d: usize, cfg: &SelectionConfig) -> Result<Self> {
         let max_pow2 = max_workgroup(limits);
-        let wg = (WG as u64).min(max_pow2);
+        let wg_max = (WG_MAX as u64).min(max_pow2);
         let wm = (WM as u64).min(max_pow2);
-        if !d.is_multiple_of(4) || d > 4 * wg as usize {
+        if !d.is_multiple_of(4) || d > 4 * wg_max as usize {
             return Err(GpuError::Input(PisaError::HeadDim {
                 head_dim: d,
                 supported: "multiples of 4 up to 4 * the workgroup size (1024)",
@@ -138,11 +143,16 @@ impl Plan {
         }
         let (gq, d) = (gq as u64, d as u64);
         let Dims { k, c, g, maxc, ns } = Dims::of(cfg);
-        if gq > wg {
+        if gq > wg_max {
             return Err(GpuError::Unsupported(format!(
-                "decode with {gq} query heads per KV head (at most {wg})"
+                "decode with {gq} query heads per KV head (at most {wg_max})"
             )));
         }
+        // `leaf` has an invocation per output vec4 (D/4) and per head (g_q) at least.
+        let wg = (WG as u64)
+            .max((d / 4).next_power_of_two())
+            .max(gq.next_power_of_two())
+            .min(wg_max);
         if k * c > u32::MAX as u64 {
             return Err(GpuError::Input(PisaError::TooLarge {
                 what: "top_k * block_size",
@@ -157,7 +167,7 @@ impl Plan {
         // the level scratch would not fit.
         let wr = (maxc * g * 8)
             .next_power_of_two()
-            .clamp(wg.min(64), max_pow2.min(1024));
+            .clamp(wg_max.min(64), max_pow2.min(1024));
         let route_mem = |lr: u64| common + 4 * (3 * maxc + maxc * g.max(2) * lr * gq);
         let lr = lanes(8, d / 4, |lr| {
             route_mem(lr) <= limit.max(route_mem(1)) && maxc * g * lr <= wr
