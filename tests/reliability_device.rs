@@ -231,17 +231,19 @@ fn lower_device_limits_give_typed_errors() {
     );
     let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
         .expect("a GPU adapter (install mesa-vulkan-drivers)");
-    let open = |limits: pisa_wgpu::wgpu::Limits| {
+    let open_without = |limits: pisa_wgpu::wgpu::Limits, without: pisa_wgpu::wgpu::Features| {
         let (device, queue) =
             pollster::block_on(adapter.request_device(&pisa_wgpu::wgpu::DeviceDescriptor {
                 required_features: pisa_wgpu::wanted_features(&adapter)
-                    - pisa_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+                    - pisa_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                    - without,
                 required_limits: limits.using_resolution(adapter.limits()),
                 ..Default::default()
             }))
             .expect("a device with lower limits than the adapter's");
         pisa_wgpu::Context::from_device(&adapter, device, queue)
     };
+    let open = |limits| open_without(limits, pisa_wgpu::wgpu::Features::empty());
     let (shape, cfg) = small();
     let (q, k, v) = inputs(&shape, 11);
 
@@ -283,16 +285,7 @@ fn lower_device_limits_give_typed_errors() {
 
     // A device opened without SHADER_F16: f16 storage is refused, naming the device's
     // features where the adapter has it.
-    let (device, queue) =
-        pollster::block_on(adapter.request_device(&pisa_wgpu::wgpu::DeviceDescriptor {
-            required_features: pisa_wgpu::wanted_features(&adapter)
-                - pisa_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
-                - pisa_wgpu::wgpu::Features::SHADER_F16,
-            required_limits: adapter.limits(),
-            ..Default::default()
-        }))
-        .expect("a device without SHADER_F16");
-    let ctx = pisa_wgpu::Context::from_device(&adapter, device, queue).unwrap();
+    let ctx = open_without(adapter.limits(), pisa_wgpu::wgpu::Features::SHADER_F16).unwrap();
     let adapter_f16 = adapter
         .features()
         .contains(pisa_wgpu::wgpu::Features::SHADER_F16);

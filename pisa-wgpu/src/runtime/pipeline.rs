@@ -445,6 +445,10 @@ impl crate::Context {
     }
 }
 
+/// The hint of a [`GpuError::Limit`] in "bindings": a device opened with lower limits.
+pub(crate) const BINDINGS_HINT: &str = "open the device with the adapter's limits \
+    (`required_limits: adapter.limits()`); wgpu's downlevel defaults allow 4 storage buffers";
+
 /// Refuses, with [`GpuError::Limit`] (unit "bindings"), an entry point that binds more storage
 /// or uniform buffers than the device allows per shader stage: wgpu would fail its pipeline
 /// with a validation error naming neither the kernel nor the remedy. (wgpu's downlevel limits,
@@ -487,8 +491,7 @@ fn check_bindings(limits: &wgpu::Limits, name: &str, entry: &str, src: &str) -> 
                 needed,
                 limit: limit as u64,
                 unit: "bindings",
-                hint: "open the device with the adapter's limits (`required_limits: \
-                       adapter.limits()`); wgpu's downlevel defaults allow 4 storage buffers",
+                hint: BINDINGS_HINT,
             });
         }
     }

@@ -80,8 +80,7 @@ impl KvCache {
                 needed: 9,
                 limit: storage_limit as u64,
                 unit: "bindings",
-                hint: "open the device with the adapter's limits (`required_limits: \
-                       adapter.limits()`); wgpu's downlevel defaults allow 4 storage buffers",
+                hint: crate::runtime::pipeline::BINDINGS_HINT,
             });
         }
         let plan = Plan::new(ctx.limits(), shape.gqa_group(), head_dim, &cfg)?;
