@@ -174,13 +174,8 @@ impl Plan {
         });
         let xr = maxc * g.max(2) * lr * gq;
         let route = route_mem(lr);
-        // + the (m, l) per (slot, head) when they are held (HOLD: up to 1024), the weights per
-        // (head, selection entry) of K <= 32 and per (head, slot) where each invocation holds
-        // its output element's O of every slot (PRE_O) (decode_merge.wgsl).
-        let held = if ns * gq <= 1024 { ns * gq } else { 1 };
-        let pre_o = if gq * d <= wm && ns <= 64 { ns } else { 1 };
-        let merge_k = common
-            + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc) + 2 * held + gq * (k.min(32) + pre_o));
+        // + the (m, l) and weights per (head, selection entry) of K <= 32 (decode_merge.wgsl).
+        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc) + 3 * gq * k.min(32));
         // red, hm, halpha, wleaf (vec2).
         let leaf_fixed = common + 4 * (wg + 2 * gq + 2);
         let budget = limit.saturating_sub(leaf_fixed) / 4;
