@@ -371,6 +371,11 @@ fn errors_are_typed_and_leave_the_cache_unchanged() {
         Err(GpuError::Limit { .. }) | Err(GpuError::Input(PisaError::TooLarge { .. })) => {}
         other => panic!("capacity {cap}: {:?}", other.map(|_| ())),
     }
+    // A zero capacity is named as such (not as the shape's key length).
+    match KvCache::new(ctx, 1, 0, 1, 1, 64, cf, Storage::F32) {
+        Err(GpuError::Input(PisaError::Zero { what: "capacity" })) => {}
+        other => panic!("capacity 0: {:?}", other.map(|_| ())),
+    }
     let ok = c.step(&[1.0; 2 * 2 * 8], true).unwrap();
     assert_eq!(&ok.selection.unwrap()[2..], &[-1, -1]);
 }

@@ -660,7 +660,22 @@ fn varlen_prefill_equals_each_sequence_alone() {
             None,
         )
         .unwrap_err();
-    assert!(matches!(e, GpuError::View(_)), "{e}");
+    let bad_seqs = |e: &GpuError| matches!(e, GpuError::Input(PisaError::InvalidValue { what }) if what.starts_with("seqs: "));
+    assert!(bad_seqs(&e), "{e}");
+    let e = plan
+        .run_into_cache(
+            &mut enc,
+            &cu,
+            &qv,
+            &kv,
+            &vv,
+            &outs,
+            &mut handed,
+            &[2, 0, 2, 1],
+            None,
+        )
+        .unwrap_err();
+    assert!(bad_seqs(&e) && e.to_string().contains("named twice"), "{e}");
     // Outputs over the inputs (sequence i's O would overwrite later sequences' Q): refused
     // before anything is recorded.
     let o_over_q = PrefillOutputs { out: &qv, ..outs };

@@ -187,7 +187,9 @@ impl TensorView {
     /// buffer without `STORAGE` usage; an offset that is not a multiple of the element size
     /// (4 bytes for f32, 2 for f16 and bf16); a last element past the buffer's end; strides
     /// that make two elements overlap (checked as: each stride at least the extent of the
-    /// dimensions it nests, in some order).
+    /// dimensions it nests, in some order). A view whose last element lies inside the last,
+    /// partial 4-byte word of a buffer whose size is not a multiple of 4 is accepted here and
+    /// refused ([`GpuError::View`]) by the operations that use it, which bind whole words.
     pub fn new(
         buffer: &wgpu::Buffer,
         offset: u64,

@@ -44,6 +44,10 @@ impl KvCache {
         storage: Storage,
     ) -> Result<Self> {
         let _call = ctx.public_call()?;
+        if capacity == 0 {
+            // (AttentionShape would name it k_len)
+            return Err(PisaError::Zero { what: "capacity" }.into());
+        }
         let shape = AttentionShape::new(batch, q_heads, kv_heads, 1, capacity, head_dim)?;
         cfg.validate()?;
         let layout = PyramidLayout::new(capacity, cfg.block_size, cfg.merge_factor)?;

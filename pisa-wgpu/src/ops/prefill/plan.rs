@@ -12,7 +12,7 @@
 //! How a run reads its inputs (in place or gathered) and writes its outputs: see
 //! [`PrefillPlan`].
 
-use pisa_core::{AttentionShape, TensorLayout};
+use pisa_core::{AttentionShape, PisaError, TensorLayout};
 
 use crate::ops::attention::{OutTarget, QkvLayouts};
 use crate::runtime::view::KernelLayout;
@@ -451,7 +451,10 @@ impl PrefillPlan {
     /// write, or, for a plan made by [`Self::new_in_place`], an input it cannot read in place;
     /// [`GpuError::Unsupported`] when the context's tuning ([`Context::set_tuning`] and
     /// the switches that set it) or binding limit changed since the plan was made (make a new
-    /// plan); [`GpuError::Validation`] for a buffer of another device. The views are checked
+    /// plan); [`GpuError::Validation`] for a buffer of another device, or a destroyed one that
+    /// the run binds (an input; an output written in place or scattered: an output the run
+    /// only copies into, contiguous in a `COPY_DST` buffer, is checked for destruction by wgpu
+    /// where the encoder is submitted, as every recorded copy is). The views are checked
     /// before anything is recorded; an error found later (wgpu's own while recording, a replay
     /// that does not match the plan's recording, an output copy that fails) leaves part of the
     /// prefill recorded in `enc`: drop the encoder.
@@ -1013,8 +1016,8 @@ impl VarlenPrefillPlan {
     /// sequence's.) The cache must match the plan's KV heads, head dim, storage, block size,
     /// merge factor and scoring, and hold `seqs.len()` sequences of these lengths.
     ///
-    /// Errors: those of [`Self::run`]; [`GpuError::View`] when `seqs` does not have one entry
-    /// per sequence, or names a sequence twice; those of
+    /// Errors: those of [`Self::run`]; [`PisaError::InvalidValue`] when `seqs` does not have one
+    /// entry per sequence, or names a sequence twice; those of
     /// [`KvCache::record_prefill_from_plan`] (a cache that does not match, a sequence or length
     /// past its own), checked before anything is recorded.
     ///
@@ -1053,15 +1056,15 @@ impl VarlenPrefillPlan {
         check_cu_seqlens(cu_seqlens)?;
         let n_seqs = cu_seqlens.len() - 1;
         if seqs.len() != n_seqs {
-            return Err(GpuError::View(format!(
-                "seqs: {} cache sequences for {n_seqs} prefilled ones",
-                seqs.len()
-            )));
+            return Err(GpuError::Input(PisaError::InvalidValue {
+                what:
+                    "seqs: one cache sequence per prefilled sequence (cu_seqlens.len() - 1 of them)",
+            }));
         }
         if (1..seqs.len()).any(|i| seqs[..i].contains(&seqs[i])) {
-            return Err(GpuError::View(format!(
-                "seqs: a cache sequence named twice ({seqs:?})"
-            )));
+            return Err(GpuError::Input(PisaError::InvalidValue {
+                what: "seqs: a cache sequence named twice",
+            }));
         }
         let (hq, hkv, d) = self.heads;
         for (i, w) in cu_seqlens.windows(2).enumerate() {
