@@ -127,6 +127,9 @@ fn entry_leaf(e: u32) -> u32 {
 // longer.
 const EPI: u32 = 8u;
 const WB: u32 = 4096u;
+// 1 (tests only): `count` also counts the entries that take the global counters directly, in
+// cnt[bl.buckets] (one word past the buckets), so that a test sees the bins are used.
+const STATS: u32 = 0u;
 var<workgroup> win: array<atomic<u32>, WB>;
 
 // The first bucket of the bins of the tile whose last entry is e_last, and their number (at
@@ -179,6 +182,7 @@ fn count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             atomicAdd(&win[x - t.y], 1u);
         } else {
             atomicAdd(&cnt[x], 1u);
+            if (STATS == 1u) { atomicAdd(&cnt[bl.buckets], 1u); }
         }
     }
     workgroupBarrier();

@@ -278,6 +278,7 @@ pub(crate) fn record(
             qpc: bl.qpc,
             pair,
             window: bucket_window(ctx),
+            stats: false,
         },
         &mut prof,
     )?;
@@ -358,6 +359,9 @@ pub(crate) struct BucketSizes {
     pub pair: bool,
     /// Buckets a workgroup adds up in workgroup memory ([`BUCKET_WINDOW`]).
     pub window: u32,
+    /// Tests: `count` also counts the entries that take the global counters directly, in one
+    /// more word of the counts (`leaf_bucket.wgsl` STATS).
+    pub stats: bool,
 }
 
 /// The bucket lists of steps 1-3 (`leaf_bucket.wgsl`): per bucket, its first entry (`off`) and
@@ -384,7 +388,12 @@ pub(crate) fn record_buckets(
     prof: &mut Option<&mut Profiler>,
 ) -> Result<BucketLists> {
     let n_buckets = z.buckets as usize;
-    let cnt = ctx.alloc("leaf bucket counts", n_buckets, Storage::F32, 0)?;
+    let cnt = ctx.alloc(
+        "leaf bucket counts",
+        n_buckets + usize::from(z.stats),
+        Storage::F32,
+        0,
+    )?;
     let poisoned = |label| ctx.alloc(label, n_buckets + 1, Storage::F32, POISON_I32);
     let off = poisoned("leaf bucket offsets")?;
     let coff = poisoned("leaf bucket chunks")?;
@@ -404,7 +413,10 @@ pub(crate) fn record_buckets(
             },
         )
     };
-    let consts = bucket_consts(mc, z.qpc, false, z.pair, z.window);
+    let mut consts = bucket_consts(mc, z.qpc, false, z.pair, z.window).to_vec();
+    if z.stats {
+        consts.push(("STATS", 1));
+    }
     let pipe = |entry: &'static str| {
         ctx.pipelines.get(
             &ctx.device,

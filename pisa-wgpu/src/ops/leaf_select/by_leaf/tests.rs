@@ -7,7 +7,10 @@
 //! (order within a bucket is free: compared sorted), the offsets, the chunk offsets and every
 //! chunk descriptor must equal the model's, and the slots the scorer writes from the lists
 //! (checked apart from the model's rule) must be the scored slots, once each; the outputs are
-//! poisoned before the run.
+//! poisoned before the run. Both tests also count the entries that `count` sends to the global
+//! counters rather than its workgroup bins (`STATS = 1`), which must be the model's (`bins`).
+//! (Timing is the bins' only effect: without this count, a bucketing that stopped using them
+//! would pass.)
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -51,37 +54,100 @@ fn entry_leaf(p: &SelParams, cand: &[i32], e: usize) -> Option<u32> {
     (!forced).then_some(c)
 }
 
-/// The model's bucket lists: per bucket, its entries' list values, sorted.
-fn model(p: &SelParams, cand: &[i32], bh: usize, pair: bool) -> Vec<Vec<u32>> {
+/// Per entry, its bucket and list value (`entry_bucket`, `entry_value` of `leaf_bucket.wgsl`),
+/// `None` for an entry that is not bucketed.
+fn entry_buckets(p: &SelParams, cand: &[i32], pair: bool) -> Vec<Option<(usize, u32)>> {
     let mc = p.mc as usize;
     let units = if pair { p.nb0.div_ceil(2) } else { p.nb0 } as usize;
-    let mut out = vec![Vec::new(); bh * units];
     let per_bh = p.q_len as usize * mc;
-    for e in 0..cand.len() {
-        let Some(j) = entry_leaf(p, cand, e) else {
-            continue;
-        };
-        let (b, mut v) = (e / per_bh, (e % per_bh) as u32);
-        let mut unit = j as usize;
-        if pair {
-            let prev = (e % mc > 0).then(|| entry_leaf(p, cand, e - 1)).flatten();
-            if j % 2 == 1 && prev == Some(j - 1) {
-                continue;
+    (0..cand.len())
+        .map(|e| {
+            let j = entry_leaf(p, cand, e)?;
+            let (b, mut v) = (e / per_bh, (e % per_bh) as u32);
+            let mut unit = j as usize;
+            if pair {
+                let prev = (e % mc > 0).then(|| entry_leaf(p, cand, e - 1)).flatten();
+                if j % 2 == 1 && prev == Some(j - 1) {
+                    return None;
+                }
+                let next = (e % mc + 1 < mc)
+                    .then(|| entry_leaf(p, cand, e + 1))
+                    .flatten();
+                if j % 2 == 1 {
+                    v |= ODD;
+                } else if next == Some(j + 1) {
+                    v |= BOTH;
+                }
+                unit = j as usize / 2;
             }
-            let next = (e % mc + 1 < mc)
-                .then(|| entry_leaf(p, cand, e + 1))
-                .flatten();
-            if j % 2 == 1 {
-                v |= ODD;
-            } else if next == Some(j + 1) {
-                v |= BOTH;
-            }
-            unit = j as usize / 2;
-        }
-        out[b * units + unit].push(v);
+            Some((b * units + unit, v))
+        })
+        .collect()
+}
+
+/// The model's bucket lists: per bucket, its entries' list values, sorted.
+fn model(p: &SelParams, cand: &[i32], bh: usize, pair: bool) -> Vec<Vec<u32>> {
+    let units = if pair { p.nb0.div_ceil(2) } else { p.nb0 } as usize;
+    let mut out = vec![Vec::new(); bh * units];
+    for (x, v) in entry_buckets(p, cand, pair).into_iter().flatten() {
+        out[x].push(v);
     }
     out.iter_mut().for_each(|l| l.sort_unstable());
     out
+}
+
+/// `window` of `leaf_bucket.wgsl`: the first bucket and the number of bins (at most `wb`) of the
+/// tile whose last entry is `e_last`; `attend_i0`: the query range's start of an `ATTEND = 1`
+/// bucketing (one (b, KV head), a bucket per leaf).
+fn bins(p: &SelParams, e_last: usize, pair: bool, wb: u32, attend_i0: Option<u32>) -> (u32, u32) {
+    let mc = p.mc as usize;
+    let units = if pair { p.nb0.div_ceil(2) } else { p.nb0 };
+    let (i, first) = match attend_i0 {
+        Some(i0) => (i0 + (e_last / mc) as u32, 0),
+        None => (
+            (e_last / mc) as u32 % p.q_len,
+            (e_last / (p.q_len as usize * mc)) as u32 * units,
+        ),
+    };
+    let bq = (p.q_pos0 + i) / p.block_size;
+    let mut leaf = if p.causal != 0 {
+        (bq + 1).min(p.nb0 - 1)
+    } else {
+        p.nb0 - 1
+    };
+    if pair {
+        leaf /= 2;
+    }
+    let last = first + leaf;
+    let n = (last + 1 - first).min(wb);
+    (last + 1 - n, n)
+}
+
+/// The entries that take the global counters directly in `count` (their bucket outside their
+/// tile's bins, [`bins`]), and all the bucketed ones: `bucket[e]` is entry e's bucket.
+fn global_entries(bucket: &[Option<usize>], window: impl Fn(usize) -> (u32, u32)) -> (u32, u32) {
+    let tile = BUCKET_TILE as usize;
+    let (mut global, mut all) = (0, 0);
+    for e0 in (0..bucket.len()).step_by(tile) {
+        let e1 = (e0 + tile).min(bucket.len());
+        let (first, n) = window(e1 - 1);
+        for x in bucket[e0..e1].iter().flatten() {
+            all += 1;
+            global += u32::from((*x as u32).wrapping_sub(first) >= n);
+        }
+    }
+    (global, all)
+}
+
+/// Asserts that `count` sent exactly the model's entries to the global counters (`got`, the
+/// STATS word), and, with the whole bins, that some entries took the bins (the tiles here
+/// straddle (b, KV head) ranges, whose earlier entries are global): a bucketing that no longer
+/// used its bins fails here, where its lists would still be right.
+fn check_bins(got: u32, (global, all): (u32, u32), window: u32, what: &str) {
+    assert_eq!(got, global, "{what}: entries on the global counters");
+    if window == BUCKET_WINDOW {
+        assert!(global < all, "{what}: {global} of {all} entries global");
+    }
 }
 
 /// Ascending candidate lists of `mc` slots for `bh` x `q_len` queries: mostly both children of
@@ -191,6 +257,7 @@ fn pair_and_leaf_buckets_equal_the_model() {
                 qpc: qpc as u32,
                 pair,
                 window,
+                stats: true,
             };
             let mut enc = ctx.device.create_command_encoder(&Default::default());
             let lists = record_buckets(&ctx, &mut enc, &p, &t, z, &mut None).unwrap();
@@ -206,11 +273,16 @@ fn pair_and_leaf_buckets_equal_the_model() {
                 v.into_iter().map(|x| x as u32).collect()
             };
             let (off, coff) = (read(&lists.off), read(&lists.coff));
-            let (list, cdesc, cnt) = (read(&lists.list), read(&lists.cdesc), read(&lists.cnt));
+            let (list, cdesc, mut cnt) = (read(&lists.list), read(&lists.cdesc), read(&lists.cnt));
             let want = model(&p, &cand, bh, pair);
             let what = format!(
                 "bh {bh} nq {q_len} C {c} causal {causal} pair {pair} bins {window} seed {seed}"
             );
+            let buckets: Vec<_> = (entry_buckets(&p, &cand, pair).iter())
+                .map(|x| x.map(|(b, _)| b))
+                .collect();
+            let model_global = global_entries(&buckets, |e| bins(&p, e, pair, window, None));
+            check_bins(cnt.pop().unwrap(), model_global, window, &what);
             let got = Lists {
                 cnt,
                 off: &off,
@@ -313,9 +385,16 @@ fn attention_buckets_equal_the_model() {
                             want[x as usize].push(e);
                         }
                     }
+                    let mut buckets = vec![None; entries as usize];
+                    for (x, l) in want.iter().enumerate() {
+                        l.iter().for_each(|&e| buckets[e as usize] = Some(x));
+                    }
                     want.iter_mut().for_each(|l| l.sort_unstable());
                     let chunks = entries.div_ceil(qpc) + nb0;
-                    let cnt = ctx.alloc("counts", nb0 as usize, Storage::F32, 0).unwrap();
+                    // (one word more: the entries on the global counters, STATS)
+                    let cnt = ctx
+                        .alloc("counts", nb0 as usize + 1, Storage::F32, 0)
+                        .unwrap();
                     let alloc = |n: u32| ctx.alloc("out", n as usize, Storage::F32, POISON_I32);
                     let (off, coff) = (alloc(nb0 + 1).unwrap(), alloc(nb0 + 1).unwrap());
                     let (list, cdesc) = (alloc(entries).unwrap(), alloc(4 * chunks).unwrap());
@@ -332,7 +411,8 @@ fn attention_buckets_equal_the_model() {
                         ctx.uniform("buckets", &b).unwrap()
                     };
                     let (u_e, u_b) = (uni(entries), uni(nb0));
-                    let consts = bucket_consts(k, qpc, true, false, window);
+                    let mut consts = bucket_consts(k, qpc, true, false, window).to_vec();
+                    consts.push(("STATS", 1));
                     let pipe = |entry| {
                         let st = Storage::F32;
                         ctx.pipelines
@@ -368,16 +448,19 @@ fn attention_buckets_equal_the_model() {
                             .map(|x| x as u32)
                             .collect()
                     };
-                    let (off, list) = (read(&off), read(&list));
+                    let (off, list, mut counts) = (read(&off), read(&list), read(&cnt));
+                    let what =
+                        format!("bh {b} i0 {i0} C {c} causal {causal} bins {window} seed {seed}");
+                    let model_global =
+                        global_entries(&buckets, |e| bins(&p, e, false, window, Some(i0)));
+                    check_bins(counts.pop().unwrap(), model_global, window, &what);
                     let got = Lists {
-                        cnt: read(&cnt),
+                        cnt: counts,
                         off: &off,
                         coff: read(&coff),
                         list: &list,
                         cdesc: read(&cdesc),
                     };
-                    let what =
-                        format!("bh {b} i0 {i0} C {c} causal {causal} bins {window} seed {seed}");
                     check_lists(&want, &got, qpc, &what);
                 }
             }
