@@ -44,7 +44,6 @@ const LK: u32 = 4u;      // leaf: invocations sharing one key row's dot products
 const DD: u32 = 64u;     // D, the head dim (a multiple of 4)
 const PARTS: u32 = 1u;   // key subsets of the P.V phase (invocations per output vec4)
 const PVR: u32 = 1u;     // leaf: value rows prefetched per invocation (ceil(CH/PARTS), or 1)
-const DV: u32 = 1u;      // route: 1 derives a whole candidate's last child's dot (decode_levels.wgsl)
 const D4: u32 = DD / 4u;
 const NS: u32 = MAXC + KMAX; // leaf slots per (sequence, KV head)
 const PW: u32 = DD + 2u;     // floats of one (slot, head) state in `parts`

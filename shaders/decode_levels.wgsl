@@ -16,15 +16,6 @@
 var<workgroup> cand: array<u32, 2u * MAXC>;
 var<workgroup> rk: array<u32, MAXC>;
 var<workgroup> xr: array<f32, XR>;
-// `lse` scoring with DV = 1 (the host's choice: the arrays below within 8 KiB), the last child's
-// dot derived (see score_lse_split): pd[slot * GQ + h] = q_h . mu of
-// the node in cand[slot] where pdk[slot] = 1 (carried from the level above, where it was a
-// child: double-buffered like `cand`); cd[(c * GQ + h) * MAXC + s] = (q_h . mu_c, x_c) of child c
-// of the candidate in slot s at this level (the dot, which the cut carries into pd, and its
-// score term, score_lse_split).
-var<workgroup> pd: array<f32, select(1u, 2u * MAXC * GQ, DV == 1u)>;
-var<workgroup> pdk: array<u32, select(1u, 2u * MAXC, DV == 1u)>;
-var<workgroup> cd: array<vec2<f32>, select(1u, MG * GQ * MAXC, DV == 1u)>;
 
 const DLR: u32 = (D4 + LR - 1u) / LR; // vec4s of a row per invocation
 
@@ -69,33 +60,20 @@ fn dots_mean(row: u32, u: u32) -> array<f32, GQ> {
     return a;
 }
 
-// The sum of the LR partial dots in xr of row c of the candidate in slot s, head hh (row c < g:
-// child c, or for c = g - 1 of a whole candidate, its own row: see score_level).
-fn lanes_dot(s: u32, c: u32, hh: u32) -> f32 {
+// x = s * q.mu_c + log n_c of child c of the candidate in slot s, head hh, from the LR
+// partial dots in xr (ln = log n_c).
+fn child_x(s: u32, c: u32, hh: u32, ln: f32) -> f32 {
     var a = 0.0;
     for (var u = 0u; u < LR; u++) { a += xr[((c * LR + u) * GQ + hh) * MAXC + s]; }
-    return a;
+    return p.scale * a + ln;
 }
 
 // The `lse` score of every candidate slot from the partial dots in xr, in two steps: one
-// invocation per (child, head, slot) sums the LR lanes into the child's dot q.mu_c and x = s *
-// q.mu_c + log n_c (NEG for a child past the level's end), both into cd (DV = 1: not over the
-// lanes in xr, which the derived child reads; DV = 0: x over lane 0's partial, read by that
-// invocation only); then one invocation per slot takes, per
-// head, the max over the children and the sum of exp(x - max) over the scored ones
-// (max-then-sum: a +inf child makes NaN, ranked as -inf), and sums m + log(sum) over the heads.
-// Ends with rk written. DV = 1: the last child of a whole candidate (all g children of w tokens) is
-// derived, not summed: its mean is g mu_node - (the other children's), so q.mu_(g-1) = g q.mu_node
-// - sum_(c < g-1) q.mu_c, with q.mu_node from pd (carried) or from its own row's lanes (row
-// g - 1 of the slot, loaded in that child's place); the same arithmetic for every whole
-// candidate whichever way its q.mu_node came, so that candidates of equal rows still tie
-// exactly.
-// x of child c of slot s, head hh, as score_lse_split's first step left it.
-fn child_term(s: u32, c: u32, hh: u32) -> f32 {
-    if (DV == 1u) { return cd[(c * GQ + hh) * MAXC + s].y; }
-    return xr[(c * LR * GQ + hh) * MAXC + s];
-}
-
+// invocation per (child, head, slot) sums the LR lanes into x = s * q.mu_c + log n_c (NEG for a
+// child past the level's end), written over lane 0's partial (read by that invocation only);
+// then one invocation per slot takes, per head, the max over the children and the sum of
+// exp(x - max) over the scored ones (max-then-sum: a +inf child makes NaN, ranked as -inf), and
+// sums m + log(sum) over the heads. Ends with rk written.
 fn score_lse_split(len: u32, nchild: u32, w: u32, co: u32, lid: u32) {
     for (var it = lid; it < MG * GQ * MAXC; it += WG) {
         let s = it % MAXC;
@@ -104,23 +82,10 @@ fn score_lse_split(len: u32, nchild: u32, w: u32, co: u32, lid: u32) {
         let node = cand[co + s];
         let child = node * MG + c;
         var x = NEG;
-        var a = 0.0;
         if (node != INVALID && child < nchild) {
-            if (DV == 1u && c + 1u == MG && whole(node, w, len)) {
-                var own = pd[(co + s) * GQ + hh];
-                if (pdk[co + s] == 0u) { own = lanes_dot(s, c, hh); }
-                a = f32(MG) * own;
-                for (var c2 = 0u; c2 + 1u < MG; c2++) { a -= lanes_dot(s, c2, hh); }
-            } else {
-                a = lanes_dot(s, c, hh);
-            }
-            x = p.scale * a + log(f32(min(len - child * w, w)));
+            x = child_x(s, c, hh, log(f32(min(len - child * w, w))));
         }
-        if (DV == 1u) {
-            cd[(c * GQ + hh) * MAXC + s] = vec2<f32>(a, x);
-        } else {
-            xr[(c * LR * GQ + hh) * MAXC + s] = x;
-        }
+        xr[(c * LR * GQ + hh) * MAXC + s] = x;
     }
     workgroupBarrier();
     for (var s = lid; s < MAXC; s += WG) {
@@ -129,10 +94,10 @@ fn score_lse_split(len: u32, nchild: u32, w: u32, co: u32, lid: u32) {
             var tot = 0.0;
             for (var hh = 0u; hh < GQ; hh++) {
                 var m = NEG;
-                for (var c = 0u; c < MG; c++) { m = max(m, child_term(s, c, hh)); }
+                for (var c = 0u; c < MG; c++) { m = max(m, xr[(c * LR * GQ + hh) * MAXC + s]); }
                 var sum = 0.0;
                 for (var c = 0u; c < MG; c++) {
-                    let x = child_term(s, c, hh);
+                    let x = xr[(c * LR * GQ + hh) * MAXC + s];
                     if (x > NEG_T) { sum += exp(x - m); }
                 }
                 tot += m + log(sum);
@@ -143,12 +108,6 @@ fn score_lse_split(len: u32, nchild: u32, w: u32, co: u32, lid: u32) {
     }
 }
 
-// Whether the node of level l >= 1 in a candidate slot is whole: g children of w tokens each
-// (causally, every complete-past node; only a level's last node can be shorter).
-fn whole(node: u32, w: u32, len: u32) -> bool {
-    return sat_mul(sat_mul(node + 1u, w), MG) <= len;
-}
-
 // rk[slot] = rank_key of the score of the candidates cand[co..co + MAXC] of level l >= 1
 // (PISA.md 2), summed over the group; 0 (below every score's key) for an empty slot. `pw` is
 // g^(l-1), the leaves under a child. Ends with rk written (the caller's barrier orders it).
@@ -157,24 +116,13 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
     let nchild = cdiv_pw(nb0, pw);
     let w = mul_pw(p.block_size, pw);
     if (p.scoring == 0u) {
-        // lse: LR items per (candidate, child), partial dots of the child's mean; for the last
-        // child of a whole candidate (derived, see score_lse_split), none where the level above
-        // left the candidate's own dot in pd (g - 1 rows loaded instead of g: on the H200 a
-        // level's row loads are about half its time, docs/benchmarks.md A.16 and A.22), else
-        // the candidate's own row in its place.
+        // lse: LR items per (candidate, child), partial dots of the child's mean.
         for (var it = lid; it < MAXC * g * LR; it += WG) {
             let ci = it / LR;
-            let slot = ci / g;
-            let node = cand[co + slot];
+            let node = cand[co + ci / g];
             let child = node * g + ci % g;
             var a: array<f32, GQ>;
-            if (node != INVALID && child < nchild) {
-                if (DV == 1u && ci % g + 1u == g && whole(node, w, len)) {
-                    if (pdk[co + slot] == 0u) { a = dots_mean(node_row(bh, l, node), it % LR); }
-                } else {
-                    a = dots_mean(node_row(bh, l - 1u, child), it % LR);
-                }
-            }
+            if (node != INVALID && child < nchild) { a = dots_mean(node_row(bh, l - 1u, child), it % LR); }
             let xo = (it % (g * LR)) * GQ * MAXC + it / (g * LR); // [child, lane, head, slot]
             for (var hh = 0u; hh < GQ; hh++) { xr[xo + hh * MAXC] = a[hh]; }
         }
@@ -250,7 +198,6 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
     if (causal) { first = div_pw(bq, pw); }
     for (var i = lid; i < MAXC; i += WG) {
         cand[i] = select(INVALID, i, i < first && !(s == 0u && is_forced(bq, i)));
-        if (DV == 1u) { pdk[i] = 0u; }
     }
     workgroupBarrier();
     var co = 0u;
@@ -270,7 +217,6 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
             }
             if (l == 1u && c != INVALID && is_forced(bq, c)) { c = INVALID; }
             cand[cn + i] = c;
-            if (DV == 1u) { pdk[cn + i] = 0u; } // (the ancestor's children: dots not known)
         }
         workgroupBarrier();
         // Rank counts: item (i, part) counts the candidates j = part, part + CP, ... ranked
@@ -301,15 +247,7 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
                 for (var c = 0u; c < g; c++) {
                     var ch = v * g + c;
                     if (ch >= nchild || (l == 1u && is_forced(bq, ch))) { ch = INVALID; }
-                    let o = cn + r * g + c;
-                    cand[o] = ch;
-                    // Its dot, for the level below (`lse`; not read at the leaves).
-                    if (DV == 1u) {
-                        pdk[o] = select(0u, 1u, ch != INVALID && p.scoring == 0u);
-                        for (var hh = 0u; hh < GQ; hh++) {
-                            pd[o * GQ + hh] = cd[(c * GQ + hh) * MAXC + i].x;
-                        }
-                    }
+                    cand[cn + r * g + c] = ch;
                 }
             }
         }

@@ -4,7 +4,7 @@
 
 use pisa_core::SelectionConfig;
 
-use super::plan::{cut_words, derives, lanes, max_workgroup, route_words, Dims, Params, Plan};
+use super::plan::{cut_words, lanes, max_workgroup, Dims, Params, Plan};
 use super::record::{range, whole, Binds, Stage, StepIo};
 use super::{KvCache, FUSED_SHADER};
 use crate::error::{GpuError, Result};
@@ -60,10 +60,9 @@ impl FusedPlan {
         }
         let Dims { k, c, g, maxc, ns } = Dims::of(cfg);
         let rn = c.min(4);
-        // qs, wlen | cand, rk, pd, pdk, cd | mc, msc, mrank, mtmp, msel, mcnt | lst, bst, hml,
-        // wnl.
+        // qs, wlen | cand, rk | mc, msc, mrank, mtmp, msel, mcnt | lst, bst, hml, wnl.
         let fixed = 4 * (gq * d + 1)
-            + 4 * route_words(maxc, g, gq, derives(cfg, gq))
+            + 4 * 3 * maxc
             + 4 * (ns + maxc + 3 * k + cut_words(wg, maxc))
             + 4 * ns
             + 8 * ns * gq * rn
@@ -107,7 +106,7 @@ impl FusedPlan {
 
     /// The `const` substitutions of `decode.wgsl` + `decode_levels.wgsl` + `decode_cut.wgsl` +
     /// `decode_fused.wgsl` (`split`: the shared sizes).
-    pub fn consts(&self, split: &Plan) -> [(&'static str, u32); 15] {
+    pub fn consts(&self, split: &Plan) -> [(&'static str, u32); 14] {
         [
             ("WG", self.wg),
             ("GQ", split.gq),
@@ -123,7 +122,6 @@ impl FusedPlan {
             ("FRN", self.rn),
             ("FPB", self.pb),
             ("FPV", self.pv),
-            ("DV", split.dv),
         ]
     }
 }

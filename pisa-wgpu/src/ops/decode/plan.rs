@@ -116,8 +116,6 @@ pub(super) struct Plan {
     pub lk: u32,
     pub dd: u32,
     pub parts: u32,
-    /// 1 where the route derives each whole candidate's last child's dot ([`derives`]).
-    pub dv: u32,
     /// Workgroup memory of the largest of the three kernels, bytes.
     pub smem: u64,
 }
@@ -170,9 +168,7 @@ impl Plan {
         let wr = (maxc * g * 8)
             .next_power_of_two()
             .clamp(wg_max.min(64), max_pow2.min(1024));
-        let dv = derives(cfg, gq);
-        let route_mem =
-            |lr: u64| common + 4 * (route_words(maxc, g, gq, dv) + maxc * g.max(2) * lr * gq);
+        let route_mem = |lr: u64| common + 4 * (3 * maxc + maxc * g.max(2) * lr * gq);
         let lr = lanes(8, d / 4, |lr| {
             route_mem(lr) <= limit.max(route_mem(1)) && maxc * g * lr <= wr
         });
@@ -224,7 +220,6 @@ impl Plan {
             lk: lk as u32,
             dd: d as u32,
             parts: parts as u32,
-            dv: u32::from(dv),
             smem,
         })
     }
@@ -247,7 +242,7 @@ impl Plan {
 
     /// The `const` substitutions of `decode.wgsl` (shared by the three modules) for a kernel of
     /// `wg` invocations per workgroup (`wr` for `route`, `wg` for `leaf`, `wm` for `merge`).
-    pub fn consts(&self, wg: u32) -> [(&'static str, u32); 14] {
+    pub fn consts(&self, wg: u32) -> [(&'static str, u32); 13] {
         [
             ("WG", wg),
             ("GQ", self.gq),
@@ -262,7 +257,6 @@ impl Plan {
             ("DD", self.dd),
             ("PARTS", self.parts),
             ("PVR", self.prefetch_rows()),
-            ("DV", self.dv),
         ]
     }
 }
@@ -278,30 +272,6 @@ pub(super) fn cut_words(wg: u64, maxc: u64) -> u64 {
         1
     }
 }
-
-/// Words of the routing's workgroup arrays besides its scratch `xr` (`decode_levels.wgsl`):
-/// `cand` (2 MAXC), `rk` (MAXC) and, where the last child's dot is derived (`dv`), the
-/// carried dots `pd` (2 MAXC g_q), their flags `pdk` (2 MAXC) and the children's dots and score
-/// terms `cd` (2 g g_q MAXC).
-pub(super) fn route_words(maxc: u64, g: u64, gq: u64, dv: bool) -> u64 {
-    3 * maxc + if dv { derive_words(maxc, g, gq) } else { 4 }
-}
-
-/// Words of `pd`, `pdk` and `cd` ([`route_words`]).
-fn derive_words(maxc: u64, g: u64, gq: u64) -> u64 {
-    2 * maxc * gq + 2 * maxc + 2 * g * gq * maxc
-}
-
-/// Whether the route derives each whole candidate's last child's dot from its own
-/// (`decode_levels.wgsl` DV): `lse` scoring, where its arrays take at most [`DERIVE_WORDS`].
-pub(super) fn derives(cfg: &SelectionConfig, gq: u64) -> bool {
-    let Dims { g, maxc, .. } = Dims::of(cfg);
-    cfg.scoring == Scoring::Lse && derive_words(maxc, g, gq) <= DERIVE_WORDS
-}
-
-/// Workgroup memory the derived dots may take, words (8 KiB): enough for K = 16, g = 2 up to
-/// g_q = 8; larger configurations route as before, loading every child's row.
-const DERIVE_WORDS: u64 = 2048;
 
 /// Whether the pyramid keeps second moments (needed by the `meanvar` scoring only).
 pub(super) fn needs_sq(cfg: &SelectionConfig) -> bool {
