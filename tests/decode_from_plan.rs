@@ -361,3 +361,69 @@ fn packed_and_bf16_rows_decode_like_contiguous_rows() {
         }
     }
 }
+
+/// A run that read K and V in place and wrote an output over their bytes (which a run may do:
+/// its outputs are copied out after its kernels) leaves no keys and values to take over: the
+/// take-over is refused with a `View` error naming the output, where it used to load the
+/// output's bytes into the cache as keys. The same plan's take-over after a run with its outputs
+/// elsewhere works.
+#[test]
+fn take_over_after_an_output_over_keys_read_in_place_is_refused() {
+    let ctx = ctx();
+    let (hq, hkv, n, d) = (2usize, 1usize, 64usize, 32usize);
+    let cfg = SelectionConfig::new(16, 3).unwrap();
+    let shape = AttentionShape::prefill(1, hq, hkv, n, d).unwrap();
+    let opts = PrefillOptions {
+        cfg,
+        storage: Storage::F32,
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(ctx, &shape, &opts).unwrap();
+    // Q, K, V in one buffer, each at a multiple of 256 bytes (read in place).
+    let mut r = rng(11);
+    let (qn, kn) = (hq * n * d, hkv * n * d);
+    let qkv = padded(ctx, 0, &random(&mut r, qn + 2 * kn, 1.0), Storage::F32);
+    let view = |off: usize, h: usize| {
+        TensorView::contiguous(
+            &qkv,
+            4 * off as u64,
+            DType::F32,
+            [1, h, n, d],
+            TensorLayout::Bhnd,
+        )
+        .unwrap()
+    };
+    let (q, k, v) = (view(0, hq), view(qn, hkv), view(qn + kn, hkv));
+    assert!(plan.reads_in_place(&k) && plan.reads_in_place(&v));
+    let lse_buf = padded(ctx, 0, &vec![f32::NAN; hq * n], Storage::F32);
+    let lse =
+        TensorView::contiguous(&lse_buf, 0, DType::F32, [1, hq, n, 1], TensorLayout::Bhnd).unwrap();
+    let o_buf = padded(ctx, 0, &vec![f32::NAN; qn], Storage::F32);
+    let apart =
+        TensorView::contiguous(&o_buf, 0, DType::F32, [1, hq, n, d], TensorLayout::Bhnd).unwrap();
+    // O over K and V (the same 2 * kn floats).
+    let over = view(qn, hq);
+    let mut cache = KvCache::new(ctx, 1, 128, hq, hkv, d, cfg, Storage::F32).unwrap();
+    for (out, refused) in [(&over, true), (&apart, false)] {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let outs = PrefillOutputs {
+            out,
+            lse: &lse,
+            selection: None,
+        };
+        plan.run(&mut enc, &q, &k, &v, &outs, None).unwrap();
+        let r = cache.record_prefill_from_plan(&mut enc, 0, &plan, 0);
+        if refused {
+            let e = r.unwrap_err();
+            assert!(
+                matches!(e, GpuError::View(ref m) if m.contains("wrote its output over")),
+                "{e}"
+            );
+            assert_eq!(cache.lens(), &[0]);
+        } else {
+            r.unwrap();
+            assert_eq!(cache.lens(), &[n]);
+        }
+        ctx.queue().submit([enc.finish()]);
+    }
+}

@@ -311,7 +311,9 @@ impl KvCache {
     /// the same buffers: two runs then two take-overs load the second run's sequence twice);
     /// a varlen prefill hands over with [`crate::VarlenPrefillPlan::run_into_cache`]. Errors:
     /// [`crate::GpuError::Unsupported`] when they differ; [`PisaError::TooLarge`] for a `seq`,
-    /// `batch` or N past the cache's; nothing changes on error.
+    /// `batch` or N past the cache's; [`crate::GpuError::View`] when the last run read K and V
+    /// in place and wrote one of its outputs over their bytes (the keys are gone); nothing
+    /// changes on error.
     pub fn record_prefill_from_plan(
         &mut self,
         enc: &mut wgpu::CommandEncoder,

@@ -141,7 +141,7 @@ pub struct PrefillPlan {
     /// ([`Self::parts`]): `None` before any run, `Some(None)` when it gathered them into the
     /// staging, `Some(Some(views))` when it read the caller's views in place. Set while the
     /// arena is held, so it always goes with the pyramid of the same run.
-    last_kv: std::sync::Mutex<Option<Option<(TensorView, TensorView)>>>,
+    last_kv: std::sync::Mutex<Option<Option<InPlaceKv>>>,
     /// The key pyramid the prefill builds (an arena buffer: the same one every run), kept for a
     /// decode cache to take over.
     pyramid: std::sync::Mutex<Option<(wgpu::Buffer, Option<wgpu::Buffer>)>>,
@@ -398,7 +398,12 @@ impl PrefillPlan {
                     "the plan has no keys to take over: record its run first".into(),
                 ))
             }
-            (Some((kv, vv)), staging) => {
+            (Some(InPlaceKv { overwritten_by: Some(o), .. }), _) => {
+                return Err(GpuError::View(format!(
+                    "the plan's last run read K and V in place and wrote its {o} over their bytes, so its keys and values are gone: give that run outputs apart from K and V, or load the cache from the keys and values (KvCache::record_prefill_view)"
+                )))
+            }
+            (Some(InPlaceKv { k: kv, v: vv, .. }), staging) => {
                 let (k, v) = match staging {
                     Some([_, k, v]) => (k.alias(), v.alias()),
                     None => {
@@ -541,7 +546,13 @@ impl PrefillPlan {
             let kv_in_place = k_in.is_some();
             let kt = read(k, 1, k_in, &mut layouts.k)?;
             let vt = read(v, 2, v_in, &mut layouts.v)?;
-            let last = kv_in_place.then(|| (k.clone(), v.clone()));
+            let last = kv_in_place.then(|| InPlaceKv {
+                k: k.clone(),
+                v: v.clone(),
+                overwritten_by: (output_views(outputs).into_iter())
+                    .find(|(_, o)| o.overlaps(k) || o.overlaps(v))
+                    .map(|(name, _)| name),
+            });
             let run = RunIo {
                 out: out.as_ref(),
                 last_kv: Some(last),
@@ -591,7 +602,17 @@ impl PrefillPlan {
 /// the recording at planning), where its keys and values were read (for [`PrefillPlan::parts`]).
 struct RunIo<'a> {
     out: Option<&'a OutTarget>,
-    last_kv: Option<Option<(TensorView, TensorView)>>,
+    last_kv: Option<Option<InPlaceKv>>,
+}
+
+/// The caller's K and V views a run read in place, and which of its outputs (if any) it wrote
+/// over their bytes: a run may (its outputs are copied out after the kernels), but then the
+/// keys and values are gone for a take-over ([`PrefillPlan::parts`] refuses it).
+#[derive(Debug, Clone)]
+struct InPlaceKv {
+    k: TensorView,
+    v: TensorView,
+    overwritten_by: Option<&'static str>,
 }
 
 /// What a prefill's recording depends on in the context's tuning: the kernel path, leaf order
