@@ -647,35 +647,19 @@ fn varlen_prefill_equals_each_sequence_alone() {
     let new_cache = || KvCache::new(ctx, 4, cap, hq, hkv, d, opts.cfg, Storage::F32).unwrap();
     let (mut handed, mut loaded) = (new_cache(), new_cache());
     let mut enc = ctx.device().create_command_encoder(&Default::default());
-    let e = plan
-        .run_into_cache(
-            &mut enc,
-            &cu,
-            &qv,
-            &kv,
-            &vv,
-            &outs,
-            &mut handed,
-            &seqs[..3],
-            None,
-        )
-        .unwrap_err();
-    let bad_seqs = |e: &GpuError| matches!(e, GpuError::Input(PisaError::InvalidValue { what }) if what.starts_with("seqs: "));
-    assert!(bad_seqs(&e), "{e}");
-    let e = plan
-        .run_into_cache(
-            &mut enc,
-            &cu,
-            &qv,
-            &kv,
-            &vv,
-            &outs,
-            &mut handed,
-            &[2, 0, 2, 1],
-            None,
-        )
-        .unwrap_err();
-    assert!(bad_seqs(&e) && e.to_string().contains("named twice"), "{e}");
+    // A seqs list of the wrong length, or naming a sequence twice: typed input errors.
+    for (bad, what) in [
+        (&seqs[..3], "one cache sequence per"),
+        (&[2, 0, 2, 1], "named twice"),
+    ] {
+        let e = plan
+            .run_into_cache(&mut enc, &cu, &qv, &kv, &vv, &outs, &mut handed, bad, None)
+            .unwrap_err();
+        assert!(
+            matches!(e, GpuError::Input(PisaError::InvalidValue { what: w }) if w.starts_with("seqs: ") && w.contains(what)),
+            "{e}"
+        );
+    }
     // Outputs over the inputs (sequence i's O would overwrite later sequences' Q): refused
     // before anything is recorded.
     let o_over_q = PrefillOutputs { out: &qv, ..outs };
