@@ -163,10 +163,14 @@ impl Plan {
         let common = 4 * (gq * d + 1);
         let limit = limits.max_compute_workgroup_storage_size as u64;
         // Route: LR invocations per pyramid row (8 f32 vec4s = one 128-byte line), all the
-        // level's rows at once: a workgroup of up to 1024 invocations (WR); fewer lanes when
-        // the level scratch would not fit.
+        // level's rows at once: a workgroup of up to 1024 invocations (WR), rounded up to a
+        // multiple of 32, not to a power of two (g(K+1) g 8 = 544 at K 16, g 2: the route at
+        // 1M 34.3 -> 33.1 us and the step 56.0 -> 54.4 us on the H200 against 1024,
+        // docs/benchmarks.md A.23, where the 480 invocations past the level's rows had no row
+        // to load but took part in every barrier); fewer lanes when the level scratch would
+        // not fit.
         let wr = (maxc * g * 8)
-            .next_power_of_two()
+            .next_multiple_of(32)
             .clamp(wg_max.min(64), max_pow2.min(1024));
         let route_mem = |lr: u64| common + 4 * (3 * maxc + maxc * g.max(2) * lr * gq);
         let lr = lanes(8, d / 4, |lr| {
