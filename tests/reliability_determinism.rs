@@ -163,7 +163,10 @@ fn concurrent_calls_from_two_threads_match_single_thread_results() {
 }
 
 /// An error in one thread is not reported to another thread's call (wgpu error scopes are per
-/// thread; the uncaptured-error slot is shared, so nothing may land there).
+/// thread): neither one caught by a pisa scope, nor one of the application's own commands
+/// outside any scope, which reaches the context's uncaptured-error slot and stays there for
+/// `take_uncaptured_error` (pisa's calls used to take it from the slot at their end and return
+/// it as their own error).
 #[test]
 fn an_error_in_one_thread_does_not_leak_into_another() {
     let ctx = private_ctx();
@@ -194,7 +197,31 @@ fn an_error_in_one_thread_does_not_leak_into_another() {
             }
             errors
         });
+        // The application's invalid copies (size 3: not a multiple of 4), outside any scope.
+        let app = s.spawn(|| {
+            let buf = |label| {
+                ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size: 16,
+                    usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            };
+            let (a, b) = (buf("app a"), buf("app b"));
+            for _ in 0..20 {
+                let mut enc = ctx.device().create_command_encoder(&Default::default());
+                enc.copy_buffer_to_buffer(&a, 0, &b, 0, 3);
+                ctx.queue().submit([enc.finish()]);
+            }
+        });
         good.join().unwrap();
+        app.join().unwrap();
         assert_eq!(bad.join().unwrap(), 6);
     });
+    let left = ctx.take_uncaptured_error();
+    assert!(
+        left.as_deref()
+            .is_some_and(|m| m.contains("COPY_BUFFER_ALIGNMENT")),
+        "the application's error: {left:?}"
+    );
 }

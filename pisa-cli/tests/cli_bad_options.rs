@@ -294,6 +294,39 @@ fn bad_bench_arguments() {
         );
         fails(d, &["bench", "--compare", file], &[file, &want]);
     }
+    // Regression: a record with N 0 made the plot's log axis start at i32::MIN (the command
+    // hung, writing gigabytes of axis lines).
+    let rec = r#"{"op":"pisa_prefill","n":0,"storage":"f32","ms":1.5,"reps":1,"gpu_timed":true,"tflops":null,"gbps":null,"path":"portable"}"#;
+    std::fs::write(
+        d.join("n0.json"),
+        format!(r#"{{"adapter":"x","vendor":1,"backend":"b","driver":"d","command":"c","shape":"s","records":[{rec}]}}"#),
+    )
+    .unwrap();
+    fails(
+        d,
+        &["bench", "--compare", "n0.json", "--plot", "n0.svg"],
+        &["n0.json", "record pisa_prefill has N 0"],
+    );
+    assert!(!d.join("n0.svg").exists());
+    // Regression: --plot replaced any file of that name, where --json refuses to.
+    std::fs::write(d.join("notes.svg"), b"precious").unwrap();
+    fails(
+        d,
+        &["bench", "--compare", "p.json", "--plot", "notes.svg"],
+        &["--plot", "notes.svg", "not an SVG plot"],
+    );
+    assert_eq!(std::fs::read(d.join("notes.svg")).unwrap(), b"precious");
+    // Regression: a size or storage listed twice was measured twice, and tabled once.
+    bench(
+        &["--sizes", "256,256"],
+        &["--sizes", "size 256 is listed twice"],
+    );
+    bench(&["--sizes", "1k,1024"], &["size 1024 is listed twice"]);
+    bench(
+        &["--decode-sizes", "4k,4k"],
+        &["--decode-sizes", "listed twice"],
+    );
+    bench(&["--storages", "f32,f32"], &["storage f32 is listed twice"]);
 }
 
 /// Regression: a head dim the kernels do not support "skipped" every size and exited 0; now the

@@ -153,6 +153,10 @@ pub(crate) fn record_prefill_parts(
     out: Option<&OutTarget>,
     mut prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor, GpuTensor, pyramid::GpuPyramid)> {
+    // The attention's head dims (a subset of the selection's), named first: a head dim the
+    // selection takes and the attention does not was refused only after the selection's
+    // check, with the selection's wider set in the message.
+    super::attention::check_head_dim(shape.head_dim)?;
     let lay = PyramidLayout::new(shape.k_len, opts.cfg.block_size, opts.cfg.merge_factor)?;
     let geo = KeyGeometry {
         batch: shape.batch,

@@ -680,16 +680,10 @@ impl Context {
     #[doc(hidden)]
     pub fn scoped<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.check_step()?;
-        // An uncaptured error left by work outside any scope is not this operation's: log it
-        // and start clean, so it is not reported by the wrong call.
-        if let Some(m) = self
-            .uncaptured
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            log::warn!("a wgpu error outside pisa's operations: {m}");
-        }
+        // (wgpu's error scopes are per thread: the scopes below catch this call's errors, and
+        // the uncaptured-error slot, which holds errors of work outside any scope, on any
+        // thread, is left to `take_uncaptured_error`: reading it here reported another
+        // thread's error as this call's, and took it from its owner.)
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();
@@ -703,14 +697,6 @@ impl Context {
             self.check_step()?;
         }
         scope_errors(op, v, o)?;
-        if let Some(m) = self
-            .uncaptured
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            return Err(GpuError::Validation { op, message: m });
-        }
         wait?;
         out
     }

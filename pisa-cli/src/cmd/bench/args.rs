@@ -110,7 +110,17 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
                 ),
             }
         })
-        .collect()
+        .collect::<Result<Vec<usize>>>()
+        .and_then(|v| no_repeats(v, |n| format!("size {n}")))
+}
+
+/// `v` when no value appears twice; else an error naming the repeated one (a repeated size or
+/// storage was measured twice, and the tables and `--compare` showed one of the two).
+fn no_repeats<T: PartialEq>(v: Vec<T>, name: impl Fn(&T) -> String) -> Result<Vec<T>> {
+    if let Some(i) = (1..v.len()).find(|&i| v[..i].contains(&v[i])) {
+        bail!("{} is listed twice", name(&v[i]));
+    }
+    Ok(v)
 }
 
 /// Parses "f16,f32" into storage precisions (at least one).
@@ -127,7 +137,12 @@ pub(super) fn storages(s: &str) -> Result<Vec<Storage>> {
             "bf16" => Ok(Storage::Bf16),
             _ => bail!("unknown storage {x:?}: use f16, f32 and/or bf16"),
         })
-        .collect()
+        .collect::<Result<Vec<Storage>>>()
+        .and_then(|v| {
+            no_repeats(v, |s| {
+                format!("storage {}", format!("{s:?}").to_lowercase())
+            })
+        })
 }
 
 /// Checks a `--json` path before anything is measured: a `.json` name in an existing directory,
@@ -148,12 +163,17 @@ pub(super) fn check_json_path(path: &Path) -> Result<()> {
             path.display()
         );
     }
+    check_plot_path(&svg, &format!("--json {}", path.display()))
+}
+
+/// Refuses to replace an existing file at `svg` that is not an SVG plot (`what` names the
+/// option in the error).
+pub(super) fn check_plot_path(svg: &Path, what: &str) -> Result<()> {
     if svg.exists() {
-        let head = std::fs::read(&svg).unwrap_or_default();
+        let head = std::fs::read(svg).unwrap_or_default();
         if !String::from_utf8_lossy(&head[..head.len().min(4096)]).contains("<svg") {
             bail!(
-                "--json {}: {} exists and is not an SVG plot; refusing to overwrite it",
-                path.display(),
+                "{what}: {} exists and is not an SVG plot; refusing to overwrite it",
                 svg.display()
             );
         }

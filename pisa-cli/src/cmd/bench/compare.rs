@@ -149,7 +149,9 @@ pub fn svg(reports: &[Report]) -> String {
                 let mut pts: Vec<(f64, f64)> = r
                     .records
                     .iter()
-                    .filter(|x| x.op == op && x.storage == s && x.ms > 0.0)
+                    // (log axes: only positive, finite values; Report::load refuses others)
+                    .filter(|x| x.op == op && x.storage == s && x.n > 0)
+                    .filter(|x| x.ms > 0.0 && x.ms.is_finite())
                     .map(|x| (x.n as f64, x.ms))
                     .collect();
                 pts.sort_by(|a, b| a.0.total_cmp(&b.0));

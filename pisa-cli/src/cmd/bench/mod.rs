@@ -56,6 +56,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let inputs: Vec<&std::path::Path> = a.compare.iter().map(PathBuf::as_path).collect();
         compare::name_apart(&mut reports, &inputs);
         crate::io::check_output_paths(std::slice::from_ref(&svg), &inputs)?;
+        args::check_plot_path(&svg, "--plot")?;
         print!("{}", compare::compare(&reports));
         std::fs::write(&svg, compare::svg(&reports))
             .with_context(|| format!("{}: cannot write", svg.display()))?;

@@ -88,7 +88,8 @@ impl Report {
     }
 
     /// Reads a report written by `pisa bench --json`. Errors: unreadable, not such a file, or
-    /// a record whose time is negative, not finite or above a day, which no run writes.
+    /// a record whose time is negative, not finite or above a day, or whose N is 0, which no run
+    /// writes.
     pub fn load(path: &Path) -> Result<Self> {
         let s = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read", path.display()))?;
@@ -101,6 +102,13 @@ impl Report {
                 bad.op,
                 bad.n,
                 bad.ms
+            );
+        }
+        if let Some(bad) = r.records.iter().find(|x| x.n == 0) {
+            anyhow::bail!(
+                "{}: record {} has N 0, not a length a run writes (at least 1 token)",
+                path.display(),
+                bad.op
             );
         }
         Ok(r)

@@ -138,7 +138,7 @@ impl Plan {
         if !d.is_multiple_of(4) || d > 4 * wg_max as usize {
             return Err(GpuError::Input(PisaError::HeadDim {
                 head_dim: d,
-                supported: "multiples of 4 up to 4 * the workgroup size (1024)",
+                supported: "multiples of 4 up to 1024, 4 per invocation of a decode workgroup (fewer where the device or set_workgroup_size_limit allows fewer than 256 invocations)",
             }));
         }
         let (gq, d) = (gq as u64, d as u64);

@@ -372,6 +372,7 @@ impl KvCache {
     /// Records emptying sequence `seq` into `enc` (the encoder-ordered [`Self::reset`]: steps
     /// recorded before it still see the old length). Errors: as [`Self::reset`].
     pub fn record_reset(&mut self, enc: &mut wgpu::CommandEncoder, seq: usize) -> Result<()> {
+        let _call = self.ctx.public_call()?;
         self.check_seq(seq)?;
         enc.clear_buffer(&self.lens_gpu, seq as u64 * 4, Some(4));
         self.lens[seq] = 0;
