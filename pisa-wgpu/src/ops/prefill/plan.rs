@@ -549,7 +549,7 @@ impl PrefillPlan {
             let last = kv_in_place.then(|| InPlaceKv {
                 k: k.clone(),
                 v: v.clone(),
-                overwritten_by: (output_views(outputs).into_iter())
+                overwritten_by: output_views(outputs)
                     .find(|(_, o)| o.overlaps(k) || o.overlaps(v))
                     .map(|(name, _)| name),
             });
@@ -790,14 +790,19 @@ fn check_outputs(
     if let Some(sel) = outputs.selection {
         scatters(Storage::F32, sel)?;
     }
-    check_disjoint_among(&output_views(outputs))
+    check_disjoint_among(&output_views(outputs).collect::<Vec<_>>())
 }
 
-/// The named views of `outputs`.
-fn output_views<'a>(outputs: &PrefillOutputs<'a>) -> Vec<(&'static str, &'a TensorView)> {
-    let mut named = vec![("output", outputs.out), ("lse", outputs.lse)];
-    named.extend(outputs.selection.map(|sel| ("selection", sel)));
-    named
+/// The named views of `outputs` (no allocation: a run's overlap check iterates them).
+fn output_views<'a>(
+    outputs: &PrefillOutputs<'a>,
+) -> impl Iterator<Item = (&'static str, &'a TensorView)> {
+    let named = [
+        ("output", Some(outputs.out)),
+        ("lse", Some(outputs.lse)),
+        ("selection", outputs.selection),
+    ];
+    named.into_iter().filter_map(|(n, v)| v.map(|v| (n, v)))
 }
 
 /// `q`, `k`, `v` as the kernels read them in place from views of storage `st`, with their
@@ -1125,7 +1130,10 @@ impl VarlenPrefillPlan {
         }
         // Sequence i's outputs are written before sequence i + 1's inputs are read: outputs
         // must not share bytes with inputs (nor with each other: `check_outputs` below).
-        check_disjoint_between(&output_views(outputs), &[("q", q), ("k", k), ("v", v)])?;
+        check_disjoint_between(
+            &output_views(outputs).collect::<Vec<_>>(),
+            &[("q", q), ("k", k), ("v", v)],
+        )?;
         // Every sequence's views are checked before any is recorded (whether a view is read in
         // place, or an output written by a scatter, depends on where its sequence starts).
         let kk = self.opts.cfg.top_k;
