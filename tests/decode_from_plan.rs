@@ -427,3 +427,88 @@ fn take_over_after_an_output_over_keys_read_in_place_is_refused() {
         ctx.queue().submit([enc.finish()]);
     }
 }
+
+/// A run refused for one of its input views records nothing: the docs promise the views are
+/// checked before anything is recorded. Here the second run's V (f16, gathered into the f32
+/// staging) ends inside the last, partial 4-byte word of its buffer, a view error; its Q and
+/// K, which qualify, were gathered into the plan's staging before V was checked, so the
+/// take-over of the first run recorded after it (in the same encoder, which the application
+/// submits for the first run) copied the second run's keys under the first run's pyramid.
+#[test]
+fn a_run_refused_for_an_input_view_records_nothing() {
+    let ctx = ctx();
+    let (hq, hkv, n, d) = (2usize, 1usize, 40usize, 32usize);
+    let cfg = SelectionConfig::new(8, 2).unwrap();
+    let shape = AttentionShape::prefill(1, hq, hkv, n, d).unwrap();
+    let opts = PrefillOptions {
+        cfg,
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(ctx, &shape, &opts).unwrap();
+    let mut r = rng(seed("refused_run_records_nothing"));
+    // Views at byte 52 (not a binding boundary): gathered into the staging.
+    let views = |r: &mut _| {
+        let q = padded(ctx, 52, &random(r, hq * n * d, 1.0), Storage::F32);
+        let k = random(r, hkv * n * d, 1.0);
+        let v = random(r, hkv * n * d, 1.0);
+        let (kb, vb) = (
+            padded(ctx, 52, &k, Storage::F32),
+            padded(ctx, 52, &v, Storage::F32),
+        );
+        let view = |b: &wgpu::Buffer, h: usize| {
+            TensorView::contiguous(b, 52, DType::F32, [1, h, n, d], TensorLayout::Bhnd).unwrap()
+        };
+        ([view(&q, hq), view(&kb, hkv), view(&vb, hkv)], (k, v))
+    };
+    let ([q1, k1, v1], (k1_host, v1_host)) = views(&mut r);
+    let ([q2, k2, _], _) = views(&mut r);
+    assert!(!plan.reads_in_place(&k1) && !plan.reads_in_place(&k2));
+    // V of the second run: f16 from byte 2 to the end of a buffer of 2 + 2 * elems bytes.
+    let elems = hkv * n * d;
+    let vbuf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("odd-sized v"),
+        size: (2 + 2 * elems) as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let v2 =
+        TensorView::contiguous(&vbuf, 2, DType::F16, [1, hkv, n, d], TensorLayout::Bhnd).unwrap();
+    let (ob, lb) = (
+        app_buffer(ctx, &vec![0f32; hq * n * d]),
+        app_buffer(ctx, &vec![0f32; hq * n]),
+    );
+    let (o, lse) = (bhnd_f32(&ob, [1, hq, n, d]), bhnd_f32(&lb, [1, hq, n, 1]));
+    let outs = PrefillOutputs {
+        out: &o,
+        lse: &lse,
+        selection: None,
+    };
+    let mut taken = KvCache::new(ctx, 1, 64, hq, hkv, d, cfg, Storage::F32).unwrap();
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    plan.run(&mut enc, &q1, &k1, &v1, &outs, None).unwrap();
+    let e = plan.run(&mut enc, &q2, &k2, &v2, &outs, None).unwrap_err();
+    taken
+        .record_prefill_from_plan(&mut enc, 0, &plan, 0)
+        .unwrap();
+    ctx.queue().submit([enc.finish()]);
+    // The same keys and values loaded from the host.
+    let mut loaded = KvCache::new(ctx, 1, 64, hq, hkv, d, cfg, Storage::F32).unwrap();
+    loaded
+        .prefill(0, &k1_host, &v1_host, TensorLayout::Bhnd)
+        .unwrap();
+    let qd = random(&mut r, hq * d, 1.0);
+    let (a, b) = (
+        taken.step(&qd, true).unwrap(),
+        loaded.step(&qd, true).unwrap(),
+    );
+    assert_eq!(a.selection, b.selection);
+    assert_eq!(
+        a.out, b.out,
+        "the take-over loaded other keys than the first run's"
+    );
+    // The error names the view.
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.starts_with("v: ") && m.contains("partial")),
+        "{e}"
+    );
+}

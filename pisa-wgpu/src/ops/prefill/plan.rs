@@ -20,7 +20,7 @@ use crate::runtime::view::KernelLayout;
 use super::{record_prefill_parts, PrefillOptions};
 use crate::error::{GpuError, Result};
 use crate::ops::decode::KvCache;
-use crate::ops::gather::{check_scatter_dst, record_gather, record_scatter};
+use crate::ops::gather::{check_gather_src, check_scatter_dst, record_gather, record_scatter};
 use crate::runtime::arena::{with_arena, Arena};
 use crate::runtime::buffers::{GpuTensor, POISON_F32};
 use crate::runtime::context::{Context, KernelPath, LeafOrder};
@@ -495,9 +495,7 @@ impl PrefillPlan {
         check_shape("q", q, [b, hq, n, d])?;
         check_shape("k", k, [b, hkv, n, d])?;
         check_shape("v", v, [b, hkv, n, d])?;
-        for (what, view) in [("q", q), ("k", k), ("v", v)] {
-            check_float_input(what, view)?;
-        }
+        check_inputs([q, k, v], self.opts.storage)?;
         check_outputs(
             outputs,
             [b, hq, hkv, n, d, kk],
@@ -718,6 +716,23 @@ fn in_place(
         };
         (t, layout)
     })
+}
+
+/// The checks of a run's inputs before anything is recorded: floats, and what a gather into
+/// the staging of storage `st` needs of them (a view that ends inside the last, partial 4-byte
+/// word of its buffer is refused: a run that found it only at its gather had recorded the
+/// gathers of the views before it, overwriting the staging that a decode take-over of the
+/// previous run copies). A view the kernels read in place passes them too. Errors:
+/// [`GpuError::View`] naming the view.
+fn check_inputs([q, k, v]: [&TensorView; 3], st: Storage) -> Result<()> {
+    for (what, view) in [("q", q), ("k", k), ("v", v)] {
+        check_float_input(what, view)?;
+        check_gather_src(view, st).map_err(|e| match e {
+            GpuError::View(m) => GpuError::View(format!("{what}: {m}")),
+            e => e,
+        })?;
+    }
+    Ok(())
 }
 
 /// `cu_seqlens` of a varlen call: at least one sequence, from token 0, strictly increasing.
@@ -1125,9 +1140,8 @@ impl VarlenPrefillPlan {
         check_shape("v", v, [1, hkv, total, d])?;
         check_shape("output", outputs.out, [1, hq, total, d])?;
         check_shape("lse", outputs.lse, [1, hq, total, 1])?;
-        for (what, view) in [("q", q), ("k", k), ("v", v)] {
-            check_float_input(what, view)?;
-        }
+        // (Each sequence's views lie within these: their ends are checked with them.)
+        check_inputs([q, k, v], self.opts.storage)?;
         // Sequence i's outputs are written before sequence i + 1's inputs are read: outputs
         // must not share bytes with inputs (nor with each other: `check_outputs` below).
         check_disjoint_between(
