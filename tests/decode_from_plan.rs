@@ -512,3 +512,55 @@ fn a_run_refused_for_an_input_view_records_nothing() {
         "{e}"
     );
 }
+
+/// A view that ends inside its buffer's last, partial 4-byte word is refused by every call that
+/// gathers or scatters it, with an error that names the view (it was anonymous: "the gather
+/// source view ends at byte ..."), and before anything is recorded.
+#[test]
+fn a_partial_word_view_is_named_in_the_error() {
+    let ctx = ctx();
+    let (hq, hkv, n, d) = (2usize, 1usize, 40usize, 32usize);
+    let cfg = SelectionConfig::new(8, 2).unwrap();
+    let mut r = rng(seed("partial_word_view_named"));
+    let rows = hkv * n * d;
+    let good = app_buffer(ctx, &random(&mut r, rows, 1.0));
+    let good =
+        TensorView::contiguous(&good, 0, DType::F32, [1, hkv, n, d], TensorLayout::Bhnd).unwrap();
+    // f16 from byte 2 to the end of a buffer of 2 + 2 * elements bytes.
+    let odd = |elems: usize, shape: [usize; 4]| {
+        let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("odd-sized"),
+            size: (2 + 2 * elems) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        TensorView::contiguous(&b, 2, DType::F16, shape, TensorLayout::Bhnd).unwrap()
+    };
+    let named = |e: GpuError, name: &str| {
+        assert!(
+            matches!(e, GpuError::View(ref m) if m.starts_with(&format!("{name}: ")) && m.contains("partial")),
+            "expected the view named {name:?}: {e}"
+        );
+    };
+    let mut cache = KvCache::new(ctx, 1, 64, hq, hkv, d, cfg, Storage::F32).unwrap();
+    let bad = odd(rows, [1, hkv, n, d]);
+    named(
+        cache.prefill_view(0, &good, &bad).unwrap_err(),
+        "prefill values",
+    );
+    named(
+        cache.prefill_view(0, &bad, &good).unwrap_err(),
+        "prefill keys",
+    );
+    // Nothing was loaded: the sequence is still empty.
+    assert_eq!(cache.len(0).unwrap(), 0);
+    let row = odd(hkv * d, [1, hkv, 1, d]);
+    let full = app_buffer(ctx, &random(&mut r, hkv * d, 1.0));
+    let full =
+        TensorView::contiguous(&full, 0, DType::F32, [1, hkv, 1, d], TensorLayout::Bhnd).unwrap();
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let e = cache
+        .record_append_view(&mut enc, &full, &row, &[true], None)
+        .unwrap_err();
+    named(e, "appended values");
+}

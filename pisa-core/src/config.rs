@@ -133,7 +133,8 @@ impl SelectionConfig {
     /// [`PisaError::MergeFactor`] (g < 2), [`PisaError::TopKBelowForced`] (forced > K),
     /// [`PisaError::TooLarge`] (block size above [`MAX_BLOCK_SIZE`], top_k above
     /// [`MAX_TOP_K`], g above [`MAX_MERGE_FACTOR`], or `1 + sink_blocks + local_blocks`
-    /// overflowing `usize`), [`PisaError::InvalidValue`] (non-finite or non-positive scale).
+    /// overflowing `usize`: the larger of the two named, with the limit top_k - 1),
+    /// [`PisaError::InvalidValue`] (non-finite or non-positive scale).
     pub fn validate(&self) -> Result<()> {
         if self.block_size == 0 {
             return Err(PisaError::Zero { what: "block_size" });
@@ -163,10 +164,16 @@ impl SelectionConfig {
             .checked_add(self.sink_blocks)
             .and_then(|f| f.checked_add(self.local_blocks))
         else {
+            // The sum overflows: name the larger of the two (each may be at most top_k - 1).
+            let (what, value) = if self.sink_blocks >= self.local_blocks {
+                ("sink_blocks", self.sink_blocks)
+            } else {
+                ("local_blocks", self.local_blocks)
+            };
             return Err(PisaError::TooLarge {
-                what: "forced blocks (1 + sink_blocks + local_blocks)",
-                value: u64::MAX,
-                limit: self.top_k as u64,
+                what,
+                value: value as u64,
+                limit: self.top_k as u64 - 1,
             });
         };
         if forced > self.top_k {
@@ -298,5 +305,18 @@ mod tests {
                 .unwrap_err();
             assert_eq!(e, big("merge_factor", g, MAX_MERGE_FACTOR));
         }
+        // Forced blocks whose count overflows: the larger field named, not the saturated sum.
+        let e = SelectionConfig::new(64, 16)
+            .unwrap()
+            .with_forced(usize::MAX, 1)
+            .validate()
+            .unwrap_err();
+        assert_eq!(e, big("sink_blocks", usize::MAX, 15));
+        let e = SelectionConfig::new(64, 16)
+            .unwrap()
+            .with_forced(3, usize::MAX - 1)
+            .validate()
+            .unwrap_err();
+        assert_eq!(e, big("local_blocks", usize::MAX - 1, 15));
     }
 }

@@ -134,7 +134,7 @@ pub fn record_gather(
             "the gather source view lies in the destination buffer".into(),
         ));
     }
-    check_gather_src(src, dst_storage)?;
+    check_gather_src("src", src, dst_storage)?;
 
     let align = align(ctx);
     let limit = limit(ctx);
@@ -193,7 +193,7 @@ pub fn record_scatter(
             "the scatter destination view lies in the source buffer".into(),
         ));
     }
-    check_scatter_dst(src_storage, dst)?;
+    check_scatter_dst("dst", src_storage, dst)?;
 
     let align = align(ctx);
     let limit = limit(ctx);
@@ -233,9 +233,9 @@ fn kind(d: DType, storage: Storage) -> Result<f64> {
 /// `src_storage`, its extent, the pairs of a 2-byte view; a view's buffer has `STORAGE` usage
 /// by construction), for callers that check their outputs before recording anything, and for
 /// [`record_scatter`] itself. Errors as [`record_scatter`]'s for `dst`.
-pub(crate) fn check_scatter_dst(src_storage: Storage, dst: &TensorView) -> Result<()> {
+pub(crate) fn check_scatter_dst(name: &str, src_storage: Storage, dst: &TensorView) -> Result<()> {
     kind(dst.dtype(), src_storage)?;
-    check_view_end(dst, "scatter destination")?;
+    check_view_end(dst, name, "scatter destination")?;
     if dst.dtype().bytes() == 2 {
         check_pairs(dst)?;
     }
@@ -246,9 +246,9 @@ pub(crate) fn check_scatter_dst(src_storage: Storage, dst: &TensorView) -> Resul
 /// extent), for callers that check their inputs before recording anything, and for
 /// [`record_gather`] itself. Errors as
 /// [`record_gather`]'s for `src`.
-pub(crate) fn check_gather_src(src: &TensorView, dst_storage: Storage) -> Result<()> {
+pub(crate) fn check_gather_src(name: &str, src: &TensorView, dst_storage: Storage) -> Result<()> {
     kind(src.dtype(), dst_storage)?;
-    check_view_end(src, "gather source")
+    check_view_end(src, name, "gather source")
 }
 
 /// `bytes` rounded up to whole 4-byte words.
@@ -285,14 +285,14 @@ fn check_contiguous(buf: &wgpu::Buffer, need: u64, what: &str) -> Result<()> {
 }
 
 /// The view's last element lies in a whole 4-byte word of its buffer (bindings are words).
-fn check_view_end(v: &TensorView, what: &str) -> Result<()> {
+fn check_view_end(v: &TensorView, name: &str, what: &str) -> Result<()> {
     let last: u64 = (v.shape().iter().zip(v.strides()))
         .map(|(&n, s)| (n as u64 - 1) * s as u64)
         .sum();
     let end = v.offset() + (last + 1) * v.dtype().bytes();
     if words(end) > v.buffer().size() {
         return Err(GpuError::View(format!(
-            "the {what} view ends at byte {end} of a {}-byte buffer, inside its last, partial \
+            "{name}: the {what} view ends at byte {end} of a {}-byte buffer, inside its last, partial \
              4-byte word; views are bound in whole words (make the buffer's size a multiple of 4)",
             v.buffer().size()
         )));

@@ -24,9 +24,9 @@ pub struct StageTimes {
 }
 
 impl StageTimes {
-    /// Sum over all stages, ms.
+    /// Sum over all stages, ms (0 without stages: Rust's sum of no f64 is -0).
     pub fn total(&self) -> f64 {
-        self.stages.iter().map(|s| s.1).sum()
+        self.stages.iter().fold(0.0, |t, s| t + s.1)
     }
     /// Time of one stage (0 if absent), ms.
     pub fn get(&self, stage: &str) -> f64 {
@@ -225,7 +225,22 @@ fn span_ms(labels: &[&str], times: &[(f64, f64)], stage: &str) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
-    use super::span_ms;
+    use super::{span_ms, StageTimes};
+
+    /// No stages (a device without timestamp queries) total +0, not -0.
+    #[test]
+    fn total_of_no_stages_is_positive_zero() {
+        let t = StageTimes {
+            stages: vec![],
+            gpu: false,
+        };
+        assert!(t.total() == 0.0 && t.total().is_sign_positive());
+        let t = StageTimes {
+            stages: vec![("a".into(), 1.5), ("b".into(), 2.0)],
+            gpu: true,
+        };
+        assert_eq!(t.total(), 3.5);
+    }
 
     #[test]
     fn span_is_first_begin_to_last_end_of_the_label() {

@@ -114,7 +114,7 @@ impl KvCache {
         }
         for (what, view) in [("q", q), ("k", k), ("v", v)] {
             check_float_input(what, view)?;
-            check_gather_src(view, self.storage)?;
+            check_gather_src(what, view, self.storage)?;
         }
         // Token t's outputs are written before token t + 1's inputs are read.
         let written = [("chunk output", outputs.out), ("chunk lse", outputs.lse)];
@@ -122,8 +122,8 @@ impl KvCache {
         check_disjoint_among(&written)?;
         let o_st = self.storage.output();
         for t in 0..t_n {
-            check_scatter_dst(o_st, &outputs.out.tokens(t, 1)?)?;
-            check_scatter_dst(Storage::F32, &outputs.lse.tokens(t, 1)?)?;
+            check_scatter_dst("chunk output", o_st, &outputs.out.tokens(t, 1)?)?;
+            check_scatter_dst("chunk lse", Storage::F32, &outputs.lse.tokens(t, 1)?)?;
         }
         let all = vec![true; b];
         for t in 0..t_n {

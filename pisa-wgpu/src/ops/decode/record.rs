@@ -228,7 +228,7 @@ impl KvCache {
             )));
         }
         check_float_input(what, view)?;
-        crate::ops::gather::check_gather_src(view, self.storage)
+        crate::ops::gather::check_gather_src(what, view, self.storage)
     }
 
     /// An input `view` of `shape` as a range to bind: in place when it is contiguous, of the

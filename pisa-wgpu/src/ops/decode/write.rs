@@ -275,8 +275,10 @@ impl KvCache {
         let _call = self.ctx.public_call()?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
         let p_len = k.shape()[2];
+        // Both views are checked before either gather is recorded.
         for (what, t) in [("prefill keys", k), ("prefill values", v)] {
             crate::runtime::view::check_float_input(what, t)?;
+            crate::ops::gather::check_gather_src(what, t, self.storage)?;
             if t.shape() != [1, hkv, p_len, d] {
                 return Err(crate::GpuError::View(format!(
                     "{what}: expected [1, {hkv}, {p_len}, {d}], got {:?}",

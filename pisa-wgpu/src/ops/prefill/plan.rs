@@ -727,10 +727,7 @@ fn in_place(
 fn check_inputs([q, k, v]: [&TensorView; 3], st: Storage) -> Result<()> {
     for (what, view) in [("q", q), ("k", k), ("v", v)] {
         check_float_input(what, view)?;
-        check_gather_src(view, st).map_err(|e| match e {
-            GpuError::View(m) => GpuError::View(format!("{what}: {m}")),
-            e => e,
-        })?;
+        check_gather_src(what, view, st)?;
     }
     Ok(())
 }
@@ -794,16 +791,16 @@ fn check_outputs(
             "output: O must be f32, f16 or bf16, is I32".into(),
         ));
     }
-    let scatters = |st: Storage, dst: &TensorView| match copy_of(st, dst) {
+    let scatters = |name: &str, st: Storage, dst: &TensorView| match copy_of(st, dst) {
         Some(_) => Ok(()),
-        None => check_scatter_dst(st, dst),
+        None => check_scatter_dst(name, st, dst),
     };
     if !out_in_place {
-        scatters(storage.output(), outputs.out)?;
+        scatters("output", storage.output(), outputs.out)?;
     }
-    scatters(Storage::F32, outputs.lse)?;
+    scatters("lse", Storage::F32, outputs.lse)?;
     if let Some(sel) = outputs.selection {
-        scatters(Storage::F32, sel)?;
+        scatters("selection", Storage::F32, sel)?;
     }
     check_disjoint_among(&output_views(outputs).collect::<Vec<_>>())
 }
