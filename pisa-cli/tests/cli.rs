@@ -501,6 +501,19 @@ fn demo_runs_on_a_short_prefix() {
     assert!(snapshot_is_empty(dir.path()), "demo wrote files");
 }
 
+/// Regression: `pisa demo --tokens 64` (or any --tokens up to 64) failed with "--steps 64 is
+/// too many", an option the user never gave: the default number of steps now fits the tokens.
+#[test]
+fn demo_default_steps_fit_short_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run_in(dir.path(), &["demo", "--tokens", "40"]).ok();
+    assert!(
+        r.stdout.contains("decode: prefill 1 token, then 39 steps"),
+        "{}",
+        r.stdout
+    );
+}
+
 fn snapshot_is_empty(dir: &Path) -> bool {
     common::snapshot(dir).is_empty()
 }

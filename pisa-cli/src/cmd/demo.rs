@@ -9,15 +9,19 @@ use pisa_wgpu::ops::prefill::PrefillOptions;
 use crate::args::{DeviceArgs, LayoutArg, SelectArgs, StorageArg};
 use crate::input::InputArgs;
 
+/// Decode steps of `pisa demo` when `--steps` is not given (fewer for a shorter `--tokens`).
+const DEFAULT_STEPS: usize = 64;
+
 /// Arguments of `pisa demo`.
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// Tokens of the embedded input to use (at most 4096).
     #[arg(long, default_value_t = 2048)]
     pub tokens: usize,
-    /// Decode steps after a prefill of `tokens - steps` tokens.
-    #[arg(long, default_value_t = 64)]
-    pub steps: usize,
+    /// Decode steps after a prefill of `tokens - steps` tokens [default: 64, or `tokens - 1`
+    /// when that is fewer].
+    #[arg(long)]
+    pub steps: Option<usize>,
     /// Adapter name fragment or index.
     #[arg(long)]
     pub adapter: Option<String>,
@@ -36,13 +40,15 @@ pub fn run(a: DemoArgs) -> Result<()> {
             a.tokens
         );
     }
-    if a.steps == 0 {
+    // The default fits any --tokens; a number given is checked.
+    let steps = a.steps.unwrap_or(DEFAULT_STEPS.min(a.tokens - 1));
+    if steps == 0 {
         anyhow::bail!("--steps must be at least 1");
     }
-    if a.steps >= a.tokens {
+    if steps >= a.tokens {
         anyhow::bail!(
             "--steps {} is too many for --tokens {}: at most {} (the first token is prefilled)",
-            a.steps,
+            steps,
             a.tokens,
             a.tokens - 1
         );
@@ -133,7 +139,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     println!("  each query attends to at most {most} keys ({} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.top_k, cfg.block_size, 100.0 * visible);
 
     // 2. decode
-    super::decode::demo(&ctx, &l, &cfg, a.steps)?;
+    super::decode::demo(&ctx, &l, &cfg, steps)?;
 
     // 3. recall
     println!("\nselection quality against the full-attention oracle (PISA.md section 3):");
