@@ -214,6 +214,8 @@ fn bad_bench_arguments() {
     bench(&["--storages", "f64"], &["unknown storage \"f64\""]);
     bench(&["--dense-max", "x"], &["--dense-max"]);
     bench(&["--hkv", "3"], &["--hq 2", "--hkv 3"]);
+    // Regression: `--hkv 0` read "--hq 2 must be a positive multiple of --hkv 0".
+    bench(&["--hkv", "0"], &["--hkv must be at least 1"]);
     // Regression: `--hq 0` "skipped" every size and exited 0 with an empty table.
     bench(&["--hq", "0"], &["--hq"]);
     bench(

@@ -109,7 +109,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ..SelectionConfig::default()
     };
     cfg.validate()?;
-    if a.hkv == 0 || !a.hq.is_multiple_of(a.hkv) {
+    if a.hkv == 0 {
+        bail!("--hkv must be at least 1");
+    }
+    if !a.hq.is_multiple_of(a.hkv) {
         bail!(
             "--hq {} must be a positive multiple of --hkv {}",
             a.hq,
