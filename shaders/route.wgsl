@@ -92,7 +92,8 @@ const TR: bool = SG == 1u && G == 2u && L == 8u;
 // child's rows, and its second child's dot is derived from the first's and its own, which the
 // level above computed (score_lanes; each lane keeps its (child, head) dot of every candidate
 // in `dk` and the expand step carries the kept nodes' children's to `cd`): half of the rows
-// and of the multiply-adds of those candidates.
+// and of the multiply-adds of those candidates. (Host: Tuning::route_derive, default off until
+// measured on a GPU.)
 const DR: u32 = 0u;
 const GQ4P: u32 = select(select(select(8u, 4u, GQ4 <= 4u), 2u, GQ4 <= 2u), 1u, GQ4 <= 1u);
 // Score items (query, candidate, head group) of the tile.

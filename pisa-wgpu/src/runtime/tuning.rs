@@ -106,8 +106,9 @@ pub struct Tuning {
     /// child's dot product is derived from the first's and its own (which the level above
     /// computed): `n_j mu_j = n_0 mu_0 + n_1 mu_1` (`shaders/route.wgsl` DR). The scores
     /// differ from the loaded dot products' by f32 rounding, so selections are the same up to
-    /// near-ties. Needs `4 * 32 * top_k-slots * 4` more bytes of workgroup memory (17 KiB at
-    /// K 16); off where that does not fit. Variable `PISA_ROUTE_DERIVE` (`0` or `1`).
+    /// near-ties. Needs 512 bytes more workgroup memory per candidate slot (17 KiB at K 16);
+    /// off where that does not fit. Default `false` until its speed is measured on a GPU (it is
+    /// tested against the reference both ways). Variable `PISA_ROUTE_DERIVE` (`0` or `1`).
     pub route_derive: bool,
     /// Most nodes per query of the routing table (`ops/route.rs`): the scores of every node
     /// of the top pyramid levels, from the start level down while their nodes add up to at
@@ -150,7 +151,7 @@ impl Default for Tuning {
             route_max_workgroup: 256,
             route_tile: None,
             route_subgroups: true,
-            route_derive: true,
+            route_derive: false,
             route_table_nodes: 96,
             route_table_portable: false,
             route_table_queries: None,
@@ -398,7 +399,7 @@ mod tests {
             ("route_max_workgroup", "512"),
             ("route_tile", "4"),
             ("route_subgroups", "0"),
-            ("route_derive", "0"),
+            ("route_derive", "1"),
             ("route_table_nodes", "512"),
             ("route_table_portable", "1"),
             ("route_table_queries", "1000"),
