@@ -87,14 +87,6 @@ const QD: u32 = (D4 + L - 1u) / L;
 // group (score_lanes is written for 8 or 16), 59.2 / 9.92. log n_c taken once per level for
 // full nodes (ln_full): 54.1 / 9.24 against 54.4 / 9.27 (docs/benchmarks.md A.16).
 const TR: bool = SG == 1u && G == 2u && L == 8u;
-// 1 (TR only): a candidate whose parent was scored at the level above (a kept node's child;
-// not the start level's, the ancestor's or those after a table level) loads only its first
-// child's rows, and its second child's dot is derived from the first's and its own, which the
-// level above computed (score_lanes; each lane keeps its (child, head) dot of every candidate
-// in `dk` and the expand step carries the kept nodes' children's to `cd`): half of the rows
-// and of the multiply-adds of those candidates. (Host: Tuning::route_derive, default off until
-// measured on a GPU.)
-const DR: u32 = 0u;
 const GQ4P: u32 = select(select(select(8u, 4u, GQ4 <= 4u), 2u, GQ4 <= 2u), 1u, GQ4 <= 1u);
 // Score items (query, candidate, head group) of the tile.
 const NIT: u32 = QT * MC * GQ4;
@@ -136,10 +128,6 @@ var<workgroup> kp: array<vec4<u32>, QT * MC4>;
 // Candidate counts per query, two halves like `cl` (current level, next level).
 var<workgroup> nc: array<u32, 2u * QT>;
 var<workgroup> rt: array<u32, QT>;
-// DR = 1: the carried dots of the current level's candidates, [QT][MC][GQ4P][4] (slot, head),
-// valid for the first nd[qi] slots of query qi.
-var<workgroup> cd: array<f32, DR * QT * MC * GQ4P * 4u + 1u>;
-var<workgroup> nd: array<u32, QT>;
 
 // Dims 4*d4 .. 4*d4+3 of the pyramid row starting at element `base` (zero past D).
 fn ld_mean(base: u32, d4: u32) -> vec4<f32> {
@@ -380,8 +368,6 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             }
         }
     }
-    // DR = 1: this lane's (child, head) dot of every candidate of the level (score_lanes).
-    var dk: array<f32, select(1u, MC, DR == 1u)>;
     // Start-level candidates: the complete-past nodes 0..n (the ancestor is implicit).
     let top = p.levels[p.start_level];
     if (lid < QT) {
@@ -400,7 +386,6 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         nc[lid] = n;
         rt[lid] = routed;
-        nd[lid] = 0u;
     }
     for (var e = lid; e < QT * MC; e += WG) {
         cl[e] = e % MC;
@@ -433,39 +418,27 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             var n = 0u;
             if (qi < QT) { n = nc[hc + qi]; }
             let ln_full = log(f32(lc.w));
-            var ndq = 0u;
-            if (DR == 1u && qi < QT) { ndq = nd[qi]; }
             for (var ci = 0u; ci < MC; ci++) {
                 var acc: array<vec4<f32>, G>;
                 for (var c = 0u; c < G; c++) { acc[c] = vec4<f32>(0.0); }
                 let on = ci < n && n > k;
-                // (DR) child 1 derived: the same for the query's lanes.
-                let dv = DR == 1u && on && ci < ndq;
-                var pc = 0.0;
                 var j = 0u;
                 if (on) {
                     j = cl[cur + qi * MC + ci];
                     let base = (row0 + lc.x + j * G) * p.head_dim;
-                    if (dv) { pc = cd[((qi * MC + ci) * GQ4P + hg) * 4u + lane % 4u]; }
                     for (var x = 0u; x < QD; x++) {
                         for (var c = 0u; c < G; c++) {
-                            // (loaded whether or not the child exists, as in score_task; with
-                            // dv, child 0's only)
-                            if (c == 0u || !dv) {
-                                let m = means4[(base + c * p.head_dim) / 4u + x * L + lane];
-                                acc[c] += vec4<f32>(dot(qr[x], m), dot(qr[QD + x], m),
-                                                    dot(qr[2u * QD + x], m),
-                                                    dot(qr[3u * QD + x], m));
-                            }
+                            // (loaded whether or not the child exists, as in score_task)
+                            let m = means4[(base + c * p.head_dim) / 4u + x * L + lane];
+                            acc[c] += vec4<f32>(dot(qr[x], m), dot(qr[QD + x], m),
+                                                dot(qr[2u * QD + x], m), dot(qr[3u * QD + x], m));
                         }
                     }
                 }
                 var part = 0.0;
                 if (TR) {
                     // (every lane shuffles, `on` or not, so that each butterfly has its lanes)
-                    let r = score_lanes(acc, lane, l, j, hg, on, ln_full, dv, pc);
-                    part = r.x;
-                    if (DR == 1u) { dk[ci] = r.y; }
+                    part = score_lanes(acc, lane, l, j, hg, on, ln_full);
                 } else {
                     for (var c = 0u; c < G; c++) { acc[c] = lanes_sum(acc[c]); }
                     if (on) { part = score_lse(acc, l, j, hg); }
@@ -561,7 +534,6 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                     total -= j * g + g - lc.y;
                 }
             }
-            let total_kept = total;
             if (p.causal != 0u && rt[qi] != 0u) {
                 let bq = (p.q_pos0 + i0 + qi) / p.block_size;
                 let below = bq / lc.z;
@@ -571,27 +543,6 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 }
             }
             nc[QT - hc + qi] = total;
-            // The next level's derived slots: the kept nodes' children, where this level's
-            // dots were computed (not looked up in the table).
-            // (A query with K or fewer candidates kept them all unscored: no dots.)
-            if (DR == 1u) { nd[qi] = select(0u, total_kept, l < tb.lt && n > k); }
-        }
-        // DR: each lane carries its dots of the kept nodes' children to their slots in the
-        // next level (the kept node of rank r has its children at slots g r, g r + 1), in
-        // ascending slot order like the expand above.
-        if (DR == 1u && l < tb.lt) {
-            let qi = lid / (L * GQ4P);
-            let hg = (lid / L) % GQ4P;
-            let lane = lid % L;
-            let n = nc[hc + qi];
-            var r = 0u;
-            for (var ci = 0u; ci < MC; ci++) {
-                if (ci < n && get_kp(qi, ci) != 0u) {
-                    let s = r * 2u + (lane >> 2u) % 2u;
-                    if (s < MC) { cd[((qi * MC + s) * GQ4P + hg) * 4u + lane % 4u] = dk[ci]; }
-                    r++;
-                }
-            }
         }
         cur = nxt;
         toff += p.levels[l].y;

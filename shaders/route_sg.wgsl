@@ -26,12 +26,8 @@ fn groups_sum(x: f32) -> f32 {
 // of the two children of a head exchange theirs and form the head's LSE over the children
 // (the same expression in both, in the same order: equal results), and the heads' LSEs are
 // summed by two more steps. Every lane returns the group's part (`on` false: 0).
-// DR = 1: with `dv`, child 1's rows were not loaded (acc[1] is zero) and its dot is derived
-// from child 0's and the node's own, `pc` (this lane's head, carried from the level above):
-// n_j mu_j = n_0 mu_0 + n_1 mu_1, so s q.mu_1 = (n_j pc - n_0 s q.mu_0) / n_1, 2 pc - s q.mu_0
-// for full children. Returns (the group's part of the score, this lane's (child, head) dot).
 fn score_lanes(acc: array<vec4<f32>, G>, lane: u32, l: u32, j: u32, hg: u32, on: bool,
-               ln_full: f32, dv: bool, pc: f32) -> vec2<f32> {
+               ln_full: f32) -> f32 {
     // Lane bits: BC the child, BP the head pair, BH the head within the pair; the bits below BH
     // (L = 16: bit 0) tell apart lanes that hold parts of the same sums.
     const BC = L / 2u;
@@ -47,17 +43,6 @@ fn score_lanes(acc: array<vec4<f32>, G>, lane: u32, l: u32, j: u32, hg: u32, on:
     let c = select(0u, 1u, bc);
     let t = select(0u, 2u, bp) + select(0u, 1u, bh);
     let lc = p.levels[l - 1u];
-    if (DR == 1u) {
-        let d0 = subgroupShuffleXor(d, BC);
-        if (dv && bc) {
-            let n1 = node_len(j * 2u + 1u, lc.w);
-            if (n1 == lc.w) {
-                d = 2.0 * pc - d0;
-            } else {
-                d = (f32(lc.w + n1) * pc - f32(lc.w) * d0) / f32(n1);
-            }
-        }
-    }
     // Children of the node (1 or 2: the level's last node may have one).
     let nr = min(j * 2u + 2u, lc.y) - j * 2u;
     // log n_c: of a full node, ln_full (the caller's log of the level's node span, once per
@@ -78,5 +63,5 @@ fn score_lanes(acc: array<vec4<f32>, G>, lane: u32, l: u32, j: u32, hg: u32, on:
     if (!on || hg * 4u + t >= GQ) { h = 0.0; }
     h += subgroupShuffleXor(h, BH);
     h += subgroupShuffleXor(h, BP);
-    return vec2<f32>(h, d);
+    return h;
 }

@@ -93,25 +93,14 @@ fn subgroup_shape(ctx: &Context, plan: &Plan) -> Option<Shape> {
     if !ok {
         return None;
     }
-    let mut s = sg_shape(lanes, groups);
-    let mem = lim.max_compute_workgroup_storage_size as u64;
-    // The derived second children where asked, possible (g = 2, 8 lanes: route_sg.wgsl's
-    // transposed lane sums) and their carried dots fit.
-    s.derive = ctx.tuning().route_derive
-        && g == 2
-        && lanes == 8
-        && wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true, true) <= mem;
-    let fits = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true, s.derive) <= mem;
+    let s = sg_shape(lanes, groups);
+    let fits = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true)
+        <= lim.max_compute_workgroup_storage_size as u64;
     // An invocation loops over every candidate of every level: within a loop limit (llvmpipe)
     // only if the count stays below it; else the workgroup-memory kernel, one task each.
-    let loops_ok = |s: Shape| {
-        let n = sg_iterations(s, p.start_level, mc, g, d, groups);
-        ctx.loop_limit().is_none_or(|limit| n <= limit)
-    };
-    if s.derive && !loops_ok(s) {
-        s.derive = false;
-    }
-    (fits && loops_ok(s)).then_some(s)
+    let n = sg_iterations(s, p.start_level, mc, g, d, groups);
+    let loops_ok = ctx.loop_limit().is_none_or(|limit| n <= limit);
+    (fits && loops_ok).then_some(s)
 }
 
 /// Lanes per head group of the subgroup score step: the most, a power of two, of at most
@@ -142,7 +131,6 @@ fn sg_shape(lanes: u32, groups: u32) -> Shape {
         tile: SG_WG / (lanes * groups),
         lanes,
         wg: SG_WG,
-        derive: false,
     }
 }
 
@@ -163,9 +151,7 @@ fn sg_iterations(s: Shape, levels: u32, mc: u32, g: u32, d: u32, groups: u32) ->
     // the expand step's "kept before" loop and children.
     let strided = (s.tile as u64 * mc).div_ceil(s.wg as u64);
     let mc4 = mc.div_ceil(4);
-    // (DR: each lane's loop carrying the kept nodes' children's dots.)
-    let carry = u64::from(s.derive) * mc;
-    let per_level = mc * per_candidate + strided * (3 + 2 * mc4 + g) + g + carry;
+    let per_level = mc * per_candidate + strided * (3 + 2 * mc4 + g) + g;
     // The query registers, the start and final strided loops, then the levels.
     4 * (qd + 1) + 2 * strided + levels * (per_level + 1)
 }
@@ -227,8 +213,6 @@ thread_local! {
     /// Table-kernel dispatches recorded on this thread: (portable, NVIDIA).
     static TABLE_DISPATCHES: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
     static SG_DISPATCHES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    /// Of those, the dispatches with derived second children (route.wgsl DR).
-    static DR_DISPATCHES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Routing dispatches with the subgroup score step ([`SG_SHADER`]) recorded on the calling
@@ -236,13 +220,6 @@ thread_local! {
 #[doc(hidden)]
 pub fn subgroup_dispatches_on_this_thread() -> u64 {
     SG_DISPATCHES.with(|c| c.get())
-}
-
-/// Subgroup routing dispatches with derived second children ([`crate::Tuning::route_derive`])
-/// recorded on the calling thread so far.
-#[doc(hidden)]
-pub fn derived_dispatches_on_this_thread() -> u64 {
-    DR_DISPATCHES.with(|c| c.get())
 }
 
 /// Routing-table dispatches recorded on the calling thread so far, `(portable, NVIDIA)`: lets a
@@ -362,14 +339,11 @@ const MAX_TILE: u32 = 16;
 pub const MAX_GQ: u32 = 32;
 
 /// Workgroup bytes of the routing kernel (see the shader's `var<workgroup>`s) for a tile of `t`
-/// queries and `l` lanes, with the derived second children's carried dots (`dr`) or not,
-/// whether it holds its queries as f32 or as f16 pairs
+/// queries and `l` lanes, whether it holds its queries as f32 or as f16 pairs
 /// ([`queries_as_f16`]): the larger of the two, so that the shape does not depend on it.
 #[allow(clippy::too_many_arguments)]
-fn wg_bytes(t: u32, l: u32, gq: u32, d: u32, mc: u32, g: u32, mv: u32, sg: bool, dr: bool) -> u64 {
+fn wg_bytes(t: u32, l: u32, gq: u32, d: u32, mc: u32, g: u32, mv: u32, sg: bool) -> u64 {
     let gq4 = gq.div_ceil(4) as u64;
-    // (DR: the carried dots, 4 heads of each head group, rounded up to a power of two.)
-    let carried = 4 * (u64::from(dr) * t as u64 * mc as u64 * gq4.next_power_of_two() * 4 + 1);
     let (t, l, gq, d4) = (t as u64, l as u64, gq as u64, d.div_ceil(4) as u64);
     let (mc, g, mv) = (mc as u64, g as u64, mv as u64);
     // (SG: the queries and the partial sums are not in workgroup memory.)
@@ -378,9 +352,8 @@ fn wg_bytes(t: u32, l: u32, gq: u32, d: u32, mc: u32, g: u32, mv: u32, sg: bool,
     queries
         + 16 * (on * t * mc * gq4 * l * g + 1)
         + 16 * (mv * t * mc * gq4 * l + 1)
-        + 4 * (2 * t * mc + 4 * t)
+        + 4 * (2 * t * mc + 3 * t)
         + 2 * 16 * t * mc.div_ceil(4)
-        + carried
 }
 
 /// Whether the routing kernel holds its queries as f16 pairs of heads (the shader's QH): for
@@ -401,10 +374,9 @@ fn consts(
     mv: u32,
     qh: bool,
     sg: bool,
-) -> [(&'static str, u32); 12] {
+) -> [(&'static str, u32); 11] {
     [
         ("SG", u32::from(sg)),
-        ("DR", u32::from(s.derive)),
         ("QH", u32::from(qh)),
         ("GQ", gq),
         ("QT", s.tile),
@@ -424,9 +396,6 @@ struct Shape {
     tile: u32,
     lanes: u32,
     wg: u32,
-    /// The subgroup score step's derived second children (route.wgsl DR,
-    /// [`crate::Tuning::route_derive`]).
-    derive: bool,
 }
 
 /// Chooses the workgroup shape: the most lanes up to `asked` that divide ceil(D / 4), then the
@@ -456,7 +425,7 @@ fn choose_shape(
                 if tile.is_none() && t > 1 && t * per_query > max_wg {
                     break;
                 }
-                if wg_bytes(t, l, gq, d, mc, g, mv, false, false) > mem {
+                if wg_bytes(t, l, gq, d, mc, g, mv, false) > mem {
                     break;
                 }
                 let tasks = t * per_query;
@@ -471,7 +440,6 @@ fn choose_shape(
                             tile: t,
                             lanes: l,
                             wg,
-                            derive: false,
                         },
                     ));
                 }
@@ -529,7 +497,7 @@ pub(crate) fn record(
         .or_else(|| choose_shape(t.route_lanes, tile, max_wg, mem, gq, d, mc, g, mv))
         .ok_or_else(|| crate::GpuError::Limit {
             what: "workgroup memory of route".into(),
-            needed: wg_bytes(1, 1, gq, d, mc, g, mv, false, false),
+            needed: wg_bytes(1, 1, gq, d, mc, g, mv, false),
             limit: mem,
             unit: "bytes",
             hint: "use a smaller head dim, top_k, merge factor or GQA group",
@@ -649,11 +617,8 @@ pub(crate) fn record(
         ];
         let timer = prof.as_deref_mut().map(|pr| (pr, "route"));
         ctx.dispatch(enc, &pipe, &b, p.wg_count as u64, timer)?;
-        if let Some(s) = sg {
+        if sg.is_some() {
             SG_DISPATCHES.with(|c| c.set(c.get() + 1));
-            if s.derive {
-                DR_DISPATCHES.with(|c| c.set(c.get() + 1));
-            }
         }
         i0 += nq;
     }
@@ -694,10 +659,10 @@ mod tests {
             for mem in [16u64 << 10, 32 << 10, 48 << 10] {
                 for (max_wg, tile) in [(64, None), (256, None), (1024, None), (256, Some(16))] {
                     let Some(s) = choose_shape(asked, tile, max_wg, mem, gq, d, mc, g, mv) else {
-                        assert!(wg_bytes(1, 1, gq, d, mc, g, mv, false, false) > mem);
+                        assert!(wg_bytes(1, 1, gq, d, mc, g, mv, false) > mem);
                         continue;
                     };
-                    assert!(wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv, false, false) <= mem);
+                    assert!(wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv, false) <= mem);
                     assert!(s.lanes <= asked && d.div_ceil(4).is_multiple_of(s.lanes));
                     assert!(s.wg.is_multiple_of(WG_STEP) && s.wg <= max_wg && s.wg >= s.tile);
                     let fills = s.tile * mc * gq.div_ceil(4) * s.lanes <= s.wg;
@@ -743,7 +708,7 @@ mod tests {
                         continue;
                     };
                     checked += 1;
-                    let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv, false, false);
+                    let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, mv, false);
                     for (st, qh) in [(Storage::F32, false), (Storage::F16, true)] {
                         let c = consts(s, gq, d, mc, g, mv, qh, false);
                         assert_workgroup_fits(&SHADER, "route", st, &c, charged, "wg_bytes");
@@ -762,14 +727,11 @@ mod tests {
             (7, 64, 34, 2, 8),
             (16, 128, 34, 2, 2),
         ] {
-            for derive in [false, true] {
-                let mut s = sg_shape(lanes, sg_groups(gq));
-                s.derive = derive;
-                let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true, derive);
-                for (st, qh) in [(Storage::F32, false), (Storage::F16, true)] {
-                    let c = consts(s, gq, d, mc, g, 0, qh, true);
-                    assert_workgroup_fits(&SG_SHADER, "route", st, &c, charged, "wg_bytes (SG)");
-                }
+            let s = sg_shape(lanes, sg_groups(gq));
+            let charged = wg_bytes(s.tile, s.lanes, gq, d, mc, g, 0, true);
+            for (st, qh) in [(Storage::F32, false), (Storage::F16, true)] {
+                let c = consts(s, gq, d, mc, g, 0, qh, true);
+                assert_workgroup_fits(&SG_SHADER, "route", st, &c, charged, "wg_bytes (SG)");
             }
         }
     }

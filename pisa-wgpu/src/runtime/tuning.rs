@@ -101,15 +101,6 @@ pub struct Tuning {
     /// 11.8 / 74.0; with GQA group 8 (Hq 64) 20.6 against 32.6 ms at 64K (docs/benchmarks.md).
     /// Variable `PISA_ROUTE_SUBGROUPS` (`0` or `1`).
     pub route_subgroups: bool,
-    /// With the subgroup score step for merge factor 2 and 8 lanes per head group: a candidate
-    /// that is a kept node's child loads only its first child's pyramid row, and its second
-    /// child's dot product is derived from the first's and its own (which the level above
-    /// computed): `n_j mu_j = n_0 mu_0 + n_1 mu_1` (`shaders/route.wgsl` DR). The scores
-    /// differ from the loaded dot products' by f32 rounding, so selections are the same up to
-    /// near-ties. Needs 512 bytes more workgroup memory per candidate slot (17 KiB at K 16);
-    /// off where that does not fit. Default `false` until its speed is measured on a GPU (it is
-    /// tested against the reference both ways). Variable `PISA_ROUTE_DERIVE` (`0` or `1`).
-    pub route_derive: bool,
     /// Most nodes per query of the routing table (`ops/route.rs`): the scores of every node
     /// of the top pyramid levels, from the start level down while their nodes add up to at
     /// most this, computed for a tile of queries as matrix products, so that routing looks
@@ -151,7 +142,6 @@ impl Default for Tuning {
             route_max_workgroup: 256,
             route_tile: None,
             route_subgroups: true,
-            route_derive: false,
             route_table_nodes: 96,
             route_table_portable: false,
             route_table_queries: None,
@@ -161,7 +151,7 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 19] = [
+pub const KNOBS: [(&str, &str); 18] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -177,7 +167,6 @@ pub const KNOBS: [(&str, &str); 19] = [
     ("route_max_workgroup", "PISA_ROUTE_MAX_WG"),
     ("route_tile", "PISA_ROUTE_TILE"),
     ("route_subgroups", "PISA_ROUTE_SUBGROUPS"),
-    ("route_derive", "PISA_ROUTE_DERIVE"),
     ("route_table_nodes", "PISA_ROUTE_TABLE_NODES"),
     ("route_table_portable", "PISA_ROUTE_TABLE_PORTABLE"),
     ("route_table_queries", "PISA_ROUTE_TABLE_QUERIES"),
@@ -302,7 +291,6 @@ impl Tuning {
             "route_tile" if auto => self.route_tile = None,
             "route_tile" => self.route_tile = Some(num(1, 16)?),
             "route_subgroups" => self.route_subgroups = switch("", "")?,
-            "route_derive" => self.route_derive = switch("", "")?,
             "route_table_nodes" => self.route_table_nodes = num(0, 4096)?,
             "route_table_portable" => self.route_table_portable = switch("", "")?,
             "route_table_queries" if auto => self.route_table_queries = None,
@@ -367,7 +355,6 @@ impl Tuning {
             self.route_max_workgroup.to_string(),
             opt(self.route_tile),
             self.route_subgroups.to_string(),
-            self.route_derive.to_string(),
             self.route_table_nodes.to_string(),
             self.route_table_portable.to_string(),
             opt(self.route_table_queries),
@@ -399,7 +386,6 @@ mod tests {
             ("route_max_workgroup", "512"),
             ("route_tile", "4"),
             ("route_subgroups", "0"),
-            ("route_derive", "1"),
             ("route_table_nodes", "512"),
             ("route_table_portable", "1"),
             ("route_table_queries", "1000"),
