@@ -86,6 +86,21 @@ fn bad_selection_options() {
     );
 }
 
+/// Regression: `recall --help` listed bf16 among its storages, which recall then refused; it
+/// lists only f32 and f16 (forward's still lists bf16).
+#[test]
+fn recall_help_lists_only_the_storages_it_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let short = run_in(d, &["recall", "-h"]).ok().stdout;
+    let line = short.lines().find(|l| l.contains("--storage")).unwrap();
+    assert!(line.contains("[possible values: f32, f16]"), "{line}");
+    let long = run_in(d, &["recall", "--help"]).ok().stdout;
+    assert!(long.contains("- f16") && !long.contains("- bf16"), "{long}");
+    let forward = run_in(d, &["forward", "--help"]).ok().stdout;
+    assert!(forward.contains("- bf16"), "{forward}");
+}
+
 /// Regression: an output path equal to an input file replaced the input with the results (the
 /// atomic rename happily renamed over it); now refused before any work
 /// (`io::check_output_paths`), also through a symbolic link and for `.npy` siblings.

@@ -10,11 +10,14 @@ use pisa_core::reference::Selection;
 use pisa_core::{Scoring, SelectionConfig};
 use pisa_wgpu::ops::select::{oracle_host, select_host, Method};
 
-use crate::args::{progress, CausalArgs, DeviceArgs, SelectArgs};
+use crate::args::{progress, CausalArgs, DeviceArgs, SelectArgs, StorageArg};
 use crate::input::InputArgs;
 
 /// Arguments of `pisa recall`.
 #[derive(Args, Debug)]
+#[command(mut_arg("storage", |a| a
+    .help("GPU storage precision of Q and K: f32 or f16 (the oracle reads no bf16)")
+    .value_parser(storage_parser())))]
 pub struct RecallArgs {
     #[command(flatten)]
     pub input: InputArgs,
@@ -24,6 +27,19 @@ pub struct RecallArgs {
     pub causal: CausalArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
+}
+
+/// `--storage` of recall: the shared [`crate::args::StorageArg`] with bf16 hidden from the help
+/// (the oracle does not read it); still parsed, so that [`run`] refuses it with the reason.
+fn storage_parser() -> impl clap::builder::TypedValueParser<Value = StorageArg> {
+    use clap::builder::TypedValueParser as _;
+    use clap::ValueEnum;
+    let values = StorageArg::value_variants().iter().filter_map(|v| {
+        let pv = v.to_possible_value()?;
+        Some(pv.hide(*v == StorageArg::Bf16))
+    });
+    clap::builder::PossibleValuesParser::new(values)
+        .map(|s| StorageArg::from_str(&s, false).expect("a listed storage"))
 }
 
 /// One method's quality: per KV head and averaged.
@@ -166,7 +182,7 @@ pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
 
 /// Runs `pisa recall`.
 pub fn run(a: RecallArgs) -> Result<()> {
-    if a.device.storage == crate::args::StorageArg::Bf16 {
+    if a.device.storage == StorageArg::Bf16 {
         crate::args::usage_bail!(
             "--storage bf16 does not apply to recall: its oracle (full attention's mass per block) \
              reads f32 or f16; use --storage f32 or f16"
