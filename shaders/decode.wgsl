@@ -37,6 +37,7 @@ const KMAX: u32 = 4u;    // K (top_k)
 const MAXC: u32 = 10u;   // g * (K + 1): candidate slots of one level
 const MG: u32 = 2u;      // g, the merge factor (= p.merge)
 const LR: u32 = 4u;      // route: invocations sharing one pyramid row's dot products
+const SGR: u32 = 0u;     // route: 1 for the level steps with subgroup shuffles (decode_levels_sg.wgsl)
 const XR: u32 = 80u;     // route scratch (partial per-child scores of a level)
 const XS: u32 = 256u;    // leaf scratch (chunk scores and partial scores; merge of the P.V parts)
 const CH: u32 = 64u;     // leaf: keys per chunk (C when memory allows)

@@ -11,7 +11,11 @@
 // for the rank was 2.5 us a level, 40% of the route (A.4, before commit 408e6f6); the
 // per-candidate score summing all MG * GQ * LR partials itself cost 2.5 us more per step at 1M
 // than the extra barrier of the two-step sum, and divisions by the runtime merge factor instead
-// of the constant MG 4.5 us (A.5, commit c787655). `xr` (XR floats) is also the fused step's scratch after the routing.
+// of the constant MG 4.5 us (A.5, commit c787655).
+// With SGR = 1 (decode_levels_sg.wgsl, devices with subgroups) a level costs two barriers: the
+// lanes' sums, the children's LSEs and the rank counts go through subgroup shuffles instead
+// (route at 1M 34.2 -> 30.6 us, step 56.6 -> 52.7 us on the H200, docs/benchmarks.md A.25).
+// `xr` (XR floats) is also the fused step's scratch after the routing.
 
 var<workgroup> cand: array<u32, 2u * MAXC>;
 var<workgroup> rk: array<u32, MAXC>;
@@ -115,7 +119,9 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
     let g = MG; // (the pipeline constant: divisions by it are shifts for g = 2)
     let nchild = cdiv_pw(nb0, pw);
     let w = mul_pw(p.block_size, pw);
-    if (p.scoring == 0u) {
+    if (p.scoring == 0u && SGR != 0u) {
+        score_lse_sg(bh, l, len, nchild, w, co, lid);
+    } else if (p.scoring == 0u) {
         // lse: LR items per (candidate, child), partial dots of the child's mean.
         for (var it = lid; it < MAXC * g * LR; it += WG) {
             let ci = it / LR;
@@ -219,6 +225,14 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
             cand[cn + i] = c;
         }
         workgroupBarrier();
+        if (SGR != 0u) {
+            // The rank counts and the cut in one step (decode_levels_sg.wgsl).
+            rank_cut_sg(co, cn, l, nchild, bq, lid);
+            workgroupBarrier();
+            co = cn;
+            pw = pc;
+            continue;
+        }
         // Rank counts: item (i, part) counts the candidates j = part, part + CP, ... ranked
         // ahead of candidate i (higher score, then lower index; distinct keys unless the same
         // score, and an empty slot's key 0 is below every score's) into xr[part * MAXC + i]

@@ -291,3 +291,58 @@ fn cut_in_one_rank_part() {
     r.cache.set_workgroup_size_limit(32).unwrap();
     r.run();
 }
+
+/// The split step's `route` both ways, each against the reference: its level steps on subgroup
+/// shuffles (`decode_route_subgroups` on, where the device has subgroups of 8 lanes or more:
+/// lavapipe's 8 take g 2 with 4 lanes per pyramid row and g 4 with 2, NVIDIA's 32 take 8
+/// lanes per row) and through workgroup memory (off). GQA groups 1, 2, 3, 4, 7, 8, head dims
+/// 64, 80, 96, 128, merge factors 2 and 4 (and 3, which takes the workgroup-memory steps
+/// either way), odd lengths, a sink and a local block. With the knob on, every case the
+/// subgroup route applies to must have built it (counted per thread), so the test cannot pass
+/// on the other kernel; with it off, none.
+#[test]
+fn route_with_and_without_subgroups() {
+    use pisa_wgpu::ops::decode::subgroup_routes_on_this_thread;
+    const NAMES: [&str; 6] = [
+        "sg_gqa1_d64_g2",
+        "sg_gqa2_d80_g4",
+        "sg_gqa3_d128_g2",
+        "sg_gqa4_d128_g2",
+        "sg_gqa7_d64_g3",
+        "sg_gqa8_d96_g2",
+    ];
+    let cases = [
+        (1, 64, 2),
+        (2, 80, 4),
+        (3, 128, 2),
+        (4, 128, 2),
+        (7, 64, 3),
+        (8, 96, 2),
+    ];
+    for on in [true, false] {
+        let mut t = pisa_wgpu::Tuning::default();
+        t.decode_route_subgroups = on;
+        let own: &'static pisa_wgpu::Context = Box::leak(Box::new(
+            pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t).unwrap(),
+        ));
+        let has_sg =
+            own.features().contains(wgpu::Features::SUBGROUP) && own.report().subgroup_size.0 >= 8;
+        for (i, (g_q, d, g)) in cases.into_iter().enumerate() {
+            let before = subgroup_routes_on_this_thread();
+            let cf = cfg(16, 4, g, Scoring::Lse).with_forced(1, 1);
+            let mut c = base(NAMES[i], 2 * g_q, 2, d, cf);
+            c.prefill = vec![301 + 2 * i, 77];
+            c.steps = 12;
+            Run::new_in(own, c, 400).run();
+            let built = subgroup_routes_on_this_thread() - before;
+            let expected = on && has_sg && g != 3;
+            eprintln!("{}: subgroup route {on}: {built} builds", NAMES[i]);
+            assert_eq!(
+                built > 0,
+                expected,
+                "{}: subgroup route built {built} times (knob {on}, device subgroups {has_sg})",
+                NAMES[i]
+            );
+        }
+    }
+}

@@ -98,9 +98,9 @@ use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig};
 pub use self::chunk::ChunkOutputs;
 use self::fused::FusedPlan;
 use self::plan::{Params, Plan};
-pub use self::record::StepOutputs;
+pub use self::record::{subgroup_routes_on_this_thread, StepOutputs};
 pub use self::shaders::{
-    APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER,
+    APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER,
 };
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::GpuPyramid;

@@ -84,6 +84,7 @@ pub fn all_shaders() -> Vec<ShaderSource> {
         bsa::SHADER,
         oracle::SHADER,
         decode::ROUTE_SHADER,
+        decode::ROUTE_SG_SHADER,
         decode::SHADER,
         decode::MERGE_SHADER,
         decode::FUSED_SHADER,

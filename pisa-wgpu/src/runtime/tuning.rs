@@ -72,6 +72,13 @@ pub struct Tuning {
     /// Lanes per key row of the fused decode step's attention (a power of two, at most D / 4);
     /// `None`: 4. Variable `PISA_DECODE_LK`.
     pub decode_key_lanes: Option<u32>,
+    /// The split decode step's `route` with its level steps on subgroup shuffles
+    /// (`shaders/decode_levels_sg.wgsl`: two barriers a level instead of five) where the device
+    /// has subgroups and the selection allows it (`lse`, at most 8 query heads per KV head, a
+    /// merge factor that is a power of two, g times the row lanes within the smallest subgroup
+    /// of at least 8). Read when a step's kernels are built. Default `true`. Variable
+    /// `PISA_DECODE_ROUTE_SG` (`0` or `1`).
+    pub decode_route_subgroups: bool,
     /// Leaves scored per iteration by the query-tile tensor-core scorer (1 to 4). Default 2.
     /// Variable `PISA_LEAF_LPI`.
     pub leaf_tiles_per_iteration: u32,
@@ -135,6 +142,7 @@ impl Default for Tuning {
             shader_checks: None,
             decode_fused: false,
             decode_key_lanes: None,
+            decode_route_subgroups: true,
             leaf_tiles_per_iteration: 2,
             leaf_subgroups: COOP_SUBGROUPS,
             leaf_stage_keys: true,
@@ -151,7 +159,7 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 18] = [
+pub const KNOBS: [(&str, &str); 19] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -160,6 +168,7 @@ pub const KNOBS: [(&str, &str); 18] = [
     ("shader_checks", "PISA_SHADER_CHECKS"),
     ("decode_fused", "PISA_DECODE"),
     ("decode_key_lanes", "PISA_DECODE_LK"),
+    ("decode_route_subgroups", "PISA_DECODE_ROUTE_SG"),
     ("leaf_tiles_per_iteration", "PISA_LEAF_LPI"),
     ("leaf_subgroups", "PISA_LEAF_NSG"),
     ("leaf_stage_keys", "PISA_LEAF_KSTAGE"),
@@ -264,6 +273,7 @@ impl Tuning {
                 }
             }
             "decode_fused" => self.decode_fused = switch("fused", "split")?,
+            "decode_route_subgroups" => self.decode_route_subgroups = switch("", "")?,
             "decode_key_lanes" if auto => self.decode_key_lanes = None,
             "decode_key_lanes" => {
                 let n = num(1, 64)?;
@@ -348,6 +358,7 @@ impl Tuning {
                 .map_or("auto".to_string(), |c| c.to_string()),
             self.decode_fused.to_string(),
             opt(self.decode_key_lanes),
+            self.decode_route_subgroups.to_string(),
             self.leaf_tiles_per_iteration.to_string(),
             self.leaf_subgroups.to_string(),
             self.leaf_stage_keys.to_string(),
@@ -379,6 +390,7 @@ mod tests {
             ("shader_checks", "bounds"),
             ("decode_fused", "fused"),
             ("decode_key_lanes", "8"),
+            ("decode_route_subgroups", "0"),
             ("leaf_tiles_per_iteration", "3"),
             ("leaf_subgroups", "2"),
             ("leaf_stage_keys", "0"),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use pisa_core::TensorLayout;
 
-use super::{KvCache, Params, MERGE_SHADER, ROUTE_SHADER, SHADER};
+use super::{KvCache, Params, MERGE_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER};
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::profiler::Profiler;
@@ -52,6 +52,17 @@ pub struct StepOutputs<'a> {
 }
 
 pub(super) use crate::runtime::buffers::Stage;
+
+thread_local! {
+    static SG_ROUTES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Split decode steps built on the calling thread so far whose `route` runs its level steps on
+/// subgroup shuffles ([`ROUTE_SG_SHADER`]): lets a test tell that a case took that kernel.
+#[doc(hidden)]
+pub fn subgroup_routes_on_this_thread() -> u64 {
+    SG_ROUTES.with(|c| c.get())
+}
 
 /// Most sets of buffers a cache keeps recorded dispatches for (per kind: steps, appends).
 const STAGE_CACHE_MAX: usize = 64;
@@ -399,6 +410,34 @@ impl KvCache {
         self.ctx.stage_ranges(&p, b, n)
     }
 
+    /// Lanes per pyramid row of the split step's `route` with its level steps on subgroup
+    /// shuffles ([`ROUTE_SG_SHADER`]), or `None` where it does not run: it runs where
+    /// [`crate::Tuning::decode_route_subgroups`] asks, the device has `Features::SUBGROUP`,
+    /// the scoring is `lse`, g_q is at most 8, the merge factor g is a power of two, the
+    /// smallest subgroup has at least 8 lanes (the rank step's counting lanes), and g times the
+    /// lanes (the plan's, lowered to a power of two that fits) is at most the smallest subgroup
+    /// and divides the route's workgroup, so that a candidate's lanes are in one subgroup.
+    pub(super) fn route_subgroup_lanes(&self) -> Option<u32> {
+        let ctx = &self.ctx;
+        let (sg_min, _) = ctx.report().subgroup_size;
+        let (g, wr) = (self.plan.mg, self.plan.wr);
+        let ok = ctx.tuning().decode_route_subgroups
+            && ctx.features().contains(wgpu::Features::SUBGROUP)
+            && self.cfg.scoring == pisa_core::Scoring::Lse
+            && self.plan.gq <= 8
+            && g.is_power_of_two()
+            && sg_min >= 8
+            && wr.is_multiple_of(8);
+        if !ok {
+            return None;
+        }
+        let mut lr = 1u32 << (31 - self.plan.lr.max(1).leading_zeros());
+        while lr > 1 && (g * lr > sg_min || !wr.is_multiple_of(g * lr)) {
+            lr /= 2;
+        }
+        (g * lr <= sg_min && wr.is_multiple_of(g * lr)).then_some(lr)
+    }
+
     /// The three dispatches of this cache's split step for `q`: `route`, `leaf`, `merge`.
     fn stages(&self, io: &StepIo) -> Result<[Stage; 3]> {
         let s = &self.shape;
@@ -419,6 +458,28 @@ impl KvCache {
             let consts = self.plan.consts(wg);
             ctx.pipelines
                 .get(&ctx.device, shader, entry, self.storage, &consts, &[])
+        };
+        // The route with its level steps on subgroup shuffles where it can run
+        // (decode_levels_sg.wgsl): LR lowered to fit g * LR lanes in the smallest subgroup.
+        let sg_lanes = self.route_subgroup_lanes();
+        let route_pipe = match sg_lanes {
+            Some(lr) => {
+                let mut consts = self.plan.consts(self.plan.wr).to_vec();
+                for c in consts.iter_mut().filter(|c| c.0 == "LR") {
+                    c.1 = lr;
+                }
+                consts.push(("SGR", 1));
+                SG_ROUTES.with(|c| c.set(c.get() + 1));
+                ctx.pipelines.get(
+                    &ctx.device,
+                    &ROUTE_SG_SHADER,
+                    "route",
+                    self.storage,
+                    &consts,
+                    &[],
+                )?
+            }
+            None => pipe(&ROUTE_SHADER, "route", self.plan.wr)?,
         };
         let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
         let (l, c, pa) = (&self.lens_gpu, &self.cands.buffer, &self.parts.buffer);
@@ -453,7 +514,7 @@ impl KvCache {
         ];
         let stage = |p, b: Binds, n| self.make_stage(p, &b, n);
         Ok([
-            stage(pipe(&ROUTE_SHADER, "route", self.plan.wr)?, route, heads)?,
+            stage(route_pipe, route, heads)?,
             stage(pipe(&SHADER, "leaf", self.plan.wg)?, leaf, slots)?,
             stage(pipe(&MERGE_SHADER, "merge", self.plan.wm)?, merge, heads)?,
         ])

@@ -4,13 +4,27 @@
 
 use crate::runtime::pipeline::ShaderSource;
 
-/// `shaders/decode.wgsl`, `decode_levels.wgsl` (the routing, shared with the fused step) and
-/// `decode_route.wgsl`: split step dispatch 1 (`route`).
+/// `shaders/decode.wgsl`, `decode_levels.wgsl` (the routing, shared with the fused step),
+/// `decode_levels_nosg.wgsl` and `decode_route.wgsl`: split step dispatch 1 (`route`), its
+/// levels through workgroup memory (SGR = 0).
 pub const ROUTE_SHADER: ShaderSource = ShaderSource {
     name: "decode_route",
     wgsl: concat!(
         include_str!("../../../../shaders/decode.wgsl"),
         include_str!("../../../../shaders/decode_levels.wgsl"),
+        include_str!("../../../../shaders/decode_levels_nosg.wgsl"),
+        include_str!("../../../../shaders/decode_route.wgsl")
+    ),
+};
+/// [`ROUTE_SHADER`] with the level steps of `decode_levels_sg.wgsl` (SGR = 1: lane sums, the
+/// children's LSEs and the rank counts by subgroup shuffles), for devices with
+/// `Features::SUBGROUP`.
+pub const ROUTE_SG_SHADER: ShaderSource = ShaderSource {
+    name: "decode_route_sg",
+    wgsl: concat!(
+        include_str!("../../../../shaders/decode.wgsl"),
+        include_str!("../../../../shaders/decode_levels.wgsl"),
+        include_str!("../../../../shaders/decode_levels_sg.wgsl"),
         include_str!("../../../../shaders/decode_route.wgsl")
     ),
 };
@@ -39,6 +53,7 @@ pub const FUSED_SHADER: ShaderSource = ShaderSource {
     wgsl: concat!(
         include_str!("../../../../shaders/decode.wgsl"),
         include_str!("../../../../shaders/decode_levels.wgsl"),
+        include_str!("../../../../shaders/decode_levels_nosg.wgsl"),
         include_str!("../../../../shaders/decode_cut.wgsl"),
         include_str!("../../../../shaders/decode_fused.wgsl")
     ),

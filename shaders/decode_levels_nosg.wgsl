@@ -1,0 +1,5 @@
+// The decode route without subgroups (SGR = 0, appended to decode_levels.wgsl): score_lse_sg
+// and rank_cut_sg are never called there; these definitions let the shader validate on devices
+// without subgroups.
+fn score_lse_sg(bh: u32, l: u32, len: u32, nchild: u32, w: u32, co: u32, lid: u32) {}
+fn rank_cut_sg(co: u32, cn: u32, l: u32, nchild: u32, bq: u32, lid: u32) {}
