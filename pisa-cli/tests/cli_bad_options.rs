@@ -228,6 +228,24 @@ fn bad_bench_arguments() {
     );
     bench(&["--storages", "f64"], &["unknown storage \"f64\""]);
     bench(&["--dense-max", "x"], &["--dense-max"]);
+    // Regressions: a list was read as its first size, an empty value as 0 (never); each ran.
+    for (opt, value, want) in [
+        (
+            "--dense-max",
+            "1k,64k",
+            "--dense-max 1k,64k: takes one size",
+        ),
+        (
+            "--backward-max",
+            "4k,8k",
+            "--backward-max 4k,8k: takes one size",
+        ),
+        ("--dense-max", "", "--dense-max is empty"),
+        ("--backward-max", " ", "--backward-max is empty"),
+    ] {
+        let tiny = ["--sizes", "64", "--decode-sizes", ""];
+        bench(&[&tiny[..], &[opt, value]].concat(), &[want]);
+    }
     bench(&["--hkv", "3"], &["--hq 2", "--hkv 3"]);
     // Regression: `--hkv 0` read "--hq 2 must be a positive multiple of --hkv 0".
     bench(&["--hkv", "0"], &["--hkv must be at least 1"]);

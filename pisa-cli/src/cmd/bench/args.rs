@@ -114,6 +114,26 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
         .and_then(|v| no_repeats(v, |n| format!("size {n}")))
 }
 
+/// Parses the one size of a limit option (`what`: `--dense-max`, `--backward-max`): a size as
+/// in `--sizes` (4096, 64k, 1m), or 0 for never. A list or an empty value is an error naming
+/// the option (a list was read as its first size, an empty value as 0).
+pub(super) fn max_size(s: &str, what: &str) -> Result<usize> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(0);
+    }
+    if s.is_empty() {
+        bail!("{what} is empty: give one size (e.g. 64k), or 0 for never");
+    }
+    if s.contains(',') {
+        bail!("{what} {s}: takes one size (e.g. 64k), or 0 for never, not a list");
+    }
+    match parse_sizes(s).context(what.to_string())?[..] {
+        [n] => Ok(n),
+        _ => bail!("{what} {s}: takes one size (e.g. 64k), or 0 for never"),
+    }
+}
+
 /// `v` when no value appears twice; else an error naming the repeated one (a repeated size or
 /// storage was measured twice, and the tables and `--compare` showed one of the two).
 fn no_repeats<T: PartialEq>(v: Vec<T>, name: impl Fn(&T) -> String) -> Result<Vec<T>> {
@@ -198,4 +218,28 @@ pub(super) fn check_reps(reps: usize, budget_s: f64) -> Result<()> {
         bail!("--budget-s {budget_s}: must be a finite number of seconds, 0 or more");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--dense-max` / `--backward-max`: one size or 0; a list or an empty value is refused by
+    /// name (it was read as the list's first size, or as 0).
+    #[test]
+    fn max_size_takes_one_size_or_zero() {
+        for (s, n) in [
+            ("0", 0),
+            (" 0 ", 0),
+            ("1k", 1024),
+            ("64k", 65536),
+            ("4096", 4096),
+        ] {
+            assert_eq!(max_size(s, "--dense-max").unwrap(), n, "{s}");
+        }
+        for s in ["", " ", "1k,64k", "64k,", ",", "x"] {
+            let e = format!("{:#}", max_size(s, "--backward-max").unwrap_err());
+            assert!(e.contains("--backward-max"), "{s}: {e}");
+        }
+    }
 }

@@ -89,19 +89,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(path) = &a.json {
         args::check_json_path(path)?;
     }
-    // A size, or 0 for never.
-    let max_size = |s: &str, what: &str| -> Result<usize> {
-        if s.trim() == "0" {
-            return Ok(0);
-        }
-        Ok(parse_sizes(s)
-            .context(what.to_string())?
-            .first()
-            .copied()
-            .unwrap_or(0))
-    };
-    let dense_max = max_size(&a.dense_max, "--dense-max")?;
-    let backward_max = max_size(&a.backward_max, "--backward-max")?;
+    let dense_max = args::max_size(&a.dense_max, "--dense-max")?;
+    let backward_max = args::max_size(&a.backward_max, "--backward-max")?;
     let cfg = SelectionConfig {
         block_size: a.block_size,
         top_k: a.top_k,
