@@ -420,6 +420,37 @@ fn bench_leaf_order_leaves() {
 
 /// Regression: `--compare` of a report without records wrote a plot with coordinates from
 /// `f64::MAX`; now a plot that says there is nothing to show.
+/// Regression: `pisa bench` ran sizes above lavapipe's loop limit without the warning that
+/// forward, decode and recall give; it warns over its largest prefill or decode size. (A head
+/// dim the kernels do not take skips every size at once: only the warning is looked at.)
+#[test]
+fn bench_on_llvmpipe_warns_above_its_loop_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let bench = |sizes: &str, decode_sizes: &str| {
+        let tiny = ["--hq", "2", "--hkv", "1", "--d", "24", "--storages", "f32"];
+        let sizes = ["--sizes", sizes, "--decode-sizes", decode_sizes];
+        let adapter = ["--adapter", "llvmpipe"];
+        run_in(
+            dir.path(),
+            &[&["bench"][..], &tiny, &sizes, &adapter].concat(),
+        )
+        .stderr
+    };
+    let small = bench("64", "");
+    if small.contains("no GPU adapter found") {
+        eprintln!("no llvmpipe adapter: skipped ({small})");
+        return;
+    }
+    assert!(!small.contains("65535"), "{small}");
+    for (sizes, decode_sizes) in [("64,9000", ""), ("", "9000")] {
+        let big = bench(sizes, decode_sizes);
+        assert!(
+            big.contains("warning: llvmpipe") && big.contains("over 9000 keys"),
+            "{sizes} / {decode_sizes}: {big}"
+        );
+    }
+}
+
 #[test]
 fn bench_compare_of_an_empty_report() {
     let dir = tempfile::tempdir().unwrap();

@@ -114,6 +114,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         json: false,
     };
     let ctx = dev.context()?;
+    // (as forward, decode and recall warn over their inputs' keys)
+    let most_keys = sizes.iter().chain(&decode_sizes).copied().max();
+    crate::limits::warn_llvmpipe(&ctx, most_keys.unwrap_or(0));
     a.leaf_order.apply(&ctx);
     let r = ctx.report().clone();
     let mut out = Report {
