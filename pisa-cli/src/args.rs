@@ -285,7 +285,6 @@ impl DeviceArgs {
 fn unavailable_asked(ctx: &Context) -> Vec<String> {
     let t = ctx.tuning();
     let name = &ctx.report().name;
-    let asked = |knob: &str| EXPLICIT.get().is_some_and(|k| k.iter().any(|x| x == knob));
     let mut out = Vec::new();
     if asked("tensor_cores")
         && t.tensor_cores
@@ -309,6 +308,37 @@ fn unavailable_asked(ctx: &Context) -> Vec<String> {
         ));
     }
     out
+}
+
+/// [`unavailable_asked`] for `pisa info`, which opens no device: the knobs this command set
+/// that ask for a hardware path adapter `r` (named `name`) does not have, as far as its report
+/// tells before a device is opened, one line each.
+pub fn unavailable_asked_on(r: &pisa_wgpu::AdapterReport, name: &str) -> Vec<String> {
+    let Ok(t) = command_tuning() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if asked("tensor_cores") && t.tensor_cores && !r.cooperative_matrix {
+        out.push(format!(
+            "tensor_cores asks for tensor cores, but {name} has no cooperative matrices: the knob has no effect there (the portable kernels run)"
+        ));
+    }
+    if asked("nv_cm2") && t.nv_cm2 && t.tensor_cores && !r.nv_cooperative_matrix2 {
+        out.push(format!(
+            "nv_cm2 asks for the NVIDIA kernels, but {name} has no usable VK_NV_cooperative_matrix2: the knob has no effect there"
+        ));
+    }
+    if asked("route_subgroups") && t.route_subgroups && !r.subgroups {
+        out.push(format!(
+            "route_subgroups asks for the routing's subgroup step, but {name} has no subgroups: the knob has no effect there (the workgroup-memory step runs)"
+        ));
+    }
+    out
+}
+
+/// Whether the command set `knob` explicitly ([`EXPLICIT`]).
+fn asked(knob: &str) -> bool {
+    EXPLICIT.get().is_some_and(|k| k.iter().any(|x| x == knob))
 }
 
 /// The knob names the command set explicitly ([`set_tuning`]): `--tune` pairs (by knob or

@@ -81,6 +81,27 @@ fn info_text_and_json() {
     }
 }
 
+/// Regression: `pisa --tune tensor_cores=1 info` on an adapter without cooperative matrices
+/// said nothing of the knob having no effect there (the commands that open a device warn); it
+/// warns on stderr for each such adapter, and only when the knob is set by name.
+#[test]
+fn info_warns_of_tensor_cores_asked_where_there_are_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = run_in(dir.path(), &["info", "--json"]).ok().json();
+    let plain = run_in(dir.path(), &["info"]).ok();
+    assert!(!plain.stderr.contains("tensor_cores"), "{}", plain.stderr);
+    let asked = run_in(dir.path(), &["--tune", "tensor_cores=1", "info"]).ok();
+    assert_eq!(asked.stdout, plain.stdout);
+    for (i, a) in j.as_array().unwrap().iter().enumerate() {
+        let line = format!(
+            "warning: tensor_cores asks for tensor cores, but [{i}] {} has no cooperative matrices",
+            a["name"].as_str().unwrap()
+        );
+        let none = a["cooperative_matrix"] == false;
+        assert_eq!(asked.stderr.contains(&line), none, "{a}\n{}", asked.stderr);
+    }
+}
+
 #[test]
 fn decode_check_and_outputs() {
     let dir = tempfile::tempdir().unwrap();

@@ -21,6 +21,13 @@ fn yes(b: bool) -> &'static str {
 /// Lists every adapter.
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     let list = pisa_wgpu::list_adapters();
+    // A knob set by name (--tune, PISA_*) that an adapter cannot use is said, as the commands
+    // that open a device say it (on stderr: the listing, text or JSON, stays as it is).
+    for (i, r) in list.iter().enumerate() {
+        for line in crate::args::unavailable_asked_on(r, &format!("[{i}] {}", r.name)) {
+            eprintln!("warning: {line}");
+        }
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
