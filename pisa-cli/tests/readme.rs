@@ -1,6 +1,7 @@
 //! README.md stays true: its library example compiles against the real API (the lines below are
 //! the README's, checked verbatim), and every `pisa ...` command line in it parses (run with
-//! `--help` appended, which exits 0 only when every flag before it is known and well-formed).
+//! `--help` appended, which exits 0 only when every flag before it is known and well-formed);
+//! docs/gl-backend.md's sample `pisa info` output has the lines `pisa info` prints.
 
 mod common;
 
@@ -109,4 +110,33 @@ fn command_lines_parse() {
         n += 1;
     }
     assert!(n >= 6, "only {n} `pisa` command lines found in README.md");
+}
+
+/// docs/gl-backend.md's sample `pisa info` output has the lines `pisa info` prints (by their
+/// first word, in order; the adapter-specific NVIDIA line aside). Regression: it lacked the
+/// `routing:` line added to `pisa info`.
+#[test]
+fn gl_backend_info_sample_has_the_lines_of_pisa_info() {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/gl-backend.md"),
+    )
+    .unwrap();
+    let labels = |text: &str| -> Vec<String> {
+        (text.lines())
+            .skip_while(|l| !l.starts_with("[0] "))
+            .skip(1)
+            .take_while(|l| l.starts_with("    "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|w| !w.starts_with("VK_NV"))
+            .map(str::to_string)
+            .collect()
+    };
+    let sample = labels(&doc);
+    assert!(
+        sample.len() >= 4,
+        "no `pisa info` sample in docs/gl-backend.md"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let info = common::run_in(dir.path(), &["info"]).ok().stdout;
+    assert_eq!(sample, labels(&info), "pisa info prints:\n{info}");
 }
