@@ -115,7 +115,7 @@ impl Loaded {
             "shape": crate::text::shape_json(&self.shape),
             "config": crate::text::config_json(cfg),
             // The scale the kernels used (config's `scale` is null when it defaults to 1/sqrt(D)).
-            "softmax_scale": cfg.softmax_scale(self.shape.head_dim),
+            "softmax_scale": crate::text::f32_json(cfg.softmax_scale(self.shape.head_dim)),
             "storage": crate::text::storage(storage),
         });
         if let (Some(j), serde_json::Value::Object(f)) = (j.as_object_mut(), fields) {

@@ -5,6 +5,14 @@ use pisa_core::{AttentionShape, Scoring, SelectionConfig};
 use pisa_wgpu::Storage;
 use serde_json::{json, Value};
 
+/// An f32 as a JSON number written as the f32's shortest decimal (0.088388346), not as its
+/// f64 widening (0.08838834764831845); `null` for a value JSON has no number for.
+pub fn f32_json(x: f32) -> Value {
+    (x.to_string().parse::<f64>().ok())
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
 /// `1 step`, `2 steps`.
 pub fn plural(n: usize, word: &str) -> String {
     if n == 1 {
@@ -76,7 +84,7 @@ pub fn config_json(c: &SelectionConfig) -> Value {
     json!({
         "block_size": c.block_size, "top_k": c.top_k, "merge_factor": c.merge_factor,
         "scoring": scoring(c.scoring), "causal": c.causal, "sink_blocks": c.sink_blocks,
-        "local_blocks": c.local_blocks, "scale": c.scale,
+        "local_blocks": c.local_blocks, "scale": c.scale.map(f32_json),
     })
 }
 
@@ -96,6 +104,11 @@ mod tests {
         assert_eq!(shape_json(&s)["head_dim"], 128);
         assert_eq!(storage(Storage::Bf16), "bf16");
         assert_eq!(plural(1, "step"), "1 step");
+        // The f32's own shortest digits, not its f64 widening's.
+        let s = 1.0 / 128f32.sqrt();
+        assert_eq!(f32_json(s).to_string(), s.to_string());
+        assert_eq!(f32_json(0.25).to_string(), "0.25");
+        assert_eq!(f32_json(f32::NAN), Value::Null);
         assert_eq!(plural(2, "token"), "2 tokens");
     }
 }

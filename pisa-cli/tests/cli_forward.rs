@@ -211,6 +211,10 @@ fn forward_npy_inputs_bnhd_with_json_output() {
     // Regression: the scale used was not shown when it defaulted.
     let used = j["softmax_scale"].as_f64().unwrap();
     assert!((used - 1.0 / 32f64.sqrt()).abs() < 1e-6, "{j}");
+    // Regression: the f32 scale was printed as its f64 widening (0.17677669529663687).
+    let f32_scale = format!("\"softmax_scale\": {}", 1.0 / 32f32.sqrt());
+    let line = |l: &str| l.trim().trim_end_matches(',') == f32_scale;
+    assert!(r.stdout.lines().any(line), "{f32_scale}: {}", r.stdout);
     let out = dir.path().join("res.safetensors");
     let meta = pisa_cli::io::read_metadata(&out).unwrap();
     assert_eq!(meta["scale"], (1.0 / 32f32.sqrt()).to_string());
