@@ -1,7 +1,11 @@
-//! GPU time of the fused decode step and of the append (timestamp queries), batch 1 by default.
+//! GPU time of the decode step the library runs by default (the split step: `route`, `leaf`,
+//! `merge`; `PISA_DECODE=fused` asks for the fused one, which runs where it fits) and of the
+//! append (timestamp queries), batch 1 by default.
 //!
 //! `cargo run --release -p pisa-wgpu --example decode_bench -- [N ...]` with environment
-//! overrides `HQ HKV D C K G B STORAGE(f16|f32) STEPS`. Prints one line per length: the mean GPU
+//! overrides `HQ HKV D C K G B STORAGE(f16|f32|bf16) STEPS`. N is the cache length: N - STEPS
+//! tokens are prefilled, then STEPS are appended, one per timed step (so N must be at least
+//! STEPS). Prints one line per length: the step that ran (split or fused) and the mean GPU
 //! microseconds of "decode" and "append" over STEPS steps.
 use pisa_core::{SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::decode::KvCache;
@@ -26,6 +30,12 @@ fn fill(n: usize, salt: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Ends the run on a bad argument or variable: `error: msg` on stderr, exit code 2.
+fn usage(msg: &str) -> ! {
+    eprintln!("error: {msg}");
+    std::process::exit(2)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lens: Vec<usize> = std::env::args()
         .skip(1)
@@ -41,9 +51,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         env("STEPS", 100),
     );
     let storage = match std::env::var("STORAGE").as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("f16") => Storage::F16,
         Ok("f32") => Storage::F32,
-        _ => Storage::F16,
+        Ok("bf16") => Storage::Bf16,
+        Ok(v) => usage(&format!(
+            "STORAGE={v}: unknown storage; use f16, f32 or bf16"
+        )),
+        Err(_) => usage("STORAGE is not valid Unicode; use f16, f32 or bf16"),
     };
+    if let Some(&n) = lens.iter().find(|&&n| n < steps) {
+        usage(&format!(
+            "cache length {n} is below STEPS {steps}: the timed steps append STEPS tokens to a \
+             cache of N - STEPS prefilled ones; give N >= {steps} or set STEPS lower"
+        ));
+    }
     let ctx = Context::new(&AdapterChoice::HighPerformance)?;
     println!(
         "adapter: {} ({})",
@@ -55,7 +76,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut cache = KvCache::new(&ctx, b, n, hq, hkv, d, cfg, storage)?;
         let p = n - steps;
         let t = std::time::Instant::now();
-        for s in 0..b {
+        // (N = STEPS: nothing to prefill; the steps fill the cache)
+        for s in (0..b).filter(|_| p > 0) {
             let kv = fill(hkv * p * d, 2 * s as u64 + 1);
             cache.prefill(s, &kv, &kv, TensorLayout::Bhnd)?;
         }
@@ -77,8 +99,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ctx.wait()?;
         let times = prof.finish(&ctx)?;
         let per = |l: &str| times.get(l) * 1e3 / steps as f64;
+        let step = if cache.is_fused() { "fused" } else { "split" };
         println!(
-            "N {n} B {b} Hq {hq} Hkv {hkv} D {d} C {c} K {k} g {g} {storage:?}: decode {:.1} us, \
+            "N {n} B {b} Hq {hq} Hkv {hkv} D {d} C {c} K {k} g {g} {storage:?}: decode ({step}) {:.1} us, \
              append {:.1} us (means of {steps}, GPU timestamps {}); smem {} B; prefill {prefill_s:.1} s",
             per("decode"),
             per("append"),
