@@ -115,12 +115,13 @@ fn score_lse_split(len: u32, nchild: u32, w: u32, co: u32, lid: u32) {
 // rk[slot] = rank_key of the score of the candidates cand[co..co + MAXC] of level l >= 1
 // (PISA.md 2), summed over the group; 0 (below every score's key) for an empty slot. `pw` is
 // g^(l-1), the leaves under a child. Ends with rk written (the caller's barrier orders it).
-fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) {
+fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32,
+               qr: array<vec4<f32>, QRN>) {
     let g = MG; // (the pipeline constant: divisions by it are shifts for g = 2)
     let nchild = cdiv_pw(nb0, pw);
     let w = mul_pw(p.block_size, pw);
     if (p.scoring == 0u && SGR != 0u) {
-        score_lse_sg(bh, l, len, nchild, w, co, lid);
+        score_lse_sg(bh, l, len, nchild, w, co, lid, qr);
     } else if (p.scoring == 0u) {
         // lse: LR items per (candidate, child), partial dots of the child's mean.
         for (var it = lid; it < MAXC * g * LR; it += WG) {
@@ -206,11 +207,13 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
         cand[i] = select(INVALID, i, i < first && !(s == 0u && is_forced(bq, i)));
     }
     workgroupBarrier();
+    // SGR = 1: the lane's query slices in registers (qs was loaded before the caller's barrier).
+    let qr = lane_queries(lid);
     var co = 0u;
     for (var l = s; l >= 1u; l--) {
         let cn = MAXC - co; // the next level's slots
         let pc = pw / g;    // g^(l-1)
-        score_level(bh, l, len, nb0, pc, co, lid);
+        score_level(bh, l, len, nb0, pc, co, lid, qr);
         // Clear the next slots; the ancestor's children below the own path go after the
         // K * g children of the kept nodes.
         let nchild = cdiv_pw(nb0, pc);

@@ -15,11 +15,46 @@
 
 // Counting invocations per candidate of the rank step: the largest power of two of at most CP.
 const CPS: u32 = select(select(select(1u, 2u, CP >= 2u), 4u, CP >= 4u), 8u, CP >= 8u);
+// The query slices of an invocation's lane (vec4s u, u + LR, ... of every head: GQ * DLR)
+// held in registers where they are at most 16 vec4s (g_q 4, D 128, 8 lanes), else read from
+// `qs` in workgroup memory as dots_mean does. An invocation's lane u = lid % LR is the same at
+// every level (the workgroup is a multiple of g * LR).
+const QREG: bool = GQ * DLR <= 16u;
+const QRN: u32 = select(1u, GQ * DLR, QREG);
+
+// The lane's query slices (QREG), loaded once before the levels.
+fn lane_queries(lid: u32) -> array<vec4<f32>, QRN> {
+    var qr: array<vec4<f32>, QRN>;
+    if (QREG) {
+        let u = lid % LR;
+        for (var hh = 0u; hh < GQ; hh++) {
+            for (var i = 0u; i < DLR; i++) {
+                qr[min(hh * DLR + i, QRN - 1u)] = qs[hh * D4 + min(u + i * LR, D4 - 1u)];
+            }
+        }
+    }
+    return qr;
+}
+
+// dots_mean with the query slices from registers (QREG): the row's vec4s loaded first (clamped
+// to the row, the lanes past it masked after), then the dot products.
+fn dots_mean_reg(row: u32, u: u32, qr: array<vec4<f32>, QRN>) -> array<f32, GQ> {
+    var mv: array<vec4<f32>, DLR>;
+    for (var i = 0u; i < DLR; i++) { mv[i] = means[row + min(u + i * LR, D4 - 1u)]; }
+    var a: array<f32, GQ>;
+    for (var i = 0u; i < DLR; i++) {
+        if (D4 % LR == 0u || u + i * LR < D4) {
+            for (var hh = 0u; hh < GQ; hh++) { a[hh] += dot(qr[min(hh * DLR + i, QRN - 1u)], mv[i]); }
+        }
+    }
+    return a;
+}
 
 // The `lse` score of every candidate slot as rank_key into rk (0 for an empty slot), as
 // score_lse_split computes it, the sums in butterfly order. Item it = (slot * g + child) * LR +
 // lane; `w` is the tokens of a full child, `nchild` the children of the level.
-fn score_lse_sg(bh: u32, l: u32, len: u32, nchild: u32, w: u32, co: u32, lid: u32) {
+fn score_lse_sg(bh: u32, l: u32, len: u32, nchild: u32, w: u32, co: u32, lid: u32,
+                qr: array<vec4<f32>, QRN>) {
     let g = MG;
     let n = MAXC * g * LR;
     for (var base = 0u; base < n; base += WG) {
@@ -30,7 +65,11 @@ fn score_lse_sg(bh: u32, l: u32, len: u32, nchild: u32, w: u32, co: u32, lid: u3
         let child = node * g + ci % g;
         let on = node != INVALID && child < nchild;
         var a: array<f32, GQ>;
-        if (on) { a = dots_mean(node_row(bh, l - 1u, child), it % LR); }
+        if (on && QREG) {
+            a = dots_mean_reg(node_row(bh, l - 1u, child), it % LR, qr);
+        } else if (on) {
+            a = dots_mean(node_row(bh, l - 1u, child), it % LR);
+        }
         var ln = 0.0;
         if (on) { ln = log(f32(min(len - child * w, w))); }
         var tot = 0.0;
