@@ -13,13 +13,27 @@
 // prefill routing kernel's route_sg.wgsl assumes). Every loop runs the same trip count in all
 // invocations (shuffles need every lane of the subgroup).
 
-// Counting invocations per candidate of the rank step: the largest power of two of at most CP.
-const CPS: u32 = select(select(select(1u, 2u, CP >= 2u), 4u, CP >= 4u), 8u, CP >= 8u);
+// The smallest subgroup size of the device, up to 32 (substituted by the host).
+const SGL: u32 = 8u;
+// Counting invocations per candidate of the rank step: the largest power of two of at most
+// WG / MAXC, SGL and 16 that divides WG (a candidate's counting lanes are then in one
+// subgroup): 16 at K 16, g 2 on NVIDIA (2 or 3 comparisons each), 8 on lavapipe.
+const CPW: u32 = min(min(WG / MAXC, SGL), min(16u, WG & (~WG + 1u)));
+const CPS: u32 = select(select(select(select(1u, 2u, CPW >= 2u), 4u, CPW >= 4u), 8u, CPW >= 8u),
+                        16u, CPW >= 16u);
+// Rank key and node of each candidate slot (one 8-byte load per comparison of the rank step).
+var<workgroup> rkc: array<vec2<u32>, MAXC>;
 // The query slices of an invocation's lane (vec4s u, u + LR, ... of every head: GQ * DLR)
 // held in registers where they are at most 16 vec4s (g_q 4, D 128, 8 lanes), else read from
 // `qs` in workgroup memory as dots_mean does. An invocation's lane u = lid % LR is the same at
 // every level (the workgroup is a multiple of g * LR).
 const QREG: bool = GQ * DLR <= 16u;
+// g_q 4 with 4 lanes or more per row: the lanes' sums as a transposed butterfly, which leaves
+// each lane one head's sum, so that each lane takes one head's LSE over the children (the
+// prefill routing kernel's score_lanes does the same, docs/benchmarks.md A.16), then the heads
+// summed by two more shuffles: 4 + 2 + 2 shuffles and 2 transcendentals per lane instead of
+// 4 (LR - 1 lanes' steps) + 8 and 8.
+const TR4: bool = GQ == 4u && LR >= 4u;
 const QRN: u32 = select(1u, GQ * DLR, QREG);
 
 // The lane's query slices (QREG), loaded once before the levels.
@@ -50,7 +64,8 @@ fn dots_mean_reg(row: u32, u: u32, qr: array<vec4<f32>, QRN>) -> array<f32, GQ> 
     return a;
 }
 
-// The `lse` score of every candidate slot as rank_key into rk (0 for an empty slot), as
+// The `lse` score of every candidate slot as rank_key into rkc with its node (key 0 for an
+// empty slot), as
 // score_lse_split computes it, the sums in butterfly order. Item it = (slot * g + child) * LR +
 // lane; `w` is the tokens of a full child, `nchild` the children of the level.
 fn score_lse_sg(bh: u32, l: u32, len: u32, nchild: u32, w: u32, co: u32, lid: u32,
@@ -73,7 +88,33 @@ fn score_lse_sg(bh: u32, l: u32, len: u32, nchild: u32, w: u32, co: u32, lid: u3
         var ln = 0.0;
         if (on) { ln = log(f32(min(len - child * w, w))); }
         var tot = 0.0;
-        for (var hh = 0u; hh < GQ; hh++) {
+        if (TR4) {
+            // Transposed butterfly: the lanes halve their heads at each of the first two steps
+            // (sending the other half), then sum; lane u ends with head (u / (LR / 4)) % 4.
+            let u = it % LR;
+            let hi = (u & (LR / 2u)) != 0u;
+            // (indices clamped to GQ: constants past the array fail validation where GQ < 4)
+            let a0 = a[0];
+            let a1 = a[min(1u, GQ - 1u)];
+            let a2 = a[min(2u, GQ - 1u)];
+            let a3 = a[min(3u, GQ - 1u)];
+            let b0 = select(a0, a2, hi) + subgroupShuffleXor(select(a2, a0, hi), LR / 2u);
+            let b1 = select(a1, a3, hi) + subgroupShuffleXor(select(a3, a1, hi), LR / 2u);
+            let lo = (u & (LR / 4u)) != 0u;
+            var v = select(b0, b1, lo) + subgroupShuffleXor(select(b1, b0, lo), LR / 4u);
+            for (var m = 1u; m < LR / 4u; m <<= 1u) { v += subgroupShuffleXor(v, m); }
+            var x = NEG;
+            if (on) { x = p.scale * v + ln; }
+            var mx = x;
+            for (var m = LR; m < LR * g; m <<= 1u) { mx = max(mx, subgroupShuffleXor(mx, m)); }
+            var e = 0.0;
+            if (x > NEG_T) { e = exp(x - mx); }
+            for (var m = LR; m < LR * g; m <<= 1u) { e += subgroupShuffleXor(e, m); }
+            tot = mx + log(e);
+            tot += subgroupShuffleXor(tot, LR / 4u);
+            tot += subgroupShuffleXor(tot, LR / 2u);
+        }
+        for (var hh = 0u; hh < select(GQ, 0u, TR4); hh++) {
             var v = a[hh];
             for (var m = 1u; m < LR; m <<= 1u) { v += subgroupShuffleXor(v, m); }
             var x = NEG;
@@ -88,7 +129,7 @@ fn score_lse_sg(bh: u32, l: u32, len: u32, nchild: u32, w: u32, co: u32, lid: u3
         if (it < n && it % (LR * g) == 0u) {
             var key = 0u;
             if (node != INVALID) { key = rank_key(tot); }
-            rk[ci / g] = key;
+            rkc[ci / g] = vec2<u32>(key, node);
         }
     }
 }
@@ -107,11 +148,11 @@ fn rank_cut_sg(co: u32, cn: u32, l: u32, nchild: u32, bq: u32, lid: u32) {
         var v = INVALID;
         var r = 0u;
         if (it < n) {
-            v = cand[co + i];
-            let sc = rk[i];
+            let sc = rkc[i];
+            v = sc.y;
             for (var j = part; j < MAXC; j += CPS) {
-                let sj = rk[j];
-                r += select(0u, 1u, sj > sc || (sj == sc && cand[co + j] < v));
+                let sj = rkc[j];
+                r += select(0u, 1u, sj.x > sc.x || (sj.x == sc.x && sj.y < v));
             }
         }
         for (var m = 1u; m < CPS; m <<= 1u) { r += subgroupShuffleXor(r, m); }

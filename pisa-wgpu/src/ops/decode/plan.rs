@@ -172,7 +172,8 @@ impl Plan {
         let wr = (maxc * g * 8)
             .next_multiple_of(32)
             .clamp(wg_max.min(64), max_pow2.min(1024));
-        let route_mem = |lr: u64| common + 4 * (3 * maxc + maxc * g.max(2) * lr * gq);
+        // (+ 2 words per slot: the subgroup level steps' (key, node) pairs.)
+        let route_mem = |lr: u64| common + 4 * (5 * maxc + maxc * g.max(2) * lr * gq);
         let lr = lanes(8, d / 4, |lr| {
             route_mem(lr) <= limit.max(route_mem(1)) && maxc * g * lr <= wr
         });

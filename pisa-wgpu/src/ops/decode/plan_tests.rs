@@ -4,7 +4,7 @@
 //! kernel that passes the plan's check cannot fail pipeline creation on a device at the limit.
 
 use super::super::fused::FusedPlan;
-use super::super::{FUSED_SHADER, MERGE_SHADER, ROUTE_SHADER, SHADER};
+use super::super::{FUSED_SHADER, MERGE_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER};
 use super::*;
 use crate::runtime::pipeline::{assert_workgroup_fits, Storage};
 
@@ -51,6 +51,25 @@ fn workgroup_memory_accounting_covers_the_shaders() {
                 let consts = plan.consts(wg);
                 assert_workgroup_fits(shader, entry, Storage::F32, &consts, plan.smem, &what);
             }
+            // The route with its subgroup level steps (record.rs route_subgroup_lanes), its
+            // lanes as many as on a 32-lane subgroup.
+            let mut lr = 1u32 << (31 - plan.lr.max(1).leading_zeros());
+            while lr > 1 && plan.mg * lr > 32 {
+                lr /= 2;
+            }
+            let mut consts = plan.consts(plan.wr).to_vec();
+            for c in consts.iter_mut().filter(|c| c.0 == "LR") {
+                c.1 = lr;
+            }
+            consts.extend([("SGR", 1), ("SGL", 32)]);
+            assert_workgroup_fits(
+                &ROUTE_SG_SHADER,
+                "route",
+                Storage::F32,
+                &consts,
+                plan.smem,
+                &what,
+            );
             if let Some(fp) = FusedPlan::new(&lim, gq, d, &cfg, None) {
                 let consts = fp.consts(&plan);
                 assert_workgroup_fits(

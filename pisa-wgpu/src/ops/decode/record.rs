@@ -469,6 +469,7 @@ impl KvCache {
                     c.1 = lr;
                 }
                 consts.push(("SGR", 1));
+                consts.push(("SGL", ctx.report().subgroup_size.0.min(32)));
                 SG_ROUTES.with(|c| c.set(c.get() + 1));
                 ctx.pipelines.get(
                     &ctx.device,
