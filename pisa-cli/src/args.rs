@@ -307,6 +307,15 @@ fn unavailable_asked(ctx: &Context) -> Vec<String> {
             "route_subgroups asks for the routing's subgroup step, but {name} has no subgroups: the workgroup-memory step runs"
         ));
     }
+    let (sg_min, _) = ctx.report().subgroup_size;
+    if asked("decode_route_subgroups")
+        && t.decode_route_subgroups
+        && !(ctx.features().contains(pisa_wgpu::wgpu::Features::SUBGROUP) && sg_min >= 8)
+    {
+        out.push(format!(
+            "decode_route_subgroups asks for the decode route's subgroup level steps, but {name} has no subgroups of 8 lanes or more: the workgroup-memory steps run"
+        ));
+    }
     out
 }
 
@@ -331,6 +340,14 @@ pub fn unavailable_asked_on(r: &pisa_wgpu::AdapterReport, name: &str) -> Vec<Str
     if asked("route_subgroups") && t.route_subgroups && !r.subgroups {
         out.push(format!(
             "route_subgroups asks for the routing's subgroup step, but {name} has no subgroups: the knob has no effect there (the workgroup-memory step runs)"
+        ));
+    }
+    if asked("decode_route_subgroups")
+        && t.decode_route_subgroups
+        && !(r.subgroups && r.subgroup_size.0 >= 8)
+    {
+        out.push(format!(
+            "decode_route_subgroups asks for the decode route's subgroup level steps, but {name} has no subgroups of 8 lanes or more: the knob has no effect there (the workgroup-memory steps run)"
         ));
     }
     out

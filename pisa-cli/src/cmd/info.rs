@@ -87,6 +87,15 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             (false, _) => "workgroup memory (no subgroups)",
         };
         println!("    routing: {route}");
+        // The decode route's level steps (pisa_wgpu::Tuning::decode_route_subgroups; the
+        // library's rule also needs `lse`, g_q up to 8 and a power-of-two merge factor).
+        let sg8 = r.subgroups && r.subgroup_size.0 >= 8;
+        let decode_route = match (sg8, tuning.decode_route_subgroups) {
+            (true, true) => "subgroup level steps for lse selections with GQA groups up to 8 (--tune decode_route_subgroups=0 turns them off), workgroup memory otherwise",
+            (true, false) => "workgroup memory (tuning decode_route_subgroups=false)",
+            (false, _) => "workgroup memory (no subgroups of 8 lanes or more)",
+        };
+        println!("    decode route: {decode_route}");
     }
     Ok(())
 }

@@ -40,6 +40,13 @@
 //!    as an order-preserving integer key | the rank-based top-K cut (ties to the lower index),
 //!    each kept node writing its children straight into the next level's slots: five
 //!    barriers per level (`lse`; four for `mean`, `meanvar`), no serial loop over candidates.
+//!    Where the device has subgroups ([`crate::Tuning::decode_route_subgroups`], default on;
+//!    `lse`, g_q <= 8, g a power of two, subgroups of at least 8 lanes), a level takes two
+//!    barriers instead (`shaders/decode_levels_sg.wgsl`): a candidate's g x LR invocations
+//!    are consecutive lanes of one subgroup and sum their dot products, take the children's
+//!    LSEs and add the heads by shuffles, with their query slices in registers; then each
+//!    candidate's counting lanes add their rank counts by shuffles and the first writes the
+//!    kept node's children (route at 1M 34.2 -> 25.4 us on the H200, docs/benchmarks.md A.25).
 //!    It writes g(K+1) leaf candidates and the forced leaves (`cands`, NS = g(K+1) + K slots).
 //! 2. `leaf`, one workgroup of 128 (up to 256 where D/4 or g_q needs it) per (sequence, KV
 //!    head, slot) (B * Hkv * NS workgroups,
@@ -63,7 +70,9 @@
 //! divisions in the route (2.8 us of 38 at 1M), a serial 34-step rank loop in the cut (3.2 us),
 //! and extra loads per invocation (each vec4 row load per invocation about 0.6 us a route
 //! level) cost far more than a barrier (about 64 ns at 1024 invocations) or a subgroup shuffle
-//! (about 21 ns); so the kernels spread loops over invocations and use barriers, not shuffles.
+//! (about 21 ns); so the kernels spread loops over invocations. (Since then the route's level
+//! steps on shuffles, which save three of a level's five barriers, made the step 17% faster at
+//! 1M: A.25.)
 //!
 //! A cache whose K/V exceed one storage binding splits them over two ([`KvCache::kv_shards`]:
 //! `leaf` reads either, the writes dispatch once per shard; the fused step reads one, so such a
@@ -76,7 +85,10 @@
 //! Scratch between the dispatches: `cands` (u32 `[B*Hkv, NS]`) and the block states (f32
 //! `[B*Hkv, NS, g_q, D+2]`), allocated with the cache.
 //!
-//! f32 arithmetic throughout; no subgroup operations (right for any subgroup size). Lengths
+//! f32 arithmetic throughout. Subgroup operations only in the split step's `route` where
+//! [`crate::Tuning::decode_route_subgroups`] allows (any subgroup size of 8 lanes or more; a
+//! candidate's lanes are consecutive invocations, which the drivers pisa runs on put in one
+//! subgroup, as the prefill routing kernel assumes); elsewhere none. Lengths
 //! live in a storage buffer, so sequences of different lengths share the dispatches. The
 //! semantics are those of `pisa_core::reference::select_pisa` at position `len - 1` (causal,
 //! ancestor never scored, a level with <= K candidates keeps all; ties: higher score then lower
@@ -147,6 +159,12 @@ pub struct DecodeOutput {
 /// sequence, not like NaN; test the LSE, or check the inputs). Once a bad
 /// key is in the cache it also enters the pyramid means above it, so it can change the selection
 /// (not only the output) of every later step of its sequence until a reset.
+///
+/// A cache of [`Storage::F16`] stores what it is given rounded to f16: a finite value above
+/// 65504 in magnitude becomes ±inf there (and below about 6e-8 becomes 0), so such a key,
+/// value or query is a non-finite input as above (an f16 value row of 1e5 makes every later
+/// output of its head inf; an f16 query element of 1e6 makes the step's row of its head zeros
+/// with LSE -inf). `check_finite` does not catch them: check the range, or use f32 storage.
 ///
 /// # Recorded commands
 ///

@@ -69,8 +69,10 @@ pub struct Tuning {
     /// rather than three. Default `false` (the split step was faster on the H200). Variable
     /// `PISA_DECODE` (`fused` or `split`).
     pub decode_fused: bool,
-    /// Lanes per key row of the fused decode step's attention (a power of two, at most D / 4);
-    /// `None`: 4. Variable `PISA_DECODE_LK`.
+    /// Lanes per key row of the fused decode step's attention (a power of two up to 64);
+    /// `None`: 4. A value above a cache's D / 4 is not used by that cache (it takes the
+    /// default), and fewer lanes run where workgroup memory needs it. Variable
+    /// `PISA_DECODE_LK`.
     pub decode_key_lanes: Option<u32>,
     /// The split decode step's `route` with its level steps on subgroup shuffles
     /// (`shaders/decode_levels_sg.wgsl`: two barriers a level instead of five) where the device
