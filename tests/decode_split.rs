@@ -296,14 +296,15 @@ fn cut_in_one_rank_part() {
 /// shuffles (`decode_route_subgroups` on, where the device has subgroups of 8 lanes or more:
 /// lavapipe's 8 take g 2 with 4 lanes per pyramid row and g 4 with 2, NVIDIA's 32 take 8
 /// lanes per row) and through workgroup memory (off). GQA groups 1, 2, 3, 4, 7, 8, head dims
-/// 64, 72, 80, 96, 128 (72: rows of 18 vec4s, not a multiple of the lanes), merge factors 2 and 4 (and 3, which takes the workgroup-memory steps
+/// 12, 64, 72, 80, 96, 128 (12 and 72: rows of 3 and 18 vec4s, not a multiple of the lanes),
+/// merge factors 2 and 4 (and 3, which takes the workgroup-memory steps
 /// either way), odd lengths, a sink and a local block. With the knob on, every case the
 /// subgroup route applies to must have built it (counted per thread), so the test cannot pass
 /// on the other kernel; with it off, none.
 #[test]
 fn route_with_and_without_subgroups() {
     use pisa_wgpu::ops::decode::subgroup_routes_on_this_thread;
-    const NAMES: [&str; 7] = [
+    const NAMES: [&str; 8] = [
         "sg_gqa1_d64_g2",
         "sg_gqa2_d80_g4",
         "sg_gqa3_d128_g2",
@@ -311,6 +312,7 @@ fn route_with_and_without_subgroups() {
         "sg_gqa7_d64_g3",
         "sg_gqa8_d96_g2",
         "sg_gqa2_d72_g2",
+        "sg_gqa2_d12_g2",
     ];
     let cases = [
         (1, 64, 2),
@@ -320,6 +322,7 @@ fn route_with_and_without_subgroups() {
         (7, 64, 3),
         (8, 96, 2),
         (2, 72, 2),
+        (2, 12, 2),
     ];
     for on in [true, false] {
         let mut t = pisa_wgpu::Tuning::default();

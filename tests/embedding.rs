@@ -975,3 +975,27 @@ fn copied_output_of_another_device_is_a_validation_error() {
     plan.run(&mut enc, &q, &k, &k, &outs, None).unwrap();
     app.queue.submit([enc.finish()]);
 }
+
+/// `PISA_DUMP_WGSL` (a diagnostic) is read by `Context::new` only, with the other `PISA_*`
+/// variables: a context on the application's device builds its pipelines without writing
+/// them, even with the variable set; one from `Context::new` writes them. (No other test of
+/// this binary opens a context with `Context::new`, so none writes there meanwhile.)
+#[test]
+fn dump_variable_is_read_by_context_new_only() {
+    let dir = std::env::temp_dir().join(format!("pisa-dump-env-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::env::set_var("PISA_DUMP_WGSL", &dir);
+    let app = App::new();
+    let _ = plan_of(&app.ctx, 100);
+    let written_by_app = dir.exists();
+    let own = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+    let _ = plan_of(&own, 100);
+    std::env::remove_var("PISA_DUMP_WGSL");
+    let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        !written_by_app,
+        "a context from from_device wrote WGSL into {dir:?}"
+    );
+    assert!(files > 0, "Context::new wrote no WGSL into {dir:?}");
+}

@@ -159,6 +159,12 @@ impl Context {
     async fn open(choice: &AdapterChoice, tuning: Option<Tuning>) -> Result<Self> {
         let adapter = find_adapter(choice).await?;
         let features = wanted_features(&adapter);
+        // `PISA_DUMP_WGSL` (a diagnostic, runtime/pipeline.rs) is read with the other
+        // variables, by `Context::new` only.
+        let dump = tuning
+            .is_none()
+            .then(|| std::env::var_os("PISA_DUMP_WGSL").map(std::path::PathBuf::from))
+            .flatten();
         let tuning = match tuning {
             Some(t) => t,
             None => Tuning::for_adapter(&AdapterReport::of(&adapter)).with_env()?,
@@ -173,7 +179,9 @@ impl Context {
                 ..Default::default()
             };
             match super::nv::request_device_nv_cm2(&adapter, &desc) {
-                Ok((device, queue)) => return Self::build(&adapter, device, queue, true, tuning),
+                Ok((device, queue)) => {
+                    return Self::build(&adapter, device, queue, true, tuning, dump)
+                }
                 Err(e) => {
                     log::warn!("VK_NV_cooperative_matrix2 device refused ({e}): opening without it")
                 }
@@ -198,7 +206,7 @@ impl Context {
             })
             .await
             .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
-        Self::build(&adapter, device, queue, true, tuning)
+        Self::build(&adapter, device, queue, true, tuning, dump)
     }
 
     /// A context on the application's own device and queue (opened from `adapter`, ideally
@@ -249,7 +257,7 @@ impl Context {
         queue: wgpu::Queue,
     ) -> Result<Self> {
         let tuning = Tuning::for_adapter(&AdapterReport::of(adapter));
-        Self::build(adapter, device, queue, false, tuning)
+        Self::build(adapter, device, queue, false, tuning, None)
     }
 
     /// [`Context::from_device`] with `tuning` (checked, [`Tuning::check`]); its
@@ -265,7 +273,7 @@ impl Context {
         tuning: Tuning,
     ) -> Result<Self> {
         tuning.check()?;
-        Self::build(adapter, device, queue, false, tuning)
+        Self::build(adapter, device, queue, false, tuning, None)
     }
 
     /// The address of the shared state: tells contexts apart (the plans' arenas).
@@ -301,6 +309,7 @@ impl Context {
         queue: wgpu::Queue,
         owned: bool,
         tuning: Tuning,
+        dump: Option<std::path::PathBuf>,
     ) -> Result<Self> {
         let features = device.features() & WANTED;
         let limits = device.limits();
@@ -359,7 +368,7 @@ impl Context {
             device,
             queue,
             owned,
-            pipelines: PipelineCache::new(checks),
+            pipelines: PipelineCache::new(checks, dump),
             loop_limit: report.name.contains("llvmpipe").then_some(65535),
             report,
             features,

@@ -294,23 +294,23 @@ struct Key {
 pub struct PipelineCache {
     map: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
     checks: ShaderChecks,
+    /// Where [`dump_wgsl`] writes (`PISA_DUMP_WGSL`, read by `Context::new` only).
+    dump: Option<std::path::PathBuf>,
 }
 
-/// `PISA_DUMP_WGSL=<dir>` (a diagnostic knob): writes the preprocessed WGSL of every pipeline
-/// the process builds to `<dir>/<shader>.<entry>.<F16|F32|Bf16>.<hash of constants and overrides>.wgsl`, its
+/// `PISA_DUMP_WGSL=<dir>` (a diagnostic knob, read by `Context::new` with the other `PISA_*`
+/// variables; a context from `Context::with_tuning` or `Context::from_device` reads none):
+/// writes the preprocessed WGSL of every pipeline the context builds to `<dir>/<shader>.<entry>.<F16|F32|Bf16>.<hash of constants and overrides>.wgsl`, its
 /// first lines `// entry: <entry>` and `// overrides: <name>=<value>,...` (the pipeline's
 /// override constants), for offline tools (`tests/shader_stats.rs` reads the driver's
 /// register and memory statistics of each). A write that fails is reported on stderr and
 /// otherwise ignored: the dump never changes what runs.
-fn dump_wgsl(key: &Key, src: &str) {
-    let Some(dir) = std::env::var_os("PISA_DUMP_WGSL") else {
+fn dump_wgsl(dir: Option<&std::path::Path>, key: &Key, src: &str) {
+    let Some(dir) = dir else {
         return;
     };
-    if let Err(e) = dump_to(std::path::Path::new(&dir), key, src) {
-        eprintln!(
-            "PISA_DUMP_WGSL: cannot write into {}: {e}",
-            dir.to_string_lossy()
-        );
+    if let Err(e) = dump_to(dir, key, src) {
+        eprintln!("PISA_DUMP_WGSL: cannot write into {}: {e}", dir.display());
     }
 }
 
@@ -342,11 +342,13 @@ fn dump_to(dir: &std::path::Path, key: &Key, src: &str) -> std::io::Result<std::
 }
 
 impl PipelineCache {
-    /// An empty cache whose pipelines will be built with `checks`.
-    pub fn new(checks: ShaderChecks) -> Self {
+    /// An empty cache whose pipelines will be built with `checks`, their WGSL written into
+    /// `dump` when given ([`dump_wgsl`]).
+    pub fn new(checks: ShaderChecks, dump: Option<std::path::PathBuf>) -> Self {
         Self {
             map: Mutex::default(),
             checks,
+            dump,
         }
     }
 
@@ -386,7 +388,7 @@ impl PipelineCache {
         }
         let t0 = web_time::Instant::now();
         let src = preprocess(shader, storage, consts)?;
-        dump_wgsl(&key, &src);
+        dump_wgsl(self.dump.as_deref(), &key, &src);
         check_bindings(&device.limits(), shader.name, entry, &src)?;
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),
