@@ -215,7 +215,16 @@ fn bad_bench_arguments() {
     let d = dir.path();
     let bench =
         |extra: &[&str], want: &[&str]| fails(d, &args(&["bench"], &TINY_BENCH, extra), want);
-    bench(&["--sizes", "abc"], &["--sizes", "bad size \"abc\""]);
+    // A value that does not parse (a size, a storage name, a list where one size goes) is a
+    // usage error, exit 2, as clap's own (`--top-k abc`); one out of range exits 1.
+    let usage = |extra: &[&str], want: &[&str]| {
+        common::usage_fails(d, &args(&["bench"], &TINY_BENCH, extra), want)
+    };
+    usage(&["--sizes", "abc"], &["--sizes", "bad size \"abc\""]);
+    usage(
+        &["--decode-sizes", "4k,x"],
+        &["--decode-sizes", "bad size \"x\""],
+    );
     // Regression: a size whose k/m suffix overflowed panicked (attempt to multiply with overflow).
     bench(
         &["--sizes", "18446744073709551615k"],
@@ -226,8 +235,8 @@ fn bad_bench_arguments() {
         &["--sizes", "", "--decode-sizes", ""],
         &["nothing to measure"],
     );
-    bench(&["--storages", "f64"], &["unknown storage \"f64\""]);
-    bench(&["--dense-max", "x"], &["--dense-max"]);
+    usage(&["--storages", "f64"], &["unknown storage \"f64\""]);
+    usage(&["--dense-max", "x"], &["--dense-max"]);
     // Regressions: a list was read as its first size, an empty value as 0 (never); each ran.
     for (opt, value, want) in [
         (
@@ -244,7 +253,7 @@ fn bad_bench_arguments() {
         ("--backward-max", " ", "--backward-max is empty"),
     ] {
         let tiny = ["--sizes", "64", "--decode-sizes", ""];
-        bench(&[&tiny[..], &[opt, value]].concat(), &[want]);
+        usage(&[&tiny[..], &[opt, value]].concat(), &[want]);
     }
     bench(&["--hkv", "3"], &["--hq 2", "--hkv 3"]);
     // Regression: `--hkv 0` read "--hq 2 must be a positive multiple of --hkv 0".
@@ -265,7 +274,7 @@ fn bad_bench_arguments() {
         &["top_k is", "limit of 16777216"],
     );
     // Regressions: each was accepted and ignored or misreported.
-    bench(&["--storages="], &["--storages is empty"]);
+    usage(&["--storages="], &["--storages is empty"]);
     bench(
         &["--sizes", "18446744073709551615"],
         &["too large: at most 4294967295"],

@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use pisa_wgpu::Storage;
 
-use crate::args::{LeafOrderArg, ScoringArg};
+use crate::args::{usage_bail, LeafOrderArg, ScoringArg};
 
 /// Arguments of `pisa bench`.
 #[derive(Args, Debug)]
@@ -95,9 +95,10 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
                 Some('m' | 'M') => (&x[..x.len() - 1], 1024 * 1024),
                 _ => (x, 1),
             };
-            let n: usize = num
-                .parse()
-                .with_context(|| format!("bad size {x:?} (examples: 4096, 4k, 1m)"))?;
+            // A value that does not parse is a usage error (exit 2), as clap's own.
+            let Ok(n) = num.parse::<usize>() else {
+                usage_bail!("bad size {x:?} (examples: 4096, 4k, 1m)");
+            };
             if n == 0 {
                 bail!("size {x:?} must be at least 1");
             }
@@ -123,10 +124,10 @@ pub(super) fn max_size(s: &str, what: &str) -> Result<usize> {
         return Ok(0);
     }
     if s.is_empty() {
-        bail!("{what} is empty: give one size (e.g. 64k), or 0 for never");
+        usage_bail!("{what} is empty: give one size (e.g. 64k), or 0 for never");
     }
     if s.contains(',') {
-        bail!("{what} {s}: takes one size (e.g. 64k), or 0 for never, not a list");
+        usage_bail!("{what} {s}: takes one size (e.g. 64k), or 0 for never, not a list");
     }
     match parse_sizes(s).context(what.to_string())?[..] {
         [n] => Ok(n),
@@ -146,7 +147,7 @@ fn no_repeats<T: PartialEq>(v: Vec<T>, name: impl Fn(&T) -> String) -> Result<Ve
 /// Parses "f16,f32" into storage precisions (at least one).
 pub(super) fn storages(s: &str) -> Result<Vec<Storage>> {
     if s.split(',').all(|x| x.trim().is_empty()) {
-        bail!("--storages is empty: give f16, f32 and/or bf16");
+        usage_bail!("--storages is empty: give f16, f32 and/or bf16");
     }
     s.split(',')
         .map(str::trim)
@@ -155,7 +156,7 @@ pub(super) fn storages(s: &str) -> Result<Vec<Storage>> {
             "f32" => Ok(Storage::F32),
             "f16" => Ok(Storage::F16),
             "bf16" => Ok(Storage::Bf16),
-            _ => bail!("unknown storage {x:?}: use f16, f32 and/or bf16"),
+            _ => usage_bail!("unknown storage {x:?}: use f16, f32 and/or bf16"),
         })
         .collect::<Result<Vec<Storage>>>()
         .and_then(|v| {
