@@ -217,6 +217,9 @@ pub struct KvCache {
     q_in: GpuTensor,
     k_in: GpuTensor,
     v_in: GpuTensor,
+    /// The host calls' readback of O, LSE and the selection (MAP_READ; mapped and unmapped
+    /// within [`KvCache::step`] and [`KvCache::append_and_step`]).
+    readback: wgpu::Buffer,
     /// The lengths on the GPU, u32 `[B]`: written by the host calls that set them
     /// ([`KvCache::prefill`], [`KvCache::reset`]) and advanced by every recorded append, so the
     /// recorded steps of an inference loop need no host write.

@@ -196,7 +196,14 @@ impl Context {
     #[doc(hidden)]
     pub fn upload(&self, label: &str, data: &[f32], storage: Storage) -> Result<GpuTensor> {
         self.check_step()?;
-        let bytes: Vec<u8> = match storage {
+        let bytes = self.host_bytes(data, storage)?;
+        self.upload_bytes(label, bytes, data.len(), storage)
+    }
+
+    /// `data` as the bytes of `storage` (f16 and bf16 rounded to nearest even). Errors:
+    /// [`GpuError::Unsupported`] for f16 on a device without `SHADER_F16`.
+    fn host_bytes(&self, data: &[f32], storage: Storage) -> Result<Vec<u8>> {
+        Ok(match storage {
             Storage::F32 => bytemuck::cast_slice(data).to_vec(),
             Storage::F16 => {
                 if !self.has_f16() {
@@ -210,8 +217,36 @@ impl Context {
                 let h: Vec<half::bf16> = data.iter().map(|&x| half::bf16::from_f32(x)).collect();
                 bytemuck::cast_slice(&h).to_vec()
             }
-        };
-        self.upload_bytes(label, bytes, data.len(), storage)
+        })
+    }
+
+    /// A storage tensor of `len` elements that [`Context::write_host`] writes (a host call's
+    /// input, written by the queue rather than uploaded into a new buffer each call).
+    pub(crate) fn host_input(
+        &self,
+        label: &str,
+        len: usize,
+        storage: Storage,
+    ) -> Result<GpuTensor> {
+        let bytes = self.storage_bytes(label, len, storage)?;
+        let usage = STORAGE_USAGE.union(wgpu::BufferUsages::COPY_DST);
+        let buffer = self.buffer_with(label, bytes, &[], usage);
+        Ok(GpuTensor {
+            buffer,
+            len,
+            storage,
+            range: None,
+        })
+    }
+
+    /// Writes `data` (exactly `t.len` values, converted to `t`'s storage) into `t`, a tensor of
+    /// [`Context::host_input`], by a queue write: it lands before the next submission.
+    pub(crate) fn write_host(&self, t: &GpuTensor, data: &[f32]) -> Result<()> {
+        debug_assert_eq!(data.len(), t.len);
+        let mut bytes = self.host_bytes(data, t.storage)?;
+        bytes.resize(padded(bytes.len() as u64) as usize, 0);
+        self.queue.write_buffer(&t.buffer, 0, &bytes);
+        Ok(())
     }
 
     /// Uploads 4-byte integers (indices, lengths) as a storage tensor.

@@ -118,6 +118,12 @@ impl KvCache {
             Storage::F32,
             POISON_I32,
         )?;
+        let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("decode readback"),
+            size: out.buffer.size() + lse.buffer.size() + sel.buffer.size(),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let view = |t: &GpuTensor, dtype, shape| {
             TensorView::contiguous(&t.buffer, 0, dtype, shape, TensorLayout::Bhnd)
         };
@@ -148,9 +154,10 @@ impl KvCache {
             cands: ctx.alloc("decode leaf slots", slots, Storage::F32, POISON_I32)?,
             parts: ctx.alloc("decode block states", part_elems, Storage::F32, POISON_F32)?,
             lens: vec![0; batch],
-            q_in: ctx.scratch("decode q rows", q_elems, storage)?,
-            k_in: ctx.scratch("appended key rows", batch * kv_heads * head_dim, storage)?,
-            v_in: ctx.scratch("appended value rows", batch * kv_heads * head_dim, storage)?,
+            readback,
+            q_in: ctx.host_input("decode q rows", q_elems, storage)?,
+            k_in: ctx.host_input("appended key rows", batch * kv_heads * head_dim, storage)?,
+            v_in: ctx.host_input("appended value rows", batch * kv_heads * head_dim, storage)?,
             lens_gpu: Self::u32_buffer(ctx, "decode lengths", batch),
             pos_gpu: Self::u32_buffer(ctx, "append positions", batch),
             stage_cache: Default::default(),

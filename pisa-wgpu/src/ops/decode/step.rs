@@ -1,11 +1,13 @@
 //! The synchronous wrappers of the decode step (append, step, append-and-step, reset,
 //! accessors); the recording itself is in `record.rs`.
 
+use super::write::AppendIo;
 use super::{check_len, DecodeOutput, FusedPlan, KvCache, Plan, StepOutputs};
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::GpuPyramid;
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::pipeline::Storage;
+use crate::runtime::view::InPlace;
 use pisa_core::{AttentionShape, PyramidLayout, SelectionConfig};
 
 impl KvCache {
@@ -21,6 +23,10 @@ impl KvCache {
 
     /// One decode step for `q` (`[B, Hq, D]` f32, one token per sequence at position
     /// `len - 1`) in one submission; reads back O, LSE and, if `with_selection`, the selection.
+    /// Blocks until the readback is done. `q` goes into the cache's own input buffer by a queue
+    /// write and the outputs come back through its own readback buffer, so a step allocates
+    /// no GPU memory and reuses the dispatches the first one recorded (without blocking and
+    /// without the host copies: [`Self::record_step_into`]).
     /// Errors: [`pisa_core::PisaError::BufferLen`] for a `q` of the wrong length, GPU errors.
     /// A non-finite `q` is not checked (see [`KvCache`]'s "Non-finite inputs").
     pub fn step(&mut self, q: &[f32], with_selection: bool) -> Result<DecodeOutput> {
@@ -61,33 +67,34 @@ impl KvCache {
             check_len("q", q.len(), s.batch * s.q_heads * s.head_dim)?;
         }
         let ctx = &self.ctx.clone();
-        let up = |what, x| ctx.upload(what, x, self.storage);
-        let rows = match rows {
-            Some((k, v, a)) => Some((up("appended keys", k)?, up("appended values", v)?, a)),
-            None => None,
-        };
-        let q = q.map(|q| up("q", q)).transpose()?;
+        // The inputs go into the cache's own input buffers by queue writes (no buffer per
+        // call), so every call binds the same buffers and reuses its recorded dispatches.
+        if let Some((k, v, _)) = rows {
+            ctx.write_host(&self.k_in, k)?;
+            ctx.write_host(&self.v_in, v)?;
+        }
+        if let Some(q) = q {
+            ctx.write_host(&self.q_in, q)?;
+        }
         // The step, its outputs' copy to a mappable buffer, one submission, one map.
         let sizes = [
             self.out.buffer.size(),
             self.lse.buffer.size(),
             self.sel.buffer.size(),
         ];
-        let staging = q.as_ref().map(|_| {
-            ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("decode readback"),
-                size: sizes.iter().sum(),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        });
+        let staging = q.map(|_| self.readback.clone());
         ctx.scoped("decode step", || {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
-            if let Some((k, v, a)) = &rows {
-                self.record_append(&mut enc, k, v, a, None)?;
+            if let Some((_, _, a)) = rows {
+                let io = AppendIo {
+                    active: a.to_vec(),
+                    k: InPlace::whole(&self.k_in.buffer),
+                    v: InPlace::whole(&self.v_in.buffer),
+                };
+                self.record_append_io(&mut enc, io, None)?;
             }
-            if let (Some(q), Some(st)) = (&q, &staging) {
-                self.record_step(&mut enc, q, None)?;
+            if let Some(st) = &staging {
+                Self::record_steps(&mut enc, &[(&*self, &self.q_in)], None)?;
                 let mut off = 0;
                 for (t, n) in [&self.out, &self.lse, &self.sel].iter().zip(sizes) {
                     enc.copy_buffer_to_buffer(&t.buffer, 0, st, off, n);
@@ -246,8 +253,17 @@ impl KvCache {
     }
 }
 
-/// Maps a finished MAP_READ buffer and returns its bytes.
+/// Maps a finished MAP_READ buffer and returns its bytes; the buffer is unmapped again (on
+/// error too: the cache's readback buffer serves every host call).
 fn map_read(ctx: &crate::Context, buf: &wgpu::Buffer) -> Result<Vec<u8>> {
+    let r = map_read_once(ctx, buf);
+    if r.is_err() {
+        buf.unmap();
+    }
+    r
+}
+
+fn map_read_once(ctx: &crate::Context, buf: &wgpu::Buffer) -> Result<Vec<u8>> {
     let slice = buf.slice(..);
     let (tx, rx) = std::sync::mpsc::channel();
     slice.map_async(wgpu::MapMode::Read, move |r| {

@@ -471,7 +471,7 @@ impl KvCache {
         self.record_append_io(enc, io, prof)
     }
 
-    fn record_append_io(
+    pub(super) fn record_append_io(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
         io: AppendIo,
