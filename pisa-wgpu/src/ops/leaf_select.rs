@@ -122,7 +122,9 @@ pub(crate) fn record(
     let (gq, d, mc) = (plan.gq, plan.params.head_dim, plan.params.mc);
     if gq > MAX_QG {
         return Err(crate::GpuError::Unsupported(format!(
-            "PISA selection with {gq} query heads per KV head (at most {MAX_QG})"
+            "PISA prefill selection with {gq} query heads per KV head: at most {MAX_QG} (stage 2 \
+             keeps the running leaf scores of up to 32 (query, head) rows per workgroup; the \
+             decode step takes up to 256)"
         )));
     }
     let len = plan.sched.selection_len(&plan.shape);

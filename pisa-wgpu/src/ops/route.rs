@@ -479,7 +479,9 @@ pub(crate) fn record(
     );
     if gq > MAX_GQ {
         return Err(crate::GpuError::Unsupported(format!(
-            "PISA routing with {gq} query heads per KV head (at most {MAX_GQ})"
+            "PISA prefill routing with {gq} query heads per KV head: at most {MAX_GQ} (prefill \
+             selection holds up to 32 (query, head) rows per workgroup; the decode step takes \
+             up to 256)"
         )));
     }
     let mv = (plan.params.scoring == 2) as u32;
