@@ -14,7 +14,8 @@
 // of the constant MG 4.5 us (A.5, commit c787655).
 // With SGR = 1 (decode_levels_sg.wgsl, devices with subgroups) a level costs two barriers: the
 // lanes' sums, the children's LSEs and the rank counts go through subgroup shuffles instead
-// (route at 1M 34.2 -> 30.6 us, step 56.6 -> 52.7 us on the H200, docs/benchmarks.md A.25).
+// (route at 1M 34.2 -> 25.4 us, step 56.6 -> 47.0 us on the H200 with the steps that followed,
+// docs/benchmarks.md A.25).
 // `xr` (XR floats) is also the fused step's scratch after the routing.
 
 var<workgroup> cand: array<u32, 2u * MAXC>;

@@ -21,6 +21,9 @@ const SGL: u32 = 8u;
 const CPW: u32 = min(min(WG / MAXC, SGL), min(16u, WG & (~WG + 1u)));
 const CPS: u32 = select(select(select(select(1u, 2u, CPW >= 2u), 4u, CPW >= 4u), 8u, CPW >= 8u),
                         16u, CPW >= 16u);
+// A candidate's lanes, and its counting lanes, lie in one aligned group the workgroup divides.
+const_assert WG % (MG * LR) == 0u;
+const_assert WG % CPS == 0u;
 // Rank key and node of each candidate slot (one 8-byte load per comparison of the rank step).
 var<workgroup> rkc: array<vec2<u32>, MAXC>;
 // The query slices of an invocation's lane (vec4s u, u + LR, ... of every head: GQ * DLR)
@@ -31,8 +34,8 @@ const QREG: bool = GQ * DLR <= 16u;
 // g_q 4 with 4 lanes or more per row: the lanes' sums as a transposed butterfly, which leaves
 // each lane one head's sum, so that each lane takes one head's LSE over the children (the
 // prefill routing kernel's score_lanes does the same, docs/benchmarks.md A.16), then the heads
-// summed by two more shuffles: 4 + 2 + 2 shuffles and 2 transcendentals per lane instead of
-// 4 (LR - 1 lanes' steps) + 8 and 8.
+// summed by two more shuffles: 4 + 2 + 2 shuffles (with 8 lanes) and 2 transcendentals per lane
+// instead of 4 log2(LR) + 8 (20 with 8 lanes) and 8.
 const TR4: bool = GQ == 4u && LR >= 4u;
 const QRN: u32 = select(1u, GQ * DLR, QREG);
 

@@ -297,14 +297,15 @@ fn cut_in_one_rank_part() {
 /// lavapipe's 8 take g 2 with 4 lanes per pyramid row and g 4 with 2, NVIDIA's 32 take 8
 /// lanes per row) and through workgroup memory (off). GQA groups 1, 2, 3, 4, 7, 8, head dims
 /// 12, 64, 72, 80, 96, 128 (12 and 72: rows of 3 and 18 vec4s, not a multiple of the lanes),
-/// merge factors 2 and 4 (and 3, which takes the workgroup-memory steps
-/// either way), odd lengths, a sink and a local block. With the knob on, every case the
+/// merge factors 2, 4 and 8 (and 3, which takes the workgroup-memory steps
+/// either way), odd lengths, a sink and a local block; and exact ties (every key the same
+/// vector), where the selection must follow the tie rule (lower block first) exactly. With the knob on, every case the
 /// subgroup route applies to must have built it (counted per thread), so the test cannot pass
 /// on the other kernel, and built it once for all its steps; with it off, none.
 #[test]
 fn route_with_and_without_subgroups() {
     use pisa_wgpu::ops::decode::subgroup_routes_on_this_thread;
-    const NAMES: [&str; 8] = [
+    const NAMES: [&str; 9] = [
         "sg_gqa1_d64_g2",
         "sg_gqa2_d80_g4",
         "sg_gqa3_d128_g2",
@@ -313,6 +314,7 @@ fn route_with_and_without_subgroups() {
         "sg_gqa8_d96_g2",
         "sg_gqa2_d72_g2",
         "sg_gqa2_d12_g2",
+        "sg_gqa2_d64_g8",
     ];
     let cases = [
         (1, 64, 2),
@@ -323,6 +325,7 @@ fn route_with_and_without_subgroups() {
         (8, 96, 2),
         (2, 72, 2),
         (2, 12, 2),
+        (2, 64, 8),
     ];
     for on in [true, false] {
         let mut t = pisa_wgpu::Tuning::default();
@@ -352,5 +355,13 @@ fn route_with_and_without_subgroups() {
                 NAMES[i]
             );
         }
+        let before = subgroup_routes_on_this_thread();
+        let mut c = base("sg_ties", 4, 2, 64, cfg(4, 3, 2, Scoring::Lse));
+        c.prefill = vec![100, 61];
+        c.steps = 20;
+        c.tied = true;
+        Run::new_in(own, c, 130).run();
+        let built = subgroup_routes_on_this_thread() - before;
+        assert_eq!(built, u64::from(on && has_sg), "sg_ties: {built} builds");
     }
 }

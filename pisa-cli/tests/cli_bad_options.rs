@@ -237,6 +237,7 @@ fn bad_bench_arguments() {
     );
     usage(&["--storages", "f64"], &["unknown storage \"f64\""]);
     usage(&["--dense-max", "x"], &["--dense-max"]);
+    usage(&["--backward-max", "x"], &["--backward-max"]);
     // Regressions: a list was read as its first size, an empty value as 0 (never); each ran.
     for (opt, value, want) in [
         (

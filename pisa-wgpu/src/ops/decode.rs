@@ -46,7 +46,9 @@
 //!    are consecutive lanes of one subgroup and sum their dot products, take the children's
 //!    LSEs and add the heads by shuffles, with their query slices in registers; then each
 //!    candidate's counting lanes add their rank counts by shuffles and the first writes the
-//!    kept node's children (route at 1M 34.2 -> 25.4 us on the H200, docs/benchmarks.md A.25).
+//!    kept node's children, the lanes' query slices in registers where they fit (16 vec4s:
+//!    g_q 4 at D 128 with 8 lanes) (route at 1M 34.2 -> 25.4 us on the H200,
+//!    docs/benchmarks.md A.25).
 //!    It writes g(K+1) leaf candidates and the forced leaves (`cands`, NS = g(K+1) + K slots).
 //! 2. `leaf`, one workgroup of 128 (up to 256 where D/4 or g_q needs it) per (sequence, KV
 //!    head, slot) (B * Hkv * NS workgroups,
@@ -196,6 +198,9 @@ pub struct KvCache {
     /// The fused step's lanes per key row asked for when the cache was made
     /// ([`crate::Tuning::decode_key_lanes`]), kept for re-planning.
     key_lanes: Option<u32>,
+    /// Whether the split step's route may run its level steps on subgroup shuffles
+    /// ([`crate::Tuning::decode_route_subgroups`] when the cache was made).
+    route_subgroups: bool,
     /// K/V shards `[rows, capacity, D]` each: flat (sequence, KV head) rows `i * kv_rows ..`
     /// in shard i; one shard unless the cache exceeds one storage binding, two at most.
     kv: Vec<(GpuTensor, GpuTensor)>,

@@ -143,6 +143,7 @@ impl KvCache {
             fplan,
             fused: tuning.decode_fused,
             key_lanes: tuning.decode_key_lanes,
+            route_subgroups: tuning.decode_route_subgroups,
             kv,
             kv_rows: kv_rows as usize,
             pyr,

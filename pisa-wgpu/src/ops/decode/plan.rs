@@ -172,8 +172,11 @@ impl Plan {
         let wr = (maxc * g * 8)
             .next_multiple_of(32)
             .clamp(wg_max.min(64), max_pow2.min(1024));
-        // (+ 2 words per slot: the subgroup level steps' (key, node) pairs.)
-        let route_mem = |lr: u64| common + 4 * (5 * maxc + maxc * g.max(2) * lr * gq);
+        // (The subgroup level steps, decode_levels_sg.wgsl, take 2 words per slot for their
+        // (key, node) pairs instead of the level scratch, XR = 1: less, but where g LR g_q is
+        // 2 or less.)
+        let route_mem =
+            |lr: u64| common + 4 * (3 * maxc + (maxc * g.max(2) * lr * gq).max(2 * maxc + 1));
         let lr = lanes(8, d / 4, |lr| {
             route_mem(lr) <= limit.max(route_mem(1)) && maxc * g * lr <= wr
         });

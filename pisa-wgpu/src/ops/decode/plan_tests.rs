@@ -24,6 +24,7 @@ fn workgroup_memory_accounting_covers_the_shaders() {
         (1, 4, 1, 300, 2, Scoring::Lse),
     ];
     let mut checked = 0;
+    let mut sg_checked = 0;
     for (gq, d, c, k, g, scoring) in cases {
         let cfg = SelectionConfig::new(c, k)
             .unwrap()
@@ -51,25 +52,30 @@ fn workgroup_memory_accounting_covers_the_shaders() {
                 let consts = plan.consts(wg);
                 assert_workgroup_fits(shader, entry, Storage::F32, &consts, plan.smem, &what);
             }
-            // The route with its subgroup level steps (record.rs route_subgroup_lanes), its
-            // lanes as many as on a 32-lane subgroup.
+            // The route with its subgroup level steps, where record.rs route_subgroup_lanes
+            // would run it, its lanes as many as on a 32-lane subgroup.
             let mut lr = 1u32 << (31 - plan.lr.max(1).leading_zeros());
             while lr > 1 && plan.mg * lr > 32 {
                 lr /= 2;
             }
-            let mut consts = plan.consts(plan.wr).to_vec();
-            for c in consts.iter_mut().filter(|c| c.0 == "LR") {
-                c.1 = lr;
+            let sg_runs = scoring == Scoring::Lse
+                && plan.gq <= 8
+                && plan.mg.is_power_of_two()
+                && plan.wr.is_multiple_of(plan.mg * lr);
+            if sg_runs {
+                let mut consts = plan.consts(plan.wr).to_vec();
+                for c in consts.iter_mut() {
+                    match c.0 {
+                        "LR" => c.1 = lr,
+                        "XR" => c.1 = 1,
+                        _ => {}
+                    }
+                }
+                consts.extend([("SGR", 1), ("SGL", 32)]);
+                let sg = &ROUTE_SG_SHADER;
+                assert_workgroup_fits(sg, "route", Storage::F32, &consts, plan.smem, &what);
+                sg_checked += 1;
             }
-            consts.extend([("SGR", 1), ("SGL", 32)]);
-            assert_workgroup_fits(
-                &ROUTE_SG_SHADER,
-                "route",
-                Storage::F32,
-                &consts,
-                plan.smem,
-                &what,
-            );
             if let Some(fp) = FusedPlan::new(&lim, gq, d, &cfg, None) {
                 let consts = fp.consts(&plan);
                 assert_workgroup_fits(
@@ -85,4 +91,5 @@ fn workgroup_memory_accounting_covers_the_shaders() {
     }
     // Every case fits at 48 KiB (18 plans); some fit at 8 KiB.
     assert!(checked > 18, "only {checked} plans checked");
+    assert!(sg_checked > 8, "only {sg_checked} subgroup routes checked");
 }

@@ -412,7 +412,7 @@ impl KvCache {
 
     /// Lanes per pyramid row of the split step's `route` with its level steps on subgroup
     /// shuffles ([`ROUTE_SG_SHADER`]), or `None` where it does not run: it runs where
-    /// [`crate::Tuning::decode_route_subgroups`] asks, the device has `Features::SUBGROUP`,
+    /// [`crate::Tuning::decode_route_subgroups`] asked when the cache was made, the device has `Features::SUBGROUP`,
     /// the scoring is `lse`, g_q is at most 8, the merge factor g is a power of two, the
     /// smallest subgroup has at least 8 lanes (the rank step's counting lanes), and g times the
     /// lanes (the plan's, lowered to a power of two that fits) is at most the smallest subgroup
@@ -421,7 +421,7 @@ impl KvCache {
         let ctx = &self.ctx;
         let (sg_min, _) = ctx.report().subgroup_size;
         let (g, wr) = (self.plan.mg, self.plan.wr);
-        let ok = ctx.tuning().decode_route_subgroups
+        let ok = self.route_subgroups
             && ctx.features().contains(wgpu::Features::SUBGROUP)
             && self.cfg.scoring == pisa_core::Scoring::Lse
             && self.plan.gq <= 8
@@ -465,8 +465,13 @@ impl KvCache {
         let route_pipe = match sg_lanes {
             Some(lr) => {
                 let mut consts = self.plan.consts(self.plan.wr).to_vec();
-                for c in consts.iter_mut().filter(|c| c.0 == "LR") {
-                    c.1 = lr;
+                for c in consts.iter_mut() {
+                    match c.0 {
+                        "LR" => c.1 = lr,
+                        // The level scratch `xr` is not used by the subgroup steps.
+                        "XR" => c.1 = 1,
+                        _ => {}
+                    }
                 }
                 consts.push(("SGR", 1));
                 consts.push(("SGL", ctx.report().subgroup_size.0.min(32)));

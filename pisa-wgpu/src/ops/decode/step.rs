@@ -253,31 +253,24 @@ impl KvCache {
     }
 }
 
-/// Maps a finished MAP_READ buffer and returns its bytes; the buffer is unmapped again (on
-/// error too: the cache's readback buffer serves every host call).
+/// Maps a finished MAP_READ buffer and returns its bytes; the buffer is left unmapped, on error
+/// too (the cache's readback buffer serves every host call): a map still pending after a failed
+/// wait is cancelled, a mapped one unmapped; a map that failed left it unmapped.
 fn map_read(ctx: &crate::Context, buf: &wgpu::Buffer) -> Result<Vec<u8>> {
-    let r = map_read_once(ctx, buf);
-    if r.is_err() {
-        buf.unmap();
-    }
-    r
-}
-
-fn map_read_once(ctx: &crate::Context, buf: &wgpu::Buffer) -> Result<Vec<u8>> {
     let slice = buf.slice(..);
     let (tx, rx) = std::sync::mpsc::channel();
     slice.map_async(wgpu::MapMode::Read, move |r| {
         let _ = tx.send(r);
     });
-    ctx.wait()?;
+    if let Err(e) = ctx.wait() {
+        buf.unmap();
+        return Err(e);
+    }
     let poll = |e: String| GpuError::Poll(format!("decode readback: {e}"));
     rx.recv()
         .map_err(|e| poll(e.to_string()))?
         .map_err(|e| poll(e.to_string()))?;
-    let data = slice
-        .get_mapped_range()
-        .map_err(|e| poll(e.to_string()))?
-        .to_vec();
+    let data = slice.get_mapped_range().map(|v| v.to_vec());
     buf.unmap();
-    Ok(data)
+    data.map_err(|e| poll(e.to_string()))
 }
