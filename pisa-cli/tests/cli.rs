@@ -569,3 +569,54 @@ fn demo_default_steps_fit_short_inputs() {
 fn snapshot_is_empty(dir: &Path) -> bool {
     common::snapshot(dir).is_empty()
 }
+
+/// `pisa --tune decode_route_subgroups=1 info` warns for each adapter without subgroups of 8
+/// lanes or more (where the decode route's subgroup level steps cannot run), and only when the
+/// knob is set by name; `pisa info` names the decode route's steps on every adapter. Run on the
+/// default backends and on wgpu's OpenGL backend (`WGPU_BACKEND=gl`, no subgroups: the warning
+/// shows there), where it is available.
+#[test]
+fn info_warns_of_decode_route_subgroups_asked_where_there_are_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut warned = 0;
+    for backend in [None, Some("gl")] {
+        let run = |args: &[&str]| {
+            let mut c = common::pisa();
+            c.current_dir(dir.path()).args(args);
+            if let Some(b) = backend {
+                c.env("WGPU_BACKEND", b);
+            }
+            common::run_cmd(&mut c)
+        };
+        let listed = run(&["info", "--json"]);
+        if backend.is_some() && listed.code != Some(0) {
+            continue; // (no OpenGL adapter here)
+        }
+        let j = listed.ok().json();
+        let plain = run(&["info"]).ok();
+        assert!(
+            !plain.stderr.contains("decode_route_subgroups"),
+            "{}",
+            plain.stderr
+        );
+        let adapters = j.as_array().unwrap();
+        assert_eq!(
+            plain.stdout.matches("    decode route: ").count(),
+            adapters.len(),
+            "{}",
+            plain.stdout
+        );
+        let asked = run(&["--tune", "decode_route_subgroups=1", "info"]).ok();
+        assert_eq!(asked.stdout, plain.stdout);
+        for (i, a) in adapters.iter().enumerate() {
+            let line = format!(
+                "warning: decode_route_subgroups asks for the decode route's subgroup level steps, but [{i}] {} has no subgroups of 8 lanes or more",
+                a["name"].as_str().unwrap()
+            );
+            let none = a["subgroups"] == false || a["subgroup_size"][0].as_u64().unwrap() < 8;
+            assert_eq!(asked.stderr.contains(&line), none, "{a}\n{}", asked.stderr);
+            warned += usize::from(none);
+        }
+    }
+    eprintln!("adapters without subgroups of 8 lanes (warned): {warned}");
+}
