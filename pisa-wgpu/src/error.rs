@@ -39,13 +39,15 @@ pub enum GpuError {
     #[error("GPU device lost: {0}; create a new context")]
     DeviceLost(String),
     /// A size is above what this adapter allows and cannot be split further.
-    #[error("{what} needs {needed} {unit}, above this adapter's limit of {limit} {unit} ({hint})")]
+    #[error("{what} needs {needed} {unit}, above this device's limit of {limit} {unit} ({hint})")]
     Limit {
         /// The resource.
         what: String,
         /// Amount needed, in `unit`.
         needed: u64,
-        /// The adapter's limit, in `unit`.
+        /// The limit, in `unit`: the device's (as opened, by pisa with the adapter's limits or
+        /// by the application with its own), or one an operation was given (e.g.
+        /// [`crate::ops::decode::KvCache::set_workgroup_memory_limit`]).
         limit: u64,
         /// Unit of `needed` and `limit` ("bytes", "loop iterations", "elements", "bindings").
         unit: &'static str,
