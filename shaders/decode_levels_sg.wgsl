@@ -67,6 +67,20 @@ fn dots_mean_reg(row: u32, u: u32, qr: array<vec4<f32>, QRN>) -> array<f32, GQ> 
     return a;
 }
 
+// One head's LSE over a candidate's g children, x = s q.mu_c + log n_c (NEG for a child not
+// scored): `v` is this lane's child's whole dot product; the children's lanes are LR apart
+// (max, then the sum of exp(x - max) over the scored children, as score_lse_split).
+fn children_lse(v: f32, on: bool, ln: f32) -> f32 {
+    var x = NEG;
+    if (on) { x = p.scale * v + ln; }
+    var mx = x;
+    for (var m = LR; m < LR * MG; m <<= 1u) { mx = max(mx, subgroupShuffleXor(mx, m)); }
+    var e = 0.0;
+    if (x > NEG_T) { e = exp(x - mx); }
+    for (var m = LR; m < LR * MG; m <<= 1u) { e += subgroupShuffleXor(e, m); }
+    return mx + log(e);
+}
+
 // The `lse` score of every candidate slot as rank_key into rkc with its node (key 0 for an
 // empty slot), as
 // score_lse_split computes it, the sums in butterfly order. Item it = (slot * g + child) * LR +
@@ -106,28 +120,14 @@ fn score_lse_sg(bh: u32, l: u32, len: u32, nchild: u32, w: u32, co: u32, lid: u3
             let lo = (u & (LR / 4u)) != 0u;
             var v = select(b0, b1, lo) + subgroupShuffleXor(select(b1, b0, lo), LR / 4u);
             for (var m = 1u; m < LR / 4u; m <<= 1u) { v += subgroupShuffleXor(v, m); }
-            var x = NEG;
-            if (on) { x = p.scale * v + ln; }
-            var mx = x;
-            for (var m = LR; m < LR * g; m <<= 1u) { mx = max(mx, subgroupShuffleXor(mx, m)); }
-            var e = 0.0;
-            if (x > NEG_T) { e = exp(x - mx); }
-            for (var m = LR; m < LR * g; m <<= 1u) { e += subgroupShuffleXor(e, m); }
-            tot = mx + log(e);
+            tot = children_lse(v, on, ln);
             tot += subgroupShuffleXor(tot, LR / 4u);
             tot += subgroupShuffleXor(tot, LR / 2u);
         }
         for (var hh = 0u; hh < select(GQ, 0u, TR4); hh++) {
             var v = a[hh];
             for (var m = 1u; m < LR; m <<= 1u) { v += subgroupShuffleXor(v, m); }
-            var x = NEG;
-            if (on) { x = p.scale * v + ln; }
-            var mx = x;
-            for (var m = LR; m < LR * g; m <<= 1u) { mx = max(mx, subgroupShuffleXor(mx, m)); }
-            var e = 0.0;
-            if (x > NEG_T) { e = exp(x - mx); }
-            for (var m = LR; m < LR * g; m <<= 1u) { e += subgroupShuffleXor(e, m); }
-            tot += mx + log(e);
+            tot += children_lse(v, on, ln);
         }
         if (it < n && it % (LR * g) == 0u) {
             var key = 0u;

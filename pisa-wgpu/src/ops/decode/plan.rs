@@ -269,6 +269,42 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// Lanes per pyramid row of the route's subgroup level steps (`decode_levels_sg.wgsl`) on
+    /// a device whose smallest subgroup has `sg_min` lanes, or `None` where they cannot run:
+    /// `lse` scoring, g_q at most 8, g a power of two, `sg_min` at least 8 (the rank step's
+    /// counting lanes), and g times the lanes (the plan's, lowered to a power of two that fits)
+    /// at most `sg_min` and dividing the route's workgroup, so that a candidate's lanes are in
+    /// one subgroup.
+    pub fn route_subgroup_lanes(&self, sg_min: u32, lse: bool) -> Option<u32> {
+        let (g, wr) = (self.mg, self.wr);
+        if !(lse && self.gq <= 8 && g.is_power_of_two() && sg_min >= 8 && wr.is_multiple_of(8)) {
+            return None;
+        }
+        let mut lr = 1u32 << (31 - self.lr.max(1).leading_zeros());
+        while lr > 1 && (g * lr > sg_min || !wr.is_multiple_of(g * lr)) {
+            lr /= 2;
+        }
+        (g * lr <= sg_min && wr.is_multiple_of(g * lr)).then_some(lr)
+    }
+
+    /// The `const` substitutions of the route with its subgroup level steps: [`Self::consts`]
+    /// of the route's workgroup with `lr` lanes per row, no level scratch (XR = 1: the subgroup
+    /// steps do not use it), SGR = 1 and the smallest subgroup size SGL (up to 32).
+    pub fn route_subgroup_consts(&self, lr: u32, sg_min: u32) -> Vec<(&'static str, u32)> {
+        let mut consts = self.consts(self.wr).to_vec();
+        for c in consts.iter_mut() {
+            match c.0 {
+                "LR" => c.1 = lr,
+                "XR" => c.1 = 1,
+                _ => {}
+            }
+        }
+        consts.extend([("SGR", 1), ("SGL", sg_min.min(32))]);
+        consts
+    }
+}
+
 /// Words of the top-K cut's partial rank counts (`decode_cut.wgsl`: `mcnt`) for a workgroup of
 /// `wg` invocations: CPM = clamp(wg / MAXC, 1, 8) counts per slot (one word when CPM = 1: the
 /// counts are then whole).

@@ -52,26 +52,9 @@ fn workgroup_memory_accounting_covers_the_shaders() {
                 let consts = plan.consts(wg);
                 assert_workgroup_fits(shader, entry, Storage::F32, &consts, plan.smem, &what);
             }
-            // The route with its subgroup level steps, where record.rs route_subgroup_lanes
-            // would run it, its lanes as many as on a 32-lane subgroup.
-            let mut lr = 1u32 << (31 - plan.lr.max(1).leading_zeros());
-            while lr > 1 && plan.mg * lr > 32 {
-                lr /= 2;
-            }
-            let sg_runs = scoring == Scoring::Lse
-                && plan.gq <= 8
-                && plan.mg.is_power_of_two()
-                && plan.wr.is_multiple_of(plan.mg * lr);
-            if sg_runs {
-                let mut consts = plan.consts(plan.wr).to_vec();
-                for c in consts.iter_mut() {
-                    match c.0 {
-                        "LR" => c.1 = lr,
-                        "XR" => c.1 = 1,
-                        _ => {}
-                    }
-                }
-                consts.extend([("SGR", 1), ("SGL", 32)]);
+            // The route with its subgroup level steps, where it runs on 32-lane subgroups.
+            if let Some(lr) = plan.route_subgroup_lanes(32, scoring == Scoring::Lse) {
+                let consts = plan.route_subgroup_consts(lr, 32);
                 let sg = &ROUTE_SG_SHADER;
                 assert_workgroup_fits(sg, "route", Storage::F32, &consts, plan.smem, &what);
                 sg_checked += 1;

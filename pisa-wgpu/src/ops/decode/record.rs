@@ -411,31 +411,18 @@ impl KvCache {
     }
 
     /// Lanes per pyramid row of the split step's `route` with its level steps on subgroup
-    /// shuffles ([`ROUTE_SG_SHADER`]), or `None` where it does not run: it runs where
-    /// [`crate::Tuning::decode_route_subgroups`] asked when the cache was made, the device has `Features::SUBGROUP`,
-    /// the scoring is `lse`, g_q is at most 8, the merge factor g is a power of two, the
-    /// smallest subgroup has at least 8 lanes (the rank step's counting lanes), and g times the
-    /// lanes (the plan's, lowered to a power of two that fits) is at most the smallest subgroup
-    /// and divides the route's workgroup, so that a candidate's lanes are in one subgroup.
+    /// shuffles ([`ROUTE_SG_SHADER`]), or `None` where it does not run: where
+    /// [`crate::Tuning::decode_route_subgroups`] asked when the cache was made and the device
+    /// has `Features::SUBGROUP`, by the plan's rule ([`super::plan::Plan::route_subgroup_lanes`]).
     pub(super) fn route_subgroup_lanes(&self) -> Option<u32> {
         let ctx = &self.ctx;
-        let (sg_min, _) = ctx.report().subgroup_size;
-        let (g, wr) = (self.plan.mg, self.plan.wr);
-        let ok = self.route_subgroups
-            && ctx.features().contains(wgpu::Features::SUBGROUP)
-            && self.cfg.scoring == pisa_core::Scoring::Lse
-            && self.plan.gq <= 8
-            && g.is_power_of_two()
-            && sg_min >= 8
-            && wr.is_multiple_of(8);
-        if !ok {
-            return None;
-        }
-        let mut lr = 1u32 << (31 - self.plan.lr.max(1).leading_zeros());
-        while lr > 1 && (g * lr > sg_min || !wr.is_multiple_of(g * lr)) {
-            lr /= 2;
-        }
-        (g * lr <= sg_min && wr.is_multiple_of(g * lr)).then_some(lr)
+        let lse = self.cfg.scoring == pisa_core::Scoring::Lse;
+        (self.route_subgroups && ctx.features().contains(wgpu::Features::SUBGROUP))
+            .then(|| {
+                self.plan
+                    .route_subgroup_lanes(ctx.report().subgroup_size.0, lse)
+            })
+            .flatten()
     }
 
     /// The three dispatches of this cache's split step for `q`: `route`, `leaf`, `merge`.
@@ -464,17 +451,9 @@ impl KvCache {
         let sg_lanes = self.route_subgroup_lanes();
         let route_pipe = match sg_lanes {
             Some(lr) => {
-                let mut consts = self.plan.consts(self.plan.wr).to_vec();
-                for c in consts.iter_mut() {
-                    match c.0 {
-                        "LR" => c.1 = lr,
-                        // The level scratch `xr` is not used by the subgroup steps.
-                        "XR" => c.1 = 1,
-                        _ => {}
-                    }
-                }
-                consts.push(("SGR", 1));
-                consts.push(("SGL", ctx.report().subgroup_size.0.min(32)));
+                let consts = self
+                    .plan
+                    .route_subgroup_consts(lr, ctx.report().subgroup_size.0);
                 SG_ROUTES.with(|c| c.set(c.get() + 1));
                 ctx.pipelines.get(
                     &ctx.device,
