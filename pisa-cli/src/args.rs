@@ -283,40 +283,16 @@ impl DeviceArgs {
 /// ([`Context::kernel_path`], [`Context::nv_cm2`], its features), which also weighs the
 /// adapter's shapes, subgroup sizes and limits, not only its feature list.
 fn unavailable_asked(ctx: &Context) -> Vec<String> {
-    let t = ctx.tuning();
-    let name = &ctx.report().name;
-    let mut out = Vec::new();
-    if asked("tensor_cores")
-        && t.tensor_cores
-        && ctx.kernel_path() != pisa_wgpu::KernelPath::CoopMat
-    {
-        out.push(format!(
-            "tensor_cores asks for tensor cores, but pisa's tensor-core kernels cannot run on {name}: the portable kernels run"
-        ));
-    }
-    if asked("nv_cm2") && t.nv_cm2 && t.tensor_cores && !ctx.nv_cm2() {
-        out.push(format!(
-            "nv_cm2 asks for the NVIDIA kernels, but they cannot run on {name} (no usable VK_NV_cooperative_matrix2): they do not run"
-        ));
-    }
-    if asked("route_subgroups")
-        && t.route_subgroups
-        && !ctx.features().contains(pisa_wgpu::wgpu::Features::SUBGROUP)
-    {
-        out.push(format!(
-            "route_subgroups asks for the routing's subgroup step, but {name} has no subgroups: the workgroup-memory step runs"
-        ));
-    }
-    let (sg_min, _) = ctx.report().subgroup_size;
-    if asked("decode_route_subgroups")
-        && t.decode_route_subgroups
-        && !(ctx.features().contains(pisa_wgpu::wgpu::Features::SUBGROUP) && sg_min >= 8)
-    {
-        out.push(format!(
-            "decode_route_subgroups asks for the decode route's subgroup level steps, but {name} has no subgroups of 8 lanes or more: the workgroup-memory steps run"
-        ));
-    }
-    out
+    let subgroups = ctx.features().contains(pisa_wgpu::wgpu::Features::SUBGROUP);
+    let hw = Hardware {
+        tensor_cores: (ctx.kernel_path() == pisa_wgpu::KernelPath::CoopMat)
+            .then_some(())
+            .ok_or("cannot run pisa's tensor-core kernels"),
+        nv_cm2: ctx.nv_cm2(),
+        subgroups,
+        subgroups8: subgroups && ctx.report().subgroup_size.0 >= 8,
+    };
+    unavailable(&ctx.tuning(), &hw, &ctx.report().name)
 }
 
 /// [`unavailable_asked`] for `pisa info`, which opens no device: the knobs this command set
@@ -326,31 +302,71 @@ pub fn unavailable_asked_on(r: &pisa_wgpu::AdapterReport, name: &str) -> Vec<Str
     let Ok(t) = command_tuning() else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    if asked("tensor_cores") && t.tensor_cores && !r.cooperative_matrix {
-        out.push(format!(
-            "tensor_cores asks for tensor cores, but {name} has no cooperative matrices: the knob has no effect there (the portable kernels run)"
-        ));
-    }
-    if asked("nv_cm2") && t.nv_cm2 && t.tensor_cores && !r.nv_cooperative_matrix2 {
-        out.push(format!(
-            "nv_cm2 asks for the NVIDIA kernels, but {name} has no usable VK_NV_cooperative_matrix2: the knob has no effect there"
-        ));
-    }
-    if asked("route_subgroups") && t.route_subgroups && !r.subgroups {
-        out.push(format!(
-            "route_subgroups asks for the routing's subgroup step, but {name} has no subgroups: the knob has no effect there (the workgroup-memory step runs)"
-        ));
-    }
-    if asked("decode_route_subgroups")
-        && t.decode_route_subgroups
-        && !(r.subgroups && r.subgroup_size.0 >= 8)
-    {
-        out.push(format!(
-            "decode_route_subgroups asks for the decode route's subgroup level steps, but {name} has no subgroups of 8 lanes or more: the knob has no effect there (the workgroup-memory steps run)"
-        ));
-    }
-    out
+    let hw = Hardware {
+        tensor_cores: r
+            .cooperative_matrix
+            .then_some(())
+            .ok_or("has no cooperative matrices"),
+        nv_cm2: r.nv_cooperative_matrix2,
+        subgroups: r.subgroups,
+        subgroups8: r.subgroups && r.subgroup_size.0 >= 8,
+    };
+    unavailable(&t, &hw, name)
+}
+
+/// The hardware paths an opened context runs, or an adapter has (for `pisa info`).
+struct Hardware {
+    /// `Err(why)` where pisa's tensor-core kernels do not run, in words after the name.
+    tensor_cores: Result<(), &'static str>,
+    /// Whether the NVIDIA `VK_NV_cooperative_matrix2` kernels run.
+    nv_cm2: bool,
+    /// Subgroup operations, and subgroups of 8 lanes or more.
+    subgroups: bool,
+    subgroups8: bool,
+}
+
+/// One line per knob this command set by name (`--tune` or its `PISA_*` variable) that asks
+/// for a path `hw` lacks: the knob, what it asks for, why `name` cannot, and what runs there.
+fn unavailable(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
+    let checks = [
+        (
+            "tensor_cores",
+            t.tensor_cores,
+            hw.tensor_cores.err(),
+            "tensor cores",
+            "the portable kernels run there",
+        ),
+        (
+            "nv_cm2",
+            t.nv_cm2 && t.tensor_cores,
+            (!hw.nv_cm2).then_some("has no usable VK_NV_cooperative_matrix2"),
+            "the NVIDIA kernels",
+            "they do not run there",
+        ),
+        (
+            "route_subgroups",
+            t.route_subgroups,
+            (!hw.subgroups).then_some("has no subgroups"),
+            "the routing's subgroup step",
+            "the workgroup-memory step runs there",
+        ),
+        (
+            "decode_route_subgroups",
+            t.decode_route_subgroups,
+            (!hw.subgroups8).then_some("has no subgroups of 8 lanes or more"),
+            "the decode route's subgroup level steps",
+            "the workgroup-memory steps run there",
+        ),
+    ];
+    checks
+        .into_iter()
+        .filter_map(|(knob, on, lacks, asks, runs)| {
+            let lacks = lacks.filter(|_| on && asked(knob))?;
+            Some(format!(
+                "{knob} asks for {asks}, but {name} {lacks}: {runs}"
+            ))
+        })
+        .collect()
 }
 
 /// Whether the command set `knob` explicitly ([`EXPLICIT`]).
