@@ -244,11 +244,20 @@ macro_rules! usage_bail {
 }
 pub use crate::usage_bail;
 
+/// The value of an `--adapter` option: a name fragment or an index, not empty (an empty
+/// fragment matched every adapter, so the option chose the first one silently).
+pub fn adapter_arg(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("empty: give a name fragment or an index from `pisa info`".into());
+    }
+    Ok(s.to_string())
+}
+
 /// Which GPU and precision.
 #[derive(Args, Clone, Debug)]
 pub struct DeviceArgs {
     /// Adapter: a name fragment or an index from `pisa info` (default: highest performance).
-    #[arg(long)]
+    #[arg(long, value_parser = adapter_arg)]
     pub adapter: Option<String>,
     /// GPU storage precision of Q, K, V and O (arithmetic is f32; O is f32 for bf16).
     #[arg(long, value_enum, default_value_t = StorageArg::F32)]

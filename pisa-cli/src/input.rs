@@ -46,7 +46,9 @@ pub struct InputArgs {
     /// Layout of the tensors in the files.
     #[arg(long, value_enum, default_value_t = LayoutArg::Bhnd)]
     pub layout: LayoutArg,
-    /// Pass NaN/Inf inputs to the GPU instead of refusing them.
+    /// Pass NaN/Inf inputs to the GPU instead of refusing them. What a row that reads one gets
+    /// is unspecified and need not be NaN: a row whose query holds one can come out as zeros
+    /// with LSE -inf, like a row with no keys (pisa_wgpu::ops::prefill, "Non-finite inputs").
     #[arg(long)]
     pub allow_nonfinite: bool,
 }

@@ -391,7 +391,18 @@ fn bench_tiny_json_then_compare() {
     assert!(head.contains(&format!("kernel path {path} (")), "{head}");
     assert_eq!(path == "portable", !head.contains("tensor cores"), "{head}");
     assert!(dir.path().join("a.svg").exists());
-    let c = run_in(dir.path(), &["bench", "--compare", "a.json", "a.json"]).ok();
+    let c = run_in(
+        dir.path(),
+        &[
+            "bench",
+            "--compare",
+            "a.json",
+            "a.json",
+            "--plot",
+            "compare.svg",
+        ],
+    )
+    .ok();
     assert!(c.stdout.contains("pisa_select"), "{}", c.stdout);
     let svg = std::fs::read_to_string(dir.path().join("compare.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("polyline"), "{svg}");
@@ -476,9 +487,36 @@ fn bench_on_llvmpipe_warns_above_its_loop_limit() {
 fn bench_compare_of_an_empty_report() {
     let dir = tempfile::tempdir().unwrap();
     write_empty_report(dir.path());
-    run_in(dir.path(), &["bench", "--compare", "e.json"]).ok();
-    let svg = std::fs::read_to_string(dir.path().join("compare.svg")).unwrap();
+    run_in(
+        dir.path(),
+        &["bench", "--compare", "e.json", "--plot", "c.svg"],
+    )
+    .ok();
+    let svg = std::fs::read_to_string(dir.path().join("c.svg")).unwrap();
     assert!(svg.contains("no timed results"), "{svg}");
+}
+
+/// `--compare` without `--plot` prints the table and writes no file (it wrote compare.svg
+/// beside the first file compared, into whatever folder held it, replacing one there).
+#[test]
+fn bench_compare_writes_nothing_without_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("runs");
+    std::fs::create_dir(&data).unwrap();
+    write_empty_report(&data);
+    let r = run_in(dir.path(), &["bench", "--compare", "runs/e.json"]).ok();
+    assert!(!r.stdout.contains("plot:"), "{}", r.stdout);
+    let mut files: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    files.extend(
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name()),
+    );
+    files.sort();
+    assert_eq!(files, ["e.json", "runs"], "files written");
 }
 
 /// Writes `e.json` in `dir`: a bench report with no records.

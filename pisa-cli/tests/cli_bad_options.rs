@@ -276,6 +276,19 @@ fn bad_bench_arguments() {
     );
     // Regressions: each was accepted and ignored or misreported.
     usage(&["--storages="], &["--storages is empty"]);
+    // Regressions: an empty list entry was dropped without a word (`1,,` ran as `1`), `,` was
+    // read as no sizes (exit 1), and a repeated entry exited 1: malformed lists exit 2.
+    usage(&["--sizes", "64,,"], &["--sizes", "has an empty entry"]);
+    usage(&["--sizes", ","], &["--sizes", "has an empty entry"]);
+    usage(
+        &["--decode-sizes", ",4k"],
+        &["--decode-sizes", "has an empty entry"],
+    );
+    usage(
+        &["--storages", "f32,,f16"],
+        &["--storages", "has an empty entry"],
+    );
+    usage(&["--storages", "f32,f32"], &["storage f32 is listed twice"]);
     bench(
         &["--sizes", "18446744073709551615"],
         &["too large: at most 4294967295"],
@@ -323,6 +336,7 @@ fn bad_bench_arguments() {
     );
     std::fs::write(d.join("compare.svg"), b"<svg/>").unwrap();
     fails(d, &["bench", "--compare", "compare.svg"], &["compare.svg"]);
+
     // Regression: times no run writes (negative, 1e300 ms) were tabled and
     // plotted as they came.
     for (file, ms) in [("neg.json", "-1.5"), ("huge.json", "1e300")] {
@@ -361,17 +375,17 @@ fn bad_bench_arguments() {
         &["--plot", "notes.svg", "not an SVG plot"],
     );
     assert_eq!(std::fs::read(d.join("notes.svg")).unwrap(), b"precious");
-    // Regression: a size or storage listed twice was measured twice, and tabled once.
-    bench(
+    // Regression: a size or storage listed twice was measured twice, and tabled once (a
+    // malformed list: exit 2).
+    usage(
         &["--sizes", "256,256"],
         &["--sizes", "size 256 is listed twice"],
     );
-    bench(&["--sizes", "1k,1024"], &["size 1024 is listed twice"]);
-    bench(
+    usage(&["--sizes", "1k,1024"], &["size 1024 is listed twice"]);
+    usage(
         &["--decode-sizes", "4k,4k"],
         &["--decode-sizes", "listed twice"],
     );
-    bench(&["--storages", "f32,f32"], &["storage f32 is listed twice"]);
 }
 
 /// Regression: a head dim the kernels do not support "skipped" every size and exited 0; now the
@@ -425,6 +439,10 @@ fn malformed_command_lines() {
         // Regression: --compare ignored the measuring flags given with it.
         &["bench", "--compare", "a.json", "--sizes", "4k"],
         &["bench", "--compare", "a.json", "--json", "b.json"],
+        // Regression: an empty adapter name matched every adapter and ran on the first.
+        &["bench", "--adapter", "", "--sizes", "64"],
+        &["demo", "--adapter", " "],
+        &["forward", "--adapter", ""],
     ] {
         let r = run_in(dir.path(), args);
         assert_eq!(r.code, Some(2), "{args:?}: {}", r.stderr);

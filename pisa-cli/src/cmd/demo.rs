@@ -23,7 +23,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub steps: Option<usize>,
     /// Adapter name fragment or index.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::adapter_arg)]
     pub adapter: Option<String>,
     /// Skip the untimed warm-up prefill: the forward's times then include the shader compilation
     /// and pipeline creation that drivers do at a pipeline's first dispatch (a cold start).

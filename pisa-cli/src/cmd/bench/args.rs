@@ -69,26 +69,38 @@ pub struct BenchArgs {
     /// Write the results as JSON here (and an SVG plot beside it).
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Instead of measuring: print these result files side by side (and write a plot: --plot).
+    /// Instead of measuring: print these result files side by side (and, with --plot, their plot).
     #[arg(long, num_args = 1.., conflicts_with_all = [
         "sizes", "decode_sizes", "decode_burst", "hq", "hkv", "d", "block_size", "top_k",
         "scoring", "q_tile", "leaf_order", "storages", "dense_max", "backward_max", "reps",
         "decode_reps", "budget_s", "json", "adapter",
     ])]
     pub compare: Vec<PathBuf>,
-    /// With --compare: the SVG plot to write (default: compare.svg beside the first file).
+    /// With --compare: also write the SVG plot of the compared results here (*.svg).
     #[arg(long, requires = "compare")]
     pub plot: Option<PathBuf>,
     /// Adapter name fragment or index.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::adapter_arg)]
     pub adapter: Option<String>,
 }
 
-/// Parses "4k,16K,1m,1000" into token counts.
+/// The entries of a comma-separated option value `s` of option `what`, trimmed: none for an
+/// empty value; an empty entry (`1,,2`, `,`) is a usage error (it was dropped without a word).
+fn list_entries<'a>(s: &'a str, what: &str) -> Result<Vec<&'a str>> {
+    if s.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let v: Vec<&str> = s.split(',').map(str::trim).collect();
+    if v.iter().any(|x| x.is_empty()) {
+        usage_bail!("{what} {s:?} has an empty entry: give values separated by single commas");
+    }
+    Ok(v)
+}
+
+/// Parses "4k,16K,1m,1000" into token counts (none for an empty value).
 pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|x| !x.is_empty())
+    list_entries(s, "the list")?
+        .into_iter()
         .map(|x| {
             let (num, mul) = match x.chars().last() {
                 Some('k' | 'K') => (&x[..x.len() - 1], 1024),
@@ -139,19 +151,18 @@ pub(super) fn max_size(s: &str, what: &str) -> Result<usize> {
 /// storage was measured twice, and the tables and `--compare` showed one of the two).
 fn no_repeats<T: PartialEq>(v: Vec<T>, name: impl Fn(&T) -> String) -> Result<Vec<T>> {
     if let Some(i) = (1..v.len()).find(|&i| v[..i].contains(&v[i])) {
-        bail!("{} is listed twice", name(&v[i]));
+        usage_bail!("{} is listed twice", name(&v[i]));
     }
     Ok(v)
 }
 
 /// Parses "f16,f32" into storage precisions (at least one).
 pub(super) fn storages(s: &str) -> Result<Vec<Storage>> {
-    if s.split(',').all(|x| x.trim().is_empty()) {
+    if s.trim().is_empty() {
         usage_bail!("--storages is empty: give f16, f32 and/or bf16");
     }
-    s.split(',')
-        .map(str::trim)
-        .filter(|x| !x.is_empty())
+    list_entries(s, "--storages")?
+        .into_iter()
         .map(|x| match x {
             "f32" => Ok(Storage::F32),
             "f16" => Ok(Storage::F16),

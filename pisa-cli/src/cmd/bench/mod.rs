@@ -43,6 +43,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .iter()
             .map(|p| Report::load(p))
             .collect::<Result<_>>()?;
+        // The plot only where --plot names it: comparing files writes nothing by itself (it
+        // wrote compare.svg beside the first file, into whatever folder held it).
         let svg = match &a.plot {
             Some(p) if p.extension().is_none_or(|e| !e.eq_ignore_ascii_case("svg")) => {
                 crate::args::usage_bail!(
@@ -50,17 +52,21 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     p.display()
                 );
             }
-            Some(p) => p.clone(),
-            None => a.compare[0].with_file_name("compare.svg"),
+            Some(p) => Some(p.clone()),
+            None => None,
         };
         let inputs: Vec<&std::path::Path> = a.compare.iter().map(PathBuf::as_path).collect();
         compare::name_apart(&mut reports, &inputs);
-        crate::io::check_output_paths(std::slice::from_ref(&svg), &inputs)?;
-        args::check_plot_path(&svg, "--plot")?;
+        if let Some(svg) = &svg {
+            crate::io::check_output_paths(std::slice::from_ref(svg), &inputs)?;
+            args::check_plot_path(svg, "--plot")?;
+        }
         print!("{}", compare::compare(&reports));
-        std::fs::write(&svg, compare::svg(&reports))
-            .with_context(|| format!("{}: cannot write", svg.display()))?;
-        println!("plot: {}", svg.display());
+        if let Some(svg) = svg {
+            std::fs::write(&svg, compare::svg(&reports))
+                .with_context(|| format!("{}: cannot write", svg.display()))?;
+            println!("plot: {}", svg.display());
+        }
         return Ok(());
     }
     let sizes = parse_sizes(&a.sizes).context("--sizes")?;
