@@ -13,10 +13,11 @@ const PV_IT: u32 = (CH + PARTS - 1u) / PARTS; // keys of a chunk per P.V invocat
 const PREFETCH: bool = PVR == PV_IT;           // value rows loaded with the keys (see below)
 const XP: u32 = CH * GQ;                       // start of the partial scores in xs
 
-var<workgroup> xs: array<f32, XS>;
-var<workgroup> red: array<f32, WG>;
-var<workgroup> hm: array<f32, GQ>;
-var<workgroup> halpha: array<f32, GQ>;
+// (NB instances of AW invocations each: one in `leaf`, several in `route_leaf`.)
+var<workgroup> xs: array<f32, XS * NB>;
+var<workgroup> red: array<f32, AW * NB>;
+var<workgroup> hm: array<f32, GQ * NB>;
+var<workgroup> halpha: array<f32, GQ * NB>;
 var<workgroup> wleaf: vec2<u32>; // (length, the slot's block)
 
 // Vec4 j of the key / value row of token t of flat (sequence, KV head) bh: shard 0 (kc, vc) for
@@ -60,59 +61,73 @@ fn dots_key_shard(bh: u32, t: u32, u: u32) -> array<f32, GQ> {
     return a;
 }
 
-fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
-    let part = lid / D4;
-    let j4 = lid % D4;
-    let r_n = min(WG / GQ, 8u);
+// The state of the block of n keys from token t0 (n = 0: a slot with no block, nothing
+// written) into parts[po..], by the AW invocations of instance ib (its invocation al), in
+// chunks up to nmax keys (the same for every invocation of the workgroup: the barriers are
+// the workgroup's). Invocations of an instance ib >= NB take part in the barriers only.
+fn attend_block(bh: u32, t0: u32, n: u32, nmax: u32, po: u32, al: u32, ib: u32) {
+    let act = ib < NB;
+    let xb = min(ib, NB - 1u) * XS;   // this instance's scratch in xs
+    let hb = min(ib, NB - 1u) * GQ;   // and in hm, halpha
+    let part = al / D4;
+    let j4 = al % D4;
+    let r_n = min(AW / GQ, 8u);
     var acc: array<vec4<f32>, GQ>;
     var lacc: array<f32, GQ>;
-    if (lid < GQ) { hm[lid] = NEG; }
-    for (var c0 = 0u; c0 < n; c0 += CH) {
-        let cn = min(CH, n - c0);
+    if (act && al < GQ) { hm[hb + al] = NEG; }
+    for (var c0 = 0u; c0 < nmax; c0 += CH) {
+        let cn = select(0u, min(CH, n - c0), n > c0);
+        let cl = max(cn, 1u) - 1u; // the last key loads are clamped to
         // The chunk's value rows of this P.V invocation, loaded now (when they fit in
         // registers: PVR = PV_IT <= 16) so that their memory round trip overlaps the keys'.
         var vv: array<vec4<store_t>, PVR>;
-        if (PREFETCH && part < PARTS) { vv = load_values(bh, t0 + c0, cn, part, j4); }
-        for (var it = lid; it < CH * LK; it += WG) {
-            var a: array<f32, GQ>;
-            if (it / LK < cn) { a = dots_key_shard(bh, t0 + c0 + it / LK, it % LK); }
-            for (var hh = 0u; hh < GQ; hh++) { xs[XP + it * GQ + hh] = a[hh]; }
+        if (act && PREFETCH && part < PARTS) { vv = load_values(bh, t0 + c0, cl + 1u, part, j4); }
+        if (act) {
+            for (var it = al; it < CH * LK; it += AW) {
+                var a: array<f32, GQ>;
+                if (it / LK < cn) { a = dots_key_shard(bh, t0 + c0 + it / LK, it % LK); }
+                for (var hh = 0u; hh < GQ; hh++) { xs[xb + XP + it * GQ + hh] = a[hh]; }
+            }
         }
         workgroupBarrier();
-        for (var e = lid; e < CH * GQ; e += WG) {
-            var a = 0.0;
-            for (var u = 0u; u < LK; u++) { a += xs[XP + ((e / GQ) * LK + u) * GQ + e % GQ]; }
-            xs[e] = select(NEG, p.scale * a, e / GQ < cn);
+        if (act) {
+            for (var e = al; e < CH * GQ; e += AW) {
+                var a = 0.0;
+                for (var u = 0u; u < LK; u++) { a += xs[xb + XP + ((e / GQ) * LK + u) * GQ + e % GQ]; }
+                xs[xb + e] = select(NEG, p.scale * a, e / GQ < cn);
+            }
         }
         workgroupBarrier();
-        if (lid < r_n * GQ) {
+        if (act && al < r_n * GQ) {
             var m = NEG;
-            for (var it = lid % r_n; it < CH; it += r_n) { m = max(m, xs[it * GQ + lid / r_n]); }
-            red[lid] = m;
+            for (var it = al % r_n; it < CH; it += r_n) { m = max(m, xs[xb + it * GQ + al / r_n]); }
+            red[min(ib, NB - 1u) * AW + al] = m;
         }
         workgroupBarrier();
-        if (lid < GQ) {
+        if (act && al < GQ) {
             var m = NEG;
-            for (var r = 0u; r < r_n; r++) { m = max(m, red[lid * r_n + r]); }
-            let m_new = max(hm[lid], m);
-            halpha[lid] = exp(hm[lid] - m_new);
-            hm[lid] = m_new;
+            for (var r = 0u; r < r_n; r++) { m = max(m, red[ib * AW + al * r_n + r]); }
+            let m_new = max(hm[hb + al], m);
+            halpha[hb + al] = exp(hm[hb + al] - m_new);
+            hm[hb + al] = m_new;
         }
         workgroupBarrier();
-        for (var e = lid; e < CH * GQ; e += WG) {
-            let x = xs[e];
-            xs[e] = select(0.0, exp(x - hm[e % GQ]), x > NEG_T);
+        if (act) {
+            for (var e = al; e < CH * GQ; e += AW) {
+                let x = xs[xb + e];
+                xs[xb + e] = select(0.0, exp(x - hm[hb + e % GQ]), x > NEG_T);
+            }
         }
         workgroupBarrier();
-        if (part < PARTS) {
+        if (act && part < PARTS) {
             for (var hh = 0u; hh < GQ; hh++) {
-                lacc[hh] *= halpha[hh];
-                acc[hh] *= halpha[hh];
+                lacc[hh] *= halpha[hb + hh];
+                acc[hh] *= halpha[hb + hh];
             }
             for (var i = 0u; i < PV_IT; i++) {
                 let it = part + i * PARTS;
                 // Loads clamped to the chunk (no condition on them); masked keys skipped.
-                let ti = min(it, cn - 1u);
+                let ti = min(it, cl);
                 var v: vec4<f32>;
                 if (PREFETCH) {
                     v = vec4<f32>(vv[i]);
@@ -121,7 +136,7 @@ fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
                 }
                 if (it < cn) {
                     for (var hh = 0u; hh < GQ; hh++) {
-                        let pr = xs[ti * GQ + hh];
+                        let pr = xs[xb + ti * GQ + hh];
                         acc[hh] += pr * v;
                         lacc[hh] += pr;
                     }
@@ -131,30 +146,31 @@ fn attend_block(bh: u32, t0: u32, n: u32, po: u32, lid: u32) {
         workgroupBarrier();
     }
     // Sum the parts: xs = [PARTS][GQ][D] partial outputs, then [PARTS][GQ] row sums.
-    if (part < PARTS) {
+    if (act && part < PARTS) {
         for (var hh = 0u; hh < GQ; hh++) {
-            let o = (part * GQ + hh) * DD + 4u * j4;
+            let o = xb + (part * GQ + hh) * DD + 4u * j4;
             xs[o] = acc[hh].x;
             xs[o + 1u] = acc[hh].y;
             xs[o + 2u] = acc[hh].z;
             xs[o + 3u] = acc[hh].w;
-            if (j4 == 0u) { xs[PARTS * GQ * DD + part * GQ + hh] = lacc[hh]; }
+            if (j4 == 0u) { xs[xb + PARTS * GQ * DD + part * GQ + hh] = lacc[hh]; }
         }
     }
     workgroupBarrier();
-    for (var e = lid; e < GQ * DD; e += WG) {
+    if (!act || n == 0u) { return; }
+    for (var e = al; e < GQ * DD; e += AW) {
         let hh = e / DD;
         let d = e % DD;
         var o = 0.0;
         var l = 0.0;
         for (var pp = 0u; pp < PARTS; pp++) {
-            o += xs[(pp * GQ + hh) * DD + d];
-            l += xs[PARTS * GQ * DD + pp * GQ + hh];
+            o += xs[xb + (pp * GQ + hh) * DD + d];
+            l += xs[xb + PARTS * GQ * DD + pp * GQ + hh];
         }
         let w = po + hh * PW;
         parts[w + d] = o;
         if (d == 0u) {
-            parts[w + DD] = hm[hh];
+            parts[w + DD] = hm[hb + hh];
             parts[w + DD + 1u] = l;
         }
     }
@@ -177,5 +193,6 @@ fn leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let leaf = ll.y;
     if (leaf == INVALID || len == 0u) { return; }
     let t0 = leaf * p.block_size;
-    attend_block(bh, t0, min(p.block_size, len - t0), id * GQ * PW, lid);
+    let n = min(p.block_size, len - t0);
+    attend_block(bh, t0, n, n, id * GQ * PW, lid, 0u);
 }

@@ -219,7 +219,10 @@ fn steps_of_several_caches_in_one_pass() {
         let t = prof.finish(ctx).unwrap();
         let names: Vec<&str> = t.stages.iter().map(|s| s.0.as_str()).collect();
         if t.gpu {
-            let want_names: &[&str] = if by_stage {
+            // (`route_leaf` runs the leaf's work in the route's dispatch.)
+            let want_names: &[&str] = if by_stage && caches[0].route_leaf_blocks().is_some() {
+                &["decode_route", "decode_merge"]
+            } else if by_stage {
                 &["decode_route", "decode_leaf", "decode_merge"]
             } else {
                 &["decode"]
@@ -364,4 +367,68 @@ fn route_with_and_without_subgroups() {
         let built = subgroup_routes_on_this_thread() - before;
         assert_eq!(built, u64::from(on && has_sg), "sg_ties: {built} builds");
     }
+}
+
+/// The split step's `route` and `leaf` as one dispatch (`route_leaf`, asked for by
+/// `decode_route_workgroups`): several workgroups per (sequence, KV head) route the token the
+/// same way, then each attends its share of the leaf slots, several blocks at once, before the
+/// `merge` dispatch. Every step against the reference (selection exactly unless tied, output
+/// and LSE within rounding): GQA 1, 2, 3, 4, 7, 8, head dims 12 to 128, f32 and f16 storage,
+/// blocks of 16 and 64 keys (whole and partial), top_k 4 and 40, a sink and a local block, a
+/// batch of two sequences of different lengths (one empty at first); and a cache split over
+/// two storage bindings. The kernel must have been built for every case (counted per thread),
+/// so the test cannot pass on the three dispatches.
+#[test]
+fn route_and_leaf_in_one_dispatch() {
+    use pisa_wgpu::ops::decode::route_leaves_on_this_thread;
+    let mut t = pisa_wgpu::Tuning::default();
+    t.decode_route_workgroups = 4096;
+    let own: &'static pisa_wgpu::Context = Box::leak(Box::new(
+        pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t.clone())
+            .unwrap(),
+    ));
+    let cases = [
+        ("rl_gqa1_d64", 1, 64, 16, 4, Storage::F32),
+        ("rl_gqa2_d12", 2, 12, 16, 4, Storage::F32),
+        ("rl_gqa3_d128", 3, 128, 64, 4, Storage::F16),
+        ("rl_gqa4_d128", 4, 128, 64, 4, Storage::F32),
+        ("rl_gqa7_d80", 7, 80, 16, 4, Storage::F16),
+        ("rl_gqa8_d96", 8, 96, 16, 4, Storage::F32),
+        ("rl_gqa2_k40", 2, 32, 16, 40, Storage::F32),
+    ];
+    let mut built = 0;
+    for (i, (name, g_q, d, c, k, storage)) in cases.into_iter().enumerate() {
+        if storage == Storage::F16 && !own.has_f16() {
+            continue;
+        }
+        let before = route_leaves_on_this_thread();
+        let cf = cfg(c, k, 2, Scoring::Lse).with_forced(1, 1);
+        let mut case = base(name, 2 * g_q, 2, d, cf);
+        case.storage = storage;
+        case.prefill = if k > 4 {
+            vec![0, 1300]
+        } else {
+            vec![1201 + 2 * i, 77]
+        };
+        case.steps = 10;
+        let r = Run::new_in(own, case, 1400);
+        let blocks = r.cache.route_leaf_blocks();
+        assert!(blocks.is_some(), "{name}: route_leaf does not run");
+        r.run();
+        assert_eq!(route_leaves_on_this_thread() - before, 1, "{name}: builds");
+        built += 1;
+    }
+    assert!(built >= 5, "only {built} cases ran");
+    let small: &'static pisa_wgpu::Context = Box::leak(Box::new(
+        pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t).unwrap(),
+    ));
+    small.set_max_binding_bytes(5 * 400 * 32 * 4); // 5 rows of capacity 400, D 32, f32
+    let cf = cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1);
+    let mut case = base("rl_two_shards", 6, 3, 32, cf);
+    case.prefill = vec![300, 120, 157];
+    case.steps = 12;
+    let r = Run::new_in(small, case, 400);
+    assert_eq!(r.cache.kv_shards().0.len(), 2, "split over two bindings");
+    assert!(r.cache.route_leaf_blocks().is_some());
+    r.run();
 }

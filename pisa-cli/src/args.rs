@@ -278,6 +278,12 @@ impl DeviceArgs {
             },
         };
         let ctx = Context::with_tuning(&choice, command_tuning()?)?;
+        // The adapter's own defaults under the command's knobs (the tuning above starts from
+        // the library's general defaults: the adapter is known only once it is open).
+        let t = command_tuning_for(ctx.report())?;
+        if t != ctx.tuning() {
+            ctx.set_tuning(t)?;
+        }
         for line in unavailable_asked(&ctx) {
             eprintln!("warning: {line}");
         }
@@ -308,7 +314,7 @@ fn unavailable_asked(ctx: &Context) -> Vec<String> {
 /// that ask for a hardware path adapter `r` (named `name`) does not have, as far as its report
 /// tells before a device is opened, one line each.
 pub fn unavailable_asked_on(r: &pisa_wgpu::AdapterReport, name: &str) -> Vec<String> {
-    let Ok(t) = command_tuning() else {
+    let Ok(t) = command_tuning_for(r) else {
         return Vec::new();
     };
     let hw = Hardware {
@@ -396,7 +402,7 @@ static TUNE: std::sync::OnceLock<pisa_wgpu::Tuning> = std::sync::OnceLock::new()
 /// values checked by `pisa_wgpu::Tuning`) and keeps it for [`DeviceArgs::context`]. Errors
 /// name the bad variable or pair.
 pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
-    let mut t = pisa_wgpu::Tuning::default().with_env()?;
+    let t = tuning_from(pisa_wgpu::Tuning::default(), pairs)?;
     let set = |var: &str| std::env::var(var).is_ok_and(|v| !v.trim().is_empty());
     let mut explicit: Vec<String> = pisa_wgpu::TUNING_KNOBS
         .iter()
@@ -404,13 +410,8 @@ pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
         .map(|(name, _)| name.to_string())
         .collect();
     for p in pairs {
-        let Some((k, v)) = p.split_once('=') else {
-            anyhow::bail!("--tune {p}: expected KNOB=VALUE (knobs: {})", knob_names());
-        };
-        t.set(k.trim(), v)
-            .map_err(|e| anyhow::anyhow!("--tune {p}: {e}"))?;
-        // (`Tuning::set` takes a knob's variable name too)
-        let k = k.trim();
+        // (checked by tuning_from above; `Tuning::set` takes a knob's variable name too)
+        let k = p.split_once('=').map_or("", |(k, _)| k.trim());
         if let Some((name, _)) = pisa_wgpu::TUNING_KNOBS
             .iter()
             .find(|(n, v)| *n == k || *v == k)
@@ -419,17 +420,41 @@ pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
         }
     }
     let _ = TUNE.set(t);
+    let _ = PAIRS.set(pairs.to_vec());
     let _ = EXPLICIT.set(explicit);
     Ok(())
 }
 
-/// The tuning of this command ([`set_tuning`]); without it (the CLI's unit tests), the
-/// defaults with the `PISA_*` variables.
+/// The `--tune` pairs of this command ([`set_tuning`]).
+static PAIRS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// `base` with the `PISA_*` variables, then the `--tune` pairs, applied.
+fn tuning_from(base: pisa_wgpu::Tuning, pairs: &[String]) -> anyhow::Result<pisa_wgpu::Tuning> {
+    let mut t = base.with_env()?;
+    for p in pairs {
+        let Some((k, v)) = p.split_once('=') else {
+            anyhow::bail!("--tune {p}: expected KNOB=VALUE (knobs: {})", knob_names());
+        };
+        t.set(k.trim(), v)
+            .map_err(|e| anyhow::anyhow!("--tune {p}: {e}"))?;
+    }
+    Ok(t)
+}
+
+/// The tuning of this command ([`set_tuning`]) over the library's defaults; without it (the
+/// CLI's unit tests), the defaults with the `PISA_*` variables.
 pub fn command_tuning() -> anyhow::Result<pisa_wgpu::Tuning> {
     match TUNE.get() {
         Some(t) => Ok(t.clone()),
         None => Ok(pisa_wgpu::Tuning::default().with_env()?),
     }
+}
+
+/// The tuning of this command on adapter `r`: its defaults ([`pisa_wgpu::Tuning::for_adapter`],
+/// what an application's context gets there), then the variables and the `--tune` pairs.
+pub fn command_tuning_for(r: &pisa_wgpu::AdapterReport) -> anyhow::Result<pisa_wgpu::Tuning> {
+    let pairs = PAIRS.get().map_or(&[][..], Vec::as_slice);
+    tuning_from(pisa_wgpu::Tuning::for_adapter(r), pairs)
 }
 
 /// The names of the tuning knobs, comma separated.

@@ -38,8 +38,8 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             pisa_wgpu::GpuError::NoAdapter(pisa_wgpu::runtime::adapter::INSTALL_HINT.into())
         );
     }
-    let tuning = crate::args::command_tuning()?;
     for (i, r) in list.iter().enumerate() {
+        let tuning = crate::args::command_tuning_for(r)?;
         println!("[{i}] {} ({}, {})", r.name, r.backend, r.device_type);
         println!(
             "    vendor 0x{:04x} device 0x{:04x}, driver {} {}",

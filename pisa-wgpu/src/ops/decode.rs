@@ -67,6 +67,15 @@
 //!    (FlashDecoding: M = max m, L = sum l e^(m-M), O = sum O e^(m-M) / L) into O and LSE,
 //!    the weights e^(m-M) / L computed once per (head, block) for K <= 32.
 //!
+//! `route` and `leaf` as one dispatch (`route_leaf`, `shaders/decode_route_leaf.wgsl`), where
+//! [`crate::Tuning::decode_route_workgroups`] allows it (by default on adapters named H100 or
+//! H200 only) and its workgroup memory fits ([`KvCache::route_leaf_blocks`]): NS / NB
+//! workgroups per (sequence, KV head), 13 at K = 16, g = 2, each routing the token the same way
+//! (copies on idle SMs cost the route nothing) and then attending NB = WR / 128 of the leaf
+//! slots at once with `leaf`'s code (128 invocations a block), the first writing the slots for
+//! `merge`. The step is then two dependent dispatches: 43.8 against 46.1 us at 1M on the H200
+//! (docs/benchmarks.md A.28).
+//!
 //! What the H200 showed about these small kernels (docs/benchmarks.md, A.6): their time
 //! goes to each invocation's chain of dependent instructions, not to bandwidth. Runtime u32
 //! divisions in the route (2.8 us of 38 at 1M), a serial 34-step rank loop in the cut (3.2 us),
@@ -112,9 +121,10 @@ use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig};
 pub use self::chunk::ChunkOutputs;
 use self::fused::FusedPlan;
 use self::plan::{Params, Plan};
-pub use self::record::{subgroup_routes_on_this_thread, StepOutputs};
+pub use self::record::{route_leaves_on_this_thread, subgroup_routes_on_this_thread, StepOutputs};
 pub use self::shaders::{
-    APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER,
+    APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_LEAF_SG_SHADER,
+    ROUTE_LEAF_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER,
 };
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::GpuPyramid;
@@ -201,6 +211,9 @@ pub struct KvCache {
     /// Whether the split step's route may run its level steps on subgroup shuffles
     /// ([`crate::Tuning::decode_route_subgroups`] when the cache was made).
     route_subgroups: bool,
+    /// The most workgroups of a `route_leaf` dispatch ([`crate::Tuning::decode_route_workgroups`]
+    /// when the cache was made).
+    route_workgroups: u32,
     /// K/V shards `[rows, capacity, D]` each: flat (sequence, KV head) rows `i * kv_rows ..`
     /// in shard i; one shard unless the cache exceeds one storage binding, two at most.
     kv: Vec<(GpuTensor, GpuTensor)>,

@@ -81,6 +81,17 @@ pub struct Tuning {
     /// of at least 8). Read when a step's kernels are built. Default `true`. Variable
     /// `PISA_DECODE_ROUTE_SG` (`0` or `1`).
     pub decode_route_subgroups: bool,
+    /// The most workgroups the split decode step may give its `route` and `leaf` dispatches as
+    /// one (`route_leaf`, `shaders/decode_route_leaf.wgsl`; 0 to 65536): each (sequence, KV
+    /// head) is routed by as many workgroups as its leaf slots need (NS / NB, NB slots
+    /// attended at once by each), each routing the same way and then attending its slots, so
+    /// the step is two dependent dispatches instead of three. Where B * Hkv times that is
+    /// above this (or the kernel does not fit the device), the three dispatches run. Read when
+    /// a step's kernels are built. Default 104 on adapters named H100 or H200 (132 SMs: 13
+    /// workgroups per KV head at B * Hkv = 8; 13 copies of the route took no longer than one
+    /// there, 50 nearly three times as long, docs/benchmarks.md A.26), 0 (never) elsewhere
+    /// until measured. Variable `PISA_DECODE_ROUTE_WG`.
+    pub decode_route_workgroups: u32,
     /// Leaves scored per iteration by the query-tile tensor-core scorer (1 to 4). Default 2.
     /// Variable `PISA_LEAF_LPI`.
     pub leaf_tiles_per_iteration: u32,
@@ -145,6 +156,7 @@ impl Default for Tuning {
             decode_fused: false,
             decode_key_lanes: None,
             decode_route_subgroups: true,
+            decode_route_workgroups: 0,
             leaf_tiles_per_iteration: 2,
             leaf_subgroups: COOP_SUBGROUPS,
             leaf_stage_keys: true,
@@ -161,7 +173,7 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 19] = [
+pub const KNOBS: [(&str, &str); 20] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -171,6 +183,7 @@ pub const KNOBS: [(&str, &str); 19] = [
     ("decode_fused", "PISA_DECODE"),
     ("decode_key_lanes", "PISA_DECODE_LK"),
     ("decode_route_subgroups", "PISA_DECODE_ROUTE_SG"),
+    ("decode_route_workgroups", "PISA_DECODE_ROUTE_WG"),
     ("leaf_tiles_per_iteration", "PISA_LEAF_LPI"),
     ("leaf_subgroups", "PISA_LEAF_NSG"),
     ("leaf_stage_keys", "PISA_LEAF_KSTAGE"),
@@ -186,8 +199,13 @@ pub const KNOBS: [(&str, &str); 19] = [
 impl Tuning {
     /// The defaults for an adapter. They are the same for every adapter today: measured on the
     /// NVIDIA H200, and right (not tuned) elsewhere.
-    pub fn for_adapter(_report: &AdapterReport) -> Self {
-        Self::default()
+    pub fn for_adapter(report: &AdapterReport) -> Self {
+        let mut t = Self::default();
+        // 132 SMs: the decode route's copies run on SMs the route leaves idle.
+        if report.name.contains("H100") || report.name.contains("H200") {
+            t.decode_route_workgroups = 104;
+        }
+        t
     }
 
     /// `self` with the `PISA_*` environment variables of [`KNOBS`] applied (unset or empty
@@ -276,6 +294,7 @@ impl Tuning {
             }
             "decode_fused" => self.decode_fused = switch("fused", "split")?,
             "decode_route_subgroups" => self.decode_route_subgroups = switch("", "")?,
+            "decode_route_workgroups" => self.decode_route_workgroups = num(0, 65536)?,
             "decode_key_lanes" if auto => self.decode_key_lanes = None,
             "decode_key_lanes" => {
                 let n = num(1, 64)?;
@@ -319,6 +338,10 @@ impl Tuning {
         let nums = [
             ("decode_key_lanes", self.decode_key_lanes),
             (
+                "decode_route_workgroups",
+                Some(self.decode_route_workgroups),
+            ),
+            (
                 "leaf_tiles_per_iteration",
                 Some(self.leaf_tiles_per_iteration),
             ),
@@ -361,6 +384,7 @@ impl Tuning {
             self.decode_fused.to_string(),
             opt(self.decode_key_lanes),
             self.decode_route_subgroups.to_string(),
+            self.decode_route_workgroups.to_string(),
             self.leaf_tiles_per_iteration.to_string(),
             self.leaf_subgroups.to_string(),
             self.leaf_stage_keys.to_string(),
@@ -393,6 +417,7 @@ mod tests {
             ("decode_fused", "fused"),
             ("decode_key_lanes", "8"),
             ("decode_route_subgroups", "0"),
+            ("decode_route_workgroups", "40"),
             ("leaf_tiles_per_iteration", "3"),
             ("leaf_subgroups", "2"),
             ("leaf_stage_keys", "0"),

@@ -322,6 +322,8 @@ pub fn decode_records(
         .into_iter()
         .zip(t.stages.unwrap_or_default())
         .filter(|_| t.stages.is_some())
+        // (a stage with no pass of its own, e.g. `leaf` run inside the route's dispatch: none)
+        .filter(|&(_, ms)| ms > 0.0)
         .map(|(op, ms)| (op, ms, None));
     staged
         .chain([

@@ -118,6 +118,10 @@ pub(super) struct Plan {
     pub parts: u32,
     /// Workgroup memory of the largest of the three kernels, bytes.
     pub smem: u64,
+    /// Workgroup memory of `route` (its workgroup-memory level steps), bytes.
+    pub route_smem: u64,
+    /// Workgroup memory of one block's `leaf` scratch (xs, red, hm, halpha), bytes.
+    pub leaf_smem: u64,
 }
 
 impl Plan {
@@ -213,6 +217,7 @@ impl Plan {
         let ch = c.min(room / (gq * (1 + lk))).max(1);
         let xs = floor.max(ch * gq * (1 + lk));
         let smem = route.max(merge_k).max(leaf_fixed + 4 * xs);
+        let leaf_smem = 4 * (xs + wg + 2 * gq);
         Ok(Self {
             wg: wg as u32,
             wr: wr as u32,
@@ -229,6 +234,8 @@ impl Plan {
             dd: d as u32,
             parts: parts as u32,
             smem,
+            route_smem: route,
+            leaf_smem,
         })
     }
 
@@ -302,6 +309,37 @@ impl Plan {
         }
         consts.extend([("SGR", 1), ("SGL", sg_min.min(32))]);
         consts
+    }
+}
+
+impl Plan {
+    /// `route_leaf` (`decode_route_leaf.wgsl`) within workgroup memory `limit`: the leaf slots
+    /// each workgroup attends at once (NB: as many `leaf` workgroups of `wg` invocations as
+    /// the route's `wr` hold, fewer where memory needs it) and the workgroups per (sequence,
+    /// KV head), `(nb, ceil(NS / nb))`; `None` where not even one block fits beside the route.
+    pub fn route_leaf_blocks(&self, limit: u64) -> Option<(u32, u32)> {
+        let mut nb = (self.wr / self.wg) as u64;
+        while nb > 0 && self.route_leaf_smem(nb as u32) > limit {
+            nb -= 1;
+        }
+        (nb > 0).then(|| (nb as u32, self.slots().div_ceil(nb as u32)))
+    }
+
+    /// Workgroup memory of `route_leaf` attending `nb` blocks at once, bytes: the route's, and
+    /// `nb` blocks' leaf scratch.
+    pub fn route_leaf_smem(&self, nb: u32) -> u64 {
+        self.route_smem + nb as u64 * self.leaf_smem
+    }
+
+    /// The `const` substitutions of `route_leaf` over the route's (`route`: [`Self::consts`]
+    /// of `wr`, or [`Self::route_subgroup_consts`]): AW = `wg` invocations per block, NB.
+    pub fn route_leaf_consts(
+        &self,
+        mut route: Vec<(&'static str, u32)>,
+        nb: u32,
+    ) -> Vec<(&'static str, u32)> {
+        route.extend([("AW", self.wg), ("NB", nb)]);
+        route
     }
 }
 

@@ -4,7 +4,10 @@
 //! kernel that passes the plan's check cannot fail pipeline creation on a device at the limit.
 
 use super::super::fused::FusedPlan;
-use super::super::{FUSED_SHADER, MERGE_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER};
+use super::super::{
+    FUSED_SHADER, MERGE_SHADER, ROUTE_LEAF_SG_SHADER, ROUTE_LEAF_SHADER, ROUTE_SG_SHADER,
+    ROUTE_SHADER, SHADER,
+};
 use super::*;
 use crate::runtime::pipeline::{assert_workgroup_fits, Storage};
 
@@ -25,6 +28,7 @@ fn workgroup_memory_accounting_covers_the_shaders() {
     ];
     let mut checked = 0;
     let mut sg_checked = 0;
+    let mut rl_checked = 0;
     for (gq, d, c, k, g, scoring) in cases {
         let cfg = SelectionConfig::new(c, k)
             .unwrap()
@@ -52,6 +56,19 @@ fn workgroup_memory_accounting_covers_the_shaders() {
                 let consts = plan.consts(wg);
                 assert_workgroup_fits(shader, entry, Storage::F32, &consts, plan.smem, &what);
             }
+            // The route and the leaf in one kernel (both level steps), where it fits.
+            if let Some((nb, _)) = plan.route_leaf_blocks(mem as u64) {
+                let charged = plan.route_leaf_smem(nb);
+                let consts = plan.route_leaf_consts(plan.consts(plan.wr).to_vec(), nb);
+                let rl = &ROUTE_LEAF_SHADER;
+                assert_workgroup_fits(rl, "route_leaf", Storage::F32, &consts, charged, &what);
+                if let Some(lr) = plan.route_subgroup_lanes(32, scoring == Scoring::Lse) {
+                    let consts = plan.route_leaf_consts(plan.route_subgroup_consts(lr, 32), nb);
+                    let rl = &ROUTE_LEAF_SG_SHADER;
+                    assert_workgroup_fits(rl, "route_leaf", Storage::F32, &consts, charged, &what);
+                }
+                rl_checked += 1;
+            }
             // The route with its subgroup level steps, where it runs on 32-lane subgroups.
             if let Some(lr) = plan.route_subgroup_lanes(32, scoring == Scoring::Lse) {
                 let consts = plan.route_subgroup_consts(lr, 32);
@@ -75,4 +92,8 @@ fn workgroup_memory_accounting_covers_the_shaders() {
     // Every case fits at 48 KiB (18 plans); some fit at 8 KiB.
     assert!(checked > 18, "only {checked} plans checked");
     assert!(sg_checked > 8, "only {sg_checked} subgroup routes checked");
+    assert!(
+        rl_checked > 12,
+        "only {rl_checked} route_leaf kernels checked"
+    );
 }

@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use pisa_core::TensorLayout;
 
-use super::{KvCache, Params, MERGE_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER};
+use super::{
+    KvCache, Params, MERGE_SHADER, ROUTE_LEAF_SG_SHADER, ROUTE_LEAF_SHADER, ROUTE_SG_SHADER,
+    ROUTE_SHADER, SHADER,
+};
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::profiler::Profiler;
@@ -55,6 +58,14 @@ pub(super) use crate::runtime::buffers::Stage;
 
 thread_local! {
     static SG_ROUTES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static ROUTE_LEAVES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Split decode steps built on the calling thread so far whose `route` and `leaf` run as one
+/// dispatch (`route_leaf`): lets a test tell that a case took that kernel.
+#[doc(hidden)]
+pub fn route_leaves_on_this_thread() -> u64 {
+    ROUTE_LEAVES.with(|c| c.get())
 }
 
 /// Split decode steps built on the calling thread so far whose `route` runs its level steps on
@@ -306,7 +317,7 @@ impl KvCache {
                 Ok(if io.fused {
                     vec![self.fused_stage(io)?]
                 } else {
-                    self.stages(io)?.to_vec()
+                    self.stages(io)?
                 })
             })
         })
@@ -377,6 +388,12 @@ impl KvCache {
                 stages[0].extend(st.iter().cloned());
                 continue;
             }
+            if st.len() == 2 {
+                // route_leaf and merge: timed as "decode_route" and "decode_merge".
+                stages[0].push(st[0].clone());
+                stages[2].push(st[1].clone());
+                continue;
+            }
             for (all, st) in stages.iter_mut().zip(st.iter()) {
                 all.push(st.clone());
             }
@@ -425,8 +442,22 @@ impl KvCache {
             .flatten()
     }
 
-    /// The three dispatches of this cache's split step for `q`: `route`, `leaf`, `merge`.
-    fn stages(&self, io: &StepIo) -> Result<[Stage; 3]> {
+    /// Where this cache's split step runs `route` and `leaf` as one dispatch (`route_leaf`):
+    /// the leaf slots each of its workgroups attends at once and the workgroups per (sequence,
+    /// KV head), `(NB, copies)`. `None` runs them apart: B * Hkv * copies above
+    /// [`crate::Tuning::decode_route_workgroups`] (as the cache was made), or the kernel's
+    /// workgroup memory above the cache's limit.
+    pub fn route_leaf_blocks(&self) -> Option<(u32, u32)> {
+        let heads = (self.shape.batch * self.shape.kv_heads) as u64;
+        let limit = self.limits.max_compute_workgroup_storage_size as u64;
+        self.plan
+            .route_leaf_blocks(limit)
+            .filter(|&(_, copies)| heads * copies as u64 <= self.route_workgroups as u64)
+    }
+
+    /// The dispatches of this cache's split step for `q`: `route`, `leaf`, `merge`, or
+    /// `route_leaf`, `merge` ([`Self::route_leaf_blocks`]).
+    fn stages(&self, io: &StepIo) -> Result<Vec<Stage>> {
         let s = &self.shape;
         let ctx = &self.ctx;
         let heads = (s.batch * s.kv_heads) as u64;
@@ -441,6 +472,8 @@ impl KvCache {
             )
         };
         let (u_heads, u_slots) = (uniform(heads)?, uniform(slots)?);
+        let copies = self.route_leaf_blocks().map_or(1, |(_, c)| c as u64);
+        let u_copies = uniform(heads * copies)?;
         let pipe = |shader, entry, wg| {
             let consts = self.plan.consts(wg);
             ctx.pipelines
@@ -449,23 +482,32 @@ impl KvCache {
         // The route with its level steps on subgroup shuffles where it can run
         // (decode_levels_sg.wgsl): LR lowered to fit g * LR lanes in the smallest subgroup.
         let sg_lanes = self.route_subgroup_lanes();
-        let route_pipe = match sg_lanes {
+        let route_consts = match sg_lanes {
             Some(lr) => {
-                let consts = self
-                    .plan
-                    .route_subgroup_consts(lr, ctx.report().subgroup_size.0);
                 SG_ROUTES.with(|c| c.set(c.get() + 1));
-                ctx.pipelines.get(
-                    &ctx.device,
-                    &ROUTE_SG_SHADER,
-                    "route",
-                    self.storage,
-                    &consts,
-                    &[],
-                )?
+                let sg_min = ctx.report().subgroup_size.0;
+                self.plan.route_subgroup_consts(lr, sg_min)
             }
-            None => pipe(&ROUTE_SHADER, "route", self.plan.wr)?,
+            None => self.plan.consts(self.plan.wr).to_vec(),
         };
+        let route_leaf = self.route_leaf_blocks();
+        let (shader, entry, consts) = match (route_leaf, sg_lanes) {
+            (Some((nb, _)), Some(_)) => (
+                &ROUTE_LEAF_SG_SHADER,
+                "route_leaf",
+                self.plan.route_leaf_consts(route_consts, nb),
+            ),
+            (Some((nb, _)), None) => (
+                &ROUTE_LEAF_SHADER,
+                "route_leaf",
+                self.plan.route_leaf_consts(route_consts, nb),
+            ),
+            (None, Some(_)) => (&ROUTE_SG_SHADER, "route", route_consts),
+            (None, None) => (&ROUTE_SHADER, "route", route_consts),
+        };
+        let route_pipe =
+            ctx.pipelines
+                .get(&ctx.device, shader, entry, self.storage, &consts, &[])?;
         let sq = self.pyr.sq.as_ref().unwrap_or(&self.dummy);
         let (l, c, pa) = (&self.lens_gpu, &self.cands.buffer, &self.parts.buffer);
         let last = self.kv.len() - 1;
@@ -498,10 +540,20 @@ impl KvCache {
             whole(11, pa),
         ];
         let stage = |p, b: Binds, n| self.make_stage(p, &b, n);
-        Ok([
+        let merge = stage(pipe(&MERGE_SHADER, "merge", self.plan.wm)?, merge, heads)?;
+        if let Some((_, copies)) = route_leaf {
+            ROUTE_LEAVES.with(|c| c.set(c.get() + 1));
+            // The route's bindings and the leaf's, as one.
+            let mut both = route;
+            both.extend(leaf.into_iter().filter(|b| ![0, 1, 2, 10].contains(&b.0)));
+            both[0] = whole(0, &u_copies);
+            let n = heads * copies as u64;
+            return Ok(vec![stage(route_pipe, both, n)?, merge]);
+        }
+        Ok(vec![
             stage(route_pipe, route, heads)?,
             stage(pipe(&SHADER, "leaf", self.plan.wg)?, leaf, slots)?,
-            stage(pipe(&MERGE_SHADER, "merge", self.plan.wm)?, merge, heads)?,
+            merge,
         ])
     }
 }

@@ -28,6 +28,30 @@ pub const ROUTE_SG_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/decode_route.wgsl")
     ),
 };
+/// `shaders/decode.wgsl`, `decode_levels.wgsl`, `decode_levels_nosg.wgsl`,
+/// `decode_attend.wgsl` and `decode_route_leaf.wgsl`: split step dispatches 1 and 2 as one
+/// (`route_leaf`), its levels through workgroup memory.
+pub const ROUTE_LEAF_SHADER: ShaderSource = ShaderSource {
+    name: "decode_route_leaf",
+    wgsl: concat!(
+        include_str!("../../../../shaders/decode.wgsl"),
+        include_str!("../../../../shaders/decode_levels.wgsl"),
+        include_str!("../../../../shaders/decode_levels_nosg.wgsl"),
+        include_str!("../../../../shaders/decode_attend.wgsl"),
+        include_str!("../../../../shaders/decode_route_leaf.wgsl")
+    ),
+};
+/// [`ROUTE_LEAF_SHADER`] with the level steps of `decode_levels_sg.wgsl`.
+pub const ROUTE_LEAF_SG_SHADER: ShaderSource = ShaderSource {
+    name: "decode_route_leaf_sg",
+    wgsl: concat!(
+        include_str!("../../../../shaders/decode.wgsl"),
+        include_str!("../../../../shaders/decode_levels.wgsl"),
+        include_str!("../../../../shaders/decode_levels_sg.wgsl"),
+        include_str!("../../../../shaders/decode_attend.wgsl"),
+        include_str!("../../../../shaders/decode_route_leaf.wgsl")
+    ),
+};
 /// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl`: step dispatch 2 (`leaf`).
 pub const SHADER: ShaderSource = ShaderSource {
     name: "decode",
