@@ -388,14 +388,10 @@ impl KvCache {
                 stages[0].extend(st.iter().cloned());
                 continue;
             }
-            if st.len() == 2 {
-                // route_leaf and merge: timed as "decode_route" and "decode_merge".
-                stages[0].push(st[0].clone());
-                stages[2].push(st[1].clone());
-                continue;
-            }
-            for (all, st) in stages.iter_mut().zip(st.iter()) {
-                all.push(st.clone());
+            // route, leaf, merge; or route_leaf, merge: the last is always the merge.
+            let n = st.len();
+            for (i, x) in st.iter().enumerate() {
+                stages[if i + 1 == n { 2 } else { i }].push(x.clone());
             }
         }
         let passes: Vec<(&'static str, Vec<&Stage>)> = if by_stage {
@@ -472,8 +468,7 @@ impl KvCache {
             )
         };
         let (u_heads, u_slots) = (uniform(heads)?, uniform(slots)?);
-        let copies = self.route_leaf_blocks().map_or(1, |(_, c)| c as u64);
-        let u_copies = uniform(heads * copies)?;
+        let route_leaf = self.route_leaf_blocks();
         let pipe = |shader, entry, wg| {
             let consts = self.plan.consts(wg);
             ctx.pipelines
@@ -490,20 +485,22 @@ impl KvCache {
             }
             None => self.plan.consts(self.plan.wr).to_vec(),
         };
-        let route_leaf = self.route_leaf_blocks();
-        let (shader, entry, consts) = match (route_leaf, sg_lanes) {
-            (Some((nb, _)), Some(_)) => (
-                &ROUTE_LEAF_SG_SHADER,
-                "route_leaf",
-                self.plan.route_leaf_consts(route_consts, nb),
-            ),
-            (Some((nb, _)), None) => (
-                &ROUTE_LEAF_SHADER,
-                "route_leaf",
-                self.plan.route_leaf_consts(route_consts, nb),
-            ),
-            (None, Some(_)) => (&ROUTE_SG_SHADER, "route", route_consts),
-            (None, None) => (&ROUTE_SHADER, "route", route_consts),
+        let (shader, entry, consts) = match route_leaf {
+            Some((nb, _)) => {
+                let consts = self.plan.route_leaf_consts(route_consts, nb);
+                let shader = match sg_lanes {
+                    Some(_) => &ROUTE_LEAF_SG_SHADER,
+                    None => &ROUTE_LEAF_SHADER,
+                };
+                (shader, "route_leaf", consts)
+            }
+            None => {
+                let shader = match sg_lanes {
+                    Some(_) => &ROUTE_SG_SHADER,
+                    None => &ROUTE_SHADER,
+                };
+                (shader, "route", route_consts)
+            }
         };
         let route_pipe =
             ctx.pipelines
@@ -546,8 +543,9 @@ impl KvCache {
             // The route's bindings and the leaf's, as one.
             let mut both = route;
             both.extend(leaf.into_iter().filter(|b| ![0, 1, 2, 10].contains(&b.0)));
-            both[0] = whole(0, &u_copies);
             let n = heads * copies as u64;
+            let u_copies = uniform(n)?;
+            both[0] = whole(0, &u_copies);
             return Ok(vec![stage(route_pipe, both, n)?, merge]);
         }
         Ok(vec![
