@@ -52,8 +52,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     p.display()
                 );
             }
-            Some(p) => Some(p.clone()),
-            None => None,
+            _ => a.plot.clone(),
         };
         let inputs: Vec<&std::path::Path> = a.compare.iter().map(PathBuf::as_path).collect();
         compare::name_apart(&mut reports, &inputs);
