@@ -41,7 +41,7 @@ const ODD: u32 = 0x40000000u;
 // (b, KV head) of an ATTEND = 1 bucketing.
 struct Buckets {
     items: u32, buckets: u32, i0: u32, nq: u32,
-    bh0: u32, run: u32, pad1: u32, pad2: u32,
+    bh0: u32, pad0: u32, pad1: u32, pad2: u32,
 }
 
 @group(0) @binding(3) var<storage, read> cand: array<i32>;

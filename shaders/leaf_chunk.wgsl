@@ -15,7 +15,7 @@
 
 struct Buckets {
     items: u32, buckets: u32, i0: u32, nq: u32,
-    bh0: u32, run: u32, pad1: u32, pad2: u32,
+    bh0: u32, pad0: u32, pad1: u32, pad2: u32,
 }
 
 @group(0) @binding(7) var<storage, read> coff: array<u32>;

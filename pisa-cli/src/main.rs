@@ -19,9 +19,9 @@ struct Cli {
     /// Set a tuning knob of the kernels, KNOB=VALUE (repeatable; after the `PISA_*` variables).
     /// Knobs: tensor_cores, nv_cm2, nv_scorer, leaf_score_pairs, leaf_order, shader_checks,
     /// decode_fused, decode_key_lanes, decode_route_subgroups, decode_route_workgroups,
-    /// leaf_chunks_per_workgroup, leaf_tiles_per_iteration, leaf_subgroups, leaf_stage_keys,
-    /// route_lanes, route_max_workgroup, route_tile, route_subgroups, route_table_nodes,
-    /// route_table_portable, route_table_queries (`pisa_wgpu::Tuning`).
+    /// leaf_tiles_per_iteration,
+    /// leaf_subgroups, leaf_stage_keys, route_lanes, route_max_workgroup, route_tile,
+    /// route_subgroups, route_table_nodes, route_table_portable, route_table_queries (`pisa_wgpu::Tuning`).
     /// Speed only: results are the same, selections up to near-ties of rounding.
     #[arg(long, value_name = "KNOB=VALUE", global = true)]
     tune: Vec<String>,

@@ -89,126 +89,119 @@ float store_col0(const in uint r, const in uint c, const in float x, const in ui
 }
 
 void main() {
-    const uint total = min(bl.items, coff[bl.buckets]);
-    const uint run = max(bl.run, 1u);
-    const uint c0 = linear_workgroup() * run;
+    const uint cid = linear_workgroup();
+    if (cid >= bl.items || cid >= coff[bl.buckets]) { return; }
+    const uvec4 d = cdesc[cid];
+    const uint leaf = d.x, first = d.y, n = d.z;
     const uint lid = gl_LocalInvocationIndex;
     const uint gq = p.q_heads / p.kv_heads;
     const uint b = bl.bh0 / p.kv_heads, hkv = bl.bh0 % p.kv_heads;
+    const uint leaf0 = leaf * p.block_size;
+    const uint kend = min(p.k_len, leaf0 + p.block_size);
+
     const uint kbase = b * p.k_sb + hkv * p.k_sh;
+    tensorLayoutNV<2, CLAMP> lk = createTensorLayoutNV(2, CLAMP);
+    lk = setTensorLayoutDimensionNV(lk, kend, HD);
+    lk = setTensorLayoutStrideNV(lk, p.k_sn, 1);
     tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
+
+    // 1. Entries and visible bounds, and whether any entry's row sees part of the tile only.
+    if (lid == 0) { cut = kend - leaf0 < CW ? 1u : 0u; }
+    barrier();
+    for (uint r = lid; r < RT; r += WG) {
+        uint e = r / gq;
+        uint x = e < n ? list[first + e] : 0u;
+        if (r < n) { ent[r] = list[first + r]; }
+        uint lim = 0u;
+        if (e < n) {
+            uint i = bl.i0 + x / p.mc;
+            lim = p.causal != 0u ? min(p.q_pos0 + i + 1u, p.k_len) : p.k_len;
+            if (lim < kend) { atomicOr(cut, 1u); }
+        }
+        rowlim[r] = lim;
+    }
+    // 2. Q rows (row r: entry r / gq, head hkv * gq + r % gq), zeros past the entries.
+    gather_q(lid, b, hkv, gq, first, n);
+    barrier();
+
+    // 3. S = Q K^T, DC head-dim columns at a time (the driver stages each operand in
+    //    workgroup memory: whole 64 x 128 operands do not fit its 48 KiB beside qsh): the
+    //    leaf's keys as the B operand (K read transposed), rows past kend zero.
+    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> s =
+        coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
+    [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
+        coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
+        coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
+        coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
+        coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
+        s = coopMatMulAdd(qa, kt, s);
+    }
+
+    // 4. Softmax pieces of the chunk's rows over this leaf (rows past the entries are left
+    //    unmasked where `cut` is 0: their Q rows are zeros, and the merge never reads them).
+#if PREFETCH_V
+    coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vbs[HD / DC];
+    [[unroll]] for (uint j = 0; j < HD / DC; j++) {
+        coopMatLoadTensorNV(vbs[j], v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC));
+    }
+#endif
+    if (cut != 0u) { coopMatPerElementNV(s, s, mask, leaf0); }
+    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m, l;
+    coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
+    coopMatPerElementNV(s, s, exp_kept, m, p.scale * 1.4426950408889634);
+    coopMatReduceNV(l, s, gl_CooperativeMatrixReduceRowNV, add_reduce);
+    coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA> pa =
+        coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA>(s);
+#if OPART_F16
+    // (1 / l taken on the RT x DC copy instead, half of the reciprocals: chunk kernel 16.34 ->
+    // 17.35 ms at 64K and 65.10 -> 69.26 at 256K on the H200, 2026-12-02, docs/benchmarks.md
+    // A.16; not kept.)
+    coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> ld;
+    {
+        coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> linv;
+        coopMatPerElementNV(linv, l, inv_or_zero);
+        coopMatReduceNV(ld, linv, gl_CooperativeMatrixReduceRowNV, smear_reduce);
+    }
+#endif
+    // m in the merge's units (natural log of the scaled scores).
+    m = m * p.scale;
+    coopMatPerElementNV(m, m, store_col0, 2 * cid * RT);
+    coopMatPerElementNV(l, l, store_col0, 2 * cid * RT + 1);
+
+    // 5. O_part = P V, DC columns at a time. With OPART_F16 the rows are stored divided by l
+    //    (within the values' range, so f16 cannot overflow where f32 O_part would exceed it);
+    //    the NVIDIA merge weights them by l.
     tensorLayoutNV<2> lo = createTensorLayoutNV(2);
     lo = setTensorLayoutDimensionNV(lo, RT, HD);
-    // The key and value matrices of the leaf last loaded (`held`): consecutive chunks of one
-    // bucket (a run of this workgroup's) multiply the same leaf's rows, loaded once for the run.
-    coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kts[HD / DC];
-    coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vbs[HD / DC];
-    uint held = 0xffffffffu;
-    for (uint j = 0; j < run; j++) {
-        const uint cid = c0 + j;
-        if (cid >= total) { return; }
-        // The previous chunk's reads of ent, cut and qsh are done.
-        if (j > 0) { barrier(); }
-        const uvec4 d = cdesc[cid];
-        const uint leaf = d.x, first = d.y, n = d.z;
-        const uint leaf0 = leaf * p.block_size;
-        const uint kend = min(p.k_len, leaf0 + p.block_size);
-
-        // 1. Entries and visible bounds, and whether any entry's row sees part of the tile only.
-        if (lid == 0) { cut = kend - leaf0 < CW ? 1u : 0u; }
-        barrier();
-        for (uint r = lid; r < RT; r += WG) {
-            uint e = r / gq;
-            uint x = e < n ? list[first + e] : 0u;
-            if (r < n) { ent[r] = list[first + r]; }
-            uint lim = 0u;
-            if (e < n) {
-                uint i = bl.i0 + x / p.mc;
-                lim = p.causal != 0u ? min(p.q_pos0 + i + 1u, p.k_len) : p.k_len;
-                if (lim < kend) { atomicOr(cut, 1u); }
-            }
-            rowlim[r] = lim;
-        }
-        // 2. Q rows (row r: entry r / gq, head hkv * gq + r % gq), zeros past the entries.
-        gather_q(lid, b, hkv, gq, first, n);
-        // The leaf's keys and values, where this chunk starts a bucket (uniform: every
-        // invocation reads the same descriptor). Rows past kend read as zeros.
-        if (leaf != held) {
-            held = leaf;
-            tensorLayoutNV<2, CLAMP> lk = createTensorLayoutNV(2, CLAMP);
-            lk = setTensorLayoutDimensionNV(lk, kend, HD);
-            lk = setTensorLayoutStrideNV(lk, p.k_sn, 1);
-            [[unroll]] for (uint x = 0; x < HD / DC; x++) {
-                coopMatLoadTensorNV(kts[x], k, kbase,
-                                    sliceTensorLayoutNV(lk, leaf0, CW, x * DC, DC), transpose);
-                coopMatLoadTensorNV(vbs[x], v, kbase,
-                                    sliceTensorLayoutNV(lk, leaf0, CW, x * DC, DC));
-            }
-        }
-        barrier();
-
-        // 3. S = Q K^T, DC head-dim columns at a time: the leaf's keys as the B operand.
-        coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> s =
-            coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
-        [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
-            coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
-            coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
-            s = coopMatMulAdd(qa, kts[d0 / DC], s);
-        }
-
-        // 4. Softmax pieces of the chunk's rows over this leaf (rows past the entries are
-        //    left unmasked where `cut` is 0: their Q rows are zeros, and the merge never reads
-        //    them).
-        if (cut != 0u) { coopMatPerElementNV(s, s, mask, leaf0); }
-        coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m, l;
-        coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
-        coopMatPerElementNV(s, s, exp_kept, m, p.scale * 1.4426950408889634);
-        coopMatReduceNV(l, s, gl_CooperativeMatrixReduceRowNV, add_reduce);
-        coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA> pa =
-            coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA>(s);
 #if OPART_F16
-        // (1 / l taken on the RT x DC copy instead, half of the reciprocals: chunk kernel
-        // 16.34 -> 17.35 ms at 64K and 65.10 -> 69.26 at 256K on the H200, 2026-12-02,
-        // docs/benchmarks.md A.16; not kept.)
-        coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> ld;
-        {
-            coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> linv;
-            coopMatPerElementNV(linv, l, inv_or_zero);
-            coopMatReduceNV(ld, linv, gl_CooperativeMatrixReduceRowNV, smear_reduce);
-        }
+    // qsh is overwritten by the O_part slices below: every invocation's Q loads are done.
+    barrier();
 #endif
-        // m in the merge's units (natural log of the scaled scores).
-        m = m * p.scale;
-        coopMatPerElementNV(m, m, store_col0, 2 * cid * RT);
-        coopMatPerElementNV(l, l, store_col0, 2 * cid * RT + 1);
-
-        // 5. O_part = P V, DC columns at a time. With OPART_F16 the rows are stored divided
-        //    by l (within the values' range, so f16 cannot overflow where f32 O_part would
-        //    exceed it); the NVIDIA merge weights them by l.
-#if OPART_F16
-        // qsh is overwritten by the O_part slices below: every invocation's Q loads are done.
-        barrier();
-#endif
-        [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
-            coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> o =
-                coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(0.0);
-            o = coopMatMulAdd(pa, vbs[d0 / DC], o);
-#if OPART_F16
-            coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> oh =
-                coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(o * ld);
-            coopMatStore(oh, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
+    [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
+#if PREFETCH_V
+#define vb vbs[d0 / DC]
 #else
-            coopMatStoreTensorNV(o, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
+        coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vb;
+        coopMatLoadTensorNV(vb, v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC));
 #endif
-        }
-        barrier();
+        coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> o =
+            coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(0.0);
+        o = coopMatMulAdd(pa, vb, o);
+#undef vb
 #if OPART_F16
-        // The entries' rows from workgroup memory, 16 bytes per store (rows past them not
-        // stored).
-        for (uint x = lid; x < n * gq * HD8; x += WG) {
-            opart4[(cid * RT) * HD8 + x] = qsh[(x / HD8) * QS8 + x % HD8];
-        }
+        coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> oh =
+            coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(o * ld);
+        coopMatStore(oh, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
+#else
+        coopMatStoreTensorNV(o, opart, cid * RT * HD, sliceTensorLayoutNV(lo, 0, RT, d0, DC));
 #endif
-        for (uint e = lid; e < n; e += WG) { spos[ent[e]] = cid * RT + e * gq + 1u; }
     }
+    barrier();
+#if OPART_F16
+    // The entries' rows from workgroup memory, 16 bytes per store (rows past them not stored).
+    for (uint x = lid; x < n * gq * HD8; x += WG) {
+        opart4[(cid * RT) * HD8 + x] = qsh[(x / HD8) * QS8 + x % HD8];
+    }
+#endif
+    for (uint e = lid; e < n; e += WG) { spos[ent[e]] = cid * RT + e * gq + 1u; }
 }

@@ -85,99 +85,76 @@ float store_col0(const in uint r, const in uint c, const in float x, const in ui
     }
 
 void main() {
-    const uint total = min(bl.items, coff[bl.buckets]);
-    const uint run = max(bl.run, 1u);
-    const uint c0 = linear_workgroup() * run;
-    const uint lid = gl_LocalInvocationIndex;
-    const uint gq = p.q_heads / p.kv_heads;
+    const uint cid = linear_workgroup();
+    if (cid >= bl.items || cid >= coff[bl.buckets]) { return; }
+    const uvec4 d = cdesc[cid];
     // Buckets per (b, KV head): leaves, or pairs of leaves.
     const uint units = PAIR == 1 ? (p.nb0 + 1) / 2 : p.nb0;
+    const uint bh = d.x / units, leaf = (d.x % units) * (PAIR + 1), first = d.y, n = d.z;
+    const uint lid = gl_LocalInvocationIndex;
+    const uint gq = p.q_heads / p.kv_heads;
+    const uint b = bh / p.kv_heads, hkv = bh % p.kv_heads;
+    const uint leaf0 = leaf * p.block_size;
+    const uint kend = min(p.k_len, leaf0 + (PAIR + 1) * p.block_size);
+
+    // 1. Q rows (row r: entry r / gq, head hkv * gq + r % gq), zeros past the entries.
+    gather_q(lid, b, hkv, gq, first, n);
+    barrier();
+
+    // 2. S = Q K^T, DC head-dim columns at a time (the driver stages each operand in
+    //    workgroup memory); PAIR: S1 against the second leaf's keys with the same Q matrices.
+    tensorLayoutNV<2, CLAMP> lk = createTensorLayoutNV(2, CLAMP);
+    lk = setTensorLayoutDimensionNV(lk, kend, HD);
+    lk = setTensorLayoutStrideNV(lk, p.k_sn, 1);
     tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
-    // The key matrices of the bucket last loaded (`held`): consecutive chunks of one bucket
-    // (a run of this workgroup's) multiply the same keys, loaded once for the run.
-    coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt[HD / DC];
+    const uint kbase = b * p.k_sb + hkv * p.k_sh;
+    ACC s = ACC(0.0);
 #if PAIR
-    coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt1[HD / DC];
+    ACC s1 = ACC(0.0);
 #endif
-    uint held = 0xffffffffu;
-    for (uint j = 0; j < run; j++) {
-        const uint cid = c0 + j;
-        if (cid >= total) { return; }
-        const uvec4 d = cdesc[cid];
-        const uint bh = d.x / units, leaf = (d.x % units) * (PAIR + 1), first = d.y, n = d.z;
-        const uint b = bh / p.kv_heads, hkv = bh % p.kv_heads;
-        const uint leaf0 = leaf * p.block_size;
-        const uint kend = min(p.k_len, leaf0 + (PAIR + 1) * p.block_size);
+    [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
+        coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
+        coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
+        coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
+        coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
+        s = coopMatMulAdd(qa, kt, s);
+#if PAIR
+        coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt1;
+        coopMatLoadTensorNV(kt1, k, kbase,
+                            sliceTensorLayoutNV(lk, leaf0 + p.block_size, CW, d0, DC), transpose);
+        s1 = coopMatMulAdd(qa, kt1, s1);
+#endif
+    }
 
-        // 1. Q rows (row r: entry r / gq, head hkv * gq + r % gq), zeros past the entries.
-        //    (The previous chunk read qsh and wrote rowlse before its step-3 barrier, and
-        //    reads rowlse in its step 4, before this chunk's barrier below.)
-        gather_q(lid, b, hkv, gq, first, n);
-        // 2a. The bucket's keys, where this chunk starts a bucket (uniform: every invocation
-        //     reads the same descriptor).
-        if (d.x != held) {
-            held = d.x;
-            tensorLayoutNV<2, CLAMP> lk = createTensorLayoutNV(2, CLAMP);
-            lk = setTensorLayoutDimensionNV(lk, kend, HD);
-            lk = setTensorLayoutStrideNV(lk, p.k_sn, 1);
-            const uint kbase = b * p.k_sb + hkv * p.k_sh;
-            [[unroll]] for (uint x = 0; x < HD / DC; x++) {
-                coopMatLoadTensorNV(kt[x], k, kbase,
-                                    sliceTensorLayoutNV(lk, leaf0, CW, x * DC, DC), transpose);
+    // 3. Each row's LSE over the leaf's keys (PAIR: over each leaf's; a second leaf past the
+    //    sequence has no keys, and no entry lists it).
+    const uint len0 = min(kend - leaf0, p.block_size);
+    ROW_LSE(s, len0, 0u)
 #if PAIR
-                coopMatLoadTensorNV(
-                    kt1[x], k, kbase,
-                    sliceTensorLayoutNV(lk, leaf0 + p.block_size, CW, x * DC, DC), transpose);
+    const uint len1 = kend > leaf0 + p.block_size ? kend - leaf0 - p.block_size : 0;
+    ROW_LSE(s1, len1, uint(RT))
 #endif
-            }
-        }
-        barrier();
+    barrier();
 
-        // 2b. S = Q K^T, DC head-dim columns at a time; PAIR: S1 against the second leaf's keys
-        //     with the same Q matrices.
-        ACC s = ACC(0.0);
+    // 4. An entry's score: its rows' LSEs summed over the group, to the slot of each leaf it
+    //    lists.
+    for (uint x = lid; x < n; x += WG) {
+        float tot = 0.0;
+        const uint v = list[first + x];
+        const uint slot = bh * p.q_len * p.mc + ENTRY_INDEX(v);
 #if PAIR
-        ACC s1 = ACC(0.0);
-#endif
-        [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
-            coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
-            coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
-            s = coopMatMulAdd(qa, kt[d0 / DC], s);
-#if PAIR
-            s1 = coopMatMulAdd(qa, kt1[d0 / DC], s1);
-#endif
-        }
-
-        // 3. Each row's LSE over the leaf's keys (PAIR: over each leaf's; a second leaf past the
-        //    sequence has no keys, and no entry lists it).
-        const uint len0 = min(kend - leaf0, p.block_size);
-        ROW_LSE(s, len0, 0u)
-#if PAIR
-        const uint len1 = kend > leaf0 + p.block_size ? kend - leaf0 - p.block_size : 0;
-        ROW_LSE(s1, len1, uint(RT))
-#endif
-        barrier();
-
-        // 4. An entry's score: its rows' LSEs summed over the group, to the slot of each leaf it
-        //    lists.
-        for (uint x = lid; x < n; x += WG) {
-            float tot = 0.0;
-            const uint v = list[first + x];
-            const uint slot = bh * p.q_len * p.mc + ENTRY_INDEX(v);
-#if PAIR
-            const bool lo = (v & ENTRY_ODD) == 0, hi = (v & (ENTRY_ODD | ENTRY_BOTH)) != 0;
+        const bool lo = (v & ENTRY_ODD) == 0, hi = (v & (ENTRY_ODD | ENTRY_BOTH)) != 0;
 #else
-            const bool lo = true, hi = false;
+        const bool lo = true, hi = false;
 #endif
-            if (lo) {
-                for (uint h = 0; h < gq; h++) { tot += rowlse[x * gq + h]; }
-                scores[slot] = rank_key(tot);
-            }
-            if (hi) {
-                float tot1 = 0.0;
-                for (uint h = 0; h < gq; h++) { tot1 += rowlse[RT * PAIR + x * gq + h]; }
-                scores[lo ? slot + 1 : slot] = rank_key(tot1);
-            }
+        if (lo) {
+            for (uint h = 0; h < gq; h++) { tot += rowlse[x * gq + h]; }
+            scores[slot] = rank_key(tot);
+        }
+        if (hi) {
+            float tot1 = 0.0;
+            for (uint h = 0; h < gq; h++) { tot1 += rowlse[RT * PAIR + x * gq + h]; }
+            scores[lo ? slot + 1 : slot] = rank_key(tot1);
         }
     }
 }

@@ -22,10 +22,9 @@ layout(set = 0, binding = B_PARAMS, std140) uniform Params {
 } p;
 
 #ifndef NO_BUCKETS
-// run: the consecutive chunks each workgroup of a chunk kernel takes in turn (0 reads as 1).
 layout(set = 0, binding = B_BUCKETS, std140) uniform Buckets {
     uint items; uint buckets; uint i0; uint nq;
-    uint bh0; uint run; uint pad1; uint pad2;
+    uint bh0; uint pad0; uint pad1; uint pad2;
 } bl;
 #endif
 

@@ -125,8 +125,7 @@ fn rust_offset(kernel: &str, block: &str, m: &str) -> Option<usize> {
             "i0" => offset_of!(Buckets, i0),
             "nq" => offset_of!(Buckets, nq),
             "bh0" => offset_of!(Buckets, bh0),
-            "run" => offset_of!(Buckets, run),
-            "pad1" | "pad2" => offset_of!(Buckets, pad) + 4 * (pad_index(m) - 1),
+            "pad0" | "pad1" | "pad2" => offset_of!(Buckets, pad) + 4 * pad_index(m),
             _ => return None,
         },
         ("Table", _) => match m {

@@ -92,13 +92,6 @@ pub struct Tuning {
     /// there, 50 nearly three times as long, docs/benchmarks.md A.26), 0 (never) elsewhere
     /// until measured. Variable `PISA_DECODE_ROUTE_WG`.
     pub decode_route_workgroups: u32,
-    /// Consecutive chunks each workgroup of the NVIDIA leaf-major kernels takes in turn (the
-    /// scorer `shaders/nv/leaf_score.comp` and sparse attention's
-    /// `shaders/nv/attention_leaf.comp`), 1 to 64: chunks of one bucket (a leaf, or a pair of
-    /// leaves) multiply the same keys (and values), which a workgroup loads once for its run.
-    /// Default 1 until measured.
-    /// Variable `PISA_LEAF_CHUNKS_WG`.
-    pub leaf_chunks_per_workgroup: u32,
     /// Leaves scored per iteration by the query-tile tensor-core scorer (1 to 4). Default 2.
     /// Variable `PISA_LEAF_LPI`.
     pub leaf_tiles_per_iteration: u32,
@@ -164,7 +157,6 @@ impl Default for Tuning {
             decode_key_lanes: None,
             decode_route_subgroups: true,
             decode_route_workgroups: 0,
-            leaf_chunks_per_workgroup: 1,
             leaf_tiles_per_iteration: 2,
             leaf_subgroups: COOP_SUBGROUPS,
             leaf_stage_keys: true,
@@ -181,7 +173,7 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 21] = [
+pub const KNOBS: [(&str, &str); 20] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -192,7 +184,6 @@ pub const KNOBS: [(&str, &str); 21] = [
     ("decode_key_lanes", "PISA_DECODE_LK"),
     ("decode_route_subgroups", "PISA_DECODE_ROUTE_SG"),
     ("decode_route_workgroups", "PISA_DECODE_ROUTE_WG"),
-    ("leaf_chunks_per_workgroup", "PISA_LEAF_CHUNKS_WG"),
     ("leaf_tiles_per_iteration", "PISA_LEAF_LPI"),
     ("leaf_subgroups", "PISA_LEAF_NSG"),
     ("leaf_stage_keys", "PISA_LEAF_KSTAGE"),
@@ -312,7 +303,6 @@ impl Tuning {
                 }
                 self.decode_key_lanes = Some(n)
             }
-            "leaf_chunks_per_workgroup" => self.leaf_chunks_per_workgroup = num(1, 64)?,
             "leaf_tiles_per_iteration" => self.leaf_tiles_per_iteration = num(1, 4)?,
             "leaf_subgroups" => {
                 self.leaf_subgroups = match num(2, 4)? {
@@ -350,10 +340,6 @@ impl Tuning {
             (
                 "decode_route_workgroups",
                 Some(self.decode_route_workgroups),
-            ),
-            (
-                "leaf_chunks_per_workgroup",
-                Some(self.leaf_chunks_per_workgroup),
             ),
             (
                 "leaf_tiles_per_iteration",
@@ -399,7 +385,6 @@ impl Tuning {
             opt(self.decode_key_lanes),
             self.decode_route_subgroups.to_string(),
             self.decode_route_workgroups.to_string(),
-            self.leaf_chunks_per_workgroup.to_string(),
             self.leaf_tiles_per_iteration.to_string(),
             self.leaf_subgroups.to_string(),
             self.leaf_stage_keys.to_string(),
@@ -433,7 +418,6 @@ mod tests {
             ("decode_key_lanes", "8"),
             ("decode_route_subgroups", "0"),
             ("decode_route_workgroups", "40"),
-            ("leaf_chunks_per_workgroup", "4"),
             ("leaf_tiles_per_iteration", "3"),
             ("leaf_subgroups", "2"),
             ("leaf_stage_keys", "0"),

@@ -266,11 +266,6 @@ pub(crate) fn record(
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;
     let consts = attend_consts(la, s, cfg);
     let nv = la.nv;
-    // The NVIDIA chunk kernel takes `run` consecutive chunks per workgroup.
-    let run = match nv {
-        Some(_) => ctx.tuning().leaf_chunks_per_workgroup.max(1),
-        None => 1,
-    };
     let attend = match (la.coop, nv) {
         (Some(_), Some((k, _))) => ctx.nv_pipeline(&k)?.0,
         (Some(_), None) => pipe(&COOP_SHADER, "attend_leaf", Storage::F16, &consts)?,
@@ -304,7 +299,7 @@ pub(crate) fn record(
             let nq = la.nq.min((s.q_len - i0) as u32);
             let entries = nq as u64 * kk as u64;
             let n_chunks = la.chunk_bound(nq, cfg.top_k, nb0);
-            let uni = |items: u64, run: u32| {
+            let uni = |items: u64| {
                 ctx.uniform(
                     "attention buckets",
                     &Buckets {
@@ -313,13 +308,11 @@ pub(crate) fn record(
                         i0: i0 as u32,
                         nq,
                         bh0: bh as u32,
-                        run,
-                        ..Default::default()
+                        pad: [0; 3],
                     },
                 )
             };
-            let (u_e, u_b) = (uni(entries, 1)?, uni(nb0 as u64, 1)?);
-            let (u_c, u_q) = (uni(n_chunks, run)?, uni(0, 1)?);
+            let (u_e, u_b, u_c, u_q) = (uni(entries)?, uni(nb0 as u64)?, uni(n_chunks)?, uni(0)?);
             let sel = &selection.buffer;
             let wgs = entries.div_ceil(BUCKET_TILE);
             add(
@@ -341,7 +334,7 @@ pub(crate) fn record(
             let rest = [(0, &u_params), (7, co), (8, l), (10, &u_c), (11, cd)];
             let rest2 = [(12, op), (13, ml), (14, sp)];
             let binds: Vec<(u32, Bind<'_>)> = [whole(&rest), whole(&rest2), b.to_vec()].concat();
-            add(1, &attend, &binds, n_chunks.div_ceil(run as u64))?;
+            add(1, &attend, &binds, n_chunks)?;
             let b = [(0, &u_params), (10, &u_q), (12, op), (13, ml)];
             let rest = [(14, sp), (15, &lse.buffer)];
             // O bound as its range (a caller's tensor, or the whole of its own).

@@ -69,9 +69,7 @@ pub(crate) fn bucket_window(ctx: &Context) -> u32 {
 
 /// The `Buckets` uniform of `leaf_bucket.wgsl` and `leaf_chunk.wgsl`: the dispatch's items
 /// (entries, buckets or chunks), the bucket count, and for leaf-major attention
-/// ([`crate::ops::attention`]) the query range `i0 .. i0 + nq` and the (b, KV head) `bh0`;
-/// `run`: the chunks each workgroup of the NVIDIA chunk kernels takes in turn
-/// ([`crate::Tuning::leaf_chunks_per_workgroup`]; 0 reads as 1, the WGSL kernels take one).
+/// ([`crate::ops::attention`]) the query range `i0 .. i0 + nq` and the (b, KV head) `bh0`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
 pub(crate) struct Buckets {
@@ -80,8 +78,7 @@ pub(crate) struct Buckets {
     pub i0: u32,
     pub nq: u32,
     pub bh0: u32,
-    pub run: u32,
-    pub pad: [u32; 2],
+    pub pad: [u32; 3],
 }
 
 /// `shaders/leaf_bucket.wgsl`: `count`, `scan`, `scatter`.
@@ -296,18 +293,12 @@ pub(crate) fn record(
         };
     let (co, l) = (&lists.coff.buffer, &lists.list.buffer);
 
-    // 4: score every chunk; the NVIDIA scorer takes `run` consecutive chunks per workgroup.
-    let run = if nv.is_some() {
-        ctx.tuning().leaf_chunks_per_workgroup.max(1)
-    } else {
-        1
-    };
+    // 4: score every chunk.
     let u_chunks = ctx.uniform(
         "leaf buckets",
         &Buckets {
             items: n_chunks as u32,
             buckets: buckets as u32,
-            run,
             ..Default::default()
         },
     )?;
@@ -331,8 +322,7 @@ pub(crate) fn record(
     if matches!(bl.scorer, Scorer::Coop(_)) {
         b.push((12, k.into()));
     }
-    let workgroups = n_chunks.div_ceil(run as u64);
-    ctx.dispatch(enc, &score, &b, workgroups, timer(&mut prof, "leaf_score"))?;
+    ctx.dispatch(enc, &score, &b, n_chunks, timer(&mut prof, "leaf_score"))?;
 
     // 5: the pick, QW queries per workgroup.
     let tiled = plan.tiled(pick_queries(mc));

@@ -406,7 +406,7 @@ fn attention_buckets_equal_the_model() {
                             i0,
                             nq,
                             bh0: b as u32,
-                            ..Default::default()
+                            pad: [0; 3],
                         };
                         ctx.uniform("buckets", &b).unwrap()
                     };
