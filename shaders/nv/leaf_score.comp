@@ -25,9 +25,6 @@
 #ifndef PAIR
 #define PAIR 0
 #endif
-#ifndef TRANS
-#define TRANS 0
-#endif
 // Entry flags of a PAIR bucket list (leaf_bucket.wgsl): the entry's slot o holds leaf 2P + 1
 // alone (ODD), or o and o + 1 hold 2P and 2P + 1 (BOTH); neither: o holds 2P alone.
 #define ENTRY_BOTH 0x80000000u
@@ -56,7 +53,7 @@ shared float rowlse[RT * (PAIR + 1)];
 
 // Keys past the leaf's end masked; scores stay unscaled (the scale is folded into the exponent).
 float mask(const in uint r, const in uint c, const in float s, const in uint leaf_len) {
-    return (TRANS == 1 ? r : c) < leaf_len ? s : NEG;
+    return c < leaf_len ? s : NEG;
 }
 // exp(scale (x - y)) as exp2((x - y) k), k = scale log2 e: one pass, 0 for a masked x.
 float exp_scaled(const in uint r, const in uint c, const in float x, const in float y,
@@ -67,21 +64,11 @@ float log_elem(const in uint r, const in uint c, const in float x) { return log(
 float max_reduce(const in float a, const in float b) { return max(a, b); }
 float add_reduce(const in float a, const in float b) { return a + b; }
 float store_col0(const in uint r, const in uint c, const in float x, const in uint base) {
-#if TRANS
-    if (r == 0) { rowlse[base + c] = x; }
-#else
     if (c == 0) { rowlse[base + r] = x; }
-#endif
     return x;
 }
 
-#if TRANS
-#define ACC coopmat<float, gl_ScopeWorkgroup, CW, RT, gl_MatrixUseAccumulator>
-#define REDUCE gl_CooperativeMatrixReduceColumnNV
-#else
 #define ACC coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>
-#define REDUCE gl_CooperativeMatrixReduceRowNV
-#endif
 
 // Step 3 for one leaf: each row's LSE over the leaf's first `len` keys of `s` to rowlse[base +
 // row] (a macro: the matrices stay in the caller's scope).
@@ -89,9 +76,9 @@ float store_col0(const in uint r, const in uint c, const in float x, const in ui
     {                                                                                  \
         coopMatPerElementNV(s, s, mask, len);                                          \
         ACC m, e, l;                                                                   \
-        coopMatReduceNV(m, s, REDUCE, max_reduce);                                     \
+        coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);            \
         coopMatPerElementNV(e, s, exp_scaled, m, p.scale * 1.4426950408889634);        \
-        coopMatReduceNV(l, e, REDUCE, add_reduce);                                     \
+        coopMatReduceNV(l, e, gl_CooperativeMatrixReduceRowNV, add_reduce);            \
         coopMatPerElementNV(l, l, log_elem);                                           \
         l = m * p.scale + l;                                                           \
         coopMatPerElementNV(l, l, store_col0, base);                                   \
@@ -125,22 +112,6 @@ void main() {
 #if PAIR
     ACC s1 = ACC(0.0);
 #endif
-#if TRANS
-    // S^T = K Q^T: the keys as the A operand (row-major, no transpose), the Q rows as the
-    // column-major B operand from workgroup memory.
-    [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
-        coopmat<float16_t, gl_ScopeWorkgroup, DC, RT, gl_MatrixUseB> qb;
-        coopMatLoad(qb, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutColumnMajor);
-        coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseA> ka;
-        coopMatLoadTensorNV(ka, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC));
-        s = coopMatMulAdd(ka, qb, s);
-#if PAIR
-        coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseA> ka1;
-        coopMatLoadTensorNV(ka1, k, kbase, sliceTensorLayoutNV(lk, leaf0 + p.block_size, CW, d0, DC));
-        s1 = coopMatMulAdd(ka1, qb, s1);
-#endif
-    }
-#else
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
         coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
@@ -154,7 +125,6 @@ void main() {
         s1 = coopMatMulAdd(qa, kt1, s1);
 #endif
     }
-#endif
 
     // 3. Each row's LSE over the leaf's keys (PAIR: over each leaf's; a second leaf past the
     //    sequence has no keys, and no entry lists it).
