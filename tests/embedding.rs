@@ -819,23 +819,35 @@ fn buffer_of_another_device_is_a_validation_error() {
         v(&own, HQ, D),
         v(&lse, HQ, 1),
     );
-    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut enc = app.device.create_command_encoder(&Default::default());
-        let outs = PrefillOutputs {
-            out: &ov,
-            lse: &lv,
-            selection: None,
-        };
-        plan.run(&mut enc, &qv, &kv, &kv, &outs, None)
-    }));
-    match got {
-        Ok(Err(GpuError::Validation { .. })) => {}
-        Ok(other) => panic!("PrefillPlan::run with another device's buffer: {other:?}"),
-        Err(p) => panic!(
-            "PrefillPlan::run with another device's buffer panicked inside wgpu: {:?}",
-            panic_text(&*p)
-        ),
+    let outs = PrefillOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: None,
+    };
+    // Every run: the plan keeps the bind groups of the views it ran on, never an invalid one
+    // (a replayed invalid group had made the second run Ok, and the submit fail).
+    for run in 0..3 {
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut enc = app.device.create_command_encoder(&Default::default());
+            plan.run(&mut enc, &qv, &kv, &kv, &outs, None)
+        }));
+        match got {
+            Ok(Err(GpuError::Validation { .. })) => {}
+            Ok(other) => panic!("run {run} of a plan with another device's buffer: {other:?}"),
+            Err(p) => panic!(
+                "run {run} of a plan with another device's buffer panicked inside wgpu: {:?}",
+                panic_text(&*p)
+            ),
+        }
     }
+    // The plan still runs on the application's own buffers, and the submit is clean.
+    let own_q = v(&own, HQ, D);
+    let mut enc = app.device.create_command_encoder(&Default::default());
+    plan.run(&mut enc, &own_q, &kv, &kv, &outs, None).unwrap();
+    let scope = app.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    app.queue.submit([enc.finish()]);
+    let err = pollster::block_on(scope.pop());
+    assert!(err.is_none(), "submit after the failed runs: {err:?}");
 }
 
 /// Reading back a buffer of another device of the same instance (`Context::read_bytes`, and

@@ -16,6 +16,13 @@
 //! still meets a different request (size, usage or count) stops with an error instead of
 //! binding the wrong buffer.
 //!
+//! A bind group made under an arena is created inside its own validation scope (native
+//! backends report at creation) and kept only when valid: a run that bound another device's
+//! buffer, or a destroyed one, fails with [`GpuError::Validation`], and so does every later run
+//! with those buffers, instead of replaying the invalid group and failing only at the
+//! application's submit. (wasm32 has no scopes that resolve at once: there the error goes to the
+//! device's uncaptured-error handler when the group is made, and the group is kept.)
+//!
 //! The arena is installed per thread ([`with_arena`]), so other threads using the same
 //! context meanwhile allocate as usual.
 
@@ -53,6 +60,8 @@ pub(crate) struct Arena {
     next_group: usize,
     replay: bool,
     diverged: Option<String>,
+    /// The validation error of a bind group this run made (not kept).
+    failed: Option<String>,
 }
 
 struct Active {
@@ -76,6 +85,7 @@ pub(crate) fn with_arena<T>(
     a.next_buffer = 0;
     a.next_group = 0;
     a.diverged = None;
+    a.failed = None;
     ACTIVE.with(|s| *s.borrow_mut() = Some(Active { ctx, arena: a }));
     let out = f();
     let mut a = ACTIVE
@@ -84,6 +94,7 @@ pub(crate) fn with_arena<T>(
         .unwrap_or_default();
     let replayed = a.replay;
     let mut diverged = a.diverged.take();
+    let failed = a.failed.take();
     if replayed
         && diverged.is_none()
         && out.is_ok()
@@ -91,9 +102,18 @@ pub(crate) fn with_arena<T>(
     {
         diverged = Some("fewer allocations than recorded".into());
     }
-    // A failed recording is not kept: the next run records again.
-    a.replay = a.replay || out.is_ok();
+    // A failed recording is not kept: the next run records again from an empty arena.
+    if !a.replay && (out.is_err() || failed.is_some()) {
+        a = Arena::default();
+    }
+    a.replay = a.replay || (out.is_ok() && failed.is_none());
     *arena = a;
+    if let (Some(message), Ok(_)) = (failed, &out) {
+        return Err(GpuError::Validation {
+            op: "prefill plan run",
+            message,
+        });
+    }
     if let Some(m) = diverged {
         return Err(GpuError::Unsupported(format!(
             "plan replay diverged from its recording ({m}): make a new plan"
@@ -226,6 +246,24 @@ pub(crate) fn lookup_group(
         Some(g)
     })
     .flatten()
+}
+
+/// Whether an arena is installed for `ctx` on this thread (recording or replaying).
+pub(crate) fn active(ctx: usize) -> bool {
+    with_active(ctx, |_| ()).is_some()
+}
+
+/// Marks this run of the arena failed by a bind group that did not validate (`message`); the
+/// group is not kept, and [`with_arena`] returns [`GpuError::Validation`].
+pub(crate) fn fail(ctx: usize, message: String) {
+    with_active(ctx, |a| {
+        a.failed.get_or_insert(message);
+        // In step with the recording, as insert_group would be (a failed recording is
+        // discarded whole).
+        if a.replay && a.diverged.is_none() {
+            a.next_group += 1;
+        }
+    });
 }
 
 /// Keeps a bind group made after [`lookup_group`] found none.

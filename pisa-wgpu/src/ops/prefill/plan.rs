@@ -456,10 +456,12 @@ impl PrefillPlan {
     /// write, or, for a plan made by [`Self::new_in_place`], an input it cannot read in place;
     /// [`GpuError::Unsupported`] when the context's tuning ([`Context::set_tuning`] and
     /// the switches that set it) or binding limit changed since the plan was made (make a new
-    /// plan); [`GpuError::Validation`] for a buffer of another device, or a destroyed one that
-    /// the run binds (an input; an output written in place or scattered: an output the run
-    /// only copies into, contiguous in a `COPY_DST` buffer, is checked for destruction by wgpu
-    /// where the encoder is submitted, as every recorded copy is). The views are checked
+    /// plan); [`GpuError::Validation`] for a buffer of another device, at every run that binds
+    /// it, or a destroyed one that the run binds (an input; an output written in place or
+    /// scattered) when it makes the bind group: a buffer destroyed after a run with the same
+    /// views (whose bind groups the plan keeps), and an output the run only copies into
+    /// (contiguous in a `COPY_DST` buffer), are checked by wgpu where the encoder is
+    /// submitted, as every recorded copy is. The views are checked
     /// before anything is recorded; an error found later (wgpu's own while recording, a replay
     /// that does not match the plan's recording, an output copy that fails) leaves part of the
     /// prefill recorded in `enc`: drop the encoder.

@@ -85,12 +85,24 @@ impl Context {
                 resource: b.into().resource(),
             })
             .collect();
-        let g = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        let descriptor = wgpu::BindGroupDescriptor {
             label: None,
             layout: &layout,
             entries: &entries,
-        });
-        arena::insert_group(self.id(), pipeline, &key, &g);
+        };
+        // Under a plan's arena the group is kept for later runs: only a valid one (see
+        // runtime/arena.rs). Its own scope catches its error at once on native backends.
+        if !arena::active(self.id()) || cfg!(target_arch = "wasm32") {
+            let g = self.device.create_bind_group(&descriptor);
+            arena::insert_group(self.id(), pipeline, &key, &g);
+            return g;
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let g = self.device.create_bind_group(&descriptor);
+        match super::super::block::ready(scope.pop()).flatten() {
+            None => arena::insert_group(self.id(), pipeline, &key, &g),
+            Some(e) => arena::fail(self.id(), e.to_string()),
+        }
         g
     }
 
