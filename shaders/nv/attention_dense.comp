@@ -1,8 +1,9 @@
 #version 450
 // Dense attention (the baseline of PISA.md 4, and the short-sequence path) on NVIDIA cooperative
 // matrices 2: FlashAttention-2's forward pass with workgroup-scope matrices (host:
-// pisa-wgpu/src/ops/attention/nv_dense.rs). One workgroup per BR consecutive queries of one
-// query head (b, hq; its KV head hq / (Hq / Hkv)); per key block of BC keys up to the tile's last
+// pisa-wgpu/src/ops/attention/nv_dense.rs). One workgroup per BR consecutive queries (a tile)
+// of one query head (b, hq; its KV head hq / (Hq / Hkv)), the tiles split .. of every head
+// before the tiles 0 .. split - 1 (`split` below); per key block of BC keys up to the tile's last
 // visible key:
 //   S = Q K^T (DC head-dim columns per multiply; Q's matrices loaded once), masked (t < Nk,
 //   and t <= p_i when causal; only blocks that reach past a row's bound call the mask),
@@ -23,7 +24,7 @@ layout(set = 0, binding = 0, std140) uniform Params {
     uint k_sh; uint k_sn; uint v_sb; uint v_sh;
     uint v_sn; uint q_heads; uint kv_heads; uint q_len;
     uint k_len; uint q_pos0; uint causal; float scale;
-    uint tiles; uint pad0; uint pad1; uint pad2;
+    uint tiles; uint split; uint pad1; uint pad2;
 } p;
 layout(set = 0, binding = 1, std430) readonly buffer BufQ { float16_t q[]; };
 layout(set = 0, binding = 2, std430) readonly buffer BufK { float16_t k[]; };
@@ -78,8 +79,14 @@ void main() {
         + gl_WorkGroupID.z * gl_NumWorkGroups.x * gl_NumWorkGroups.y;
     if (wid >= p.tiles) { return; }
     const uint ntiles = (p.q_len + BR - 1) / BR;
-    const uint tile = wid % ntiles;
-    const uint bh = wid / ntiles; // b * Hq + hq
+    // Causal tiles grow with their index. Workgroups first take the heavier tiles split ..
+    // ntiles - 1 of every head, then the lighter tiles 0 .. split - 1, so that the last
+    // workgroups to start are light ones; within each part, a head's tiles are consecutive
+    // workgroups (neighbours read the same keys and values at the same time, from L2).
+    const uint split = min(p.split, ntiles - 1u);
+    const uint heavy = (p.tiles / ntiles) * (ntiles - split);
+    const uint tile = wid < heavy ? split + wid % (ntiles - split) : (wid - heavy) % split;
+    const uint bh = wid < heavy ? wid / (ntiles - split) : (wid - heavy) / split; // b * Hq + hq
     const uint b = bh / p.q_heads, hq = bh % p.q_heads;
     const uint hkv = hq / (p.q_heads / p.kv_heads);
     const uint i0 = tile * BR;

@@ -116,7 +116,8 @@ fn rust_offset(kernel: &str, block: &str, m: &str) -> Option<usize> {
             "causal" => offset_of!(DenseParams, causal),
             "scale" => offset_of!(DenseParams, scale),
             "tiles" => offset_of!(DenseParams, tiles),
-            "pad0" | "pad1" | "pad2" => offset_of!(DenseParams, pad) + 4 * pad_index(m),
+            "split" => offset_of!(DenseParams, split),
+            "pad1" | "pad2" => offset_of!(DenseParams, pad) + 4 * (pad_index(m) - 1),
             _ => return None,
         },
         ("Buckets", _) => match m {

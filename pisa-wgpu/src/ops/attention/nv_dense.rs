@@ -46,7 +46,20 @@ pub(crate) struct Params {
     pub(crate) causal: u32,
     pub(crate) scale: f32,
     pub(crate) tiles: u32,
-    pub(crate) pad: [u32; 3],
+    /// The tiles of each head taken last ([`light_tiles`]; 0: every head's tiles in order).
+    pub(crate) split: u32,
+    pub(crate) pad: [u32; 2],
+}
+
+/// The causal tiles of a head that the dense kernel's workgroups take last (`split` of
+/// `shaders/nv/attention_dense.comp`): the lightest quarter of `ceil(q_len / rows)`. The
+/// heavier tiles of every head go first, so that the last workgroups to start are short ones
+/// and the GPU does not idle behind a few long tiles at the end. On the H200 (2026-12-04,
+/// causal, D 128, Hq 32, docs/benchmarks.md A.31) the kernel took 11.16 against 11.30 ms at
+/// 16K and 169.8 against 170.6 ms at 64K with a quarter; with half, or with only the heaviest
+/// tile of each head first, no faster than the plain order.
+fn light_tiles(q_len: usize, rows: u32) -> u32 {
+    (q_len.div_ceil(rows as usize) / 4) as u32
 }
 
 /// The dense kernel for this call (see the module docs), or `None` for the WGSL kernels.
@@ -108,7 +121,12 @@ pub(crate) fn record(
         scale,
         // The same error as the WGSL kernels' (`Launch`) for a grid past u32.
         tiles: super::u32_of("attention workgroups", tiles as usize)?,
-        pad: [0; 3],
+        split: if causal {
+            light_tiles(s.q_len, rows)
+        } else {
+            0
+        },
+        pad: [0; 2],
     };
     let u = ctx.uniform("dense params", &params)?;
     let (pipe, _) = ctx.nv_pipeline(&kernel)?;
