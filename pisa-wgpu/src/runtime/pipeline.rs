@@ -449,7 +449,8 @@ impl crate::Context {
 
 /// The hint of a [`GpuError::Limit`] in "bindings": a device opened with lower limits.
 pub(crate) const BINDINGS_HINT: &str = "open the device with the adapter's limits \
-    (`required_limits: adapter.limits()`); wgpu's downlevel defaults allow 4 storage buffers";
+    (`required_limits: adapter.limits()`); wgpu's default limits allow 8 storage buffers per \
+    shader stage, its downlevel defaults 4";
 
 /// Refuses, with [`GpuError::Limit`] (unit "bindings"), an entry point that binds more storage
 /// or uniform buffers than the device allows per shader stage: wgpu would fail its pipeline

@@ -30,7 +30,8 @@ impl KvCache {
     /// limit;
     /// [`PisaError::HeadDim`] for D not a multiple of 4 (or above 1024);
     /// [`GpuError::Limit`] in "bindings" for a device with fewer than 9 storage buffers per
-    /// shader stage (wgpu's downlevel defaults allow 4: open it with the adapter's limits);
+    /// shader stage (wgpu's default limits allow 8, its downlevel defaults 4: open it with the
+    /// adapter's limits);
     /// [`GpuError::Unsupported`] for f16 without SHADER_F16, or g_q above the workgroup size.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
