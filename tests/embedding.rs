@@ -840,6 +840,30 @@ fn buffer_of_another_device_is_a_validation_error() {
             ),
         }
     }
+    // A plan recorded on views that read another device's buffer in place fails the same way
+    // (its recording is discarded, not kept).
+    let shape = AttentionShape::prefill(1, HQ, HKV, n, D).unwrap();
+    let opts = PrefillOptions {
+        cfg,
+        ..Default::default()
+    };
+    let views = PlanViews {
+        q: &qv,
+        k: &kv,
+        v: &kv,
+        out: None,
+    };
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        PrefillPlan::new_in_place(&app.ctx, &shape, &opts, &views).map(|_| ())
+    }));
+    match got {
+        Ok(Err(GpuError::Validation { .. })) => {}
+        Ok(other) => panic!("a plan recorded on another device's buffer: {other:?}"),
+        Err(p) => panic!(
+            "a plan recorded on another device's buffer panicked inside wgpu: {:?}",
+            panic_text(&*p)
+        ),
+    }
     // The plan still runs on the application's own buffers, and the submit is clean.
     let own_q = v(&own, HQ, D);
     let mut enc = app.device.create_command_encoder(&Default::default());

@@ -16,12 +16,13 @@
 //! still meets a different request (size, usage or count) stops with an error instead of
 //! binding the wrong buffer.
 //!
-//! A bind group made under an arena is created inside its own validation scope (native
-//! backends report at creation) and kept only when valid: a run that bound another device's
-//! buffer, or a destroyed one, fails with [`GpuError::Validation`], and so does every later run
-//! with those buffers, instead of replaying the invalid group and failing only at the
-//! application's submit. (wasm32 has no scopes that resolve at once: there the error goes to the
-//! device's uncaptured-error handler when the group is made, and the group is kept.)
+//! A bind group made under an arena is created inside its own validation and out-of-memory
+//! scopes (native backends report at creation) and kept only when valid: a run that bound
+//! another device's buffer, or a destroyed one, fails with [`GpuError::Validation`] (a failed
+//! allocation with [`GpuError::OutOfMemory`]), and so does every later run with those buffers,
+//! instead of replaying the invalid group and failing only at the application's submit. (wasm32
+//! has no scopes that resolve at once: there the error goes to the device's uncaptured-error
+//! handler when the group is made, and the group is kept.)
 //!
 //! The arena is installed per thread ([`with_arena`]), so other threads using the same
 //! context meanwhile allocate as usual.
@@ -60,8 +61,9 @@ pub(crate) struct Arena {
     next_group: usize,
     replay: bool,
     diverged: Option<String>,
-    /// The validation error of a bind group this run made (not kept).
-    failed: Option<String>,
+    /// The error of a bind group this run made (not kept): whether out of memory, and wgpu's
+    /// message.
+    failed: Option<(bool, String)>,
 }
 
 struct Active {
@@ -74,9 +76,12 @@ thread_local! {
 }
 
 /// Runs `f` with `arena` installed for the context at address `ctx` on this thread: recording
-/// on its first use, replaying afterwards. Errors: what `f` returns, or
-/// [`GpuError::Unsupported`] when the replay met a request the recording did not make.
+/// on its first use, replaying afterwards. Errors: what `f` returns;
+/// [`GpuError::Validation`] or [`GpuError::OutOfMemory`] naming `op` when a bind group it made
+/// failed ([`fail`]); [`GpuError::Unsupported`] when the replay met a request the recording did
+/// not make.
 pub(crate) fn with_arena<T>(
+    op: &'static str,
     ctx: usize,
     arena: &mut Arena,
     f: impl FnOnce() -> Result<T>,
@@ -108,11 +113,10 @@ pub(crate) fn with_arena<T>(
     }
     a.replay = a.replay || (out.is_ok() && failed.is_none());
     *arena = a;
-    if let (Some(message), Ok(_)) = (failed, &out) {
-        return Err(GpuError::Validation {
-            op: "prefill plan run",
-            message,
-        });
+    match (failed, &out) {
+        (Some((true, message)), Ok(_)) => return Err(GpuError::OutOfMemory { op, message }),
+        (Some((false, message)), Ok(_)) => return Err(GpuError::Validation { op, message }),
+        _ => {}
     }
     if let Some(m) = diverged {
         return Err(GpuError::Unsupported(format!(
@@ -253,11 +257,12 @@ pub(crate) fn active(ctx: usize) -> bool {
     with_active(ctx, |_| ()).is_some()
 }
 
-/// Marks this run of the arena failed by a bind group that did not validate (`message`); the
-/// group is not kept, and [`with_arena`] returns [`GpuError::Validation`].
-pub(crate) fn fail(ctx: usize, message: String) {
+/// Marks this run of the arena failed by a bind group that did not validate, or whose
+/// allocation failed (`out_of_memory`), with wgpu's `message`; the group is not kept, and
+/// [`with_arena`] returns [`GpuError::Validation`] or [`GpuError::OutOfMemory`].
+pub(crate) fn fail(ctx: usize, out_of_memory: bool, message: String) {
     with_active(ctx, |a| {
-        a.failed.get_or_insert(message);
+        a.failed.get_or_insert((out_of_memory, message));
         // In step with the recording, as insert_group would be (a failed recording is
         // discarded whole).
         if a.replay && a.diverged.is_none() {

@@ -57,7 +57,9 @@ pub(crate) struct Params {
 /// and the GPU does not idle behind a few long tiles at the end. On the H200 (2026-12-04,
 /// causal, D 128, Hq 32, docs/benchmarks.md A.31) the kernel took 11.16 against 11.30 ms at
 /// 16K and 169.8 against 170.6 ms at 64K with a quarter; with half, or with only the heaviest
-/// tile of each head first, no faster than the plain order.
+/// tile of each head first, no faster than the plain order. Measured at D 128 only; the D 64
+/// kernel (64-row tiles) takes the same quarter, and where tiles weigh nearly the same (a
+/// query offset much larger than the tiles) the order changes little.
 fn light_tiles(q_len: usize, rows: u32) -> u32 {
     (q_len.div_ceil(rows as usize) / 4) as u32
 }

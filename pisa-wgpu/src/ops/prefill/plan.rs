@@ -461,7 +461,9 @@ impl PrefillPlan {
     /// scattered) when it makes the bind group: a buffer destroyed after a run with the same
     /// views (whose bind groups the plan keeps), and an output the run only copies into
     /// (contiguous in a `COPY_DST` buffer), are checked by wgpu where the encoder is
-    /// submitted, as every recorded copy is. The views are checked
+    /// submitted, as every recorded copy is. (On wasm32 these errors go to the device's
+    /// uncaptured-error handler instead: the browser's error scopes resolve later.) The views
+    /// are checked
     /// before anything is recorded; an error found later (wgpu's own while recording, a replay
     /// that does not match the plan's recording, an output copy that fails) leaves part of the
     /// prefill recorded in `enc`: drop the encoder.
@@ -582,7 +584,7 @@ impl PrefillPlan {
         io: RunIo<'_>,
     ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
         let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
-        let (o, lse, sel, pyr) = with_arena(self.ctx.id(), &mut arena, || {
+        let (o, lse, sel, pyr) = with_arena("prefill", self.ctx.id(), &mut arena, || {
             let (s, opts) = (&self.shape, &self.opts);
             record_prefill_parts(&self.ctx, enc, qkv, layouts, s, opts, io.out, prof)
         })?;

@@ -91,17 +91,22 @@ impl Context {
             entries: &entries,
         };
         // Under a plan's arena the group is kept for later runs: only a valid one (see
-        // runtime/arena.rs). Its own scope catches its error at once on native backends.
+        // runtime/arena.rs). Its own scopes catch its errors at once on native backends.
         if !arena::active(self.id()) || cfg!(target_arch = "wasm32") {
             let g = self.device.create_bind_group(&descriptor);
             arena::insert_group(self.id(), pipeline, &key, &g);
             return g;
         }
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let g = self.device.create_bind_group(&descriptor);
-        match super::super::block::ready(scope.pop()).flatten() {
-            None => arena::insert_group(self.id(), pipeline, &key, &g),
-            Some(e) => arena::fail(self.id(), e.to_string()),
+        let ready = super::super::block::ready;
+        match (ready(val.pop()), ready(oom.pop())) {
+            (Some(Some(e)), _) => arena::fail(self.id(), false, e.to_string()),
+            (_, Some(Some(e))) => arena::fail(self.id(), true, e.to_string()),
+            // No error; or a scope not resolved at once (not seen on native backends), kept as
+            // on wasm32.
+            _ => arena::insert_group(self.id(), pipeline, &key, &g),
         }
         g
     }
