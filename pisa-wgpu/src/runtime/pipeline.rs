@@ -452,6 +452,10 @@ pub(crate) const BINDINGS_HINT: &str = "open the device with the adapter's limit
     (`required_limits: adapter.limits()`); wgpu's default limits allow 8 storage buffers per \
     shader stage, its downlevel defaults 4";
 
+/// The hint of a [`GpuError::Limit`] in uniform-buffer "bindings".
+const UNIFORM_BINDINGS_HINT: &str =
+    "open the device with the adapter's limits (`required_limits: adapter.limits()`)";
+
 /// Refuses, with [`GpuError::Limit`] (unit "bindings"), an entry point that binds more storage
 /// or uniform buffers than the device allows per shader stage: wgpu would fail its pipeline
 /// with a validation error naming neither the kernel nor the remedy. (wgpu's downlevel limits,
@@ -484,9 +488,9 @@ fn check_bindings(limits: &wgpu::Limits, name: &str, entry: &str, src: &str) -> 
     };
     let storage = used(|s| matches!(s, naga::AddressSpace::Storage { .. }));
     let uniform = used(|s| matches!(s, naga::AddressSpace::Uniform));
-    for (kind, needed, limit) in [
-        ("storage", storage, storage_limit),
-        ("uniform", uniform, uniform_limit),
+    for (kind, needed, limit, hint) in [
+        ("storage", storage, storage_limit, BINDINGS_HINT),
+        ("uniform", uniform, uniform_limit, UNIFORM_BINDINGS_HINT),
     ] {
         if needed > limit as u64 {
             return Err(GpuError::Limit {
@@ -494,7 +498,7 @@ fn check_bindings(limits: &wgpu::Limits, name: &str, entry: &str, src: &str) -> 
                 needed,
                 limit: limit as u64,
                 unit: "bindings",
-                hint: BINDINGS_HINT,
+                hint,
             });
         }
     }
