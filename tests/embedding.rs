@@ -56,6 +56,16 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> Option<&str> {
         .or(p.downcast_ref::<&str>().copied())
 }
 
+/// Runs `f` and checks that it returns `GpuError::Validation`: not `Ok`, another error, or a
+/// panic inside wgpu (`what` names the call in the failure).
+fn expect_validation<T: std::fmt::Debug>(what: &str, f: impl FnOnce() -> Result<T, GpuError>) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Err(GpuError::Validation { .. })) => {}
+        Ok(other) => panic!("{what}: {other:?}"),
+        Err(p) => panic!("{what} panicked inside wgpu: {:?}", panic_text(&*p)),
+    }
+}
+
 /// The application: its own instance, adapter, device and queue, and pisa's context on them.
 struct App {
     instance: wgpu::Instance,
@@ -787,18 +797,10 @@ fn buffer_of_another_device_is_a_validation_error() {
     let q =
         TensorView::contiguous(&foreign, 0, DType::F32, [3, HQ, 1, D], TensorLayout::Bhnd).unwrap();
     let cache = KvCache::new(&app.ctx, 3, 64, HQ, HKV, D, cfg, Storage::F32).unwrap();
-    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    expect_validation("record_step_into with another device's buffer", || {
         let mut enc = app.device.create_command_encoder(&Default::default());
         cache.record_step_into(&mut enc, &q, None, None)
-    }));
-    match got {
-        Ok(Err(GpuError::Validation { .. })) => {}
-        Ok(other) => panic!("record_step_into with another device's buffer: {other:?}"),
-        Err(p) => panic!(
-            "record_step_into with another device's buffer panicked inside wgpu: {:?}",
-            panic_text(&*p)
-        ),
-    }
+    });
     // The same for a planned prefill reading another device's buffer.
     let n = 40;
     let (_, _, plan) = plan_of(&app.ctx, n);
@@ -827,18 +829,11 @@ fn buffer_of_another_device_is_a_validation_error() {
     // Every run: the plan keeps the bind groups of the views it ran on, never an invalid one
     // (a replayed invalid group had made the second run Ok, and the submit fail).
     for run in 0..3 {
-        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let what = format!("run {run} of a plan with another device's buffer");
+        expect_validation(&what, || {
             let mut enc = app.device.create_command_encoder(&Default::default());
             plan.run(&mut enc, &qv, &kv, &kv, &outs, None)
-        }));
-        match got {
-            Ok(Err(GpuError::Validation { .. })) => {}
-            Ok(other) => panic!("run {run} of a plan with another device's buffer: {other:?}"),
-            Err(p) => panic!(
-                "run {run} of a plan with another device's buffer panicked inside wgpu: {:?}",
-                panic_text(&*p)
-            ),
-        }
+        });
     }
     // A plan recorded on views that read another device's buffer in place fails the same way
     // (its recording is discarded, not kept).
@@ -853,17 +848,9 @@ fn buffer_of_another_device_is_a_validation_error() {
         v: &kv,
         out: None,
     };
-    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    expect_validation("a plan recorded on another device's buffer", || {
         PrefillPlan::new_in_place(&app.ctx, &shape, &opts, &views).map(|_| ())
-    }));
-    match got {
-        Ok(Err(GpuError::Validation { .. })) => {}
-        Ok(other) => panic!("a plan recorded on another device's buffer: {other:?}"),
-        Err(p) => panic!(
-            "a plan recorded on another device's buffer panicked inside wgpu: {:?}",
-            panic_text(&*p)
-        ),
-    }
+    });
     // The plan still runs on the application's own buffers, and the submit is clean.
     let own_q = v(&own, HQ, D);
     let mut enc = app.device.create_command_encoder(&Default::default());
@@ -986,15 +973,10 @@ fn copied_output_of_another_device_is_a_validation_error() {
             lse: &lv,
             selection: Some(&sv),
         };
-        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        expect_validation(&format!("{foreign} of another device"), || {
             let mut enc = app.device.create_command_encoder(&Default::default());
             plan.run(&mut enc, &q, &k, &k, &outs, None)
-        }));
-        match got {
-            Ok(Err(GpuError::Validation { .. })) => {}
-            Ok(other) => panic!("{foreign} of another device: {other:?}"),
-            Err(_) => panic!("{foreign} of another device: a panic inside wgpu"),
-        }
+        });
     }
     // The same outputs, all of the application's device, are written.
     let (o, l) = (
