@@ -61,9 +61,8 @@ pub(crate) struct Arena {
     next_group: usize,
     replay: bool,
     diverged: Option<String>,
-    /// The error of a bind group this run made (not kept): whether out of memory, and wgpu's
-    /// message.
-    failed: Option<(bool, String)>,
+    /// The error of a bind group this run made (not kept).
+    failed: Option<GpuError>,
 }
 
 struct Active {
@@ -76,12 +75,10 @@ thread_local! {
 }
 
 /// Runs `f` with `arena` installed for the context at address `ctx` on this thread: recording
-/// on its first use, replaying afterwards. Errors: what `f` returns;
-/// [`GpuError::Validation`] or [`GpuError::OutOfMemory`] naming `op` when a bind group it made
-/// failed ([`fail`]); [`GpuError::Unsupported`] when the replay met a request the recording did
-/// not make.
+/// on its first use, replaying afterwards. Errors: what `f` returns; the error of a bind group
+/// it made that failed ([`fail`]: [`GpuError::Validation`], [`GpuError::OutOfMemory`]);
+/// [`GpuError::Unsupported`] when the replay met a request the recording did not make.
 pub(crate) fn with_arena<T>(
-    op: &'static str,
     ctx: usize,
     arena: &mut Arena,
     f: impl FnOnce() -> Result<T>,
@@ -113,10 +110,8 @@ pub(crate) fn with_arena<T>(
     }
     a.replay = a.replay || (out.is_ok() && failed.is_none());
     *arena = a;
-    match (failed, &out) {
-        (Some((true, message)), Ok(_)) => return Err(GpuError::OutOfMemory { op, message }),
-        (Some((false, message)), Ok(_)) => return Err(GpuError::Validation { op, message }),
-        _ => {}
+    if let (Some(e), Ok(_)) = (failed, &out) {
+        return Err(e);
     }
     if let Some(m) = diverged {
         return Err(GpuError::Unsupported(format!(
@@ -257,12 +252,12 @@ pub(crate) fn active(ctx: usize) -> bool {
     with_active(ctx, |_| ()).is_some()
 }
 
-/// Marks this run of the arena failed by a bind group that did not validate, or whose
-/// allocation failed (`out_of_memory`), with wgpu's `message`; the group is not kept, and
-/// [`with_arena`] returns [`GpuError::Validation`] or [`GpuError::OutOfMemory`].
-pub(crate) fn fail(ctx: usize, out_of_memory: bool, message: String) {
+/// Marks this run of the arena failed by a bind group whose creation reported `error` (see
+/// `Context::scope_now`); the group is not kept, and [`with_arena`] returns
+/// the error.
+pub(crate) fn fail(ctx: usize, error: GpuError) {
     with_active(ctx, |a| {
-        a.failed.get_or_insert((out_of_memory, message));
+        a.failed.get_or_insert(error);
         // In step with the recording, as insert_group would be (a failed recording is
         // discarded whole).
         if a.replay && a.diverged.is_none() {

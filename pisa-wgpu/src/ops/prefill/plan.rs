@@ -584,7 +584,7 @@ impl PrefillPlan {
         io: RunIo<'_>,
     ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
         let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
-        let (o, lse, sel, pyr) = with_arena("prefill", self.ctx.id(), &mut arena, || {
+        let (o, lse, sel, pyr) = with_arena(self.ctx.id(), &mut arena, || {
             let (s, opts) = (&self.shape, &self.opts);
             record_prefill_parts(&self.ctx, enc, qkv, layouts, s, opts, io.out, prof)
         })?;

@@ -90,23 +90,21 @@ impl Context {
             layout: &layout,
             entries: &entries,
         };
-        // Under a plan's arena the group is kept for later runs: only a valid one (see
-        // runtime/arena.rs). Its own scopes catch its errors at once on native backends.
-        if !arena::active(self.id()) || cfg!(target_arch = "wasm32") {
-            let g = self.device.create_bind_group(&descriptor);
-            arena::insert_group(self.id(), pipeline, &key, &g);
-            return g;
+        if !arena::active(self.id()) {
+            return self.device.create_bind_group(&descriptor);
         }
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let g = self.device.create_bind_group(&descriptor);
-        let ready = super::super::block::ready;
-        match (ready(val.pop()), ready(oom.pop())) {
-            (Some(Some(e)), _) => arena::fail(self.id(), false, e.to_string()),
-            (_, Some(Some(e))) => arena::fail(self.id(), true, e.to_string()),
-            // No error; or a scope not resolved at once (not seen on native backends), kept as
-            // on wasm32.
-            _ => arena::insert_group(self.id(), pipeline, &key, &g),
+        // Under a plan's arena the group is kept for later runs: only a valid one (see
+        // runtime/arena.rs), as its own scopes report it at once on native backends.
+        let mut made = None;
+        let checked = self.scope_now("plan bind group", || {
+            made = Some(self.device.create_bind_group(&descriptor));
+            Ok(())
+        });
+        // (scope_now always runs its closure.)
+        let g = made.unwrap_or_else(|| self.device.create_bind_group(&descriptor));
+        match checked {
+            Ok(()) => arena::insert_group(self.id(), pipeline, &key, &g),
+            Err(e) => arena::fail(self.id(), e),
         }
         g
     }
