@@ -410,7 +410,8 @@ fn bench_tiny_json_then_compare() {
 
 /// `--leaf-order leaves` runs selection stage 2 and the sparse attention leaf-major (on lavapipe
 /// the portable leaf-major kernels): the report names the order, and with GPU timestamps the
-/// leaf stage's three parts are recorded apart.
+/// leaf stage's three parts are recorded apart. The inputs are [B, N, H, D] (`--layout bnhd`),
+/// which the report and the JSON name.
 #[test]
 fn bench_leaf_order_leaves() {
     let dir = tempfile::tempdir().unwrap();
@@ -420,11 +421,14 @@ fn bench_leaf_order_leaves() {
         "0",
         "--leaf-order",
         "leaves",
+        "--layout",
+        "bnhd",
         "--json",
         "l.json",
     ];
     let r = run_in(dir.path(), &[&sizes[..], &TINY_BENCH, &rest].concat()).ok();
     assert!(r.stdout.contains("leaf order leaves"), "{}", r.stdout);
+    assert!(r.stdout.contains("layout bnhd"), "{}", r.stdout);
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(
             &std::fs::read_to_string(dir.path().join("l.json")).unwrap()
@@ -432,6 +436,11 @@ fn bench_leaf_order_leaves() {
         .unwrap()["params"]["leaf_order"],
         "leaves"
     );
+    let params = &serde_json::from_str::<serde_json::Value>(
+        &std::fs::read_to_string(dir.path().join("l.json")).unwrap(),
+    )
+    .unwrap()["params"];
+    assert_eq!(params["layout"], "bnhd", "{params}");
     let text = std::fs::read_to_string(dir.path().join("l.json")).unwrap();
     let j: serde_json::Value = serde_json::from_str(&text).unwrap();
     let recs = j["records"].as_array().unwrap();

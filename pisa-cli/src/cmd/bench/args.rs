@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use pisa_wgpu::Storage;
 
-use crate::args::{usage_bail, LeafOrderArg, ScoringArg};
+use crate::args::{usage_bail, LayoutArg, LeafOrderArg, ScoringArg};
 
 /// Arguments of `pisa bench`.
 #[derive(Args, Debug)]
@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// Stage-2 query tile.
     #[arg(long, default_value_t = 4)]
     pub q_tile: usize,
+    /// Layout of the prefill's Q, K, V and O: [B, H, N, D] (`bhnd`), or [B, N, H, D] (`bnhd`,
+    /// the layout of a model's projections and of FlashAttention's inputs), read in place.
+    #[arg(long, value_enum, default_value_t = LayoutArg::Bhnd)]
+    pub layout: LayoutArg,
     /// Order of selection stage 2 and sparse attention (query tiles or leaf-major).
     #[arg(long, value_enum, default_value_t = LeafOrderArg::Auto)]
     pub leaf_order: LeafOrderArg,
@@ -72,7 +76,7 @@ pub struct BenchArgs {
     /// Instead of measuring: print these result files side by side (and, with --plot, their plot).
     #[arg(long, num_args = 1.., conflicts_with_all = [
         "sizes", "decode_sizes", "decode_burst", "hq", "hkv", "d", "block_size", "top_k",
-        "scoring", "q_tile", "leaf_order", "storages", "dense_max", "backward_max", "reps",
+        "scoring", "q_tile", "layout", "leaf_order", "storages", "dense_max", "backward_max", "reps",
         "decode_reps", "budget_s", "json", "adapter",
     ])]
     pub compare: Vec<PathBuf>,

@@ -38,6 +38,8 @@ pub struct Plan {
     pub storage: Storage,
     /// Stage-2 query tile.
     pub q_tile: usize,
+    /// Layout of the prefill's Q, K, V and O (its LSE and selection are BHND).
+    pub layout: TensorLayout,
     /// Also time dense attention.
     pub dense: bool,
     /// Also time the backward pass (dQ, dK, dV through the selected blocks).
@@ -122,7 +124,7 @@ fn plan_chunk(ctx: &Context, p: &Plan, mut hc: usize) -> Result<Planned> {
     let g = p.hq / p.hkv;
     let opts = PrefillOptions {
         cfg: p.cfg,
-        layout: TensorLayout::Bhnd,
+        layout: p.layout,
         storage: p.storage,
         q_tile: p.q_tile,
         return_selection: true,
@@ -175,7 +177,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
     let pool = chunks.max(2);
     let dt = embed::dtype(p.storage);
     let view = |t: &GpuTensor, heads| {
-        TensorView::contiguous(&t.buffer, 0, dt, [1, heads, p.n, p.d], TensorLayout::Bhnd)
+        TensorView::contiguous(&t.buffer, 0, dt, [1, heads, p.n, p.d], p.layout)
     };
     let mut sets = Vec::with_capacity(pool);
     for i in 0..pool {
@@ -210,7 +212,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
             0,
             embed::dtype(p.storage.output()),
             [1, hc * g, p.n, p.d],
-            TensorLayout::Bhnd,
+            p.layout,
         )?,
         TensorView::contiguous(
             &planned.lse.buffer,
@@ -232,7 +234,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
         lse: &lse_view,
         selection: Some(&sel_view),
     };
-    let layout = TensorLayout::Bhnd;
+    let layout = p.layout;
     let lay = PyramidLayout::new(p.n, p.cfg.block_size, p.cfg.merge_factor)?;
     let geo = KeyGeometry {
         batch: 1,

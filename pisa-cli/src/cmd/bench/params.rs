@@ -20,6 +20,10 @@ pub struct Params {
     /// `lse`, `mean` or `meanvar`.
     pub scoring: String,
     pub q_tile: usize,
+    /// Layout of the prefill's Q, K, V and O: `bhnd` or `bnhd`; empty in files written before
+    /// it was recorded (they ran `bhnd`).
+    #[serde(default)]
+    pub layout: String,
     /// `auto`, `tiles` or `leaves`.
     pub leaf_order: String,
     /// The context's kernel path: `portable` or `coopmat`.
@@ -47,6 +51,7 @@ impl Params {
             merge_factor: cfg.merge_factor,
             scoring: crate::text::scoring(cfg.scoring).into(),
             q_tile: a.q_tile,
+            layout: format!("{:?}", a.layout).to_ascii_lowercase(),
             leaf_order: format!("{:?}", ctx.leaf_order()).to_ascii_lowercase(),
             kernel_path: match ctx.nv_cm2() {
                 true => format!("{}+nv-cm2", ctx.kernel_path()),
@@ -77,9 +82,10 @@ impl Params {
             false => format!(", tuning {}", self.tuning.join(" ")),
         };
         format!(
-            "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, leaf order {}, kernel path {} ({what}), shader checks {}{tuning}",
+            "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, layout {}, leaf order {}, kernel path {} ({what}), shader checks {}{tuning}",
             self.hq, self.hkv, self.d, self.block_size, self.top_k, self.merge_factor,
-            self.scoring, self.q_tile, self.leaf_order, self.kernel_path,
+            self.scoring, self.q_tile,
+            if self.layout.is_empty() { "bhnd" } else { &self.layout }, self.leaf_order, self.kernel_path,
             if self.shader_checks.is_empty() { "unrecorded" } else { &self.shader_checks }
         )
     }
