@@ -199,9 +199,16 @@ fn recall_json() {
         }
         assert_eq!(r["per_kv_head"].as_array().unwrap().len(), 2, "{r}");
         assert!(r["queries"].as_u64().unwrap() > 0, "{r}");
+        // How much the rows share: a fraction, and a union of at least one query's K leaves
+        // over 16 queries' slots.
+        let sib = r["sibling_fraction"].as_f64().unwrap();
+        let union = r["tile_union"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&sib), "{r}");
+        assert!((1.0 / 16.0..=1.0).contains(&union), "{r}");
     }
     let text = run_in(dir.path(), &args).ok();
     assert!(text.stdout.contains("pisa-lse"), "{}", text.stdout);
+    assert!(text.stdout.contains("16q union"), "{}", text.stdout);
 }
 
 /// Regression: `recall --json` printed the methods' rows alone, without the configuration they

@@ -1,11 +1,12 @@
 //! `pisa recall`: selection quality on given Q/K (PISA.md section 3): Recall@K and mass recall
 //! of PISA with each intermediate scoring (`lse`, `mean`, `meanvar`) and of BSA, against the
-//! full-attention oracle, per KV head and averaged. All selections run on the GPU; the metrics
-//! are `pisa_core::reference::metrics`.
+//! full-attention oracle, per KV head and averaged, and how much each selection's rows share
+//! (sibling leaves, leaves common to neighbouring queries). All selections run on the GPU; the
+//! metrics are `pisa_core::reference::metrics`.
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use pisa_core::reference::metrics::{try_recall_per_kv_head, Recall};
+use pisa_core::reference::metrics::{try_locality, try_recall_per_kv_head, Recall};
 use pisa_core::reference::Selection;
 use pisa_core::{Scoring, SelectionConfig};
 use pisa_wgpu::ops::select::{oracle_host, select_host, Method};
@@ -55,7 +56,17 @@ pub struct MethodRecall {
     pub per_kv_head: Vec<(f64, f64)>,
     /// Queries counted (those seeing more than K leaves) over all KV heads.
     pub queries: usize,
+    /// Fraction of the selected leaves whose sibling (same level-1 node) the query selected
+    /// too (`pisa_core::reference::metrics::Locality`); NaN when nothing counted.
+    pub sibling_fraction: f64,
+    /// Distinct leaves selected by [`LOCALITY_TILE`] consecutive queries of one KV head, over
+    /// their `LOCALITY_TILE * K` slots (1: they share none); NaN when no whole tile counted.
+    pub tile_union: f64,
 }
+
+/// The query tile of [`MethodRecall::tile_union`]: the 16 queries of a leaf-major chunk of the
+/// GPU kernels at GQA group 4 (what one gathered key block can serve).
+pub const LOCALITY_TILE: usize = 16;
 
 /// Query-weighted averages; NaN (JSON `null`, "-" in the table) when no query counted.
 fn average(per: &[Recall]) -> (f64, f64, usize) {
@@ -107,7 +118,9 @@ pub fn measure(
             ctx, &l.q, &l.k, &l.shape, l.layout, &c, storage, method, q_tile,
         )
         .with_context(|| format!("{name} selection"))?;
-        let per = try_recall_per_kv_head(&wrap(sel), &oracle, &mass, &l.shape, &c)?;
+        let sel = wrap(sel);
+        let per = try_recall_per_kv_head(&sel, &oracle, &mass, &l.shape, &c)?;
+        let loc = try_locality(&sel, &l.shape, &c, LOCALITY_TILE)?;
         let (r, m, n) = average(&per);
         out.push(MethodRecall {
             method: name.to_string(),
@@ -115,6 +128,8 @@ pub fn measure(
             mass_recall: m,
             per_kv_head: per.iter().map(|p| (p.recall_at_k, p.mass_recall)).collect(),
             queries: n,
+            sibling_fraction: loc.sibling_fraction,
+            tile_union: loc.tile_union,
         });
         pb.inc(1);
     }
@@ -144,10 +159,12 @@ fn pct(x: f64) -> String {
 /// on this command's line, e.g. "use more tokens or a smaller --top-k or --block-size").
 pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
     let mut s = format!(
-        "{:<14} {:>10} {:>12}   per KV head: Recall@{top_k} / mass\n",
+        "{:<14} {:>10} {:>12} {:>9} {:>9}   per KV head: Recall@{top_k} / mass\n",
         "method",
         format!("Recall@{top_k}"),
-        "mass recall"
+        "mass recall",
+        "siblings",
+        format!("{LOCALITY_TILE}q union")
     );
     for r in rows {
         let per: Vec<String> = r
@@ -159,10 +176,12 @@ pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
             })
             .collect();
         s.push_str(&format!(
-            "{:<14} {:>10} {:>12}   {}\n",
+            "{:<14} {:>10} {:>12} {:>9} {:>9}   {}\n",
             r.method,
             pct(r.recall_at_k),
             pct(r.mass_recall),
+            num(r.sibling_fraction, 100.0, 1) + if r.sibling_fraction.is_nan() { "" } else { "%" },
+            num(r.tile_union, 100.0, 1) + if r.tile_union.is_nan() { "" } else { "%" },
             per.join("  ")
         ));
     }
@@ -175,6 +194,11 @@ pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
             } else {
                 String::new()
             }
+        ));
+        s.push_str(&format!(
+            "(siblings: selected leaves whose sibling leaf the query selected too; {LOCALITY_TILE}q \
+             union: distinct leaves of {LOCALITY_TILE} consecutive queries over their \
+             {LOCALITY_TILE} x {top_k} slots, 100% when they share none)\n"
         ));
     }
     s

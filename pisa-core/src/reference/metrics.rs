@@ -135,3 +135,158 @@ pub fn recall_per_kv_head(
 ) -> Vec<Recall> {
     try_recall_per_kv_head(selection, oracle, mass, shape, cfg).unwrap_or_default()
 }
+
+/// How much a selection's rows share, which bounds what kernels can reuse (PISA.md section 5:
+/// query tiles and sibling leaves): over the rows that count (as in [`try_recall`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Locality {
+    /// Fraction of selected leaves another of whose siblings (the leaves of the same level-1
+    /// node, `j / g`) the row selected too (in [0, 1]). Leaf-major attention over sibling
+    /// groups gathers a query's rows once per group rather than once per leaf.
+    pub sibling_fraction: f64,
+    /// Distinct leaves selected by `tile` consecutive counted rows of one (sequence, KV head),
+    /// over their `tile * K` slots, averaged over such whole tiles (in (0, 1]): 1 when the
+    /// tile's queries share no leaf, 1 / tile when they all select the same K leaves.
+    pub tile_union: f64,
+    /// The query tile the union was taken over.
+    pub tile: usize,
+    /// Selected leaves counted for `sibling_fraction`.
+    pub leaves: usize,
+    /// Whole tiles counted for `tile_union`.
+    pub tiles: usize,
+}
+
+/// [`Locality`] of `selection` (`[B, Hkv, Nq, K]`, ascending leaves padded with -1) for query
+/// tiles of `tile` rows. Rows whose query sees K or fewer leaves are skipped, and a tile is
+/// `tile` consecutive counted rows of one (sequence, KV head). Means are NaN when nothing
+/// counted. Errors: [`PisaError::BufferLen`] for a selection of another size,
+/// [`PisaError::InvalidValue`] for `tile == 0` or K == 0, the shape's and the configuration's
+/// validation errors.
+pub fn try_locality(
+    selection: &Selection,
+    shape: &AttentionShape,
+    cfg: &SelectionConfig,
+    tile: usize,
+) -> Result<Locality> {
+    let k = selection.top_k;
+    if tile == 0 || k == 0 {
+        return Err(PisaError::InvalidValue {
+            what: "locality needs a nonzero tile and top_k",
+        });
+    }
+    check_shape(shape, Some(cfg))?;
+    let rows = shape.batch * shape.kv_heads * shape.q_len;
+    let nb0 = shape.k_len.div_ceil(cfg.block_size);
+    check_len("selection", selection.indices.len(), rows * k)?;
+    let g = cfg.merge_factor.max(1);
+    let (mut leaves, mut with_sibling) = (0usize, 0usize);
+    let (mut tiles, mut union_sum) = (0usize, 0.0f64);
+    let mut members: Vec<i32> = Vec::with_capacity(tile * k);
+    let mut in_tile = 0usize;
+    for r in 0..rows {
+        if r % shape.q_len == 0 {
+            // A new (sequence, KV head): a tile never spans two.
+            members.clear();
+            in_tile = 0;
+        }
+        let p = shape.query_position(r % shape.q_len);
+        let vis = if cfg.causal {
+            p / cfg.block_size + 1
+        } else {
+            nb0
+        };
+        if vis <= k {
+            continue;
+        }
+        let row = selection.row(r);
+        for &j in row.iter().filter(|&&j| j >= 0 && (j as usize) < nb0) {
+            leaves += 1;
+            let parent = j as usize / g;
+            let sibling = row
+                .iter()
+                .any(|&o| o >= 0 && o != j && o as usize / g == parent);
+            with_sibling += sibling as usize;
+            if !members.contains(&j) {
+                members.push(j);
+            }
+        }
+        in_tile += 1;
+        if in_tile == tile {
+            union_sum += members.len() as f64 / (tile * k) as f64;
+            tiles += 1;
+            members.clear();
+            in_tile = 0;
+        }
+    }
+    Ok(Locality {
+        sibling_fraction: with_sibling as f64 / leaves as f64,
+        tile_union: union_sum / tiles as f64,
+        tile,
+        leaves,
+        tiles,
+    })
+}
+
+#[cfg(test)]
+mod locality_tests {
+    use super::*;
+
+    fn sel(rows: &[[i32; 4]]) -> Selection {
+        Selection {
+            top_k: 4,
+            indices: rows.iter().flatten().copied().collect(),
+            margin: Vec::new(),
+            scored_nodes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn siblings_and_tile_unions_are_counted() {
+        // 1 KV head, 8 queries at positions 24..32 of 32 keys, C 4: every query sees 7 or 8
+        // leaves (> K = 4), so all count.
+        let shape = AttentionShape::new(1, 1, 1, 8, 32, 8).unwrap();
+        let mut cfg = SelectionConfig::default();
+        cfg.block_size = 4;
+        cfg.top_k = 4;
+        let rows = [
+            [0, 1, 4, 6], // 0,1 siblings; 4 and 6 not
+            [0, 1, 4, 6],
+            [2, 3, 4, 5], // all four have their sibling
+            [2, 3, 4, 5],
+            [0, 2, 4, 6], // none
+            [1, 3, 5, 7], // none
+            [0, 1, 2, 3],
+            [4, 5, 6, 7],
+        ];
+        let l = try_locality(&sel(&rows), &shape, &cfg, 2).unwrap();
+        assert_eq!(l.leaves, 32);
+        // Siblings: 2 + 2 + 4 + 4 + 0 + 0 + 4 + 4 = 20 of 32.
+        assert!((l.sibling_fraction - 20.0 / 32.0).abs() < 1e-12, "{l:?}");
+        // Tiles of 2: {0,1,4,6}: 4/8; {2,3,4,5}: 4/8; {0,2,4,6,1,3,5,7}: 8/8; {0..8}: 8/8.
+        assert_eq!(l.tiles, 4);
+        assert!((l.tile_union - 0.75).abs() < 1e-12, "{l:?}");
+        // A tile of 8: one tile, 8 distinct leaves of 32 slots.
+        let l8 = try_locality(&sel(&rows), &shape, &cfg, 8).unwrap();
+        assert_eq!(l8.tiles, 1);
+        assert!((l8.tile_union - 0.25).abs() < 1e-12, "{l8:?}");
+        // A tile longer than the counted rows: no whole tile, NaN.
+        let l9 = try_locality(&sel(&rows), &shape, &cfg, 9).unwrap();
+        assert!(l9.tiles == 0 && l9.tile_union.is_nan());
+    }
+
+    #[test]
+    fn rows_that_see_k_or_fewer_leaves_and_bad_input() {
+        // Queries at positions 0..8 of 8 keys, C 2, K 4: query p sees p / 2 + 1 <= 4 leaves,
+        // so no row counts.
+        let shape = AttentionShape::new(1, 1, 1, 8, 8, 8).unwrap();
+        let mut cfg = SelectionConfig::default();
+        cfg.block_size = 2;
+        cfg.top_k = 4;
+        let rows = [[0, 1, 2, 3]; 8];
+        let l = try_locality(&sel(&rows), &shape, &cfg, 2).unwrap();
+        assert_eq!((l.leaves, l.tiles), (0, 0));
+        assert!(l.sibling_fraction.is_nan() && l.tile_union.is_nan());
+        assert!(try_locality(&sel(&rows), &shape, &cfg, 0).is_err());
+        assert!(try_locality(&sel(&rows[..7]), &shape, &cfg, 2).is_err());
+    }
+}
