@@ -245,9 +245,11 @@ mod locality_tests {
         // 1 KV head, 8 queries at positions 24..32 of 32 keys, C 4: every query sees 7 or 8
         // leaves (> K = 4), so all count.
         let shape = AttentionShape::new(1, 1, 1, 8, 32, 8).unwrap();
-        let mut cfg = SelectionConfig::default();
-        cfg.block_size = 4;
-        cfg.top_k = 4;
+        let cfg = SelectionConfig {
+            block_size: 4,
+            top_k: 4,
+            ..Default::default()
+        };
         let rows = [
             [0, 1, 4, 6], // 0,1 siblings; 4 and 6 not
             [0, 1, 4, 6],
@@ -279,9 +281,11 @@ mod locality_tests {
         // Queries at positions 0..8 of 8 keys, C 2, K 4: query p sees p / 2 + 1 <= 4 leaves,
         // so no row counts.
         let shape = AttentionShape::new(1, 1, 1, 8, 8, 8).unwrap();
-        let mut cfg = SelectionConfig::default();
-        cfg.block_size = 2;
-        cfg.top_k = 4;
+        let cfg = SelectionConfig {
+            block_size: 2,
+            top_k: 4,
+            ..Default::default()
+        };
         let rows = [[0, 1, 2, 3]; 8];
         let l = try_locality(&sel(&rows), &shape, &cfg, 2).unwrap();
         assert_eq!((l.leaves, l.tiles), (0, 0));
