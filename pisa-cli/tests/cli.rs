@@ -466,6 +466,68 @@ fn bench_leaf_order_leaves() {
     }
 }
 
+/// `bench --input` times the prefill on a file's Q, K, V at the file's length and shape (150
+/// tokens, Hq 4, Hkv 2, D 32 here), records the file as the inputs, and refuses the options
+/// that would give another shape.
+#[test]
+fn bench_on_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path(), "in.safetensors", &Spec::small());
+    let args = [
+        "bench",
+        "-i",
+        "in.safetensors",
+        "--block-size",
+        "16",
+        "--top-k",
+        "4",
+        "--storages",
+        "f32",
+        "--dense-max",
+        "0",
+        "--backward-max",
+        "0",
+        "--reps",
+        "1",
+        "--json",
+        "f.json",
+    ];
+    let r = run_in(dir.path(), &args).ok();
+    assert!(r.stdout.contains("inputs in.safetensors"), "{}", r.stdout);
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("f.json")).unwrap()).unwrap();
+    assert_eq!(j["params"]["input"], "in.safetensors", "{}", j["params"]);
+    assert_eq!(
+        (
+            j["params"]["hq"].as_u64(),
+            j["params"]["hkv"].as_u64(),
+            j["params"]["d"].as_u64()
+        ),
+        (Some(4), Some(2), Some(32))
+    );
+    let recs = j["records"].as_array().unwrap();
+    assert!(!recs.is_empty());
+    assert!(recs.iter().all(|r| r["n"] == 150), "{recs:?}");
+    for other in [["--sizes", "1k"], ["--hq", "8"], ["--decode-sizes", "4k"]] {
+        let r = run_in(dir.path(), &[&args[..], &other].concat());
+        assert_eq!(r.code, Some(2), "{other:?}: {}", r.stderr);
+        assert!(r.stderr.contains("--input"), "{other:?}: {}", r.stderr);
+    }
+    common::fails(
+        dir.path(),
+        &[
+            "bench",
+            "-i",
+            "missing.safetensors",
+            "--storages",
+            "f32",
+            "--reps",
+            "1",
+        ],
+        &["missing.safetensors"],
+    );
+}
+
 /// Regression: `--compare` of a report without records wrote a plot with coordinates from
 /// `f64::MAX`; now a plot that says there is nothing to show.
 /// Regression: `pisa bench` ran sizes above lavapipe's loop limit without the warning that

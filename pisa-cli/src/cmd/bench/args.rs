@@ -44,9 +44,19 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 4)]
     pub q_tile: usize,
     /// Layout of the prefill's Q, K, V and O: [B, H, N, D] (`bhnd`), or [B, N, H, D] (`bnhd`,
-    /// the layout of a model's projections and of FlashAttention's inputs), read in place.
+    /// the layout of a model's projections and of FlashAttention's inputs), read in place; with
+    /// --input, the layout of its tensors too.
     #[arg(long, value_enum, default_value_t = LayoutArg::Bhnd)]
     pub layout: LayoutArg,
+    /// Time the prefill on these Q, K, V (a `.safetensors` file: `q`, `k`, `v`, or with --layer
+    /// `layer{N}.q/k/v`; batch 1) instead of random ones, at the file's length and shape: a
+    /// model's inputs share far more between neighbouring queries than random ones
+    /// (docs/benchmarks.md A.37). The softmax scale is 1/sqrt(D), as for random inputs.
+    #[arg(long, short = 'i', conflicts_with_all = ["sizes", "decode_sizes", "hq", "hkv", "d"])]
+    pub input: Option<PathBuf>,
+    /// With --input: read `layer{N}.q`, `layer{N}.k`, `layer{N}.v`.
+    #[arg(long, requires = "input")]
+    pub layer: Option<usize>,
     /// Order of selection stage 2 and sparse attention (query tiles or leaf-major).
     #[arg(long, value_enum, default_value_t = LeafOrderArg::Auto)]
     pub leaf_order: LeafOrderArg,
@@ -76,7 +86,7 @@ pub struct BenchArgs {
     /// Instead of measuring: print these result files side by side (and, with --plot, their plot).
     #[arg(long, num_args = 1.., conflicts_with_all = [
         "sizes", "decode_sizes", "decode_burst", "hq", "hkv", "d", "block_size", "top_k",
-        "scoring", "q_tile", "layout", "leaf_order", "storages", "dense_max", "backward_max", "reps",
+        "scoring", "q_tile", "layout", "input", "layer", "leaf_order", "storages", "dense_max", "backward_max", "reps",
         "decode_reps", "budget_s", "json", "adapter",
     ])]
     pub compare: Vec<PathBuf>,

@@ -21,8 +21,16 @@ use pisa_wgpu::{Context, DType, GpuError, GpuTensor, Profiler, StageTimes, Stora
 use super::kernels::Kernels;
 use crate::cmd::embed;
 
+/// Q, K, V read from a file (`pisa bench --input`), f32 in [`Plan::layout`], batch 1.
+#[derive(Debug)]
+pub struct HostInputs {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
 /// What to measure at one size.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Plan {
     /// Tokens.
     pub n: usize,
@@ -52,6 +60,8 @@ pub struct Plan {
     pub budget_s: f64,
     /// Decode steps per back-to-back burst (decode only).
     pub burst: usize,
+    /// The prefill's Q, K, V (of shape `[1, hq, n, d]`, `[1, hkv, n, d]`); `None`: random.
+    pub inputs: Option<std::sync::Arc<HostInputs>>,
 }
 
 struct Inputs {
@@ -172,6 +182,14 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
     let planned = plan_chunk(ctx, p, heads_per_chunk(ctx, p))?;
     let hc = planned.hc;
     let chunks = p.hkv.div_ceil(hc);
+    if p.inputs.is_some() && chunks > 1 {
+        anyhow::bail!(
+            "--input: {} tokens of {} KV heads do not fit one storage binding of this device \
+             (use fewer tokens)",
+            p.n,
+            p.hkv
+        );
+    }
     let g = p.hq / p.hkv;
     let shape = *planned.plan.shape();
     let pool = chunks.max(2);
@@ -182,11 +200,19 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
     let mut sets = Vec::with_capacity(pool);
     for i in 0..pool {
         let s = (i * 3) as u32;
-        let (q, k, v) = (
-            random_tensor(ctx, "q", shape.q_elems(), p.storage, s, 1.0)?,
-            random_tensor(ctx, "k", shape.kv_elems(), p.storage, s + 1, 1.0)?,
-            random_tensor(ctx, "v", shape.kv_elems(), p.storage, s + 2, 1.0)?,
-        );
+        let (q, k, v) = match &p.inputs {
+            // (one chunk: checked above)
+            Some(h) => (
+                ctx.upload("q", &h.q, p.storage)?,
+                ctx.upload("k", &h.k, p.storage)?,
+                ctx.upload("v", &h.v, p.storage)?,
+            ),
+            None => (
+                random_tensor(ctx, "q", shape.q_elems(), p.storage, s, 1.0)?,
+                random_tensor(ctx, "k", shape.kv_elems(), p.storage, s + 1, 1.0)?,
+                random_tensor(ctx, "v", shape.kv_elems(), p.storage, s + 2, 1.0)?,
+            ),
+        };
         sets.push(Inputs {
             views: [view(&q, hc * g)?, view(&k, hc)?, view(&v, hc)?],
             q,

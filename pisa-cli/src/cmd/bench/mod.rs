@@ -24,14 +24,58 @@ use self::args::storages;
 pub use self::args::{parse_sizes, BenchArgs};
 use crate::args::{progress, DeviceArgs, StorageArg};
 use report::{Record, Report};
+use std::sync::Arc;
 
 /// FLOPs of causal dense attention (QK^T and PV, half the square).
 fn dense_flops(hq: usize, n: usize, d: usize) -> f64 {
     4.0 * hq as f64 * n as f64 * n as f64 * d as f64 / 2.0
 }
 
+/// Reads `--input` (its shape becomes the run's: one prefill size, no decode sizes, `--hq`,
+/// `--hkv`, `--d` from the file, which clap keeps from being given with it), with the f16
+/// range check where f16 is measured.
+fn load_input(a: &mut BenchArgs, path: std::path::PathBuf) -> Result<Arc<measure::HostInputs>> {
+    let input = crate::input::InputArgs {
+        input: Some(path),
+        k_file: None,
+        v_file: None,
+        q_name: None,
+        k_name: None,
+        v_name: None,
+        layer: a.layer,
+        tokens: None,
+        layout: a.layout,
+        allow_nonfinite: false,
+    };
+    let f16 = storages(&a.storages)?.contains(&Storage::F16);
+    let storage = if f16 {
+        StorageArg::F16
+    } else {
+        StorageArg::F32
+    };
+    let l = input.load_for(storage, true)?;
+    let s = l.shape;
+    if s.batch != 1 {
+        bail!(
+            "--input {}: batch {}; bench takes one sequence",
+            l.source,
+            s.batch
+        );
+    }
+    a.hq = s.q_heads;
+    a.hkv = s.kv_heads;
+    a.d = s.head_dim;
+    a.sizes = s.k_len.to_string();
+    a.decode_sizes = String::new();
+    Ok(Arc::new(measure::HostInputs {
+        q: l.q,
+        k: l.k,
+        v: l.v,
+    }))
+}
+
 /// Runs `pisa bench`.
-pub fn run(a: BenchArgs) -> Result<()> {
+pub fn run(mut a: BenchArgs) -> Result<()> {
     if a.plot.is_some() && a.compare.is_empty() {
         crate::args::usage_bail!(
             "--plot names the plot of --compare; a measuring run writes its plot beside --json"
@@ -68,6 +112,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
+    let inputs = match a.input.clone() {
+        Some(path) => Some(load_input(&mut a, path)?),
+        None => None,
+    };
     let sizes = parse_sizes(&a.sizes).context("--sizes")?;
     let decode_sizes = parse_sizes(&a.decode_sizes).context("--decode-sizes")?;
     if sizes.is_empty() && decode_sizes.is_empty() {
@@ -176,6 +224,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 reps: a.reps,
                 budget_s: a.budget_s,
                 burst: a.decode_burst,
+                inputs: inputs.clone(),
             };
             pb.set_message(format!("prefill {stn} N={n}"));
             // A size whose dense baseline cannot run here (e.g. past a driver's loop limit)
@@ -285,6 +334,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 reps: a.decode_reps,
                 budget_s: a.budget_s,
                 burst: a.decode_burst,
+                inputs: None,
             };
             match decode::decode(&ctx, &plan) {
                 Ok(t) => {

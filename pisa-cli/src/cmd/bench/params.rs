@@ -26,6 +26,10 @@ pub struct Params {
     pub layout: String,
     /// `auto`, `tiles` or `leaves`.
     pub leaf_order: String,
+    /// The prefill's inputs: `random`, or the `--input` file (and `--layer`); empty in files
+    /// written before it was recorded (random).
+    #[serde(default)]
+    pub input: String,
     /// The context's kernel path: `portable` or `coopmat`.
     pub kernel_path: String,
     /// The shaders' runtime checks (`driver_bounded`, `bounds`, `all`, `none`: see
@@ -53,6 +57,11 @@ impl Params {
             q_tile: a.q_tile,
             layout: format!("{:?}", a.layout).to_ascii_lowercase(),
             leaf_order: format!("{:?}", ctx.leaf_order()).to_ascii_lowercase(),
+            input: match (&a.input, a.layer) {
+                (None, _) => "random".into(),
+                (Some(p), None) => p.display().to_string(),
+                (Some(p), Some(l)) => format!("{} layer {l}", p.display()),
+            },
             kernel_path: match ctx.nv_cm2() {
                 true => format!("{}+nv-cm2", ctx.kernel_path()),
                 false => ctx.kernel_path().to_string(),
@@ -82,10 +91,11 @@ impl Params {
             false => format!(", tuning {}", self.tuning.join(" ")),
         };
         format!(
-            "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, layout {}, leaf order {}, kernel path {} ({what}), shader checks {}{tuning}",
+            "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, layout {}, inputs {}, leaf order {}, kernel path {} ({what}), shader checks {}{tuning}",
             self.hq, self.hkv, self.d, self.block_size, self.top_k, self.merge_factor,
             self.scoring, self.q_tile,
-            if self.layout.is_empty() { "bhnd" } else { &self.layout }, self.leaf_order, self.kernel_path,
+            if self.layout.is_empty() { "bhnd" } else { &self.layout },
+            if self.input.is_empty() { "random" } else { &self.input }, self.leaf_order, self.kernel_path,
             if self.shader_checks.is_empty() { "unrecorded" } else { &self.shader_checks }
         )
     }
