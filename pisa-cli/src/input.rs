@@ -168,8 +168,10 @@ fn axes(rank: usize, layout: TensorLayout) -> Option<Axes> {
 fn dims(t: &HostTensor, layout: TensorLayout, src: &str) -> Result<(usize, usize, usize, usize)> {
     let a = axes(t.shape.len(), layout).with_context(|| {
         format!(
-            "{src}: tensor `{}` has shape {:?}; expected 3 or 4 dimensions ({layout:?})",
-            t.name, t.shape
+            "{src}: tensor `{}` has shape {:?}; expected 3 or 4 dimensions ({})",
+            t.name,
+            t.shape,
+            format!("{layout:?}").to_ascii_lowercase()
         )
     })?;
     let b = a.batch.map_or(1, |i| t.shape[i]);

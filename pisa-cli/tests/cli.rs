@@ -513,6 +513,32 @@ fn bench_on_a_file() {
         assert_eq!(r.code, Some(2), "{other:?}: {}", r.stderr);
         assert!(r.stderr.contains("--input"), "{other:?}: {}", r.stderr);
     }
+    // An empty --decode-sizes (no decode, as for random inputs) goes with it, and --tokens
+    // shortens the file.
+    let r = run_in(
+        dir.path(),
+        &[&args[..], &["--decode-sizes=", "--tokens", "100"]].concat(),
+    )
+    .ok();
+    assert!(
+        r.stdout.contains("inputs in.safetensors, first 100 tokens"),
+        "{}",
+        r.stdout
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("f.json")).unwrap()).unwrap();
+    let recs = j["records"].as_array().unwrap();
+    assert!(
+        !recs.is_empty() && recs.iter().all(|r| r["n"] == 100),
+        "{recs:?}"
+    );
+    // Only a .safetensors file: not a .npy (whose K and V options bench does not have).
+    std::fs::write(dir.path().join("q.npy"), b"").unwrap();
+    common::usage_fails(
+        dir.path(),
+        &["bench", "-i", "q.npy", "--storages", "f32"],
+        &["q.npy", ".safetensors"],
+    );
     common::fails(
         dir.path(),
         &[

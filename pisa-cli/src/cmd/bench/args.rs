@@ -15,9 +15,10 @@ pub struct BenchArgs {
     /// Prefill lengths N (comma separated; k/K and m/M suffixes: 4k = 4096).
     #[arg(long, default_value = "4k,16k,64k,128k,256k")]
     pub sizes: String,
-    /// KV-cache lengths of the decode benchmark (empty: none).
-    #[arg(long, default_value = "64k,256k,1m")]
-    pub decode_sizes: String,
+    /// KV-cache lengths of the decode benchmark (empty: none) [default: 64k,256k,1m; none with
+    /// --input].
+    #[arg(long)]
+    pub decode_sizes: Option<String>,
     /// Decode steps per back-to-back burst (10, as the PyTorch peer; a long burst keeps the GPU
     /// busy long enough to reach its sustained clocks, as an inference loop does).
     #[arg(long, default_value_t = super::decode::BURST)]
@@ -49,14 +50,17 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = LayoutArg::Bhnd)]
     pub layout: LayoutArg,
     /// Time the prefill on these Q, K, V (a `.safetensors` file: `q`, `k`, `v`, or with --layer
-    /// `layer{N}.q/k/v`; batch 1) instead of random ones, at the file's length and shape: a
+    /// `layer{N}.q/k/v`; batch 1; no decode sizes) instead of random ones, at the file's length and shape: a
     /// model's inputs share far more between neighbouring queries than random ones
     /// (docs/benchmarks.md A.37). The softmax scale is 1/sqrt(D), as for random inputs.
-    #[arg(long, short = 'i', conflicts_with_all = ["sizes", "decode_sizes", "hq", "hkv", "d"])]
+    #[arg(long, short = 'i', conflicts_with_all = ["sizes", "hq", "hkv", "d"])]
     pub input: Option<PathBuf>,
     /// With --input: read `layer{N}.q`, `layer{N}.k`, `layer{N}.v`.
     #[arg(long, requires = "input")]
     pub layer: Option<usize>,
+    /// With --input: use only its first N tokens.
+    #[arg(long, requires = "input")]
+    pub tokens: Option<usize>,
     /// Order of selection stage 2 and sparse attention (query tiles or leaf-major).
     #[arg(long, value_enum, default_value_t = LeafOrderArg::Auto)]
     pub leaf_order: LeafOrderArg,
@@ -86,7 +90,7 @@ pub struct BenchArgs {
     /// Instead of measuring: print these result files side by side (and, with --plot, their plot).
     #[arg(long, num_args = 1.., conflicts_with_all = [
         "sizes", "decode_sizes", "decode_burst", "hq", "hkv", "d", "block_size", "top_k",
-        "scoring", "q_tile", "layout", "input", "layer", "leaf_order", "storages", "dense_max", "backward_max", "reps",
+        "scoring", "q_tile", "layout", "input", "layer", "tokens", "leaf_order", "storages", "dense_max", "backward_max", "reps",
         "decode_reps", "budget_s", "json", "adapter",
     ])]
     pub compare: Vec<PathBuf>,

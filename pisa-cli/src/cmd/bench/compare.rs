@@ -108,6 +108,38 @@ pub fn compare(reports: &[Report]) -> String {
             each.join("; ")
         );
     }
+    // The prefill's layout and inputs (files of before they were recorded: BHND, random).
+    let how = |r: &Report| {
+        let (layout, input) = r
+            .params
+            .as_ref()
+            .map_or(("", ""), |p| (p.layout.as_str(), p.input.as_str()));
+        let or = |v: &str, d: &str| {
+            if v.is_empty() {
+                d.to_string()
+            } else {
+                v.to_string()
+            }
+        };
+        format!(
+            "layout {}, inputs {}",
+            or(layout, "bhnd"),
+            or(input, "random")
+        )
+    };
+    let hows: Vec<String> = reports.iter().map(how).collect();
+    if hows.iter().any(|h| *h != hows[0]) {
+        let each: Vec<String> = reports
+            .iter()
+            .zip(&hows)
+            .map(|(r, h)| format!("{}: {h}", label(r)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "note: the runs differ in the prefill's layout or inputs ({})",
+            each.join("; ")
+        );
+    }
     let labels: Vec<String> = reports.iter().map(label).collect();
     let w = labels
         .iter()
@@ -234,6 +266,7 @@ fn xml(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::{compare, label, name_apart, Report};
+    use crate::cmd::bench::params;
     use crate::cmd::bench::report::Record;
 
     fn report(adapter: &str, shape: &str) -> Report {
@@ -327,6 +360,35 @@ mod tests {
             "{t}"
         );
         assert!(lines[1..].iter().all(|l| l.len() == lines[1].len()), "{t}");
-        assert!(!compare(&[a.clone(), a]).contains("note:"));
+        assert!(!compare(&[a.clone(), a.clone()]).contains("note:"));
+        // A run in BNHD beside one in BHND (recorded, or unrecorded in an older file).
+        let mut c = a.clone();
+        let mut p = params::Params {
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            block_size: 64,
+            top_k: 16,
+            merge_factor: 2,
+            scoring: "lse".into(),
+            q_tile: 4,
+            layout: "bnhd".into(),
+            leaf_order: "auto".into(),
+            input: "random".into(),
+            kernel_path: "portable".into(),
+            shader_checks: String::new(),
+            tuning: Vec::new(),
+        };
+        c.params = Some(p.clone());
+        let t = compare(&[a.clone(), c.clone()]);
+        assert!(
+            t.contains("note: the runs differ in the prefill's layout or inputs")
+                && t.contains("layout bnhd, inputs random")
+                && t.contains("layout bhnd, inputs random"),
+            "{t}"
+        );
+        p.layout = "bhnd".into();
+        c.params = Some(p);
+        assert!(!compare(&[a, c]).contains("layout or inputs"));
     }
 }

@@ -31,10 +31,22 @@ fn dense_flops(hq: usize, n: usize, d: usize) -> f64 {
     4.0 * hq as f64 * n as f64 * n as f64 * d as f64 / 2.0
 }
 
+/// The decode cache sizes when `--decode-sizes` is not given.
+const DECODE_SIZES: &str = "64k,256k,1m";
+
 /// Reads `--input` (its shape becomes the run's: one prefill size, no decode sizes, `--hq`,
 /// `--hkv`, `--d` from the file, which clap keeps from being given with it), with the f16
 /// range check where f16 is measured.
 fn load_input(a: &mut BenchArgs, path: std::path::PathBuf) -> Result<Arc<measure::HostInputs>> {
+    if path
+        .extension()
+        .is_none_or(|e| !e.eq_ignore_ascii_case("safetensors"))
+    {
+        crate::args::usage_bail!(
+            "--input {}: bench reads Q, K and V from one .safetensors file",
+            path.display()
+        );
+    }
     let input = crate::input::InputArgs {
         input: Some(path),
         k_file: None,
@@ -43,7 +55,7 @@ fn load_input(a: &mut BenchArgs, path: std::path::PathBuf) -> Result<Arc<measure
         k_name: None,
         v_name: None,
         layer: a.layer,
-        tokens: None,
+        tokens: a.tokens,
         layout: a.layout,
         allow_nonfinite: false,
     };
@@ -66,7 +78,15 @@ fn load_input(a: &mut BenchArgs, path: std::path::PathBuf) -> Result<Arc<measure
     a.hkv = s.kv_heads;
     a.d = s.head_dim;
     a.sizes = s.k_len.to_string();
-    a.decode_sizes = String::new();
+    if a.decode_sizes
+        .as_deref()
+        .is_some_and(|d| !d.trim().is_empty())
+    {
+        crate::args::usage_bail!(
+            "--input times the prefill of the file only: leave out --decode-sizes (or give it empty)"
+        );
+    }
+    a.decode_sizes = Some(String::new());
     Ok(Arc::new(measure::HostInputs {
         q: l.q,
         k: l.k,
@@ -117,7 +137,8 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         None => None,
     };
     let sizes = parse_sizes(&a.sizes).context("--sizes")?;
-    let decode_sizes = parse_sizes(&a.decode_sizes).context("--decode-sizes")?;
+    let decode_sizes =
+        parse_sizes(a.decode_sizes.as_deref().unwrap_or(DECODE_SIZES)).context("--decode-sizes")?;
     if sizes.is_empty() && decode_sizes.is_empty() {
         bail!("--sizes and --decode-sizes are both empty: nothing to measure");
     }

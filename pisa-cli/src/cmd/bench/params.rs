@@ -57,10 +57,18 @@ impl Params {
             q_tile: a.q_tile,
             layout: format!("{:?}", a.layout).to_ascii_lowercase(),
             leaf_order: format!("{:?}", ctx.leaf_order()).to_ascii_lowercase(),
-            input: match (&a.input, a.layer) {
-                (None, _) => "random".into(),
-                (Some(p), None) => p.display().to_string(),
-                (Some(p), Some(l)) => format!("{} layer {l}", p.display()),
+            input: match &a.input {
+                None => "random".into(),
+                Some(p) => {
+                    let mut s = p.display().to_string();
+                    if let Some(l) = a.layer {
+                        s += &format!(" layer {l}");
+                    }
+                    if let Some(t) = a.tokens {
+                        s += &format!(", first {t} tokens");
+                    }
+                    s
+                }
             },
             kernel_path: match ctx.nv_cm2() {
                 true => format!("{}+nv-cm2", ctx.kernel_path()),
