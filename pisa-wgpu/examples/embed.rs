@@ -46,12 +46,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The application's device.
     let instance = pisa_wgpu::instance();
     let adapter = pollster::block_on(instance.request_adapter(&Default::default()))?;
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        required_features: pisa_wgpu::wanted_features(&adapter)
-            - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
-        required_limits: adapter.limits(),
-        ..Default::default()
-    }))?;
+    // (pisa's features where the adapter has them, its limits; add the app's own.)
+    let (device, queue) =
+        pollster::block_on(adapter.request_device(&pisa_wgpu::app_device_descriptor(&adapter)))?;
     let ctx = Context::from_device(&adapter, device.clone(), queue.clone())?;
     println!("adapter: {}", adapter.get_info().name);
     let buffer = |size: u64| {

@@ -98,7 +98,8 @@ pub use runtime::adapter::{instance, list_adapters_async};
 pub use runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 pub use runtime::checks::ShaderChecks;
 pub use runtime::context::{
-    list_adapters, wanted_features, AdapterChoice, AdapterReport, Context, KernelPath, LeafOrder,
+    app_device_descriptor, list_adapters, wanted_features, AdapterChoice, AdapterReport, Context,
+    KernelPath, LeafOrder,
 };
 pub use runtime::nv::{device_has_nv_cm2, nv_cm2_supported, request_device_nv_cm2};
 #[doc(hidden)]

@@ -82,7 +82,8 @@ pub struct PrefillOptions {
     pub storage: Storage,
     /// Consecutive queries per stage-2 tile (PISA.md section 5; 4 in the paper).
     pub q_tile: usize,
-    /// Also return the selected leaf indices.
+    /// [`prefill_host`] also returns the selected leaf indices. A [`PrefillPlan`] does not use
+    /// it: a run writes the selection where [`PrefillOutputs::selection`] gives a view.
     pub return_selection: bool,
 }
 

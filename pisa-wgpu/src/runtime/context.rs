@@ -102,6 +102,32 @@ pub fn wanted_features(adapter: &wgpu::Adapter) -> wgpu::Features {
     adapter.features() & WANTED
 }
 
+/// A device descriptor for an application that opens its own device for pisa
+/// ([`Context::from_device`]): the adapter's limits and [`wanted_features`] without the
+/// experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`, which needs the application's unsafe
+/// opt-in (`wgpu::ExperimentalFeatures::enabled()` in the descriptor, then add the feature:
+/// the tensor-core kernels). Without it the portable kernels run. Add the application's own
+/// features and a label as needed.
+///
+/// ```no_run
+/// # async fn open() -> Result<(), Box<dyn std::error::Error>> {
+/// let instance = pisa_wgpu::instance();
+/// let adapter = instance.request_adapter(&Default::default()).await?;
+/// let (device, queue) = adapter
+///     .request_device(&pisa_wgpu::app_device_descriptor(&adapter))
+///     .await?;
+/// let ctx = pisa_wgpu::Context::from_device(&adapter, device, queue)?;
+/// # Ok(()) }
+/// ```
+pub fn app_device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+    wgpu::DeviceDescriptor {
+        required_features: wanted_features(adapter)
+            - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+        required_limits: adapter.limits(),
+        ..Default::default()
+    }
+}
+
 const WANTED: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::TIMESTAMP_QUERY)
