@@ -50,8 +50,9 @@ use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
 use pisa_wgpu::ops::prefill::{PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan};
 use pisa_wgpu::{Context, DType, Storage, TensorView};
 
-// The app's device (open it with pisa_wgpu::wanted_features(&adapter) and adapter.limits();
-// less EXPERIMENTAL_COOPERATIVE_MATRIX unless the descriptor enables wgpu's experimental features).
+// The app's device: adapter.request_device(&pisa_wgpu::app_device_descriptor(&adapter)), or
+// your own descriptor with pisa_wgpu::wanted_features(&adapter) and adapter.limits() (less
+// EXPERIMENTAL_COOPERATIVE_MATRIX unless it enables wgpu's experimental features).
 // pisa never replaces its callbacks; pisa's errors come back as Results (error scopes).
 let ctx = Context::from_device(&adapter, device.clone(), queue.clone())?;
 
