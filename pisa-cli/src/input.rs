@@ -171,7 +171,7 @@ fn dims(t: &HostTensor, layout: TensorLayout, src: &str) -> Result<(usize, usize
             "{src}: tensor `{}` has shape {:?}; expected 3 or 4 dimensions ({})",
             t.name,
             t.shape,
-            format!("{layout:?}").to_ascii_lowercase()
+            crate::text::layout(layout)
         )
     })?;
     let b = a.batch.map_or(1, |i| t.shape[i]);
@@ -196,7 +196,7 @@ fn layout_hint(q: &HostTensor, k: &HostTensor, layout: TensorLayout) -> String {
         }
         _ => false,
     };
-    let name = |l: TensorLayout| format!("{l:?}").to_ascii_lowercase();
+    let name = crate::text::layout;
     if !agree(layout) && agree(other) {
         format!(
             " (read as {}; as {} Q and K agree: is --layout right?)",

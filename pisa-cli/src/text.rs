@@ -1,7 +1,7 @@
 //! Readable text (and machine-readable JSON) for shapes and configurations in user-facing
 //! output, metadata and reports, in place of Rust `Debug` strings; and plurals for messages.
 
-use pisa_core::{AttentionShape, Scoring, SelectionConfig};
+use pisa_core::{AttentionShape, Scoring, SelectionConfig, TensorLayout};
 use pisa_wgpu::Storage;
 use serde_json::{json, Value};
 
@@ -37,6 +37,14 @@ pub fn storage(s: Storage) -> &'static str {
         Storage::F32 => "f32",
         Storage::F16 => "f16",
         Storage::Bf16 => "bf16",
+    }
+}
+
+/// The layout's name as `--layout` spells it: `bhnd`, `bnhd`.
+pub fn layout(l: TensorLayout) -> &'static str {
+    match l {
+        TensorLayout::Bhnd => "bhnd",
+        TensorLayout::Bnhd => "bnhd",
     }
 }
 

@@ -146,12 +146,12 @@ fn num(x: f64, scale: f64, prec: usize) -> String {
     }
 }
 
-/// `x` as a percentage with 2 decimals, or `-` for NaN.
-fn pct(x: f64) -> String {
+/// `x` as a percentage with `prec` decimals, or `-` for NaN.
+fn pct(x: f64, prec: usize) -> String {
     if x.is_nan() {
         "-".into()
     } else {
-        num(x, 100.0, 2) + "%"
+        num(x, 100.0, prec) + "%"
     }
 }
 
@@ -178,10 +178,10 @@ pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
         s.push_str(&format!(
             "{:<14} {:>10} {:>12} {:>9} {:>9}   {}\n",
             r.method,
-            pct(r.recall_at_k),
-            pct(r.mass_recall),
-            num(r.sibling_fraction, 100.0, 1) + if r.sibling_fraction.is_nan() { "" } else { "%" },
-            num(r.tile_union, 100.0, 1) + if r.tile_union.is_nan() { "" } else { "%" },
+            pct(r.recall_at_k, 2),
+            pct(r.mass_recall, 2),
+            pct(r.sibling_fraction, 1),
+            pct(r.tile_union, 1),
             per.join("  ")
         ));
     }

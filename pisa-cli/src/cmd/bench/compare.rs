@@ -109,23 +109,9 @@ pub fn compare(reports: &[Report]) -> String {
         );
     }
     // The prefill's layout and inputs (files of before they were recorded: BHND, random).
-    let how = |r: &Report| {
-        let (layout, input) = r
-            .params
-            .as_ref()
-            .map_or(("", ""), |p| (p.layout.as_str(), p.input.as_str()));
-        let or = |v: &str, d: &str| {
-            if v.is_empty() {
-                d.to_string()
-            } else {
-                v.to_string()
-            }
-        };
-        format!(
-            "layout {}, inputs {}",
-            or(layout, "bhnd"),
-            or(input, "random")
-        )
+    let how = |r: &Report| match &r.params {
+        Some(p) => format!("layout {}, inputs {}", p.layout_name(), p.input_name()),
+        None => "layout bhnd, inputs random".to_string(),
     };
     let hows: Vec<String> = reports.iter().map(how).collect();
     if hows.iter().any(|h| *h != hows[0]) {

@@ -55,7 +55,7 @@ impl Params {
             merge_factor: cfg.merge_factor,
             scoring: crate::text::scoring(cfg.scoring).into(),
             q_tile: a.q_tile,
-            layout: format!("{:?}", a.layout).to_ascii_lowercase(),
+            layout: crate::text::layout(a.layout.into()).into(),
             leaf_order: format!("{:?}", ctx.leaf_order()).to_ascii_lowercase(),
             input: match &a.input {
                 None => "random".into(),
@@ -85,6 +85,24 @@ impl Params {
         }
     }
 
+    /// The prefill's layout, `bhnd` in files written before it was recorded.
+    pub fn layout_name(&self) -> &str {
+        if self.layout.is_empty() {
+            "bhnd"
+        } else {
+            &self.layout
+        }
+    }
+
+    /// The prefill's inputs, `random` in files written before they were recorded.
+    pub fn input_name(&self) -> &str {
+        if self.input.is_empty() {
+            "random"
+        } else {
+            &self.input
+        }
+    }
+
     /// The report's `shape` line, naming the kernel path that ran.
     pub fn line(&self) -> String {
         let what = if self.kernel_path == "coopmat+nv-cm2" {
@@ -102,8 +120,7 @@ impl Params {
             "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, layout {}, inputs {}, leaf order {}, kernel path {} ({what}), shader checks {}{tuning}",
             self.hq, self.hkv, self.d, self.block_size, self.top_k, self.merge_factor,
             self.scoring, self.q_tile,
-            if self.layout.is_empty() { "bhnd" } else { &self.layout },
-            if self.input.is_empty() { "random" } else { &self.input }, self.leaf_order, self.kernel_path,
+            self.layout_name(), self.input_name(), self.leaf_order, self.kernel_path,
             if self.shader_checks.is_empty() { "unrecorded" } else { &self.shader_checks }
         )
     }
