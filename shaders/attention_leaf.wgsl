@@ -7,6 +7,9 @@
 // t <= p_i when causal) | per row max m, P = exp(s - m) in place, sum l | O_part = P V, one
 // invocation per (row, dim). Outputs as the twin: opart [chunk, R, D] f32, mlpart [chunk, R]
 // (m, l), spos [nq, MC] (1 + the first row of each entry; 0 for none).
+// PAIR = 1 (WG = 128): the chunks of the pair buckets (leaf_bucket.wgsl APAIR = 1; bucket
+// nb0 + P), each over the 2C keys of leaves 2P and 2P + 1, its workgroups numbered from the
+// first pair chunk, coff[bl.first].
 // Q, K, V: store_t, (b, h, n, d) at b*sb + h*sh + n*sn + d (V with K's strides).
 // (Params, p, linear_id: select_common.wgsl, prepended; buckets and chunk_of:
 // leaf_chunk.wgsl, appended)
@@ -16,7 +19,8 @@ const BF16_READY: bool = true;
 const GQ: u32 = 4u;   // query heads per KV head
 const QPC: u32 = 4u;  // entries per chunk
 const MC: u32 = 16u;  // selection slots per query (top_k)
-const WG: u32 = 64u;  // invocations = most keys of a leaf
+const WG: u32 = 64u;  // invocations = most keys of a leaf (PAIR = 1: of a pair)
+const PAIR: u32 = 0u;
 const R: u32 = QPC * GQ;
 const NEG: f32 = -3.0e38;
 
@@ -45,8 +49,10 @@ fn row_keys(r: u32, n: u32, leaf0: u32, leaf1: u32) -> u32 {
 @compute @workgroup_size(WG)
 fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
-    let cid = linear_id(wid, nwg);
-    if (cid >= bl.items) { return; }
+    let w = linear_id(wid, nwg);
+    if (w >= bl.items) { return; }
+    var cid = w;
+    if (PAIR == 1u) { cid += coff[bl.first]; }
     let c = chunk_uniform(cid, lid);
     if (c[0] == 0u) { return; }
     let leaf = c[1];
@@ -60,8 +66,9 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
     workgroupBarrier();
     let kb = b * p.k_sb + hkv * p.k_sh;
-    let leaf0 = leaf * p.block_size;
-    let leaf1 = min(leaf0 + p.block_size, p.k_len);
+    var leaf0 = leaf * p.block_size;
+    if (PAIR == 1u) { leaf0 = (leaf - p.nb0) * 2u * p.block_size; }
+    let leaf1 = min(leaf0 + (1u + PAIR) * p.block_size, p.k_len);
     let tok = leaf0 + lid;
     for (var r = 0u; r < R; r++) {
         let e = r / GQ;

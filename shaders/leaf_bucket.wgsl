@@ -34,6 +34,14 @@ const ATTEND: u32 = 0u;
 // that lists only leaf 2P + 1 is o | ODD, only 2P is o. The list values i * MC + o must stay
 // below 2^30 (the host checks).
 const PAIR: u32 = 0u;
+// 1 (with ATTEND = 1; ops/attention/by_leaf.rs with sibling pairs): a query whose selection
+// lists both leaves 2P and 2P + 1 (valid entries, so in adjacent slots o, o + 1: a valid list
+// ascends) is ONE entry, slot o, in pair bucket nb0 + P, whose chunk kernel attends both leaves
+// at once; slot o + 1 is not bucketed (its spos stays 0, so the merge finds no state there: the
+// pair's state holds both leaves). Every other entry stays in its leaf's bucket 0 .. nb0.
+// Buckets: nb0 + ceil(nb0 / 2), leaves first, so that the leaf chunks come before the pair
+// chunks (two dispatches, one per kind).
+const APAIR: u32 = 0u;
 const BOTH: u32 = 0x80000000u;
 const ODD: u32 = 0x40000000u;
 
@@ -41,7 +49,7 @@ const ODD: u32 = 0x40000000u;
 // (b, KV head) of an ATTEND = 1 bucketing.
 struct Buckets {
     items: u32, buckets: u32, i0: u32, nq: u32,
-    bh0: u32, pad0: u32, pad1: u32, pad2: u32,
+    bh0: u32, first: u32, pad1: u32, pad2: u32,
 }
 
 @group(0) @binding(3) var<storage, read> cand: array<i32>;
@@ -65,6 +73,33 @@ fn attend_leaf(e: u32) -> u32 {
         if (x >= c && u32(x) < p.nb0) { return NONE; }
     }
     return u32(c);
+}
+
+// APAIR = 1: entry e's leaf j (attend_leaf's) and bucket, in one pass over the slots before
+// it. An even leaf whose next slot lists j + 1 (valid: above every entry before it, as j is)
+// is a pair, bucket nb0 + j / 2; an odd leaf whose previous slot lists j - 1, valid (no slot
+// before that one lists j - 1: the others are below j, as j is valid), is that pair's second
+// slot, NONE; else bucket j. (NONE, NONE) for an entry attend_leaf skips.
+fn attend_pair_entry(e: u32) -> vec2<u32> {
+    let o = e % MC;
+    let g = (bl.bh0 * p.q_len + bl.i0 + e / MC) * MC + o;
+    let c = cand[g];
+    if (c < 0 || u32(c) >= p.nb0) { return vec2<u32>(NONE); }
+    var earlier = false; // j - 1 in a slot before o - 1
+    for (var k = g - o; k < g; k++) {
+        let x = cand[k];
+        if (x >= c && u32(x) < p.nb0) { return vec2<u32>(NONE); }
+        earlier = earlier || (x == c - 1 && k + 1u < g);
+    }
+    let j = u32(c);
+    if ((j & 1u) == 0u) {
+        if (o + 1u < MC && j + 1u < p.nb0 && cand[g + 1u] == c + 1) {
+            return vec2<u32>(j, p.nb0 + j / 2u);
+        }
+        return vec2<u32>(j);
+    }
+    if (o > 0u && cand[g - 1u] == c - 1 && !earlier) { return vec2<u32>(j, NONE); }
+    return vec2<u32>(j);
 }
 
 // The leaf of entry e, NONE when it is not bucketed: ATTEND = 0, entry_leaf; ATTEND = 1,
@@ -127,13 +162,16 @@ fn entry_leaf(e: u32) -> u32 {
 // longer.
 const EPI: u32 = 8u;
 const WB: u32 = 4096u;
+// APAIR = 1: the bins of pair buckets, after the WB of leaf buckets (0 otherwise).
+const WP: u32 = 0u;
 // 1 (tests only): `count` also counts the entries that take the global counters directly, in
 // cnt[bl.buckets] (one word past the buckets), so that a test sees the bins are used.
 const STATS: u32 = 0u;
-var<workgroup> win: array<atomic<u32>, WB>;
+var<workgroup> win: array<atomic<u32>, WB + WP>;
 
 // The first bucket of the bins of the tile whose last entry is e_last, and their number (at
-// most WB, fewer where the (b, KV head) has fewer buckets up to the window's end).
+// most WB, fewer where the (b, KV head) has fewer buckets up to the window's end; APAIR = 1:
+// pair_window's WP pair buckets come after them).
 fn window(e_last: u32) -> vec2<u32> {
     // The tile's last query (ATTEND = 1: of the range i0 ..), and its (b, KV head)'s first
     // bucket (ATTEND = 1: a bucket per leaf of one (b, KV head)).
@@ -146,24 +184,62 @@ fn window(e_last: u32) -> vec2<u32> {
     } else {
         first = e_last / (p.q_len * MC) * units;
     }
-    let bq = (p.q_pos0 + i) / p.block_size;
-    var leaf = select(p.nb0 - 1u, min(bq + 1u, p.nb0 - 1u), p.causal != 0u);
-    if (PAIR == 1u) { leaf /= 2u; }
-    let last = first + leaf;
+    let leaf = last_leaf(i);
+    var last = first + leaf;
+    if (PAIR == 1u) { last = first + leaf / 2u; }
     let n = min(last + 1u - first, WB);
     return vec2<u32>(last + 1u - n, n);
 }
 
-// The tile of workgroup wid: its first entry, and the window of its bins (window()).
-fn tile(wid: vec3<u32>, nwg: vec3<u32>) -> vec3<u32> {
+// The last leaf query i may list: causally, the leaf after its own (the window ends one past
+// it); without causal masking, the last leaf.
+fn last_leaf(i: u32) -> u32 {
+    let bq = (p.q_pos0 + i) / p.block_size;
+    return select(p.nb0 - 1u, min(bq + 1u, p.nb0 - 1u), p.causal != 0u);
+}
+
+// APAIR = 1: the pair buckets of the tile whose last entry is e_last, as window() (at most
+// WP, ending at the pair of the last leaf its last query may list).
+fn pair_window(e_last: u32) -> vec2<u32> {
+    if (APAIR == 0u) { return vec2<u32>(0u, 0u); }
+    let pl = last_leaf(bl.i0 + e_last / MC) / 2u;
+    let n = min(pl + 1u, WP);
+    return vec2<u32>(p.nb0 + pl + 1u - n, n);
+}
+
+// A workgroup's tile: its first entry e0 and its bins, bins 0 .. n1 for buckets f1 .. f1 + n1
+// and bins n1 .. n1 + n2 for buckets f2 .. f2 + n2 (APAIR = 1: the pair buckets; else n2 = 0).
+struct Tile { e0: u32, f1: u32, n1: u32, f2: u32, n2: u32 }
+
+fn tile(wid: vec3<u32>, nwg: vec3<u32>) -> Tile {
     let e0 = linear_id(wid, nwg) * 256u * EPI;
-    let w = window(min(e0 + 256u * EPI, bl.items) - 1u);
-    return vec3<u32>(e0, w);
+    let e_last = min(e0 + 256u * EPI, bl.items) - 1u;
+    let w = window(e_last);
+    let w2 = pair_window(e_last);
+    return Tile(e0, w.x, w.y, w2.x, w2.y);
+}
+
+// The bin of bucket x in tile t, NONE where x has none (it takes the global counter).
+fn bin_of(t: Tile, x: u32) -> u32 {
+    if (x - t.f1 < t.n1) { return x - t.f1; }
+    if (x - t.f2 < t.n2) { return t.n1 + x - t.f2; }
+    return NONE;
+}
+
+// The bucket of bin k (k < n1 + n2) of tile t.
+fn bin_bucket(t: Tile, k: u32) -> u32 {
+    if (k < t.n1) { return t.f1 + k; }
+    return t.f2 + k - t.n1;
 }
 
 // Entry e's leaf and bucket; bucket NONE for an entry past the items or not bucketed.
 fn tile_entry(e: u32) -> vec2<u32> {
     if (e >= bl.items) { return vec2<u32>(NONE); }
+    if (APAIR == 1u) {
+        let jx = attend_pair_entry(e);
+        if (jx.y == NONE) { return vec2<u32>(NONE); }
+        return jx;
+    }
     let j = bucket_leaf(e);
     if (j == NONE) { return vec2<u32>(NONE); }
     return vec2<u32>(j, entry_bucket(e, j));
@@ -173,22 +249,24 @@ fn tile_entry(e: u32) -> vec2<u32> {
 fn count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
     let t = tile(wid, nwg);
-    for (var k = lid; k < t.z; k += 256u) { atomicStore(&win[k], 0u); }
+    let bins = t.n1 + t.n2;
+    for (var k = lid; k < bins; k += 256u) { atomicStore(&win[k], 0u); }
     workgroupBarrier();
     for (var k = 0u; k < EPI; k++) {
-        let x = tile_entry(t.x + k * 256u + lid).y;
+        let x = tile_entry(t.e0 + k * 256u + lid).y;
         if (x == NONE) { continue; }
-        if (x - t.y < t.z) {
-            atomicAdd(&win[x - t.y], 1u);
+        let b = bin_of(t, x);
+        if (b != NONE) {
+            atomicAdd(&win[b], 1u);
         } else {
             atomicAdd(&cnt[x], 1u);
             if (STATS == 1u) { atomicAdd(&cnt[bl.buckets], 1u); }
         }
     }
     workgroupBarrier();
-    for (var k = lid; k < t.z; k += 256u) {
+    for (var k = lid; k < bins; k += 256u) {
         let c = atomicLoad(&win[k]);
-        if (c > 0u) { atomicAdd(&cnt[t.y + k], c); }
+        if (c > 0u) { atomicAdd(&cnt[bin_bucket(t, k)], c); }
     }
 }
 
@@ -254,23 +332,25 @@ fn place(x: u32, slot: u32, v: u32) {
 fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
     let t = tile(wid, nwg);
-    for (var k = lid; k < t.z; k += 256u) { atomicStore(&win[k], 0u); }
+    let bins = t.n1 + t.n2;
+    for (var k = lid; k < bins; k += 256u) { atomicStore(&win[k], 0u); }
     workgroupBarrier();
-    // The binned entries: bucket (NONE: none), rank among the tile's entries of that bucket,
-    // list value.
+    // The binned entries: bin (NONE: none), rank among the tile's entries of that bin, list
+    // value.
     var bx: array<u32, EPI>;
     var br: array<u32, EPI>;
     var bv: array<u32, EPI>;
     for (var k = 0u; k < EPI; k++) {
         bx[k] = NONE;
-        let e = t.x + k * 256u + lid;
+        let e = t.e0 + k * 256u + lid;
         let jx = tile_entry(e);
         let x = jx.y;
         if (x == NONE) { continue; }
         let v = entry_value(e, jx.x);
-        if (x - t.y < t.z) {
-            bx[k] = x;
-            br[k] = atomicAdd(&win[x - t.y], 1u);
+        let b = bin_of(t, x);
+        if (b != NONE) {
+            bx[k] = b;
+            br[k] = atomicAdd(&win[b], 1u);
             bv[k] = v;
         } else {
             // The slot comes from counting cnt back down to zero.
@@ -279,13 +359,13 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     workgroupBarrier();
     // Each bin takes its entries' slots in one step: the n slots below the bucket's count.
-    for (var k = lid; k < t.z; k += 256u) {
+    for (var k = lid; k < bins; k += 256u) {
         let c = atomicLoad(&win[k]);
-        if (c > 0u) { atomicStore(&win[k], atomicSub(&cnt[t.y + k], c) - c); }
+        if (c > 0u) { atomicStore(&win[k], atomicSub(&cnt[bin_bucket(t, k)], c) - c); }
     }
     workgroupBarrier();
     for (var k = 0u; k < EPI; k++) {
-        let x = bx[k];
-        if (x != NONE) { place(x, atomicLoad(&win[x - t.y]) + br[k], bv[k]); }
+        let b = bx[k];
+        if (b != NONE) { place(bin_bucket(t, b), atomicLoad(&win[b]) + br[k], bv[k]); }
     }
 }

@@ -15,7 +15,7 @@
 
 struct Buckets {
     items: u32, buckets: u32, i0: u32, nq: u32,
-    bh0: u32, pad0: u32, pad1: u32, pad2: u32,
+    bh0: u32, first: u32, pad1: u32, pad2: u32,
 }
 
 @group(0) @binding(7) var<storage, read> coff: array<u32>;
@@ -25,8 +25,9 @@ struct Buckets {
 @group(0) @binding(11) var<storage, read> cdesc: array<vec4<u32>>;
 
 // Chunk `cid` as (1, bucket, first entry in `list`, entries <= QPC), or all zero past the last
-// chunk. Needs cid < bl.items (cdesc holds that many descriptors; those past the real chunk
-// count are unwritten): both loads are issued before the branch on the count.
+// chunk. Needs cid within cdesc (bl.items descriptors from the dispatch's first chunk; those
+// past the real chunk count are unwritten): both loads are issued before the branch on the
+// count.
 fn chunk_of(cid: u32) -> array<u32, 4> {
     let d = cdesc[cid];
     if (cid >= coff[bl.buckets]) { return array<u32, 4>(0u, 0u, 0u, 0u); }

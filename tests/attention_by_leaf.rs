@@ -41,25 +41,30 @@ fn leaf_major(
 }
 
 fn run(ctx: &Context, r: &mut rand_chacha::ChaCha8Rng, case: Case, messy: bool, seed: u64) {
-    run_with(ctx, r, case, messy, false, seed)
+    run_with(ctx, r, case, messy, false, false, seed);
 }
 
 /// `run`, and with `future` each query's last slot replaced by the leaf after its own (when
 /// there is one): under causal masking every key of that leaf is masked for the query, so its
-/// partial state must count for nothing (a chunk whose rows are all masked).
+/// partial state must count for nothing (a chunk whose rows are all masked); with `siblings`
+/// the selection is `sibling_selection`'s. Returns the selection's sibling pairs.
 fn run_with(
     ctx: &Context,
     r: &mut rand_chacha::ChaCha8Rng,
     case: Case,
     messy: bool,
     future: bool,
+    siblings: bool,
     seed: u64,
-) {
+) -> usize {
     let (.., c, kk, layout, storage, causal, pisa) = case;
     if skip_f16(ctx, storage) {
-        return;
+        return 0;
     }
     let (s, cfg, x, mut sel) = sparse_case(r, case);
+    if siblings {
+        sel = sibling_selection(r, &s, &cfg);
+    }
     // On a device with VK_NV_cooperative_matrix2 (PISA_REQUIRE_NV_CM2=1 on the GPU runs) the
     // supported head dims run shaders/nv/attention_leaf.comp instead of the WGSL chunk kernel.
     if std::env::var("PISA_REQUIRE_NV_CM2").as_deref() == Ok("1") {
@@ -116,6 +121,102 @@ fn run_with(
         (&ro, &rl),
         storage,
     );
+    sibling_pairs(&sel, kk)
+}
+
+/// A selection of mostly sibling pairs (`[B, Hkv, Nq, K]`, each row ascending, -1 padded): per
+/// query its own leaf (causal), then pairs 2P, 2P + 1 of random visible pairs, a quarter of
+/// them with one leaf only, so that rows mix pair entries and single ones (the last leaf of an
+/// odd leaf count has no sibling).
+fn sibling_selection(
+    r: &mut rand_chacha::ChaCha8Rng,
+    s: &AttentionShape,
+    cfg: &SelectionConfig,
+) -> Vec<i32> {
+    let nb0 = s.k_len.div_ceil(cfg.block_size);
+    let mut out = Vec::new();
+    for _ in 0..s.batch * s.kv_heads {
+        for i in 0..s.q_len {
+            let own = s.query_position(i) / cfg.block_size;
+            let visible = if cfg.causal { own + 1 } else { nb0 };
+            let mut row: Vec<i32> = if cfg.causal { vec![own as i32] } else { vec![] };
+            for _ in 0..2 * cfg.top_k {
+                let pair = r.random_range(0..visible.div_ceil(2)) as i32;
+                let mut add = vec![2 * pair, 2 * pair + 1];
+                if r.random_bool(0.25) {
+                    add.remove(r.random_range(0..2));
+                }
+                add.retain(|&j| (j as usize) < visible && !row.contains(&j));
+                if row.len() + add.len() <= cfg.top_k {
+                    row.extend(add);
+                }
+            }
+            row.sort_unstable();
+            row.resize(cfg.top_k, -1);
+            out.extend(row);
+        }
+    }
+    out
+}
+
+/// Entries of `sel` (rows of `kk`) that are an even leaf followed by its sibling.
+fn sibling_pairs(sel: &[i32], kk: usize) -> usize {
+    sel.chunks(kk)
+        .map(|row| {
+            row.windows(2)
+                .filter(|w| w[0] >= 0 && w[0] % 2 == 0 && w[1] == w[0] + 1)
+                .count()
+        })
+        .sum()
+}
+
+/// Sibling pairs as one entry (`Tuning::attention_pairs`; `leaf_bucket.wgsl` APAIR, the chunk
+/// kernels' PAIR = 1) and as two, on selections of mostly pairs mixed with single leaves:
+/// GQA groups 1, 2, 3, 4, 7, 8, head dims 64, 80, 128, C 64 and not a power of two, odd leaf
+/// counts (a last leaf without a sibling), causal and not, Nq < Nk, f32 and f16, and PISA's own
+/// selections. Each case asserts that the pair path is taken when on
+/// (`by_leaf::leaf_major_pairs`) and that the selection has pairs.
+#[test]
+fn leaf_major_attention_over_sibling_pairs() {
+    let (_settings, ctx, seed, mut r) = leaf_major("leaf_major_attention_over_sibling_pairs");
+    let base = ctx.tuning();
+    let cases: &[(Case, bool)] = &[
+        (
+            (1, 4, 1, 300, 300, 128, 64, 8, Bhnd, F16, true, false),
+            true,
+        ),
+        ((2, 3, 1, 130, 210, 64, 20, 6, Bnhd, F32, true, false), true),
+        (
+            (1, 7, 1, 257, 257, 80, 64, 5, Bhnd, F32, false, false),
+            true,
+        ),
+        (
+            (1, 8, 1, 200, 200, 128, 64, 16, Bnhd, F16, true, false),
+            true,
+        ),
+        ((1, 2, 1, 150, 150, 64, 32, 9, Bhnd, F16, true, false), true),
+        ((2, 4, 4, 100, 100, 64, 16, 4, Bhnd, F32, true, false), true),
+        ((1, 4, 1, 700, 700, 64, 64, 4, Bhnd, F32, true, true), false),
+    ];
+    for pairs in [true, false] {
+        let mut t = base.clone();
+        t.attention_pairs = pairs;
+        ctx.set_tuning(t).unwrap();
+        for &(case, siblings) in cases {
+            let (s, cfg) = attention_util::case_config(case);
+            let (layout, storage) = (case.8, case.9);
+            let on = attention::by_leaf::leaf_major_pairs(ctx, storage, &s, layout.into(), &cfg);
+            if !skip_f16(ctx, storage) {
+                assert_eq!(on, pairs, "{case:?}: pairs {on}, tuning {pairs}");
+            }
+            let n = run_with(ctx, &mut r, case, false, false, siblings, seed);
+            assert!(
+                n > 0 || skip_f16(ctx, storage),
+                "{case:?}: no sibling pairs"
+            );
+        }
+    }
+    ctx.set_tuning(base).unwrap();
 }
 
 #[test]
@@ -188,7 +289,7 @@ fn leaf_major_attention_ignores_future_leaves() {
         (1, 8, 2, 257, 257, 64, 64, 5, Bnhd, F16, true, true),
         (1, 4, 2, 200, 200, 80, 32, 4, Bhnd, F32, true, true),
     ] {
-        run_with(ctx, &mut r, case, false, true, seed);
+        run_with(ctx, &mut r, case, false, true, false, seed);
     }
 }
 

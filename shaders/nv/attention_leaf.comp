@@ -23,6 +23,11 @@
 //      consecutive words; rows past the entries are not stored. On the H200 the chunk kernel
 //      took 16.19 -> 15.07 ms at 64K and 64.21 -> 60.26 at 256K this way against the matrix
 //      stores straight to `opart` (2026-12-03, docs/benchmarks.md A.18).
+// PAIR = 1 (PREFETCH_V = 0): the chunks of the pair buckets (leaf_bucket.wgsl APAIR = 1; bucket
+// nb0 + P), each over the 2C keys of leaves 2P and 2P + 1, the workgroups numbered from the
+// first pair chunk, coff[bl.first]: as one tile of CW = 128 keys, or (HALVES = 1, CW = 64) as
+// two tiles of CW keys (from leaf0 and leaf0 + CW, both masked at leaf0 + 2C) whose row maxima
+// and sums are combined before P V = P1 V1 + P2 V2 (which is faster where, kernels.txt).
 // Rows past the chunk's entries are computed (and, OPART_F16 = 0, stored) but never read (the
 // merge follows spos). Defines: HD (head dim), RT (rows, a multiple of 16), CW (keys per leaf tile: 64),
 // DC (head-dim columns per multiply: a divisor of HD), WG (invocations), OPART_F16 (1: the
@@ -32,6 +37,14 @@
 #ifndef PREFETCH_V
 #define PREFETCH_V 0
 #endif
+#ifndef PAIR
+#define PAIR 0
+#endif
+#ifndef HALVES
+#define HALVES 0
+#endif
+// Keys of a bucket: a leaf's, or a pair's.
+#define SPAN ((PAIR + 1) * p.block_size)
 #include "common.glsl"
 // wgpu bindings 0, 1, 2, 3, 7, 8, 10, 11, 12, 13, 14 as Vulkan bindings 0 to 10 (common.glsl).
 #define B_PARAMS 0
@@ -64,8 +77,12 @@ shared uint cut;        // 1 where some entry's row sees only part of the leaf's
 
 // Keys in the leaf and visible to the row kept; scores stay unscaled (the softmax scale is
 // folded into the exponent, and m is scaled when stored).
-float mask(const in uint r, const in uint c, const in float s, const in uint leaf0) {
-    return (c < p.block_size && leaf0 + c < rowlim[r]) ? s : NEG;
+float mask(const in uint r, const in uint c, const in float s, const in uint t0,
+           const in uint end) {
+    return (t0 + c < end && t0 + c < rowlim[r]) ? s : NEG;
+}
+float max2(const in uint r, const in uint c, const in float a, const in float b) {
+    return max(a, b);
 }
 // exp(scale (s - m)) of a kept key as exp2((s - m) k), k = scale log2 e; exactly 0 for a
 // masked one, so a row whose keys are all masked (a leaf after the query in a caller's
@@ -89,15 +106,25 @@ float store_col0(const in uint r, const in uint c, const in float x, const in ui
 }
 
 void main() {
+#if PAIR
+    if (linear_workgroup() >= bl.items) { return; }
+    const uint cid = coff[bl.first] + linear_workgroup();
+    if (cid >= coff[bl.buckets]) { return; }
+#else
     const uint cid = linear_workgroup();
     if (cid >= bl.items || cid >= coff[bl.buckets]) { return; }
+#endif
     const uvec4 d = cdesc[cid];
     const uint leaf = d.x, first = d.y, n = d.z;
     const uint lid = gl_LocalInvocationIndex;
     const uint gq = p.q_heads / p.kv_heads;
     const uint b = bl.bh0 / p.kv_heads, hkv = bl.bh0 % p.kv_heads;
+#if PAIR
+    const uint leaf0 = (leaf - p.nb0) * 2 * p.block_size;
+#else
     const uint leaf0 = leaf * p.block_size;
-    const uint kend = min(p.k_len, leaf0 + p.block_size);
+#endif
+    const uint kend = min(p.k_len, leaf0 + SPAN);
 
     const uint kbase = b * p.k_sb + hkv * p.k_sh;
     tensorLayoutNV<2, CLAMP> lk = createTensorLayoutNV(2, CLAMP);
@@ -106,7 +133,7 @@ void main() {
     tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
 
     // 1. Entries and visible bounds, and whether any entry's row sees part of the tile only.
-    if (lid == 0) { cut = kend - leaf0 < CW ? 1u : 0u; }
+    if (lid == 0) { cut = kend - leaf0 < (HALVES + 1) * CW ? 1u : 0u; }
     barrier();
     for (uint r = lid; r < RT; r += WG) {
         uint e = r / gq;
@@ -129,12 +156,22 @@ void main() {
     //    leaf's keys as the B operand (K read transposed), rows past kend zero.
     coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> s =
         coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
+#if HALVES
+    // The pair's second tile of CW keys (from leaf0 + CW; the mask ends both at leaf0 + SPAN).
+    coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> s2 =
+        coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator>(0.0);
+#endif
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
         coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
         coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
         coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
         s = coopMatMulAdd(qa, kt, s);
+#if HALVES
+        coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0 + CW, CW, d0, DC),
+                            transpose);
+        s2 = coopMatMulAdd(qa, kt, s2);
+#endif
     }
 
     // 4. Softmax pieces of the chunk's rows over this leaf (rows past the entries are left
@@ -145,11 +182,29 @@ void main() {
         coopMatLoadTensorNV(vbs[j], v, kbase, sliceTensorLayoutNV(lk, leaf0, CW, j * DC, DC));
     }
 #endif
-    if (cut != 0u) { coopMatPerElementNV(s, s, mask, leaf0); }
+    if (cut != 0u) { coopMatPerElementNV(s, s, mask, leaf0, leaf0 + SPAN); }
     coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m, l;
     coopMatReduceNV(m, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
+#if HALVES
+    if (cut != 0u) { coopMatPerElementNV(s2, s2, mask, leaf0 + CW, leaf0 + SPAN); }
+    {
+        coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> m2;
+        coopMatReduceNV(m2, s2, gl_CooperativeMatrixReduceRowNV, max_reduce);
+        coopMatPerElementNV(m, m, max2, m2);
+    }
+    coopMatPerElementNV(s2, s2, exp_kept, m, p.scale * 1.4426950408889634);
+#endif
     coopMatPerElementNV(s, s, exp_kept, m, p.scale * 1.4426950408889634);
     coopMatReduceNV(l, s, gl_CooperativeMatrixReduceRowNV, add_reduce);
+#if HALVES
+    {
+        coopmat<float, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseAccumulator> l2;
+        coopMatReduceNV(l2, s2, gl_CooperativeMatrixReduceRowNV, add_reduce);
+        l = l + l2;
+    }
+    coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA> pa2 =
+        coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA>(s2);
+#endif
     coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA> pa =
         coopmat<float16_t, gl_ScopeWorkgroup, RT, CW, gl_MatrixUseA>(s);
 #if OPART_F16
@@ -187,6 +242,13 @@ void main() {
         coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> o =
             coopmat<float, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator>(0.0);
         o = coopMatMulAdd(pa, vb, o);
+#if HALVES
+        {
+            coopmat<float16_t, gl_ScopeWorkgroup, CW, DC, gl_MatrixUseB> vb2;
+            coopMatLoadTensorNV(vb2, v, kbase, sliceTensorLayoutNV(lk, leaf0 + CW, CW, d0, DC));
+            o = coopMatMulAdd(pa2, vb2, o);
+        }
+#endif
 #undef vb
 #if OPART_F16
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseAccumulator> oh =

@@ -126,7 +126,8 @@ fn rust_offset(kernel: &str, block: &str, m: &str) -> Option<usize> {
             "i0" => offset_of!(Buckets, i0),
             "nq" => offset_of!(Buckets, nq),
             "bh0" => offset_of!(Buckets, bh0),
-            "pad0" | "pad1" | "pad2" => offset_of!(Buckets, pad) + 4 * pad_index(m),
+            "first" => offset_of!(Buckets, first),
+            "pad1" | "pad2" => offset_of!(Buckets, pad) + 4 * (pad_index(m) - 1),
             _ => return None,
         },
         ("Table", _) => match m {

@@ -58,6 +58,13 @@ pub struct Tuning {
     /// 14.8 / 60.7 ms at 64K / 256K tokens against 20.0 / 82.6 per leaf (docs/benchmarks.md).
     /// Variable `PISA_LEAF_PAIRS` (`0` or `1`).
     pub leaf_score_pairs: bool,
+    /// Whether leaf-major sparse attention attends sibling pairs as one entry
+    /// (`shaders/leaf_bucket.wgsl` APAIR buckets, `attention_leaf.wgsl` and
+    /// `shaders/nv/attention_leaf.comp` with PAIR = 1): a query that selected both leaves of a
+    /// pair gathers its rows, writes its partial state and merges it once for the pair's 2C
+    /// keys. Where the leaf-major kernel has no pair variant (the WGSL tensor-core one) it is
+    /// not used. Default `true`. Variable `PISA_ATTENTION_PAIRS` (`0` or `1`).
+    pub attention_pairs: bool,
     /// The order of selection stage 2 and sparse attention ([`LeafOrder`]). Default `Auto`.
     /// Variable `PISA_LEAF_ORDER` (`auto`, `tiles` or `leaves`).
     pub leaf_order: LeafOrder,
@@ -151,6 +158,7 @@ impl Default for Tuning {
             nv_cm2: true,
             nv_scorer: true,
             leaf_score_pairs: true,
+            attention_pairs: true,
             leaf_order: LeafOrder::Auto,
             shader_checks: None,
             decode_fused: false,
@@ -173,11 +181,12 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 20] = [
+pub const KNOBS: [(&str, &str); 21] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
     ("leaf_score_pairs", "PISA_LEAF_PAIRS"),
+    ("attention_pairs", "PISA_ATTENTION_PAIRS"),
     ("leaf_order", "PISA_LEAF_ORDER"),
     ("shader_checks", "PISA_SHADER_CHECKS"),
     ("decode_fused", "PISA_DECODE"),
@@ -274,6 +283,7 @@ impl Tuning {
             "nv_cm2" => self.nv_cm2 = switch("", "")?,
             "nv_scorer" => self.nv_scorer = switch("", "")?,
             "leaf_score_pairs" => self.leaf_score_pairs = switch("", "")?,
+            "attention_pairs" => self.attention_pairs = switch("", "")?,
             "leaf_order" => {
                 self.leaf_order = match v {
                     "auto" => LeafOrder::Auto,
@@ -378,6 +388,7 @@ impl Tuning {
             self.nv_cm2.to_string(),
             self.nv_scorer.to_string(),
             self.leaf_score_pairs.to_string(),
+            self.attention_pairs.to_string(),
             format!("{:?}", self.leaf_order).to_ascii_lowercase(),
             self.shader_checks
                 .map_or("auto".to_string(), |c| c.to_string()),
@@ -412,6 +423,7 @@ mod tests {
             ("nv_cm2", "0"),
             ("nv_scorer", "0"),
             ("leaf_score_pairs", "0"),
+            ("attention_pairs", "0"),
             ("leaf_order", "leaves"),
             ("shader_checks", "bounds"),
             ("decode_fused", "fused"),

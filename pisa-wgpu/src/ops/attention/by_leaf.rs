@@ -36,7 +36,7 @@ use pisa_core::{AttentionShape, SelectionConfig};
 use super::{element_strides, QkvLayouts};
 use crate::error::Result;
 use crate::ops::leaf_select::by_leaf::{
-    bucket_consts, bucket_window, Buckets, BUCKET_SHADER, BUCKET_TILE,
+    bucket_consts, bucket_window_for, Buckets, BUCKET_SHADER, BUCKET_TILE,
 };
 use crate::ops::select::SelParams;
 use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32, POISON_I32};
@@ -51,7 +51,7 @@ mod plan;
 /// "attention" stage of the other kernels): steps 1 (bucketing), 2 (chunk kernel) and 3 (merge).
 pub const PARTS: [&str; 3] = ["attention_bucket", "attention_leaf", "attention_merge"];
 
-pub use plan::leaf_major_path;
+pub use plan::{leaf_major_pairs, leaf_major_path};
 pub(crate) use plan::{plan, LeafAttention};
 
 /// `shaders/attention_leaf.wgsl` (portable) with the chunk lookup.
@@ -138,11 +138,24 @@ pub fn nv_kernel_for(
     }
 }
 
+/// The NVIDIA chunk kernel over sibling pairs that goes with chunk kernel `nv.0`
+/// (`attention_leaf_pair_*`: the same kernel with PAIR = 1, 2C keys per chunk, the same
+/// partial states), where the driver built it.
+pub fn nv_pair_kernel_for(ctx: &Context, nv: &(NvKernel, Option<NvKernel>)) -> Option<NvKernel> {
+    let name =
+        nv.0.name
+            .replacen("attention_leaf_", "attention_leaf_pair_", 1);
+    ctx.nv_kernel_named(&NV_ATTENTION, &name)
+}
+
 /// The embedded NVIDIA kernels of leaf-major attention (`shaders/nv/kernels.txt`).
-pub const NV_ATTENTION: [NvKernel; 5] = [
+pub const NV_ATTENTION: [NvKernel; 8] = [
     crate::nv_kernel!("attention_leaf_d128", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_d128_h", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_d64", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_pair_d128", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_pair_d128_h", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_pair_d64", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_merge_h", NV_MERGE_BINDINGS),
     crate::nv_kernel!("attention_leaf_merge_h1k", NV_MERGE_BINDINGS),
 ];
@@ -177,6 +190,18 @@ fn attend_consts(
         ],
         None => vec![("GQ", g), ("QPC", la.qpc), ("MC", kk)],
     }
+}
+
+/// The portable chunk kernel's constants over sibling pairs (PAIR = 1: 2C <= 128 keys, one
+/// invocation each).
+fn pair_consts(
+    la: &LeafAttention,
+    s: &AttentionShape,
+    cfg: &SelectionConfig,
+) -> Vec<(&'static str, u32)> {
+    let mut c = attend_consts(la, s, cfg);
+    c.extend([("PAIR", 1), ("WG", 128)]);
+    c
 }
 
 /// The merge's constants for GQA group `g` and `top_k` `kk`.
@@ -234,24 +259,40 @@ pub(crate) fn record(
     params.mc = kk;
     let u_params = ctx.uniform("attention params", &params)?;
     // Scratch, sized for the largest range and reused by every range: the counts return to
-    // zero after each scatter, and the merge zeroes the slot table it reads.
-    let chunks = la.chunk_bound(la.nq, cfg.top_k, nb0);
+    // zero after each scatter, and the merge zeroes the slot table it reads. With pairs the
+    // pair buckets follow the leaf buckets, and the pair kernel's workgroups read descriptors
+    // from the first pair chunk on (at most the leaf chunks' bound), so `cdesc` holds both
+    // dispatch bounds.
+    let (chunks, pair_chunks) = (
+        la.chunk_bound(la.nq, cfg.top_k, nb0),
+        la.pair_chunk_bound(la.nq, cfg.top_k, nb0),
+    );
+    let buckets = la.buckets(nb0) as usize;
     let slots = la.nq as usize * cfg.top_k;
-    let cnt = ctx.alloc("attention buckets", nb0, Storage::F32, 0)?;
+    let cnt = ctx.alloc("attention buckets", buckets, Storage::F32, 0)?;
     let off = ctx.alloc(
         "attention bucket offsets",
-        nb0 + 1,
+        buckets + 1,
         Storage::F32,
         POISON_I32,
     )?;
-    let coff = ctx.alloc("attention bucket chunks", nb0 + 1, Storage::F32, POISON_I32)?;
+    let coff = ctx.alloc(
+        "attention bucket chunks",
+        buckets + 1,
+        Storage::F32,
+        POISON_I32,
+    )?;
     // Written before read: lists and chunk descriptors (scatter), partial states (chunk
     // kernel). A descriptor is four words (bucket, first entry, entries, 0; leaf_chunk.wgsl),
     // far less than the chunk's partial O rows that bound `chunks` to one binding.
     let list = ctx.scratch("attention bucket lists", slots, Storage::F32)?;
-    let cdesc = ctx.scratch("attention chunks", 4 * chunks as usize, Storage::F32)?;
+    let cdesc = ctx.scratch(
+        "attention chunks",
+        4 * (chunks + pair_chunks) as usize,
+        Storage::F32,
+    )?;
     let spos = ctx.alloc("attention slot rows", slots, Storage::F32, 0)?;
-    let n_rows = chunks as usize * la.rows as usize;
+    let n_rows = la.row_chunk_bound(la.nq, cfg.top_k, nb0) as usize * la.rows as usize;
     // f32 words: the NVIDIA kernel's f16 rows take half (`opart_bytes`; d is even).
     let opart_words = n_rows * d as usize * plan::opart_bytes(la.nv.as_ref()) as usize / 4;
     let opart = ctx.scratch("attention partial O", opart_words, Storage::F32)?;
@@ -260,7 +301,8 @@ pub(crate) fn record(
     let pipe = |shader: &ShaderSource, entry: &'static str, st: Storage, c: &[(&str, u32)]| {
         ctx.pipelines.get(&ctx.device, shader, entry, st, c, &[])
     };
-    let bucket = bucket_consts(kk, la.qpc, true, false, bucket_window(ctx));
+    let window = bucket_window_for(ctx.limits().max_compute_workgroup_storage_size, la.pairs);
+    let bucket = bucket_consts(kk, la.qpc, true, la.pairs, window);
     let count = pipe(&BUCKET_SHADER, "count", Storage::F32, &bucket)?;
     let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket)?;
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;
@@ -270,6 +312,22 @@ pub(crate) fn record(
         (Some(_), Some((k, _))) => ctx.nv_pipeline(&k)?.0,
         (Some(_), None) => pipe(&COOP_SHADER, "attend_leaf", Storage::F16, &consts)?,
         (None, _) => pipe(&SHADER, "attend_leaf", q.storage, &consts)?,
+    };
+    let attend_pair = match (la.pairs, la.nv_pair, la.coop) {
+        (false, ..) => None,
+        (true, Some(k), _) => Some(ctx.nv_pipeline(&k)?.0),
+        (true, None, None) => Some(pipe(
+            &SHADER,
+            "attend_leaf",
+            q.storage,
+            &pair_consts(la, s, cfg),
+        )?),
+        // The plan takes pairs only where a pair kernel runs (never the WGSL tensor-core one).
+        (true, None, Some(_)) => {
+            return Err(crate::GpuError::Unsupported(
+                "leaf-major attention over pairs needs a pair chunk kernel".into(),
+            ))
+        }
     };
     let merge = match nv.and_then(|(_, m)| m) {
         Some(m) => ctx.nv_pipeline(&m)?.0,
@@ -299,20 +357,25 @@ pub(crate) fn record(
             let nq = la.nq.min((s.q_len - i0) as u32);
             let entries = nq as u64 * kk as u64;
             let n_chunks = la.chunk_bound(nq, cfg.top_k, nb0);
-            let uni = |items: u64| {
+            let n_pair_chunks = la.pair_chunk_bound(nq, cfg.top_k, nb0);
+            // items; buckets (the leaf chunk kernel's: the leaf buckets, whose chunks come
+            // first); first (the pair chunk kernel's first bucket).
+            let uni = |items: u64, buckets: usize, first: usize| {
                 ctx.uniform(
                     "attention buckets",
                     &Buckets {
                         items: items as u32,
-                        buckets: nb0 as u32,
+                        buckets: buckets as u32,
                         i0: i0 as u32,
                         nq,
                         bh0: bh as u32,
-                        pad: [0; 3],
+                        first: first as u32,
+                        pad: [0; 2],
                     },
                 )
             };
-            let (u_e, u_b, u_c, u_q) = (uni(entries)?, uni(nb0 as u64)?, uni(n_chunks)?, uni(0)?);
+            let (u_e, u_b) = (uni(entries, buckets, 0)?, uni(buckets as u64, buckets, 0)?);
+            let (u_c, u_q) = (uni(n_chunks, nb0, 0)?, uni(0, nb0, 0)?);
             let sel = &selection.buffer;
             let wgs = entries.div_ceil(BUCKET_TILE);
             add(
@@ -335,6 +398,15 @@ pub(crate) fn record(
             let rest2 = [(12, op), (13, ml), (14, sp)];
             let binds: Vec<(u32, Bind<'_>)> = [whole(&rest), whole(&rest2), b.to_vec()].concat();
             add(1, &attend, &binds, n_chunks)?;
+            if let Some(pair) = &attend_pair {
+                let u_p = uni(n_pair_chunks, buckets, nb0)?;
+                // The leaf kernel's bindings, with the pair kernel's chunk uniform.
+                let binds: Vec<(u32, Bind<'_>)> = binds
+                    .iter()
+                    .map(|&(i, b)| if i == 10 { (10, (&u_p).into()) } else { (i, b) })
+                    .collect();
+                add(1, pair, &binds, n_pair_chunks)?;
+            }
             let b = [(0, &u_params), (10, &u_q), (12, op), (13, ml)];
             let rest = [(14, sp), (15, &lse.buffer)];
             // O bound as its range (a caller's tensor, or the whole of its own).

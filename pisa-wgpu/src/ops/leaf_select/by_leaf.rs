@@ -64,7 +64,15 @@ pub(crate) const BUCKET_WINDOW: u32 = 4096;
 /// workgroup memory holds where that is less (wgpu's downlevel limits give 16352 bytes). Fewer
 /// bins change only how many entries take the global counters directly.
 pub(crate) fn bucket_window(ctx: &Context) -> u32 {
-    (ctx.limits().max_compute_workgroup_storage_size / 4).clamp(1, BUCKET_WINDOW)
+    bucket_window_for(ctx.limits().max_compute_workgroup_storage_size, false)
+}
+
+/// The leaf bins for `limit` bytes of workgroup memory: [`BUCKET_WINDOW`] or fewer; with
+/// `attend_pairs` (leaf-major attention's pair buckets, `APAIR`) half as many pair bins follow
+/// them, so the leaf bins take two thirds of the memory.
+pub(crate) fn bucket_window_for(limit: u32, attend_pairs: bool) -> u32 {
+    let per_bin = if attend_pairs { 6 } else { 4 };
+    (limit / per_bin).clamp(2, BUCKET_WINDOW)
 }
 
 /// The `Buckets` uniform of `leaf_bucket.wgsl` and `leaf_chunk.wgsl`: the dispatch's items
@@ -78,7 +86,10 @@ pub(crate) struct Buckets {
     pub i0: u32,
     pub nq: u32,
     pub bh0: u32,
-    pub pad: [u32; 3],
+    /// Leaf-major attention's pair chunk kernel: the first bucket of the kind it runs (its
+    /// chunks start at `coff[first]`); 0 elsewhere.
+    pub first: u32,
+    pub pad: [u32; 2],
 }
 
 /// `shaders/leaf_bucket.wgsl`: `count`, `scan`, `scatter`.
@@ -124,22 +135,27 @@ pub const PICK_SHADER: ShaderSource = ShaderSource {
 
 /// The constants of `leaf_bucket.wgsl` for `mc` slots per query and `qpc` entries per chunk;
 /// `attend`: bucketing a block selection for leaf-major attention; `pair`: buckets of leaf
-/// pairs for the NVIDIA pair scorer ([`nv_scorer_for`]); `window`: the buckets a workgroup
-/// adds up in workgroup memory ([`BUCKET_WINDOW`]; tests take fewer).
+/// pairs, for the NVIDIA pair scorer ([`nv_scorer_for`]; `PAIR`) or, with `attend`, for
+/// leaf-major attention over sibling pairs (`APAIR`: pair buckets after the leaf buckets);
+/// `window`: the leaf buckets a workgroup adds up in workgroup memory ([`BUCKET_WINDOW`] or
+/// [`bucket_window_for`]'s; tests take fewer), and with `APAIR` half as many pair buckets.
 pub(crate) fn bucket_consts(
     mc: u32,
     qpc: u32,
     attend: bool,
     pair: bool,
     window: u32,
-) -> [(&'static str, u32); 6] {
+) -> [(&'static str, u32); 8] {
+    let apair = pair && attend;
     [
         ("EPI", (BUCKET_TILE / 256) as u32),
         ("MC", mc),
         ("QPC", qpc),
         ("ATTEND", u32::from(attend)),
-        ("PAIR", u32::from(pair)),
+        ("PAIR", u32::from(pair && !attend)),
+        ("APAIR", u32::from(apair)),
         ("WB", window),
+        ("WP", if apair { window / 2 } else { 0 }),
     ]
 }
 

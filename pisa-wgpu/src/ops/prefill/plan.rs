@@ -644,6 +644,7 @@ impl PrefillKnobs {
             } else {
                 d.leaf_score_pairs
             },
+            attention_pairs: t.attention_pairs,
             route_lanes: t.route_lanes,
             route_max_workgroup: t.route_max_workgroup,
             route_tile: t.route_tile,

@@ -33,13 +33,40 @@ pub(crate) struct LeafAttention {
     /// The NVIDIA chunk kernel and merge, where they run ([`super::nv_kernel_for`], chosen
     /// once here for the recorder).
     pub nv: Option<(NvKernel, Option<NvKernel>)>,
+    /// Sibling pairs attended as one entry ([`crate::Tuning::attention_pairs`]): the bucketing's
+    /// pair buckets after the leaf buckets, and a second chunk kernel over them (the portable
+    /// kernel with PAIR = 1, or `nv_pair`).
+    pub pairs: bool,
+    /// The NVIDIA chunk kernel over pairs, where `pairs` and `nv` ([`super::nv_pair_kernel_for`]).
+    pub nv_pair: Option<NvKernel>,
 }
 
 impl LeafAttention {
-    /// Chunks dispatched for a range of `nq` queries (an upper bound: each leaf's last chunk
-    /// may be partial).
+    /// Leaf chunks dispatched for a range of `nq` queries (an upper bound: each leaf's last
+    /// chunk may be partial).
     pub fn chunk_bound(&self, nq: u32, top_k: usize, nb0: usize) -> u64 {
         (nq as u64 * top_k as u64).div_ceil(self.qpc as u64) + nb0 as u64
+    }
+
+    /// Pair chunks dispatched for a range of `nq` queries (a pair entry takes two of a query's
+    /// `top_k` slots); 0 without pairs.
+    pub fn pair_chunk_bound(&self, nq: u32, top_k: usize, nb0: usize) -> u64 {
+        match self.pairs {
+            true => (nq as u64 * (top_k / 2) as u64).div_ceil(self.qpc as u64) + pair_buckets(nb0),
+            false => 0,
+        }
+    }
+
+    /// Chunks a range of `nq` queries can fill, leaf and pair chunks together (the partial
+    /// states' rows): its entries take at most `nq * top_k` slots, a pair entry two, and each
+    /// bucket adds at most one partial chunk.
+    pub fn row_chunk_bound(&self, nq: u32, top_k: usize, nb0: usize) -> u64 {
+        self.chunk_bound(nq, top_k, nb0) + if self.pairs { pair_buckets(nb0) } else { 0 }
+    }
+
+    /// Buckets of the bucketing: a leaf's, then with pairs a pair's.
+    pub fn buckets(&self, nb0: usize) -> u64 {
+        nb0 as u64 + if self.pairs { pair_buckets(nb0) } else { 0 }
     }
 
     /// Workgroup bytes of the chunk kernel for head dim `d` and block size `c` (mirrors the
@@ -56,8 +83,9 @@ impl LeafAttention {
                 mem + 4 * wg + 4 * rt64 + 16
             }
             None => {
-                let r = self.rows as u64;
-                16 + 4 * self.qpc as u64 + 4 * r * 64 + 8 * r
+                // The pair kernel's keys: 128 (PAIR = 1, WG 128).
+                let (r, keys) = (self.rows as u64, if self.pairs { 128 } else { 64 });
+                16 + 4 * self.qpc as u64 + 4 * r * keys + 8 * r
             }
         }
     }
@@ -78,6 +106,19 @@ pub fn leaf_major_path(
         Some(_) => KernelPath::CoopMat,
         None => KernelPath::Portable,
     })
+}
+
+/// Whether a sparse-attention call of this shape, layouts, configuration and storage on `ctx`
+/// runs leaf-major with sibling pairs as one entry ([`crate::Tuning::attention_pairs`]; false
+/// where it does not run leaf-major, or its kernel has no pair variant).
+pub fn leaf_major_pairs(
+    ctx: &Context,
+    storage: Storage,
+    s: &AttentionShape,
+    layouts: QkvLayouts,
+    cfg: &SelectionConfig,
+) -> bool {
+    plan(ctx, storage, s, layouts, cfg).is_some_and(|la| la.pairs)
 }
 
 /// The leaf-major plan for a validated sparse-attention call, or `None` (the tile kernels run).
@@ -113,6 +154,11 @@ pub(crate) fn plan(
         return None;
     }
     let nv = coop_ok.then(|| super::nv_kernel_for(ctx, s, cfg)).flatten();
+    let nv_pair = nv
+        .as_ref()
+        .and_then(|nv| super::nv_pair_kernel_for(ctx, nv));
+    // Pairs where the chunk kernel has a pair variant: the portable one, the NVIDIA ones.
+    let pairs = ctx.tuning().attention_pairs && (!coop_ok || nv_pair.is_some());
     let la = choose(
         ctx.limits(),
         ctx.max_binding_bytes(),
@@ -120,8 +166,18 @@ pub(crate) fn plan(
         cfg,
         coop_ok.then_some(sg),
         opart_bytes(nv.as_ref()),
+        pairs,
     )?;
-    Some(LeafAttention { nv, ..la })
+    Some(LeafAttention {
+        nv,
+        nv_pair: nv_pair.filter(|_| pairs),
+        ..la
+    })
+}
+
+/// Pair buckets of `nb0` leaves.
+fn pair_buckets(nb0: usize) -> u64 {
+    nb0.div_ceil(2) as u64
 }
 
 /// Bytes of one partial O element: 2 where the NVIDIA chunk kernel stores its rows as f16 for
@@ -142,7 +198,8 @@ fn merge_bytes(top_k: usize, g: u32) -> u64 {
 
 /// [`plan`] once the order took leaf-major, for a device with limits `l` and storage bindings
 /// of at most `max_binding` bytes: on tensor cores with subgroup size `coop`, or portable
-/// (`None`); partial O elements of `elem_bytes` bytes ([`opart_bytes`]).
+/// (`None`); partial O elements of `elem_bytes` bytes ([`opart_bytes`]); sibling pairs as one
+/// entry (`pairs`).
 fn choose(
     l: &wgpu::Limits,
     max_binding: u64,
@@ -150,6 +207,7 @@ fn choose(
     cfg: &SelectionConfig,
     coop: Option<u32>,
     elem_bytes: u64,
+    pairs: bool,
 ) -> Option<LeafAttention> {
     let (g, d, c) = (s.gqa_group() as u32, s.head_dim, cfg.block_size);
     if c > MAX_BLOCK {
@@ -172,13 +230,17 @@ fn choose(
             (qpc, qpc * g)
         }
     };
-    let la = LeafAttention {
+    let mut la = LeafAttention {
         coop,
         qpc,
         rows,
         nq: 0,
         nv: None,
+        pairs,
+        nv_pair: None,
     };
+    // Without pairs where the pair kernel's keys do not fit.
+    la.pairs &= la.shared_bytes(d, c) <= limit;
     if la.shared_bytes(d, c) > limit {
         return None;
     }
@@ -186,7 +248,7 @@ fn choose(
     let nb0 = s.k_len.div_ceil(c) as u64;
     let row_bytes = elem_bytes * d as u64;
     let max_rows = max_binding / row_bytes;
-    let chunks = (max_rows / rows as u64).checked_sub(nb0 + 1)?;
+    let chunks = (max_rows / rows as u64).checked_sub(la.buckets(nb0 as usize) + 1)?;
     let nq = (chunks * qpc as u64 / cfg.top_k as u64).min(s.q_len as u64);
     (nq > 0 && nq < u32::MAX as u64).then_some(LeafAttention {
         nq: nq as u32,
@@ -196,9 +258,11 @@ fn choose(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{attend_consts, merge_consts, COOP_SHADER, MERGE_SHADER, SHADER};
+    use super::super::{
+        attend_consts, merge_consts, pair_consts, COOP_SHADER, MERGE_SHADER, SHADER,
+    };
     use super::*;
-    use crate::ops::leaf_select::by_leaf::{bucket_consts, BUCKET_SHADER, BUCKET_WINDOW};
+    use crate::ops::leaf_select::by_leaf::{bucket_consts, bucket_window_for, BUCKET_SHADER};
     use crate::runtime::pipeline::{
         assert_workgroup_fits, limits_with_memory, MIN_WORKGROUP_BYTES,
     };
@@ -229,12 +293,15 @@ mod tests {
             let coop_ok = d % 16 == 0 && d <= 128 && g as u32 <= 16 * COOP_SUBGROUPS;
             for mem in [16u32 << 10, 32 << 10, 48 << 10] {
                 let lim = limits_with_memory(mem);
-                let mut runs = vec![(None, Storage::F32), (None, Storage::F16)];
-                if coop_ok {
-                    runs.extend([16, 32, 64].map(|sg| (Some(sg), Storage::F16)));
+                let mut runs = vec![];
+                for pairs in [false, true] {
+                    runs.extend([(None, Storage::F32, pairs), (None, Storage::F16, pairs)]);
                 }
-                for (coop, storage) in runs {
-                    let Some(la) = choose(&lim, 1 << 31, &s, &cfg, coop, 4) else {
+                if coop_ok {
+                    runs.extend([16, 32, 64].map(|sg| (Some(sg), Storage::F16, false)));
+                }
+                for (coop, storage, pairs) in runs {
+                    let Some(la) = choose(&lim, 1 << 31, &s, &cfg, coop, 4, pairs) else {
                         continue;
                     };
                     checked += 1;
@@ -247,17 +314,29 @@ mod tests {
                     let what = format!("{la:?} at {mem} bytes");
                     let charged = la.shared_bytes(d, c);
                     assert_workgroup_fits(shader, "attend_leaf", storage, &consts, charged, &what);
+                    if la.pairs {
+                        let consts = pair_consts(&la, &s, &cfg);
+                        assert_workgroup_fits(
+                            shader,
+                            "attend_leaf",
+                            storage,
+                            &consts,
+                            charged,
+                            &what,
+                        );
+                    }
                     let consts = merge_consts(g as u32, top_k as u32);
                     let charged = merge_bytes(top_k, g as u32);
                     assert_workgroup_fits(&MERGE_SHADER, "merge", storage, &consts, charged, &what);
                     for entry in ["count", "scan", "scatter"] {
-                        let c = bucket_consts(top_k as u32, la.qpc, true, false, BUCKET_WINDOW);
                         let min = MIN_WORKGROUP_BYTES;
+                        let w = bucket_window_for(min as u32, la.pairs);
+                        let c = bucket_consts(top_k as u32, la.qpc, true, la.pairs, w);
                         assert_workgroup_fits(&BUCKET_SHADER, entry, Storage::F32, &c, min, &what);
                     }
                 }
             }
         }
-        assert!(checked >= 60, "only {checked} plans checked");
+        assert!(checked >= 90, "only {checked} plans checked");
     }
 }

@@ -406,7 +406,8 @@ fn attention_buckets_equal_the_model() {
                             i0,
                             nq,
                             bh0: b as u32,
-                            pad: [0; 3],
+                            first: 0,
+                            pad: [0; 2],
                         };
                         ctx.uniform("buckets", &b).unwrap()
                     };
