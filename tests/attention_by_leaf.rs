@@ -174,42 +174,77 @@ fn sibling_pairs(sel: &[i32], kk: usize) -> usize {
 /// kernels' PAIR = 1) and as two, on selections of mostly pairs mixed with single leaves:
 /// GQA groups 1, 2, 3, 4, 7, 8, head dims 64, 80, 128, C 64 and not a power of two, odd leaf
 /// counts (a last leaf without a sibling), causal and not, Nq < Nk, f32 and f16, and PISA's own
-/// selections. Each case asserts that the pair path is taken when on
-/// (`by_leaf::leaf_major_pairs`) and that the selection has pairs.
+/// selections, some with holes and repeats. Each case asserts that the pair path is taken when on
+/// where the chunk kernel has a pair variant (`by_leaf::leaf_major_pairs`) and that the
+/// selection has pairs; the bucketing's pair entries are checked against a model in
+/// `attention_buckets_equal_the_model` (unit tests of `ops::leaf_select::by_leaf`).
 #[test]
 fn leaf_major_attention_over_sibling_pairs() {
     let (_settings, ctx, seed, mut r) = leaf_major("leaf_major_attention_over_sibling_pairs");
     let base = ctx.tuning();
-    let cases: &[(Case, bool)] = &[
+    // (case, sibling_selection's selection (else PISA's), holes and repeats added)
+    let cases: &[(Case, bool, bool)] = &[
         (
             (1, 4, 1, 300, 300, 128, 64, 8, Bhnd, F16, true, false),
             true,
+            false,
         ),
-        ((2, 3, 1, 130, 210, 64, 20, 6, Bnhd, F32, true, false), true),
+        (
+            (2, 3, 1, 130, 210, 64, 20, 6, Bnhd, F32, true, false),
+            true,
+            false,
+        ),
         (
             (1, 7, 1, 257, 257, 80, 64, 5, Bhnd, F32, false, false),
             true,
+            false,
         ),
         (
             (1, 8, 1, 200, 200, 128, 64, 16, Bnhd, F16, true, false),
             true,
+            true,
         ),
-        ((1, 2, 1, 150, 150, 64, 32, 9, Bhnd, F16, true, false), true),
-        ((2, 4, 4, 100, 100, 64, 16, 4, Bhnd, F32, true, false), true),
-        ((1, 4, 1, 700, 700, 64, 64, 4, Bhnd, F32, true, true), false),
+        (
+            (1, 2, 1, 150, 150, 64, 32, 9, Bhnd, F16, true, false),
+            true,
+            false,
+        ),
+        (
+            (1, 4, 1, 190, 190, 128, 48, 7, Bhnd, F16, false, false),
+            true,
+            true,
+        ),
+        (
+            (2, 4, 4, 100, 100, 64, 16, 4, Bhnd, F32, true, false),
+            true,
+            true,
+        ),
+        (
+            (1, 4, 1, 700, 700, 64, 64, 4, Bhnd, F32, true, true),
+            false,
+            false,
+        ),
     ];
     for pairs in [true, false] {
         let mut t = base.clone();
         t.attention_pairs = pairs;
         ctx.set_tuning(t).unwrap();
-        for &(case, siblings) in cases {
+        for &(case, siblings, messy) in cases {
             let (s, cfg) = attention_util::case_config(case);
             let (layout, storage) = (case.8, case.9);
-            let on = attention::by_leaf::leaf_major_pairs(ctx, storage, &s, layout.into(), &cfg);
+            let layouts = QkvLayouts::from(layout);
+            let on = attention::by_leaf::leaf_major_pairs(ctx, storage, &s, layouts, &cfg);
+            // Pairs run where the chunk kernel has a pair variant: the portable kernel, the
+            // NVIDIA ones (not the WGSL tensor-core kernel of other devices).
+            let portable = leaf_major_path(ctx, storage, &s, layouts, &cfg)
+                == Some(pisa_wgpu::KernelPath::Portable);
+            let nv_pair = attention::by_leaf::nv_kernel_for(ctx, &s, &cfg)
+                .and_then(|nv| attention::by_leaf::nv_pair_kernel_for(ctx, &nv));
             if !skip_f16(ctx, storage) {
-                assert_eq!(on, pairs, "{case:?}: pairs {on}, tuning {pairs}");
+                let want = pairs && (portable || nv_pair.is_some());
+                assert_eq!(on, want, "{case:?}: pairs {on}, tuning {pairs}");
             }
-            let n = run_with(ctx, &mut r, case, false, false, siblings, seed);
+            let n = run_with(ctx, &mut r, case, messy, false, siblings, seed);
             assert!(
                 n > 0 || skip_f16(ctx, storage),
                 "{case:?}: no sibling pairs"
@@ -301,10 +336,10 @@ fn leaf_major_attention_in_small_ranges() {
     own.set_leaf_order(LeafOrder::Leaves);
     let seed = seed("leaf_major_attention_in_small_ranges");
     let mut r = rng(seed);
-    // D 64, 16-row chunks: 4 KiB of partial state per chunk, so a range holds about 137 queries
-    // in the first case (4 ranges) and about 132 in the second (8 entries a chunk, 13 leaves,
-    // K 8: 3 ranges per (b, KV head)); the Q, K, V slices of one (b, KV head), 512 KB at most,
-    // still fit (the host splits larger calls per (b, KV head)).
+    // D 64, 16-row chunks: 4 KiB of partial state per chunk, so a range holds about 133 queries
+    // in the first case (4 ranges; 8 leaves and 4 pairs) and about 125 in the second (8 entries
+    // a chunk, 13 leaves and 7 pairs, K 8: 3 ranges per (b, KV head)); the Q, K, V slices of one
+    // (b, KV head), 512 KB at most, still fit (the host splits larger calls per (b, KV head)).
     own.set_max_binding_bytes(600_000);
     for case in [
         (1, 4, 1, 500, 500, 64, 64, 4, Bhnd, F32, true, true),

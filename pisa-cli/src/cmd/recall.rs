@@ -4,11 +4,13 @@
 //! (sibling leaves, leaves common to neighbouring queries). All selections run on the GPU; the
 //! metrics are `pisa_core::reference::metrics`.
 
+use std::borrow::Cow;
+
 use anyhow::{Context as _, Result};
 use clap::Args;
 use pisa_core::reference::metrics::{try_locality, try_recall_per_kv_head, Recall};
 use pisa_core::reference::Selection;
-use pisa_core::{Scoring, SelectionConfig};
+use pisa_core::{AttentionShape, Scoring, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::select::{oracle_host, select_host, Method};
 
 use crate::args::{progress, CausalArgs, DeviceArgs, SelectArgs, StorageArg};
@@ -84,8 +86,55 @@ fn average(per: &[Recall]) -> (f64, f64, usize) {
     (w(|r| r.recall_at_k), w(|r| r.mass_recall), n)
 }
 
+/// Most bytes of the oracle's block masses one call computes (f32 on the device, f64 on the
+/// host for the metrics): longer causal inputs run the oracle over ranges of queries.
+const ORACLE_CHUNK_BYTES: u64 = 1 << 30;
+
+/// Queries per oracle call for `shape` and `cfg` on `ctx`: all of them where their block masses
+/// (`[B, Hkv, Nq, nb0]` f32) fit one storage binding and [`ORACLE_CHUNK_BYTES`]; else, for
+/// causal attention, as many as fit (query range `i0 .. i1` sees keys `0 .. i1` only, so the
+/// oracle of that range is the oracle of a call with `i1` keys), at least one.
+fn oracle_queries(
+    ctx: &pisa_wgpu::Context,
+    shape: &AttentionShape,
+    cfg: &SelectionConfig,
+) -> usize {
+    let row = (shape.batch * shape.kv_heads * shape.k_len.div_ceil(cfg.block_size) * 4) as u64;
+    let limit = ctx.max_binding_bytes().min(ORACLE_CHUNK_BYTES);
+    if !cfg.causal || row * shape.q_len as u64 <= limit {
+        return shape.q_len;
+    }
+    ((limit / row) as usize).clamp(1, shape.q_len)
+}
+
+/// Rows `i0 .. i1` of the token axis of `x` (`[B, H, N, D]` or `[B, N, H, D]` per `layout`, N
+/// tokens), as a tensor of `i1 - i0` tokens in the same layout.
+fn token_rows(
+    x: &[f32],
+    layout: TensorLayout,
+    [b, h, n, d]: [usize; 4],
+    (i0, i1): (usize, usize),
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(b * h * (i1 - i0) * d);
+    match layout {
+        TensorLayout::Bhnd => {
+            for bh in 0..b * h {
+                out.extend_from_slice(&x[(bh * n + i0) * d..(bh * n + i1) * d]);
+            }
+        }
+        TensorLayout::Bnhd => {
+            for bi in 0..b {
+                out.extend_from_slice(&x[((bi * n + i0) * h) * d..((bi * n + i1) * h) * d]);
+            }
+        }
+    }
+    out
+}
+
 /// Computes the quality table of `cfg` (every scoring, whatever its own) with query tiles of
-/// `q_tile`; shared with `pisa demo`.
+/// `q_tile`; shared with `pisa demo`. The oracle runs over ranges of queries where its block
+/// masses would not fit one call ([`oracle_queries`]; causal attention only), the metrics of
+/// the ranges added up per KV head.
 pub fn measure(
     ctx: &pisa_wgpu::Context,
     l: &crate::input::Loaded,
@@ -93,34 +142,101 @@ pub fn measure(
     q_tile: usize,
     storage: pisa_wgpu::Storage,
 ) -> Result<Vec<MethodRecall>> {
-    let pb = progress(5, "recall");
-    let (oracle_idx, mass) = oracle_host(ctx, &l.q, &l.k, &l.shape, l.layout, cfg, storage)
-        .context("oracle selection")?;
-    pb.inc(1);
-    let mass: Vec<f64> = mass.iter().map(|&x| x as f64).collect();
+    let chunk = oracle_queries(ctx, &l.shape, cfg);
+    measure_in_ranges(ctx, l, cfg, q_tile, storage, chunk)
+}
+
+/// [`measure`] with the oracle over ranges of `chunk` queries (`chunk` >= `q_len`: one call;
+/// causal attention only where it is less).
+fn measure_in_ranges(
+    ctx: &pisa_wgpu::Context,
+    l: &crate::input::Loaded,
+    cfg: &SelectionConfig,
+    q_tile: usize,
+    storage: pisa_wgpu::Storage,
+    chunk: usize,
+) -> Result<Vec<MethodRecall>> {
+    let s = &l.shape;
+    let chunk = if cfg.causal { chunk.max(1) } else { s.q_len };
+    let ranges: Vec<(usize, usize)> = (0..s.q_len)
+        .step_by(chunk)
+        .map(|i0| (i0, (i0 + chunk).min(s.q_len)))
+        .collect();
+    let pb = progress(4 + ranges.len() as u64, "recall");
     let wrap = |indices: Vec<i32>| Selection {
         top_k: cfg.top_k,
         indices,
         margin: Vec::new(),
         scored_nodes: Vec::new(),
     };
-    let oracle = wrap(oracle_idx);
-    let mut out = Vec::new();
     let runs = [
         ("pisa-lse", Method::Pisa, Scoring::Lse),
         ("pisa-mean", Method::Pisa, Scoring::Mean),
         ("pisa-meanvar", Method::Pisa, Scoring::MeanVar),
         ("bsa", Method::Bsa, Scoring::Lse),
     ];
+    let mut sels = Vec::new();
     for (name, method, scoring) in runs {
         let c = cfg.with_scoring(scoring);
-        let sel = select_host(
-            ctx, &l.q, &l.k, &l.shape, l.layout, &c, storage, method, q_tile,
-        )
-        .with_context(|| format!("{name} selection"))?;
-        let sel = wrap(sel);
-        let per = try_recall_per_kv_head(&sel, &oracle, &mass, &l.shape, &c)?;
-        let loc = try_locality(&sel, &l.shape, &c, LOCALITY_TILE)?;
+        let sel = select_host(ctx, &l.q, &l.k, s, l.layout, &c, storage, method, q_tile)
+            .with_context(|| format!("{name} selection"))?;
+        sels.push((c, wrap(sel)));
+        pb.inc(1);
+    }
+    // Per method and KV head: (recall sum, mass recall sum, queries) over the ranges.
+    let mut sums = vec![vec![(0.0, 0.0, 0usize); s.kv_heads]; runs.len()];
+    let (kq, kk) = (s.q_len, cfg.top_k);
+    for &(i0, i1) in &ranges {
+        let (q, k): (Cow<[f32]>, Cow<[f32]>) = if ranges.len() == 1 {
+            (Cow::Borrowed(&l.q), Cow::Borrowed(&l.k))
+        } else {
+            let qs = [s.batch, s.q_heads, s.q_len, s.head_dim];
+            let ks = [s.batch, s.kv_heads, s.k_len, s.head_dim];
+            (
+                Cow::Owned(token_rows(&l.q, l.layout, qs, (i0, i1))),
+                Cow::Owned(token_rows(&l.k, l.layout, ks, (0, i1))),
+            )
+        };
+        let rs = AttentionShape::new(s.batch, s.q_heads, s.kv_heads, i1 - i0, i1, s.head_dim)?;
+        let (oracle_idx, mass) =
+            oracle_host(ctx, &q, &k, &rs, l.layout, cfg, storage).context("oracle selection")?;
+        let mass: Vec<f64> = mass.iter().map(|&x| x as f64).collect();
+        let oracle = wrap(oracle_idx);
+        for (m, (c, sel)) in sels.iter().enumerate() {
+            // The range's rows of the selection, [B, Hkv, i1 - i0, K].
+            let rows = sel
+                .indices
+                .chunks(kq * kk)
+                .flat_map(|bh| bh[i0 * kk..i1 * kk].iter().copied())
+                .collect();
+            let per = try_recall_per_kv_head(&wrap(rows), &oracle, &mass, &rs, c)?;
+            for (acc, p) in sums[m].iter_mut().zip(&per) {
+                if p.queries > 0 {
+                    let w = p.queries as f64;
+                    *acc = (
+                        acc.0 + p.recall_at_k * w,
+                        acc.1 + p.mass_recall * w,
+                        acc.2 + p.queries,
+                    );
+                }
+            }
+        }
+        pb.inc(1);
+    }
+    let mut out = Vec::new();
+    for ((name, ..), ((c, sel), sum)) in runs.iter().zip(sels.iter().zip(&sums)) {
+        let per: Vec<Recall> = sum
+            .iter()
+            .map(|&(r, m, n)| {
+                let w = if n > 0 { 1.0 / n as f64 } else { f64::NAN };
+                Recall {
+                    recall_at_k: r * w,
+                    mass_recall: m * w,
+                    queries: n,
+                }
+            })
+            .collect();
+        let loc = try_locality(sel, s, c, LOCALITY_TILE)?;
         let (r, m, n) = average(&per);
         out.push(MethodRecall {
             method: name.to_string(),
@@ -131,7 +247,6 @@ pub fn measure(
             sibling_fraction: loc.sibling_fraction,
             tile_union: loc.tile_union,
         });
-        pb.inc(1);
     }
     pb.finish_and_clear();
     Ok(out)
@@ -252,4 +367,64 @@ pub fn run(a: RecallArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::embed::tests::values;
+    use crate::input::Loaded;
+
+    /// The oracle over ranges of queries gives the table of one oracle call: the same rows
+    /// counted and, within f32 rounding of the masses, the same recalls, in both layouts, with
+    /// a last range shorter than the others; and the ranges are taken where one call's masses
+    /// exceed the binding limit.
+    #[test]
+    fn recall_over_query_ranges_equals_one_oracle_call() {
+        let Ok(ctx) = pisa_wgpu::Context::new(&pisa_wgpu::AdapterChoice::HighPerformance) else {
+            eprintln!("skipped: no adapter");
+            return;
+        };
+        let (b, hq, hkv, n, d) = (2, 6, 2, 300, 32);
+        let cfg = SelectionConfig::new(16, 3).unwrap();
+        let shape = AttentionShape::prefill(b, hq, hkv, n, d).unwrap();
+        for layout in [TensorLayout::Bhnd, TensorLayout::Bnhd] {
+            let l = Loaded {
+                q: values(shape.q_elems(), 5),
+                k: values(shape.kv_elems(), 6),
+                v: values(shape.kv_elems(), 7),
+                shape,
+                layout,
+                file_scale: Ok(None),
+                source: "test".into(),
+                tensors: ["q".into(), "k".into(), "v".into()],
+                q_dims: vec![b, hq, n, d],
+                kv_dims: vec![b, hkv, n, d],
+            };
+            let storage = pisa_wgpu::Storage::F32;
+            let one = measure_in_ranges(&ctx, &l, &cfg, 4, storage, n).unwrap();
+            let many = measure_in_ranges(&ctx, &l, &cfg, 4, storage, 70).unwrap();
+            assert_eq!(one.len(), 4);
+            for (a, z) in one.iter().zip(&many) {
+                let what = format!("{layout:?} {}", a.method);
+                assert!(a.queries > 0, "{what}");
+                assert_eq!(a.queries, z.queries, "{what}");
+                let near = |x: f64, y: f64| (x - y).abs() <= 1e-5;
+                assert!(near(a.recall_at_k, z.recall_at_k), "{what}: {a:?} {z:?}");
+                assert!(near(a.mass_recall, z.mass_recall), "{what}: {a:?} {z:?}");
+                for (p, r) in a.per_kv_head.iter().zip(&z.per_kv_head) {
+                    assert!(near(p.0, r.0) && near(p.1, r.1), "{what}: {a:?} {z:?}");
+                }
+                assert_eq!(a.sibling_fraction, z.sibling_fraction, "{what}");
+            }
+        }
+        // One row of masses: B * Hkv * nb0 f32 = 2 * 2 * 19 * 4 bytes.
+        let row = 2 * 2 * 19 * 4;
+        let before = ctx.max_binding_bytes();
+        assert_eq!(oracle_queries(&ctx, &shape, &cfg), n);
+        ctx.set_max_binding_bytes(row * 70 + 5);
+        assert_eq!(oracle_queries(&ctx, &shape, &cfg), 70);
+        assert_eq!(oracle_queries(&ctx, &shape, &cfg.with_causal(false)), n);
+        ctx.set_max_binding_bytes(before);
+    }
 }

@@ -244,14 +244,20 @@ fn choose(
     if la.shared_bytes(d, c) > limit {
         return None;
     }
-    // Queries per range: the partial states of its chunks within one binding.
-    let nb0 = s.k_len.div_ceil(c) as u64;
+    // Queries per range: the partial states of its chunks within one binding (without pairs
+    // where their buckets' partial chunks leave no room for a query).
     let row_bytes = elem_bytes * d as u64;
-    let max_rows = max_binding / row_bytes;
-    let chunks = (max_rows / rows as u64).checked_sub(la.buckets(nb0 as usize) + 1)?;
-    let nq = (chunks * qpc as u64 / cfg.top_k as u64).min(s.q_len as u64);
-    (nq > 0 && nq < u32::MAX as u64).then_some(LeafAttention {
-        nq: nq as u32,
+    let max_chunks = max_binding / row_bytes / rows as u64;
+    let queries = |la: &LeafAttention| {
+        let chunks = max_chunks.checked_sub(la.buckets(s.k_len.div_ceil(c)) + 1)?;
+        let nq = (chunks * qpc as u64 / cfg.top_k as u64).min(s.q_len as u64);
+        (nq > 0 && nq < u32::MAX as u64).then_some(nq as u32)
+    };
+    if la.pairs && queries(&la).is_none() {
+        la.pairs = false;
+    }
+    Some(LeafAttention {
+        nq: queries(&la)?,
         ..la
     })
 }
@@ -338,5 +344,20 @@ mod tests {
             }
         }
         assert!(checked >= 90, "only {checked} plans checked");
+    }
+
+    /// Pairs are dropped, not leaf-major attention, where their buckets' partial chunks leave
+    /// a binding no room for a query: 80 chunks of 16 rows x 64 f32 fit, 64 leaves and 32 pairs
+    /// need 97, the leaves alone 65 (then 15 chunks, 3 queries of K 16 per range).
+    #[test]
+    fn pairs_give_way_where_the_binding_is_short() {
+        let s = AttentionShape::new(1, 4, 1, 4096, 4096, 64).unwrap();
+        let cfg = SelectionConfig::new(64, 16).unwrap();
+        let lim = limits_with_memory(48 << 10);
+        let short = choose(&lim, 80 * 16 * 64 * 4, &s, &cfg, None, 4, true).unwrap();
+        assert!(!short.pairs);
+        assert_eq!(short.nq, 3);
+        let long = choose(&lim, 1 << 31, &s, &cfg, None, 4, true).unwrap();
+        assert!(long.pairs);
     }
 }

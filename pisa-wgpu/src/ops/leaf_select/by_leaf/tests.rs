@@ -333,8 +333,11 @@ fn pair_and_leaf_buckets_equal_the_model() {
 /// `ops/attention/by_leaf.rs`) against a model of `attend_leaf`: one (b, KV head) and query
 /// range at a time, a bucket per leaf, list values the range's local entries `i_local * K + o`;
 /// a slot counts where its leaf is below nb0 and above every in-range slot before it (-1
-/// padding, repeats and out-of-order slots are skipped). Random selections with such slots,
-/// windows of bins of every bucket, a few, and one; outputs poisoned before each run.
+/// padding, repeats and out-of-order slots are skipped). With sibling pairs (`APAIR`), a
+/// counted even leaf whose next slot counts its sibling is one entry of pair bucket nb0 + leaf
+/// / 2, and that next slot none. Random selections with such slots and many sibling pairs,
+/// windows of bins of every bucket (with pairs: as many as the device's workgroup memory
+/// holds), a few, and one; outputs poisoned before each run.
 #[test]
 fn attention_buckets_equal_the_model() {
     let (ctx, seed, mut r) = setup();
@@ -356,6 +359,13 @@ fn attention_buckets_equal_the_model() {
                 let see = if causal { bq + 1 } else { nb0 };
                 let mut v: Vec<i32> = (0..k).map(|_| r.random_range(0..see) as i32).collect();
                 v.sort_unstable();
+                // Sibling pairs (a sibling past the visible leaves or a repeat's breaks the
+                // order: such a slot is skipped).
+                for j in 0..v.len() - 1 {
+                    if v[j] % 2 == 0 && r.random_bool(0.5) {
+                        v[j + 1] = v[j] + 1;
+                    }
+                }
                 for x in v.iter_mut() {
                     match r.random_range(0..20) {
                         0 => *x = -1,
@@ -369,19 +379,37 @@ fn attention_buckets_equal_the_model() {
             .collect();
         let t = ctx.upload_u32("selection", &sel).unwrap();
         let qpc = 4u32;
-        for window in [BUCKET_WINDOW, 5, 1] {
+        let limit = ctx.limits().max_compute_workgroup_storage_size;
+        for (apair, window) in [false, true]
+            .into_iter()
+            .flat_map(|a| [(a, bucket_window_for(limit, a)), (a, 5), (a, 1)])
+        {
+            let whole = window == bucket_window_for(limit, apair);
+            let buckets_n = nb0 + if apair { nb0.div_ceil(2) } else { 0 };
+            let mut pair_entries = 0;
             for b in 0..bh {
                 for i0 in (0..q_len).step_by(per) {
                     let nq = (per as u32).min(q_len - i0);
                     let entries = nq * k;
-                    // The model: the list values of each leaf's bucket.
-                    let mut want = vec![Vec::new(); nb0 as usize];
-                    for e in 0..entries {
+                    // The model: the list values of each bucket.
+                    let mut want = vec![Vec::new(); buckets_n as usize];
+                    // The leaf of local entry e where its slot counts.
+                    let counted = |e: u32| -> Option<u32> {
                         let g = ((b as u32 * q_len + i0 + e / k) * k + e % k) as usize;
                         let o = (e % k) as usize;
                         let x = sel[g];
                         let shadowed = sel[g - o..g].iter().any(|&y| y >= x && (y as u32) < nb0);
-                        if x >= 0 && (x as u32) < nb0 && !shadowed {
+                        (x >= 0 && (x as u32) < nb0 && !shadowed).then_some(x as u32)
+                    };
+                    for e in 0..entries {
+                        let Some(x) = counted(e) else { continue };
+                        let o = e % k;
+                        let next = (o + 1 < k).then(|| counted(e + 1)).flatten();
+                        let prev = (o > 0).then(|| counted(e - 1)).flatten();
+                        if apair && x % 2 == 0 && next == Some(x + 1) {
+                            want[(nb0 + x / 2) as usize].push(e);
+                            pair_entries += 1;
+                        } else if !(apair && x % 2 == 1 && prev == Some(x - 1)) {
                             want[x as usize].push(e);
                         }
                     }
@@ -390,19 +418,20 @@ fn attention_buckets_equal_the_model() {
                         l.iter().for_each(|&e| buckets[e as usize] = Some(x));
                     }
                     want.iter_mut().for_each(|l| l.sort_unstable());
-                    let chunks = entries.div_ceil(qpc) + nb0;
+                    let chunks = entries.div_ceil(qpc) + buckets_n;
                     // (one word more: the entries on the global counters, STATS)
                     let cnt = ctx
-                        .alloc("counts", nb0 as usize + 1, Storage::F32, 0)
+                        .alloc("counts", buckets_n as usize + 1, Storage::F32, 0)
                         .unwrap();
                     let alloc = |n: u32| ctx.alloc("out", n as usize, Storage::F32, POISON_I32);
-                    let (off, coff) = (alloc(nb0 + 1).unwrap(), alloc(nb0 + 1).unwrap());
+                    let (off, coff) =
+                        (alloc(buckets_n + 1).unwrap(), alloc(buckets_n + 1).unwrap());
                     let (list, cdesc) = (alloc(entries).unwrap(), alloc(4 * chunks).unwrap());
                     let u_params = ctx.uniform("params", &p).unwrap();
                     let uni = |items: u32| {
                         let b = Buckets {
                             items,
-                            buckets: nb0,
+                            buckets: buckets_n,
                             i0,
                             nq,
                             bh0: b as u32,
@@ -411,8 +440,8 @@ fn attention_buckets_equal_the_model() {
                         };
                         ctx.uniform("buckets", &b).unwrap()
                     };
-                    let (u_e, u_b) = (uni(entries), uni(nb0));
-                    let mut consts = bucket_consts(k, qpc, true, false, window).to_vec();
+                    let (u_e, u_b) = (uni(entries), uni(buckets_n));
+                    let mut consts = bucket_consts(k, qpc, true, apair, window).to_vec();
                     consts.push(("STATS", 1));
                     let pipe = |entry| {
                         let st = Storage::F32;
@@ -450,11 +479,41 @@ fn attention_buckets_equal_the_model() {
                             .collect()
                     };
                     let (off, list, mut counts) = (read(&off), read(&list), read(&cnt));
-                    let what =
-                        format!("bh {b} i0 {i0} C {c} causal {causal} bins {window} seed {seed}");
-                    let model_global =
-                        global_entries(&buckets, |e| bins(&p, e, false, window, Some(i0)));
-                    check_bins(counts.pop().unwrap(), model_global, window, &what);
+                    let what = format!(
+                        "bh {b} i0 {i0} C {c} causal {causal} pairs {apair} bins {window} seed {seed}"
+                    );
+                    // A bucket is binned in the leaf window, or (pairs) in the pair window of
+                    // WP = window / 2 pair buckets ending at the pair of the tile's last leaf.
+                    let binned = |e_last: usize, x: u32| {
+                        let (f1, n1) = bins(&p, e_last, false, window, Some(i0));
+                        let i = i0 + (e_last / k as usize) as u32;
+                        let bq = (p.q_pos0 + i) / p.block_size;
+                        let last = if causal {
+                            (bq + 1).min(nb0 - 1)
+                        } else {
+                            nb0 - 1
+                        };
+                        let n2 = if apair {
+                            (last / 2 + 1).min(window / 2)
+                        } else {
+                            0
+                        };
+                        let f2 = nb0 + last / 2 + 1 - n2;
+                        x.wrapping_sub(f1) < n1 || x.wrapping_sub(f2) < n2
+                    };
+                    let (mut global, mut all) = (0, 0);
+                    for e0 in (0..buckets.len()).step_by(BUCKET_TILE as usize) {
+                        let e1 = (e0 + BUCKET_TILE as usize).min(buckets.len());
+                        for &x in buckets[e0..e1].iter().flatten() {
+                            all += 1;
+                            global += u32::from(!binned(e1 - 1, x as u32));
+                        }
+                    }
+                    let stats = counts.pop().unwrap();
+                    assert_eq!(stats, global, "{what}: entries on the global counters");
+                    if whole {
+                        assert!(global < all, "{what}: {global} of {all} entries global");
+                    }
                     let got = Lists {
                         cnt: counts,
                         off: &off,
@@ -464,6 +523,9 @@ fn attention_buckets_equal_the_model() {
                     };
                     check_lists(&want, &got, qpc, &what);
                 }
+            }
+            if apair {
+                assert!(pair_entries > 0, "no pair entries (seed {seed})");
             }
         }
     }
