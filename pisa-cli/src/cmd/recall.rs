@@ -91,9 +91,10 @@ fn average(per: &[Recall]) -> (f64, f64, usize) {
 const ORACLE_CHUNK_BYTES: u64 = 1 << 30;
 
 /// Queries per oracle call for `shape` and `cfg` on `ctx`: all of them where their block masses
-/// (`[B, Hkv, Nq, nb0]` f32) fit one storage binding and [`ORACLE_CHUNK_BYTES`]; else, for
-/// causal attention, as many as fit (query range `i0 .. i1` sees keys `0 .. i1` only, so the
-/// oracle of that range is the oracle of a call with `i1` keys), at least one.
+/// (`[B, Hkv, Nq, nb0]` f32) fit one storage binding and [`ORACLE_CHUNK_BYTES`]; else as many
+/// as fit, at least one. (Causal: query range `i0 .. i1` sees keys `0 .. i1` only, so its
+/// oracle is that of a call with those keys; otherwise of a call with every key, its queries'
+/// positions not read.)
 fn oracle_queries(
     ctx: &pisa_wgpu::Context,
     shape: &AttentionShape,
@@ -101,9 +102,6 @@ fn oracle_queries(
 ) -> usize {
     let row = (shape.batch * shape.kv_heads * shape.k_len.div_ceil(cfg.block_size) * 4) as u64;
     let limit = ctx.max_binding_bytes().min(ORACLE_CHUNK_BYTES);
-    if !cfg.causal || row * shape.q_len as u64 <= limit {
-        return shape.q_len;
-    }
     ((limit / row) as usize).clamp(1, shape.q_len)
 }
 
@@ -133,8 +131,8 @@ fn token_rows(
 
 /// Computes the quality table of `cfg` (every scoring, whatever its own) with query tiles of
 /// `q_tile`; shared with `pisa demo`. The oracle runs over ranges of queries where its block
-/// masses would not fit one call ([`oracle_queries`]; causal attention only), the metrics of
-/// the ranges added up per KV head.
+/// masses would not fit one call ([`oracle_queries`]), the metrics of the ranges added up per
+/// KV head.
 pub fn measure(
     ctx: &pisa_wgpu::Context,
     l: &crate::input::Loaded,
@@ -146,8 +144,7 @@ pub fn measure(
     measure_in_ranges(ctx, l, cfg, q_tile, storage, chunk)
 }
 
-/// [`measure`] with the oracle over ranges of `chunk` queries (`chunk` >= `q_len`: one call;
-/// causal attention only where it is less).
+/// [`measure`] with the oracle over ranges of `chunk` queries (`chunk` >= `q_len`: one call).
 fn measure_in_ranges(
     ctx: &pisa_wgpu::Context,
     l: &crate::input::Loaded,
@@ -157,7 +154,7 @@ fn measure_in_ranges(
     chunk: usize,
 ) -> Result<Vec<MethodRecall>> {
     let s = &l.shape;
-    let chunk = if cfg.causal { chunk.max(1) } else { s.q_len };
+    let chunk = chunk.max(1);
     let ranges: Vec<(usize, usize)> = (0..s.q_len)
         .step_by(chunk)
         .map(|i0| (i0, (i0 + chunk).min(s.q_len)))
@@ -192,12 +189,15 @@ fn measure_in_ranges(
         } else {
             let qs = [s.batch, s.q_heads, s.q_len, s.head_dim];
             let ks = [s.batch, s.kv_heads, s.k_len, s.head_dim];
-            (
-                Cow::Owned(token_rows(&l.q, l.layout, qs, (i0, i1))),
-                Cow::Owned(token_rows(&l.k, l.layout, ks, (0, i1))),
-            )
+            let q = Cow::Owned(token_rows(&l.q, l.layout, qs, (i0, i1)));
+            match cfg.causal {
+                true => (q, Cow::Owned(token_rows(&l.k, l.layout, ks, (0, i1)))),
+                false => (q, Cow::Borrowed(&l.k[..])),
+            }
         };
-        let rs = AttentionShape::new(s.batch, s.q_heads, s.kv_heads, i1 - i0, i1, s.head_dim)?;
+        // Causal: the range's queries at positions i0 .. i1 over keys 0 .. i1.
+        let nk = if cfg.causal { i1 } else { s.k_len };
+        let rs = AttentionShape::new(s.batch, s.q_heads, s.kv_heads, i1 - i0, nk, s.head_dim)?;
         let (oracle_idx, mass) =
             oracle_host(ctx, &q, &k, &rs, l.layout, cfg, storage).context("oracle selection")?;
         let mass: Vec<f64> = mass.iter().map(|&x| x as f64).collect();
@@ -376,9 +376,9 @@ mod tests {
     use crate::input::Loaded;
 
     /// The oracle over ranges of queries gives the table of one oracle call: the same rows
-    /// counted and, within f32 rounding of the masses, the same recalls, in both layouts, with
-    /// a last range shorter than the others; and the ranges are taken where one call's masses
-    /// exceed the binding limit.
+    /// counted and, within f32 rounding of the masses, the same recalls, in both layouts,
+    /// causal and not, with a last range shorter than the others; and the ranges are taken
+    /// where one call's masses exceed the binding limit.
     #[test]
     fn recall_over_query_ranges_equals_one_oracle_call() {
         let Ok(ctx) = pisa_wgpu::Context::new(&pisa_wgpu::AdapterChoice::HighPerformance) else {
@@ -386,9 +386,13 @@ mod tests {
             return;
         };
         let (b, hq, hkv, n, d) = (2, 6, 2, 300, 32);
-        let cfg = SelectionConfig::new(16, 3).unwrap();
+        let causal = SelectionConfig::new(16, 3).unwrap();
         let shape = AttentionShape::prefill(b, hq, hkv, n, d).unwrap();
-        for layout in [TensorLayout::Bhnd, TensorLayout::Bnhd] {
+        for (layout, cfg) in [
+            (TensorLayout::Bhnd, causal),
+            (TensorLayout::Bnhd, causal),
+            (TensorLayout::Bnhd, causal.with_causal(false)),
+        ] {
             let l = Loaded {
                 q: values(shape.q_elems(), 5),
                 k: values(shape.kv_elems(), 6),
@@ -406,7 +410,7 @@ mod tests {
             let many = measure_in_ranges(&ctx, &l, &cfg, 4, storage, 70).unwrap();
             assert_eq!(one.len(), 4);
             for (a, z) in one.iter().zip(&many) {
-                let what = format!("{layout:?} {}", a.method);
+                let what = format!("{layout:?} causal {} {}", cfg.causal, a.method);
                 assert!(a.queries > 0, "{what}");
                 assert_eq!(a.queries, z.queries, "{what}");
                 let near = |x: f64, y: f64| (x - y).abs() <= 1e-5;
@@ -421,10 +425,9 @@ mod tests {
         // One row of masses: B * Hkv * nb0 f32 = 2 * 2 * 19 * 4 bytes.
         let row = 2 * 2 * 19 * 4;
         let before = ctx.max_binding_bytes();
-        assert_eq!(oracle_queries(&ctx, &shape, &cfg), n);
+        assert_eq!(oracle_queries(&ctx, &shape, &causal), n);
         ctx.set_max_binding_bytes(row * 70 + 5);
-        assert_eq!(oracle_queries(&ctx, &shape, &cfg), 70);
-        assert_eq!(oracle_queries(&ctx, &shape, &cfg.with_causal(false)), n);
+        assert_eq!(oracle_queries(&ctx, &shape, &causal), 70);
         ctx.set_max_binding_bytes(before);
     }
 }
