@@ -133,30 +133,19 @@ fn sibling_selection(
     s: &AttentionShape,
     cfg: &SelectionConfig,
 ) -> Vec<i32> {
-    let nb0 = s.k_len.div_ceil(cfg.block_size);
-    let mut out = Vec::new();
-    for _ in 0..s.batch * s.kv_heads {
-        for i in 0..s.q_len {
-            let own = s.query_position(i) / cfg.block_size;
-            let visible = if cfg.causal { own + 1 } else { nb0 };
-            let mut row: Vec<i32> = if cfg.causal { vec![own as i32] } else { vec![] };
-            for _ in 0..2 * cfg.top_k {
-                let pair = r.random_range(0..visible.div_ceil(2)) as i32;
-                let mut add = vec![2 * pair, 2 * pair + 1];
-                if r.random_bool(0.25) {
-                    add.remove(r.random_range(0..2));
-                }
-                add.retain(|&j| (j as usize) < visible && !row.contains(&j));
-                if row.len() + add.len() <= cfg.top_k {
-                    row.extend(add);
-                }
+    attention_util::selection_rows(r, s, cfg, |r, visible, row| {
+        for _ in 0..2 * cfg.top_k {
+            let pair = r.random_range(0..visible.div_ceil(2)) as i32;
+            let mut add = vec![2 * pair, 2 * pair + 1];
+            if r.random_bool(0.25) {
+                add.remove(r.random_range(0..2));
             }
-            row.sort_unstable();
-            row.resize(cfg.top_k, -1);
-            out.extend(row);
+            add.retain(|&j| (j as usize) < visible && !row.contains(&j));
+            if row.len() + add.len() <= cfg.top_k {
+                row.extend(add);
+            }
         }
-    }
-    out
+    })
 }
 
 /// Entries of `sel` (rows of `kk`) that are an even leaf followed by its sibling.

@@ -41,20 +41,34 @@ pub fn inputs(r: &mut ChaCha8Rng, s: &AttentionShape, storage: Storage) -> Input
 /// A random valid selection: ascending, unique, the own block included when causal, some rows
 /// shorter than K, -1 padded.
 pub fn random_selection(r: &mut ChaCha8Rng, s: &AttentionShape, cfg: &SelectionConfig) -> Vec<i32> {
+    selection_rows(r, s, cfg, |r, visible, row| {
+        let want = r.random_range(1..=cfg.top_k.min(visible));
+        while row.len() < want {
+            let j = r.random_range(0..visible) as i32;
+            if !row.contains(&j) {
+                row.push(j);
+            }
+        }
+    })
+}
+
+/// A selection `[B, Hkv, Nq, K]` whose rows `fill(r, visible, row)` completes (unique leaves
+/// below `visible`, the query's visible leaf count, at most K in all) from the query's own
+/// block when causal (else empty); each row then sorted and -1 padded.
+pub fn selection_rows(
+    r: &mut ChaCha8Rng,
+    s: &AttentionShape,
+    cfg: &SelectionConfig,
+    mut fill: impl FnMut(&mut ChaCha8Rng, usize, &mut Vec<i32>),
+) -> Vec<i32> {
     let nb0 = s.k_len.div_ceil(cfg.block_size);
     let mut out = Vec::new();
     for _ in 0..s.batch * s.kv_heads {
         for i in 0..s.q_len {
             let own = s.query_position(i) / cfg.block_size;
             let visible = if cfg.causal { own + 1 } else { nb0 };
-            let want = r.random_range(1..=cfg.top_k.min(visible));
             let mut row: Vec<i32> = if cfg.causal { vec![own as i32] } else { vec![] };
-            while row.len() < want {
-                let j = r.random_range(0..visible) as i32;
-                if !row.contains(&j) {
-                    row.push(j);
-                }
-            }
+            fill(r, visible, &mut row);
             row.sort_unstable();
             row.resize(cfg.top_k, -1);
             out.extend(row);
