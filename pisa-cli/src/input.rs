@@ -138,6 +138,32 @@ struct Axes {
     tokens: usize,
 }
 
+/// Tokens `t0 .. t1` of `x`, a `[B, H, N, D]` tensor (`dims`) in `layout`, as a tensor of
+/// `t1 - t0` tokens in the same layout: per (b, h) rows in BHND, per b runs of every head in
+/// BNHD (each a contiguous copy).
+pub fn token_range(
+    x: &[f32],
+    layout: TensorLayout,
+    [b, h, n, d]: [usize; 4],
+    (t0, t1): (usize, usize),
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(b * h * (t1 - t0) * d);
+    // The runs that hold the tokens: one per (b, h) in BHND, per b (every head) in BNHD.
+    let (runs, run_heads) = match layout {
+        TensorLayout::Bhnd => (b * h, 1),
+        TensorLayout::Bnhd => (b, h),
+    };
+    for run in 0..runs {
+        let (bi, hi) = match layout {
+            TensorLayout::Bhnd => (run / h, run % h),
+            TensorLayout::Bnhd => (run, 0),
+        };
+        let at = layout.index(h, n, d, bi, hi, t0, 0);
+        out.extend_from_slice(&x[at..at + (t1 - t0) * run_heads * d]);
+    }
+    out
+}
+
 fn axes(rank: usize, layout: TensorLayout) -> Option<Axes> {
     match (rank, layout) {
         (3, TensorLayout::Bhnd) => Some(Axes {

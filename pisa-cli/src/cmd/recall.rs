@@ -10,11 +10,11 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 use pisa_core::reference::metrics::{try_locality, try_recall_per_kv_head, Recall};
 use pisa_core::reference::Selection;
-use pisa_core::{AttentionShape, Scoring, SelectionConfig, TensorLayout};
+use pisa_core::{AttentionShape, Scoring, SelectionConfig};
 use pisa_wgpu::ops::select::{oracle_host, select_host, Method};
 
 use crate::args::{progress, CausalArgs, DeviceArgs, SelectArgs, StorageArg};
-use crate::input::InputArgs;
+use crate::input::{token_range, InputArgs};
 
 /// Arguments of `pisa recall`.
 #[derive(Args, Debug)]
@@ -105,30 +105,6 @@ fn oracle_queries(
     ((limit / row) as usize).clamp(1, shape.q_len)
 }
 
-/// Rows `i0 .. i1` of the token axis of `x` (`[B, H, N, D]` or `[B, N, H, D]` per `layout`, N
-/// tokens), as a tensor of `i1 - i0` tokens in the same layout.
-fn token_rows(
-    x: &[f32],
-    layout: TensorLayout,
-    [b, h, n, d]: [usize; 4],
-    (i0, i1): (usize, usize),
-) -> Vec<f32> {
-    let mut out = Vec::with_capacity(b * h * (i1 - i0) * d);
-    match layout {
-        TensorLayout::Bhnd => {
-            for bh in 0..b * h {
-                out.extend_from_slice(&x[(bh * n + i0) * d..(bh * n + i1) * d]);
-            }
-        }
-        TensorLayout::Bnhd => {
-            for bi in 0..b {
-                out.extend_from_slice(&x[((bi * n + i0) * h) * d..((bi * n + i1) * h) * d]);
-            }
-        }
-    }
-    out
-}
-
 /// Computes the quality table of `cfg` (every scoring, whatever its own) with query tiles of
 /// `q_tile`; shared with `pisa demo`. The oracle runs over ranges of queries where its block
 /// masses would not fit one call ([`oracle_queries`]), the metrics of the ranges added up per
@@ -189,9 +165,9 @@ fn measure_in_ranges(
         } else {
             let qs = [s.batch, s.q_heads, s.q_len, s.head_dim];
             let ks = [s.batch, s.kv_heads, s.k_len, s.head_dim];
-            let q = Cow::Owned(token_rows(&l.q, l.layout, qs, (i0, i1)));
+            let q = Cow::Owned(token_range(&l.q, l.layout, qs, (i0, i1)));
             match cfg.causal {
-                true => (q, Cow::Owned(token_rows(&l.k, l.layout, ks, (0, i1)))),
+                true => (q, Cow::Owned(token_range(&l.k, l.layout, ks, (0, i1)))),
                 false => (q, Cow::Borrowed(&l.k[..])),
             }
         };
@@ -374,6 +350,7 @@ mod tests {
     use super::*;
     use crate::cmd::embed::tests::values;
     use crate::input::Loaded;
+    use pisa_core::TensorLayout;
 
     /// The oracle over ranges of queries gives the table of one oracle call: the same rows
     /// counted and, within f32 rounding of the masses, the same recalls, in both layouts,

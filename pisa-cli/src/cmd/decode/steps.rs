@@ -9,7 +9,7 @@ use pisa_wgpu::{Context, DType, Profiler, Storage, TensorView};
 
 use crate::args::progress;
 use crate::cmd::embed;
-use crate::input::Loaded;
+use crate::input::{token_range, Loaded};
 
 /// Per-token rows of a `[B, H, N, D]` tensor in `layout`: `out[b][h][..D]` of token `t`.
 fn token_rows(
@@ -21,14 +21,7 @@ fn token_rows(
     d: usize,
     t: usize,
 ) -> Vec<f32> {
-    let mut out = Vec::with_capacity(b_count * heads * d);
-    for b in 0..b_count {
-        for h in 0..heads {
-            let i = layout.index(heads, n, d, b, h, t, 0);
-            out.extend_from_slice(&x[i..i + d]);
-        }
-    }
-    out
+    token_range(x, layout, [b_count, heads, n, d], (t, t + 1))
 }
 
 /// The first `p` tokens of sequence `b` as `[1, H, p, D]` in `layout`.
@@ -41,15 +34,8 @@ fn prefix(
     b: usize,
     p: usize,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; heads * p * d];
-    for h in 0..heads {
-        for t in 0..p {
-            let i = layout.index(heads, n, d, b, h, t, 0);
-            let o = layout.index(heads, p, d, 0, h, t, 0);
-            out[o..o + d].copy_from_slice(&x[i..i + d]);
-        }
-    }
-    out
+    let per = heads * n * d;
+    token_range(&x[b * per..(b + 1) * per], layout, [1, heads, n, d], (0, p))
 }
 
 /// Decoded rows and timings.
