@@ -52,7 +52,7 @@ mod plan;
 pub const PARTS: [&str; 3] = ["attention_bucket", "attention_leaf", "attention_merge"];
 
 pub use plan::{leaf_major_pairs, leaf_major_path};
-pub(crate) use plan::{plan, LeafAttention};
+pub(crate) use plan::{plan, LeafAttention, PairKernel};
 
 /// `shaders/attention_leaf.wgsl` (portable) with the chunk lookup.
 pub const SHADER: ShaderSource = ShaderSource {
@@ -301,8 +301,9 @@ pub(crate) fn record(
     let pipe = |shader: &ShaderSource, entry: &'static str, st: Storage, c: &[(&str, u32)]| {
         ctx.pipelines.get(&ctx.device, shader, entry, st, c, &[])
     };
-    let window = bucket_window_for(ctx.limits().max_compute_workgroup_storage_size, la.pairs);
-    let bucket = bucket_consts(kk, la.qpc, true, la.pairs, window);
+    let pairs = la.pairs.on();
+    let window = bucket_window_for(ctx.limits().max_compute_workgroup_storage_size, pairs);
+    let bucket = bucket_consts(kk, la.qpc, true, pairs, window);
     let count = pipe(&BUCKET_SHADER, "count", Storage::F32, &bucket)?;
     let scan = pipe(&BUCKET_SHADER, "scan", Storage::F32, &bucket)?;
     let scatter = pipe(&BUCKET_SHADER, "scatter", Storage::F32, &bucket)?;
@@ -313,21 +314,15 @@ pub(crate) fn record(
         (Some(_), None) => pipe(&COOP_SHADER, "attend_leaf", Storage::F16, &consts)?,
         (None, _) => pipe(&SHADER, "attend_leaf", q.storage, &consts)?,
     };
-    let attend_pair = match (la.pairs, la.nv_pair, la.coop) {
-        (false, ..) => None,
-        (true, Some(k), _) => Some(ctx.nv_pipeline(&k)?.0),
-        (true, None, None) => Some(pipe(
+    let attend_pair = match la.pairs {
+        PairKernel::Off => None,
+        PairKernel::Nv(k) => Some(ctx.nv_pipeline(&k)?.0),
+        PairKernel::Portable => Some(pipe(
             &SHADER,
             "attend_leaf",
             q.storage,
             &pair_consts(la, s, cfg),
         )?),
-        // The plan takes pairs only where a pair kernel runs (never the WGSL tensor-core one).
-        (true, None, Some(_)) => {
-            return Err(crate::GpuError::Unsupported(
-                "leaf-major attention over pairs needs a pair chunk kernel".into(),
-            ))
-        }
     };
     let merge = match nv.and_then(|(_, m)| m) {
         Some(m) => ctx.nv_pipeline(&m)?.0,

@@ -33,12 +33,30 @@ pub(crate) struct LeafAttention {
     /// The NVIDIA chunk kernel and merge, where they run ([`super::nv_kernel_for`], chosen
     /// once here for the recorder).
     pub nv: Option<(NvKernel, Option<NvKernel>)>,
-    /// Sibling pairs attended as one entry ([`crate::Tuning::attention_pairs`]): the bucketing's
-    /// pair buckets after the leaf buckets, and a second chunk kernel over them (the portable
-    /// kernel with PAIR = 1, or `nv_pair`).
-    pub pairs: bool,
-    /// The NVIDIA chunk kernel over pairs, where `pairs` and `nv` ([`super::nv_pair_kernel_for`]).
-    pub nv_pair: Option<NvKernel>,
+    /// Sibling pairs attended as one entry ([`crate::Tuning::attention_pairs`]): with a pair
+    /// kernel, the bucketing's pair buckets after the leaf buckets and that second chunk kernel
+    /// over them; [`PairKernel::Off`] without.
+    pub pairs: PairKernel,
+}
+
+/// The chunk kernel of a leaf-major plan over sibling pairs (a query that selected both leaves
+/// of a pair is one entry over their 2C keys; `leaf_bucket.wgsl` APAIR).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PairKernel {
+    /// No pairs: every entry is one leaf (the knob is off, the chunk kernel has no pair
+    /// variant, or the pairs' keys or buckets do not fit the device).
+    Off,
+    /// The portable chunk kernel with PAIR = 1 (`attention_leaf.wgsl`).
+    Portable,
+    /// An NVIDIA pair kernel ([`super::nv_pair_kernel_for`]).
+    Nv(NvKernel),
+}
+
+impl PairKernel {
+    /// Whether pairs are attended as one entry.
+    pub fn on(self) -> bool {
+        !matches!(self, PairKernel::Off)
+    }
 }
 
 impl LeafAttention {
@@ -51,7 +69,7 @@ impl LeafAttention {
     /// Pair chunks dispatched for a range of `nq` queries (a pair entry takes two of a query's
     /// `top_k` slots); 0 without pairs.
     pub fn pair_chunk_bound(&self, nq: u32, top_k: usize, nb0: usize) -> u64 {
-        match self.pairs {
+        match self.pairs.on() {
             true => (nq as u64 * (top_k / 2) as u64).div_ceil(self.qpc as u64) + pair_buckets(nb0),
             false => 0,
         }
@@ -61,12 +79,22 @@ impl LeafAttention {
     /// states' rows): its entries take at most `nq * top_k` slots, a pair entry two, and each
     /// bucket adds at most one partial chunk.
     pub fn row_chunk_bound(&self, nq: u32, top_k: usize, nb0: usize) -> u64 {
-        self.chunk_bound(nq, top_k, nb0) + if self.pairs { pair_buckets(nb0) } else { 0 }
+        self.chunk_bound(nq, top_k, nb0)
+            + if self.pairs.on() {
+                pair_buckets(nb0)
+            } else {
+                0
+            }
     }
 
     /// Buckets of the bucketing: a leaf's, then with pairs a pair's.
     pub fn buckets(&self, nb0: usize) -> u64 {
-        nb0 as u64 + if self.pairs { pair_buckets(nb0) } else { 0 }
+        nb0 as u64
+            + if self.pairs.on() {
+                pair_buckets(nb0)
+            } else {
+                0
+            }
     }
 
     /// Workgroup bytes of the chunk kernel for head dim `d` and block size `c` (mirrors the
@@ -84,7 +112,7 @@ impl LeafAttention {
             }
             None => {
                 // The pair kernel's keys: 128 (PAIR = 1, WG 128).
-                let (r, keys) = (self.rows as u64, if self.pairs { 128 } else { 64 });
+                let (r, keys) = (self.rows as u64, if self.pairs.on() { 128 } else { 64 });
                 16 + 4 * self.qpc as u64 + 4 * r * keys + 8 * r
             }
         }
@@ -118,7 +146,7 @@ pub fn leaf_major_pairs(
     layouts: QkvLayouts,
     cfg: &SelectionConfig,
 ) -> bool {
-    plan(ctx, storage, s, layouts, cfg).is_some_and(|la| la.pairs)
+    plan(ctx, storage, s, layouts, cfg).is_some_and(|la| la.pairs.on())
 }
 
 /// The leaf-major plan for a validated sparse-attention call, or `None` (the tile kernels run).
@@ -154,11 +182,17 @@ pub(crate) fn plan(
         return None;
     }
     let nv = coop_ok.then(|| super::nv_kernel_for(ctx, s, cfg)).flatten();
+    // Pairs where the chunk kernel has a pair variant: the portable one, the NVIDIA ones (not
+    // the WGSL tensor-core one).
     let nv_pair = nv
         .as_ref()
         .and_then(|nv| super::nv_pair_kernel_for(ctx, nv));
-    // Pairs where the chunk kernel has a pair variant: the portable one, the NVIDIA ones.
-    let pairs = ctx.tuning().attention_pairs && (!coop_ok || nv_pair.is_some());
+    let pairs = match (ctx.tuning().attention_pairs, coop_ok, nv_pair) {
+        (false, ..) => PairKernel::Off,
+        (true, false, _) => PairKernel::Portable,
+        (true, true, Some(k)) => PairKernel::Nv(k),
+        (true, true, None) => PairKernel::Off,
+    };
     let la = choose(
         ctx.limits(),
         ctx.max_binding_bytes(),
@@ -168,11 +202,7 @@ pub(crate) fn plan(
         opart_bytes(nv.as_ref()),
         pairs,
     )?;
-    Some(LeafAttention {
-        nv,
-        nv_pair: nv_pair.filter(|_| pairs),
-        ..la
-    })
+    Some(LeafAttention { nv, ..la })
 }
 
 /// Pair buckets of `nb0` leaves.
@@ -199,7 +229,7 @@ fn merge_bytes(top_k: usize, g: u32) -> u64 {
 /// [`plan`] once the order took leaf-major, for a device with limits `l` and storage bindings
 /// of at most `max_binding` bytes: on tensor cores with subgroup size `coop`, or portable
 /// (`None`); partial O elements of `elem_bytes` bytes ([`opart_bytes`]); sibling pairs as one
-/// entry (`pairs`).
+/// entry by the kernel `pairs` where they fit.
 fn choose(
     l: &wgpu::Limits,
     max_binding: u64,
@@ -207,7 +237,7 @@ fn choose(
     cfg: &SelectionConfig,
     coop: Option<u32>,
     elem_bytes: u64,
-    pairs: bool,
+    pairs: PairKernel,
 ) -> Option<LeafAttention> {
     let (g, d, c) = (s.gqa_group() as u32, s.head_dim, cfg.block_size);
     if c > MAX_BLOCK {
@@ -237,10 +267,11 @@ fn choose(
         nq: 0,
         nv: None,
         pairs,
-        nv_pair: None,
     };
     // Without pairs where the pair kernel's keys do not fit.
-    la.pairs &= la.shared_bytes(d, c) <= limit;
+    if la.shared_bytes(d, c) > limit {
+        la.pairs = PairKernel::Off;
+    }
     if la.shared_bytes(d, c) > limit {
         return None;
     }
@@ -253,8 +284,8 @@ fn choose(
         let nq = (chunks * qpc as u64 / cfg.top_k as u64).min(s.q_len as u64);
         (nq > 0 && nq < u32::MAX as u64).then_some(nq as u32)
     };
-    if la.pairs && queries(&la).is_none() {
-        la.pairs = false;
+    if la.pairs.on() && queries(&la).is_none() {
+        la.pairs = PairKernel::Off;
     }
     Some(LeafAttention {
         nq: queries(&la)?,
@@ -300,11 +331,11 @@ mod tests {
             for mem in [16u32 << 10, 32 << 10, 48 << 10] {
                 let lim = limits_with_memory(mem);
                 let mut runs = vec![];
-                for pairs in [false, true] {
+                for pairs in [PairKernel::Off, PairKernel::Portable] {
                     runs.extend([(None, Storage::F32, pairs), (None, Storage::F16, pairs)]);
                 }
                 if coop_ok {
-                    runs.extend([16, 32, 64].map(|sg| (Some(sg), Storage::F16, false)));
+                    runs.extend([16, 32, 64].map(|sg| (Some(sg), Storage::F16, PairKernel::Off)));
                 }
                 for (coop, storage, pairs) in runs {
                     let Some(la) = choose(&lim, 1 << 31, &s, &cfg, coop, 4, pairs) else {
@@ -320,7 +351,7 @@ mod tests {
                     let what = format!("{la:?} at {mem} bytes");
                     let charged = la.shared_bytes(d, c);
                     assert_workgroup_fits(shader, "attend_leaf", storage, &consts, charged, &what);
-                    if la.pairs {
+                    if la.pairs.on() {
                         let consts = pair_consts(&la, &s, &cfg);
                         assert_workgroup_fits(
                             shader,
@@ -336,8 +367,8 @@ mod tests {
                     assert_workgroup_fits(&MERGE_SHADER, "merge", storage, &consts, charged, &what);
                     for entry in ["count", "scan", "scatter"] {
                         let min = MIN_WORKGROUP_BYTES;
-                        let w = bucket_window_for(min as u32, la.pairs);
-                        let c = bucket_consts(top_k as u32, la.qpc, true, la.pairs, w);
+                        let w = bucket_window_for(min as u32, la.pairs.on());
+                        let c = bucket_consts(top_k as u32, la.qpc, true, la.pairs.on(), w);
                         assert_workgroup_fits(&BUCKET_SHADER, entry, Storage::F32, &c, min, &what);
                     }
                 }
@@ -354,10 +385,11 @@ mod tests {
         let s = AttentionShape::new(1, 4, 1, 4096, 4096, 64).unwrap();
         let cfg = SelectionConfig::new(64, 16).unwrap();
         let lim = limits_with_memory(48 << 10);
-        let short = choose(&lim, 80 * 16 * 64 * 4, &s, &cfg, None, 4, true).unwrap();
-        assert!(!short.pairs);
+        let pairs = PairKernel::Portable;
+        let short = choose(&lim, 80 * 16 * 64 * 4, &s, &cfg, None, 4, pairs).unwrap();
+        assert!(!short.pairs.on());
         assert_eq!(short.nq, 3);
-        let long = choose(&lim, 1 << 31, &s, &cfg, None, 4, true).unwrap();
-        assert!(long.pairs);
+        let long = choose(&lim, 1 << 31, &s, &cfg, None, 4, pairs).unwrap();
+        assert!(long.pairs.on());
     }
 }
