@@ -266,6 +266,33 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// Inputs of `shape` in `layout` as the CLI's GPU tests load them: Q, K and V from
+    /// [`values`] with seeds `seed`, `seed + 1`, `seed + 2`, no file scale, and the dims a 4-D
+    /// file in `layout` would give.
+    pub(crate) fn loaded(
+        shape: AttentionShape,
+        layout: TensorLayout,
+        seed: u64,
+    ) -> crate::input::Loaded {
+        let s = &shape;
+        let dims = |h: usize, n: usize| match layout {
+            TensorLayout::Bhnd => vec![s.batch, h, n, s.head_dim],
+            TensorLayout::Bnhd => vec![s.batch, n, h, s.head_dim],
+        };
+        crate::input::Loaded {
+            q: values(s.q_elems(), seed),
+            k: values(s.kv_elems(), seed + 1),
+            v: values(s.kv_elems(), seed + 2),
+            shape,
+            layout,
+            file_scale: Ok(None),
+            source: "test".into(),
+            tensors: ["q".into(), "k".into(), "v".into()],
+            q_dims: dims(s.q_heads, s.q_len),
+            kv_dims: dims(s.kv_heads, s.k_len),
+        }
+    }
+
     /// The CLI's prefill (a plan on its own buffers, or `prefill_host` past one binding) is
     /// bitwise `prefill_host`'s, in both layouts, with and without the selection and the
     /// warm-up.

@@ -348,8 +348,6 @@ pub fn run(a: RecallArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::embed::tests::values;
-    use crate::input::Loaded;
     use pisa_core::TensorLayout;
 
     /// The oracle over ranges of queries gives the table of one oracle call: the same rows
@@ -370,18 +368,7 @@ mod tests {
             (TensorLayout::Bnhd, causal),
             (TensorLayout::Bnhd, causal.with_causal(false)),
         ] {
-            let l = Loaded {
-                q: values(shape.q_elems(), 5),
-                k: values(shape.kv_elems(), 6),
-                v: values(shape.kv_elems(), 7),
-                shape,
-                layout,
-                file_scale: Ok(None),
-                source: "test".into(),
-                tensors: ["q".into(), "k".into(), "v".into()],
-                q_dims: vec![b, hq, n, d],
-                kv_dims: vec![b, hkv, n, d],
-            };
+            let l = crate::cmd::embed::tests::loaded(shape, layout, 5);
             let storage = pisa_wgpu::Storage::F32;
             let one = measure_in_ranges(&ctx, &l, &cfg, 4, storage, n).unwrap();
             let many = measure_in_ranges(&ctx, &l, &cfg, 4, storage, 70).unwrap();

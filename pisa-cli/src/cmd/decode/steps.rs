@@ -247,7 +247,6 @@ pub fn run_decode(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::embed::tests::values;
 
     /// The decode loop on the CLI's buffers (views, record_append_view + record_step_into) is
     /// bitwise the host conveniences' (prefill, append_and_step), in both layouts.
@@ -261,18 +260,7 @@ mod tests {
         let cfg = SelectionConfig::new(16, 3).unwrap();
         let shape = AttentionShape::prefill(b_count, hq, hkv, n, d).unwrap();
         for layout in [TensorLayout::Bhnd, TensorLayout::Bnhd] {
-            let l = Loaded {
-                q: values(shape.q_elems(), 1),
-                k: values(shape.kv_elems(), 2),
-                v: values(shape.kv_elems(), 3),
-                shape,
-                layout,
-                file_scale: Ok(None),
-                source: "test".into(),
-                tensors: ["q".into(), "k".into(), "v".into()],
-                q_dims: vec![b_count, hq, n, d],
-                kv_dims: vec![b_count, hkv, n, d],
-            };
+            let l = crate::cmd::embed::tests::loaded(shape, layout, 1);
             let r = run_decode(&ctx, &l, &cfg, Storage::F32, p).unwrap();
             let mut cache = KvCache::new(&ctx, b_count, n, hq, hkv, d, cfg, Storage::F32).unwrap();
             for b in 0..b_count {
