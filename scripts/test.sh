@@ -6,6 +6,9 @@
 # (where rustfmt is installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's wall time, so that a slow run shows where its time went.
+phase() { echo "== ${SECONDS}s: $*"; }
+phase "Vulkan driver"
 bash scripts/setup-vulkan.sh
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}  # quiets Mesa's WSI warning on headless machines
 # A one-off build keeps no incremental caches (they double target/ for nothing on a clean clone).
@@ -15,20 +18,27 @@ if cargo fmt --version >/dev/null 2>&1; then
 else
   echo "rustfmt not installed: formatting not checked"
 fi
+phase "no_std build of pisa-core"
 cargo build -p pisa-core --no-default-features --locked
 # The library builds for the browser (wasm32, WebGPU): no blocking call is reachable there
 # (runtime/block.rs refuses them).
+phase "wasm32 check of pisa-wgpu"
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
 cargo check --target wasm32-unknown-unknown -p pisa-wgpu --locked
 # tests/translate.rs compiles the GLSL naga writes for every pipeline with glslang (Debian
 # glslang-tools); without it that test only translates. A failed install does not stop the run.
 command -v glslangValidator >/dev/null 2>&1 || { S=$([ "$(id -u)" = 0 ] || echo sudo); export DEBIAN_FRONTEND=noninteractive; $S apt-get install -y -qq glslang-tools >/dev/null 2>&1 || { $S apt-get update -qq && $S apt-get install -y -qq glslang-tools >/dev/null; }; } || echo "glslang-tools not installed: GLSL translations not compiled"
+phase "workspace tests"
 cargo test --workspace --locked
 # The NVIDIA kernels' embedded SPIR-V (shaders/nv/spv) is what their GLSL sources make with the
 # pinned glslang (tools/spirv builds glslang from source: about 2 minutes).
+phase "SPIR-V check"
 cargo run --release --locked --manifest-path tools/spirv/Cargo.toml -- --check
 # The kernel tests again on wgpu's OpenGL backend (Mesa llvmpipe, headless EGL).
+phase "OpenGL backend tests"
 bash scripts/test-gl.sh
 # The WebGPU demo page in headless Chromium (Dawn and its WGSL compiler Tint, on SwiftShader),
 # checked against the CPU reference.
+phase "WebGPU demo in Chromium"
 bash scripts/test-web.sh
+phase "done"
