@@ -510,8 +510,17 @@ fn misused_views_are_typed_errors() {
     let e = TensorView::contiguous(&buf, 256, DType::F32, [1, 1, 32, D], TensorLayout::Bhnd);
     assert!(matches!(e, Err(GpuError::View(_))), "{e:?}");
     let ok = TensorView::contiguous(&buf, 0, DType::F32, [1, 1, 32, D], TensorLayout::Bhnd);
-    let e = ok.unwrap().tokens(20, 13);
+    let v = ok.unwrap();
+    let e = v.tokens(20, 13);
     assert!(matches!(e, Err(GpuError::View(_))), "{e:?}");
+    // A range whose end overflows says where it starts and how long it is.
+    match v.tokens(usize::MAX, 2) {
+        Err(GpuError::View(m)) => assert!(
+            m.contains(&format!("from {}, 2 of them", usize::MAX)),
+            "{m}"
+        ),
+        e => panic!("{e:?}"),
+    }
     // A decode output at an offset the device cannot bind in place is refused (a query there is
     // gathered instead, so it is accepted).
     let cache = KvCache::new(&app.ctx, 3, 64, HQ, HKV, D, cfg, Storage::F32).unwrap();

@@ -332,8 +332,8 @@ impl TensorView {
     pub fn tokens(&self, start: usize, len: usize) -> Result<TensorView> {
         if len == 0 || start.checked_add(len).is_none_or(|e| e > self.shape[2]) {
             return Err(GpuError::View(format!(
-                "tokens {start}..{} of a view of {} tokens",
-                start.saturating_add(len),
+                "tokens from {start}, {len} of them, of a view of {} tokens: the range must hold \
+                 at least one token and end within the view",
                 self.shape[2]
             )));
         }
