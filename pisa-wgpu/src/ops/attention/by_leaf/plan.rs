@@ -70,7 +70,9 @@ impl LeafAttention {
     /// `top_k` slots); 0 without pairs.
     pub fn pair_chunk_bound(&self, nq: u32, top_k: usize, nb0: usize) -> u64 {
         match self.pairs.on() {
-            true => (nq as u64 * (top_k / 2) as u64).div_ceil(self.qpc as u64) + pair_buckets(nb0),
+            true => {
+                (nq as u64 * (top_k / 2) as u64).div_ceil(self.qpc as u64) + self.pair_buckets(nb0)
+            }
             false => 0,
         }
     }
@@ -79,22 +81,20 @@ impl LeafAttention {
     /// states' rows): its entries take at most `nq * top_k` slots, a pair entry two, and each
     /// bucket adds at most one partial chunk.
     pub fn row_chunk_bound(&self, nq: u32, top_k: usize, nb0: usize) -> u64 {
-        self.chunk_bound(nq, top_k, nb0)
-            + if self.pairs.on() {
-                pair_buckets(nb0)
-            } else {
-                0
-            }
+        self.chunk_bound(nq, top_k, nb0) + self.pair_buckets(nb0)
     }
 
     /// Buckets of the bucketing: a leaf's, then with pairs a pair's.
     pub fn buckets(&self, nb0: usize) -> u64 {
-        nb0 as u64
-            + if self.pairs.on() {
-                pair_buckets(nb0)
-            } else {
-                0
-            }
+        nb0 as u64 + self.pair_buckets(nb0)
+    }
+
+    /// Pair buckets of `nb0` leaves: one per pair with pairs, else none.
+    fn pair_buckets(&self, nb0: usize) -> u64 {
+        match self.pairs.on() {
+            true => nb0.div_ceil(2) as u64,
+            false => 0,
+        }
     }
 
     /// Workgroup bytes of the chunk kernel for head dim `d` and block size `c` (mirrors the
@@ -203,11 +203,6 @@ pub(crate) fn plan(
         pairs,
     )?;
     Some(LeafAttention { nv, ..la })
-}
-
-/// Pair buckets of `nb0` leaves.
-fn pair_buckets(nb0: usize) -> u64 {
-    nb0.div_ceil(2) as u64
 }
 
 /// Bytes of one partial O element: 2 where the NVIDIA chunk kernel stores its rows as f16 for
