@@ -112,6 +112,9 @@ struct Raw {
     coop: bool,
     /// The device has `robustBufferAccess2` (wgpu then leaves buffer accesses unchecked).
     robust2: bool,
+    /// The device has `VK_NV_cooperative_matrix2` with the features pisa's NVIDIA kernels use
+    /// (enabled: then those kernels' pipelines are built too).
+    nv: bool,
 }
 
 impl Drop for Raw {
@@ -133,13 +136,14 @@ fn raw() -> Result<Raw, String> {
     let instance = unsafe { entry.create_instance(&info, None) }
         .map_err(|e| format!("create_instance: {e}"))?;
     match open_device(&instance) {
-        Ok((device, coop, robust2)) => Ok(Raw {
+        Ok((device, coop, robust2, nv)) => Ok(Raw {
             stats: ash::khr::pipeline_executable_properties::Device::new(&instance, &device),
             _entry: entry,
             instance,
             device,
             coop,
             robust2,
+            nv,
         }),
         Err(e) => {
             // SAFETY: no device was made on the instance.
@@ -149,9 +153,21 @@ fn raw() -> Result<Raw, String> {
     }
 }
 
+/// `VkPhysicalDeviceCooperativeMatrix2FeaturesNV` (ash 0.38 predates it; the same layout as
+/// `runtime/nv.rs`'s private copy).
+#[repr(C)]
+struct CoopMat2Features {
+    s_type: vk::StructureType,
+    p_next: *mut std::ffi::c_void,
+    /// workgroup scope, flexible dimensions, reductions, conversions, per-element operations,
+    /// tensor addressing, block loads.
+    flags: [vk::Bool32; 7],
+}
+
 /// The device of [`Raw`] on `instance` (the discrete GPU if there is one, else the first), with
-/// whether it has cooperative matrices and robustness 2.
-fn open_device(instance: &ash::Instance) -> Result<(ash::Device, bool, bool), String> {
+/// whether it has cooperative matrices, robustness 2 and `VK_NV_cooperative_matrix2` (enabled
+/// with every feature the driver offers of it).
+fn open_device(instance: &ash::Instance) -> Result<(ash::Device, bool, bool, bool), String> {
     let pds = unsafe { instance.enumerate_physical_devices() }.map_err(|e| e.to_string())?;
     let pd = *pds
         .iter()
@@ -179,6 +195,16 @@ fn open_device(instance: &ash::Instance) -> Result<(ash::Device, bool, bool), St
     if robust2 {
         names.push(ash::ext::robustness2::NAME.as_ptr());
     }
+    const CM2: &CStr = c"VK_NV_cooperative_matrix2";
+    let mut nv = coop && has(CM2);
+    if nv {
+        names.push(CM2.as_ptr());
+    }
+    let mut fcm2 = CoopMat2Features {
+        s_type: vk::StructureType::from_raw(1_000_593_000),
+        p_next: std::ptr::null_mut(),
+        flags: [0; 7],
+    };
     let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
     let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
     let mut f13 = vk::PhysicalDeviceVulkan13Features::default();
@@ -196,7 +222,15 @@ fn open_device(instance: &ash::Instance) -> Result<(ash::Device, bool, bool), St
     if robust2 {
         f2 = f2.push_next(&mut fr2);
     }
+    if nv {
+        // SAFETY: a feature structure of the layout the specification gives, chained in front
+        // of the rest (p_next set before the query and device creation read the chain).
+        fcm2.p_next = f2.p_next;
+        f2.p_next = (&mut fcm2 as *mut CoopMat2Features).cast();
+    }
     unsafe { instance.get_physical_device_features2(pd, &mut f2) };
+    // pisa's kernels need all but block loads.
+    nv = nv && fcm2.flags[..6].iter().all(|&f| f != 0);
     // Enable what the device offers in these structures (as queried), as wgpu would for ours.
     let qfs = unsafe { instance.get_physical_device_queue_family_properties(pd) };
     let qf = qfs
@@ -213,8 +247,11 @@ fn open_device(instance: &ash::Instance) -> Result<(ash::Device, bool, bool), St
         .push_next(&mut f2);
     let device = unsafe { instance.create_device(pd, &info, None) }
         .map_err(|e| format!("create_device: {e}"))?;
-    eprintln!("device {name:?}, cooperative matrix {coop}, robustness2 {robust2}");
-    Ok((device, coop, robust2))
+    eprintln!(
+        "device {name:?}, cooperative matrix {coop}, robustness2 {robust2}, \
+         VK_NV_cooperative_matrix2 {nv}"
+    );
+    Ok((device, coop, robust2, nv))
 }
 
 /// The statistic `s` as `name=value`.
@@ -240,6 +277,17 @@ fn stat(s: &vk::PipelineExecutableStatisticKHR<'_>) -> String {
 /// is destroyed before it returns, whatever fails.
 fn pipeline_stats(r: &Raw, src: &str, entry: &str) -> Result<Vec<String>, String> {
     let Compiled { words, bindings } = compile(src, entry, r.robust2)?;
+    module_stats(r, &words, bindings, entry)
+}
+
+/// The driver's statistics of `entry` of the SPIR-V `words`, whose set 0 has `bindings`. Every
+/// object it makes is destroyed before it returns, whatever fails.
+fn module_stats(
+    r: &Raw,
+    words: &[u32],
+    bindings: Vec<(u32, vk::DescriptorType)>,
+    entry: &str,
+) -> Result<Vec<String>, String> {
     let d = &r.device;
     let binds: Vec<_> = bindings
         .into_iter()
@@ -260,7 +308,7 @@ fn pipeline_stats(r: &Raw, src: &str, entry: &str) -> Result<Vec<String>, String
     // SAFETY: plain object creation on a live device; each handle is destroyed below (null
     // handles are valid to destroy).
     let out = (|| unsafe {
-        let info = vk::ShaderModuleCreateInfo::default().code(&words);
+        let info = vk::ShaderModuleCreateInfo::default().code(words);
         module = d.create_shader_module(&info, None).map_err(e)?;
         let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&binds);
         dsl = d.create_descriptor_set_layout(&info, None).map_err(e)?;
@@ -352,4 +400,89 @@ fn shader_stats() {
     }
     drop(r);
     assert_eq!(failed, 0, "{failed} of {} pipelines failed", files.len());
+}
+
+/// The NVIDIA kernels (`shaders/nv`, the SPIR-V embedded in the library) on a device with
+/// `VK_NV_cooperative_matrix2`: one line per kernel, as [`shader_stats`] prints a WGSL
+/// pipeline's. Registers and shared memory decide how many of a kernel's workgroups an SM
+/// holds, which these latency-bound kernels live on. Run:
+/// `PISA_REQUIRE_NV_CM2=1 cargo test --release -p pisa-wgpu --test shader_stats -- --ignored
+/// --nocapture nv_kernel_stats`; with `PISA_NV_SPV_DIR=<dir>`, also each `<kernel>@<tag>.spv`
+/// there (a variant built outside the library, bound as `<kernel>`). Without the extension it prints why and passes, unless
+/// `PISA_REQUIRE_NV_CM2=1` (then it fails: the statistics were asked for).
+#[test]
+#[ignore]
+fn nv_kernel_stats() {
+    let require = std::env::var("PISA_REQUIRE_NV_CM2").is_ok_and(|v| v == "1");
+    let r = match raw() {
+        Ok(r) if r.nv => r,
+        Ok(_) => {
+            assert!(!require, "the device lacks VK_NV_cooperative_matrix2");
+            eprintln!("no VK_NV_cooperative_matrix2: nothing to report");
+            return;
+        }
+        Err(e) => {
+            assert!(!require, "no statistics: {e}");
+            eprintln!("no statistics ({e})");
+            return;
+        }
+    };
+    use pisa_wgpu::runtime::nv::{NvBinding, NvKernel};
+    let kernels = pisa_wgpu::runtime::nv::embedded_kernels();
+    assert!(!kernels.is_empty());
+    // (name, SPIR-V words or why not, the kernel whose layout it has)
+    type Module<'a> = (String, Result<Vec<u32>, String>, &'a NvKernel);
+    let mut modules: Vec<Module> = kernels
+        .iter()
+        .map(|k| (k.name.to_string(), k.words(), k))
+        .collect();
+    // Variants of a kernel built outside the library (`<kernel>@<tag>.spv` in
+    // PISA_NV_SPV_DIR): statistics of a change before it is benchmarked.
+    if let Ok(dir) = std::env::var("PISA_NV_SPV_DIR") {
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .expect("PISA_NV_SPV_DIR is a readable folder")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "spv"))
+            .collect();
+        files.sort();
+        assert!(!files.is_empty(), "no .spv files in {dir}");
+        for f in files {
+            let name = f.file_stem().unwrap().to_string_lossy().to_string();
+            let base = name.split('@').next().unwrap_or("");
+            let k = kernels.iter().find(|k| k.name == base);
+            let k = k.unwrap_or_else(|| panic!("{name}: no embedded kernel {base:?}"));
+            let words = std::fs::read(&f).map_err(|e| e.to_string()).map(|b| {
+                b.chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect()
+            });
+            modules.push((name, words, k));
+        }
+    }
+    let mut failed = 0;
+    for (name, words, k) in &modules {
+        let binds = k
+            .bindings
+            .iter()
+            .enumerate()
+            .map(|(i, (_, kind))| {
+                let ty = match kind {
+                    NvBinding::Uniform => vk::DescriptorType::UNIFORM_BUFFER,
+                    _ => vk::DescriptorType::STORAGE_BUFFER,
+                };
+                // Dense Vulkan numbers, as wgpu's backend gives them (shaders/nv/common.glsl).
+                (i as u32, ty)
+            })
+            .collect();
+        let got = (words.clone()).and_then(|w| module_stats(&r, &w, binds, "main"));
+        match got {
+            Ok(s) => println!("{name}: {}", s.join(" ")),
+            Err(e) => {
+                failed += 1;
+                println!("{name}: ERROR {e}");
+            }
+        }
+    }
+    drop(r);
+    assert_eq!(failed, 0, "{failed} of {} kernels failed", modules.len());
 }
