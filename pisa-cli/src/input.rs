@@ -51,6 +51,11 @@ pub struct InputArgs {
     /// with LSE -inf, like a row with no keys (pisa_wgpu::ops::prefill, "Non-finite inputs").
     #[arg(long)]
     pub allow_nonfinite: bool,
+    /// Whether the command has `--allow-nonfinite` and `--storage` (forward, decode, recall:
+    /// true, as parsed); `pisa bench` and the demo have neither, so their errors do not name
+    /// them.
+    #[arg(skip = true)]
+    pub own_flags: bool,
 }
 
 /// Q, K, V in f32 with their shape.
@@ -268,7 +273,14 @@ impl InputArgs {
     pub fn load_for(&self, storage: StorageArg, with_v: bool) -> Result<Loaded> {
         let l = self.load(false)?;
         if storage == StorageArg::F16 && !self.allow_nonfinite {
-            l.check_f16_range(with_v)?;
+            l.check_f16_range(
+                with_v,
+                if self.own_flags {
+                    "use --storage f32 (--allow-nonfinite passes it on as inf)"
+                } else {
+                    "bench it with --storages f32"
+                },
+            )?;
         }
         if storage == StorageArg::F16 {
             if let Some(note) = l.f16_underflow_note(with_v) {
@@ -409,10 +421,12 @@ impl InputArgs {
         if !self.allow_nonfinite {
             for (t, p) in [(&q, &qp), (&k, &kp), (&v, &vp)] {
                 io::check_finite(t).with_context(|| {
-                    format!(
-                        "{}: refusing non-finite input (--allow-nonfinite passes it on)",
-                        p.display()
-                    )
+                    let hint = if self.own_flags {
+                        " (--allow-nonfinite passes it on)"
+                    } else {
+                        ""
+                    };
+                    format!("{}: refusing non-finite input{hint}", p.display())
                 })?;
             }
         }

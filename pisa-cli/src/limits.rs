@@ -28,8 +28,9 @@ fn first_f16_overflow(x: &[f32]) -> Option<usize> {
 
 impl Loaded {
     /// Errors when a value of Q, K or V (V only `with_v`) would overflow to infinity in f16
-    /// storage (beyond +-65504 after rounding), naming the tensor and the position of the first.
-    pub fn check_f16_range(&self, with_v: bool) -> Result<()> {
+    /// storage (beyond +-65504 after rounding), naming the tensor and the position of the first,
+    /// and ending with `advice` (what the command's options offer instead).
+    pub fn check_f16_range(&self, with_v: bool, advice: &str) -> Result<()> {
         let mut list = vec![("q", &self.q, &self.q_dims), ("k", &self.k, &self.kv_dims)];
         if with_v {
             list.push(("v", &self.v, &self.kv_dims));
@@ -37,7 +38,7 @@ impl Loaded {
         for (name, data, dims) in list {
             if let Some(i) = first_f16_overflow(data) {
                 bail!(
-                    "{}: tensor `{name}` has {} at {:?}, beyond the f16 range (+-65504) of --storage f16; use --storage f32 (--allow-nonfinite passes it on as inf)",
+                    "{}: tensor `{name}` has {} at {:?}, beyond the f16 range (+-65504) of f16 storage; {advice}",
                     self.source,
                     data[i],
                     io::unravel(i, dims)

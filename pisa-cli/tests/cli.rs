@@ -532,6 +532,48 @@ fn bench_on_a_file() {
         !recs.is_empty() && recs.iter().all(|r| r["n"] == 100),
         "{recs:?}"
     );
+    // Regression: --layer and --tokens without --input were ignored (a random-input run, exit
+    // 0) when --sizes was given, since clap waives `requires` beside a conflicting option.
+    for extra in [&["--layer", "3"][..], &["--tokens", "5"]] {
+        common::usage_fails(
+            dir.path(),
+            &[&["bench", "--sizes", "256"][..], &TINY_BENCH[..], extra].concat(),
+            &["--input"],
+        );
+    }
+    // Regression: bench's errors on a file it will not run named forward's options
+    // (--allow-nonfinite, --storage), which bench does not have.
+    let s = Spec::small();
+    let [q, k, mut v] = s.qkv();
+    v.data[7] = f32::NAN;
+    common::write_st(
+        dir.path(),
+        "nan.safetensors",
+        &[q, k, v],
+        pisa_cli::io::DType::F32,
+    );
+    let [q, k, mut v] = s.qkv();
+    v.data[7] = 1e6;
+    common::write_st(
+        dir.path(),
+        "big.safetensors",
+        &[q, k, v],
+        pisa_cli::io::DType::F32,
+    );
+    for (file, storage, want) in [
+        ("nan.safetensors", "f32", "refusing non-finite input"),
+        ("big.safetensors", "f16", "bench it with --storages f32"),
+    ] {
+        let e = common::fails(
+            dir.path(),
+            &["bench", "-i", file, "--storages", storage, "--reps", "1"],
+            &[file, want],
+        );
+        assert!(
+            !e.contains("--allow-nonfinite") && !e.contains("--storage "),
+            "{e}"
+        );
+    }
     // Only a .safetensors file: not a .npy (whose K and V options bench does not have).
     std::fs::write(dir.path().join("q.npy"), b"").unwrap();
     common::usage_fails(
@@ -761,4 +803,57 @@ fn info_warns_of_decode_route_subgroups_asked_where_there_are_none() {
         }
     }
     eprintln!("adapters without subgroups of 8 lanes (warned): {warned}");
+}
+
+/// Regression: a path that is not UTF-8 panicked `pisa bench` (its command line, recorded in
+/// the JSON, was read with `std::env::args`) and `forward --json` / `decode --json` after their
+/// outputs were written (the JSON's `written` list); now the JSON lists it with U+FFFD.
+#[cfg(unix)]
+#[test]
+fn paths_that_are_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_input(d, "in.safetensors", &Spec::small());
+    let odd = std::ffi::OsStr::from_bytes(b"o\xff.safetensors");
+    let r = common::run_cmd(
+        common::pisa()
+            .current_dir(d)
+            .args([
+                "forward",
+                "-i",
+                "in.safetensors",
+                "--block-size",
+                "16",
+                "--top-k",
+                "4",
+            ])
+            .args(["--json", "-o"])
+            .arg(odd),
+    )
+    .ok();
+    assert!(d.join(odd).exists());
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(j["written"][0], "o\u{fffd}.safetensors", "{j}");
+    let json = std::ffi::OsStr::from_bytes(b"b\xff.json");
+    common::run_cmd(
+        common::pisa()
+            .current_dir(d)
+            .args(["bench", "--sizes", "256", "--decode-sizes="])
+            .args(["--dense-max", "0", "--backward-max", "0"])
+            .args(TINY_BENCH)
+            .arg("--json")
+            .arg(json),
+    )
+    .ok();
+    let text = std::fs::read_to_string(d.join(json)).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        j["command"]
+            .as_str()
+            .unwrap()
+            .ends_with("--json b\u{fffd}.json"),
+        "{}",
+        j["command"]
+    );
 }

@@ -64,6 +64,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         tokens: Some(a.tokens),
         layout: LayoutArg::Bhnd,
         allow_nonfinite: false,
+        own_flags: false,
     };
     let l = input.load(true)?;
     let sel = SelectArgs {

@@ -174,7 +174,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             opts.storage,
             serde_json::json!({
                 "gpu_timed": r.times.gpu, "stages_ms": r.times.stages,
-                "total_ms": r.times.total(), "chunks": r.chunks, "written": written,
+                "total_ms": r.times.total(), "chunks": r.chunks, "written": crate::io::paths_text(&written),
             }),
         );
         println!("{}", serde_json::to_string_pretty(&j)?);

@@ -39,7 +39,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
-pub use paths::{check_output_paths, npy_sibling, output_paths};
+pub use paths::{check_output_paths, npy_sibling, output_paths, paths_text};
 pub use read::{
     parse_index_tensor_bytes, parse_safetensors_header_bytes, parse_tensor_bytes,
     read_index_tensor, read_metadata, read_tensor, sliding_window, softmax_scale, tensor_names,

@@ -86,3 +86,13 @@ pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
     }
     Ok(())
 }
+
+/// `paths` as text for a report (JSON's `written`): lossy, so a path that is not UTF-8 is
+/// listed with U+FFFD in place of its bad bytes instead of failing the report after its files
+/// were written.
+pub fn paths_text(paths: &[std::path::PathBuf]) -> Vec<String> {
+    paths
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect()
+}

@@ -58,6 +58,7 @@ fn load_input(a: &mut BenchArgs, path: std::path::PathBuf) -> Result<Arc<measure
         tokens: a.tokens,
         layout: a.layout,
         allow_nonfinite: false,
+        own_flags: false,
     };
     let f16 = storages(&a.storages)?.contains(&Storage::F16);
     let storage = if f16 {
@@ -99,6 +100,14 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     if a.plot.is_some() && a.compare.is_empty() {
         crate::args::usage_bail!(
             "--plot names the plot of --compare; a measuring run writes its plot beside --json"
+        );
+    }
+    // clap waives `requires = "input"` when an option that conflicts with --input (--sizes) is
+    // given, so these are checked here: a random-input run would ignore them silently.
+    if a.input.is_none() && (a.layer.is_some() || a.tokens.is_some()) {
+        crate::args::usage_bail!(
+            "--layer and --tokens choose what to read of --input; without --input the bench runs \
+             on random inputs of --sizes"
         );
     }
     if !a.compare.is_empty() {
@@ -171,7 +180,8 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         scoring: a.scoring.into(),
         ..SelectionConfig::default()
     };
-    cfg.validate()?;
+    cfg.validate()
+        .context("the selection options (--block-size, --top-k)")?;
     if a.hkv == 0 {
         bail!("--hkv must be at least 1");
     }
@@ -198,7 +208,11 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         vendor: r.vendor,
         backend: r.backend.clone(),
         driver: format!("{} {}", r.driver, r.driver_info),
-        command: std::env::args().collect::<Vec<_>>().join(" "),
+        // Lossy: an argument that is not UTF-8 (a path) is recorded with U+FFFD in its place.
+        command: std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" "),
         decode_burst: a.decode_burst,
         shape: String::new(),
         params: Some(params::Params::of(&a, &cfg, &ctx)),

@@ -116,7 +116,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
             serde_json::json!({
                 "prefill": p, "steps": r.step_ms.len(),
                 "step_ms_median": med, "step_ms_p99": p99, "gpu_timed": r.gpu,
-                "wall_ms_median": wmed, "wall_ms_p99": wp99, "written": written,
+                "wall_ms_median": wmed, "wall_ms_p99": wp99, "written": crate::io::paths_text(&written),
             }),
         );
         if let Some(c) = &checked {
