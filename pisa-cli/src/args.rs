@@ -180,7 +180,12 @@ impl SelectArgs {
             causal,
             scale: self.scale.or(file_scale),
         };
-        c.validate()?;
+        // The core's messages name the configuration's fields (top_k, merge_factor): say which
+        // options set them.
+        use anyhow::Context as _;
+        c.validate().context(
+            "the selection options (--block-size, --top-k, --merge, --sink-blocks, --local-blocks)",
+        )?;
         if self.q_tile == 0 {
             anyhow::bail!("--q-tile must be at least 1");
         }

@@ -22,7 +22,12 @@ fn bad_selection_options() {
         &["--tokens", "1000000000"],
         &["--tokens 1000000000", "1..=150"],
     );
-    forward_fails(d, &["--top-k", "0"], &["top_k must be at least 1"]);
+    // The core's message names the field; the CLI says which options set it.
+    forward_fails(
+        d,
+        &["--top-k", "0"],
+        &["top_k must be at least 1", "--top-k", "--merge"],
+    );
     forward_fails(
         d,
         &["--block-size", "0"],
@@ -294,6 +299,10 @@ fn bad_bench_arguments() {
         &["too large: at most 4294967295"],
     );
     bench(&["--reps", "0"], &["--reps must be at least 1"]);
+    bench(
+        &["--top-k", "0"],
+        &["top_k must be at least 1", "(--block-size, --top-k)"],
+    );
     bench(
         &["--decode-reps", "0"],
         &["--decode-reps must be at least 1"],
