@@ -134,6 +134,7 @@ pub fn compare(reports: &[Report]) -> String {
         .unwrap_or(0)
         .max(9);
     let ow = keys.iter().map(|k| k.0.len()).max().unwrap_or(0).max(14);
+    s.push_str("times in ms (each run's median; st: storage)\n");
     let _ = write!(s, "{:<ow$} {:>8} {:>5}", "op", "N", "st");
     for l in &labels {
         let _ = write!(s, " {l:>w$}");
@@ -345,7 +346,8 @@ mod tests {
                 && lines[0].contains("top_k 8"),
             "{t}"
         );
-        assert!(lines[1..].iter().all(|l| l.len() == lines[1].len()), "{t}");
+        assert!(lines[1].starts_with("times in ms"), "{t}");
+        assert!(lines[2..].iter().all(|l| l.len() == lines[2].len()), "{t}");
         assert!(!compare(&[a.clone(), a.clone()]).contains("note:"));
         // A run in BNHD beside one in BHND (recorded, or unrecorded in an older file).
         let mut c = a.clone();
