@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command of README.md (and of CI): a Vulkan driver (lavapipe when no GPU), the whole
-# workspace's tests, the check of the NVIDIA kernels' SPIR-V, the no_std build of pisa-core,
+# workspace's tests, the subgroup kernels at subgroup sizes 32 and 64, the check of the NVIDIA
+# kernels' SPIR-V, the no_std build of pisa-core,
 # the wasm32 build of pisa-wgpu, the kernel
 # tests on wgpu's OpenGL backend, the browser test of the WebGPU demo, and the formatting check
 # (where rustfmt is installed).
@@ -30,6 +31,16 @@ cargo check --target wasm32-unknown-unknown -p pisa-wgpu --locked
 command -v glslangValidator >/dev/null 2>&1 || { S=$([ "$(id -u)" = 0 ] || echo sudo); export DEBIAN_FRONTEND=noninteractive; $S apt-get install -y -qq glslang-tools >/dev/null 2>&1 || { $S apt-get update -qq && $S apt-get install -y -qq glslang-tools >/dev/null; }; } || echo "glslang-tools not installed: GLSL translations not compiled"
 phase "workspace tests"
 cargo test --workspace --locked
+# The subgroup kernels in subgroups of 32 and 64 invocations (NVIDIA's and AMD's sizes), as
+# llvmpipe makes them with wider vectors: the shuffle probe, the routing's subgroup score step
+# and the decode route's subgroup level steps, against the reference (lavapipe only: a GPU
+# ignores the variable).
+phase "subgroups of 32 and 64 (llvmpipe)"
+for w in 1024 2048; do
+  LP_NATIVE_VECTOR_WIDTH=$w cargo test --locked -p pisa-wgpu --test subgroup_shuffle \
+    --test select_route --test decode -- shuffle_xor_within_shuffle_lanes pisa_route_subgroups \
+    route_with_and_without_subgroups
+done
 # The NVIDIA kernels' embedded SPIR-V (shaders/nv/spv) is what their GLSL sources make with the
 # pinned glslang (tools/spirv builds glslang from source: about 2 minutes).
 phase "SPIR-V check"

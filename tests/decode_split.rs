@@ -336,8 +336,7 @@ fn route_with_and_without_subgroups() {
         let own: &'static pisa_wgpu::Context = Box::leak(Box::new(
             pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t).unwrap(),
         ));
-        let has_sg =
-            own.features().contains(wgpu::Features::SUBGROUP) && own.report().subgroup_size.0 >= 8;
+        let has_sg = own.features().contains(wgpu::Features::SUBGROUP) && own.shuffle_lanes() >= 8;
         for (i, (g_q, d, g)) in cases.into_iter().enumerate() {
             let before = subgroup_routes_on_this_thread();
             let cf = cfg(16, 4, g, Scoring::Lse).with_forced(1, 1);

@@ -364,7 +364,8 @@ fn pisa_route_subgroups() {
     let mut r = rng(seed);
     let base = base();
     let ctx = ctx();
-    let (sg_min, _) = ctx.report().subgroup_size;
+    // The lanes the kernels plan within (the smallest subgroup; llvmpipe: at most 16).
+    let sg_min = ctx.shuffle_lanes();
     let has_sg = ctx.features().contains(wgpu::Features::SUBGROUP);
     // The rule of `route::subgroup_shape`: lanes per head group the most, a power of two of at
     // most min(8, subgroup / groups), whose 4-element slices divide D; at least 2.

@@ -310,7 +310,7 @@ fn unavailable_asked(ctx: &Context) -> Vec<String> {
             .ok_or("cannot run pisa's tensor-core kernels"),
         nv_cm2: ctx.nv_cm2(),
         subgroups,
-        subgroups8: subgroups && ctx.report().subgroup_size.0 >= 8,
+        subgroups8: subgroups && ctx.shuffle_lanes() >= 8,
     };
     unavailable(&ctx.tuning(), &hw, &ctx.report().name)
 }

@@ -69,7 +69,8 @@ const SG_MAX_GQ: u32 = 16;
 /// group `gq`, head dim `d`, scoring `scoring` (0: `lse`) where the context runs it, or `None`
 /// (the kernel then scores through workgroup memory). It runs where
 /// [`crate::Tuning::route_subgroups`] asks, the device has `Features::SUBGROUP`, the scoring
-/// is `lse`, `gq` is at most [`SG_MAX_GQ`], and a query's lanes fit the smallest subgroup: its
+/// is `lse`, `gq` is at most [`SG_MAX_GQ`], and a query's lanes fit [`Context::shuffle_lanes`]
+/// (the smallest subgroup; on llvmpipe at most 16): its
 /// head groups rounded up to a power of two (`GQ4P`) times the lanes per group, at most
 /// [`SG_LANES`] and at least 2 (each lane holds D / (4 lanes) vec4 of each of its 4 heads), with
 /// D a multiple of 4 lanes, and the workgroup memory fits.
@@ -77,9 +78,9 @@ fn subgroup_shape(ctx: &Context, plan: &Plan) -> Option<Shape> {
     let p = &plan.params;
     let (gq, d, mc, g, scoring) = (plan.gq, p.head_dim, p.mc, p.merge, p.scoring);
     let lim = ctx.limits();
-    let (sg_min, sg_max) = ctx.report().subgroup_size;
+    let sg_max = ctx.report().subgroup_size.1;
     let groups = sg_groups(gq);
-    let lanes = sg_lanes(sg_min / groups, d);
+    let lanes = sg_lanes(ctx.shuffle_lanes() / groups, d);
     let ok = ctx.tuning().route_subgroups
         && ctx.features().contains(wgpu::Features::SUBGROUP)
         && scoring == 0

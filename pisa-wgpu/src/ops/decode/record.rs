@@ -431,10 +431,7 @@ impl KvCache {
         let ctx = &self.ctx;
         let lse = self.cfg.scoring == pisa_core::Scoring::Lse;
         (self.route_subgroups && ctx.features().contains(wgpu::Features::SUBGROUP))
-            .then(|| {
-                self.plan
-                    .route_subgroup_lanes(ctx.report().subgroup_size.0, lse)
-            })
+            .then(|| self.plan.route_subgroup_lanes(ctx.shuffle_lanes(), lse))
             .flatten()
     }
 
@@ -480,8 +477,7 @@ impl KvCache {
         let route_consts = match sg_lanes {
             Some(lr) => {
                 SG_ROUTES.with(|c| c.set(c.get() + 1));
-                let sg_min = ctx.report().subgroup_size.0;
-                self.plan.route_subgroup_consts(lr, sg_min)
+                self.plan.route_subgroup_consts(lr, ctx.shuffle_lanes())
             }
             None => self.plan.consts(self.plan.wr).to_vec(),
         };
