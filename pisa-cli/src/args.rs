@@ -329,7 +329,7 @@ pub fn unavailable_asked_on(r: &pisa_wgpu::AdapterReport, name: &str) -> Vec<Str
             .ok_or("has no cooperative matrices"),
         nv_cm2: r.nv_cooperative_matrix2,
         subgroups: r.subgroups,
-        subgroups8: r.subgroups && r.subgroup_size.0 >= 8,
+        subgroups8: r.subgroups && r.shuffle_lanes() >= 8,
     };
     unavailable(&t, &hw, name)
 }

@@ -46,11 +46,19 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             r.vendor, r.device, r.driver, r.driver_info
         );
         println!(
-            "    f16 {}, subgroups {} (size {}..{}), timestamps {}, cooperative matrix {}",
+            "    f16 {}, subgroups {} (size {}..{}{}), timestamps {}, cooperative matrix {}",
             yes(r.shader_f16),
             yes(r.subgroups),
             r.subgroup_size.0,
             r.subgroup_size.1,
+            if r.subgroups && r.shuffle_lanes() < r.subgroup_size.0 {
+                format!(
+                    "; shuffles within {} lanes: llvmpipe's are wrong past them",
+                    r.shuffle_lanes()
+                )
+            } else {
+                String::new()
+            },
             yes(r.timestamps),
             yes(r.cooperative_matrix)
         );
@@ -89,7 +97,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         println!("    routing: {route}");
         // The decode route's level steps (pisa_wgpu::Tuning::decode_route_subgroups; the
         // library's rule also needs `lse`, g_q up to 8 and a power-of-two merge factor).
-        let sg8 = r.subgroups && r.subgroup_size.0 >= 8;
+        let sg8 = r.subgroups && r.shuffle_lanes() >= 8;
         let decode_route = match (sg8, tuning.decode_route_subgroups) {
             (true, true) => "subgroup level steps in the split step for lse selections with GQA groups up to 8 and a power-of-two merge factor (--tune decode_route_subgroups=0 turns them off), workgroup memory otherwise",
             (true, false) => "workgroup memory (tuning decode_route_subgroups=false)",

@@ -60,6 +60,23 @@ pub struct AdapterReport {
 }
 
 impl AdapterReport {
+    /// The most consecutive invocations of a subgroup that pisa's kernels exchange values
+    /// across with `subgroupShuffleXor` (the routing's score step and the decode route's level
+    /// steps plan their lanes within it): the smallest subgroup size, except on Mesa's llvmpipe
+    /// (lavapipe), where it is at most 16. llvmpipe's `subgroupShuffleXor` returns wrong values
+    /// for masks of 16 and above, in the subgroups of 32 and 64 invocations it makes with
+    /// `LP_NATIVE_VECTOR_WIDTH` 1024 and 2048 (Mesa 22.3, LLVM 15; found by
+    /// `tests/select_route.rs` at GQA group 16, whose query spans 32 lanes there; probed in
+    /// `tests/subgroup_shuffle.rs`). Kernels planned for 16 lanes are right in larger subgroups.
+    pub fn shuffle_lanes(&self) -> u32 {
+        let sg = self.subgroup_size.0;
+        if self.name.contains("llvmpipe") {
+            sg.min(16)
+        } else {
+            sg
+        }
+    }
+
     /// The report of `adapter` (its own features and limits, before a device is opened).
     pub(super) fn of(adapter: &wgpu::Adapter) -> Self {
         let i = adapter.get_info();

@@ -49,8 +49,6 @@ pub struct ContextInner {
     report: AdapterReport,
     /// [`Context::loop_limit`], from the adapter's name once.
     loop_limit: Option<u64>,
-    /// [`Context::shuffle_lanes`], from the adapter's report once.
-    shuffle_lanes: u32,
     features: wgpu::Features,
     /// Whether the adapter has SHADER_F16 (the device may have been opened without it).
     adapter_f16: bool,
@@ -398,7 +396,6 @@ impl Context {
             owned,
             pipelines: PipelineCache::new(checks, dump),
             loop_limit: report.name.contains("llvmpipe").then_some(65535),
-            shuffle_lanes: shuffle_lanes(&report),
             report,
             features,
             adapter_f16,
@@ -496,15 +493,9 @@ impl Context {
         &self.report
     }
     /// The most consecutive invocations of a subgroup that the kernels exchange values across
-    /// with `subgroupShuffleXor` (the routing's score step and the decode route's level steps
-    /// plan their lanes within it): the adapter's smallest subgroup size, except on Mesa's
-    /// llvmpipe (lavapipe), where it is at most 16. llvmpipe's `subgroupShuffleXor` returns
-    /// wrong values for masks of 16 and above, in the subgroups of 32 and 64 invocations it
-    /// makes with `LP_NATIVE_VECTOR_WIDTH` 1024 and 2048 (Mesa 22.3, LLVM 15; found by
-    /// `tests/select_route.rs` at GQA group 16, whose query spans 32 lanes there; probed in
-    /// `tests/subgroup_shuffle.rs`). Kernels planned for 16 lanes are right in larger subgroups.
+    /// with `subgroupShuffleXor`: [`AdapterReport::shuffle_lanes`].
     pub fn shuffle_lanes(&self) -> u32 {
-        self.shuffle_lanes
+        self.report.shuffle_lanes()
     }
     /// The most loop iterations a shader invocation may run on this device, where the driver
     /// caps them: `Some(65535)` on Mesa's llvmpipe (lavapipe), whose loop limiter ends every loop
@@ -961,14 +952,4 @@ fn check_compute_limits(limits: &wgpu::Limits) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// [`Context::shuffle_lanes`] of an adapter.
-fn shuffle_lanes(report: &AdapterReport) -> u32 {
-    let sg = report.subgroup_size.0;
-    if report.name.contains("llvmpipe") {
-        sg.min(16)
-    } else {
-        sg
-    }
 }
