@@ -1,23 +1,26 @@
 //! `subgroupShuffleXor`, the one subgroup operation pisa's kernels use (the routing's score step,
 //! `shaders/route_sg.wgsl`, and the decode route's level steps, `shaders/decode_levels_sg.wgsl`),
 //! on this device: every invocation of a workgroup of 256 exchanges its index with each mask
-//! below [`pisa_wgpu::Context::shuffle_lanes`], the span the kernels plan their lanes within,
-//! and must get its index xor the mask. Poisoned output, so an unwritten element fails.
+//! below `Context::shuffle_lanes`, the span the kernels plan their lanes within, and must get
+//! its index xor the mask. The output is poisoned (`POISON_F32`'s bits, no lane index), so an
+//! unwritten element fails.
 //!
 //! Why: llvmpipe's shuffles are wrong for masks of 16 and above in the subgroups of 32 and 64
 //! it makes with `LP_NATIVE_VECTOR_WIDTH` 1024 and 2048 (Mesa 22.3, LLVM 15), which made the
 //! routing kernel return wrong selections at GQA group 16 there; `shuffle_lanes` is at most 16
-//! on llvmpipe since. CI runs this test at those widths too (`scripts/test.sh`). On llvmpipe
-//! with subgroups above 16 the test also checks that the masks past the cap are still wrong:
-//! when a Mesa fixes them, it fails, and the cap can go.
+//! on llvmpipe since (`AdapterReport::shuffle_lanes`). CI runs this test at those widths too
+//! (`scripts/test.sh`). On llvmpipe with subgroups above 16 the test also checks that the masks
+//! past the cap are still wrong: when a Mesa fixes them, it fails, and the cap can go.
 
-use pisa_wgpu::wgpu;
+mod common;
+
+use common::{bind_group, compute_pipeline, ctx};
 
 const SHADER: &str = r#"
 @group(0) @binding(0) var<storage, read_write> out: array<u32>;
 
 // out[lid * 8 + b]: the value of lane lid ^ (1 << b) as seen by lid, for b < 8 (masks 1..128,
-// each only where it is below the subgroup size), else 0xffffffff as written by the host.
+// each only where it is below the subgroup size); elsewhere the poison the host wrote.
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_size) ss: u32) {
     for (var b = 0u; b < 8u; b++) {
@@ -31,12 +34,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_size) ss: u
 
 #[test]
 fn shuffle_xor_within_shuffle_lanes() {
-    let ctx = pisa_wgpu::Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+    let ctx = ctx();
     if !ctx.features().contains(wgpu::Features::SUBGROUP) {
         eprintln!("no subgroups on {}: nothing to check", ctx.report().name);
         return;
     }
-    let dev = ctx.device();
     let (sg_min, sg_max) = ctx.report().subgroup_size;
     let lanes = ctx.shuffle_lanes();
     eprintln!(
@@ -44,56 +46,36 @@ fn shuffle_xor_within_shuffle_lanes() {
         ctx.report().name
     );
     assert!(lanes >= 1 && lanes <= sg_min);
-    let n = 256 * 8;
-    let buf = dev.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("shuffle probe"),
-        size: n * 4,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    ctx.queue()
-        .write_buffer(&buf, 0, bytemuck::cast_slice(&vec![u32::MAX; n as usize]));
-    let read = dev.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("shuffle probe readback"),
-        size: n * 4,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("shuffle probe"),
-        source: wgpu::ShaderSource::Wgsl(SHADER.into()),
-    });
-    let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some("shuffle probe"),
-        layout: None,
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
-    let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &pipe.get_bind_group_layout(0),
-        entries: &[wgpu::BindGroupEntry {
-            binding: 0,
-            resource: buf.as_entire_binding(),
-        }],
-    });
-    let mut enc = dev.create_command_encoder(&Default::default());
+    let pipe = compute_pipeline(
+        "shuffle probe",
+        SHADER,
+        "main",
+        wgpu::ShaderRuntimeChecks::checked(),
+    );
+    let out = ctx
+        .alloc(
+            "shuffle probe",
+            256 * 8,
+            pisa_wgpu::Storage::F32,
+            pisa_wgpu::POISON_F32,
+        )
+        .unwrap();
+    let bind = bind_group(&pipe, &[(0, &out.buffer)]);
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
     {
         let mut pass = enc.begin_compute_pass(&Default::default());
         pass.set_pipeline(&pipe);
-        pass.set_bind_group(0, &bg, &[]);
+        pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(1, 1, 1);
     }
-    enc.copy_buffer_to_buffer(&buf, 0, &read, 0, n * 4);
     ctx.queue().submit([enc.finish()]);
-    read.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-    dev.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-    let got: Vec<u32> = bytemuck::cast_slice(&read.slice(..).get_mapped_range().unwrap()).to_vec();
-    // Masks below the kernels' span: right for every invocation.
+    let got: Vec<u32> = ctx
+        .read_f32(&out)
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    // Masks below the kernels' span: right for every invocation (the poison is no lane index).
     let mut checked = 0;
     for b in 0..8 {
         let m = 1u32 << b;
@@ -114,7 +96,7 @@ fn shuffle_xor_within_shuffle_lanes() {
         assert!(
             wrong,
             "llvmpipe's shuffles are right for masks {lanes} and above now: \
-             Context::shuffle_lanes need not cap them"
+             AdapterReport::shuffle_lanes need not cap them"
         );
     }
 }
