@@ -390,13 +390,7 @@ fn shader_stats() {
                 compile(&src, &entry, true).map(|c| vec![format!("spirv_words={}", c.words.len())])
             }
         };
-        match got {
-            Ok(s) => println!("{name}: {}", s.join(" ")),
-            Err(e) => {
-                failed += 1;
-                println!("{name}: ERROR {e}");
-            }
-        }
+        failed += usize::from(!print_stats(&name, got));
     }
     drop(r);
     assert_eq!(failed, 0, "{failed} of {} pipelines failed", files.len());
@@ -459,8 +453,8 @@ fn nv_kernel_stats() {
             modules.push((name, words, k));
         }
     }
-    let mut failed = 0;
-    for (name, words, k) in &modules {
+    let (count, mut failed) = (modules.len(), 0);
+    for (name, words, k) in modules {
         let binds = k
             .bindings
             .iter()
@@ -474,15 +468,19 @@ fn nv_kernel_stats() {
                 (i as u32, ty)
             })
             .collect();
-        let got = (words.clone()).and_then(|w| module_stats(&r, &w, binds, "main"));
-        match got {
-            Ok(s) => println!("{name}: {}", s.join(" ")),
-            Err(e) => {
-                failed += 1;
-                println!("{name}: ERROR {e}");
-            }
-        }
+        let got = words.and_then(|w| module_stats(&r, &w, binds, "main"));
+        failed += usize::from(!print_stats(&name, got));
     }
     drop(r);
-    assert_eq!(failed, 0, "{failed} of {} kernels failed", modules.len());
+    assert_eq!(failed, 0, "{failed} of {count} kernels failed");
+}
+
+/// Prints a pipeline's line: its statistics, or the error that stopped them. Returns whether
+/// it got them.
+fn print_stats(name: &str, got: Result<Vec<String>, String>) -> bool {
+    match &got {
+        Ok(s) => println!("{name}: {}", s.join(" ")),
+        Err(e) => println!("{name}: ERROR {e}"),
+    }
+    got.is_ok()
 }
