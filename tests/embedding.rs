@@ -1003,26 +1003,47 @@ fn copied_output_of_another_device_is_a_validation_error() {
     app.queue.submit([enc.finish()]);
 }
 
-/// `PISA_DUMP_WGSL` (a diagnostic) is read by `Context::new` only, with the other `PISA_*`
-/// variables: a context on the application's device builds its pipelines without writing
-/// them, even with the variable set; one from `Context::new` writes them. (No other test of
-/// this binary opens a context with `Context::new`, so none writes there meanwhile.)
+/// The WGSL dump (`Tuning::dump_wgsl`, a diagnostic): a context on the application's device
+/// with the defaults builds its pipelines without writing them, even with `PISA_DUMP_WGSL`
+/// set (the library reads no variable there); one given the folder in its tuning writes
+/// them, as `Context::new` does from the variable; and the folder cannot change on a live
+/// context. (No other test of this binary opens a context with `Context::new` or a dump
+/// folder, so none writes there meanwhile.)
 #[test]
-fn dump_variable_is_read_by_context_new_only() {
-    let dir = std::env::temp_dir().join(format!("pisa-dump-env-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::env::set_var("PISA_DUMP_WGSL", &dir);
+fn wgsl_dump_goes_where_the_tuning_says() {
+    let count = |dir: &std::path::Path| std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
+    let base = std::env::temp_dir().join(format!("pisa-dump-{}", std::process::id()));
+    let (by_env, by_tuning) = (base.join("env"), base.join("tuning"));
+    let _ = std::fs::remove_dir_all(&base);
+    std::env::set_var("PISA_DUMP_WGSL", &by_env);
     let app = App::new();
     let _ = plan_of(&app.ctx, 100);
-    let written_by_app = dir.exists();
+    let written_by_app = count(&by_env);
     let own = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
     let _ = plan_of(&own, 100);
     std::env::remove_var("PISA_DUMP_WGSL");
-    let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
-    let _ = std::fs::remove_dir_all(&dir);
+    let written_by_new = count(&by_env);
+
+    let mut t = app.ctx.tuning();
+    t.dump_wgsl = Some(by_tuning.clone());
+    let refused = app.ctx.set_tuning(t.clone());
+    let ctx =
+        Context::from_device_with_tuning(&app.adapter, app.device.clone(), app.queue.clone(), t)
+            .unwrap();
+    let _ = plan_of(&ctx, 100);
+    let written_by_tuning = count(&by_tuning);
+    let _ = std::fs::remove_dir_all(&base);
+    assert_eq!(written_by_app, 0, "a context from from_device wrote WGSL");
     assert!(
-        !written_by_app,
-        "a context from from_device wrote WGSL into {dir:?}"
+        written_by_new > 0,
+        "Context::new wrote no WGSL from PISA_DUMP_WGSL"
     );
-    assert!(files > 0, "Context::new wrote no WGSL into {dir:?}");
+    assert!(
+        written_by_tuning > 0,
+        "a context given dump_wgsl in its tuning wrote no WGSL"
+    );
+    assert!(
+        matches!(refused, Err(pisa_wgpu::GpuError::Unsupported(_))),
+        "set_tuning changed the dump folder of a live context: {refused:?}"
+    );
 }

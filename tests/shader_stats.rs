@@ -11,8 +11,8 @@
 //! test found the tensor-core kernels' arrays of cooperative matrices in local memory
 //! (docs/benchmarks.md, A.7: 2026-11-29, fixed in commit d77f45f).
 //!
-//! Input: the preprocessed WGSL of every pipeline a real run built, dumped by
-//! `PISA_DUMP_WGSL=<dir>` (runtime/pipeline.rs), e.g.
+//! Input: the preprocessed WGSL of every pipeline a real run built, dumped by the tuning's
+//! `dump_wgsl` folder (`Tuning::dump_wgsl`, variable `PISA_DUMP_WGSL=<dir>`), e.g.
 //! `PISA_DUMP_WGSL=$PWD/wgsl pisa bench --storages f16 --sizes 64k --decode-sizes 64k`.
 //! Run: `PISA_WGSL_DIR=$PWD/wgsl cargo test --release -p pisa-wgpu --test shader_stats -- --ignored --nocapture`.
 //! Prints one line per pipeline: file name, then each statistic as `name=value`, as the driver

@@ -543,7 +543,7 @@ fn every_built_pipeline_translates() {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("pisa-translate-dump-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    // Read when each pipeline is built; this binary's only test that builds pipelines.
+    // Read by Context::new (Tuning::dump_wgsl); this binary's only test that builds pipelines.
     std::env::set_var("PISA_DUMP_WGSL", &dir);
     let ctx = Context::new(&AdapterChoice::HighPerformance)
         .expect("a GPU adapter (install mesa-vulkan-drivers)");

@@ -185,12 +185,6 @@ impl Context {
     async fn open(choice: &AdapterChoice, tuning: Option<Tuning>) -> Result<Self> {
         let adapter = find_adapter(choice).await?;
         let features = wanted_features(&adapter);
-        // `PISA_DUMP_WGSL` (a diagnostic, runtime/pipeline.rs) is read with the other
-        // variables, by `Context::new` only.
-        let dump = tuning
-            .is_none()
-            .then(|| std::env::var_os("PISA_DUMP_WGSL").map(std::path::PathBuf::from))
-            .flatten();
         let tuning = match tuning {
             Some(t) => t,
             None => Tuning::for_adapter(&AdapterReport::of(&adapter)).with_env()?,
@@ -205,9 +199,7 @@ impl Context {
                 ..Default::default()
             };
             match super::nv::request_device_nv_cm2(&adapter, &desc) {
-                Ok((device, queue)) => {
-                    return Self::build(&adapter, device, queue, true, tuning, dump)
-                }
+                Ok((device, queue)) => return Self::build(&adapter, device, queue, true, tuning),
                 Err(e) => {
                     log::warn!("VK_NV_cooperative_matrix2 device refused ({e}): opening without it")
                 }
@@ -232,7 +224,7 @@ impl Context {
             })
             .await
             .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
-        Self::build(&adapter, device, queue, true, tuning, dump)
+        Self::build(&adapter, device, queue, true, tuning)
     }
 
     /// A context on the application's own device and queue (opened from `adapter`, ideally
@@ -283,7 +275,7 @@ impl Context {
         queue: wgpu::Queue,
     ) -> Result<Self> {
         let tuning = Tuning::for_adapter(&AdapterReport::of(adapter));
-        Self::build(adapter, device, queue, false, tuning, None)
+        Self::build(adapter, device, queue, false, tuning)
     }
 
     /// [`Context::from_device`] with `tuning` (checked, [`Tuning::check`]); its
@@ -299,7 +291,7 @@ impl Context {
         tuning: Tuning,
     ) -> Result<Self> {
         tuning.check()?;
-        Self::build(adapter, device, queue, false, tuning, None)
+        Self::build(adapter, device, queue, false, tuning)
     }
 
     /// The address of the shared state: tells contexts apart (the plans' arenas).
@@ -335,7 +327,6 @@ impl Context {
         queue: wgpu::Queue,
         owned: bool,
         tuning: Tuning,
-        dump: Option<std::path::PathBuf>,
     ) -> Result<Self> {
         let features = device.features() & WANTED;
         let limits = device.limits();
@@ -394,7 +385,7 @@ impl Context {
             device,
             queue,
             owned,
-            pipelines: PipelineCache::new(checks, dump),
+            pipelines: PipelineCache::new(checks, tuning.dump_wgsl.clone()),
             loop_limit: report.name.contains("llvmpipe").then_some(65535),
             report,
             features,
@@ -460,9 +451,9 @@ impl Context {
     /// made with.
     ///
     /// Errors: [`GpuError::Tuning`] for a knob out of range ([`Tuning::check`]);
-    /// [`GpuError::Unsupported`] for shader checks other than those the context's pipelines
-    /// are built with (fixed when it is made: [`Context::with_tuning`]). Nothing changes on
-    /// error.
+    /// [`GpuError::Unsupported`] for shader checks, or a WGSL dump folder, other than those
+    /// the context's pipelines are built with (fixed when it is made: [`Context::with_tuning`]).
+    /// Nothing changes on error.
     pub fn set_tuning(&self, tuning: Tuning) -> Result<()> {
         tuning.check()?;
         let asked = ShaderChecks::choose(tuning.shader_checks, self.driver_bounds);
@@ -470,6 +461,13 @@ impl Context {
             return Err(GpuError::Unsupported(format!(
                 "shader checks are fixed when a context is made (this one: {}, asked: {asked}); make a new context (Context::with_tuning)",
                 self.shader_checks()
+            )));
+        }
+        if tuning.dump_wgsl != self.tuning_ref().dump_wgsl {
+            return Err(GpuError::Unsupported(format!(
+                "the WGSL dump folder is fixed when a context is made (this one: {:?}, asked: {:?}); make a new context (Context::with_tuning)",
+                self.tuning_ref().dump_wgsl,
+                tuning.dump_wgsl
             )));
         }
         *self.tuning_ref() = tuning;
@@ -894,7 +892,7 @@ impl Context {
     /// The compute pipeline of entry point `entry` of `shader` for `storage`, its `const`
     /// lines of `consts` substituted ([`super::pipeline::preprocess`]), built once per context
     /// exactly as the library's own kernels are: the runtime checks of
-    /// [`Context::shader_checks`], the `PISA_DUMP_WGSL` dump. For kernels kept outside
+    /// [`Context::shader_checks`], the [`Tuning::dump_wgsl`] dump. For kernels kept outside
     /// the library (benchmarks, tests). Errors: a constant the shader does not declare.
     #[doc(hidden)]
     pub fn pipeline(

@@ -294,23 +294,19 @@ struct Key {
 pub struct PipelineCache {
     map: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
     checks: ShaderChecks,
-    /// Where [`dump_wgsl`] writes (`PISA_DUMP_WGSL`, read by `Context::new` only).
+    /// Where [`dump_wgsl`] writes (the context's `Tuning::dump_wgsl`).
     dump: Option<std::path::PathBuf>,
 }
 
-/// `PISA_DUMP_WGSL=<dir>` (a diagnostic knob, read by `Context::new` with the other `PISA_*`
-/// variables; a context from `Context::with_tuning` or `Context::from_device` reads none):
-/// writes the preprocessed WGSL of every pipeline the context builds to `<dir>/<shader>.<entry>.<F16|F32|Bf16>.<hash of constants and overrides>.wgsl`, its
-/// first lines `// entry: <entry>` and `// overrides: <name>=<value>,...` (the pipeline's
-/// override constants), for offline tools (`tests/shader_stats.rs` reads the driver's
-/// register and memory statistics of each). A write that fails is reported on stderr and
-/// otherwise ignored: the dump never changes what runs.
+/// Writes the preprocessed WGSL of a pipeline into `dir` when given (the context's
+/// `Tuning::dump_wgsl`, which documents the files); a write that fails is reported on stderr
+/// and otherwise ignored: the dump never changes what runs.
 fn dump_wgsl(dir: Option<&std::path::Path>, key: &Key, src: &str) {
     let Some(dir) = dir else {
         return;
     };
     if let Err(e) = dump_to(dir, key, src) {
-        eprintln!("PISA_DUMP_WGSL: cannot write into {}: {e}", dir.display());
+        eprintln!("pisa: WGSL dump: cannot write into {}: {e}", dir.display());
     }
 }
 

@@ -9,7 +9,9 @@
 //! device) takes the defaults only.
 //!
 //! Every knob changes speed only: the results of every setting are the ones the reference
-//! tests check (selections up to near-ties of f32 rounding, outputs within f32 rounding).
+//! tests check (selections up to near-ties of f32 rounding, outputs within f32 rounding). One
+//! field is a diagnostic rather than a knob, kept here so that it travels the same ways
+//! (`--tune`, the variables): [`Tuning::dump_wgsl`].
 //!
 //! [`Context::tuning`]: super::context::Context::tuning
 //! [`Context::set_tuning`]: super::context::Context::set_tuning
@@ -149,6 +151,15 @@ pub struct Tuning {
     /// table buffer stays small), rounded down to whole routing tiles (at least one), and no
     /// more than fit in 256 MiB; `None`: as many as fit. Variable `PISA_ROUTE_TABLE_QUERIES`.
     pub route_table_queries: Option<u32>,
+    /// A diagnostic, not a speed knob: the folder into which the context writes the
+    /// preprocessed WGSL of every pipeline it builds, one file per pipeline
+    /// (`<shader>.<entry>.<F16|F32|Bf16>.<hash of constants and overrides>.wgsl`, its first
+    /// lines `// entry: <entry>` and `// overrides: <name>=<value>,...`), for offline tools
+    /// (`tests/shader_stats.rs` reads the driver's register and memory statistics of each). A
+    /// write that fails is reported on stderr and otherwise ignored: the dump never changes
+    /// what runs. Fixed when the context is made, as `shader_checks`. Default `None`; `off`
+    /// by name. Variable `PISA_DUMP_WGSL` (a folder).
+    pub dump_wgsl: Option<std::path::PathBuf>,
 }
 
 impl Default for Tuning {
@@ -175,13 +186,14 @@ impl Default for Tuning {
             route_table_nodes: 96,
             route_table_portable: false,
             route_table_queries: None,
+            dump_wgsl: None,
         }
     }
 }
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 21] = [
+pub const KNOBS: [(&str, &str); 22] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -203,6 +215,7 @@ pub const KNOBS: [(&str, &str); 21] = [
     ("route_table_nodes", "PISA_ROUTE_TABLE_NODES"),
     ("route_table_portable", "PISA_ROUTE_TABLE_PORTABLE"),
     ("route_table_queries", "PISA_ROUTE_TABLE_QUERIES"),
+    ("dump_wgsl", "PISA_DUMP_WGSL"),
 ];
 
 impl Tuning {
@@ -242,7 +255,7 @@ impl Tuning {
     /// `fused`/`split` for `decode_fused`); a number for sizes, or `auto` for the default of an
     /// optional one (`decode_key_lanes`, `route_tile`); `auto`, `tiles` or `leaves` for
     /// `leaf_order`; `auto`, `all`, `bounds`, `none` (no checks) or `driver_bounded` for
-    /// `shader_checks`.
+    /// `shader_checks`; a folder, or `off`, for `dump_wgsl`.
     ///
     /// Errors: [`GpuError::Tuning`] for an unknown name or a value out of the knob's range.
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
@@ -336,6 +349,9 @@ impl Tuning {
             "route_table_portable" => self.route_table_portable = switch("", "")?,
             "route_table_queries" if auto => self.route_table_queries = None,
             "route_table_queries" => self.route_table_queries = Some(num(1, 1 << 24)?),
+            "dump_wgsl" if v == "off" => self.dump_wgsl = None,
+            "dump_wgsl" if v.is_empty() => return Err(bad("a folder or off")),
+            "dump_wgsl" => self.dump_wgsl = Some(std::path::PathBuf::from(v)),
             _ => unreachable!("every name of KNOBS has a case"),
         }
         Ok(())
@@ -406,6 +422,9 @@ impl Tuning {
             self.route_table_nodes.to_string(),
             self.route_table_portable.to_string(),
             opt(self.route_table_queries),
+            self.dump_wgsl
+                .as_ref()
+                .map_or("off".to_string(), |d| d.display().to_string()),
         ];
         KNOBS.iter().map(|k| k.0).zip(values).collect()
     }
@@ -440,6 +459,7 @@ mod tests {
             ("route_table_nodes", "512"),
             ("route_table_portable", "1"),
             ("route_table_queries", "1000"),
+            ("dump_wgsl", "/tmp/wgsl"),
         ] {
             t.set(name, v).unwrap();
         }
@@ -481,6 +501,7 @@ mod tests {
             ("nv_scorer", ""),
             ("leaf_order", "none"),
             ("shader_checks", "off"),
+            ("dump_wgsl", " "),
         ] {
             assert!(
                 matches!(t.set(name, v), Err(GpuError::Tuning(_))),
