@@ -51,11 +51,30 @@ pub struct InputArgs {
     /// with LSE -inf, like a row with no keys (pisa_wgpu::ops::prefill, "Non-finite inputs").
     #[arg(long)]
     pub allow_nonfinite: bool,
-    /// Whether the command has `--allow-nonfinite` and `--storage` (forward, decode, recall:
-    /// true, as parsed); `pisa bench` and the demo have neither, so their errors do not name
-    /// them.
-    #[arg(skip = true)]
-    pub own_flags: bool,
+    /// What the loader's errors advise, in the terms of the command's own options: as parsed,
+    /// [`InputAdvice::FLAGS`] (forward, decode, recall have `--allow-nonfinite` and
+    /// `--storage`); a command without them (`pisa bench`) gives its own.
+    #[arg(skip = InputAdvice::FLAGS)]
+    pub advice: InputAdvice,
+}
+
+/// The advice of [`InputArgs`]' errors on an input the command refuses, which names options
+/// of the command that loads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InputAdvice {
+    /// Appended to "refusing non-finite input", e.g. ` (--allow-nonfinite passes it on)`;
+    /// empty for none.
+    pub nonfinite: &'static str,
+    /// Appended to the error on values out of f16's range, e.g. `use --storage f32`.
+    pub f16_range: &'static str,
+}
+
+impl InputAdvice {
+    /// The advice of commands with `--allow-nonfinite` and `--storage`.
+    pub const FLAGS: Self = Self {
+        nonfinite: " (--allow-nonfinite passes it on)",
+        f16_range: "use --storage f32 (--allow-nonfinite passes it on as inf)",
+    };
 }
 
 /// Q, K, V in f32 with their shape.
@@ -273,14 +292,7 @@ impl InputArgs {
     pub fn load_for(&self, storage: StorageArg, with_v: bool) -> Result<Loaded> {
         let l = self.load(false)?;
         if storage == StorageArg::F16 && !self.allow_nonfinite {
-            l.check_f16_range(
-                with_v,
-                if self.own_flags {
-                    "use --storage f32 (--allow-nonfinite passes it on as inf)"
-                } else {
-                    "bench it with --storages f32"
-                },
-            )?;
+            l.check_f16_range(with_v, self.advice.f16_range)?;
         }
         if storage == StorageArg::F16 {
             if let Some(note) = l.f16_underflow_note(with_v) {
@@ -421,11 +433,7 @@ impl InputArgs {
         if !self.allow_nonfinite {
             for (t, p) in [(&q, &qp), (&k, &kp), (&v, &vp)] {
                 io::check_finite(t).with_context(|| {
-                    let hint = if self.own_flags {
-                        " (--allow-nonfinite passes it on)"
-                    } else {
-                        ""
-                    };
+                    let hint = self.advice.nonfinite;
                     format!("{}: refusing non-finite input{hint}", p.display())
                 })?;
             }

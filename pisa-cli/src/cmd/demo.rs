@@ -64,7 +64,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         tokens: Some(a.tokens),
         layout: LayoutArg::Bhnd,
         allow_nonfinite: false,
-        own_flags: false,
+        // The embedded input: no file to refuse.
+        advice: crate::input::InputAdvice::FLAGS,
     };
     let l = input.load(true)?;
     let sel = SelectArgs {

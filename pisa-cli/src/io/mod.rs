@@ -46,7 +46,9 @@ pub use read::{
 };
 pub(crate) use tensor::unravel;
 pub use tensor::{check_finite, DType, HostTensor, IndexTensor};
-pub use write::{write_npy, write_outputs, write_safetensors, OutTensor, Outputs};
+pub use write::{
+    write_file_atomic, write_npy, write_outputs, write_safetensors, OutTensor, Outputs,
+};
 
 /// File format of a tensor file, chosen by its extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

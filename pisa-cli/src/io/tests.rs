@@ -220,3 +220,31 @@ fn reads_real_smollm2_file() {
     assert_eq!(softmax_scale(&meta, Some(15)).unwrap(), Some(0.125));
     assert!(err_text(read_tensor(&p, "layer16.q")).contains("layer15.q"));
 }
+
+/// An output path that is a symbolic link is written through it: the file it names (by a
+/// relative or absolute link, or a chain of them) gets the bytes and the link stays a link;
+/// a dangling link makes its file; a loop of links is an error, not a hang.
+#[cfg(unix)]
+#[test]
+fn outputs_are_written_through_symbolic_links() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("data")).unwrap();
+    std::fs::write(d.join("data/out.json"), b"old").unwrap();
+    symlink("data/out.json", d.join("rel")).unwrap();
+    symlink(d.join("rel"), d.join("chain")).unwrap();
+    for (link, bytes) in [("rel", &b"one"[..]), ("chain", b"two")] {
+        write_file_atomic(&d.join(link), bytes.to_vec()).unwrap();
+        assert_eq!(std::fs::read(d.join("data/out.json")).unwrap(), bytes);
+        let m = std::fs::symlink_metadata(d.join(link)).unwrap();
+        assert!(m.file_type().is_symlink(), "{link} was replaced by a file");
+    }
+    symlink("data/new.npy", d.join("dangling")).unwrap();
+    write_file_atomic(&d.join("dangling"), b"new".to_vec()).unwrap();
+    assert_eq!(std::fs::read(d.join("data/new.npy")).unwrap(), b"new");
+    symlink("loop_b", d.join("loop_a")).unwrap();
+    symlink("loop_a", d.join("loop_b")).unwrap();
+    let e = err_text(write_file_atomic(&d.join("loop_a"), b"x".to_vec()));
+    assert!(e.contains("symbolic links"), "{e}");
+}

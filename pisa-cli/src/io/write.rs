@@ -101,18 +101,51 @@ pub fn write_npy(path: &Path, tensor: OutTensor) -> Result<()> {
     write_atomic_all(&[(path.to_path_buf(), bytes)])
 }
 
+/// Writes `bytes` to `path` atomically ([`write_atomic_all`] of one file).
+pub fn write_file_atomic(path: &Path, bytes: Vec<u8>) -> Result<()> {
+    write_atomic_all(&[(path.to_path_buf(), bytes)])
+}
+
+/// The file a write to `path` replaces: `path` itself, or where its chain of symbolic links
+/// ends (a rename onto a link would replace the link with a regular file and leave the file
+/// it names as it was). Errors: a chain longer than 40 links (a loop).
+fn link_target(path: &Path) -> Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&p)
+                    .with_context(|| format!("cannot read the link {}", p.display()))?;
+                p = match p.parent() {
+                    Some(d) if to.is_relative() => d.join(to),
+                    _ => to,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    bail!(
+        "cannot write {}: too many levels of symbolic links",
+        path.display()
+    )
+}
+
 /// Writes every file to a temporary file beside it first, and renames them into place only
-/// when all were written; on error the temporary files are removed.
+/// when all were written; on error the temporary files are removed. A path that is a symbolic
+/// link is written through it: the file it names is replaced, the link kept.
 fn write_atomic_all(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
+    let targets = (files.iter())
+        .map(|(p, _)| link_target(p))
+        .collect::<Result<Vec<_>>>()?;
     // Each rename is atomic, the set is not: refuse a target that cannot be replaced (a
     // directory) before anything is renamed, so such a failure leaves the old set whole.
-    for (path, _) in files {
+    for path in &targets {
         if path.is_dir() {
             bail!("cannot write {}: it is a directory", path.display());
         }
     }
     let mut temps = Vec::with_capacity(files.len());
-    for (path, bytes) in files {
+    for (path, (_, bytes)) in targets.iter().zip(files) {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),

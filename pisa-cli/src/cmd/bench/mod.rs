@@ -58,7 +58,11 @@ fn load_input(a: &mut BenchArgs, path: std::path::PathBuf) -> Result<Arc<measure
         tokens: a.tokens,
         layout: a.layout,
         allow_nonfinite: false,
-        own_flags: false,
+        // bench has neither --allow-nonfinite nor --storage.
+        advice: crate::input::InputAdvice {
+            nonfinite: "",
+            f16_range: "bench it with --storages f32",
+        },
     };
     let f16 = storages(&a.storages)?.contains(&Storage::F16);
     let storage = if f16 {
@@ -405,14 +409,10 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
 /// Writes the report (atomically) and its plot; called after every size, so a run that is cut
 /// short keeps what it measured.
 fn save(path: &std::path::Path, out: &Report) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(out)?)
-        .with_context(|| format!("{}: cannot write", tmp.display()))?;
-    std::fs::rename(&tmp, path)?;
-    std::fs::write(
-        path.with_extension("svg"),
-        compare::svg(std::slice::from_ref(out)),
-    )?;
+    let json = serde_json::to_string_pretty(out)?.into_bytes();
+    crate::io::write_file_atomic(path, json)?;
+    let svg = compare::svg(std::slice::from_ref(out)).into_bytes();
+    crate::io::write_file_atomic(&path.with_extension("svg"), svg)?;
     Ok(())
 }
 
