@@ -420,6 +420,18 @@ fn read_async_returns_a_views_bytes_without_blocking_the_caller() {
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     poller.join().unwrap();
     assert_eq!(bytemuck::cast_slice::<u8, f32>(&bytes), data.as_slice());
+    // Without anyone polling the device, the future polls it itself (natively nothing else
+    // would complete the mapping): `block_on` returns, here within a minute or the test fails.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let buf2 = buf.clone();
+    std::thread::spawn(move || {
+        let v = TensorView::contiguous(&buf2, 256, DType::F32, [3, 5, 7, 8], TensorLayout::Bhnd);
+        let _ = tx.send(pollster::block_on(ctx.read_async(&v.unwrap())));
+    });
+    let bytes = (rx.recv_timeout(std::time::Duration::from_secs(60)))
+        .expect("read_async did not complete without the application polling the device")
+        .unwrap();
+    assert_eq!(bytemuck::cast_slice::<u8, f32>(&bytes), data.as_slice());
     // A strided view is refused with a typed error.
     let strided = TensorView::new(&buf, 256, DType::F32, [1, 5, 7, 4], [280, 56, 8, 2]).unwrap();
     let e = pollster::block_on(ctx.read_async(&strided)).unwrap_err();

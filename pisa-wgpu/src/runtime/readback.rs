@@ -96,8 +96,13 @@ type Slot = std::sync::Arc<
     )>,
 >;
 
-/// A future resolved by a `map_async` callback.
-struct Mapped(Slot);
+/// A future resolved by a `map_async` callback. Natively nothing completes a mapping unless
+/// someone polls the device, so each `poll` of this future first polls the device without
+/// blocking (which runs the callback once the copy is done) and, while the mapping is not done,
+/// asks to be polled again: the read completes under any executor (`pollster::block_on`
+/// included) whether or not the application polls the device itself. In the browser the
+/// mapping completes by itself, and the callback wakes the future.
+struct Mapped(Slot, wgpu::Device);
 
 impl std::future::Future for Mapped {
     type Output = std::result::Result<(), String>;
@@ -105,11 +110,18 @@ impl std::future::Future for Mapped {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            // An error here (a lost device) also fails the mapping, which reports it.
+            let _ = self.1.poll(wgpu::PollType::Poll);
+        }
         let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match s.0.take() {
             Some(r) => std::task::Poll::Ready(r),
             None => {
                 s.1 = Some(cx.waker().clone());
+                #[cfg(not(target_arch = "wasm32"))]
+                cx.waker().wake_by_ref();
                 std::task::Poll::Pending
             }
         }
@@ -120,8 +132,9 @@ impl Context {
     /// Reads the bytes of a view back without blocking: records a copy of the view's byte range
     /// (contiguous views only) into a mappable buffer, submits it, and resolves once the
     /// mapping is done. In the browser the mapping completes by itself; on native backends the
-    /// application polls the device (`ctx.device().poll(..)`, as it does for any wgpu mapping)
-    /// or uses the blocking [`Context::read_bytes`]. Errors: [`GpuError::View`] for a view that
+    /// future polls the device without blocking each time it is polled, and asks to be polled
+    /// again until the mapping is done (so it keeps its executor busy meanwhile; the blocking
+    /// [`Context::read_bytes`] sleeps instead). Errors: [`GpuError::View`] for a view that
     /// is not contiguous (BHND or BNHD), not 4-byte aligned or in a buffer without `COPY_SRC`
     /// usage; [`GpuError::Validation`] for a view in a buffer of another device or a destroyed
     /// buffer (natively; in
@@ -152,7 +165,7 @@ impl Context {
                 w.wake();
             }
         });
-        Mapped(slot)
+        Mapped(slot, self.device().clone())
             .await
             .map_err(|e| GpuError::Poll(format!("buffer map failed: {e}")))?;
         mapped_bytes(&staging)

@@ -231,14 +231,29 @@ impl KvCache {
     /// Caps the invocations per workgroup of the step kernels at `invocations` (tests: the
     /// workgroup-size dependent paths of a smaller device; the device's limit still applies,
     /// and so does [`Self::set_workgroup_memory_limit`]). Each kernel takes the largest power
-    /// of two within the cap. Results agree within rounding. Errors: those of
-    /// [`KvCache::new`] for the step's sizes ([`pisa_core::PisaError::HeadDim`] for D above 4
-    /// times the workgroup, [`crate::GpuError::Unsupported`] for g_q above it,
-    /// [`crate::GpuError::Limit`]); nothing changes on error.
+    /// of two within the cap. Results agree within rounding. Errors:
+    /// [`crate::GpuError::Limit`] for a cap below what the step needs (an invocation per
+    /// query head of a GQA group and per 4 dims of a head: the largest power of two within
+    /// the cap must hold both), or when a kernel's minimum does not fit; nothing changes on
+    /// error.
     pub fn set_workgroup_size_limit(&mut self, invocations: u32) -> Result<()> {
         let mut lim = self.limits.clone();
         let dev = self.ctx.limits().max_compute_invocations_per_workgroup;
-        lim.max_compute_invocations_per_workgroup = dev.min(invocations.max(1));
+        let cap = dev.min(invocations.max(1));
+        let (gq, d) = (self.shape.gqa_group(), self.shape.head_dim);
+        let needed = (gq as u64).max((d as u64).div_ceil(4));
+        // The kernels take the largest power of two within the cap.
+        let usable = 1u64 << (31 - cap.leading_zeros());
+        if usable < needed {
+            return Err(GpuError::Limit {
+                what: format!("a decode step (GQA group {gq}, head dim {d})"),
+                needed: needed.next_power_of_two(),
+                limit: cap as u64,
+                unit: "invocations per workgroup",
+                hint: "the step needs an invocation per query head of a group and per 4 dims of a head; raise the cap",
+            });
+        }
+        lim.max_compute_invocations_per_workgroup = cap;
         self.replan(lim)
     }
 
