@@ -1047,3 +1047,76 @@ fn wgsl_dump_goes_where_the_tuning_says() {
         "set_tuning changed the dump folder of a live context: {refused:?}"
     );
 }
+
+/// A `Profiler` used wrongly is an error of its `finish`, not a failed submission, a panic
+/// inside wgpu or times of zero: one made on another device's context, handed to a run on the application's device
+/// (the run's passes go untimed, so the application's submission stays valid and its outputs
+/// right); one asked for its times before the encoder holding its passes was submitted
+/// (where the device has timestamps). Used rightly, it times the run.
+#[test]
+fn profiler_misuse_is_an_error_of_finish() {
+    let (app, other) = (App::new(), App::new());
+    let n = 100;
+    let (_, _, plan) = plan_of(&app.ctx, n);
+    let view = |b: &wgpu::Buffer, h: usize, dd: usize| {
+        TensorView::contiguous(b, 0, DType::F32, [1, h, n, dd], TensorLayout::Bhnd).unwrap()
+    };
+    let qk = app.buffer("qk", (HQ * n * D * 4) as u64);
+    let data = random(&mut rng(seed("profiler_misuse")), HQ * n * D, 1.0);
+    app.queue.write_buffer(&qk, 0, bytemuck::cast_slice(&data));
+    let (o, l) = (
+        app.buffer("o", (HQ * n * D * 4) as u64),
+        app.buffer("lse", (HQ * n * 4) as u64),
+    );
+    let (q, k, ov, lv) = (
+        view(&qk, HQ, D),
+        view(&qk, HKV, D),
+        view(&o, HQ, D),
+        view(&l, HQ, 1),
+    );
+    let outs = PrefillOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: None,
+    };
+    let run = |prof: Option<&mut pisa_wgpu::Profiler>| {
+        app.poison(&o);
+        let mut enc = app.device.create_command_encoder(&Default::default());
+        plan.run(&mut enc, &q, &k, &k, &outs, prof).unwrap();
+        enc
+    };
+    let misuse = |r: Result<pisa_wgpu::StageTimes, GpuError>, what: &str| match r {
+        Err(GpuError::Misuse(m)) => m,
+        other => panic!("{what}: {other:?}"),
+    };
+
+    // Another device's profiler.
+    let mut p = pisa_wgpu::Profiler::new(&other.ctx, 64);
+    let scope = app.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let enc = run(Some(&mut p));
+    app.queue.submit([enc.finish()]);
+    let err = pollster::block_on(scope.pop());
+    assert!(err.is_none(), "the submission failed: {err:?}");
+    let m = misuse(p.finish(&other.ctx), "finish of another device's profiler");
+    assert!(m.contains("another context"), "{m}");
+    let bytes = app.ctx.read_bytes(&o).unwrap();
+    let out: &[f32] = bytemuck::cast_slice(&bytes);
+    assert!(out.iter().all(|x| x.is_finite()), "O not written");
+
+    if app.ctx.has_timestamps() {
+        // Read before the submit.
+        let mut p = pisa_wgpu::Profiler::new(&app.ctx, 64);
+        let enc = run(Some(&mut p));
+        let m = misuse(p.finish(&app.ctx), "finish before the submit");
+        assert!(m.contains("submit"), "{m}");
+        app.queue.submit([enc.finish()]);
+        // Rightly.
+        let mut p = pisa_wgpu::Profiler::new(&app.ctx, 64);
+        let enc = run(Some(&mut p));
+        app.queue.submit([enc.finish()]);
+        let t = p.finish(&app.ctx).unwrap();
+        assert!(t.gpu && t.total() > 0.0, "{t:?}");
+    } else {
+        eprintln!("adapter without TIMESTAMP_QUERY: the read-before-submit case not run");
+    }
+}

@@ -7,8 +7,9 @@ use pisa_core::PisaError;
 /// Result alias of `pisa-wgpu`.
 pub type Result<T> = std::result::Result<T, GpuError>;
 
-/// What went wrong on the GPU side.
+/// What went wrong on the GPU side. More kinds may come: match with a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum GpuError {
     /// No adapter matched (or none exists); the text says which was asked for and lists the
     /// adapters found, or how to install one when there are none.
@@ -86,4 +87,9 @@ pub enum GpuError {
     /// Waiting for the GPU failed or timed out.
     #[error("waiting for the GPU failed: {0}")]
     Poll(String),
+    /// Objects used together that do not belong together, or a call out of order: a
+    /// [`crate::Profiler`] of another device, or its times read before the work it timed was
+    /// submitted. The text says which and what to do.
+    #[error("misuse: {0}")]
+    Misuse(String),
 }

@@ -12,7 +12,7 @@
 //! and say so.
 
 use super::context::Context;
-use crate::error::Result;
+use crate::error::{GpuError, Result};
 
 /// Milliseconds per stage label, in first-seen order.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -56,6 +56,14 @@ impl StageTimes {
 /// [`Profiler::finish`] or [`Profiler::finish_span`].
 pub struct Profiler {
     inner: Option<wgpu_profiler::GpuProfiler>,
+    /// The context whose operations it times (its [`Context`]'s identity; `None` when
+    /// disabled). Not the device: wgpu compares devices by an index that devices of two
+    /// instances can share, and a pass given another device's query set panics inside
+    /// wgpu-core (30.0) instead of failing validation.
+    ctx_id: Option<usize>,
+    /// Passes of another context's operations it was handed (recorded untimed; `finish`
+    /// refuses).
+    foreign: usize,
     capacity: u32,
     /// Labels of the timed passes, in recording order.
     labels: Vec<&'static str>,
@@ -81,6 +89,8 @@ impl Profiler {
                 .has_timestamps()
                 .then(|| wgpu_profiler::GpuProfiler::new(&ctx.device, settings).ok())
                 .flatten(),
+            ctx_id: Some(ctx.id()),
+            foreign: 0,
             capacity: passes.min(Self::MAX_PASSES),
             labels: Vec::new(),
             untimed: 0,
@@ -91,6 +101,8 @@ impl Profiler {
     pub fn disabled() -> Self {
         Self {
             inner: None,
+            ctx_id: None,
+            foreign: 0,
             capacity: 0,
             labels: Vec::new(),
             untimed: 0,
@@ -106,8 +118,29 @@ impl Profiler {
         }
     }
 
+    /// [`Self::compute_pass`] for a library operation of `ctx`: a pass of another context
+    /// than the profiler's is recorded untimed (on another device, its timestamp writes would
+    /// fail the application's submission, or panic inside wgpu) and counted, so that
+    /// [`Self::finish`] refuses.
+    pub(crate) fn pass_on<'e>(
+        &mut self,
+        ctx: &Context,
+        enc: &'e mut wgpu::CommandEncoder,
+        stage: &'static str,
+    ) -> wgpu::ComputePass<'e> {
+        if self.ctx_id.is_some_and(|id| id != ctx.id()) {
+            self.foreign += 1;
+            return enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(stage),
+                timestamp_writes: None,
+            });
+        }
+        self.compute_pass(enc, stage)
+    }
+
     /// Begins a compute pass on `enc`, timed as `stage` (its begin and end timestamps are
-    /// written by the pass itself; untimed when disabled or full).
+    /// written by the pass itself; untimed when disabled or full). `enc` must be of the
+    /// device of the profiler's context.
     pub fn compute_pass<'e>(
         &mut self,
         enc: &'e mut wgpu::CommandEncoder,
@@ -140,6 +173,13 @@ impl Profiler {
     /// Sums the time of the passes per label, ms. Without timestamps: empty, `gpu` false.
     /// Passes recorded past the profiler's capacity are not timed (a warning says how many):
     /// their stages are under-reported.
+    ///
+    /// Errors: [`GpuError::Misuse`] when the profiler was handed to operations of another
+    /// context than the one it was made on, or `ctx` is another (the passes of such
+    /// operations go untimed; make a profiler per context, even on a shared device), or it is
+    /// asked for its times before the work
+    /// it timed was submitted (its passes' timestamps were never written);
+    /// [`GpuError::Poll`] when reading the timestamps fails.
     pub fn finish(mut self, ctx: &Context) -> Result<StageTimes> {
         if self.untimed > 0 {
             log::warn!(
@@ -181,7 +221,14 @@ impl Profiler {
     }
 
     /// `(begin, end)` ms of every timed pass in recording order, `None` without timestamps.
+    /// Errors: those of [`Self::finish`].
     fn results(&mut self, ctx: &Context) -> Result<Option<Vec<(f64, f64)>>> {
+        if self.foreign > 0 || self.ctx_id.is_some_and(|id| id != ctx.id()) {
+            return Err(GpuError::Misuse(format!(
+                "a profiler used with another context than the one it was made on ({} passes went untimed); make the profiler with Profiler::new on the context whose operations it times",
+                self.foreign
+            )));
+        }
         let Some(p) = self.inner.as_mut() else {
             return Ok(None);
         };
@@ -196,7 +243,7 @@ impl Profiler {
         loop {
             ctx.wait()?;
             if let Some(r) = p.process_finished_frame(ctx.queue.get_timestamp_period()) {
-                let times = r
+                let times: Vec<(f64, f64)> = r
                     .iter()
                     .map(|q| {
                         q.time
@@ -204,6 +251,15 @@ impl Profiler {
                             .map_or((0.0, 0.0), |t| (t.start * 1e3, t.end * 1e3))
                     })
                     .collect();
+                // A timestamp the GPU wrote is a clock reading, never 0; a pass whose
+                // timestamps are both 0 was never run: the application's encoder holding
+                // it was not submitted (yet).
+                if let Some(i) = times.iter().position(|t| t.0 == 0.0 && t.1 == 0.0) {
+                    return Err(GpuError::Misuse(format!(
+                        "profiler times read before the work they time ran (pass {i}, `{}`, has no timestamps): submit the encoder the operations recorded into, then call finish",
+                        self.labels[i]
+                    )));
+                }
                 return Ok(Some(times));
             }
         }

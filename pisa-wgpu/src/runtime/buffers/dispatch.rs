@@ -172,7 +172,7 @@ impl Context {
         prof: Option<&mut Profiler>,
     ) {
         let mut pass = match prof {
-            Some(p) => p.compute_pass(enc, label),
+            Some(p) => p.pass_on(self, enc, label),
             None => enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(label),
                 timestamp_writes: None,
@@ -212,7 +212,7 @@ impl Context {
         log::trace!("dispatch {workgroups} workgroups as grid {grid:?}");
         let bg = self.bind_group(pipeline, bindings);
         let mut pass = match timer {
-            Some((p, label)) => p.compute_pass(enc, label),
+            Some((p, label)) => p.pass_on(self, enc, label),
             None => enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes: None,
