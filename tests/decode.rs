@@ -458,3 +458,93 @@ fn widest_head_dim_and_group() {
         assert!(r.is_err(), "Hq {hq} D {d} taken");
     }
 }
+
+/// Appends of different masks (some sequences appending, others not; masks that repeat,
+/// alternate and cover all) recorded into one encoder, each followed by a step into outputs of
+/// its own (poisoned), then one submit: each append reads its own mask (set in encoder order,
+/// one mask buffer for all partial masks) and each step sees exactly the appends recorded
+/// before it, checked per step and sequence against the reference replayed in the same order
+/// (selection exactly except within the tie margin, output and LSE within tolerance).
+#[test]
+fn appends_of_many_masks_in_one_encoder() {
+    let mut c = base("masks_one_encoder", 6, 2, 32, cfg(8, 3, 2, Scoring::Lse));
+    c.prefill = vec![13, 40, 1, 27];
+    c.steps = 0;
+    let mut r = Run::new(c, 128);
+    let (bn, hq, hkv, d, k) = (4, 6, 2, 32, 3);
+    let (t, f) = (true, false);
+    let masks = [
+        [t, f, t, f],
+        [f, t, f, f],
+        [t, t, t, t],
+        [f, f, f, t],
+        [t, f, f, t],
+        [f, t, t, f],
+        [t, f, t, f],
+        [f, f, f, f],
+        [f, t, t, t],
+    ];
+    let ctx = ctx();
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let mut recorded = Vec::new();
+    for m in masks {
+        let (kr, vr, q) = (
+            random(&mut r.rng, bn * hkv * d, 1.0),
+            random(&mut r.rng, bn * hkv * d, 1.0),
+            random(&mut r.rng, bn * hq * d, 1.5),
+        );
+        let (kb, vb, qb) = (
+            app_buffer(ctx, &kr),
+            app_buffer(ctx, &vr),
+            app_buffer(ctx, &q),
+        );
+        let ob = app_buffer(ctx, &vec![f32::NAN; bn * hq * d]);
+        let lb = app_buffer(ctx, &vec![f32::NAN; bn * hq]);
+        let sb = app_buffer(ctx, &vec![f32::NAN; bn * hkv * k]);
+        r.cache
+            .record_append_view(
+                &mut enc,
+                &bhnd_f32(&kb, [bn, hkv, 1, d]),
+                &bhnd_f32(&vb, [bn, hkv, 1, d]),
+                &m,
+                None,
+            )
+            .unwrap();
+        let sel = pisa_wgpu::TensorView::contiguous(
+            &sb,
+            0,
+            pisa_wgpu::DType::I32,
+            [bn, hkv, 1, k],
+            TensorLayout::Bhnd,
+        )
+        .unwrap();
+        let (ov, lv) = (bhnd_f32(&ob, [bn, hq, 1, d]), bhnd_f32(&lb, [bn, hq, 1, 1]));
+        let outs = pisa_wgpu::ops::decode::StepOutputs {
+            out: &ov,
+            lse: &lv,
+            selection: Some(&sel),
+        };
+        r.cache
+            .record_step_into(&mut enc, &bhnd_f32(&qb, [bn, hq, 1, d]), Some(&outs), None)
+            .unwrap();
+        recorded.push((m, kr, vr, q, ob, lb, sb));
+    }
+    ctx.queue().submit([enc.finish()]);
+    for (step, (m, kr, vr, q, ob, lb, sb)) in recorded.into_iter().enumerate() {
+        let o = pisa_wgpu::ops::decode::DecodeOutput {
+            out: bytemuck::cast_slice(&ctx.read_bytes(&ob).unwrap()).to_vec(),
+            lse: bytemuck::cast_slice(&ctx.read_bytes(&lb).unwrap()).to_vec(),
+            selection: Some(bytemuck::cast_slice(&ctx.read_bytes(&sb).unwrap()).to_vec()),
+        };
+        for b in 0..bn {
+            if m[b] {
+                let rows = b * hkv * d..(b + 1) * hkv * d;
+                r.refs[b].append(&kr[rows.clone()], &vr[rows]).unwrap();
+            }
+            r.check(step, b, &q[b * hq * d..(b + 1) * hq * d], &o);
+        }
+    }
+    for b in 0..bn {
+        assert_eq!(r.cache.len(b).unwrap(), r.refs[b].len(), "seq {b}");
+    }
+}

@@ -274,13 +274,27 @@ fn packed_and_bf16_rows_decode_like_contiguous_rows() {
     let lse_buf = || app_buffer(ctx, &vec![f32::NAN; bsz * hq]);
     let outs: Vec<(wgpu::Buffer, wgpu::Buffer)> = (0..3).map(|_| (out_buf(), lse_buf())).collect();
     let base = seed("packed_rows");
+    // The application's buffers, the same at every step (rewritten with each step's rows).
+    let packed = app_buffer(ctx, &vec![0.0; bsz * row]);
+    let (cq, ck, cv) = (
+        app_buffer(ctx, &vec![0.0; bsz * hq * d]),
+        app_buffer(ctx, &vec![0.0; bsz * hkv * d]),
+        app_buffer(ctx, &vec![0.0; bsz * hkv * d]),
+    );
+    let bf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bf16 qkv"),
+        size: (bsz * row * 2).div_ceil(4) as u64 * 4,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
     for step in 0..40u64 {
         // Rows exactly representable in bf16 (8 significant bits), so bf16 loses nothing.
         let mut qkv = random(&mut rng(base + step), bsz * row, 1.0);
         for x in qkv.iter_mut() {
             *x = half::bf16::from_f32(*x).to_f32();
         }
-        let packed = app_buffer(ctx, &qkv);
+        ctx.queue()
+            .write_buffer(&packed, 0, bytemuck::cast_slice(&qkv));
         let strides = [row, d, row, 1];
         let pv = |off: usize, h: usize| {
             TensorView::new(
@@ -299,22 +313,15 @@ fn packed_and_bf16_rows_decode_like_contiguous_rows() {
                 .flat_map(|b| qkv[b * row + off..b * row + off + h * d].to_vec())
                 .collect()
         };
-        let (cq, ck, cv) = (
-            app_buffer(ctx, &part(0, hq)),
-            app_buffer(ctx, &part(hq * d, hkv)),
-            app_buffer(ctx, &part((hq + hkv) * d, hkv)),
-        );
+        for (b, off, h) in [(&cq, 0, hq), (&ck, hq * d, hkv), (&cv, (hq + hkv) * d, hkv)] {
+            ctx.queue()
+                .write_buffer(b, 0, bytemuck::cast_slice(&part(off, h)));
+        }
         // And as bf16 words, packed like the f32 projection.
         let words: Vec<u16> = qkv
             .iter()
             .map(|&x| half::bf16::from_f32(x).to_bits())
             .collect();
-        let bf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some("bf16 qkv"),
-            size: (words.len() * 2).div_ceil(4) as u64 * 4,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
         ctx.queue()
             .write_buffer(&bf, 0, bytemuck::cast_slice(&words));
         let bv = |off: usize, h: usize| {
@@ -359,6 +366,12 @@ fn packed_and_bf16_rows_decode_like_contiguous_rows() {
             assert_eq!(o[0], o[1], "step {step}: packed rows differ");
             assert_eq!(o[2], o[1], "step {step}: bf16 rows differ");
         }
+    }
+    // The same buffers at every step, masks alternating: each cache built one step, one
+    // append per mask kind (all, some) and one gather per gathered view (none for the
+    // contiguous f32 rows), not a set per step or per mask.
+    for (cache, gathers) in caches.iter().zip([3, 0, 3]) {
+        assert_eq!(cache.kept_dispatch_sets(), [1, 2, gathers]);
     }
 }
 

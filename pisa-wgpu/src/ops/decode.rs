@@ -244,10 +244,20 @@ pub struct KvCache {
     lens_gpu: wgpu::Buffer,
     /// The append positions, u32 `[B]`, computed on the GPU from `lens_gpu` and the mask.
     pos_gpu: wgpu::Buffer,
+    /// The append mask of every sequence active, u32 `[B]` of 1 (written once): bound by an
+    /// append of all sequences, and the source the partial masks are copied from.
+    mask_all: wgpu::Buffer,
+    /// The append mask of an append of some sequences, u32 `[B]`, set in encoder order by the
+    /// append itself (`write.rs`, `record_mask`): one buffer whatever the mask, so a new mask
+    /// builds nothing.
+    mask_some: wgpu::Buffer,
     /// Recorded step dispatches by bound buffers (see `record.rs`).
     stage_cache: record::StageCache<record::StepIo>,
-    /// Recorded append dispatches by bound buffers and mask (see `write.rs`).
-    append_cache: record::StageCache<write::AppendIo>,
+    /// Recorded append dispatches by bound buffers and whether all sequences append (see
+    /// `write.rs`).
+    append_cache: record::StageCache<(write::AppendIo, bool)>,
+    /// Recorded gathers of input views that cannot be bound in place (see `record.rs`).
+    gather_cache: record::StageCache<record::GatherKey>,
 }
 
 fn input(e: PisaError) -> GpuError {

@@ -121,6 +121,20 @@ pub fn record_gather(
     dst_storage: Storage,
 ) -> Result<()> {
     let _call = ctx.public_call()?;
+    let stages = gather_stages(ctx, src, dst, dst_storage)?;
+    ctx.record_pass(enc, "gather", stages.iter(), None);
+    Ok(())
+}
+
+/// The dispatches of [`record_gather`] (pipeline, bind group, grid), to record now or keep
+/// and record again for the same view and destination (the decode step's gathered rows, which
+/// are the same buffers at every step). Errors: those of [`record_gather`].
+pub(crate) fn gather_stages(
+    ctx: &Context,
+    src: &TensorView,
+    dst: &wgpu::Buffer,
+    dst_storage: Storage,
+) -> Result<Vec<crate::runtime::buffers::Stage>> {
     let g = Geometry::of(src);
     let [_, _, _, d] = g.shape;
     let db = dst_storage.bytes();
@@ -153,7 +167,7 @@ pub fn record_gather(
         let p = params(c, d, g.strides, count, units, cont.first, view.first)?;
         dispatches.push((p, view, cont, units));
     }
-    record(ctx, enc, "gather", &pipe, src.buffer(), dst, &dispatches)
+    stages(ctx, "gather", &pipe, src.buffer(), dst, &dispatches)
 }
 
 /// Records into `enc` a scatter of `src` (a contiguous BHND tensor `[B, H, N, D]` of
@@ -209,7 +223,9 @@ pub fn record_scatter(
         let p = params(c, d, g.strides, count, count, cont.first, view.first)?;
         dispatches.push((p, cont, view, count));
     }
-    record(ctx, enc, "scatter", &pipe, src, dst.buffer(), &dispatches)
+    let stages = stages(ctx, "scatter", &pipe, src, dst.buffer(), &dispatches)?;
+    ctx.record_pass(enc, "scatter", stages.iter(), None);
+    Ok(())
 }
 
 /// The shader's code of the view's element type `d`, the contiguous side being of `storage`:
@@ -480,18 +496,19 @@ fn params(
 /// Records the dispatches, in order, as one compute pass: each binds its parameters, its range
 /// of `src` (binding 1) and of `dst` (binding 2), and runs `units` invocations (the grid split
 /// past the per-dimension workgroup limit).
-fn record<'a>(
+/// The dispatches of a gather or scatter: one bind group per chunk (its parameters, its
+/// source and destination ranges) on `pipe`.
+fn stages<'a>(
     ctx: &Context,
-    enc: &mut wgpu::CommandEncoder,
     label: &'static str,
-    pipe: &wgpu::ComputePipeline,
+    pipe: &std::sync::Arc<wgpu::ComputePipeline>,
     src: &'a wgpu::Buffer,
     dst: &'a wgpu::Buffer,
     dispatches: &[(Params, Range, Range, u64)],
-) -> Result<()> {
+) -> Result<Vec<crate::runtime::buffers::Stage>> {
     let layout = pipe.get_bind_group_layout(0);
     let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
-    let mut groups = Vec::with_capacity(dispatches.len());
+    let mut stages = Vec::with_capacity(dispatches.len());
     for (p, s, d, units) in dispatches {
         let u = ctx.uniform("gather params", p)?;
         let part = |buffer: &'a wgpu::Buffer, r: &Range| {
@@ -519,18 +536,10 @@ fn record<'a>(
                 },
             ],
         });
-        groups.push((bg, pisa_core::grid_for(units.div_ceil(WG), max_dim)?));
+        let grid = pisa_core::grid_for(units.div_ceil(WG), max_dim)?;
+        stages.push((pipe.clone(), bg, grid));
     }
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some(label),
-        timestamp_writes: None,
-    });
-    pass.set_pipeline(pipe);
-    for (bg, grid) in &groups {
-        pass.set_bind_group(0, bg, &[]);
-        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-    }
-    Ok(())
+    Ok(stages)
 }
 
 #[cfg(test)]

@@ -163,8 +163,24 @@ impl KvCache {
             v_in: ctx.host_input("appended value rows", batch * kv_heads * head_dim, storage)?,
             lens_gpu: Self::u32_buffer(ctx, "decode lengths", batch),
             pos_gpu: Self::u32_buffer(ctx, "append positions", batch),
+            mask_all: {
+                let b = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("append mask, all"),
+                    size: batch as u64 * 4,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                // Once, at creation: ordered before any submission that reads it.
+                ctx.queue
+                    .write_buffer(&b, 0, bytemuck::cast_slice(&vec![1u32; batch]));
+                b
+            },
+            mask_some: Self::u32_buffer(ctx, "append mask, some", batch),
             stage_cache: Default::default(),
             append_cache: Default::default(),
+            gather_cache: Default::default(),
         })
     }
 

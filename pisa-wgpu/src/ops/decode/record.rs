@@ -75,7 +75,16 @@ pub fn subgroup_routes_on_this_thread() -> u64 {
     SG_ROUTES.with(|c| c.get())
 }
 
-/// Most sets of buffers a cache keeps recorded dispatches for (per kind: steps, appends).
+/// What a kept gather of a decode input binds: the view's buffer, byte offset and dtype, its
+/// shape and strides, and the destination scratch buffer.
+pub(super) type GatherKey = (
+    (wgpu::Buffer, u64, crate::DType),
+    ([usize; 4], [usize; 4]),
+    wgpu::Buffer,
+);
+
+/// Most sets of buffers a cache keeps recorded dispatches for (per kind: steps, appends,
+/// gathers).
 const STAGE_CACHE_MAX: usize = 64;
 
 /// Recorded dispatches by what they bind (a step's or an append's buffers), built on first use
@@ -114,6 +123,11 @@ impl<K: std::hash::Hash + Eq + Clone> StageCache<K> {
         Ok(stages)
     }
 
+    /// How many sets of dispatches are kept.
+    pub(super) fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Forgets every kept dispatch (their sizes changed).
     pub(super) fn clear(&self) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -121,6 +135,18 @@ impl<K: std::hash::Hash + Eq + Clone> StageCache<K> {
 }
 
 impl KvCache {
+    /// The sets of recorded dispatches this cache keeps: `[steps, appends, gathers]` (tests:
+    /// an inference loop that binds the same buffers at every step builds each set once,
+    /// whatever its append masks).
+    #[doc(hidden)]
+    pub fn kept_dispatch_sets(&self) -> [usize; 3] {
+        [
+            self.stage_cache.len(),
+            self.append_cache.len(),
+            self.gather_cache.len(),
+        ]
+    }
+
     /// Records the decode step (PISA.md 3, 4, 5) of every sequence, labelled "decode" in
     /// `prof`: ONE compute pass of one dispatch when the cache runs fused ([`Self::is_fused`]:
     /// `fused`, one workgroup per (sequence, KV head)), else of three (see the module docs:
@@ -256,7 +282,9 @@ impl KvCache {
     /// An input `view` of `shape` as a range to bind: in place when it is contiguous, of the
     /// cache's storage dtype and at an aligned offset; else (a packed QKV projection, another dtype, an
     /// unaligned offset) gathered on the GPU into the cache's `scratch` (one small dispatch
-    /// recorded into `enc`, with its own parameter buffer and bind group).
+    /// recorded into `enc`; its parameter buffer and bind group are built for the first
+    /// gather of a view and kept, [`GatherKey`], so an inference loop that gathers the same
+    /// rows of its buffers at every step allocates nothing).
     pub(super) fn input_view(
         &self,
         enc: &mut wgpu::CommandEncoder,
@@ -277,7 +305,15 @@ impl KvCache {
                 return Ok(r);
             }
         }
-        crate::ops::gather::record_gather(&self.ctx, enc, view, &scratch.buffer, self.storage)?;
+        let key: GatherKey = (
+            (view.buffer().clone(), view.offset(), view.dtype()),
+            (view.shape(), view.strides()),
+            scratch.buffer.clone(),
+        );
+        let stages = self.gather_cache.get_or_build(&key, || {
+            crate::ops::gather::gather_stages(&self.ctx, view, &scratch.buffer, self.storage)
+        })?;
+        self.ctx.record_pass(enc, "gather", stages.iter(), None);
         Ok(InPlace::whole(&scratch.buffer))
     }
 

@@ -87,11 +87,10 @@ impl KvCache {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
             if let Some((_, _, a)) = rows {
                 let io = AppendIo {
-                    active: a.to_vec(),
                     k: InPlace::whole(&self.k_in.buffer),
                     v: InPlace::whole(&self.v_in.buffer),
                 };
-                self.record_append_io(&mut enc, io, None)?;
+                self.record_append_io(&mut enc, io, a, None)?;
             }
             if let Some(st) = &staging {
                 Self::record_steps(&mut enc, &[(&*self, &self.q_in)], None)?;

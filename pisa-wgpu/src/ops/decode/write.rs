@@ -432,20 +432,22 @@ impl KvCache {
         self.check_tensor("appended keys", k_rows, n)?;
         self.check_tensor("appended values", v_rows, n)?;
         let io = AppendIo {
-            active: active.to_vec(),
             k: InPlace::whole(&k_rows.buffer),
             v: InPlace::whole(&v_rows.buffer),
         };
-        self.record_append_io(enc, io, prof)
+        self.record_append_io(enc, io, active, prof)
     }
 
     /// [`Self::record_append`] of keys and values in a caller's buffers: `k`, `v`
     /// `[B, Hkv, 1, D]`, bound in place when contiguous, of the cache's storage dtype and at
     /// offsets that are multiples of the device's `min_storage_buffer_offset_alignment`; any
     /// other view (the rows of a packed QKV projection, another dtype) is gathered first by one small
-    /// dispatch (with its own small parameter buffer and bind group). The first append of a
-    /// given set of buffers and mask builds its bind groups; every later one only records (no
-    /// allocation, no host write: positions and lengths are computed on the GPU). Errors: as
+    /// dispatch (its parameter buffer and bind group built for the first gather of that view and
+    /// kept). The first append of a given set of buffers builds its bind groups (one set for
+    /// appends of every sequence, one for appends of some, whatever the mask); every later one
+    /// only records (no allocation, no host write: positions and lengths are computed on the
+    /// GPU, and a mask of some sequences is set by a few buffer commands recorded before the
+    /// append, one per run of sequences that do or do not append). Errors: as
     /// [`Self::record_append`], [`crate::GpuError::View`] for a view of the wrong shape.
     pub fn record_append_view(
         &mut self,
@@ -464,46 +466,66 @@ impl KvCache {
             self.check_input_view(what, view, shape)?;
         }
         let io = AppendIo {
-            active: active.to_vec(),
             k: self.input_view(enc, "appended keys", k, shape, &self.k_in)?,
             v: self.input_view(enc, "appended values", v, shape, &self.v_in)?,
         };
-        self.record_append_io(enc, io, prof)
+        self.record_append_io(enc, io, active, prof)
     }
 
     pub(super) fn record_append_io(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
         io: AppendIo,
+        active: &[bool],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
         let n = self.shape.batch * self.shape.kv_heads * self.shape.head_dim;
-        self.check_append(n, &io.active)?;
-        let stages = self.append_cache.get_or_build(&io, || {
+        self.check_append(n, active)?;
+        let key = (io, active.iter().all(|&a| a));
+        if !key.1 {
+            self.record_mask(enc, active);
+        }
+        let stages = self.append_cache.get_or_build(&key, || {
             self.ctx
-                .scope_now("decode append", || self.append_stages(&io))
+                .scope_now("decode append", || self.append_stages(&key.0, key.1))
         })?;
         self.ctx.record_pass(enc, "append", stages.iter(), prof);
-        for (l, &a) in self.lens.iter_mut().zip(&io.active) {
+        for (l, &a) in self.lens.iter_mut().zip(active) {
             *l += a as usize;
         }
         Ok(())
     }
 
-    /// The append's dispatches for `io`: `positions`, one `append` per K/V shard (one
-    /// workgroup per flat (sequence, KV head) row of it; both write the pyramid, so wgpu orders
-    /// them), `advance`; one pass.
-    fn append_stages(&self, io: &AppendIo) -> Result<Vec<Stage>> {
+    /// Sets `mask_some` to `active` in encoder order (so that appends of other masks recorded
+    /// before or after, in this encoder or others, each read their own): 1s copied from
+    /// `mask_all` over each run of active sequences, 0s over each run of inactive ones, as
+    /// buffer commands; nothing allocated, no host write.
+    fn record_mask(&self, enc: &mut wgpu::CommandEncoder, active: &[bool]) {
+        let mut b = 0;
+        while b < active.len() {
+            let run = active[b..].iter().take_while(|&&a| a == active[b]).count();
+            let (off, len) = (b as u64 * 4, run as u64 * 4);
+            if active[b] {
+                enc.copy_buffer_to_buffer(&self.mask_all, off, &self.mask_some, off, len);
+            } else {
+                enc.clear_buffer(&self.mask_some, off, Some(len));
+            }
+            b += run;
+        }
+    }
+
+    /// The append's dispatches for `io` (`all`: every sequence appends, else the mask in
+    /// `mask_some`): `positions`, one `append` per K/V shard (one workgroup per flat
+    /// (sequence, KV head) row of it; both write the pyramid, so wgpu orders them), `advance`;
+    /// one pass.
+    fn append_stages(&self, io: &AppendIo, all: bool) -> Result<Vec<Stage>> {
         let ctx = &self.ctx;
-        let mask: Vec<u32> = io.active.iter().map(|&a| a as u32).collect();
-        let mask_buf = Self::u32_buffer(ctx, "append mask", mask.len());
-        ctx.queue
-            .write_buffer(&mask_buf, 0, bytemuck::cast_slice(&mask));
         let lens_pipe = |entry| {
             ctx.pipelines
                 .get(&ctx.device, &LENS_SHADER, entry, Storage::F32, &[], &[])
         };
-        let (m, l, p) = (&mask_buf, &self.lens_gpu, &self.pos_gpu);
+        let m = if all { &self.mask_all } else { &self.mask_some };
+        let (l, p) = (&self.lens_gpu, &self.pos_gpu);
         let mut stages = vec![self.make_stage(
             lens_pipe("positions")?,
             &vec![whole(0, m), whole(1, l), whole(2, p)],
@@ -539,11 +561,10 @@ impl KvCache {
     }
 }
 
-/// What one append binds: the mask of appending sequences and the key and value rows. The key
-/// of the cache of recorded append dispatches.
+/// What one append binds: the key and value rows. With whether every sequence appends (which
+/// mask buffer it binds), the key of the cache of recorded append dispatches.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct AppendIo {
-    pub active: Vec<bool>,
     pub k: InPlace,
     pub v: InPlace,
 }
