@@ -1256,3 +1256,35 @@ fn a_top_k_past_one_binding_is_named_in_the_hint() {
         "{e}"
     );
 }
+
+/// `reads_in_place_qkv` applies the rule that K and V are read in place only together (both
+/// qualifying, with the same strides): a BHND K beside a BNHD V (each qualifying alone) is
+/// reported gathered, as the run gathers both; K and V of one layout are read in place.
+#[test]
+fn reads_in_place_qkv_follows_the_kv_rule() {
+    let ctx = ctx();
+    let (hq, hkv, n, d) = (4usize, 2usize, 40usize, 32usize);
+    let shape = AttentionShape::prefill(1, hq, hkv, n, d).unwrap();
+    let opts = PrefillOptions {
+        cfg: SelectionConfig::new(16, 2).unwrap(),
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(ctx, &shape, &opts).unwrap();
+    let data: Vec<f32> = random(&mut rng(seed("reads_in_place_qkv")), hq * n * d, 1.0);
+    let (qb, kb, vb) = (
+        buffer_with(ctx, 0, &data),
+        buffer_with(ctx, 0, &data),
+        buffer_with(ctx, 0, &data),
+    );
+    let view = |b, h, lay| TensorView::contiguous(b, 0, DType::F32, [1, h, n, d], lay).unwrap();
+    let q = view(&qb, hq, TensorLayout::Bhnd);
+    let k = view(&kb, hkv, TensorLayout::Bhnd);
+    let v_bhnd = view(&vb, hkv, TensorLayout::Bhnd);
+    let v_bnhd = view(&vb, hkv, TensorLayout::Bnhd);
+    assert!(plan.reads_in_place(&k) && plan.reads_in_place(&v_bnhd));
+    assert_eq!(
+        plan.reads_in_place_qkv(&q, &k, &v_bnhd),
+        [true, false, false]
+    );
+    assert_eq!(plan.reads_in_place_qkv(&q, &k, &v_bhnd), [true, true, true]);
+}

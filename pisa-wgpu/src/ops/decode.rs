@@ -186,7 +186,10 @@ pub struct DecodeOutput {
 /// host lengths of the sequences it touched are ahead of the GPU's, and those sequences'
 /// outputs are unspecified until [`KvCache::reset`] or a prefill, which set both. The other
 /// sequences are unaffected: an append that would land past a sequence's capacity on the GPU
-/// is skipped there, never written into another sequence's rows. [`KvCache::reset`] itself is
+/// is skipped there, never written into another sequence's rows. So after an error of a later
+/// call recorded into the same encoder (a step with a misaligned output, a prefill run),
+/// submit the encoder with what it holds (an erroring cache call records nothing) and redo
+/// the failed call in the next one; the appends before it then count on both sides. [`KvCache::reset`] itself is
 /// queue-ordered (it lands before commands recorded earlier but submitted after it); while an
 /// encoder holds commands for the sequence, [`KvCache::record_reset`] keeps the order.
 #[derive(Debug)]

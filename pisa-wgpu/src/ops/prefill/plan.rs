@@ -424,9 +424,23 @@ impl PrefillPlan {
 
     /// Whether [`Self::run`] reads `view` in place (no copy) rather than gathering it into the
     /// plan's staging: see [How the inputs are read](PrefillPlan#how-the-inputs-are-read) for
-    /// the rule. (K and V are read in place only when both are, with the same strides.)
+    /// the rule. (K and V are read in place only when both are, with the same strides:
+    /// [`Self::reads_in_place_qkv`] applies that too.)
     pub fn reads_in_place(&self, view: &TensorView) -> bool {
         in_place(&self.ctx, view, self.opts.storage).is_some()
+    }
+
+    /// Whether [`Self::run`] with these inputs reads each of Q, K and V in place, as it will
+    /// decide: `[q, k, v]`. Unlike [`Self::reads_in_place`] of each view alone, it applies the
+    /// rule that K and V are read in place only together (both qualifying, with the same
+    /// strides), so a V that qualifies beside a K that does not is reported as gathered.
+    pub fn reads_in_place_qkv(&self, q: &TensorView, k: &TensorView, v: &TensorView) -> [bool; 3] {
+        let st = self.opts.storage;
+        let kv = match (in_place(&self.ctx, k, st), in_place(&self.ctx, v, st)) {
+            (Some(k), Some(v)) => k.1 == v.1,
+            _ => false,
+        };
+        [in_place(&self.ctx, q, st).is_some(), kv, kv]
     }
 
     /// Whether the context still runs the kernels this plan recorded: the knobs of its stages
@@ -466,7 +480,9 @@ impl PrefillPlan {
     /// are checked
     /// before anything is recorded; an error found later (wgpu's own while recording, a replay
     /// that does not match the plan's recording, an output copy that fails) leaves part of the
-    /// prefill recorded in `enc`: drop the encoder.
+    /// prefill recorded in `enc`: drop the encoder, unless it also holds commands of a decode
+    /// cache (`KvCache`'s `record_*`), which must be submitted (`KvCache`, "Recorded
+    /// commands"); then submit it and run the prefill again, as its outputs are unspecified.
     ///
     /// A plan keeps the bind groups of the views it ran on (up to 16 sets, see the module
     /// docs), and with them references to the caller's buffers: their memory is freed when
