@@ -27,9 +27,16 @@
 //   writing one whole word: the host checks that D is even, d's stride is 1 and the base and
 //   every other stride are even, so a pair is exactly one word and no two invocations share one.
 //
+// find_nonfinite: src = the view (SRC_KIND); no dst. Each element l < p.count of the box whose
+//   value is NaN or infinite takes part in an atomicMin of (l << 2 | cls) into found[p.first]
+//   (p.first is the box's slot here; cls 0 NaN, 1 +inf, 2 -inf), so the slot ends holding
+//   the box's first non-finite element, or 0xFFFFFFFF when there is none. A box holds at most
+//   2^30 elements (the host checks), so the key fits.
+//
 // Bindings: 0 uniform Params, 1 src (read), 2 dst (read_write), both array<u32> bound from
 // offsets aligned to min_storage_buffer_offset_alignment (p.base and p.first are relative to
-// those). Overrides: SRC_KIND, DST_KIND (0 = f32, 1 = f16, 2 = bf16).
+// those); find_nonfinite binds 3 found instead of dst. Overrides: SRC_KIND, DST_KIND (0 = f32,
+// 1 = f16, 2 = bf16).
 
 const F32: u32 = 0u;
 const F16: u32 = 1u;
@@ -47,6 +54,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(3) var<storage, read_write> found: array<atomic<u32>>;
 
 fn linear_id(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
     return (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lid;
@@ -187,4 +195,18 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let lo = src_as_dst16(p.first + l);
     let hi = src_as_dst16(p.first + l + 1u);
     dst[j >> 1u] = lo | (hi << 16u);
+}
+
+@compute @workgroup_size(256)
+fn find_nonfinite(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let l = linear_id(wid, nwg, lid);
+    if (l >= p.count) { return; }
+    // f16 and bf16 widen exactly, NaN and infinities included.
+    let x = src_f32(view_index(l));
+    if ((x & 0x7F800000u) == 0x7F800000u) {
+        var cls = 0u;
+        if ((x & 0x7FFFFFu) == 0u) { cls = select(1u, 2u, (x >> 31u) != 0u); }
+        atomicMin(&found[p.first], (l << 2u) | cls);
+    }
 }

@@ -620,3 +620,105 @@ fn bad_views_give_typed_errors() {
         ),
     }
 }
+
+/// `check_finite_view` (and its async twin) on every gather case and dtype, whole and split
+/// over lowered binding limits: `Ok` on finite data (with a NaN planted outside the view, in
+/// its gaps and padding, which it must not read); with one to three NaN or infinities planted
+/// inside, `NonFinite` with the first one's BHND index and value. An i32 view is a `View`
+/// error.
+#[test]
+fn finiteness_check_finds_the_first_nonfinite_element() {
+    let _g = common::settings_lock();
+    let ctx = common::ctx();
+    let mut rng = common::rng(common::seed("finite_view"));
+    let mut cases = gather_cases();
+    cases.push(Case::contiguous("bhnd [40,2,3,8]", [40, 2, 3, 8], false, 3));
+    let check = |view: &TensorView| -> pisa_wgpu::Result<()> {
+        let a = pisa_wgpu::ops::check_finite_view(ctx, "x", view);
+        let b = pollster::block_on(pisa_wgpu::ops::check_finite_view_async(ctx, "x", view));
+        assert_eq!(
+            format!("{a:?}"),
+            format!("{b:?}"),
+            "blocking and async differ"
+        );
+        a
+    };
+    let result = || {
+        for case in &cases {
+            for dt in DTYPES {
+                let idx = case.indices();
+                let inside: std::collections::HashSet<usize> = idx.iter().copied().collect();
+                let mut elems: Vec<u32> = (0..case.len)
+                    .map(|i| {
+                        let x = if inside.contains(&i) {
+                            rng.random_range(-4.0f32..4.0)
+                        } else {
+                            f32::NAN
+                        };
+                        bits_of(x, dt)
+                    })
+                    .collect();
+                let view_of = |elems: &[u32]| {
+                    let buf = buffer(ctx, case.name, &pack(elems, dt));
+                    TensorView::new(
+                        &buf,
+                        (case.offset as u64) * dt.bytes(),
+                        dt,
+                        case.shape,
+                        case.strides,
+                    )
+                    .unwrap()
+                };
+                let what = format!("{} {dt:?}", case.name);
+                // (The permuted view's rows span more than the lowered limits: whole only.)
+                let limits: &[u64] = match case.name.starts_with("permuted") {
+                    true => &[u64::MAX],
+                    false => &[u64::MAX, 1024, 512],
+                };
+                for &limit in limits {
+                    ctx.set_max_binding_bytes(limit);
+                    check(&view_of(&elems)).unwrap_or_else(|e| panic!("{what} {limit}: {e}"));
+                }
+                ctx.set_max_binding_bytes(u64::MAX);
+                let planted = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+                let mut at: Vec<usize> = (0..rng.random_range(1..=3))
+                    .map(|_| rng.random_range(0..idx.len()))
+                    .collect();
+                for (k, &p) in at.iter().enumerate() {
+                    elems[idx[p]] = bits_of(planted[(k + p) % 3], dt);
+                }
+                at.sort();
+                let first = at[0];
+                let want = elems[idx[first]];
+                let view = view_of(&elems);
+                for &limit in limits {
+                    ctx.set_max_binding_bytes(limit);
+                    match check(&view) {
+                        Err(GpuError::NonFinite {
+                            tensor,
+                            index,
+                            value,
+                        }) => {
+                            assert_eq!((tensor, index), ("x", first), "{what} {limit}");
+                            let w = f32::from_bits(convert(want, dt, DType::F32));
+                            assert!(
+                                value == w || (value.is_nan() && w.is_nan()),
+                                "{what}: {value}, planted {w}"
+                            );
+                        }
+                        other => panic!("{what} {limit}: {other:?}"),
+                    }
+                }
+                ctx.set_max_binding_bytes(u64::MAX);
+            }
+        }
+        let ints = buffer(ctx, "ints", &[0u8; 64]);
+        let v = TensorView::new(&ints, 0, DType::I32, [1, 1, 4, 4], [16, 16, 4, 1]).unwrap();
+        assert!(matches!(check(&v), Err(GpuError::View(_))));
+    };
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(result));
+    ctx.set_max_binding_bytes(u64::MAX);
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e);
+    }
+}

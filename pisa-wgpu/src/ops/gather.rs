@@ -496,6 +496,160 @@ fn params(
 /// Records the dispatches, in order, as one compute pass: each binds its parameters, its range
 /// of `src` (binding 1) and of `dst` (binding 2), and runs `units` invocations (the grid split
 /// past the per-dimension workgroup limit).
+/// Opt-in finiteness check of a tensor view on the GPU (the GPU-side twin of
+/// [`crate::ops::check_finite`], for inputs that live in an application's buffers): one pass
+/// over the view's elements (f32, f16 or bf16, any strides, split past the storage binding
+/// limit as a gather is), then a read back of one word per box. `Ok` when every element is
+/// finite; [`GpuError::NonFinite`] naming `tensor`, the first NaN or infinite element's flat
+/// index in BHND order (`((b * H + h) * N + n) * D + d` of the view's `[B, H, N, D]`) and its
+/// value (NaN, `inf` or `-inf`). It waits for the GPU (work submitted before it runs first);
+/// on wasm32, where nothing may block, [`check_finite_view_async`].
+///
+/// Errors besides: [`GpuError::View`] for an integer (i32) view, a view in a buffer without
+/// `STORAGE` usage or ending in a word past its buffer's end; [`GpuError::Limit`] for a row
+/// past a binding; [`GpuError::Unsupported`] on wasm32; those of [`Context::read_bytes`].
+pub fn check_finite_view(ctx: &Context, tensor: &'static str, view: &TensorView) -> Result<()> {
+    let (found, starts) = {
+        let _call = ctx.public_call()?;
+        record_find(ctx, tensor, view)?
+    };
+    first_nonfinite(tensor, &ctx.read_bytes(&found)?, &starts)
+}
+
+/// [`check_finite_view`] without blocking: resolves once the read back is done (natively the
+/// future polls the device itself, as [`Context::read_async`]). Errors: those of
+/// [`check_finite_view`], less the wasm32 one.
+pub async fn check_finite_view_async(
+    ctx: &Context,
+    tensor: &'static str,
+    view: &TensorView,
+) -> Result<()> {
+    let (found, starts) = {
+        let _call = ctx.public_call()?;
+        record_find(ctx, tensor, view)?
+    };
+    let words = TensorView::contiguous(
+        &found,
+        0,
+        DType::I32,
+        [1, 1, 1, starts.len()],
+        pisa_core::TensorLayout::Bhnd,
+    )?;
+    let bytes = ctx.read_async(&words).await?;
+    first_nonfinite(tensor, &bytes, &starts)
+}
+
+/// Submits the find pass of [`check_finite_view`]: the buffer of one result word per box, and
+/// each box's first element in BHND order.
+fn record_find(
+    ctx: &Context,
+    tensor: &'static str,
+    view: &TensorView,
+) -> Result<(wgpu::Buffer, Vec<u64>)> {
+    if view.dtype() == DType::I32 {
+        return Err(GpuError::View(format!(
+            "{tensor}: a finiteness check of an integer (i32) view"
+        )));
+    }
+    check_view_end(view, tensor, "checked view")?;
+    let g = Geometry::of(view);
+    let [_, h, n, d] = g.shape.map(|x| x as u64);
+    let align = align(ctx);
+    // No contiguous side: one byte an element keeps the planner's bound on it harmless.
+    let chunks = plan(&g, 1, align, limit(ctx))?;
+    let kinds = [
+        ("SRC_KIND", kind(view.dtype(), Storage::F32)?),
+        ("DST_KIND", 0.0),
+    ];
+    let pipe = (ctx.pipelines).get(
+        &ctx.device,
+        &SHADER,
+        "find_nonfinite",
+        Storage::F32,
+        &[],
+        &kinds,
+    )?;
+    let found = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("non-finite search"),
+        size: chunks.len() as u64 * 4,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    ctx.queue
+        .write_buffer(&found, 0, &vec![0xFF; chunks.len() * 4]);
+    let layout = pipe.get_bind_group_layout(0);
+    let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
+    let mut starts = Vec::with_capacity(chunks.len());
+    let mut stages = Vec::with_capacity(chunks.len());
+    for (i, c) in chunks.into_iter().enumerate() {
+        let (vr, _) = ranges(&g, c, 1, align);
+        let count = (c.nb * c.nh * c.nn) as u64 * d;
+        // The key (l << 2 | class) of every element of the box fits a word.
+        if count > 1 << 30 {
+            return Err(GpuError::Limit {
+                what: format!("a box of the finiteness check of {tensor}"),
+                needed: count,
+                limit: 1 << 30,
+                unit: "elements",
+                hint: "check the view in parts (narrower views)",
+            });
+        }
+        starts.push(((c.b0 as u64 * h + c.h0 as u64) * n + c.n0 as u64) * d);
+        let p = params(c, d as usize, g.strides, count, count, i as u64, vr.first)?;
+        let u = ctx.uniform("finiteness check params", &p)?;
+        let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("find_nonfinite"),
+            layout: &layout,
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: u.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: view.buffer(),
+                        offset: vr.offset,
+                        size: wgpu::BufferSize::new(vr.size),
+                    }),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 3,
+                    resource: found.as_entire_binding(),
+                },
+            ],
+        });
+        stages.push((
+            pipe.clone(),
+            bg,
+            pisa_core::grid_for(count.div_ceil(WG), max_dim)?,
+        ));
+    }
+    ctx.scope_now("finiteness check", || {
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        ctx.record_pass(&mut enc, "find_nonfinite", stages.iter(), None);
+        ctx.queue.submit([enc.finish()]);
+        Ok(())
+    })?;
+    Ok((found, starts))
+}
+
+/// The first non-finite element of the boxes' result words (`starts`: each box's first
+/// element in BHND order), as [`GpuError::NonFinite`].
+fn first_nonfinite(tensor: &'static str, bytes: &[u8], starts: &[u64]) -> Result<()> {
+    let words: &[u32] = bytemuck::cast_slice(bytes);
+    match (words.iter().zip(starts)).find(|(w, _)| **w != u32::MAX) {
+        None => Ok(()),
+        Some((w, start)) => Err(GpuError::NonFinite {
+            tensor,
+            index: (start + (*w >> 2) as u64) as usize,
+            value: [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][(*w & 3).min(2) as usize],
+        }),
+    }
+}
+
 /// The dispatches of a gather or scatter: one bind group per chunk (its parameters, its
 /// source and destination ranges) on `pipe`.
 fn stages<'a>(

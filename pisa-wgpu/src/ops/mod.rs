@@ -33,6 +33,7 @@ pub mod select;
 
 use crate::error::{GpuError, Result};
 use crate::runtime::pipeline::ShaderSource;
+pub use gather::{check_finite_view, check_finite_view_async};
 
 /// Opt-in finiteness check of a host tensor: [`GpuError::NonFinite`] naming `tensor`, the flat
 /// index of the first NaN or infinite element and its value; `Ok` when every element is finite.
@@ -40,7 +41,8 @@ use crate::runtime::pipeline::ShaderSource;
 ///
 /// The GPU functions do not check their inputs: what a non-finite input produces is documented
 /// on [`prefill::prefill_host`] and [`decode::KvCache`]. Call this first where non-finite
-/// activations cannot be ruled out upstream (the `pisa` CLI refuses them by default).
+/// activations cannot be ruled out upstream (the `pisa` CLI refuses them by default); for
+/// inputs already in GPU buffers, [`check_finite_view`] scans a view on the GPU.
 pub fn check_finite(tensor: &'static str, data: &[f32]) -> Result<()> {
     const BLOCK: usize = 1024;
     for (i, chunk) in data.chunks(BLOCK).enumerate() {
