@@ -467,7 +467,9 @@ fn read_async_returns_a_views_bytes_without_blocking_the_caller() {
 fn varlen_prefill_equals_each_sequence_alone() {
     let ctx = ctx();
     let (hq, hkv, d, top_k) = (6usize, 2usize, 32usize, 3usize);
-    let lens = [150usize, 97, 230, 97];
+    // Empty sequences (a repeated offset, as flash_attn_varlen_func takes them) first, between
+    // and last: skipped, every token still written.
+    let lens = [0usize, 150, 97, 0, 230, 97, 0];
     let cu: Vec<usize> = std::iter::once(0)
         .chain(lens.iter().scan(0, |a, &n| {
             *a += n;
@@ -529,8 +531,8 @@ fn varlen_prefill_equals_each_sequence_alone() {
     for (bad, says) in [
         (vec![0usize], "sequences"),
         (vec![1, total], "first offset must be 0"),
-        (vec![0, 100, 100, total], "every sequence's length"),
-        (vec![0, 100, 50, total], "offsets must increase"),
+        (vec![0, 0, 0], "tokens of all sequences"),
+        (vec![0, 100, 50, total], "offsets must not decrease"),
     ] {
         let e = plan
             .run(&mut enc, &bad, &qv, &kv, &vv, &outs, None)
@@ -550,7 +552,7 @@ fn varlen_prefill_equals_each_sequence_alone() {
     let l = read_f32(ctx, &lb, PAD, total * hq);
     let sel_bytes = ctx.read_bytes(&sb).unwrap();
     let sel: &[i32] = bytemuck::cast_slice(&sel_bytes[PAD..PAD + 4 * total * hkv * top_k]);
-    for (i, &n) in lens.iter().enumerate() {
+    for (i, &n) in lens.iter().enumerate().filter(|(_, &n)| n > 0) {
         let t0 = cu[i];
         // Sequence i alone, BHND, through prefill_host.
         let part = |x: &[f32], h: usize| {
@@ -654,15 +656,19 @@ fn varlen_prefill_equals_each_sequence_alone() {
     // sequences in another order; it decodes bitwise like a cache loaded from each sequence's
     // K and V views.
     use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
-    let seqs = [2usize, 0, 3, 1];
+    // An empty sequence empties its cache sequence (here one that held 50 tokens).
+    let seqs = [4usize, 2, 0, 5, 3, 1, 6];
+    let nb = seqs.len();
     let cap = 256;
-    let new_cache = || KvCache::new(ctx, 4, cap, hq, hkv, d, opts.cfg, Storage::F32).unwrap();
+    let new_cache = || KvCache::new(ctx, nb, cap, hq, hkv, d, opts.cfg, Storage::F32).unwrap();
     let (mut handed, mut loaded) = (new_cache(), new_cache());
     let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let (k50, v50) = (kv.tokens(0, 50).unwrap(), vv.tokens(0, 50).unwrap());
+    handed.record_prefill_view(&mut enc, 4, &k50, &v50).unwrap();
     // A seqs list of the wrong length, or naming a sequence twice: typed input errors.
     for (bad, what) in [
-        (&seqs[..3], "one cache sequence per"),
-        (&[2, 0, 2, 1], "named twice"),
+        (&seqs[..6], "one cache sequence per"),
+        (&[4, 2, 0, 5, 3, 1, 4], "named twice"),
     ] {
         let e = plan
             .run_into_cache(&mut enc, &cu, &qv, &kv, &vv, &outs, &mut handed, bad, None)
@@ -694,7 +700,7 @@ fn varlen_prefill_equals_each_sequence_alone() {
         None,
     )
     .unwrap();
-    for (i, &n) in lens.iter().enumerate() {
+    for (i, &n) in lens.iter().enumerate().filter(|(_, &n)| n > 0) {
         let (ks, vs) = (kv.tokens(cu[i], n).unwrap(), vv.tokens(cu[i], n).unwrap());
         loaded
             .record_prefill_view(&mut enc, seqs[i], &ks, &vs)
@@ -702,17 +708,22 @@ fn varlen_prefill_equals_each_sequence_alone() {
     }
     ctx.queue().submit([enc.finish()]);
     assert_eq!(handed.lens(), loaded.lens());
-    let q_row = buffer_with(ctx, 0, &random(&mut r, 4 * hq * d, 1.0));
+    assert_eq!(
+        handed.lens()[4],
+        0,
+        "the empty sequence's cache sequence was not emptied"
+    );
+    let q_row = buffer_with(ctx, 0, &random(&mut r, nb * hq * d, 1.0));
     let qrv =
-        TensorView::contiguous(&q_row, 0, DType::F32, [4, hq, 1, d], TensorLayout::Bhnd).unwrap();
+        TensorView::contiguous(&q_row, 0, DType::F32, [nb, hq, 1, d], TensorLayout::Bhnd).unwrap();
     let mut got = Vec::new();
     for cache in [&handed, &loaded] {
         let (o, l) = (
-            buffer_with(ctx, 0, &vec![nan; 4 * hq * d]),
-            buffer_with(ctx, 0, &vec![nan; 4 * hq]),
+            buffer_with(ctx, 0, &vec![nan; nb * hq * d]),
+            buffer_with(ctx, 0, &vec![nan; nb * hq]),
         );
-        let ov = TensorView::contiguous(&o, 0, DType::F32, [4, hq, 1, d], TensorLayout::Bhnd);
-        let lv = TensorView::contiguous(&l, 0, DType::F32, [4, hq, 1, 1], TensorLayout::Bhnd);
+        let ov = TensorView::contiguous(&o, 0, DType::F32, [nb, hq, 1, d], TensorLayout::Bhnd);
+        let lv = TensorView::contiguous(&l, 0, DType::F32, [nb, hq, 1, 1], TensorLayout::Bhnd);
         let (ov, lv) = (ov.unwrap(), lv.unwrap());
         let so = StepOutputs {
             out: &ov,
@@ -724,9 +735,9 @@ fn varlen_prefill_equals_each_sequence_alone() {
             .record_step_into(&mut enc, &qrv, Some(&so), None)
             .unwrap();
         ctx.queue().submit([enc.finish()]);
-        let o = read_f32(ctx, &o, 0, 4 * hq * d);
+        let o = read_f32(ctx, &o, 0, nb * hq * d);
         assert!(o.iter().all(|x| x.is_finite()), "decode O not written");
-        got.push((bits(o), bits(read_f32(ctx, &l, 0, 4 * hq))));
+        got.push((bits(o), bits(read_f32(ctx, &l, 0, nb * hq))));
     }
     assert!(
         got[0] == got[1],

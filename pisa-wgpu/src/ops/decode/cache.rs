@@ -247,7 +247,7 @@ impl KvCache {
         }
     }
 
-    pub(super) fn check_seq(&self, seq: usize) -> Result<()> {
+    pub(crate) fn check_seq(&self, seq: usize) -> Result<()> {
         if seq >= self.shape.batch {
             return Err(input(PisaError::TooLarge {
                 what: "sequence index",

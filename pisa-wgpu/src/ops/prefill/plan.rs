@@ -753,8 +753,9 @@ fn check_inputs([q, k, v]: [&TensorView; 3], st: Storage) -> Result<()> {
     Ok(())
 }
 
-/// `cu_seqlens` of a varlen call: at least one sequence, from token 0, strictly increasing.
-/// Errors: [`GpuError::Input`].
+/// `cu_seqlens` of a varlen call: at least one sequence, from token 0, non-decreasing (an
+/// empty sequence repeats an offset, as `flash_attn_varlen_func` takes it), and at least one
+/// token in all. Errors: [`GpuError::Input`].
 fn check_cu_seqlens(cu_seqlens: &[usize]) -> Result<()> {
     use pisa_core::PisaError::{InvalidValue, Zero};
     let err = |e| Err(GpuError::Input(e));
@@ -768,14 +769,14 @@ fn check_cu_seqlens(cu_seqlens: &[usize]) -> Result<()> {
             what: "cu_seqlens: the first offset must be 0",
         });
     }
-    if cu_seqlens.windows(2).any(|w| w[1] == w[0]) {
-        return err(Zero {
-            what: "cu_seqlens: every sequence's length",
-        });
-    }
     if cu_seqlens.windows(2).any(|w| w[1] < w[0]) {
         return err(InvalidValue {
-            what: "cu_seqlens: offsets must increase",
+            what: "cu_seqlens: offsets must not decrease",
+        });
+    }
+    if cu_seqlens[cu_seqlens.len() - 1] == 0 {
+        return err(Zero {
+            what: "cu_seqlens: tokens of all sequences together",
         });
     }
     Ok(())
@@ -1043,13 +1044,14 @@ impl VarlenPrefillPlan {
     /// Records the prefill of every sequence into `enc`. `q` `[1, Hq, T, D]`, `k`, `v`
     /// `[1, Hkv, T, D]` (any strides and dtype, e.g. `[T, H, D]` packed rows), the outputs
     /// `[1, Hq, T, D]`, `[1, Hq, T, 1]` and the optional selection `[1, Hkv, T, K]` over the
-    /// same T = `cu_seqlens[last]` tokens; `cu_seqlens` `[n + 1]`, starting at 0, strictly
-    /// increasing. The outputs must not share bytes with the inputs or with each other
+    /// same T = `cu_seqlens[last]` tokens; `cu_seqlens` `[n + 1]`, starting at 0,
+    /// non-decreasing (an empty sequence repeats an offset and is skipped), T at least 1. The
+    /// outputs must not share bytes with the inputs or with each other
     /// (sequence `i`'s are written before sequence `i + 1`'s inputs are read). Errors:
     /// [`GpuError::View`] for views whose token count is not T or whose other dimensions do not
     /// match, outputs that share bytes with inputs or each other, an input of i32;
     /// [`pisa_core::PisaError`] input errors for `cu_seqlens` (fewer than 2 entries, not
-    /// starting at 0, not increasing); those of
+    /// starting at 0, decreasing, no tokens at all); those of
     /// [`PrefillPlan::run`] (and, for a plan made by [`Self::new_in_place`], of
     /// [`PrefillPlan::new_in_place`] when a sequence's plan is made).
     #[allow(clippy::too_many_arguments)] // flash_attn_varlen_func's arguments, plus the encoder
@@ -1127,6 +1129,11 @@ impl VarlenPrefillPlan {
         }
         let (hq, hkv, d) = self.heads;
         for (i, w) in cu_seqlens.windows(2).enumerate() {
+            if w[1] == w[0] {
+                // An empty sequence empties its cache sequence (checked as a reset is).
+                cache.check_seq(seqs[i])?;
+                continue;
+            }
             let shape = AttentionShape::prefill(1, hq, hkv, w[1] - w[0], d)?;
             cache.check_plan(&self.ctx, &shape, &self.opts, seqs[i], 0)?;
         }
@@ -1176,7 +1183,7 @@ impl VarlenPrefillPlan {
             let (o, l) = (outputs.out.tokens(t0, n)?, outputs.lse.tokens(t0, n)?);
             Ok(([qs, ks, vs, o, l], sel))
         };
-        for w in cu_seqlens.windows(2) {
+        for w in cu_seqlens.windows(2).filter(|w| w[1] > w[0]) {
             let n = w[1] - w[0];
             let ([qs, ks, vs, o, l], sel) = seq(w[0], n)?;
             if self.in_place {
@@ -1191,6 +1198,12 @@ impl VarlenPrefillPlan {
         }
         for (i, w) in cu_seqlens.windows(2).enumerate() {
             let n = w[1] - w[0];
+            if n == 0 {
+                if let Some((cache, seqs)) = &mut cache {
+                    cache.record_reset(enc, seqs[i])?;
+                }
+                continue;
+            }
             let ([qs, ks, vs, o, l], sel) = seq(w[0], n)?;
             let plan = self.plan(n, Some([&qs, &ks, &vs]))?;
             let outs = PrefillOutputs {
