@@ -1,6 +1,7 @@
 //! Host CPU time to record work, the cost an inference loop pays per layer on the CPU whatever
 //! the GPU does: a decode step (append + step of a batch into the caller's encoder, buffers of
-//! the caller's) at several cache capacities, and a planned prefill's run at several sequence
+//! the caller's) at several cache capacities, a serving loop's step (random append masks, or
+//! rows from a packed projection), and a planned prefill's run at several sequence
 //! lengths. The recorded commands are not submitted: this measures the host side only
 //! (`pisa bench` measures the GPU side).
 //!
@@ -94,6 +95,104 @@ fn decode_record(c: &mut Criterion) {
     group.finish();
 }
 
+/// A serving loop's decode step at batch 16 (capacity 16,384): `masks` with a new random
+/// append mask every step (sequences joining and leaving, as continuous batching does),
+/// `packed` with every sequence appending its rows from a packed QKV projection `[B, (Hq + 2
+/// Hkv) * D]` (views the cache gathers, the same buffer every step).
+fn decode_record_serving(c: &mut Criterion) {
+    const BS: usize = 16;
+    let Ok(ctx) = Context::new(&AdapterChoice::HighPerformance) else {
+        eprintln!("no adapter: host-time benches skipped");
+        return;
+    };
+    let cfg = SelectionConfig::new(64, 8).expect("config");
+    let capacity = 16384;
+    let mut group = c.benchmark_group("decode_record_serving_b16");
+    let row = (HQ + 2 * HKV) * D;
+    let qkv = buffer(&ctx, BS * row * 4);
+    let strided = |off: usize, h: usize| {
+        TensorView::new(
+            &qkv,
+            (off * 4) as u64,
+            DType::F32,
+            [BS, h, 1, D],
+            [row, D, row, 1],
+        )
+        .expect("packed view")
+    };
+    let (pq, pk, pv) = (
+        strided(0, HQ),
+        strided(HQ * D, HKV),
+        strided((HQ + HKV) * D, HKV),
+    );
+    let (k, v) = (
+        buffer(&ctx, BS * HKV * D * 4),
+        buffer(&ctx, BS * HKV * D * 4),
+    );
+    let (q, o) = (buffer(&ctx, BS * HQ * D * 4), buffer(&ctx, BS * HQ * D * 4));
+    let lse = buffer(&ctx, BS * HQ * 4);
+    let (kv_shape, q_shape) = ([BS, HKV, 1, D], [BS, HQ, 1, D]);
+    let (kv, vv) = (
+        view(&k, DType::F32, kv_shape),
+        view(&v, DType::F32, kv_shape),
+    );
+    let (qv, ov) = (view(&q, DType::F32, q_shape), view(&o, DType::F32, q_shape));
+    let lv = view(&lse, DType::F32, [BS, HQ, 1, 1]);
+    let outs = StepOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: None,
+    };
+    for case in ["masks", "packed"] {
+        let mut cache =
+            KvCache::new(&ctx, BS, capacity, HQ, HKV, D, cfg, Storage::F32).expect("cache");
+        // A fixed sequence of pseudo-random masks (xorshift), about half the batch each.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        group.bench_function(case, |bch| {
+            bch.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for i in 0..iters {
+                    if (0..BS).any(|s| cache.len(s).expect("len") + 1 >= capacity) {
+                        for s in 0..BS {
+                            cache.reset(s).expect("reset");
+                        }
+                    }
+                    let active: Vec<bool> = match case {
+                        "masks" => (0..BS)
+                            .map(|_| {
+                                state ^= state << 13;
+                                state ^= state >> 7;
+                                state ^= state << 17;
+                                state & 1 == 1
+                            })
+                            .collect(),
+                        _ => vec![true; BS],
+                    };
+                    let (kk, vvv, qq) = match case {
+                        "masks" => (&kv, &vv, &qv),
+                        _ => (&pk, &pv, &pq),
+                    };
+                    let mut enc = ctx.device().create_command_encoder(&Default::default());
+                    let t0 = Instant::now();
+                    cache
+                        .record_append_view(&mut enc, kk, vvv, &active, None)
+                        .expect("append");
+                    cache
+                        .record_step_into(&mut enc, qq, Some(&outs), None)
+                        .expect("step");
+                    total += t0.elapsed();
+                    drop(enc);
+                    if i % 256 == 255 {
+                        let _ = ctx.device().poll(wgpu::PollType::Poll);
+                    }
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+}
+
 fn prefill_record(c: &mut Criterion) {
     let Ok(ctx) = Context::new(&AdapterChoice::HighPerformance) else {
         eprintln!("no adapter: host-time benches skipped");
@@ -170,5 +269,5 @@ fn prefill_group(c: &mut Criterion, ctx: &Context, opts: &PrefillOptions, in_pla
     group.finish();
 }
 
-criterion_group!(host, decode_record, prefill_record);
+criterion_group!(host, decode_record, decode_record_serving, prefill_record);
 criterion_main!(host);
