@@ -22,15 +22,20 @@
 //!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no allocation,
 //!   host write or wait; [`KvCache::record_chunk`] ([`ChunkOutputs`]) appends and attends T
 //!   tokens per sequence (a chunked prefill into the cache).
-//! - [`Tuning`]: the kernels' knobs (speed only, every setting gives the same results), with
-//!   per-device defaults; [`Context::tuning`] / [`Context::set_tuning`], or
+//! - [`Tuning`]: the kernels' knobs (speed only, every setting gives the same results; one
+//!   diagnostic, the WGSL dump folder), with per-device defaults; [`Context::tuning`] / [`Context::set_tuning`], or
 //!   [`Context::with_tuning`] before the device opens. Their names and `PISA_*` variables:
 //!   [`TUNING_KNOBS`].
 //! - [`Context::read_async`] reads a view back without blocking.
+//! - [`Profiler`]: GPU time per stage from timestamp queries, handed to a `run` or `record_*`
+//!   call of its own context, read after the submit ([`Profiler::finish`]).
+//! - The kernels do not scan their inputs for NaN or infinities: [`ops::check_finite`] (host
+//!   slices) and [`ops::check_finite_view`] (a view, on the GPU) do, where they cannot be ruled
+//!   out upstream.
 //! - Host conveniences for tools and tests (blocking; refused on wasm32): [`prefill_host`],
 //!   [`KvCache::append_and_step`], [`Context::read_bytes`].
 //! - Errors are [`GpuError`]s, never panics: a view the operation cannot use is
-//!   [`GpuError::View`].
+//!   [`GpuError::View`], a profiler used with another context [`GpuError::Misuse`].
 //!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
