@@ -548,3 +548,158 @@ fn appends_of_many_masks_in_one_encoder() {
         assert_eq!(r.cache.len(b).unwrap(), r.refs[b].len(), "seq {b}");
     }
 }
+
+/// Step outputs the step cannot bind in place (O with gaps between heads, LSE with gaps, a
+/// strided selection, and, where the device's binding alignment is above 4 bytes, O at an
+/// unaligned offset) are written through the cache's own outputs and a scatter recorded
+/// after the step: the same values as a step into contiguous outputs, bitwise, and every byte
+/// outside the views as it was (poisoned). An output of the wrong kind (an f32 selection, an
+/// i32 O) or that a scatter cannot write (an f16 LSE: D = 1) is a `View` error.
+#[test]
+fn step_outputs_that_cannot_be_bound_are_scattered() {
+    let mut c = base("scatter_outputs", 6, 2, 40, cfg(8, 3, 2, Scoring::Lse));
+    c.prefill = vec![30, 70, 5];
+    c.steps = 0;
+    let mut r = Run::new(c, 128);
+    let (bn, hq, hkv, d, k) = (3usize, 6usize, 2usize, 40usize, 3usize);
+    let ctx = ctx();
+    let q = random(&mut r.rng, bn * hq * d, 1.5);
+    let qb = app_buffer(ctx, &q);
+    let qv = bhnd_f32(&qb, [bn, hq, 1, d]);
+    let poison = f32::from_bits(0xFFFF_FFFF);
+    let step = |outs: &pisa_wgpu::ops::decode::StepOutputs| {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        r.cache.record_step_into(&mut enc, &qv, Some(outs), None)?;
+        ctx.queue().submit([enc.finish()]);
+        Ok::<(), GpuError>(())
+    };
+    let words = |b: &pisa_wgpu::wgpu::Buffer| -> Vec<u32> {
+        bytemuck::cast_slice(&ctx.read_bytes(b).unwrap()).to_vec()
+    };
+    // Contiguous outputs, bound in place.
+    let (ob, lb, sb) = (
+        app_buffer(ctx, &vec![poison; bn * hq * d]),
+        app_buffer(ctx, &vec![poison; bn * hq]),
+        app_buffer(ctx, &vec![poison; bn * hkv * k]),
+    );
+    let sel_of = |b, strides| {
+        pisa_wgpu::TensorView::new(b, 0, pisa_wgpu::DType::I32, [bn, hkv, 1, k], strides).unwrap()
+    };
+    let (ov, lv, sv) = (
+        bhnd_f32(&ob, [bn, hq, 1, d]),
+        bhnd_f32(&lb, [bn, hq, 1, 1]),
+        sel_of(&sb, [hkv * k, k, k, 1]),
+    );
+    step(&pisa_wgpu::ops::decode::StepOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: Some(&sv),
+    })
+    .unwrap();
+    let (o0, l0, s0) = (words(&ob), words(&lb), words(&sb));
+    assert!(o0.iter().all(|&w| w != 0xFFFF_FFFF), "O not written");
+    // O with a gap of D after every head, at an unaligned offset where the device has one;
+    // LSE f16; the selection with a gap after every KV head.
+    let a = ctx.limits().min_storage_buffer_offset_alignment as usize;
+    let off = if a > 4 { 1 } else { 0 };
+    let (ob2, lb2, sb2) = (
+        app_buffer(ctx, &vec![poison; off + bn * hq * 2 * d]),
+        app_buffer(ctx, &vec![poison; bn * hq * 2]),
+        app_buffer(ctx, &vec![poison; bn * hkv * 2 * k]),
+    );
+    let ov2 = pisa_wgpu::TensorView::new(
+        &ob2,
+        (off * 4) as u64,
+        pisa_wgpu::DType::F32,
+        [bn, hq, 1, d],
+        [hq * 2 * d, 2 * d, d, 1],
+    )
+    .unwrap();
+    let lv2 = pisa_wgpu::TensorView::new(
+        &lb2,
+        0,
+        pisa_wgpu::DType::F32,
+        [bn, hq, 1, 1],
+        [hq * 2, 2, 1, 1],
+    )
+    .unwrap();
+    let sv2 = sel_of(&sb2, [hkv * 2 * k, 2 * k, k, 1]);
+    let outs2 = pisa_wgpu::ops::decode::StepOutputs {
+        out: &ov2,
+        lse: &lv2,
+        selection: Some(&sv2),
+    };
+    step(&outs2).unwrap();
+    let (o2, l2, s2) = (words(&ob2), words(&lb2), words(&sb2));
+    for b in 0..bn {
+        for h in 0..hq {
+            let got = &o2[off + (b * hq + h) * 2 * d..][..2 * d];
+            let want = &o0[(b * hq + h) * d..][..d];
+            assert_eq!(&got[..d], want, "O seq {b} head {h}");
+            assert!(got[d..].iter().all(|&w| w == 0xFFFF_FFFF), "O gap written");
+            let i = b * hq + h;
+            assert_eq!(l2[2 * i], l0[i], "LSE seq {b} head {h}");
+            assert_eq!(l2[2 * i + 1], 0xFFFF_FFFF, "LSE gap written");
+        }
+        for h in 0..hkv {
+            let got = &s2[(b * hkv + h) * 2 * k..][..2 * k];
+            assert_eq!(
+                &got[..k],
+                &s0[(b * hkv + h) * k..][..k],
+                "selection {b} {h}"
+            );
+            assert!(
+                got[k..].iter().all(|&w| w == 0xFFFF_FFFF),
+                "selection gap written"
+            );
+        }
+    }
+    assert!(
+        o2[..off].iter().all(|&w| w == 0xFFFF_FFFF),
+        "bytes before O written"
+    );
+    // Outputs of the wrong kind, and a 2-byte LSE (D = 1: a scatter writes 2-byte views in
+    // pairs of elements along D).
+    let f16_lse = pisa_wgpu::TensorView::contiguous(
+        &lb2,
+        0,
+        pisa_wgpu::DType::F16,
+        [bn, hq, 1, 1],
+        TensorLayout::Bhnd,
+    )
+    .unwrap();
+    let e = step(&pisa_wgpu::ops::decode::StepOutputs {
+        out: &ov,
+        lse: &f16_lse,
+        selection: None,
+    });
+    assert!(matches!(e, Err(GpuError::View(_))), "{e:?}");
+    let f32_sel = pisa_wgpu::TensorView::contiguous(
+        &sb,
+        0,
+        pisa_wgpu::DType::F32,
+        [bn, hkv, 1, k],
+        TensorLayout::Bhnd,
+    )
+    .unwrap();
+    let e = step(&pisa_wgpu::ops::decode::StepOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: Some(&f32_sel),
+    });
+    assert!(matches!(e, Err(GpuError::View(_))), "{e:?}");
+    let i32_o = pisa_wgpu::TensorView::contiguous(
+        &ob,
+        0,
+        pisa_wgpu::DType::I32,
+        [bn, hq, 1, d],
+        TensorLayout::Bhnd,
+    )
+    .unwrap();
+    let e = step(&pisa_wgpu::ops::decode::StepOutputs {
+        out: &i32_o,
+        lse: &lv,
+        selection: None,
+    });
+    assert!(matches!(e, Err(GpuError::View(_))), "{e:?}");
+}

@@ -194,6 +194,20 @@ pub fn record_scatter(
     dst: &TensorView,
 ) -> Result<()> {
     let _call = ctx.public_call()?;
+    let stages = scatter_stages(ctx, src, src_storage, dst)?;
+    ctx.record_pass(enc, "scatter", stages.iter(), None);
+    Ok(())
+}
+
+/// The dispatches of [`record_scatter`], to record now or keep and record again for the same
+/// source and view (a decode step's outputs written into views it cannot bind). Errors: those
+/// of [`record_scatter`].
+pub(crate) fn scatter_stages(
+    ctx: &Context,
+    src: &wgpu::Buffer,
+    src_storage: Storage,
+    dst: &TensorView,
+) -> Result<Vec<crate::runtime::buffers::Stage>> {
     let g = Geometry::of(dst);
     let [_, _, _, d] = g.shape;
     let sb = src_storage.bytes();
@@ -223,9 +237,7 @@ pub fn record_scatter(
         let p = params(c, d, g.strides, count, count, cont.first, view.first)?;
         dispatches.push((p, cont, view, count));
     }
-    let stages = stages(ctx, "scatter", &pipe, src, dst.buffer(), &dispatches)?;
-    ctx.record_pass(enc, "scatter", stages.iter(), None);
-    Ok(())
+    stages(ctx, "scatter", &pipe, src, dst.buffer(), &dispatches)
 }
 
 /// The shader's code of the view's element type `d`, the contiguous side being of `storage`:

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
+use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
 use crate::runtime::view::{check_disjoint_among, check_float_input, DType, InPlace, TensorView};
 
@@ -39,9 +40,12 @@ pub(super) struct StepIo {
     pub sel: InPlace,
 }
 
-/// The outputs of a decode step: the caller's, given to [`KvCache::record_step_into`] and
-/// bound in place there (contiguous, at an offset that is a multiple of the device's
-/// `min_storage_buffer_offset_alignment`), or the cache's own, lent by [`KvCache::outputs`].
+/// The outputs of a decode step: the caller's, given to [`KvCache::record_step_into`], or the
+/// cache's own, lent by [`KvCache::outputs`]. A view of the type below, contiguous, at an
+/// offset that is a multiple of the device's `min_storage_buffer_offset_alignment`, is bound
+/// in place (written by the step itself); any other (strided, unaligned, O or LSE of another
+/// float dtype) is written from the cache's own outputs by a scatter recorded after the step,
+/// kept per view (a 2-byte view needs whole words: an even D, so not LSE).
 #[derive(Debug, Clone, Copy)]
 pub struct StepOutputs<'a> {
     /// O `[B, Hq, 1, D]` in the cache's storage dtype (f32 for a bf16 cache:
@@ -174,11 +178,12 @@ impl KvCache {
     /// on the GPU, advanced by the recorded appends). `q`: `[B, Hq, 1, D]` in the cache's
     /// storage dtype, contiguous, at an aligned offset (see [`TensorView`]) to be bound in place;
     /// any other query view (a row of a packed QKV projection, another dtype) is gathered first by one
-    /// small dispatch. The outputs are always bound in place.
+    /// small dispatch. The outputs are bound in place where they can be, else written by a
+    /// scatter recorded after the step ([`StepOutputs`]).
     ///
-    /// Errors: [`GpuError::View`] for a view of the wrong shape, or an output of the wrong
-    /// dtype, not contiguous, or at an offset the device cannot bind, or, when the step runs
-    /// fused, in the buffer of a `q` bound in place; [`GpuError::Validation`] for a buffer of
+    /// Errors: [`GpuError::View`] for a view of the wrong shape, an output of the wrong kind
+    /// (an integer O or LSE, a float selection) or one the scatter cannot write, or, when the
+    /// step runs fused, an output bound in place in the buffer of a `q` bound in place; [`GpuError::Validation`] for a buffer of
     /// another device.
     ///
     /// ```no_run
@@ -201,18 +206,74 @@ impl KvCache {
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
-        let io = self.step_io(enc, q, outputs)?;
+        let mut scatters = Vec::new();
+        let io = self.step_io(enc, q, outputs, &mut scatters)?;
         let stages = self.cached_stages(&io)?;
+        // Everything that can fail is built before anything but a gather is recorded.
+        let scatters = (scatters.into_iter())
+            .map(|(view, src, storage)| {
+                let key: GatherKey = (
+                    (view.buffer().clone(), view.offset(), view.dtype()),
+                    (view.shape(), view.strides()),
+                    src.clone(),
+                );
+                self.gather_cache.get_or_build(&key, || {
+                    crate::ops::gather::scatter_stages(&self.ctx, &src, storage, view)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         self.ctx.record_pass(enc, "decode", stages.iter(), prof);
+        for s in &scatters {
+            self.ctx.record_pass(enc, "scatter", s.iter(), None);
+        }
         Ok(())
     }
 
-    /// The bindings of a step for a query view and optional output views, checked.
-    fn step_io(
+    /// An output view as a binding: in place when it is of `dt`, contiguous and at an offset
+    /// the device binds; else the cache's own `own` (of `storage`), with a scatter from it into
+    /// the view pushed to `scatters` (recorded after the step), where the scatter can write the
+    /// view: a float view for O and LSE, an i32 one for the selection (`dt` I32). Errors:
+    /// [`GpuError::View`] for the wrong shape, a dtype of the wrong kind, or a view the
+    /// scatter cannot write (a 2-byte view whose pairs along D are not whole words).
+    fn out_binding<'v>(
+        &self,
+        what: &str,
+        view: &'v TensorView,
+        (dt, shape): (DType, [usize; 4]),
+        (own, storage): (&GpuTensor, Storage),
+        scatters: &mut Vec<(&'v TensorView, wgpu::Buffer, Storage)>,
+    ) -> Result<InPlace> {
+        let align = self.ctx.limits().min_storage_buffer_offset_alignment as u64;
+        if view.shape() == shape && view.dtype() == dt {
+            if let Some(r) = view.binding_words(TensorLayout::Bhnd, align) {
+                return Ok(r);
+            }
+        }
+        if view.shape() != shape || (dt == DType::I32) != (view.dtype() == DType::I32) {
+            return Err(GpuError::View(format!(
+                "{what}: expected {dtype} {shape:?}, got {:?} {:?}",
+                view.dtype(),
+                view.shape(),
+                dtype = match dt {
+                    DType::I32 => "I32",
+                    _ => "a float (f32, f16, bf16) view of",
+                },
+            )));
+        }
+        crate::ops::gather::check_scatter_dst(what, storage, view)?;
+        scatters.push((view, own.buffer.clone(), storage));
+        Ok(InPlace::whole(&own.buffer))
+    }
+
+    /// The bindings of a step for a query view and optional output views, checked; outputs
+    /// that cannot be bound in place are written through the cache's own, their scatters
+    /// pushed to `scatters`.
+    fn step_io<'v>(
         &self,
         enc: &mut wgpu::CommandEncoder,
         q: &TensorView,
-        outputs: Option<&StepOutputs<'_>>,
+        outputs: Option<&StepOutputs<'v>>,
+        scatters: &mut Vec<(&'v TensorView, wgpu::Buffer, Storage)>,
     ) -> Result<StepIo> {
         let s = &self.shape;
         // O is of the kernels' output type: the storage's, f32 for bf16.
@@ -228,10 +289,28 @@ impl KvCache {
         }
         let (out, lse, sel) = match outputs {
             Some(o) => (
-                self.bind_view("decode output", o.out, dt, [b, hq, 1, d])?,
-                self.bind_view("decode lse", o.lse, DType::F32, [b, hq, 1, 1])?,
+                self.out_binding(
+                    "decode output",
+                    o.out,
+                    (dt, [b, hq, 1, d]),
+                    (&self.out, self.storage.output()),
+                    scatters,
+                )?,
+                self.out_binding(
+                    "decode lse",
+                    o.lse,
+                    (DType::F32, [b, hq, 1, 1]),
+                    (&self.lse, Storage::F32),
+                    scatters,
+                )?,
                 match o.selection {
-                    Some(v) => self.bind_view("decode selection", v, DType::I32, [b, hkv, 1, k])?,
+                    Some(v) => self.out_binding(
+                        "decode selection",
+                        v,
+                        (DType::I32, [b, hkv, 1, k]),
+                        (&self.sel, Storage::F32),
+                        scatters,
+                    )?,
                     None => InPlace::whole(&self.sel.buffer),
                 },
             ),
@@ -315,34 +394,6 @@ impl KvCache {
         })?;
         self.ctx.record_pass(enc, "gather", stages.iter(), None);
         Ok(InPlace::whole(&scratch.buffer))
-    }
-
-    /// `view` as a range bound in place, after checking its shape and dtype.
-    pub(super) fn bind_view(
-        &self,
-        what: &str,
-        view: &TensorView,
-        dtype: DType,
-        shape: [usize; 4],
-    ) -> Result<InPlace> {
-        if view.shape() != shape || view.dtype() != dtype {
-            return Err(GpuError::View(format!(
-                "{what}: expected {dtype:?} {shape:?}, got {:?} {:?} (a decode step binds its outputs in place and does not convert them: O is of the cache's storage, f32 for bf16; LSE f32; the selection i32)",
-                view.dtype(),
-                view.shape()
-            )));
-        }
-        let align = self.ctx.limits().min_storage_buffer_offset_alignment as u64;
-        view.binding_words(TensorLayout::Bhnd, align)
-            .ok_or_else(|| {
-                GpuError::View(format!(
-                    "{what}: the decode step binds its tensors in place, so the view must be \
-                 contiguous ([B, H, 1, D] row-major) at a byte offset that is a multiple of \
-                 {align} (this one: offset {}, strides {:?})",
-                    view.offset(),
-                    view.strides()
-                ))
-            })
     }
 
     /// The recorded dispatches of a step for `io`, built on first use and kept (the bind
