@@ -291,12 +291,12 @@ fn cut_in_one_rank_part() {
     c.prefill = vec![9, 150];
     c.steps = 40;
     let mut r = Run::new(c, 400);
-    // A cap below the step's needs (D 64: 16 invocations) is a Limit naming the cap,
-    // and leaves the cache's plan as it was.
+    // A cap below the step's needs (D 64: 16 invocations) is a Limit naming the power of two
+    // the kernels would take within it, and leaves the cache's plan as it was.
     for cap in [1, 3, 15] {
         let e = r.cache.set_workgroup_size_limit(cap).unwrap_err();
         assert!(
-            matches!(e, GpuError::Limit { limit, .. } if limit == cap as u64),
+            matches!(e, GpuError::Limit { limit, .. } if limit == 1u64 << (31 - cap.leading_zeros())),
             "cap {cap}: {e}"
         );
     }

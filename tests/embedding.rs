@@ -1116,7 +1116,7 @@ fn profiler_misuse_is_an_error_of_finish() {
         let mut p = pisa_wgpu::Profiler::new(&app.ctx, 64);
         let enc = run(Some(&mut p));
         let m = misuse(p.finish(&app.ctx), "finish before the submit");
-        assert!(m.contains("submit"), "{m}");
+        assert!(m.contains("was not submitted"), "{m}");
         app.queue.submit([enc.finish()]);
         // Rightly.
         let mut p = pisa_wgpu::Profiler::new(&app.ctx, 64);
@@ -1127,4 +1127,63 @@ fn profiler_misuse_is_an_error_of_finish() {
     } else {
         eprintln!("adapter without TIMESTAMP_QUERY: the read-before-submit case not run");
     }
+}
+
+/// A profiler whose context was dropped refuses the contexts made after it (a context's
+/// identity is never reused, where an address could be: a new context often took the dropped
+/// one's address, and the profiler then put its old device's query set into the new device's
+/// passes).
+#[test]
+fn profiler_of_a_dropped_context_refuses_later_ones() {
+    for i in 0..8 {
+        let a = App::new();
+        let p = pisa_wgpu::Profiler::new(&a.ctx, 8);
+        drop(a);
+        let b = App::new();
+        match p.finish(&b.ctx) {
+            Err(GpuError::Misuse(_)) => {}
+            other => panic!("iteration {i}: {other:?}"),
+        }
+    }
+}
+
+/// Views in a buffer of another device of the same instance, given to the finiteness check
+/// and to a decode append that gathers its rows (bind groups the library builds and, for the
+/// append, keeps), are `Validation` errors of the calls: not a panic of wgpu's default error
+/// handler, and no kept bind group.
+#[test]
+fn gathers_and_checks_of_another_devices_buffer_are_validation_errors() {
+    let app = App::new();
+    let (other, _q) = open_device(&app.adapter);
+    let buf = other.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("other device"),
+        size: 4096,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let f16 = TensorView::new(&buf, 2, DType::F16, [1, 2, 4, 8], [64, 32, 8, 1]).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pisa_wgpu::ops::check_finite_view(&app.ctx, "x", &f16)
+    }));
+    match r {
+        Ok(Err(GpuError::Validation { .. })) => {}
+        Ok(other) => panic!("finiteness check: {other:?}"),
+        Err(p) => panic!("finiteness check panicked: {:?}", panic_text(&*p)),
+    }
+    let (bn, d) = (2usize, 32usize);
+    let mut cache = KvCache::new(&app.ctx, bn, 64, 1, 1, d, cfg(), Storage::F32).unwrap();
+    // Rows of a packed projection (strided: gathered).
+    let rows = TensorView::new(&buf, 0, DType::F32, [bn, 1, 1, d], [3 * d, d, 3 * d, 1]).unwrap();
+    for attempt in 0..2 {
+        let mut enc = app.device.create_command_encoder(&Default::default());
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cache.record_append_view(&mut enc, &rows, &rows, &[true, true], None)
+        }));
+        match r {
+            Ok(Err(GpuError::Validation { .. })) => {}
+            Ok(other) => panic!("append, attempt {attempt}: {other:?}"),
+            Err(p) => panic!("append panicked: {:?}", panic_text(&*p)),
+        }
+    }
+    assert_eq!(cache.kept_dispatch_sets()[2], 0, "a failed gather was kept");
 }

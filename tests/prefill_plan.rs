@@ -422,13 +422,16 @@ fn read_async_returns_a_views_bytes_without_blocking_the_caller() {
     assert_eq!(bytemuck::cast_slice::<u8, f32>(&bytes), data.as_slice());
     // Without anyone polling the device, the future polls it itself (natively nothing else
     // would complete the mapping): `block_on` returns, here within a minute or the test fails.
+    // On a context of its own, so that the other tests of this binary, which poll the shared
+    // context's device, cannot complete the mapping for it.
     let (tx, rx) = std::sync::mpsc::channel();
-    let buf2 = buf.clone();
     std::thread::spawn(move || {
-        let v = TensorView::contiguous(&buf2, 256, DType::F32, [3, 5, 7, 8], TensorLayout::Bhnd);
-        let _ = tx.send(pollster::block_on(ctx.read_async(&v.unwrap())));
+        let own = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+        let b = buffer_with(&own, 256, &data);
+        let v = TensorView::contiguous(&b, 256, DType::F32, [3, 5, 7, 8], TensorLayout::Bhnd);
+        let _ = tx.send(pollster::block_on(own.read_async(&v.unwrap())).map(|r| (r, data)));
     });
-    let bytes = (rx.recv_timeout(std::time::Duration::from_secs(60)))
+    let (bytes, data) = (rx.recv_timeout(std::time::Duration::from_secs(60)))
         .expect("read_async did not complete without the application polling the device")
         .unwrap();
     assert_eq!(bytemuck::cast_slice::<u8, f32>(&bytes), data.as_slice());
@@ -521,6 +524,8 @@ fn varlen_prefill_equals_each_sequence_alone() {
     )
     .unwrap();
     let plan = pisa_wgpu::VarlenPrefillPlan::new(ctx, hq, hkv, d, &opts).unwrap();
+    // Every length planned ahead, the empty sequences' 0 included (which needs no plan).
+    plan.prepare(&lens).unwrap();
     let outs = PrefillOutputs {
         out: &ov,
         lse: &lv,

@@ -22,8 +22,9 @@ struct Cli {
     /// decode_fused, decode_key_lanes, decode_route_subgroups, decode_route_workgroups,
     /// leaf_tiles_per_iteration,
     /// leaf_subgroups, leaf_stage_keys, route_lanes, route_max_workgroup, route_tile,
-    /// route_subgroups, route_table_nodes, route_table_portable, route_table_queries (`pisa_wgpu::Tuning`).
-    /// Speed only: results are the same, selections up to near-ties of rounding.
+    /// route_subgroups, route_table_nodes, route_table_portable, route_table_queries
+    /// (`pisa_wgpu::Tuning`): speed only, results are the same, selections up to near-ties of
+    /// rounding. And dump_wgsl=DIR: write every pipeline's WGSL into DIR (a diagnostic).
     #[arg(long, value_name = "KNOB=VALUE", global = true)]
     tune: Vec<String>,
     #[command(subcommand)]

@@ -192,6 +192,11 @@ pub struct DecodeOutput {
 /// the failed call in the next one; the appends before it then count on both sides. [`KvCache::reset`] itself is
 /// queue-ordered (it lands before commands recorded earlier but submitted after it); while an
 /// encoder holds commands for the sequence, [`KvCache::record_reset`] keeps the order.
+///
+/// A cache keeps the recorded dispatches of the buffers it was given (up to 64 sets each of
+/// steps, appends, and gathers or scatters of views it cannot bind), and with them references
+/// to those buffers: their memory is freed when both the application and the cache have let
+/// go of them (a kept set is dropped when a 65th is made, all of that kind at once).
 #[derive(Debug)]
 pub struct KvCache {
     ctx: Context,

@@ -505,9 +505,6 @@ fn params(
     })
 }
 
-/// Records the dispatches, in order, as one compute pass: each binds its parameters, its range
-/// of `src` (binding 1) and of `dst` (binding 2), and runs `units` invocations (the grid split
-/// past the per-dimension workgroup limit).
 /// Opt-in finiteness check of a tensor view on the GPU (the GPU-side twin of
 /// [`crate::ops::check_finite`], for inputs that live in an application's buffers): one pass
 /// over the view's elements (f32, f16 or bf16, any strides, split past the storage binding
@@ -518,8 +515,9 @@ fn params(
 /// on wasm32, where nothing may block, [`check_finite_view_async`].
 ///
 /// Errors besides: [`GpuError::View`] for an integer (i32) view, a view in a buffer without
-/// `STORAGE` usage or ending in a word past its buffer's end; [`GpuError::Limit`] for a row
-/// past a binding; [`GpuError::Unsupported`] on wasm32; those of [`Context::read_bytes`].
+/// `STORAGE` usage or ending in a word past its buffer's end; [`GpuError::Validation`] for a
+/// view in another device's buffer; [`GpuError::Limit`] for a row past a binding;
+/// [`GpuError::Unsupported`] on wasm32; those of [`Context::read_bytes`].
 pub fn check_finite_view(ctx: &Context, tensor: &'static str, view: &TensorView) -> Result<()> {
     let (found, starts) = {
         let _call = ctx.public_call()?;
@@ -564,11 +562,24 @@ fn record_find(
         )));
     }
     check_view_end(view, tensor, "checked view")?;
+    // Under one error scope: a view in another device's buffer is a Validation error of the
+    // call (its bind group), not a panic of wgpu's default handler.
+    ctx.scope_now("finiteness check", || find_pass(ctx, tensor, view))
+}
+
+/// [`record_find`]'s pass, built and submitted.
+fn find_pass(
+    ctx: &Context,
+    tensor: &'static str,
+    view: &TensorView,
+) -> Result<(wgpu::Buffer, Vec<u64>)> {
     let g = Geometry::of(view);
     let [_, h, n, d] = g.shape.map(|x| x as u64);
     let align = align(ctx);
-    // No contiguous side: one byte an element keeps the planner's bound on it harmless.
-    let chunks = plan(&g, 1, align, limit(ctx))?;
+    // No contiguous side is bound; planning as if it were 4 bytes an element bounds a box to
+    // fewer than 2^30 elements (4 per element within a binding below 4 GiB), so that the
+    // shader's key (l << 2 | class) fits a word whatever the view's element size.
+    let chunks = plan(&g, 4, align, limit(ctx))?;
     let kinds = [
         ("SRC_KIND", kind(view.dtype(), Storage::F32)?),
         ("DST_KIND", 0.0),
@@ -639,12 +650,9 @@ fn record_find(
             pisa_core::grid_for(count.div_ceil(WG), max_dim)?,
         ));
     }
-    ctx.scope_now("finiteness check", || {
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        ctx.record_pass(&mut enc, "find_nonfinite", stages.iter(), None);
-        ctx.queue.submit([enc.finish()]);
-        Ok(())
-    })?;
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    ctx.record_pass(&mut enc, "find_nonfinite", stages.iter(), None);
+    ctx.queue.submit([enc.finish()]);
     Ok((found, starts))
 }
 
@@ -662,8 +670,9 @@ fn first_nonfinite(tensor: &'static str, bytes: &[u8], starts: &[u64]) -> Result
     }
 }
 
-/// The dispatches of a gather or scatter: one bind group per chunk (its parameters, its
-/// source and destination ranges) on `pipe`.
+/// The dispatches of a gather or scatter, to record in order as one compute pass: each binds
+/// its parameters, its range of `src` (binding 1) and of `dst` (binding 2), and runs `units`
+/// invocations (the grid split past the per-dimension workgroup limit).
 fn stages<'a>(
     ctx: &Context,
     label: &'static str,

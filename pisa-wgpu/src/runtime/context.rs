@@ -43,6 +43,9 @@ pub struct Context(Arc<ContextInner>);
 /// The shared state behind [`Context`].
 #[doc(hidden)]
 pub struct ContextInner {
+    /// [`Context::id`]: unique for the process's life (not an address, which a later context
+    /// may reuse once this one is dropped).
+    uid: usize,
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     pub(crate) pipelines: PipelineCache,
@@ -294,9 +297,10 @@ impl Context {
         Self::build(adapter, device, queue, false, tuning)
     }
 
-    /// The address of the shared state: tells contexts apart (the plans' arenas).
+    /// The context's identity, shared by its clones and never reused by another context of
+    /// the process: tells contexts apart (the plans' arenas, a profiler's context).
     pub(crate) fn id(&self) -> usize {
-        Arc::as_ptr(&self.0) as usize
+        self.uid
     }
 
     /// The last wgpu error that reached pisa's uncaptured-error handler (installed on pisa's own
@@ -381,7 +385,9 @@ impl Context {
             limits.max_compute_workgroup_storage_size / 1024,
             limits.max_storage_buffer_binding_size >> 20
         );
+        static NEXT_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
         let ctx = Self(Arc::new(ContextInner {
+            uid: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             device,
             queue,
             owned,

@@ -64,6 +64,11 @@ pub struct Profiler {
     /// Passes of another context's operations it was handed (recorded untimed; `finish`
     /// refuses).
     foreign: usize,
+    /// One word, 1 when made, cleared by a command recorded before the first timed pass: still
+    /// 1 at `finish` means the encoder holding the passes was not submitted, so their queries
+    /// are not resolved (resolving queries that were never written may wait forever on some
+    /// drivers: Vulkan's copy of query results waits for them to become available).
+    submitted: Option<wgpu::Buffer>,
     capacity: u32,
     /// Labels of the timed passes, in recording order.
     labels: Vec<&'static str>,
@@ -91,6 +96,19 @@ impl Profiler {
                 .flatten(),
             ctx_id: Some(ctx.id()),
             foreign: 0,
+            submitted: ctx.has_timestamps().then(|| {
+                let b = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("profiler submitted mark"),
+                    size: 4,
+                    usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: true,
+                });
+                if let Ok(mut m) = b.slice(..).get_mapped_range_mut() {
+                    m.copy_from_slice(&1u32.to_le_bytes());
+                }
+                b.unmap();
+                b
+            }),
             capacity: passes.min(Self::MAX_PASSES),
             labels: Vec::new(),
             untimed: 0,
@@ -103,6 +121,7 @@ impl Profiler {
             inner: None,
             ctx_id: None,
             foreign: 0,
+            submitted: None,
             capacity: 0,
             labels: Vec::new(),
             untimed: 0,
@@ -147,6 +166,10 @@ impl Profiler {
         stage: &'static str,
     ) -> wgpu::ComputePass<'e> {
         let full = self.labels.len() as u32 >= self.capacity;
+        if let (true, Some(_), Some(mark)) = (self.labels.is_empty(), &self.inner, &self.submitted)
+        {
+            enc.clear_buffer(mark, 0, None);
+        }
         let query = match &self.inner {
             Some(p) if !full => Some(p.begin_pass_query(stage, enc)),
             Some(_) => {
@@ -234,6 +257,15 @@ impl Profiler {
         };
         if self.labels.is_empty() {
             return Ok(Some(Vec::new()));
+        }
+        if let Some(mark) = &self.submitted {
+            if ctx.read_bytes(mark)? != [0; 4] {
+                return Err(GpuError::Misuse(format!(
+                    "profiler times read before the work they time ran (the encoder holding its {} passes, from `{}` on, was not submitted): submit it, then call finish",
+                    self.labels.len(),
+                    self.labels[0]
+                )));
+            }
         }
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         p.resolve_queries(&mut enc);

@@ -102,7 +102,10 @@ type Slot = std::sync::Arc<
 /// asks to be polled again: the read completes under any executor (`pollster::block_on`
 /// included) whether or not the application polls the device itself. In the browser the
 /// mapping completes by itself, and the callback wakes the future.
-struct Mapped(Slot, wgpu::Device);
+struct Mapped(
+    Slot,
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))] wgpu::Device,
+);
 
 impl std::future::Future for Mapped {
     type Output = std::result::Result<(), String>;

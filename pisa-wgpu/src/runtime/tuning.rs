@@ -158,7 +158,8 @@ pub struct Tuning {
     /// (`tests/shader_stats.rs` reads the driver's register and memory statistics of each). A
     /// write that fails is reported on stderr and otherwise ignored: the dump never changes
     /// what runs. Fixed when the context is made, as `shader_checks`. Default `None`; `off`
-    /// by name. Variable `PISA_DUMP_WGSL` (a folder).
+    /// by name (a folder named so: `./off`); by name or variable the folder's name is trimmed
+    /// and must be UTF-8 (a [`GpuError::Tuning`] otherwise). Variable `PISA_DUMP_WGSL`.
     pub dump_wgsl: Option<std::path::PathBuf>,
 }
 
@@ -386,12 +387,13 @@ impl Tuning {
         Ok(())
     }
 
-    /// The knobs that differ from `base`, as `name=value` (what `pisa bench` records).
+    /// The speed knobs that differ from `base`, as `name=value` (what `pisa bench` records;
+    /// the diagnostic `dump_wgsl` is not one).
     pub fn changes_from(&self, base: &Tuning) -> Vec<String> {
         let (a, b) = (self.pairs(), base.pairs());
         a.into_iter()
             .zip(b)
-            .filter(|(x, y)| x != y)
+            .filter(|(x, y)| x != y && x.0 != "dump_wgsl")
             .map(|((n, v), _)| format!("{n}={v}"))
             .collect()
     }
@@ -473,7 +475,7 @@ mod tests {
             u.set(name, &v).unwrap();
         }
         assert_eq!(u, Tuning::default());
-        assert_eq!(t.changes_from(&Tuning::default()).len(), KNOBS.len());
+        assert_eq!(t.changes_from(&Tuning::default()).len(), KNOBS.len() - 1);
         assert!(Tuning::default()
             .changes_from(&Tuning::default())
             .is_empty());

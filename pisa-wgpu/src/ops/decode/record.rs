@@ -218,7 +218,9 @@ impl KvCache {
                     src.clone(),
                 );
                 self.gather_cache.get_or_build(&key, || {
-                    crate::ops::gather::scatter_stages(&self.ctx, &src, storage, view)
+                    self.ctx.scope_now("decode output scatter", || {
+                        crate::ops::gather::scatter_stages(&self.ctx, &src, storage, view)
+                    })
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -389,8 +391,12 @@ impl KvCache {
             (view.shape(), view.strides()),
             scratch.buffer.clone(),
         );
+        // Built under an error scope (a view in another device's buffer is a Validation
+        // error, and nothing is kept).
         let stages = self.gather_cache.get_or_build(&key, || {
-            crate::ops::gather::gather_stages(&self.ctx, view, &scratch.buffer, self.storage)
+            self.ctx.scope_now("decode input gather", || {
+                crate::ops::gather::gather_stages(&self.ctx, view, &scratch.buffer, self.storage)
+            })
         })?;
         self.ctx.record_pass(enc, "gather", stages.iter(), None);
         Ok(InPlace::whole(&scratch.buffer))

@@ -233,26 +233,26 @@ impl KvCache {
     /// of two within the cap. Results agree within rounding. Errors:
     /// [`crate::GpuError::Limit`] for a cap below what the step needs (an invocation per
     /// query head of a GQA group and per 4 dims of a head: the largest power of two within
-    /// the cap must hold both), or when a kernel's minimum does not fit; nothing changes on
-    /// error.
+    /// the cap and the device's workgroup x size must hold both; its `limit` is that power of
+    /// two), or when a kernel's minimum does not fit; nothing changes on error.
     pub fn set_workgroup_size_limit(&mut self, invocations: u32) -> Result<()> {
         let mut lim = self.limits.clone();
         let dev = self.ctx.limits().max_compute_invocations_per_workgroup;
         let cap = dev.min(invocations.max(1));
         let (gq, d) = (self.shape.gqa_group(), self.shape.head_dim);
         let needed = (gq as u64).max((d as u64).div_ceil(4));
-        // The kernels take the largest power of two within the cap.
-        let usable = 1u64 << (31 - cap.leading_zeros());
+        lim.max_compute_invocations_per_workgroup = cap;
+        // The kernels take the largest power of two within the cap (and the device's x size).
+        let usable = super::plan::max_workgroup(&lim);
         if usable < needed {
             return Err(GpuError::Limit {
                 what: format!("a decode step (GQA group {gq}, head dim {d})"),
                 needed: needed.next_power_of_two(),
-                limit: cap as u64,
+                limit: usable,
                 unit: "invocations per workgroup",
                 hint: "the step needs an invocation per query head of a group and per 4 dims of a head; raise the cap",
             });
         }
-        lim.max_compute_invocations_per_workgroup = cap;
         self.replan(lim)
     }
 

@@ -994,7 +994,8 @@ impl VarlenPrefillPlan {
     }
 
     /// Makes the plans of these sequence lengths now (a run with a length not planned yet makes
-    /// its plan then: allocation and pipeline builds on that run). Errors: as
+    /// its plan then: allocation and pipeline builds on that run); a length of 0 (an empty
+    /// sequence, which a run skips) needs none. Errors: as
     /// [`PrefillPlan::new`]; [`GpuError::Unsupported`] for a plan made by
     /// [`Self::new_in_place`].
     pub fn prepare(&self, lengths: &[usize]) -> Result<()> {
@@ -1004,7 +1005,7 @@ impl VarlenPrefillPlan {
                 "VarlenPrefillPlan::prepare on a plan made by new_in_place: its plans are made at their first run, from the run's views".into(),
             ));
         }
-        for &n in lengths {
+        for &n in lengths.iter().filter(|&&n| n > 0) {
             self.plan(n, None)?;
         }
         Ok(())
