@@ -576,10 +576,7 @@ fn find_pass(
     let g = Geometry::of(view);
     let [_, h, n, d] = g.shape.map(|x| x as u64);
     let align = align(ctx);
-    // No contiguous side is bound; planning as if it were 4 bytes an element bounds a box to
-    // fewer than 2^30 elements (4 per element within a binding below 4 GiB), so that the
-    // shader's key (l << 2 | class) fits a word whatever the view's element size.
-    let chunks = plan(&g, 4, align, limit(ctx))?;
+    let chunks = find_plan(&g, align, limit(ctx))?;
     let kinds = [
         ("SRC_KIND", kind(view.dtype(), Storage::F32)?),
         ("DST_KIND", 0.0),
@@ -654,6 +651,14 @@ fn find_pass(
     ctx.record_pass(&mut enc, "find_nonfinite", stages.iter(), None);
     ctx.queue.submit([enc.finish()]);
     Ok((found, starts))
+}
+
+/// The boxes of the finiteness check. No contiguous side is bound; planning as if it were 4
+/// bytes an element bounds a box to fewer than 2^30 elements (4 per element within a binding
+/// below 4 GiB), so that the shader's key (l << 2 | class) fits a word whatever the view's
+/// element size.
+fn find_plan(g: &Geometry, align: u64, limit: u64) -> Result<Vec<Chunk>> {
+    plan(g, 4, align, limit)
 }
 
 /// The first non-finite element of the boxes' result words (`starts`: each box's first
@@ -802,6 +807,25 @@ mod tests {
                 ),
                 Err(e) => panic!("{what}: {e}"),
             }
+        }
+    }
+
+    /// The finiteness check's boxes stay below 2^30 elements (the shader's key bound) for a
+    /// 2-byte view under the largest binding limit (4 GiB less 4, as on Metal with large
+    /// buffers): a contiguous f16 view of 2^30 + 4096 elements is split, not one box.
+    #[test]
+    fn find_boxes_stay_below_the_key_bound() {
+        let n = (1usize << 30) / 256 + 16;
+        let g = Geometry {
+            offset: 0,
+            bytes: 2,
+            shape: [1, 1, n, 256],
+            strides: [n * 256, n * 256, 256, 1],
+        };
+        let chunks = find_plan(&g, 256, u32::MAX as u64 / 4 * 4).unwrap();
+        assert!(chunks.len() > 1);
+        for c in chunks {
+            assert!(((c.nb * c.nh * c.nn) as u64 * 256) < 1 << 30, "{c:?}");
         }
     }
 }
