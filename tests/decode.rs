@@ -703,3 +703,33 @@ fn step_outputs_that_cannot_be_bound_are_scattered() {
     });
     assert!(matches!(e, Err(GpuError::View(_))), "{e:?}");
 }
+
+/// `KvCache::with_sizes` names the sizes `KvCache::new` takes in a row: each lands where its
+/// name says (B, capacity as k_len, Hq, Hkv, D), and bad sizes are refused as by `new`.
+#[test]
+fn cache_sizes_by_name() {
+    use pisa_wgpu::CacheSizes;
+    let sizes = CacheSizes {
+        batch: 3,
+        capacity: 200,
+        q_heads: 6,
+        kv_heads: 2,
+        head_dim: 64,
+    };
+    let c = cfg(16, 4, 2, Scoring::Lse);
+    let cache = KvCache::with_sizes(ctx(), sizes, c, Storage::F32).unwrap();
+    let s = cache.shape();
+    assert_eq!(
+        (s.batch, s.k_len, s.q_heads, s.kv_heads, s.head_dim),
+        (3, 200, 6, 2, 64)
+    );
+    assert_eq!(cache.lens(), &[0, 0, 0]);
+    let bad = CacheSizes {
+        q_heads: 5,
+        ..sizes
+    };
+    assert!(matches!(
+        KvCache::with_sizes(ctx(), bad, c, Storage::F32),
+        Err(GpuError::Input(_))
+    ));
+}

@@ -18,7 +18,8 @@
 //!   staging: [`PrefillPlan::new_in_place`] plans for them alone.
 //! - [`Storage`]: the element type the kernels read, f32, f16 (the tensor-core paths) or bf16
 //!   (16-bit words widened in the kernels, O written in f32), for prefill and the decode cache.
-//! - [`KvCache`]: the decode cache; [`KvCache::record_append_view`] and
+//! - [`KvCache`]: the decode cache ([`KvCache::with_sizes`] names its sizes);
+//!   [`KvCache::record_append_view`] and
 //!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no allocation,
 //!   host write or wait; [`KvCache::record_chunk`] ([`ChunkOutputs`]) appends and attends T
 //!   tokens per sequence (a chunked prefill into the cache).
@@ -93,7 +94,7 @@ pub mod ops;
 pub mod runtime;
 
 pub use error::{GpuError, Result};
-pub use ops::decode::{ChunkOutputs, DecodeOutput, KvCache, StepOutputs};
+pub use ops::decode::{CacheSizes, ChunkOutputs, DecodeOutput, KvCache, StepOutputs};
 pub use ops::prefill::{
     prefill_host, PlanViews, PrefillOptions, PrefillOutput, PrefillOutputs, PrefillPlan,
     VarlenPrefillPlan,

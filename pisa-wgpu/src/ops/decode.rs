@@ -118,6 +118,7 @@ mod shaders;
 
 use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig};
 
+pub use self::cache::CacheSizes;
 pub use self::chunk::ChunkOutputs;
 use self::fused::FusedPlan;
 use self::plan::{Params, Plan};

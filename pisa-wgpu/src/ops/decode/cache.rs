@@ -16,7 +16,45 @@ use crate::runtime::context::Context;
 use crate::runtime::pipeline::Storage;
 use crate::runtime::view::{DType, TensorView};
 
+/// The sizes of a [`KvCache`] by name, for [`KvCache::with_sizes`] (the five sizes of
+/// [`KvCache::new`] in a row are easy to swap unnoticed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheSizes {
+    /// Sequences, B.
+    pub batch: usize,
+    /// Most tokens a sequence holds.
+    pub capacity: usize,
+    /// Query heads, Hq (a multiple of `kv_heads`).
+    pub q_heads: usize,
+    /// KV heads, Hkv.
+    pub kv_heads: usize,
+    /// Head dim, D.
+    pub head_dim: usize,
+}
+
 impl KvCache {
+    /// [`Self::new`] with its sizes named. Errors: those of [`Self::new`].
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &pisa_wgpu::Context) -> pisa_wgpu::Result<()> {
+    /// use pisa_wgpu::ops::decode::{CacheSizes, KvCache};
+    /// let sizes = CacheSizes { batch: 4, capacity: 65536, q_heads: 32, kv_heads: 8, head_dim: 128 };
+    /// let cfg = pisa_core::SelectionConfig::new(64, 16)?;
+    /// let cache = KvCache::with_sizes(ctx, sizes, cfg, pisa_wgpu::Storage::F16)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_sizes(
+        ctx: &Context,
+        sizes: CacheSizes,
+        cfg: SelectionConfig,
+        storage: Storage,
+    ) -> Result<Self> {
+        let s = sizes;
+        Self::new(
+            ctx, s.batch, s.capacity, s.q_heads, s.kv_heads, s.head_dim, cfg, storage,
+        )
+    }
+
     /// An empty cache (every length 0) for `batch` sequences of up to `capacity` tokens,
     /// `q_heads` (Hq) query heads, `kv_heads` (Hkv) KV heads, head dim D, selection `cfg`, keys,
     /// values and queries in `storage` precision, outputs in [`Storage::output`] (f32 for
