@@ -167,7 +167,7 @@ pub(crate) fn gather_stages(
         let p = params(c, d, g.strides, count, units, cont.first, view.first)?;
         dispatches.push((p, view, cont, units));
     }
-    stages(ctx, "gather", &pipe, src.buffer(), dst, &dispatches)
+    stages(ctx, "gather", &pipe, (src.buffer(), (dst, 2)), &dispatches)
 }
 
 /// Records into `enc` a scatter of `src` (a contiguous BHND tensor `[B, H, N, D]` of
@@ -237,7 +237,7 @@ pub(crate) fn scatter_stages(
         let p = params(c, d, g.strides, count, count, cont.first, view.first)?;
         dispatches.push((p, cont, view, count));
     }
-    stages(ctx, "scatter", &pipe, src, dst.buffer(), &dispatches)
+    stages(ctx, "scatter", &pipe, (src, (dst.buffer(), 2)), &dispatches)
 }
 
 /// The shader's code of the view's element type `d`, the contiguous side being of `storage`:
@@ -564,15 +564,11 @@ fn record_find(
     check_view_end(view, tensor, "checked view")?;
     // Under one error scope: a view in another device's buffer is a Validation error of the
     // call (its bind group), not a panic of wgpu's default handler.
-    ctx.scope_now("finiteness check", || find_pass(ctx, tensor, view))
+    ctx.scope_now("finiteness check", || find_pass(ctx, view))
 }
 
 /// [`record_find`]'s pass, built and submitted.
-fn find_pass(
-    ctx: &Context,
-    tensor: &'static str,
-    view: &TensorView,
-) -> Result<(wgpu::Buffer, Vec<u64>)> {
+fn find_pass(ctx: &Context, view: &TensorView) -> Result<(wgpu::Buffer, Vec<u64>)> {
     let g = Geometry::of(view);
     let [_, h, n, d] = g.shape.map(|x| x as u64);
     let align = align(ctx);
@@ -599,54 +595,24 @@ fn find_pass(
     });
     ctx.queue
         .write_buffer(&found, 0, &vec![0xFF; chunks.len() * 4]);
-    let layout = pipe.get_bind_group_layout(0);
-    let max_dim = ctx.limits().max_compute_workgroups_per_dimension;
+    // One result word per box, bound whole at binding 3 (find_plan keeps each box's key
+    // below 2^32: see there).
+    let whole = Range {
+        offset: 0,
+        size: found.size(),
+        first: 0,
+    };
     let mut starts = Vec::with_capacity(chunks.len());
-    let mut stages = Vec::with_capacity(chunks.len());
+    let mut dispatches = Vec::with_capacity(chunks.len());
     for (i, c) in chunks.into_iter().enumerate() {
         let (vr, _) = ranges(&g, c, 1, align);
         let count = (c.nb * c.nh * c.nn) as u64 * d;
-        // The key (l << 2 | class) of every element of the box fits a word.
-        if count > 1 << 30 {
-            return Err(GpuError::Limit {
-                what: format!("a box of the finiteness check of {tensor}"),
-                needed: count,
-                limit: 1 << 30,
-                unit: "elements",
-                hint: "check the view in parts (narrower views)",
-            });
-        }
         starts.push(((c.b0 as u64 * h + c.h0 as u64) * n + c.n0 as u64) * d);
         let p = params(c, d as usize, g.strides, count, count, i as u64, vr.first)?;
-        let u = ctx.uniform("finiteness check params", &p)?;
-        let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("find_nonfinite"),
-            layout: &layout,
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: u.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: view.buffer(),
-                        offset: vr.offset,
-                        size: wgpu::BufferSize::new(vr.size),
-                    }),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 3,
-                    resource: found.as_entire_binding(),
-                },
-            ],
-        });
-        stages.push((
-            pipe.clone(),
-            bg,
-            pisa_core::grid_for(count.div_ceil(WG), max_dim)?,
-        ));
+        dispatches.push((p, vr, whole, count));
     }
+    let bind = (view.buffer(), (&found, 3));
+    let stages = stages(ctx, "find_nonfinite", &pipe, bind, &dispatches)?;
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     ctx.record_pass(&mut enc, "find_nonfinite", stages.iter(), None);
     ctx.queue.submit([enc.finish()]);
@@ -675,15 +641,15 @@ fn first_nonfinite(tensor: &'static str, bytes: &[u8], starts: &[u64]) -> Result
     }
 }
 
-/// The dispatches of a gather or scatter, to record in order as one compute pass: each binds
-/// its parameters, its range of `src` (binding 1) and of `dst` (binding 2), and runs `units`
-/// invocations (the grid split past the per-dimension workgroup limit).
+/// The dispatches of a gather, scatter or finiteness check, to record in order as one compute
+/// pass: each binds its parameters, its range of `src` (binding 1) and of `dst` (at binding
+/// `dst_binding`: 2, or 3 for the check's result words), and runs `units` invocations (the
+/// grid split past the per-dimension workgroup limit).
 fn stages<'a>(
     ctx: &Context,
     label: &'static str,
     pipe: &std::sync::Arc<wgpu::ComputePipeline>,
-    src: &'a wgpu::Buffer,
-    dst: &'a wgpu::Buffer,
+    (src, (dst, dst_binding)): (&'a wgpu::Buffer, (&'a wgpu::Buffer, u32)),
     dispatches: &[(Params, Range, Range, u64)],
 ) -> Result<Vec<crate::runtime::buffers::Stage>> {
     let layout = pipe.get_bind_group_layout(0);
@@ -711,7 +677,7 @@ fn stages<'a>(
                     resource: part(src, s),
                 },
                 wgpu::BindGroupEntry {
-                    binding: 2,
+                    binding: dst_binding,
                     resource: part(dst, d),
                 },
             ],
