@@ -79,13 +79,22 @@ pub fn subgroup_routes_on_this_thread() -> u64 {
     SG_ROUTES.with(|c| c.get())
 }
 
-/// What a kept gather of a decode input binds: the view's buffer, byte offset and dtype, its
-/// shape and strides, and the destination scratch buffer.
+/// What a kept gather of a decode input (or scatter of an output) binds: the view's buffer,
+/// byte offset and dtype, its shape and strides, and the cache's buffer on the other side.
 pub(super) type GatherKey = (
     (wgpu::Buffer, u64, crate::DType),
     ([usize; 4], [usize; 4]),
     wgpu::Buffer,
 );
+
+/// The [`GatherKey`] of `view` and the cache's buffer `other`.
+fn gather_key(view: &TensorView, other: &wgpu::Buffer) -> GatherKey {
+    (
+        (view.buffer().clone(), view.offset(), view.dtype()),
+        (view.shape(), view.strides()),
+        other.clone(),
+    )
+}
 
 /// Most sets of buffers a cache keeps recorded dispatches for (per kind: steps, appends,
 /// gathers).
@@ -212,12 +221,7 @@ impl KvCache {
         // Everything that can fail is built before anything but a gather is recorded.
         let scatters = (scatters.into_iter())
             .map(|(view, src, storage)| {
-                let key: GatherKey = (
-                    (view.buffer().clone(), view.offset(), view.dtype()),
-                    (view.shape(), view.strides()),
-                    src.clone(),
-                );
-                self.gather_cache.get_or_build(&key, || {
+                self.gather_cache.get_or_build(&gather_key(view, &src), || {
                     self.ctx.scope_now("decode output scatter", || {
                         crate::ops::gather::scatter_stages(&self.ctx, &src, storage, view)
                     })
@@ -386,11 +390,7 @@ impl KvCache {
                 return Ok(r);
             }
         }
-        let key: GatherKey = (
-            (view.buffer().clone(), view.offset(), view.dtype()),
-            (view.shape(), view.strides()),
-            scratch.buffer.clone(),
-        );
+        let key = gather_key(view, &scratch.buffer);
         // Built under an error scope (a view in another device's buffer is a Validation
         // error, and nothing is kept).
         let stages = self.gather_cache.get_or_build(&key, || {
