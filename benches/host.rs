@@ -33,6 +33,13 @@ fn view(buf: &wgpu::Buffer, dtype: DType, shape: [usize; 4]) -> TensorView {
     TensorView::contiguous(buf, 0, dtype, shape, TensorLayout::Bhnd).expect("view")
 }
 
+/// A decode step's views of `b` sequences in the caller's own buffers, f32, contiguous:
+/// appended K and V rows `[b, Hkv, 1, D]`, Q and O `[b, Hq, 1, D]`, LSE `[b, Hq, 1, 1]`.
+fn step_views(ctx: &Context, b: usize) -> [TensorView; 5] {
+    let at = |h: usize, d: usize| view(&buffer(ctx, b * h * d * 4), DType::F32, [b, h, 1, d]);
+    [at(HKV, D), at(HKV, D), at(HQ, D), at(HQ, D), at(HQ, 1)]
+}
+
 fn decode_record(c: &mut Criterion) {
     let Ok(ctx) = Context::new(&AdapterChoice::HighPerformance) else {
         eprintln!("no adapter: host-time benches skipped");
@@ -43,16 +50,7 @@ fn decode_record(c: &mut Criterion) {
     for capacity in [1024usize, 16384, 65536] {
         let mut cache =
             KvCache::new(&ctx, B, capacity, HQ, HKV, D, cfg, Storage::F32).expect("cache");
-        let (k, v) = (buffer(&ctx, B * HKV * D * 4), buffer(&ctx, B * HKV * D * 4));
-        let (q, o) = (buffer(&ctx, B * HQ * D * 4), buffer(&ctx, B * HQ * D * 4));
-        let lse = buffer(&ctx, B * HQ * 4);
-        let (kv_shape, q_shape) = ([B, HKV, 1, D], [B, HQ, 1, D]);
-        let (kv, vv) = (
-            view(&k, DType::F32, kv_shape),
-            view(&v, DType::F32, kv_shape),
-        );
-        let (qv, ov) = (view(&q, DType::F32, q_shape), view(&o, DType::F32, q_shape));
-        let lv = view(&lse, DType::F32, [B, HQ, 1, 1]);
+        let [kv, vv, qv, ov, lv] = step_views(&ctx, B);
         let outs = StepOutputs {
             out: &ov,
             lse: &lv,
@@ -125,19 +123,7 @@ fn decode_record_serving(c: &mut Criterion) {
         strided(HQ * D, HKV),
         strided((HQ + HKV) * D, HKV),
     );
-    let (k, v) = (
-        buffer(&ctx, BS * HKV * D * 4),
-        buffer(&ctx, BS * HKV * D * 4),
-    );
-    let (q, o) = (buffer(&ctx, BS * HQ * D * 4), buffer(&ctx, BS * HQ * D * 4));
-    let lse = buffer(&ctx, BS * HQ * 4);
-    let (kv_shape, q_shape) = ([BS, HKV, 1, D], [BS, HQ, 1, D]);
-    let (kv, vv) = (
-        view(&k, DType::F32, kv_shape),
-        view(&v, DType::F32, kv_shape),
-    );
-    let (qv, ov) = (view(&q, DType::F32, q_shape), view(&o, DType::F32, q_shape));
-    let lv = view(&lse, DType::F32, [BS, HQ, 1, 1]);
+    let [kv, vv, qv, ov, lv] = step_views(&ctx, BS);
     let outs = StepOutputs {
         out: &ov,
         lse: &lv,
