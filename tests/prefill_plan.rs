@@ -218,19 +218,6 @@ fn outputs_without_copy_dst_take_the_scatter() {
     assert_eq!(read_f32(ctx, &o_buf, 0, s.q_elems()), l.host.out);
 }
 
-/// A planned prefill takes every key's query: `q_len != k_len` is refused when planning (it
-/// was accepted, and its first run failed after part of it was recorded).
-#[test]
-fn plan_refuses_q_len_other_than_k_len() {
-    let ctx = ctx();
-    let s = AttentionShape::new(1, 4, 2, 50, 100, 32).unwrap();
-    let e = PrefillPlan::new(ctx, &s, &PrefillOptions::default()).unwrap_err();
-    assert!(
-        matches!(e, GpuError::Unsupported(ref m) if m.contains("q_len 50 and k_len 100")),
-        "{e}"
-    );
-}
-
 /// A varlen plan refuses a head dim the attention kernels do not take when it is made, as a
 /// prefill plan does (it was accepted, and its first run failed).
 #[test]

@@ -35,11 +35,11 @@ use crate::runtime::view::{
 /// The caller's outputs of a prefill run.
 #[derive(Debug, Clone, Copy)]
 pub struct PrefillOutputs<'a> {
-    /// O `[B, Hq, N, D]`, any strides, f32, f16 or bf16 (converted from the plan's storage).
+    /// O `[B, Hq, Nq, D]`, any strides, f32, f16 or bf16 (converted from the plan's storage).
     pub out: &'a TensorView,
-    /// LSE `[B, Hq, N, 1]` f32 (natural log), any strides.
+    /// LSE `[B, Hq, Nq, 1]` f32 (natural log), any strides.
     pub lse: &'a TensorView,
-    /// The selection `[B, Hkv, N, K]` i32, any strides: ascending leaf indices, -1 padded.
+    /// The selection `[B, Hkv, Nq, K]` i32, any strides: ascending leaf indices, -1 padded.
     pub selection: Option<&'a TensorView>,
 }
 
@@ -47,13 +47,13 @@ pub struct PrefillOutputs<'a> {
 /// place, and optionally O written in place.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanViews<'a> {
-    /// Q `[B, Hq, N, D]`.
+    /// Q `[B, Hq, Nq, D]`.
     pub q: &'a TensorView,
-    /// K `[B, Hkv, N, D]`.
+    /// K `[B, Hkv, Nk, D]`.
     pub k: &'a TensorView,
-    /// V `[B, Hkv, N, D]` (with K's strides).
+    /// V `[B, Hkv, Nk, D]` (with K's strides).
     pub v: &'a TensorView,
-    /// O `[B, Hq, N, D]` to be written in place by the kernels (in a buffer other than Q's,
+    /// O `[B, Hq, Nq, D]` to be written in place by the kernels (in a buffer other than Q's,
     /// K's and V's, of the plan's [`Storage::output`] dtype, laid out as a view read in place
     /// must be), or `None` to have the plan write its own O and copy it into each run's output
     /// view (any strides and dtype).
@@ -153,12 +153,18 @@ impl PrefillPlan {
         &self.ctx
     }
 
-    /// Plans the prefill of `shape` (`q_len == k_len`) with `opts` (its `layout` is not used:
-    /// the views carry their own strides). Records the prefill once (into an encoder that is
-    /// dropped): pipelines are built and every buffer and bind group is made here.
+    /// Plans the prefill of `shape` with `opts` (its `layout` is not used: the views carry
+    /// their own strides). Records the prefill once (into an encoder that is dropped):
+    /// pipelines are built and every buffer and bind group is made here.
     ///
-    /// Errors: the shape's and options' validation errors; [`GpuError::Unsupported`] when
-    /// `q_len != k_len`; [`GpuError::Limit`] when a tensor
+    /// `q_len` may be below `k_len`: the queries are then the last `q_len` tokens of the
+    /// `k_len` keys (query `i` at position `k_len - q_len + i`, PISA.md "Notation"), as in a
+    /// chunk of a prompt prefilled over the keys and values of its earlier chunks. The run
+    /// builds the key pyramid of all `k_len` keys and selects and attends for the `q_len`
+    /// queries only; a decode cache taking over ([`KvCache::record_prefill_from_plan`]) gets
+    /// all `k_len` keys.
+    ///
+    /// Errors: the shape's and options' validation errors; [`GpuError::Limit`] when a tensor
     /// of the call exceeds one storage binding (the host convenience
     /// [`super::prefill_host`] splits such calls by KV head; plan per head group instead);
     /// device errors.
@@ -277,15 +283,6 @@ impl PrefillPlan {
         opts: &PrefillOptions,
     ) -> Result<(AttentionShape, PrefillOptions)> {
         let shape = super::validated(shape, opts)?;
-        if shape.q_len != shape.k_len {
-            return Err(GpuError::Unsupported(format!(
-                "a planned prefill takes every key's query (q_len == k_len: its staging, pyramid \
-                 and decode take-over hold the whole sequence); this shape has q_len {} and k_len \
-                 {} (for queries at the end of a longer sequence use prefill_host, or plan the \
-                 whole sequence)",
-                shape.q_len, shape.k_len
-            )));
-        }
         if opts.q_tile == 0 {
             return Err(pisa_core::PisaError::Zero { what: "q_tile" }.into());
         }
@@ -340,10 +337,10 @@ impl PrefillPlan {
         v: &TensorView,
     ) -> Result<(GpuTensor, GpuTensor, GpuTensor, QkvLayouts)> {
         let s = &self.shape;
-        let (b, hq, hkv, n, d) = (s.batch, s.q_heads, s.kv_heads, s.q_len, s.head_dim);
-        check_shape("q", q, [b, hq, n, d])?;
-        check_shape("k", k, [b, hkv, n, d])?;
-        check_shape("v", v, [b, hkv, n, d])?;
+        let (b, hq, hkv, d) = (s.batch, s.q_heads, s.kv_heads, s.head_dim);
+        check_shape("q", q, [b, hq, s.q_len, d])?;
+        check_shape("k", k, [b, hkv, s.k_len, d])?;
+        check_shape("v", v, [b, hkv, s.k_len, d])?;
         in_place_qkv(&self.ctx, self.opts.storage, q, k, v)
     }
 
@@ -459,7 +456,7 @@ impl PrefillPlan {
         &self.opts
     }
 
-    /// Records the prefill into `enc`: reads `q` (`[B, Hq, N, D]`), `k`, `v` (`[B, Hkv, N, D]`)
+    /// Records the prefill into `enc`: reads `q` (`[B, Hq, Nq, D]`), `k`, `v` (`[B, Hkv, Nk, D]`)
     /// from the caller's views (any strides, f32/f16/bf16), in place where the kernels can
     /// address them and gathered into the plan's staging otherwise (see [How the inputs are
     /// read](PrefillPlan#how-the-inputs-are-read)), runs the planned prefill and writes
@@ -504,7 +501,7 @@ impl PrefillPlan {
             ));
         }
         let s = &self.shape;
-        let (b, hq, hkv, n, d, kk) = (
+        let (b, hq, hkv, nq, d, kk) = (
             s.batch,
             s.q_heads,
             s.kv_heads,
@@ -512,13 +509,13 @@ impl PrefillPlan {
             s.head_dim,
             self.opts.cfg.top_k,
         );
-        check_shape("q", q, [b, hq, n, d])?;
-        check_shape("k", k, [b, hkv, n, d])?;
-        check_shape("v", v, [b, hkv, n, d])?;
+        check_shape("q", q, [b, hq, nq, d])?;
+        check_shape("k", k, [b, hkv, s.k_len, d])?;
+        check_shape("v", v, [b, hkv, s.k_len, d])?;
         check_inputs([q, k, v], self.opts.storage)?;
         check_outputs(
             outputs,
-            [b, hq, hkv, n, d, kk],
+            [b, hq, hkv, nq, d, kk],
             self.opts.storage,
             self.out_in_place,
         )?;
@@ -782,7 +779,7 @@ fn check_cu_seqlens(cu_seqlens: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// The checks of a run's outputs (`dims`: B, Hq, Hkv, N, D, K) before anything is recorded:
+/// The checks of a run's outputs (`dims`: B, Hq, Hkv, Nq, D, K) before anything is recorded:
 /// shapes and dtypes, the scatters that will write them (unless a buffer copy does; O not at all
 /// when written in place), and no two of them sharing bytes. Errors: [`GpuError::View`].
 fn check_outputs(

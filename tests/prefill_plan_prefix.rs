@@ -1,0 +1,270 @@
+//! `PrefillPlan` over a prefix: `q_len < k_len`, the queries being the last `q_len` of the
+//! `k_len` tokens (a chunk of a prompt prefilled over its earlier chunks' keys and values).
+//! Each run is checked against the CPU reference: the selection against `select_pisa` (a row
+//! may differ only where the reference's margin, the gap between its K-th and (K+1)-th
+//! scores, is within rounding: `TIE` for f32, `TIE_F16` for f16 storage), O and LSE against
+//! `sparse_attention` over the GPU's own selection (relative error 1e-4 for f32, 5e-3 for f16).
+//! Outputs start as NaN, so an unwritten element fails. Inputs are read in place (BHND at byte
+//! 0) or gathered (BNHD at byte 52); a decode cache taking over such a plan holds all `k_len`
+//! keys and decodes bitwise like one loaded from the same keys and values.
+mod common;
+
+use common::*;
+use pisa_core::reference::{select_pisa, sparse_attention};
+use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
+use pisa_wgpu::{
+    wgpu, Context, DType, KvCache, LeafOrder, PrefillOptions, PrefillOutputs, PrefillPlan,
+    StepOutputs, Storage, TensorView,
+};
+
+const TIE: f64 = 1e-3;
+const TIE_F16: f64 = 2e-2;
+const PAD: usize = 52;
+
+/// A buffer holding `data` in the dtype of `st` after `pad` bytes of 0x5A.
+fn padded(ctx: &Context, pad: usize, data: &[f32], st: Storage) -> wgpu::Buffer {
+    let mut bytes = vec![0x5Au8; pad];
+    match st {
+        Storage::F16 => {
+            let h: Vec<u16> = data
+                .iter()
+                .map(|&x| half::f16::from_f32(x).to_bits())
+                .collect();
+            bytes.extend_from_slice(bytemuck::cast_slice(&h));
+        }
+        _ => bytes.extend_from_slice(bytemuck::cast_slice(data)),
+    }
+    bytes.resize(bytes.len().div_ceil(4) * 4, 0);
+    let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app"),
+        size: bytes.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    ctx.queue().write_buffer(&b, 0, &bytes);
+    b
+}
+
+/// BHND `[B, H, N, D]` data re-laid as BNHD.
+fn to_bnhd(x: &[f32], [b, h, n, d]: [usize; 4]) -> Vec<f32> {
+    let mut out = vec![f32::NAN; x.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            for t in 0..n {
+                let s = ((bi * h + hi) * n + t) * d;
+                let o = ((bi * n + t) * h + hi) * d;
+                out[o..o + d].copy_from_slice(&x[s..s + d]);
+            }
+        }
+    }
+    out
+}
+
+/// The caller's view of BHND `data` of `shape`: BHND at byte 0 (read in place) when
+/// `in_place`, else BNHD at byte `PAD` (gathered).
+fn input(
+    ctx: &Context,
+    data: &[f32],
+    shape: [usize; 4],
+    st: Storage,
+    in_place: bool,
+) -> TensorView {
+    let (pad, layout, host) = match in_place {
+        true => (0, TensorLayout::Bhnd, data.to_vec()),
+        false => (PAD, TensorLayout::Bnhd, to_bnhd(data, shape)),
+    };
+    let buf = padded(ctx, pad, &host, st);
+    TensorView::contiguous(&buf, pad as u64, DType::from(st), shape, layout).unwrap()
+}
+
+struct Case {
+    shape: AttentionShape,
+    cfg: SelectionConfig,
+    storage: Storage,
+    in_place: bool,
+}
+
+/// Plans `c`, runs it once on fresh random inputs and checks the selection, O and LSE against
+/// the reference. Returns the plan and the inputs (BHND host data, as stored).
+fn run_case(ctx: &Context, c: &Case, seed: u64) -> (PrefillPlan, [Vec<f32>; 3], [TensorView; 3]) {
+    let s = c.shape;
+    let st = c.storage;
+    let mut r = rng(seed);
+    let [q, k, v] = [s.q_elems(), s.kv_elems(), s.kv_elems()]
+        .map(|n| through_storage(&random(&mut r, n, 1.0), st));
+    let (b, hq, hkv, nq, nk, d) = (s.batch, s.q_heads, s.kv_heads, s.q_len, s.k_len, s.head_dim);
+    let kk = c.cfg.top_k;
+    let views = [
+        input(ctx, &q, [b, hq, nq, d], st, c.in_place),
+        input(ctx, &k, [b, hkv, nk, d], st, c.in_place),
+        input(ctx, &v, [b, hkv, nk, d], st, c.in_place),
+    ];
+    let opts = PrefillOptions {
+        cfg: c.cfg,
+        storage: st,
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(ctx, &s, &opts).unwrap();
+    let [qv, kv, vv] = &views;
+    let read = plan.reads_in_place_qkv(qv, kv, vv);
+    assert_eq!(read, [c.in_place; 3], "{s:?}");
+    let (ob, lb) = (
+        app_buffer(ctx, &vec![f32::NAN; s.q_elems()]),
+        app_buffer(ctx, &vec![f32::NAN; s.lse_elems()]),
+    );
+    let sb = padded(
+        ctx,
+        0,
+        &vec![f32::from_bits(0x7FFF_FFFF); b * hkv * nq * kk],
+        Storage::F32,
+    );
+    let sv = TensorView::contiguous(&sb, 0, DType::I32, [b, hkv, nq, kk], TensorLayout::Bhnd);
+    let sv = sv.unwrap();
+    let (ov, lv) = (bhnd_f32(&ob, [b, hq, nq, d]), bhnd_f32(&lb, [b, hq, nq, 1]));
+    let outs = PrefillOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: Some(&sv),
+    };
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    plan.run(&mut enc, qv, kv, vv, &outs, None).unwrap();
+    ctx.scoped("submit", || {
+        ctx.queue().submit([enc.finish()]);
+        Ok(())
+    })
+    .unwrap();
+    let sel: Vec<i32> = bytemuck::cast_slice(&ctx.read_bytes(&sb).unwrap()).to_vec();
+    let want = select_pisa(&q, &k, &s, TensorLayout::Bhnd, &c.cfg).unwrap();
+    let tie = if st == Storage::F16 { TIE_F16 } else { TIE };
+    let what = format!("{s:?} {st:?} seed {seed}");
+    let ties = check_selection_ties(&what, &sel, &want, kk, tie);
+    eprintln!("{what}: {ties} of {} rows differ within a tie", want.rows());
+    let (o, lse) = sparse_attention(&q, &k, &v, &s, TensorLayout::Bhnd, &c.cfg, &sel).unwrap();
+    let tol = if st == Storage::F16 { 5e-3 } else { 1e-4 };
+    let got_o: Vec<f32> = bytemuck::cast_slice(&ctx.read_bytes(&ob).unwrap()).to_vec();
+    let got_lse: Vec<f32> = bytemuck::cast_slice(&ctx.read_bytes(&lb).unwrap()).to_vec();
+    assert!(
+        got_o.iter().chain(&got_lse).all(|x| x.is_finite()),
+        "{what}: unwritten output"
+    );
+    let e = rel_err(&got_o, &o);
+    assert!(e < tol, "{what}: O rel err {e}");
+    let e = rel_err(&got_lse, &lse);
+    assert!(e < tol, "{what}: LSE rel err {e}");
+    (plan, [q, k, v], views)
+}
+
+/// GQA groups 1, 3, 4 and 7, head dims 32 to 128, query counts from 1 to most of the keys, key
+/// counts that are not multiples of the block size, f32 and f16, inputs read in place and
+/// gathered, in both leaf orders (query tiles and leaf-major kernels).
+#[test]
+fn plan_over_a_prefix_matches_the_reference() {
+    // Its own context: the leaf order changes below.
+    let own = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+    let ctx = &own;
+    let base = seed("plan_over_a_prefix");
+    let sh = |b, hq, hkv, nq, nk, d| AttentionShape::new(b, hq, hkv, nq, nk, d).unwrap();
+    let cases = [
+        Case {
+            shape: sh(2, 6, 2, 37, 203, 32),
+            cfg: SelectionConfig::new(32, 3).unwrap(),
+            storage: Storage::F32,
+            in_place: false,
+        },
+        Case {
+            shape: sh(1, 7, 1, 70, 150, 64),
+            cfg: SelectionConfig::new(16, 4).unwrap().with_forced(1, 1),
+            storage: Storage::F32,
+            in_place: true,
+        },
+        Case {
+            shape: sh(1, 3, 3, 1, 261, 80),
+            cfg: SelectionConfig::new(16, 5).unwrap(),
+            storage: Storage::F32,
+            in_place: true,
+        },
+        Case {
+            shape: sh(1, 8, 2, 129, 300, 128),
+            cfg: SelectionConfig::new(32, 4).unwrap().with_merge_factor(3),
+            storage: Storage::F16,
+            in_place: false,
+        },
+    ];
+    for order in [LeafOrder::Tiles, LeafOrder::Leaves] {
+        ctx.set_leaf_order(order);
+        for (i, c) in cases.iter().enumerate() {
+            if c.storage == Storage::F16 && !ctx.has_f16() {
+                eprintln!("no SHADER_F16: f16 case skipped");
+                continue;
+            }
+            run_case(ctx, c, base + i as u64);
+        }
+    }
+}
+
+/// A decode cache taking over a plan over a prefix holds all `k_len` keys and its pyramid:
+/// its steps equal, bitwise, those of a cache loaded from the same keys and values through
+/// views (itself checked against the reference in `tests/embedding.rs`). Both caches start
+/// poisoned and decode 20 steps, O and LSE poisoned before each.
+#[test]
+fn cache_from_a_prefix_plan_decodes_like_cache_from_views() {
+    let ctx = ctx();
+    let (hq, hkv, d) = (4usize, 2usize, 32usize);
+    let cfg = SelectionConfig::new(16, 3).unwrap();
+    for in_place in [true, false] {
+        let c = Case {
+            shape: AttentionShape::new(1, hq, hkv, 25, 118, d).unwrap(),
+            cfg,
+            storage: Storage::F32,
+            in_place,
+        };
+        let (plan, _, [_, kv, vv]) = run_case(ctx, &c, seed("cache_from_a_prefix_plan"));
+        let new_cache = || KvCache::new(ctx, 1, 160, hq, hkv, d, cfg, Storage::F32).unwrap();
+        let (mut from_plan, mut from_views) = (new_cache(), new_cache());
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        from_plan
+            .record_prefill_from_plan(&mut enc, 0, &plan, 0)
+            .unwrap();
+        // The reference cache reads the same keys and values, gathered from the same views.
+        from_views
+            .record_prefill_view(&mut enc, 0, &kv, &vv)
+            .unwrap();
+        ctx.queue().submit([enc.finish()]);
+        assert_eq!(from_plan.lens(), &[118]);
+        let base = seed("cache_from_a_prefix_plan_steps");
+        for step in 0..20u64 {
+            let row =
+                |n: usize, i: u64| app_buffer(ctx, &random(&mut rng(base + 3 * step + i), n, 1.0));
+            let (kr, vr, qr) = (row(hkv * d, 0), row(hkv * d, 1), row(hq * d, 2));
+            let mut got = Vec::new();
+            for cache in [&mut from_plan, &mut from_views] {
+                let (ob, lb) = (
+                    app_buffer(ctx, &vec![f32::NAN; hq * d]),
+                    app_buffer(ctx, &vec![f32::NAN; hq]),
+                );
+                let mut enc = ctx.device().create_command_encoder(&Default::default());
+                let (krv, vrv) = (bhnd_f32(&kr, [1, hkv, 1, d]), bhnd_f32(&vr, [1, hkv, 1, d]));
+                cache
+                    .record_append_view(&mut enc, &krv, &vrv, &[true], None)
+                    .unwrap();
+                let (ov, lv) = (bhnd_f32(&ob, [1, hq, 1, d]), bhnd_f32(&lb, [1, hq, 1, 1]));
+                let so = StepOutputs {
+                    out: &ov,
+                    lse: &lv,
+                    selection: None,
+                };
+                let qv = bhnd_f32(&qr, [1, hq, 1, d]);
+                cache
+                    .record_step_into(&mut enc, &qv, Some(&so), None)
+                    .unwrap();
+                ctx.queue().submit([enc.finish()]);
+                got.push((ctx.read_bytes(&ob).unwrap(), ctx.read_bytes(&lb).unwrap()));
+            }
+            let o: &[f32] = bytemuck::cast_slice(&got[0].0);
+            assert!(o.iter().all(|x| x.is_finite()), "step {step}: unwritten O");
+            assert_eq!(got[0], got[1], "step {step} (in place {in_place})");
+        }
+    }
+}
