@@ -13,8 +13,8 @@ use common::*;
 use pisa_core::reference::{select_pisa, sparse_attention};
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::{
-    wgpu, Context, DType, KvCache, LeafOrder, PrefillOptions, PrefillOutputs, PrefillPlan,
-    StepOutputs, Storage, TensorView,
+    wgpu, Context, DType, GpuError, KvCache, LeafOrder, PrefillOptions, PrefillOutputs,
+    PrefillPlan, StepOutputs, Storage, TensorView, VarlenPrefillPlan,
 };
 
 const TIE: f64 = 1e-3;
@@ -136,24 +136,38 @@ fn run_case(ctx: &Context, c: &Case, seed: u64) -> (PrefillPlan, [Vec<f32>; 3], 
     })
     .unwrap();
     let sel: Vec<i32> = bytemuck::cast_slice(&ctx.read_bytes(&sb).unwrap()).to_vec();
-    let want = select_pisa(&q, &k, &s, TensorLayout::Bhnd, &c.cfg).unwrap();
-    let tie = if st == Storage::F16 { TIE_F16 } else { TIE };
-    let what = format!("{s:?} {st:?} seed {seed}");
-    let ties = check_selection_ties(&what, &sel, &want, kk, tie);
-    eprintln!("{what}: {ties} of {} rows differ within a tie", want.rows());
-    let (o, lse) = sparse_attention(&q, &k, &v, &s, TensorLayout::Bhnd, &c.cfg, &sel).unwrap();
-    let tol = if st == Storage::F16 { 5e-3 } else { 1e-4 };
     let got_o: Vec<f32> = bytemuck::cast_slice(&ctx.read_bytes(&ob).unwrap()).to_vec();
     let got_lse: Vec<f32> = bytemuck::cast_slice(&ctx.read_bytes(&lb).unwrap()).to_vec();
+    let what = format!("{s:?} {st:?} seed {seed}");
+    check_reference(&what, c, [&q, &k, &v], &sel, &got_o, &got_lse);
+    (plan, [q, k, v], views)
+}
+
+/// Checks a run's selection (BHND `[B, Hkv, Nq, K]`), O and LSE against the reference on the
+/// BHND inputs `q`, `k`, `v` (as stored) of case `c`.
+fn check_reference(
+    what: &str,
+    c: &Case,
+    [q, k, v]: [&[f32]; 3],
+    sel: &[i32],
+    got_o: &[f32],
+    got_lse: &[f32],
+) {
+    let (s, st) = (&c.shape, c.storage);
+    let want = select_pisa(q, k, s, TensorLayout::Bhnd, &c.cfg).unwrap();
+    let tie = if st == Storage::F16 { TIE_F16 } else { TIE };
+    let ties = check_selection_ties(what, sel, &want, c.cfg.top_k, tie);
+    eprintln!("{what}: {ties} of {} rows differ within a tie", want.rows());
+    let (o, lse) = sparse_attention(q, k, v, s, TensorLayout::Bhnd, &c.cfg, sel).unwrap();
+    let tol = if st == Storage::F16 { 5e-3 } else { 1e-4 };
     assert!(
-        got_o.iter().chain(&got_lse).all(|x| x.is_finite()),
+        got_o.iter().chain(got_lse).all(|x| x.is_finite()),
         "{what}: unwritten output"
     );
-    let e = rel_err(&got_o, &o);
+    let e = rel_err(got_o, &o);
     assert!(e < tol, "{what}: O rel err {e}");
-    let e = rel_err(&got_lse, &lse);
+    let e = rel_err(got_lse, &lse);
     assert!(e < tol, "{what}: LSE rel err {e}");
-    (plan, [q, k, v], views)
 }
 
 /// GQA groups 1, 3, 4 and 7, head dims 32 to 128, query counts from 1 to most of the keys, key
@@ -267,4 +281,129 @@ fn cache_from_a_prefix_plan_decodes_like_cache_from_views() {
             assert_eq!(got[0], got[1], "step {step} (in place {in_place})");
         }
     }
+}
+
+/// `VarlenPrefillPlan::run_with_keys`: sequences of 20 queries over 90 keys, none over 40 (skipped),
+/// 33 over their own 33, and 5 over 130, packed `[T, H, D]` along the token dimension; each
+/// sequence's rows are checked against the reference on its own data. Offsets that do not
+/// pair up are refused.
+#[test]
+fn varlen_with_keys_matches_the_reference() {
+    let ctx = ctx();
+    let (hq, hkv, d) = (6usize, 2usize, 32usize);
+    let cfg = SelectionConfig::new(16, 3).unwrap();
+    let opts = PrefillOptions {
+        cfg,
+        ..Default::default()
+    };
+    let lens = [(20usize, 90usize), (0, 40), (33, 33), (5, 130)];
+    let cu = |f: fn(&(usize, usize)) -> usize| -> Vec<usize> {
+        let mut c = vec![0];
+        for l in &lens {
+            c.push(c.last().unwrap() + f(l));
+        }
+        c
+    };
+    let (cu_q, cu_k) = (cu(|l| l.0), cu(|l| l.1));
+    let (tq, tk) = (cu_q[lens.len()], cu_k[lens.len()]);
+    let mut r = rng(seed("varlen_with_keys"));
+    // Per sequence, BHND [1, H, n, D]; packed into [T, H, D].
+    let seqs: Vec<[Vec<f32>; 3]> = lens
+        .iter()
+        .map(|&(nq, nk)| [hq * nq * d, hkv * nk * d, hkv * nk * d].map(|n| random(&mut r, n, 1.0)))
+        .collect();
+    let pack = |which: usize, h: usize, cu: &[usize]| {
+        let t = cu[lens.len()];
+        let mut out = vec![f32::NAN; t * h * d];
+        for (i, sq) in seqs.iter().enumerate() {
+            let n = cu[i + 1] - cu[i];
+            for hi in 0..h {
+                for j in 0..n {
+                    let src = (hi * n + j) * d;
+                    let dst = ((cu[i] + j) * h + hi) * d;
+                    out[dst..dst + d].copy_from_slice(&sq[which][src..src + d]);
+                }
+            }
+        }
+        out
+    };
+    let view = |data: &[f32], h: usize, t: usize| {
+        let buf = app_buffer(ctx, data);
+        TensorView::contiguous(&buf, 0, DType::F32, [1, h, t, d], TensorLayout::Bnhd).unwrap()
+    };
+    let (qv, kv, vv) = (
+        view(&pack(0, hq, &cu_q), hq, tq),
+        view(&pack(1, hkv, &cu_k), hkv, tk),
+        view(&pack(2, hkv, &cu_k), hkv, tk),
+    );
+    let (ob, lb, sb) = (
+        app_buffer(ctx, &vec![f32::NAN; hq * tq * d]),
+        app_buffer(ctx, &vec![f32::NAN; hq * tq]),
+        app_buffer(ctx, &vec![f32::from_bits(0x7FFF_FFFF); hkv * tq * 3]),
+    );
+    let (ov, lv) = (bhnd_f32(&ob, [1, hq, tq, d]), bhnd_f32(&lb, [1, hq, tq, 1]));
+    let sv = TensorView::contiguous(&sb, 0, DType::I32, [1, hkv, tq, 3], TensorLayout::Bhnd);
+    let sv = sv.unwrap();
+    let outs = PrefillOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: Some(&sv),
+    };
+    let varlen = VarlenPrefillPlan::new(ctx, hq, hkv, d, &opts).unwrap();
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    // Offsets that do not pair up, or a sequence with fewer keys than queries, are refused
+    // before anything is recorded.
+    let short_k: Vec<usize> = cu_k[..4].to_vec();
+    let fewer = [0, 20, 20, 53, 57];
+    let wrong_k = view(&pack(1, hkv, &cu_k)[..(tk - 1) * hkv * d], hkv, tk - 1);
+    for (ck, k, needle) in [
+        (&short_k[..], &kv, "one offset per offset"),
+        (&fewer[..], &kv, "fewer keys than queries"),
+        (&cu_k[..], &wrong_k, "k: expected shape"),
+    ] {
+        let e = varlen
+            .run_with_keys(&mut enc, &cu_q, ck, &qv, k, &vv, &outs, None)
+            .unwrap_err();
+        assert!(
+            matches!(e, GpuError::Input(_) | GpuError::View(_)) && e.to_string().contains(needle),
+            "{e}"
+        );
+    }
+    varlen
+        .run_with_keys(&mut enc, &cu_q, &cu_k, &qv, &kv, &vv, &outs, None)
+        .unwrap();
+    ctx.scoped("submit", || {
+        ctx.queue().submit([enc.finish()]);
+        Ok(())
+    })
+    .unwrap();
+    let (o, lse) = (read_all(ctx, &ob), read_all(ctx, &lb));
+    let sel: Vec<i32> = bytemuck::cast_slice(&ctx.read_bytes(&sb).unwrap()).to_vec();
+    // Rows of sequence i: head h's tokens cu_q[i] .. cu_q[i + 1] of each output.
+    let rows = |x: &[f32], h: usize, w: usize, i: usize| -> Vec<f32> {
+        (0..h)
+            .flat_map(|hi| (cu_q[i]..cu_q[i + 1]).map(move |t| (hi * tq + t) * w))
+            .flat_map(|at| x[at..at + w].to_vec())
+            .collect()
+    };
+    for (i, &(nq, nk)) in lens.iter().enumerate().filter(|l| l.1 .0 > 0) {
+        let sel_i: Vec<i32> = (0..hkv)
+            .flat_map(|hi| (cu_q[i]..cu_q[i + 1]).map(move |t| (hi * tq + t) * 3))
+            .flat_map(|at| sel[at..at + 3].to_vec())
+            .collect();
+        let c = Case {
+            shape: AttentionShape::new(1, hq, hkv, nq, nk, d).unwrap(),
+            cfg,
+            storage: Storage::F32,
+            in_place: false,
+        };
+        let [q, k, v] = &seqs[i];
+        let what = format!("sequence {i} ({nq} queries over {nk} keys)");
+        let (o_i, l_i) = (rows(&o, hq, d, i), rows(&lse, hq, 1, i));
+        check_reference(&what, &c, [q, k, v], &sel_i, &o_i, &l_i);
+    }
+}
+
+fn read_all(ctx: &Context, b: &wgpu::Buffer) -> Vec<f32> {
+    bytemuck::cast_slice(&ctx.read_bytes(b).unwrap()).to_vec()
 }

@@ -928,7 +928,10 @@ pub struct VarlenPrefillPlan {
     opts: PrefillOptions,
     /// Plans read their inputs in place only (made at their first run, from its views).
     in_place: bool,
-    plans: std::sync::Mutex<std::collections::BTreeMap<usize, std::sync::Arc<PrefillPlan>>>,
+    /// The plans made so far, by (query tokens, key tokens) of a sequence.
+    #[allow(clippy::type_complexity)]
+    plans:
+        std::sync::Mutex<std::collections::BTreeMap<(usize, usize), std::sync::Arc<PrefillPlan>>>,
 }
 
 impl VarlenPrefillPlan {
@@ -1003,25 +1006,26 @@ impl VarlenPrefillPlan {
             ));
         }
         for &n in lengths.iter().filter(|&&n| n > 0) {
-            self.plan(n, None)?;
+            self.plan(n, n, None)?;
         }
         Ok(())
     }
 
-    /// The plan of sequence length `n`, made if missing (in place from `views`, for a plan made
-    /// by [`Self::new_in_place`]).
+    /// The plan of a sequence of `nq` queries over `nk` keys, made if missing (in place from
+    /// `views`, for a plan made by [`Self::new_in_place`]).
     fn plan(
         &self,
-        n: usize,
+        nq: usize,
+        nk: usize,
         views: Option<[&TensorView; 3]>,
     ) -> Result<std::sync::Arc<PrefillPlan>> {
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         // A plan made before the context's kernel switches changed is made again.
-        if let Some(p) = plans.get(&n).filter(|p| p.current()) {
+        if let Some(p) = plans.get(&(nq, nk)).filter(|p| p.current()) {
             return Ok(p.clone());
         }
         let (hq, hkv, d) = self.heads;
-        let shape = AttentionShape::prefill(1, hq, hkv, n, d)?;
+        let shape = AttentionShape::new(1, hq, hkv, nq, nk, d)?;
         let p = match (self.in_place, views) {
             (true, Some([q, k, v])) => {
                 let views = PlanViews { q, k, v, out: None };
@@ -1035,7 +1039,7 @@ impl VarlenPrefillPlan {
             (false, _) => PrefillPlan::new(&self.ctx, &shape, &self.opts)?,
         };
         let p = std::sync::Arc::new(p);
-        plans.insert(n, p.clone());
+        plans.insert((nq, nk), p.clone());
         Ok(p)
     }
 
@@ -1064,7 +1068,54 @@ impl VarlenPrefillPlan {
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
-        self.run_to(enc, cu_seqlens, [q, k, v], outputs, None, prof)
+        let cu = [cu_seqlens, cu_seqlens];
+        self.run_to(enc, cu, [q, k, v], outputs, None, prof)
+    }
+
+    /// [`Self::run`] with the keys of each sequence apart from its queries (as
+    /// `flash_attn_varlen_func` with `cu_seqlens_k`): sequence `i` has the queries
+    /// `cu_seqlens_q[i] .. cu_seqlens_q[i + 1]` of `q` and the keys and values
+    /// `cu_seqlens_k[i] .. cu_seqlens_k[i + 1]` of `k` and `v`, at least as many keys as
+    /// queries, the queries being the last of its key positions (a prompt chunk over the keys
+    /// of its earlier chunks and its own: [`PrefillPlan::new`] over a prefix). Sequences with
+    /// no queries are skipped. One plan per distinct (queries, keys) pair, made on first use.
+    /// `q` `[1, Hq, Tq, D]`, `k`, `v` `[1, Hkv, Tk, D]`, the outputs `[1, Hq, Tq, D]`,
+    /// `[1, Hq, Tq, 1]` and the optional selection `[1, Hkv, Tq, K]`, with Tq and Tk the last
+    /// offsets. Errors: those of [`Self::run`] for either offset list;
+    /// [`PisaError::InvalidValue`] when the lists differ in length or a sequence has fewer keys
+    /// than queries.
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &pisa_wgpu::Context, q: &pisa_wgpu::TensorView, k: &pisa_wgpu::TensorView,
+    /// #      v: &pisa_wgpu::TensorView, o: &pisa_wgpu::TensorView, lse: &pisa_wgpu::TensorView)
+    /// #      -> pisa_wgpu::Result<()> {
+    /// use pisa_core::SelectionConfig;
+    /// use pisa_wgpu::{PrefillOptions, PrefillOutputs, VarlenPrefillPlan};
+    /// let opts = PrefillOptions { cfg: SelectionConfig::new(64, 16)?, ..Default::default() };
+    /// let varlen = VarlenPrefillPlan::new(ctx, 32, 8, 128, &opts)?;
+    /// // Two sequences: 512 new queries over 4096 keys, then 300 queries over their own 300.
+    /// let (cu_q, cu_k) = ([0, 512, 812], [0, 4096, 4396]);
+    /// let outs = PrefillOutputs { out: o, lse, selection: None };
+    /// let mut enc = ctx.device().create_command_encoder(&Default::default());
+    /// varlen.run_with_keys(&mut enc, &cu_q, &cu_k, q, k, v, &outs, None)?;
+    /// ctx.queue().submit([enc.finish()]);
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::too_many_arguments)] // flash_attn_varlen_func's arguments, plus the encoder
+    pub fn run_with_keys(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        cu_seqlens_q: &[usize],
+        cu_seqlens_k: &[usize],
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        outputs: &PrefillOutputs<'_>,
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
+        let cu = [cu_seqlens_q, cu_seqlens_k];
+        self.run_to(enc, cu, [q, k, v], outputs, None, prof)
     }
 
     /// [`Self::run`], then each sequence `i` loaded into sequence `seqs[i]` of the decode
@@ -1137,7 +1188,7 @@ impl VarlenPrefillPlan {
         }
         self.run_to(
             enc,
-            cu_seqlens,
+            [cu_seqlens, cu_seqlens],
             [q, k, v],
             outputs,
             Some((cache, seqs)),
@@ -1145,24 +1196,38 @@ impl VarlenPrefillPlan {
         )
     }
 
+    /// Records every sequence of `cu_q` queries over `cu_k` keys (equal lists for
+    /// [`Self::run`]), each followed by its take-over into `cache` when given.
     #[allow(clippy::too_many_arguments)]
     fn run_to(
         &self,
         enc: &mut wgpu::CommandEncoder,
-        cu_seqlens: &[usize],
+        [cu_q, cu_k]: [&[usize]; 2],
         [q, k, v]: [&TensorView; 3],
         outputs: &PrefillOutputs<'_>,
         mut cache: Option<(&mut KvCache, &[usize])>,
         mut prof: Option<&mut Profiler>,
     ) -> Result<()> {
-        check_cu_seqlens(cu_seqlens)?;
-        let total = cu_seqlens[cu_seqlens.len() - 1];
+        check_cu_seqlens(cu_q)?;
+        check_cu_seqlens(cu_k)?;
+        let bad = |what| Err(GpuError::Input(PisaError::InvalidValue { what }));
+        if cu_k.len() != cu_q.len() {
+            return bad("cu_seqlens_k: one offset per offset of cu_seqlens_q");
+        }
+        if cu_q
+            .windows(2)
+            .zip(cu_k.windows(2))
+            .any(|(a, b)| b[1] - b[0] < a[1] - a[0])
+        {
+            return bad("cu_seqlens_k: a sequence has fewer keys than queries");
+        }
+        let (tq, tk) = (cu_q[cu_q.len() - 1], cu_k[cu_k.len() - 1]);
         let (hq, hkv, d) = self.heads;
-        check_shape("q", q, [1, hq, total, d])?;
-        check_shape("k", k, [1, hkv, total, d])?;
-        check_shape("v", v, [1, hkv, total, d])?;
-        check_shape("output", outputs.out, [1, hq, total, d])?;
-        check_shape("lse", outputs.lse, [1, hq, total, 1])?;
+        check_shape("q", q, [1, hq, tq, d])?;
+        check_shape("k", k, [1, hkv, tk, d])?;
+        check_shape("v", v, [1, hkv, tk, d])?;
+        check_shape("output", outputs.out, [1, hq, tq, d])?;
+        check_shape("lse", outputs.lse, [1, hq, tq, 1])?;
         // (Each sequence's views lie within these: their ends are checked with them.)
         check_inputs([q, k, v], self.opts.storage)?;
         // Sequence i's outputs are written before sequence i + 1's inputs are read: outputs
@@ -1174,16 +1239,21 @@ impl VarlenPrefillPlan {
         // Every sequence's views are checked before any is recorded (whether a view is read in
         // place, or an output written by a scatter, depends on where its sequence starts).
         let kk = self.opts.cfg.top_k;
+        // Sequence i's token ranges of the queries and of the keys: (q0, nq, k0, nk).
+        let ranges = || {
+            (cu_q.windows(2).zip(cu_k.windows(2)))
+                .map(|(a, b)| (a[0], a[1] - a[0], b[0], b[1] - b[0]))
+        };
         // Sequence views: Q, K, V, then O, LSE and the selection's rows.
-        let seq = |t0: usize, n: usize| -> Result<([TensorView; 5], Option<TensorView>)> {
-            let (qs, ks, vs) = (q.tokens(t0, n)?, k.tokens(t0, n)?, v.tokens(t0, n)?);
-            let sel = outputs.selection.map(|s| s.tokens(t0, n)).transpose()?;
-            let (o, l) = (outputs.out.tokens(t0, n)?, outputs.lse.tokens(t0, n)?);
+        let seq = |(q0, nq, k0, nk)| -> Result<([TensorView; 5], Option<TensorView>)> {
+            let (qs, ks, vs) = (q.tokens(q0, nq)?, k.tokens(k0, nk)?, v.tokens(k0, nk)?);
+            let sel = outputs.selection.map(|s| s.tokens(q0, nq)).transpose()?;
+            let (o, l) = (outputs.out.tokens(q0, nq)?, outputs.lse.tokens(q0, nq)?);
             Ok(([qs, ks, vs, o, l], sel))
         };
-        for w in cu_seqlens.windows(2).filter(|w| w[1] > w[0]) {
-            let n = w[1] - w[0];
-            let ([qs, ks, vs, o, l], sel) = seq(w[0], n)?;
+        for r in ranges().filter(|r| r.1 > 0) {
+            let n = r.1;
+            let ([qs, ks, vs, o, l], sel) = seq(r)?;
             if self.in_place {
                 in_place_qkv(&self.ctx, self.opts.storage, &qs, &ks, &vs)?;
             }
@@ -1194,16 +1264,15 @@ impl VarlenPrefillPlan {
             };
             check_outputs(&outs, [1, hq, hkv, n, d, kk], self.opts.storage, false)?;
         }
-        for (i, w) in cu_seqlens.windows(2).enumerate() {
-            let n = w[1] - w[0];
-            if n == 0 {
+        for (i, r) in ranges().enumerate() {
+            if r.1 == 0 {
                 if let Some((cache, seqs)) = &mut cache {
                     cache.record_reset(enc, seqs[i])?;
                 }
                 continue;
             }
-            let ([qs, ks, vs, o, l], sel) = seq(w[0], n)?;
-            let plan = self.plan(n, Some([&qs, &ks, &vs]))?;
+            let ([qs, ks, vs, o, l], sel) = seq(r)?;
+            let plan = self.plan(r.1, r.3, Some([&qs, &ks, &vs]))?;
             let outs = PrefillOutputs {
                 out: &o,
                 lse: &l,
