@@ -13,7 +13,7 @@ use common::*;
 use pisa_core::reference::{select_pisa, sparse_attention};
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::{
-    wgpu, Context, DType, GpuError, KvCache, LeafOrder, PrefillOptions, PrefillOutputs,
+    wgpu, Context, DType, GpuError, KvCache, LeafOrder, PlanViews, PrefillOptions, PrefillOutputs,
     PrefillPlan, StepOutputs, Storage, TensorView, VarlenPrefillPlan,
 };
 
@@ -406,4 +406,54 @@ fn varlen_with_keys_matches_the_reference() {
 
 fn read_all(ctx: &Context, b: &wgpu::Buffer) -> Vec<f32> {
     bytemuck::cast_slice(&ctx.read_bytes(b).unwrap()).to_vec()
+}
+
+/// A plan over a prefix made by `PrefillPlan::new_in_place` (no staging, O written in place by
+/// the kernels) equals, bitwise, the plan that gathers (itself checked against the reference
+/// above), on the same views.
+#[test]
+fn in_place_plan_over_a_prefix_equals_the_gathering_plan() {
+    let ctx = ctx();
+    let c = Case {
+        shape: AttentionShape::new(1, 8, 2, 45, 170, 64).unwrap(),
+        cfg: SelectionConfig::new(16, 4).unwrap(),
+        storage: Storage::F32,
+        in_place: true,
+    };
+    let s = c.shape;
+    let (gathering, _, [qv, kv, vv]) = run_case(ctx, &c, seed("in_place_plan_over_a_prefix"));
+    let (hq, nq, d) = (s.q_heads, s.q_len, s.head_dim);
+    let opts = *gathering.options();
+    let mut got = Vec::new();
+    for own in [false, true] {
+        let (ob, lb) = (
+            app_buffer(ctx, &vec![f32::NAN; s.q_elems()]),
+            app_buffer(ctx, &vec![f32::NAN; s.lse_elems()]),
+        );
+        let (ov, lv) = (bhnd_f32(&ob, [1, hq, nq, d]), bhnd_f32(&lb, [1, hq, nq, 1]));
+        let outs = PrefillOutputs {
+            out: &ov,
+            lse: &lv,
+            selection: None,
+        };
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        if own {
+            let views = PlanViews {
+                q: &qv,
+                k: &kv,
+                v: &vv,
+                out: Some(&ov),
+            };
+            let plan = PrefillPlan::new_in_place(ctx, &s, &opts, &views).unwrap();
+            plan.run(&mut enc, &qv, &kv, &vv, &outs, None).unwrap();
+        } else {
+            gathering.run(&mut enc, &qv, &kv, &vv, &outs, None).unwrap();
+        }
+        ctx.queue().submit([enc.finish()]);
+        got.push((read_all(ctx, &ob), read_all(ctx, &lb)));
+    }
+    assert!(got[1].0.iter().all(|x| x.is_finite()), "O unwritten");
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got[0].0), bits(&got[1].0), "O");
+    assert_eq!(bits(&got[0].1), bits(&got[1].1), "LSE");
 }
