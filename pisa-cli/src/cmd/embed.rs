@@ -132,10 +132,10 @@ pub fn copy_out(
     at
 }
 
-/// Prefill of host tensors (`q` `[B, Hq, N, D]`, `k`, `v` `[B, Hkv, N, D]` in `opts.layout`),
-/// as [`prefill_host`] returns it: through a [`PrefillPlan`] on buffers the CLI owns when the
-/// call fits one storage binding, else (the plan refuses it with [`GpuError::Limit`], or Q and
-/// K differ in length) through [`prefill_host`], which splits it by KV heads. Same kernels
+/// Prefill of host tensors (`q` `[B, Hq, Nq, D]`, `k`, `v` `[B, Hkv, Nk, D]` in `opts.layout`,
+/// `Nq <= Nk`), as [`prefill_host`] returns it: through a [`PrefillPlan`] on buffers the CLI
+/// owns when the call fits one storage binding, else (the plan refuses it with
+/// [`GpuError::Limit`]) through [`prefill_host`], which splits it by KV heads. Same kernels
 /// either way, so the same outputs.
 ///
 /// With `warm_up`, the plan runs once untimed before the timed run, so that the stage times
@@ -153,10 +153,10 @@ pub fn prefill(
     warm_up: bool,
 ) -> pisa_wgpu::Result<PrefillOutput> {
     // The host path's own checks and errors for what a plan would refuse differently: input
-    // lengths, f16 without SHADER_F16, a cross-attention shape.
+    // lengths, f16 without SHADER_F16.
     let lens_ok = q.len() == shape.q_elems() && k.len() == shape.kv_elems() && k.len() == v.len();
     let f16_ok = opts.storage != Storage::F16 || ctx.has_f16();
-    if !lens_ok || !f16_ok || shape.q_len != shape.k_len {
+    if !lens_ok || !f16_ok {
         return prefill_host(ctx, q, k, v, shape, opts);
     }
     let plan = match PrefillPlan::new(ctx, shape, opts) {
@@ -201,8 +201,8 @@ pub fn prefill(
         let view = |buf, dtype, shape| TensorView::contiguous(buf, 0, dtype, shape, layout);
         let (qv, kv, vv) = (
             view(&qb, dt, [b, hq, n, d])?,
-            view(&kb, dt, [b, hkv, n, d])?,
-            view(&vb, dt, [b, hkv, n, d])?,
+            view(&kb, dt, [b, hkv, s.k_len, d])?,
+            view(&vb, dt, [b, hkv, s.k_len, d])?,
         );
         let ov = view(&ob, odt, [b, hq, n, d])?;
         let bhnd =
