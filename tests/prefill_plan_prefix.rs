@@ -285,8 +285,9 @@ fn cache_from_a_prefix_plan_decodes_like_cache_from_views() {
 
 /// `VarlenPrefillPlan::run_with_keys`: sequences of 20 queries over 90 keys, none over 40 (skipped),
 /// 33 over their own 33, and 5 over 130, packed `[T, H, D]` along the token dimension; each
-/// sequence's rows are checked against the reference on its own data. Offsets that do not
-/// pair up are refused.
+/// sequence's rows are checked against the reference on its own data, with room for two of
+/// the three sequence plans (one is dropped and made again within the run). Offsets that do
+/// not pair up are refused, naming the list at fault.
 #[test]
 fn varlen_with_keys_matches_the_reference() {
     let ctx = ctx();
@@ -349,17 +350,32 @@ fn varlen_with_keys_matches_the_reference() {
         lse: &lv,
         selection: Some(&sv),
     };
-    let varlen = VarlenPrefillPlan::new(ctx, hq, hkv, d, &opts).unwrap();
+    // Three sequence shapes and room for two plans: the least recently used is dropped.
+    let varlen = VarlenPrefillPlan::new(ctx, hq, hkv, d, &opts)
+        .unwrap()
+        .with_kept_plans(2);
     let mut enc = ctx.device().create_command_encoder(&Default::default());
     // Offsets that do not pair up, or a sequence with fewer keys than queries, are refused
     // before anything is recorded.
     let short_k: Vec<usize> = cu_k[..4].to_vec();
     let fewer = [0, 20, 20, 53, 57];
     let wrong_k = view(&pack(1, hkv, &cu_k)[..(tk - 1) * hkv * d], hkv, tk - 1);
+    let (not_from_0, decreasing) = ([5, 95, 135, 168, 303], [0, 90, 130, 120, 298]);
     for (ck, k, needle) in [
         (&short_k[..], &kv, "one offset per offset"),
         (&fewer[..], &kv, "fewer keys than queries"),
         (&cu_k[..], &wrong_k, "k: expected shape"),
+        // The list at fault is named: cu_seqlens_q is right in each of these.
+        (
+            &not_from_0[..],
+            &kv,
+            "cu_seqlens_k: the first offset must be 0",
+        ),
+        (
+            &decreasing[..],
+            &kv,
+            "cu_seqlens_k: offsets must not decrease",
+        ),
     ] {
         let e = varlen
             .run_with_keys(&mut enc, &cu_q, ck, &qv, k, &vv, &outs, None)
@@ -377,6 +393,7 @@ fn varlen_with_keys_matches_the_reference() {
         Ok(())
     })
     .unwrap();
+    assert_eq!(varlen.kept_plans(), 2);
     let (o, lse) = (read_all(ctx, &ob), read_all(ctx, &lb));
     let sel: Vec<i32> = bytemuck::cast_slice(&ctx.read_bytes(&sb).unwrap()).to_vec();
     // Rows of sequence i: head h's tokens cu_q[i] .. cu_q[i + 1] of each output.

@@ -43,7 +43,9 @@ impl TensorLayout {
 }
 
 /// The shape of one attention call. Query `i` sits at absolute position
-/// `p_i = k_len - q_len + i` (PISA.md "Notation"); prefill has `q_len == k_len`.
+/// `p_i = k_len - q_len + i` (PISA.md "Notation"): a whole prompt's prefill has
+/// `q_len == k_len`, a prompt chunk over the keys of earlier chunks `q_len < k_len`, a decode
+/// step `q_len == 1`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AttentionShape {
     /// B: independent sequences.

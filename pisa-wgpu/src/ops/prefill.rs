@@ -118,7 +118,7 @@ pub struct PrefillOutput {
 }
 
 /// Records the whole prefill of device tensors: returns (O, LSE, selection). Shapes: `q`
-/// `[B, Hq, N, D]`, `k`/`v` `[B, Hkv, N, D]` in `opts.layout`. Errors: as the stages'.
+/// `[B, Hq, Nq, D]`, `k`/`v` `[B, Hkv, Nk, D]` in `opts.layout`. Errors: as the stages'.
 /// Non-finite inputs are not checked: see the [module docs](self#non-finite-inputs-nan-inf)
 /// for what they produce.
 #[allow(clippy::too_many_arguments)]
@@ -221,8 +221,8 @@ pub fn check_finite(q: &[f32], k: &[f32], v: &[f32]) -> Result<()> {
 }
 
 /// Prefill of host tensors: uploads, runs [`record_prefill`] (in KV-head chunks when the
-/// tensors exceed one storage binding), reads back. `q`: `[B, Hq, N, D]`, `k`, `v`:
-/// `[B, Hkv, N, D]`, all in `opts.layout`. Errors: [`PisaError::BufferLen`] for wrong lengths,
+/// tensors exceed one storage binding), reads back. `q`: `[B, Hq, Nq, D]`, `k`, `v`:
+/// `[B, Hkv, Nk, D]`, all in `opts.layout`. Errors: [`PisaError::BufferLen`] for wrong lengths,
 /// configuration errors ([`PisaError::Zero`] for a `q_tile` of 0 included), [`GpuError::Limit`]
 /// when one head alone exceeds a binding, device errors.
 ///

@@ -422,7 +422,8 @@ impl PrefillPlan {
     /// Whether [`Self::run`] reads `view` in place (no copy) rather than gathering it into the
     /// plan's staging: see [How the inputs are read](PrefillPlan#how-the-inputs-are-read) for
     /// the rule. (K and V are read in place only when both are, with the same strides:
-    /// [`Self::reads_in_place_qkv`] applies that too.)
+    /// [`Self::reads_in_place_qkv`] applies that too.) It looks at how the view lies in its
+    /// buffer, not at its shape: a view of the wrong shape is refused by [`Self::run`].
     pub fn reads_in_place(&self, view: &TensorView) -> bool {
         in_place(&self.ctx, view, self.opts.storage).is_some()
     }
@@ -750,30 +751,44 @@ fn check_inputs([q, k, v]: [&TensorView; 3], st: Storage) -> Result<()> {
     Ok(())
 }
 
-/// `cu_seqlens` of a varlen call: at least one sequence, from token 0, non-decreasing (an
-/// empty sequence repeats an offset, as `flash_attn_varlen_func` takes it), and at least one
-/// token in all. Errors: [`GpuError::Input`].
-fn check_cu_seqlens(cu_seqlens: &[usize]) -> Result<()> {
+/// `cu_seqlens` of a varlen call (`keys`: the list is `cu_seqlens_k`, named so in the
+/// errors): at least one sequence, from token 0, non-decreasing (an empty sequence repeats an
+/// offset, as `flash_attn_varlen_func` takes it), and at least one token in all. Errors:
+/// [`GpuError::Input`].
+fn check_cu_seqlens(cu_seqlens: &[usize], keys: bool) -> Result<()> {
     use pisa_core::PisaError::{InvalidValue, Zero};
     let err = |e| Err(GpuError::Input(e));
+    let pick = |q: &'static str, k: &'static str| if keys { k } else { q };
     if cu_seqlens.len() < 2 {
         return err(Zero {
-            what: "cu_seqlens: sequences (it holds n + 1 offsets)",
+            what: pick(
+                "cu_seqlens: sequences (it holds n + 1 offsets)",
+                "cu_seqlens_k: sequences (it holds n + 1 offsets)",
+            ),
         });
     }
     if cu_seqlens[0] != 0 {
         return err(InvalidValue {
-            what: "cu_seqlens: the first offset must be 0",
+            what: pick(
+                "cu_seqlens: the first offset must be 0",
+                "cu_seqlens_k: the first offset must be 0",
+            ),
         });
     }
     if cu_seqlens.windows(2).any(|w| w[1] < w[0]) {
         return err(InvalidValue {
-            what: "cu_seqlens: offsets must not decrease",
+            what: pick(
+                "cu_seqlens: offsets must not decrease",
+                "cu_seqlens_k: offsets must not decrease",
+            ),
         });
     }
     if cu_seqlens[cu_seqlens.len() - 1] == 0 {
         return err(Zero {
-            what: "cu_seqlens: tokens of all sequences together",
+            what: pick(
+                "cu_seqlens: tokens of all sequences together",
+                "cu_seqlens_k: tokens of all sequences together",
+            ),
         });
     }
     Ok(())
@@ -916,11 +931,23 @@ fn copy_of(storage: Storage, dst: &TensorView) -> Option<(u64, u64)> {
 
 /// A varlen prefill (as `flash_attn_varlen_func`): a batch of sequences packed along the token
 /// dimension, sequence `i` being tokens `cu_seqlens[i] .. cu_seqlens[i + 1]` of the views, each
-/// attending causally to itself only. One [`PrefillPlan`] per distinct sequence length, made on
-/// first use (or ahead with [`VarlenPrefillPlan::prepare`]) and kept; a run records every
-/// sequence's plan over its token range of the caller's views ([`TensorView::tokens`]). Made
-/// with [`VarlenPrefillPlan::new_in_place`], its plans hold no staging
-/// ([`PrefillPlan::new_in_place`]).
+/// attending causally to itself only ([`VarlenPrefillPlan::run`]), or each sequence's queries
+/// over keys of their own ([`VarlenPrefillPlan::run_with_keys`], `cu_seqlens_k`). One
+/// [`PrefillPlan`] per distinct (queries, keys) pair of a sequence, made on first use (or ahead
+/// with [`VarlenPrefillPlan::prepare`]) and kept; a run records every sequence's plan over its
+/// token ranges of the caller's views ([`TensorView::tokens`]). Made with
+/// [`VarlenPrefillPlan::new_in_place`], its plans hold no staging ([`PrefillPlan::new_in_place`]).
+///
+/// # Memory
+///
+/// Each kept plan holds the buffers of its shape (its staging of Q, K and V, unless made in
+/// place, and its intermediates: at 128K tokens, 32 query and 8 KV heads of 128 in f16, about
+/// 1.5 GiB of staging alone). At most [`VarlenPrefillPlan::DEFAULT_KEPT_PLANS`] plans are kept
+/// ([`VarlenPrefillPlan::with_kept_plans`] sets another bound): past it, making a plan drops
+/// the least recently used one (its buffers are freed once the work recorded with them has
+/// run), so a chunked prefill whose key count grows every call does not grow GPU memory
+/// without end. A run over more distinct pairs than the bound makes some plans again on every
+/// run: same results, the cost of planning each time.
 #[derive(Debug)]
 pub struct VarlenPrefillPlan {
     ctx: Context,
@@ -928,10 +955,50 @@ pub struct VarlenPrefillPlan {
     opts: PrefillOptions,
     /// Plans read their inputs in place only (made at their first run, from its views).
     in_place: bool,
-    /// The plans made so far, by (query tokens, key tokens) of a sequence.
-    #[allow(clippy::type_complexity)]
-    plans:
-        std::sync::Mutex<std::collections::BTreeMap<(usize, usize), std::sync::Arc<PrefillPlan>>>,
+    plans: std::sync::Mutex<KeptPlans>,
+}
+
+/// The plans of a [`VarlenPrefillPlan`] by (query tokens, key tokens) of a sequence, each with
+/// the tick of its last use, at most `max` of them (the least recently used dropped first).
+#[derive(Debug)]
+struct KeptPlans {
+    plans: std::collections::BTreeMap<(usize, usize), (std::sync::Arc<PrefillPlan>, u64)>,
+    tick: u64,
+    max: usize,
+}
+
+impl KeptPlans {
+    fn new(max: usize) -> Self {
+        Self {
+            plans: Default::default(),
+            tick: 0,
+            max: max.max(1),
+        }
+    }
+
+    /// The plan of `key` when it is kept and `fresh`, marked used.
+    fn get(
+        &mut self,
+        key: (usize, usize),
+        fresh: impl Fn(&PrefillPlan) -> bool,
+    ) -> Option<std::sync::Arc<PrefillPlan>> {
+        self.tick += 1;
+        let tick = self.tick;
+        let (p, used) = self.plans.get_mut(&key).filter(|(p, _)| fresh(p))?;
+        *used = tick;
+        Some(p.clone())
+    }
+
+    /// Keeps `plan` for `key`, dropping the least recently used plans past the bound.
+    fn insert(&mut self, key: (usize, usize), plan: std::sync::Arc<PrefillPlan>) {
+        self.tick += 1;
+        self.plans.insert(key, (plan, self.tick));
+        while self.plans.len() > self.max {
+            let oldest = self.plans.iter().min_by_key(|(_, (_, used))| *used);
+            let Some((&k, _)) = oldest else { break };
+            self.plans.remove(&k);
+        }
+    }
 }
 
 impl VarlenPrefillPlan {
@@ -954,13 +1021,38 @@ impl VarlenPrefillPlan {
             heads: (q_heads, kv_heads, head_dim),
             opts: *opts,
             in_place: false,
-            plans: Default::default(),
+            plans: std::sync::Mutex::new(KeptPlans::new(Self::DEFAULT_KEPT_PLANS)),
         })
     }
 
-    /// [`Self::new`] for views read in place only: each sequence length's plan is a
+    /// How many sequence plans a varlen plan keeps unless told otherwise (see
+    /// [Memory](VarlenPrefillPlan#memory)).
+    pub const DEFAULT_KEPT_PLANS: usize = 8;
+
+    /// This plan keeping at most `max` sequence plans (at least 1; see
+    /// [Memory](VarlenPrefillPlan#memory)): the number of distinct (queries, keys) pairs of a
+    /// batch, to plan each only once, or fewer, to bound the memory held between runs.
+    pub fn with_kept_plans(self, max: usize) -> Self {
+        let plans = KeptPlans::new(max);
+        Self {
+            plans: std::sync::Mutex::new(plans),
+            ..self
+        }
+    }
+
+    /// The number of sequence plans kept now (at most the bound of
+    /// [Memory](VarlenPrefillPlan#memory)).
+    pub fn kept_plans(&self) -> usize {
+        self.plans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .plans
+            .len()
+    }
+
+    /// [`Self::new`] for views read in place only: each sequence's plan is a
     /// [`PrefillPlan::new_in_place`] (no staging of Q, K and V), made at the first run that
-    /// meets that length, from that run's views of the sequence; a run whose views the kernels
+    /// meets that sequence's shape, from that run's views of the sequence; a run whose views the kernels
     /// cannot read in place is a [`GpuError::View`]. [`Self::prepare`] is refused (a plan needs
     /// views to be made). Errors: as [`Self::new`].
     ///
@@ -993,9 +1085,11 @@ impl VarlenPrefillPlan {
         })
     }
 
-    /// Makes the plans of these sequence lengths now (a run with a length not planned yet makes
-    /// its plan then: allocation and pipeline builds on that run); a length of 0 (an empty
-    /// sequence, which a run skips) needs none. Errors: as
+    /// Makes the plans of these sequence lengths now, each of its queries over its own keys as
+    /// [`Self::run`] has them (a run with a length not planned yet makes its plan then:
+    /// allocation and pipeline builds on that run); a length of 0 (an empty sequence, which a
+    /// run skips) needs none. Only the last lengths within the bound of kept plans stay
+    /// ([Memory](VarlenPrefillPlan#memory)). Errors: as
     /// [`PrefillPlan::new`]; [`GpuError::Unsupported`] for a plan made by
     /// [`Self::new_in_place`].
     pub fn prepare(&self, lengths: &[usize]) -> Result<()> {
@@ -1021,8 +1115,8 @@ impl VarlenPrefillPlan {
     ) -> Result<std::sync::Arc<PrefillPlan>> {
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         // A plan made before the context's kernel switches changed is made again.
-        if let Some(p) = plans.get(&(nq, nk)).filter(|p| p.current()) {
-            return Ok(p.clone());
+        if let Some(p) = plans.get((nq, nk), PrefillPlan::current) {
+            return Ok(p);
         }
         let (hq, hkv, d) = self.heads;
         let shape = AttentionShape::new(1, hq, hkv, nq, nk, d)?;
@@ -1163,7 +1257,7 @@ impl VarlenPrefillPlan {
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
-        check_cu_seqlens(cu_seqlens)?;
+        check_cu_seqlens(cu_seqlens, false)?;
         let n_seqs = cu_seqlens.len() - 1;
         if seqs.len() != n_seqs {
             return Err(GpuError::Input(PisaError::InvalidValue {
@@ -1208,8 +1302,8 @@ impl VarlenPrefillPlan {
         mut cache: Option<(&mut KvCache, &[usize])>,
         mut prof: Option<&mut Profiler>,
     ) -> Result<()> {
-        check_cu_seqlens(cu_q)?;
-        check_cu_seqlens(cu_k)?;
+        check_cu_seqlens(cu_q, false)?;
+        check_cu_seqlens(cu_k, true)?;
         let bad = |what| Err(GpuError::Input(PisaError::InvalidValue { what }));
         if cu_k.len() != cu_q.len() {
             return bad("cu_seqlens_k: one offset per offset of cu_seqlens_q");
