@@ -474,3 +474,129 @@ fn in_place_plan_over_a_prefix_equals_the_gathering_plan() {
     assert_eq!(bits(&got[0].0), bits(&got[1].0), "O");
     assert_eq!(bits(&got[0].1), bits(&got[1].1), "LSE");
 }
+
+/// `VarlenPrefillPlan::run_with_keys_into_cache`: sequences of 20 queries over 90 keys, none
+/// over 40 (loaded from its keys), none over none (empties its cache sequence, which held
+/// tokens), and 33 over their own 33, into cache sequences 2, 0, 1 and 3. The cache holds every
+/// sequence's keys and decodes, bitwise, like one loaded from the same keys and values through
+/// views; both start poisoned (the outputs NaN before each step).
+#[test]
+fn varlen_with_keys_into_cache_decodes_like_cache_from_views() {
+    let ctx = ctx();
+    let (hq, hkv, d) = (4usize, 2usize, 32usize);
+    let cfg = SelectionConfig::new(16, 3).unwrap();
+    let opts = PrefillOptions {
+        cfg,
+        ..Default::default()
+    };
+    let (cu_q, cu_k) = ([0usize, 20, 20, 20, 53], [0usize, 90, 130, 130, 163]);
+    let seqs = [2usize, 0, 1, 3];
+    let (tq, tk) = (53, 163);
+    let mut r = rng(seed("varlen_with_keys_into_cache"));
+    let q = app_buffer(ctx, &random(&mut r, hq * tq * d, 1.0));
+    let k = app_buffer(ctx, &random(&mut r, hkv * tk * d, 1.0));
+    let v = app_buffer(ctx, &random(&mut r, hkv * tk * d, 1.0));
+    let (qv, kv, vv) = (
+        bhnd_f32(&q, [1, hq, tq, d]),
+        bhnd_f32(&k, [1, hkv, tk, d]),
+        bhnd_f32(&v, [1, hkv, tk, d]),
+    );
+    let (ob, lb) = (
+        app_buffer(ctx, &vec![f32::NAN; hq * tq * d]),
+        app_buffer(ctx, &vec![f32::NAN; hq * tq]),
+    );
+    let (ov, lv) = (bhnd_f32(&ob, [1, hq, tq, d]), bhnd_f32(&lb, [1, hq, tq, 1]));
+    let outs = PrefillOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: None,
+    };
+    let new_cache = || KvCache::new(ctx, 4, 200, hq, hkv, d, cfg, Storage::F32).unwrap();
+    let (mut from_plan, mut from_views) = (new_cache(), new_cache());
+    let varlen = VarlenPrefillPlan::new(ctx, hq, hkv, d, &opts).unwrap();
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    // Cache sequence 1 holds tokens first: the empty sequence must empty it.
+    let k50 = kv.tokens(0, 50).unwrap();
+    let v50 = vv.tokens(0, 50).unwrap();
+    from_plan
+        .record_prefill_view(&mut enc, 1, &k50, &v50)
+        .unwrap();
+    // A cache too short for a sequence's keys is refused before anything is recorded.
+    let mut short = KvCache::new(ctx, 4, 64, hq, hkv, d, cfg, Storage::F32).unwrap();
+    let e = varlen
+        .run_with_keys_into_cache(
+            &mut enc, &cu_q, &cu_k, &qv, &kv, &vv, &outs, &mut short, &seqs, None,
+        )
+        .unwrap_err();
+    assert!(matches!(e, GpuError::Input(_)), "{e}");
+    varlen
+        .run_with_keys_into_cache(
+            &mut enc,
+            &cu_q,
+            &cu_k,
+            &qv,
+            &kv,
+            &vv,
+            &outs,
+            &mut from_plan,
+            &seqs,
+            None,
+        )
+        .unwrap();
+    for i in 0..4 {
+        let (k0, nk) = (cu_k[i], cu_k[i + 1] - cu_k[i]);
+        if nk > 0 {
+            let (ks, vs) = (kv.tokens(k0, nk).unwrap(), vv.tokens(k0, nk).unwrap());
+            from_views
+                .record_prefill_view(&mut enc, seqs[i], &ks, &vs)
+                .unwrap();
+        }
+    }
+    ctx.scoped("submit", || {
+        ctx.queue().submit([enc.finish()]);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(from_plan.lens(), &[40, 0, 90, 33]);
+    assert_eq!(from_views.lens(), from_plan.lens());
+    let o = read_all(ctx, &ob);
+    assert!(o.iter().all(|x| x.is_finite()), "O unwritten");
+    let base = seed("varlen_with_keys_into_cache_steps");
+    let active = [true; 4];
+    for step in 0..12u64 {
+        let row =
+            |n: usize, i: u64| app_buffer(ctx, &random(&mut rng(base + 3 * step + i), n, 1.0));
+        let (kr, vr, qr) = (row(4 * hkv * d, 0), row(4 * hkv * d, 1), row(4 * hq * d, 2));
+        let mut got = Vec::new();
+        for cache in [&mut from_plan, &mut from_views] {
+            let (ob, lb) = (
+                app_buffer(ctx, &vec![f32::NAN; 4 * hq * d]),
+                app_buffer(ctx, &vec![f32::NAN; 4 * hq]),
+            );
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            let (krv, vrv) = (bhnd_f32(&kr, [4, hkv, 1, d]), bhnd_f32(&vr, [4, hkv, 1, d]));
+            cache
+                .record_append_view(&mut enc, &krv, &vrv, &active, None)
+                .unwrap();
+            let (ov, lv) = (bhnd_f32(&ob, [4, hq, 1, d]), bhnd_f32(&lb, [4, hq, 1, 1]));
+            let so = StepOutputs {
+                out: &ov,
+                lse: &lv,
+                selection: None,
+            };
+            let qv = bhnd_f32(&qr, [4, hq, 1, d]);
+            cache
+                .record_step_into(&mut enc, &qv, Some(&so), None)
+                .unwrap();
+            ctx.queue().submit([enc.finish()]);
+            got.push((read_all(ctx, &ob), read_all(ctx, &lb)));
+        }
+        assert!(
+            got[0].0.iter().all(|x| x.is_finite()),
+            "step {step}: unwritten O"
+        );
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got[0].0), bits(&got[1].0), "step {step}: O");
+        assert_eq!(bits(&got[0].1), bits(&got[1].1), "step {step}: LSE");
+    }
+}

@@ -251,7 +251,7 @@ impl KvCache {
         self.check_prefill_len(ps.k_len)
     }
 
-    fn check_prefill_len(&self, p_len: usize) -> Result<()> {
+    pub(crate) fn check_prefill_len(&self, p_len: usize) -> Result<()> {
         if p_len > self.layout.key_len() {
             return Err(input(PisaError::TooLarge {
                 what: "prefill length",

@@ -1257,8 +1257,51 @@ impl VarlenPrefillPlan {
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
-        check_cu_seqlens(cu_seqlens, false)?;
-        let n_seqs = cu_seqlens.len() - 1;
+        let cu = [cu_seqlens, cu_seqlens];
+        self.into_cache(enc, cu, [q, k, v], outputs, cache, seqs, prof)
+    }
+
+    /// [`Self::run_with_keys`], then each sequence `i` loaded into sequence `seqs[i]` of the
+    /// decode `cache` with all its keys, as [`Self::run_into_cache`] does (a sequence with keys
+    /// and no queries is loaded from its keys and values, [`KvCache::record_prefill_view`]: a
+    /// pyramid build; one with neither empties its cache sequence). The cache sequence then
+    /// holds `cu_seqlens_k[i + 1] - cu_seqlens_k[i]` tokens. Errors: those of
+    /// [`Self::run_with_keys`] and [`Self::run_into_cache`], checked before anything is
+    /// recorded.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with_keys_into_cache(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        cu_seqlens_q: &[usize],
+        cu_seqlens_k: &[usize],
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        outputs: &PrefillOutputs<'_>,
+        cache: &mut KvCache,
+        seqs: &[usize],
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
+        let cu = [cu_seqlens_q, cu_seqlens_k];
+        self.into_cache(enc, cu, [q, k, v], outputs, cache, seqs, prof)
+    }
+
+    /// The checks of a run into `cache`, then the run ([`Self::run_to`]).
+    #[allow(clippy::too_many_arguments)]
+    fn into_cache(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        [cu_q, cu_k]: [&[usize]; 2],
+        qkv: [&TensorView; 3],
+        outputs: &PrefillOutputs<'_>,
+        cache: &mut KvCache,
+        seqs: &[usize],
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        check_cu_seqlens(cu_q, false)?;
+        check_cu_seqlens(cu_k, true)?;
+        let n_seqs = cu_q.len() - 1;
         if seqs.len() != n_seqs {
             return Err(GpuError::Input(PisaError::InvalidValue {
                 what:
@@ -1271,23 +1314,20 @@ impl VarlenPrefillPlan {
             }));
         }
         let (hq, hkv, d) = self.heads;
-        for (i, w) in cu_seqlens.windows(2).enumerate() {
-            if w[1] == w[0] {
-                // An empty sequence empties its cache sequence (checked as a reset is).
+        for (i, (a, b)) in cu_q.windows(2).zip(cu_k.windows(2)).enumerate() {
+            let (nq, nk) = (a[1] - a[0], b[1] - b[0]);
+            if nq == 0 {
+                // An empty sequence empties its cache sequence (checked as a reset is); one of
+                // keys only is loaded from them (checked as that load is).
                 cache.check_seq(seqs[i])?;
+                cache.check_prefill_len(nk)?;
                 continue;
             }
-            let shape = AttentionShape::prefill(1, hq, hkv, w[1] - w[0], d)?;
+            // (run_to refuses fewer keys than queries before recording anything)
+            let shape = AttentionShape::new(1, hq, hkv, nq, nk.max(nq), d)?;
             cache.check_plan(&self.ctx, &shape, &self.opts, seqs[i], 0)?;
         }
-        self.run_to(
-            enc,
-            [cu_seqlens, cu_seqlens],
-            [q, k, v],
-            outputs,
-            Some((cache, seqs)),
-            prof,
-        )
+        self.run_to(enc, [cu_q, cu_k], qkv, outputs, Some((cache, seqs)), prof)
     }
 
     /// Records every sequence of `cu_q` queries over `cu_k` keys (equal lists for
@@ -1361,7 +1401,14 @@ impl VarlenPrefillPlan {
         for (i, r) in ranges().enumerate() {
             if r.1 == 0 {
                 if let Some((cache, seqs)) = &mut cache {
-                    cache.record_reset(enc, seqs[i])?;
+                    match r.3 {
+                        0 => cache.record_reset(enc, seqs[i])?,
+                        // Keys and no queries: the cache holds them all the same.
+                        nk => {
+                            let (ks, vs) = (k.tokens(r.2, nk)?, v.tokens(r.2, nk)?);
+                            cache.record_prefill_view(enc, seqs[i], &ks, &vs)?;
+                        }
+                    }
                 }
                 continue;
             }
