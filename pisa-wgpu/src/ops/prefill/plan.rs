@@ -1258,7 +1258,7 @@ impl VarlenPrefillPlan {
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
         let cu = [cu_seqlens, cu_seqlens];
-        self.into_cache(enc, cu, [q, k, v], outputs, cache, seqs, prof)
+        self.run_to_cache(enc, cu, [q, k, v], outputs, cache, seqs, prof)
     }
 
     /// [`Self::run_with_keys`], then each sequence `i` loaded into sequence `seqs[i]` of the
@@ -1284,12 +1284,12 @@ impl VarlenPrefillPlan {
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
         let cu = [cu_seqlens_q, cu_seqlens_k];
-        self.into_cache(enc, cu, [q, k, v], outputs, cache, seqs, prof)
+        self.run_to_cache(enc, cu, [q, k, v], outputs, cache, seqs, prof)
     }
 
     /// The checks of a run into `cache`, then the run ([`Self::run_to`]).
     #[allow(clippy::too_many_arguments)]
-    fn into_cache(
+    fn run_to_cache(
         &self,
         enc: &mut wgpu::CommandEncoder,
         [cu_q, cu_k]: [&[usize]; 2],
