@@ -319,6 +319,64 @@ fn recall_with_nothing_to_count_says_so() {
     assert_eq!(j["methods"][0]["queries"], 0, "{j}");
 }
 
+/// `--queries`: each prefill runs the last Q queries over its N keys, every prefill row
+/// included; the JSON records Q and the table's shape line says so. A count of 0, or a list,
+/// is refused.
+#[test]
+fn bench_queries_runs_a_prefill_over_a_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let rest = ["--decode-sizes=", "--backward-max", "0", "--sizes", "128"];
+    for (q, file) in [(None, "whole.json"), (Some("40"), "chunk.json")] {
+        let mut args = vec!["bench", "--json", file];
+        if let Some(q) = q {
+            args.extend(["--queries", q]);
+        }
+        let r = run_in(dir.path(), &[&args[..], &TINY_BENCH, &rest].concat()).ok();
+        assert_eq!(
+            r.stdout
+                .contains("prefill of the last 40 queries over N keys"),
+            q.is_some(),
+            "{}",
+            r.stdout
+        );
+    }
+    let read = |f: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join(f)).unwrap()).unwrap()
+    };
+    let (whole, chunk) = (read("whole.json"), read("chunk.json"));
+    assert!(whole["params"].get("queries").is_none());
+    assert_eq!(chunk["params"]["queries"], 40);
+    for j in [&whole, &chunk] {
+        let ops: Vec<&str> = j["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["op"].as_str().unwrap())
+            .collect();
+        for op in [
+            "pisa_select",
+            "bsa_select",
+            "attention",
+            "pisa_prefill",
+            "dense",
+        ] {
+            assert!(ops.contains(&op), "{op} missing: {ops:?}");
+        }
+    }
+    for (bad, says) in [("0", "at least 1"), ("1k,2k", "one positive count")] {
+        let e = run_in(
+            dir.path(),
+            &[&["bench", "--queries", bad][..], &TINY_BENCH, &rest].concat(),
+        );
+        assert_ne!(e.code, Some(0));
+        assert!(
+            e.stderr.contains("--queries") && e.stderr.contains(says),
+            "{}",
+            e.stderr
+        );
+    }
+}
+
 #[test]
 fn bench_tiny_json_then_compare() {
     let dir = tempfile::tempdir().unwrap();

@@ -68,6 +68,12 @@ pub struct BenchArgs {
     /// kernels and leaves out the BSA baseline and the backward pass, which do not read it).
     #[arg(long, default_value = "f16,f32")]
     pub storages: String,
+    /// Queries per prefill (k/K, m/M suffixes): each prefill size N runs the last
+    /// min(QUERIES, N) queries over its N keys, as a prompt chunk prefilled over the keys of the
+    /// earlier chunks (every prefill row: PISA, the BSA baseline, dense attention, the backward
+    /// pass). Default: N, the whole prompt.
+    #[arg(long, conflicts_with = "input")]
+    pub queries: Option<String>,
     /// Time dense attention only up to this N (the portable kernel is O(N^2); 0: never).
     #[arg(long, default_value = "64k")]
     pub dense_max: String,

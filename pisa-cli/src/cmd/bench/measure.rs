@@ -32,8 +32,10 @@ pub struct HostInputs {
 /// What to measure at one size.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// Tokens.
+    /// Tokens (keys).
     pub n: usize,
+    /// Queries of the prefill (at most `n`): the last `q_len` of the `n` positions.
+    pub q_len: usize,
     /// Hq, Hkv, D.
     pub hq: usize,
     /// KV heads.
@@ -103,7 +105,7 @@ fn medians(reps: &[StageTimes]) -> StageTimes {
 /// Hkv heads; 8 heads of which 7 would fit run as 2 chunks of 4, not 2 of 7).
 pub fn heads_per_chunk(ctx: &Context, p: &Plan) -> usize {
     let g = (p.hq / p.hkv) as u64;
-    let per_head = g * p.n as u64 * p.d as u64 * p.storage.bytes();
+    let per_head = (g * p.q_len as u64).max(p.n as u64) * p.d as u64 * p.storage.bytes();
     even_chunk(ctx.max_binding_bytes(), per_head, p.hkv)
 }
 
@@ -140,7 +142,7 @@ fn plan_chunk(ctx: &Context, p: &Plan, mut hc: usize) -> Result<Planned> {
         return_selection: true,
     };
     let plan = loop {
-        let shape = AttentionShape::prefill(1, hc * g, hc, p.n, p.d)?;
+        let shape = AttentionShape::new(1, hc * g, hc, p.q_len, p.n, p.d)?;
         match PrefillPlan::new(ctx, &shape, &opts) {
             Err(GpuError::Limit { .. }) if hc > 1 => {
                 hc = (1..hc)
@@ -164,7 +166,7 @@ fn plan_chunk(ctx: &Context, p: &Plan, mut hc: usize) -> Result<Planned> {
         lse: out("bench lse", s.lse_elems(), Storage::F32, DType::F32),
         sel: out(
             "bench selection",
-            hc * p.n * p.cfg.top_k,
+            hc * p.q_len * p.cfg.top_k,
             Storage::F32,
             DType::I32,
         ),
@@ -194,8 +196,8 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
     let shape = *planned.plan.shape();
     let pool = chunks.max(2);
     let dt = embed::dtype(p.storage);
-    let view = |t: &GpuTensor, heads| {
-        TensorView::contiguous(&t.buffer, 0, dt, [1, heads, p.n, p.d], p.layout)
+    let view = |t: &GpuTensor, heads, tokens| {
+        TensorView::contiguous(&t.buffer, 0, dt, [1, heads, tokens, p.d], p.layout)
     };
     let mut sets = Vec::with_capacity(pool);
     for i in 0..pool {
@@ -214,7 +216,11 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
             ),
         };
         sets.push(Inputs {
-            views: [view(&q, hc * g)?, view(&k, hc)?, view(&v, hc)?],
+            views: [
+                view(&q, hc * g, p.q_len)?,
+                view(&k, hc, p.n)?,
+                view(&v, hc, p.n)?,
+            ],
             q,
             k,
             v,
@@ -237,21 +243,21 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
             &planned.o.buffer,
             0,
             embed::dtype(p.storage.output()),
-            [1, hc * g, p.n, p.d],
+            [1, hc * g, p.q_len, p.d],
             p.layout,
         )?,
         TensorView::contiguous(
             &planned.lse.buffer,
             0,
             DType::F32,
-            [1, hc * g, p.n, 1],
+            [1, hc * g, p.q_len, 1],
             TensorLayout::Bhnd,
         )?,
         TensorView::contiguous(
             &planned.sel.buffer,
             0,
             DType::I32,
-            [1, hc, p.n, p.cfg.top_k],
+            [1, hc, p.q_len, p.cfg.top_k],
             TensorLayout::Bhnd,
         )?,
     );

@@ -26,9 +26,11 @@ use crate::args::{progress, DeviceArgs, StorageArg};
 use report::{Record, Report};
 use std::sync::Arc;
 
-/// FLOPs of causal dense attention (QK^T and PV, half the square).
-fn dense_flops(hq: usize, n: usize, d: usize) -> f64 {
-    4.0 * hq as f64 * n as f64 * n as f64 * d as f64 / 2.0
+/// FLOPs of causal dense attention of `nq` queries, the last of `nk` positions (QK^T and PV
+/// over the (query, key) pairs the mask keeps: half the square for a whole prompt).
+fn dense_flops(hq: usize, nq: usize, nk: usize, d: usize) -> f64 {
+    let (nq, nk) = (nq as f64, nk as f64);
+    4.0 * hq as f64 * (nq * (nk - nq) + nq * nq / 2.0) * d as f64
 }
 
 /// The decode cache sizes when `--decode-sizes` is not given.
@@ -177,6 +179,13 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         args::check_json_path(path)?;
     }
     let dense_max = args::max_size(&a.dense_max, "--dense-max")?;
+    let queries = match &a.queries {
+        Some(q) => match parse_sizes(q).context("--queries")?[..] {
+            [q] if q > 0 => Some(q),
+            _ => bail!("--queries takes one positive count (4k, 8192)"),
+        },
+        None => None,
+    };
     let backward_max = args::max_size(&a.backward_max, "--backward-max")?;
     let cfg = SelectionConfig {
         block_size: a.block_size,
@@ -250,6 +259,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         for &n in &sizes {
             let mut plan = measure::Plan {
                 n,
+                q_len: queries.map_or(n, |q| q.min(n)),
                 hq: a.hq,
                 hkv: a.hkv,
                 d: a.d,
@@ -310,8 +320,11 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             let attn_parts = pisa_wgpu::ops::attention::by_leaf::PARTS;
             let attn = t.attention();
             let sel = g("pyramid") + route + leaf;
-            let attn_flops =
-                4.0 * a.hq as f64 * n as f64 * (a.top_k * a.block_size).min(n) as f64 * a.d as f64;
+            let attn_flops = 4.0
+                * a.hq as f64
+                * plan.q_len as f64
+                * (a.top_k * a.block_size).min(n) as f64
+                * a.d as f64;
             if t.gpu {
                 out.records.push(rec("pyramid", g("pyramid"), None));
                 out.records.push(rec("route", route, None));
@@ -344,7 +357,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                     out.records.push(rec(
                         "dense",
                         g("dense"),
-                        Some(dense_flops(a.hq, n, a.d) / g("dense").max(1e-9) * 1e-9),
+                        Some(dense_flops(a.hq, plan.q_len, n, a.d) / g("dense").max(1e-9) * 1e-9),
                     ));
                 }
             } else {
@@ -360,6 +373,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             pb.set_message(format!("decode {stn} cache={n}"));
             let plan = measure::Plan {
                 n,
+                q_len: 1,
                 hq: a.hq,
                 hkv: a.hkv,
                 d: a.d,

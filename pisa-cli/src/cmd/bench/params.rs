@@ -41,6 +41,10 @@ pub struct Params {
     /// were recorded.
     #[serde(default)]
     pub tuning: Vec<String>,
+    /// `--queries`: each prefill ran this many queries (at most N) over its N keys; absent for
+    /// whole prompts and in files written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queries: Option<usize>,
 }
 
 impl Params {
@@ -82,6 +86,10 @@ impl Params {
                 .into_iter()
                 .filter(|c| !c.starts_with("leaf_order="))
                 .collect(),
+            queries: a
+                .queries
+                .as_deref()
+                .and_then(|q| super::args::parse_sizes(q).ok()?.first().copied()),
         }
     }
 
@@ -112,10 +120,13 @@ impl Params {
         } else {
             "every kernel portable"
         };
-        let tuning = match self.tuning.is_empty() {
+        let mut tuning = match self.tuning.is_empty() {
             true => String::new(),
             false => format!(", tuning {}", self.tuning.join(" ")),
         };
+        if let Some(q) = self.queries {
+            tuning += &format!(", prefill of the last {q} queries over N keys");
+        }
         format!(
             "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, layout {}, inputs {}, leaf order {}, kernel path {} ({what}), shader checks {}{tuning}",
             self.hq, self.hkv, self.d, self.block_size, self.top_k, self.merge_factor,
