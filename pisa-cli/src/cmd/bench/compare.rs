@@ -108,9 +108,15 @@ pub fn compare(reports: &[Report]) -> String {
             each.join("; ")
         );
     }
-    // The prefill's layout and inputs (files of before they were recorded: BHND, random).
+    // The prefill's layout and inputs (files of before they were recorded: BHND, random), and
+    // its queries where `--queries` set them.
     let how = |r: &Report| match &r.params {
-        Some(p) => format!("layout {}, inputs {}", p.layout_name(), p.input_name()),
+        Some(p) => {
+            let q = p
+                .queries
+                .map_or(String::new(), |q| format!(", the last {q} queries"));
+            format!("layout {}, inputs {}{q}", p.layout_name(), p.input_name())
+        }
         None => "layout bhnd, inputs random".to_string(),
     };
     let hows: Vec<String> = reports.iter().map(how).collect();
@@ -122,7 +128,7 @@ pub fn compare(reports: &[Report]) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "note: the runs differ in the prefill's layout or inputs ({})",
+            "note: the runs differ in the prefill's layout, inputs or queries ({})",
             each.join("; ")
         );
     }
@@ -366,17 +372,23 @@ mod tests {
             kernel_path: "portable".into(),
             shader_checks: String::new(),
             tuning: Vec::new(),
+            queries: None,
         };
         c.params = Some(p.clone());
         let t = compare(&[a.clone(), c.clone()]);
         assert!(
-            t.contains("note: the runs differ in the prefill's layout or inputs")
+            t.contains("note: the runs differ in the prefill's layout, inputs or queries")
                 && t.contains("layout bnhd, inputs random")
                 && t.contains("layout bhnd, inputs random"),
             "{t}"
         );
         p.layout = "bhnd".into();
+        c.params = Some(p.clone());
+        assert!(!compare(&[a.clone(), c.clone()]).contains("layout, inputs or queries"));
+        // A prefill over a prefix (`--queries`) beside whole prompts.
+        p.queries = Some(8192);
         c.params = Some(p);
-        assert!(!compare(&[a, c]).contains("layout or inputs"));
+        let t = compare(&[a, c]);
+        assert!(t.contains("inputs random, the last 8192 queries"), "{t}");
     }
 }
