@@ -850,34 +850,6 @@ fn dtype_of(st: Storage) -> DType {
     DType::from(st)
 }
 
-/// A storage buffer holding `data` in the dtype of `st` after `pad` bytes of 0x5A (and 64 more
-/// after it, rounded to whole words).
-fn storage_buffer(ctx: &Context, pad: usize, data: &[f32], st: Storage) -> wgpu::Buffer {
-    let mut bytes = vec![0x5Au8; pad];
-    match st {
-        Storage::F16 => {
-            let h: Vec<u16> = (data.iter().map(|&v| half::f16::from_f32(v).to_bits())).collect();
-            bytes.extend_from_slice(bytemuck::cast_slice(&h));
-        }
-        Storage::Bf16 => {
-            let h: Vec<u16> = (data.iter().map(|&v| half::bf16::from_f32(v).to_bits())).collect();
-            bytes.extend_from_slice(bytemuck::cast_slice(&h));
-        }
-        Storage::F32 => bytes.extend_from_slice(bytemuck::cast_slice(data)),
-    }
-    bytes.resize(bytes.len().div_ceil(4) * 4 + 64, 0x5A);
-    let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some("app"),
-        size: bytes.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_DST
-            | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    ctx.queue().write_buffer(&buf, 0, &bytes);
-    buf
-}
-
 /// A packed QKV projection `[B, N, Hq + 2 Hkv, D]` of the storage dtype at byte `off` of an
 /// application buffer (filled with 0x5A around), and its Q, K, V views.
 fn packed(ctx: &Context, c: PackedCase, off: u64, x: [&[f32]; 3]) -> [TensorView; 3] {

@@ -21,32 +21,6 @@ const TIE: f64 = 1e-3;
 const TIE_F16: f64 = 2e-2;
 const PAD: usize = 52;
 
-/// A buffer holding `data` in the dtype of `st` after `pad` bytes of 0x5A.
-fn padded(ctx: &Context, pad: usize, data: &[f32], st: Storage) -> wgpu::Buffer {
-    let mut bytes = vec![0x5Au8; pad];
-    match st {
-        Storage::F16 => {
-            let h: Vec<u16> = data
-                .iter()
-                .map(|&x| half::f16::from_f32(x).to_bits())
-                .collect();
-            bytes.extend_from_slice(bytemuck::cast_slice(&h));
-        }
-        _ => bytes.extend_from_slice(bytemuck::cast_slice(data)),
-    }
-    bytes.resize(bytes.len().div_ceil(4) * 4, 0);
-    let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some("app"),
-        size: bytes.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_DST
-            | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    ctx.queue().write_buffer(&b, 0, &bytes);
-    b
-}
-
 /// BHND `[B, H, N, D]` data re-laid as BNHD.
 fn to_bnhd(x: &[f32], [b, h, n, d]: [usize; 4]) -> Vec<f32> {
     let mut out = vec![f32::NAN; x.len()];
@@ -75,7 +49,7 @@ fn input(
         true => (0, TensorLayout::Bhnd, data.to_vec()),
         false => (PAD, TensorLayout::Bnhd, to_bnhd(data, shape)),
     };
-    let buf = padded(ctx, pad, &host, st);
+    let buf = storage_buffer(ctx, pad, &host, st);
     TensorView::contiguous(&buf, pad as u64, DType::from(st), shape, layout).unwrap()
 }
 
@@ -114,7 +88,7 @@ fn run_case(ctx: &Context, c: &Case, seed: u64) -> (PrefillPlan, [Vec<f32>; 3], 
         app_buffer(ctx, &vec![f32::NAN; s.q_elems()]),
         app_buffer(ctx, &vec![f32::NAN; s.lse_elems()]),
     );
-    let sb = padded(
+    let sb = storage_buffer(
         ctx,
         0,
         &vec![f32::from_bits(0x7FFF_FFFF); b * hkv * nq * kk],
@@ -135,7 +109,9 @@ fn run_case(ctx: &Context, c: &Case, seed: u64) -> (PrefillPlan, [Vec<f32>; 3], 
         Ok(())
     })
     .unwrap();
-    let sel: Vec<i32> = bytemuck::cast_slice(&ctx.read_bytes(&sb).unwrap()).to_vec();
+    let sel_bytes = ctx.read_bytes(&sb).unwrap();
+    // (the buffer holds 64 bytes of 0x5A past the selection)
+    let sel: Vec<i32> = bytemuck::cast_slice(&sel_bytes[..4 * b * hkv * nq * kk]).to_vec();
     let got_o: Vec<f32> = bytemuck::cast_slice(&ctx.read_bytes(&ob).unwrap()).to_vec();
     let got_lse: Vec<f32> = bytemuck::cast_slice(&ctx.read_bytes(&lb).unwrap()).to_vec();
     let what = format!("{s:?} {st:?} seed {seed}");

@@ -247,3 +247,37 @@ pub fn bhnd_f32(b: &pisa_wgpu::wgpu::Buffer, shape: [usize; 4]) -> pisa_wgpu::Te
     )
     .unwrap()
 }
+
+/// A storage buffer holding `data` in the dtype of `st` after `pad` bytes of 0x5A (and 64 more
+/// after it, rounded to whole words).
+pub fn storage_buffer(
+    ctx: &Context,
+    pad: usize,
+    data: &[f32],
+    st: pisa_wgpu::Storage,
+) -> pisa_wgpu::wgpu::Buffer {
+    use pisa_wgpu::{wgpu, Storage};
+    let mut bytes = vec![0x5Au8; pad];
+    match st {
+        Storage::F16 => {
+            let h: Vec<u16> = (data.iter().map(|&v| half::f16::from_f32(v).to_bits())).collect();
+            bytes.extend_from_slice(bytemuck::cast_slice(&h));
+        }
+        Storage::Bf16 => {
+            let h: Vec<u16> = (data.iter().map(|&v| half::bf16::from_f32(v).to_bits())).collect();
+            bytes.extend_from_slice(bytemuck::cast_slice(&h));
+        }
+        Storage::F32 => bytes.extend_from_slice(bytemuck::cast_slice(data)),
+    }
+    bytes.resize(bytes.len().div_ceil(4) * 4 + 64, 0x5A);
+    let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("app"),
+        size: bytes.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    ctx.queue().write_buffer(&buf, 0, &bytes);
+    buf
+}
