@@ -38,21 +38,6 @@ fn read_f32(ctx: &Context, b: &wgpu::Buffer, pad: usize, n: usize) -> Vec<f32> {
     bytemuck::cast_slice::<u8, f32>(&bytes[pad..pad + 4 * n]).to_vec()
 }
 
-/// BHND `[B, H, N, D]` data re-laid as BNHD.
-fn to_bnhd(x: &[f32], b: usize, h: usize, n: usize, d: usize) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
-    for bi in 0..b {
-        for hi in 0..h {
-            for t in 0..n {
-                let s = ((bi * h + hi) * n + t) * d;
-                let o = ((bi * n + t) * h + hi) * d;
-                out[o..o + d].copy_from_slice(&x[s..s + d]);
-            }
-        }
-    }
-    out
-}
-
 struct Layer {
     q: TensorView,
     k: TensorView,

@@ -21,21 +21,6 @@ const TIE: f64 = 1e-3;
 const TIE_F16: f64 = 2e-2;
 const PAD: usize = 52;
 
-/// BHND `[B, H, N, D]` data re-laid as BNHD.
-fn to_bnhd(x: &[f32], [b, h, n, d]: [usize; 4]) -> Vec<f32> {
-    let mut out = vec![f32::NAN; x.len()];
-    for bi in 0..b {
-        for hi in 0..h {
-            for t in 0..n {
-                let s = ((bi * h + hi) * n + t) * d;
-                let o = ((bi * n + t) * h + hi) * d;
-                out[o..o + d].copy_from_slice(&x[s..s + d]);
-            }
-        }
-    }
-    out
-}
-
 /// The caller's view of BHND `data` of `shape`: BHND at byte 0 (read in place) when
 /// `in_place`, else BNHD at byte `PAD` (gathered).
 fn input(
@@ -47,7 +32,11 @@ fn input(
 ) -> TensorView {
     let (pad, layout, host) = match in_place {
         true => (0, TensorLayout::Bhnd, data.to_vec()),
-        false => (PAD, TensorLayout::Bnhd, to_bnhd(data, shape)),
+        false => (
+            PAD,
+            TensorLayout::Bnhd,
+            to_bnhd(data, shape[0], shape[1], shape[2], shape[3]),
+        ),
     };
     let buf = storage_buffer(ctx, pad, &host, st);
     TensorView::contiguous(&buf, pad as u64, DType::from(st), shape, layout).unwrap()
@@ -223,39 +212,16 @@ fn cache_from_a_prefix_plan_decodes_like_cache_from_views() {
             .unwrap();
         ctx.queue().submit([enc.finish()]);
         assert_eq!(from_plan.lens(), &[118]);
-        let base = seed("cache_from_a_prefix_plan_steps");
-        for step in 0..20u64 {
-            let row =
-                |n: usize, i: u64| app_buffer(ctx, &random(&mut rng(base + 3 * step + i), n, 1.0));
-            let (kr, vr, qr) = (row(hkv * d, 0), row(hkv * d, 1), row(hq * d, 2));
-            let mut got = Vec::new();
-            for cache in [&mut from_plan, &mut from_views] {
-                let (ob, lb) = (
-                    app_buffer(ctx, &vec![f32::NAN; hq * d]),
-                    app_buffer(ctx, &vec![f32::NAN; hq]),
-                );
-                let mut enc = ctx.device().create_command_encoder(&Default::default());
-                let (krv, vrv) = (bhnd_f32(&kr, [1, hkv, 1, d]), bhnd_f32(&vr, [1, hkv, 1, d]));
-                cache
-                    .record_append_view(&mut enc, &krv, &vrv, &[true], None)
-                    .unwrap();
-                let (ov, lv) = (bhnd_f32(&ob, [1, hq, 1, d]), bhnd_f32(&lb, [1, hq, 1, 1]));
-                let so = StepOutputs {
-                    out: &ov,
-                    lse: &lv,
-                    selection: None,
-                };
-                let qv = bhnd_f32(&qr, [1, hq, 1, d]);
-                cache
-                    .record_step_into(&mut enc, &qv, Some(&so), None)
-                    .unwrap();
-                ctx.queue().submit([enc.finish()]);
-                got.push((ctx.read_bytes(&ob).unwrap(), ctx.read_bytes(&lb).unwrap()));
-            }
-            let o: &[f32] = bytemuck::cast_slice(&got[0].0);
-            assert!(o.iter().all(|x| x.is_finite()), "step {step}: unwritten O");
-            assert_eq!(got[0], got[1], "step {step} (in place {in_place})");
-        }
+        let what = format!("in place {in_place}");
+        let seed = seed("cache_from_a_prefix_plan_steps");
+        decode_alike(
+            ctx,
+            [&mut from_plan, &mut from_views],
+            [hq, hkv, d],
+            20,
+            seed,
+            &what,
+        );
     }
 }
 
@@ -537,30 +503,54 @@ fn varlen_with_keys_into_cache_decodes_like_cache_from_views() {
     assert_eq!(from_views.lens(), from_plan.lens());
     let o = read_all(ctx, &ob);
     assert!(o.iter().all(|x| x.is_finite()), "O unwritten");
-    let base = seed("varlen_with_keys_into_cache_steps");
-    let active = [true; 4];
-    for step in 0..12u64 {
+    let seed = seed("varlen_with_keys_into_cache_steps");
+    decode_alike(
+        ctx,
+        [&mut from_plan, &mut from_views],
+        [hq, hkv, d],
+        12,
+        seed,
+        "varlen",
+    );
+}
+
+/// Appends a random key and value to every sequence of both caches and steps them with the same
+/// random queries, `steps` times: O (NaN before each step, so unwritten elements show) must be
+/// finite and both caches' O and LSE equal bitwise. `[hq, hkv, d]`: the caches' heads and head
+/// dim; `what` names the case in a failure.
+fn decode_alike(
+    ctx: &Context,
+    caches: [&mut KvCache; 2],
+    [hq, hkv, d]: [usize; 3],
+    steps: u64,
+    seed: u64,
+    what: &str,
+) {
+    let b = caches[0].lens().len();
+    let active = vec![true; b];
+    let [first, second] = caches;
+    for step in 0..steps {
         let row =
-            |n: usize, i: u64| app_buffer(ctx, &random(&mut rng(base + 3 * step + i), n, 1.0));
-        let (kr, vr, qr) = (row(4 * hkv * d, 0), row(4 * hkv * d, 1), row(4 * hq * d, 2));
+            |n: usize, i: u64| app_buffer(ctx, &random(&mut rng(seed + 3 * step + i), n, 1.0));
+        let (kr, vr, qr) = (row(b * hkv * d, 0), row(b * hkv * d, 1), row(b * hq * d, 2));
         let mut got = Vec::new();
-        for cache in [&mut from_plan, &mut from_views] {
+        for cache in [&mut *first, &mut *second] {
             let (ob, lb) = (
-                app_buffer(ctx, &vec![f32::NAN; 4 * hq * d]),
-                app_buffer(ctx, &vec![f32::NAN; 4 * hq]),
+                app_buffer(ctx, &vec![f32::NAN; b * hq * d]),
+                app_buffer(ctx, &vec![f32::NAN; b * hq]),
             );
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            let (krv, vrv) = (bhnd_f32(&kr, [4, hkv, 1, d]), bhnd_f32(&vr, [4, hkv, 1, d]));
+            let (krv, vrv) = (bhnd_f32(&kr, [b, hkv, 1, d]), bhnd_f32(&vr, [b, hkv, 1, d]));
             cache
                 .record_append_view(&mut enc, &krv, &vrv, &active, None)
                 .unwrap();
-            let (ov, lv) = (bhnd_f32(&ob, [4, hq, 1, d]), bhnd_f32(&lb, [4, hq, 1, 1]));
+            let (ov, lv) = (bhnd_f32(&ob, [b, hq, 1, d]), bhnd_f32(&lb, [b, hq, 1, 1]));
             let so = StepOutputs {
                 out: &ov,
                 lse: &lv,
                 selection: None,
             };
-            let qv = bhnd_f32(&qr, [4, hq, 1, d]);
+            let qv = bhnd_f32(&qr, [b, hq, 1, d]);
             cache
                 .record_step_into(&mut enc, &qv, Some(&so), None)
                 .unwrap();
@@ -569,10 +559,10 @@ fn varlen_with_keys_into_cache_decodes_like_cache_from_views() {
         }
         assert!(
             got[0].0.iter().all(|x| x.is_finite()),
-            "step {step}: unwritten O"
+            "{what} step {step}: unwritten O"
         );
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got[0].0), bits(&got[1].0), "step {step}: O");
-        assert_eq!(bits(&got[0].1), bits(&got[1].1), "step {step}: LSE");
+        assert_eq!(bits(&got[0].0), bits(&got[1].0), "{what} step {step}: O");
+        assert_eq!(bits(&got[0].1), bits(&got[1].1), "{what} step {step}: LSE");
     }
 }

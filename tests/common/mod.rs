@@ -281,3 +281,18 @@ pub fn storage_buffer(
     ctx.queue().write_buffer(&buf, 0, &bytes);
     buf
 }
+
+/// BHND `[B, H, N, D]` data re-laid as BNHD.
+pub fn to_bnhd(x: &[f32], b: usize, h: usize, n: usize, d: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            for t in 0..n {
+                let s = ((bi * h + hi) * n + t) * d;
+                let o = ((bi * n + t) * h + hi) * d;
+                out[o..o + d].copy_from_slice(&x[s..s + d]);
+            }
+        }
+    }
+    out
+}
