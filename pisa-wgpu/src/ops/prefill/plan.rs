@@ -794,6 +794,26 @@ fn check_cu_seqlens(cu_seqlens: &[usize], keys: bool) -> Result<()> {
     Ok(())
 }
 
+/// `cu_seqlens_q` and `cu_seqlens_k` of a varlen call (equal lists for the calls without keys
+/// of their own): each as [`check_cu_seqlens`], one offset of each per sequence, and no
+/// sequence with fewer keys than queries. Errors: [`GpuError::Input`].
+fn check_seqlens(cu_q: &[usize], cu_k: &[usize]) -> Result<()> {
+    check_cu_seqlens(cu_q, false)?;
+    check_cu_seqlens(cu_k, true)?;
+    let bad = |what| Err(GpuError::Input(PisaError::InvalidValue { what }));
+    if cu_k.len() != cu_q.len() {
+        return bad("cu_seqlens_k: one offset per offset of cu_seqlens_q");
+    }
+    if cu_q
+        .windows(2)
+        .zip(cu_k.windows(2))
+        .any(|(a, b)| b[1] - b[0] < a[1] - a[0])
+    {
+        return bad("cu_seqlens_k: a sequence has fewer keys than queries");
+    }
+    Ok(())
+}
+
 /// The checks of a run's outputs (`dims`: B, Hq, Hkv, Nq, D, K) before anything is recorded:
 /// shapes and dtypes, the scatters that will write them (unless a buffer copy does; O not at all
 /// when written in place), and no two of them sharing bytes. Errors: [`GpuError::View`].
@@ -1299,8 +1319,7 @@ impl VarlenPrefillPlan {
         seqs: &[usize],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
-        check_cu_seqlens(cu_q, false)?;
-        check_cu_seqlens(cu_k, true)?;
+        check_seqlens(cu_q, cu_k)?;
         let n_seqs = cu_q.len() - 1;
         if seqs.len() != n_seqs {
             return Err(GpuError::Input(PisaError::InvalidValue {
@@ -1323,8 +1342,7 @@ impl VarlenPrefillPlan {
                 cache.check_prefill_len(nk)?;
                 continue;
             }
-            // (run_to refuses fewer keys than queries before recording anything)
-            let shape = AttentionShape::new(1, hq, hkv, nq, nk.max(nq), d)?;
+            let shape = AttentionShape::new(1, hq, hkv, nq, nk, d)?;
             cache.check_plan(&self.ctx, &shape, &self.opts, seqs[i], 0)?;
         }
         self.run_to(enc, [cu_q, cu_k], qkv, outputs, Some((cache, seqs)), prof)
@@ -1342,19 +1360,7 @@ impl VarlenPrefillPlan {
         mut cache: Option<(&mut KvCache, &[usize])>,
         mut prof: Option<&mut Profiler>,
     ) -> Result<()> {
-        check_cu_seqlens(cu_q, false)?;
-        check_cu_seqlens(cu_k, true)?;
-        let bad = |what| Err(GpuError::Input(PisaError::InvalidValue { what }));
-        if cu_k.len() != cu_q.len() {
-            return bad("cu_seqlens_k: one offset per offset of cu_seqlens_q");
-        }
-        if cu_q
-            .windows(2)
-            .zip(cu_k.windows(2))
-            .any(|(a, b)| b[1] - b[0] < a[1] - a[0])
-        {
-            return bad("cu_seqlens_k: a sequence has fewer keys than queries");
-        }
+        check_seqlens(cu_q, cu_k)?;
         let (tq, tk) = (cu_q[cu_q.len() - 1], cu_k[cu_k.len() - 1]);
         let (hq, hkv, d) = self.heads;
         check_shape("q", q, [1, hq, tq, d])?;
