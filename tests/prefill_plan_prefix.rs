@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use pisa_core::reference::{select_pisa, sparse_attention};
-use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
+use pisa_core::{AttentionShape, PisaError, SelectionConfig, TensorLayout};
 use pisa_wgpu::{
     wgpu, Context, DType, GpuError, KvCache, LeafOrder, PlanViews, PrefillOptions, PrefillOutputs,
     PrefillPlan, StepOutputs, Storage, TensorView, VarlenPrefillPlan,
@@ -296,6 +296,22 @@ fn varlen_with_keys_matches_the_reference() {
     let varlen = VarlenPrefillPlan::new(ctx, hq, hkv, d, &opts)
         .unwrap()
         .with_kept_plans(2);
+    // Shapes planned ahead: a shape with more queries than keys is refused before any plan is
+    // made, and one without queries needs none.
+    let e = varlen.prepare_with_keys(&[(20, 90), (91, 90)]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GpuError::Input(PisaError::QueryLongerThanKeys {
+                q_len: 91,
+                k_len: 90
+            })
+        ),
+        "{e}"
+    );
+    assert_eq!(varlen.kept_plans(), 0);
+    varlen.prepare_with_keys(&[(0, 40), (20, 90)]).unwrap();
+    assert_eq!(varlen.kept_plans(), 1);
     let mut enc = ctx.device().create_command_encoder(&Default::default());
     // Offsets that do not pair up, or a sequence with fewer keys than queries, are refused
     // before anything is recorded.

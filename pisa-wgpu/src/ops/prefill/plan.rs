@@ -1113,14 +1113,30 @@ impl VarlenPrefillPlan {
     /// [`PrefillPlan::new`]; [`GpuError::Unsupported`] for a plan made by
     /// [`Self::new_in_place`].
     pub fn prepare(&self, lengths: &[usize]) -> Result<()> {
+        let shapes: Vec<(usize, usize)> = lengths.iter().map(|&n| (n, n)).collect();
+        self.prepare_with_keys(&shapes)
+    }
+
+    /// [`Self::prepare`] for [`Self::run_with_keys`]: makes the plans of these (queries, keys)
+    /// sequence shapes now, each sequence's queries the last of its keys (`queries <= keys`).
+    /// A shape without queries (a sequence a run skips, or whose keys only go to a decode
+    /// cache) needs none. Errors: [`GpuError::Input`] for a shape with more queries than keys
+    /// (as [`AttentionShape::new`]), checked before any plan is made; otherwise as
+    /// [`Self::prepare`].
+    pub fn prepare_with_keys(&self, shapes: &[(usize, usize)]) -> Result<()> {
         let _call = self.ctx.public_call()?;
         if self.in_place {
             return Err(GpuError::Unsupported(
                 "VarlenPrefillPlan::prepare on a plan made by new_in_place: its plans are made at their first run, from the run's views".into(),
             ));
         }
-        for &n in lengths.iter().filter(|&&n| n > 0) {
-            self.plan(n, n, None)?;
+        // Every shape checked before any plan is made.
+        let (hq, hkv, d) = self.heads;
+        for &(nq, nk) in shapes.iter().filter(|&&(nq, _)| nq > 0) {
+            AttentionShape::new(1, hq, hkv, nq, nk, d)?;
+        }
+        for &(nq, nk) in shapes.iter().filter(|&&(nq, _)| nq > 0) {
+            self.plan(nq, nk, None)?;
         }
         Ok(())
     }
