@@ -415,6 +415,17 @@ fn decode(
         lse: &lv,
         selection: Some(&sv),
     };
+    // An LSE of another float dtype is refused, naming the LSE (a step writes it in f32).
+    let l16 = view(&out_buf, at(1), HQ, 1, DType::F16);
+    let bad = StepOutputs { lse: &l16, ..outs };
+    let mut enc = app.device.create_command_encoder(&Default::default());
+    let e = cache
+        .record_step_into(&mut enc, &qv_, Some(&bad), None)
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.contains("decode lse: must be f32")),
+        "{e}"
+    );
     let mut dec_ties = 0;
     for step in 0..steps {
         let kr = random(r, 3 * HKV * D, 1.0);

@@ -561,7 +561,7 @@ fn record_find(
             "{tensor}: a finiteness check of an integer (i32) view"
         )));
     }
-    check_view_end(view, tensor, "checked view")?;
+    check_view_end(view, tensor, "checked")?;
     // Under one error scope: a view in another device's buffer is a Validation error of the
     // call (its bind group), not a panic of wgpu's default handler.
     ctx.scope_now("finiteness check", || find_pass(ctx, view))

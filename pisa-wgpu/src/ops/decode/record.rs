@@ -45,7 +45,7 @@ pub(super) struct StepIo {
 /// offset that is a multiple of the device's `min_storage_buffer_offset_alignment`, is bound
 /// in place (written by the step itself); any other (strided, unaligned, O or LSE of another
 /// float dtype) is written from the cache's own outputs by a scatter recorded after the step,
-/// kept per view (a 2-byte view needs whole words: an even D, so not LSE).
+/// kept per view (a 2-byte O view needs whole words: an even D). LSE is f32 only.
 #[derive(Debug, Clone, Copy)]
 pub struct StepOutputs<'a> {
     /// O `[B, Hq, 1, D]` in the cache's storage dtype (f32 for a bf16 cache:
@@ -190,8 +190,9 @@ impl KvCache {
     /// small dispatch. The outputs are bound in place where they can be, else written by a
     /// scatter recorded after the step ([`StepOutputs`]).
     ///
-    /// Errors: [`GpuError::View`] for a view of the wrong shape, an output of the wrong kind
-    /// (an integer O or LSE, a float selection) or one the scatter cannot write, or, when the
+    /// Errors: [`GpuError::View`] for a view of the wrong shape, an output of the wrong dtype
+    /// (an integer O, an LSE that is not f32, a float selection) or one the scatter cannot
+    /// write, or, when the
     /// step runs fused, an output bound in place in the buffer of a `q` bound in place; [`GpuError::Validation`] for a buffer of
     /// another device.
     ///
@@ -292,6 +293,12 @@ impl KvCache {
             let mut named = vec![("decode output", o.out), ("decode lse", o.lse)];
             named.extend(o.selection.map(|sel| ("decode selection", sel)));
             check_disjoint_among(&named)?;
+        }
+        if let Some(o) = outputs.filter(|o| o.lse.dtype() != DType::F32) {
+            return Err(GpuError::View(format!(
+                "decode lse: must be f32, is {:?}",
+                o.lse.dtype()
+            )));
         }
         let (out, lse, sel) = match outputs {
             Some(o) => (

@@ -1049,7 +1049,8 @@ impl VarlenPrefillPlan {
     /// [Memory](VarlenPrefillPlan#memory)).
     pub const DEFAULT_KEPT_PLANS: usize = 8;
 
-    /// This plan keeping at most `max` sequence plans (at least 1; see
+    /// This plan keeping at most `max` sequence plans (a `max` of 0 keeps 1: the plan a run
+    /// is using; see
     /// [Memory](VarlenPrefillPlan#memory)): the number of distinct (queries, keys) pairs of a
     /// batch, to plan each only once, or fewer, to bound the memory held between runs.
     pub fn with_kept_plans(self, max: usize) -> Self {
