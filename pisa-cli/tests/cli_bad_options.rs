@@ -187,7 +187,17 @@ fn unwritable_outputs_are_refused_first() {
             &[],
             &["sub.safetensors", "is a directory"],
         );
-        run("out.npy", &["--out-dtype", "bf16"], &["out.npy", "bf16"]);
+        // bf16 and an npy output do not go together: a usage error, exit 2.
+        common::usage_fails(
+            d,
+            &[
+                &[cmd, "-i", "in.safetensors", "-o", "out.npy"][..],
+                &SMALL[..],
+                &["--out-dtype", "bf16"],
+            ]
+            .concat(),
+            &["out.npy", "bf16"],
+        );
         run("out.txt", &[], &["out.txt", "unknown tensor file format"]);
     }
 }
@@ -236,7 +246,8 @@ fn bad_bench_arguments() {
         &["--sizes", "too large"],
     );
     bench(&["--sizes", "0"], &["at least 1"]);
-    bench(
+    // Options that do not go together are usage errors too (exit 2).
+    usage(
         &["--sizes", "", "--decode-sizes", ""],
         &["nothing to measure"],
     );
@@ -310,7 +321,7 @@ fn bad_bench_arguments() {
     for b in ["nan", "inf", "-1"] {
         bench(&["--budget-s", b], &["--budget-s", "finite"]);
     }
-    bench(&["--json", "b.safetensors"], &["must end in .json"]);
+    usage(&["--json", "b.safetensors"], &["must end in .json"]);
     std::fs::write(d.join("in.json"), b"[1, 2]").unwrap();
     bench(
         &["--json", "in.json"],

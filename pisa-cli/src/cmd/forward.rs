@@ -92,7 +92,7 @@ pub fn check_output(
     };
     let outs = io::output_paths(path, names)?;
     if out_dtype == DType::BF16 && io::Format::from_path(path)? == io::Format::Npy {
-        bail!(
+        crate::args::usage_bail!(
             "{}: bf16 cannot be stored in npy (no standard descr); use --out-dtype f16 or f32, or a .safetensors output",
             path.display()
         );

@@ -41,7 +41,7 @@ use anyhow::{bail, Result};
 
 pub use paths::{check_output_paths, npy_sibling, output_paths, paths_text};
 pub use read::{
-    parse_index_tensor_bytes, parse_safetensors_header_bytes, parse_tensor_bytes,
+    parse_index_tensor_bytes, parse_safetensors_header_bytes, parse_tensor_bytes, read_file,
     read_index_tensor, read_metadata, read_tensor, sliding_window, softmax_scale, tensor_names,
 };
 pub(crate) use tensor::unravel;

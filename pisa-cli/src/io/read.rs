@@ -9,9 +9,21 @@ use anyhow::{bail, Context, Result};
 
 use super::{npy, st, Format, HostTensor, IndexTensor};
 
-/// The whole file at `path`; the error names it.
-fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("cannot read tensor file {}", path.display()))
+/// The whole file at `path` (any input: a tensor file, a `pisa bench` report); the error names
+/// it. Only a regular file (or a link to one) is
+/// read: a device such as `/dev/zero` would be read until memory ran out.
+pub fn read_file(path: &Path) -> Result<Vec<u8>> {
+    let what = || format!("cannot read tensor file {}", path.display());
+    let meta = std::fs::metadata(path).with_context(what)?;
+    if !meta.is_file() {
+        let kind = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        bail!("{}: {kind}", what());
+    }
+    std::fs::read(path).with_context(what)
 }
 
 /// Reads the float tensor `name` from `path` and converts it to `f32`.

@@ -31,6 +31,34 @@ fn missing_file_and_wrong_name() {
     assert!(e.contains("F32"), "{e}");
 }
 
+/// Regression: a link to `/dev/zero` named `.safetensors` was read until memory ran out; a
+/// path that is not a regular file is refused before it is read, naming it.
+#[test]
+fn only_regular_files_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("d.safetensors");
+    std::fs::create_dir(&sub).unwrap();
+    let e = err_text(read_tensor(&sub, "q"));
+    assert!(
+        e.contains("d.safetensors") && e.contains("a directory"),
+        "{e}"
+    );
+    #[cfg(unix)]
+    if Path::new("/dev/zero").exists() {
+        let link = dir.path().join("zero.safetensors");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        for e in [
+            err_text(read_tensor(&link, "q")),
+            err_text(read_metadata(&link)),
+        ] {
+            assert!(
+                e.contains("zero.safetensors") && e.contains("not a regular file"),
+                "{e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn truncated_files() {
     let t = sample("x", &[4, 4]);

@@ -352,6 +352,13 @@ impl Tuning {
             "route_table_queries" => self.route_table_queries = Some(num(1, 1 << 24)?),
             "dump_wgsl" if v == "off" => self.dump_wgsl = None,
             "dump_wgsl" if v.is_empty() => return Err(bad("a folder or off")),
+            // A path that exists and is not a folder could never take the files (each write
+            // would fail on stderr while the run went on).
+            "dump_wgsl"
+                if std::path::Path::new(v).exists() && !std::path::Path::new(v).is_dir() =>
+            {
+                return Err(bad("a folder or off (this path is a file)"))
+            }
             "dump_wgsl" => self.dump_wgsl = Some(std::path::PathBuf::from(v)),
             _ => unreachable!("every name of KNOBS has a case"),
         }
@@ -504,6 +511,11 @@ mod tests {
             ("leaf_order", "none"),
             ("shader_checks", "off"),
             ("dump_wgsl", " "),
+            // A file, which could never take the dump.
+            (
+                "dump_wgsl",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+            ),
         ] {
             assert!(
                 matches!(t.set(name, v), Err(GpuError::Tuning(_))),

@@ -206,7 +206,7 @@ pub(super) fn storages(s: &str) -> Result<Vec<Storage>> {
 /// result (or plot) that may be replaced, never another file.
 pub(super) fn check_json_path(path: &Path) -> Result<()> {
     if path.extension().and_then(|e| e.to_str()) != Some("json") {
-        bail!(
+        crate::args::usage_bail!(
             "--json {}: the results file must end in .json (its plot is written beside it as .svg)",
             path.display()
         );
@@ -226,7 +226,7 @@ pub(super) fn check_json_path(path: &Path) -> Result<()> {
 /// option in the error).
 pub(super) fn check_plot_path(svg: &Path, what: &str) -> Result<()> {
     if svg.exists() {
-        let head = std::fs::read(svg).unwrap_or_default();
+        let head = crate::io::read_file(svg).unwrap_or_default();
         if !String::from_utf8_lossy(&head[..head.len().min(4096)]).contains("<svg") {
             bail!(
                 "{what}: {} exists and is not an SVG plot; refusing to overwrite it",

@@ -155,7 +155,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     let decode_sizes =
         parse_sizes(a.decode_sizes.as_deref().unwrap_or(DECODE_SIZES)).context("--decode-sizes")?;
     if sizes.is_empty() && decode_sizes.is_empty() {
-        bail!("--sizes and --decode-sizes are both empty: nothing to measure");
+        crate::args::usage_bail!("--sizes and --decode-sizes are both empty: nothing to measure");
     }
     if a.hq == 0 {
         bail!("--hq must be at least 1");

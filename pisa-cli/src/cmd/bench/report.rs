@@ -91,8 +91,9 @@ impl Report {
     /// a record whose time is negative, not finite or above a day, or whose N is 0, which no run
     /// writes.
     pub fn load(path: &Path) -> Result<Self> {
-        let s = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read", path.display()))?;
+        let bytes = crate::io::read_file(path)?;
+        let s = String::from_utf8(bytes)
+            .with_context(|| format!("{}: not a pisa bench JSON file", path.display()))?;
         let r: Report = serde_json::from_str(&s)
             .with_context(|| format!("{}: not a pisa bench JSON file", path.display()))?;
         if let Some(bad) = (r.records.iter()).find(|x| !(x.ms >= 0.0 && x.ms <= 86_400_000.0)) {
