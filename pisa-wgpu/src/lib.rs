@@ -23,7 +23,8 @@
 //!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no allocation,
 //!   host write or wait; [`KvCache::record_chunk`] ([`ChunkOutputs`]) appends and attends T
 //!   tokens per sequence (a chunked prefill into the cache).
-//! - [`Tuning`]: the kernels' knobs (speed only, every setting gives the same results; one
+//! - [`Tuning`]: the kernels' knobs (speed only: every setting gives the reference's results,
+//!   selections up to near-ties of f32 rounding and outputs within f32 rounding; one
 //!   diagnostic, the WGSL dump folder), with per-device defaults; [`Context::tuning`] / [`Context::set_tuning`], or
 //!   [`Context::with_tuning`] before the device opens. Their names and `PISA_*` variables:
 //!   [`TUNING_KNOBS`].

@@ -1,7 +1,50 @@
-//! Decode (PISA.md sections 1, 3, 4, 5): a GPU KV cache of B sequences with an incrementally
-//! updated key pyramid, and a decode step that runs selection, leaf scoring and attention for
-//! the new token of every sequence in ONE compute pass, of one dispatch (the fused step) or
-//! three (the split step). Shaders `shaders/decode.wgsl` (shared declarations),
+//! Decode (PISA.md sections 1, 3, 4, 5): [`KvCache`], a GPU KV cache of B sequences with an
+//! incrementally updated key pyramid, and the decode step: selection, leaf scoring and
+//! attention for the newest token of every sequence, recorded into the caller's encoder.
+//!
+//! An inference loop, per layer: make the cache once ([`KvCache::with_sizes`]); load each
+//! sequence's prompt (its keys and values from views, [`KvCache::record_prefill_view`], or
+//! from a prefill plan that has run, [`KvCache::record_prefill_from_plan`]); then per token
+//! append its key and value ([`KvCache::record_append_view`]) and record the step
+//! ([`KvCache::record_step_into`]), whose query is the token at position `len - 1` of each
+//! sequence. [`KvCache::record_chunk`] appends and attends T tokens a sequence (a chunked
+//! prefill into the cache); [`KvCache::record_reset`] empties a sequence. None of these
+//! allocates, writes from the host or waits after the first call with a given set of buffers.
+//! The results are those of `pisa_core::reference::DecodeState::step` (selections up to
+//! near-ties of f32 rounding).
+//!
+//! ```no_run
+//! # fn f(ctx: &pisa_wgpu::Context, k_prompt: &pisa_wgpu::TensorView,
+//! #      v_prompt: &pisa_wgpu::TensorView, k_row: &pisa_wgpu::TensorView,
+//! #      v_row: &pisa_wgpu::TensorView, q_row: &pisa_wgpu::TensorView,
+//! #      o_row: &pisa_wgpu::TensorView, lse_row: &pisa_wgpu::TensorView)
+//! #      -> pisa_wgpu::Result<()> {
+//! use pisa_wgpu::ops::decode::{CacheSizes, KvCache, StepOutputs};
+//! // One sequence of up to 64K tokens, 32 query heads over 8 KV heads of 128.
+//! let sizes = CacheSizes { batch: 1, capacity: 65536, q_heads: 32, kv_heads: 8, head_dim: 128 };
+//! let cfg = pisa_core::SelectionConfig::new(64, 16)?;
+//! let mut cache = KvCache::with_sizes(ctx, sizes, cfg, pisa_wgpu::Storage::F16)?;
+//! let mut enc = ctx.device().create_command_encoder(&Default::default());
+//! // The prompt's keys and values, [1, Hkv, P, D] views of any strides and float dtype.
+//! cache.record_prefill_view(&mut enc, 0, k_prompt, v_prompt)?;
+//! ctx.queue().submit([enc.finish()]);
+//! let outs = StepOutputs { out: o_row, lse: lse_row, selection: None };
+//! for _token in 0..16 {
+//!     let mut enc = ctx.device().create_command_encoder(&Default::default());
+//!     // k_row, v_row: [B, Hkv, 1, D]; q_row, o_row: [B, Hq, 1, D]; lse_row: [B, Hq, 1, 1] f32.
+//!     cache.record_append_view(&mut enc, k_row, v_row, &[true], None)?;
+//!     cache.record_step_into(&mut enc, q_row, Some(&outs), None)?;
+//!     ctx.queue().submit([enc.finish()]);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Limits: D a multiple of 4 up to 1024, GQA groups up to 256 (see "Requirements" at the end).
+//!
+//! # Implementation
+//!
+//! ONE compute pass per step, of one dispatch (the fused step) or a few (the split step).
+//! Shaders `shaders/decode.wgsl` (shared declarations),
 //! `decode_levels.wgsl` (the routing) and `decode_cut.wgsl` (the top-K cut), followed by
 //! `decode_route.wgsl`, `decode_attend.wgsl` or `decode_merge.wgsl` (the split step's three
 //! modules) or `decode_fused.wgsl` (the fused step), and `shaders/decode_append.wgsl` (the
@@ -85,9 +128,9 @@
 //! steps on shuffles, which save three of a level's five barriers, made the step 17% faster at
 //! 1M: A.25.)
 //!
-//! A cache whose K/V exceed one storage binding splits them over two ([`KvCache::kv_shards`]:
-//! `leaf` reads either, the writes dispatch once per shard; the fused step reads one, so such a
-//! cache runs split). [`KvCache::record_steps`] records the steps of several caches (KV heads
+//! A cache whose K/V exceed one storage binding splits them over two (`leaf` reads either, the
+//! writes dispatch once per shard; the fused step reads one, so such a cache runs split).
+//! `KvCache::record_steps` records the steps of several caches (KV heads
 //! past two bindings) in one pass, their dispatches interleaved by stage, so they run as one
 //! chain of three dispatches rather than one chain per cache; even so they wait on each other's
 //! barriers (two caches of 4 heads cost 15 us more per step than one of 8 at 1M on the H200:
@@ -149,8 +192,8 @@ pub struct DecodeOutput {
 /// A GPU KV cache of `B` sequences growing up to `capacity` tokens each, with its key pyramid.
 ///
 /// Keys and values are stored `[B, Hkv, capacity, D]` in the storage precision (as two shards
-/// of flat (sequence, KV head) rows past one storage binding: [`KvCache::kv_shards`]); the pyramid is
-/// [`ops::pyramid`](crate::ops::pyramid)'s, allocated for the layout of `capacity` (a shorter
+/// of flat (sequence, KV head) rows past one storage binding); the pyramid is the prefill's
+/// (PISA.md 1: mean keys per node, f32), allocated for the layout of `capacity` (a shorter
 /// length's nodes are a prefix of each level), f32. Lengths are tracked per sequence on the
 /// host and passed to every dispatch in a storage buffer.
 ///

@@ -80,7 +80,10 @@ pub struct PrefillOptions {
     /// on the portable kernels only: on a cooperative-matrix or NVIDIA path, f16 storage with
     /// bf16 views (converted on the GPU, exact within f16's range) is the fast one.
     pub storage: Storage,
-    /// Consecutive queries per stage-2 tile (PISA.md section 5; 4 in the paper).
+    /// Consecutive queries per stage-2 tile of the query-tile order (PISA.md section 5; 4 in
+    /// the paper): at least 1 ([`PisaError::Zero`] for 0), clamped to what fits the device's
+    /// workgroup memory; speed only, the results do not depend on it (the leaf-major order,
+    /// the default on tensor cores, does not use it).
     pub q_tile: usize,
     /// [`prefill_host`] also returns the selected leaf indices. A [`PrefillPlan`] does not use
     /// it: a run writes the selection where [`PrefillOutputs::selection`] gives a view.

@@ -92,7 +92,9 @@ impl std::ops::Deref for Context {
 
 /// The features pisa uses where the adapter has them, for an application that opens the device
 /// itself and hands it to [`Context::from_device`]: `SHADER_F16` (f16 storage; without it f32
-/// and bf16 storage run, bf16 needing no feature), `SUBGROUP` (reported, not required: every kernel is right without it),
+/// and bf16 storage run, bf16 needing no feature), `SUBGROUP` (the routing kernels' subgroup variants, and the
+/// cooperative-matrix kernels, use it; every kernel is right without it, the portable ones
+/// running),
 /// `TIMESTAMP_QUERY` (GPU time per stage; without it times read 0), and
 /// `EXPERIMENTAL_COOPERATIVE_MATRIX` (the tensor-core kernels; without it the portable kernels
 /// run). Nothing is required: pisa runs on a device with none of them. Request
@@ -158,7 +160,9 @@ impl Context {
     /// programs. [`Context::with_tuning`] takes a tuning instead and reads no variable.
     ///
     /// Errors: [`GpuError::NoAdapter`] (none found or none matches), [`GpuError::RequestDevice`],
-    /// [`GpuError::Tuning`] (a `PISA_*` variable set to a value its knob does not take).
+    /// [`GpuError::Tuning`] (a `PISA_*` variable set to a value its knob does not take),
+    /// [`GpuError::Unsupported`] for a device without compute shaders over storage buffers
+    /// (WebGL2's limits).
     pub fn new(choice: &AdapterChoice) -> Result<Self> {
         super::block::block_on(Self::new_async(choice))?
     }
@@ -253,7 +257,9 @@ impl Context {
     /// The tuning is the adapter's defaults ([`Tuning::for_adapter`]); no environment variable
     /// is read. [`Context::from_device_with_tuning`] takes another.
     ///
-    /// Errors: [`GpuError::DeviceLost`] for a device already lost.
+    /// Errors: [`GpuError::DeviceLost`] for a device already lost; [`GpuError::Unsupported`]
+    /// for a device opened without compute shaders over storage buffers (WebGL2's limits, or
+    /// limits of 0).
     ///
     /// ```no_run
     /// # async fn app() -> Result<(), Box<dyn std::error::Error>> {
@@ -515,7 +521,8 @@ impl Context {
     pub fn features(&self) -> wgpu::Features {
         self.features
     }
-    /// Limits of the device (the adapter's own).
+    /// Limits of the device: the adapter's own for [`Context::new`], the device's for
+    /// [`Context::from_device`] (what the application opened it with).
     pub fn limits(&self) -> &wgpu::Limits {
         &self.limits
     }

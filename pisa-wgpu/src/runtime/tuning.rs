@@ -2,8 +2,9 @@
 //!
 //! A context holds one ([`Context::tuning`], [`Context::set_tuning`]); every operation reads
 //! its knobs from there when it plans. The defaults are per device ([`Tuning::for_adapter`]):
-//! the values measured fastest on the GPUs measured so far (`docs/benchmarks.md`), which are
-//! the same for every adapter today. The library itself never reads the environment for them,
+//! the values measured fastest on the GPUs measured so far (`docs/benchmarks.md`): the same
+//! for every adapter but the H100 and H200, whose decode route runs as 104 workgroups
+//! ([`Tuning::decode_route_workgroups`]). The library itself never reads the environment for them,
 //! with one convenience for programs: [`Context::new`] applies the `PISA_*` variables through
 //! [`Tuning::with_env`] (the table of [`KNOBS`]); [`Context::from_device`] (an application's
 //! device) takes the defaults only.
@@ -220,8 +221,9 @@ pub const KNOBS: [(&str, &str); 22] = [
 ];
 
 impl Tuning {
-    /// The defaults for an adapter. They are the same for every adapter today: measured on the
-    /// NVIDIA H200, and right (not tuned) elsewhere.
+    /// The defaults for an adapter: measured on the NVIDIA H200, and right (not tuned)
+    /// elsewhere. They are [`Tuning::default`] on every adapter but the H100 and H200, where the
+    /// decode route runs as 104 workgroups ([`Tuning::decode_route_workgroups`]).
     pub fn for_adapter(report: &AdapterReport) -> Self {
         let mut t = Self::default();
         // 132 SMs: the decode route's copies run on SMs the route leaves idle.

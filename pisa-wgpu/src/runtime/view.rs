@@ -3,11 +3,13 @@
 //!
 //! A view is checked once, at construction, against its buffer (usage, extent, alignment of its
 //! elements); what an operation can bind in place is then decided by
-//! `TensorView::binding_words`: a view that is contiguous in one of the kernels' layouts, of the
-//! kernels' storage type, whose byte offset is a multiple of the device's
-//! `min_storage_buffer_offset_alignment`, is bound at its offset without a copy; any other view
-//! (a packed QKV projection, bf16, an unaligned offset) is gathered on the GPU into the plan's
-//! contiguous scratch by `ops::gather` (one pass over the view's bytes, no host transfer).
+//! the operation: a view of the kernels' storage type whose byte offset is a multiple of the
+//! device's `min_storage_buffer_offset_alignment` is bound at its offset without a copy where
+//! the operation's kernels can address its strides (a prefill plan reads strided views, a
+//! packed QKV projection included: `PrefillPlan`, "How the inputs are read"; a decode step
+//! binds contiguous ones); any other view (another dtype, an unaligned offset) is gathered on
+//! the GPU into the operation's contiguous scratch by `ops::gather` (one pass over the view's
+//! bytes, no host transfer).
 //!
 //! Which device a buffer belongs to cannot be read from a `wgpu::Buffer`. Views are checked by
 //! wgpu itself when they are bound, an output a plan only copies into by a zero-byte queue
@@ -76,6 +78,11 @@ impl From<Storage> for DType {
 /// The buffer is shared (a `wgpu::Buffer` clone is a reference), so the caller keeps using it;
 /// pisa reads (inputs) or writes (outputs) only the view's elements. Made with
 /// [`TensorView::new`] (any strides) or [`TensorView::contiguous`] (BHND or BNHD).
+///
+/// Buffer usages: every view's buffer needs `STORAGE` (checked here: [`GpuError::View`]);
+/// an output's buffer may have `COPY_DST` too, which lets a plan write a contiguous output by
+/// a buffer copy instead of a scatter pass (either way the same values); reading a view back
+/// ([`crate::Context::read_bytes`], [`crate::Context::read_async`]) needs `COPY_SRC`.
 ///
 /// ```
 /// # fn main() -> Result<(), pisa_wgpu::GpuError> {

@@ -62,9 +62,9 @@ impl KvCache {
     ///
     /// Errors: the shape's and configuration's validation errors ([`GpuError::Input`]);
     /// [`PisaError::TooLarge`] when an index would not fit u32 (cache elements, pyramid
-    /// elements, `capacity * g`); [`GpuError::Limit`] when K/V exceed two storage bindings
+    /// elements, `capacity * g`, `top_k * block_size`); [`GpuError::Limit`] when K/V exceed two storage bindings
     /// (one binding holds them when it can; else they are split in two by flat (sequence, KV
-    /// head) row, [`Self::kv_shards`]), the pyramid one, or the step's workgroup memory its
+    /// head) row), the pyramid one, or the step's workgroup memory its
     /// limit;
     /// [`PisaError::HeadDim`] for D not a multiple of 4 (or above 1024);
     /// [`GpuError::Limit`] in "bindings" for a device with fewer than 9 storage buffers per

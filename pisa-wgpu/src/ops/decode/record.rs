@@ -180,8 +180,13 @@ impl KvCache {
         Self::record_steps(enc, &[(self, q)], prof)
     }
 
-    /// [`Self::record_step`] for a query in a caller's buffer, writing the caller's outputs
-    /// (or, with `outputs` `None`, [`Self::outputs`]). The plan/run split of an inference loop:
+    /// Records the decode step (PISA.md 3, 4, 5) of every sequence for the query `q` of each:
+    /// the token at position `len(b) - 1` of sequence `b` (append its key and value first, as
+    /// [`Self::record_append_view`] does), writing O, LSE and the selection into the caller's
+    /// `outputs` (or, with `outputs` `None`, into [`Self::outputs`]). An empty sequence gets
+    /// zeros, LSE `-inf` and no blocks. Labelled "decode" in `prof`: one compute pass of one
+    /// dispatch when the cache runs fused ([`Self::is_fused`]), else of a few (see the
+    /// [module docs](crate::ops::decode)). The plan/run split of an inference loop:
     /// the first step of a given set of buffers builds its bind groups (and pipelines), every
     /// later one only records the pass: no allocation, no host write, no wait (the lengths live
     /// on the GPU, advanced by the recorded appends). `q`: `[B, Hq, 1, D]` in the cache's

@@ -38,7 +38,7 @@ impl KvCache {
     /// strides and dtype (f32, f16, bf16; e.g. one sequence of a varlen prefill's packed K/V,
     /// [`TensorView::tokens`]), gathered on the GPU into the cache (no host transfer). Blocks
     /// until the copy and the pyramid build are done (wasm32: refused). Errors: as
-    /// [`Self::prefill_device`], [`crate::GpuError::View`] for views of the wrong shape or of
+    /// [`Self::prefill`], [`crate::GpuError::View`] for views of the wrong shape or of
     /// dtype i32.
     pub fn prefill_view(&mut self, seq: usize, k: &TensorView, v: &TensorView) -> Result<()> {
         let _call = self.ctx.public_call()?;
@@ -438,7 +438,10 @@ impl KvCache {
         self.record_append_io(enc, io, active, prof)
     }
 
-    /// [`Self::record_append`] of keys and values in a caller's buffers: `k`, `v`
+    /// Records the append of one key and value per sequence whose `active` entry is true, from
+    /// the caller's buffers, at position `len(seq)`, and the update of the ancestor path of its
+    /// leaf in the pyramid (PISA.md 1), labelled "append" in `prof`. Lengths advance at once
+    /// on the host, and on the GPU when the recorded commands run. `k`, `v`
     /// `[B, Hkv, 1, D]`, bound in place when contiguous, of the cache's storage dtype and at
     /// offsets that are multiples of the device's `min_storage_buffer_offset_alignment`; any
     /// other view (the rows of a packed QKV projection, another dtype) is gathered first by one small
@@ -447,8 +450,10 @@ impl KvCache {
     /// appends of every sequence, one for appends of some, whatever the mask); every later one
     /// only records (no allocation, no host write: positions and lengths are computed on the
     /// GPU, and a mask of some sequences is set by a few buffer commands recorded before the
-    /// append, one per run of sequences that do or do not append). Errors: as
-    /// [`Self::record_append`], [`crate::GpuError::View`] for a view of the wrong shape.
+    /// append, one per run of sequences that do or do not append). Errors:
+    /// [`pisa_core::PisaError::BufferLen`] for an `active` of the wrong length,
+    /// [`pisa_core::PisaError::TooLarge`] when an active sequence is full (nothing changes on
+    /// error), [`crate::GpuError::View`] for a view of the wrong shape.
     pub fn record_append_view(
         &mut self,
         enc: &mut wgpu::CommandEncoder,

@@ -164,7 +164,13 @@ impl PrefillPlan {
     /// queries only; a decode cache taking over ([`KvCache::record_prefill_from_plan`]) gets
     /// all `k_len` keys.
     ///
-    /// Errors: the shape's and options' validation errors; [`GpuError::Limit`] when a tensor
+    /// Limits: head dims that are multiples of 16 from 16 to 256 (the decode cache takes any
+    /// multiple of 4 up to 1024), GQA groups (`q_heads / kv_heads`) up to 32.
+    ///
+    /// Errors: the shape's and options' validation errors ([`GpuError::Input`]: among them
+    /// [`PisaError::HeadDim`] for a head dim outside the limits above, [`PisaError::Zero`] for a
+    /// `q_tile` of 0); [`GpuError::Unsupported`] for a GQA group above 32, or f16 storage on a
+    /// device opened without SHADER_F16; [`GpuError::Limit`] when a tensor
     /// of the call exceeds one storage binding (the host convenience
     /// [`super::prefill_host`] splits such calls by KV head; plan per head group instead);
     /// device errors.
