@@ -108,7 +108,9 @@ pub use runtime::context::{
     app_device_descriptor, list_adapters, wanted_features, AdapterChoice, AdapterReport, Context,
     KernelPath, LeafOrder,
 };
-pub use runtime::nv::{device_has_nv_cm2, nv_cm2_supported, request_device_nv_cm2};
+pub use runtime::nv::{
+    device_has_nv_cm2, nv_cm2_supported, request_device_nv_cm2, NV_CM2_FEATURES,
+};
 #[doc(hidden)]
 pub use runtime::pipeline::ShaderSource;
 pub use runtime::pipeline::Storage;

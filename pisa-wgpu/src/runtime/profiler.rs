@@ -83,6 +83,10 @@ impl Profiler {
 
     /// A profiler for up to `passes` timed passes, at most [`Self::MAX_PASSES`] (no-op without
     /// TIMESTAMP_QUERY); passes past that are recorded untimed (see [`Self::finish_span`]).
+    /// A prefill run takes about ten passes per chunk of KV heads (a pass per stage, three
+    /// for leaf-major attention; a plan runs as one chunk), a decode step one, an append one:
+    /// size `passes` for the runs recorded before [`Self::finish`] (pisa's own host
+    /// conveniences ask for 512).
     pub fn new(ctx: &Context, passes: u32) -> Self {
         let settings = wgpu_profiler::GpuProfilerSettings {
             enable_timer_queries: ctx.has_timestamps(),

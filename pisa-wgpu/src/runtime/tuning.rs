@@ -106,7 +106,7 @@ pub struct Tuning {
     /// Variable `PISA_LEAF_LPI`.
     pub leaf_tiles_per_iteration: u32,
     /// Subgroups (16-row tiles) of a leaf-major tensor-core scoring workgroup (2 or 4).
-    /// Default [`COOP_SUBGROUPS`]. Variable `PISA_LEAF_NSG`.
+    /// Default 4. Variable `PISA_LEAF_NSG`.
     pub leaf_subgroups: u32,
     /// Whether the leaf-major tensor-core scorer stages the leaf's keys in workgroup memory
     /// (where its plan allows). Default `true`. Variable `PISA_LEAF_KSTAGE` (`0` or `1`).

@@ -60,7 +60,18 @@ pub struct PlanViews<'a> {
     pub out: Option<&'a TensorView>,
 }
 
-/// A prefill planned for one shape and options: see the module docs of [`crate::ops::prefill`].
+/// A prefill planned for one shape and options, as FlashInfer splits plan and run:
+/// [`PrefillPlan::new`] once per shape and options builds the pipelines, the contiguous Q/K/V
+/// staging, every intermediate, the uniform parameters and the bind groups (by recording the
+/// prefill once); [`PrefillPlan::run`] records into the caller's encoder, reading the caller's
+/// Q/K/V views and writing the caller's O, LSE (and optional selection) views, with no
+/// allocation of tensors, no host write of data and no wait. What a run makes is small and
+/// independent of N: the parameter buffers and bind groups of the gathers and scatters, and,
+/// the first time a set of views is read in place, the bind groups and parameter buffers of
+/// those views (a plan keeps up to 16 such sets, the layers of a model reusing one QKV buffer
+/// among them, and makes them anew each run past that; the kept sets hold references to the
+/// caller's buffers). What the stages compute, and what non-finite inputs produce: the
+/// [module docs](crate::ops::prefill).
 ///
 /// # How the inputs are read
 ///
@@ -488,7 +499,7 @@ impl PrefillPlan {
     /// cache (`KvCache`'s `record_*`), which must be submitted (`KvCache`, "Recorded
     /// commands"); then submit it and run the prefill again, as its outputs are unspecified.
     ///
-    /// A plan keeps the bind groups of the views it ran on (up to 16 sets, see the module
+    /// A plan keeps the bind groups of the views it ran on (up to 16 sets, see [`PrefillPlan`]'s
     /// docs), and with them references to the caller's buffers: their memory is freed when
     /// both the caller and the plan have dropped them.
     pub fn run(
