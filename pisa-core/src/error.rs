@@ -29,8 +29,9 @@ pub enum PisaError {
         expected: usize,
         actual: usize,
     },
-    /// A value is larger than a limit (for example a device limit or `u32` indexing); a
-    /// `value` of `u64::MAX` not above `limit` stands for a count that overflows 64 bits.
+    /// `value` is larger than `limit`, the largest value allowed (for example a device limit
+    /// or `u32` indexing); a `value` of `u64::MAX` not above `limit` stands for a count that
+    /// overflows 64 bits.
     TooLarge {
         what: &'static str,
         value: u64,
