@@ -266,7 +266,7 @@ fn incremental_pyramid_equals_rebuild() {
     };
     let (got_m, got_s) = read(&r.cache);
     let (reb_m, reb_s) = read(&fresh);
-    let cap = r.cache.layout();
+    let cap = r.cache.pyramid_layout();
     for b in 0..2 {
         let st = &r.refs[b];
         let shape = AttentionShape::new(1, 3, hkv, 1, st.len(), d).unwrap();

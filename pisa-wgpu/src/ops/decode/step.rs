@@ -165,9 +165,15 @@ impl KvCache {
     pub fn storage(&self) -> Storage {
         self.storage
     }
-    /// The pyramid layout of the capacity (the allocation's offsets).
-    pub fn layout(&self) -> &PyramidLayout {
+    /// The pyramid layout of the capacity (the allocation's offsets: levels and node counts of
+    /// `capacity` keys, PISA.md 1).
+    pub fn pyramid_layout(&self) -> &PyramidLayout {
         &self.layout
+    }
+    /// [`Self::pyramid_layout`] (a name that read as a [`pisa_core::TensorLayout`]).
+    #[deprecated(note = "use pyramid_layout: this is the pyramid's layout, not a tensor layout")]
+    pub fn layout(&self) -> &PyramidLayout {
+        self.pyramid_layout()
     }
     /// The key pyramid (means f32 `[B*Hkv, capacity nodes, D]`, second moments for `meanvar`);
     /// only the nodes of each sequence's current layout are meaningful.
