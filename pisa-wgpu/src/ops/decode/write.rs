@@ -308,7 +308,10 @@ impl KvCache {
     /// executes: record it in the run's encoder, or at least before anything overwrites them
     /// (the next layer's QKV projection in a reused buffer, say).
     /// The cache and the plan must share their context and agree on Hkv, D, storage, block
-    /// size, merge factor and scoring. What is loaded is what the plan's last recorded run leaves once it has
+    /// size, merge factor, and whether the scoring is `meanvar` (second moments): what the
+    /// keys, values and pyramid are made of. `top_k`, the forced blocks, causality, the other
+    /// scorings and the query heads may differ: they belong to the steps.
+    /// What is loaded is what the plan's last recorded run leaves once it has
     /// executed, so record this after that run and before the plan's next one (which reuses
     /// the same buffers: two runs then two take-overs load the second run's sequence twice);
     /// a varlen prefill hands over with [`crate::VarlenPrefillPlan::run_into_cache`]. Errors:
