@@ -303,6 +303,16 @@ impl Context {
         Self::build(adapter, device, queue, false, tuning)
     }
 
+    /// The wgpu device (create the buffers and encoders given to pisa with it; record your own
+    /// passes).
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+    /// The wgpu queue (submit the encoders pisa recorded into with it).
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
     /// The context's identity, shared by its clones and never reused by another context of
     /// the process: tells contexts apart (the plans' arenas, a profiler's context).
     pub(crate) fn id(&self) -> usize {
@@ -891,15 +901,6 @@ impl Context {
     #[doc(hidden)]
     pub fn nv_pipeline_for_tests(&self, k: &super::nv::NvKernel) -> Result<()> {
         self.nv_pipeline(k).map(|_| ())
-    }
-
-    /// The wgpu device (for callers that record their own passes).
-    pub fn device(&self) -> &wgpu::Device {
-        &self.device
-    }
-    /// The wgpu queue.
-    pub fn queue(&self) -> &wgpu::Queue {
-        &self.queue
     }
 
     /// The compute pipeline of entry point `entry` of `shader` for `storage`, its `const`
