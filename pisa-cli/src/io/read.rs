@@ -9,11 +9,11 @@ use anyhow::{bail, Context, Result};
 
 use super::{npy, st, Format, HostTensor, IndexTensor};
 
-/// The whole file at `path` (any input: a tensor file, a `pisa bench` report); the error names
-/// it. Only a regular file (or a link to one) is
-/// read: a device such as `/dev/zero` would be read until memory ran out.
+/// The whole file at `path` (an input: a tensor file, a `pisa bench` report); the error names
+/// it. Only a regular file (or a link to one) is read: a device such as `/dev/zero` would be
+/// read until memory ran out.
 pub fn read_file(path: &Path) -> Result<Vec<u8>> {
-    let what = || format!("cannot read tensor file {}", path.display());
+    let what = || format!("cannot read {}", path.display());
     let meta = std::fs::metadata(path).with_context(what)?;
     if !meta.is_file() {
         let kind = if meta.is_dir() {
