@@ -262,8 +262,10 @@ fn leaf_coop_matches_reference() {
 
 /// A partial last leaf whose few keys dominate every query (non-causal, so every query may pick
 /// it): the coop kernel loads that leaf's last 16-key tile clamped back into the sequence, and
-/// must still count exactly its keys. Every row must equal the reference (which picks the leaf),
-/// in both stage-2 orders, on whatever path the adapter runs (the portable kernels on lavapipe).
+/// must still count exactly its keys. Every row must equal the reference (which picks the leaf)
+/// up to rare near-ties of rounding among the other leaves, and hold the last leaf exactly where
+/// the reference does, in both stage-2 orders, on whatever path the adapter runs (the portable
+/// kernels on lavapipe).
 #[test]
 fn partial_last_leaf_is_scored_on_its_own_keys() {
     let _settings = settings_lock();
@@ -320,8 +322,22 @@ fn partial_last_leaf_is_scored_on_its_own_keys() {
             )
             .unwrap();
             let what = format!("n {n} C {c} {order:?}");
+            // Rows may differ where the reference's K-th and (K+1)-th scores tie within
+            // rounding (`check`: the reference's margin under the tolerance), among the other
+            // leaves; the last leaf, whose few keys dominate, is in exactly the rows where the
+            // reference has it: a kernel that scored it on more or fewer keys would miss it or
+            // keep it in rows of its own.
             let ties = check(&what, &got, &want, case.tol(&q, &k));
-            assert_eq!(ties, 0, "{what}");
+            report(&what, ties, want.rows());
+            let top_k = want.top_k;
+            for i in 0..want.rows() {
+                let gpu_has = got[i * top_k..(i + 1) * top_k].contains(&(nb - 1));
+                assert_eq!(
+                    gpu_has,
+                    want.row(i).contains(&(nb - 1)),
+                    "{what}: row {i}: the last leaf"
+                );
+            }
         }
         ctx.set_leaf_order(LeafOrder::Auto);
         eprintln!(
