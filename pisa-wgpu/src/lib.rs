@@ -76,6 +76,26 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Limits
+//!
+//! | | prefill ([`PrefillPlan`], [`prefill_host`]) | decode ([`KvCache`]) |
+//! |---|---|---|
+//! | head dim D | multiples of 16 from 16 to 256 | multiples of 4 up to 1024 |
+//! | GQA group (Hq / Hkv) | up to 32 | up to 256 |
+//! | storage | f32; f16 with SHADER_F16 (the tensor-core kernels); bf16 on the portable kernels | the same, bf16 as fast as f16 |
+//! | sizes | each tensor of a plan in one storage binding ([`Context::max_binding_bytes`]; [`prefill_host`] splits by KV head) | K and V in at most two bindings |
+//!
+//! The selection configuration ([`pisa_core::SelectionConfig`]): block size C from 1 to
+//! 2^20, `top_k` from 1 to 2^24 (at least the forced blocks), merge factor g from 2 to 64,
+//! scoring `lse` (PISA), `mean` or `meanvar`, causal or not. Outside these a call returns a
+//! typed error ([`GpuError::Input`], [`GpuError::Unsupported`] or [`GpuError::Limit`]) before
+//! anything is recorded. The tensor-core kernels run where the device has
+//! EXPERIMENTAL_COOPERATIVE_MATRIX (WGSL cooperative matrices) or `VK_NV_cooperative_matrix2`
+//! (NVIDIA, [`request_device_nv_cm2`]), with f16 storage; every other case runs the portable
+//! kernels, with the same results up to rounding. For bf16 models on tensor cores, plan with
+//! f16 storage and give it the bf16 views: they are converted on the GPU (exact within f16's
+//! range), where a bf16 plan's portable kernels are tens of times slower.
+//!
 //! ## Threads
 //!
 //! On native targets [`Context`], [`PrefillPlan`], [`VarlenPrefillPlan`], [`KvCache`] and
