@@ -103,6 +103,19 @@
 //! across threads; a plan's `run` only records into the caller's encoder, and the calls that
 //! change a cache take `&mut self`. On wasm32 this follows wgpu's own types there.
 //!
+//! - A plan's intermediates are the plan's, not the thread's: runs of one plan from several
+//!   threads are right (the queue runs them one after another), but a decode cache's take-over
+//!   ([`KvCache::record_prefill_from_plan`], [`VarlenPrefillPlan::run_into_cache`]) loads what
+//!   the plan's last recorded run left, whichever thread recorded it. Record the take-over in
+//!   the encoder of its run, with no other thread's run of that plan recorded in between
+//!   (hold a lock of yours across the two), or give each thread its own plan.
+//! - The settings ([`Context::set_tuning`], [`Context::set_kernel_path`],
+//!   [`Context::set_leaf_order`]) are the context's: a change waits for the calls running on
+//!   other threads, so a call sees one set of settings from start to end; afterwards a
+//!   [`PrefillPlan`] made before refuses to run (make a new one), a [`VarlenPrefillPlan`]
+//!   re-plans, a [`KvCache`] keeps what it was made with
+//!   (`tests/threads.rs`).
+//!
 //! ## Layout
 //!
 //! `runtime` (device, pipelines, buffers, plans' arenas, timestamps) and one module per kernel

@@ -80,6 +80,8 @@ pub struct ContextInner {
     driver_bounds: bool,
     /// The knobs in force ([`Context::tuning`]).
     tuning: Mutex<Tuning>,
+    /// Keeps a change of `tuning` out of a running call (see `gate.rs`).
+    gate: Arc<super::gate::SettingsGate>,
     pub(crate) nv_pipelines: super::nv::NvPipelines,
 }
 
@@ -424,6 +426,7 @@ impl Context {
             nv_ok,
             driver_bounds,
             tuning: Mutex::new(tuning),
+            gate: Default::default(),
             nv_pipelines: Default::default(),
         }));
         ctx.check_alive()?;
@@ -470,7 +473,11 @@ impl Context {
     /// [`Tuning`]); start from [`Context::tuning`]. A [`crate::PrefillPlan`] made before
     /// refuses to run once a knob it uses changed (make a new one); a
     /// [`crate::VarlenPrefillPlan`] re-plans; a [`crate::KvCache`] keeps the decode knobs it was
-    /// made with.
+    /// made with. The settings are the context's, shared by every thread using it: a change
+    /// waits until the calls of this context running on other threads have returned, and calls
+    /// that start meanwhile wait for it, so that each call sees one set of settings from start
+    /// to end (as [`Context::set_kernel_path`], [`Context::set_leaf_order`],
+    /// [`Context::set_nv_cm2`] and [`Context::set_nv_scorer`]).
     ///
     /// Errors: [`GpuError::Tuning`] for a knob out of range ([`Tuning::check`]);
     /// [`GpuError::Unsupported`] for shader checks, or a WGSL dump folder, other than those
@@ -492,12 +499,19 @@ impl Context {
                 tuning.dump_wgsl
             )));
         }
-        *self.tuning_ref() = tuning;
+        self.change_tuning(|t| *t = tuning);
         Ok(())
     }
 
     fn tuning_ref(&self) -> std::sync::MutexGuard<'_, Tuning> {
         self.tuning.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the tuning once no public call of this context runs on another thread (see
+    /// gate.rs), so that a call sees one set of settings from its start to its end.
+    fn change_tuning(&self, f: impl FnOnce(&mut Tuning)) {
+        let own_call = IN_CALL.with(|c| c.borrow().contains(&self.id()));
+        self.gate.change(own_call, || f(&mut self.tuning_ref()));
     }
 
     /// The shader runtime checks every pipeline of this context is built with: no checks in
@@ -583,7 +597,7 @@ impl Context {
     /// Chooses the kernel family for later calls (benchmarks compare both on one device) and
     /// returns the one now in force: asking for CoopMat where it is unsupported keeps Portable.
     pub fn set_kernel_path(&self, path: KernelPath) -> KernelPath {
-        self.tuning_ref().tensor_cores = path == KernelPath::CoopMat;
+        self.change_tuning(|t| t.tensor_cores = path == KernelPath::CoopMat);
         self.kernel_path()
     }
 
@@ -596,9 +610,10 @@ impl Context {
 
     /// Chooses the order of selection stage 2 and sparse attention for later calls (tests and benchmarks
     /// compare them on one device). The setting is the context's: it applies to every thread
-    /// using this context, from the next selection each records.
+    /// using this context, from the next call each makes (a plan made before refuses or
+    /// re-plans, as for [`Context::set_tuning`], whose waiting for running calls it shares).
     pub fn set_leaf_order(&self, order: LeafOrder) {
-        self.tuning_ref().leaf_order = order;
+        self.change_tuning(|t| t.leaf_order = order);
     }
 
     /// Largest storage binding the kernels may use, bytes (the device limit unless lowered).
@@ -658,13 +673,17 @@ impl Context {
             self.alive(false)?;
             return Ok(PublicCall {
                 id: None,
+                gate: None,
                 _thread: PhantomData,
             });
         }
         self.check_alive()?;
+        // The settings stay as they are until the call ends (see gate.rs).
+        self.gate.enter();
         IN_CALL.with(|c| c.borrow_mut().push(id));
         Ok(PublicCall {
             id: Some(id),
+            gate: Some(self.gate.clone()),
             _thread: PhantomData,
         })
     }
@@ -816,6 +835,8 @@ thread_local! {
 pub(crate) struct PublicCall {
     /// The context this call marked; `None` for a call nested in another of the same context.
     id: Option<usize>,
+    /// The context's settings gate, entered by an outermost call (left when it ends).
+    gate: Option<Arc<super::gate::SettingsGate>>,
     _thread: PhantomData<*const ()>,
 }
 
@@ -828,6 +849,9 @@ impl Drop for PublicCall {
                     c.remove(i);
                 }
             });
+        }
+        if let Some(gate) = &self.gate {
+            gate.leave();
         }
     }
 }
@@ -846,7 +870,7 @@ impl Context {
     /// extension); returns whether they run now. A [`crate::PrefillPlan`] made before refuses
     /// to run after a change (make a new one); a [`crate::VarlenPrefillPlan`] re-plans.
     pub fn set_nv_cm2(&self, on: bool) -> bool {
-        self.tuning_ref().nv_cm2 = on;
+        self.change_tuning(|t| t.nv_cm2 = on);
         self.nv_cm2()
     }
 
@@ -860,7 +884,7 @@ impl Context {
 
     /// Turns the NVIDIA scorer on or off (see [`Context::nv_scorer`]).
     pub fn set_nv_scorer(&self, on: bool) {
-        self.tuning_ref().nv_scorer = on;
+        self.change_tuning(|t| t.nv_scorer = on);
     }
 
     /// The pipeline and bind group layout of an NVIDIA kernel (built once).

@@ -1,6 +1,6 @@
 //! The runtime, split by role: [`context`] (device, limits, features, errors), [`adapter`]
 //! (adapter choice and reports), [`checks`] (the shaders' runtime checks per device), [`coop`] (kernel paths, cooperative-matrix support),
-//! [`tuning`] (the kernels' tuning knobs), [`pipeline`] (shader variants and the pipeline cache), [`buffers`] (storage buffers, upload,
+//! [`tuning`] (the kernels' tuning knobs), `gate` (settings changes against running calls), [`pipeline`] (shader variants and the pipeline cache), [`buffers`] (storage buffers, upload,
 //! poisoned outputs, scratch, binding-size checks, dispatch), [`readback`] (reading tensors back)
 //! [`profiler`] (GPU timestamps) and [`nv`] (the NVIDIA cooperative-matrix-2 device and kernels).
 
@@ -11,6 +11,7 @@ pub mod buffers;
 pub mod checks;
 pub mod context;
 pub mod coop;
+pub(crate) mod gate;
 pub mod nv;
 #[cfg(test)]
 mod nv_uniforms;

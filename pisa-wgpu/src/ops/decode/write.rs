@@ -312,8 +312,10 @@ impl KvCache {
     /// keys, values and pyramid are made of. `top_k`, the forced blocks, causality, the other
     /// scorings and the query heads may differ: they belong to the steps.
     /// What is loaded is what the plan's last recorded run leaves once it has
-    /// executed, so record this after that run and before the plan's next one (which reuses
-    /// the same buffers: two runs then two take-overs load the second run's sequence twice);
+    /// executed, whichever thread recorded it, so record this after that run and before the
+    /// plan's next one from any thread (which reuses the same buffers: two runs then two
+    /// take-overs load the second run's sequence twice; the crate docs, "Threads", say how
+    /// threads sharing a plan keep the pairs apart);
     /// a varlen prefill hands over with [`crate::VarlenPrefillPlan::run_into_cache`]. Errors:
     /// [`crate::GpuError::Unsupported`] when they differ; [`PisaError::TooLarge`] for a `seq`,
     /// `batch` or N past the cache's; [`crate::GpuError::View`] when the last run read K and V
