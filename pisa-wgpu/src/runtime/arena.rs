@@ -89,6 +89,18 @@ pub(crate) fn with_arena<T>(
     a.diverged = None;
     a.failed = None;
     ACTIVE.with(|s| *s.borrow_mut() = Some(Active { ctx, arena: a }));
+    // A panic in `f` (caught by the application) must not leave the arena installed: later
+    // calls on this thread would take their buffers from it. The plan's own arena is then
+    // empty, so its next run records again.
+    struct Uninstall;
+    impl Drop for Uninstall {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                ACTIVE.with(|s| s.borrow_mut().take());
+            }
+        }
+    }
+    let _uninstall = Uninstall;
     let out = f();
     let mut a = ACTIVE
         .with(|s| s.borrow_mut().take())
@@ -292,4 +304,31 @@ pub(crate) fn insert_group(
             a.next_group += 1;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic inside a recording leaves no arena installed on the thread, and the plan's
+    /// arena empty (its next run records again).
+    #[test]
+    fn a_panic_inside_uninstalls_the_arena() {
+        let mut arena = Arena {
+            replay: true,
+            ..Default::default()
+        };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_arena(7, &mut arena, || -> Result<()> {
+                assert!(with_active(7, |_| ()).is_some());
+                panic!("inside a recording")
+            })
+        }));
+        assert!(r.is_err());
+        assert!(
+            with_active(7, |_| ()).is_none(),
+            "the arena stayed installed"
+        );
+        assert!(!arena.replay, "the plan's arena kept a replay state");
+    }
 }
