@@ -19,6 +19,59 @@ use pisa_wgpu::{
 
 const TIE: f64 = 1e-3;
 
+/// An application's outputs of `n` tokens, NaN-filled: O `[1, Hq, n, D]` and LSE `[1, Hq, n, 1]`
+/// f32, the selection `[1, Hkv, n, K]` i32, all BHND.
+struct Outs {
+    buffers: [pisa_wgpu::wgpu::Buffer; 3],
+    views: [TensorView; 3],
+}
+
+impl Outs {
+    fn new(ctx: &Context, [hq, hkv, n, d, k]: [usize; 5]) -> Self {
+        let buffers =
+            [hq * n * d, hq * n, hkv * n * k].map(|len| app_buffer(ctx, &vec![f32::NAN; len]));
+        let views = [
+            bhnd_f32(&buffers[0], [1, hq, n, d]),
+            bhnd_f32(&buffers[1], [1, hq, n, 1]),
+            TensorView::contiguous(
+                &buffers[2],
+                0,
+                DType::I32,
+                [1, hkv, n, k],
+                TensorLayout::Bhnd,
+            )
+            .unwrap(),
+        ];
+        Self { buffers, views }
+    }
+
+    fn get(&self) -> PrefillOutputs<'_> {
+        PrefillOutputs {
+            out: &self.views[0],
+            lse: &self.views[1],
+            selection: Some(&self.views[2]),
+        }
+    }
+
+    /// Every output NaN again (before each run, so that one that writes nothing shows).
+    fn poison(&self, ctx: &Context) {
+        for b in &self.buffers {
+            let nan = vec![f32::NAN; (b.size() / 4) as usize];
+            ctx.queue().write_buffer(b, 0, bytemuck::cast_slice(&nan));
+        }
+    }
+
+    /// O, LSE and the selection as the GPU left them.
+    fn read(&self, ctx: &Context) -> (Vec<f32>, Vec<f32>, Vec<i32>) {
+        let bytes = |b| ctx.read_bytes(b).unwrap();
+        (
+            bytemuck::cast_slice(&bytes(&self.buffers[0])).to_vec(),
+            bytemuck::cast_slice(&bytes(&self.buffers[1])).to_vec(),
+            bytemuck::cast_slice(&bytes(&self.buffers[2])).to_vec(),
+        )
+    }
+}
+
 /// O, LSE and the selection of `n` queries (heads `h` of `total` tokens, from token `t0`, BHND)
 /// against the reference of the sequence `[q, k, v]` (`[1, H, n, D]` each).
 #[allow(clippy::too_many_arguments)]
@@ -111,44 +164,20 @@ fn settings_changed_on_one_thread_while_others_run() {
             let inputs = [(&qs, hq), (&ks, hkv), (&vs, hkv)]
                 .map(|(x, h)| (app_buffer(&ctx, x), [1, h, lens[0], d]));
             let views = inputs.each_ref().map(|(b, sh)| bhnd_f32(b, *sh));
-            let (ob, lb) = (
-                app_buffer(&ctx, &vec![f32::NAN; hq * lens[0] * d]),
-                app_buffer(&ctx, &vec![f32::NAN; hq * lens[0]]),
-            );
-            let sb = app_buffer(&ctx, &vec![f32::NAN; hkv * lens[0] * cfg.top_k]);
-            let (ov, lv) = (
-                bhnd_f32(&ob, [1, hq, lens[0], d]),
-                bhnd_f32(&lb, [1, hq, lens[0], 1]),
-            );
-            let sv = TensorView::contiguous(
-                &sb,
-                0,
-                DType::I32,
-                [1, hkv, lens[0], cfg.top_k],
-                TensorLayout::Bhnd,
-            )
-            .unwrap();
+            let outs = Outs::new(&ctx, [hq, hkv, lens[0], d, cfg.top_k]);
             let mut plan = PrefillPlan::new(&ctx, &shape, &opts).unwrap();
             for it in 0..12 {
+                outs.poison(&ctx);
                 let mut enc = ctx.device().create_command_encoder(&Default::default());
-                let outs = PrefillOutputs {
-                    out: &ov,
-                    lse: &lv,
-                    selection: Some(&sv),
-                };
-                match plan.run(&mut enc, &views[0], &views[1], &views[2], &outs, None) {
+                match plan.run(&mut enc, &views[0], &views[1], &views[2], &outs.get(), None) {
                     Ok(()) => {
                         ctx.queue().submit([enc.finish()]);
-                        let f = |b| -> Vec<f32> {
-                            bytemuck::cast_slice(&ctx.read_bytes(b).unwrap()).to_vec()
-                        };
-                        let sel: Vec<i32> =
-                            bytemuck::cast_slice(&ctx.read_bytes(&sb).unwrap()).to_vec();
+                        let (o, l, sel) = outs.read(&ctx);
                         check(
                             &format!("prefill run {it}"),
                             (&shape, &cfg),
                             [&qs, &ks, &vs],
-                            (&f(&ob), &f(&lb), &sel),
+                            (&o, &l, &sel),
                             (0, lens[0]),
                         );
                     }
@@ -165,37 +194,14 @@ fn settings_changed_on_one_thread_while_others_run() {
         // A varlen plan of both sequences: every run succeeds.
         let varlen = s.spawn(|| {
             let plan = VarlenPrefillPlan::new(&ctx, hq, hkv, d, &opts).unwrap();
-            let (ob, lb) = (
-                app_buffer(&ctx, &vec![f32::NAN; hq * total * d]),
-                app_buffer(&ctx, &vec![f32::NAN; hq * total]),
-            );
-            let sb = app_buffer(&ctx, &vec![f32::NAN; hkv * total * cfg.top_k]);
-            let (ov, lv) = (
-                bhnd_f32(&ob, [1, hq, total, d]),
-                bhnd_f32(&lb, [1, hq, total, 1]),
-            );
-            let sv = TensorView::contiguous(
-                &sb,
-                0,
-                DType::I32,
-                [1, hkv, total, cfg.top_k],
-                TensorLayout::Bhnd,
-            )
-            .unwrap();
+            let outs = Outs::new(&ctx, [hq, hkv, total, d, cfg.top_k]);
             for it in 0..12 {
+                outs.poison(&ctx);
                 let mut enc = ctx.device().create_command_encoder(&Default::default());
-                let outs = PrefillOutputs {
-                    out: &ov,
-                    lse: &lv,
-                    selection: Some(&sv),
-                };
-                plan.run(&mut enc, &cu, &qv, &kv, &vv, &outs, None)
+                plan.run(&mut enc, &cu, &qv, &kv, &vv, &outs.get(), None)
                     .unwrap_or_else(|e| panic!("varlen run {it}: {e}"));
                 ctx.queue().submit([enc.finish()]);
-                let f =
-                    |b| -> Vec<f32> { bytemuck::cast_slice(&ctx.read_bytes(b).unwrap()).to_vec() };
-                let (o, l) = (f(&ob), f(&lb));
-                let sel: Vec<i32> = bytemuck::cast_slice(&ctx.read_bytes(&sb).unwrap()).to_vec();
+                let (o, l, sel) = outs.read(&ctx);
                 for (i, &n) in lens.iter().enumerate() {
                     let shape = AttentionShape::prefill(1, hq, hkv, n, d).unwrap();
                     let qkv = [(&q, hq), (&k, hkv), (&v, hkv)].map(|(x, h)| seq(x, h, i));
