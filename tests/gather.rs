@@ -98,16 +98,7 @@ fn words(bytes: usize) -> usize {
 fn buffer(ctx: &Context, label: &str, bytes: &[u8]) -> wgpu::Buffer {
     let mut b = bytes.to_vec();
     b.resize(words(b.len()), 0xFF);
-    let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size: b.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    ctx.queue().write_buffer(&buf, 0, &b);
-    buf
+    common::bytes_buffer(ctx, label, &b)
 }
 
 /// A view: shape, strides and offset in elements, and the elements its buffer holds.

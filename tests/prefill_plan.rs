@@ -21,16 +21,7 @@ fn buffer_with(ctx: &Context, pad: usize, data: &[f32]) -> wgpu::Buffer {
     let mut bytes = vec![0x5Au8; pad];
     bytes.extend_from_slice(bytemuck::cast_slice(data));
     bytes.resize(bytes.len().div_ceil(4) * 4, 0);
-    let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some("app"),
-        size: bytes.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_DST
-            | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    ctx.queue().write_buffer(&b, 0, &bytes);
-    b
+    bytes_buffer(ctx, "app", &bytes)
 }
 
 fn read_f32(ctx: &Context, b: &wgpu::Buffer, pad: usize, n: usize) -> Vec<f32> {

@@ -221,19 +221,30 @@ pub fn check_selection_ties(
     ties
 }
 
-/// An application's buffer holding `data` (f32), usable as storage, written and read back.
-pub fn app_buffer(ctx: &Context, data: &[f32]) -> pisa_wgpu::wgpu::Buffer {
+/// An application's buffer holding `bytes` (whole 4-byte words, at least one), usable as
+/// storage, written and read back.
+pub fn bytes_buffer(ctx: &Context, label: &str, bytes: &[u8]) -> pisa_wgpu::wgpu::Buffer {
     use pisa_wgpu::wgpu;
+    assert!(
+        bytes.len().is_multiple_of(4),
+        "{label}: {} bytes",
+        bytes.len()
+    );
     let b = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some("app"),
-        size: (data.len() * 4).max(4) as u64,
+        label: Some(label),
+        size: bytes.len().max(4) as u64,
         usage: wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_DST
             | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     });
-    ctx.queue().write_buffer(&b, 0, bytemuck::cast_slice(data));
+    ctx.queue().write_buffer(&b, 0, bytes);
     b
+}
+
+/// An application's buffer holding `data` (f32), usable as storage, written and read back.
+pub fn app_buffer(ctx: &Context, data: &[f32]) -> pisa_wgpu::wgpu::Buffer {
+    bytes_buffer(ctx, "app", bytemuck::cast_slice(data))
 }
 
 /// The contiguous f32 BHND view of `shape` at byte 0 of `b`.
@@ -256,7 +267,7 @@ pub fn storage_buffer(
     data: &[f32],
     st: pisa_wgpu::Storage,
 ) -> pisa_wgpu::wgpu::Buffer {
-    use pisa_wgpu::{wgpu, Storage};
+    use pisa_wgpu::Storage;
     let mut bytes = vec![0x5Au8; pad];
     match st {
         Storage::F16 => {
@@ -270,16 +281,7 @@ pub fn storage_buffer(
         Storage::F32 => bytes.extend_from_slice(bytemuck::cast_slice(data)),
     }
     bytes.resize(bytes.len().div_ceil(4) * 4 + 64, 0x5A);
-    let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some("app"),
-        size: bytes.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_DST
-            | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    ctx.queue().write_buffer(&buf, 0, &bytes);
-    buf
+    bytes_buffer(ctx, "app", &bytes)
 }
 
 /// BHND `[B, H, N, D]` data re-laid as BNHD.
