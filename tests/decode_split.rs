@@ -377,6 +377,97 @@ fn route_with_and_without_subgroups() {
     }
 }
 
+/// (name, g_q, d, block, top_k, g, prefill lengths, causal)
+type LookaheadCase = (
+    &'static str,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    [usize; 2],
+    bool,
+);
+
+/// The subgroup `route` with look-ahead (`decode_route_lookahead` on: a level also scores its
+/// candidates' children as the next level's candidates, which then only rank and cut) and
+/// without, each against the reference: pyramids routed through 3 to 6 levels (odd and even
+/// counts, so that look-ahead pairs and a last level alone both run, the pair ending at level
+/// 1 included), GQA groups 1, 2, 3, 4, 7, 8, head dims 64, 72 (18 vec4s: lanes masked), 128,
+/// merge factors 2, 4 and 8 (up to 7 of the ancestor's children below the own path), odd
+/// lengths, a sink and a local block, causal and not; and exact ties, where the selection must
+/// follow the tie rule exactly. With the knob on, every case must have built the look-ahead
+/// route (counted per thread) where the device runs the subgroup route, so the test cannot pass
+/// on the other kernel; with it off, none.
+#[test]
+fn route_lookahead() {
+    use pisa_wgpu::ops::decode::{lookahead_routes_on_this_thread, subgroup_routes_on_this_thread};
+    let cases: [LookaheadCase; 8] = [
+        ("la_gqa1_d64_g2_5lv", 1, 64, 4, 4, 2, [701, 515], true),
+        ("la_gqa2_d72_g2_4lv", 2, 72, 4, 4, 2, [349, 287], true),
+        ("la_gqa3_d128_g4_3lv", 3, 128, 4, 4, 4, [1499, 1203], true),
+        ("la_gqa4_d128_g2_6lv", 4, 128, 4, 3, 2, [1301, 1111], true),
+        ("la_gqa7_d64_g2_4lv", 7, 64, 8, 4, 2, [701, 640], true),
+        ("la_gqa8_d64_g8_2lv", 8, 64, 4, 4, 8, [1601, 997], true),
+        (
+            "la_gqa4_d64_g2_noncausal",
+            4,
+            64,
+            4,
+            4,
+            2,
+            [703, 401],
+            false,
+        ),
+        (
+            "la_gqa2_d64_g4_noncausal",
+            2,
+            64,
+            4,
+            4,
+            4,
+            [1497, 902],
+            false,
+        ),
+    ];
+    for on in [true, false] {
+        let mut t = pisa_wgpu::Tuning::default();
+        t.decode_route_lookahead = on;
+        let own: &'static pisa_wgpu::Context = Box::leak(Box::new(
+            pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t).unwrap(),
+        ));
+        for (name, g_q, d, block, k, g, prefill, causal) in cases {
+            let (sg0, la0) = (
+                subgroup_routes_on_this_thread(),
+                lookahead_routes_on_this_thread(),
+            );
+            let cf = cfg(block, k, g, Scoring::Lse)
+                .with_forced(1, 1)
+                .with_causal(causal);
+            let mut c = base(name, 2 * g_q, 2, d, cf);
+            c.prefill = prefill.to_vec();
+            c.steps = 10;
+            Run::new_in(own, c, prefill[0] + 16).run();
+            let sg = subgroup_routes_on_this_thread() - sg0;
+            let la = lookahead_routes_on_this_thread() - la0;
+            eprintln!("{name}: look-ahead {on}: {la} of {sg} subgroup route builds");
+            assert_eq!(la, if on { sg } else { 0 }, "{name}: look-ahead {on}");
+        }
+        let la0 = lookahead_routes_on_this_thread();
+        let sg0 = subgroup_routes_on_this_thread();
+        let mut c = base("la_ties", 4, 2, 64, cfg(4, 3, 2, Scoring::Lse));
+        c.prefill = vec![400, 261];
+        c.steps = 12;
+        c.tied = true;
+        Run::new_in(own, c, 420).run();
+        let (sg, la) = (
+            subgroup_routes_on_this_thread() - sg0,
+            lookahead_routes_on_this_thread() - la0,
+        );
+        assert_eq!(la, if on { sg } else { 0 }, "la_ties: look-ahead {on}");
+    }
+}
+
 /// The split step's `route` and `leaf` as one dispatch (`route_leaf`, asked for by
 /// `decode_route_workgroups`): several workgroups per (sequence, KV head) route the token the
 /// same way, then each attends its share of the leaf slots, several blocks at once, before the
