@@ -27,9 +27,7 @@ const_assert WG % CPS == 0u;
 // Route look-ahead (route_levels, LA = 1; substituted by the host where the route has g of 2 or
 // more, ops/decode/record.rs): a level also scores each candidate's children as the next
 // level's candidates, whose own children's rows it loads with the level's rows.
-// Only for g = 2 (a lane's rows are 1 + g: three already take 48 of its registers).
 const LA: u32 = 0u;
-const_assert LA == 0u || MG == 2u;
 // Rank key and node of each candidate slot of the three slot buffers of `cand` (one 8-byte
 // load per comparison of the rank step).
 var<workgroup> rkc: array<vec2<u32>, 3u * MAXC>;
@@ -43,10 +41,7 @@ var<workgroup> sp: array<u32, MAXC * MG>;
 // held in registers where they are at most 16 vec4s (g_q 4, D 128, 8 lanes), else read from
 // `qs` in workgroup memory as dots_mean does. An invocation's lane u = lid % LR is the same at
 // every level (the workgroup is a multiple of g * LR).
-// Not with LA: on the H100 its three rows' loads beside the slices took the kernel from 16 to
-// 1040 bytes of local memory per invocation and the route at 1M from 37 to 988 us
-// (docs/benchmarks.md A.52).
-const QREG: bool = GQ * DLR <= 16u && LA == 0u;
+const QREG: bool = GQ * DLR <= 16u;
 // g_q 4 with 4 lanes or more per row: the lanes' sums as a transposed butterfly, which leaves
 // each lane one head's sum, so that each lane takes one head's LSE over the children (the
 // prefill routing kernel's score_lanes does the same, docs/benchmarks.md A.16), then the heads
@@ -134,6 +129,19 @@ fn heads_tr4(t: f32) -> f32 {
     return tot;
 }
 
+// children_lse within one lane: one head's LSE over g children x (NEG for a child not
+// scored), the exponentials summed in the order of children_lse's butterfly.
+fn lse_in_lane(x: array<f32, MG>) -> f32 {
+    var mx = x[0];
+    for (var c = 1u; c < MG; c++) { mx = max(mx, x[c]); }
+    var e: array<f32, MG>;
+    for (var c = 0u; c < MG; c++) { e[c] = select(0.0, exp(x[c] - mx), x[c] > NEG_T); }
+    for (var m = 1u; m < MG; m <<= 1u) {
+        for (var c = 0u; c + m < MG; c += 2u * m) { e[c] += e[c + m]; }
+    }
+    return mx + log(e[0]);
+}
+
 // One head's LSE over a candidate's g children, x = s q.mu_c + log n_c (NEG for a child not
 // scored): `v` is this lane's child's whole dot product; the children's lanes are LR apart
 // (max, then the sum of exp(x - max) over the scored children, as score_lse_split).
@@ -151,7 +159,7 @@ fn children_lse(v: f32, on: bool, ln: f32) -> f32 {
 // The `lse` score of every candidate slot cand[co..] of level l as rank_key into rkc[co..] with
 // its node (key 0 for an empty slot), as score_lse_split computes it, the sums in butterfly
 // order; `pc` is g^(l-1). Item it = (slot * g + child) * LR + lane. With `la` (LA, l >= 2) each
-// child's lanes also load its two children's rows (level l - 2) with its own and leave its rank
+// child's lanes also load its g children's rows (level l - 2) with its own and leave its rank
 // key as a candidate of level l - 1 in sp, computed as this function would at that level.
 fn score_lse_sg(bh: u32, l: u32, len: u32, nb0: u32, pc: u32, co: u32, bq: u32, lid: u32,
                 qr: array<vec4<f32>, QRN>, la: bool) {
@@ -177,27 +185,19 @@ fn score_lse_sg(bh: u32, l: u32, len: u32, nb0: u32, pc: u32, co: u32, bq: u32, 
         let child = node * g + ci % g;
         let on = node != INVALID && child < nchild;
         var a: array<f32, GQ>;
-        // LA: the partial dots of the child's two children (g = 2), and whether they exist.
-        var b0: array<f32, GQ>;
-        var b1: array<f32, GQ>;
-        let on0 = la && on && child * 2u < ngc;
-        let on1 = la && on && child * 2u + 1u < ngc;
+        var a2: array<array<f32, GQ>, MG>;
+        var on2: array<bool, MG>;
         if (la) {
-            // The three rows' loads first (clamped to node 0 where there is no row), then
-            // each query slice read once from `qs` for the three products, in dots_mean's order.
+            // Every row's loads first (rows clamped to node 0 where there is none).
             let mv = load_row(node_row(bh, l - 1u, select(0u, child, on)), u);
-            let g0 = load_row(node_row(bh, l - 2u, select(0u, child * 2u, on0)), u);
-            let g1 = load_row(node_row(bh, l - 2u, select(0u, child * 2u + 1u, on1)), u);
-            for (var i = 0u; i < DLR; i++) {
-                if (D4 % LR == 0u || u + i * LR < D4) {
-                    for (var hh = 0u; hh < GQ; hh++) {
-                        let qv = qs[hh * D4 + u + i * LR];
-                        a[hh] += dot(qv, mv[i]);
-                        b0[hh] += dot(qv, g0[i]);
-                        b1[hh] += dot(qv, g1[i]);
-                    }
-                }
+            var mg: array<array<vec4<f32>, DLR>, MG>;
+            for (var c = 0u; c < MG; c++) {
+                let gc = child * g + c;
+                on2[c] = on && gc < ngc;
+                mg[c] = load_row(node_row(bh, l - 2u, select(0u, gc, on2[c])), u);
             }
+            a = dots_of(mv, u, qr);
+            for (var c = 0u; c < MG; c++) { a2[c] = dots_of(mg[c], u, qr); }
         } else if (on) {
             a = dots_of(load_row(node_row(bh, l - 1u, child), u), u, qr);
         }
@@ -214,22 +214,20 @@ fn score_lse_sg(bh: u32, l: u32, len: u32, nb0: u32, pc: u32, co: u32, bq: u32, 
             rkc[co + ci / g] = vec2<u32>(key, cn0);
         }
         if (la) {
-            // The child's own score from its two children's sums, each head's LSE within the
-            // lane (children_lse's order: max, then e0 + e1).
-            let s0 = lane_sums(b0, u);
-            let s1 = lane_sums(b1, u);
-            var ln0 = 0.0;
-            var ln1 = 0.0;
-            if (on0) { ln0 = log(f32(min(len - child * 2u * wgc, wgc))); }
-            if (on1) { ln1 = log(f32(min(len - (child * 2u + 1u) * wgc, wgc))); }
+            // The child's own score from its children's sums, each head's LSE within the lane.
+            var s2 = array<array<f32, GQ>, MG>();
+            var ln2: array<f32, MG>;
+            for (var c = 0u; c < MG; c++) {
+                s2[c] = lane_sums(a2[c], u);
+                if (on2[c]) { ln2[c] = log(f32(min(len - (child * g + c) * wgc, wgc))); }
+            }
             var tot2 = 0.0;
             for (var hh = 0u; hh < select(GQ, 1u, TR4); hh++) {
-                let x0 = select(NEG, p.scale * s0[hh] + ln0, on0);
-                let x1 = select(NEG, p.scale * s1[hh] + ln1, on1);
-                let mx = max(x0, x1);
-                let e0 = select(0.0, exp(x0 - mx), x0 > NEG_T);
-                let e1 = select(0.0, exp(x1 - mx), x1 > NEG_T);
-                tot2 += mx + log(e0 + e1);
+                var x: array<f32, MG>;
+                for (var c = 0u; c < MG; c++) {
+                    x[c] = select(NEG, p.scale * s2[c][hh] + ln2[c], on2[c]);
+                }
+                tot2 += lse_in_lane(x);
             }
             if (TR4) { tot2 = heads_tr4(tot2); }
             if (it < n && u == 0u) { sp[ci] = select(0u, rank_key(tot2), on); }

@@ -96,8 +96,8 @@ pub struct Tuning {
     /// its own, so that the next level only ranks and cuts (two levels per round trip to the
     /// pyramid's rows, three barriers instead of four; `shaders/decode_levels_sg.wgsl`, LA).
     /// The same selection; a level's loads and products three times as many. Taken where the
-    /// subgroup route runs with a merge factor of 2. Read when a step's kernels are built.
-    /// Default `true`. Variable `PISA_DECODE_ROUTE_LA` (`0` or `1`).
+    /// subgroup route runs with a merge factor of 2 or more. Read when a step's kernels are
+    /// built. Default `true`. Variable `PISA_DECODE_ROUTE_LA` (`0` or `1`).
     pub decode_route_lookahead: bool,
     /// The most workgroups the split decode step may give its `route` and `leaf` dispatches as
     /// one (`route_leaf`, `shaders/decode_route_leaf.wgsl`; 0 to 65536): each (sequence, KV

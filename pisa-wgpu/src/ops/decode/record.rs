@@ -591,8 +591,8 @@ impl KvCache {
             Some(lr) => {
                 SG_ROUTES.with(|c| c.set(c.get() + 1));
                 let mut consts = self.plan.route_subgroup_consts(lr, ctx.shuffle_lanes());
-                // Look-ahead with g = 2 only: a lane's rows are 1 + g (decode_levels_sg.wgsl).
-                if self.route_lookahead && self.plan.mg == 2 {
+                // Look-ahead needs a level's children to have children (g >= 2).
+                if self.route_lookahead && self.plan.mg >= 2 {
                     LA_ROUTES.with(|c| c.set(c.get() + 1));
                     consts.push(("LA", 1));
                 }
