@@ -16,14 +16,9 @@
 // lanes' sums, the children's LSEs and the rank counts go through subgroup shuffles instead
 // (route at 1M 34.2 -> 25.4 us, step 56.6 -> 47.0 us on the H200 with the steps that followed,
 // docs/benchmarks.md A.25).
-// With LA = 1 as well (decode_levels_sg.wgsl, look-ahead), a level also scores its candidates'
-// children as the next level's candidates from their own children's rows, loaded with the
-// level's rows: the next level then only ranks and cuts, so two levels take one round trip to
-// the pyramid's rows and three barriers instead of two and four.
 // `xr` (XR floats) is also the fused step's scratch after the routing.
 
-// The candidate slots of three levels (a level, the next, and the one after it for LA).
-var<workgroup> cand: array<u32, 3u * MAXC>;
+var<workgroup> cand: array<u32, 2u * MAXC>;
 var<workgroup> rk: array<u32, MAXC>;
 var<workgroup> xr: array<f32, XR>;
 
@@ -121,12 +116,14 @@ fn score_lse_split(len: u32, nchild: u32, w: u32, co: u32, lid: u32) {
 // rk[slot] = rank_key of the score of the candidates cand[co..co + MAXC] of level l >= 1
 // (PISA.md 2), summed over the group; 0 (below every score's key) for an empty slot. `pw` is
 // g^(l-1), the leaves under a child. Ends with rk written (the caller's barrier orders it).
-// (With SGR = 1 route_levels calls score_lse_sg instead.)
-fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) {
+fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32,
+               qr: array<vec4<f32>, QRN>) {
     let g = MG; // (the pipeline constant: divisions by it are shifts for g = 2)
     let nchild = cdiv_pw(nb0, pw);
     let w = mul_pw(p.block_size, pw);
-    if (p.scoring == 0u) {
+    if (p.scoring == 0u && SGR != 0u) {
+        score_lse_sg(bh, l, len, nchild, w, co, lid, qr);
+    } else if (p.scoring == 0u) {
         // lse: LR items per (candidate, child), partial dots of the child's mean.
         for (var it = lid; it < MAXC * g * LR; it += WG) {
             let ci = it / LR;
@@ -190,24 +187,9 @@ fn score_level(bh: u32, l: u32, len: u32, nb0: u32, pw: u32, co: u32, lid: u32) 
     }
 }
 
-// Slot i of the candidates of level l - 1 before the cut of level l writes the kept nodes'
-// children (pw = g^l, pc = g^(l-1)): empty, or after the K * g children, the ancestor's
-// children below the own path (forced leaves excluded at level 0).
-fn next_slot(i: u32, l: u32, pw: u32, pc: u32, bq: u32) -> u32 {
-    let g = MG;
-    let a_hi = div_pw(bq, pw) * g;
-    let a_lo = div_pw(bq, pc);
-    var c = INVALID;
-    if (i >= KMAX * g && p.causal != 0u && a_hi + (i - KMAX * g) < a_lo) {
-        c = a_hi + (i - KMAX * g);
-    }
-    if (l == 1u && c != INVALID && is_forced(bq, c)) { c = INVALID; }
-    return c;
-}
-
 // PISA routing (PISA.md 3.1-3.2) of the query at position len - 1 down to the leaf
-// candidates; returns the offset (0, MAXC or 2 MAXC) of the slots in `cand` holding them,
-// forced leaves excluded.
+// candidates; returns the offset (0 or MAXC) of the slots in `cand` holding them, forced
+// leaves excluded.
 fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
     let g = MG;
     let causal = p.causal != 0u;
@@ -229,48 +211,30 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
     // SGR = 1: the lane's query slices in registers (qs was loaded before the caller's barrier).
     let qr = lane_queries(lid);
     var co = 0u;
-    var l = s;
-    loop {
-        if (l < 1u) { break; }
-        // The slot buffers of the next level and of the one after it (three in rotation).
-        let cn = (co + MAXC) % (3u * MAXC);
-        let cn2 = (co + 2u * MAXC) % (3u * MAXC);
+    for (var l = s; l >= 1u; l--) {
+        let cn = MAXC - co; // the next level's slots
         let pc = pw / g;    // g^(l-1)
-        // LA: this level also scores the next level's candidates, which then only ranks.
-        let la = LA != 0u && l >= 2u;
-        if (SGR != 0u) {
-            score_lse_sg(bh, l, len, nb0, pc, co, bq, lid, qr, la);
-        } else {
-            score_level(bh, l, len, nb0, pc, co, lid);
-        }
+        score_level(bh, l, len, nb0, pc, co, lid, qr);
         // Clear the next slots; the ancestor's children below the own path go after the
-        // K * g children of the kept nodes. With LA also those of the level after.
+        // K * g children of the kept nodes.
         let nchild = cdiv_pw(nb0, pc);
+        let a_hi = div_pw(bq, pw) * g;
+        let a_lo = div_pw(bq, pc);
         for (var i = lid; i < MAXC; i += WG) {
-            let c = next_slot(i, l, pw, pc, bq);
-            cand[cn + i] = c;
-            if (la) {
-                set_key(cn + i, c);
-                cand[cn2 + i] = next_slot(i, l - 1u, pc, pc / g, bq);
+            var c = INVALID;
+            if (i >= KMAX * g && causal && a_hi + (i - KMAX * g) < a_lo) {
+                c = a_hi + (i - KMAX * g);
             }
+            if (l == 1u && c != INVALID && is_forced(bq, c)) { c = INVALID; }
+            cand[cn + i] = c;
         }
         workgroupBarrier();
         if (SGR != 0u) {
-            // The rank counts and the cut in one step (decode_levels_sg.wgsl); with LA the
-            // kept children take their look-ahead keys, and the next level ranks and cuts.
-            rank_cut_sg(co, cn, l, nchild, bq, lid, la);
+            // The rank counts and the cut in one step (decode_levels_sg.wgsl).
+            rank_cut_sg(co, cn, l, nchild, bq, lid);
             workgroupBarrier();
-            if (la) {
-                rank_cut_sg(cn, cn2, l - 1u, cdiv_pw(nb0, pc / g), bq, lid, false);
-                workgroupBarrier();
-                co = cn2;
-                pw = pc / g;
-                l -= 2u;
-                continue;
-            }
             co = cn;
             pw = pc;
-            l -= 1u;
             continue;
         }
         // Rank counts: item (i, part) counts the candidates j = part, part + CP, ... ranked
@@ -308,7 +272,6 @@ fn route_levels(bh: u32, len: u32, bq: u32, nb0: u32, lid: u32) -> u32 {
         workgroupBarrier();
         co = cn;
         pw = pc;
-        l -= 1u;
     }
     return co;
 }

@@ -4,8 +4,6 @@
 const_assert SGR == 0u;
 const QRN: u32 = 1u;
 fn lane_queries(lid: u32) -> array<vec4<f32>, QRN> { return array<vec4<f32>, QRN>(); }
-const LA: u32 = 0u;
-fn score_lse_sg(bh: u32, l: u32, len: u32, nb0: u32, pc: u32, co: u32, bq: u32, lid: u32,
-                qr: array<vec4<f32>, QRN>, la: bool) {}
-fn rank_cut_sg(co: u32, cn: u32, l: u32, nchild: u32, bq: u32, lid: u32, la: bool) {}
-fn set_key(i: u32, c: u32) {}
+fn score_lse_sg(bh: u32, l: u32, len: u32, nchild: u32, w: u32, co: u32, lid: u32,
+                qr: array<vec4<f32>, QRN>) {}
+fn rank_cut_sg(co: u32, cn: u32, l: u32, nchild: u32, bq: u32, lid: u32) {}

@@ -99,7 +99,6 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         // library's rule also needs `lse`, g_q up to 8 and a power-of-two merge factor).
         let sg8 = r.subgroups && r.shuffle_lanes() >= 8;
         let decode_route = match (sg8, tuning.decode_route_subgroups) {
-            (true, true) if tuning.decode_route_lookahead => "subgroup level steps looking a level ahead in the split step for lse selections with GQA groups up to 8 and a power-of-two merge factor (--tune decode_route_lookahead=0 turns the look-ahead off, decode_route_subgroups=0 both), workgroup memory otherwise",
             (true, true) => "subgroup level steps in the split step for lse selections with GQA groups up to 8 and a power-of-two merge factor (--tune decode_route_subgroups=0 turns them off), workgroup memory otherwise",
             (true, false) => "workgroup memory (tuning decode_route_subgroups=false)",
             (false, _) => "workgroup memory (no subgroups of 8 lanes or more)",

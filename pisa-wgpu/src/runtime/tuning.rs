@@ -91,14 +91,6 @@ pub struct Tuning {
     /// of at least 8). Read when a step's kernels are built. Default `true`. Variable
     /// `PISA_DECODE_ROUTE_SG` (`0` or `1`).
     pub decode_route_subgroups: bool,
-    /// The subgroup `route` (above) with look-ahead: each level it scores also scores its
-    /// candidates' children as the next level's candidates, their children's rows loaded with
-    /// its own, so that the next level only ranks and cuts (two levels per round trip to the
-    /// pyramid's rows, three barriers instead of four; `shaders/decode_levels_sg.wgsl`, LA).
-    /// The same selection; a level's loads and products three times as many. Taken where the
-    /// subgroup route runs with a merge factor of 2 or more. Read when a step's kernels are
-    /// built. Default `true`. Variable `PISA_DECODE_ROUTE_LA` (`0` or `1`).
-    pub decode_route_lookahead: bool,
     /// The most workgroups the split decode step may give its `route` and `leaf` dispatches as
     /// one (`route_leaf`, `shaders/decode_route_leaf.wgsl`; 0 to 65536): each (sequence, KV
     /// head) is routed by as many workgroups as its leaf slots need (NS / NB, NB slots
@@ -185,7 +177,6 @@ impl Default for Tuning {
             decode_fused: false,
             decode_key_lanes: None,
             decode_route_subgroups: true,
-            decode_route_lookahead: true,
             decode_route_workgroups: 0,
             leaf_tiles_per_iteration: 2,
             leaf_subgroups: COOP_SUBGROUPS,
@@ -204,7 +195,7 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 23] = [
+pub const KNOBS: [(&str, &str); 22] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -215,7 +206,6 @@ pub const KNOBS: [(&str, &str); 23] = [
     ("decode_fused", "PISA_DECODE"),
     ("decode_key_lanes", "PISA_DECODE_LK"),
     ("decode_route_subgroups", "PISA_DECODE_ROUTE_SG"),
-    ("decode_route_lookahead", "PISA_DECODE_ROUTE_LA"),
     ("decode_route_workgroups", "PISA_DECODE_ROUTE_WG"),
     ("leaf_tiles_per_iteration", "PISA_LEAF_LPI"),
     ("leaf_subgroups", "PISA_LEAF_NSG"),
@@ -330,7 +320,6 @@ impl Tuning {
             }
             "decode_fused" => self.decode_fused = switch("fused", "split")?,
             "decode_route_subgroups" => self.decode_route_subgroups = switch("", "")?,
-            "decode_route_lookahead" => self.decode_route_lookahead = switch("", "")?,
             "decode_route_workgroups" => self.decode_route_workgroups = num(0, 65536)?,
             "decode_key_lanes" if auto => self.decode_key_lanes = None,
             "decode_key_lanes" => {
@@ -433,7 +422,6 @@ impl Tuning {
             self.decode_fused.to_string(),
             opt(self.decode_key_lanes),
             self.decode_route_subgroups.to_string(),
-            self.decode_route_lookahead.to_string(),
             self.decode_route_workgroups.to_string(),
             self.leaf_tiles_per_iteration.to_string(),
             self.leaf_subgroups.to_string(),
@@ -471,7 +459,6 @@ mod tests {
             ("decode_fused", "fused"),
             ("decode_key_lanes", "8"),
             ("decode_route_subgroups", "0"),
-            ("decode_route_lookahead", "0"),
             ("decode_route_workgroups", "40"),
             ("leaf_tiles_per_iteration", "3"),
             ("leaf_subgroups", "2"),

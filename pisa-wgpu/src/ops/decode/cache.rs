@@ -183,7 +183,6 @@ impl KvCache {
             fused: tuning.decode_fused,
             key_lanes: tuning.decode_key_lanes,
             route_subgroups: tuning.decode_route_subgroups,
-            route_lookahead: tuning.decode_route_lookahead,
             route_workgroups: tuning.decode_route_workgroups,
             kv,
             kv_rows: kv_rows as usize,

@@ -60,10 +60,9 @@ impl FusedPlan {
         }
         let Dims { k, c, g, maxc, ns } = Dims::of(cfg);
         let rn = c.min(4);
-        // qs, wlen | cand (three levels' slots), rk | mc, msc, mrank, mtmp, msel, mcnt | lst,
-        // bst, hml, wnl.
+        // qs, wlen | cand, rk | mc, msc, mrank, mtmp, msel, mcnt | lst, bst, hml, wnl.
         let fixed = 4 * (gq * d + 1)
-            + 4 * 4 * maxc
+            + 4 * 3 * maxc
             + 4 * (ns + maxc + 3 * k + cut_words(wg, maxc))
             + 4 * ns
             + 8 * ns * gq * rn

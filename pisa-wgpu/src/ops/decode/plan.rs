@@ -176,12 +176,11 @@ impl Plan {
         let wr = (maxc * g * 8)
             .next_multiple_of(32)
             .clamp(wg_max.min(64), max_pow2.min(1024));
-        // (`cand`: three levels' slots, `rk`: one level's keys. The subgroup level steps,
-        // decode_levels_sg.wgsl, take 2 words per slot of three levels for their (key, node)
-        // pairs and g per slot for the look-ahead keys instead of the level scratch, XR = 1:
-        // less, but where g LR g_q is 8 or less.)
+        // (The subgroup level steps, decode_levels_sg.wgsl, take 2 words per slot for their
+        // (key, node) pairs instead of the level scratch, XR = 1: less, but where g LR g_q is
+        // 2 or less.)
         let route_mem =
-            |lr: u64| common + 4 * (4 * maxc + (maxc * g.max(2) * lr * gq).max((6 + g) * maxc + 1));
+            |lr: u64| common + 4 * (3 * maxc + (maxc * g.max(2) * lr * gq).max(2 * maxc + 1));
         let lr = lanes(8, d / 4, |lr| {
             route_mem(lr) <= limit.max(route_mem(1)) && maxc * g * lr <= wr
         });

@@ -62,7 +62,6 @@ pub(super) use crate::runtime::buffers::Stage;
 
 thread_local! {
     static SG_ROUTES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    static LA_ROUTES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     static ROUTE_LEAVES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
@@ -78,13 +77,6 @@ pub fn route_leaves_on_this_thread() -> u64 {
 #[doc(hidden)]
 pub fn subgroup_routes_on_this_thread() -> u64 {
     SG_ROUTES.with(|c| c.get())
-}
-
-/// Split decode steps built on the calling thread so far whose subgroup `route` looks a level
-/// ahead ([`crate::Tuning::decode_route_lookahead`]): lets a test tell that a case took it.
-#[doc(hidden)]
-pub fn lookahead_routes_on_this_thread() -> u64 {
-    LA_ROUTES.with(|c| c.get())
 }
 
 /// What a kept gather of a decode input (or scatter of an output) binds: the view's buffer,
@@ -590,13 +582,7 @@ impl KvCache {
         let route_consts = match sg_lanes {
             Some(lr) => {
                 SG_ROUTES.with(|c| c.set(c.get() + 1));
-                let mut consts = self.plan.route_subgroup_consts(lr, ctx.shuffle_lanes());
-                // Look-ahead needs a level's children to have children (g >= 2).
-                if self.route_lookahead && self.plan.mg >= 2 {
-                    LA_ROUTES.with(|c| c.set(c.get() + 1));
-                    consts.push(("LA", 1));
-                }
-                consts
+                self.plan.route_subgroup_consts(lr, ctx.shuffle_lanes())
             }
             None => self.plan.consts(self.plan.wr).to_vec(),
         };
