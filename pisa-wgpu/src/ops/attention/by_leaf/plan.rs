@@ -14,10 +14,13 @@ use crate::runtime::pipeline::Storage;
 const MAX_BLOCK: usize = 64;
 /// Most rows of a portable chunk (entries * g_q), at least one entry.
 const PORTABLE_ROWS: u32 = 16;
-/// Fewest queries for which the default order (Auto) runs leaf-major: its five dispatches per
-/// (b, KV head) and range pay off on long sequences (measured from 16K tokens on); shorter ones
-/// keep the tile kernel.
-const AUTO_MIN_QUERIES: usize = 8192;
+/// Fewest queries for which the default order (Auto) runs leaf-major. On the H100 (2026-12-05,
+/// docs/benchmarks.md A.52) leaf-major was faster than the tile kernel at every size measured:
+/// whole prompts of 2K and 4K tokens (0.98 against 1.30 ms, 1.59 against 3.93), and prompt
+/// chunks of 1K and 4K queries over 64K and 256K keys (4K over 256K: 3.05 against 8.14 ms);
+/// below 1024 queries it is not measured, so the tile kernel stays there. (It was 8192, from
+/// whole prompts of earlier kernels.)
+const AUTO_MIN_QUERIES: usize = 1024;
 
 /// The plan of one leaf-major attention call.
 #[derive(Debug, Clone, Copy)]
@@ -176,7 +179,8 @@ pub(crate) fn plan(
         && s.k_len >= 16
         && aligned;
     // Auto: leaf-major on tensor cores only, from AUTO_MIN_QUERIES queries on (2.4x / 2.7x
-    // faster than the tile kernel at 64K / 256K on the H200, 1.13x at 16K; docs/benchmarks.md);
+    // faster than the tile kernel at 64K / 256K on the H200; 2.5x at 4K tokens and 3.9x for
+    // 4K queries over 64K keys on the H100, A.52);
     // Leaves: everywhere it fits, the portable kernel included.
     if order == LeafOrder::Auto && (!coop_ok || s.q_len < AUTO_MIN_QUERIES) {
         return None;
