@@ -278,7 +278,9 @@ fn shaders_of(kernel: AttentionKernel) -> &'static [&'static str] {
 /// one call on a context of its own (per kernel path the adapter has), and the shaders the call
 /// built are those of the reported kernel. On the portable path the kernel is also the expected
 /// one: split-K for few queries against many keys, leaf-major with `LeafOrder::Leaves` (not
-/// where V's layout differs from K's), the tile kernel for the rest and for an explicit tiling.
+/// where V's layout differs from K's), the tile kernel for the rest and for an explicit tiling;
+/// on the tensor-core path, Auto's sparse f16 attention leaf-major from 1024 queries on, the
+/// tile kernel at 1023.
 #[test]
 fn reported_kernel_is_the_one_that_runs() {
     use AttentionKernel::{LeafMajor, PortableTile, SplitK};
@@ -298,6 +300,8 @@ fn reported_kernel_is_the_one_that_runs() {
         ("sparse, Leaves", 4, 2, 256, 256, true, Leaves, Bhnd, None, F32, LeafMajor(KernelPath::Portable)),
         ("sparse f16, Leaves", 4, 2, 256, 256, true, Leaves, Bhnd, None, F16, LeafMajor(KernelPath::Portable)),
         ("sparse, Leaves, V Bnhd", 4, 2, 256, 256, true, Leaves, Bnhd, None, F32, PortableTile),
+        ("sparse f16, Auto, 1023 queries", 4, 2, 1023, 1023, true, Auto, Bhnd, None, F16, PortableTile),
+        ("sparse f16, Auto, 1024 queries", 4, 2, 1024, 1024, true, Auto, Bhnd, None, F16, PortableTile),
     ];
     for (what, hq, hkv, nq, nk, sparse, order, v_layout, tiling, storage, portable) in cases {
         for path in [KernelPath::Portable, KernelPath::CoopMat] {
@@ -352,6 +356,15 @@ fn reported_kernel_is_the_one_that_runs() {
             assert_eq!(new, want, "{what}: shaders built");
             if path == KernelPath::Portable {
                 assert_eq!(reported, portable, "{what}");
+            }
+            // On tensor cores Auto runs sparse attention leaf-major from 1024 queries on
+            // (docs/benchmarks.md A.52), the tile kernel below.
+            if path == KernelPath::CoopMat && sparse && order == Auto && storage == F16 {
+                let leaf_major = matches!(
+                    reported,
+                    AttentionKernel::LeafMajorNv | AttentionKernel::LeafMajor(_)
+                );
+                assert_eq!(leaf_major, nq >= 1024, "{what}: Auto's order");
             }
             if tiling.is_none() && layouts == QkvLayouts::default() {
                 let p = coop::attention_path(ctx, &s, storage, &kind);
