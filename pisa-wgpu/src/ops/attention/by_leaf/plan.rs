@@ -14,8 +14,9 @@ use crate::runtime::pipeline::Storage;
 const MAX_BLOCK: usize = 64;
 /// Most rows of a portable chunk (entries * g_q), at least one entry.
 const PORTABLE_ROWS: u32 = 16;
-/// Fewest queries for which the default order (Auto) runs leaf-major. On the H100 (2026-12-05,
-/// docs/benchmarks.md A.52) leaf-major was faster than the tile kernel at every size measured:
+/// Fewest queries for which the default order (Auto) runs leaf-major. On the H200 it was 2.4x /
+/// 2.7x faster than the tile kernel at 64K / 256K tokens; on the H100 (2026-12-05,
+/// docs/benchmarks.md A.52) faster at every size measured:
 /// whole prompts of 2K and 4K tokens (0.98 against 1.30 ms, 1.59 against 3.93), and prompt
 /// chunks of 1K and 4K queries over 64K and 256K keys (4K over 256K: 3.05 against 8.14 ms);
 /// below 1024 queries it is not measured, so the tile kernel stays there. (It was 8192, from
@@ -178,10 +179,8 @@ pub(crate) fn plan(
         && sg >= 16
         && s.k_len >= 16
         && aligned;
-    // Auto: leaf-major on tensor cores only, from AUTO_MIN_QUERIES queries on (2.4x / 2.7x
-    // faster than the tile kernel at 64K / 256K on the H200; 2.5x at 4K tokens and 3.9x for
-    // 4K queries over 64K keys on the H100, A.52);
-    // Leaves: everywhere it fits, the portable kernel included.
+    // Auto: leaf-major on tensor cores only, from AUTO_MIN_QUERIES queries on (its docs say
+    // what was measured); Leaves: everywhere it fits, the portable kernel included.
     if order == LeafOrder::Auto && (!coop_ok || s.q_len < AUTO_MIN_QUERIES) {
         return None;
     }
