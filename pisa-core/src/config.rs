@@ -36,7 +36,10 @@ pub const MAX_BLOCK_SIZE: usize = 1 << 20;
 /// count stays below 2^31); long before this limit a call meets the device's buffer limits,
 /// which are reported as such.
 pub const MAX_TOP_K: usize = 1 << 24;
-/// Largest merge factor g accepted (the paper's g is 2; a routing candidate reads g child rows).
+/// Largest merge factor g the configuration accepts (the paper's g is 2; a routing candidate
+/// reads g child rows). The GPU routing kernel keeps state per child of its g (K + 1)
+/// candidates in workgroup memory, so devices refuse much smaller factors with a typed limit
+/// error (pisa-wgpu's `GpuError::Limit`; g = 64 at every shape on 32 KiB of workgroup memory).
 pub const MAX_MERGE_FACTOR: usize = 64;
 
 /// Configuration of block selection and of the attention over the selection.

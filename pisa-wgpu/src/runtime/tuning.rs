@@ -258,9 +258,11 @@ impl Tuning {
     /// `fused`/`split` for `decode_fused`); a number for sizes, or `auto` for the default of an
     /// optional one (`decode_key_lanes`, `route_tile`); `auto`, `tiles` or `leaves` for
     /// `leaf_order`; `auto`, `all`, `bounds`, `none` (no checks) or `driver_bounded` for
-    /// `shader_checks`; a folder, or `off`, for `dump_wgsl`.
+    /// `shader_checks`; a folder, or `off`, for `dump_wgsl` (made if missing, and written once
+    /// to check it can be).
     ///
-    /// Errors: [`GpuError::Tuning`] for an unknown name or a value out of the knob's range.
+    /// Errors: [`GpuError::Tuning`] for an unknown name, a value out of the knob's range, or a
+    /// `dump_wgsl` folder that cannot be made or written.
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
         self.set_text(name, value).map_err(GpuError::Tuning)
     }
@@ -361,7 +363,15 @@ impl Tuning {
             {
                 return Err(bad("a folder or off (this path is a file)"))
             }
-            "dump_wgsl" => self.dump_wgsl = Some(std::path::PathBuf::from(v)),
+            // Made and written once here, so that a folder the dump cannot write is refused
+            // with the knob instead of reported at every pipeline while the run goes on.
+            "dump_wgsl" => {
+                let dir = std::path::Path::new(v);
+                if let Err(e) = writable_folder(dir) {
+                    return Err(bad(&format!("a folder pisa can write ({e})")));
+                }
+                self.dump_wgsl = Some(dir.to_path_buf())
+            }
             _ => unreachable!("every name of KNOBS has a case"),
         }
         Ok(())
@@ -441,6 +451,14 @@ impl Tuning {
     }
 }
 
+/// Makes `dir` if missing and writes (then removes) a file in it: what the WGSL dump needs.
+fn writable_folder(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(".pisa-dump-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")?;
+    std::fs::remove_file(&probe)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,6 +531,8 @@ mod tests {
             ("leaf_order", "none"),
             ("shader_checks", "off"),
             ("dump_wgsl", " "),
+            // A folder that cannot be made.
+            ("dump_wgsl", "/proc/pisa-wgsl"),
             // A file, which could never take the dump.
             (
                 "dump_wgsl",
