@@ -1,15 +1,15 @@
 // Leaf-major block-sparse attention, part 2 of 3, portable (PISA.md 4 and 5; host:
 // pisa-wgpu/src/ops/attention/by_leaf.rs; the tensor-core twin is attention_leaf_coop.wgsl,
 // same bindings and outputs, whose header describes the design).
-// One workgroup per chunk: up to QPC entries of one bucket (a leaf of (b, KV head) bh0; local
-// query i - i0, selection slot o), R = QPC * GQ rows (entry e, head h at row e * GQ + h), the
+// One workgroup per chunk: up to QPC entries of one bucket (a leaf of (b, KV head) bh0 + hb;
+// local query i - i0, selection slot o), R = QPC * GQ rows (entry e, head h at row e * GQ + h), the
 // leaf's C <= WG keys one per invocation: scores s q.k for every row (masked to the leaf, to
 // t <= p_i when causal) | per row max m, P = exp(s - m) in place, sum l | O_part = P V, one
 // invocation per (row, dim). Outputs as the twin: opart [chunk, R, D] f32, mlpart [chunk, R]
-// (m, l), spos [nq, MC] (1 + the first row of each entry; 0 for none).
-// PAIR = 1 (WG = 128): the chunks of the pair buckets (leaf_bucket.wgsl APAIR = 1; bucket
-// nb0 + P), each over the 2C keys of leaves 2P and 2P + 1, its workgroups numbered from the
-// first pair chunk, coff[bl.first].
+// (m, l), spos [heads, nq, MC] (1 + the first row of each entry; 0 for none).
+// PAIR = 1 (WG = 128): the chunks of the pair buckets (leaf_bucket.wgsl APAIR = 1;
+// leaf_chunk.wgsl attend_bucket), each over the 2C keys of leaves 2P and 2P + 1, its workgroups
+// numbered from the first pair chunk, coff[bl.first].
 // Q, K, V: store_t, (b, h, n, d) at b*sb + h*sh + n*sn + d (V with K's strides).
 // (Params, p, linear_id: select_common.wgsl, prepended; buckets and chunk_of:
 // leaf_chunk.wgsl, appended)
@@ -21,6 +21,9 @@ const QPC: u32 = 4u;  // entries per chunk
 const MC: u32 = 16u;  // selection slots per query (top_k)
 const WG: u32 = 64u;  // invocations = most keys of a leaf (PAIR = 1: of a pair)
 const PAIR: u32 = 0u;
+// 1: a range of several (b, KV head)s, a chunk's head decoded from its bucket (leaf_chunk.wgsl
+// attend_bucket); 0: one, bl.bh0 (bucket x = leaf, pairs x = nb0 + P).
+const MULTI: u32 = 0u;
 const R: u32 = QPC * GQ;
 const NEG: f32 = -3.0e38;
 
@@ -55,10 +58,12 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     if (PAIR == 1u) { cid += coff[bl.first]; }
     let c = chunk_uniform(cid, lid);
     if (c[0] == 0u) { return; }
-    let leaf = c[1];
+    var hl = vec2<u32>(0u, c[1] - PAIR * p.nb0);
+    if (MULTI == 1u) { hl = attend_bucket(c[1], PAIR); }
     let n = c[3];
-    let b = bl.bh0 / p.kv_heads;
-    let hkv = bl.bh0 % p.kv_heads;
+    let bh = bl.bh0 + hl.x;
+    let b = bh / p.kv_heads;
+    let hkv = bh % p.kv_heads;
     for (var e = lid; e < QPC; e += WG) {
         var x = 0u;
         if (e < n) { x = list[c[2] + e]; }
@@ -66,8 +71,7 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
     workgroupBarrier();
     let kb = b * p.k_sb + hkv * p.k_sh;
-    var leaf0 = leaf * p.block_size;
-    if (PAIR == 1u) { leaf0 = (leaf - p.nb0) * 2u * p.block_size; }
+    let leaf0 = hl.y * (1u + PAIR) * p.block_size;
     let leaf1 = min(leaf0 + (1u + PAIR) * p.block_size, p.k_len);
     let tok = leaf0 + lid;
     for (var r = 0u; r < R; r++) {
@@ -114,5 +118,6 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         opart[(cid * R + r) * p.head_dim + d] = acc;
     }
     for (var r = lid; r < R; r += WG) { mlpart[cid * R + r] = vec2<f32>(rm[r], rl[r]); }
-    for (var e = lid; e < n; e += WG) { spos[ent[e]] = cid * R + e * GQ + 1u; }
+    let sp = hl.x * bl.nq * MC;
+    for (var e = lid; e < n; e += WG) { spos[sp + ent[e]] = cid * R + e * GQ + 1u; }
 }

@@ -1,13 +1,14 @@
 // Leaf-major block-sparse attention, part 2 of 3, on cooperative matrices (tensor cores), f16
 // storage, f32 accumulation (PISA.md 4 and 5; host: pisa-wgpu/src/ops/attention/by_leaf.rs;
 // the portable twin is attention_leaf.wgsl, same bindings and outputs). Part 1 buckets the
-// selection of one (b, KV head) by leaf (leaf_bucket.wgsl with ATTEND = 1); part 3 merges
-// (attention_leaf_merge.wgsl).
+// selection of the range's (b, KV head)s by leaf (leaf_bucket.wgsl with ATTEND = 1); part 3
+// merges (attention_leaf_merge.wgsl).
 //
-// One dispatch covers the queries i0 .. i0 + nq of one (b, KV head) bh0 (the Buckets
-// uniform); a bucket is a leaf. One workgroup of NSG subgroups per chunk: up to QPC entries
-// (local query i - i0, selection slot o; list value (i - i0) * MC + o) of one bucket, RT = 16 *
-// NSG rows (entry e, head h at row e * GQ + h). Per chunk, for the
+// One dispatch covers the queries i0 .. i0 + nq of the (b, KV head)s bh0 .. bh0 + heads (the
+// Buckets uniform); a bucket is a leaf of one of them (leaf_chunk.wgsl attend_bucket). One
+// workgroup of NSG subgroups per chunk: up to QPC entries (local query i - i0, selection slot
+// o; list value (i - i0) * MC + o) of one bucket, RT = 16 * NSG rows (entry e, head h at row
+// e * GQ + h). Per chunk, for the
 // leaf's CW = 16 * CT keys (tiles clamped into the sequence: tile_start, leaf_rows_coop.wgsl):
 //   0. the chunk's entries into `ent`;                             barrier
 //   1. Q rows gathered into qsh;                                   barrier
@@ -21,7 +22,7 @@
 //      the keys are dead);                                         barrier
 //   7. O_part = P V on tensor cores, stored (f32) to this chunk's rows of `opart`
 //      ([chunk, RT, HD]); one invocation per row writes (m, l) to `mlpart` ([chunk, RT]), one
-//      per entry 1 + the index of its first row to `spos` ([nq, MC], by list value; 0, as the
+//      per entry 1 + the index of its first row to `spos` ([heads, nq, MC]; 0, as the
 //      merge leaves it after reading, for a slot without a state).
 // Non-finite values: staged value rows outside the leaf are zeros, but a chunk's rows share the
 // leaf's value tile, so (as in attention_coop.wgsl) a non-finite value of a key that one row
@@ -36,6 +37,9 @@ enable wgpu_cooperative_matrix;
 const GQ: u32 = 4u;    // query heads per KV head (<= RT)
 const QPC: u32 = 16u;  // entries per chunk (QPC * GQ <= RT)
 const MC: u32 = 16u;   // selection slots per query (top_k)
+// 1: a range of several (b, KV head)s, a chunk's head decoded from its bucket (leaf_chunk.wgsl
+// attend_bucket); 0: one, bl.bh0 (bucket x = leaf).
+const MULTI: u32 = 0u;
 const HD: u32 = 128u;  // head dim (multiple of 16, <= 128)
 const CT: u32 = 4u;    // 16-key tiles per leaf: ceil(C / 16) (<= NSG)
 const SG: u32 = 32u;   // subgroup size (fixed, >= 16)
@@ -170,8 +174,10 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     if (cid >= bl.items) { return; }
     let c = chunk_uniform(cid, lid);
     if (c[0] == 0u) { return; }
-    let bh = bl.bh0;
-    let leaf = c[1];
+    var hl = vec2<u32>(0u, c[1]);
+    if (MULTI == 1u) { hl = attend_bucket(c[1], 0u); }
+    let bh = bl.bh0 + hl.x;
+    let leaf = hl.y;
     let n = c[3];
     let b = bh / p.kv_heads;
     let hkv = bh % p.kv_heads;
@@ -222,5 +228,5 @@ fn attend_leaf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         for (var x = 0u; x < SPLIT; x++) { lr += red[srow * SPLIT + x]; }
         mlpart[cid * RT + srow] = vec2<f32>(mr, lr);
     }
-    if (lid < n) { spos[ent[lid]] = cid * RT + lid * GQ + 1u; }
+    if (lid < n) { spos[hl.x * bl.nq * MC + ent[lid]] = cid * RT + lid * GQ + 1u; }
 }

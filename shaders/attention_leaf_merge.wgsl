@@ -3,9 +3,10 @@
 // by attention_leaf(_coop).wgsl (FlashDecoding: M = max m, L = sum l e^(m - M),
 // O = sum O_part e^(m - M) / L, LSE = M + log L; a partial with l = 0 has no visible key and is
 // skipped; no state at all gives O = 0 and LSE = -inf, as the tile kernels write). One
-// workgroup per query i0 + i_local of (b, KV head) bh0, all GQ heads.
-// O: store_t at its own strides (o_s*); LSE: f32 [B, Hq, Nq]. (Params, p, linear_id: select_common.wgsl,
-// prepended; the Buckets uniform: leaf_chunk.wgsl, appended.)
+// workgroup per query i0 + i_local of (b, KV head) bh0 + hb (hb < bl.heads), all GQ heads,
+// numbered hb * nq + i_local. O: store_t at its own strides (o_s*); LSE: f32 [B, Hq, Nq].
+// (Params, p, linear_id: select_common.wgsl, prepended; the Buckets uniform: leaf_chunk.wgsl,
+// appended.)
 
 // Reads its inputs through the generated accessors: the bf16 variant may be built.
 const BF16_READY: bool = true;
@@ -39,10 +40,11 @@ const NEG: f32 = -3.0e38;
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
     let il = linear_id(wid, nwg);
-    if (il >= bl.nq) { return; }
-    let i = bl.i0 + il;
-    let b = bl.bh0 / p.kv_heads;
-    let hkv = bl.bh0 % p.kv_heads;
+    if (il >= bl.heads * bl.nq) { return; }
+    let i = bl.i0 + il % bl.nq;
+    let bh = bl.bh0 + il / bl.nq;
+    let b = bh / p.kv_heads;
+    let hkv = bh % p.kv_heads;
     // 1. spos holds 1 + the first row of a slot's state, 0 for a slot without one; zeroed once
     //    read, ready for the host's next range.
     for (var s = lid; s < MC; s += WG) {

@@ -4,7 +4,7 @@
 // query tile (the tile kernels' union of 4 queries' candidates is mostly disjoint on inputs
 // without locality: up to 4x the useful matrix work there).
 //   count:   cnt[x] = entries of bucket x = bh * nb0 + leaf (PAIR = 1: bh * ceil(nb0 / 2) +
-//            leaf / 2; atomics; cnt starts at zero);
+//            leaf / 2; ATTEND = 1: see there; atomics; cnt starts at zero);
 //   scan:    off[x] (first entry of x in `list`) and coff[x] (first chunk of x: a bucket of n
 //            entries has ceil(n / QPC) chunks), exclusive prefix sums, one workgroup;
 //            off[buckets] = entries, coff[buckets] = chunks;
@@ -25,8 +25,11 @@ const MC: u32 = 34u;   // candidate slots per query, g * (K + 1)
 const QPC: u32 = 16u;  // entries per scoring chunk
 const NONE: u32 = 0xffffffffu;
 // 1: bucket a block selection for leaf-major attention (ops/attention/by_leaf.rs): the entries
-// are the valid slots of queries i0 .. i0 + nq of ONE (b, KV head) bh0, `cand` is the selection
-// [B, Hkv, Nq, MC] (MC = top_k), a bucket is a leaf, and list entries are i_local * MC + o.
+// are the valid slots of queries i0 .. i0 + nq of the bl.heads (b, KV head)s bh0 + hb (hb <
+// bl.heads), entry e = (hb * nq + i_local) * MC + o; `cand` is the selection [B, Hkv, Nq, MC]
+// (MC = top_k); the bucket of a leaf is hb * nb0 + leaf, and list entries are i_local * MC + o
+// (the chunk kernels find hb from the bucket). One range of many heads takes one bucketing, one
+// chunk dispatch and one merge where a head each took its own (ops/attention/by_leaf.rs).
 const ATTEND: u32 = 0u;
 // 1 (with ATTEND = 0; the NVIDIA pair scorer, shaders/nv/leaf_score.comp PAIR = 1): a bucket
 // is a pair of leaves (bh * ceil(nb0 / 2) + leaf / 2), and a query that lists both leaves of a
@@ -49,7 +52,7 @@ const ODD: u32 = 0x40000000u;
 // (b, KV head) of an ATTEND = 1 bucketing.
 struct Buckets {
     items: u32, buckets: u32, i0: u32, nq: u32,
-    bh0: u32, first: u32, pad1: u32, pad2: u32,
+    bh0: u32, first: u32, heads: u32, pad2: u32,
 }
 
 @group(0) @binding(3) var<storage, read> cand: array<i32>;
@@ -60,12 +63,19 @@ struct Buckets {
 @group(0) @binding(10) var<uniform> bl: Buckets;
 @group(0) @binding(11) var<storage, read_write> cdesc: array<vec4<u32>>;
 
-// ATTEND = 1: the leaf of local entry e = i_local * MC + o when that selection slot is valid
-// as the attention kernels' union defines it (a leaf below nb0 above every in-range entry
+// ATTEND = 1: entry e's slot in `cand`, ((bh0 + hb) * q_len + i0 + i_local) * MC + o.
+fn attend_slot(e: u32) -> u32 {
+    let per = bl.nq * MC;
+    let le = e % per;
+    return ((bl.bh0 + e / per) * p.q_len + bl.i0 + le / MC) * MC + le % MC;
+}
+
+// ATTEND = 1: the leaf of entry e = (hb * nq + i_local) * MC + o when that selection slot is
+// valid as the attention kernels' union defines it (a leaf below nb0 above every in-range entry
 // before it in its list: -1 padding, repeats and out-of-order entries are skipped), else NONE.
 fn attend_leaf(e: u32) -> u32 {
     let o = e % MC;
-    let g = (bl.bh0 * p.q_len + bl.i0 + e / MC) * MC + o;
+    let g = attend_slot(e);
     let c = cand[g];
     if (c < 0 || u32(c) >= p.nb0) { return NONE; }
     for (var j = g - o; j < g; j++) {
@@ -77,12 +87,14 @@ fn attend_leaf(e: u32) -> u32 {
 
 // APAIR = 1: entry e's leaf j (attend_leaf's) and bucket, in one pass over the slots before
 // it. An even leaf whose next slot lists j + 1 (valid: above every entry before it, as j is)
-// is a pair, bucket nb0 + j / 2; an odd leaf whose previous slot lists j - 1, valid (no slot
-// before that one lists j - 1: the others are below j, as j is valid), is that pair's second
-// slot, NONE; else bucket j. (NONE, NONE) for an entry attend_leaf skips.
+// is a pair, bucket heads * nb0 + hb * ceil(nb0 / 2) + j / 2 (the pair buckets of every head
+// after the leaf buckets of every head); an odd leaf whose previous slot lists j - 1, valid (no
+// slot before that one lists j - 1: the others are below j, as j is valid), is that pair's
+// second slot, NONE; else bucket hb * nb0 + j. (NONE, NONE) for an entry attend_leaf skips.
 fn attend_pair_entry(e: u32) -> vec2<u32> {
     let o = e % MC;
-    let g = (bl.bh0 * p.q_len + bl.i0 + e / MC) * MC + o;
+    let g = attend_slot(e);
+    let hb = e / (bl.nq * MC);
     let c = cand[g];
     if (c < 0 || u32(c) >= p.nb0) { return vec2<u32>(NONE); }
     var earlier = false; // j - 1 in a slot before o - 1
@@ -94,12 +106,12 @@ fn attend_pair_entry(e: u32) -> vec2<u32> {
     let j = u32(c);
     if ((j & 1u) == 0u) {
         if (o + 1u < MC && j + 1u < p.nb0 && cand[g + 1u] == c + 1) {
-            return vec2<u32>(j, p.nb0 + j / 2u);
+            return vec2<u32>(j, bl.heads * p.nb0 + hb * ((p.nb0 + 1u) / 2u) + j / 2u);
         }
-        return vec2<u32>(j);
+        return vec2<u32>(j, hb * p.nb0 + j);
     }
     if (o > 0u && cand[g - 1u] == c - 1 && !earlier) { return vec2<u32>(j, NONE); }
-    return vec2<u32>(j);
+    return vec2<u32>(j, hb * p.nb0 + j);
 }
 
 // The leaf of entry e, NONE when it is not bucketed: ATTEND = 0, entry_leaf; ATTEND = 1,
@@ -110,10 +122,10 @@ fn bucket_leaf(e: u32) -> u32 {
 }
 
 // The bucket of entry e of leaf j (j not NONE): ATTEND = 0, entry e = (bh * q_len + i) * MC + o
-// and bucket bh * nb0 + leaf; ATTEND = 1, bucket = leaf. PAIR = 1: bucket
+// and bucket bh * nb0 + leaf; ATTEND = 1, hb * nb0 + leaf. PAIR = 1: bucket
 // bh * ceil(nb0 / 2) + leaf / 2, NONE for the second slot of a BOTH entry.
 fn entry_bucket(e: u32, j: u32) -> u32 {
-    if (ATTEND == 1u) { return j; }
+    if (ATTEND == 1u) { return e / (bl.nq * MC) * p.nb0 + j; }
     let bh = e / (p.q_len * MC);
     if (PAIR == 1u) {
         if ((j & 1u) == 1u && e % MC > 0u && entry_leaf(e - 1u) == j - 1u) { return NONE; }
@@ -123,9 +135,9 @@ fn entry_bucket(e: u32, j: u32) -> u32 {
 }
 
 // The value in its bucket's list of entry e of leaf j: ATTEND = 0, i * MC + o (PAIR = 1: with
-// BOTH or ODD); ATTEND = 1, e itself.
+// BOTH or ODD); ATTEND = 1, i_local * MC + o (e within its head's entries).
 fn entry_value(e: u32, j: u32) -> u32 {
-    if (ATTEND == 1u) { return e; }
+    if (ATTEND == 1u) { return e % (bl.nq * MC); }
     let v = e % (p.q_len * MC);
     if (PAIR == 1u) {
         if ((j & 1u) == 1u) { return v | ODD; }
@@ -174,13 +186,14 @@ var<workgroup> win: array<atomic<u32>, WB + WP>;
 // pair_window's WP pair buckets come after them).
 fn window(e_last: u32) -> vec2<u32> {
     // The tile's last query (ATTEND = 1: of the range i0 ..), and its (b, KV head)'s first
-    // bucket (ATTEND = 1: a bucket per leaf of one (b, KV head)).
+    // bucket (ATTEND = 1: a bucket per leaf of each head of the range).
     var i = (e_last / MC) % p.q_len;
     var first = 0u;
     var units = p.nb0;
     if (PAIR == 1u) { units = (p.nb0 + 1u) / 2u; }
     if (ATTEND == 1u) {
-        i = bl.i0 + e_last / MC;
+        i = bl.i0 + (e_last / MC) % bl.nq;
+        first = e_last / (bl.nq * MC) * units;
     } else {
         first = e_last / (p.q_len * MC) * units;
     }
@@ -202,9 +215,10 @@ fn last_leaf(i: u32) -> u32 {
 // WP, ending at the pair of the last leaf its last query may list).
 fn pair_window(e_last: u32) -> vec2<u32> {
     if (APAIR == 0u) { return vec2<u32>(0u, 0u); }
-    let pl = last_leaf(bl.i0 + e_last / MC) / 2u;
+    let pl = last_leaf(bl.i0 + (e_last / MC) % bl.nq) / 2u;
     let n = min(pl + 1u, WP);
-    return vec2<u32>(p.nb0 + pl + 1u - n, n);
+    let first = bl.heads * p.nb0 + e_last / (bl.nq * MC) * ((p.nb0 + 1u) / 2u);
+    return vec2<u32>(first + pl + 1u - n, n);
 }
 
 // A workgroup's tile: its first entry e0 and its bins, bins 0 .. n1 for buckets f1 .. f1 + n1

@@ -17,7 +17,7 @@ mod common;
 use attention_util::{case_config, check, inputs, skip_f16, sparse_case, Case};
 use common::*;
 use pisa_core::{reference, AttentionShape, SelectionConfig, TensorLayout};
-use pisa_wgpu::ops::attention::{self, by_leaf::leaf_major_path, QkvLayouts};
+use pisa_wgpu::ops::attention::{self, by_leaf, by_leaf::leaf_major_path, QkvLayouts};
 use pisa_wgpu::{Context, LeafOrder, Storage};
 use rand::Rng;
 use Storage::{F16, F32};
@@ -336,10 +336,26 @@ fn leaf_major_attention_in_small_ranges() {
     ] {
         run(&own, &mut r, case, false, seed);
     }
+    // Every query in one range, 3 (b, KV head)s per range where 8 need ranges of 3, 3 and 2
+    // (GQA 2, 8 entries a chunk: 30 chunks of entries, 7 leaves and 4 pairs, 42 per head of the
+    // 146 chunks a binding holds; Q 245 KB, K and V 205 KB each).
+    let case = (2, 8, 4, 60, 200, 64, 32, 4, Bnhd, F32, true, true);
+    let (s, cfg) = case_config(case);
+    let (layout, storage) = (case.8, case.9);
+    let range = by_leaf::leaf_major_range(&own, storage, &s, QkvLayouts::from(layout), &cfg);
+    assert_eq!(
+        range,
+        Some((60, 3)),
+        "ranges of 60 queries and 3 (b, KV head)s"
+    );
+    for _ in 0..2 {
+        run(&own, &mut r, case, true, seed);
+        run_with(&own, &mut r, case, false, false, true, seed);
+    }
 }
 
 /// naga parses and validates the tensor-core kernel's variants (f16, the cooperative-matrix
-/// capability enabled) and writes SPIR-V for them (the path wgpu takes on Vulkan), on every
+/// capability enabled; ranges of one and of several heads) and writes SPIR-V for them (the path wgpu takes on Vulkan), on every
 /// adapter; the kernel itself runs where cooperative matrices exist.
 #[test]
 fn leaf_major_coop_shader_validates_and_writes_spirv() {
@@ -362,6 +378,7 @@ fn leaf_major_coop_shader_validates_and_writes_spirv() {
             ("CT", ct),
             ("SG", sg),
             ("NSG", 4),
+            ("MULTI", u32::from(kk % 2 == 0)),
         ];
         let src = preprocess(&COOP_SHADER, Storage::F16, &consts).unwrap();
         assert_spirv(
@@ -478,9 +495,13 @@ fn leaf_major_attention_profiled_in_parts_or_whole() {
         )
     };
     let plain = run(None);
-    // 4 (b, KV head) pairs x one range: twelve parts.
-    let parts = run(Some(12));
-    let whole = run(Some(11));
+    // The 4 (b, KV head)s in one range (every query fits): three parts.
+    assert_eq!(
+        attention::by_leaf::leaf_major_range(ctx, F32, &s, QkvLayouts::from(Bhnd), &cfg),
+        Some((130, 4))
+    );
+    let parts = run(Some(3));
+    let whole = run(Some(2));
     if ctx.has_timestamps() {
         let names = attention::by_leaf::PARTS;
         assert_eq!(

@@ -24,7 +24,7 @@
 //      took 16.19 -> 15.07 ms at 64K and 64.21 -> 60.26 at 256K this way against the matrix
 //      stores straight to `opart` (2026-12-03, docs/benchmarks.md A.18).
 // PAIR = 1 (PREFETCH_V = 0): the chunks of the pair buckets (leaf_bucket.wgsl APAIR = 1; bucket
-// nb0 + P), each over the 2C keys of leaves 2P and 2P + 1, the workgroups numbered from the
+// bl.first + hb * ceil(nb0 / 2) + P), each over the 2C keys of leaves 2P and 2P + 1, the workgroups numbered from the
 // first pair chunk, coff[bl.first]: as one tile of CW = 128 keys, or (HALVES = 1, CW = 64) as
 // two tiles of CW keys (from leaf0 and leaf0 + CW, both masked at leaf0 + 2C) whose row maxima
 // and sums are combined before P V = P1 V1 + P2 V2 (which is faster where, kernels.txt).
@@ -42,6 +42,13 @@
 #endif
 #ifndef HALVES
 #define HALVES 0
+#endif
+// 1: a range of several (b, KV head)s (the `_mh` kernels; the head of a chunk decoded from its
+// bucket); 0: one, bl.bh0, whose offsets the driver takes from the uniform. The one-head
+// kernels stay for the ranges of one head: decoding the head in them made the chunk kernel 2.7%
+// slower at 64K tokens on the H100 (15.5 against 15.9 ms, 2026-12-05, docs/benchmarks.md A.53).
+#ifndef MULTI
+#define MULTI 0
 #endif
 // Keys of a bucket: a leaf's, or a pair's.
 #define SPAN ((PAIR + 1) * p.block_size)
@@ -115,14 +122,28 @@ void main() {
     if (cid >= bl.items || cid >= coff[bl.buckets]) { return; }
 #endif
     const uvec4 d = cdesc[cid];
-    const uint leaf = d.x, first = d.y, n = d.z;
+    const uint first = d.y, n = d.z;
     const uint lid = gl_LocalInvocationIndex;
     const uint gq = p.q_heads / p.kv_heads;
-    const uint b = bl.bh0 / p.kv_heads, hkv = bl.bh0 % p.kv_heads;
+#if MULTI
+    // The bucket's head hb in the range (bl.bh0 + hb) and its leaf, or pair of leaves (see
+    // shaders/leaf_chunk.wgsl attend_bucket): x = hb * nb0 + leaf; pairs x = bl.first + hb *
+    // ceil(nb0 / 2) + P, keys from 2 P C.
 #if PAIR
-    const uint leaf0 = (leaf - p.nb0) * 2 * p.block_size;
+    const uint np = (p.nb0 + 1) / 2, y = d.x - bl.first;
+    const uint hb = y / np, leaf0 = (y % np) * 2 * p.block_size;
 #else
-    const uint leaf0 = leaf * p.block_size;
+    const uint hb = d.x / p.nb0, leaf0 = (d.x % p.nb0) * p.block_size;
+#endif
+    const uint b = (bl.bh0 + hb) / p.kv_heads, hkv = (bl.bh0 + hb) % p.kv_heads;
+#else
+    // One head, bl.bh0: x = leaf, pairs x = nb0 + P.
+#if PAIR
+    const uint leaf0 = (d.x - p.nb0) * 2 * p.block_size;
+#else
+    const uint leaf0 = d.x * p.block_size;
+#endif
+    const uint b = bl.bh0 / p.kv_heads, hkv = bl.bh0 % p.kv_heads;
 #endif
     const uint kend = min(p.k_len, leaf0 + SPAN);
 
@@ -138,7 +159,12 @@ void main() {
     for (uint r = lid; r < RT; r += WG) {
         uint e = r / gq;
         uint x = e < n ? list[first + e] : 0u;
+#if MULTI
+        // spos index of the entry: its head's slots first (hb dead after this step).
+        if (r < n) { ent[r] = hb * bl.nq * p.mc + list[first + r]; }
+#else
         if (r < n) { ent[r] = list[first + r]; }
+#endif
         uint lim = 0u;
         if (e < n) {
             uint i = bl.i0 + x / p.mc;

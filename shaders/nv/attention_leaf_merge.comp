@@ -1,9 +1,10 @@
 #version 450
 // Leaf-major block-sparse attention, part 3 of 3, for the NVIDIA chunk kernel
 // (attention_leaf.comp with OPART_F16 = 1): the same merge as shaders/attention_leaf_merge.wgsl
-// (one workgroup per query of the range: its selection slots' partial states, found through
-// `spos`, merged per head into O and LSE), reading the partial rows as f16 O_part / l (so each
-// is weighted by l exp(m - M) here, where the WGSL merge weights f32 O_part by exp(m - M)).
+// (one workgroup per query of the range and (b, KV head), numbered hb * nq + i_local: its
+// selection slots' partial states, found through `spos`, merged per head into O and LSE),
+// reading the partial rows as f16 O_part / l (so each is weighted by l exp(m - M) here, where
+// the WGSL merge weights f32 O_part by exp(m - M)).
 // Every global load of a phase is issued before any of its results is used, so a workgroup's
 // time is a few memory round trips, not one per slot:
 //   1. the slots' rows (spos), one invocation per slot;                      barrier
@@ -45,10 +46,10 @@ shared float hinv[GQMAX];       // head h: 1 / L (0 for no state)
 
 void main() {
     const uint il = linear_workgroup();
-    if (il >= bl.nq) { return; }
+    if (il >= bl.heads * bl.nq) { return; }
     const uint lid = gl_LocalInvocationIndex;
-    const uint i = bl.i0 + il;
-    const uint b = bl.bh0 / p.kv_heads, hkv = bl.bh0 % p.kv_heads;
+    const uint i = bl.i0 + il % bl.nq, bh = bl.bh0 + il / bl.nq;
+    const uint b = bh / p.kv_heads, hkv = bh % p.kv_heads;
     const uint gq = p.q_heads / p.kv_heads;
     const uint mc = p.mc;
     // 1. spos: 1 + the first row of a slot's state, 0 for a slot without one; zeroed once

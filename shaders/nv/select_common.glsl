@@ -24,7 +24,7 @@ layout(set = 0, binding = B_PARAMS, std140) uniform Params {
 #ifndef NO_BUCKETS
 layout(set = 0, binding = B_BUCKETS, std140) uniform Buckets {
     uint items; uint buckets; uint i0; uint nq;
-    uint bh0; uint first; uint pad1; uint pad2;
+    uint bh0; uint first; uint heads; uint pad2;
 } bl;
 #endif
 

@@ -127,7 +127,8 @@ fn rust_offset(kernel: &str, block: &str, m: &str) -> Option<usize> {
             "nq" => offset_of!(Buckets, nq),
             "bh0" => offset_of!(Buckets, bh0),
             "first" => offset_of!(Buckets, first),
-            "pad1" | "pad2" => offset_of!(Buckets, pad) + 4 * (pad_index(m) - 1),
+            "heads" => offset_of!(Buckets, heads),
+            "pad2" => offset_of!(Buckets, pad),
             _ => return None,
         },
         ("Table", _) => match m {

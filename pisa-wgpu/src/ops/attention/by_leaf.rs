@@ -10,11 +10,12 @@
 //!
 //! One compute pass ("attention"; profiled, three timed passes per range, [`PARTS`], where the
 //! profiler has room for all of them) holds,
-//! for every (b, KV head) and range of queries (sized so the partial states fit one storage
-//! binding), five dispatches:
+//! for every range (sized so its partial states fit one storage binding: a range of queries of
+//! one (b, KV head), or, where every query fits, all queries of as many (b, KV head)s as fit,
+//! [`leaf_major_range`]) five dispatches (six with sibling pairs):
 //! 1. `count`, `scan`, `scatter` of `shaders/leaf_bucket.wgsl` with `ATTEND = 1` (a bucket is a
-//!    leaf; -1 padding, repeats and out-of-order entries are skipped as the tile kernels' union
-//!    skips them);
+//!    leaf of one (b, KV head); -1 padding, repeats and out-of-order entries are skipped as the
+//!    tile kernels' union skips them);
 //! 2. `attend_leaf` (`shaders/attention_leaf_coop.wgsl` on tensor cores, f16; else the portable
 //!    `shaders/attention_leaf.wgsl`; on a device with `VK_NV_cooperative_matrix2`
 //!    `shaders/nv/attention_leaf.comp`, see [`nv_kernel_for`]): a chunk's partial states;
@@ -51,7 +52,7 @@ mod plan;
 /// "attention" stage of the other kernels): steps 1 (bucketing), 2 (chunk kernel) and 3 (merge).
 pub const PARTS: [&str; 3] = ["attention_bucket", "attention_leaf", "attention_merge"];
 
-pub use plan::{leaf_major_pairs, leaf_major_path};
+pub use plan::{leaf_major_pairs, leaf_major_path, leaf_major_range};
 pub(crate) use plan::{plan, LeafAttention, PairKernel};
 
 /// `shaders/attention_leaf.wgsl` (portable) with the chunk lookup.
@@ -148,14 +149,27 @@ pub fn nv_pair_kernel_for(ctx: &Context, nv: &(NvKernel, Option<NvKernel>)) -> O
     ctx.nv_kernel_named(&NV_ATTENTION, &name)
 }
 
+/// The twin of NVIDIA chunk kernel `k` (a leaf or pair kernel of [`NV_ATTENTION`]) for ranges of
+/// several (b, KV head)s (`_mh`, MULTI = 1 in `shaders/nv/attention_leaf.comp`), where the
+/// driver built it.
+pub(crate) fn nv_multi_head_kernel(ctx: &Context, k: &NvKernel) -> Option<NvKernel> {
+    ctx.nv_kernel_named(&NV_ATTENTION, &format!("{}_mh", k.name))
+}
+
 /// The embedded NVIDIA kernels of leaf-major attention (`shaders/nv/kernels.txt`).
-pub const NV_ATTENTION: [NvKernel; 8] = [
+pub const NV_ATTENTION: [NvKernel; 14] = [
     crate::nv_kernel!("attention_leaf_d128", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_d128_h", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_d64", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_pair_d128", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_pair_d128_h", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_pair_d64", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d128_mh", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d128_h_mh", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d64_mh", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_pair_d128_mh", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_pair_d128_h_mh", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_pair_d64_mh", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_merge_h", NV_MERGE_BINDINGS),
     crate::nv_kernel!("attention_leaf_merge_h1k", NV_MERGE_BINDINGS),
 ];
@@ -178,6 +192,7 @@ fn attend_consts(
     cfg: &SelectionConfig,
 ) -> Vec<(&'static str, u32)> {
     let (g, kk) = (s.gqa_group() as u32, cfg.top_k as u32);
+    let multi = u32::from(la.heads > 1);
     match la.coop {
         Some(sg) => vec![
             ("GQ", g),
@@ -187,8 +202,9 @@ fn attend_consts(
             ("CT", cfg.block_size.div_ceil(16) as u32),
             ("SG", sg),
             ("NSG", COOP_SUBGROUPS),
+            ("MULTI", multi),
         ],
-        None => vec![("GQ", g), ("QPC", la.qpc), ("MC", kk)],
+        None => vec![("GQ", g), ("QPC", la.qpc), ("MC", kk), ("MULTI", multi)],
     }
 }
 
@@ -263,12 +279,13 @@ pub(crate) fn record(
     // pair buckets follow the leaf buckets, and the pair kernel's workgroups read descriptors
     // from the first pair chunk on (at most the leaf chunks' bound), so `cdesc` holds both
     // dispatch bounds.
+    let hr = la.heads as u64; // (b, KV head)s per range
     let (chunks, pair_chunks) = (
-        la.chunk_bound(la.nq, cfg.top_k, nb0),
-        la.pair_chunk_bound(la.nq, cfg.top_k, nb0),
+        hr * la.chunk_bound(la.nq, cfg.top_k, nb0),
+        hr * la.pair_chunk_bound(la.nq, cfg.top_k, nb0),
     );
-    let buckets = la.buckets(nb0) as usize;
-    let slots = la.nq as usize * cfg.top_k;
+    let buckets = (hr * la.buckets(nb0)) as usize;
+    let slots = (hr * la.nq as u64) as usize * cfg.top_k;
     let cnt = ctx.alloc("attention buckets", buckets, Storage::F32, 0)?;
     let off = ctx.alloc(
         "attention bucket offsets",
@@ -292,7 +309,7 @@ pub(crate) fn record(
         Storage::F32,
     )?;
     let spos = ctx.alloc("attention slot rows", slots, Storage::F32, 0)?;
-    let n_rows = la.row_chunk_bound(la.nq, cfg.top_k, nb0) as usize * la.rows as usize;
+    let n_rows = (hr * la.row_chunk_bound(la.nq, cfg.top_k, nb0)) as usize * la.rows as usize;
     // f32 words: the NVIDIA kernel's f16 rows take half (`opart_bytes`; d is even).
     let opart_words = n_rows * d as usize * plan::opart_bytes(la.nv.as_ref()) as usize / 4;
     let opart = ctx.scratch("attention partial O", opart_words, Storage::F32)?;
@@ -347,12 +364,18 @@ pub(crate) fn record(
     fn whole<'a>(binds: &[(u32, &'a wgpu::Buffer)]) -> Vec<(u32, Bind<'a>)> {
         binds.iter().map(|&(i, b)| (i, b.into())).collect()
     }
-    for bh in 0..s.batch * s.kv_heads {
+    // Ranges: `la.heads` (b, KV head)s from bh on (several only where a range holds every
+    // query), queries i0 .. i0 + nq of each.
+    let bhs = s.batch * s.kv_heads;
+    for bh in (0..bhs).step_by(la.heads as usize) {
+        let heads = la.heads.min((bhs - bh) as u32);
+        let h64 = heads as u64;
         for i0 in (0..s.q_len).step_by(la.nq as usize) {
             let nq = la.nq.min((s.q_len - i0) as u32);
-            let entries = nq as u64 * kk as u64;
-            let n_chunks = la.chunk_bound(nq, cfg.top_k, nb0);
-            let n_pair_chunks = la.pair_chunk_bound(nq, cfg.top_k, nb0);
+            let entries = h64 * nq as u64 * kk as u64;
+            let n_chunks = h64 * la.chunk_bound(nq, cfg.top_k, nb0);
+            let n_pair_chunks = h64 * la.pair_chunk_bound(nq, cfg.top_k, nb0);
+            let (leaf_buckets, buckets) = (heads as usize * nb0, (h64 * la.buckets(nb0)) as usize);
             // items; buckets (the leaf chunk kernel's: the leaf buckets, whose chunks come
             // first); first (the pair chunk kernel's first bucket).
             let uni = |items: u64, buckets: usize, first: usize| {
@@ -365,12 +388,13 @@ pub(crate) fn record(
                         nq,
                         bh0: bh as u32,
                         first: first as u32,
-                        pad: [0; 2],
+                        heads,
+                        pad: 0,
                     },
                 )
             };
             let (u_e, u_b) = (uni(entries, buckets, 0)?, uni(buckets as u64, buckets, 0)?);
-            let (u_c, u_q) = (uni(n_chunks, nb0, 0)?, uni(0, nb0, 0)?);
+            let (u_c, u_q) = (uni(n_chunks, leaf_buckets, 0)?, uni(0, leaf_buckets, 0)?);
             let sel = &selection.buffer;
             let wgs = entries.div_ceil(BUCKET_TILE);
             add(
@@ -394,7 +418,7 @@ pub(crate) fn record(
             let binds: Vec<(u32, Bind<'_>)> = [whole(&rest), whole(&rest2), b.to_vec()].concat();
             add(1, &attend, &binds, n_chunks)?;
             if let Some(pair) = &attend_pair {
-                let u_p = uni(n_pair_chunks, buckets, nb0)?;
+                let u_p = uni(n_pair_chunks, buckets, leaf_buckets)?;
                 // The leaf kernel's bindings, with the pair kernel's chunk uniform.
                 let binds: Vec<(u32, Bind<'_>)> = binds
                     .iter()
@@ -406,7 +430,7 @@ pub(crate) fn record(
             let rest = [(14, sp), (15, &lse.buffer)];
             // O bound as its range (a caller's tensor, or the whole of its own).
             let binds = [whole(&b), whole(&rest), vec![(5, (&o).into())]].concat();
-            add(2, &merge, &binds, nq as u64)?;
+            add(2, &merge, &binds, h64 * nq as u64)?;
         }
     }
     // Timed in parts only where the profiler has room for every part of every range (else

@@ -77,7 +77,8 @@ pub(crate) fn bucket_window_for(limit: u32, attend_pairs: bool) -> u32 {
 
 /// The `Buckets` uniform of `leaf_bucket.wgsl` and `leaf_chunk.wgsl`: the dispatch's items
 /// (entries, buckets or chunks), the bucket count, and for leaf-major attention
-/// ([`crate::ops::attention`]) the query range `i0 .. i0 + nq` and the (b, KV head) `bh0`.
+/// ([`crate::ops::attention`]) the query range `i0 .. i0 + nq` of the `heads` (b, KV head)s from
+/// `bh0` on.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
 pub(crate) struct Buckets {
@@ -89,7 +90,10 @@ pub(crate) struct Buckets {
     /// Leaf-major attention's pair chunk kernel: the first bucket of the kind it runs (its
     /// chunks start at `coff[first]`); 0 elsewhere.
     pub first: u32,
-    pub pad: [u32; 2],
+    /// Leaf-major attention: the (b, KV head)s `bh0 .. bh0 + heads` one range covers (its
+    /// entries, buckets and merge workgroups are those of one head times `heads`); 0 elsewhere.
+    pub heads: u32,
+    pub pad: u32,
 }
 
 /// `shaders/leaf_bucket.wgsl`: `count`, `scan`, `scatter`.

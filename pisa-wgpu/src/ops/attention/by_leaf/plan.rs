@@ -34,6 +34,9 @@ pub(crate) struct LeafAttention {
     pub rows: u32,
     /// Queries per range.
     pub nq: u32,
+    /// (b, KV head)s per range: several where a range holds every query ([`heads_per_range`]),
+    /// else 1.
+    pub heads: u32,
     /// The NVIDIA chunk kernel and merge, where they run ([`super::nv_kernel_for`], chosen
     /// once here for the recorder).
     pub nv: Option<(NvKernel, Option<NvKernel>)>,
@@ -153,6 +156,21 @@ pub fn leaf_major_pairs(
     plan(ctx, storage, s, layouts, cfg).is_some_and(|la| la.pairs.on())
 }
 
+/// The ranges a leaf-major sparse-attention call of this shape, layouts, configuration and
+/// storage on `ctx` runs in, as (queries, (b, KV head)s) per range: each range is one
+/// bucketing, chunk dispatch and merge, its partial states within one storage binding. Several
+/// (b, KV head)s share a range only where it holds every query. `None` where the call does not
+/// run leaf-major.
+pub fn leaf_major_range(
+    ctx: &Context,
+    storage: Storage,
+    s: &AttentionShape,
+    layouts: QkvLayouts,
+    cfg: &SelectionConfig,
+) -> Option<(usize, usize)> {
+    plan(ctx, storage, s, layouts, cfg).map(|la| (la.nq as usize, la.heads as usize))
+}
+
 /// The leaf-major plan for a validated sparse-attention call, or `None` (the tile kernels run).
 pub(crate) fn plan(
     ctx: &Context,
@@ -196,7 +214,7 @@ pub(crate) fn plan(
         (true, true, Some(k)) => PairKernel::Nv(k),
         (true, true, None) => PairKernel::Off,
     };
-    let la = choose(
+    let mut la = choose(
         ctx.limits(),
         ctx.max_binding_bytes(),
         s,
@@ -205,7 +223,26 @@ pub(crate) fn plan(
         opart_bytes(nv.as_ref()),
         pairs,
     )?;
-    Some(LeafAttention { nv, ..la })
+    la.nv = nv;
+    // Ranges of several heads take the NVIDIA kernels' multi-head twins (one head per range
+    // where the driver built no twin).
+    if la.heads > 1 {
+        if let Some((k, merge)) = la.nv {
+            let twin = super::nv_multi_head_kernel(ctx, &k);
+            let pair_twin = match la.pairs {
+                PairKernel::Nv(p) => super::nv_multi_head_kernel(ctx, &p).map(PairKernel::Nv),
+                other => Some(other),
+            };
+            match (twin, pair_twin) {
+                (Some(t), Some(pt)) => {
+                    la.nv = Some((t, merge));
+                    la.pairs = pt;
+                }
+                _ => la.heads = 1,
+            }
+        }
+    }
+    Some(la)
 }
 
 /// Bytes of one partial O element: 2 where the NVIDIA chunk kernel stores its rows as f16 for
@@ -263,6 +300,7 @@ fn choose(
         qpc,
         rows,
         nq: 0,
+        heads: 1,
         nv: None,
         pairs,
     };
@@ -285,10 +323,33 @@ fn choose(
     if la.pairs.on() && queries(&la).is_none() {
         la.pairs = PairKernel::Off;
     }
-    Some(LeafAttention {
-        nq: queries(&la)?,
-        ..la
-    })
+    let nq = queries(&la)?;
+    let heads = heads_per_range(&la, s, cfg, nq, max_chunks);
+    Some(LeafAttention { nq, heads, ..la })
+}
+
+/// (b, KV head)s one range of plan `la` covers: 1 where a range holds part of the queries
+/// (`nq < q_len`), else as many as the partial states of their chunks leave within one binding
+/// (`max_chunks` chunks; the bounds of [`LeafAttention::row_chunk_bound`] per head), and whose
+/// entries stay below 2^31 (the bucketing's entry index). A range of many heads is one
+/// bucketing, one chunk dispatch (two with pairs) and one merge: on a prompt chunk of 1K to 4K
+/// queries each head's own five or six small dependent dispatches were most of the attention's
+/// time (docs/benchmarks.md A.53).
+fn heads_per_range(
+    la: &LeafAttention,
+    s: &AttentionShape,
+    cfg: &SelectionConfig,
+    nq: u32,
+    max_chunks: u64,
+) -> u32 {
+    let all = (s.batch * s.kv_heads) as u64;
+    if (nq as usize) < s.q_len {
+        return 1;
+    }
+    let nb0 = s.k_len.div_ceil(cfg.block_size);
+    let per_head = la.row_chunk_bound(nq, cfg.top_k, nb0) + 1;
+    let by_entries = (i32::MAX as u64) / (nq as u64 * cfg.top_k as u64).max(1);
+    (max_chunks / per_head).min(by_entries).clamp(1, all) as u32
 }
 
 #[cfg(test)]

@@ -436,7 +436,8 @@ fn attention_buckets_equal_the_model() {
                             nq,
                             bh0: b as u32,
                             first: 0,
-                            pad: [0; 2],
+                            heads: 1,
+                            pad: 0,
                         };
                         ctx.uniform("buckets", &b).unwrap()
                     };
