@@ -39,17 +39,18 @@ const ATTEND: u32 = 0u;
 const PAIR: u32 = 0u;
 // 1 (with ATTEND = 1; ops/attention/by_leaf.rs with sibling pairs): a query whose selection
 // lists both leaves 2P and 2P + 1 (valid entries, so in adjacent slots o, o + 1: a valid list
-// ascends) is ONE entry, slot o, in pair bucket nb0 + P, whose chunk kernel attends both leaves
-// at once; slot o + 1 is not bucketed (its spos stays 0, so the merge finds no state there: the
-// pair's state holds both leaves). Every other entry stays in its leaf's bucket 0 .. nb0.
-// Buckets: nb0 + ceil(nb0 / 2), leaves first, so that the leaf chunks come before the pair
+// ascends) is ONE entry, slot o, in pair bucket heads * nb0 + hb * ceil(nb0 / 2) + P (hb: its
+// head in the range), whose chunk kernel attends both leaves at once; slot o + 1 is not bucketed
+// (its spos stays 0, so the merge finds no state there: the pair's state holds both leaves).
+// Every other entry stays in its leaf's bucket hb * nb0 + leaf. Buckets: heads * (nb0 +
+// ceil(nb0 / 2)), every head's leaves first, so that the leaf chunks come before the pair
 // chunks (two dispatches, one per kind).
 const APAIR: u32 = 0u;
 const BOTH: u32 = 0x80000000u;
 const ODD: u32 = 0x40000000u;
 
-// items: entries (count, scatter) or buckets (scan); i0, nq, bh0: the query range and the
-// (b, KV head) of an ATTEND = 1 bucketing.
+// items: entries (count, scatter) or buckets (scan); i0, nq, bh0, heads: the query range and
+// the (b, KV head)s bh0 .. bh0 + heads of an ATTEND = 1 bucketing (first: see leaf_chunk.wgsl).
 struct Buckets {
     items: u32, buckets: u32, i0: u32, nq: u32,
     bh0: u32, first: u32, heads: u32, pad2: u32,

@@ -8,7 +8,8 @@
 //! empty rows). Cases: GQA groups 1, 2, 3, 4, 7, 8, head dims 64 to 256, both layouts, f32
 //! and f16, causal and not, Nq < Nk, C not a power of two, selections from PISA and random ones
 //! with -1 holes and repeats (skipped, as the tile kernels skip them), and
-//! ranges of queries forced small through a lowered binding limit. Tolerances as
+//! ranges forced small through a lowered binding limit: part of one head's queries, or all
+//! queries of several heads with a last range of fewer. Tolerances as
 //! `attention_util.rs`: relative L2 error of O and LSE <= 1e-4 (f32) or 5e-3 (f16).
 #[path = "attention_util.rs"]
 mod attention_util;
@@ -350,13 +351,46 @@ fn leaf_major_attention_in_small_ranges() {
     );
     for _ in 0..2 {
         run(&own, &mut r, case, true, seed);
-        run_with(&own, &mut r, case, false, false, true, seed);
+        let pairs = run_with(&own, &mut r, case, false, false, true, seed);
+        assert!(pairs > 0, "no sibling pairs in the selection");
+    }
+    // f16 at D 128 and 64, where a GPU with cooperative matrices runs its tensor-core kernels
+    // (on NVIDIA the multi-head twins: f16 rows at GQA 4, f32 rows at GQA 32, and D 64), with
+    // a binding limit that gives ranges of several heads and a last range of fewer: the chunk
+    // sizes differ by device, so the limit is searched for.
+    for case in [
+        (3, 12, 3, 50, 400, 128, 64, 4, Bhnd, F16, true, true),
+        (1, 96, 3, 40, 300, 128, 32, 4, Bnhd, F16, true, true),
+        (3, 6, 3, 50, 400, 64, 32, 4, Bhnd, F16, false, true),
+    ] {
+        let (s, cfg) = case_config(case);
+        let layouts = QkvLayouts::from(case.8);
+        let bhs = s.batch * s.kv_heads;
+        // Q (the largest of Q, K, V here) within the limit, or the host splits the call.
+        let q_bytes = (s.q_elems() * 2) as u64;
+        let found = (0..400)
+            .map(|i| (q_bytes as f64 * 1.02f64.powi(i)) as u64)
+            .find(|&lim| {
+                own.set_max_binding_bytes(lim);
+                let range = by_leaf::leaf_major_range(&own, case.9, &s, layouts, &cfg);
+                matches!(range, Some((nq, h)) if nq == s.q_len && h > 1 && bhs % h != 0)
+            });
+        let Some(lim) = found else {
+            panic!(
+                "no binding limit gives ranges of several heads and a shorter last one: {case:?}"
+            );
+        };
+        own.set_max_binding_bytes(lim);
+        run(&own, &mut r, case, true, seed);
+        let pairs = run_with(&own, &mut r, case, false, false, true, seed);
+        assert!(pairs > 0, "no sibling pairs in the selection: {case:?}");
     }
 }
 
 /// naga parses and validates the tensor-core kernel's variants (f16, the cooperative-matrix
-/// capability enabled; ranges of one and of several heads) and writes SPIR-V for them (the path wgpu takes on Vulkan), on every
-/// adapter; the kernel itself runs where cooperative matrices exist.
+/// capability enabled; ranges of one and of several heads) and writes SPIR-V for them (the path
+/// wgpu takes on Vulkan), on every adapter; the kernel itself runs where cooperative matrices
+/// exist.
 #[test]
 fn leaf_major_coop_shader_validates_and_writes_spirv() {
     use pisa_wgpu::ops::attention::by_leaf::COOP_SHADER;
