@@ -123,6 +123,53 @@ fn prefill_matches_reference() {
     );
 }
 
+/// Where every query sees `top_k` or fewer leaves (`ceil(k_len / C) <= top_k`), its selection
+/// is every leaf it sees (PISA.md 3, step 3): the prefill against the reference there, f16 at
+/// D 128 and 64, causal and not, a prompt and a chunk over a prefix, and one leaf more than
+/// top_k.
+#[test]
+fn prefill_where_every_query_selects_every_leaf() {
+    let ctx = ctx();
+    let seed = seed("prefill_every_leaf");
+    for (i, (shape, c, k, causal, layout)) in [
+        (
+            AttentionShape::prefill(2, 8, 2, 1000, 128),
+            64,
+            16,
+            true,
+            TensorLayout::Bhnd,
+        ),
+        (
+            AttentionShape::new(1, 8, 2, 300, 900, 128),
+            64,
+            16,
+            true,
+            TensorLayout::Bnhd,
+        ),
+        (
+            AttentionShape::prefill(1, 4, 1, 500, 64),
+            32,
+            16,
+            false,
+            TensorLayout::Bhnd,
+        ),
+        (
+            AttentionShape::prefill(1, 8, 2, 1025, 128),
+            64,
+            16,
+            true,
+            TensorLayout::Bhnd,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let shape = shape.unwrap();
+        let cfg = SelectionConfig::new(c, k).unwrap().with_causal(causal);
+        check(ctx, shape, cfg, layout, Storage::F16, seed + i as u64);
+    }
+}
+
 #[test]
 fn split_prefill_equals_unsplit() {
     let seed = seed("split prefill");
