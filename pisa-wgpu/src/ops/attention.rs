@@ -13,7 +13,7 @@
 //! the tensor-core twin in [`coop`] (same inputs, outputs and semantics) when the shape suits it.
 //! Sparse attention may instead run leaf-major ([`by_leaf`]: the selection bucketed by leaf,
 //! per-leaf partial states merged per query), chosen by the context's [`crate::LeafOrder`]: by
-//! default on tensor cores for sequences of at least 1024 queries. Dense attention of few
+//! default on tensor cores for sequences of at least 512 queries. Dense attention of few
 //! queries against many keys (decode) runs split-K ([`split_k`], FlashDecoding) instead.
 
 pub mod by_leaf;

@@ -65,7 +65,7 @@ pub fn coop_supported(
 pub enum LeafOrder {
     /// The default: [`LeafOrder::Leaves`] where the kernels run on tensor cores and the
     /// leaf-major plan fits (buffers within the binding limit, workgroup memory, 16-byte
-    /// aligned strides; for attention also at least 1024 queries), else [`LeafOrder::Tiles`].
+    /// aligned strides; for attention also at least 512 queries), else [`LeafOrder::Tiles`].
     Auto,
     /// Query tiles (PISA.md 5): a workgroup per Qtile consecutive queries over the union of
     /// their candidates (stage 2) or selected leaves (attention).

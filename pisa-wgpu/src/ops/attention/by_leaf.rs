@@ -24,7 +24,7 @@
 //!
 //! Chosen by `plan` ([`leaf_major_path`] tells the outcome) through the context's
 //! [`crate::LeafOrder`], the same switch as selection stage 2: by default (Auto) for sequences
-//! of at least 1024 queries where the tensor-core kernel applies (f16 storage, D a multiple of
+//! of at least 512 queries where the tensor-core kernel applies (f16 storage, D a multiple of
 //! 16 up to 128, g_q <= 64, 16-byte aligned strides, subgroups of at least 16, Nk >= 16);
 //! with `Leaves` wherever it fits, the portable kernel included; never with `Tiles`. In every case only where
 //! V has K's layout, C <= 64, and the scratch and workgroup memory fit. Same outputs and

@@ -186,7 +186,7 @@ pub(crate) fn plan<'a>(
 ///    keys on the H200 (`docs/benchmarks.md`, split-K dense decode);
 /// 3. sparse, where the leaf-major plan takes it: [`AttentionKernel::LeafMajor`], or
 ///    [`AttentionKernel::LeafMajorNv`] where [`by_leaf::nv_kernel_for`] has an NVIDIA kernel. It follows
-///    [`Context::leaf_order`]: Auto on tensor cores from 1024 queries on (2.4x / 2.7x over the
+///    [`Context::leaf_order`]: Auto on tensor cores from 512 queries on (2.4x / 2.7x over the
 ///    tile kernel at 64K / 256K on the H200, `docs/benchmarks.md`), Leaves wherever it fits,
 ///    Tiles never; see [`by_leaf::leaf_major_path`];
 /// 4. f16 storage where [`coop::plan`] finds a variant (the context on

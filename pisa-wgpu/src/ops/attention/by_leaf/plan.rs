@@ -16,12 +16,13 @@ const MAX_BLOCK: usize = 64;
 const PORTABLE_ROWS: u32 = 16;
 /// Fewest queries for which the default order (Auto) runs leaf-major. On the H200 it was 2.4x /
 /// 2.7x faster than the tile kernel at 64K / 256K tokens; on the H100 (2026-12-05,
-/// docs/benchmarks.md A.52) faster at every size measured:
-/// whole prompts of 2K and 4K tokens (0.98 against 1.30 ms, 1.59 against 3.93), and prompt
-/// chunks of 1K and 4K queries over 64K and 256K keys (4K over 256K: 3.05 against 8.14 ms);
-/// below 1024 queries it is not measured, so the tile kernel stays there. (It was 8192, from
-/// whole prompts of earlier kernels.)
-const AUTO_MIN_QUERIES: usize = 1024;
+/// docs/benchmarks.md A.52) faster at every size measured from 1024 queries: whole prompts of
+/// 2K and 4K tokens (0.98 against 1.30 ms, 1.59 against 3.93), and prompt chunks of 1K and 4K
+/// queries over 64K and 256K keys (4K over 256K: 3.05 against 8.14 ms); with ranges of several
+/// heads (A.53) also at 512, 768 and 1000-token prompts (0.110 against 0.146 ms, 0.155 against
+/// 0.254, 0.211 against 0.388) and slower at 256 and 128 (0.064 against 0.058, 0.061 against
+/// 0.024). (It was 8192, from whole prompts of earlier kernels, then 1024.)
+const AUTO_MIN_QUERIES: usize = 512;
 
 /// The plan of one leaf-major attention call.
 #[derive(Debug, Clone, Copy)]
