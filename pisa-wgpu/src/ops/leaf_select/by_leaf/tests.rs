@@ -99,11 +99,22 @@ fn model(p: &SelParams, cand: &[i32], bh: usize, pair: bool) -> Vec<Vec<u32>> {
 /// `window` of `leaf_bucket.wgsl`: the first bucket and the number of bins (at most `wb`) of the
 /// tile whose last entry is `e_last`; `attend_i0`: the query range's start of an `ATTEND = 1`
 /// bucketing (one (b, KV head), a bucket per leaf).
-fn bins(p: &SelParams, e_last: usize, pair: bool, wb: u32, attend_i0: Option<u32>) -> (u32, u32) {
+fn bins(
+    p: &SelParams,
+    e_last: usize,
+    pair: bool,
+    wb: u32,
+    attend: Option<(u32, u32)>,
+) -> (u32, u32) {
     let mc = p.mc as usize;
     let units = if pair { p.nb0.div_ceil(2) } else { p.nb0 };
-    let (i, first) = match attend_i0 {
-        Some(i0) => (i0 + (e_last / mc) as u32, 0),
+    let (i, first) = match attend {
+        // (the range's first query and queries: entry e is query e / mc % nq of head
+        // e / (nq mc), whose buckets start at that head's units)
+        Some((i0, nq)) => (
+            i0 + (e_last / mc) as u32 % nq,
+            (e_last / (nq as usize * mc)) as u32 * units,
+        ),
         None => (
             (e_last / mc) as u32 % p.q_len,
             (e_last / (p.q_len as usize * mc)) as u32 * units,
@@ -330,24 +341,28 @@ fn pair_and_leaf_buckets_equal_the_model() {
 }
 
 /// The bucketing of a block selection for leaf-major attention (`ATTEND = 1`,
-/// `ops/attention/by_leaf.rs`) against a model of `attend_leaf`: one (b, KV head) and query
-/// range at a time, a bucket per leaf, list values the range's local entries `i_local * K + o`;
-/// a slot counts where its leaf is below nb0 and above every in-range slot before it (-1
+/// `ops/attention/by_leaf.rs`) against a model of `attend_leaf`: a query range of one (b, KV
+/// head), or all queries of `heads` of them (the last group shorter), at a time; a bucket per
+/// leaf of each head (`hb * nb0 + leaf`), list values the head's local entries `i_local * K +
+/// o`; a slot counts where its leaf is below nb0 and above every in-range slot before it (-1
 /// padding, repeats and out-of-order slots are skipped). With sibling pairs (`APAIR`), a
-/// counted even leaf whose next slot counts its sibling is one entry of pair bucket nb0 + leaf
-/// / 2, and that next slot none. Random selections with such slots and many sibling pairs,
+/// counted even leaf whose next slot counts its sibling is one entry of pair bucket `heads *
+/// nb0 + hb * ceil(nb0 / 2) + leaf / 2`, and that next slot none. Random selections with such slots and many sibling pairs,
 /// windows of bins of every bucket (with pairs: as many as the device's workgroup memory
 /// holds), a few, and one; outputs poisoned before each run.
 #[test]
 fn attention_buckets_equal_the_model() {
     let (ctx, seed, mut r) = setup();
-    // (B * Hkv, Nq, query offset, C, K, causal, queries per range): ranges of one tile
-    // (BUCKET_TILE entries) and of several, the last one partial.
-    for (bh, q_len, q_pos0, c, k, causal, per) in [
-        (2, 700, 50, 16, 6, true, 300),
-        (3, 333, 0, 7, 5, false, 333),
-        (1, 1500, 20, 8, 4, true, 1500),
-        (2, 1100, 0, 16, 7, false, 1100),
+    // (B * Hkv, Nq, query offset, C, K, causal, queries per range, heads per range): ranges of
+    // one tile (BUCKET_TILE entries) and of several, the last one partial; ranges of every
+    // query of 2 heads (of 3: the last range one head) and of 3 (tiles that span heads).
+    for (bh, q_len, q_pos0, c, k, causal, per, hpr) in [
+        (2, 700, 50, 16, 6, true, 300, 1),
+        (3, 333, 0, 7, 5, false, 333, 1),
+        (1, 1500, 20, 8, 4, true, 1500, 1),
+        (2, 1100, 0, 16, 7, false, 1100, 1),
+        (3, 333, 0, 7, 5, false, 333, 2),
+        (3, 250, 30, 16, 6, true, 250, 3),
     ] {
         let p = params(q_len, q_pos0, c, k, causal, k);
         let nb0 = p.nb0;
@@ -385,17 +400,23 @@ fn attention_buckets_equal_the_model() {
             .flat_map(|a| [(a, bucket_window_for(limit, a)), (a, 5), (a, 1)])
         {
             let whole = window == bucket_window_for(limit, apair);
-            let buckets_n = nb0 + if apair { nb0.div_ceil(2) } else { 0 };
+            let np = if apair { nb0.div_ceil(2) } else { 0 };
             let mut pair_entries = 0;
-            for b in 0..bh {
+            for b in (0..bh).step_by(hpr) {
+                let heads = hpr.min(bh - b) as u32;
+                let buckets_n = heads * (nb0 + np);
                 for i0 in (0..q_len).step_by(per) {
                     let nq = (per as u32).min(q_len - i0);
-                    let entries = nq * k;
+                    let per_head = nq * k;
+                    let entries = heads * per_head;
                     // The model: the list values of each bucket.
                     let mut want = vec![Vec::new(); buckets_n as usize];
-                    // The leaf of local entry e where its slot counts.
+                    // Entry e's bucket (None: not bucketed).
+                    let mut buckets = vec![None; entries as usize];
+                    // The leaf of entry e (head e / per_head of the range) where its slot counts.
                     let counted = |e: u32| -> Option<u32> {
-                        let g = ((b as u32 * q_len + i0 + e / k) * k + e % k) as usize;
+                        let (hb, le) = (e / per_head, e % per_head);
+                        let g = (((b as u32 + hb) * q_len + i0 + le / k) * k + le % k) as usize;
                         let o = (e % k) as usize;
                         let x = sel[g];
                         let shadowed = sel[g - o..g].iter().any(|&y| y >= x && (y as u32) < nb0);
@@ -406,16 +427,17 @@ fn attention_buckets_equal_the_model() {
                         let o = e % k;
                         let next = (o + 1 < k).then(|| counted(e + 1)).flatten();
                         let prev = (o > 0).then(|| counted(e - 1)).flatten();
-                        if apair && x % 2 == 0 && next == Some(x + 1) {
-                            want[(nb0 + x / 2) as usize].push(e);
+                        let (hb, le) = (e / per_head, e % per_head);
+                        let x = if apair && x % 2 == 0 && next == Some(x + 1) {
                             pair_entries += 1;
+                            heads * nb0 + hb * np + x / 2
                         } else if !(apair && x % 2 == 1 && prev == Some(x - 1)) {
-                            want[x as usize].push(e);
-                        }
-                    }
-                    let mut buckets = vec![None; entries as usize];
-                    for (x, l) in want.iter().enumerate() {
-                        l.iter().for_each(|&e| buckets[e as usize] = Some(x));
+                            hb * nb0 + x
+                        } else {
+                            continue;
+                        };
+                        want[x as usize].push(le);
+                        buckets[e as usize] = Some(x as usize);
                     }
                     want.iter_mut().for_each(|l| l.sort_unstable());
                     let chunks = entries.div_ceil(qpc) + buckets_n;
@@ -436,7 +458,7 @@ fn attention_buckets_equal_the_model() {
                             nq,
                             bh0: b as u32,
                             first: 0,
-                            heads: 1,
+                            heads,
                             pad: 0,
                         };
                         ctx.uniform("buckets", &b).unwrap()
@@ -481,13 +503,14 @@ fn attention_buckets_equal_the_model() {
                     };
                     let (off, list, mut counts) = (read(&off), read(&list), read(&cnt));
                     let what = format!(
-                        "bh {b} i0 {i0} C {c} causal {causal} pairs {apair} bins {window} seed {seed}"
+                        "bh {b} heads {heads} i0 {i0} C {c} causal {causal} pairs {apair} bins {window} seed {seed}"
                     );
                     // A bucket is binned in the leaf window, or (pairs) in the pair window of
                     // WP = window / 2 pair buckets ending at the pair of the tile's last leaf.
                     let binned = |e_last: usize, x: u32| {
-                        let (f1, n1) = bins(&p, e_last, false, window, Some(i0));
-                        let i = i0 + (e_last / k as usize) as u32;
+                        let (f1, n1) = bins(&p, e_last, false, window, Some((i0, nq)));
+                        let hb = (e_last / per_head as usize) as u32;
+                        let i = i0 + (e_last / k as usize) as u32 % nq;
                         let bq = (p.q_pos0 + i) / p.block_size;
                         let last = if causal {
                             (bq + 1).min(nb0 - 1)
@@ -499,7 +522,7 @@ fn attention_buckets_equal_the_model() {
                         } else {
                             0
                         };
-                        let f2 = nb0 + last / 2 + 1 - n2;
+                        let f2 = heads * nb0 + hb * np + last / 2 + 1 - n2;
                         x.wrapping_sub(f1) < n1 || x.wrapping_sub(f2) < n2
                     };
                     let (mut global, mut all) = (0, 0);
