@@ -64,11 +64,15 @@ struct Buckets {
 @group(0) @binding(10) var<uniform> bl: Buckets;
 @group(0) @binding(11) var<storage, read_write> cdesc: array<vec4<u32>>;
 
+// ATTEND = 1: the head hb of entry e = (hb * nq + i_local) * MC + o in the range, and its entry
+// within that head's, i_local * MC + o (its list value).
+fn attend_head(e: u32) -> u32 { return e / (bl.nq * MC); }
+fn attend_local(e: u32) -> u32 { return e % (bl.nq * MC); }
+
 // ATTEND = 1: entry e's slot in `cand`, ((bh0 + hb) * q_len + i0 + i_local) * MC + o.
 fn attend_slot(e: u32) -> u32 {
-    let per = bl.nq * MC;
-    let le = e % per;
-    return ((bl.bh0 + e / per) * p.q_len + bl.i0 + le / MC) * MC + le % MC;
+    let le = attend_local(e);
+    return ((bl.bh0 + attend_head(e)) * p.q_len + bl.i0 + le / MC) * MC + le % MC;
 }
 
 // ATTEND = 1: the leaf of entry e = (hb * nq + i_local) * MC + o when that selection slot is
@@ -95,7 +99,7 @@ fn attend_leaf(e: u32) -> u32 {
 fn attend_pair_entry(e: u32) -> vec2<u32> {
     let o = e % MC;
     let g = attend_slot(e);
-    let hb = e / (bl.nq * MC);
+    let hb = attend_head(e);
     let c = cand[g];
     if (c < 0 || u32(c) >= p.nb0) { return vec2<u32>(NONE); }
     var earlier = false; // j - 1 in a slot before o - 1
@@ -126,7 +130,7 @@ fn bucket_leaf(e: u32) -> u32 {
 // and bucket bh * nb0 + leaf; ATTEND = 1, hb * nb0 + leaf. PAIR = 1: bucket
 // bh * ceil(nb0 / 2) + leaf / 2, NONE for the second slot of a BOTH entry.
 fn entry_bucket(e: u32, j: u32) -> u32 {
-    if (ATTEND == 1u) { return e / (bl.nq * MC) * p.nb0 + j; }
+    if (ATTEND == 1u) { return attend_head(e) * p.nb0 + j; }
     let bh = e / (p.q_len * MC);
     if (PAIR == 1u) {
         if ((j & 1u) == 1u && e % MC > 0u && entry_leaf(e - 1u) == j - 1u) { return NONE; }
@@ -138,7 +142,7 @@ fn entry_bucket(e: u32, j: u32) -> u32 {
 // The value in its bucket's list of entry e of leaf j: ATTEND = 0, i * MC + o (PAIR = 1: with
 // BOTH or ODD); ATTEND = 1, i_local * MC + o (e within its head's entries).
 fn entry_value(e: u32, j: u32) -> u32 {
-    if (ATTEND == 1u) { return e % (bl.nq * MC); }
+    if (ATTEND == 1u) { return attend_local(e); }
     let v = e % (p.q_len * MC);
     if (PAIR == 1u) {
         if ((j & 1u) == 1u) { return v | ODD; }
@@ -193,8 +197,8 @@ fn window(e_last: u32) -> vec2<u32> {
     var units = p.nb0;
     if (PAIR == 1u) { units = (p.nb0 + 1u) / 2u; }
     if (ATTEND == 1u) {
-        i = bl.i0 + (e_last / MC) % bl.nq;
-        first = e_last / (bl.nq * MC) * units;
+        i = bl.i0 + attend_local(e_last) / MC;
+        first = attend_head(e_last) * units;
     } else {
         first = e_last / (p.q_len * MC) * units;
     }
@@ -216,9 +220,9 @@ fn last_leaf(i: u32) -> u32 {
 // WP, ending at the pair of the last leaf its last query may list).
 fn pair_window(e_last: u32) -> vec2<u32> {
     if (APAIR == 0u) { return vec2<u32>(0u, 0u); }
-    let pl = last_leaf(bl.i0 + (e_last / MC) % bl.nq) / 2u;
+    let pl = last_leaf(bl.i0 + attend_local(e_last) / MC) / 2u;
     let n = min(pl + 1u, WP);
-    let first = bl.heads * p.nb0 + e_last / (bl.nq * MC) * ((p.nb0 + 1u) / 2u);
+    let first = bl.heads * p.nb0 + attend_head(e_last) * ((p.nb0 + 1u) / 2u);
     return vec2<u32>(first + pl + 1u - n, n);
 }
 

@@ -153,7 +153,12 @@ pub fn nv_pair_kernel_for(ctx: &Context, nv: &(NvKernel, Option<NvKernel>)) -> O
 /// several (b, KV head)s (`_mh`, MULTI = 1 in `shaders/nv/attention_leaf.comp`), where the
 /// driver built it.
 pub(crate) fn nv_multi_head_kernel(ctx: &Context, k: &NvKernel) -> Option<NvKernel> {
-    ctx.nv_kernel_named(&NV_ATTENTION, &format!("{}_mh", k.name))
+    // (Found by the name's suffix: no name is built on the recording path.)
+    NV_ATTENTION
+        .iter()
+        .find(|t| t.name.strip_suffix("_mh") == Some(k.name))
+        .filter(|t| ctx.nv_kernel_ok(t))
+        .copied()
 }
 
 /// The embedded NVIDIA kernels of leaf-major attention (`shaders/nv/kernels.txt`).

@@ -438,6 +438,23 @@ mod tests {
         assert!(checked >= 90, "only {checked} plans checked");
     }
 
+    /// Every NVIDIA chunk kernel has its multi-head twin under the name
+    /// [`super::super::nv_multi_head_kernel`] looks for (`<name>_mh`), so a range of several
+    /// heads never falls back to one head for want of an embedded twin.
+    #[test]
+    fn every_nv_chunk_kernel_has_a_multi_head_twin() {
+        use super::super::NV_ATTENTION;
+        let chunk = |n: &str| !n.contains("merge") && !n.ends_with("_mh");
+        let kernels: Vec<_> = NV_ATTENTION.iter().filter(|k| chunk(k.name)).collect();
+        assert_eq!(kernels.len(), 6);
+        for k in kernels {
+            let twin = NV_ATTENTION
+                .iter()
+                .any(|t| t.name.strip_suffix("_mh") == Some(k.name));
+            assert!(twin, "{} has no multi-head twin", k.name);
+        }
+    }
+
     /// Pairs are dropped, not leaf-major attention, where their buckets' partial chunks leave
     /// a binding no room for a query: 80 chunks of 16 rows x 64 f32 fit, 64 leaves and 32 pairs
     /// need 97, the leaves alone 65 (then 15 chunks, 3 queries of K 16 per range).
