@@ -11,7 +11,7 @@ use common::*;
 use pisa_core::reference::{select_pisa, sparse_attention};
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::prefill::{prefill_host, PrefillOptions};
-use pisa_wgpu::{AdapterChoice, Context, Storage};
+use pisa_wgpu::{AdapterChoice, Context, StageTimes, Storage};
 
 const TIE: f64 = 1e-3;
 const TIE_F16: f64 = 2e-2;
@@ -23,16 +23,18 @@ fn check(
     layout: TensorLayout,
     storage: Storage,
     seed: u64,
-) {
+) -> Option<StageTimes> {
     let mut r = rng(seed);
     let q = random(&mut r, shape.q_elems(), 1.0);
     let k = random(&mut r, shape.kv_elems(), 1.0);
     let v = random(&mut r, shape.kv_elems(), 1.0);
-    check_inputs(ctx, shape, cfg, layout, storage, [q, k, v], seed);
+    check_inputs(ctx, shape, cfg, layout, storage, [q, k, v], seed)
 }
 
-/// [`check`] on given inputs (rounded through f16 first for f16 storage, so the reference sees
-/// what the GPU stores).
+/// [`check`] on given inputs (rounded through f16 or bf16 first for those storages, so the
+/// reference sees what the GPU stores; bf16 is computed in f32, so its tolerances are f32's).
+/// Returns the prefill's stage times, `None` for an f16 case skipped on a device without
+/// SHADER_F16.
 fn check_inputs(
     ctx: &Context,
     shape: AttentionShape,
@@ -41,14 +43,16 @@ fn check_inputs(
     storage: Storage,
     [mut q, mut k, mut v]: [Vec<f32>; 3],
     seed: u64,
-) {
+) -> Option<StageTimes> {
     if storage == Storage::F16 && !ctx.has_f16() {
         eprintln!("{}: no SHADER_F16: f16 case skipped", ctx.report().name);
-        return;
+        return None;
     }
-    if storage == Storage::F16 {
-        (q, k, v) = (through_f16(&q), through_f16(&k), through_f16(&v));
-    }
+    (q, k, v) = (
+        through_storage(&q, storage),
+        through_storage(&k, storage),
+        through_storage(&v, storage),
+    );
     let opts = PrefillOptions {
         cfg,
         layout,
@@ -85,6 +89,7 @@ fn check_inputs(
         "stage times: {:?}",
         got.times
     );
+    Some(got.times)
 }
 
 #[test]
@@ -124,13 +129,23 @@ fn prefill_matches_reference() {
 }
 
 /// Where every query sees `top_k` or fewer leaves (`ceil(k_len / C) <= top_k`), its selection
-/// is every leaf it sees (PISA.md 3, step 3): the prefill against the reference there, f16 at
-/// D 128 and 64, causal and not, a prompt and a chunk over a prefix, and one leaf more than
-/// top_k.
+/// is every leaf it sees (PISA.md 3, step 3), and the prefill skips the route and the leaf
+/// stage (one "select_all" dispatch writes the rows) and runs dense attention: against the
+/// reference there, f16 at D 128 and 64, causal and not, a prompt and a chunk over a prefix;
+/// f32 and bf16, GQA groups 1 to 8, D 32 to 128. With one leaf more than top_k the route runs.
 #[test]
 fn prefill_where_every_query_selects_every_leaf() {
     let ctx = ctx();
     let seed = seed("prefill_every_leaf");
+    // Which path a case took, from its stage times.
+    let shortcut = |t: &StageTimes| {
+        let has = |n: &str| t.stages.iter().any(|s| s.0 == n);
+        match (has("select_all"), has("route")) {
+            (true, false) => true,
+            (false, true) => false,
+            _ => panic!("stage times: {t:?}"),
+        }
+    };
     for (i, (shape, c, k, causal, layout)) in [
         (
             AttentionShape::prefill(2, 8, 2, 1000, 128),
@@ -166,7 +181,77 @@ fn prefill_where_every_query_selects_every_leaf() {
     {
         let shape = shape.unwrap();
         let cfg = SelectionConfig::new(c, k).unwrap().with_causal(causal);
-        check(ctx, shape, cfg, layout, Storage::F16, seed + i as u64);
+        if let Some(t) = check(ctx, shape, cfg, layout, Storage::F16, seed + i as u64) {
+            assert_eq!(shortcut(&t), i < 3, "case {i}");
+        }
+    }
+    // f32 and bf16 storage, GQA groups 1, 2, 3, 4, 7, 8, head dims 32 to 128, causal or not,
+    // prompts shorter than a prefix of keys, sizes that are not multiples of C.
+    for (i, (shape, c, k, causal, storage)) in [
+        (
+            AttentionShape::prefill(1, 3, 3, 77, 32),
+            16,
+            5,
+            true,
+            Storage::F32,
+        ),
+        (
+            AttentionShape::prefill(2, 6, 3, 130, 64),
+            32,
+            5,
+            true,
+            Storage::F32,
+        ),
+        (
+            AttentionShape::new(1, 6, 2, 40, 190, 48),
+            32,
+            6,
+            true,
+            Storage::F32,
+        ),
+        (
+            AttentionShape::prefill(1, 8, 2, 100, 128),
+            64,
+            2,
+            false,
+            Storage::F32,
+        ),
+        (
+            AttentionShape::prefill(1, 7, 1, 150, 64),
+            16,
+            10,
+            true,
+            Storage::Bf16,
+        ),
+        (
+            AttentionShape::prefill(1, 8, 1, 63, 64),
+            16,
+            4,
+            true,
+            Storage::F32,
+        ),
+        (
+            AttentionShape::new(2, 16, 2, 33, 97, 32),
+            16,
+            7,
+            false,
+            Storage::Bf16,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let shape = shape.unwrap();
+        let cfg = SelectionConfig::new(c, k).unwrap().with_causal(causal);
+        let t = check(
+            ctx,
+            shape,
+            cfg,
+            TensorLayout::Bhnd,
+            storage,
+            seed + 10 + i as u64,
+        );
+        assert!(shortcut(&t.unwrap()), "case {i}");
     }
 }
 

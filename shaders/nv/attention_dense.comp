@@ -11,7 +11,7 @@
 //   O = exp(s (m - m')) O + P V (f32 accumulators, P as f16). The softmax scale s is folded into
 //   Q itself when it is loaded (below): S and m are then in log2 units, each exponential is
 //   exp2(x - y), and an unmasked block makes no scaling pass.
-// Then O / l (f16) to O in Q's layout and s m + log l to LSE [B, Hq, Nq]. Every stored row sees at
+// Then O / l (f16) to O at its own strides and s m + log l to LSE [B, Hq, Nq]. Every stored row sees at
 // least key 0 (Nk >= Nq >= 1, and query i sees keys up to Nk - Nq + i). Rows past Nq are computed
 // on zero queries and never stored (the tensor layouts end at Nq). Defines: HD, BR, BC, DC, WG, MW
 // (below).
@@ -24,7 +24,8 @@ layout(set = 0, binding = 0, std140) uniform Params {
     uint k_sh; uint k_sn; uint v_sb; uint v_sh;
     uint v_sn; uint q_heads; uint kv_heads; uint q_len;
     uint k_len; uint q_pos0; uint causal; float scale;
-    uint tiles; uint split; uint pad1; uint pad2;
+    uint tiles; uint split; uint o_sb; uint o_sh;
+    uint o_sn; uint pad1; uint pad2; uint pad3;
 } p;
 layout(set = 0, binding = 1, std430) readonly buffer BufQ { float16_t q[]; };
 layout(set = 0, binding = 2, std430) readonly buffer BufK { float16_t k[]; };
@@ -100,8 +101,12 @@ void main() {
     tensorLayoutNV<2, CLAMP> lv = createTensorLayoutNV(2, CLAMP);
     lv = setTensorLayoutDimensionNV(lv, p.k_len, HD);
     lv = setTensorLayoutStrideNV(lv, p.v_sn, 1);
+    tensorLayoutNV<2, CLAMP> lo = createTensorLayoutNV(2, CLAMP);
+    lo = setTensorLayoutDimensionNV(lo, p.q_len, HD);
+    lo = setTensorLayoutStrideNV(lo, p.o_sn, 1);
     tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
     const uint qbase = b * p.q_sb + hq * p.q_sh;
+    const uint obase = b * p.o_sb + hq * p.o_sh;
     const uint kbase = b * p.k_sb + hkv * p.k_sh;
     const uint vbase = b * p.v_sb + hkv * p.v_sh;
 
@@ -169,14 +174,14 @@ void main() {
         }
     }
 
-    // O = acc / l in Q's layout (rows past Nq fall outside the layout and are not stored);
+    // O = acc / l at O's strides (rows past Nq fall outside the layout and are not stored);
     // LSE = m + log l.
     coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> ld;
     coopMatReduceNV(ld, l, gl_CooperativeMatrixReduceRowNV, smear_reduce);
     [[unroll]] for (uint c = 0; c < NDC; c++) {
         coopmat<float16_t, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> oh =
             coopmat<float16_t, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator>(acc[c] / ld);
-        coopMatStoreTensorNV(oh, o, qbase, sliceTensorLayoutNV(lq, i0, BR, c * DC, DC));
+        coopMatStoreTensorNV(oh, o, obase, sliceTensorLayoutNV(lo, i0, BR, c * DC, DC));
     }
     coopmat<float, gl_ScopeWorkgroup, BR, MW, gl_MatrixUseAccumulator> lg;
     coopMatPerElementNV(lg, l, log_elem);

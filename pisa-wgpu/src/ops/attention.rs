@@ -28,7 +28,7 @@ pub mod tiling;
 use pisa_core::{AttentionShape, PisaError, SelectionConfig, TensorLayout};
 
 pub use host::{dense_attention_host, sparse_attention_host};
-pub use kernel::{attention_kernel, AttentionKernel};
+pub use kernel::{attention_kernel, prefill_attention_kernel, AttentionKernel};
 pub use tiling::Tiling;
 
 use crate::error::{GpuError, Result};
@@ -344,32 +344,110 @@ pub(crate) fn record_attention_to(
 ) -> Result<(GpuTensor, GpuTensor)> {
     validate(shape, q, k, v, layouts, kind)?;
     if let Some(t) = out {
-        let (b, hq, d) = (shape.batch, shape.q_heads, shape.head_dim);
         if matches!(kind, AttentionKind::Dense { .. }) {
             return Err(GpuError::Unsupported(
                 "dense attention into a caller's O (sparse attention only)".into(),
             ));
         }
-        if t.o.storage != q.storage.output() {
-            return Err(GpuError::Unsupported(format!(
-                "O of {:?} for inputs of {:?} (O is {:?})",
-                t.o.storage,
-                q.storage,
-                q.storage.output()
-            )));
-        }
-        // The NVIDIA merge writes O 8 elements (16 bytes of f16) at a time: strides of
-        // dimensions of extent above 1 are multiples of 8, as for a view read in place.
-        let (sb, sh, sn) = t.layout.strides(hq, shape.q_len, d);
-        let used = [(b, sb), (hq, sh), (shape.q_len, sn)];
-        if used.iter().any(|&(n, st)| n > 1 && st % 8 != 0) {
-            return Err(GpuError::Unsupported(format!(
-                "O written in place needs strides that are multiples of 8 elements (strides {sb}, {sh}, {sn})"
-            )));
-        }
-        check_len("o", &t.o, t.layout.span(b, hq, shape.q_len, d))?;
+        check_out_target(shape, q, t)?;
     }
-    match kernel::plan(ctx, shape, q.storage, layouts, kind, tiling) {
+    let plan = kernel::plan(ctx, shape, q.storage, layouts, kind, tiling);
+    let target = (out, None);
+    record_plan(
+        ctx,
+        enc,
+        [q, k, v],
+        shape,
+        layouts,
+        kind,
+        tiling,
+        plan,
+        target,
+        prof,
+    )
+}
+
+/// The attention stage of a prefill in which every query selects every leaf it sees
+/// ([`crate::ops::select::every_leaf_selected`]: at most K leaves of keys): sparse attention
+/// over those leaves is dense attention over the same keys, causal as `cfg`, at `cfg`'s scale,
+/// so a dense kernel runs it ([`kernel::prefill_dense_plan`]: the NVIDIA dense kernel where
+/// there is one, else the tile kernels; never split-K, and the choice does not depend on
+/// `layouts`, so a plan's runs replay the kernel it recorded). Shapes and outputs as
+/// [`record_attention_to`] (O into `out` when given); profiler stage "attention".
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_every_leaf(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    [q, k, v]: [&GpuTensor; 3],
+    shape: &AttentionShape,
+    layouts: QkvLayouts,
+    cfg: &SelectionConfig,
+    out: Option<&OutTarget>,
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
+    let kind = AttentionKind::Dense {
+        causal: cfg.causal,
+        scale: cfg.softmax_scale(shape.head_dim),
+    };
+    validate(shape, q, k, v, layouts, &kind)?;
+    if let Some(t) = out {
+        check_out_target(shape, q, t)?;
+    }
+    let plan = kernel::prefill_dense_plan(ctx, shape, q.storage, &kind);
+    let target = (out, Some("attention"));
+    record_plan(
+        ctx,
+        enc,
+        [q, k, v],
+        shape,
+        layouts,
+        &kind,
+        None,
+        plan,
+        target,
+        prof,
+    )
+}
+
+/// A caller's O checked for the kernels that write into it: of Q's output storage, strides of
+/// whole 16-byte pieces, long enough. Errors: [`GpuError::Unsupported`], buffer length errors.
+fn check_out_target(shape: &AttentionShape, q: &GpuTensor, t: &OutTarget) -> Result<()> {
+    let (b, hq, d) = (shape.batch, shape.q_heads, shape.head_dim);
+    if t.o.storage != q.storage.output() {
+        return Err(GpuError::Unsupported(format!(
+            "O of {:?} for inputs of {:?} (O is {:?})",
+            t.o.storage,
+            q.storage,
+            q.storage.output()
+        )));
+    }
+    // The NVIDIA kernels write O 8 elements (16 bytes of f16) at a time: strides of
+    // dimensions of extent above 1 are multiples of 8, as for a view read in place.
+    let (sb, sh, sn) = t.layout.strides(hq, shape.q_len, d);
+    let used = [(b, sb), (hq, sh), (shape.q_len, sn)];
+    if used.iter().any(|&(n, st)| n > 1 && st % 8 != 0) {
+        return Err(GpuError::Unsupported(format!(
+            "O written in place needs strides that are multiples of 8 elements (strides {sb}, {sh}, {sn})"
+        )));
+    }
+    check_len("o", &t.o, t.layout.span(b, hq, shape.q_len, d))
+}
+
+/// Records the kernel of `plan` (O into `target.0` when given, timed as `target.1` when given).
+#[allow(clippy::too_many_arguments)]
+fn record_plan(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    [q, k, v]: [&GpuTensor; 3],
+    shape: &AttentionShape,
+    layouts: QkvLayouts,
+    kind: &AttentionKind<'_>,
+    tiling: Option<Tiling>,
+    plan: Plan<'_>,
+    (out, label): (Option<&OutTarget>, Option<&'static str>),
+    prof: Option<&mut Profiler>,
+) -> Result<(GpuTensor, GpuTensor)> {
+    match plan {
         Plan::SplitK {
             plan,
             causal,
@@ -386,7 +464,8 @@ pub(crate) fn record_attention_to(
             ctx, enc, q, k, v, selection, shape, layouts, cfg, &plan, out, prof,
         ),
         Plan::CoopTile(cv) => {
-            coop::record(ctx, enc, [q, k, v], shape, layouts, kind, &cv, out, prof)
+            let target = (out, label);
+            coop::record(ctx, enc, [q, k, v], shape, layouts, kind, &cv, target, prof)
         }
         Plan::NvDense {
             kernel,
@@ -400,10 +479,22 @@ pub(crate) fn record_attention_to(
             layouts,
             (causal, scale),
             kernel,
+            (out, label.unwrap_or("dense")),
             prof,
         ),
         Plan::PortableTile => {
-            record_tiles(ctx, enc, [q, k, v], shape, layouts, kind, tiling, out, prof)
+            let target = (out, label);
+            record_tiles(
+                ctx,
+                enc,
+                [q, k, v],
+                shape,
+                layouts,
+                kind,
+                tiling,
+                target,
+                prof,
+            )
         }
     }
 }
@@ -463,7 +554,8 @@ fn fit_loops(
 }
 
 /// Records the portable tile kernel (`shaders/attention.wgsl`) with `tiling` (`None`: the
-/// default for the kind); inputs validated by the caller.
+/// default for the kind); inputs validated by the caller. O written into `out` when given, the
+/// pass timed as `label` when given (else the kind's stage).
 #[allow(clippy::too_many_arguments)]
 fn record_tiles(
     ctx: &Context,
@@ -473,7 +565,7 @@ fn record_tiles(
     layouts: QkvLayouts,
     kind: &AttentionKind<'_>,
     tiling: Option<Tiling>,
-    out: Option<&OutTarget>,
+    (out, label): (Option<&OutTarget>, Option<&'static str>),
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
     let s = shape;
@@ -488,7 +580,7 @@ fn record_tiles(
     };
     let want = tiling.unwrap_or_else(|| Tiling::default_for(g, sparse_c));
     let (_, var) = fit_loops(ctx, want, s, sparse_c, top_k)?;
-    let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt), out)?;
+    let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt), out)?.labelled(label);
     let pipe = ctx.pipelines.get(
         &ctx.device,
         &SHADER,

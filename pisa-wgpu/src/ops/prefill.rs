@@ -2,6 +2,13 @@
 //! scoring with query tiling, and block-sparse attention, recorded into one submission with a
 //! GPU timestamp per stage.
 //!
+//! Short prompts: where every query sees at most K leaves (`ceil(Nk / C) <= K`: up to 1024 keys
+//! at C 64, K 16), each keeps every leaf it sees whatever the scores (PISA.md 3.3). There the
+//! route and the leaf stage are skipped, one dispatch writes the selection (profiler stage
+//! "select_all") and dense attention runs as the attention stage ("attention"; the NVIDIA
+//! dense kernel where there is one): the same selection, and the same output within rounding,
+//! as the sparse stages would give. The pyramid is built as always, for a decode cache.
+//!
 //! Binding-size splitting: a call whose tensors do not fit one storage binding
 //! ([`Context::max_binding_bytes`]) runs in chunks of KV heads (each chunk taking its heads'
 //! query heads along), since every (batch, KV head) is independent; a single head too large for
@@ -53,9 +60,11 @@ pub use self::plan::{PlanViews, PrefillOutputs, PrefillPlan, VarlenPrefillPlan};
 
 use pisa_core::{AttentionShape, PisaError, PyramidLayout, Scoring, SelectionConfig, TensorLayout};
 
-use super::attention::{record_attention_to, AttentionKind, OutTarget, QkvLayouts};
+use super::attention::{
+    record_attention_to, record_every_leaf, AttentionKind, OutTarget, QkvLayouts,
+};
 use super::pyramid::{self, KeyGeometry};
-use super::select::{select, Layouts, Method};
+use super::select::{self, every_leaf_selected, select, Layouts, Method};
 use crate::error::Result;
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::Context;
@@ -114,7 +123,8 @@ pub struct PrefillOutput {
     /// GPU time per stage: "pyramid", "route", "leaf_select" (or, leaf-major, "leaf_bucket",
     /// "leaf_score", "leaf_pick"), "attention" (or, leaf-major, "attention_bucket",
     /// "attention_leaf", "attention_merge": [`crate::ops::attention::by_leaf::PARTS`]),
-    /// summed over chunks.
+    /// summed over chunks; where every query selects every leaf it sees (see the
+    /// [module docs](self)), "pyramid", "select_all" and "attention".
     pub times: StageTimes,
     /// Number of chunks the call was split into (1 when everything fit one binding).
     pub chunks: usize,
@@ -171,6 +181,15 @@ pub(crate) fn record_prefill_parts(
     };
     let pyr = pyramid::alloc(ctx, lay, &geo, opts.cfg.scoring == Scoring::MeanVar)?;
     pyramid::record_build(ctx, enc, k, &geo, shape.k_len, &pyr, prof.as_deref_mut())?;
+    if every_leaf_selected(shape, &opts.cfg) {
+        // Every query keeps every leaf it sees (PISA.md 3.3): nothing to score, and sparse
+        // attention over all of them is dense attention over the same keys. The pyramid is
+        // still built, for a decode cache to take over.
+        let sel = select::record_all_leaves(ctx, enc, shape, &opts.cfg, prof.as_deref_mut())?;
+        let qkv = [q, k, v];
+        let (o, lse) = record_every_leaf(ctx, enc, qkv, shape, layouts, &opts.cfg, out, prof)?;
+        return Ok((o, lse, sel, pyr));
+    }
     let sel_layouts = Layouts {
         q: layouts.q,
         k: layouts.k,

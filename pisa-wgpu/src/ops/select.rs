@@ -17,8 +17,10 @@ use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
 use crate::runtime::view::KernelLayout;
 
+mod all_leaves;
 mod plan;
 
+pub(crate) use all_leaves::{every_leaf_selected, record as record_all_leaves};
 pub(crate) use plan::{fit_tile, plan, Plan, SelParams};
 
 /// Largest head dimension the selection kernels accept.

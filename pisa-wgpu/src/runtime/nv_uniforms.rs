@@ -117,7 +117,8 @@ fn rust_offset(kernel: &str, block: &str, m: &str) -> Option<usize> {
             "scale" => offset_of!(DenseParams, scale),
             "tiles" => offset_of!(DenseParams, tiles),
             "split" => offset_of!(DenseParams, split),
-            "pad1" | "pad2" => offset_of!(DenseParams, pad) + 4 * (pad_index(m) - 1),
+            "o_sb" | "o_sh" | "o_sn" => offset_of!(DenseParams, o_s) + 4 * stride_index(m),
+            "pad1" | "pad2" | "pad3" => offset_of!(DenseParams, pad) + 4 * (pad_index(m) - 1),
             _ => return None,
         },
         ("Buckets", _) => match m {
@@ -152,7 +153,7 @@ fn stride_index(m: &str) -> usize {
     ["b", "h", "n"].iter().position(|s| m.ends_with(s)).unwrap()
 }
 
-/// 0, 1, 2 for `pad0`, `pad1`, `pad2`.
+/// 0, 1, 2, 3 for `pad0`, `pad1`, `pad2`, `pad3`.
 fn pad_index(m: &str) -> usize {
     m[3..].parse().unwrap()
 }

@@ -10,7 +10,9 @@
 
 use anyhow::Result;
 use pisa_core::{AttentionShape, PyramidLayout, Scoring, SelectionConfig, TensorLayout};
-use pisa_wgpu::ops::attention::{attention_kernel, record_attention, AttentionKind, QkvLayouts};
+use pisa_wgpu::ops::attention::{
+    attention_kernel, prefill_attention_kernel, record_attention, AttentionKind, QkvLayouts,
+};
 use pisa_wgpu::ops::backward::record_backward;
 use pisa_wgpu::ops::fill::random_tensor;
 use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutputs, PrefillPlan};
@@ -290,10 +292,10 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
         causal: p.cfg.causal,
         scale,
     };
-    // The kernels these very calls run (the rule record_attention dispatches on; the plan
-    // records the prefill of this shape in BHND).
+    // The kernels these very calls run (the rule the prefill and record_attention dispatch
+    // on; the plan records the prefill of this shape in BHND).
     let kernels = Kernels {
-        attention: Some(attention_kernel(ctx, &shape, p.storage, qkv, &sparse, None)),
+        attention: Some(prefill_attention_kernel(ctx, &shape, p.storage, &sparse)),
         dense: p
             .dense
             .then(|| attention_kernel(ctx, &shape, p.storage, qkv, &dense, None)),

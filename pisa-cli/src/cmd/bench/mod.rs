@@ -319,7 +319,9 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             // Leaf-major attention, profiled, is timed as three parts, recorded apart as well.
             let attn_parts = pisa_wgpu::ops::attention::by_leaf::PARTS;
             let attn = t.attention();
-            let sel = g("pyramid") + route + leaf;
+            // A prompt whose queries select every leaf they see writes the selection in one
+            // dispatch ("select_all") instead of routing and scoring.
+            let sel = g("pyramid") + g("select_all") + route + leaf;
             let attn_flops = 4.0
                 * a.hq as f64
                 * plan.q_len as f64
@@ -334,6 +336,9 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                 out.records.push(rec("leaf_select", leaf, None));
                 for s in leaf_parts.into_iter().filter(|s| g(s) > 0.0) {
                     out.records.push(rec(s, g(s), None));
+                }
+                if g("select_all") > 0.0 {
+                    out.records.push(rec("select_all", g("select_all"), None));
                 }
                 out.records.push(rec("pisa_select", sel, None));
                 if plan.baselines {

@@ -235,12 +235,23 @@ pub fn record_coop(
             "cooperative-matrix variant {var:?} for {shape:?} on this context"
         )));
     }
-    record(ctx, enc, [q, k, v], shape, layouts, kind, var, None, prof)
+    record(
+        ctx,
+        enc,
+        [q, k, v],
+        shape,
+        layouts,
+        kind,
+        var,
+        (None, None),
+        prof,
+    )
 }
 
 /// Records the cooperative-matrix kernel of variant `var` (from [`plan`]); inputs validated by
 /// the caller. Shapes, layouts, outputs, profiler labels and errors as
-/// [`super::record_attention`].
+/// [`super::record_attention`]; O written into `out` when given, the pass timed as `label`
+/// when given.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
     ctx: &Context,
@@ -250,10 +261,10 @@ pub(crate) fn record(
     layouts: QkvLayouts,
     kind: &AttentionKind<'_>,
     var: &CoopVariant,
-    out: Option<&super::OutTarget>,
+    (out, label): (Option<&super::OutTarget>, Option<&'static str>),
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
-    let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt), out)?;
+    let l = Launch::new(ctx, q, s, layouts, kind, (var.gh, var.qt, var.kt), out)?.labelled(label);
     let pipe = ctx.pipelines.get(
         &ctx.device,
         &SHADER,

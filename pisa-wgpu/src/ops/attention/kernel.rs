@@ -130,8 +130,8 @@ pub(crate) fn plan<'a>(
     if tiling.is_some() {
         return Plan::PortableTile;
     }
-    // Split-K's merge and the NVIDIA dense kernel write O at Q's strides: only with O in Q's
-    // layout, Q contiguous (the tile kernels write O at its own strides).
+    // Split-K's merge writes O at Q's strides: only with O in Q's layout, Q contiguous (the
+    // tile kernels and the NVIDIA dense kernel write O at its own strides).
     let o_is_q = layouts.q == KernelLayout::Contiguous(layouts.o);
     match *kind {
         // (Split-K reads f32 or f16 only: its plan is None for bf16.)
@@ -157,9 +157,21 @@ pub(crate) fn plan<'a>(
             }
         }
     }
+    tile_plan(ctx, shape, storage, layouts, kind)
+}
+
+/// The tile kernels' part of [`plan`] (its rules 4 and 5): the NVIDIA dense kernel, the WGSL
+/// tensor-core tile kernel, or the portable one.
+fn tile_plan<'a>(
+    ctx: &Context,
+    shape: &AttentionShape,
+    storage: Storage,
+    layouts: QkvLayouts,
+    kind: &AttentionKind<'a>,
+) -> Plan<'a> {
     if storage == Storage::F16 {
         if let Some(cv) = coop::plan(ctx, shape, kind) {
-            if let (AttentionKind::Dense { causal, scale }, true) = (*kind, o_is_q) {
+            if let AttentionKind::Dense { causal, scale } = *kind {
                 if let Some(kernel) = nv_dense::kernel_for(ctx, shape, storage, layouts) {
                     return Plan::NvDense {
                         kernel,
@@ -172,6 +184,45 @@ pub(crate) fn plan<'a>(
         }
     }
     Plan::PortableTile
+}
+
+/// The kernel of a prefill's attention where every query selects every leaf it sees (dense
+/// `kind`, [`super::record_every_leaf`]): [`plan`]'s tile kernels (never split-K, which needs O
+/// in Q's layout). The choice is made for Q, K and V aligned as a prefill plan reads them (their
+/// strides whole 16-byte pieces: the plan's staging, or views read in place), so the kernel a
+/// plan records is the one every run replays, whatever the views' layouts.
+pub(crate) fn prefill_dense_plan<'a>(
+    ctx: &Context,
+    shape: &AttentionShape,
+    storage: Storage,
+    kind: &AttentionKind<'a>,
+) -> Plan<'a> {
+    tile_plan(ctx, shape, storage, QkvLayouts::default(), kind)
+}
+
+/// The kernel that runs the attention of a prefill of `shape` with `storage` whose selection
+/// and configuration are those of `sparse` (the selection tensor is not read), as
+/// [`crate::ops::prefill::PrefillPlan`] and [`crate::ops::prefill::prefill_host`] record it
+/// (Q, K, V staged in BHND or read in place): where every query selects every leaf it sees (at
+/// most `cfg.top_k` leaves of keys, PISA.md 3.3), the dense kernel of [`prefill_dense_plan`],
+/// else [`attention_kernel`]'s for `sparse` in BHND. A dense `sparse` is answered as
+/// [`attention_kernel`] answers it.
+pub fn prefill_attention_kernel(
+    ctx: &Context,
+    shape: &AttentionShape,
+    storage: Storage,
+    sparse: &AttentionKind<'_>,
+) -> AttentionKernel {
+    if let AttentionKind::Sparse { cfg, .. } = sparse {
+        if crate::ops::select::every_leaf_selected(shape, cfg) {
+            let kind = AttentionKind::Dense {
+                causal: cfg.causal,
+                scale: cfg.softmax_scale(shape.head_dim),
+            };
+            return prefill_dense_plan(ctx, shape, storage, &kind).kernel();
+        }
+    }
+    plan(ctx, shape, storage, QkvLayouts::default(), sparse, None).kernel()
 }
 
 /// The kernel [`super::record_attention`] runs for these arguments (Q's storage as `storage`;

@@ -128,6 +128,15 @@ impl Launch {
         })
     }
 
+    /// The same launch timed as `label` in the profiler instead of its kind's stage, when given
+    /// (dense attention as a prefill's "attention" stage).
+    pub(crate) fn labelled(mut self, label: Option<&'static str>) -> Self {
+        if let Some(l) = label {
+            self.label = l;
+        }
+        self
+    }
+
     /// The entry point of the kind ("sparse" or "dense").
     pub(crate) fn entry(&self) -> &'static str {
         self.entry

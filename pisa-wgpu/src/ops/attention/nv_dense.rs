@@ -3,11 +3,13 @@
 //! the WGSL tensor-core tile kernel ([`super::coop`]) for dense calls where the device has
 //! `VK_NV_cooperative_matrix2` ([`Context::nv_cm2`]), f16 storage, a head dim with a built
 //! kernel (64, 128) that the driver built, and strides of whole 16-byte pieces. Same outputs: O `[B, Hq, Nq, D]` in
-//! Q's layout (f16) and LSE `[B, Hq, Nq]` f32; profiler stage "dense".
+//! Q's layout (f16), or at the strides of a caller's O ([`super::OutTarget`]: the prefill of a
+//! prompt that selects every leaf), and LSE `[B, Hq, Nq]` f32; profiler stage "dense", or the
+//! caller's.
 
 use pisa_core::AttentionShape;
 
-use super::{element_strides, QkvLayouts};
+use super::{element_strides, OutTarget, QkvLayouts};
 use crate::error::Result;
 use crate::nv_kernel;
 use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32};
@@ -48,7 +50,9 @@ pub(crate) struct Params {
     pub(crate) tiles: u32,
     /// The tiles of each head taken last ([`light_tiles`]; 0: every head's tiles in order).
     pub(crate) split: u32,
-    pub(crate) pad: [u32; 2],
+    /// O's element strides (batch, head, token).
+    pub(crate) o_s: [u32; 3],
+    pub(crate) pad: [u32; 3],
 }
 
 /// The causal tiles of a head that the dense kernel's workgroups take last (`split` of
@@ -74,14 +78,20 @@ pub fn kernel_for(
     if !ctx.nv_cm2() || storage != Storage::F16 {
         return None;
     }
-    let aligned = [
+    // Strides of dimensions of extent 1 are never multiplied by a non-zero index: a view read
+    // in place need not align them (PrefillPlan's rule), so they are not asked to here either,
+    // and the kernel a plan recorded is the one its runs on such views take.
+    let extents = [s.batch, s.q_heads, s.q_len, s.batch, s.kv_heads, s.k_len];
+    let strides = [
         element_strides(layouts.q, s.q_heads, s.q_len, s.head_dim),
         element_strides(layouts.k, s.kv_heads, s.k_len, s.head_dim),
         element_strides(layouts.v, s.kv_heads, s.k_len, s.head_dim),
-    ]
-    .iter()
-    .flatten()
-    .all(|x| x % 8 == 0);
+    ];
+    let aligned = strides.iter().enumerate().all(|(t, st)| {
+        st.iter()
+            .enumerate()
+            .all(|(i, x)| extents[(t.min(1)) * 3 + i] == 1 || x % 8 == 0)
+    });
     let name = match s.head_dim {
         128 => "attention_dense_d128",
         64 => "attention_dense_d64",
@@ -94,7 +104,9 @@ pub fn kernel_for(
 }
 
 /// Records dense attention with `kernel` (from [`kernel_for`]); inputs validated by the
-/// caller. Returns (O, LSE), both poisoned before the kernel writes them.
+/// caller. Returns (O, LSE): O written into `out` when given (at its strides), else a new
+/// tensor contiguous in `layouts.o`; LSE new. Both poisoned before the kernel writes them (the
+/// caller's O is not). Timed as `label` in `prof`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
     ctx: &Context,
@@ -104,10 +116,19 @@ pub(crate) fn record(
     layouts: QkvLayouts,
     (causal, scale): (bool, f32),
     (kernel, rows): (NvKernel, u32),
+    (out, label): (Option<&OutTarget>, &'static str),
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
-    super::check_o_is_q(layouts)?;
-    let o = ctx.alloc("attention O", s.q_elems(), q.storage.output(), POISON_F32)?;
+    let (o, o_s) = match out {
+        Some(t) => (
+            t.o.alias(),
+            element_strides(t.layout, s.q_heads, s.q_len, s.head_dim),
+        ),
+        None => (
+            ctx.alloc("attention O", s.q_elems(), q.storage.output(), POISON_F32)?,
+            element_strides(layouts.o, s.q_heads, s.q_len, s.head_dim),
+        ),
+    };
     let lse = ctx.alloc("attention LSE", s.lse_elems(), Storage::F32, POISON_F32)?;
     let tiles = (s.batch * s.q_heads) as u64 * s.q_len.div_ceil(rows as usize) as u64;
     let params = Params {
@@ -128,7 +149,8 @@ pub(crate) fn record(
         } else {
             0
         },
-        pad: [0; 2],
+        o_s,
+        pad: [0; 3],
     };
     let u = ctx.uniform("dense params", &params)?;
     let (pipe, _) = ctx.nv_pipeline(&kernel)?;
@@ -141,6 +163,6 @@ pub(crate) fn record(
         (5, (&lse).into()),
     ];
     let stage = ctx.stage(&pipe, &binds, tiles)?;
-    ctx.record_pass(enc, "dense", [&stage], prof);
+    ctx.record_pass(enc, label, [&stage], prof);
     Ok((o, lse))
 }
