@@ -107,7 +107,7 @@ pub fn record_build(
     geo: &KeyGeometry,
     k_len: usize,
     pyr: &GpuPyramid,
-    mut prof: Option<&mut Profiler>,
+    prof: Option<&mut Profiler>,
 ) -> Result<()> {
     let _call = ctx.public_call()?;
     let cap = pyr.capacity;
@@ -143,6 +143,10 @@ pub fn record_build(
     let levels = ctx
         .pipelines
         .get(&ctx.device, &SHADER, "pool_level", k.storage, &[], &ov)?;
+    // Every level's dispatch in ONE compute pass (each sees the writes of the one before it,
+    // see `Context::record_pass`): a pass per level cost its own start, most of a short
+    // prompt's pyramid (docs/benchmarks.md A.54).
+    let mut stages = Vec::with_capacity(valid.num_levels());
     for l in 0..valid.num_levels() {
         let nodes = valid.nodes(l) as u32;
         let mut p = Params {
@@ -157,19 +161,20 @@ pub fn record_build(
             p.child_tokens = (cap.block_size() * cap.leaves_per_node(l - 1)) as u32;
         }
         let u = ctx.uniform("pyramid params", &p)?;
-        let timer = prof.as_deref_mut().map(|pr| (pr, "pyramid"));
-        if l == 0 {
+        let stage = if l == 0 {
             let b: [(u32, Bind<'_>); 4] = [
                 (0, (&u).into()),
                 (1, k.into()),
                 (2, (&pyr.means).into()),
                 (3, sq_buf.into()),
             ];
-            ctx.dispatch(enc, &leaves, &b, p.wg_count as u64, timer)?;
+            ctx.stage(&leaves, &b, p.wg_count as u64)?
         } else {
             let b = [(0, &u), (2, &pyr.means.buffer), (3, sq_buf)];
-            ctx.dispatch(enc, &levels, &b, p.wg_count as u64, timer)?;
-        }
+            ctx.stage(&levels, &b, p.wg_count as u64)?
+        };
+        stages.push(stage);
     }
+    ctx.record_pass(enc, "pyramid", stages.iter(), prof);
     Ok(())
 }
