@@ -174,8 +174,8 @@ fn invalid_inputs_are_typed_errors() {
 }
 
 /// Strided views through the device-tensor API: a Q whose heads sit 2 D apart (as in a wider
-/// projection) runs dense attention on a kernel that writes O at O's own strides (split-K and
-/// the NVIDIA dense kernel, which write O at Q's, are not chosen), matching the reference; a
+/// projection) runs dense attention on a kernel that writes O at O's own strides (split-K, which
+/// writes O at Q's, is not chosen), matching the reference; a
 /// stride that is not a multiple of 4 elements is a typed error, not a misaligned read.
 #[test]
 fn strided_q_and_misaligned_strides() {
@@ -215,10 +215,7 @@ fn strided_q_and_misaligned_strides() {
     };
     let kernel = attention::attention_kernel(ctx, &s, Storage::F32, layouts, &kind, None);
     assert!(
-        !matches!(
-            kernel,
-            attention::AttentionKernel::SplitK | attention::AttentionKernel::NvDense
-        ),
+        !matches!(kernel, attention::AttentionKernel::SplitK),
         "{kernel:?}"
     );
     let (o, l) = ctx

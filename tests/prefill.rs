@@ -322,6 +322,81 @@ fn large_gqa_groups_multi_query() {
     };
     let err = prefill_host(ctx, &x, &kv, &kv, &shape, &opts).unwrap_err();
     assert!(matches!(err, pisa_wgpu::GpuError::Unsupported(_)), "{err}");
+    // The same where every query selects every leaf it sees (60 keys, C 16, K 4: no routing
+    // runs), so that the shapes a prefill takes do not depend on the prompt's length.
+    let shape = AttentionShape::prefill(1, 33, 1, 60, 64).unwrap();
+    let x = vec![0.5f32; shape.q_elems()];
+    let kv = vec![0.25f32; shape.kv_elems()];
+    let err = prefill_host(ctx, &x, &kv, &kv, &shape, &opts).unwrap_err();
+    assert!(matches!(err, pisa_wgpu::GpuError::Unsupported(_)), "{err}");
+}
+
+/// A prefill whose queries select every leaf they see builds the kernels that
+/// `prefill_attention_kernel` reports and no routing or leaf-stage kernel: on a context of its
+/// own, the WGSL shaders the call built are the pyramid's, `select_all` and the reported dense
+/// kernel's (none for the NVIDIA dense kernel, passthrough SPIR-V), which is the NVIDIA one for
+/// f16 at D 64 and 128 where the device has `VK_NV_cooperative_matrix2`.
+#[test]
+fn every_leaf_prefill_builds_the_kernels_it_reports() {
+    use pisa_wgpu::ops::attention::{prefill_attention_kernel, AttentionKernel, AttentionKind};
+    let seed = seed("every_leaf_kernels");
+    for (i, (shape, storage)) in [
+        (AttentionShape::prefill(1, 8, 2, 1000, 128), Storage::F16),
+        (AttentionShape::prefill(1, 4, 1, 500, 64), Storage::F16),
+        (AttentionShape::prefill(1, 6, 3, 700, 48), Storage::F16),
+        (AttentionShape::prefill(2, 4, 2, 333, 64), Storage::F32),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let own = Context::new(&AdapterChoice::HighPerformance).unwrap();
+        let shape = shape.unwrap();
+        if storage == Storage::F16 && !own.has_f16() {
+            eprintln!("no SHADER_F16: case {i} skipped");
+            continue;
+        }
+        let cfg = SelectionConfig::new(64, 16).unwrap();
+        let placeholder = own.upload("selection", &[1.0], Storage::F32).unwrap();
+        let kind = AttentionKind::Sparse {
+            selection: &placeholder,
+            cfg: &cfg,
+        };
+        let reported = prefill_attention_kernel(&own, &shape, storage, &kind);
+        let nv = own.nv_cm2() && storage == Storage::F16 && shape.head_dim % 64 == 0;
+        assert_eq!(
+            reported == AttentionKernel::NvDense,
+            nv,
+            "case {i}: {reported:?}"
+        );
+        let attention: &[&str] = match reported {
+            AttentionKernel::NvDense => &[],
+            AttentionKernel::CoopTile => &["attention_coop"],
+            AttentionKernel::PortableTile => &["attention"],
+            k => panic!("case {i}: {k:?} for a dense prompt"),
+        };
+        let before = own.built_shaders();
+        let mut r = rng(seed + i as u64);
+        let x = [
+            random(&mut r, shape.q_elems(), 1.0),
+            random(&mut r, shape.kv_elems(), 1.0),
+            random(&mut r, shape.kv_elems(), 1.0),
+        ];
+        let opts = PrefillOptions {
+            cfg,
+            storage,
+            ..Default::default()
+        };
+        prefill_host(&own, &x[0], &x[1], &x[2], &shape, &opts).unwrap();
+        let mut want = vec!["pyramid", "select_all"];
+        want.extend_from_slice(attention);
+        want.sort_unstable();
+        let new: Vec<_> = own
+            .built_shaders()
+            .into_iter()
+            .filter(|s| !before.contains(s) && *s != "fill" && *s != "gather")
+            .collect();
+        assert_eq!(new, want, "case {i}: shaders built ({reported:?})");
+    }
 }
 
 /// `layer{layer}.{q,k,v}` of the first `n` tokens of the shared real activations (SmolLM2-135M:

@@ -1077,8 +1077,11 @@ fn packed_qkv_is_read_in_place() {
                 assert!(!plan.reads_in_place(v), "case {i}: unaligned view in place");
             }
             // Under `Leaves`, the leaf-major kernels run for the packed layouts as for the
-            // staging's BHND (the same kernels either way, so the arena's replay holds).
-            if order == LeafOrder::Leaves {
+            // staging's BHND (the same kernels either way, so the arena's replay holds); where
+            // every query selects every leaf it sees, the dense kernel runs instead (checked in
+            // tests/prefill.rs), in either order.
+            let every_leaf = n.div_ceil(cb) <= kk;
+            if order == LeafOrder::Leaves && !every_leaf {
                 let t = hq + 2 * hkv;
                 let packed_layout = KernelLayout::Strided {
                     batch: n * t * d,

@@ -8,7 +8,9 @@
 //! leaves; dense attention walks every visible key tile, so the benchmark compares the same
 //! inner loop. Host-slice entry points with binding-size splitting are in [`host`].
 //!
-//! Which kernel runs is one rule, [`attention_kernel`] (also what reports name). On a context
+//! Which kernel runs is one rule, [`attention_kernel`] (also what reports name); a prefill
+//! whose queries select every leaf they see runs dense attention by its own,
+//! [`prefill_attention_kernel`]. On a context
 //! whose [`crate::KernelPath`] is CoopMat, f16-storage calls with the default tiling run
 //! the tensor-core twin in [`coop`] (same inputs, outputs and semantics) when the shape suits it.
 //! Sparse attention may instead run leaf-major ([`by_leaf`]: the selection bucketed by leaf,
@@ -144,8 +146,8 @@ pub(crate) fn check_strided(what: &str, l: KernelLayout) -> Result<()> {
     Ok(())
 }
 
-/// The kernels that write O at Q's strides (split-K's merge, the NVIDIA dense kernel) need O in
-/// Q's layout, contiguous. Errors: [`GpuError::Unsupported`] otherwise.
+/// The kernel that writes O at Q's strides (split-K's merge) needs O in Q's layout,
+/// contiguous. Errors: [`GpuError::Unsupported`] otherwise.
 pub(crate) fn check_o_is_q(layouts: QkvLayouts) -> Result<()> {
     if layouts.q != KernelLayout::Contiguous(layouts.o) {
         return Err(GpuError::Unsupported(format!(
@@ -453,6 +455,12 @@ fn record_plan(
             causal,
             scale,
         } => {
+            // (Never chosen with a target: dense calls with one take the tile kernels.)
+            if out.is_some() {
+                return Err(GpuError::Unsupported(
+                    "split-K attention into a caller's O".into(),
+                ));
+            }
             let qkv = [q, k, v];
             split_k::record(ctx, enc, qkv, shape, layouts, (causal, scale), &plan, prof)
         }

@@ -78,6 +78,7 @@ pub fn all_shaders() -> Vec<ShaderSource> {
         pyramid::SHADER,
         route::SHADER,
         route::SG_SHADER,
+        select::all_leaves::SHADER,
         route::TABLE_SHADER,
         leaf_select::SHADER,
         leaf_select::by_leaf::BUCKET_SHADER,

@@ -456,6 +456,20 @@ fn choose_shape(
     }
 }
 
+/// The prefill selection's limit on query heads per KV head ([`MAX_GQ`]), which every prefill
+/// meets whether or not it routes (a prompt whose queries select every leaf they see does not):
+/// [`crate::GpuError::Unsupported`] above it.
+pub(crate) fn check_query_group(gq: usize) -> Result<()> {
+    if gq > MAX_GQ as usize {
+        return Err(crate::GpuError::Unsupported(format!(
+            "PISA prefill routing with {gq} query heads per KV head: at most {MAX_GQ} (prefill \
+             selection holds up to 32 (query, head) rows per workgroup; the decode step takes \
+             up to 256)"
+        )));
+    }
+    Ok(())
+}
+
 /// Records stage 1 and returns the candidates `[B, Hkv, Nq, g*(K+1)]` i32: per query its
 /// level-0 candidate leaves, ascending, -1 padded (all -1 for a query that sees K or fewer
 /// leaves, which stage 2 handles without scoring). `_q_tile` (stage 2's query tile) is not used:
@@ -478,13 +492,7 @@ pub(crate) fn record(
         plan.params.mc,
         plan.params.merge,
     );
-    if gq > MAX_GQ {
-        return Err(crate::GpuError::Unsupported(format!(
-            "PISA prefill routing with {gq} query heads per KV head: at most {MAX_GQ} (prefill \
-             selection holds up to 32 (query, head) rows per workgroup; the decode step takes \
-             up to 256)"
-        )));
-    }
+    check_query_group(gq as usize)?;
     let mv = (plan.params.scoring == 2) as u32;
     let v4 = (d % 4 == 0) as u32;
     let lim = ctx.limits();

@@ -17,7 +17,7 @@ use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
 use crate::runtime::view::KernelLayout;
 
-mod all_leaves;
+pub(crate) mod all_leaves;
 mod plan;
 
 pub(crate) use all_leaves::{every_leaf_selected, record as record_all_leaves};

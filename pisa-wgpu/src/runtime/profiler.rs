@@ -28,13 +28,16 @@ impl StageTimes {
     pub fn total(&self) -> f64 {
         self.stages.iter().fold(0.0, |t, s| t + s.1)
     }
-    /// Time of one stage (0 if absent), ms.
+    /// Time of one stage (+0 if absent), ms.
     pub fn get(&self, stage: &str) -> f64 {
         self.stages
             .iter()
             .filter(|s| s.0 == stage)
-            .map(|s| s.1)
-            .sum()
+            .fold(0.0, |t, s| t + s.1)
+    }
+    /// Whether stage `stage` was timed.
+    pub fn has(&self, stage: &str) -> bool {
+        self.stages.iter().any(|s| s.0 == stage)
     }
     /// Time of sparse attention, ms: the "attention" stage, plus leaf-major attention's parts
     /// where it was timed in parts ([`crate::ops::attention::by_leaf::PARTS`]).

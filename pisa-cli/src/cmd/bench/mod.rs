@@ -330,7 +330,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             if t.gpu {
                 out.records.push(rec("pyramid", g("pyramid"), None));
                 // (None where the selection was written in one dispatch: no route ran.)
-                if g("select_all") == 0.0 {
+                if !t.has("select_all") {
                     out.records.push(rec("route", route, None));
                     out.records.push(rec("leaf_select", leaf, None));
                 }
@@ -340,7 +340,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                 for s in leaf_parts.into_iter().filter(|s| g(s) > 0.0) {
                     out.records.push(rec(s, g(s), None));
                 }
-                if g("select_all") > 0.0 {
+                if t.has("select_all") {
                     out.records.push(rec("select_all", g("select_all"), None));
                 }
                 out.records.push(rec("pisa_select", sel, None));

@@ -15,7 +15,8 @@ use super::decode::DecodeTimes;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
     /// What was timed: `pyramid`, `route` (with `route_table`, also recorded apart where the
-    /// routing table runs), `leaf_select`, `pisa_select`, `bsa_select`,
+    /// routing table runs), `leaf_select` (or, instead of both, `select_all`, where every
+    /// query selects every leaf it sees), `pisa_select`, `bsa_select`,
     /// `attention` (leaf-major: also its parts `attention_bucket`, `attention_leaf`,
     /// `attention_merge`), `pisa_prefill`, `dense`, `backward`, `copy`; decode: `decode_pisa`,
     /// `decode_dense` (one isolated step per submission), `decode_route`, `decode_leaf`,

@@ -1,6 +1,8 @@
 //! Which attention kernel a call runs: ONE rule, [`plan`], that [`super::record_attention`]
 //! dispatches on and that every report of the choice reads ([`attention_kernel`],
-//! [`super::coop::attention_path`], `pisa bench`), so a reported kernel is the one that ran.
+//! [`super::coop::attention_path`], `pisa bench`), so a reported kernel is the one that ran; and
+//! for a prefill whose queries select every leaf they see, [`prefill_dense_plan`], which the
+//! prefill dispatches on and [`prefill_attention_kernel`] reports.
 
 use pisa_core::{AttentionShape, SelectionConfig};
 

@@ -2,8 +2,9 @@
 //! FlashAttention-2's forward pass with workgroup-scope matrices; PISA.md 4). Runs in place of
 //! the WGSL tensor-core tile kernel ([`super::coop`]) for dense calls where the device has
 //! `VK_NV_cooperative_matrix2` ([`Context::nv_cm2`]), f16 storage, a head dim with a built
-//! kernel (64, 128) that the driver built, and strides of whole 16-byte pieces. Same outputs: O `[B, Hq, Nq, D]` in
-//! Q's layout (f16), or at the strides of a caller's O ([`super::OutTarget`]: the prefill of a
+//! kernel (64, 128) that the driver built, and Q, K, V strides of whole 16-byte pieces (where
+//! their dimension has more than one element). Same outputs: O `[B, Hq, Nq, D]` contiguous in
+//! `layouts.o` (f16), or at the strides of a caller's O ([`super::OutTarget`]: the prefill of a
 //! prompt that selects every leaf), and LSE `[B, Hq, Nq]` f32; profiler stage "dense", or the
 //! caller's.
 
@@ -78,9 +79,8 @@ pub fn kernel_for(
     if !ctx.nv_cm2() || storage != Storage::F16 {
         return None;
     }
-    // Strides of dimensions of extent 1 are never multiplied by a non-zero index: a view read
-    // in place need not align them (PrefillPlan's rule), so they are not asked to here either,
-    // and the kernel a plan recorded is the one its runs on such views take.
+    // Strides of dimensions of extent 1 are never multiplied by a non-zero index, so they need
+    // no alignment (as for a view a PrefillPlan reads in place).
     let extents = [s.batch, s.q_heads, s.q_len, s.batch, s.kv_heads, s.k_len];
     let strides = [
         element_strides(layouts.q, s.q_heads, s.q_len, s.head_dim),
