@@ -11,11 +11,16 @@
 //   O = exp(s (m - m')) O + P V (f32 accumulators, P as f16). The softmax scale s is folded into
 //   Q itself when it is loaded (below): S and m are then in log2 units, each exponential is
 //   exp2(x - y), and an unmasked block makes no scaling pass.
-// Then O / l (f16) to O at its own strides and s m + log l to LSE [B, Hq, Nq]. Every stored row sees at
+// Then O / l (f16) to O (at Q's strides, or at O's own with OSTRIDES) and s m + log l to LSE [B, Hq, Nq]. Every stored row sees at
 // least key 0 (Nk >= Nq >= 1, and query i sees keys up to Nk - Nq + i). Rows past Nq are computed
 // on zero queries and never stored (the tensor layouts end at Nq). Defines: HD, BR, BC, DC, WG, MW
-// (below).
+// (below), OSTRIDES (1: O at its own strides, o_s*; 0 or absent: at Q's). Two builds rather than
+// one: with O's own tensor layout the key loop ran 0.9% slower at 64K on the H200 and the H100
+// (docs/benchmarks.md A.54), wherever in the shader the layout was made.
 #include "common.glsl"
+#ifndef OSTRIDES
+#define OSTRIDES 0
+#endif
 
 layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
 
@@ -101,12 +106,8 @@ void main() {
     tensorLayoutNV<2, CLAMP> lv = createTensorLayoutNV(2, CLAMP);
     lv = setTensorLayoutDimensionNV(lv, p.k_len, HD);
     lv = setTensorLayoutStrideNV(lv, p.v_sn, 1);
-    tensorLayoutNV<2, CLAMP> lo = createTensorLayoutNV(2, CLAMP);
-    lo = setTensorLayoutDimensionNV(lo, p.q_len, HD);
-    lo = setTensorLayoutStrideNV(lo, p.o_sn, 1);
     tensorViewNV<2, false, 1, 0> transpose = createTensorViewNV(2, false, 1, 0);
     const uint qbase = b * p.q_sb + hq * p.q_sh;
-    const uint obase = b * p.o_sb + hq * p.o_sh;
     const uint kbase = b * p.k_sb + hkv * p.k_sh;
     const uint vbase = b * p.v_sb + hkv * p.v_sh;
 
@@ -176,6 +177,15 @@ void main() {
 
     // O = acc / l at O's strides (rows past Nq fall outside the layout and are not stored);
     // LSE = m + log l.
+#if OSTRIDES
+    tensorLayoutNV<2, CLAMP> lo = createTensorLayoutNV(2, CLAMP);
+    lo = setTensorLayoutDimensionNV(lo, p.q_len, HD);
+    lo = setTensorLayoutStrideNV(lo, p.o_sn, 1);
+    const uint obase = b * p.o_sb + hq * p.o_sh;
+#else
+    const uint obase = qbase;
+#define lo lq
+#endif
     coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> ld;
     coopMatReduceNV(ld, l, gl_CooperativeMatrixReduceRowNV, smear_reduce);
     [[unroll]] for (uint c = 0; c < NDC; c++) {

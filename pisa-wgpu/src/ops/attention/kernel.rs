@@ -132,8 +132,8 @@ pub(crate) fn plan<'a>(
     if tiling.is_some() {
         return Plan::PortableTile;
     }
-    // Split-K's merge writes O at Q's strides: only with O in Q's layout, Q contiguous (the
-    // tile kernels and the NVIDIA dense kernel write O at its own strides).
+    // Split-K's merge and the NVIDIA dense kernel write O at Q's strides: only with O in Q's
+    // layout, Q contiguous (the tile kernels write O at its own strides).
     let o_is_q = layouts.q == KernelLayout::Contiguous(layouts.o);
     match *kind {
         // (Split-K reads f32 or f16 only: its plan is None for bf16.)
@@ -159,22 +159,28 @@ pub(crate) fn plan<'a>(
             }
         }
     }
-    tile_plan(ctx, shape, storage, layouts, kind)
+    tile_plan(ctx, shape, storage, layouts, kind, !o_is_q)
 }
 
-/// The tile kernels' part of [`plan`] (its rules 4 and 5): the NVIDIA dense kernel, the WGSL
-/// tensor-core tile kernel, or the portable one.
+/// The tile kernels' part of [`plan`] (its rules 4 and 5): the NVIDIA dense kernel (the build
+/// writing O at its own strides when `own_o`, else the one writing at Q's, which needs O in
+/// Q's layout), the WGSL tensor-core tile kernel, or the portable one.
 fn tile_plan<'a>(
     ctx: &Context,
     shape: &AttentionShape,
     storage: Storage,
     layouts: QkvLayouts,
     kind: &AttentionKind<'a>,
+    own_o: bool,
 ) -> Plan<'a> {
     if storage == Storage::F16 {
         if let Some(cv) = coop::plan(ctx, shape, kind) {
             if let AttentionKind::Dense { causal, scale } = *kind {
-                if let Some(kernel) = nv_dense::kernel_for(ctx, shape, storage, layouts) {
+                let nv = match own_o {
+                    true => nv_dense::kernel_with_o_strides(ctx, shape, storage, layouts),
+                    false => nv_dense::kernel_for(ctx, shape, storage, layouts),
+                };
+                if let Some(kernel) = nv {
                     return Plan::NvDense {
                         kernel,
                         causal,
@@ -199,7 +205,7 @@ pub(crate) fn prefill_dense_plan<'a>(
     storage: Storage,
     kind: &AttentionKind<'a>,
 ) -> Plan<'a> {
-    tile_plan(ctx, shape, storage, QkvLayouts::default(), kind)
+    tile_plan(ctx, shape, storage, QkvLayouts::default(), kind, true)
 }
 
 /// The kernel that runs the attention of a prefill of `shape` with `storage` whose selection

@@ -3,9 +3,10 @@
 //! the WGSL tensor-core tile kernel ([`super::coop`]) for dense calls where the device has
 //! `VK_NV_cooperative_matrix2` ([`Context::nv_cm2`]), f16 storage, a head dim with a built
 //! kernel (64, 128) that the driver built, and Q, K, V strides of whole 16-byte pieces (where
-//! their dimension has more than one element). Same outputs: O `[B, Hq, Nq, D]` contiguous in
-//! `layouts.o` (f16), or at the strides of a caller's O ([`super::OutTarget`]: the prefill of a
-//! prompt that selects every leaf), and LSE `[B, Hq, Nq]` f32; profiler stage "dense", or the
+//! their dimension has more than one element). Same outputs: O `[B, Hq, Nq, D]` in Q's layout
+//! (f16; O's layout must be Q's), or, with the builds writing O at its own strides (the prefill
+//! of a prompt that selects every leaf), contiguous in `layouts.o` or at the strides of a
+//! caller's O ([`super::OutTarget`]); LSE `[B, Hq, Nq]` f32; profiler stage "dense", or the
 //! caller's.
 
 use pisa_core::AttentionShape;
@@ -28,11 +29,19 @@ const BINDINGS: &[(u32, NvBinding)] = &[
     (5, NvBinding::Write),
 ];
 
-/// The embedded dense kernels (`shaders/nv/kernels.txt`) with their query rows per workgroup.
-pub const NV_DENSE: [(NvKernel, u32); 2] = [
+/// The embedded dense kernels (`shaders/nv/kernels.txt`) with their query rows per workgroup:
+/// those writing O at Q's strides, then (`_o`) those writing O at its own.
+pub const NV_DENSE: [(NvKernel, u32); 4] = [
     (nv_kernel!("attention_dense_d128", BINDINGS), 128),
     (nv_kernel!("attention_dense_d64", BINDINGS), 64),
+    (nv_kernel!("attention_dense_d128_o", BINDINGS), 128),
+    (nv_kernel!("attention_dense_d64_o", BINDINGS), 64),
 ];
+
+/// Whether `kernel` writes O at O's own strides (an `_o` build) rather than at Q's.
+fn own_o_strides(kernel: &NvKernel) -> bool {
+    kernel.name.ends_with("_o")
+}
 
 /// The uniform of `attention_dense.comp` (std140 scalars, in order).
 #[repr(C)]
@@ -69,12 +78,34 @@ fn light_tiles(q_len: usize, rows: u32) -> u32 {
     (q_len.div_ceil(rows as usize) / 4) as u32
 }
 
-/// The dense kernel for this call (see the module docs), or `None` for the WGSL kernels.
+/// The dense kernel for this call (see the module docs), or `None` for the WGSL kernels: the
+/// build writing O at Q's strides (the caller has O in Q's layout).
 pub fn kernel_for(
     ctx: &Context,
     s: &AttentionShape,
     storage: Storage,
     layouts: QkvLayouts,
+) -> Option<(NvKernel, u32)> {
+    kernel_of(ctx, s, storage, layouts, false)
+}
+
+/// [`kernel_for`]'s build writing O at O's own strides (a prefill's attention where every query
+/// selects every leaf it sees: `super::kernel::prefill_dense_plan`).
+pub(crate) fn kernel_with_o_strides(
+    ctx: &Context,
+    s: &AttentionShape,
+    storage: Storage,
+    layouts: QkvLayouts,
+) -> Option<(NvKernel, u32)> {
+    kernel_of(ctx, s, storage, layouts, true)
+}
+
+fn kernel_of(
+    ctx: &Context,
+    s: &AttentionShape,
+    storage: Storage,
+    layouts: QkvLayouts,
+    own_o: bool,
 ) -> Option<(NvKernel, u32)> {
     if !ctx.nv_cm2() || storage != Storage::F16 {
         return None;
@@ -92,9 +123,11 @@ pub fn kernel_for(
             .enumerate()
             .all(|(i, x)| extents[(t.min(1)) * 3 + i] == 1 || x % 8 == 0)
     });
-    let name = match s.head_dim {
-        128 => "attention_dense_d128",
-        64 => "attention_dense_d64",
+    let name = match (s.head_dim, own_o) {
+        (128, false) => "attention_dense_d128",
+        (64, false) => "attention_dense_d64",
+        (128, true) => "attention_dense_d128_o",
+        (64, true) => "attention_dense_d64_o",
         _ => return None,
     };
     aligned
@@ -103,10 +136,12 @@ pub fn kernel_for(
         .filter(|k| ctx.nv_kernel_ok(&k.0))
 }
 
-/// Records dense attention with `kernel` (from [`kernel_for`]); inputs validated by the
-/// caller. Returns (O, LSE): O written into `out` when given (at its strides), else a new
-/// tensor contiguous in `layouts.o`; LSE new. Both poisoned before the kernel writes them (the
-/// caller's O is not). Timed as `label` in `prof`.
+/// Records dense attention with `kernel` (from [`kernel_for`] or [`kernel_with_o_strides`]);
+/// inputs validated by the caller. Returns (O, LSE): O written into `out` when given (at its
+/// strides; `_o` builds only), else a new tensor contiguous in `layouts.o` (which must be Q's
+/// layout for the builds writing O at Q's strides); LSE new. Both poisoned before the kernel
+/// writes them (the caller's O is not). Timed as `label` in `prof`. Errors:
+/// [`crate::GpuError::Unsupported`] for an O a build cannot write.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
     ctx: &Context,
@@ -119,6 +154,14 @@ pub(crate) fn record(
     (out, label): (Option<&OutTarget>, &'static str),
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
+    if !own_o_strides(&kernel) {
+        if out.is_some() {
+            return Err(crate::GpuError::Unsupported(
+                "the NVIDIA dense kernel writing O at Q's strides into a caller's O".into(),
+            ));
+        }
+        super::check_o_is_q(layouts)?;
+    }
     let (o, o_s) = match out {
         Some(t) => (
             t.o.alias(),
