@@ -131,9 +131,9 @@ pub struct PrefillOutput {
 }
 
 /// Records the whole prefill of device tensors: returns (O, LSE, selection). Shapes: `q`
-/// `[B, Hq, Nq, D]`, `k`/`v` `[B, Hkv, Nk, D]` in `opts.layout`. Errors: as the stages'.
-/// Non-finite inputs are not checked: see the [module docs](self#non-finite-inputs-nan-inf)
-/// for what they produce.
+/// `[B, Hq, Nq, D]`, `k`/`v` `[B, Hkv, Nk, D]` in `opts.layout`. Errors: shape and
+/// configuration errors (as [`prefill_host`]), then the stages'. Non-finite inputs are not
+/// checked: see the [module docs](self#non-finite-inputs-nan-inf) for what they produce.
 #[allow(clippy::too_many_arguments)]
 #[doc(hidden)]
 pub fn record_prefill(
@@ -147,6 +147,8 @@ pub fn record_prefill(
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
     let _call = ctx.public_call()?;
+    // (Its fields are public: checked again, as every entry point does.)
+    let shape = &validated(shape, opts)?;
     let layouts = QkvLayouts::from(opts.layout);
     record_prefill_parts(ctx, enc, [q, k, v], layouts, shape, opts, None, prof)
         .map(|(o, lse, sel, _)| (o, lse, sel))
