@@ -195,7 +195,7 @@ fn outputs_without_copy_dst_take_the_scatter() {
 }
 
 /// A varlen plan refuses a head dim the attention kernels do not take when it is made, as a
-/// prefill plan does (it was accepted, and its first run failed).
+/// prefill plan does (it was accepted, and its first run failed); so is a GQA group above 32.
 #[test]
 fn varlen_plan_refuses_unsupported_head_dims() {
     let ctx = ctx();
@@ -214,6 +214,17 @@ fn varlen_plan_refuses_unsupported_head_dims() {
         assert!(PrefillPlan::new(ctx, &s, &opts).is_err(), "D {d}");
     }
     pisa_wgpu::VarlenPrefillPlan::new(ctx, 4, 2, 48, &opts).unwrap();
+    // And a GQA group above the selection's 32, as PrefillPlan::new does, whatever the lengths
+    // of the sequences a run would bring (short ones skip the routing that holds the limit).
+    for e in [
+        pisa_wgpu::VarlenPrefillPlan::new(ctx, 33, 1, 64, &opts).unwrap_err(),
+        pisa_wgpu::VarlenPrefillPlan::new_in_place(ctx, 66, 2, 64, &opts).unwrap_err(),
+    ] {
+        assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
+    }
+    let s = AttentionShape::prefill(1, 33, 1, 64, 64).unwrap();
+    let e = PrefillPlan::new(ctx, &s, &opts).unwrap_err();
+    assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
 }
 
 #[test]

@@ -1040,9 +1040,10 @@ impl KeptPlans {
 
 impl VarlenPrefillPlan {
     /// A varlen prefill of `q_heads` (Hq) query heads, `kv_heads` (Hkv) KV heads of `head_dim`
-    /// (D) with `opts`. Errors: the options' and heads' validation errors, and
+    /// (D) with `opts`. Errors: the options' and heads' validation errors,
     /// [`PisaError::HeadDim`](pisa_core::PisaError::HeadDim) for a head dim the attention
-    /// kernels do not take (as [`PrefillPlan::new`]), before any run.
+    /// kernels do not take, and [`GpuError::Unsupported`] for more than 32 query heads per KV
+    /// head (as [`PrefillPlan::new`]), before any run.
     pub fn new(
         ctx: &Context,
         q_heads: usize,
@@ -1053,6 +1054,7 @@ impl VarlenPrefillPlan {
         opts.cfg.validate()?;
         AttentionShape::prefill(1, q_heads, kv_heads, 1, head_dim)?;
         crate::ops::attention::check_head_dim(head_dim)?;
+        crate::ops::route::check_query_group(q_heads / kv_heads)?;
         Ok(Self {
             ctx: ctx.clone(),
             heads: (q_heads, kv_heads, head_dim),
