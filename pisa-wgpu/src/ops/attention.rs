@@ -387,10 +387,7 @@ pub(crate) fn record_every_leaf(
     out: Option<&OutTarget>,
     prof: Option<&mut Profiler>,
 ) -> Result<(GpuTensor, GpuTensor)> {
-    let kind = AttentionKind::Dense {
-        causal: cfg.causal,
-        scale: cfg.softmax_scale(shape.head_dim),
-    };
+    let kind = every_leaf_kind(shape, cfg);
     validate(shape, q, k, v, layouts, &kind)?;
     if let Some(t) = out {
         check_out_target(shape, q, t)?;
@@ -409,6 +406,15 @@ pub(crate) fn record_every_leaf(
         target,
         prof,
     )
+}
+
+/// The dense attention equal to sparse attention under `cfg` where every query selects every
+/// leaf it sees ([`record_every_leaf`]): causal as `cfg`, at `cfg`'s scale.
+fn every_leaf_kind(shape: &AttentionShape, cfg: &SelectionConfig) -> AttentionKind<'static> {
+    AttentionKind::Dense {
+        causal: cfg.causal,
+        scale: cfg.softmax_scale(shape.head_dim),
+    }
 }
 
 /// A caller's O checked for the kernels that write into it: of Q's output storage, strides of

@@ -176,11 +176,7 @@ fn tile_plan<'a>(
     if storage == Storage::F16 {
         if let Some(cv) = coop::plan(ctx, shape, kind) {
             if let AttentionKind::Dense { causal, scale } = *kind {
-                let nv = match own_o {
-                    true => nv_dense::kernel_with_o_strides(ctx, shape, storage, layouts),
-                    false => nv_dense::kernel_for(ctx, shape, storage, layouts),
-                };
-                if let Some(kernel) = nv {
+                if let Some(kernel) = nv_dense::kernel_of(ctx, shape, storage, layouts, own_o) {
                     return Plan::NvDense {
                         kernel,
                         causal,
@@ -223,10 +219,7 @@ pub fn prefill_attention_kernel(
 ) -> AttentionKernel {
     if let AttentionKind::Sparse { cfg, .. } = sparse {
         if crate::ops::select::every_leaf_selected(shape, cfg) {
-            let kind = AttentionKind::Dense {
-                causal: cfg.causal,
-                scale: cfg.softmax_scale(shape.head_dim),
-            };
+            let kind = super::every_leaf_kind(shape, cfg);
             return prefill_dense_plan(ctx, shape, storage, &kind).kernel();
         }
     }

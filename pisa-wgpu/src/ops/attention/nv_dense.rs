@@ -89,18 +89,10 @@ pub fn kernel_for(
     kernel_of(ctx, s, storage, layouts, false)
 }
 
-/// [`kernel_for`]'s build writing O at O's own strides (a prefill's attention where every query
-/// selects every leaf it sees: `super::kernel::prefill_dense_plan`).
-pub(crate) fn kernel_with_o_strides(
-    ctx: &Context,
-    s: &AttentionShape,
-    storage: Storage,
-    layouts: QkvLayouts,
-) -> Option<(NvKernel, u32)> {
-    kernel_of(ctx, s, storage, layouts, true)
-}
-
-fn kernel_of(
+/// [`kernel_for`], or with `own_o` its build writing O at O's own strides (a prefill's
+/// attention where every query selects every leaf it sees, and dense calls with O in another
+/// layout than Q's).
+pub(crate) fn kernel_of(
     ctx: &Context,
     s: &AttentionShape,
     storage: Storage,
