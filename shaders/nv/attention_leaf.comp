@@ -63,7 +63,6 @@
 
 layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
 
-layout(set = 0, binding = 1, std430) readonly buffer BufQ { uvec4 q4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer BufK { float16_t k[]; };
 layout(set = 0, binding = 3, std430) readonly buffer BufV { float16_t v[]; };
 #if OPART_F16
@@ -76,6 +75,9 @@ layout(set = 0, binding = 8, std430) buffer BufO { float opart[]; };
 layout(set = 0, binding = 9, std430) buffer BufML { float mlpart[]; }; // (m, l) pairs
 layout(set = 0, binding = 10, std430) buffer BufSpos { uint spos[]; };
 
+#if OPART_F16
+#define QSH // the f16 O rows are staged in gather_q.glsl's qsh
+#endif
 #include "gather_q.glsl"
 
 shared uint ent[RT];
@@ -189,7 +191,7 @@ void main() {
 #endif
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
-        coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
+        LOAD_QA(qa, d0);
         coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
         coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
         s = coopMatMulAdd(qa, kt, s);

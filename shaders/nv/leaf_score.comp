@@ -6,10 +6,11 @@
 // and the pick (leaf_pick.wgsl) are shared. One workgroup per chunk: up to RT / GQ entries of
 // one bucket (b, KV head, leaf), i.e. queries that list the leaf as a candidate, RT rows
 // (entry e, head h at row e * GQ + h).
-//   1. the chunk's Q rows gathered into workgroup memory (16-byte loads);          barrier
-//   2. S = Q K^T over the leaf's CW = 64 key rows, read straight from K as a workgroup-scope
-//      matrix (rows past the sequence, or past the leaf (PAIR: past the pair), read as zeros:
-//      the tensor layout ends there; within it, keys past a leaf of C < 64 are masked in 3);
+//   1. the chunk's rows' offsets in Q to workgroup memory (gather_q.glsl, QDEC = 1); barrier
+//   2. S = Q K^T over the leaf's CW = 64 key rows, the Q rows read through gather_q.glsl's
+//      decode function and the keys straight from K, each as a workgroup-scope matrix (key
+//      rows past the sequence, or past the leaf (PAIR: past the pair), read as zeros: the
+//      tensor layout ends there; within it, keys past a leaf of C < 64 are masked in 3);
 //   3. mask (keys of the leaf: candidates are complete past, no causal cut), row max m of the
 //      unscaled scores, row sum l of exp(scale (s - m)) (one exp2 pass), LSE = scale m + log l,
 //      column 0 to workgroup memory;                                             barrier
@@ -17,7 +18,7 @@
 // PAIR = 1 (leaf_bucket.wgsl's PAIR buckets): a bucket is a pair of leaves 2P, 2P + 1, and an
 // entry is a query that lists one of them or both (two adjacent slots: a kept node's two
 // children with g = 2). Steps 2 and 3 run for both leaves with the same Q matrices, and step 4
-// writes the scores of the leaves the entry lists. Each query's rows are then gathered once per
+// writes the scores of the leaves the entry lists. Each query's rows are then read once per
 // pair instead of once per leaf: the gather was a third of the scorer's time at 256K tokens
 // (docs/benchmarks.md, A.11).
 // Defines: HD (head dim), RT (rows), CW (keys per leaf tile: 64), DC (head-dim columns per
@@ -42,10 +43,13 @@
 
 layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
 
-layout(set = 0, binding = 1, std430) readonly buffer BufQ { uvec4 q4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer BufK { float16_t k[]; };
 layout(set = 0, binding = 5, std430) buffer BufScores { uint scores[]; };
 
+// The Q rows through the driver's tensor loads (gather_q.glsl).
+#ifndef QDEC
+#define QDEC 1
+#endif
 #include "gather_q.glsl"
 
 // Per row, the LSE over the leaf (PAIR: over leaf 2P at r, over 2P + 1 at RT + r).
@@ -114,7 +118,7 @@ void main() {
 #endif
     [[unroll]] for (uint d0 = 0; d0 < HD; d0 += DC) {
         coopmat<float16_t, gl_ScopeWorkgroup, RT, DC, gl_MatrixUseA> qa;
-        coopMatLoad(qa, qsh, d0 / 8, QS8, gl_CooperativeMatrixLayoutRowMajor);
+        LOAD_QA(qa, d0);
         coopmat<float16_t, gl_ScopeWorkgroup, DC, CW, gl_MatrixUseB> kt;
         coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, leaf0, CW, d0, DC), transpose);
         s = coopMatMulAdd(qa, kt, s);
