@@ -25,7 +25,7 @@
 //! With the NVIDIA pair scorer (`nv_scorer_for`, [`crate::Tuning::leaf_score_pairs`]) the
 //! buckets are pairs of leaves (2P, 2P + 1), `B * Hkv * ceil(nb0 / 2)` of them: a query that
 //! lists both leaves of a pair in adjacent slots (a kept node's two children) is one entry,
-//! whose Q rows the scorer gathers once for both leaves; steps 1-3 run with `PAIR = 1`.
+//! whose Q rows the scorer reads once for both leaves; steps 1-3 run with `PAIR = 1`.
 //!
 //! Determinism: the order of entries inside a bucket depends on atomics, but every entry's
 //! score is computed from its own rows only and lands in its own slot, so the output is the
@@ -38,6 +38,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::coop::LeafCoopVariant;
 use super::Plan;
 use crate::error::Result;
 use crate::runtime::buffers::{Bind, GpuTensor, POISON_I32};
@@ -176,17 +177,15 @@ const NV_BINDINGS: &[(u32, NvBinding)] = &[
     (12, NvBinding::Read),
 ];
 
-/// The NVIDIA scorer (`shaders/nv/leaf_score.comp`: 64 rows of a chunk against the 64 key rows
-/// of a leaf, or of each leaf of a pair) for a tensor-core plan of 64-row chunks on a device
+/// The NVIDIA scorer (`shaders/nv/leaf_score.comp`: [`NV_SCORER_ROWS`] rows of a chunk against
+/// the 64 key rows of a leaf, or of each leaf of a pair) of a tensor-core plan (`v`) on a device
 /// with `VK_NV_cooperative_matrix2`, where one is built for the head dim (64, 128) and the leaf
 /// fits its 64 key rows, and [`Context::nv_scorer`] asks for it (by default: faster on the
 /// H200, 83.8 against 116.4 ms at 256K, 2026-12-01); `None` keeps the WGSL scorer. Same scores.
-/// With it comes whether it scores pairs of leaves ([`NvScorer::pair`]).
-pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, bl: &ByLeaf) -> Option<NvScorer> {
-    let Scorer::Coop(v) = bl.scorer else {
-        return None;
-    };
-    if !ctx.nv_cm2() || !ctx.nv_scorer() || bl.nsg != 4 || plan.params.block_size > 64 {
+/// With it comes whether it scores pairs of leaves ([`NvScorer::pair`]) and its chunk rows,
+/// which the plan ([`plan::plan`]) takes for its chunk size.
+pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, v: &LeafCoopVariant) -> Option<NvScorer> {
+    if !ctx.nv_cm2() || !ctx.nv_scorer() || plan.params.block_size > 64 {
         return None;
     }
     let (single, paired) = match v.hd {
@@ -194,28 +193,46 @@ pub(crate) fn nv_scorer_for(ctx: &Context, plan: &Plan, bl: &ByLeaf) -> Option<N
         64 => ("leaf_score_d64", "leaf_score_pair_d64"),
         _ => return None,
     };
+    let rows = NV_SCORER_ROWS;
+    if plan.gq > rows {
+        return None;
+    }
     // The pair buckets' list values i * MC + o carry two flag bits above them. Where the
     // pair kernel is not to be had, the single-leaf one.
     let pair_ok = ctx.tuning().leaf_score_pairs
         && (plan.params.q_len as u64) * (plan.params.mc as u64) < 1 << 30;
     if pair_ok {
         if let Some(kernel) = ctx.nv_kernel_named(&NV_SCORERS, paired) {
-            return Some(NvScorer { kernel, pair: true });
+            return Some(NvScorer {
+                kernel,
+                pair: true,
+                rows,
+            });
         }
     }
     let kernel = ctx.nv_kernel_named(&NV_SCORERS, single)?;
     Some(NvScorer {
         kernel,
         pair: false,
+        rows,
     })
 }
 
+/// Rows of an NVIDIA scorer's chunk (`RT` of every `leaf_score` variant in
+/// `shaders/nv/kernels.txt`; entries of GQ rows each). On the H100 the pair scorer took 43.4
+/// against 53.7 ms at 256K tokens with 128 rows and 256 invocations rather than 64 and 128
+/// (each leaf's key tiles loaded once per 128 rows; 2026-12-05, docs/benchmarks.md A.57).
+pub(crate) const NV_SCORER_ROWS: u32 = 128;
+
 /// An NVIDIA scorer chosen by [`nv_scorer_for`].
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct NvScorer {
     pub kernel: NvKernel,
     /// Whether it scores buckets of leaf pairs (`leaf_bucket.wgsl` PAIR = 1,
     /// [`crate::Tuning::leaf_score_pairs`]): then `B * Hkv * ceil(nb0 / 2)` buckets.
     pub pair: bool,
+    /// Rows of its chunk ([`NV_SCORER_ROWS`]).
+    pub rows: u32,
 }
 
 /// The embedded NVIDIA scorers (`shaders/nv/kernels.txt`).
@@ -276,7 +293,7 @@ pub(crate) fn record(
     mut prof: Option<&mut Profiler>,
 ) -> Result<GpuTensor> {
     let mc = plan.params.mc;
-    let nv = nv_scorer_for(ctx, plan, bl);
+    let nv = bl.nv;
     let pair = nv.as_ref().is_some_and(|n| n.pair);
     let n_entries = bl.entries as usize;
     // Pair buckets: ceil(nb0 / 2) per (b, KV head), at most the leaf buckets of the plan.

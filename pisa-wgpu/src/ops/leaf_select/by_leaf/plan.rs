@@ -2,7 +2,7 @@
 //! whether every buffer, index and workgroup fits the device.
 
 use super::super::{coop::LeafCoopVariant, Plan};
-use super::pick_queries;
+use super::{nv_scorer_for, pick_queries, NvScorer};
 use crate::runtime::context::Context;
 
 /// Rows of a portable scoring chunk (entries * GQ), at least one entry.
@@ -26,8 +26,11 @@ pub(crate) struct ByLeaf {
     pub buckets: u64,
     /// Entries per scoring chunk.
     pub qpc: u32,
-    /// Subgroups of a tensor-core scoring workgroup.
+    /// Subgroups of a tensor-core scoring workgroup (the WGSL scorer's).
     pub nsg: u32,
+    /// The NVIDIA scorer that runs instead of the WGSL tensor-core one, where the device has
+    /// one ([`nv_scorer_for`]); its chunk rows set `qpc`.
+    pub nv: Option<NvScorer>,
     /// Whether the context's tuning asks the tensor-core scorer to stage the leaf's keys
     /// ([`crate::Tuning::leaf_stage_keys`]; see [`stage_keys`]).
     pub stage_asked: bool,
@@ -55,25 +58,32 @@ impl ByLeaf {
 /// caller then tries another scorer or runs the tile kernel).
 pub(crate) fn plan(ctx: &Context, plan: &Plan, scorer: Scorer) -> Option<ByLeaf> {
     let t = ctx.tuning();
+    let nv = match scorer {
+        Scorer::Coop(v) => nv_scorer_for(ctx, plan, &v),
+        Scorer::Portable => None,
+    };
     let mut bl = plan_for(
         ctx.limits(),
         ctx.max_binding_bytes(),
         plan,
         scorer,
         t.leaf_subgroups,
+        nv,
     )?;
     bl.stage_asked = t.leaf_stage_keys;
     Some(bl)
 }
 
 /// [`plan`] for a device with limits `l` and storage bindings of at most `max_binding` bytes,
-/// with `nsg` subgroups per tensor-core scoring workgroup.
+/// with `nsg` subgroups per WGSL tensor-core scoring workgroup, or the NVIDIA scorer `nv` (its
+/// chunk rows; the WGSL scorer's workgroup memory is then not asked for).
 fn plan_for(
     l: &wgpu::Limits,
     max_binding: u64,
     plan: &Plan,
     scorer: Scorer,
     nsg: u32,
+    nv: Option<NvScorer>,
 ) -> Option<ByLeaf> {
     let p = &plan.params;
     let entries = plan.bh * p.q_len as u64 * p.mc as u64;
@@ -83,7 +93,7 @@ fn plan_for(
         Scorer::Coop(v) => {
             // SG >= 16: at least one invocation per row in the scalar step.
             // Q (and K, when staged) are read 16 bytes at a time: strides of 8 halves.
-            let rows = 16 * nsg;
+            let rows = nv.map_or(16 * nsg, |n| n.rows);
             let strides = [p.q_sb, p.q_sh, p.q_sn, p.k_sb, p.k_sh, p.k_sn];
             if v.sg < 16 || plan.gq > rows || strides.iter().any(|s| s % 8 != 0) {
                 return None;
@@ -97,12 +107,17 @@ fn plan_for(
         buckets,
         qpc,
         nsg,
+        nv,
         stage_asked: true,
     };
     let pick = pick_bytes(p.mc);
     let fits = |n: u64| n < u32::MAX as u64 && 4 * n <= max_binding;
     let mem = l.max_compute_workgroup_storage_size as u64;
-    let shared = bl.score_bytes(plan.gq);
+    let shared = if nv.is_some() {
+        0
+    } else {
+        bl.score_bytes(plan.gq)
+    };
     let ok =
         fits(entries) && fits(buckets + 1) && fits(4 * bl.chunk_bound()) && shared.max(pick) <= mem;
     ok.then_some(bl)
@@ -204,7 +219,7 @@ mod tests {
                 }
                 for (scorer, storage, nsg) in runs {
                     let sel = selection(&shape, &cfg, storage);
-                    let Some(bl) = plan_for(&lim, 1 << 31, &sel, scorer, nsg) else {
+                    let Some(bl) = plan_for(&lim, 1 << 31, &sel, scorer, nsg, None) else {
                         continue;
                     };
                     checked += 1;
