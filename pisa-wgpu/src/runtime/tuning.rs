@@ -105,8 +105,9 @@ pub struct Tuning {
     /// Leaves scored per iteration by the query-tile tensor-core scorer (1 to 4). Default 2.
     /// Variable `PISA_LEAF_LPI`.
     pub leaf_tiles_per_iteration: u32,
-    /// Subgroups (16-row tiles) of a leaf-major tensor-core scoring workgroup (2 or 4).
-    /// Default 4. Variable `PISA_LEAF_NSG`.
+    /// Subgroups (16-row tiles) of a leaf-major WGSL tensor-core scoring workgroup (2 or 4;
+    /// the NVIDIA scorer's chunks have 128 rows whatever this says). Default 4. Variable
+    /// `PISA_LEAF_NSG`.
     pub leaf_subgroups: u32,
     /// Whether the leaf-major tensor-core scorer stages the leaf's keys in workgroup memory
     /// (where its plan allows). Default `true`. Variable `PISA_LEAF_KSTAGE` (`0` or `1`).

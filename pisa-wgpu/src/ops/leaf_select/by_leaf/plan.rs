@@ -92,7 +92,8 @@ fn plan_for(
         Scorer::Portable => (PORTABLE_ROWS / plan.gq).max(1),
         Scorer::Coop(v) => {
             // SG >= 16: at least one invocation per row in the scalar step.
-            // Q (and K, when staged) are read 16 bytes at a time: strides of 8 halves.
+            // Q (and K, when staged) are read 16 bytes at a time: strides of 8 halves (the
+            // WGSL scorer's rule, kept for the NVIDIA one, which reads both by tensor loads).
             let rows = nv.map_or(16 * nsg, |n| n.rows);
             let strides = [p.q_sb, p.q_sh, p.q_sn, p.k_sb, p.k_sh, p.k_sn];
             if v.sg < 16 || plan.gq > rows || strides.iter().any(|s| s % 8 != 0) {
