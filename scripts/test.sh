@@ -34,13 +34,15 @@ cargo test --workspace --locked
 # The subgroup kernels in subgroups of 32 and 64 invocations (NVIDIA's and AMD's sizes), as
 # llvmpipe makes them with wider vectors: the shuffle probe, the routing's subgroup score step
 # and the decode route's subgroup level steps, against the reference (lavapipe only: a GPU
-# ignores the variable).
+# ignores the variable); and in subgroups of 32, the decode leaf attention on shuffles.
 phase "subgroups of 32 and 64 (llvmpipe)"
 for w in 1024 2048; do
   LP_NATIVE_VECTOR_WIDTH=$w cargo test --locked -p pisa-wgpu --test subgroup_shuffle \
     --test select_route --test decode -- shuffle_xor_within_shuffle_lanes pisa_route_subgroups \
     route_with_and_without_subgroups
 done
+LP_NATIVE_VECTOR_WIDTH=1024 cargo test --locked -p pisa-wgpu --test decode -- \
+  route_leaf_attention_with_and_without_subgroups
 # The NVIDIA kernels' embedded SPIR-V (shaders/nv/spv) is what their GLSL sources make with the
 # pinned glslang (tools/spirv builds glslang from source: about 2 minutes).
 phase "SPIR-V check"

@@ -9,6 +9,10 @@
 // rows loaded at the chunk's start so that their memory round trip overlaps the keys' (the row
 // sum l rides along with the vec4 0 owners). The parts are summed at the end into `parts`.
 
+// 1: attend_block runs attend_block_sg (decode_attend_sg.wgsl: subgroup shuffles, one barrier),
+// with lane groups of SGA_G (both substituted by the host where the device allows it).
+const SGA: u32 = 0u;
+const SGA_G: u32 = 8u;
 const PV_IT: u32 = (CH + PARTS - 1u) / PARTS; // keys of a chunk per P.V invocation
 const PREFETCH: bool = PVR == PV_IT;           // value rows loaded with the keys (see below)
 const XP: u32 = CH * GQ;                       // start of the partial scores in xs
@@ -66,6 +70,10 @@ fn dots_key_shard(bh: u32, t: u32, u: u32) -> array<f32, GQ> {
 // chunks up to nmax keys (the same for every invocation of the workgroup: the barriers are
 // the workgroup's). Invocations of an instance ib >= NB take part in the barriers only.
 fn attend_block(bh: u32, t0: u32, n: u32, nmax: u32, po: u32, al: u32, ib: u32) {
+    if (SGA != 0u) {
+        attend_block_sg(bh, t0, n, po, al, ib);
+        return;
+    }
     let act = ib < NB;
     let xb = min(ib, NB - 1u) * XS;   // this instance's scratch in xs
     let hb = min(ib, NB - 1u) * GQ;   // and in hm, halpha

@@ -377,6 +377,13 @@ fn unavailable(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> 
             "the decode route's subgroup level steps",
             "the workgroup-memory steps run there",
         ),
+        (
+            "decode_leaf_subgroups",
+            t.decode_leaf_subgroups,
+            (!hw.subgroups8).then_some("has no subgroups of 8 lanes or more"),
+            "the decode leaf attention on subgroup shuffles",
+            "the workgroup-memory attention runs there",
+        ),
     ];
     checks
         .into_iter()

@@ -814,7 +814,8 @@ fn snapshot_is_empty(dir: &Path) -> bool {
 
 /// `pisa --tune decode_route_subgroups=1 info` warns for each adapter without subgroups of 8
 /// lanes or more (where the decode route's subgroup level steps cannot run), and only when the
-/// knob is set by name; `pisa info` names the decode route's steps on every adapter. Run on the
+/// knob is set by name; `pisa info` names the decode route's steps on every adapter; the same
+/// for `decode_leaf_subgroups` (the decode leaf attention on shuffles). Run on the
 /// default backends and on wgpu's OpenGL backend (`WGPU_BACKEND=gl`, no subgroups: the warning
 /// shows there), where it is available.
 #[test]
@@ -858,6 +859,22 @@ fn info_warns_of_decode_route_subgroups_asked_where_there_are_none() {
             let none = a["subgroups"] == false || a["subgroup_size"][0].as_u64().unwrap() < 8;
             assert_eq!(asked.stderr.contains(&line), none, "{a}\n{}", asked.stderr);
             warned += usize::from(none);
+        }
+        // The decode leaf attention's knob (off by default) the same way.
+        assert_eq!(
+            plain.stdout.matches("    decode leaf attention: ").count(),
+            adapters.len(),
+            "{}",
+            plain.stdout
+        );
+        let leaf = run(&["--tune", "decode_leaf_subgroups=1", "info"]).ok();
+        for (i, a) in adapters.iter().enumerate() {
+            let line = format!(
+                "warning: decode_leaf_subgroups asks for the decode leaf attention on subgroup shuffles, but [{i}] {} has no subgroups of 8 lanes or more",
+                a["name"].as_str().unwrap()
+            );
+            let none = a["subgroups"] == false || a["subgroup_size"][0].as_u64().unwrap() < 8;
+            assert_eq!(leaf.stderr.contains(&line), none, "{a}\n{}", leaf.stderr);
         }
     }
     eprintln!("adapters without subgroups of 8 lanes (warned): {warned}");

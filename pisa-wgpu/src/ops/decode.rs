@@ -165,7 +165,10 @@ pub use self::cache::CacheSizes;
 pub use self::chunk::ChunkOutputs;
 use self::fused::FusedPlan;
 use self::plan::{Params, Plan};
-pub use self::record::{route_leaves_on_this_thread, subgroup_routes_on_this_thread, StepOutputs};
+pub use self::record::{
+    route_leaves_on_this_thread, subgroup_leaves_on_this_thread, subgroup_routes_on_this_thread,
+    StepOutputs,
+};
 pub use self::shaders::{
     APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_LEAF_SG_SHADER,
     ROUTE_LEAF_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER,
@@ -263,6 +266,9 @@ pub struct KvCache {
     /// Whether the split step's route may run its level steps on subgroup shuffles
     /// ([`crate::Tuning::decode_route_subgroups`] when the cache was made).
     route_subgroups: bool,
+    /// Whether `route_leaf`'s block attention may run on subgroup shuffles
+    /// ([`crate::Tuning::decode_leaf_subgroups`] when the cache was made).
+    leaf_subgroups: bool,
     /// The most workgroups of a `route_leaf` dispatch ([`crate::Tuning::decode_route_workgroups`]
     /// when the cache was made).
     route_workgroups: u32,

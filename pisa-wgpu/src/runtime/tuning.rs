@@ -91,6 +91,17 @@ pub struct Tuning {
     /// of at least 8). Read when a step's kernels are built. Default `true`. Variable
     /// `PISA_DECODE_ROUTE_SG` (`0` or `1`).
     pub decode_route_subgroups: bool,
+    /// The leaf slots' block attention of the split decode step's `route_leaf` dispatch with
+    /// subgroup shuffles (`shaders/decode_attend_sg.wgsl`: one barrier a block instead of
+    /// seven) where its route runs on subgroup shuffles too ([`Self::decode_route_subgroups`])
+    /// and the plan's shapes allow it (the block one chunk, its key rows' lanes and the P.V
+    /// parts within the smallest subgroup). Read when a step's kernels are built. Default
+    /// `false` until measured on a GPU: on the H200 the block attention of the leaf slots adds
+    /// about 11 us to the route's 25 at a 1M cache, of which leaving out every key and value
+    /// load saves only 2 (docs/benchmarks.md A.59), so its barriers and workgroup-memory
+    /// reductions are what this shortens. Tested both ways against the reference on lavapipe
+    /// (subgroups of 8, 32 and 64). Variable `PISA_DECODE_LEAF_SG` (`0` or `1`).
+    pub decode_leaf_subgroups: bool,
     /// The most workgroups the split decode step may give its `route` and `leaf` dispatches as
     /// one (`route_leaf`, `shaders/decode_route_leaf.wgsl`; 0 to 65536): each (sequence, KV
     /// head) is routed by as many workgroups as its leaf slots need (NS / NB, NB slots
@@ -178,6 +189,7 @@ impl Default for Tuning {
             decode_fused: false,
             decode_key_lanes: None,
             decode_route_subgroups: true,
+            decode_leaf_subgroups: false,
             decode_route_workgroups: 0,
             leaf_tiles_per_iteration: 2,
             leaf_subgroups: COOP_SUBGROUPS,
@@ -196,7 +208,7 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 22] = [
+pub const KNOBS: [(&str, &str); 23] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -207,6 +219,7 @@ pub const KNOBS: [(&str, &str); 22] = [
     ("decode_fused", "PISA_DECODE"),
     ("decode_key_lanes", "PISA_DECODE_LK"),
     ("decode_route_subgroups", "PISA_DECODE_ROUTE_SG"),
+    ("decode_leaf_subgroups", "PISA_DECODE_LEAF_SG"),
     ("decode_route_workgroups", "PISA_DECODE_ROUTE_WG"),
     ("leaf_tiles_per_iteration", "PISA_LEAF_LPI"),
     ("leaf_subgroups", "PISA_LEAF_NSG"),
@@ -323,6 +336,7 @@ impl Tuning {
             }
             "decode_fused" => self.decode_fused = switch("fused", "split")?,
             "decode_route_subgroups" => self.decode_route_subgroups = switch("", "")?,
+            "decode_leaf_subgroups" => self.decode_leaf_subgroups = switch("", "")?,
             "decode_route_workgroups" => self.decode_route_workgroups = num(0, 65536)?,
             "decode_key_lanes" if auto => self.decode_key_lanes = None,
             "decode_key_lanes" => {
@@ -433,6 +447,7 @@ impl Tuning {
             self.decode_fused.to_string(),
             opt(self.decode_key_lanes),
             self.decode_route_subgroups.to_string(),
+            self.decode_leaf_subgroups.to_string(),
             self.decode_route_workgroups.to_string(),
             self.leaf_tiles_per_iteration.to_string(),
             self.leaf_subgroups.to_string(),
@@ -478,6 +493,7 @@ mod tests {
             ("decode_fused", "fused"),
             ("decode_key_lanes", "8"),
             ("decode_route_subgroups", "0"),
+            ("decode_leaf_subgroups", "1"),
             ("decode_route_workgroups", "40"),
             ("leaf_tiles_per_iteration", "3"),
             ("leaf_subgroups", "2"),

@@ -183,6 +183,7 @@ impl KvCache {
             fused: tuning.decode_fused,
             key_lanes: tuning.decode_key_lanes,
             route_subgroups: tuning.decode_route_subgroups,
+            leaf_subgroups: tuning.decode_leaf_subgroups,
             route_workgroups: tuning.decode_route_workgroups,
             kv,
             kv_rows: kv_rows as usize,

@@ -331,6 +331,31 @@ impl Plan {
         self.route_smem + nb as u64 * self.leaf_smem
     }
 
+    /// Lanes per group of the block attention with subgroup shuffles
+    /// (`decode_attend_sg.wgsl`, SGA_G) on a device whose smallest subgroup has `sg_min` lanes,
+    /// for blocks of `block` keys, or `None` where it cannot run: the block one chunk (CH = C),
+    /// one invocation per (key row, lane) (CH * LK = AW) and per (output vec4, part) (PARTS *
+    /// D/4 = AW, PARTS a power of two), at most 16 value rows per invocation, and groups of
+    /// min(`sg_min`, 32) lanes (at least 8) holding whole key rows and P.V parts, the groups'
+    /// (max, sum) pairs within the leaf scratch.
+    pub fn attend_subgroup_lanes(&self, sg_min: u32, block: u32) -> Option<u32> {
+        let (aw, ch, lk, parts) = (self.wg, self.ch, self.lk, self.parts);
+        let g = sg_min.min(32);
+        let ok = g >= 8
+            && g.is_power_of_two()
+            && ch == block
+            && ch * lk == aw
+            && parts.is_power_of_two()
+            && parts * (self.dd / 4) == aw
+            && ch.is_multiple_of(parts)
+            && ch / parts <= 16
+            && g.is_multiple_of(lk)
+            && g.is_multiple_of(parts)
+            && aw.is_multiple_of(g)
+            && ch * self.gq + 2 * (aw / g) * self.gq <= self.xs;
+        ok.then_some(g)
+    }
+
     /// The `const` substitutions of `route_leaf` over the route's (`route`: [`Self::consts`]
     /// of `wr`, or [`Self::route_subgroup_consts`]): AW = `wg` invocations per block, NB.
     pub fn route_leaf_consts(

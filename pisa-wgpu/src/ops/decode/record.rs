@@ -63,6 +63,14 @@ pub(super) use crate::runtime::buffers::Stage;
 thread_local! {
     static SG_ROUTES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     static ROUTE_LEAVES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static SG_LEAVES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Split decode steps built on the calling thread so far whose `route_leaf` attends its blocks
+/// on subgroup shuffles (`decode_attend_sg.wgsl`): lets a test tell that a case took it.
+#[doc(hidden)]
+pub fn subgroup_leaves_on_this_thread() -> u64 {
+    SG_LEAVES.with(|c| c.get())
 }
 
 /// Split decode steps built on the calling thread so far whose `route` and `leaf` run as one
@@ -540,6 +548,20 @@ impl KvCache {
             .flatten()
     }
 
+    /// Lanes per group of `route_leaf`'s block attention on subgroup shuffles
+    /// (`decode_attend_sg.wgsl`), or `None` where it does not run: with the route's subgroup
+    /// level steps (`sg_route`, whose shader holds it), where
+    /// [`crate::Tuning::decode_leaf_subgroups`] asked when the cache was made, by the plan's
+    /// rule ([`super::plan::Plan::attend_subgroup_lanes`]).
+    pub(super) fn attend_subgroup_lanes(&self, sg_route: bool) -> Option<u32> {
+        (sg_route && self.leaf_subgroups)
+            .then(|| {
+                self.plan
+                    .attend_subgroup_lanes(self.ctx.shuffle_lanes(), self.cfg.block_size as u32)
+            })
+            .flatten()
+    }
+
     /// Where this cache's split step runs `route` and `leaf` as one dispatch (`route_leaf`):
     /// the leaf slots each of its workgroups attends at once and the workgroups per (sequence,
     /// KV head), `(NB, copies)`. `None` runs them apart: B * Hkv * copies above
@@ -588,7 +610,13 @@ impl KvCache {
         };
         let (shader, entry, consts) = match route_leaf {
             Some((nb, _)) => {
-                let consts = self.plan.route_leaf_consts(route_consts, nb);
+                let mut consts = self.plan.route_leaf_consts(route_consts, nb);
+                // The block attention on subgroup shuffles (decode_attend_sg.wgsl, in the
+                // subgroup route's shader only) where the plan's shapes allow it.
+                if let Some(g) = self.attend_subgroup_lanes(sg_lanes.is_some()) {
+                    SG_LEAVES.with(|c| c.set(c.get() + 1));
+                    consts.extend([("SGA", 1), ("SGA_G", g)]);
+                }
                 let shader = match sg_lanes {
                     Some(_) => &ROUTE_LEAF_SG_SHADER,
                     None => &ROUTE_LEAF_SHADER,

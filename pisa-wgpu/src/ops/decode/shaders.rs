@@ -38,6 +38,7 @@ pub const ROUTE_LEAF_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/decode_levels.wgsl"),
         include_str!("../../../../shaders/decode_levels_nosg.wgsl"),
         include_str!("../../../../shaders/decode_attend.wgsl"),
+        include_str!("../../../../shaders/decode_attend_nosg.wgsl"),
         include_str!("../../../../shaders/decode_route_leaf.wgsl")
     ),
 };
@@ -49,6 +50,7 @@ pub const ROUTE_LEAF_SG_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/decode_levels.wgsl"),
         include_str!("../../../../shaders/decode_levels_sg.wgsl"),
         include_str!("../../../../shaders/decode_attend.wgsl"),
+        include_str!("../../../../shaders/decode_attend_sg.wgsl"),
         include_str!("../../../../shaders/decode_route_leaf.wgsl")
     ),
 };
@@ -57,7 +59,8 @@ pub const SHADER: ShaderSource = ShaderSource {
     name: "decode",
     wgsl: concat!(
         include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_attend.wgsl")
+        include_str!("../../../../shaders/decode_attend.wgsl"),
+        include_str!("../../../../shaders/decode_attend_nosg.wgsl")
     ),
 };
 /// `shaders/decode.wgsl`, `decode_cut.wgsl` (the top-K cut, shared with the fused step) and
