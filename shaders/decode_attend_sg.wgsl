@@ -24,6 +24,10 @@ const KPG: u32 = max(SGA_G / LK, 1u);  // keys of a lane group
 const NG: u32 = max(AW / SGA_G, 1u);   // lane groups of an instance
 const PVI: u32 = max(CH / PARTS, 1u);  // keys of a P.V invocation (consecutive)
 const XG: u32 = CH * GQ;      // the groups' (mg, lg) per head, after the p of the keys in xs
+// The host's conditions (Plan::attend_subgroup_lanes), so that a mismatch fails the build.
+const_assert SGA == 0u || (CH * LK == AW && PARTS * D4 == AW && CH % PARTS == 0u
+                           && AW % SGA_G == 0u && WG % SGA_G == 0u && SGA_G % LK == 0u
+                           && SGA_G % PARTS == 0u && XG + 2u * NG * GQ <= XS);
 
 // The value rows t + k0 .. t + k0 + PVI - 1 (clamped to the block's cn keys), vec4 j4, from the
 // shard of bh (chosen once, so that the loads are unconditional and in flight together).

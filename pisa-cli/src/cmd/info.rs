@@ -107,7 +107,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         // The block attention of route_leaf (pisa_wgpu::Tuning::decode_leaf_subgroups, off by
         // default; the library's rule also needs the route's subgroup steps and fitting shapes).
         let decode_leaf = match (sg8, tuning.decode_leaf_subgroups) {
-            (true, true) => "subgroup shuffles in the one-dispatch route and leaf where the route takes its subgroup steps and the block is one chunk, workgroup memory otherwise",
+            (true, true) => "subgroup shuffles in the one-dispatch route and leaf (where decode_route_workgroups allows it) when the route takes its subgroup steps and the block is one chunk, workgroup memory otherwise",
             (true, false) => "workgroup memory (tuning decode_leaf_subgroups=false, the default until measured on a GPU)",
             (false, _) => "workgroup memory (no subgroups of 8 lanes or more)",
         };

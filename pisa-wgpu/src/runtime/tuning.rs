@@ -100,7 +100,9 @@ pub struct Tuning {
     /// about 11 us to the route's 25 at a 1M cache, of which leaving out every key and value
     /// load saves only 2 (docs/benchmarks.md A.59), so its barriers and workgroup-memory
     /// reductions are what this shortens. Tested both ways against the reference on lavapipe
-    /// (subgroups of 8, 32 and 64). Variable `PISA_DECODE_LEAF_SG` (`0` or `1`).
+    /// (subgroups of 8, 32 and 64; shuffles within lane groups of 8 and 16 there, as lavapipe's
+    /// shuffle lanes are capped at 16: the groups of 32 of NVIDIA and AMD are not tested yet).
+    /// Variable `PISA_DECODE_LEAF_SG` (`0` or `1`).
     pub decode_leaf_subgroups: bool,
     /// The most workgroups the split decode step may give its `route` and `leaf` dispatches as
     /// one (`route_leaf`, `shaders/decode_route_leaf.wgsl`; 0 to 65536): each (sequence, KV

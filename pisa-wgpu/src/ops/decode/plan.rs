@@ -336,8 +336,9 @@ impl Plan {
     /// for blocks of `block` keys, or `None` where it cannot run: the block one chunk (CH = C),
     /// one invocation per (key row, lane) (CH * LK = AW) and per (output vec4, part) (PARTS *
     /// D/4 = AW, PARTS a power of two), at most 16 value rows per invocation, and groups of
-    /// min(`sg_min`, 32) lanes (at least 8) holding whole key rows and P.V parts, the groups'
-    /// (max, sum) pairs within the leaf scratch.
+    /// min(`sg_min`, 32) lanes (at least 8) holding whole key rows and P.V parts and dividing
+    /// the route's workgroup (whose idle tail lanes shuffle too), the groups' (max, sum) pairs
+    /// within the leaf scratch. The shader restates these as `const_assert`s.
     pub fn attend_subgroup_lanes(&self, sg_min: u32, block: u32) -> Option<u32> {
         let (aw, ch, lk, parts) = (self.wg, self.ch, self.lk, self.parts);
         let g = sg_min.min(32);
@@ -352,6 +353,7 @@ impl Plan {
             && g.is_multiple_of(lk)
             && g.is_multiple_of(parts)
             && aw.is_multiple_of(g)
+            && self.wr.is_multiple_of(g)
             && ch * self.gq + 2 * (aw / g) * self.gq <= self.xs;
         ok.then_some(g)
     }

@@ -29,8 +29,9 @@ pub const ROUTE_SG_SHADER: ShaderSource = ShaderSource {
     ),
 };
 /// `shaders/decode.wgsl`, `decode_levels.wgsl`, `decode_levels_nosg.wgsl`,
-/// `decode_attend.wgsl` and `decode_route_leaf.wgsl`: split step dispatches 1 and 2 as one
-/// (`route_leaf`), its levels through workgroup memory.
+/// `decode_attend.wgsl`, `decode_attend_nosg.wgsl` and `decode_route_leaf.wgsl`: split step
+/// dispatches 1 and 2 as one (`route_leaf`), its levels and block attention through workgroup
+/// memory.
 pub const ROUTE_LEAF_SHADER: ShaderSource = ShaderSource {
     name: "decode_route_leaf",
     wgsl: concat!(
@@ -42,7 +43,8 @@ pub const ROUTE_LEAF_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/decode_route_leaf.wgsl")
     ),
 };
-/// [`ROUTE_LEAF_SHADER`] with the level steps of `decode_levels_sg.wgsl`.
+/// [`ROUTE_LEAF_SHADER`] with the level steps of `decode_levels_sg.wgsl` and the block
+/// attention of `decode_attend_sg.wgsl` (used where SGA = 1).
 pub const ROUTE_LEAF_SG_SHADER: ShaderSource = ShaderSource {
     name: "decode_route_leaf_sg",
     wgsl: concat!(
@@ -54,7 +56,8 @@ pub const ROUTE_LEAF_SG_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/decode_route_leaf.wgsl")
     ),
 };
-/// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl`: step dispatch 2 (`leaf`).
+/// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl` and
+/// `decode_attend_nosg.wgsl`: step dispatch 2 (`leaf`).
 pub const SHADER: ShaderSource = ShaderSource {
     name: "decode",
     wgsl: concat!(

@@ -262,4 +262,32 @@ mod tests {
         }
         assert!(checked >= 50, "only {checked} plans checked");
     }
+
+    /// With an NVIDIA scorer the plan's chunks are its rows ([`super::super::NV_SCORER_ROWS`]),
+    /// `128 / g_q` entries, whatever the WGSL scorer's subgroups, and the WGSL scorer's
+    /// workgroup memory is not asked for: at 16 KiB, where the WGSL scorer's 64-row plan does
+    /// not fit, the NVIDIA one still plans. GQA groups 1, 2, 3, 4, 7, 8, 16.
+    #[test]
+    fn nvidia_scorer_sets_the_chunk_rows() {
+        use super::super::{NV_SCORERS, NV_SCORER_ROWS};
+        let nv = NvScorer {
+            kernel: NV_SCORERS[2],
+            pair: true,
+            rows: NV_SCORER_ROWS,
+        };
+        let wide = limits_with_memory(48 << 10);
+        let small = limits_with_memory(16 << 10);
+        for g in [1usize, 2, 3, 4, 7, 8, 16] {
+            let shape = AttentionShape::new(1, 2 * g, 2, 512, 4096, 128).unwrap();
+            let cfg = SelectionConfig::new(64, 16).unwrap();
+            let sel = selection(&shape, &cfg, Storage::F16);
+            let v = coop::choose(&wide, 32, &shape, &cfg, Storage::F16, 4, 2).unwrap();
+            let bl = plan_for(&small, 1 << 31, &sel, Scorer::Coop(v), 4, Some(nv)).unwrap();
+            assert_eq!(bl.qpc, NV_SCORER_ROWS / g as u32, "GQA {g}");
+            assert!(bl.nv.is_some());
+            let wgsl = plan_for(&wide, 1 << 31, &sel, Scorer::Coop(v), 4, None).unwrap();
+            assert_eq!(wgsl.qpc, 64 / g as u32, "GQA {g}");
+            assert!(plan_for(&small, 1 << 31, &sel, Scorer::Coop(v), 4, None).is_none());
+        }
+    }
 }
