@@ -4,7 +4,7 @@
 //! pass.
 
 use super::common::*;
-use super::decode_harness::{self, base, cfg, Run};
+use super::decode_harness::{self, base, cfg, Case, Run};
 use pisa_core::reference;
 use pisa_core::{AttentionShape, Scoring, TensorLayout};
 use pisa_wgpu::ops::decode::KvCache;
@@ -377,6 +377,40 @@ fn route_with_and_without_subgroups() {
     }
 }
 
+/// One `route_leaf` case of [`route_and_leaf_in_one_dispatch`] and
+/// [`route_leaf_attention_with_and_without_subgroups`]: `2 g_q` query heads over 2 KV heads of
+/// head dim `d`, blocks of `c` keys, `top_k` `k` with a sink and a local block, `storage`, two
+/// sequences prefilled with `prefill` tokens, then `steps` decode steps.
+#[allow(clippy::too_many_arguments)]
+fn route_leaf_case(
+    name: &'static str,
+    g_q: usize,
+    d: usize,
+    c: usize,
+    k: usize,
+    storage: Storage,
+    prefill: Vec<usize>,
+    steps: usize,
+) -> Case {
+    let cf = cfg(c, k, 2, Scoring::Lse).with_forced(1, 1);
+    let mut case = base(name, 2 * g_q, 2, d, cf);
+    case.storage = storage;
+    case.prefill = prefill;
+    case.steps = steps;
+    case
+}
+
+/// A context of the default tuning but `decode_route_workgroups` 4096 (so that `route_leaf`
+/// runs wherever it fits) and `decode_leaf_subgroups` `leaf_sg`, kept for the test's life.
+fn route_leaf_context(leaf_sg: bool) -> &'static pisa_wgpu::Context {
+    let mut t = pisa_wgpu::Tuning::default();
+    t.decode_route_workgroups = 4096;
+    t.decode_leaf_subgroups = leaf_sg;
+    Box::leak(Box::new(
+        pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t).unwrap(),
+    ))
+}
+
 /// The split step's `route` and `leaf` as one dispatch (`route_leaf`, asked for by
 /// `decode_route_workgroups`): several workgroups per (sequence, KV head) route the token the
 /// same way, then each attends its share of the leaf slots, several blocks at once, before the
@@ -389,12 +423,7 @@ fn route_with_and_without_subgroups() {
 #[test]
 fn route_and_leaf_in_one_dispatch() {
     use pisa_wgpu::ops::decode::route_leaves_on_this_thread;
-    let mut t = pisa_wgpu::Tuning::default();
-    t.decode_route_workgroups = 4096;
-    let own: &'static pisa_wgpu::Context = Box::leak(Box::new(
-        pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t.clone())
-            .unwrap(),
-    ));
+    let own = route_leaf_context(pisa_wgpu::Tuning::default().decode_leaf_subgroups);
     let cases = [
         ("rl_gqa1_d64", 1, 64, 16, 4, Storage::F32),
         ("rl_gqa2_d12", 2, 12, 16, 4, Storage::F32),
@@ -410,15 +439,12 @@ fn route_and_leaf_in_one_dispatch() {
             continue;
         }
         let before = route_leaves_on_this_thread();
-        let cf = cfg(c, k, 2, Scoring::Lse).with_forced(1, 1);
-        let mut case = base(name, 2 * g_q, 2, d, cf);
-        case.storage = storage;
-        case.prefill = if k > 4 {
+        let prefill = if k > 4 {
             vec![0, 1300]
         } else {
             vec![1201 + 2 * i, 77]
         };
-        case.steps = 10;
+        let case = route_leaf_case(name, g_q, d, c, k, storage, prefill, 10);
         let r = Run::new_in(own, case, 1400);
         let blocks = r.cache.route_leaf_blocks();
         assert!(blocks.is_some(), "{name}: route_leaf does not run");
@@ -427,9 +453,7 @@ fn route_and_leaf_in_one_dispatch() {
         built += 1;
     }
     assert!(built >= 5, "only {built} cases ran");
-    let small: &'static pisa_wgpu::Context = Box::leak(Box::new(
-        pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t).unwrap(),
-    ));
+    let small = route_leaf_context(pisa_wgpu::Tuning::default().decode_leaf_subgroups);
     small.set_max_binding_bytes(5 * 400 * 32 * 4); // 5 rows of capacity 400, D 32, f32
     let cf = cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1);
     let mut case = base("rl_two_shards", 6, 3, 32, cf);
@@ -464,12 +488,7 @@ fn route_leaf_attention_with_and_without_subgroups() {
         ("sga_gqa4_d128_k16", 4, 128, 64, 16, Storage::F16),
     ];
     for on in [true, false] {
-        let mut t = pisa_wgpu::Tuning::default();
-        t.decode_route_workgroups = 4096;
-        t.decode_leaf_subgroups = on;
-        let own: &'static pisa_wgpu::Context = Box::leak(Box::new(
-            pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t).unwrap(),
-        ));
+        let own = route_leaf_context(on);
         let has_sg = own.features().contains(wgpu::Features::SUBGROUP) && own.shuffle_lanes() >= 8;
         let before = subgroup_leaves_on_this_thread();
         let mut ran = 0;
@@ -478,11 +497,8 @@ fn route_leaf_attention_with_and_without_subgroups() {
                 continue;
             }
             ran += 1;
-            let cf = cfg(c, k, 2, Scoring::Lse).with_forced(1, 1);
-            let mut case = base(name, 2 * g_q, 2, d, cf);
-            case.storage = storage;
-            case.prefill = vec![1201 + 2 * i, 77];
-            case.steps = 6;
+            let prefill = vec![1201 + 2 * i, 77];
+            let case = route_leaf_case(name, g_q, d, c, k, storage, prefill, 6);
             let r = Run::new_in(own, case, 1400);
             assert!(
                 r.cache.route_leaf_blocks().is_some(),
