@@ -32,18 +32,20 @@ fn value_vec(bh: u32, t: u32, j: u32) -> vec4<store_t> {
     return raw4_vc2(key_row(bh - p.kv_split, t) + j);
 }
 
-// Vec4 j4 of the value rows part, part + PARTS, ... (PVR of them, clamped to the chunk's cn
+// Vec4 j4 of the value rows first, first + stride, ... (PVR of them, clamped to the chunk's cn
 // keys) of the chunk at token t of bh, from its shard (chosen once, outside the loop, so the
-// loads are unconditional and can be in flight together).
-fn load_values(bh: u32, t: u32, cn: u32, part: u32, j4: u32) -> array<vec4<store_t>, PVR> {
+// loads are unconditional and can be in flight together). attend_block takes a P.V part's
+// rows (part, stride PARTS), attend_block_sg its consecutive rows (stride 1).
+fn load_values(bh: u32, t: u32, cn: u32, first: u32, stride: u32,
+               j4: u32) -> array<vec4<store_t>, PVR> {
     var vv: array<vec4<store_t>, PVR>;
     if (bh < p.kv_split) {
         for (var i = 0u; i < PVR; i++) {
-            vv[i] = raw4_vc(key_row(bh, t + min(part + i * PARTS, cn - 1u)) + j4);
+            vv[i] = raw4_vc(key_row(bh, t + min(first + i * stride, cn - 1u)) + j4);
         }
     } else {
         for (var i = 0u; i < PVR; i++) {
-            vv[i] = raw4_vc2(key_row(bh - p.kv_split, t + min(part + i * PARTS, cn - 1u)) + j4);
+            vv[i] = raw4_vc2(key_row(bh - p.kv_split, t + min(first + i * stride, cn - 1u)) + j4);
         }
     }
     return vv;
@@ -89,7 +91,7 @@ fn attend_block(bh: u32, t0: u32, n: u32, nmax: u32, po: u32, al: u32, ib: u32) 
         // The chunk's value rows of this P.V invocation, loaded now (when they fit in
         // registers: PVR = PV_IT <= 16) so that their memory round trip overlaps the keys'.
         var vv: array<vec4<store_t>, PVR>;
-        if (act && PREFETCH && part < PARTS) { vv = load_values(bh, t0 + c0, cl + 1u, part, j4); }
+        if (act && PREFETCH && part < PARTS) { vv = load_values(bh, t0 + c0, cl + 1u, part, PARTS, j4); }
         if (act) {
             for (var it = al; it < CH * LK; it += AW) {
                 var a: array<f32, GQ>;

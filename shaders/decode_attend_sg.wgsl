@@ -27,23 +27,7 @@ const XG: u32 = CH * GQ;      // the groups' (mg, lg) per head, after the p of t
 // The host's conditions (Plan::attend_subgroup_lanes), so that a mismatch fails the build.
 const_assert SGA == 0u || (CH * LK == AW && PARTS * D4 == AW && CH % PARTS == 0u
                            && AW % SGA_G == 0u && WG % SGA_G == 0u && SGA_G % LK == 0u
-                           && SGA_G % PARTS == 0u && XG + 2u * NG * GQ <= XS);
-
-// The value rows t + k0 .. t + k0 + PVI - 1 (clamped to the block's cn keys), vec4 j4, from the
-// shard of bh (chosen once, so that the loads are unconditional and in flight together).
-fn load_values_sg(bh: u32, t: u32, cn: u32, k0: u32, j4: u32) -> array<vec4<store_t>, PVI> {
-    var vv: array<vec4<store_t>, PVI>;
-    if (bh < p.kv_split) {
-        for (var i = 0u; i < PVI; i++) {
-            vv[i] = raw4_vc(key_row(bh, t + min(k0 + i, cn - 1u)) + j4);
-        }
-    } else {
-        for (var i = 0u; i < PVI; i++) {
-            vv[i] = raw4_vc2(key_row(bh - p.kv_split, t + min(k0 + i, cn - 1u)) + j4);
-        }
-    }
-    return vv;
-}
+                           && SGA_G % PARTS == 0u && XG + 2u * NG * GQ <= XS && PVR == PVI);
 
 // exp(mg - M) of group g of head hh (xs at xb), 0 for a group without a key.
 fn group_factor(xb: u32, g: u32, hh: u32, m: f32) -> f32 {
@@ -60,8 +44,8 @@ fn attend_block_sg(bh: u32, t0: u32, n: u32, po: u32, al: u32, ib: u32) {
     let part = al % PARTS;
     let j4 = al / PARTS;
     let k0 = part * PVI;
-    var vv: array<vec4<store_t>, PVI>;
-    if (act) { vv = load_values_sg(bh, t0, n, k0, j4); }
+    var vv: array<vec4<store_t>, PVR>;
+    if (act) { vv = load_values(bh, t0, n, k0, 1u, j4); }
     // 1. Scores, the groups' maxima and sums.
     let t = al / LK;
     let u = al % LK;
