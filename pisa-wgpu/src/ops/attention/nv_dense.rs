@@ -128,7 +128,7 @@ pub(crate) fn kernel_of(
         .filter(|k| ctx.nv_kernel_ok(&k.0))
 }
 
-/// Records dense attention with `kernel` (from [`kernel_for`] or [`kernel_with_o_strides`]);
+/// Records dense attention with `kernel` (from [`kernel_for`] or [`kernel_of`]);
 /// inputs validated by the caller. Returns (O, LSE): O written into `out` when given (at its
 /// strides; `_o` builds only), else a new tensor contiguous in `layouts.o` (which must be Q's
 /// layout for the builds writing O at Q's strides); LSE new. Both poisoned before the kernel
