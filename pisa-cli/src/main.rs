@@ -13,7 +13,8 @@ use clap::{Parser, Subcommand};
 #[command(name = "pisa", version, about, long_about = None)]
 struct Cli {
     /// Log more on stderr: -v the device and kernel path, -vv every pipeline built, -vvv also
-    /// wgpu's info logs and every dispatch.
+    /// wgpu's info logs and every dispatch (`info`, whose report is the device, prints the same
+    /// at every level).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     /// Set a tuning knob of the kernels, KNOB=VALUE (repeatable; after the `PISA_*` variables).

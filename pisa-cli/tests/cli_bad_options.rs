@@ -198,7 +198,18 @@ fn unwritable_outputs_are_refused_first() {
             .concat(),
             &["out.npy", "bf16"],
         );
-        run("out.txt", &[], &["out.txt", "unknown tensor file format"]);
+        // Regression: exit 1 without naming the option, where a --json name of another
+        // extension is a usage error (exit 2).
+        common::usage_fails(
+            d,
+            &[
+                &[cmd, "-i", "in.safetensors", "-o", "out.txt"][..],
+                &SMALL[..],
+            ]
+            .concat(),
+            &["-o/--output out.txt", "unknown tensor file format"],
+        );
+        assert!(!d.join("out.txt").exists());
     }
 }
 
@@ -286,6 +297,10 @@ fn bad_bench_arguments() {
         &["--decode-burst must be at most 2048"],
     );
     bench(&["--top-k", "0"], &["top_k"]);
+    // Regressions: each "skipped" every size (naming the library's field, not the option)
+    // before `nothing was measured`, where the other commands refuse it up front.
+    bench(&["--q-tile", "0"], &["--q-tile must be at least 1"]);
+    bench(&["--d", "24"], &["--d 24", "head dim 24"]);
     bench(
         &["--top-k", "18446744073709551615"],
         &["top_k is", "limit of 16777216"],
@@ -409,7 +424,8 @@ fn bad_bench_arguments() {
 }
 
 /// Regression: a head dim the kernels do not support "skipped" every size and exited 0; now the
-/// skip reasons are printed and the run fails.
+/// skip reasons are printed and the run fails. (A head dim is now refused before any size, as
+/// `--d` in `bad_bench_arguments`; a GQA group past the routing's rows still skips each size.)
 #[test]
 fn bench_where_every_size_is_skipped_fails() {
     let dir = tempfile::tempdir().unwrap();
@@ -422,11 +438,11 @@ fn bench_where_every_size_is_skipped_fails() {
             "--decode-sizes",
             "",
             "--hq",
-            "2",
+            "128",
             "--hkv",
             "1",
             "--d",
-            "24",
+            "32",
             "--storages",
             "f32",
             "--reps",
@@ -434,7 +450,12 @@ fn bench_where_every_size_is_skipped_fails() {
         ],
     );
     assert_eq!(r.code, Some(1), "{}", r.stderr);
-    assert!(r.stderr.contains("head dim 24"), "{}", r.stderr);
+    assert!(r.stderr.contains("N=64 f32: skipped"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("128 query heads per KV head"),
+        "{}",
+        r.stderr
+    );
     assert!(
         r.stderr
             .lines()

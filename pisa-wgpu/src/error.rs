@@ -39,8 +39,12 @@ pub enum GpuError {
     /// The device was lost (driver reset, removal); create a new [`crate::Context`].
     #[error("GPU device lost: {0}; create a new context")]
     DeviceLost(String),
-    /// A size is above what this adapter allows and cannot be split further.
-    #[error("{what} needs {needed} {unit}, above this device's limit of {limit} {unit} ({hint})")]
+    /// A size is above what this adapter allows, or a lower limit the caller set, and cannot be
+    /// split further.
+    #[error(
+        "{what} needs {needed} {unit}, above the limit of {limit} {unit} in force (the device's, \
+         or a lower one set on the context or cache; {hint})"
+    )]
     Limit {
         /// The resource.
         what: String,

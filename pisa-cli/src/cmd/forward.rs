@@ -90,8 +90,15 @@ pub fn check_output(
     } else {
         &["o", "lse"]
     };
+    // (a usage error, exit 2, as a --json or --plot name of the wrong kind)
+    let Ok(format) = io::Format::from_path(path) else {
+        crate::args::usage_bail!(
+            "-o/--output {}: unknown tensor file format (expected a .safetensors or .npy extension)",
+            path.display()
+        );
+    };
     let outs = io::output_paths(path, names)?;
-    if out_dtype == DType::BF16 && io::Format::from_path(path)? == io::Format::Npy {
+    if out_dtype == DType::BF16 && format == io::Format::Npy {
         crate::args::usage_bail!(
             "{}: bf16 cannot be stored in npy (no standard descr); use --out-dtype f16 or f32, or a .safetensors output",
             path.display()

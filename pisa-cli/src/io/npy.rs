@@ -10,7 +10,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::tensor::{checked_numel, DType, HostTensor, IndexTensor};
+use super::tensor::{checked_numel, decode_f64, DType, HostTensor, IndexTensor};
 use super::OutTensor;
 
 const MAGIC: &[u8] = b"\x93NUMPY";
@@ -197,11 +197,7 @@ pub(super) fn read_float(bytes: &[u8], name: &str) -> Result<HostTensor> {
     let data = match npy.descr.as_str() {
         "<f4" => DType::F32.decode(npy.data),
         "<f2" => DType::F16.decode(npy.data),
-        "<f8" => npy
-            .data
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
-            .collect(),
+        "<f8" => decode_f64(npy.data, name, &npy.shape)?,
         d => bail!(
             "npy dtype {d:?} is not a float dtype ({})",
             supported(Kind::Float)

@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
-use super::tensor::{checked_numel, DType, HostTensor, IndexTensor};
+use super::tensor::{checked_numel, decode_f64, DType, HostTensor, IndexTensor};
 use super::OutTensor;
 
 fn parse(bytes: &[u8]) -> Result<SafeTensors<'_>> {
@@ -64,11 +64,7 @@ pub(super) fn read_float(bytes: &[u8], name: &str) -> Result<HostTensor> {
         Dtype::F32 => DType::F32.decode(v.data()),
         Dtype::F16 => DType::F16.decode(v.data()),
         Dtype::BF16 => DType::BF16.decode(v.data()),
-        Dtype::F64 => v
-            .data()
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
-            .collect(),
+        Dtype::F64 => decode_f64(v.data(), name, v.shape())?,
         d => bail!("tensor `{name}` has dtype {d:?}; supported float dtypes: F32, F16, BF16, F64"),
     };
     Ok(HostTensor {

@@ -195,6 +195,28 @@ pub(crate) fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
     idx
 }
 
+/// Little-endian f64 values as f32, for the readers of `<f8` / F64 tensors. Errors where a
+/// finite value lies beyond f32's range (it would become an infinity, which the finite check
+/// would then blame on the file), naming the tensor, the value and its multi-index in `shape`.
+/// NaN and infinities pass as they are (the finite check decides on them).
+pub(super) fn decode_f64(bytes: &[u8], name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(bytes.len() / 8);
+    for (i, c) in bytes.chunks_exact(8).enumerate() {
+        let x = f64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+        let y = x as f32;
+        if x.is_finite() && !y.is_finite() {
+            bail!(
+                "tensor `{name}` (shape {shape:?}) holds {x:e} at {:?}, beyond f32's range \
+                 (magnitudes up to {:e}): scale the input or store it as f32",
+                unravel(i, shape),
+                f32::MAX
+            );
+        }
+        out.push(y);
+    }
+    Ok(out)
+}
+
 /// Errors if `t` holds a NaN or an infinity, naming the tensor and the multi-index of the
 /// first such value, e.g. ``tensor `q` has NaN at [2, 17, 5]``.
 pub fn check_finite(t: &HostTensor) -> Result<()> {

@@ -190,3 +190,46 @@ proptest! {
         all_parsers(&b);
     }
 }
+
+/// An f64 value past f32's range is refused by name and position (as a value that does not fit,
+/// not as an infinity the file does not hold); f64 values within range, and the f64 NaN and
+/// infinities (left to the finite check), are read as they are.
+#[test]
+fn f64_values_beyond_f32() {
+    let shape = [2usize, 3];
+    let bytes = |vals: &[f64]| -> (Vec<u8>, Vec<u8>) {
+        let data: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut npy = npy_bytes(
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }",
+            0,
+        );
+        npy.extend_from_slice(&data);
+        let h = r#"{"x":{"dtype":"F64","shape":[2,3],"data_offsets":[0,48]}}"#;
+        let mut st = st_bytes(h, 0);
+        st.extend_from_slice(&data);
+        (npy, st)
+    };
+    let ok = [1.5, -2.25e38, 3.0e-40, f64::NAN, f64::INFINITY, 0.125];
+    let (npy, st) = bytes(&ok);
+    for t in [
+        npy::read_float(&npy, "x").unwrap(),
+        st::read_float(&st, "x").unwrap(),
+    ] {
+        assert_eq!(t.shape, shape);
+        assert_eq!(t.data[0], 1.5);
+        assert_eq!(t.data[1], -2.25e38);
+        assert!(t.data[3].is_nan() && t.data[4] == f32::INFINITY);
+    }
+    let bad = [1.5, -2.25e38, 3.0e-40, 0.0, -1e300, 0.125];
+    let (npy, st) = bytes(&bad);
+    for e in [
+        err_text(npy::read_float(&npy, "x")),
+        err_text(st::read_float(&st, "x")),
+    ] {
+        assert!(
+            e.contains("`x`") && e.contains("-1e300 at [1, 1]") && e.contains("f32"),
+            "{e}"
+        );
+        assert!(!e.contains("inf"), "{e}");
+    }
+}

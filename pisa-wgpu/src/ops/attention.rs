@@ -54,8 +54,16 @@ pub const SHADER: ShaderSource = ShaderSource {
 /// Head dims the kernels accept (the tested ones are 64, 80, 96, 128 and 256).
 pub const SUPPORTED_HEAD_DIMS: &str = "multiples of 16 from 16 to 256";
 
-/// [`PisaError::HeadDim`] unless the attention kernels take head dim `d` ([`SUPPORTED_HEAD_DIMS`]).
-pub(crate) fn check_head_dim(d: usize) -> Result<()> {
+/// Checks that the prefill kernels (attention, selection stage 2) take head dim `d`
+/// ([`SUPPORTED_HEAD_DIMS`]), for a caller that wants to refuse a shape before it builds
+/// anything; every operation makes the same check itself. Errors: [`PisaError::HeadDim`].
+///
+/// ```
+/// use pisa_wgpu::ops::attention::check_head_dim;
+/// assert!(check_head_dim(128).is_ok());
+/// assert!(check_head_dim(24).is_err()); // not a multiple of 16
+/// ```
+pub fn check_head_dim(d: usize) -> Result<()> {
     if !d.is_multiple_of(16) || d > 256 {
         return Err(PisaError::HeadDim {
             head_dim: d,

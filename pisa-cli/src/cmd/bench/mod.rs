@@ -163,6 +163,14 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     if a.d == 0 {
         bail!("--d must be at least 1");
     }
+    // (the prefill sizes' head dims; a decode-only run takes any D its cache does)
+    if !sizes.is_empty() {
+        pisa_wgpu::ops::attention::check_head_dim(a.d)
+            .with_context(|| format!("--d {} for the prefill sizes (--sizes)", a.d))?;
+    }
+    if a.q_tile == 0 {
+        bail!("--q-tile must be at least 1");
+    }
     if a.decode_burst == 0 {
         bail!("--decode-burst must be at least 1");
     }

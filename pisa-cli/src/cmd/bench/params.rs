@@ -125,7 +125,7 @@ impl Params {
             false => format!(", tuning {}", self.tuning.join(" ")),
         };
         if let Some(q) = self.queries {
-            tuning += &format!(", prefill of the last {q} queries over N keys");
+            tuning += &format!(", prefill of the last min({q}, N) queries over N keys");
         }
         format!(
             "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, layout {}, inputs {}, leaf order {}, kernel path {} ({what}), shader checks {}{tuning}",
