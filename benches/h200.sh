@@ -19,7 +19,7 @@ export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/n
 export XDG_RUNTIME_DIR=/tmp
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-# Binaries may come xz-compressed (to fit what a device call carries): unpack them.
+# Binaries may come xz-compressed (to keep the files moved to the GPU host small): unpack them.
 for f in .bin/*.xz; do case "$f" in *.tar.xz) ;; *) [ -e "$f" ] && xz -d -f "$f" ;; esac; done
 chmod +x .bin/pisa* 2>/dev/null
 [ -f .bin/tests.tar.xz ] && tar xJf .bin/tests.tar.xz -C .bin

@@ -56,7 +56,7 @@ use pisa_wgpu::{Context, DType, Storage, TensorView};
 // pisa never replaces its callbacks; pisa's errors come back as Results (error scopes).
 let ctx = Context::from_device(&adapter, device.clone(), queue.clone())?;
 
-// Views of the app's buffers: byte offset, [B, H, N, D], strides, dtype (f32, f16, bf16).
+// Views of the app's buffers: byte offset, dtype (f32, f16, bf16), shape [B, H, N, D], strides.
 // A packed QKV projection [T, (Hq + 2 Hkv) * D] is read as it is:
 let row = (hq + 2 * hkv) * d;
 let q = TensorView::new(&qkv, 0, DType::F32, [1, hq, t, d], [t * row, d, row, 1])?;
@@ -74,8 +74,8 @@ plan.run(&mut encoder, &q, &k, &v, &PrefillOutputs { out: &o, lse: &lse, selecti
 
 // Decode: a cache owns a clone of the context (an engine struct can own both).
 let mut cache = KvCache::new(&ctx, batch, capacity, hq, hkv, d, opts.cfg, Storage::F32)?;
-cache.prefill_view(0, &k, &v)?;                          // load a prefill's K/V (GPU copy)
-cache.record_append_view(&mut encoder, &k_rows, &v_rows, &[true; 1], None)?;
+cache.record_prefill_from_plan(&mut encoder, 0, &plan, 0)?; // take over the prefill's K/V and pyramid
+cache.record_append_view(&mut encoder, &k_rows, &v_rows, &vec![true; batch], None)?;
 cache.record_step_into(&mut encoder, &q_row, Some(&StepOutputs { out: &o_row, lse: &lse_row, selection: None }), None)?;
 queue.submit([encoder.finish()]);
     // ---- end ----

@@ -66,15 +66,18 @@ pub enum GpuError {
     /// The request is valid but this build or adapter does not support it.
     #[error("unsupported: {0}")]
     Unsupported(String),
-    /// A NaN or infinite input value, reported by the opt-in host-side checks
-    /// ([`crate::ops::check_finite`], [`crate::ops::prefill::check_finite`]); the GPU functions
-    /// themselves do not scan their inputs.
+    /// A NaN or infinite input value, reported by the opt-in checks: the host-side ones
+    /// ([`crate::ops::check_finite`], [`crate::ops::prefill::check_finite`]) and the GPU scan
+    /// of a view ([`crate::ops::gather::check_finite_view`] and its `_async` form); the
+    /// operations themselves do not scan their inputs.
     #[error("non-finite input: {tensor} holds {value} at flat index {index} (its first non-finite value)")]
     NonFinite {
         /// The tensor, as named by the caller ("q", "k", "v", ...).
         tensor: &'static str,
-        /// Flat index of the first non-finite element in the slice as passed (in the tensor's
-        /// own layout, e.g. `((b * H + h) * N + n) * D + d` for `[B, H, N, D]` row-major).
+        /// Flat index of the first non-finite element: in the slice as passed for the host
+        /// checks (in the tensor's own layout, e.g. `((b * H + h) * N + n) * D + d` for
+        /// `[B, H, N, D]` row-major); the logical `[B, H, N, D]` index in that order for a
+        /// view, whatever its strides.
         index: usize,
         /// The value: NaN, `inf` or `-inf`.
         value: f32,

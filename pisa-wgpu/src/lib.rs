@@ -1,8 +1,9 @@
 //! # pisa-wgpu
 //!
 //! PISA block-sparse attention (`docs/PISA.md`) as WGSL compute shaders through wgpu: runs on
-//! any Vulkan GPU, on Metal and DX12, and on Mesa's lavapipe CPU Vulkan driver. Every kernel is
-//! tested against the CPU reference in `pisa-core`.
+//! any Vulkan GPU and on Mesa's lavapipe CPU Vulkan driver (its shaders are translated for Metal
+//! and DX12 and validated by naga, not yet run there). Every kernel is tested against the CPU
+//! reference in `pisa-core`.
 //!
 //! ## The API an application uses
 //!
@@ -36,7 +37,8 @@
 //!   out upstream.
 //! - Host conveniences for tools and tests (blocking; refused on wasm32): [`prefill_host`],
 //!   [`KvCache::append_and_step`], [`Context::read_bytes`].
-//! - Errors are [`GpuError`]s, never panics: a view the operation cannot use is
+//! - Errors are [`GpuError`]s, never panics of pisa's own checks (wgpu itself may panic on a
+//!   buffer of another `wgpu::Instance`: README, "Not caught by pisa"): a view the operation cannot use is
 //!   [`GpuError::View`], a profiler used with another context [`GpuError::Misuse`].
 //!
 //! ```
@@ -128,6 +130,7 @@ pub mod ops;
 pub mod runtime;
 
 pub use error::{GpuError, Result};
+pub use ops::attention::{check_head_dim, SUPPORTED_HEAD_DIMS};
 pub use ops::decode::{CacheSizes, ChunkOutputs, DecodeOutput, KvCache, StepOutputs};
 pub use ops::prefill::{
     prefill_host, PlanViews, PrefillOptions, PrefillOutput, PrefillOutputs, PrefillPlan,

@@ -59,7 +59,7 @@ pub const SUPPORTED_HEAD_DIMS: &str = "multiples of 16 from 16 to 256";
 /// anything; every operation makes the same check itself. Errors: [`PisaError::HeadDim`].
 ///
 /// ```
-/// use pisa_wgpu::ops::attention::check_head_dim;
+/// use pisa_wgpu::check_head_dim;
 /// assert!(check_head_dim(128).is_ok());
 /// assert!(check_head_dim(24).is_err()); // not a multiple of 16
 /// ```

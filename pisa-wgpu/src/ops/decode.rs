@@ -8,8 +8,11 @@
 //! append its key and value ([`KvCache::record_append_view`]) and record the step
 //! ([`KvCache::record_step_into`]), whose query is the token at position `len - 1` of each
 //! sequence. [`KvCache::record_chunk`] appends and attends T tokens a sequence (a chunked
-//! prefill into the cache); [`KvCache::record_reset`] empties a sequence. None of these
-//! allocates, writes from the host or waits after the first call with a given set of buffers.
+//! prefill into the cache); [`KvCache::record_reset`] empties a sequence. None of
+//! [`KvCache::record_append_view`], [`KvCache::record_step_into`] and [`KvCache::record_reset`]
+//! allocates, writes from the host or waits after the first call with a given set of buffers
+//! (loading a prefill, `record_prefill_view` or `record_prefill_from_plan`, may allocate
+//! scratch or upload a length).
 //! The results are those of `pisa_core::reference::DecodeState::step` (selections up to
 //! near-ties of f32 rounding).
 //!

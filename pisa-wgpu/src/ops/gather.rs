@@ -514,8 +514,8 @@ fn params(
 /// value (NaN, `inf` or `-inf`). It waits for the GPU (work submitted before it runs first);
 /// on wasm32, where nothing may block, [`check_finite_view_async`].
 ///
-/// Errors besides: [`GpuError::View`] for an integer (i32) view, a view in a buffer without
-/// `STORAGE` usage or ending in a word past its buffer's end; [`GpuError::Validation`] for a
+/// Errors besides: [`GpuError::View`] for an integer (i32) view, or one ending in a word past
+/// its buffer's end; [`GpuError::Validation`] for a
 /// view in another device's buffer; [`GpuError::Limit`] for a row past a binding;
 /// [`GpuError::Unsupported`] on wasm32; those of [`Context::read_bytes`].
 pub fn check_finite_view(ctx: &Context, tensor: &'static str, view: &TensorView) -> Result<()> {

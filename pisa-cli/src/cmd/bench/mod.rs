@@ -165,7 +165,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     }
     // (the prefill sizes' head dims; a decode-only run takes any D its cache does)
     if !sizes.is_empty() {
-        pisa_wgpu::ops::attention::check_head_dim(a.d)
+        pisa_wgpu::check_head_dim(a.d)
             .with_context(|| format!("--d {} for the prefill sizes (--sizes)", a.d))?;
     }
     if a.q_tile == 0 {

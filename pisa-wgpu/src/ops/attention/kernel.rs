@@ -208,7 +208,7 @@ pub(crate) fn prefill_dense_plan<'a>(
 /// and configuration are those of `sparse` (the selection tensor is not read), as
 /// [`crate::ops::prefill::PrefillPlan`] and [`crate::ops::prefill::prefill_host`] record it
 /// (Q, K, V staged in BHND or read in place): where every query selects every leaf it sees (at
-/// most `cfg.top_k` leaves of keys, PISA.md 3.3), the dense kernel of [`prefill_dense_plan`],
+/// most `cfg.top_k` leaves of keys, PISA.md 3.3), the dense kernel of `prefill_dense_plan`,
 /// else [`attention_kernel`]'s for `sparse` in BHND. A dense `sparse` is answered as
 /// [`attention_kernel`] answers it.
 pub fn prefill_attention_kernel(

@@ -6,7 +6,7 @@
 //! their dimension has more than one element). Same outputs: O `[B, Hq, Nq, D]` in Q's layout
 //! (f16; O's layout must be Q's), or, with the builds writing O at its own strides (the prefill
 //! of a prompt that selects every leaf), contiguous in `layouts.o` or at the strides of a
-//! caller's O ([`super::OutTarget`]); LSE `[B, Hq, Nq]` f32; profiler stage "dense", or the
+//! caller's O (`OutTarget`); LSE `[B, Hq, Nq]` f32; profiler stage "dense", or the
 //! caller's.
 
 use pisa_core::AttentionShape;

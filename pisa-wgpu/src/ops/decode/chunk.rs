@@ -42,7 +42,8 @@ impl KvCache {
     /// Errors: [`GpuError::View`] for views of the wrong shape or of different T, an input of
     /// i32, outputs that share bytes with inputs or each other, an LSE that is not f32 or an O
     /// its scatter cannot write; [`PisaError::TooLarge`] when a sequence would pass the cache's
-    /// capacity; [`PisaError::Zero`] for T = 0. All checked before anything is recorded.
+    /// capacity (a zero dimension, T = 0, is refused when its view is made). All checked
+    /// before anything is recorded.
     ///
     /// ```no_run
     /// # fn f(ctx: &pisa_wgpu::Context, cache: &mut pisa_wgpu::KvCache, q: &pisa_wgpu::TensorView,

@@ -43,9 +43,10 @@ pub(super) struct StepIo {
 /// The outputs of a decode step: the caller's, given to [`KvCache::record_step_into`], or the
 /// cache's own, lent by [`KvCache::outputs`]. A view of the type below, contiguous, at an
 /// offset that is a multiple of the device's `min_storage_buffer_offset_alignment`, is bound
-/// in place (written by the step itself); any other (strided, unaligned, O or LSE of another
+/// in place (written by the step itself); any other (strided, unaligned, or an O of another
 /// float dtype) is written from the cache's own outputs by a scatter recorded after the step,
-/// kept per view (a 2-byte O view needs whole words: an even D). LSE is f32 only.
+/// kept per view (a 2-byte O view needs whole words: an even D). LSE is f32 only (another
+/// dtype is refused with [`crate::GpuError::View`]).
 #[derive(Debug, Clone, Copy)]
 pub struct StepOutputs<'a> {
     /// O `[B, Hq, 1, D]` in the cache's storage dtype (f32 for a bf16 cache:
