@@ -148,7 +148,10 @@ pub fn report(what: &str, ties: usize, rows: usize) {
     );
 }
 
-/// Runs one case with Qtile 4 against the reference; with `tile1`, also Qtile 1 (must be equal).
+/// Runs one case with Qtile 4 against the reference; with `tile1`, also Qtile 1, against the
+/// same reference and tolerance (the two tilings sum a score's terms in different orders, so
+/// they may order a near-tie differently: seed 1796515629828449768 did, and a bitwise equality
+/// between them failed where both agreed with the reference up to near-ties).
 pub fn run_case(name: &str, c: Case, r: &mut rand_chacha::ChaCha8Rng, tile1: bool) {
     let ctx = ctx();
     if c.storage == Storage::F16 && !ctx.has_f16() {
@@ -183,7 +186,9 @@ pub fn run_case(name: &str, c: Case, r: &mut rand_chacha::ChaCha8Rng, tile1: boo
     let ties = check(name, &got, &want, c.tol(&q, &k));
     report(name, ties, want.rows());
     if tile1 {
-        assert_eq!(got, run(1), "{name}: Qtile 1 and 4 differ");
+        let name1 = format!("{name} (Qtile 1)");
+        let ties1 = check(&name1, &run(1), &want, c.tol(&q, &k));
+        report(&name1, ties1, want.rows());
     }
 }
 
