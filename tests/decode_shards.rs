@@ -1,20 +1,22 @@
 //! Tests of a decode cache split over two storage bindings (a module of `tests/decode.rs`):
-//! K/V shards by flat (sequence, KV head) row, `prefill_device_heads`, on a context whose
+//! K/V shards by flat (sequence, KV head) row, `prefill_device_heads` and
+//! `prefill_view_heads`, on a context whose
 //! binding limit is lowered so that small caches split.
 
 use super::common::*;
 use super::decode_harness::{base, cfg, Run};
-use pisa_core::{Scoring, TensorLayout};
+use pisa_core::{PisaError, Scoring, TensorLayout};
 use pisa_wgpu::ops::decode::KvCache;
-use pisa_wgpu::Storage;
+use pisa_wgpu::{DType, GpuError, Storage, TensorView};
 
 /// A cache past one storage binding (lowered here to 5 of its 9 flat (sequence, KV head) rows
 /// of K/V) is split over two shards, rows 0..5 and 5..9, so that sequence 1's heads straddle
 /// them: every step's selection, output and LSE match the reference (split step: the fused one
 /// reads one shard, so a split cache refuses it even when asked). Then a prefill loaded a few
 /// heads at a time (`prefill_device_heads`, 1 + 2 heads, the 2 straddling the shards for
-/// sequence 1) lands every key and value where the whole prefill does (read back from the
-/// shards) and gives the same outputs, bit for bit.
+/// sequence 1; and `prefill_view_heads`, from strided views of head ranges of one BNHD buffer
+/// of all heads after 12 bytes of padding) lands every key and value where the whole prefill
+/// does (read back from the shards) and gives the same outputs, bit for bit.
 #[test]
 fn cache_split_over_two_bindings() {
     static SMALL: std::sync::OnceLock<pisa_wgpu::Context> = std::sync::OnceLock::new();
@@ -70,10 +72,29 @@ fn cache_split_over_two_bindings() {
     let cf = cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1);
     let lay = TensorLayout::Bhnd;
     let mut outs = Vec::new();
-    for by_heads in [false, true] {
+    // The whole K and V as one app buffer each, BNHD [1, p, Hkv, d] after 12 bytes.
+    let kb = storage_buffer(small, 12, &to_bnhd(&k, 1, hkv, p, d), Storage::F32);
+    let vb = storage_buffer(small, 12, &to_bnhd(&v, 1, hkv, p, d), Storage::F32);
+    let head_view = |buf, h0: usize, n: usize| {
+        let strides = [p * hkv * d, d, hkv * d, 1];
+        TensorView::new(
+            buf,
+            12 + (h0 * d * 4) as u64,
+            DType::F32,
+            [1, n, p, d],
+            strides,
+        )
+        .unwrap()
+    };
+    for mode in ["whole", "device heads", "view heads"] {
         let mut cache = KvCache::new(small, 3, 400, 6, hkv, d, cf, Storage::F32).unwrap();
         for b in 0..3 {
-            if by_heads {
+            if mode == "view heads" {
+                for (h0, n) in [(0, 2), (2, 1)] {
+                    let (kv, vv) = (head_view(&kb, h0, n), head_view(&vb, h0, n));
+                    cache.prefill_view_heads(b, h0, &kv, &vv).unwrap();
+                }
+            } else if mode == "device heads" {
                 for (h0, n) in [(0, 1), (1, 2)] {
                     let r = h0 * p * d..(h0 + n) * p * d;
                     let kt = small.upload("k", &k[r.clone()], Storage::F32).unwrap();
@@ -100,13 +121,33 @@ fn cache_split_over_two_bindings() {
                 assert_eq!(
                     &ks[at..at + p * d],
                     &k[want.clone()],
-                    "keys of seq {b} head {h}"
+                    "{mode}: keys of seq {b} head {h}"
                 );
-                assert_eq!(&vs[at..at + p * d], &v[want], "values of seq {b} head {h}");
+                assert_eq!(
+                    &vs[at..at + p * d],
+                    &v[want],
+                    "{mode}: values of seq {b} head {h}"
+                );
             }
         }
         outs.push((o.out, o.lse, o.selection));
     }
     assert!(outs[0].0.iter().all(|x| x.is_finite()), "outputs written");
     assert_eq!(outs[0], outs[1], "prefill by heads equals prefill at once");
+    assert_eq!(
+        outs[0], outs[2],
+        "prefill by head views equals prefill at once"
+    );
+    // A head view of another head dim, or a range past Hkv, is refused and changes nothing.
+    let mut cache = KvCache::new(small, 1, 400, 6, hkv, d, cf, Storage::F32).unwrap();
+    let past = cache.prefill_view_heads(0, 2, &head_view(&kb, 1, 2), &head_view(&vb, 1, 2));
+    assert!(
+        matches!(past, Err(GpuError::Input(PisaError::TooLarge { .. }))),
+        "{:?}",
+        past.map(|_| ())
+    );
+    let narrow = TensorView::new(&kb, 12, DType::F32, [1, 1, p, d - 1], [0, 0, hkv * d, 1]);
+    let e = cache.prefill_view_heads(0, 0, &narrow.unwrap(), &head_view(&vb, 0, 1));
+    assert!(matches!(e, Err(GpuError::View(_))), "{:?}", e.map(|_| ()));
+    assert_eq!(cache.lens(), &[0], "nothing loaded on error");
 }

@@ -109,18 +109,7 @@ impl KvCache {
         let _call = self.ctx.public_call()?;
         self.check_seq(seq)?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
-        if heads == 0 {
-            return Err(input(PisaError::Zero {
-                what: "KV heads of the prefill",
-            }));
-        }
-        if h0 >= hkv || heads > hkv - h0 {
-            return Err(input(PisaError::TooLarge {
-                what: "end of the prefill's KV heads",
-                value: (h0 as u64).saturating_add(heads as u64),
-                limit: hkv as u64,
-            }));
-        }
+        self.check_head_range(h0, heads)?;
         let p_len = k.len / (heads * d);
         // A positive multiple of heads * D: else name the nearest length that would be.
         check_len("prefill keys", k.len, p_len.max(1) * heads * d)?;
@@ -251,6 +240,23 @@ impl KvCache {
         self.check_prefill_len(ps.k_len)
     }
 
+    fn check_head_range(&self, h0: usize, heads: usize) -> Result<()> {
+        let hkv = self.shape.kv_heads;
+        if heads == 0 {
+            return Err(input(PisaError::Zero {
+                what: "KV heads of the prefill",
+            }));
+        }
+        if h0 >= hkv || heads > hkv - h0 {
+            return Err(input(PisaError::TooLarge {
+                what: "end of the prefill's KV heads",
+                value: (h0 as u64).saturating_add(heads as u64),
+                limit: hkv as u64,
+            }));
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_prefill_len(&self, p_len: usize) -> Result<()> {
         if p_len > self.layout.key_len() {
             return Err(input(PisaError::TooLarge {
@@ -273,28 +279,78 @@ impl KvCache {
         v: &TensorView,
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
-        let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
-        let p_len = k.shape()[2];
+        let hkv = self.shape.kv_heads;
+        for (what, t) in [("prefill keys", k), ("prefill values", v)] {
+            if t.shape()[1] != hkv {
+                return Err(crate::GpuError::View(format!(
+                    "{what}: expected [1, {hkv}, P, {}], got {:?}",
+                    self.shape.head_dim,
+                    t.shape()
+                )));
+            }
+        }
+        self.record_prefill_view_heads(enc, seq, 0, k, v)
+    }
+
+    /// [`Self::prefill_view`] of the KV heads `h0 .. h0 + H` only, `k`, `v` `[1, H, P, D]`
+    /// views (any strides and dtype), for a cache whose keys of all heads exceed one storage
+    /// binding (a 1M-token cache of 8 heads of 128 f16 is 2 GiB, one MiB past the limit of
+    /// many GPUs): load it a few heads at a time. The sequence's length becomes P; load every
+    /// head with the same P before a step (a head left out keeps what it held). Blocks until
+    /// the copy and the pyramid build are done (wasm32: refused; record with
+    /// [`Self::record_prefill_view_heads`] there). Errors: as [`Self::prefill_view`];
+    /// [`PisaError::TooLarge`] for a head range past Hkv; nothing changes on error.
+    pub fn prefill_view_heads(
+        &mut self,
+        seq: usize,
+        h0: usize,
+        k: &TensorView,
+        v: &TensorView,
+    ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
+        let ctx = self.ctx.clone();
+        ctx.scoped("decode prefill", || {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            self.record_prefill_view_heads(&mut enc, seq, h0, k, v)?;
+            ctx.queue.submit([enc.finish()]);
+            Ok(())
+        })
+    }
+
+    /// Records [`Self::prefill_view_heads`] into `enc` (nothing waits). Errors as
+    /// [`Self::prefill_view_heads`]; nothing is recorded on error.
+    pub fn record_prefill_view_heads(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        seq: usize,
+        h0: usize,
+        k: &TensorView,
+        v: &TensorView,
+    ) -> Result<()> {
+        let _call = self.ctx.public_call()?;
+        let d = self.shape.head_dim;
+        let [_, heads, p_len, _] = k.shape();
         // Both views are checked before either gather is recorded.
         for (what, t) in [("prefill keys", k), ("prefill values", v)] {
             crate::runtime::view::check_float_input(what, t)?;
             crate::ops::gather::check_gather_src(what, t, self.storage)?;
-            if t.shape() != [1, hkv, p_len, d] {
+            if t.shape() != [1, heads, p_len, d] {
                 return Err(crate::GpuError::View(format!(
-                    "{what}: expected [1, {hkv}, {p_len}, {d}], got {:?}",
+                    "{what}: expected [1, {heads}, {p_len}, {d}], got {:?}",
                     t.shape()
                 )));
             }
         }
         self.check_seq(seq)?;
         self.check_prefill_len(p_len)?;
+        self.check_head_range(h0, heads)?;
         let ctx = self.ctx.clone();
-        let n = hkv * p_len * d;
+        let n = heads * p_len * d;
         let kt = ctx.scratch("prefill keys", n, self.storage)?;
         let vt = ctx.scratch("prefill values", n, self.storage)?;
         crate::ops::gather::record_gather(&ctx, enc, k, &kt.buffer, self.storage)?;
         crate::ops::gather::record_gather(&ctx, enc, v, &vt.buffer, self.storage)?;
-        self.record_prefill_heads(enc, seq, 0, hkv, &kt, &vt, TensorLayout::Bhnd)
+        self.record_prefill_heads(enc, seq, h0, heads, &kt, &vt, TensorLayout::Bhnd)
     }
 
     /// Records the loading of sequence `seq` from what a [`PrefillPlan`] run left: the keys and
