@@ -91,11 +91,9 @@ pub fn check_output(
         &["o", "lse"]
     };
     // (a usage error, exit 2, as a --json or --plot name of the wrong kind)
-    let Ok(format) = io::Format::from_path(path) else {
-        crate::args::usage_bail!(
-            "-o/--output {}: unknown tensor file format (expected a .safetensors or .npy extension)",
-            path.display()
-        );
+    let format = match io::Format::from_path(path) {
+        Ok(f) => f,
+        Err(e) => crate::args::usage_bail!("-o/--output {e}"),
     };
     let outs = io::output_paths(path, names)?;
     if out_dtype == DType::BF16 && format == io::Format::Npy {
