@@ -530,6 +530,68 @@ fn varlen_with_keys_into_cache_decodes_like_cache_from_views() {
     );
 }
 
+/// A varlen run into a cache whose second sequence's plan cannot be made (its buffers past the
+/// storage-binding limit, lowered on a context of its own so that the cache still fits) fails
+/// before anything is recorded: the first sequence, keys only, is not loaded into the cache
+/// (its length stays 0, where it was 30 when plans were made as the run went). And `q_tile` 0 is refused by
+/// `VarlenPrefillPlan::new` itself, not at the first run.
+#[test]
+fn varlen_into_cache_error_mid_batch_records_nothing() {
+    static SMALL: std::sync::OnceLock<Context> = std::sync::OnceLock::new();
+    let (hq, hkv, d, n) = (8usize, 2usize, 32usize, 100usize);
+    let small = SMALL.get_or_init(|| {
+        let c = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance).unwrap();
+        c.set_max_binding_bytes((2 * n * d * 4 + 256) as u64); // two cache rows of capacity n
+        c
+    });
+    let cfg = SelectionConfig::new(16, 3).unwrap();
+    let opts = PrefillOptions {
+        cfg,
+        ..Default::default()
+    };
+    let zero = PrefillOptions { q_tile: 0, ..opts };
+    let e = VarlenPrefillPlan::new(small, hq, hkv, d, &zero).unwrap_err();
+    assert!(
+        matches!(e, GpuError::Input(PisaError::Zero { what: "q_tile" })),
+        "{e}"
+    );
+    let mut cache = KvCache::new(small, 2, n, hq, hkv, d, cfg, Storage::F32).unwrap();
+    let (cu_q, cu_k) = ([0usize, 0, n], [0usize, 30, 30 + n]);
+    let (tq, tk) = (n, 30 + n);
+    let mut r = rng(seed("varlen_into_cache_error_mid_batch"));
+    let q = app_buffer(small, &random(&mut r, hq * tq * d, 1.0));
+    let k = app_buffer(small, &random(&mut r, hkv * tk * d, 1.0));
+    let v = app_buffer(small, &random(&mut r, hkv * tk * d, 1.0));
+    let (ob, lb) = (
+        app_buffer(small, &vec![f32::NAN; hq * tq * d]),
+        app_buffer(small, &vec![f32::NAN; hq * tq]),
+    );
+    let (ov, lv) = (bhnd_f32(&ob, [1, hq, tq, d]), bhnd_f32(&lb, [1, hq, tq, 1]));
+    let outs = PrefillOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: None,
+    };
+    let varlen = VarlenPrefillPlan::new(small, hq, hkv, d, &opts).unwrap();
+    let mut enc = small.device().create_command_encoder(&Default::default());
+    let e = varlen
+        .run_with_keys_into_cache(
+            &mut enc,
+            &cu_q,
+            &cu_k,
+            &bhnd_f32(&q, [1, hq, tq, d]),
+            &bhnd_f32(&k, [1, hkv, tk, d]),
+            &bhnd_f32(&v, [1, hkv, tk, d]),
+            &outs,
+            &mut cache,
+            &[0, 1],
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(e, GpuError::Limit { .. }), "{e}");
+    assert_eq!(cache.lens(), &[0, 0], "nothing loaded on error");
+}
+
 /// Appends a random key and value to every sequence of both caches and steps them with the same
 /// random queries, `steps` times: O (NaN before each step, so unwritten elements show) must be
 /// finite and both caches' O and LSE equal bitwise. `[hq, hkv, d]`: the caches' heads and head

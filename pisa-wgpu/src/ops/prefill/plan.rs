@@ -1040,7 +1040,8 @@ impl KeptPlans {
 
 impl VarlenPrefillPlan {
     /// A varlen prefill of `q_heads` (Hq) query heads, `kv_heads` (Hkv) KV heads of `head_dim`
-    /// (D) with `opts`. Errors: the options' and heads' validation errors,
+    /// (D) with `opts`. Errors: the options' and heads' validation errors ([`PisaError::Zero`]
+    /// for a `q_tile` of 0 included),
     /// [`PisaError::HeadDim`](pisa_core::PisaError::HeadDim) for a head dim the attention
     /// kernels do not take, and [`GpuError::Unsupported`] for more than 32 query heads per KV
     /// head (as [`PrefillPlan::new`]), before any run.
@@ -1052,6 +1053,9 @@ impl VarlenPrefillPlan {
         opts: &PrefillOptions,
     ) -> Result<Self> {
         opts.cfg.validate()?;
+        if opts.q_tile == 0 {
+            return Err(PisaError::Zero { what: "q_tile" }.into());
+        }
         AttentionShape::prefill(1, q_heads, kv_heads, 1, head_dim)?;
         crate::ops::attention::check_head_dim(head_dim)?;
         crate::ops::route::check_query_group(q_heads / kv_heads)?;
@@ -1440,8 +1444,22 @@ impl VarlenPrefillPlan {
             };
             check_outputs(&outs, [1, hq, hkv, n, d, kk], self.opts.storage, false)?;
         }
-        for (i, r) in ranges().enumerate() {
-            if r.1 == 0 {
+        // Every sequence's plan is made (or its error found: a length past a binding, an
+        // in-place view the kernels cannot read) before anything is recorded, so that an error
+        // leaves the encoder and the cache as they were. Held here, a plan the bound of kept
+        // plans drops on the way stays alive until its run is recorded.
+        let mut plans = Vec::new();
+        for r in ranges() {
+            plans.push(match r.1 {
+                0 => None,
+                _ => {
+                    let ([qs, ks, vs, ..], _) = seq(r)?;
+                    Some(self.plan(r.1, r.3, Some([&qs, &ks, &vs]))?)
+                }
+            });
+        }
+        for (i, (r, plan)) in ranges().zip(plans).enumerate() {
+            let Some(plan) = plan else {
                 if let Some((cache, seqs)) = &mut cache {
                     match r.3 {
                         0 => cache.record_reset(enc, seqs[i])?,
@@ -1453,9 +1471,8 @@ impl VarlenPrefillPlan {
                     }
                 }
                 continue;
-            }
+            };
             let ([qs, ks, vs, o, l], sel) = seq(r)?;
-            let plan = self.plan(r.1, r.3, Some([&qs, &ks, &vs]))?;
             let outs = PrefillOutputs {
                 out: &o,
                 lse: &l,
