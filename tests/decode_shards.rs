@@ -150,4 +150,56 @@ fn cache_split_over_two_bindings() {
     let e = cache.prefill_view_heads(0, 0, &narrow.unwrap(), &head_view(&vb, 0, 1));
     assert!(matches!(e, Err(GpuError::View(_))), "{:?}", e.map(|_| ()));
     assert_eq!(cache.lens(), &[0], "nothing loaded on error");
+    // Heads loaded at different lengths, or some left out: steps and appends are refused
+    // until every head holds the sequence's length (a head loaded again at that length, a
+    // whole prefill or a reset ends it).
+    let q1 = random(&mut r, 6 * d, 1.0);
+    let kv1 = random(&mut r, hkv * d, 1.0);
+    let misuse = |e: pisa_wgpu::Result<()>, what: &str| {
+        let e = e.unwrap_err();
+        assert!(matches!(e, GpuError::Misuse(_)), "{what}: {e}");
+    };
+    cache
+        .prefill_view_heads(0, 0, &head_view(&kb, 0, 2), &head_view(&vb, 0, 2))
+        .unwrap();
+    misuse(
+        cache.step(&q1, true).map(|_| ()),
+        "head 2 never loaded: step",
+    );
+    misuse(
+        cache.append(&kv1, &kv1, &[true]),
+        "head 2 never loaded: append",
+    );
+    let short = |b| {
+        let strides = [p * hkv * d, d, hkv * d, 1];
+        TensorView::new(b, 12 + 2 * d as u64 * 4, DType::F32, [1, 1, 50, d], strides).unwrap()
+    };
+    cache
+        .prefill_view_heads(0, 2, &short(&kb), &short(&vb))
+        .unwrap();
+    assert_eq!(cache.lens(), &[50]);
+    misuse(
+        cache.step(&q1, true).map(|_| ()),
+        "heads 0, 1 at another length",
+    );
+    cache
+        .prefill_view_heads(0, 2, &head_view(&kb, 2, 1), &head_view(&vb, 2, 1))
+        .unwrap();
+    let by_heads = cache.step(&q1, true).unwrap();
+    cache.prefill(0, &k, &v, lay).unwrap();
+    assert_eq!(
+        by_heads.out,
+        cache.step(&q1, true).unwrap().out,
+        "every head at p tokens"
+    );
+    cache
+        .prefill_view_heads(0, 1, &short(&kb), &short(&vb))
+        .unwrap();
+    misuse(cache.step(&q1, true).map(|_| ()), "head 1 reloaded shorter");
+    cache.reset(0).unwrap();
+    let empty = cache.step(&q1, true).unwrap();
+    assert!(
+        empty.lse.iter().all(|&l| l == f32::NEG_INFINITY),
+        "reset: empty"
+    );
 }

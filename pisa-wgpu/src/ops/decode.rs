@@ -291,6 +291,11 @@ pub struct KvCache {
     cands: GpuTensor,
     parts: GpuTensor,
     lens: Vec<usize>,
+    /// Per sequence, `None` while all its KV heads hold `lens[b]` tokens; after a load of some
+    /// heads ([`KvCache::record_prefill_heads`]) that left others at another length, the
+    /// length each head was last loaded at: steps, appends and chunks are refused until every
+    /// head holds the same (`KvCache::check_heads_loaded`).
+    head_lens: Vec<Option<Vec<usize>>>,
     /// Gather targets of query, key and value views that cannot be bound in place
     /// (`[B, Hq, D]`, `[B, Hkv, D]` in storage precision).
     q_in: GpuTensor,

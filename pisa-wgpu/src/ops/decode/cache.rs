@@ -196,6 +196,7 @@ impl KvCache {
             cands: ctx.alloc("decode leaf slots", slots, Storage::F32, POISON_I32)?,
             parts: ctx.alloc("decode block states", part_elems, Storage::F32, POISON_F32)?,
             lens: vec![0; batch],
+            head_lens: vec![None; batch],
             readback,
             q_in: ctx.host_input("decode q rows", q_elems, storage)?,
             k_in: ctx.host_input("appended key rows", batch * kv_heads * head_dim, storage)?,

@@ -104,6 +104,7 @@ impl KvCache {
                 outputs.lse.dtype()
             )));
         }
+        self.check_heads_loaded()?;
         let cap = self.layout.key_len();
         if let Some(&len) = self.lens.iter().find(|&&len| len + t_n > cap) {
             return Err(PisaError::TooLarge {

@@ -208,7 +208,8 @@ impl KvCache {
     /// (an integer O, an LSE that is not f32, a float selection) or one the scatter cannot
     /// write, or, when the
     /// step runs fused, an output bound in place in the buffer of a `q` bound in place; [`GpuError::Validation`] for a buffer of
-    /// another device.
+    /// another device; [`GpuError::Misuse`] for a sequence whose KV heads were loaded at
+    /// different lengths ([`Self::prefill_view_heads`]).
     ///
     /// ```no_run
     /// # fn f(ctx: &pisa_wgpu::Context, cache: &mut pisa_wgpu::ops::decode::KvCache,
@@ -230,6 +231,7 @@ impl KvCache {
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
+        self.check_heads_loaded()?;
         let mut scatters = Vec::new();
         let io = self.step_io(enc, q, outputs, &mut scatters)?;
         let stages = self.cached_stages(&io)?;
@@ -426,6 +428,7 @@ impl KvCache {
     /// The recorded dispatches of a step for `io`, built on first use and kept (the bind
     /// groups hold the buffers, the uniforms and the pipelines) until the step's sizes change.
     pub(super) fn cached_stages(&self, io: &StepIo) -> Result<Arc<[Stage]>> {
+        self.check_heads_loaded()?;
         self.stage_cache.get_or_build(io, || {
             self.ctx.scope_now("decode step", || {
                 Ok(if io.fused {

@@ -130,6 +130,7 @@ impl KvCache {
     pub fn reset(&mut self, seq: usize) -> Result<()> {
         self.check_seq(seq)?;
         self.lens[seq] = 0;
+        self.head_lens[seq] = None;
         self.ctx
             .queue
             .write_buffer(&self.lens_gpu, seq as u64 * 4, bytemuck::bytes_of(&0u32));

@@ -68,7 +68,8 @@ impl KvCache {
     /// pyramid rows. For caches whose all-heads prefill tensors would exceed one storage
     /// binding (a 1M-token cache of 8 heads of 128 f16 is 2 GiB): load them a few heads at a
     /// time. The sequence's length becomes P; every head of it must be loaded with the same P
-    /// before a step (a head left out keeps what it held: another length's keys, or poison).
+    /// before a step (a head left out keeps what it held: until then steps, appends and chunks
+    /// are refused, [`crate::GpuError::Misuse`]).
     /// Errors: as [`Self::prefill_device`]; [`PisaError::Zero`] for no heads,
     /// [`PisaError::TooLarge`] for a head range past Hkv; nothing changes on error.
     #[doc(hidden)]
@@ -109,6 +110,7 @@ impl KvCache {
         let _call = self.ctx.public_call()?;
         self.check_seq(seq)?;
         let (hkv, d) = (self.shape.kv_heads, self.shape.head_dim);
+        let old_len = self.lens[seq];
         self.check_head_range(h0, heads)?;
         let p_len = k.len / (heads * d);
         // A positive multiple of heads * D: else name the nearest length that would be.
@@ -169,6 +171,9 @@ impl KvCache {
             Ok(())
         })?;
         self.lens[seq] = p_len;
+        let mut at = (self.head_lens[seq].take()).unwrap_or_else(|| vec![old_len; hkv]);
+        at[h0..h0 + heads].fill(p_len);
+        self.head_lens[seq] = at.iter().any(|&l| l != p_len).then_some(at);
         Ok(())
     }
 
@@ -295,8 +300,10 @@ impl KvCache {
     /// [`Self::prefill_view`] of the KV heads `h0 .. h0 + H` only, `k`, `v` `[1, H, P, D]`
     /// views (any strides and dtype), for a cache whose keys of all heads exceed one storage
     /// binding (a 1M-token cache of 8 heads of 128 f16 is 2 GiB, one MiB past the limit of
-    /// many GPUs): load it a few heads at a time. The sequence's length becomes P; load every
-    /// head with the same P before a step (a head left out keeps what it held). Blocks until
+    /// many GPUs): load it a few heads at a time. The sequence's length becomes P; a head left
+    /// out keeps what it held, so until every head of the sequence holds P tokens, steps,
+    /// appends and chunks of the cache are refused ([`crate::GpuError::Misuse`]; a reset or a
+    /// whole prefill of the sequence also ends it). Blocks until
     /// the copy and the pyramid build are done (wasm32: refused; record with
     /// [`Self::record_prefill_view_heads`] there). Errors: as [`Self::prefill_view`];
     /// [`PisaError::TooLarge`] for a head range past Hkv; nothing changes on error.
@@ -429,6 +436,7 @@ impl KvCache {
         }
         enc.copy_buffer_to_buffer(&len_buf.buffer, 0, &self.lens_gpu, seq as u64 * 4, 4);
         self.lens[seq] = n;
+        self.head_lens[seq] = None;
         Ok(())
     }
 
@@ -439,6 +447,7 @@ impl KvCache {
         self.check_seq(seq)?;
         enc.clear_buffer(&self.lens_gpu, seq as u64 * 4, Some(4));
         self.lens[seq] = 0;
+        self.head_lens[seq] = None;
         Ok(())
     }
 
@@ -457,7 +466,29 @@ impl KvCache {
         )
     }
 
+    /// Every sequence's KV heads hold the same length: else (some heads loaded by
+    /// [`Self::prefill_view_heads`] or [`Self::prefill_device_heads`] at a length the others
+    /// were not) [`crate::GpuError::Misuse`], which a step, an append or a chunk returns
+    /// rather than read heads of another length (or never written) as if they were the
+    /// sequence's.
+    pub(super) fn check_heads_loaded(&self) -> Result<()> {
+        let partial = self.head_lens.iter().enumerate();
+        let Some((seq, at)) = partial
+            .filter_map(|(b, h)| h.as_ref().map(|h| (b, h)))
+            .next()
+        else {
+            return Ok(());
+        };
+        let len = self.lens[seq];
+        let missing: Vec<usize> = (0..at.len()).filter(|&h| at[h] != len).collect();
+        Err(crate::GpuError::Misuse(format!(
+            "sequence {seq} was loaded a few KV heads at a time and its KV heads {missing:?} do not hold its length of {len} tokens (they hold {:?}): load every head with the same length (KvCache::prefill_view_heads) or reset the sequence before a step, an append or a chunk",
+            missing.iter().map(|&h| at[h]).collect::<Vec<_>>()
+        )))
+    }
+
     pub(super) fn check_append(&self, rows: usize, active: &[bool]) -> Result<()> {
+        self.check_heads_loaded()?;
         let s = &self.shape;
         check_len("active", active.len(), s.batch)?;
         check_len("appended rows", rows, s.batch * s.kv_heads * s.head_dim)?;
