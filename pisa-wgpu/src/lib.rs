@@ -36,7 +36,9 @@
 //!   slices) and [`ops::check_finite_view`] (a view, on the GPU) do, where they cannot be ruled
 //!   out upstream.
 //! - Host conveniences for tools and tests (blocking; refused on wasm32): [`prefill_host`],
-//!   [`KvCache::append_and_step`], [`Context::read_bytes`].
+//!   [`KvCache::append_and_step`], [`Context::read_bytes`]; the selection alone, PISA's, the
+//!   BSA baseline's or the full-attention oracle's ([`select_host`], [`SelectionMethod`];
+//!   [`oracle_host`] with each leaf's attention mass), to measure selection quality.
 //! - Errors are [`GpuError`]s, never panics of pisa's own checks (wgpu itself may panic on a
 //!   buffer of another `wgpu::Instance`: README, "Not caught by pisa"): a view the operation cannot use is
 //!   [`GpuError::View`], a profiler used with another context [`GpuError::Misuse`].
@@ -136,7 +138,8 @@ pub use ops::prefill::{
     prefill_host, PlanViews, PrefillOptions, PrefillOutput, PrefillOutputs, PrefillPlan,
     VarlenPrefillPlan,
 };
-pub use runtime::adapter::{instance, list_adapters_async};
+pub use ops::select::{oracle_host, select_host, Method as SelectionMethod};
+pub use runtime::adapter::{instance, list_adapters_async, INSTALL_HINT};
 #[doc(hidden)]
 pub use runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
 pub use runtime::checks::ShaderChecks;

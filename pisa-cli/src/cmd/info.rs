@@ -35,7 +35,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     if list.is_empty() {
         anyhow::bail!(
             "{}",
-            pisa_wgpu::GpuError::NoAdapter(pisa_wgpu::runtime::adapter::INSTALL_HINT.into())
+            pisa_wgpu::GpuError::NoAdapter(pisa_wgpu::INSTALL_HINT.into())
         );
     }
     for (i, r) in list.iter().enumerate() {

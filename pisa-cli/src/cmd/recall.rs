@@ -11,7 +11,7 @@ use clap::Args;
 use pisa_core::reference::metrics::{try_locality, try_recall_per_kv_head, Recall};
 use pisa_core::reference::Selection;
 use pisa_core::{AttentionShape, Scoring, SelectionConfig};
-use pisa_wgpu::ops::select::{oracle_host, select_host, Method};
+use pisa_wgpu::{oracle_host, select_host, SelectionMethod as Method};
 
 use crate::args::{progress, CausalArgs, DeviceArgs, SelectArgs, StorageArg};
 use crate::input::{token_range, InputArgs};

@@ -141,7 +141,8 @@ pub async fn list_adapters_async() -> Vec<AdapterReport> {
         .collect()
 }
 
-/// How to get an adapter where there is none.
+/// How to get an adapter where there is none: the text [`crate::GpuError::NoAdapter`] ends
+/// with when no adapter was found (for a tool that finds none itself).
 pub const INSTALL_HINT: &str = ": install a Vulkan/Metal/DX12 driver, or Mesa's lavapipe CPU Vulkan driver (Debian/Ubuntu: apt-get install -y mesa-vulkan-drivers)";
 
 /// The adapter `choice` names: for [`AdapterChoice::HighPerformance`] wgpu's high-performance
