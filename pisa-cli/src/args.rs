@@ -249,6 +249,31 @@ macro_rules! usage_bail {
 }
 pub use crate::usage_bail;
 
+/// `println!` that returns a write error (`?`) instead of panicking: a full disk or a closed
+/// file behind a redirected stdout is an error, exit 1, not a panic (a closed pipe ends the
+/// process quietly, see `main`).
+#[macro_export]
+macro_rules! outln {
+    ($($fmt:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($fmt)*)
+            .map_err(|e| anyhow::anyhow!("cannot write to stdout: {e}"))
+    }};
+}
+pub use crate::outln;
+
+/// `print!` as [`outln!`] is `println!`.
+#[macro_export]
+macro_rules! out {
+    ($($fmt:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($fmt)*)
+            .and_then(|_| std::io::stdout().lock().flush())
+            .map_err(|e| anyhow::anyhow!("cannot write to stdout: {e}"))
+    }};
+}
+pub use crate::out;
+
 /// The value of an `--adapter` option: a name fragment or an index, not empty (an empty
 /// fragment matched every adapter, so the option chose the first one silently).
 pub fn adapter_arg(s: &str) -> Result<String, String> {

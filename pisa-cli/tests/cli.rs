@@ -363,12 +363,13 @@ fn bench_queries_runs_a_prefill_over_a_prefix() {
             assert!(ops.contains(&op), "{op} missing: {ops:?}");
         }
     }
-    for (bad, says) in [("0", "at least 1"), ("1k,2k", "one positive count")] {
+    // (a list where one count goes is a usage error, exit 2, as for --dense-max)
+    for (bad, says, code) in [("0", "at least 1", 1), ("1k,2k", "one positive count", 2)] {
         let e = run_in(
             dir.path(),
             &[&["bench", "--queries", bad][..], &TINY_BENCH, &rest].concat(),
         );
-        assert_ne!(e.code, Some(0));
+        assert_eq!(e.code, Some(code), "{}", e.stderr);
         assert!(
             e.stderr.contains("--queries") && e.stderr.contains(says),
             "{}",

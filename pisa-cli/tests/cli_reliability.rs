@@ -431,3 +431,20 @@ fn tune_asking_for_missing_hardware_warns() {
         );
     }
 }
+
+/// A stdout that cannot be written (a redirect to a full disk: `/dev/full`) is an error, exit
+/// 1, with a one-line message, not a panic (exit 101); a closed pipe still ends `pisa` quietly.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_stdout_is_an_error_not_a_panic() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("no /dev/full: skipped");
+        return;
+    };
+    let mut c = pisa();
+    c.args(["info", "--json"]).stdout(full);
+    let r = run_cmd(&mut c);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("cannot write to stdout"), "{}", r.stderr);
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+}

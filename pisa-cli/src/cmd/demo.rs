@@ -85,13 +85,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
     };
     let ctx = dev.context()?;
     let s = &l.shape;
-    println!(
+    crate::args::outln!(
         "pisa demo on {} ({}, {})",
         ctx.report().name,
         ctx.report().backend,
         ctx.report().driver_info
-    );
-    println!(
+    )?;
+    crate::args::outln!(
         "input: {} - SmolLM2-135M-Instruct layer 15, {} tokens, {} query heads, {} KV heads (GQA {}), D={}, scale {}",
         l.source,
         s.q_len,
@@ -100,8 +100,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         s.gqa_group(),
         s.head_dim,
         cfg.softmax_scale(s.head_dim)
-    );
-    println!("config: {}\n", crate::text::config(&cfg));
+    )?;
+    crate::args::outln!("config: {}\n", crate::text::config(&cfg))?;
 
     // 1. forward (prefill), checked against the f64 CPU reference on the GPU's selection.
     let opts = PrefillOptions {
@@ -128,23 +128,25 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .iter()
         .map(|(n, ms)| format!("{n} {ms:.2}"))
         .collect();
-    println!(
+    crate::args::outln!(
         "forward: {} ms {} ({})",
         fmt(r.times.total()),
         if r.times.gpu { "GPU" } else { "wall" },
         stages.join(", ")
-    );
-    println!("  selection equal to the CPU reference for {same} of {} (query, KV head) rows; output rel. error {err:.2e}", want.rows());
+    )?;
+    crate::args::outln!("  selection equal to the CPU reference for {same} of {} (query, KV head) rows; output rel. error {err:.2e}", want.rows())?;
     let visible = attended_fraction(&sel_gpu, s, &cfg);
     // (at most top_k blocks, and never more keys than the input has)
     let most = (cfg.top_k * cfg.block_size).min(s.k_len);
-    println!("  each query attends to at most {most} keys ({} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.top_k, cfg.block_size, 100.0 * visible);
+    crate::args::outln!("  each query attends to at most {most} keys ({} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.top_k, cfg.block_size, 100.0 * visible)?;
 
     // 2. decode
     super::decode::demo(&ctx, &l, &cfg, steps)?;
 
     // 3. recall
-    println!("\nselection quality against the full-attention oracle (PISA.md section 3):");
+    crate::args::outln!(
+        "\nselection quality against the full-attention oracle (PISA.md section 3):"
+    )?;
     let rows = super::recall::measure(&ctx, &l, &cfg, sel.q_tile, pisa_wgpu::Storage::F32)?;
     let hint = format!(
         "use --tokens above {} (the demo selects {} blocks of {} tokens)",
@@ -152,7 +154,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         cfg.top_k,
         cfg.block_size
     );
-    print!("{}", super::recall::table(&rows, cfg.top_k, &hint));
+    crate::args::out!("{}", super::recall::table(&rows, cfg.top_k, &hint))?;
     Ok(())
 }
 

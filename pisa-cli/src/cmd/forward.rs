@@ -96,6 +96,17 @@ pub fn check_output(
         Err(e) => crate::args::usage_bail!("-o/--output {e}"),
     };
     let outs = io::output_paths(path, names)?;
+    // An .npy set written without --save-selection leaves an earlier run's selection beside
+    // it: say so, since it no longer belongs to these outputs.
+    if format == io::Format::Npy && !save_selection {
+        let stale = io::output_paths(path, &["indices"])?.remove(0);
+        if stale.exists() {
+            eprintln!(
+                "warning: {} is left from an earlier run (this one writes no selection: --save-selection): it does not belong to the new outputs",
+                stale.display()
+            );
+        }
+    }
     if out_dtype == DType::BF16 && format == io::Format::Npy {
         crate::args::usage_bail!(
             "{}: bf16 cannot be stored in npy (no standard descr); use --out-dtype f16 or f32, or a .safetensors output",
@@ -182,7 +193,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
                 "total_ms": r.times.total(), "chunks": r.chunks, "written": crate::io::paths_text(&written),
             }),
         );
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        crate::args::outln!("{}", serde_json::to_string_pretty(&j)?)?;
     } else {
         let stages: Vec<String> = r
             .times
@@ -190,7 +201,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             .iter()
             .map(|(n, ms)| format!("{n} {ms:.3}"))
             .collect();
-        println!(
+        crate::args::outln!(
             "forward: B={} Hq={} Hkv={} N={} D={} C={} K={} {} on {}: {clock} {:.3} ms ({}){}",
             s.batch,
             s.q_heads,
@@ -215,7 +226,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
                         .join(", ")
                 )
             }
-        );
+        )?;
     }
     Ok(())
 }

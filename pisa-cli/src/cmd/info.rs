@@ -29,7 +29,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         }
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        crate::args::outln!("{}", serde_json::to_string_pretty(&list)?)?;
         return Ok(());
     }
     if list.is_empty() {
@@ -40,12 +40,15 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     for (i, r) in list.iter().enumerate() {
         let tuning = crate::args::command_tuning_for(r)?;
-        println!("[{i}] {} ({}, {})", r.name, r.backend, r.device_type);
-        println!(
+        crate::args::outln!("[{i}] {} ({}, {})", r.name, r.backend, r.device_type)?;
+        crate::args::outln!(
             "    vendor 0x{:04x} device 0x{:04x}, driver {} {}",
-            r.vendor, r.device, r.driver, r.driver_info
-        );
-        println!(
+            r.vendor,
+            r.device,
+            r.driver,
+            r.driver_info
+        )?;
+        crate::args::outln!(
             "    f16 {}, subgroups {} (size {}..{}{}), timestamps {}, cooperative matrix {}",
             yes(r.shader_f16),
             yes(r.subgroups),
@@ -61,31 +64,31 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             },
             yes(r.timestamps),
             yes(r.cooperative_matrix)
-        );
-        println!(
+        )?;
+        crate::args::outln!(
             "    max storage binding {} MiB, max buffer {} MiB, workgroup memory {} KiB, {} workgroups/dim, {} invocations/workgroup",
             r.max_storage_binding >> 20,
             r.max_buffer >> 20,
             r.workgroup_memory / 1024,
             r.max_workgroups_per_dim,
             r.max_invocations
-        );
+        )?;
         if r.cooperative_matrix {
             let path = if !tuning.tensor_cores {
                 "portable (tuning tensor_cores=false)"
             } else {
                 "coopmat where the device supports it: f16 attention and PISA leaf scoring on tensor cores, the rest portable (--tune tensor_cores=false or PISA_KERNEL_PATH=portable turns it off)"
             };
-            println!("    kernel path: {path}");
+            crate::args::outln!("    kernel path: {path}")?;
             if r.nv_cooperative_matrix2 {
                 let on = match tuning.tensor_cores && tuning.nv_cm2 {
                     true => "f16 sparse and dense attention and leaf scoring run the NVIDIA kernels (shaders/nv; --tune nv_cm2=0 or PISA_NV_CM2=0 turns them off)",
                     false => "not used (tuning nv_cm2=false or tensor_cores=false)",
                 };
-                println!("    VK_NV_cooperative_matrix2: yes: {on}");
+                crate::args::outln!("    VK_NV_cooperative_matrix2: yes: {on}")?;
             }
         } else {
-            println!("    kernel path: portable (f32 arithmetic, any subgroup size)");
+            crate::args::outln!("    kernel path: portable (f32 arithmetic, any subgroup size)")?;
         }
         // The routing's score step (pisa_wgpu::Tuning::route_subgroups; the library's rule
         // also needs `lse`, a GQA group of at most 16 and a fitting head dim).
@@ -94,7 +97,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             (true, false) => "workgroup memory (tuning route_subgroups=false)",
             (false, _) => "workgroup memory (no subgroups)",
         };
-        println!("    routing: {route}");
+        crate::args::outln!("    routing: {route}")?;
         // The decode route's level steps (pisa_wgpu::Tuning::decode_route_subgroups; the
         // library's rule also needs `lse`, g_q up to 8 and a power-of-two merge factor).
         let sg8 = r.subgroups && r.shuffle_lanes() >= 8;
@@ -103,7 +106,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             (true, false) => "workgroup memory (tuning decode_route_subgroups=false)",
             (false, _) => "workgroup memory (no subgroups of 8 lanes or more)",
         };
-        println!("    decode route: {decode_route}");
+        crate::args::outln!("    decode route: {decode_route}")?;
         // The block attention of route_leaf (pisa_wgpu::Tuning::decode_leaf_subgroups, off by
         // default; the library's rule also needs the route's subgroup steps and fitting shapes).
         let decode_leaf = match (sg8, tuning.decode_leaf_subgroups) {
@@ -111,7 +114,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             (true, false) => "workgroup memory (tuning decode_leaf_subgroups=false, the default until measured on a GPU)",
             (false, _) => "workgroup memory (no subgroups of 8 lanes or more)",
         };
-        println!("    decode leaf attention: {decode_leaf}");
+        crate::args::outln!("    decode leaf attention: {decode_leaf}")?;
     }
     Ok(())
 }

@@ -324,23 +324,23 @@ pub fn run(a: RecallArgs) -> Result<()> {
             serde_json::json!({ "methods": rows }),
         );
         j["config"]["scoring"] = serde_json::Value::Null;
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        crate::args::outln!("{}", serde_json::to_string_pretty(&j)?)?;
     } else {
-        println!(
+        crate::args::outln!(
             "selection quality on {} ({}), C={} K={}:",
             l.source,
             crate::text::shape(&l.shape),
             a.select.block_size,
             a.select.top_k
-        );
-        print!(
+        )?;
+        crate::args::out!(
             "{}",
             table(
                 &rows,
                 a.select.top_k,
                 "use more tokens or a smaller --top-k or --block-size"
             )
-        );
+        )?;
     }
     Ok(())
 }

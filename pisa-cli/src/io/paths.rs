@@ -66,6 +66,7 @@ pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
         if out.is_dir() {
             bail!("cannot write {}: it is a directory", out.display());
         }
+        super::write::refuse_read_only(out)?;
         if let Err(e) = tempfile::Builder::new()
             .prefix(".pisa-probe-")
             .tempfile_in(dir)

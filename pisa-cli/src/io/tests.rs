@@ -248,3 +248,31 @@ fn outputs_are_written_through_symbolic_links() {
     let e = err_text(write_file_atomic(&d.join("loop_a"), b"x".to_vec()));
     assert!(e.contains("symbolic links"), "{e}");
 }
+
+/// A replaced output keeps the permissions of the file it replaces (a private 0600 file stays
+/// private; a new one gets 0666 less the umask), and a read-only (write-protected) file is
+/// refused, by the write and by the check before any work, and left as it was.
+#[cfg(unix)]
+#[test]
+fn replaced_outputs_keep_their_mode_and_read_only_ones_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let private = dir.path().join("private.json");
+    std::fs::write(&private, b"old").unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+    write_file_atomic(&private, b"new".to_vec()).unwrap();
+    assert_eq!(std::fs::read(&private).unwrap(), b"new");
+    let mode = std::fs::metadata(&private).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "mode {mode:o}");
+    let locked = dir.path().join("locked.json");
+    std::fs::write(&locked, b"keep").unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let e = err_text(write_file_atomic(&locked, b"x".to_vec()));
+    assert!(e.contains("read-only"), "{e}");
+    let e = err_text(crate::io::check_output_paths(
+        std::slice::from_ref(&locked),
+        &[],
+    ));
+    assert!(e.contains("read-only"), "{e}");
+    assert_eq!(std::fs::read(&locked).unwrap(), b"keep");
+}

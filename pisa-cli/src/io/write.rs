@@ -130,6 +130,19 @@ fn link_target(path: &Path) -> Result<PathBuf> {
     )
 }
 
+/// Refuses to replace an existing file that is read-only (no write permission for anyone):
+/// the rename that replaces an output would overwrite it all the same where the directory
+/// allows it, so a write-protected file is refused as `cp` or `>` would.
+pub(crate) fn refuse_read_only(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.permissions().readonly() => bail!(
+            "cannot write {}: the file is read-only (write-protected)",
+            path.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Writes every file to a temporary file beside it first, and renames them into place only
 /// when all were written; on error the temporary files are removed. A path that is a symbolic
 /// link is written through it: the file it names is replaced, the link kept.
@@ -143,6 +156,7 @@ fn write_atomic_all(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         if path.is_dir() {
             bail!("cannot write {}: it is a directory", path.display());
         }
+        refuse_read_only(path)?;
     }
     let mut temps = Vec::with_capacity(files.len());
     for (path, (_, bytes)) in targets.iter().zip(files) {
@@ -152,9 +166,13 @@ fn write_atomic_all(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         };
         let mut builder = tempfile::Builder::new();
         builder.prefix(".pisa-tmp-");
-        // Ordinary file permissions (0666 less the umask), not tempfile's private 0600.
+        // Ordinary file permissions (0666 less the umask), not tempfile's private 0600; a file
+        // replaced keeps its own (a private output stays private).
         #[cfg(unix)]
-        builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+        builder.permissions(match std::fs::metadata(path) {
+            Ok(m) => m.permissions(),
+            Err(_) => std::os::unix::fs::PermissionsExt::from_mode(0o666),
+        });
         let mut tmp = builder
             .tempfile_in(dir)
             .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;

@@ -139,11 +139,11 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             crate::io::check_output_paths(std::slice::from_ref(svg), &inputs)?;
             args::check_plot_path(svg, "--plot")?;
         }
-        print!("{}", compare::compare(&reports));
+        crate::args::out!("{}", compare::compare(&reports))?;
         if let Some(svg) = svg {
             std::fs::write(&svg, compare::svg(&reports))
                 .with_context(|| format!("{}: cannot write", svg.display()))?;
-            println!("plot: {}", svg.display());
+            crate::args::outln!("plot: {}", svg.display())?;
         }
         return Ok(());
     }
@@ -165,8 +165,10 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     }
     // (the prefill sizes' head dims; a decode-only run takes any D its cache does)
     if !sizes.is_empty() {
-        pisa_wgpu::check_head_dim(a.d)
-            .with_context(|| format!("--d {} for the prefill sizes (--sizes)", a.d))?;
+        pisa_wgpu::check_head_dim(a.d).with_context(|| match &a.input {
+            Some(path) => format!("{}: head dim {}", path.display(), a.d),
+            None => format!("--d {} for the prefill sizes (--sizes)", a.d),
+        })?;
     }
     if a.q_tile == 0 {
         bail!("--q-tile must be at least 1");
@@ -188,6 +190,11 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     }
     let dense_max = args::max_size(&a.dense_max, "--dense-max")?;
     let queries = match &a.queries {
+        Some(q) if q.contains(',') => {
+            crate::args::usage_bail!(
+                "--queries {q}: takes one positive count (4k, 8192), not a list"
+            )
+        }
         Some(q) => match parse_sizes(q).context("--queries")?[..] {
             [q] if q > 0 => Some(q),
             _ => bail!("--queries takes one positive count (4k, 8192)"),
@@ -424,14 +431,14 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     if out.records.is_empty() {
         bail!("nothing was measured: every size was skipped (the reasons are above)");
     }
-    print!("{}", report::table(&out));
+    crate::args::out!("{}", report::table(&out))?;
     if let Some(path) = &a.json {
         save(path, &out)?;
-        println!(
+        crate::args::outln!(
             "wrote {} and {}",
             path.display(),
             path.with_extension("svg").display()
-        );
+        )?;
     }
     Ok(())
 }

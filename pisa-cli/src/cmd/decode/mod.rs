@@ -122,21 +122,21 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         if let Some(c) = &checked {
             j["check"] = serde_json::json!({"out_rel_err": c.out_err, "lse_rel_err": c.lse_err, "selection_rows_differing": c.differing.0, "rows": c.differing.1, "tolerance": tol, "passed": check_ok});
         }
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        crate::args::outln!("{}", serde_json::to_string_pretty(&j)?)?;
     } else {
-        println!(
+        crate::args::outln!(
             "decode: prefill {}, {} on {}: {clock} per step median {med:.3} ms, p99 {p99:.3} ms (wall-clock with transfers: median {wmed:.3} ms, p99 {wp99:.3} ms; {}){}",
             plural(p, "token"),
             plural(r.step_ms.len(), "step"),
             ctx.report().name,
             if skip == 1 { "first step excluded" } else { "one step: pipeline builds included" },
             if written.is_empty() { String::new() } else { format!("; wrote {}", written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")) }
-        );
+        )?;
         if let Some(c) = &checked {
-            println!(
+            crate::args::outln!(
                 "check vs forward: O rel. error {:.2e}, LSE rel. error {:.2e}, selections differ in {} of {} rows",
                 c.out_err, c.lse_err, c.differing.0, c.differing.1
-            );
+            )?;
         }
     }
     if !check_ok {
@@ -164,15 +164,15 @@ pub fn demo(ctx: &Context, l: &Loaded, cfg: &SelectionConfig, steps: usize) -> R
     let c = check(ctx, l, cfg, Storage::F32, p, &r)?;
     let skip = usize::from(r.step_ms.len() > 1);
     let (med, p99) = percentiles(&r.step_ms[skip..]);
-    println!(
+    crate::args::outln!(
         "decode: prefill {}, then {} through the KV cache: {} per step median {med:.3} ms, p99 {p99:.3} ms",
         plural(p, "token"),
         plural(steps, "step"),
         if r.gpu { "GPU" } else { "wall-clock" }
-    );
-    println!(
+    )?;
+    crate::args::outln!(
         "  equal to forward: O rel. error {:.2e}, LSE rel. error {:.2e}, selection differs in {} of {} (query, KV head) rows",
         c.out_err, c.lse_err, c.differing.0, c.differing.1
-    );
+    )?;
     Ok(())
 }
