@@ -122,8 +122,10 @@ pub struct SelectArgs {
     #[arg(long, default_value_t = 0)]
     pub local_blocks: usize,
     /// Softmax scale; default: the file's metadata, else 1/sqrt(D).
+    // (Read as f64 so that a value past f32's range is named as given, not as its f32
+    // rounding: 1e-50 is not "0".)
     #[arg(long, allow_hyphen_values = true)]
-    pub scale: Option<f32>,
+    pub scale: Option<f64>,
     /// Consecutive queries per stage-2 tile (PISA.md section 5), in the query-tile order: the
     /// kernels clamp it (at most 32 rows of query heads per tile, fewer where workgroup memory
     /// does not hold them; `-vv` shows the tile built), and the leaf-major order has no query
@@ -169,6 +171,13 @@ impl SelectArgs {
             if !(s.is_finite() && s > 0.0) {
                 anyhow::bail!("--scale {s}: the softmax scale must be finite and positive");
             }
+            let f = s as f32;
+            if !(f.is_finite() && f > 0.0) {
+                anyhow::bail!(
+                    "--scale {s:e}: {} f32's range, the precision the kernels use",
+                    if f > 0.0 { "overflows" } else { "underflows" }
+                );
+            }
         }
         let c = SelectionConfig {
             block_size: self.block_size,
@@ -178,7 +187,7 @@ impl SelectArgs {
             sink_blocks: self.sink_blocks,
             local_blocks: self.local_blocks,
             causal,
-            scale: self.scale.or(file_scale),
+            scale: self.scale.map(|s| s as f32).or(file_scale),
         };
         // The core's messages name the configuration's fields (top_k, merge_factor): say which
         // options set them.

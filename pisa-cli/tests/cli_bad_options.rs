@@ -70,6 +70,9 @@ fn bad_selection_options() {
         &["--scale", "finite and positive"],
     );
     forward_fails(d, &["--scale=0"], &["--scale 0"]);
+    // A value past f32's range is named as given (it read as its f32 rounding, 0 or inf).
+    forward_fails(d, &["--scale", "1e-50"], &["--scale 1e-50", "underflows"]);
+    forward_fails(d, &["--scale", "3.5e38"], &["--scale 3.5e38", "overflows"]);
     forward_fails(d, &["--adapter", "nosuch"], &["nosuch", "adapter"]);
     fails(
         d,

@@ -139,6 +139,9 @@ pub fn softmax_scale(meta: &BTreeMap<String, String>, layer: Option<usize>) -> R
         if let Some(s) = meta.get("layers") {
             let j: serde_json::Value =
                 serde_json::from_str(s).context("metadata `layers` is not valid JSON")?;
+            if !j.is_object() {
+                bail!("metadata `layers` is not a JSON object of layers ({{\"{l}\": {{\"scale\": ...}}}})");
+            }
             if let Some(v) = j.get(l.to_string()).and_then(|e| e.get("scale")) {
                 let key = format!("layers[{l}].scale");
                 let v = v

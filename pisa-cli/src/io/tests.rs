@@ -172,6 +172,9 @@ fn softmax_scale_lookup() {
     assert_eq!(softmax_scale(&layers, Some(0)).unwrap(), None);
     assert!(softmax_scale(&m(&[("scale", "abc")]), None).is_err());
     assert!(softmax_scale(&m(&[("scale", "-1")]), None).is_err());
+    // A `layers` that is valid JSON but not an object of layers is an error, not ignored.
+    let e = err_text(softmax_scale(&m(&[("layers", "[1, 2]")]), Some(1)));
+    assert!(e.contains("not a JSON object"), "{e}");
     // The sliding window the CLI warns about: a positive number only.
     assert_eq!(sliding_window(&layers, Some(15)), None);
     let win = m(&[("layers", r#"{"3": {"scale": 0.1, "sliding_window": 128}}"#)]);
