@@ -96,13 +96,13 @@ pub struct Tuning {
     /// seven) where its route runs on subgroup shuffles too ([`Self::decode_route_subgroups`])
     /// and the plan's shapes allow it (the block one chunk, its key rows' lanes and the P.V
     /// parts within the smallest subgroup). Read when a step's kernels are built. Default
-    /// `false` until measured on a GPU: on the H200 the block attention of the leaf slots adds
+    /// `false`: on the H100 it made the step 1.9 to 2.9 us slower at 64K and 1M
+    /// (docs/benchmarks.md A.60), though the block attention of the leaf slots it shortens adds
     /// about 11 us to the route's 25 at a 1M cache, of which leaving out every key and value
-    /// load saves only 2 (docs/benchmarks.md A.59), so its barriers and workgroup-memory
-    /// reductions are what this shortens. Tested both ways against the reference on lavapipe
-    /// (subgroups of 8, 32 and 64; shuffles within lane groups of 8 and 16 there, as lavapipe's
-    /// shuffle lanes are capped at 16: the groups of 32 of NVIDIA and AMD are not tested yet).
-    /// Variable `PISA_DECODE_LEAF_SG` (`0` or `1`).
+    /// load saves only 2 (A.59). Tested both ways against the reference on lavapipe (subgroups
+    /// of 8, 32 and 64; shuffles within lane groups of 8 and 16 there, as lavapipe's shuffle
+    /// lanes are capped at 16) and on the H100 (groups of 32). Variable `PISA_DECODE_LEAF_SG`
+    /// (`0` or `1`).
     pub decode_leaf_subgroups: bool,
     /// The most workgroups the split decode step may give its `route` and `leaf` dispatches as
     /// one (`route_leaf`, `shaders/decode_route_leaf.wgsl`; 0 to 65536): each (sequence, KV
