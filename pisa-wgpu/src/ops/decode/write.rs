@@ -42,13 +42,7 @@ impl KvCache {
     /// dtype i32.
     pub fn prefill_view(&mut self, seq: usize, k: &TensorView, v: &TensorView) -> Result<()> {
         let _call = self.ctx.public_call()?;
-        let ctx = self.ctx.clone();
-        ctx.scoped("decode prefill", || {
-            let mut enc = ctx.device.create_command_encoder(&Default::default());
-            self.record_prefill_view(&mut enc, seq, k, v)?;
-            ctx.queue.submit([enc.finish()]);
-            Ok(())
-        })
+        self.record_and_submit(|c, enc| c.record_prefill_view(enc, seq, k, v))
     }
 
     /// [`Self::prefill`] from tensors already on the GPU (in the cache's storage precision).
@@ -83,13 +77,7 @@ impl KvCache {
         layout: TensorLayout,
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
-        let ctx = self.ctx.clone();
-        ctx.scoped("decode prefill", || {
-            let mut enc = ctx.device.create_command_encoder(&Default::default());
-            self.record_prefill_heads(&mut enc, seq, h0, heads, k, v, layout)?;
-            ctx.queue.submit([enc.finish()]);
-            Ok(())
-        })
+        self.record_and_submit(|c, enc| c.record_prefill_heads(enc, seq, h0, heads, k, v, layout))
     }
 
     /// Records [`Self::prefill_device_heads`] into `enc` (nothing waits): the copy of the rows,
@@ -262,6 +250,21 @@ impl KvCache {
         Ok(())
     }
 
+    /// Runs `record` into a new encoder and submits it (a blocking prefill: the scope waits
+    /// for the queue and turns device errors into [`crate::GpuError`]s).
+    fn record_and_submit(
+        &mut self,
+        record: impl FnOnce(&mut Self, &mut wgpu::CommandEncoder) -> Result<()>,
+    ) -> Result<()> {
+        let ctx = self.ctx.clone();
+        ctx.scoped("decode prefill", || {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            record(self, &mut enc)?;
+            ctx.queue.submit([enc.finish()]);
+            Ok(())
+        })
+    }
+
     pub(crate) fn check_prefill_len(&self, p_len: usize) -> Result<()> {
         if p_len > self.layout.key_len() {
             return Err(input(PisaError::TooLarge {
@@ -315,13 +318,7 @@ impl KvCache {
         v: &TensorView,
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
-        let ctx = self.ctx.clone();
-        ctx.scoped("decode prefill", || {
-            let mut enc = ctx.device.create_command_encoder(&Default::default());
-            self.record_prefill_view_heads(&mut enc, seq, h0, k, v)?;
-            ctx.queue.submit([enc.finish()]);
-            Ok(())
-        })
+        self.record_and_submit(|c, enc| c.record_prefill_view_heads(enc, seq, h0, k, v))
     }
 
     /// Records [`Self::prefill_view_heads`] into `enc` (nothing waits). Errors as
