@@ -428,7 +428,6 @@ impl KvCache {
     /// The recorded dispatches of a step for `io`, built on first use and kept (the bind
     /// groups hold the buffers, the uniforms and the pipelines) until the step's sizes change.
     pub(super) fn cached_stages(&self, io: &StepIo) -> Result<Arc<[Stage]>> {
-        self.check_heads_loaded()?;
         self.stage_cache.get_or_build(io, || {
             self.ctx.scope_now("decode step", || {
                 Ok(if io.fused {
@@ -493,6 +492,7 @@ impl KvCache {
             }
             let s = &cache.shape;
             cache.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
+            cache.check_heads_loaded()?;
             let io = StepIo {
                 fused: cache.is_fused() && !by_stage,
                 q: InPlace::whole(&q.buffer),

@@ -287,17 +287,7 @@ impl KvCache {
         v: &TensorView,
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
-        let hkv = self.shape.kv_heads;
-        for (what, t) in [("prefill keys", k), ("prefill values", v)] {
-            if t.shape()[1] != hkv {
-                return Err(crate::GpuError::View(format!(
-                    "{what}: expected [1, {hkv}, P, {}], got {:?}",
-                    self.shape.head_dim,
-                    t.shape()
-                )));
-            }
-        }
-        self.record_prefill_view_heads(enc, seq, 0, k, v)
+        self.record_view_heads(enc, seq, 0, self.shape.kv_heads, k, v)
     }
 
     /// [`Self::prefill_view`] of the KV heads `h0 .. h0 + H` only, `k`, `v` `[1, H, P, D]`
@@ -332,8 +322,23 @@ impl KvCache {
         v: &TensorView,
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
+        self.record_view_heads(enc, seq, h0, k.shape()[1], k, v)
+    }
+
+    /// The gather of views `k`, `v` `[1, heads, P, D]` (checked to be of that shape) into the
+    /// KV heads `h0 .. h0 + heads` of sequence `seq`: [`Self::record_prefill_view`] (all heads)
+    /// and [`Self::record_prefill_view_heads`].
+    fn record_view_heads(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        seq: usize,
+        h0: usize,
+        heads: usize,
+        k: &TensorView,
+        v: &TensorView,
+    ) -> Result<()> {
         let d = self.shape.head_dim;
-        let [_, heads, p_len, _] = k.shape();
+        let p_len = k.shape()[2];
         // Both views are checked before either gather is recorded.
         for (what, t) in [("prefill keys", k), ("prefill values", v)] {
             crate::runtime::view::check_float_input(what, t)?;
