@@ -623,9 +623,12 @@ impl Context {
             .min(self.limits.max_buffer_size)
     }
 
-    /// Lowers the storage-binding limit the operations plan with (never raises it above the
-    /// device's). Used by tests to exercise the split paths on small inputs.
-    #[doc(hidden)]
+    /// Lowers the storage-binding limit the operations plan with, in bytes (never above the
+    /// device's `max_storage_buffer_binding_size`, never below 256), as
+    /// [`Context::max_binding_bytes`] then reports. Plans made afterwards split their work, or
+    /// refuse it with [`GpuError::Limit`], against this limit: a way to leave headroom for an
+    /// application's own bindings, or to exercise the split paths on small inputs in tests.
+    /// Plans made before keep the limit they were made with.
     pub fn set_max_binding_bytes(&self, bytes: u64) {
         let cap = self.limits.max_storage_buffer_binding_size;
         self.binding_limit
@@ -756,8 +759,17 @@ impl Context {
     }
 
     /// Runs `f` (which creates resources and submits work) inside validation and out-of-memory
-    /// error scopes, waits for the queue, and turns any error into a [`GpuError`] naming `op`.
-    #[doc(hidden)]
+    /// error scopes, waits for the queue, and turns any error into a [`GpuError`] naming `op`:
+    /// for an application that records this library's work into its own encoders (for
+    /// example [`PrefillPlan::run`](crate::PrefillPlan::run)) and wants a wgpu validation or
+    /// out-of-memory error of that work as a `Result` rather than through the device's
+    /// uncaptured-error handler. Blocking: it returns once the queue is idle (not on the web,
+    /// where blocking is not allowed: there, pop the device's error scopes asynchronously).
+    ///
+    /// # Errors
+    /// `f`'s own error; [`GpuError::Validation`] for a validation error, [`GpuError::OutOfMemory`]
+    /// for an allocation failure raised inside the scopes; [`GpuError::DeviceLost`] when the
+    /// device is lost.
     pub fn scoped<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.check_step()?;
         // (wgpu's error scopes are per thread: the scopes below catch this call's errors, and
