@@ -8,7 +8,7 @@ use super::decode_harness::{self, base, cfg, Case, Run};
 use pisa_core::reference;
 use pisa_core::{AttentionShape, Scoring, TensorLayout};
 use pisa_wgpu::ops::decode::KvCache;
-use pisa_wgpu::{GpuError, Storage};
+use pisa_wgpu::{wgpu, DType, GpuError, Storage, TensorView};
 
 /// The split step (route | leaf | merge) across GQA groups 1, 2, 3, 4, 7, 8 and head dims 64,
 /// 80, 128, with odd cache lengths (partial last blocks) and a sink and a local block: deep
@@ -190,31 +190,67 @@ fn steps_of_several_caches_in_one_pass() {
     full.prefill(0, &k, &v, TensorLayout::Bhnd).unwrap();
     let want = full.step(&q, true).unwrap();
     let want_sel = want.selection.clone().unwrap();
-    let caches: Vec<KvCache> = (0..hkv)
-        .map(|h| {
-            let mut c = KvCache::new(ctx, 1, n, g, 1, d, cf, Storage::F32).unwrap();
-            c.set_fused(false);
-            let rows = h * n * d..(h + 1) * n * d;
-            c.prefill(0, &k[rows.clone()], &v[rows], TensorLayout::Bhnd)
-                .unwrap();
-            c
-        })
-        .collect();
+    // Fresh caches for every run below (so a run that wrote nothing cannot pass on an earlier
+    // run's outputs).
+    let make_caches = || -> Vec<KvCache> {
+        (0..hkv)
+            .map(|h| {
+                let mut c = KvCache::new(ctx, 1, n, g, 1, d, cf, Storage::F32).unwrap();
+                c.set_fused(false);
+                let rows = h * n * d..(h + 1) * n * d;
+                c.prefill(0, &k[rows.clone()], &v[rows], TensorLayout::Bhnd)
+                    .unwrap();
+                c
+            })
+            .collect()
+    };
     let qs: Vec<_> = (0..hkv)
         .map(|h| {
             ctx.upload("q", &q[h * g * d..(h + 1) * g * d], Storage::F32)
                 .unwrap()
         })
         .collect();
-    let steps: Vec<_> = caches.iter().zip(&qs).collect();
-    for by_stage in [false, true] {
+    // The same through the public views: cache 0's query bound in place, cache 1's strided
+    // (rows of D + 3 floats, the padding poisoned), so gathered first.
+    let pad = d + 3;
+    let mut strided = vec![f32::NAN; g * pad];
+    for h in 0..g {
+        strided[h * pad..h * pad + d].copy_from_slice(&q[(g + h) * d..(g + h + 1) * d]);
+    }
+    let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("strided q"),
+        size: (strided.len() * 4) as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    ctx.queue()
+        .write_buffer(&buf, 0, bytemuck::cast_slice(&strided));
+    let q_views = [
+        TensorView::contiguous(
+            &qs[0].buffer,
+            0,
+            DType::F32,
+            [1, g, 1, d],
+            TensorLayout::Bhnd,
+        )
+        .unwrap(),
+        TensorView::new(&buf, 0, DType::F32, [1, g, 1, d], [g * pad, pad, pad, 1]).unwrap(),
+    ];
+    for (views, by_stage) in [(false, false), (false, true), (true, false), (true, true)] {
+        let caches = make_caches();
+        let steps: Vec<_> = caches.iter().zip(&qs).collect();
+        let view_steps: Vec<_> = caches.iter().zip(&q_views).collect();
         let mut prof = pisa_wgpu::Profiler::new(ctx, 8);
         let mut enc = ctx.device().create_command_encoder(&Default::default());
-        if by_stage {
-            KvCache::record_steps_by_stage(&mut enc, &steps, Some(&mut prof)).unwrap();
-        } else {
-            KvCache::record_steps(&mut enc, &steps, Some(&mut prof)).unwrap();
+        match (views, by_stage) {
+            (false, true) => KvCache::record_steps_by_stage(&mut enc, &steps, Some(&mut prof)),
+            (false, false) => KvCache::record_steps(&mut enc, &steps, Some(&mut prof)),
+            (true, true) => {
+                KvCache::record_steps_by_stage_into(&mut enc, &view_steps, Some(&mut prof))
+            }
+            (true, false) => KvCache::record_steps_into(&mut enc, &view_steps, Some(&mut prof)),
         }
+        .unwrap();
         ctx.queue().submit([enc.finish()]);
         let t = prof.finish(ctx).unwrap();
         let names: Vec<&str> = t.stages.iter().map(|s| s.0.as_str()).collect();
@@ -227,9 +263,27 @@ fn steps_of_several_caches_in_one_pass() {
             } else {
                 &["decode"]
             };
-            assert_eq!(names, want_names, "by_stage {by_stage}");
+            // (views: the gather of the strided query runs in its own untimed pass first)
+            assert_eq!(names, want_names, "views {views} by_stage {by_stage}");
         }
         check_outputs(ctx, &caches, &want, &want_sel, (g, d, cf.top_k));
+    }
+    // Misuse: a query of the wrong shape, or an integer one, is refused before anything is
+    // recorded.
+    let wrong =
+        TensorView::contiguous(&buf, 0, DType::F32, [1, g, 1, d - 1], TensorLayout::Bhnd).unwrap();
+    let int =
+        TensorView::contiguous(&buf, 0, DType::I32, [1, g, 1, d], TensorLayout::Bhnd).unwrap();
+    let caches = make_caches();
+    for bad in [&wrong, &int] {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let e = KvCache::record_steps_into(
+            &mut enc,
+            &[(&caches[0], &q_views[0]), (&caches[1], bad)],
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(e, GpuError::View(_)), "{e}");
     }
 }
 

@@ -39,9 +39,8 @@ struct Part {
 /// all its heads.
 struct Cache {
     cache: KvCache,
-    qs: [GpuTensor; 2],
-    burst_qs: Vec<GpuTensor>,
-    /// [`Self::qs`] and [`Self::burst_qs`] as views `[1, Hq, 1, D]`, for `record_step_into`.
+    /// The two queries of the isolated steps and the [`BURST`] of the bursts, as views
+    /// `[1, Hq, 1, D]` (each holds its buffer).
     q_views: [TensorView; 2],
     burst_q_views: Vec<TensorView>,
     /// O and LSE of the steps, in a buffer of the bench's own.
@@ -80,8 +79,6 @@ impl Cache {
             out: out_view(0, odt, [1, heads, 1, p.d])?,
             lse: out_view(o_bytes, DType::F32, [1, heads, 1, 1])?,
             cache,
-            qs,
-            burst_qs,
             q_views,
             burst_q_views,
         })
@@ -92,8 +89,8 @@ impl Cache {
 /// each cache picked by `q` (an index into its queries: `Some(i)` burst query `i`, `None`
 /// isolated query `r`): one cache (the usual case) through [`KvCache::record_step_into`] on
 /// views of the bench's buffers, as an application records it; several (K/V past two
-/// bindings) through [`KvCache::record_steps`], the one call that steps several caches in one
-/// pass (it takes the caches' own query tensors and outputs; the library has no view form).
+/// bindings) through [`KvCache::record_steps_into`], which steps several caches in one pass
+/// (writing the caches' own outputs).
 fn record_pisa(
     enc: &mut wgpu::CommandEncoder,
     caches: &[Cache],
@@ -117,13 +114,13 @@ fn record_pisa(
         .iter()
         .map(|x| {
             let q = match burst_q {
-                Some(i) => &x.burst_qs[i],
-                None => &x.qs[r % 2],
+                Some(i) => &x.burst_q_views[i],
+                None => &x.q_views[r % 2],
             };
             (&x.cache, q)
         })
         .collect();
-    KvCache::record_steps(enc, &steps, prof)
+    KvCache::record_steps_into(enc, &steps, prof)
 }
 
 /// Queries of `heads` query heads: two for the isolated steps, [`BURST`] for the bursts.
@@ -152,14 +149,15 @@ fn queries(
 /// such tensor, side by side in one pass, while ONE PISA cache holds up to two of them (its
 /// K/V split over two bindings: [`KvCache::kv_shards`]), as a server would hold them. Past two
 /// bindings (f32 at 1M) there are several caches, stepped side by side in the same pass
-/// ([`KvCache::record_steps`]). With GPU timestamps, the same step is also recorded as three
-/// timed passes ([`KvCache::record_steps_by_stage`]) to split its time into `route`, `leaf` and
+/// ([`KvCache::record_steps_into`]). With GPU timestamps, the same step is also recorded as
+/// three timed passes ([`KvCache::record_steps_by_stage_into`]) to split its time into `route`, `leaf` and
 /// `merge` (the sum exceeds the one-pass step by the pass boundaries). Each repetition also
 /// times a burst of `p.burst` steps (see [`super::burst::burst`]). Medians over repetitions, the isolated
 /// step's query rotated between two sets.
 pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     let (hq, hkv, d, n) = (p.hq, p.hkv, p.d, p.n);
     let g = hq / hkv;
+    let dt = embed::dtype(p.storage);
     let per_head = (n * d) as u64 * p.storage.bytes();
     let hc = ((ctx.max_binding_bytes() / per_head.max(1)) as usize).clamp(1, hkv);
     let per_cache = (2 * hc).min(hkv);
@@ -178,7 +176,10 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
             let h = hc.min(c0 + ch - h0);
             let k = random_tensor(ctx, "k", h * n * d, p.storage, 11 + 2 * h0 as u32, 1.0)?;
             let v = random_tensor(ctx, "v", h * n * d, p.storage, 12 + 2 * h0 as u32, 1.0)?;
-            cache.prefill_device_heads(0, h0 - c0, h, &k, &v, TensorLayout::Bhnd)?;
+            let kv_view = |t: &GpuTensor| {
+                TensorView::contiguous(&t.buffer, 0, dt, [1, h, n, d], TensorLayout::Bhnd)
+            };
+            cache.prefill_view_heads(0, h0 - c0, &kv_view(&k)?, &kv_view(&v)?)?;
             let (qs, burst_qs) = queries(ctx, p, h * g, 500 + 2 * h0 as u32)?;
             let shape = AttentionShape::new(1, h * g, h, 1, n, d)?;
             parts.push(Part {
@@ -246,8 +247,10 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let wall_dense = started.elapsed().as_secs_f64() * 1e3;
         ctx.scoped("bench decode by stage", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            let steps: Vec<_> = caches.iter().map(|x| (&x.cache, &x.qs[r % 2])).collect();
-            KvCache::record_steps_by_stage(&mut enc, &steps, Some(&mut prof))?;
+            let steps: Vec<_> = (caches.iter())
+                .map(|x| (&x.cache, &x.q_views[r % 2]))
+                .collect();
+            KvCache::record_steps_by_stage_into(&mut enc, &steps, Some(&mut prof))?;
             ctx.queue().submit([enc.finish()]);
             Ok(())
         })?;
@@ -335,6 +338,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
 }
 
 /// Medians of [`decode`], ms.
+#[derive(Debug)]
 pub struct DecodeTimes {
     /// The PISA step (one compute pass).
     pub pisa: f64,
@@ -352,4 +356,48 @@ pub struct DecodeTimes {
     pub gpu: bool,
     /// The dense calls' attention kernel ([`super::kernels::names`]).
     pub dense_kernel: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pisa_core::SelectionConfig;
+    use pisa_wgpu::Storage;
+
+    /// K/V of one KV head per binding: 4 KV heads are 2 caches of 2 heads (each over two
+    /// bindings), stepped side by side through `KvCache::record_steps_into` and timed by stage
+    /// through `record_steps_by_stage_into`, with 4 dense parts.
+    #[test]
+    fn several_caches_are_stepped_side_by_side() {
+        let Ok(ctx) = Context::new(&pisa_wgpu::AdapterChoice::HighPerformance) else {
+            eprintln!("skipped: no adapter");
+            return;
+        };
+        let (n, d) = (300, 32);
+        // One head's K (300 x 32 f32, 37.5 KiB) fits a binding, two do not.
+        ctx.set_max_binding_bytes((n * d * 4 + 1000) as u64);
+        let p = Plan {
+            n,
+            q_len: 1,
+            hq: 8,
+            hkv: 4,
+            d,
+            cfg: SelectionConfig::new(16, 2).unwrap(),
+            storage: Storage::F32,
+            q_tile: 1,
+            layout: TensorLayout::Bhnd,
+            dense: true,
+            backward: false,
+            baselines: false,
+            reps: 1,
+            budget_s: 1.0,
+            burst: 2,
+            inputs: None,
+        };
+        let t = decode(&ctx, &p).unwrap();
+        assert!(t.pisa > 0.0 && t.dense > 0.0 && t.pisa_burst > 0.0, "{t:?}");
+        if t.gpu {
+            assert!(t.stages.is_some(), "{t:?}");
+        }
+    }
 }

@@ -439,63 +439,149 @@ impl KvCache {
         })
     }
 
-    /// Records the steps of several caches (each as [`Self::record_step`], with its own `q`)
-    /// in ONE compute pass labelled "decode": every fused cache's `fused` and every split
-    /// cache's `route`, then every `leaf`, then every `merge`, so the caches' steps run side by
-    /// side as one dependent chain (of one dispatch when all are fused, else three) instead of
-    /// one chain per cache. For KV heads split over several caches (K or V of all heads past
-    /// two storage bindings, e.g. 1M tokens x 8 heads x 128 x f32; one cache holds them up to
-    /// two bindings).
-    /// Outputs are bitwise those of separate steps. Errors: those of [`Self::record_step`];
-    /// [`GpuError::Unsupported`] for caches of different contexts. Nothing is recorded on
-    /// error.
+    /// Records the decode steps of several caches, each for its own query `q` (as
+    /// [`Self::record_step_into`], writing each cache's own outputs, [`Self::outputs`]), in ONE
+    /// compute pass labelled "decode" in `prof`: every fused cache's dispatch and every split
+    /// cache's first, then the split caches' second, then their last, so the caches' steps run
+    /// side by side as one dependent chain (of one dispatch when all are fused) instead of one
+    /// chain per cache. For KV heads spread over several caches: K or V of all heads past two
+    /// storage bindings (1M tokens x 8 heads x 128 x f32; one cache holds up to two bindings),
+    /// each cache holding some of the heads. Outputs are bitwise those of separate steps. Each
+    /// `q` is `[B, Hq, 1, D]` of its cache; one that cannot be bound in place (strided, another
+    /// float dtype, an unaligned offset) is gathered first into the cache's own scratch, as by
+    /// [`Self::record_step_into`].
+    ///
+    /// Errors: [`GpuError::View`] for a `q` of the wrong shape or an integer one;
+    /// [`GpuError::Unsupported`] for caches of different contexts; [`GpuError::Misuse`] for a
+    /// sequence whose KV heads were loaded at different lengths; [`GpuError::Validation`] for a
+    /// buffer of another device. Everything is checked before anything is recorded.
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &pisa_wgpu::Context, lo: &pisa_wgpu::KvCache, hi: &pisa_wgpu::KvCache,
+    /// #      q_lo: &pisa_wgpu::TensorView, q_hi: &pisa_wgpu::TensorView)
+    /// #      -> pisa_wgpu::Result<()> {
+    /// use pisa_wgpu::KvCache;
+    /// // KV heads 0..4 in `lo`, 4..8 in `hi`: one step of both, one pass.
+    /// let mut enc = ctx.device().create_command_encoder(&Default::default());
+    /// KvCache::record_steps_into(&mut enc, &[(lo, q_lo), (hi, q_hi)], None)?;
+    /// ctx.queue().submit([enc.finish()]);
+    /// # Ok(()) }
+    /// ```
+    pub fn record_steps_into(
+        enc: &mut wgpu::CommandEncoder,
+        steps: &[(&KvCache, &TensorView)],
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        Self::record_view_passes(enc, steps, prof, false)
+    }
+
+    /// As [`Self::record_steps_into`], but always the split step (whatever [`Self::is_fused`]
+    /// says), its dispatches grouped by stage, each group in its own timed compute pass
+    /// labelled "decode_route", "decode_leaf" and "decode_merge" in `prof` (where the route
+    /// and the leaf slots run as one dispatch, `route_leaf`, that dispatch is timed as
+    /// "decode_route" and there is no "decode_leaf"): where a step's GPU time goes. The pass
+    /// boundaries add a little time against the one-pass step. Same errors; the outputs of the
+    /// split step (those of the fused step within rounding).
+    pub fn record_steps_by_stage_into(
+        enc: &mut wgpu::CommandEncoder,
+        steps: &[(&KvCache, &TensorView)],
+        prof: Option<&mut Profiler>,
+    ) -> Result<()> {
+        Self::record_view_passes(enc, steps, prof, true)
+    }
+
+    /// [`Self::record_steps_into`] for queries in the library's own tensors (tests).
     #[doc(hidden)]
     pub fn record_steps(
         enc: &mut wgpu::CommandEncoder,
         steps: &[(&KvCache, &GpuTensor)],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
-        Self::record_passes(enc, steps, prof, false)
+        Self::record_tensor_passes(enc, steps, prof, false)
     }
 
-    /// As [`Self::record_steps`], but always the split step (whatever [`Self::is_fused`] says),
-    /// each of its three dispatches (every cache's `route`, then `leaf`, then `merge`) in its
-    /// own timed compute pass, labelled "decode_route", "decode_leaf" and "decode_merge" in
-    /// `prof`: where a split step's GPU time goes (benchmarks; the pass boundaries add a little
-    /// time against the one-pass step). Same errors; the outputs of the split step (those of
-    /// the fused step within rounding).
+    /// [`Self::record_steps_by_stage_into`] for queries in the library's own tensors (tests).
     #[doc(hidden)]
     pub fn record_steps_by_stage(
         enc: &mut wgpu::CommandEncoder,
         steps: &[(&KvCache, &GpuTensor)],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
-        Self::record_passes(enc, steps, prof, true)
+        Self::record_tensor_passes(enc, steps, prof, true)
     }
 
-    fn record_passes(
+    fn record_tensor_passes(
         enc: &mut wgpu::CommandEncoder,
         steps: &[(&KvCache, &GpuTensor)],
-        mut prof: Option<&mut Profiler>,
+        prof: Option<&mut Profiler>,
         by_stage: bool,
     ) -> Result<()> {
         let Some(first) = steps.first() else {
             return Ok(());
         };
         let _call = first.0.ctx.public_call()?;
-        let mut stages: [Vec<Stage>; 3] = Default::default();
+        let mut bound = Vec::with_capacity(steps.len());
         for (cache, q) in steps {
-            if !cache.ctx.same(&first.0.ctx) {
-                return Err(GpuError::Unsupported(
-                    "decode steps of caches from different contexts in one pass".into(),
-                ));
-            }
             let s = &cache.shape;
             cache.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
-            cache.check_heads_loaded()?;
+            bound.push((*cache, InPlace::whole(&q.buffer)));
+        }
+        Self::record_passes(enc, &bound, prof, by_stage)
+    }
+
+    fn record_view_passes(
+        enc: &mut wgpu::CommandEncoder,
+        steps: &[(&KvCache, &TensorView)],
+        prof: Option<&mut Profiler>,
+        by_stage: bool,
+    ) -> Result<()> {
+        let Some(first) = steps.first() else {
+            return Ok(());
+        };
+        let _call = first.0.ctx.public_call()?;
+        // Every check before the first gather is recorded.
+        for (cache, q) in steps {
+            let s = &cache.shape;
+            cache.check_input_view("q", q, [s.batch, s.q_heads, 1, s.head_dim])?;
+            cache.check_step_of(first.0)?;
+        }
+        let mut bound = Vec::with_capacity(steps.len());
+        for (cache, q) in steps {
+            let s = &cache.shape;
+            let shape = [s.batch, s.q_heads, 1, s.head_dim];
+            bound.push((*cache, cache.input_view(enc, "q", q, shape, &cache.q_in)?));
+        }
+        Self::record_passes(enc, &bound, prof, by_stage)
+    }
+
+    /// Whether this cache's step may be recorded beside `first`'s in one pass: the same
+    /// context, every KV head of every sequence loaded at one length.
+    fn check_step_of(&self, first: &KvCache) -> Result<()> {
+        if !self.ctx.same(&first.ctx) {
+            return Err(GpuError::Unsupported(
+                "decode steps of caches from different contexts in one pass".into(),
+            ));
+        }
+        self.check_heads_loaded()
+    }
+
+    /// The passes of [`Self::record_steps_into`] for queries already bound (checked by the
+    /// callers, which hold the public-call guard).
+    fn record_passes(
+        enc: &mut wgpu::CommandEncoder,
+        steps: &[(&KvCache, InPlace)],
+        mut prof: Option<&mut Profiler>,
+        by_stage: bool,
+    ) -> Result<()> {
+        let Some(first) = steps.first() else {
+            return Ok(());
+        };
+        let mut stages: [Vec<Stage>; 3] = Default::default();
+        for (cache, q) in steps {
+            cache.check_step_of(first.0)?;
             let io = StepIo {
                 fused: cache.is_fused() && !by_stage,
-                q: InPlace::whole(&q.buffer),
+                q: q.clone(),
                 out: InPlace::whole(&cache.out.buffer),
                 lse: InPlace::whole(&cache.lse.buffer),
                 sel: InPlace::whole(&cache.sel.buffer),
