@@ -512,23 +512,23 @@ impl KvCache {
         Self::record_tensor_passes(enc, steps, prof, true)
     }
 
+    /// The tensor forms as views `[B, Hq, 1, D]` of each cache's storage dtype.
     fn record_tensor_passes(
         enc: &mut wgpu::CommandEncoder,
         steps: &[(&KvCache, &GpuTensor)],
         prof: Option<&mut Profiler>,
         by_stage: bool,
     ) -> Result<()> {
-        let Some(first) = steps.first() else {
-            return Ok(());
-        };
-        let _call = first.0.ctx.public_call()?;
-        let mut bound = Vec::with_capacity(steps.len());
-        for (cache, q) in steps {
-            let s = &cache.shape;
-            cache.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
-            bound.push((*cache, InPlace::whole(&q.buffer)));
-        }
-        Self::record_passes(enc, &bound, prof, by_stage)
+        let views = (steps.iter())
+            .map(|(cache, q)| {
+                let s = &cache.shape;
+                let shape = [s.batch, s.q_heads, 1, s.head_dim];
+                let dt = DType::from(cache.storage);
+                TensorView::contiguous(&q.buffer, 0, dt, shape, TensorLayout::Bhnd)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let steps: Vec<_> = steps.iter().map(|x| x.0).zip(&views).collect();
+        Self::record_view_passes(enc, &steps, prof, by_stage)
     }
 
     fn record_view_passes(
