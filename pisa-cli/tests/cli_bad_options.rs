@@ -190,6 +190,23 @@ fn unwritable_outputs_are_refused_first() {
             &[],
             &["sub.safetensors", "is a directory"],
         );
+        // Regression: a FIFO (or a device, through a link) as output was replaced by a
+        // regular file, and the command said it wrote it.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            let fifo = d.join(format!("{cmd}-fifo.safetensors"));
+            let ok = std::process::Command::new("mkfifo").arg(&fifo).status();
+            assert!(ok.is_ok_and(|s| s.success()), "mkfifo");
+            let link = d.join(format!("{cmd}-link.safetensors"));
+            std::os::unix::fs::symlink(&fifo, &link).unwrap();
+            for o in [&fifo, &link] {
+                let name = o.file_name().unwrap().to_str().unwrap();
+                run(name, &[], &[name, "not a regular file"]);
+            }
+            let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+            assert!(kind.is_fifo(), "{kind:?}");
+        }
         // bf16 and an npy output do not go together: a usage error, exit 2.
         common::usage_fails(
             d,

@@ -48,7 +48,8 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// Checks, before any work is done, that `outputs` can be written: each one's directory
 /// exists and takes a new file (a probe file is made there and removed: outputs are written
 /// through a temporary file beside them, and a long benchmark should not learn at its end that
-/// it cannot save its report), none is a directory, and none is one of the `inputs` (writing
+/// it cannot save its report), none is a directory or another file that is not a regular one
+/// (a FIFO, a device), and none is one of the `inputs` (writing
 /// it would destroy the input). The error names the output file and the problem.
 pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
     for out in outputs {
@@ -63,9 +64,7 @@ pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
                 dir.display()
             );
         }
-        if out.is_dir() {
-            bail!("cannot write {}: it is a directory", out.display());
-        }
+        super::write::refuse_non_file(out)?;
         super::write::refuse_read_only(out)?;
         if let Err(e) = tempfile::Builder::new()
             .prefix(".pisa-probe-")

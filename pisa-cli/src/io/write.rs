@@ -130,6 +130,20 @@ fn link_target(path: &Path) -> Result<PathBuf> {
     )
 }
 
+/// Refuses an output path that exists (through links) and is not a regular file: a
+/// directory, or a FIFO, device or socket, which the rename of the finished output would
+/// replace (a link to `/dev/null` would make the device node a regular file).
+pub(crate) fn refuse_non_file(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => bail!("cannot write {}: it is a directory", path.display()),
+        Ok(m) if !m.is_file() => bail!(
+            "cannot write {}: it exists and is not a regular file (a FIFO, device or socket)",
+            path.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses to replace an existing file that is read-only (no write permission for anyone):
 /// the rename that replaces an output would overwrite it all the same where the directory
 /// allows it, so a write-protected file is refused as `cp` or `>` would.
@@ -151,11 +165,10 @@ fn write_atomic_all(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         .map(|(p, _)| link_target(p))
         .collect::<Result<Vec<_>>>()?;
     // Each rename is atomic, the set is not: refuse a target that cannot be replaced (a
-    // directory) before anything is renamed, so such a failure leaves the old set whole.
+    // directory, a FIFO or device) before anything is renamed, so such a failure leaves the
+    // old set whole.
     for path in &targets {
-        if path.is_dir() {
-            bail!("cannot write {}: it is a directory", path.display());
-        }
+        refuse_non_file(path)?;
         refuse_read_only(path)?;
     }
     let mut temps = Vec::with_capacity(files.len());

@@ -70,6 +70,10 @@ pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
             if p.is_dir() && !p.is_symlink() {
                 out.push((rel + "/", Vec::new()));
                 walk(root, &p, out);
+            } else if std::fs::metadata(&p).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+                // A FIFO or device (or a link to one): named, never opened (a read would
+                // block on a FIFO).
+                out.push((rel + " (not a regular file)", Vec::new()));
             } else {
                 out.push((rel, std::fs::read(&p).unwrap_or_default()));
             }
