@@ -763,14 +763,16 @@ impl Context {
     /// for an application that records this library's work into its own encoders (for
     /// example [`PrefillPlan::run`](crate::PrefillPlan::run)) and wants a wgpu validation or
     /// out-of-memory error of that work as a `Result` rather than through the device's
-    /// uncaptured-error handler. Blocking: it returns once the queue is idle (not on the web,
-    /// where blocking is not allowed: there, pop the device's error scopes asynchronously).
+    /// uncaptured-error handler. Blocking: it returns once the queue is idle. On wasm32 (the
+    /// browser, where blocking is not allowed) it is refused before `f` runs: there, push and
+    /// pop the device's error scopes asynchronously.
     ///
     /// # Errors
     /// `f`'s own error; [`GpuError::Validation`] for a validation error, [`GpuError::OutOfMemory`]
     /// for an allocation failure raised inside the scopes; [`GpuError::DeviceLost`] when the
-    /// device is lost.
+    /// device is lost; [`GpuError::Unsupported`] on wasm32.
     pub fn scoped<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        super::block::refuse_on_wasm("Context::scoped")?;
         self.check_step()?;
         // (wgpu's error scopes are per thread: the scopes below catch this call's errors, and
         // the uncaptured-error slot, which holds errors of work outside any scope, on any
