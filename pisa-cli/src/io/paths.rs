@@ -64,8 +64,7 @@ pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
                 dir.display()
             );
         }
-        super::write::refuse_non_file(out)?;
-        super::write::refuse_read_only(out)?;
+        super::write::refuse_unreplaceable(out)?;
         if let Err(e) = tempfile::Builder::new()
             .prefix(".pisa-probe-")
             .tempfile_in(dir)

@@ -130,26 +130,19 @@ fn link_target(path: &Path) -> Result<PathBuf> {
     )
 }
 
-/// Refuses an output path that exists (through links) and is not a regular file: a
-/// directory, or a FIFO, device or socket, which the rename of the finished output would
-/// replace (a link to `/dev/null` would make the device node a regular file).
-pub(crate) fn refuse_non_file(path: &Path) -> Result<()> {
+/// Refuses an output path that exists (through links) and cannot be replaced: a directory, a
+/// FIFO, device or socket (the rename of the finished output would replace the node: a link
+/// to `/dev/null` would make the device node a regular file), or a read-only (write-protected)
+/// file, which the rename would overwrite all the same where the directory allows it, so it is
+/// refused as `cp` or `>` would.
+pub(crate) fn refuse_unreplaceable(path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => bail!("cannot write {}: it is a directory", path.display()),
         Ok(m) if !m.is_file() => bail!(
             "cannot write {}: it exists and is not a regular file (a FIFO, device or socket)",
             path.display()
         ),
-        _ => Ok(()),
-    }
-}
-
-/// Refuses to replace an existing file that is read-only (no write permission for anyone):
-/// the rename that replaces an output would overwrite it all the same where the directory
-/// allows it, so a write-protected file is refused as `cp` or `>` would.
-pub(crate) fn refuse_read_only(path: &Path) -> Result<()> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() && m.permissions().readonly() => bail!(
+        Ok(m) if m.permissions().readonly() => bail!(
             "cannot write {}: the file is read-only (write-protected)",
             path.display()
         ),
@@ -168,8 +161,7 @@ fn write_atomic_all(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
     // directory, a FIFO or device) before anything is renamed, so such a failure leaves the
     // old set whole.
     for path in &targets {
-        refuse_non_file(path)?;
-        refuse_read_only(path)?;
+        refuse_unreplaceable(path)?;
     }
     let mut temps = Vec::with_capacity(files.len());
     for (path, (_, bytes)) in targets.iter().zip(files) {

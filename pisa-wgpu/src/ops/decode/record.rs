@@ -521,10 +521,8 @@ impl KvCache {
     ) -> Result<()> {
         let views = (steps.iter())
             .map(|(cache, q)| {
-                let s = &cache.shape;
-                let shape = [s.batch, s.q_heads, 1, s.head_dim];
                 let dt = DType::from(cache.storage);
-                TensorView::contiguous(&q.buffer, 0, dt, shape, TensorLayout::Bhnd)
+                TensorView::contiguous(&q.buffer, 0, dt, cache.q_shape(), TensorLayout::Bhnd)
             })
             .collect::<Result<Vec<_>>>()?;
         let steps: Vec<_> = steps.iter().map(|x| x.0).zip(&views).collect();
@@ -543,17 +541,21 @@ impl KvCache {
         let _call = first.0.ctx.public_call()?;
         // Every check before the first gather is recorded.
         for (cache, q) in steps {
-            let s = &cache.shape;
-            cache.check_input_view("q", q, [s.batch, s.q_heads, 1, s.head_dim])?;
+            cache.check_input_view("q", q, cache.q_shape())?;
             cache.check_step_of(first.0)?;
         }
         let mut bound = Vec::with_capacity(steps.len());
         for (cache, q) in steps {
-            let s = &cache.shape;
-            let shape = [s.batch, s.q_heads, 1, s.head_dim];
-            bound.push((*cache, cache.input_view(enc, "q", q, shape, &cache.q_in)?));
+            let q = cache.input_view(enc, "q", q, cache.q_shape(), &cache.q_in)?;
+            bound.push((*cache, q));
         }
         Self::record_passes(enc, &bound, prof, by_stage)
+    }
+
+    /// The shape of a step's query, `[B, Hq, 1, D]`.
+    fn q_shape(&self) -> [usize; 4] {
+        let s = &self.shape;
+        [s.batch, s.q_heads, 1, s.head_dim]
     }
 
     /// Whether this cache's step may be recorded beside `first`'s in one pass: the same
@@ -567,8 +569,8 @@ impl KvCache {
         self.check_heads_loaded()
     }
 
-    /// The passes of [`Self::record_steps_into`] for queries already bound (checked by the
-    /// callers, which hold the public-call guard).
+    /// The passes of [`Self::record_steps_into`] for queries already bound (the caches
+    /// checked by [`Self::record_view_passes`], which holds the public-call guard).
     fn record_passes(
         enc: &mut wgpu::CommandEncoder,
         steps: &[(&KvCache, InPlace)],
@@ -580,7 +582,6 @@ impl KvCache {
         };
         let mut stages: [Vec<Stage>; 3] = Default::default();
         for (cache, q) in steps {
-            cache.check_step_of(first.0)?;
             let io = StepIo {
                 fused: cache.is_fused() && !by_stage,
                 q: q.clone(),
