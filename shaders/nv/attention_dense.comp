@@ -80,6 +80,53 @@ float store_lse(const in uint r, const in uint c, const in float x, const in uin
     return x;
 }
 
+// P = exp2(S - m') per element, m' broadcast from MW columns to BC where MW < BC.
+#if MW == BC
+#define EXP_P(pr, s, mnew) coopMatPerElementNV(pr, s, exp_scaled, mnew, k2)
+#else
+#define EXP_P(pr, s, mnew)                                                                  \
+    {                                                                                       \
+        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> mb;              \
+        coopMatReduceNV(mb, mnew, gl_CooperativeMatrixReduceRowNV, smear_reduce);           \
+        coopMatPerElementNV(pr, s, exp_scaled, mb, k2);                                     \
+    }
+#endif
+// One block of BC keys from j0 (inside a key loop, with m, l, acc, qa, bound0, i0, k2 in
+// scope), its keys and values read through the tensor layouts LK, LV at element offsets KB, VB
+// (a macro: the matrices stay in the caller's scope, and main's two key loops share it).
+#define KEY_BLOCK(LK, KB, LV, VB)                                                               \
+    coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> s =                      \
+        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator>(0.0);                \
+    [[unroll]] for (uint c = 0; c < NDC; c++) {                                                 \
+        coopmat<float16_t, gl_ScopeWorkgroup, DC, BC, gl_MatrixUseB> kt;                        \
+        coopMatLoadTensorNV(kt, k, KB, sliceTensorLayoutNV(LK, j0, BC, c * DC, DC),             \
+                            transpose);                                                         \
+        s = coopMatMulAdd(qa[c], kt, s);                                                        \
+    }                                                                                           \
+    if (j0 + BC > bound0) {                                                                     \
+        coopMatPerElementNV(s, s, mask, j0, i0);                                                \
+    }                                                                                           \
+    coopmat<float, gl_ScopeWorkgroup, BR, MW, gl_MatrixUseAccumulator> rowmax, mnew, em,        \
+        rowsum;                                                                                 \
+    coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> pr;                      \
+    coopMatReduceNV(rowmax, s, gl_CooperativeMatrixReduceRowNV, max_reduce);                    \
+    coopMatPerElementNV(mnew, rowmax, max_elem, m);                                             \
+    EXP_P(pr, s, mnew);                                                                         \
+    coopMatPerElementNV(em, m, exp_scaled, mnew, k2);                                           \
+    coopMatReduceNV(rowsum, pr, gl_CooperativeMatrixReduceRowNV, add_reduce);                   \
+    l = em * l + rowsum;                                                                        \
+    m = mnew;                                                                                   \
+    coopmat<float16_t, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseA> pa =                           \
+        coopmat<float16_t, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseA>(pr);                       \
+    coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> emd;                     \
+    coopMatReduceNV(emd, em, gl_CooperativeMatrixReduceRowNV, smear_reduce);                    \
+    [[unroll]] for (uint c = 0; c < NDC; c++) {                                                 \
+        coopmat<float16_t, gl_ScopeWorkgroup, BC, DC, gl_MatrixUseB> vb;                        \
+        coopMatLoadTensorNV(vb, v, VB, sliceTensorLayoutNV(LV, j0, BC, c * DC, DC));            \
+        acc[c] = acc[c] * emd;                                                                  \
+        acc[c] = coopMatMulAdd(pa, vb, acc[c]);                                                 \
+    }
+
 void main() {
     const uint wid = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x
         + gl_WorkGroupID.z * gl_NumWorkGroups.x * gl_NumWorkGroups.y;
@@ -134,45 +181,30 @@ void main() {
     const uint kend = p.causal != 0u ? min(p.k_len, p.q_pos0 + last_row) : p.k_len;
     const uint bound0 = p.causal != 0u ? min(p.k_len, p.q_pos0 + i0 + 1u) : p.k_len;
     const float k2 = p.scale * 1.4426950408889634;
+    // Blocks wholly inside the keys go through tensor layouts without clamping whose strides and
+    // offsets the compiler sees as multiples of 8 elements (16 bytes), where every stride is
+    // one; the rest (a last partial block, or every block where some stride is not) through the
+    // clamped layouts. On the H100 (2026-12-06, docs/benchmarks.md A.62), causal 64K, D 128:
+    // 168.4 ms with clamped loads only, 140.4 with this; and as single loops, 153.7 with the
+    // aligned unclamped loads alone (wrong past the keys), 884 with unclamped loads whose
+    // alignment the compiler does not know, 171.1 with clamped aligned ones, 236.0 choosing
+    // between the two loads per block: hence two loops sharing KEY_BLOCK.
+    const bool aligned = ((p.k_sn | p.k_sb | p.k_sh | p.v_sn | p.v_sb | p.v_sh) & 7u) == 0u;
+    tensorLayoutNV<2> lka = createTensorLayoutNV(2);
+    lka = setTensorLayoutDimensionNV(lka, p.k_len, HD);
+    lka = setTensorLayoutStrideNV(lka, p.k_sn & ~7u, 1);
+    tensorLayoutNV<2> lva = createTensorLayoutNV(2);
+    lva = setTensorLayoutDimensionNV(lva, p.k_len, HD);
+    lva = setTensorLayoutStrideNV(lva, p.v_sn & ~7u, 1);
+    const uint kfull = aligned ? min(kend, p.k_len - p.k_len % BC) : 0u;
+    uint j0 = 0;
     [[dont_unroll]]
-    for (uint j0 = 0; j0 < kend; j0 += BC) {
-        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> s =
-            coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator>(0.0);
-        [[unroll]] for (uint c = 0; c < NDC; c++) {
-            coopmat<float16_t, gl_ScopeWorkgroup, DC, BC, gl_MatrixUseB> kt;
-            coopMatLoadTensorNV(kt, k, kbase, sliceTensorLayoutNV(lk, j0, BC, c * DC, DC),
-                                transpose);
-            s = coopMatMulAdd(qa[c], kt, s);
-        }
-        if (j0 + BC > bound0) {
-            coopMatPerElementNV(s, s, mask, j0, i0);
-        }
-        coopmat<float, gl_ScopeWorkgroup, BR, MW, gl_MatrixUseAccumulator> rowmax, mnew, em,
-            rowsum;
-        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> pr;
-        coopMatReduceNV(rowmax, s, gl_CooperativeMatrixReduceRowNV, max_reduce);
-        coopMatPerElementNV(mnew, rowmax, max_elem, m);
-#if MW == BC
-        coopMatPerElementNV(pr, s, exp_scaled, mnew, k2);
-#else
-        coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator> mb;
-        coopMatReduceNV(mb, mnew, gl_CooperativeMatrixReduceRowNV, smear_reduce);
-        coopMatPerElementNV(pr, s, exp_scaled, mb, k2);
-#endif
-        coopMatPerElementNV(em, m, exp_scaled, mnew, k2);
-        coopMatReduceNV(rowsum, pr, gl_CooperativeMatrixReduceRowNV, add_reduce);
-        l = em * l + rowsum;
-        m = mnew;
-        coopmat<float16_t, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseA> pa =
-            coopmat<float16_t, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseA>(pr);
-        coopmat<float, gl_ScopeWorkgroup, BR, DC, gl_MatrixUseAccumulator> emd;
-        coopMatReduceNV(emd, em, gl_CooperativeMatrixReduceRowNV, smear_reduce);
-        [[unroll]] for (uint c = 0; c < NDC; c++) {
-            coopmat<float16_t, gl_ScopeWorkgroup, BC, DC, gl_MatrixUseB> vb;
-            coopMatLoadTensorNV(vb, v, vbase, sliceTensorLayoutNV(lv, j0, BC, c * DC, DC));
-            acc[c] = acc[c] * emd;
-            acc[c] = coopMatMulAdd(pa, vb, acc[c]);
-        }
+    for (; j0 < kfull; j0 += BC) {
+        KEY_BLOCK(lka, kbase & ~7u, lva, vbase & ~7u)
+    }
+    [[dont_unroll]]
+    for (; j0 < kend; j0 += BC) {
+        KEY_BLOCK(lk, kbase, lv, vbase)
     }
 
     // O = acc / l at O's strides (rows past Nq fall outside the layout and are not stored);
