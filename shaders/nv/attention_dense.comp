@@ -184,11 +184,11 @@ void main() {
     // Blocks wholly inside the keys go through tensor layouts without clamping whose strides and
     // offsets the compiler sees as multiples of 8 elements (16 bytes), as the host's choice of
     // this kernel ensures they are (nv_dense.rs kernel_of); the rest (a last partial block)
-    // through the clamped layouts. On the H100 (2026-12-06, docs/benchmarks.md A.62), causal 64K, D 128:
-    // 168.4 ms with clamped loads only, 140.4 with this; and as single loops, 153.7 with the
-    // aligned unclamped loads alone (wrong past the keys), 884 with unclamped loads whose
-    // alignment the compiler does not know, 171.1 with clamped aligned ones, 236.0 choosing
-    // between the two loads per block: hence two loops sharing KEY_BLOCK.
+    // through the clamped layouts. On the H100 (2026-12-06, docs/benchmarks.md A.62), causal
+    // 64K, D 128, BC 64: 168.4 ms with clamped loads only, 140.4 with this; and as single
+    // loops, 153.7 with the aligned unclamped loads alone (wrong past the keys), 884 with
+    // unclamped loads whose alignment the compiler does not know, 171.1 with clamped aligned
+    // ones, 236.0 choosing between the two loads per block: hence two loops sharing KEY_BLOCK.
     const bool aligned = ((kbase | vbase | p.k_sn | p.v_sn) & 7u) == 0u; // (nv_dense.rs: always)
     tensorLayoutNV<2> lka = createTensorLayoutNV(2);
     lka = setTensorLayoutDimensionNV(lka, p.k_len, HD);
