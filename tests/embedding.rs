@@ -952,6 +952,17 @@ fn reading_a_buffer_of_another_device_is_a_validation_error() {
         }
     }
     assert_eq!(app.ctx.read_bytes(&own).unwrap(), vec![7; 256]);
+    // A buffer whose size is not a multiple of 4 (copies are of whole words): a View error
+    // that says so, not wgpu's validation message; a 4-byte view of it still reads.
+    let odd = app.buffer("6 bytes", 6);
+    app.queue.write_buffer(&odd, 0, &[1, 2, 3, 4]);
+    match app.ctx.read_bytes(&odd) {
+        Err(GpuError::View(m)) if m.contains("multiple of 4") => {}
+        other => panic!("read_bytes of a 6-byte buffer: {other:?}"),
+    }
+    let word = TensorView::contiguous(&odd, 0, DType::F32, [1, 1, 1, 1], TensorLayout::Bhnd);
+    let word = pollster::block_on(app.ctx.read_async(&word.unwrap())).unwrap();
+    assert_eq!(word, vec![1, 2, 3, 4]);
 }
 
 /// An output that a planned prefill only copies into (contiguous BHND of the plan's dtype, in a

@@ -48,7 +48,11 @@
 //! show up as NaN in the output: check the inputs where it cannot be ruled out upstream.
 //!
 //! Also: with `Storage::F16`, finite values above 65504 in magnitude become ±inf on upload
-//! ([`check_finite`] sees the f32 input, not the f16 copy). On the cooperative-matrix
+//! ([`check_finite`] sees the f32 input, not the f16 copy). Finite inputs whose scores
+//! overflow (`s q.k` or a pyramid mean's product past f32's 3.4e38, as with elements near
+//! 1e19 and above) behave as the non-finite cases above: on lavapipe a row all of whose scores
+//! overflow comes out zeros with LSE -inf, and [`check_finite`] cannot see it, as every input
+//! is finite. On the cooperative-matrix
 //! path ([`crate::KernelPath::CoopMat`]), the tensor-core P·V multiplies masked probabilities
 //! (zeros) by the whole value tile, so a non-finite **value** can also reach the rows of its
 //! query tile that mask it (earlier rows of its block, rows that skip its block).

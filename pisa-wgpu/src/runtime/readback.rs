@@ -24,13 +24,22 @@ impl Context {
 
     /// Copies a buffer into a mappable one and returns its bytes (a map, then a wait).
     /// Errors: [`GpuError::View`] for a buffer without `COPY_SRC` usage (the copy would fail
-    /// validation and the read return zeros); [`GpuError::Validation`] for a buffer of another
+    /// validation and the read return zeros) or whose size is not a multiple of 4 bytes (copies
+    /// are of whole 4-byte words, wgpu's `COPY_BUFFER_ALIGNMENT`); [`GpuError::Validation`] for a buffer of another
     /// device or a destroyed one (see `Context::copy_out`); [`GpuError::DeviceLost`] (before or during the read),
     /// [`GpuError::Poll`]; [`GpuError::Unsupported`] on wasm32 (it blocks: use
     /// [`Context::read_async`]).
     pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
         let _call = self.public_call()?;
         check_copy_src(buffer)?;
+        if !buffer.size().is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
+            return Err(GpuError::View(format!(
+                "read_bytes copies whole 4-byte words: the buffer's size, {} bytes, is not a \
+                 multiple of 4 (make the buffer's size a multiple of 4, or read a view of it \
+                 with Context::read_async)",
+                buffer.size()
+            )));
+        }
         let staging = self.copy_out("read_bytes", buffer, 0, buffer.size())?;
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {

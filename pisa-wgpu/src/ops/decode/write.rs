@@ -181,8 +181,9 @@ impl KvCache {
     ) -> Result<()> {
         if !plan_ctx.same(&self.ctx) {
             return Err(crate::GpuError::Unsupported(
-                "the plan and the cache belong to different contexts (the take-over copies \
-                 between buffers of one device): make both with one Context"
+                "the plan and the cache were made with different contexts (the take-over \
+                 records copies in one context's device and pools, even where two contexts \
+                 share one wgpu device): make both with one Context or its clones"
                     .into(),
             ));
         }
