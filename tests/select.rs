@@ -49,6 +49,45 @@ fn pisa_lengths_layouts_and_tiles() {
     run_short_lengths(&mut r, &[1, 15, 17]);
 }
 
+/// A large top_k over blocks of one key (514 candidates a query): the portable tile kernel's
+/// invocations would pass llvmpipe's loop limit (65535 iterations in all, then every loop ends
+/// silently: rows from ~380 on came out wrong, `pisa forward --block-size 1 --top-k 256`), so
+/// on a loop-limited adapter the default order runs leaf-major there and an explicit query-tile
+/// order is a `Limit` error; on others the tiles run. Either way the selection equals the
+/// reference up to near-ties.
+#[test]
+fn a_top_k_past_the_loop_limit_is_right_or_refused() {
+    let seed = seed("a_top_k_past_the_loop_limit_is_right_or_refused");
+    let mut r = rng(seed);
+    let c = Case::new(1, 1, 1, 600, 16, 1, 256);
+    let _guard = settings_lock();
+    let ctx = ctx();
+    run_case("C 1 K 256 n 600 d 16 (default order)", c, &mut r, false);
+    ctx.set_leaf_order(pisa_wgpu::LeafOrder::Tiles);
+    let (q, k) = c.inputs(&mut r);
+    let got = select_host(
+        ctx,
+        &q,
+        &k,
+        &c.shape(),
+        c.layout,
+        &c.cfg(),
+        c.storage,
+        Method::Pisa,
+        1,
+    );
+    ctx.set_leaf_order(pisa_wgpu::LeafOrder::Auto);
+    match (ctx.loop_limit(), got) {
+        (Some(_), Err(GpuError::Limit { unit, .. })) => assert_eq!(unit, "loop iterations"),
+        (None, Ok(sel)) => {
+            let want = pisa_core::reference::select_pisa(&q, &k, &c.shape(), c.layout, &c.cfg());
+            let ties = select_util::check("tiles", &sel, &want.unwrap(), c.tol(&q, &k));
+            select_util::report("tiles", ties, 600);
+        }
+        (limit, other) => panic!("query tiles with loop limit {limit:?}: {other:?} (seed {seed})"),
+    }
+}
+
 #[test]
 fn invalid_inputs_are_typed_errors() {
     let ctx = ctx();

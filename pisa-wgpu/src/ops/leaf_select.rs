@@ -95,6 +95,41 @@ fn leaf_major(
     }
 }
 
+/// Loop iterations of one invocation of the portable tile kernel (`leaf_select.wgsl` with
+/// `leaf_common.wgsl`), an upper bound, for a tile of `t` queries of `gq` heads, head dim `d`,
+/// `mc` candidates a query, blocks of `c` keys and `top_k`: what llvmpipe's loop limiter counts
+/// ([`Context::loop_limit`]: it ends every loop of an invocation after 65535 iterations in all,
+/// silently). Of E = t mc entries an invocation takes ceil(E / WG); the union's first-occurrence
+/// and prefix loops run over the entries before each of its own (3 such loops); then per leaf
+/// of the union (at most E) the key chunks of WG tokens, each with its head-dim steps of DC, the
+/// column fold and the merge of its parts; then the pick: a rank over a query's candidates for
+/// each entry (2 loops), the forced leaves (at most top_k, each over the candidates) and the
+/// padding.
+fn tile_iterations(t: u32, gq: u32, d: u32, mc: u32, c: u32, top_k: u32) -> u64 {
+    let (t, gq, d, mc, c, k) = (
+        t as u64,
+        gq as u64,
+        d as u64,
+        mc as u64,
+        c as u64,
+        top_k as u64,
+    );
+    let (wg, dc) = (WG as u64, DC as u64);
+    let e = t * mc;
+    let ne = e.div_ceil(wg);
+    // Sum over an invocation's entries lid + j WG of the entries before each.
+    let before = ne * (wg - 1) + wg * ne * ne.saturating_sub(1) / 2;
+    let qg = t * gq;
+    let q_load = (qg.div_ceil(4) * 4 * d.div_ceil(dc) * dc).div_ceil(wg);
+    let union = ne + mc + 3 * before + e;
+    let parts = (wg / qg).max(1);
+    let chunk =
+        1 + d.div_ceil(dc) * (1 + dc) + wg.div_ceil(parts) + qg.div_ceil(wg) * (1 + 2 * parts);
+    let per_leaf = 1 + c.div_ceil(wg) * chunk + gq;
+    let pick = 2 * ne * (1 + mc) + mc + k * (1 + mc) + 2 * k;
+    q_load + union + e * per_leaf + pick
+}
+
 /// Workgroup bytes of leaf_common.wgsl's arrays for a tile of `t` queries, `mc` candidates each.
 fn common_bytes(t: u32, mc: u32) -> u64 {
     let qmc4 = (t * mc).div_ceil(4) * 4;
@@ -106,8 +141,12 @@ fn common_bytes(t: u32, mc: u32) -> u64 {
 /// `q_tile` (Qtile) consecutive queries share each loaded key block; it is clamped to what fits
 /// in workgroup memory and does not change the result. The order follows [`leaf_major`]; on
 /// the CoopMat path, f16 selections of a supported shape score on tensor cores ([`coop`],
-/// [`by_leaf`]). Profiler stages: see the module docs.
-/// Errors: [`crate::GpuError::Limit`] (buffers, workgroup memory).
+/// [`by_leaf`]). Where the device caps an invocation's loop iterations
+/// ([`Context::loop_limit`]), the portable tile kernel's tile shrinks until its count
+/// ([`tile_iterations`]) fits; past it even at one query, the leaf-major order runs instead
+/// unless [`LeafOrder::Tiles`] was asked for. Profiler stages: see the module docs.
+/// Errors: [`crate::GpuError::Limit`] (buffers, workgroup memory; loop iterations past the
+/// device's cap with [`LeafOrder::Tiles`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
     ctx: &Context,
@@ -141,6 +180,37 @@ pub(crate) fn record(
     }
     let max_tile = q_tile.clamp(1, (MAX_QG / gq) as usize);
     let t = fit_tile(ctx, "leaf_select", max_tile, |t| wg_bytes(t, gq, d, mc))?;
+    let p = &plan.params;
+    let count = |t: u32| tile_iterations(t, gq, d, mc, p.block_size, p.top_k);
+    let t = match ctx.loop_limit() {
+        None => t,
+        Some(limit) => match (1..=t).rev().find(|&t| count(t) <= limit) {
+            Some(t) => t,
+            // Past the loop limit even one query at a time: the leaf-major order, whose
+            // invocations loop over one leaf's candidates or keys, unless tiles were asked for.
+            None => {
+                let bl = (ctx.leaf_order() != LeafOrder::Tiles)
+                    .then(|| by_leaf::plan(ctx, plan, by_leaf::Scorer::Portable))
+                    .flatten();
+                if let Some(bl) = bl {
+                    return by_leaf::record(ctx, enc, plan, q, k, cand, &bl, prof);
+                }
+                return Err(crate::GpuError::Limit {
+                    what: format!(
+                        "one leaf_select shader invocation on {} (it ends every invocation's \
+                         loops after {limit} in all, and the selection would be wrong)",
+                        ctx.report().name
+                    ),
+                    needed: count(1),
+                    limit,
+                    unit: "loop iterations",
+                    hint: "use a GPU, a smaller top_k or block size, or the leaf-major order \
+                           (LeafOrder::Leaves or Auto: tuning knob leaf_order=leaves, \
+                           PISA_LEAF_ORDER=leaves)",
+                });
+            }
+        },
+    };
     let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
     let consts = consts(t, gq, d, mc);
     let pipe = ctx.pipelines.get(
@@ -169,6 +239,22 @@ pub(crate) fn record(
 mod tests {
     use super::*;
     use crate::runtime::pipeline::assert_workgroup_fits;
+
+    /// The loop count against llvmpipe's 65535: the paper's configuration (C 64, K 16, g 2:
+    /// 34 candidates, GQA 4, D 128, Qtile 4) well within it; blocks of one key with top_k 256
+    /// (514 candidates) past it even one query at a time (`pisa forward --block-size 1
+    /// --top-k 256` came out wrong there from row ~380 on); more queries, never fewer
+    /// iterations.
+    #[test]
+    fn tile_iterations_against_the_llvmpipe_limit() {
+        assert!(tile_iterations(4, 4, 128, 34, 64, 16) < 65535 / 2);
+        assert!(tile_iterations(1, 1, 16, 514, 1, 256) > 65535);
+        for t in 1..8 {
+            assert!(
+                tile_iterations(t + 1, 2, 64, 34, 64, 16) >= tile_iterations(t, 2, 64, 34, 64, 16)
+            );
+        }
+    }
 
     /// The portable kernel's workgroup variables (naga's sizes, the constants [`record`]
     /// builds substituted) fit what [`wg_bytes`] charges, for every tile [`fit_tile`] may pick
