@@ -211,6 +211,51 @@ fn recall_json() {
     assert!(text.stdout.contains("16q union"), "{}", text.stdout);
 }
 
+/// A method the device cannot run at the configuration is left out with a warning and the
+/// others are reported. Regression: blocks of one key with top_k 256 over 600 tokens need more
+/// workgroup memory for `meanvar`'s routing than lavapipe has (33116 of 32768 bytes), and the
+/// whole command failed after computing the other three. On a device with more, all four run.
+#[test]
+fn recall_reports_the_methods_that_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = Spec {
+        hq: 1,
+        hkv: 1,
+        n: 600,
+        d: 16,
+        ..Spec::small()
+    };
+    write_input(dir.path(), "in.safetensors", &spec);
+    let args = [
+        "recall",
+        "-i",
+        "in.safetensors",
+        "--block-size",
+        "1",
+        "--top-k",
+        "256",
+        "--json",
+    ];
+    let r = run_in(dir.path(), &args).ok();
+    let j = r.json();
+    let methods: Vec<&str> = (j["methods"].as_array().unwrap().iter())
+        .map(|m| m["method"].as_str().unwrap())
+        .collect();
+    for m in ["pisa-lse", "pisa-mean", "bsa"] {
+        assert!(methods.contains(&m), "{methods:?}\n{}", r.stderr);
+    }
+    if !methods.contains(&"pisa-meanvar") {
+        assert!(
+            r.stderr.contains("warning: pisa-meanvar left out"),
+            "{}",
+            r.stderr
+        );
+    }
+    // PISA's selection is right there (rows past ~380 came out wrong on lavapipe's loop limit).
+    let lse = &j["methods"][0];
+    assert!(lse["recall_at_k"].as_f64().unwrap() > 0.9, "{lse}");
+}
+
 /// Regression: `recall --json` printed the methods' rows alone, without the configuration they
 /// were measured with; it records it as `forward` and `decode` do (the adapter, source, tensors,
 /// shape, configuration, softmax scale and storage), the scoring null (every scoring is one row

@@ -11,7 +11,7 @@ use clap::Args;
 use pisa_core::reference::metrics::{try_locality, try_recall_per_kv_head, Recall};
 use pisa_core::reference::Selection;
 use pisa_core::{AttentionShape, Scoring, SelectionConfig};
-use pisa_wgpu::{oracle_host, select_host, SelectionMethod as Method};
+use pisa_wgpu::{oracle_host, select_host, GpuError, SelectionMethod as Method};
 
 use crate::args::{progress, CausalArgs, DeviceArgs, SelectArgs, StorageArg};
 use crate::input::{token_range, InputArgs};
@@ -148,16 +148,32 @@ fn measure_in_ranges(
         ("pisa-meanvar", Method::Pisa, Scoring::MeanVar),
         ("bsa", Method::Bsa, Scoring::Lse),
     ];
+    // A method the device cannot run at this configuration (a device limit, an unsupported
+    // combination) is left out with a warning, so that the others' results are not lost; any
+    // other error ends the command, as does every method failing.
     let mut sels = Vec::new();
+    let mut names = Vec::new();
+    let mut skipped = Vec::new();
     for (name, method, scoring) in runs {
         let c = cfg.with_scoring(scoring);
-        let sel = select_host(ctx, &l.q, &l.k, s, l.layout, &c, storage, method, q_tile)
-            .with_context(|| format!("{name} selection"))?;
-        sels.push((c, wrap(sel)));
+        match select_host(ctx, &l.q, &l.k, s, l.layout, &c, storage, method, q_tile) {
+            Ok(sel) => {
+                sels.push((c, wrap(sel)));
+                names.push(name);
+            }
+            Err(e @ (GpuError::Limit { .. } | GpuError::Unsupported(_))) => {
+                pb.suspend(|| eprintln!("warning: {name} left out: {e}"));
+                skipped.push(format!("{name}: {e}"));
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("{name} selection"))),
+        }
         pb.inc(1);
     }
+    if sels.is_empty() {
+        anyhow::bail!("no method could run: {}", skipped.join("; "));
+    }
     // Per method and KV head: (recall sum, mass recall sum, queries) over the ranges.
-    let mut sums = vec![vec![(0.0, 0.0, 0usize); s.kv_heads]; runs.len()];
+    let mut sums = vec![vec![(0.0, 0.0, 0usize); s.kv_heads]; sels.len()];
     let (kq, kk) = (s.q_len, cfg.top_k);
     for &(i0, i1) in &ranges {
         let (q, k): (Cow<[f32]>, Cow<[f32]>) = if ranges.len() == 1 {
@@ -200,7 +216,7 @@ fn measure_in_ranges(
         pb.inc(1);
     }
     let mut out = Vec::new();
-    for ((name, ..), ((c, sel), sum)) in runs.iter().zip(sels.iter().zip(&sums)) {
+    for (name, ((c, sel), sum)) in names.iter().zip(sels.iter().zip(&sums)) {
         let per: Vec<Recall> = sum
             .iter()
             .map(|&(r, m, n)| {
