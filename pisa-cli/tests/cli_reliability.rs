@@ -284,6 +284,20 @@ fn misspelled_tuning_knobs_are_errors() {
     )
     .ok();
     assert!(!r.stderr.contains("error"), "{}", r.stderr);
+    // A pair overrides its knob's variable even where the variable's value is bad (the help
+    // says the pairs apply after the variables); without the pair the value is an error.
+    let bad = || {
+        let mut c = pisa();
+        c.env("PISA_LEAF_ORDER", "bogus").arg("info");
+        c
+    };
+    let r = run_cmd(bad().args(["--tune", "leaf_order=tiles"])).ok();
+    assert!(!r.stderr.contains("error"), "{}", r.stderr);
+    let r = run_cmd(bad().args(["--tune", "PISA_LEAF_ORDER=auto"])).ok();
+    assert!(!r.stderr.contains("error"), "{}", r.stderr);
+    let r = run_cmd(&mut bad());
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains("PISA_LEAF_ORDER=bogus"), "{}", r.stderr);
 }
 
 /// A `--tune` value out of its knob's range is a usage error like a misspelled one (exit code
@@ -447,4 +461,26 @@ fn a_full_stdout_is_an_error_not_a_panic() {
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert!(r.stderr.contains("cannot write to stdout"), "{}", r.stderr);
     assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+}
+
+/// `info` and `info --json` agree on the exit code: with no adapter both fail (the JSON listing,
+/// `[]`, still printed) where `info --json` used to print `[]` and exit 0. The Vulkan loader is
+/// pointed at no driver; where another backend still finds an adapter, both succeed.
+#[test]
+fn info_text_and_json_agree_without_an_adapter() {
+    let none = || {
+        let mut c = pisa();
+        c.env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+            .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
+            .arg("info");
+        c
+    };
+    let text = run_cmd(&mut none());
+    let json = run_cmd(none().arg("--json"));
+    assert_eq!(text.code, json.code, "{}\n{}", text.stderr, json.stderr);
+    if text.code != Some(0) {
+        assert!(text.stderr.contains("no GPU adapter"), "{}", text.stderr);
+        assert!(json.stderr.contains("no GPU adapter"), "{}", json.stderr);
+        assert_eq!(json.stdout.trim(), "[]", "{}", json.stdout);
+    }
 }

@@ -30,13 +30,16 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     if a.json {
         crate::args::outln!("{}", serde_json::to_string_pretty(&list)?)?;
-        return Ok(());
     }
+    // No adapter fails either way (the JSON listing, `[]`, is still printed first).
     if list.is_empty() {
         anyhow::bail!(
             "{}",
             pisa_wgpu::GpuError::NoAdapter(pisa_wgpu::INSTALL_HINT.into())
         );
+    }
+    if a.json {
+        return Ok(());
     }
     for (i, r) in list.iter().enumerate() {
         let tuning = crate::args::command_tuning_for(r)?;
