@@ -22,10 +22,10 @@ pub struct InputArgs {
     /// Input file: `.safetensors` holding Q, K and V, or a `.npy` holding Q (then --k-file, --v-file).
     #[arg(long, short = 'i')]
     pub input: Option<PathBuf>,
-    /// `.npy` file of K (when --input is a `.npy`).
+    /// File of K when --input is a `.npy`: a `.npy`, or a `.safetensors` (its tensor `k`).
     #[arg(long)]
     pub k_file: Option<PathBuf>,
-    /// `.npy` file of V (when --input is a `.npy`).
+    /// File of V when --input is a `.npy`: a `.npy`, or a `.safetensors` (its tensor `v`).
     #[arg(long)]
     pub v_file: Option<PathBuf>,
     /// Tensor name of Q in a safetensors file [default: q].

@@ -86,8 +86,9 @@ impl Loaded {
         let bound = scale as f64 * nq * nk;
         if bound > MAX_SCORE {
             bail!(
-                "{}: scores can reach {bound:.3e} (scale {scale} x largest Q row norm {nq:.3e} x largest K row norm {nk:.3e}), above the bound {MAX_SCORE:.0e} the kernels handle (larger scores read as masked); rescale Q/K or lower --scale",
-                self.source
+                "{}: scores can reach {bound:.3e} (scale {} x largest Q row norm {nq:.3e} x largest K row norm {nk:.3e}), above the bound {MAX_SCORE:.0e} the kernels handle (larger scores read as masked); rescale Q/K or lower --scale",
+                self.source,
+                crate::text::number(scale)
             );
         }
         Ok(())

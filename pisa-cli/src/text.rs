@@ -13,6 +13,18 @@ pub fn f32_json(x: f32) -> Value {
         .map_or(Value::Null, Value::Number)
 }
 
+/// `x` as people read it in a message: plain for magnitudes from 1e-4 to below 1e6 (`0.125`,
+/// `12`), in exponent form otherwise (`1e30`, `2.5e-7`), where plain formatting prints every
+/// digit of a huge float.
+pub fn number<T: Copy + Into<f64> + std::fmt::Display + std::fmt::LowerExp>(x: T) -> String {
+    let a = x.into().abs();
+    if a == 0.0 || !a.is_finite() || (1e-4..1e6).contains(&a) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
 /// `1 step`, `2 steps`.
 pub fn plural(n: usize, word: &str) -> String {
     if n == 1 {
@@ -118,5 +130,18 @@ mod tests {
         assert_eq!(f32_json(0.25).to_string(), "0.25");
         assert_eq!(f32_json(f32::NAN), Value::Null);
         assert_eq!(plural(2, "token"), "2 tokens");
+    }
+}
+
+#[cfg(test)]
+mod number_tests {
+    /// Huge and tiny values in exponent form (a scale of 1e30 printed 31 digits), the rest plain.
+    #[test]
+    fn numbers_read_as_written() {
+        assert_eq!(super::number(1e30f32), "1e30");
+        assert_eq!(super::number(2.5e-7f64), "2.5e-7");
+        assert_eq!(super::number(0.125f32), "0.125");
+        assert_eq!(super::number(12.0f64), "12");
+        assert_eq!(super::number(f64::INFINITY), "inf");
     }
 }

@@ -150,7 +150,7 @@ fn measure_in_ranges(
     ];
     // A method the device cannot run at this configuration (a device limit, an unsupported
     // combination) is left out with a warning, so that the others' results are not lost; any
-    // other error ends the command, as does every method failing.
+    // other error ends the command, as does every method failing (with the first one's error).
     let mut sels = Vec::new();
     let mut names = Vec::new();
     let mut skipped = Vec::new();
@@ -161,16 +161,17 @@ fn measure_in_ranges(
                 sels.push((c, wrap(sel)));
                 names.push(name);
             }
-            Err(e @ (GpuError::Limit { .. } | GpuError::Unsupported(_))) => {
-                pb.suspend(|| eprintln!("warning: {name} left out: {e}"));
-                skipped.push(format!("{name}: {e}"));
-            }
+            Err(e @ (GpuError::Limit { .. } | GpuError::Unsupported(_))) => skipped.push((name, e)),
             Err(e) => return Err(anyhow::Error::new(e).context(format!("{name} selection"))),
         }
         pb.inc(1);
     }
     if sels.is_empty() {
-        anyhow::bail!("no method could run: {}", skipped.join("; "));
+        let (name, e) = skipped.swap_remove(0);
+        return Err(anyhow::Error::new(e).context(format!("{name} selection")));
+    }
+    for (name, e) in &skipped {
+        pb.suspend(|| eprintln!("warning: {name} left out: {e}"));
     }
     // Per method and KV head: (recall sum, mass recall sum, queries) over the ranges.
     let mut sums = vec![vec![(0.0, 0.0, 0usize); s.kv_heads]; sels.len()];

@@ -121,7 +121,10 @@ pub fn softmax_scale(meta: &BTreeMap<String, String>, layer: Option<usize>) -> R
         if f.is_finite() && f > 0.0 {
             Ok(Some(f))
         } else {
-            bail!("metadata `{key}` = {v} is not a finite positive softmax scale")
+            bail!(
+                "metadata `{key}` = {} is not a finite positive softmax scale",
+                crate::text::number(v)
+            )
         }
     };
     let parse = |key: &str, s: &str| -> Result<Option<f32>> {

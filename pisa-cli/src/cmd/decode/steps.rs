@@ -57,11 +57,15 @@ pub struct DecodeRun {
 /// Errors unless `1 <= p < n`: at least one token prefilled and one decoded.
 pub fn check_prefill(p: usize, n: usize) -> Result<()> {
     if n < 2 {
-        bail!("decode needs at least 2 tokens (one prefilled, one decoded); the input has {n}");
+        bail!(
+            "decode needs at least 2 tokens (one prefilled, one decoded); the run has {n} (the \
+             input's, or --tokens)"
+        );
     }
     if p == 0 || p >= n {
         bail!(
-            "--prefill {p} must be in 1..={} (the input has {n} tokens; at least the last is decoded)",
+            "--prefill {p} must be in 1..={} (the run has {n} tokens, the input's or --tokens; at \
+             least the last is decoded)",
             n - 1
         );
     }
