@@ -190,8 +190,10 @@ pub(crate) fn record_prefill_parts(
     if every_leaf_selected(shape, &opts.cfg) {
         // Every query keeps every leaf it sees (PISA.md 3.3): nothing to score, and sparse
         // attention over all of them is dense attention over the same keys. The pyramid is
-        // still built, for a decode cache to take over. The selection's limits hold all the
-        // same, so that a plan accepts the same shapes whatever the prompt's length.
+        // still built, for a decode cache to take over. The selection's GQA limit holds all
+        // the same, so that a plan accepts the same GQA groups whatever the prompt's length;
+        // the routing's workgroup memory (large merge factors or top_k) is checked only where
+        // the route runs, so a short prompt may plan where a longer one is refused.
         super::route::check_query_group(shape.gqa_group())?;
         let sel = select::record_all_leaves(ctx, enc, shape, &opts.cfg, prof.as_deref_mut())?;
         let qkv = [q, k, v];
