@@ -457,7 +457,7 @@ pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
         .collect();
     for p in pairs {
         // (checked by tuning_from above; `Tuning::set` takes a knob's variable name too)
-        let k = p.split_once('=').map_or("", |(k, _)| k.trim());
+        let k = pair_key(p);
         if let Some((name, _)) = pisa_wgpu::TUNING_KNOBS
             .iter()
             .find(|(n, v)| *n == k || *v == k)
@@ -471,6 +471,11 @@ pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The knob (or variable) name of a `--tune KNOB=VALUE` pair, trimmed; empty without `=`.
+fn pair_key(p: &str) -> &str {
+    p.split_once('=').map_or("", |(k, _)| k.trim())
+}
+
 /// The `--tune` pairs of this command ([`set_tuning`]).
 static PAIRS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
@@ -478,37 +483,8 @@ static PAIRS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 /// pair sets is not read (the pair overrides it, even where the variable's value is bad); every
 /// other is, as `Tuning::with_env` reads them.
 fn tuning_from(base: pisa_wgpu::Tuning, pairs: &[String]) -> anyhow::Result<pisa_wgpu::Tuning> {
-    let paired = |name: &str, var: &str| {
-        pairs.iter().any(|p| {
-            let k = p.split_once('=').map_or("", |(k, _)| k.trim());
-            k == name || k == var
-        })
-    };
-    let mut t = base;
-    for (name, var) in pisa_wgpu::TUNING_KNOBS {
-        let Some(raw) = std::env::var_os(var) else {
-            continue;
-        };
-        if paired(name, var) {
-            continue;
-        }
-        let Some(v) = raw.to_str() else {
-            anyhow::bail!(
-                "{}",
-                pisa_wgpu::GpuError::Tuning(format!("{var}: not UTF-8 ({raw:?})"))
-            );
-        };
-        if v.trim().is_empty() {
-            continue;
-        }
-        if let Err(e) = t.set(name, v) {
-            let m = match e {
-                pisa_wgpu::GpuError::Tuning(m) => m,
-                e => e.to_string(),
-            };
-            return Err(pisa_wgpu::GpuError::Tuning(format!("{var}={v}: {m}")).into());
-        }
-    }
+    let paired: Vec<&str> = pairs.iter().map(|p| pair_key(p)).collect();
+    let mut t = base.with_env_except(&paired)?;
     for p in pairs {
         let Some((k, v)) = p.split_once('=') else {
             anyhow::bail!("--tune {p}: expected KNOB=VALUE (knobs: {})", knob_names());

@@ -152,15 +152,11 @@ fn measure_in_ranges(
     // combination) is left out with a warning, so that the others' results are not lost; any
     // other error ends the command, as does every method failing (with the first one's error).
     let mut sels = Vec::new();
-    let mut names = Vec::new();
     let mut skipped = Vec::new();
     for (name, method, scoring) in runs {
         let c = cfg.with_scoring(scoring);
         match select_host(ctx, &l.q, &l.k, s, l.layout, &c, storage, method, q_tile) {
-            Ok(sel) => {
-                sels.push((c, wrap(sel)));
-                names.push(name);
-            }
+            Ok(sel) => sels.push((name, c, wrap(sel))),
             Err(e @ (GpuError::Limit { .. } | GpuError::Unsupported(_))) => skipped.push((name, e)),
             Err(e) => return Err(anyhow::Error::new(e).context(format!("{name} selection"))),
         }
@@ -195,7 +191,7 @@ fn measure_in_ranges(
             oracle_host(ctx, &q, &k, &rs, l.layout, cfg, storage).context("oracle selection")?;
         let mass: Vec<f64> = mass.iter().map(|&x| x as f64).collect();
         let oracle = wrap(oracle_idx);
-        for (m, (c, sel)) in sels.iter().enumerate() {
+        for (m, (_, c, sel)) in sels.iter().enumerate() {
             // The range's rows of the selection, [B, Hkv, i1 - i0, K].
             let rows = sel
                 .indices
@@ -217,7 +213,7 @@ fn measure_in_ranges(
         pb.inc(1);
     }
     let mut out = Vec::new();
-    for (name, ((c, sel), sum)) in names.iter().zip(sels.iter().zip(&sums)) {
+    for ((name, c, sel), sum) in sels.iter().zip(&sums) {
         let per: Vec<Recall> = sum
             .iter()
             .map(|&(r, m, n)| {

@@ -252,8 +252,19 @@ impl Tuning {
     /// `self` with the `PISA_*` environment variables of [`KNOBS`] applied (unset or empty
     /// ones leave their knob as it is). Errors: [`GpuError::Tuning`] naming the variable whose
     /// value is not one its knob takes, or is not UTF-8 (a value is never silently ignored).
-    pub fn with_env(mut self) -> Result<Self> {
+    pub fn with_env(self) -> Result<Self> {
+        self.with_env_except(&[])
+    }
+
+    /// [`Tuning::with_env`] but for the knobs named in `skip` (by knob or variable name), whose
+    /// variables are not read at all: a program that sets those knobs itself afterwards (as
+    /// `pisa --tune` does) is not stopped by a bad value it overrides. Errors: as
+    /// [`Tuning::with_env`], for the variables read.
+    pub fn with_env_except(mut self, skip: &[&str]) -> Result<Self> {
         for (name, var) in KNOBS {
+            if skip.iter().any(|s| *s == name || *s == var) {
+                continue;
+            }
             let Some(raw) = std::env::var_os(var) else {
                 continue;
             };
