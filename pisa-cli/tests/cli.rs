@@ -700,8 +700,6 @@ fn bench_on_a_file() {
     );
 }
 
-/// Regression: `--compare` of a report without records wrote a plot with coordinates from
-/// `f64::MAX`; now a plot that says there is nothing to show.
 /// Regression: `pisa bench` ran sizes above lavapipe's loop limit without the warning that
 /// forward, decode and recall give; it warns over its largest prefill or decode size. (Shapes
 /// the kernels do not take skip every size at once: a GQA group of 128 the prefill, a head dim
@@ -739,15 +737,18 @@ fn bench_on_llvmpipe_warns_above_its_loop_limit() {
     }
 }
 
+/// Regression: `--compare` of a report without records wrote a plot with coordinates from
+/// `f64::MAX`, and printed a table of headers alone; now both say there is nothing to show.
 #[test]
 fn bench_compare_of_an_empty_report() {
     let dir = tempfile::tempdir().unwrap();
     write_empty_report(dir.path());
-    run_in(
+    let out = run_in(
         dir.path(),
         &["bench", "--compare", "e.json", "--plot", "c.svg"],
     )
     .ok();
+    assert!(out.stdout.contains("no timed results"), "{}", out.stdout);
     let svg = std::fs::read_to_string(dir.path().join("c.svg")).unwrap();
     assert!(svg.contains("no timed results"), "{svg}");
 }

@@ -78,7 +78,8 @@ pub fn name_apart(reports: &mut [Report], files: &[&std::path::Path]) {
 }
 
 /// One table of every (op, N, storage) across several reports, a column per report
-/// ([`label`]); a line first when the reports differ in Hq, Hkv, D, C or top_k.
+/// ([`label`]); a line first when the reports differ in Hq, Hkv, D, C or top_k, and a line
+/// that says so where no report has a timed result.
 pub fn compare(reports: &[Report]) -> String {
     let mut keys: Vec<(String, usize, String)> = Vec::new();
     for r in reports {
@@ -146,6 +147,9 @@ pub fn compare(reports: &[Report]) -> String {
         let _ = write!(s, " {l:>w$}");
     }
     s.push('\n');
+    if keys.is_empty() {
+        s.push_str("(no timed results in these reports: they measured no size)\n");
+    }
     for (op, n, st) in keys {
         let _ = write!(s, "{op:<ow$} {n:>8} {st:>5}");
         for r in reports {
