@@ -229,10 +229,14 @@ fn dense_matches_reference() {
         (1, 7, 1, 100, 100, 128, Bnhd, F16, true),
         (1, 6, 3, 77, 77, 64, Bhnd, Bf16, true),
         (2, 2, 1, 40, 90, 96, Bnhd, Bf16, false),
-        // Causal heads of 4 tiles or more: the NVIDIA kernel runs each head's lightest quarter
-        // of tiles last (5 tiles of 128 rows, 1 last; 9 of 64 rows, 2 last).
+        (1, 6, 2, 300, 390, 64, Bhnd, F16, true),
+        (1, 4, 2, 255, 255, 64, Bnhd, F16, false),
+        // Causal heads of 4 tiles or more: the NVIDIA kernels run each head's lightest quarter
+        // of tiles last (5 tiles of 128 rows, 1 last; 8 tiles, 2 last), through full blocks of
+        // 128 keys and a partial last one.
         (2, 4, 1, 600, 650, 128, Bhnd, F16, true),
         (1, 3, 3, 530, 530, 64, Bnhd, F16, true),
+        (1, 8, 1, 1000, 1000, 64, Bnhd, F16, true),
     ];
     for &(b, hq, hkv, nq, nk, d, layout, storage, causal) in cases {
         if skip_f16(ctx, storage) {

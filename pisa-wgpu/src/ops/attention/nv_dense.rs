@@ -33,9 +33,9 @@ const BINDINGS: &[(u32, NvBinding)] = &[
 /// those writing O at Q's strides, then (`_o`) those writing O at its own.
 pub const NV_DENSE: [(NvKernel, u32); 4] = [
     (nv_kernel!("attention_dense_d128", BINDINGS), 128),
-    (nv_kernel!("attention_dense_d64", BINDINGS), 64),
+    (nv_kernel!("attention_dense_d64", BINDINGS), 128),
     (nv_kernel!("attention_dense_d128_o", BINDINGS), 128),
-    (nv_kernel!("attention_dense_d64_o", BINDINGS), 64),
+    (nv_kernel!("attention_dense_d64_o", BINDINGS), 128),
 ];
 
 /// Whether `kernel` writes O at O's own strides (an `_o` build) rather than at Q's.
@@ -72,7 +72,7 @@ pub(crate) struct Params {
 /// causal, D 128, Hq 32, docs/benchmarks.md A.31) the kernel took 11.16 against 11.30 ms at
 /// 16K and 169.8 against 170.6 ms at 64K with a quarter; with half, or with only the heaviest
 /// tile of each head first, no faster than the plain order. Measured at D 128 only; the D 64
-/// kernel (64-row tiles) takes the same quarter, and where tiles weigh nearly the same (a
+/// kernel (also 128-row tiles) takes the same quarter, and where tiles weigh nearly the same (a
 /// query offset much larger than the tiles) the order changes little.
 fn light_tiles(q_len: usize, rows: u32) -> u32 {
     (q_len.div_ceil(rows as usize) / 4) as u32
