@@ -261,3 +261,31 @@ fn fused_agrees_with_split() {
 fn fused_empty_sequence_with_top_k_past_workgroup() {
     super::decode_harness::empty_beside_top_k_past_workgroup("fused_empty_k300", true);
 }
+
+/// A block of 2^20 keys (the largest block size a configuration takes): on a device that caps
+/// an invocation's loop iterations (llvmpipe, `Context::loop_limit`) the fused kernel's passes
+/// over the block would run past the cap and end early, silently (a head's LSE came out NaN),
+/// so the cache runs the split step there; where the device has no cap the step stays fused.
+/// Either way the results are the reference's.
+#[test]
+fn fused_step_past_the_loop_limit_runs_split() {
+    let mut c = base(
+        "fused_block_2e20",
+        2,
+        1,
+        16,
+        cfg(1 << 20, 16, 2, Scoring::Lse),
+    );
+    c.prefill = vec![150];
+    c.steps = 3;
+    let mut r = Run::new(c, 200);
+    r.cache.set_fused(true);
+    let capped = ctx().loop_limit().is_some();
+    assert_eq!(
+        r.cache.is_fused(),
+        !capped,
+        "loop limit {:?}",
+        ctx().loop_limit()
+    );
+    r.run();
+}

@@ -17,7 +17,7 @@ mod common;
 use common::{check_selection_ties, random, rel_err, rng, seed};
 use pisa_core::reference::{select_pisa, sparse_attention, DecodeState};
 use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
-use pisa_wgpu::ops::decode::{KvCache, StepOutputs};
+use pisa_wgpu::ops::decode::{ChunkOutputs, KvCache, StepOutputs};
 use pisa_wgpu::ops::prefill::{
     PlanViews, PrefillOptions, PrefillOutputs, PrefillPlan, VarlenPrefillPlan,
 };
@@ -1208,4 +1208,79 @@ fn gathers_and_checks_of_another_devices_buffer_are_validation_errors() {
         }
     }
     assert_eq!(cache.kept_dispatch_sets()[2], 0, "a failed gather was kept");
+}
+
+/// A chunk (`KvCache::record_chunk`) or a prompt (`record_prefill_view`) whose views lie in a
+/// buffer of another device is a `Validation` error of the call, with nothing recorded and no
+/// length advanced: not a panic of wgpu's default error handler (the application's device), and
+/// not an `Ok` whose commands fail at submit. Each view in turn: the chunk's O and LSE (written
+/// by scatters), its q (bound in place, and strided: gathered), its K; the prompt's V after a
+/// K of the application's own. The cache then records a chunk of its own buffers, and the
+/// submit is clean.
+#[test]
+fn chunks_and_prompts_of_another_devices_buffer_are_validation_errors() {
+    let app = App::new();
+    let (other, _q) = open_device(&app.adapter);
+    let t = 3;
+    let foreign = other.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("other device"),
+        size: (2 * HQ * t * D * 4) as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let own = app.buffer("own", (HQ * t * D * 4) as u64);
+    let own_out = app.buffer("own out", (HQ * t * D * 4) as u64);
+    let own_lse = app.buffer("own lse", (HQ * t * 4) as u64);
+    let view = |b: &wgpu::Buffer, h: usize, d: usize| {
+        TensorView::contiguous(b, 0, DType::F32, [1, h, t, d], TensorLayout::Bhnd).unwrap()
+    };
+    // [1, HQ, T, D] at twice the head stride: gathered, not bound.
+    let strided =
+        TensorView::new(&foreign, 0, DType::F32, [1, HQ, t, D], [0, 2 * t * D, D, 1]).unwrap();
+    let (q, kv, o, lse) = (
+        view(&own, HQ, D),
+        view(&own, HKV, D),
+        view(&own_out, HQ, D),
+        view(&own_lse, HQ, 1),
+    );
+    let (fq, fkv, fo, flse) = (
+        view(&foreign, HQ, D),
+        view(&foreign, HKV, D),
+        view(&foreign, HQ, D),
+        view(&foreign, HQ, 1),
+    );
+    let mut cache = KvCache::new(&app.ctx, 1, 64, HQ, HKV, D, cfg(), Storage::F32).unwrap();
+    let chunks: [(&str, &TensorView, &TensorView, &TensorView, &TensorView); 5] = [
+        ("O", &q, &kv, &fo, &lse),
+        ("LSE", &q, &kv, &o, &flse),
+        ("q in place", &fq, &kv, &o, &lse),
+        ("q gathered", &strided, &kv, &o, &lse),
+        ("K", &q, &fkv, &o, &lse),
+    ];
+    for (what, q, k, out, lse) in chunks {
+        expect_validation(&format!("a chunk with another device's {what}"), || {
+            let mut enc = app.device.create_command_encoder(&Default::default());
+            let outs = ChunkOutputs { out, lse };
+            cache.record_chunk(&mut enc, q, k, &kv, &outs, None)
+        });
+        assert_eq!(cache.lens(), &[0], "{what}: the lengths advanced");
+    }
+    let prompt = |b: &wgpu::Buffer| {
+        TensorView::contiguous(b, 0, DType::F32, [1, HKV, t, D], TensorLayout::Bhnd).unwrap()
+    };
+    expect_validation("a prompt with another device's V", || {
+        let mut enc = app.device.create_command_encoder(&Default::default());
+        cache.record_prefill_view(&mut enc, 0, &prompt(&own), &prompt(&foreign))
+    });
+    assert_eq!(cache.lens(), &[0], "the prompt set a length");
+    let mut enc = app.device.create_command_encoder(&Default::default());
+    let outs = ChunkOutputs { out: &o, lse: &lse };
+    cache
+        .record_chunk(&mut enc, &q, &kv, &kv, &outs, None)
+        .unwrap();
+    assert_eq!(cache.lens(), &[t]);
+    let scope = app.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    app.queue.submit([enc.finish()]);
+    let err = pollster::block_on(scope.pop());
+    assert!(err.is_none(), "submit after the failed calls: {err:?}");
 }

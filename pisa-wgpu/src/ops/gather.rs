@@ -103,8 +103,9 @@ impl Geometry {
 /// `(b, h, n, d)` at element index `((b * H + h) * N + n) * D + d`, converted from the view's
 /// dtype (see the module docs for the rounding). Writes `B*H*N*D` elements of `dst` and
 /// nothing else, except that with 2-byte storage (f16, bf16) and an odd element count the upper
-/// half of the last word keeps its contents. Runs on the GPU when `enc` is submitted; wgpu validation errors
-/// surface at the caller's [`Context::scoped`].
+/// half of the last word keeps its contents. Runs on the GPU when `enc` is submitted. Its
+/// dispatch is built under an error scope, so a buffer the device cannot use (one of another
+/// device) is an error here, with nothing recorded.
 ///
 /// An i32 view (indices) is copied word for word into f32 storage.
 ///
@@ -112,7 +113,8 @@ impl Geometry {
 /// bytes (rounded up to 4), is the view's own buffer, or when the view's last element ends in
 /// a 4-byte word past its buffer's end (a buffer whose size is not a multiple of 4);
 /// [`GpuError::Limit`] when one row of the view (or of `dst`) does not fit in a storage
-/// binding ([`Context::max_binding_bytes`]); [`GpuError::DeviceLost`].
+/// binding ([`Context::max_binding_bytes`]); [`GpuError::Validation`] for a buffer of another
+/// device; [`GpuError::DeviceLost`].
 pub fn record_gather(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -121,7 +123,7 @@ pub fn record_gather(
     dst_storage: Storage,
 ) -> Result<()> {
     let _call = ctx.public_call()?;
-    let stages = gather_stages(ctx, src, dst, dst_storage)?;
+    let stages = ctx.scope_now("gather", || gather_stages(ctx, src, dst, dst_storage))?;
     ctx.record_pass(enc, "gather", stages.iter(), None);
     Ok(())
 }
@@ -185,7 +187,8 @@ pub(crate) fn gather_stages(
 /// which), a `src` without `STORAGE` usage or holding fewer than the tensor's bytes (rounded up
 /// to 4), a `src` that is the view's own buffer, a view whose last element ends in a 4-byte
 /// word past its buffer's end; [`GpuError::Limit`] when one row does not fit in a storage
-/// binding; [`GpuError::DeviceLost`].
+/// binding; [`GpuError::Validation`] for a buffer of another device (built under an error
+/// scope, nothing recorded); [`GpuError::DeviceLost`].
 pub fn record_scatter(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -194,7 +197,7 @@ pub fn record_scatter(
     dst: &TensorView,
 ) -> Result<()> {
     let _call = ctx.public_call()?;
-    let stages = scatter_stages(ctx, src, src_storage, dst)?;
+    let stages = ctx.scope_now("scatter", || scatter_stages(ctx, src, src_storage, dst))?;
     ctx.record_pass(enc, "scatter", stages.iter(), None);
     Ok(())
 }

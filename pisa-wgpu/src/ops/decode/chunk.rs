@@ -2,9 +2,10 @@
 //! or speculative decoding's verification: `flash_attn_with_kvcache` with T query tokens), as
 //! T recorded append + step pairs: the same kernels and results as recording them one by one.
 
+use super::write::AppendIo;
 use super::KvCache;
 use crate::error::{GpuError, Result};
-use crate::ops::gather::{check_gather_src, check_scatter_dst, record_scatter};
+use crate::ops::gather::{check_gather_src, check_scatter_dst};
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
 use crate::runtime::view::{
@@ -42,8 +43,9 @@ impl KvCache {
     /// Errors: [`GpuError::View`] for views of the wrong shape or of different T, an input of
     /// i32, outputs that share bytes with inputs or each other, an LSE that is not f32 or an O
     /// its scatter cannot write; [`PisaError::TooLarge`] when a sequence would pass the cache's
-    /// capacity (a zero dimension, T = 0, is refused when its view is made). All checked
-    /// before anything is recorded.
+    /// capacity (a zero dimension, T = 0, is refused when its view is made);
+    /// [`GpuError::Validation`] for a buffer of another device. All checked before anything is
+    /// recorded.
     ///
     /// ```no_run
     /// # fn f(ctx: &pisa_wgpu::Context, cache: &mut pisa_wgpu::KvCache, q: &pisa_wgpu::TensorView,
@@ -128,19 +130,26 @@ impl KvCache {
             check_scatter_dst("chunk lse", Storage::F32, &outputs.lse.tokens(t, 1)?)?;
         }
         let all = vec![true; b];
+        // Token 0's dispatches are built before anything is recorded (under error scopes: a
+        // view in a buffer of another device fails here, with nothing recorded and no length
+        // advanced); every later token binds the same buffers.
+        let kv_shape = [b, hkv, 1, d];
+        let (kb, _) = self.input_binding("k", &k.tokens(0, 1)?, kv_shape, &self.k_in)?;
+        let (vb, _) = self.input_binding("v", &v.tokens(0, 1)?, kv_shape, &self.v_in)?;
+        self.append_built(AppendIo { k: kb, v: vb }, &all)?;
+        self.step_stages(&q.tokens(0, 1)?, None)?;
+        let (o, lse) = (self.out.buffer.clone(), self.lse.buffer.clone());
+        self.scatter_built(&o, o_st, &outputs.out.tokens(0, 1)?)?;
+        self.scatter_built(&lse, Storage::F32, &outputs.lse.tokens(0, 1)?)?;
         for t in 0..t_n {
             let (kt, vt, qt) = (k.tokens(t, 1)?, v.tokens(t, 1)?, q.tokens(t, 1)?);
             self.record_append_view(enc, &kt, &vt, &all, prof.as_deref_mut())?;
             self.record_step_into(enc, &qt, None, prof.as_deref_mut())?;
-            let (o, lse) = (&self.out.buffer, &self.lse.buffer);
-            record_scatter(&self.ctx, enc, o, o_st, &outputs.out.tokens(t, 1)?)?;
-            record_scatter(
-                &self.ctx,
-                enc,
-                lse,
-                Storage::F32,
-                &outputs.lse.tokens(t, 1)?,
-            )?;
+            let so = self.scatter_built(&o, o_st, &outputs.out.tokens(t, 1)?)?;
+            let sl = self.scatter_built(&lse, Storage::F32, &outputs.lse.tokens(t, 1)?)?;
+            for st in [so, sl] {
+                self.ctx.record_pass(enc, "scatter", st.iter(), None);
+            }
         }
         Ok(())
     }

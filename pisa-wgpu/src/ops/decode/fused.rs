@@ -104,6 +104,50 @@ impl FusedPlan {
         })
     }
 
+    /// An upper bound of the loop iterations one invocation of the fused kernel runs, all its
+    /// loops together, for group `gq`, head dim `d` and `cfg` (those of [`Self::new`]): the
+    /// passes over key rows of steps 2 and 4 (`ceil(slots / FNB) * ceil(C / FCH)` and `ceil(K /
+    /// FNB) * ceil(C / FCH)` passes, each bounded by the trip counts of its loops), plus a
+    /// bound of the routing over `levels` pyramid levels, the cut and the output. Compared with
+    /// [`crate::Context::loop_limit`] (llvmpipe ends every loop of an invocation once it has run
+    /// 65535 iterations in all, silently): a cache whose fused step would pass it runs split.
+    pub fn iterations(&self, gq: usize, d: usize, cfg: &SelectionConfig, levels: usize) -> u64 {
+        let Dims { k, c, g, maxc, ns } = Dims::of(cfg);
+        let (gq, d4) = (gq as u64, (d / 4) as u64);
+        let (wg, lk, nb, ch, rn) = (
+            self.wg as u64,
+            self.lk as u64,
+            self.nb as u64,
+            self.ch as u64,
+            self.rn as u64,
+        );
+        let rp = nb * ch;
+        let parts = (wg / d4).max(1);
+        let chunks = c.div_ceil(ch);
+        // pass_partials (each row: the heads' stores and the dot products of its lanes) and
+        // the row values (each: its lanes' partial sums); then per step its own loops.
+        let common = 1
+            + (rp * lk).div_ceil(wg) * (1 + gq + d4.div_ceil(lk))
+            + (rp * gq).div_ceil(wg) * (1 + lk);
+        let pass2 = common + (nb * gq * rn).div_ceil(wg) * (1 + 2 * ch.div_ceil(rn));
+        let pass4 = common + self.pv as u64 + rp.div_ceil(parts) * (1 + gq);
+        let passes = ns.div_ceil(nb) * chunks * pass2 + k.div_ceil(nb) * chunks * pass4;
+        // A routed level (decode_levels.wgsl): its rows' dot products (LR lanes a row), the
+        // candidates' sums and LSEs, the rank and expand steps over the candidates.
+        let lr = self.lr as u64;
+        let level = (maxc * g * lr).div_ceil(wg) * (1 + gq + d4.div_ceil(lr) * (1 + gq))
+            + maxc.div_ceil(wg) * (1 + gq * (2 * g + 2 * lr + 2))
+            + 4 * maxc
+            + 2 * k
+            + 16;
+        let foe = (gq * d4 * 4).div_ceil(wg);
+        let fixed = levels as u64 * level
+            + 8 * (ns + maxc + k)
+            + 64
+            + (parts.div_ceil(self.pb as u64) + 1) * (gq + foe * self.pb as u64 + 2);
+        passes + fixed
+    }
+
     /// The `const` substitutions of `decode.wgsl` + `decode_levels.wgsl` + `decode_cut.wgsl` +
     /// `decode_fused.wgsl` (`split`: the shared sizes).
     pub fn consts(&self, split: &Plan) -> [(&'static str, u32); 14] {
@@ -144,10 +188,24 @@ impl KvCache {
     }
 
     /// Whether the step runs fused: selected ([`Self::set_fused`]), within the device's
-    /// workgroup memory, and the cache's K/V in one storage binding (the fused kernel reads one
-    /// shard; a cache split over two runs the split step).
+    /// workgroup memory and its cap on loop iterations, and the cache's K/V in one storage
+    /// binding (the fused kernel reads one shard; a cache split over two runs the split step).
     pub fn is_fused(&self) -> bool {
-        self.fused && self.fplan.is_some() && self.kv.len() == 1
+        self.fused && self.fplan.is_some() && self.kv.len() == 1 && self.fused_loops_ok()
+    }
+
+    /// Whether the fused kernel's loops stay within the device's cap on an invocation's loop
+    /// iterations ([`crate::Context::loop_limit`]; [`FusedPlan::iterations`]): a block of 2^20
+    /// keys ran past llvmpipe's and gave NaN silently. Where they do not, the step runs split
+    /// (whose loops are bounded per block of keys).
+    fn fused_loops_ok(&self) -> bool {
+        let (gq, d) = (self.shape.gqa_group(), self.shape.head_dim);
+        match (self.fplan, self.ctx.loop_limit()) {
+            (Some(f), Some(limit)) => {
+                f.iterations(gq, d, &self.cfg, self.layout.num_levels()) <= limit
+            }
+            _ => true,
+        }
     }
 
     /// The one dispatch of this cache's fused step for `q` (one workgroup per (sequence, KV

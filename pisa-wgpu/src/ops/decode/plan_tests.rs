@@ -97,3 +97,33 @@ fn workgroup_memory_accounting_covers_the_shaders() {
         "only {rl_checked} route_leaf kernels checked"
     );
 }
+
+/// The fused kernel's bound on an invocation's loop iterations: the bench's shape (GQA 4, D 128,
+/// C 64, K 16, g 2), the fused tests' shapes and a K of 40 stay within llvmpipe's 65535 on a
+/// pyramid of 15 levels (1M tokens of C 64), so they run fused there; a block of 2^20 keys
+/// (16384 passes a block) does not.
+#[test]
+fn fused_iterations_within_the_loop_limit() {
+    let lim = wgpu::Limits {
+        max_compute_workgroup_size_x: 1024,
+        max_compute_invocations_per_workgroup: 1024,
+        max_compute_workgroup_storage_size: 32768,
+        ..Default::default()
+    };
+    let fits = |gq: usize, d: usize, c: usize, k: usize| {
+        let cfg = pisa_core::SelectionConfig::new(c, k).unwrap();
+        let fp = FusedPlan::new(&lim, gq, d, &cfg, None)
+            .unwrap_or_else(|| panic!("fused does not fit: {gq} {d} {c} {k}"));
+        fp.iterations(gq, d, &cfg, 15)
+    };
+    assert!(fits(4, 128, 64, 16) < 65535, "{}", fits(4, 128, 64, 16));
+    for (gq, d, c, k) in [(8, 80, 20, 6), (3, 128, 12, 6), (1, 64, 16, 40)] {
+        let n = fits(gq, d, c, k);
+        assert!(n < 65535, "{gq} {d} {c} {k}: {n}");
+    }
+    assert!(
+        fits(1, 16, 1 << 20, 16) > 65535,
+        "{}",
+        fits(1, 16, 1 << 20, 16)
+    );
+}

@@ -105,6 +105,14 @@ fn gather_key(view: &TensorView, other: &wgpu::Buffer) -> GatherKey {
     )
 }
 
+/// The gather of a decode input that cannot be bound in place, to record before what reads
+/// it (`None`: bound in place).
+pub(super) type Gather = Option<Arc<[Stage]>>;
+
+/// A decode step built and not recorded: its dispatches, the gather of its query, and the
+/// scatters of its outputs.
+pub(super) type StepBuilt = (Arc<[Stage]>, Gather, Vec<Arc<[Stage]>>);
+
 /// Most sets of buffers a cache keeps recorded dispatches for (per kind: steps, appends,
 /// gathers).
 const STAGE_CACHE_MAX: usize = 64;
@@ -232,24 +240,47 @@ impl KvCache {
     ) -> Result<()> {
         let _call = self.ctx.public_call()?;
         self.check_heads_loaded()?;
-        let mut scatters = Vec::new();
-        let io = self.step_io(enc, q, outputs, &mut scatters)?;
-        let stages = self.cached_stages(&io)?;
-        // Everything that can fail is built before anything but a gather is recorded.
-        let scatters = (scatters.into_iter())
-            .map(|(view, src, storage)| {
-                self.gather_cache.get_or_build(&gather_key(view, &src), || {
-                    self.ctx.scope_now("decode output scatter", || {
-                        crate::ops::gather::scatter_stages(&self.ctx, &src, storage, view)
-                    })
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let (stages, gather, scatters) = self.step_stages(q, outputs)?;
+        self.record_gather_of(enc, gather.as_ref());
         self.ctx.record_pass(enc, "decode", stages.iter(), prof);
         for s in &scatters {
             self.ctx.record_pass(enc, "scatter", s.iter(), None);
         }
         Ok(())
+    }
+
+    /// Everything [`Self::record_step_into`] records, built (and kept) but not recorded
+    /// ([`StepBuilt`]): the
+    /// step's dispatches, the gather of `q` where it is not bound in place, and the scatters of
+    /// the outputs that are not. Everything that can fail (a buffer of another device among
+    /// them: the builds run under error scopes) fails here, before anything is recorded.
+    pub(super) fn step_stages(
+        &self,
+        q: &TensorView,
+        outputs: Option<&StepOutputs<'_>>,
+    ) -> Result<StepBuilt> {
+        let mut scatters = Vec::new();
+        let (io, gather) = self.step_io(q, outputs, &mut scatters)?;
+        let stages = self.cached_stages(&io)?;
+        let scatters = (scatters.into_iter())
+            .map(|(view, src, storage)| self.scatter_built(&src, storage, view))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((stages, gather, scatters))
+    }
+
+    /// The scatter of the cache's `src` (of `storage`) into the caller's `view`, built on first
+    /// use under an error scope and kept ([`GatherKey`]); nothing recorded.
+    pub(super) fn scatter_built(
+        &self,
+        src: &wgpu::Buffer,
+        storage: Storage,
+        view: &TensorView,
+    ) -> Result<Arc<[Stage]>> {
+        self.gather_cache.get_or_build(&gather_key(view, src), || {
+            self.ctx.scope_now("decode output scatter", || {
+                crate::ops::gather::scatter_stages(&self.ctx, src, storage, view)
+            })
+        })
     }
 
     /// An output view as a binding: in place when it is of `dt`, contiguous and at an offset
@@ -293,11 +324,10 @@ impl KvCache {
     /// pushed to `scatters`.
     fn step_io<'v>(
         &self,
-        enc: &mut wgpu::CommandEncoder,
         q: &TensorView,
         outputs: Option<&StepOutputs<'v>>,
         scatters: &mut Vec<(&'v TensorView, wgpu::Buffer, Storage)>,
-    ) -> Result<StepIo> {
+    ) -> Result<(StepIo, Option<Arc<[Stage]>>)> {
         let s = &self.shape;
         // O is of the kernels' output type: the storage's, f32 for bf16.
         let dt = DType::from(self.storage.output());
@@ -349,8 +379,8 @@ impl KvCache {
                 InPlace::whole(&self.sel.buffer),
             ),
         };
-        let q = self.input_view(enc, "q", q, [b, hq, 1, d], &self.q_in)?;
-        // (q bound in place, so nothing is recorded yet: a gathered q is in the cache's scratch)
+        let (q, gather) = self.input_binding("q", q, [b, hq, 1, d], &self.q_in)?;
+        // (a gathered q is in the cache's scratch)
         if self.is_fused() && [&out, &lse, &sel].iter().any(|o| o.buffer == q.buffer) {
             return Err(GpuError::View(
                 "q and a decode output in one buffer: the fused step binds q read-only and the \
@@ -359,13 +389,14 @@ impl KvCache {
                     .into(),
             ));
         }
-        Ok(StepIo {
+        let io = StepIo {
             fused: self.is_fused(),
             q,
             out,
             lse,
             sel,
-        })
+        };
+        Ok((io, gather))
     }
 
     /// The checks of [`Self::input_view`] that come before it records anything: the shape, a
@@ -388,19 +419,20 @@ impl KvCache {
     }
 
     /// An input `view` of `shape` as a range to bind: in place when it is contiguous, of the
-    /// cache's storage dtype and at an aligned offset; else (a packed QKV projection, another dtype, an
-    /// unaligned offset) gathered on the GPU into the cache's `scratch` (one small dispatch
-    /// recorded into `enc`; its parameter buffer and bind group are built for the first
-    /// gather of a view and kept, [`GatherKey`], so an inference loop that gathers the same
-    /// rows of its buffers at every step allocates nothing).
-    pub(super) fn input_view(
+    /// cache's storage dtype and at an aligned offset; else (a packed QKV projection, another
+    /// dtype, an unaligned offset) the cache's `scratch`, with the gather that fills it on the
+    /// GPU (one small dispatch, returned to be recorded before what reads it; its parameter
+    /// buffer and bind group are built for the first gather of a view and kept, [`GatherKey`],
+    /// so an inference loop that gathers the same rows of its buffers at every step allocates
+    /// nothing). Records nothing, so a caller builds everything that can fail before it
+    /// records anything.
+    pub(super) fn input_binding(
         &self,
-        enc: &mut wgpu::CommandEncoder,
         what: &str,
         view: &TensorView,
         shape: [usize; 4],
         scratch: &GpuTensor,
-    ) -> Result<InPlace> {
+    ) -> Result<(InPlace, Option<Arc<[Stage]>>)> {
         if view.shape() != shape {
             return Err(GpuError::View(format!(
                 "{what}: expected shape {shape:?}, got {:?}",
@@ -410,7 +442,7 @@ impl KvCache {
         let align = self.ctx.limits().min_storage_buffer_offset_alignment as u64;
         if view.dtype() == DType::from(self.storage) {
             if let Some(r) = view.binding_words(TensorLayout::Bhnd, align) {
-                return Ok(r);
+                return Ok((r, None));
             }
         }
         let key = gather_key(view, &scratch.buffer);
@@ -421,8 +453,18 @@ impl KvCache {
                 crate::ops::gather::gather_stages(&self.ctx, view, &scratch.buffer, self.storage)
             })
         })?;
-        self.ctx.record_pass(enc, "gather", stages.iter(), None);
-        Ok(InPlace::whole(&scratch.buffer))
+        Ok((InPlace::whole(&scratch.buffer), Some(stages)))
+    }
+
+    /// Records the gather [`Self::input_binding`] returned, if any.
+    pub(super) fn record_gather_of(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        gather: Option<&Arc<[Stage]>>,
+    ) {
+        if let Some(g) = gather {
+            self.ctx.record_pass(enc, "gather", g.iter(), None);
+        }
     }
 
     /// The recorded dispatches of a step for `io`, built on first use and kept (the bind
@@ -546,8 +588,8 @@ impl KvCache {
         }
         let mut bound = Vec::with_capacity(steps.len());
         for (cache, q) in steps {
-            let q = cache.input_view(enc, "q", q, cache.q_shape(), &cache.q_in)?;
-            bound.push((*cache, q));
+            let (q, gather) = cache.input_binding("q", q, cache.q_shape(), &cache.q_in)?;
+            bound.push((*cache, q, gather));
         }
         Self::record_passes(enc, &bound, prof, by_stage)
     }
@@ -573,7 +615,7 @@ impl KvCache {
     /// checked by [`Self::record_view_passes`], which holds the public-call guard).
     fn record_passes(
         enc: &mut wgpu::CommandEncoder,
-        steps: &[(&KvCache, InPlace)],
+        steps: &[(&KvCache, InPlace, Gather)],
         mut prof: Option<&mut Profiler>,
         by_stage: bool,
     ) -> Result<()> {
@@ -581,7 +623,7 @@ impl KvCache {
             return Ok(());
         };
         let mut stages: [Vec<Stage>; 3] = Default::default();
-        for (cache, q) in steps {
+        for (cache, q, _) in steps {
             let io = StepIo {
                 fused: cache.is_fused() && !by_stage,
                 q: q.clone(),
@@ -610,6 +652,10 @@ impl KvCache {
         } else {
             vec![("decode", stages.iter().flatten().collect())]
         };
+        // (the queries' gathers once every step is built: nothing is recorded on error)
+        for (cache, _, gather) in steps {
+            cache.record_gather_of(enc, gather.as_ref());
+        }
         for (label, group) in passes {
             first
                 .0

@@ -39,7 +39,7 @@ impl KvCache {
     /// [`TensorView::tokens`]), gathered on the GPU into the cache (no host transfer). Blocks
     /// until the copy and the pyramid build are done (wasm32: refused). Errors: as
     /// [`Self::prefill`], [`crate::GpuError::View`] for views of the wrong shape or of
-    /// dtype i32.
+    /// dtype i32, [`crate::GpuError::Validation`] for a view in a buffer of another device.
     pub fn prefill_view(&mut self, seq: usize, k: &TensorView, v: &TensorView) -> Result<()> {
         let _call = self.ctx.public_call()?;
         self.record_and_submit(|c, enc| c.record_prefill_view(enc, seq, k, v))
@@ -279,7 +279,8 @@ impl KvCache {
 
     /// Records the loading of sequence `seq` from views of the caller's buffers into `enc`
     /// (nothing waits; the non-blocking [`Self::prefill_view`]): `k`, `v` `[1, Hkv, P, D]`, any
-    /// strides and dtype, gathered on the GPU. Errors as [`Self::prefill_view`].
+    /// strides and dtype, gathered on the GPU. Errors as [`Self::prefill_view`]; nothing is
+    /// recorded on error.
     pub fn record_prefill_view(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
@@ -358,8 +359,17 @@ impl KvCache {
         let n = heads * p_len * d;
         let kt = ctx.scratch("prefill keys", n, self.storage)?;
         let vt = ctx.scratch("prefill values", n, self.storage)?;
-        crate::ops::gather::record_gather(&ctx, enc, k, &kt.buffer, self.storage)?;
-        crate::ops::gather::record_gather(&ctx, enc, v, &vt.buffer, self.storage)?;
+        // Both gathers built (under an error scope: a view in another device's buffer is a
+        // Validation error) before either is recorded.
+        let gathers = ctx.scope_now("decode prefill gather", || {
+            let g = |view, dst: &GpuTensor| {
+                crate::ops::gather::gather_stages(&ctx, view, &dst.buffer, self.storage)
+            };
+            Ok([g(k, &kt)?, g(v, &vt)?])
+        })?;
+        for g in &gathers {
+            ctx.record_pass(enc, "gather", g.iter(), None);
+        }
         self.record_prefill_heads(enc, seq, h0, heads, &kt, &vt, TensorLayout::Bhnd)
     }
 
@@ -565,11 +575,15 @@ impl KvCache {
         for (what, view) in [("appended keys", k), ("appended values", v)] {
             self.check_input_view(what, view, shape)?;
         }
-        let io = AppendIo {
-            k: self.input_view(enc, "appended keys", k, shape, &self.k_in)?,
-            v: self.input_view(enc, "appended values", v, shape, &self.v_in)?,
-        };
-        self.record_append_io(enc, io, active, prof)
+        // The gathers (where a view is not bound in place) and the append are built before
+        // anything is recorded.
+        let (kb, kg) = self.input_binding("appended keys", k, shape, &self.k_in)?;
+        let (vb, vg) = self.input_binding("appended values", v, shape, &self.v_in)?;
+        let stages = self.append_built(AppendIo { k: kb, v: vb }, active)?;
+        self.record_gather_of(enc, kg.as_ref());
+        self.record_gather_of(enc, vg.as_ref());
+        self.record_append_built(enc, &stages, active, prof);
+        Ok(())
     }
 
     pub(super) fn record_append_io(
@@ -579,21 +593,39 @@ impl KvCache {
         active: &[bool],
         prof: Option<&mut Profiler>,
     ) -> Result<()> {
+        let stages = self.append_built(io, active)?;
+        self.record_append_built(enc, &stages, active, prof);
+        Ok(())
+    }
+
+    /// The append's dispatches for `io` and `active` (checked: [`Self::check_append`]), built
+    /// on first use under an error scope and kept; nothing recorded.
+    pub(super) fn append_built(&self, io: AppendIo, active: &[bool]) -> Result<Arc<[Stage]>> {
         let n = self.shape.batch * self.shape.kv_heads * self.shape.head_dim;
         self.check_append(n, active)?;
         let key = (io, active.iter().all(|&a| a));
-        if !key.1 {
-            self.record_mask(enc, active);
-        }
-        let stages = self.append_cache.get_or_build(&key, || {
+        self.append_cache.get_or_build(&key, || {
             self.ctx
                 .scope_now("decode append", || self.append_stages(&key.0, key.1))
-        })?;
+        })
+    }
+
+    /// Records an append built by [`Self::append_built`] for `active` (the mask first, where
+    /// some sequences do not append) and advances the host lengths.
+    fn record_append_built(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        stages: &Arc<[Stage]>,
+        active: &[bool],
+        prof: Option<&mut Profiler>,
+    ) {
+        if !active.iter().all(|&a| a) {
+            self.record_mask(enc, active);
+        }
         self.ctx.record_pass(enc, "append", stages.iter(), prof);
         for (l, &a) in self.lens.iter_mut().zip(active) {
             *l += a as usize;
         }
-        Ok(())
     }
 
     /// Sets `mask_some` to `active` in encoder order (so that appends of other masks recorded
