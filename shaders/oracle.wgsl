@@ -7,8 +7,11 @@
 // combined in workgroup memory into the row LSE of every head. Pass 2 (invocations stride over
 // the leaves): mass_j = (1/GQ) sum_h sum_{t in leaf j, visible} exp(s q_h.k_t - lse_h); 0 for
 // leaves with no visible key.
-// `topk`: one workgroup per row; rank of each visible leaf = number of visible leaves with more
-// mass (or equal mass and lower index); rank < K is kept, then written ascending, -1 padded.
+// `topk`: one workgroup per row; K rounds, each picking the best visible leaf after the last
+// pick in the order (more mass, then lower index), then written ascending, -1 padded. Per
+// invocation K (ceil(vis / WG) + log2 WG + 1) loop iterations (it counted every leaf's rank over
+// all leaves before: past llvmpipe's 65535 a row at 7500 leaves, whose loops then ended early,
+// silently); the host checks both entry points against the device's cap (ops/oracle.rs).
 //
 // Q, K: store_t, (b, h, n, d) at b*sb + h*sh + n*sn + d. mass: f32 [B, Hkv, Nq, nb0];
 // out: i32 [B, Hkv, Nq, K].
@@ -30,6 +33,10 @@ var<workgroup> rm: array<f32, WG * GQ>;
 var<workgroup> rl: array<f32, WG * GQ>;
 var<workgroup> lse: array<f32, GQ>;
 var<workgroup> pick: array<u32, KS>;
+// The tree of a top-k round: each invocation's best (mass, leaf).
+var<workgroup> bm: array<f32, WG>;
+var<workgroup> bi: array<u32, WG>;
+const INVALID: u32 = 0xffffffffu;
 
 @compute @workgroup_size(WG)
 fn oracle_mass(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -96,6 +103,12 @@ fn oracle_mass(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
+// Whether leaf (ma, ia) comes before leaf (mb, ib) in the oracle's order: more mass, then the
+// lower index (a strict total order, so each round's pick is the best leaf after the last).
+fn before(ma: f32, ia: u32, mb: f32, ib: u32) -> bool {
+    return ma > mb || (ma == mb && ia < ib);
+}
+
 @compute @workgroup_size(WG)
 fn oracle_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -106,19 +119,47 @@ fn oracle_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     var vis = p.nb0;
     if (p.causal != 0u) { vis = (p.q_pos0 + i) / p.block_size + 1u; }
     let base = row * p.nb0;
-    for (var j = lid; j < vis; j += WG) {
-        let mj = mass[base + j];
-        var rank = 0u;
-        for (var o = 0u; o < vis && rank < kk; o++) {
-            let mo = mass[base + o];
-            if (mo > mj || (mo == mj && o < j)) { rank++; }
-        }
-        if (rank < kk) { pick[rank] = j; }
-    }
-    workgroupBarrier();
     let n = min(kk, vis);
+    // Round r picks the best leaf after pick r - 1 (the first: the best of all): each
+    // invocation the best of its strided leaves, then a tree over the workgroup.
+    var pm = 3.0e38;
+    var pi = 0u;
+    var first = true;
+    for (var r = 0u; r < n; r++) {
+        var best_m = 0.0;
+        var best_i = INVALID;
+        for (var j = lid; j < vis; j += WG) {
+            var m = mass[base + j];
+            if (m != m) { m = -1.0; } // NaN (non-finite inputs) ranks below every mass
+            let after = first || before(pm, pi, m, j);
+            if (after && (best_i == INVALID || before(m, j, best_m, best_i))) {
+                best_m = m;
+                best_i = j;
+            }
+        }
+        bm[lid] = best_m;
+        bi[lid] = best_i;
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s >>= 1u) {
+            if (lid < s) {
+                let om = bm[lid + s];
+                let oi = bi[lid + s];
+                if (oi != INVALID && (bi[lid] == INVALID || before(om, oi, bm[lid], bi[lid]))) {
+                    bm[lid] = om;
+                    bi[lid] = oi;
+                }
+            }
+            workgroupBarrier();
+        }
+        pm = bm[0];
+        pi = bi[0];
+        first = false;
+        if (lid == 0u) { pick[r] = pi; }
+        workgroupBarrier();
+    }
+    // The picks ascending by index (each at the count of smaller picks), -1 padded.
     for (var r = lid; r < kk; r += WG) {
-        if (r < n) {
+        if (r < n && pick[r] != INVALID) {
             let x = pick[r];
             var pos = 0u;
             for (var o = 0u; o < n; o++) {

@@ -8,6 +8,7 @@ use common::*;
 use pisa_core::reference::{block_mass, select_bsa, select_oracle};
 use pisa_core::TensorLayout::*;
 use pisa_wgpu::ops::select::{oracle_host, select_host, Method};
+use pisa_wgpu::GpuError;
 use pisa_wgpu::Storage::{self, *};
 use select_util::{check, report, Case};
 
@@ -184,5 +185,56 @@ fn oracle_matches_reference() {
         )
         .unwrap();
         assert_eq!(only, got, "{name}: select(Oracle) differs from oracle_host");
+    }
+}
+
+/// The oracle over many leaves (7500 leaves of one key, K 16 and 64): its top-k pass ranked every
+/// leaf against every other, past llvmpipe's 65535 loop iterations an invocation, and came out
+/// wrong there with no error (`pisa recall --block-size 1 --tokens 7500`); it now picks the top
+/// K in K rounds and matches the reference. Where the device caps an invocation's loops
+/// (llvmpipe), an oracle past the cap (16384 keys at D 128) is a `Limit` error; elsewhere it
+/// runs (not checked against the reference there: too long on the CPU).
+#[test]
+fn oracle_over_many_leaves_is_right_or_refused() {
+    let mut r = rng(seed("oracle_over_many_leaves"));
+    let base = Case::new(1, 1, 1, 96, 16, 1, 16);
+    for k in [16, 64] {
+        let c = Case {
+            nk: 7500,
+            k,
+            ..base
+        };
+        let (q, kk) = c.inputs(&mut r);
+        let (shape, cfg) = (c.shape(), c.cfg());
+        let want = select_oracle(&q, &kk, &shape, c.layout, &cfg).unwrap();
+        let (got, _) = oracle_host(ctx(), &q, &kk, &shape, c.layout, &cfg, c.storage)
+            .unwrap_or_else(|e| panic!("K {k}: {e}"));
+        let ties = check("oracle, 7500 leaves", &got, &want, 2e-6);
+        report("oracle, 7500 leaves", ties, want.rows());
+    }
+    let big = Case {
+        hq: 4,
+        nq: 4,
+        nk: 16384,
+        d: 128,
+        c: 64,
+        ..base
+    };
+    let (q, kk) = big.inputs(&mut r);
+    let got = oracle_host(
+        ctx(),
+        &q,
+        &kk,
+        &big.shape(),
+        big.layout,
+        &big.cfg(),
+        big.storage,
+    );
+    match (ctx().loop_limit(), got) {
+        (Some(_), Err(GpuError::Limit { unit, .. })) => assert_eq!(unit, "loop iterations"),
+        (Some(_), other) => panic!("past the loop limit: {:?}", other.map(|_| ())),
+        (None, got) => {
+            got.unwrap();
+        }
     }
 }

@@ -22,7 +22,9 @@ const WG: u32 = 64;
 /// Records the oracle: returns the selection `[B, Hkv, Nq, K]` i32 (ascending, -1 padded, no
 /// forced leaves) and, when `want_mass`, the mass `[B, Hkv, Nq, nb0]` f32 (each row sums to 1;
 /// causal when configured). Cost O(B * Hq * Nq * Nk * D). Profiler stage "oracle".
-/// Errors: [`crate::GpuError::Limit`] when the mass matrix or workgroup memory is too large.
+/// Errors: [`crate::GpuError::Limit`] when the mass matrix or workgroup memory is too large,
+/// or where the device caps an invocation's loop iterations ([`Context::loop_limit`]) below
+/// what the kernels run ([`loop_iterations`]).
 pub(crate) fn record(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -34,10 +36,35 @@ pub(crate) fn record(
 ) -> Result<(GpuTensor, Option<GpuTensor>)> {
     let (gq, d, kk) = (plan.gq, plan.params.head_dim, plan.params.top_k);
     fit_tile(ctx, "oracle", 1, |_| {
-        4 * (gq * d + 2 * WG * gq + gq + kk) as u64
+        4 * (gq * d + 2 * WG * gq + gq + kk + 2 * WG) as u64
     })?;
     let rows = plan.bh as usize * plan.shape.q_len;
     let nb0 = plan.params.nb0 as usize;
+    let c = plan.params.block_size as usize;
+    if let Some(limit) = ctx.loop_limit() {
+        let needed = loop_iterations(
+            plan.shape.k_len,
+            nb0,
+            c,
+            d as usize,
+            gq as usize,
+            kk as usize,
+        );
+        if needed > limit {
+            return Err(crate::GpuError::Limit {
+                what: format!(
+                    "one oracle shader invocation on {} (it ends every invocation's loops after \
+                     {limit} in all, and the selection would be wrong)",
+                    ctx.report().name
+                ),
+                needed,
+                limit,
+                unit: "loop iterations",
+                hint: "use a GPU, or fewer keys, fewer leaves (a larger block size) or a smaller \
+                       head dim",
+            });
+        }
+    }
     let mass = ctx.alloc("oracle mass", rows * nb0, Storage::F32, POISON_F32)?;
     let sel = ctx.alloc(
         "selection",
@@ -70,4 +97,48 @@ pub(crate) fn record(
         prof.map(|pr| (pr, "oracle")),
     )?;
     Ok((sel, want_mass.then_some(mass)))
+}
+
+/// The loop iterations one invocation of the oracle's kernels runs, at most (the larger of its
+/// two entry points, `shaders/oracle.wgsl`), for `nk` keys in `nb0` leaves of `c`, head dim `d`,
+/// GQA group `gq` and `k` picks: `oracle_mass`'s pass over its strided keys (each a dot product
+/// of D terms) and over its strided leaves (each every key of the leaf), `oracle_topk`'s K rounds
+/// over its strided leaves and the tree. The loops over the GQ heads, whose trip count is a
+/// constant of the shader, are not counted: llvmpipe unrolls them. So measured on lavapipe
+/// (2026-12-06, the last 256 of N queries, D 128, GQA 4, C 64, against the CPU reference):
+/// N = 12000 (48.5K iterations by this count) right, N = 16384 (66.2K) wrong.
+pub(crate) fn loop_iterations(
+    nk: usize,
+    nb0: usize,
+    c: usize,
+    d: usize,
+    gq: usize,
+    k: usize,
+) -> u64 {
+    let (nk, nb0, c, d, gq, k, wg) = (
+        nk as u64, nb0 as u64, c as u64, d as u64, gq as u64, k as u64, WG as u64,
+    );
+    let key = 1 + d;
+    let mass = (gq * d).div_ceil(wg)
+        + nk.div_ceil(wg) * key
+        + gq.div_ceil(wg) * (1 + 2 * wg)
+        + nb0.div_ceil(wg) * (1 + c * key);
+    let n = k.min(nb0);
+    let topk = n * (1 + nb0.div_ceil(wg) + wg.ilog2() as u64) + k.div_ceil(wg) * (1 + n);
+    mass.max(topk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loop_iterations;
+
+    /// The count against llvmpipe's 65535: 12000 keys at D 128 (GQA 4, C 64) and 7500 leaves of
+    /// one key at D 16 (which the old top-k pass, a rank over every leaf for each, ran past) fit;
+    /// 16384 keys at D 128 do not.
+    #[test]
+    fn oracle_loops_against_the_llvmpipe_cap() {
+        assert!(loop_iterations(12000, 188, 64, 128, 4, 16) <= 65535);
+        assert!(loop_iterations(7500, 7500, 1, 16, 1, 64) <= 65535);
+        assert!(loop_iterations(16384, 256, 64, 128, 4, 16) > 65535);
+    }
 }
