@@ -992,3 +992,32 @@ fn paths_that_are_not_utf8() {
         j["command"]
     );
 }
+
+/// Regression: at a size whose every query keeps every leaf it sees (N <= top_k x C: no route or
+/// leaf stage, PISA's selection a list of the leaves), the prefill table gave BSA/PISA as a
+/// speedup of 20x over a selection that never ran; now no ratio there and a line that says why,
+/// while a routed size keeps its ratio.
+#[test]
+fn bench_gives_no_bsa_ratio_where_nothing_is_selected() {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = ["bench", "--sizes", "48,128", "--decode-sizes="];
+    let rest = ["--backward-max", "0"];
+    let r = run_in(dir.path(), &[&sizes[..], &TINY_BENCH, &rest].concat()).ok();
+    let out = &r.stdout;
+    assert!(out.contains("GPU timestamps"), "{out}");
+    let row = |n: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(n))
+            .unwrap_or_else(|| panic!("no row {n}: {out}"))
+            .split_whitespace()
+            .nth(6)
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(row("48"), "-", "{out}");
+    assert!(row("128").ends_with('x'), "{out}");
+    assert!(
+        out.contains("(N = 48: every query keeps every leaf it sees"),
+        "{out}"
+    );
+}

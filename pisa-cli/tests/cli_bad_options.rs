@@ -206,6 +206,18 @@ fn unwritable_outputs_are_refused_first() {
             }
             let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
             assert!(kind.is_fifo(), "{kind:?}");
+            // Regression: a dangling link into a missing directory passed the check of the
+            // link's own directory, and the write through it failed after the run.
+            let dangling = format!("{cmd}-dangling.safetensors");
+            std::os::unix::fs::symlink("gone/target.safetensors", d.join(&dangling)).unwrap();
+            run(
+                &dangling,
+                &[],
+                &[
+                    &format!("cannot write {dangling} (a link to"),
+                    "directory gone does not exist",
+                ],
+            );
         }
         // bf16 and an npy output do not go together: a usage error, exit 2.
         common::usage_fails(

@@ -46,20 +46,30 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// Checks, before any work is done, that `outputs` can be written: each one's directory
-/// exists and takes a new file (a probe file is made there and removed: outputs are written
+/// (through a symbolic link: its target's directory) exists and takes a new file (a probe file
+/// is made there and removed: outputs are written
 /// through a temporary file beside them, and a long benchmark should not learn at its end that
 /// it cannot save its report), none is a directory or another file that is not a regular one
 /// (a FIFO, a device), and none is one of the `inputs` (writing
 /// it would destroy the input). The error names the output file and the problem.
 pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
     for out in outputs {
-        let dir = match out.parent() {
+        // An output that is a symbolic link is written through it (`write::link_target`), so
+        // its target's directory is the one that must take the file: a dangling link into a
+        // missing directory passed the check of the link's own and failed after the run.
+        let target = super::write::link_target(out)?;
+        let via = if target != *out {
+            format!(" (a link to {})", target.display())
+        } else {
+            String::new()
+        };
+        let dir = match target.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
         if !dir.is_dir() {
             bail!(
-                "cannot write {}: directory {} does not exist",
+                "cannot write {}{via}: directory {} does not exist",
                 out.display(),
                 dir.display()
             );
@@ -70,7 +80,7 @@ pub fn check_output_paths(outputs: &[PathBuf], inputs: &[&Path]) -> Result<()> {
             .tempfile_in(dir)
         {
             bail!(
-                "cannot write {}: directory {} does not take new files ({e})",
+                "cannot write {}{via}: directory {} does not take new files ({e})",
                 out.display(),
                 dir.display()
             );

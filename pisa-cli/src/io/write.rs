@@ -109,7 +109,7 @@ pub fn write_file_atomic(path: &Path, bytes: Vec<u8>) -> Result<()> {
 /// The file a write to `path` replaces: `path` itself, or where its chain of symbolic links
 /// ends (a rename onto a link would replace the link with a regular file and leave the file
 /// it names as it was). Errors: a chain longer than 40 links (a loop).
-fn link_target(path: &Path) -> Result<PathBuf> {
+pub(crate) fn link_target(path: &Path) -> Result<PathBuf> {
     let mut p = path.to_path_buf();
     for _ in 0..40 {
         match std::fs::symlink_metadata(&p) {

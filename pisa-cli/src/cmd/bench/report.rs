@@ -202,8 +202,18 @@ pub fn table(r: &Report) -> String {
                 "dns/PISA",
                 "TFLOP/s"
             );
+            // Sizes whose every query keeps every leaf it sees (at most top_k x C tokens: no
+            // route or leaf stage ran, PISA's "selection" lists the leaves): no selection to
+            // set BSA's scoring against, so no ratio.
+            let mut all_kept = Vec::new();
             for &n in &ns {
                 let g = |op: &str| r.ms(op, n, st);
+                let keeps_all = g("pisa_select").is_some()
+                    && g("route").is_none()
+                    && g("leaf_select").is_none();
+                if keeps_all {
+                    all_kept.push(n);
+                }
                 let tf = r
                     .records
                     .iter()
@@ -218,12 +228,25 @@ pub fn table(r: &Report) -> String {
                     cell(g("leaf_select")),
                     cell(g("pisa_select")),
                     cell(g("bsa_select")),
-                    ratio(g("bsa_select"), g("pisa_select")),
+                    if keeps_all {
+                        "-".to_string()
+                    } else {
+                        ratio(g("bsa_select"), g("pisa_select"))
+                    },
                     cell(g("attention")),
                     cell(g("pisa_prefill")),
                     cell(g("dense")),
                     ratio(g("dense"), g("pisa_prefill")),
                     tf.map_or("-".into(), |t| format!("{t:.1}")),
+                );
+            }
+            if !all_kept.is_empty() {
+                let list: Vec<String> = all_kept.iter().map(|n| n.to_string()).collect();
+                let _ = writeln!(
+                    s,
+                    "(N = {}: every query keeps every leaf it sees (N <= top_k x C), so PISA \
+                     selects nothing and BSA/PISA is not given)",
+                    list.join(", ")
                 );
             }
             parts_lines(&mut s, r, &ns, st);
