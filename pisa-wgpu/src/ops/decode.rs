@@ -133,7 +133,7 @@
 //!
 //! A cache whose K/V exceed one storage binding splits them over two (`leaf` reads either, the
 //! writes dispatch once per shard; the fused step reads one, so such a cache runs split).
-//! `KvCache::record_steps` records the steps of several caches (KV heads
+//! [`KvCache::record_steps_into`] records the steps of several caches (KV heads
 //! past two bindings) in one pass, their dispatches interleaved by stage, so they run as one
 //! chain of three dispatches rather than one chain per cache; even so they wait on each other's
 //! barriers (two caches of 4 heads cost 15 us more per step than one of 8 at 1M on the H200:

@@ -73,7 +73,8 @@ pub struct Tuning {
     pub leaf_order: LeafOrder,
     /// The shaders' runtime checks; `None` chooses per device ([`ShaderChecks::for_device`]).
     /// Fixed when the context is made: [`crate::Context::set_tuning`] refuses a change.
-    /// Variable `PISA_SHADER_CHECKS` (`all`, `bounds`, `none`).
+    /// Variable `PISA_SHADER_CHECKS` (`all`, `bounds`, `none`, `driver_bounded`, or `auto` for
+    /// the per-device choice).
     pub shader_checks: Option<ShaderChecks>,
     /// Decode caches made from now on run the step as one dispatch (`decode_fused.wgsl`)
     /// rather than three. Default `false` (the split step was faster on the H200). Variable
