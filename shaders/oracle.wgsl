@@ -130,7 +130,10 @@ fn oracle_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         var best_i = INVALID;
         for (var j = lid; j < vis; j += WG) {
             var m = mass[base + j];
-            if (m != m) { m = -1.0; } // NaN (non-finite inputs) ranks below every mass
+            // A NaN mass (non-finite inputs) first, as the CPU reference's total order ranks a
+            // positive NaN above every mass (at most 1); tested by its bits, since naga writes
+            // `m != m` as an ordered compare, false for NaN.
+            if ((bitcast<u32>(m) & 0x7fffffffu) > 0x7f800000u) { m = 2.0; }
             let after = first || before(pm, pi, m, j);
             if (after && (best_i == INVALID || before(m, j, best_m, best_i))) {
                 best_m = m;

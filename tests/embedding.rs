@@ -1250,6 +1250,9 @@ fn chunks_and_prompts_of_another_devices_buffer_are_validation_errors() {
         view(&foreign, HQ, 1),
     );
     let mut cache = KvCache::new(&app.ctx, 1, 64, HQ, HKV, D, cfg(), Storage::F32).unwrap();
+    // Every call records into one encoder, submitted at the end: a failed call that recorded
+    // anything of another device's buffer fails that submit.
+    let mut enc = app.device.create_command_encoder(&Default::default());
     let chunks: [(&str, &TensorView, &TensorView, &TensorView, &TensorView); 5] = [
         ("O", &q, &kv, &fo, &lse),
         ("LSE", &q, &kv, &o, &flse),
@@ -1259,7 +1262,6 @@ fn chunks_and_prompts_of_another_devices_buffer_are_validation_errors() {
     ];
     for (what, q, k, out, lse) in chunks {
         expect_validation(&format!("a chunk with another device's {what}"), || {
-            let mut enc = app.device.create_command_encoder(&Default::default());
             let outs = ChunkOutputs { out, lse };
             cache.record_chunk(&mut enc, q, k, &kv, &outs, None)
         });
@@ -1269,11 +1271,9 @@ fn chunks_and_prompts_of_another_devices_buffer_are_validation_errors() {
         TensorView::contiguous(b, 0, DType::F32, [1, HKV, t, D], TensorLayout::Bhnd).unwrap()
     };
     expect_validation("a prompt with another device's V", || {
-        let mut enc = app.device.create_command_encoder(&Default::default());
         cache.record_prefill_view(&mut enc, 0, &prompt(&own), &prompt(&foreign))
     });
     assert_eq!(cache.lens(), &[0], "the prompt set a length");
-    let mut enc = app.device.create_command_encoder(&Default::default());
     let outs = ChunkOutputs { out: &o, lse: &lse };
     cache
         .record_chunk(&mut enc, &q, &kv, &kv, &outs, None)
@@ -1282,5 +1282,5 @@ fn chunks_and_prompts_of_another_devices_buffer_are_validation_errors() {
     let scope = app.device.push_error_scope(wgpu::ErrorFilter::Validation);
     app.queue.submit([enc.finish()]);
     let err = pollster::block_on(scope.pop());
-    assert!(err.is_none(), "submit after the failed calls: {err:?}");
+    assert!(err.is_none(), "the encoder of the failed calls: {err:?}");
 }

@@ -238,3 +238,26 @@ fn oracle_over_many_leaves_is_right_or_refused() {
         }
     }
 }
+
+/// A NaN key row makes every leaf mass of the rows that see it NaN: the oracle then picks as the
+/// CPU reference's total order does (a NaN first, ties to the lower leaf: leaves 0..K here).
+/// Regression: its NaN test (`m != m`) was an ordered compare on Vulkan, false for NaN, and the
+/// rows came out `[0, -1, ...]`.
+#[test]
+fn oracle_of_a_nan_key_matches_reference() {
+    let mut r = rng(seed("oracle_nan_key"));
+    let c = Case {
+        nq: 8,
+        causal: false,
+        ..Case::new(1, 1, 1, 640, 32, 16, 8)
+    };
+    let (q, mut kk) = c.inputs(&mut r);
+    for x in &mut kk[100 * c.d..101 * c.d] {
+        *x = f32::NAN;
+    }
+    let (shape, cfg) = (c.shape(), c.cfg());
+    let want = select_oracle(&q, &kk, &shape, c.layout, &cfg).unwrap();
+    let (got, _) = oracle_host(ctx(), &q, &kk, &shape, c.layout, &cfg, c.storage).unwrap();
+    assert_eq!(got, want.indices, "oracle with a NaN key row");
+    assert_eq!(&got[..8], &[0, 1, 2, 3, 4, 5, 6, 7]);
+}

@@ -202,15 +202,13 @@ pub fn table(r: &Report) -> String {
                 "dns/PISA",
                 "TFLOP/s"
             );
-            // Sizes whose every query keeps every leaf it sees (at most top_k x C tokens: no
-            // route or leaf stage ran, PISA's "selection" lists the leaves): no selection to
-            // set BSA's scoring against, so no ratio.
+            // Sizes whose every query keeps every leaf it sees (at most top_k x C tokens: the
+            // prefill ran its `select_all` pass instead of the route and leaf stages): no
+            // selection to set BSA's scoring against, so no ratio.
             let mut all_kept = Vec::new();
             for &n in &ns {
                 let g = |op: &str| r.ms(op, n, st);
-                let keeps_all = g("pisa_select").is_some()
-                    && g("route").is_none()
-                    && g("leaf_select").is_none();
+                let keeps_all = g("select_all").is_some();
                 if keeps_all {
                     all_kept.push(n);
                 }

@@ -496,9 +496,8 @@ impl KvCache {
     /// Errors: [`GpuError::View`] for a `q` of the wrong shape or an integer one;
     /// [`GpuError::Unsupported`] for caches of different contexts; [`GpuError::Misuse`] for a
     /// sequence whose KV heads were loaded at different lengths; [`GpuError::Validation`] for a
-    /// buffer of another device. Shapes, dtypes, contexts and lengths are checked before
-    /// anything is recorded; a buffer of another device is found when its dispatch is built,
-    /// after the gathers of queries before it may have been recorded: drop that encoder.
+    /// buffer of another device. Everything is checked, and every dispatch built, before
+    /// anything is recorded: nothing is recorded on error.
     ///
     /// ```no_run
     /// # fn f(ctx: &pisa_wgpu::Context, lo: &pisa_wgpu::KvCache, hi: &pisa_wgpu::KvCache,

@@ -279,8 +279,9 @@ impl KvCache {
 
     /// Records the loading of sequence `seq` from views of the caller's buffers into `enc`
     /// (nothing waits; the non-blocking [`Self::prefill_view`]): `k`, `v` `[1, Hkv, P, D]`, any
-    /// strides and dtype, gathered on the GPU. Errors as [`Self::prefill_view`]; nothing is
-    /// recorded on error.
+    /// strides and dtype, gathered on the GPU. Errors as [`Self::prefill_view`]; a view the
+    /// cache cannot use (its shape, dtype, or a buffer of another device) is refused before
+    /// anything is recorded.
     pub fn record_prefill_view(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
@@ -314,7 +315,8 @@ impl KvCache {
     }
 
     /// Records [`Self::prefill_view_heads`] into `enc` (nothing waits). Errors as
-    /// [`Self::prefill_view_heads`]; nothing is recorded on error.
+    /// [`Self::prefill_view_heads`]; a view the cache cannot use (its shape, dtype, or a buffer
+    /// of another device) is refused before anything is recorded.
     pub fn record_prefill_view_heads(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
@@ -557,8 +559,10 @@ impl KvCache {
     /// GPU, and a mask of some sequences is set by a few buffer commands recorded before the
     /// append, one per run of sequences that do or do not append). Errors:
     /// [`pisa_core::PisaError::BufferLen`] for an `active` of the wrong length,
-    /// [`pisa_core::PisaError::TooLarge`] when an active sequence is full (nothing changes on
-    /// error), [`crate::GpuError::View`] for a view of the wrong shape.
+    /// [`pisa_core::PisaError::TooLarge`] when an active sequence is full,
+    /// [`crate::GpuError::View`] for a view of the wrong shape, [`crate::GpuError::Validation`]
+    /// for a view in a buffer of another device; nothing is recorded and nothing changes on
+    /// error.
     pub fn record_append_view(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
