@@ -277,8 +277,28 @@ fn leaf_major_attention_matches_reference() {
             false,
         ),
         ((1, 16, 2, 90, 200, 64, 12, 6, Bhnd, F32, true, false), true),
+        // Head dim 64 in f16: on a device with VK_NV_cooperative_matrix2 the f16 partial rows
+        // and their merges, small (GQ 3, K 8; GQ 4, K 5) and large (GQ 16, K 17), causal and
+        // not, leaves of 64 keys and fewer.
+        ((1, 6, 2, 300, 300, 64, 64, 8, Bhnd, F16, true, true), false),
+        ((2, 4, 1, 257, 257, 64, 48, 5, Bnhd, F16, false, true), true),
+        (
+            (1, 16, 1, 150, 150, 64, 32, 17, Bhnd, F16, true, false),
+            false,
+        ),
     ];
     for &(case, messy) in cases {
+        // On a device with VK_NV_cooperative_matrix2 every f16 case of head dim 64 or 128 (GQA
+        // groups up to 16, K up to 64 here) takes the f16 rows and the NVIDIA merge.
+        let (s, cfg) = case_config(case);
+        if ctx.nv_cm2() && case.9 == F16 && matches!(s.head_dim, 64 | 128) {
+            let (k, m) = attention::by_leaf::nv_kernel_for(ctx, &s, &cfg).expect("NVIDIA kernel");
+            assert!(
+                k.name.ends_with("_h") && m.is_some(),
+                "{case:?}: {}",
+                k.name
+            );
+        }
         run(ctx, &mut r, case, messy, seed);
     }
 }

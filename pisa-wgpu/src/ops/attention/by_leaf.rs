@@ -124,16 +124,18 @@ pub fn nv_kernel_for(
     // The merges' limits (shaders/nv/kernels.txt: GQMAX, MCMAX, MHMAX): the variant for at
     // most 256 (slot, head) pairs where it applies (a quarter of the other's workgroup memory).
     let (g, k) = (s.gqa_group(), cfg.top_k);
+    let d = if s.head_dim == 64 { "_d64" } else { "" };
     let merge = match g * k {
         _ if g > 16 || k > 64 => None,
-        0..=256 => find("attention_leaf_merge_h"),
-        _ => find("attention_leaf_merge_h1k"),
+        0..=256 => find(&format!("attention_leaf_merge_h{d}")),
+        _ => find(&format!("attention_leaf_merge_h1k{d}")),
     };
     match s.head_dim {
         // The f16 rows only with a merge that reads them (a driver that refused the merge
         // gets the f32 rows and the WGSL merge).
         128 if merge.is_some() => Some((find("attention_leaf_d128_h")?, merge)),
         128 => Some((find("attention_leaf_d128")?, None)),
+        64 if merge.is_some() => Some((find("attention_leaf_d64_h")?, merge)),
         64 => Some((find("attention_leaf_d64")?, None)),
         _ => None,
     }
@@ -162,7 +164,7 @@ pub(crate) fn nv_multi_head_kernel(ctx: &Context, k: &NvKernel) -> Option<NvKern
 }
 
 /// The embedded NVIDIA kernels of leaf-major attention (`shaders/nv/kernels.txt`).
-pub const NV_ATTENTION: [NvKernel; 14] = [
+pub const NV_ATTENTION: [NvKernel; 20] = [
     crate::nv_kernel!("attention_leaf_d128", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_d128_h", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_d64", NV_BINDINGS),
@@ -177,6 +179,12 @@ pub const NV_ATTENTION: [NvKernel; 14] = [
     crate::nv_kernel!("attention_leaf_pair_d64_mh", NV_BINDINGS),
     crate::nv_kernel!("attention_leaf_merge_h", NV_MERGE_BINDINGS),
     crate::nv_kernel!("attention_leaf_merge_h1k", NV_MERGE_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d64_h", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_pair_d64_h", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_d64_h_mh", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_pair_d64_h_mh", NV_BINDINGS),
+    crate::nv_kernel!("attention_leaf_merge_h_d64", NV_MERGE_BINDINGS),
+    crate::nv_kernel!("attention_leaf_merge_h1k_d64", NV_MERGE_BINDINGS),
 ];
 
 /// The bindings of `shaders/nv/attention_leaf_merge.comp` (those of the WGSL merge).

@@ -247,7 +247,8 @@ pub(crate) fn plan(
 }
 
 /// Bytes of one partial O element: 2 where the NVIDIA chunk kernel stores its rows as f16 for
-/// its merge (`attention_leaf_d128_h` with `attention_leaf_merge_h`), else 4 (f32).
+/// its merge (`attention_leaf_d128_h` with `attention_leaf_merge_h`, and the `_d64` ones), else
+/// 4 (f32).
 pub(crate) fn opart_bytes(nv: Option<&(NvKernel, Option<NvKernel>)>) -> u64 {
     match nv {
         Some((_, Some(_))) => 2,
@@ -446,7 +447,7 @@ mod tests {
         use super::super::NV_ATTENTION;
         let chunk = |n: &str| !n.contains("merge") && !n.ends_with("_mh");
         let kernels: Vec<_> = NV_ATTENTION.iter().filter(|k| chunk(k.name)).collect();
-        assert_eq!(kernels.len(), 6);
+        assert_eq!(kernels.len(), 8);
         for k in kernels {
             let twin = NV_ATTENTION
                 .iter()
