@@ -307,3 +307,67 @@ fn lower_device_limits_give_typed_errors() {
         Ok(_) => panic!("a context on a device without compute shaders"),
     }
 }
+
+/// pisa's own device destroyed while its queue still runs a prefill: wgpu runs the device-lost
+/// callback only once the queue is empty, so a call that then caught an error (a plan's buffers
+/// invalid) returned `Validation`; it now probes the device and returns `DeviceLost`, as every
+/// later call does. (Whether the prefill is still running when the device goes depends on the
+/// machine; either way every call below must say `DeviceLost`.)
+#[test]
+fn device_destroyed_with_work_in_flight_gives_device_lost() {
+    use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
+    use pisa_wgpu::{wgpu, DType, PrefillOptions, PrefillOutputs, PrefillPlan, TensorView};
+    let dead = private_ctx();
+    let (hq, hkv, n, d) = (8, 2, 2048, 64);
+    let shape = AttentionShape::prefill(1, hq, hkv, n, d).unwrap();
+    let po = PrefillOptions {
+        cfg: SelectionConfig::new(16, 8).unwrap(),
+        ..Default::default()
+    };
+    let plan = PrefillPlan::new(&dead, &shape, &po).unwrap();
+    let buffer = |elems: usize| {
+        dead.device().create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: (elems * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    };
+    let view = |b: &wgpu::Buffer, h: usize, dd: usize| {
+        TensorView::contiguous(b, 0, DType::F32, [1, h, n, dd], TensorLayout::Bhnd).unwrap()
+    };
+    let (q, kv, o, lse) = (
+        buffer(hq * n * d),
+        buffer(hkv * n * d),
+        buffer(hq * n * d),
+        buffer(hq * n),
+    );
+    let (qv, kvv, ov, lv) = (
+        view(&q, hq, d),
+        view(&kv, hkv, d),
+        view(&o, hq, d),
+        view(&lse, hq, 1),
+    );
+    let outs = PrefillOutputs {
+        out: &ov,
+        lse: &lv,
+        selection: None,
+    };
+    for _ in 0..4 {
+        let mut enc = dead.device().create_command_encoder(&Default::default());
+        plan.run(&mut enc, &qv, &kvv, &kvv, &outs, None).unwrap();
+        dead.queue().submit([enc.finish()]);
+    }
+    dead.device().destroy();
+    let lost = |what: &str, r: pisa_wgpu::Result<()>| {
+        assert!(
+            matches!(r, Err(GpuError::DeviceLost(_))),
+            "{what} after the device was destroyed: {r:?}"
+        );
+    };
+    lost(
+        "a new plan",
+        PrefillPlan::new(&dead, &shape, &po).map(|_| ()),
+    );
+    lost("check_alive", dead.check_alive());
+}

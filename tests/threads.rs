@@ -138,18 +138,23 @@ fn settings_changed_on_one_thread_while_others_run() {
         // The thread that changes the settings, every few hundred microseconds.
         s.spawn(|| {
             let base = ctx.tuning();
+            let full = ctx.max_binding_bytes();
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                match i % 3 {
-                    0 => ctx.set_leaf_order([LeafOrder::Tiles, LeafOrder::Leaves][i / 3 % 2]),
+                match i % 4 {
+                    0 => ctx.set_leaf_order([LeafOrder::Tiles, LeafOrder::Leaves][i / 4 % 2]),
                     1 => {
-                        ctx.set_kernel_path([KernelPath::Portable, KernelPath::CoopMat][i / 3 % 2]);
+                        ctx.set_kernel_path([KernelPath::Portable, KernelPath::CoopMat][i / 4 % 2]);
                     }
-                    _ => {
+                    2 => {
                         let mut t = ctx.tuning();
-                        t.route_tile = [Some(1), base.route_tile][i / 3 % 2];
+                        t.route_tile = [Some(1), base.route_tile][i / 4 % 2];
                         ctx.set_tuning(t).unwrap();
                     }
+                    // Regression: the binding limit changed outside the settings gate, between
+                    // a varlen run's check of its kept plan and that plan's own, and the run
+                    // failed ("make a new plan").
+                    _ => ctx.set_max_binding_bytes([200_000, full][i / 4 % 2]),
                 }
                 i += 1;
                 changes.fetch_add(1, Ordering::Relaxed);

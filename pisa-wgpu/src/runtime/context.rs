@@ -59,8 +59,8 @@ pub struct ContextInner {
     /// Set by the device-lost callback, which is installed only on pisa's own device, or, on
     /// the application's device, by [`Context::app_device_lost`].
     lost: Arc<Mutex<Option<String>>>,
-    /// A 4-byte buffer of the application's device for [`Context::app_device_lost`]; `None` on
-    /// pisa's own device, whose device-lost callback reports the loss.
+    /// A 4-byte buffer for [`Context::app_device_lost`] (every native device: pisa's own is
+    /// probed too, after a call caught an error).
     probe: Option<wgpu::Buffer>,
     /// Probes run by [`Context::app_device_lost`] ([`Context::device_probes`]).
     probes: AtomicU64,
@@ -368,7 +368,7 @@ impl Context {
         }
         // (On a device already lost this buffer is invalid; the probe does not mind: the
         // queue checks the device first.)
-        let probe = (!owned).then(|| {
+        let probe = Some(()).map(|()| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("pisa device-lost probe"),
                 size: 4,
@@ -628,11 +628,17 @@ impl Context {
     /// [`Context::max_binding_bytes`] then reports. Plans made afterwards split their work, or
     /// refuse it with [`GpuError::Limit`], against this limit: a way to leave headroom for an
     /// application's own bindings, or to exercise the split paths on small inputs in tests.
-    /// Plans made before keep the limit they were made with.
+    /// A change is a setting of the context as [`Context::set_tuning`]'s are: it waits for
+    /// calls running on other threads, and a plan made before refuses to run
+    /// ([`GpuError::Unsupported`]) until the limit is back to the one it was made with (a
+    /// varlen plan re-plans).
     pub fn set_max_binding_bytes(&self, bytes: u64) {
         let cap = self.limits.max_storage_buffer_binding_size;
-        self.binding_limit
-            .store(bytes.min(cap).max(256), Ordering::Relaxed);
+        let own_call = IN_CALL.with(|c| c.borrow().contains(&self.id()));
+        self.gate.change(own_call, || {
+            self.binding_limit
+                .store(bytes.min(cap).max(256), Ordering::Relaxed)
+        });
     }
 
     /// Fails with [`GpuError::DeviceLost`] once the device is lost or destroyed.
@@ -643,8 +649,20 @@ impl Context {
     /// write that only a live device refuses (see `app_device_lost`). Run once at the start of
     /// each public call that records, runs, reads or allocates (`Context::public_call`), and
     /// after an error a call caught; the steps inside a call check only what is known already
-    /// (see the module docs).
+    /// (see the module docs). pisa's own device destroyed while its queue still has work is
+    /// not seen here until the queue drains (wgpu runs the callback then): a call that records
+    /// meanwhile may return `Ok` (its work fails at submit), and a call that catches an error
+    /// probes the device and reports the loss.
     pub fn check_alive(&self) -> Result<()> {
+        self.alive(true)
+    }
+
+    /// [`Context::check_alive`] after a call caught an error, with the probe on pisa's own
+    /// device too: wgpu runs its device-lost callback only once the queue is empty, so a device
+    /// destroyed with work in flight showed as a `Validation` error of the next call (an
+    /// invalid buffer) instead of [`GpuError::DeviceLost`].
+    pub(crate) fn check_alive_after_error(&self) -> Result<()> {
+        self.app_device_lost();
         self.alive(true)
     }
 
@@ -655,7 +673,7 @@ impl Context {
         self.lost_error()?;
         // A failed poll means the device is gone; its callback has then usually run too.
         let polled = self.device.poll(wgpu::PollType::Poll);
-        if probe {
+        if probe && !self.owned {
             self.app_device_lost();
         }
         self.lost_error()?;
@@ -702,16 +720,18 @@ impl Context {
     }
 
     /// How many times [`Context::check_alive`] (or a call that caught an error) probed the
-    /// application's device so far; always 0 on pisa's own device. For tests of where the
+    /// device so far (pisa's own only after a call caught an error). For tests of where the
     /// probe runs.
     #[doc(hidden)]
     pub fn device_probes(&self) -> u64 {
         self.probes.load(Ordering::Relaxed)
     }
 
-    /// Whether the application's device is lost or destroyed, remembered for every later call
-    /// once seen; `false` on pisa's own device (its device-lost callback reports the loss) and
-    /// on wasm32 (whose error scopes resolve later).
+    /// Whether the device is lost or destroyed, remembered for every later call once seen;
+    /// `false` on wasm32 (whose error scopes resolve later). Run at every public call on the
+    /// application's device, and on pisa's own only after a call caught an error
+    /// ([`Context::check_alive_after_error`]: its device-lost callback reports the loss once
+    /// the queue is empty).
     ///
     /// wgpu gives no error scope an error for a lost device (WebGPU generates none on a lost
     /// device; wgpu drops errors of `wgpu_types::error::ErrorType::DeviceLost`), and wgpu 30 has
@@ -743,9 +763,13 @@ impl Context {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get_or_insert_with(|| {
-                    "the application's device is lost or destroyed (its device-lost callback has \
-                     the reason)"
-                        .to_string()
+                    if self.owned {
+                        "the device is lost or destroyed".to_string()
+                    } else {
+                        "the application's device is lost or destroyed (its device-lost callback \
+                         has the reason)"
+                            .to_string()
+                    }
                 });
         }
         lost
@@ -786,7 +810,7 @@ impl Context {
         let o = super::block::block_on(oom.pop())?;
         // A caught error or a failed wait may be a lost device: probe it then (as `scope_now`).
         if v.is_some() || o.is_some() || wait.is_err() {
-            self.check_alive()?;
+            self.check_alive_after_error()?;
         } else {
             self.check_step()?;
         }
@@ -815,8 +839,8 @@ impl Context {
         let out = f();
         let v = super::block::ready(val.pop()).flatten();
         let o = super::block::ready(oom.pop()).flatten();
-        // On the application's device, a lost device shows as validation errors about
-        // invalid objects (those created since the loss): probe it, only then.
+        // A lost device shows as validation errors about invalid objects (those created since
+        // the loss; on pisa's own device too while its queue has work): probe it, only then.
         if (v.is_some() || o.is_some()) && self.app_device_lost() {
             self.lost_error()?;
         }

@@ -53,7 +53,7 @@ impl Context {
             .and_then(|r| r.map_err(|e| GpuError::Poll(format!("buffer map failed: {e}"))))
             .and_then(|()| mapped_bytes(&staging));
         if mapped.is_err() {
-            self.check_alive()?;
+            self.check_alive_after_error()?;
         }
         mapped
     }

@@ -406,7 +406,8 @@ impl Tuning {
         Ok(())
     }
 
-    /// Checks every knob's range (fields set directly skip [`Tuning::set`]'s checks).
+    /// Checks every knob's range, and that a `dump_wgsl` folder can be made and written (fields
+    /// set directly skip [`Tuning::set`]'s checks).
     /// Errors: [`GpuError::Tuning`] naming the first knob out of range.
     pub fn check(&self) -> Result<()> {
         let mut t = self.clone();
@@ -431,6 +432,17 @@ impl Tuning {
             if let Some(v) = v {
                 t.set(name, &v.to_string())?;
             }
+        }
+        // The dump folder as `set` checks it (a path that is a file, or a folder pisa cannot
+        // make or write, would fail every pipeline's dump while the run went on).
+        if let Some(dir) = &self.dump_wgsl {
+            let bad = |what: String| {
+                GpuError::Tuning(format!("dump_wgsl: `{}` is not {what}", dir.display()))
+            };
+            if dir.exists() && !dir.is_dir() {
+                return Err(bad("a folder or off (this path is a file)".into()));
+            }
+            writable_folder(dir).map_err(|e| bad(format!("a folder pisa can write ({e})")))?;
         }
         Ok(())
     }
@@ -581,5 +593,20 @@ mod tests {
         assert_eq!(t.route_tile, Some(8));
         t.route_lanes = 5;
         assert!(matches!(t.check(), Err(GpuError::Tuning(_))));
+        // Regression: a dump folder set on the field (as `Context::with_tuning` takes it)
+        // skipped the folder check that `set` makes.
+        for dir in [
+            "/proc/pisa-wgsl",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+        ] {
+            let t = Tuning {
+                dump_wgsl: Some(dir.into()),
+                ..Tuning::default()
+            };
+            assert!(
+                matches!(t.check(), Err(GpuError::Tuning(_))),
+                "{dir} was taken"
+            );
+        }
     }
 }
