@@ -63,16 +63,29 @@ impl Schedule {
         }
     }
 
-    /// Elements of the stage-1 leaf-candidate buffer: `B * Hkv * Nq * max_candidates` (i32).
+    /// Elements of the stage-1 leaf-candidate buffer: `B * Hkv * Nq * max_candidates` (i32;
+    /// `usize::MAX` where the product overflows, as every size here).
     pub fn candidates_len(&self, shape: &AttentionShape) -> usize {
-        shape.batch * shape.kv_heads * shape.q_len * self.max_candidates
+        saturating_product(&[
+            shape.batch,
+            shape.kv_heads,
+            shape.q_len,
+            self.max_candidates,
+        ])
     }
 
     /// Elements of the selection buffer: `B * Hkv * Nq * K` (i32, ascending, -1 padded),
     /// layout `[B, Hkv, Nq, K]`.
     pub fn selection_len(&self, shape: &AttentionShape) -> usize {
-        shape.batch * shape.kv_heads * shape.q_len * self.top_k
+        saturating_product(&[shape.batch, shape.kv_heads, shape.q_len, self.top_k])
     }
+}
+
+/// The product of `dims`, `usize::MAX` where it overflows: a size past any buffer, which the
+/// callers' checks against their limits then refuse (a wrapped product would undersize a
+/// buffer).
+fn saturating_product(dims: &[usize]) -> usize {
+    dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
 }
 
 /// Elements of a pyramid buffer of means: `B * Hkv * total_nodes * D` (f32), layout
@@ -83,7 +96,7 @@ pub fn pyramid_len(
     kv_heads: usize,
     head_dim: usize,
 ) -> usize {
-    batch * kv_heads * layout.total_nodes() * head_dim
+    saturating_product(&[batch, kv_heads, layout.total_nodes(), head_dim])
 }
 
 /// A compute grid `[x, y, z]` covering `workgroups` workgroups with no dimension above

@@ -361,3 +361,104 @@ fn large_but_valid_sizes() {
     .unwrap();
     assert!(matches!(r, Err(PisaError::TooLarge { .. })), "{r:?}");
 }
+
+/// Regressions found by a review of the reference's edges: a backward pass on a shape that does
+/// not hold (its fields are public), sizes whose products pass `usize` (the oracle from mass,
+/// the recall metrics, the schedule's buffer sizes), and a selection listing a leaf twice.
+#[test]
+fn reference_edges_are_typed_errors_and_counted_once() {
+    use pisa_core::reference::{
+        select_oracle_from_mass, sparse_attention_backward, try_recall, Selection,
+    };
+    let cfg = SelectionConfig::new(2, 1).unwrap();
+    // GQA not divisible, then 0 KV heads, then more queries than keys: typed errors.
+    let bad = [
+        AttentionShape {
+            batch: 1,
+            q_heads: 2,
+            kv_heads: 4,
+            q_len: 4,
+            k_len: 4,
+            head_dim: 2,
+        },
+        AttentionShape {
+            batch: 1,
+            q_heads: 2,
+            kv_heads: 0,
+            q_len: 4,
+            k_len: 4,
+            head_dim: 2,
+        },
+        AttentionShape {
+            batch: 1,
+            q_heads: 2,
+            kv_heads: 1,
+            q_len: 4,
+            k_len: 2,
+            head_dim: 2,
+        },
+    ];
+    for s in bad {
+        let v = vec![0.5f32; 64];
+        let (o, l) = (vec![0.5f64; 64], vec![0.0f64; 16]);
+        let r = no_panic(|| {
+            sparse_attention_backward(
+                &v,
+                &v,
+                &v,
+                &o,
+                &l,
+                &v,
+                &s,
+                TensorLayout::Bhnd,
+                &cfg,
+                &[0; 32],
+            )
+        });
+        assert!(
+            matches!(r, Ok(Err(_))),
+            "backward on {s:?}: {:?}",
+            r.map(|x| x.is_ok())
+        );
+    }
+    // 2^34 queries and keys of one dim: the mass matrix is past usize.
+    let huge = AttentionShape::new(1, 1, 1, 1 << 34, 1 << 34, 1).unwrap();
+    let c16 = SelectionConfig::new(16, 1).unwrap();
+    let r = no_panic(|| select_oracle_from_mass(&[], &huge, &c16).map(|_| ()));
+    assert!(matches!(r, Ok(Err(_))), "oracle from mass: {r:?}");
+    // A top_k past usize / 2 in a recall.
+    let small = AttentionShape::new(1, 1, 1, 2, 2, 1).unwrap();
+    let c1 = SelectionConfig::new(1, 1).unwrap();
+    let wild = Selection {
+        top_k: usize::MAX / 2 + 1,
+        indices: vec![],
+        margin: vec![],
+        scored_nodes: vec![],
+    };
+    let r = no_panic(|| try_recall(&wild, &wild, &[0.0, 0.0], &small, &c1).map(|_| ()));
+    assert!(matches!(r, Ok(Err(_))), "recall: {r:?}");
+    // The schedule's sizes saturate rather than wrap.
+    let layout = PyramidLayout::new(1 << 40, 64, 64).unwrap();
+    let sched = Schedule::new(
+        &layout,
+        &SelectionConfig::new(64, 16).unwrap().with_merge_factor(64),
+    )
+    .unwrap();
+    let huge = AttentionShape::new(1 << 20, 1, 1, 1 << 40, 1 << 40, 1).unwrap();
+    assert_eq!(no_panic(|| sched.selection_len(&huge)), Ok(usize::MAX));
+    assert_eq!(no_panic(|| sched.candidates_len(&huge)), Ok(usize::MAX));
+    // A row listing leaf 1 twice against an oracle row [0, 1] (4 leaves, K 2, C 1; the last
+    // query sees 4 leaves): one hit, half the recall, not all of it.
+    let s = AttentionShape::new(1, 1, 1, 1, 4, 1).unwrap();
+    let c = SelectionConfig::new(1, 2).unwrap();
+    let row = |a: i32, b: i32| Selection {
+        top_k: 2,
+        indices: vec![a, b],
+        margin: vec![0.0],
+        scored_nodes: vec![0],
+    };
+    let mass = [0.4, 0.3, 0.2, 0.1];
+    let r = try_recall(&row(1, 1), &row(0, 1), &mass, &s, &c).unwrap();
+    assert_eq!(r.recall_at_k, 0.5);
+    assert!((r.mass_recall - 0.3).abs() < 1e-12, "{}", r.mass_recall);
+}

@@ -19,7 +19,7 @@ use crate::config::SelectionConfig;
 use crate::error::{PisaError, Result};
 use crate::shape::{AttentionShape, TensorLayout};
 
-use super::tensor::{check_len, dot, View};
+use super::tensor::{check_len, check_shape, dot, View};
 
 /// The gradients of a loss with respect to Q, K and V, f64.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,7 +55,9 @@ pub fn sparse_attention_backward(
     cfg: &SelectionConfig,
     selection: &[i32],
 ) -> Result<Gradients> {
-    cfg.validate()?;
+    // The shape's fields are public: re-checked here as every reference function does (a
+    // shape of 0 KV heads or Nq > Nk panicked in the index arithmetic).
+    check_shape(shape, Some(cfg))?;
     let s = shape;
     let (d, kk, c) = (s.head_dim, cfg.top_k, cfg.block_size);
     let qs = [s.batch, s.q_heads, s.q_len, d];

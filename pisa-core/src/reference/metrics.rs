@@ -9,7 +9,7 @@ use crate::error::{PisaError, Result};
 use crate::shape::AttentionShape;
 
 use super::select::Selection;
-use super::tensor::{check_len, check_shape};
+use super::tensor::{check_len, check_shape, checked_elems};
 
 /// Selection quality averaged over the rows that count.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,9 +87,17 @@ pub fn try_recall_per_kv_head(
     check_shape(shape, Some(cfg))?;
     let rows = shape.batch * shape.kv_heads * shape.q_len;
     let nb0 = shape.k_len.div_ceil(cfg.block_size);
-    check_len("selection", selection.indices.len(), rows * k)?;
-    check_len("oracle", oracle.indices.len(), rows * k)?;
-    check_len("mass", mass.len(), rows * nb0)?;
+    check_len(
+        "selection",
+        selection.indices.len(),
+        checked_elems("selection", &[rows, k])?,
+    )?;
+    check_len(
+        "oracle",
+        oracle.indices.len(),
+        checked_elems("oracle", &[rows, k])?,
+    )?;
+    check_len("mass", mass.len(), checked_elems("mass", &[rows, nb0])?)?;
     let mut sums = vec![(0.0f64, 0.0f64, 0usize); shape.kv_heads];
     for r in 0..rows {
         let p = shape.query_position(r % shape.q_len);
@@ -101,10 +109,14 @@ pub fn try_recall_per_kv_head(
         if vis <= k {
             continue;
         }
-        let sel = selection
-            .row(r)
+        // Each distinct leaf once (|selected ∩ oracle top K|, PISA.md 3: a row listing a leaf
+        // twice was credited twice).
+        let row = selection.row(r);
+        let sel = row
             .iter()
-            .filter(|&&j| j >= 0 && (j as usize) < nb0);
+            .enumerate()
+            .filter(|&(i, &j)| j >= 0 && (j as usize) < nb0 && !row[..i].contains(&j))
+            .map(|(_, j)| j);
         let (mut hit, mut m) = (0usize, 0.0);
         for &j in sel {
             hit += oracle.row(r).contains(&j) as usize;
@@ -177,11 +189,15 @@ pub fn try_locality(
     check_shape(shape, Some(cfg))?;
     let rows = shape.batch * shape.kv_heads * shape.q_len;
     let nb0 = shape.k_len.div_ceil(cfg.block_size);
-    check_len("selection", selection.indices.len(), rows * k)?;
+    check_len(
+        "selection",
+        selection.indices.len(),
+        checked_elems("selection", &[rows, k])?,
+    )?;
     let g = cfg.merge_factor.max(1);
     let (mut leaves, mut with_sibling) = (0usize, 0usize);
     let (mut tiles, mut union_sum) = (0usize, 0.0f64);
-    let mut members: Vec<i32> = Vec::with_capacity(tile * k);
+    let mut members: Vec<i32> = Vec::with_capacity(checked_elems("locality tile", &[tile, k])?);
     let mut in_tile = 0usize;
     for r in 0..rows {
         if r % shape.q_len == 0 {

@@ -10,7 +10,7 @@ use crate::lse::log_add_exp;
 use crate::shape::{AttentionShape, TensorLayout};
 
 use super::super::pyramid::build_pyramid;
-use super::super::tensor::{check_len, check_shape, dot, dot_mean};
+use super::super::tensor::{check_len, check_shape, checked_elems, dot, dot_mean};
 use super::{cut, views, Selection};
 
 /// Leaves visible to the query at `p`: `0..=p/C` when causal, else all `nb_0`.
@@ -100,7 +100,8 @@ pub fn block_mass(
     let nb0 = shape.k_len.div_ceil(cfg.block_size);
     let s = cfg.softmax_scale(shape.head_dim) as f64;
     let g = shape.gqa_group();
-    let mut mass = vec![0.0; shape.batch * shape.kv_heads * shape.q_len * nb0];
+    let elems = checked_elems("mass", &[shape.batch, shape.kv_heads, shape.q_len, nb0])?;
+    let mut mass = vec![0.0; elems];
     let mut scores = vec![0.0; shape.k_len];
     for b in 0..shape.batch {
         for hq in 0..shape.q_heads {
@@ -152,7 +153,7 @@ pub fn select_oracle_from_mass(
     check_shape(shape, Some(cfg))?;
     let nb0 = shape.k_len.div_ceil(cfg.block_size);
     let rows = shape.batch * shape.kv_heads * shape.q_len;
-    check_len("mass", mass.len(), rows * nb0)?;
+    check_len("mass", mass.len(), checked_elems("mass", &[rows, nb0])?)?;
     let mut sel = Selection::with_rows(rows, cfg.top_k);
     for r in 0..rows {
         let p = shape.query_position(r % shape.q_len);

@@ -1,5 +1,11 @@
 //! Block selection (PISA.md section 3): PISA's coarse-to-fine Top-K, the BSA baseline, and the
 //! full-attention oracle.
+//!
+//! Scores are ranked by `f64::total_cmp` (higher first, then the lower index): with non-finite
+//! inputs a NaN score whose sign bit is clear ranks above +inf and one whose sign bit is set
+//! below -inf, and the sign of a NaN depends on how it arose. The GPU kernels promise nothing
+//! for non-finite inputs (check them first: `pisa_wgpu::ops::check_finite`); finite inputs
+//! whose scores overflow are a different matter, documented with the kernels.
 
 use alloc::vec;
 use alloc::vec::Vec;
