@@ -324,53 +324,18 @@ fn every_leaf_prefill_builds_the_kernels_it_reports() {
 }
 
 /// Q, K, V of the first `n` tokens of real activations (SmolLM2-135M: Hq 9, Hkv 3, D 64) as f32
-/// `[1, H, n, 64]`: layer 15 from the repository's demo input
-/// (`data/demo-smollm2-layer15-4096.safetensors`, f16 `q`, `k`, `v`), layer 29 from the shared
-/// capture beside the repository (`shared/data/smollm2-rustbook-8k.safetensors`, bf16
-/// `layer29.q`...). Panics when the file is missing.
+/// `[1, H, n, 64]`: layer 15 from the repository's demo input, layer 29 from the shared capture
+/// beside the repository (`common::real_tensors`). Panics when the file is missing.
 fn real_qkv(layer: usize, n: usize) -> [Vec<f32>; 3] {
     let (path, prefix) = match layer {
-        15 => (
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../data/demo-smollm2-layer15-4096.safetensors"
-            ),
-            String::new(),
-        ),
-        _ => (
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/data/smollm2-rustbook-8k.safetensors"
-            ),
-            format!("layer{layer}."),
-        ),
+        15 => (DEMO_INPUT, String::new()),
+        _ => (SHARED_CAPTURE, format!("layer{layer}.")),
     };
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path} not readable ({e})"));
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors file");
-    let get = |name: &str| -> Vec<f32> {
-        let t = st
-            .tensor(&format!("{prefix}{name}"))
-            .expect("tensor present");
-        let [heads, tokens, d] = t.shape() else {
-            panic!("{name}: shape {:?}", t.shape())
-        };
-        let value: fn([u8; 2]) -> f32 = match t.dtype() {
-            safetensors::Dtype::BF16 => |b| half::bf16::from_le_bytes(b).to_f32(),
-            safetensors::Dtype::F16 => |b| half::f16::from_le_bytes(b).to_f32(),
-            other => panic!("{name}: dtype {other:?}"),
-        };
-        let mut out = Vec::with_capacity(heads * n * d);
-        for h in 0..*heads {
-            let o = h * tokens * d;
-            out.extend(
-                t.data()[2 * o..2 * (o + n * d)]
-                    .chunks_exact(2)
-                    .map(|x| value([x[0], x[1]])),
-            );
-        }
-        out
-    };
-    [get("q"), get("k"), get("v")]
+    let names = [("q", 0..9), ("k", 0..3), ("v", 0..3)].map(|(t, h)| (format!("{prefix}{t}"), h));
+    let names: Vec<(&str, std::ops::Range<usize>)> =
+        names.iter().map(|(t, h)| (t.as_str(), h.clone())).collect();
+    let [q, k, v]: [Vec<f32>; 3] = real_tensors(path, &names, n).try_into().unwrap();
+    [q, k, v]
 }
 
 /// A prefill of 1024 tokens of real activations of `layer` (GQA group 3, D 64, scale 1/8, f16

@@ -17,67 +17,18 @@ use pisa_wgpu::ops::select::{select_host, Method};
 use pisa_wgpu::Storage;
 use select_util::{check, report, tie_tol};
 
-/// Layer 15, tokens 0..4096: `q` [9, 4096, 64], `k` [3, 4096, 64], f16.
-const DEMO: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../data/demo-smollm2-layer15-4096.safetensors"
-);
-/// `layer{i}.q` [9, 8192, 64], `layer{i}.k` [3, 8192, 64], bf16.
-const SHARED: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/data/smollm2-rustbook-8k.safetensors"
-);
-
-/// Tensors `q_name` and `k_name` of `path` (f16 or bf16 `[H, tokens, 64]`): the first `n` tokens
-/// of the KV heads `kv` and of their query heads `3 * kv.start .. 3 * kv.end`, as f32
-/// `[1, H, n, 64]` (Bhnd). Panics when the file or a tensor is missing.
-fn load(
-    path: &str,
-    q_name: &str,
-    k_name: &str,
-    n: usize,
-    kv: Range<usize>,
-) -> (Vec<f32>, Vec<f32>) {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path} not readable ({e})"));
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors file");
-    let get = |name: &str, heads: Range<usize>| {
-        let t = st.tensor(name).expect("tensor present");
-        let [_, tokens, d] = t.shape() else {
-            panic!("{name}: shape {:?}", t.shape())
-        };
-        let value: fn([u8; 2]) -> f32 = match t.dtype() {
-            safetensors::Dtype::BF16 => |b| half::bf16::from_le_bytes(b).to_f32(),
-            safetensors::Dtype::F16 => |b| half::f16::from_le_bytes(b).to_f32(),
-            other => panic!("{name}: dtype {other:?}"),
-        };
-        let data = t.data();
-        let mut out = Vec::with_capacity(heads.len() * n * d);
-        for hi in heads {
-            for ti in 0..n {
-                let o = (hi * tokens + ti) * d;
-                for x in data[2 * o..2 * (o + d)].chunks_exact(2) {
-                    out.push(value([x[0], x[1]]));
-                }
-            }
-        }
-        out
-    };
-    let qh = 3 * kv.start..3 * kv.end;
-    (get(q_name, qh), get(k_name, kv))
-}
-
-/// Layer 15 (the demo input) or 29 (the shared capture).
+/// Q and K of the first `n` tokens of layer `l` (15: the demo input; 29: the shared capture),
+/// of the KV heads `kv` and their query heads `3 * kv.start .. 3 * kv.end`, as f32
+/// `[1, H, n, 64]`.
 fn layer(l: usize, n: usize, kv: Range<usize>) -> (Vec<f32>, Vec<f32>) {
-    match l {
-        15 => load(DEMO, "q", "k", n, kv),
-        _ => load(
-            SHARED,
-            &format!("layer{l}.q"),
-            &format!("layer{l}.k"),
-            n,
-            kv,
-        ),
-    }
+    let qh = 3 * kv.start..3 * kv.end;
+    let (path, q, k) = match l {
+        15 => (DEMO_INPUT, "q".to_string(), "k".to_string()),
+        _ => (SHARED_CAPTURE, format!("layer{l}.q"), format!("layer{l}.k")),
+    };
+    let mut t = real_tensors(path, &[(&q, qh), (&k, kv)], n);
+    let k = t.pop().unwrap();
+    (t.pop().unwrap(), k)
 }
 
 fn shape(n: usize, kv_heads: usize) -> AttentionShape {
@@ -128,23 +79,19 @@ fn pisa_on_real_activations() {
     }
 }
 
+/// BSA over 2048 tokens and the oracle over 512 (its CPU reference is O(N^2 D)) of layer `l`,
+/// all three KV heads.
+fn baselines_on(l: usize) {
+    let c = cfg(Scoring::Lse);
+    for (n, m, what) in [(2048, Method::Bsa, "bsa"), (512, Method::Oracle, "oracle")] {
+        let (q, k) = layer(l, n, 0..3);
+        run(&format!("layer {l} {what}"), &q, &k, &shape(n, 3), &c, m);
+    }
+}
+
 #[test]
 fn baselines_on_real_activations() {
-    let n = 2048;
-    let (q, k) = layer(15, n, 0..3);
-    run(
-        "layer 15 bsa",
-        &q,
-        &k,
-        &shape(n, 3),
-        &cfg(Scoring::Lse),
-        Method::Bsa,
-    );
-    // The oracle's CPU reference is O(N^2 D): 512 tokens.
-    let n = 512;
-    let (q, k) = layer(15, n, 0..3);
-    let c = cfg(Scoring::Lse);
-    run("layer 15 oracle", &q, &k, &shape(n, 3), &c, Method::Oracle);
+    baselines_on(15);
 }
 
 /// Layer 29 of the shared capture (`../shared/data`, not in the repository): PISA (`lse`,
@@ -158,18 +105,5 @@ fn layer_29_on_real_activations() {
         let what = format!("layer 29 kv head {kv} {n} tokens pisa {scoring:?}");
         run(&what, &q, &k, &shape(n, 1), &cfg(scoring), Method::Pisa);
     }
-    let n = 2048;
-    let (q, k) = layer(29, n, 0..3);
-    run(
-        "layer 29 bsa",
-        &q,
-        &k,
-        &shape(n, 3),
-        &cfg(Scoring::Lse),
-        Method::Bsa,
-    );
-    let n = 512;
-    let (q, k) = layer(29, n, 0..3);
-    let c = cfg(Scoring::Lse);
-    run("layer 29 oracle", &q, &k, &shape(n, 3), &c, Method::Oracle);
+    baselines_on(29);
 }

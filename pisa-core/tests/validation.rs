@@ -372,32 +372,15 @@ fn reference_edges_are_typed_errors_and_counted_once() {
     };
     let cfg = SelectionConfig::new(2, 1).unwrap();
     // GQA not divisible, then 0 KV heads, then more queries than keys: typed errors.
-    let bad = [
-        AttentionShape {
-            batch: 1,
-            q_heads: 2,
-            kv_heads: 4,
-            q_len: 4,
-            k_len: 4,
-            head_dim: 2,
-        },
-        AttentionShape {
-            batch: 1,
-            q_heads: 2,
-            kv_heads: 0,
-            q_len: 4,
-            k_len: 4,
-            head_dim: 2,
-        },
-        AttentionShape {
-            batch: 1,
-            q_heads: 2,
-            kv_heads: 1,
-            q_len: 4,
-            k_len: 2,
-            head_dim: 2,
-        },
-    ];
+    let shape = |kv_heads, k_len| AttentionShape {
+        batch: 1,
+        q_heads: 2,
+        kv_heads,
+        q_len: 4,
+        k_len,
+        head_dim: 2,
+    };
+    let bad = [shape(4, 4), shape(0, 4), shape(1, 2)];
     for s in bad {
         let v = vec![0.5f32; 64];
         let (o, l) = (vec![0.5f64; 64], vec![0.0f64; 16]);

@@ -298,3 +298,51 @@ pub fn to_bnhd(x: &[f32], b: usize, h: usize, n: usize, d: usize) -> Vec<f32> {
     }
     out
 }
+
+/// The real activations the tests read: layer 15 of SmolLM2-135M in the repository's demo input
+/// (f16 `q`, `k`, `v`), and the shared capture beside the repository (bf16 `layer{i}.q` ...,
+/// `../shared/data`, not in it).
+pub const DEMO_INPUT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../data/demo-smollm2-layer15-4096.safetensors"
+);
+/// See [`DEMO_INPUT`].
+pub const SHARED_CAPTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/data/smollm2-rustbook-8k.safetensors"
+);
+
+/// Tensors `names` of the safetensors file `path` (f16 or bf16 `[H, tokens, D]`): the first `n`
+/// tokens of the heads `heads[i]` of each, as f32 `[1, H, n, D]` (Bhnd). Panics when the file, a
+/// tensor or its dtype is missing or wrong.
+pub fn real_tensors(
+    path: &str,
+    names: &[(&str, std::ops::Range<usize>)],
+    n: usize,
+) -> Vec<Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path} not readable ({e})"));
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors file");
+    let get = |name: &str, heads: &std::ops::Range<usize>| {
+        let t = st.tensor(name).expect("tensor present");
+        let [_, tokens, d] = t.shape() else {
+            panic!("{name}: shape {:?}", t.shape())
+        };
+        let value: fn([u8; 2]) -> f32 = match t.dtype() {
+            safetensors::Dtype::BF16 => |b| half::bf16::from_le_bytes(b).to_f32(),
+            safetensors::Dtype::F16 => |b| half::f16::from_le_bytes(b).to_f32(),
+            other => panic!("{name}: dtype {other:?}"),
+        };
+        let data = t.data();
+        let mut out = Vec::with_capacity(heads.len() * n * d);
+        for hi in heads.clone() {
+            let o = hi * tokens * d;
+            out.extend(
+                data[2 * o..2 * (o + n * d)]
+                    .chunks_exact(2)
+                    .map(|x| value([x[0], x[1]])),
+            );
+        }
+        out
+    };
+    names.iter().map(|(name, heads)| get(name, heads)).collect()
+}

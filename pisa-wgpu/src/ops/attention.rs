@@ -560,18 +560,13 @@ fn fit_loops(
             };
             continue;
         }
-        return Err(GpuError::Limit {
-            what: format!(
-                "one attention shader invocation on {} (it ends every invocation's loops \
-                 after {limit} in all, and the output would be wrong)",
-                ctx.report().name
-            ),
-            needed,
-            limit,
-            unit: "loop iterations",
-            hint: "use a GPU, fewer keys or a smaller top_k, or the leaf-major order \
-                   (LeafOrder::Leaves: tuning knob leaf_order=leaves, PISA_LEAF_ORDER=leaves)",
-        });
+        return Err(ctx.loop_limit_error(
+            "attention",
+            "output",
+            (needed, limit),
+            "use a GPU, fewer keys or a smaller top_k, or the leaf-major order \
+             (LeafOrder::Leaves: tuning knob leaf_order=leaves, PISA_LEAF_ORDER=leaves)",
+        ));
     }
 }
 

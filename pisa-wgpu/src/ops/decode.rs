@@ -260,6 +260,9 @@ pub struct KvCache {
     plan: Plan,
     /// The fused kernel's sizes, `None` when it does not fit the device.
     fplan: Option<FusedPlan>,
+    /// Whether `fplan`'s loops stay within the device's cap on an invocation's loop iterations
+    /// ([`fused::loops_within_cap`], computed with `fplan`).
+    fused_loops_ok: bool,
     /// Whether the step runs fused (when `fplan` allows): [`crate::Tuning::decode_fused`], or
     /// [`KvCache::set_fused`].
     fused: bool,

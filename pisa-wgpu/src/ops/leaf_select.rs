@@ -195,19 +195,14 @@ pub(crate) fn record(
                 if let Some(bl) = bl {
                     return by_leaf::record(ctx, enc, plan, q, k, cand, &bl, prof);
                 }
-                return Err(crate::GpuError::Limit {
-                    what: format!(
-                        "one leaf_select shader invocation on {} (it ends every invocation's \
-                         loops after {limit} in all, and the selection would be wrong)",
-                        ctx.report().name
-                    ),
-                    needed: count(1),
-                    limit,
-                    unit: "loop iterations",
-                    hint: "use a GPU, a smaller top_k or block size, or the leaf-major order \
-                           (LeafOrder::Leaves or Auto: tuning knob leaf_order=leaves, \
-                           PISA_LEAF_ORDER=leaves)",
-                });
+                return Err(ctx.loop_limit_error(
+                    "leaf_select",
+                    "selection",
+                    (count(1), limit),
+                    "use a GPU, a smaller top_k or block size, or the leaf-major order \
+                     (LeafOrder::Leaves or Auto: tuning knob leaf_order=leaves, \
+                     PISA_LEAF_ORDER=leaves)",
+                ));
             }
         },
     };

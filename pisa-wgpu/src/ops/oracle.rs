@@ -51,18 +51,13 @@ pub(crate) fn record(
             kk as usize,
         );
         if needed > limit {
-            return Err(crate::GpuError::Limit {
-                what: format!(
-                    "one oracle shader invocation on {} (it ends every invocation's loops after \
-                     {limit} in all, and the selection would be wrong)",
-                    ctx.report().name
-                ),
-                needed,
-                limit,
-                unit: "loop iterations",
-                hint: "use a GPU, or fewer keys, fewer leaves (a larger block size) or a smaller \
-                       head dim",
-            });
+            return Err(ctx.loop_limit_error(
+                "oracle",
+                "selection",
+                (needed, limit),
+                "use a GPU, or fewer keys, fewer leaves (a larger block size) or a smaller \
+                 head dim",
+            ));
         }
     }
     let mass = ctx.alloc("oracle mass", rows * nb0, Storage::F32, POISON_F32)?;

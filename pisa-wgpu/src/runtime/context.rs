@@ -59,9 +59,9 @@ pub struct ContextInner {
     /// Set by the device-lost callback, which is installed only on pisa's own device, or, on
     /// the application's device, by [`Context::app_device_lost`].
     lost: Arc<Mutex<Option<String>>>,
-    /// A 4-byte buffer for [`Context::app_device_lost`] (every native device: pisa's own is
-    /// probed too, after a call caught an error).
-    probe: Option<wgpu::Buffer>,
+    /// A 4-byte buffer for [`Context::app_device_lost`] (pisa's own device is probed too, after
+    /// a call caught an error).
+    probe: wgpu::Buffer,
     /// Probes run by [`Context::app_device_lost`] ([`Context::device_probes`]).
     probes: AtomicU64,
     /// Set by the uncaptured-error handler, which is installed only on pisa's own device.
@@ -368,13 +368,11 @@ impl Context {
         }
         // (On a device already lost this buffer is invalid; the probe does not mind: the
         // queue checks the device first.)
-        let probe = Some(()).map(|()| {
-            device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("pisa device-lost probe"),
-                size: 4,
-                usage: wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
+        let probe = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("pisa device-lost probe"),
+            size: 4,
+            usage: wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         });
         let mut report = AdapterReport::of(adapter);
         let adapter_f16 = report.shader_f16;
@@ -662,8 +660,32 @@ impl Context {
     /// destroyed with work in flight showed as a `Validation` error of the next call (an
     /// invalid buffer) instead of [`GpuError::DeviceLost`].
     pub(crate) fn check_alive_after_error(&self) -> Result<()> {
+        // (`alive(false)`: the probe has run, on either kind of device.)
         self.app_device_lost();
-        self.alive(true)
+        self.alive(false)
+    }
+
+    /// The error of a `kernel` whose loops would pass the device's cap on an invocation's loop
+    /// iterations ([`Context::loop_limit`], `limit`): `needed` iterations, the `result` that
+    /// would be wrong, and `hint` what to change. One text for every kernel that checks.
+    pub(crate) fn loop_limit_error(
+        &self,
+        kernel: &str,
+        result: &str,
+        (needed, limit): (u64, u64),
+        hint: &'static str,
+    ) -> GpuError {
+        GpuError::Limit {
+            what: format!(
+                "one {kernel} shader invocation on {} (it ends every invocation's loops after \
+                 {limit} in all, and the {result} would be wrong)",
+                self.report().name
+            ),
+            needed,
+            limit,
+            unit: "loop iterations",
+            hint,
+        }
     }
 
     /// [`Context::check_alive`] without the probe of the application's device when `probe` is
@@ -743,13 +765,10 @@ impl Context {
     /// allocated or written (`Queue::write_buffer_with` validates before it makes its staging
     /// buffer).
     pub(crate) fn app_device_lost(&self) -> bool {
-        let Some(probe) = self
-            .probe
-            .as_ref()
-            .filter(|_| !cfg!(target_arch = "wasm32"))
-        else {
+        if cfg!(target_arch = "wasm32") {
             return false;
-        };
+        }
+        let probe = &self.probe;
         self.probes.fetch_add(1, Ordering::Relaxed);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let refused = self

@@ -180,6 +180,13 @@ impl KvCache {
             limits: ctx.limits().clone(),
             plan,
             fplan,
+            fused_loops_ok: super::fused::loops_within_cap(
+                fplan.as_ref(),
+                ctx,
+                (shape.gqa_group(), head_dim),
+                &cfg,
+                layout.num_levels(),
+            ),
             fused: tuning.decode_fused,
             key_lanes: tuning.decode_key_lanes,
             route_subgroups: tuning.decode_route_subgroups,

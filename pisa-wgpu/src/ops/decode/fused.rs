@@ -170,6 +170,24 @@ impl FusedPlan {
     }
 }
 
+/// Whether the fused kernel of `fplan` keeps its loops within the device's cap on an
+/// invocation's loop iterations ([`crate::Context::loop_limit`]; [`FusedPlan::iterations`] for
+/// `(gq, d)`, `cfg` and `levels` pyramid levels): a block of 2^20 keys ran past llvmpipe's and
+/// gave NaN silently. Where they do not, the step runs split. Computed when the plan is made,
+/// not at every step.
+pub(super) fn loops_within_cap(
+    fplan: Option<&FusedPlan>,
+    ctx: &crate::Context,
+    (gq, d): (usize, usize),
+    cfg: &SelectionConfig,
+    levels: usize,
+) -> bool {
+    match (fplan, ctx.loop_limit()) {
+        (Some(f), Some(limit)) => f.iterations(gq, d, cfg, levels) <= limit,
+        _ => true,
+    }
+}
+
 impl KvCache {
     /// Workgroup memory of the fused kernel, bytes; `None` where it does not fit the device (or
     /// the limit of [`Self::set_workgroup_memory_limit`]), so that the step runs split. (A cache
@@ -191,21 +209,7 @@ impl KvCache {
     /// workgroup memory and its cap on loop iterations, and the cache's K/V in one storage
     /// binding (the fused kernel reads one shard; a cache split over two runs the split step).
     pub fn is_fused(&self) -> bool {
-        self.fused && self.fplan.is_some() && self.kv.len() == 1 && self.fused_loops_ok()
-    }
-
-    /// Whether the fused kernel's loops stay within the device's cap on an invocation's loop
-    /// iterations ([`crate::Context::loop_limit`]; [`FusedPlan::iterations`]): a block of 2^20
-    /// keys ran past llvmpipe's and gave NaN silently. Where they do not, the step runs split
-    /// (whose loops are bounded per block of keys).
-    fn fused_loops_ok(&self) -> bool {
-        let (gq, d) = (self.shape.gqa_group(), self.shape.head_dim);
-        match (self.fplan, self.ctx.loop_limit()) {
-            (Some(f), Some(limit)) => {
-                f.iterations(gq, d, &self.cfg, self.layout.num_levels()) <= limit
-            }
-            _ => true,
-        }
+        self.fused && self.fplan.is_some() && self.kv.len() == 1 && self.fused_loops_ok
     }
 
     /// The one dispatch of this cache's fused step for `q` (one workgroup per (sequence, KV

@@ -268,6 +268,13 @@ impl KvCache {
         let (gq, d) = (self.shape.gqa_group(), self.shape.head_dim);
         self.plan = Plan::new(&lim, gq, d, &self.cfg)?;
         self.fplan = FusedPlan::new(&lim, gq, d, &self.cfg, self.key_lanes);
+        self.fused_loops_ok = super::fused::loops_within_cap(
+            self.fplan.as_ref(),
+            &self.ctx,
+            (gq, d),
+            &self.cfg,
+            self.layout.num_levels(),
+        );
         self.limits = lim;
         self.stage_cache.clear();
         Ok(())
