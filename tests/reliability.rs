@@ -272,3 +272,126 @@ fn bad_inputs_give_typed_errors_and_the_context_stays_usable() {
     let again = prefill_host(ctx, &q, &k, &v, &shape, &opts(cfg)).unwrap();
     assert!(same_output(&good, &again));
 }
+
+/// A shape built field by field (its fields are public) is checked by every call that takes
+/// one, as `AttentionShape::new` checks it: 0 KV heads (a division by zero in the GQA group),
+/// a query longer than the keys (an underflowing position offset) and a GQA group that does not
+/// divide were a panic or a silent result of `select_host`, `oracle_host` and the backward pass
+/// before; the buffers here have the lengths the bad shape implies, so only the shape check can
+/// refuse them. Also the backward pass given an LSE that is not f32 (it read f16 words as f32
+/// and returned wrong gradients).
+#[test]
+fn shapes_built_field_by_field_are_checked_at_every_entry() {
+    use pisa_wgpu::ops::attention::sparse_attention_host;
+    use pisa_wgpu::ops::backward::{backward_host, record_backward};
+    use pisa_wgpu::oracle_host;
+    let ctx = ctx();
+    let (shape, cfg) = small();
+    let lay = TensorLayout::Bhnd;
+    let bad = [
+        (
+            "0 KV heads",
+            AttentionShape {
+                kv_heads: 0,
+                ..shape
+            },
+        ),
+        (
+            "q_len > k_len",
+            AttentionShape {
+                q_len: shape.k_len + 8,
+                ..shape
+            },
+        ),
+        (
+            "GQA 3/2",
+            AttentionShape {
+                q_heads: 3,
+                kv_heads: 2,
+                ..shape
+            },
+        ),
+    ];
+    let shape_error = |e: &GpuError| {
+        matches!(
+            e,
+            GpuError::Input(
+                PisaError::Zero { what: "kv_heads" }
+                    | PisaError::QueryLongerThanKeys { .. }
+                    | PisaError::GqaNotDivisible { .. }
+            )
+        )
+    };
+    let mut cases = 0;
+    for (name, s) in bad {
+        // Lengths from the fields, as a caller trusting the shape would make them.
+        let nq = s.batch * s.q_heads * s.q_len * s.head_dim;
+        let nk = s.batch * s.kv_heads * s.k_len * s.head_dim;
+        let rows = s.batch * s.q_heads * s.q_len;
+        let q: Vec<f32> = (0..nq).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+        let k: Vec<f32> = (0..nk).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1).collect();
+        let sel = vec![0i32; s.batch * s.kv_heads * s.q_len * cfg.top_k];
+        let mut results: Vec<(String, pisa_wgpu::Result<()>)> = Vec::new();
+        for method in [Method::Pisa, Method::Bsa, Method::Oracle] {
+            let r = select_host(ctx, &q, &k, &s, lay, &cfg, Storage::F32, method, 4);
+            results.push((format!("select_host {method:?}"), r.map(|_| ())));
+        }
+        let r = oracle_host(ctx, &q, &k, &s, lay, &cfg, Storage::F32);
+        results.push(("oracle_host".into(), r.map(|_| ())));
+        let r = sparse_attention_host(ctx, &q, &k, &k, &s, lay, &cfg, Storage::F32, &sel);
+        results.push(("sparse_attention_host".into(), r.map(|_| ())));
+        let r = dense_attention_host(ctx, &q, &k, &k, &s, lay, true, 0.1, Storage::F32);
+        results.push(("dense_attention_host".into(), r.map(|_| ())));
+        let lse = vec![0.5f32; rows];
+        let r = backward_host(
+            ctx,
+            &q,
+            &k,
+            &k,
+            &q,
+            &lse,
+            &q,
+            &s,
+            lay,
+            &cfg,
+            Storage::F32,
+            &sel,
+        );
+        results.push(("backward_host".into(), r.map(|_| ())));
+        for (what, r) in results {
+            cases += 1;
+            match r {
+                Ok(()) => panic!("{name}: {what} accepted the shape"),
+                Err(e) => assert!(shape_error(&e), "{name}: {what}: unexpected error {e:?}"),
+            }
+        }
+    }
+    // The backward pass with an LSE of f16 words (right length, wrong element type).
+    let (q, k, v) = inputs(&shape, 3);
+    let rows = shape.batch * shape.q_heads * shape.q_len;
+    let up = |name, x: &[f32], st| ctx.upload(name, x, st).unwrap();
+    let (qt, kt, vt) = (
+        up("q", &q, Storage::F32),
+        up("k", &k, Storage::F32),
+        up("v", &v, Storage::F32),
+    );
+    let lse16 = up("lse", &vec![0.5f32; rows], Storage::F16);
+    let sel = ctx
+        .upload_u32(
+            "selection",
+            &vec![0; shape.batch * shape.kv_heads * shape.q_len * cfg.top_k],
+        )
+        .unwrap();
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let r = record_backward(
+        ctx, &mut enc, &qt, &kt, &vt, &qt, &lse16, &qt, &sel, &shape, lay, &cfg, None,
+    );
+    match r {
+        Ok(_) => panic!("backward accepted an f16 LSE"),
+        Err(e) => assert!(
+            matches!(&e, GpuError::Unsupported(m) if m.contains("lse")),
+            "f16 LSE: unexpected error {e:?}"
+        ),
+    }
+    eprintln!("shape cases: {cases}, plus the f16 LSE");
+}

@@ -130,6 +130,28 @@ impl AttentionShape {
         })
     }
 
+    /// Checks a shape as [`Self::new`] does: its fields are public, so a shape built field by
+    /// field (or changed after `new`) has not been checked. Every pisa call that takes a shape
+    /// checks it with this before using it. Errors as [`Self::new`].
+    ///
+    /// ```
+    /// use pisa_core::AttentionShape;
+    /// let mut s = AttentionShape::prefill(1, 8, 2, 128, 64).unwrap();
+    /// s.kv_heads = 3; // 8 query heads do not split into 3 groups
+    /// assert!(s.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<()> {
+        Self::new(
+            self.batch,
+            self.q_heads,
+            self.kv_heads,
+            self.q_len,
+            self.k_len,
+            self.head_dim,
+        )
+        .map(|_| ())
+    }
+
     /// A prefill shape: `q_len == k_len == len`.
     pub fn prefill(
         batch: usize,

@@ -187,6 +187,7 @@ pub(crate) fn validate(
     layouts: QkvLayouts,
     kind: &AttentionKind<'_>,
 ) -> Result<()> {
+    shape.validate()?;
     let d = shape.head_dim;
     check_head_dim(d)?;
     u32_of("query elements", shape.q_elems())?;
@@ -263,7 +264,8 @@ pub(crate) fn element_strides(
 /// (natural log); a row attending to no key gets zeros and -inf. Outputs are freshly allocated (poisoned, then
 /// fully written). Profiler stage "attention" (leaf-major: its parts, [`by_leaf::PARTS`]).
 ///
-/// Errors: [`PisaError::HeadDim`] (see [`SUPPORTED_HEAD_DIMS`]), [`PisaError::BufferLen`],
+/// Errors: shape errors as [`AttentionShape::new`] (checked again: the fields are public),
+/// [`PisaError::HeadDim`] (see [`SUPPORTED_HEAD_DIMS`]), [`PisaError::BufferLen`],
 /// configuration errors, [`GpuError::Limit`] for outputs above the binding limit (split with
 /// [`sparse_attention_host`]) or a workgroup-memory shortfall.
 #[allow(clippy::too_many_arguments)]

@@ -110,9 +110,10 @@ pub(crate) fn check_len(what: &'static str, actual: usize, expected: usize) -> R
 /// `layout`; keys no query attended to get exactly 0. Deterministic: two runs are bitwise
 /// equal. Passes are labelled "backward" in `prof`.
 ///
-/// Errors: [`PisaError::BufferLen`] for a tensor of the wrong length,
-/// [`GpuError::Unsupported`] for mixed storage precisions or a head dim and GQA group that do
-/// not fit workgroup memory, [`GpuError::Limit`] / [`PisaError::TooLarge`] for tensors past a
+/// Errors: shape errors as [`AttentionShape::new`] (the shape is checked again: its fields are
+/// public), [`PisaError::BufferLen`] for a tensor of the wrong length,
+/// [`GpuError::Unsupported`] for mixed storage precisions, an LSE or selection tensor not of
+/// 4-byte elements, or a head dim and GQA group that do not fit workgroup memory, [`GpuError::Limit`] / [`PisaError::TooLarge`] for tensors past a
 /// storage binding or u32 indexing, configuration errors.
 #[allow(clippy::too_many_arguments)] // the forward's inputs and outputs, dO and the selection
 pub fn record_backward(
@@ -132,6 +133,7 @@ pub fn record_backward(
 ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
     let _call = ctx.public_call()?;
     cfg.validate()?;
+    shape.validate()?;
     let s = shape;
     let (hd, g, c) = (s.head_dim, s.gqa_group(), cfg.block_size);
     check_u32("Q elements", s.q_elems() as u64)?;
@@ -153,6 +155,17 @@ pub fn record_backward(
         }
     }
     check_len("lse", lse.len, s.lse_elems())?;
+    // The kernels read the LSE as f32 and the selection as i32 words (a tensor of 4-byte
+    // elements, `Storage::F32`, as pisa's selections are), whatever the inputs' storage.
+    for (what, t) in [("lse", lse), ("selection", selection)] {
+        if t.storage != Storage::F32 {
+            return Err(GpuError::Unsupported(format!(
+                "backward: {what} is {:?}; it must be of 4-byte elements (Storage::F32: the LSE \
+                 as f32, the selection as i32)",
+                t.storage
+            )));
+        }
+    }
     let tiles = BackwardTiles::for_device(ctx, hd, g, c)?;
     let nb0 = s.k_len.div_ceil(c);
     let ksub = c.div_ceil(tiles.kv_keys);

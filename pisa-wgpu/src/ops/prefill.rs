@@ -231,14 +231,8 @@ pub(crate) fn record_prefill_parts(
 /// `opts.cfg`: the checks every prefill entry point starts with.
 pub(crate) fn validated(shape: &AttentionShape, opts: &PrefillOptions) -> Result<AttentionShape> {
     opts.cfg.validate()?;
-    Ok(AttentionShape::new(
-        shape.batch,
-        shape.q_heads,
-        shape.kv_heads,
-        shape.q_len,
-        shape.k_len,
-        shape.head_dim,
-    )?)
+    shape.validate()?;
+    Ok(*shape)
 }
 
 /// Opt-in check of prefill inputs: `Ok` when every element of `q`, `k` and `v` is finite, else

@@ -128,6 +128,7 @@ pub fn select_host(
     q_tile: usize,
 ) -> Result<Vec<i32>> {
     let _call = ctx.public_call()?;
+    shape.validate()?;
     check_host(q, k, shape)?;
     check_q_tile(q_tile)?;
     let qt = ctx.upload("q", q, storage)?;
@@ -170,6 +171,8 @@ pub fn oracle_host(
     storage: Storage,
 ) -> Result<(Vec<i32>, Vec<f32>)> {
     let _call = ctx.public_call()?;
+    shape.validate()?;
+    cfg.validate()?;
     check_host(q, k, shape)?;
     let qt = ctx.upload("q", q, storage)?;
     let kt = ctx.upload("k", k, storage)?;
@@ -221,6 +224,8 @@ pub fn build_pyramid(
     cfg: &SelectionConfig,
 ) -> Result<GpuPyramid> {
     let _call = ctx.public_call()?;
+    shape.validate()?;
+    cfg.validate()?;
     let lay = PyramidLayout::new(shape.k_len, cfg.block_size, cfg.merge_factor)?;
     let geo = KeyGeometry {
         batch: shape.batch,

@@ -142,6 +142,11 @@ fn run(
     sparse: Option<(&SelectionConfig, &[i32])>,
     dense: (bool, f32),
 ) -> Result<(Vec<f32>, Vec<f32>)> {
+    // The shape's fields are public: checked before it sizes the chunks.
+    s.validate()?;
+    if let Some((cfg, _)) = sparse {
+        cfg.validate()?;
+    }
     let top_k = sparse.map_or(1, |(c, _)| c.top_k);
     let chunks = plan(ctx, s, storage, top_k)?;
     let whole = chunks.len() == 1;

@@ -92,6 +92,7 @@ pub(crate) fn plan(
     method: Method,
 ) -> Result<Plan> {
     cfg.validate()?;
+    shape.validate()?;
     let s = shape;
     let d = s.head_dim;
     if d > MAX_HEAD_DIM {
