@@ -331,6 +331,7 @@ fn shapes_built_field_by_field_are_checked_at_every_entry() {
         let q: Vec<f32> = (0..nq).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
         let k: Vec<f32> = (0..nk).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1).collect();
         let sel = vec![0i32; s.batch * s.kv_heads * s.q_len * cfg.top_k];
+        let sel_t = ctx.upload_u32("selection", &sel).unwrap();
         let mut results: Vec<(String, pisa_wgpu::Result<()>)> = Vec::new();
         for method in [Method::Pisa, Method::Bsa, Method::Oracle] {
             let r = select_host(ctx, &q, &k, &s, lay, &cfg, Storage::F32, method, 4);
@@ -358,6 +359,25 @@ fn shapes_built_field_by_field_are_checked_at_every_entry() {
             &sel,
         );
         results.push(("backward_host".into(), r.map(|_| ())));
+        // The kernel queries answer a call that would be refused without panicking.
+        let kind = pisa_wgpu::ops::attention::AttentionKind::Dense {
+            causal: true,
+            scale: 0.1,
+        };
+        let _ = pisa_wgpu::ops::attention::attention_kernel(
+            ctx,
+            &s,
+            Storage::F32,
+            Default::default(),
+            &kind,
+            None,
+        );
+        let _ = pisa_wgpu::ops::attention::prefill_attention_kernel(ctx, &s, Storage::F32, &kind);
+        let sparse = pisa_wgpu::ops::attention::AttentionKind::Sparse {
+            selection: &sel_t,
+            cfg: &cfg,
+        };
+        let _ = pisa_wgpu::ops::attention::prefill_attention_kernel(ctx, &s, Storage::F32, &sparse);
         for (what, r) in results {
             cases += 1;
             match r {

@@ -129,7 +129,9 @@ pub(crate) fn plan<'a>(
     kind: &AttentionKind<'a>,
     tiling: Option<Tiling>,
 ) -> Plan<'a> {
-    if tiling.is_some() {
+    // A shape `record_attention` refuses (its fields are public) runs no kernel: any answer,
+    // without the sizes below dividing by its zero heads.
+    if tiling.is_some() || shape.validate().is_err() {
         return Plan::PortableTile;
     }
     // Split-K's merge and the NVIDIA dense kernel write O at Q's strides: only with O in Q's
@@ -218,7 +220,7 @@ pub fn prefill_attention_kernel(
     sparse: &AttentionKind<'_>,
 ) -> AttentionKernel {
     if let AttentionKind::Sparse { cfg, .. } = sparse {
-        if crate::ops::select::every_leaf_selected(shape, cfg) {
+        if shape.validate().is_ok() && crate::ops::select::every_leaf_selected(shape, cfg) {
             let kind = super::every_leaf_kind(shape, cfg);
             return prefill_dense_plan(ctx, shape, storage, &kind).kernel();
         }
