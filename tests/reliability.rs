@@ -415,3 +415,155 @@ fn shapes_built_field_by_field_are_checked_at_every_entry() {
     }
     eprintln!("shape cases: {cases}, plus the f16 LSE");
 }
+
+/// A tensor whose public fields do not match its buffer, and the other inputs the audit of
+/// the public entry points found unchecked: each is a typed error, or (for the questions of
+/// which kernel runs) an answer without a panic. Before: dense attention over a tensor whose
+/// `len` passes its buffer, or whose `storage` is not its bytes', returned wrong outputs;
+/// `KvCache::record_step` read a q of another precision or length as its own; `read_f32` and
+/// `read_i32` panicked on a `len` past the buffer; the pyramid build panicked for keys past its
+/// capacity and averaged zeros in for a K shorter than its geometry; the block index of the
+/// backward pass took any shape; the kernel questions divided by zero heads or a zero block
+/// size; `check_head_dim(0)` was Ok; `record_prefill` took a `q_tile` of 0 on a prompt whose
+/// queries keep every leaf; `random_tensor` filled NaN for a NaN scale.
+#[test]
+fn tensors_and_sizes_that_lie_are_refused() {
+    use pisa_wgpu::ops::attention::{by_leaf, record_dense_attention, split_k, QkvLayouts};
+    use pisa_wgpu::ops::pyramid::{self, KeyGeometry};
+    use pisa_wgpu::GpuTensor;
+    let ctx = ctx();
+    let (shape, cfg) = small();
+    let (q, k, v) = inputs(&shape, 4);
+    let lay = QkvLayouts::from(TensorLayout::Bhnd);
+    let buf_len = |e: &GpuError| matches!(e, GpuError::Input(PisaError::BufferLen { .. }));
+    let up = |x: &[f32], st| ctx.upload("t", x, st).unwrap();
+    let (qt, kt, vt) = (
+        up(&q, Storage::F32),
+        up(&k, Storage::F32),
+        up(&v, Storage::F32),
+    );
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    // Q's len past its buffer (a buffer of one row).
+    let one_row = up(&q[..32], Storage::F32);
+    let q_long = GpuTensor::from_buffer(one_row.buffer.clone(), shape.q_elems(), Storage::F32);
+    let r = record_dense_attention(
+        ctx, &mut enc, &q_long, &kt, &vt, &shape, lay, true, 0.2, None,
+    );
+    assert!(
+        r.as_ref().is_err_and(buf_len),
+        "q past its buffer: {:?}",
+        r.err()
+    );
+    // K in bf16 (half the bytes) labelled f32.
+    let k16 = up(&k, Storage::Bf16);
+    let k_lie = GpuTensor::from_buffer(k16.buffer.clone(), k.len(), Storage::F32);
+    let r = record_dense_attention(
+        ctx, &mut enc, &qt, &k_lie, &vt, &shape, lay, true, 0.2, None,
+    );
+    assert!(
+        r.as_ref().is_err_and(buf_len),
+        "bf16 K as f32: {:?}",
+        r.err()
+    );
+    // Reading back past the buffer.
+    let mut t = up(&[1.0; 4], Storage::F32);
+    t.len = 100;
+    assert!(ctx.read_f32(&t).as_ref().is_err_and(buf_len));
+    assert!(ctx.read_i32(&t).as_ref().is_err_and(buf_len));
+    // A decode step's q of another precision, or length, than the cache's.
+    let cache = pisa_wgpu::KvCache::new(ctx, 1, 64, 4, 2, 32, cfg, Storage::F32).unwrap();
+    let q_f16 = up(&[0.5; 4 * 32], Storage::F16);
+    let r = cache.record_step(&mut enc, &q_f16, None);
+    assert!(
+        matches!(r, Err(GpuError::Unsupported(_))),
+        "f16 q for an f32 cache: {r:?}"
+    );
+    let q_twice = up(&[0.5; 2 * 4 * 32], Storage::F32);
+    let r = cache.record_step(&mut enc, &q_twice, None);
+    assert!(
+        r.as_ref().is_err_and(buf_len),
+        "q of twice the length: {r:?}"
+    );
+    // The pyramid: keys past its capacity, and a K shorter than its geometry.
+    let cap = pisa_core::PyramidLayout::new(64, 16, 2).unwrap();
+    let geo = KeyGeometry {
+        batch: 1,
+        kv_heads: 1,
+        tokens: 64,
+        head_dim: 16,
+        layout: TensorLayout::Bhnd.into(),
+    };
+    let pyr = pyramid::alloc(ctx, cap, &geo, false).unwrap();
+    let k64 = up(&k[..64 * 16], Storage::F32);
+    let geo256 = KeyGeometry { tokens: 256, ..geo };
+    let r = pyramid::record_build(ctx, &mut enc, &k64, &geo256, 256, &pyr, None);
+    assert!(
+        matches!(r, Err(GpuError::Input(PisaError::TooLarge { .. }))),
+        "keys past the capacity: {r:?}"
+    );
+    let k_short = up(&k[..256], Storage::F32);
+    let r = pyramid::record_build(ctx, &mut enc, &k_short, &geo, 64, &pyr, None);
+    assert!(
+        r.as_ref().is_err_and(buf_len),
+        "K shorter than its geometry: {r:?}"
+    );
+    pyramid::record_build(ctx, &mut enc, &k64, &geo, 64, &pyr, None).unwrap();
+    // The backward pass's block index with a shape it cannot have.
+    let sel = ctx.upload_u32("selection", &[0; 2 * 256 * 16]).unwrap();
+    let long_q = AttentionShape {
+        q_len: 256,
+        k_len: 64,
+        ..shape
+    };
+    let r = pisa_wgpu::ops::backward::index::record_block_index(
+        ctx, &mut enc, &sel, &long_q, &cfg, None,
+    );
+    assert!(
+        matches!(
+            r,
+            Err(GpuError::Input(PisaError::QueryLongerThanKeys { .. }))
+        ),
+        "block index of q_len > k_len: {:?}",
+        r.err()
+    );
+    // The kernel questions: answers, no panic.
+    let no_heads = AttentionShape {
+        kv_heads: 0,
+        ..shape
+    };
+    let mut no_block = cfg;
+    no_block.block_size = 0;
+    assert_eq!(split_k::tile_workgroups(&no_heads), 0);
+    assert!(split_k::plan(ctx, &no_heads, Storage::F32).is_none());
+    for (s, c) in [(&no_heads, &cfg), (&shape, &no_block)] {
+        assert!(by_leaf::leaf_major_path(ctx, Storage::F32, s, lay, c).is_none());
+        assert!(!by_leaf::leaf_major_pairs(ctx, Storage::F32, s, lay, c));
+        assert!(by_leaf::leaf_major_range(ctx, Storage::F32, s, lay, c).is_none());
+    }
+    assert!(pisa_wgpu::check_head_dim(0).is_err());
+    // q_tile 0 on a prompt whose queries keep every leaf (64 tokens, C 16, K 8).
+    let short = AttentionShape::new(1, 4, 2, 64, 64, 32).unwrap();
+    let scfg = pisa_core::SelectionConfig::new(16, 8).unwrap();
+    let (sq, sk, sv) = inputs(&short, 5);
+    let (sqt, skt, svt) = (
+        up(&sq, Storage::F32),
+        up(&sk, Storage::F32),
+        up(&sv, Storage::F32),
+    );
+    let mut o = opts(scfg);
+    o.q_tile = 0;
+    let r =
+        pisa_wgpu::ops::prefill::record_prefill(ctx, &mut enc, &sqt, &skt, &svt, &short, &o, None);
+    assert!(
+        matches!(r, Err(GpuError::Input(PisaError::Zero { what: "q_tile" }))),
+        "q_tile 0: {:?}",
+        r.err()
+    );
+    let r = pisa_wgpu::ops::fill::random_tensor(ctx, "x", 8, Storage::F32, 1, f32::NAN);
+    assert!(
+        matches!(r, Err(GpuError::Input(PisaError::InvalidValue { .. }))),
+        "NaN scale: {:?}",
+        r.err()
+    );
+    drop(enc);
+}

@@ -163,14 +163,17 @@ impl AttentionShape {
         Self::new(batch, q_heads, kv_heads, len, len, head_dim)
     }
 
-    /// g_q = Hq / Hkv: query heads sharing one key/value head (and one selection).
+    /// g_q = Hq / Hkv: query heads sharing one key/value head (and one selection). For a
+    /// hand-built shape that [`Self::validate`] refuses: `Hq / max(Hkv, 1)` (never a division
+    /// by zero; the shape is refused wherever it is used).
     pub fn gqa_group(&self) -> usize {
-        self.q_heads / self.kv_heads
+        self.q_heads / self.kv_heads.max(1)
     }
 
-    /// Absolute position of query `i`: `k_len - q_len + i`.
+    /// Absolute position of query `i`: `k_len - q_len + i` (saturating for a hand-built shape
+    /// with `q_len > k_len`, which [`Self::validate`] refuses).
     pub fn query_position(&self, i: usize) -> usize {
-        self.k_len - self.q_len + i
+        self.k_len.saturating_sub(self.q_len).saturating_add(i)
     }
 
     /// Elements of Q (`B * Hq * Nq * D`), also of O. Exact for a shape from

@@ -62,9 +62,10 @@ pub const SUPPORTED_HEAD_DIMS: &str = "multiples of 16 from 16 to 256";
 /// use pisa_wgpu::check_head_dim;
 /// assert!(check_head_dim(128).is_ok());
 /// assert!(check_head_dim(24).is_err()); // not a multiple of 16
+/// assert!(check_head_dim(0).is_err());
 /// ```
 pub fn check_head_dim(d: usize) -> Result<()> {
-    if !d.is_multiple_of(16) || d > 256 {
+    if d == 0 || !d.is_multiple_of(16) || d > 256 {
         return Err(PisaError::HeadDim {
             head_dim: d,
             supported: SUPPORTED_HEAD_DIMS,
@@ -167,6 +168,7 @@ pub(crate) fn check_o_is_q(layouts: QkvLayouts) -> Result<()> {
 }
 
 fn check_len(what: &'static str, t: &GpuTensor, expected: usize) -> Result<()> {
+    t.check_fits(what)?;
     if t.len != expected {
         return Err(PisaError::BufferLen {
             what,

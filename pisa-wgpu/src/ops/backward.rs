@@ -146,6 +146,7 @@ pub fn record_backward(
     .into_iter()
     .chain([("k", k, s.kv_elems()), ("v", v, s.kv_elems())])
     {
+        t.check_fits(what)?;
         check_len(what, t.len, n)?;
         if t.storage != q.storage {
             return Err(GpuError::Unsupported(format!(
@@ -154,6 +155,8 @@ pub fn record_backward(
             )));
         }
     }
+    lse.check_fits("lse")?;
+    selection.check_fits("selection")?;
     check_len("lse", lse.len, s.lse_elems())?;
     // The kernels read the LSE as f32 and the selection as i32 words (a tensor of 4-byte
     // elements, `Storage::F32`, as pisa's selections are), whatever the inputs' storage.

@@ -25,7 +25,8 @@ struct Params {
 
 /// A new tensor of `len` elements of `storage`, filled with random values in `[-scale, scale)`
 /// (bf16 included: the value rounded to nearest even). Its buffer holds an even number of
-/// elements (the kernel writes pairs).
+/// elements (the kernel writes pairs). Errors: [`pisa_core::PisaError::InvalidValue`] for a
+/// scale that is not finite, allocation and device errors.
 pub fn random_tensor(
     ctx: &Context,
     label: &str,
@@ -35,6 +36,12 @@ pub fn random_tensor(
     scale: f32,
 ) -> Result<GpuTensor> {
     let _call = ctx.public_call()?;
+    if !scale.is_finite() {
+        return Err(pisa_core::PisaError::InvalidValue {
+            what: "random_tensor's scale must be finite",
+        }
+        .into());
+    }
     let mut t = ctx.alloc(label, len.next_multiple_of(2), storage, POISON_F32)?;
     t.len = len;
     let pairs = len.div_ceil(2);

@@ -232,6 +232,10 @@ pub(crate) fn record_prefill_parts(
 pub(crate) fn validated(shape: &AttentionShape, opts: &PrefillOptions) -> Result<AttentionShape> {
     opts.cfg.validate()?;
     shape.validate()?;
+    // (A prompt whose queries keep every leaf never reaches the selection's own check.)
+    if opts.q_tile == 0 {
+        return Err(PisaError::Zero { what: "q_tile" }.into());
+    }
     Ok(*shape)
 }
 
@@ -280,9 +284,6 @@ pub fn prefill_host(
             }
             .into());
         }
-    }
-    if opts.q_tile == 0 {
-        return Err(PisaError::Zero { what: "q_tile" }.into());
     }
     let units = chunks::units_per_chunk(ctx, &shape, opts)?;
     if units >= shape.batch * shape.kv_heads {

@@ -5,7 +5,7 @@
 //! KV cache can grow inside one allocation).
 
 use bytemuck::{Pod, Zeroable};
-use pisa_core::PyramidLayout;
+use pisa_core::{PisaError, PyramidLayout};
 
 use crate::error::Result;
 use crate::runtime::buffers::{Bind, GpuTensor, POISON_F32};
@@ -100,6 +100,11 @@ pub fn alloc(
 }
 
 /// Records the passes that build every level of `pyr` from the first `k_len` keys of `k`.
+///
+/// Errors: [`PisaError::TooLarge`] for a `k_len` past the pyramid's capacity or K's token
+/// dimension (`geo.tokens`), [`PisaError::Zero`] for a geometry of zero batch, heads or head
+/// dim, [`PisaError::BufferLen`] for a K shorter than its geometry's span or a pyramid shorter
+/// than its capacity, layout errors of `k_len` (as [`PyramidLayout::new`]).
 pub fn record_build(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -112,6 +117,69 @@ pub fn record_build(
     let _call = ctx.public_call()?;
     let cap = pyr.capacity;
     let valid = PyramidLayout::new(k_len, cap.block_size(), cap.merge_factor())?;
+    // Keys past the pyramid's capacity, or past K's token dimension, and a K of another length
+    // than its geometry's span would index past the pyramid or K's binding (a panic of the
+    // layout, or zeros averaged in).
+    for (what, value, limit) in [
+        (
+            "keys to pool (k_len) against the pyramid's capacity",
+            k_len,
+            cap.key_len(),
+        ),
+        (
+            "keys to pool (k_len) against K's token dimension",
+            k_len,
+            geo.tokens,
+        ),
+    ] {
+        if value > limit {
+            return Err(PisaError::TooLarge {
+                what,
+                value: value as u64,
+                limit: limit as u64,
+            }
+            .into());
+        }
+    }
+    for (what, v) in [
+        ("batch", geo.batch),
+        ("kv_heads", geo.kv_heads),
+        ("head_dim", geo.head_dim),
+    ] {
+        if v == 0 {
+            return Err(PisaError::Zero { what }.into());
+        }
+    }
+    // (tokens >= k_len >= 1 here)
+    let span = geo
+        .layout
+        .span(geo.batch, geo.kv_heads, geo.tokens, geo.head_dim);
+    k.check_fits("k")?;
+    if k.len < span {
+        return Err(PisaError::BufferLen {
+            what: "k (the key geometry's elements)",
+            expected: span,
+            actual: k.len,
+        }
+        .into());
+    }
+    let rows = geo.batch * geo.kv_heads * cap.total_nodes() * geo.head_dim;
+    for (what, t) in [
+        ("pyramid means", Some(&pyr.means)),
+        ("pyramid second moments", pyr.sq.as_ref()),
+    ] {
+        if let Some(t) = t {
+            t.check_fits(what)?;
+            if t.len < rows {
+                return Err(PisaError::BufferLen {
+                    what,
+                    expected: rows,
+                    actual: t.len,
+                }
+                .into());
+            }
+        }
+    }
     let with_sq = pyr.sq.is_some();
     let dummy;
     let sq_buf = match &pyr.sq {

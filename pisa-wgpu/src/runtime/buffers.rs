@@ -25,6 +25,7 @@ pub(crate) use self::dispatch::Stage;
 use super::context::Context;
 use super::pipeline::Storage;
 use crate::error::{GpuError, Result};
+use pisa_core::PisaError;
 
 /// Poison for float outputs: a quiet NaN bit pattern (also NaN as two f16 halves: 0xFFFF).
 pub const POISON_F32: u32 = 0xFFFF_FFFF;
@@ -60,6 +61,26 @@ impl GpuTensor {
             storage,
             range: None,
         }
+    }
+
+    /// Checks that the tensor's `len` elements of its `storage` fit the bytes it binds (its
+    /// buffer, or its range of a caller's buffer). The fields are public, so a tensor's `len`
+    /// or `storage` may have been changed after it was made; a kernel given more elements than
+    /// its binding holds reads zeros past the end (a silent wrong result, as robust buffer
+    /// access has it). Every call that takes a [`GpuTensor`] checks it with this. Errors:
+    /// [`PisaError::BufferLen`] with the elements the binding holds as `actual`.
+    pub(crate) fn check_fits(&self, what: &'static str) -> Result<()> {
+        let bytes = self.range.map_or(self.buffer.size(), |(_, b)| b);
+        let holds = bytes / self.storage.bytes();
+        if self.len as u64 > holds {
+            return Err(PisaError::BufferLen {
+                what,
+                expected: self.len,
+                actual: usize::try_from(holds).unwrap_or(usize::MAX),
+            }
+            .into());
+        }
+        Ok(())
     }
 
     /// Another handle on the same elements (the buffer is shared, not copied).

@@ -11,6 +11,7 @@ impl Context {
     /// Reads a tensor back as f32 (f16 and bf16 storage are widened).
     #[doc(hidden)]
     pub fn read_f32(&self, t: &GpuTensor) -> Result<Vec<f32>> {
+        t.check_fits("tensor read back")?;
         let bytes = self.read_bytes(&t.buffer)?;
         Ok(widen(&bytes, t.storage, t.len))
     }
@@ -18,6 +19,13 @@ impl Context {
     /// Reads a tensor of 4-byte integers back.
     #[doc(hidden)]
     pub fn read_i32(&self, t: &GpuTensor) -> Result<Vec<i32>> {
+        t.check_fits("tensor read back")?;
+        if t.storage != Storage::F32 {
+            return Err(GpuError::Unsupported(format!(
+                "read_i32 reads 4-byte words; the tensor is {:?}",
+                t.storage
+            )));
+        }
         let bytes = self.read_bytes(&t.buffer)?;
         Ok(bytemuck::cast_slice::<u8, i32>(&bytes)[..t.len].to_vec())
     }

@@ -60,7 +60,7 @@ pub struct BlockIndex {
 /// `K = cfg.top_k`, the layout of a selection op's output) for `shape` and `cfg` (block size,
 /// causality). Passes are labelled "backward" in `prof`.
 ///
-/// Errors: [`crate::GpuError::Limit`] when the pairs (8 bytes per entry) exceed a storage
+/// Errors: shape errors as [`AttentionShape::new`], [`crate::GpuError::Limit`] when the pairs (8 bytes per entry) exceed a storage
 /// binding, [`pisa_core::PisaError::TooLarge`] past u32 indexing, configuration errors.
 pub fn record_block_index(
     ctx: &Context,
@@ -71,9 +71,11 @@ pub fn record_block_index(
     mut prof: Option<&mut Profiler>,
 ) -> Result<BlockIndex> {
     cfg.validate()?;
+    shape.validate()?;
     let entries = shape.q_len * cfg.top_k;
     let num_bh = shape.batch * shape.kv_heads;
     let total = super::check_u32("selection entries", num_bh as u64 * entries as u64 * 2)?;
+    selection.check_fits("selection")?;
     super::check_len("selection", selection.len, total / 2)?;
     let nb0 = shape.k_len.div_ceil(cfg.block_size);
     let tiles = entries.div_ceil(TILE);

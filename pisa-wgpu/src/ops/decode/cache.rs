@@ -312,6 +312,7 @@ impl KvCache {
                 t.storage, self.storage
             )));
         }
+        t.check_fits(what)?;
         check_len(what, t.len, len)
     }
 }

@@ -562,6 +562,9 @@ impl KvCache {
     ) -> Result<()> {
         let views = (steps.iter())
             .map(|(cache, q)| {
+                // The tensor's own length and precision (the view below takes the cache's).
+                let s = &cache.shape;
+                cache.check_tensor("q", q, s.batch * s.q_heads * s.head_dim)?;
                 let dt = DType::from(cache.storage);
                 TensorView::contiguous(&q.buffer, 0, dt, cache.q_shape(), TensorLayout::Bhnd)
             })

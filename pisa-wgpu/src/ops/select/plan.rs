@@ -123,6 +123,8 @@ pub(crate) fn plan(
     };
     crate::ops::attention::check_strided("q", layouts.q)?;
     crate::ops::attention::check_strided("k", layouts.k)?;
+    q.check_fits("q")?;
+    k.check_fits("k")?;
     // The elements from the first to past the last (the element count when contiguous).
     len_check("q", q.len, layouts.q.span(s.batch, s.q_heads, s.q_len, d))?;
     len_check(
@@ -151,6 +153,10 @@ pub(crate) fn plan(
                 what: "pyramid block size / merge factor / capacity does not match the call",
             }
             .into());
+        }
+        p.means.check_fits("pyramid means")?;
+        if let Some(sq) = &p.sq {
+            sq.check_fits("pyramid second moments")?;
         }
         len_check(
             "pyramid means",

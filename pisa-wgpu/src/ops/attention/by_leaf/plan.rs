@@ -172,7 +172,9 @@ pub fn leaf_major_range(
     plan(ctx, storage, s, layouts, cfg).map(|la| (la.nq as usize, la.heads as usize))
 }
 
-/// The leaf-major plan for a validated sparse-attention call, or `None` (the tile kernels run).
+/// The leaf-major plan for a validated sparse-attention call, or `None` (the tile kernels run;
+/// also for a shape or configuration the attention refuses, which the public questions above
+/// may be asked about: their fields are public).
 pub(crate) fn plan(
     ctx: &Context,
     storage: Storage,
@@ -180,6 +182,8 @@ pub(crate) fn plan(
     layouts: QkvLayouts,
     cfg: &SelectionConfig,
 ) -> Option<LeafAttention> {
+    s.validate().ok()?;
+    cfg.validate().ok()?;
     let (g, d) = (s.gqa_group() as u32, s.head_dim);
     let order = ctx.leaf_order();
     if order == LeafOrder::Tiles || layouts.k != layouts.v {

@@ -114,7 +114,11 @@ fn variant_for(l: &wgpu::Limits, head_dim: usize, storage: Storage) -> Result<Va
 
 /// Workgroups the portable tile kernel launches for a dense call of this shape with the
 /// default tiling ([`Tiling::default_for`]): B * Hkv * ceil(g_q / GH) * ceil(Nq / QT).
+/// 0 for a shape [`AttentionShape::validate`] refuses.
 pub fn tile_workgroups(s: &AttentionShape) -> u64 {
+    if s.validate().is_err() {
+        return 0;
+    }
     let g = s.gqa_group();
     let t = Tiling::default_for(g, None);
     let heads = g.div_ceil(t.head_chunk.min(g)) as u64;
@@ -137,6 +141,8 @@ pub fn tile_workgroups(s: &AttentionShape) -> u64 {
 /// decode baseline (B 1, Hkv 8, g_q 4, Nq 1, Nk 1M) gets 256 splits of 4096 keys: 2048
 /// workgroups of 4 rows, each streaming 2 MB of f16 K and V; 4 MB of partial states.
 pub fn plan(ctx: &Context, s: &AttentionShape, storage: Storage) -> Option<SplitK> {
+    // A shape the attention refuses (its fields are public) runs no kernel.
+    s.validate().ok()?;
     let rows = s.gqa_group() * s.q_len;
     if rows > MAX_ROWS || s.k_len < MIN_KEYS || tile_workgroups(s) >= TILE_WORKGROUPS_BELOW {
         return None;
