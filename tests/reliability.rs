@@ -465,6 +465,17 @@ fn tensors_and_sizes_that_lie_are_refused() {
         "bf16 K as f32: {:?}",
         r.err()
     );
+    // A selection of f16 elements (the kernels read i32 words).
+    let n = shape.batch * shape.kv_heads * shape.q_len * cfg.top_k;
+    let sel16 = up(&vec![0.0; n], Storage::F16);
+    let r = pisa_wgpu::ops::attention::record_sparse_attention(
+        ctx, &mut enc, &qt, &kt, &vt, &sel16, &shape, lay, &cfg, None,
+    );
+    assert!(
+        matches!(r, Err(GpuError::Unsupported(_))),
+        "f16 selection: {:?}",
+        r.err()
+    );
     // Reading back past the buffer.
     let mut t = up(&[1.0; 4], Storage::F32);
     t.len = 100;

@@ -36,7 +36,7 @@ pub use tiling::Tiling;
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::Context;
-use crate::runtime::pipeline::ShaderSource;
+use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
 use crate::runtime::view::KernelLayout;
 use kernel::Plan;
@@ -220,6 +220,14 @@ pub(crate) fn validate(
             let n = shape.batch * shape.kv_heads * shape.q_len * cfg.top_k;
             u32_of("selection elements", n)?;
             check_len("selection", selection, n)?;
+            // Read as i32 words: a selection of 4-byte elements (Storage::F32), as pisa's are.
+            if selection.storage != Storage::F32 {
+                return Err(GpuError::Unsupported(format!(
+                    "the selection is {:?}; it must be of 4-byte elements (i32, in a tensor of \
+                     Storage::F32 as pisa's selections are)",
+                    selection.storage
+                )));
+            }
         }
         AttentionKind::Dense { scale, .. } => {
             if !scale.is_finite() || *scale <= 0.0 {
