@@ -386,7 +386,7 @@ fn shapes_built_field_by_field_are_checked_at_every_entry() {
             }
         }
     }
-    // The backward pass with an LSE of f16 words (right length, wrong element type).
+    // The backward pass with an LSE of 16-bit words (right length, wrong element type).
     let (q, k, v) = inputs(&shape, 3);
     let rows = shape.batch * shape.q_heads * shape.q_len;
     let up = |name, x: &[f32], st| ctx.upload(name, x, st).unwrap();
@@ -395,7 +395,8 @@ fn shapes_built_field_by_field_are_checked_at_every_entry() {
         up("k", &k, Storage::F32),
         up("v", &v, Storage::F32),
     );
-    let lse16 = up("lse", &vec![0.5f32; rows], Storage::F16);
+    // (bf16: 2-byte words on every device; f16 needs SHADER_F16, which GL lacks.)
+    let lse16 = up("lse", &vec![0.5f32; rows], Storage::Bf16);
     let sel = ctx
         .upload_u32(
             "selection",
@@ -407,13 +408,25 @@ fn shapes_built_field_by_field_are_checked_at_every_entry() {
         ctx, &mut enc, &qt, &kt, &vt, &qt, &lse16, &qt, &sel, &shape, lay, &cfg, None,
     );
     match r {
-        Ok(_) => panic!("backward accepted an f16 LSE"),
+        Ok(_) => panic!("backward accepted a bf16 LSE"),
         Err(e) => assert!(
             matches!(&e, GpuError::Unsupported(m) if m.contains("lse")),
-            "f16 LSE: unexpected error {e:?}"
+            "bf16 LSE: unexpected error {e:?}"
         ),
     }
-    eprintln!("shape cases: {cases}, plus the f16 LSE");
+    // The pyramid of a hand-built shape.
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let no_heads = AttentionShape {
+        kv_heads: 0,
+        ..shape
+    };
+    let r = pisa_wgpu::ops::select::build_pyramid(ctx, &mut enc, &kt, &no_heads, lay, &cfg);
+    assert!(
+        r.as_ref().is_err_and(shape_error),
+        "build_pyramid of 0 KV heads: {:?}",
+        r.err()
+    );
+    eprintln!("shape cases: {cases}, plus the bf16 LSE and the pyramid");
 }
 
 /// A tensor whose public fields do not match its buffer, and the other inputs the audit of
@@ -465,15 +478,15 @@ fn tensors_and_sizes_that_lie_are_refused() {
         "bf16 K as f32: {:?}",
         r.err()
     );
-    // A selection of f16 elements (the kernels read i32 words).
+    // A selection of 16-bit elements (the kernels read i32 words).
     let n = shape.batch * shape.kv_heads * shape.q_len * cfg.top_k;
-    let sel16 = up(&vec![0.0; n], Storage::F16);
+    let sel16 = up(&vec![0.0; n], Storage::Bf16);
     let r = pisa_wgpu::ops::attention::record_sparse_attention(
         ctx, &mut enc, &qt, &kt, &vt, &sel16, &shape, lay, &cfg, None,
     );
     assert!(
         matches!(r, Err(GpuError::Unsupported(_))),
-        "f16 selection: {:?}",
+        "bf16 selection: {:?}",
         r.err()
     );
     // Reading back past the buffer.
@@ -483,11 +496,11 @@ fn tensors_and_sizes_that_lie_are_refused() {
     assert!(ctx.read_i32(&t).as_ref().is_err_and(buf_len));
     // A decode step's q of another precision, or length, than the cache's.
     let cache = pisa_wgpu::KvCache::new(ctx, 1, 64, 4, 2, 32, cfg, Storage::F32).unwrap();
-    let q_f16 = up(&[0.5; 4 * 32], Storage::F16);
-    let r = cache.record_step(&mut enc, &q_f16, None);
+    let q_bf16 = up(&[0.5; 4 * 32], Storage::Bf16);
+    let r = cache.record_step(&mut enc, &q_bf16, None);
     assert!(
         matches!(r, Err(GpuError::Unsupported(_))),
-        "f16 q for an f32 cache: {r:?}"
+        "bf16 q for an f32 cache: {r:?}"
     );
     let q_twice = up(&[0.5; 2 * 4 * 32], Storage::F32);
     let r = cache.record_step(&mut enc, &q_twice, None);
@@ -511,6 +524,21 @@ fn tensors_and_sizes_that_lie_are_refused() {
     assert!(
         matches!(r, Err(GpuError::Input(PisaError::TooLarge { .. }))),
         "keys past the capacity: {r:?}"
+    );
+    let geo32 = KeyGeometry { tokens: 32, ..geo };
+    let r = pyramid::record_build(ctx, &mut enc, &k64, &geo32, 64, &pyr, None);
+    assert!(
+        matches!(r, Err(GpuError::Input(PisaError::TooLarge { .. }))),
+        "keys past K's token dimension: {r:?}"
+    );
+    let geo_huge = KeyGeometry {
+        batch: usize::MAX / 2,
+        ..geo
+    };
+    let r = pyramid::record_build(ctx, &mut enc, &k64, &geo_huge, 64, &pyr, None);
+    assert!(
+        matches!(r, Err(GpuError::Input(PisaError::TooLarge { .. }))),
+        "a geometry whose span overflows: {r:?}"
     );
     let k_short = up(&k[..256], Storage::F32);
     let r = pyramid::record_build(ctx, &mut enc, &k_short, &geo, 64, &pyr, None);
@@ -537,7 +565,10 @@ fn tensors_and_sizes_that_lie_are_refused() {
         "block index of q_len > k_len: {:?}",
         r.err()
     );
-    // The kernel questions: answers, no panic.
+    // The kernel questions: answers, no panic. 0 KV heads (gqa_group divided by it); a zero
+    // block size, asked of a context that runs leaf-major wherever it fits (under Auto the
+    // question returns before the block size for these f32 inputs) and of the prefill's
+    // every-leaf test.
     let no_heads = AttentionShape {
         kv_heads: 0,
         ..shape
@@ -546,11 +577,22 @@ fn tensors_and_sizes_that_lie_are_refused() {
     no_block.block_size = 0;
     assert_eq!(split_k::tile_workgroups(&no_heads), 0);
     assert!(split_k::plan(ctx, &no_heads, Storage::F32).is_none());
+    let mut t = ctx.tuning();
+    t.leaf_order = pisa_wgpu::LeafOrder::Leaves;
+    let leaves =
+        pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t).unwrap();
+    assert!(by_leaf::leaf_major_path(&leaves, Storage::F32, &shape, lay, &cfg).is_some());
     for (s, c) in [(&no_heads, &cfg), (&shape, &no_block)] {
-        assert!(by_leaf::leaf_major_path(ctx, Storage::F32, s, lay, c).is_none());
-        assert!(!by_leaf::leaf_major_pairs(ctx, Storage::F32, s, lay, c));
-        assert!(by_leaf::leaf_major_range(ctx, Storage::F32, s, lay, c).is_none());
+        assert!(by_leaf::leaf_major_path(&leaves, Storage::F32, s, lay, c).is_none());
+        assert!(!by_leaf::leaf_major_pairs(&leaves, Storage::F32, s, lay, c));
+        assert!(by_leaf::leaf_major_range(&leaves, Storage::F32, s, lay, c).is_none());
     }
+    let sel_t = ctx.upload_u32("selection", &vec![0; n]).unwrap();
+    let sparse = pisa_wgpu::ops::attention::AttentionKind::Sparse {
+        selection: &sel_t,
+        cfg: &no_block,
+    };
+    let _ = pisa_wgpu::ops::attention::prefill_attention_kernel(ctx, &shape, Storage::F32, &sparse);
     assert!(pisa_wgpu::check_head_dim(0).is_err());
     // q_tile 0 on a prompt whose queries keep every leaf (64 tokens, C 16, K 8).
     let short = AttentionShape::new(1, 4, 2, 64, 64, 32).unwrap();

@@ -28,7 +28,8 @@ pub const VARIANTS: [(NvKernel, u32, u32); 5] = [
 
 /// Records C = A B^T with variant `v` of [`VARIANTS`] into `enc` (one pass named "gemm").
 /// Errors: [`GpuError::Unsupported`] without `VK_NV_cooperative_matrix2` or for a variant
-/// index out of range, or when a tensor's length or storage does not match.
+/// index out of range, or when a tensor's length or storage does not match;
+/// [`pisa_core::PisaError::BufferLen`] for a tensor whose elements do not fit its buffer.
 #[allow(clippy::too_many_arguments)]
 pub fn record_gemm(
     ctx: &Context,
@@ -43,6 +44,9 @@ pub fn record_gemm(
     let Some(&(kernel, bm, bn)) = VARIANTS.get(v) else {
         return Err(GpuError::Unsupported(format!("no NVIDIA GEMM variant {v}")));
     };
+    for (what, t) in [("a", a), ("b", b), ("c", c)] {
+        t.check_fits(what)?;
+    }
     let ok = a.len == m * k
         && b.len == n * k
         && c.len == m * n

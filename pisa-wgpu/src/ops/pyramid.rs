@@ -150,10 +150,28 @@ pub fn record_build(
             return Err(PisaError::Zero { what }.into());
         }
     }
-    // (tokens >= k_len >= 1 here)
-    let span = geo
-        .layout
-        .span(geo.batch, geo.kv_heads, geo.tokens, geo.head_dim);
+    // (tokens >= k_len >= 1 here.) The span and the pyramid's rows in checked arithmetic: the
+    // geometry's fields are public, and a wrapped product would pass the length checks.
+    let (sb, sh, sn) = geo.layout.strides(geo.kv_heads, geo.tokens, geo.head_dim);
+    let span = [
+        (geo.batch - 1).checked_mul(sb),
+        (geo.kv_heads - 1).checked_mul(sh),
+        (geo.tokens - 1).checked_mul(sn),
+        Some(geo.head_dim),
+    ]
+    .into_iter()
+    .try_fold(0usize, |acc, x| acc.checked_add(x?));
+    let rows = [geo.batch, geo.kv_heads, cap.total_nodes(), geo.head_dim]
+        .into_iter()
+        .try_fold(1usize, |acc, x| acc.checked_mul(x));
+    let (Some(span), Some(rows)) = (span, rows) else {
+        return Err(PisaError::TooLarge {
+            what: "elements of K or of the pyramid for this key geometry",
+            value: u64::MAX,
+            limit: usize::MAX as u64,
+        }
+        .into());
+    };
     k.check_fits("k")?;
     if k.len < span {
         return Err(PisaError::BufferLen {
@@ -163,7 +181,6 @@ pub fn record_build(
         }
         .into());
     }
-    let rows = geo.batch * geo.kv_heads * cap.total_nodes() * geo.head_dim;
     for (what, t) in [
         ("pyramid means", Some(&pyr.means)),
         ("pyramid second moments", pyr.sq.as_ref()),

@@ -67,7 +67,10 @@ impl GpuTensor {
     /// buffer, or its range of a caller's buffer). The fields are public, so a tensor's `len`
     /// or `storage` may have been changed after it was made; a kernel given more elements than
     /// its binding holds reads zeros past the end (a silent wrong result, as robust buffer
-    /// access has it). Every call that takes a [`GpuTensor`] checks it with this. Errors:
+    /// access has it). The calls that validate their inputs check every tensor with this
+    /// (attention, selection, prefill, the backward pass, decode, the pyramid build, the GEMM,
+    /// read-back); the kernel-level record functions whose docs say their caller validates
+    /// (`record_coop`, `record_split_k`) do not. Errors:
     /// [`PisaError::BufferLen`] with the elements the binding holds as `actual`.
     pub(crate) fn check_fits(&self, what: &'static str) -> Result<()> {
         let bytes = self.range.map_or(self.buffer.size(), |(_, b)| b);

@@ -220,7 +220,10 @@ pub fn prefill_attention_kernel(
     sparse: &AttentionKind<'_>,
 ) -> AttentionKernel {
     if let AttentionKind::Sparse { cfg, .. } = sparse {
-        if shape.validate().is_ok() && crate::ops::select::every_leaf_selected(shape, cfg) {
+        if shape.validate().is_ok()
+            && cfg.validate().is_ok()
+            && crate::ops::select::every_leaf_selected(shape, cfg)
+        {
             let kind = super::every_leaf_kind(shape, cfg);
             return prefill_dense_plan(ctx, shape, storage, &kind).kernel();
         }
