@@ -456,28 +456,18 @@ fn tensors_and_sizes_that_lie_are_refused() {
         up(&v, Storage::F32),
     );
     let mut enc = ctx.device().create_command_encoder(&Default::default());
-    // Q's len past its buffer (a buffer of one row).
+    // Q's len past its buffer (a buffer of one row); K in bf16 (half the bytes) labelled f32.
     let one_row = up(&q[..32], Storage::F32);
     let q_long = GpuTensor::from_buffer(one_row.buffer.clone(), shape.q_elems(), Storage::F32);
-    let r = record_dense_attention(
-        ctx, &mut enc, &q_long, &kt, &vt, &shape, lay, true, 0.2, None,
-    );
-    assert!(
-        r.as_ref().is_err_and(buf_len),
-        "q past its buffer: {:?}",
-        r.err()
-    );
-    // K in bf16 (half the bytes) labelled f32.
     let k16 = up(&k, Storage::Bf16);
     let k_lie = GpuTensor::from_buffer(k16.buffer.clone(), k.len(), Storage::F32);
-    let r = record_dense_attention(
-        ctx, &mut enc, &qt, &k_lie, &vt, &shape, lay, true, 0.2, None,
-    );
-    assert!(
-        r.as_ref().is_err_and(buf_len),
-        "bf16 K as f32: {:?}",
-        r.err()
-    );
+    for (what, q, k) in [
+        ("q past its buffer", &q_long, &kt),
+        ("bf16 K as f32", &qt, &k_lie),
+    ] {
+        let r = record_dense_attention(ctx, &mut enc, q, k, &vt, &shape, lay, true, 0.2, None);
+        assert!(r.as_ref().is_err_and(buf_len), "{what}: {:?}", r.err());
+    }
     // A selection of 16-bit elements (the kernels read i32 words).
     let n = shape.batch * shape.kv_heads * shape.q_len * cfg.top_k;
     let sel16 = up(&vec![0.0; n], Storage::Bf16);
@@ -520,26 +510,22 @@ fn tensors_and_sizes_that_lie_are_refused() {
     let pyr = pyramid::alloc(ctx, cap, &geo, false).unwrap();
     let k64 = up(&k[..64 * 16], Storage::F32);
     let geo256 = KeyGeometry { tokens: 256, ..geo };
-    let r = pyramid::record_build(ctx, &mut enc, &k64, &geo256, 256, &pyr, None);
-    assert!(
-        matches!(r, Err(GpuError::Input(PisaError::TooLarge { .. }))),
-        "keys past the capacity: {r:?}"
-    );
     let geo32 = KeyGeometry { tokens: 32, ..geo };
-    let r = pyramid::record_build(ctx, &mut enc, &k64, &geo32, 64, &pyr, None);
-    assert!(
-        matches!(r, Err(GpuError::Input(PisaError::TooLarge { .. }))),
-        "keys past K's token dimension: {r:?}"
-    );
     let geo_huge = KeyGeometry {
         batch: usize::MAX / 2,
         ..geo
     };
-    let r = pyramid::record_build(ctx, &mut enc, &k64, &geo_huge, 64, &pyr, None);
-    assert!(
-        matches!(r, Err(GpuError::Input(PisaError::TooLarge { .. }))),
-        "a geometry whose span overflows: {r:?}"
-    );
+    for (what, g, k_len) in [
+        ("keys past the capacity", &geo256, 256),
+        ("keys past K's token dimension", &geo32, 64),
+        ("a geometry whose span overflows", &geo_huge, 64),
+    ] {
+        let r = pyramid::record_build(ctx, &mut enc, &k64, g, k_len, &pyr, None);
+        assert!(
+            matches!(r, Err(GpuError::Input(PisaError::TooLarge { .. }))),
+            "{what}: {r:?}"
+        );
+    }
     let k_short = up(&k[..256], Storage::F32);
     let r = pyramid::record_build(ctx, &mut enc, &k_short, &geo, 64, &pyr, None);
     assert!(

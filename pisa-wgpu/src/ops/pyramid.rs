@@ -77,6 +77,27 @@ impl KeyGeometry {
     }
 }
 
+/// Elements of a pyramid of `capacity` for `geo`'s `batch * kv_heads` rows of `head_dim`
+/// (`TooLarge` past `usize`: the geometry's fields are public).
+fn pyramid_elems(geo: &KeyGeometry, capacity: &PyramidLayout) -> Result<usize> {
+    [
+        geo.batch,
+        geo.kv_heads,
+        capacity.total_nodes(),
+        geo.head_dim,
+    ]
+    .into_iter()
+    .try_fold(1usize, |acc, x| acc.checked_mul(x))
+    .ok_or_else(|| {
+        PisaError::TooLarge {
+            what: "elements of the pyramid for this key geometry",
+            value: u64::MAX,
+            limit: usize::MAX as u64,
+        }
+        .into()
+    })
+}
+
 /// Allocates a pyramid for `capacity` (poisoned) for `batch * kv_heads` rows.
 pub fn alloc(
     ctx: &Context,
@@ -85,7 +106,7 @@ pub fn alloc(
     with_sq: bool,
 ) -> Result<GpuPyramid> {
     let _call = ctx.public_call()?;
-    let len = geo.batch * geo.kv_heads * capacity.total_nodes() * geo.head_dim;
+    let len = pyramid_elems(geo, &capacity)?;
     let means = ctx.alloc("pyramid means", len, Storage::F32, POISON_F32)?;
     let sq = if with_sq {
         Some(ctx.alloc("pyramid second moments", len, Storage::F32, POISON_F32)?)
@@ -150,28 +171,16 @@ pub fn record_build(
             return Err(PisaError::Zero { what }.into());
         }
     }
-    // (tokens >= k_len >= 1 here.) The span and the pyramid's rows in checked arithmetic: the
-    // geometry's fields are public, and a wrapped product would pass the length checks.
-    let (sb, sh, sn) = geo.layout.strides(geo.kv_heads, geo.tokens, geo.head_dim);
-    let span = [
-        (geo.batch - 1).checked_mul(sb),
-        (geo.kv_heads - 1).checked_mul(sh),
-        (geo.tokens - 1).checked_mul(sn),
-        Some(geo.head_dim),
-    ]
-    .into_iter()
-    .try_fold(0usize, |acc, x| acc.checked_add(x?));
-    let rows = [geo.batch, geo.kv_heads, cap.total_nodes(), geo.head_dim]
-        .into_iter()
-        .try_fold(1usize, |acc, x| acc.checked_mul(x));
-    let (Some(span), Some(rows)) = (span, rows) else {
-        return Err(PisaError::TooLarge {
-            what: "elements of K or of the pyramid for this key geometry",
+    // The span and the pyramid's rows in checked arithmetic: the geometry's fields are public,
+    // and a wrapped product would pass the length checks.
+    let span = (geo.layout)
+        .checked_span(geo.batch, geo.kv_heads, geo.tokens, geo.head_dim)
+        .ok_or(PisaError::TooLarge {
+            what: "elements of K for this key geometry",
             value: u64::MAX,
             limit: usize::MAX as u64,
-        }
-        .into());
-    };
+        })?;
+    let rows = pyramid_elems(geo, &cap)?;
     k.check_fits("k")?;
     if k.len < span {
         return Err(PisaError::BufferLen {

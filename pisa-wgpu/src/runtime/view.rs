@@ -162,10 +162,31 @@ impl KernelLayout {
     }
 
     /// Elements from the first to one past the last element of a `[batch, heads, tokens, dim]`
-    /// tensor in this layout (the element count when contiguous).
+    /// tensor in this layout (the element count when contiguous); `usize::MAX` (a length no
+    /// buffer has) where [`Self::checked_span`] is `None`.
     pub fn span(self, batch: usize, heads: usize, tokens: usize, dim: usize) -> usize {
+        self.checked_span(batch, heads, tokens, dim)
+            .unwrap_or(usize::MAX)
+    }
+
+    /// [`Self::span`], or `None` for a zero batch, head or token count or a span past `usize`
+    /// (sizes from public fields, which nothing has checked yet).
+    pub fn checked_span(
+        self,
+        batch: usize,
+        heads: usize,
+        tokens: usize,
+        dim: usize,
+    ) -> Option<usize> {
         let (sb, sh, sn) = self.strides(heads, tokens, dim);
-        (batch - 1) * sb + (heads - 1) * sh + (tokens - 1) * sn + dim
+        [
+            batch.checked_sub(1)?.checked_mul(sb),
+            heads.checked_sub(1)?.checked_mul(sh),
+            tokens.checked_sub(1)?.checked_mul(sn),
+            Some(dim),
+        ]
+        .into_iter()
+        .try_fold(0usize, |acc, x| acc.checked_add(x?))
     }
 }
 
