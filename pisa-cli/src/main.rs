@@ -8,7 +8,7 @@ pub(crate) use pisa_cli::{args, input, io, limits, text};
 
 use clap::{Parser, Subcommand};
 
-/// PISA: pyramid Top-K block-sparse attention on any Vulkan/Metal/DX12 GPU.
+/// PISA: pyramid Top-K block-sparse attention on any Vulkan GPU (also OpenGL; Metal and DX12 through wgpu, not yet run there).
 #[derive(Parser)]
 #[command(name = "pisa", version, about, long_about = None)]
 struct Cli {
