@@ -8,6 +8,14 @@
 //
 // One workgroup of WG invocations, each owning sequences b = lid, lid + WG, ...; B is the
 // length of `append_mask`.
+//
+// `advance` stops a length at CAPACITY (the cache's tokens a sequence): the host refuses an
+// append to a full sequence, so a length reaches past it only when the host's lengths ran
+// behind the GPU's (an encoder holding a recorded reset dropped, or a submitting call mixed
+// with a recorded append). Such a sequence's outputs are unspecified until a reset, but its
+// step then reads its own rows only, never the next sequence's (the append kernel skips a
+// position past the capacity for the same reason).
+override CAPACITY: u32 = 0xffffffffu;
 
 // Reads its inputs through the generated accessors: the bf16 variant may be built.
 const BF16_READY: bool = true;
@@ -28,6 +36,6 @@ fn positions(@builtin(local_invocation_index) lid: u32) {
 @compute @workgroup_size(WG)
 fn advance(@builtin(local_invocation_index) lid: u32) {
     for (var b = lid; b < arrayLength(&append_mask); b += WG) {
-        lens_out[b] += append_mask[b];
+        lens_out[b] = min(lens_out[b] + append_mask[b], CAPACITY);
     }
 }

@@ -253,6 +253,60 @@ fn dropped_reset_leaves_the_other_sequences_alone() {
     assert_eq!(cache.lens(), &[0, cap]);
 }
 
+/// Regression (found by an embedder's trial): with the host's length of a sequence behind the
+/// GPU's (here an encoder holding a recorded reset dropped), appends to it advanced its GPU
+/// length past the capacity, and its step then attended the rows past its own: the next
+/// sequence's keys and values. The GPU length now stops at the capacity. Sequence 0's outputs
+/// are unspecified after the dropped reset, but they must stay a softmax-weighted mean of its
+/// own values (all in [-1, 1]) rather than take in sequence 1's (all 1000, under keys that
+/// score far above sequence 0's). Batch 2, one KV head (so that the rows past sequence 0's are
+/// sequence 1's), capacity 24 (not a multiple of the block size 16), both split and fused.
+#[test]
+fn lengths_behind_the_gpu_never_read_the_next_sequence() {
+    let _g = settings_lock();
+    let ctx = ctx();
+    let mut r = rng(seed("lengths_behind_the_gpu_never_read_the_next_sequence"));
+    let (bsz, cap, hq, hkv, d) = (2, 24, 3, 1, 16);
+    let cfg = SelectionConfig::new(16, 2).unwrap();
+    for fused in [false, true] {
+        let mut cache = KvCache::new(ctx, bsz, cap, hq, hkv, d, cfg, Storage::F32).unwrap();
+        cache.set_fused(fused);
+        let k0 = random(&mut r, cap * d, 1.0);
+        let v0 = random(&mut r, cap * d, 1.0);
+        cache.prefill(0, &k0, &v0, TensorLayout::Bhnd).unwrap();
+        cache
+            .prefill(
+                1,
+                &vec![4.0; cap * d],
+                &vec![1000.0; cap * d],
+                TensorLayout::Bhnd,
+            )
+            .unwrap();
+        // The query leans towards sequence 1's keys: q.k = 4 * sum(q) there.
+        let q: Vec<f32> = random(&mut r, bsz * hq * d, 1.0)
+            .iter()
+            .map(|x| x.abs() + 0.5)
+            .collect();
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        cache.record_reset(&mut enc, 0).unwrap();
+        drop(enc);
+        assert_eq!(cache.lens(), &[0, cap], "fused {fused}");
+        // Three appends: the host counts 1, 2, 3; the GPU's length was the capacity already.
+        for _ in 0..3 {
+            let rows = random(&mut r, bsz * hkv * d, 1.0);
+            cache.append(&rows, &rows, &[true, false]).unwrap();
+        }
+        let out = cache.step(&q, false).unwrap();
+        let seq0 = &out.out[..hq * d];
+        assert!(
+            seq0.iter().all(|x| x.is_finite() && x.abs() <= 1.0 + 1e-5),
+            "fused {fused}: sequence 0 attended rows past its own: {seq0:?}"
+        );
+        assert!(out.lse[..hq].iter().all(|x| x.is_finite()), "fused {fused}");
+        cache.reset(0).unwrap();
+    }
+}
+
 /// Regression (found by an embedder's trial): with the fused step, a query and an output in one
 /// buffer (disjoint, aligned ranges) made `record_step_into` succeed and the encoder's `finish`
 /// panic inside wgpu (one dispatch binds q read-only and the outputs writable). It is now a

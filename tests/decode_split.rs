@@ -285,6 +285,16 @@ fn steps_of_several_caches_in_one_pass() {
         .unwrap_err();
         assert!(matches!(e, GpuError::View(_)), "{e}");
     }
+    // One cache listed twice is refused: its two steps would share its scratch and outputs, and
+    // the first step's outputs would be lost.
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let twice = [
+        (&caches[0], &q_views[0]),
+        (&caches[1], &q_views[1]),
+        (&caches[0], &q_views[0]),
+    ];
+    let e = KvCache::record_steps_into(&mut enc, &twice, None).unwrap_err();
+    assert!(matches!(e, GpuError::Misuse(_)), "{e}");
 }
 
 pub(crate) fn check_outputs(

@@ -236,12 +236,21 @@ pub struct DecodeOutput {
 /// host lengths of the sequences it touched are ahead of the GPU's, and those sequences'
 /// outputs are unspecified until [`KvCache::reset`] or a prefill, which set both. The other
 /// sequences are unaffected: an append that would land past a sequence's capacity on the GPU
-/// is skipped there, never written into another sequence's rows. So after an error of a later
-/// call recorded into the same encoder (a step with a misaligned output, a prefill run),
-/// submit the encoder with what it holds (an erroring cache call records nothing) and redo
-/// the failed call in the next one; the appends before it then count on both sides. [`KvCache::reset`] itself is
-/// queue-ordered (it lands before commands recorded earlier but submitted after it); while an
-/// encoder holds commands for the sequence, [`KvCache::record_reset`] keeps the order.
+/// is skipped there, never written into another sequence's rows, and a sequence's GPU length
+/// stops at the capacity, so its step never reads another sequence's rows. So after an error
+/// of a later call recorded into the same encoder (a step with a misaligned output, a prefill
+/// run), submit the encoder with what it holds (an erroring cache call records nothing) and
+/// redo the failed call in the next one; the appends before it then count on both sides.
+///
+/// The calls that submit their own commands ([`KvCache::reset`], [`KvCache::append`],
+/// [`KvCache::prefill`], [`KvCache::prefill_view`], [`KvCache::step`]) are queue-ordered: they
+/// land before commands recorded earlier into an encoder that is submitted after them, while
+/// the host lengths count in call order. So an `append` made while an encoder holds a
+/// `record_append_view` of the same sequence stores its row first on the GPU, and the two
+/// sides then disagree on which row is where (that sequence's outputs are unspecified until a
+/// reset or prefill; nothing signals it). Submit an encoder before mixing in a submitting
+/// call for the sequences it touches, or use the `record_*` forms throughout
+/// ([`KvCache::record_reset`] keeps a reset in order the same way).
 ///
 /// A cache keeps the recorded dispatches of the buffers it was given (up to 64 sets each of
 /// steps, appends, and gathers or scatters of views it cannot bind), and with them references

@@ -89,14 +89,15 @@ pub struct Tuning {
     /// (`shaders/decode_levels_sg.wgsl`: two barriers a level instead of five) where the device
     /// has subgroups and the selection allows it (`lse`, at most 8 query heads per KV head, a
     /// merge factor that is a power of two, g times the row lanes within the smallest subgroup
-    /// of at least 8). Read when a step's kernels are built. Default `true`. Variable
+    /// of at least 8). Read by decode caches made from now on
+    /// ([`crate::ops::decode::KvCache::new`] copies it). Default `true`. Variable
     /// `PISA_DECODE_ROUTE_SG` (`0` or `1`).
     pub decode_route_subgroups: bool,
     /// The leaf slots' block attention of the split decode step's `route_leaf` dispatch with
     /// subgroup shuffles (`shaders/decode_attend_sg.wgsl`: one barrier a block instead of
     /// seven) where its route runs on subgroup shuffles too ([`Self::decode_route_subgroups`])
     /// and the plan's shapes allow it (the block one chunk, its key rows' lanes and the P.V
-    /// parts within the smallest subgroup). Read when a step's kernels are built. Default
+    /// parts within the smallest subgroup). Read by decode caches made from now on. Default
     /// `false`: on the H100 it made the step 1.9 to 2.9 us slower at 64K and 1M
     /// (docs/benchmarks.md A.60), though the block attention of the leaf slots it shortens adds
     /// about 11 us to the route's 25 at a 1M cache, of which leaving out every key and value
@@ -110,8 +111,8 @@ pub struct Tuning {
     /// head) is routed by as many workgroups as its leaf slots need (NS / NB, NB slots
     /// attended at once by each), each routing the same way and then attending its slots, so
     /// the step is two dependent dispatches instead of three. Where B * Hkv times that is
-    /// above this (or the kernel does not fit the device), the three dispatches run. Read when
-    /// a step's kernels are built. Default 104 on adapters named H100 or H200 (132 SMs: 13
+    /// above this (or the kernel does not fit the device), the three dispatches run. Read by
+    /// decode caches made from now on. Default 104 on adapters named H100 or H200 (132 SMs: 13
     /// workgroups per KV head at B * Hkv = 8; 13 copies of the route took no longer than one
     /// there, 50 nearly three times as long, docs/benchmarks.md A.26), 0 (never) elsewhere
     /// until measured. Variable `PISA_DECODE_ROUTE_WG`.

@@ -495,7 +495,8 @@ impl KvCache {
     ///
     /// Errors: [`GpuError::View`] for a `q` of the wrong shape or an integer one;
     /// [`GpuError::Unsupported`] for caches of different contexts; [`GpuError::Misuse`] for a
-    /// sequence whose KV heads were loaded at different lengths; [`GpuError::Validation`] for a
+    /// sequence whose KV heads were loaded at different lengths, or for one cache listed
+    /// twice (its steps would share its scratch and outputs); [`GpuError::Validation`] for a
     /// buffer of another device. Everything is checked, and every dispatch built, before
     /// anything is recorded: nothing is recorded on error.
     ///
@@ -584,9 +585,17 @@ impl KvCache {
         };
         let _call = first.0.ctx.public_call()?;
         // Every check before the first gather is recorded.
-        for (cache, q) in steps {
+        for (i, (cache, q)) in steps.iter().enumerate() {
             cache.check_input_view("q", q, cache.q_shape())?;
             cache.check_step_of(first.0)?;
+            // Two steps of one cache in one pass would share its scratch and outputs: the
+            // first step's would be lost.
+            if steps[..i].iter().any(|(c, _)| std::ptr::eq(*c, *cache)) {
+                return Err(GpuError::Misuse(format!(
+                    "decode steps: the cache of step {i} is also an earlier step's; one pass \
+                     takes one step a cache (record the next step after this one)"
+                )));
+            }
         }
         let mut bound = Vec::with_capacity(steps.len());
         for (cache, q) in steps {

@@ -201,7 +201,11 @@ impl KvCache {
     ///
     /// They hold the last step recorded with the cache's outputs (or the last token of
     /// [`Self::record_chunk`]) once its submission finishes (unspecified before any step);
-    /// the next such step overwrites them: copy them out first to keep them.
+    /// the next such step overwrites them: copy them out first to keep them. A step given the
+    /// caller's outputs writes through these too where the kernels cannot bind the caller's
+    /// view in place (another dtype than the step writes, an offset off the device's storage
+    /// alignment, or a layout other than contiguous BHND), then copies them out; so such a
+    /// step overwrites that output (O, LSE or selection) here as well.
     pub fn outputs(&self) -> StepOutputs<'_> {
         let [out, lse, selection] = &self.out_views;
         StepOutputs {

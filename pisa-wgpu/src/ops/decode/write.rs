@@ -656,9 +656,12 @@ impl KvCache {
     /// one pass.
     fn append_stages(&self, io: &AppendIo, all: bool) -> Result<Vec<Stage>> {
         let ctx = &self.ctx;
+        // `advance` stops a length at the capacity (see the shader).
+        let cap = [("CAPACITY", self.layout.key_len() as f64)];
         let lens_pipe = |entry| {
+            let ov: &[(&str, f64)] = if entry == "advance" { &cap } else { &[] };
             ctx.pipelines
-                .get(&ctx.device, &LENS_SHADER, entry, Storage::F32, &[], &[])
+                .get(&ctx.device, &LENS_SHADER, entry, Storage::F32, &[], ov)
         };
         let m = if all { &self.mask_all } else { &self.mask_some };
         let (l, p) = (&self.lens_gpu, &self.pos_gpu);
