@@ -4,7 +4,10 @@
 // in that order) is the leaves 0 ..= last of its query, ascending, then -1: last is the query's
 // own leaf (q_pos0 + i) / C when causal, nb0 - 1 otherwise.
 //
-// One invocation a row, WG rows a workgroup; the grid may be split over y and z (pisa_core::grid_for).
+// One invocation an entry (row, j), WG entries a workgroup, so that no invocation loops (a row
+// of K entries in one invocation ran past llvmpipe's cap on loop iterations, 65535, for
+// K > 65535 and left the rest of the row unwritten); the grid may be split over y and z
+// (pisa_core::grid_for). rows * K fits u32 (the host checks).
 
 const WG: u32 = 64u;
 
@@ -19,13 +22,12 @@ struct Params {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let row = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * WG + lid;
-    if (row >= p.rows) { return; }
+    let e = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * WG + lid;
+    if (e >= p.rows * p.top_k) { return; }
+    let row = e / p.top_k;
+    let j = e % p.top_k;
     let i = row % p.q_len;
     var last = p.nb0 - 1u;
     if (p.causal != 0u) { last = min(last, (p.q_pos0 + i) / p.block_size); }
-    let base = row * p.top_k;
-    for (var j = 0u; j < p.top_k; j++) {
-        sel[base + j] = select(-1, i32(j), j <= last);
-    }
+    sel[e] = select(-1, i32(j), j <= last);
 }

@@ -179,6 +179,47 @@ fn prefill_where_every_query_selects_every_leaf() {
     assert_eq!(routed, 1, "cases past top_k leaves");
 }
 
+/// Regression (found by an embedder's trial): the every-leaf selection wrote a row of top_k
+/// entries from one invocation, whose loop llvmpipe ends after 65535 iterations, so entries
+/// 65535 onwards kept the output's poison instead of -1. One invocation an entry now: with
+/// top_k 100000 (past the cap) every row is its visible leaves ascending, then -1 to the end;
+/// O and LSE against the reference (dense attention, as every leaf is kept).
+#[test]
+fn every_leaf_selection_past_the_loop_cap() {
+    let ctx = ctx();
+    let mut r = rng(seed("every_leaf_selection_past_the_loop_cap"));
+    let (c, k) = (16, 100_000);
+    let shape = AttentionShape::prefill(1, 2, 1, 100, 16).unwrap();
+    let cfg = SelectionConfig::new(c, k).unwrap();
+    let (q, kk, v) = (
+        random(&mut r, shape.q_elems(), 1.0),
+        random(&mut r, shape.kv_elems(), 1.0),
+        random(&mut r, shape.kv_elems(), 1.0),
+    );
+    let opts = PrefillOptions {
+        cfg,
+        return_selection: true,
+        ..Default::default()
+    };
+    let got = prefill_host(ctx, &q, &kk, &v, &shape, &opts).unwrap();
+    let sel = got.selection.expect("selection asked for");
+    assert_eq!(sel.len(), shape.q_len * k);
+    for (i, row) in sel.chunks(k).enumerate() {
+        let last = i / c;
+        for (j, &x) in row.iter().enumerate() {
+            let want = if j <= last { j as i32 } else { -1 };
+            assert_eq!(x, want, "row {i} entry {j}");
+        }
+    }
+    // (the rows just checked are the reference's: every visible leaf)
+    let (o, lse) = sparse_attention(&q, &kk, &v, &shape, TensorLayout::Bhnd, &cfg, &sel).unwrap();
+    let (eo, el) = (rel_err(&got.out, &o), rel_err(&got.lse, &lse));
+    assert!(
+        eo <= 1e-4 && el <= 1e-4,
+        "relative error O {eo:.2e}, LSE {el:.2e}"
+    );
+}
+
 #[test]
 fn split_prefill_equals_unsplit() {
     let seed = seed("split prefill");

@@ -112,6 +112,53 @@ fn bsa_matches_reference() {
     }
 }
 
+/// Regression (found by an embedder's trial): on a device that caps an invocation's loop
+/// iterations (llvmpipe: 65535 in all), the BSA kernel ran past the cap over many leaves and
+/// returned wrong selections. It now runs smaller query tiles where they fit, and refuses with
+/// `Limit` where one query does not. 8 queries over 40,960 keys (2560 leaves of 16, the
+/// bench's GQA 4, D 128, K 16: past the cap by the kernel's worst-case count with the whole
+/// tile, within it with one query) match the reference everywhere; 70,000 leaves of one key
+/// (D 16, K 4; wrong rows before the fix) match it on a device without a cap and are a
+/// `Limit` error on one with it.
+#[test]
+fn bsa_over_many_leaves_within_the_loop_limit() {
+    let mut r = rng(seed("bsa_over_many_leaves_within_the_loop_limit"));
+    let many = Case {
+        nq: 8,
+        nk: 40_960,
+        ..Case::new(1, 4, 1, 0, 128, 16, 16)
+    };
+    let past = Case {
+        nq: 2,
+        nk: 70_000,
+        ..Case::new(1, 1, 1, 0, 16, 1, 4)
+    };
+    for (name, c, fits) in [("2560 leaves", many, true), ("70000 leaves", past, false)] {
+        let (q, k) = c.inputs(&mut r);
+        let (shape, cfg) = (c.shape(), c.cfg());
+        let got = select_host(
+            ctx(),
+            &q,
+            &k,
+            &shape,
+            c.layout,
+            &cfg,
+            c.storage,
+            Method::Bsa,
+            4,
+        );
+        if !fits && ctx().loop_limit().is_some() {
+            let e = got.unwrap_err();
+            assert!(matches!(e, GpuError::Limit { .. }), "{name}: {e}");
+            continue;
+        }
+        let got = got.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = select_bsa(&q, &k, &shape, c.layout, &cfg).unwrap();
+        let ties = check(name, &got, &want, c.tol(&q, &k));
+        report(name, ties, want.rows());
+    }
+}
+
 #[test]
 fn oracle_matches_reference() {
     let seed = seed("oracle_matches_reference");

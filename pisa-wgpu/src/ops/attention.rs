@@ -576,8 +576,9 @@ fn fit_loops(
             "attention",
             "output",
             (needed, limit),
-            "use a GPU, fewer keys or a smaller top_k, or the leaf-major order \
-             (LeafOrder::Leaves: tuning knob leaf_order=leaves, PISA_LEAF_ORDER=leaves)",
+            "use a GPU, fewer keys or a smaller top_k, or, for sparse attention over blocks of \
+             at most 64 keys, the leaf-major order (LeafOrder::Leaves: tuning knob \
+             leaf_order=leaves, PISA_LEAF_ORDER=leaves)",
         ));
     }
 }

@@ -42,8 +42,28 @@ fn consts(t: u32, gq: u32, d: u32, k: u32) -> [(&'static str, u32); 4] {
     [("GQ", gq), ("QB", t), ("KS", k), ("QBUF", q_slots(t, d))]
 }
 
+/// The most loop iterations one invocation of the BSA kernel runs, for a tile of `t` queries,
+/// group `gq`, head dim `d`, top_k `k` and `nb0` leaves (the most a tile's queries see): the
+/// query-sum staging; per chunk of WG leaves, the head-dim steps, the candidate pass over the
+/// tile's queries and the merge, whose rank loops run over at most K kept and WG new
+/// candidates; then the output (the forced leaves, at most K, each ranked against K). An upper
+/// bound: the merge's rank loops run only for a query that had new candidates in a chunk.
+fn tile_iterations(t: u32, gq: u32, d: u32, k: u32, nb0: u64) -> u64 {
+    let (t, gq, d, k, wg, dc) = (
+        t as u64, gq as u64, d as u64, k as u64, WG as u64, DC as u64,
+    );
+    let d_p = d.div_ceil(dc) * dc;
+    let staging = (t.div_ceil(4) * 4 * d_p).div_ceil(wg) * (1 + gq);
+    let merge = (t * (k + wg)).div_ceil(wg) * (1 + k + wg);
+    let chunk = 1 + (d_p / dc) * (1 + dc) + t + merge;
+    let output = (t * k).div_ceil(wg) * (1 + k) + k * (2 + k);
+    staging + nb0.div_ceil(wg) * chunk + output
+}
+
 /// Records BSA selection from the pyramid's leaf means and returns `[B, Hkv, Nq, K]` i32,
-/// ascending, -1 padded. Profiler stage "bsa". Errors: [`crate::GpuError::Limit`].
+/// ascending, -1 padded. Profiler stage "bsa". Errors: [`crate::GpuError::Limit`], also where
+/// the device caps an invocation's loop iterations ([`Context::loop_limit`]) below what one
+/// query a workgroup needs (on such a device the tile shrinks until it fits).
 pub(crate) fn record(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -54,6 +74,21 @@ pub(crate) fn record(
 ) -> Result<GpuTensor> {
     let (gq, d, k) = (plan.gq, plan.params.head_dim, plan.params.top_k);
     let t = fit_tile(ctx, "bsa", BSA_TILE, |t| wg_bytes(t, d, k))?;
+    let count = |t: u32| tile_iterations(t, gq, d, k, plan.params.nb0 as u64);
+    let t =
+        match ctx.loop_limit() {
+            None => t,
+            Some(limit) => match (1..=t).rev().find(|&t| count(t) <= limit) {
+                Some(t) => t,
+                None => return Err(ctx.loop_limit_error(
+                    "bsa",
+                    "selection",
+                    (count(1), limit),
+                    "use a GPU, or fewer leaves (fewer keys or a larger block size), a smaller \
+                     top_k or a smaller head dim",
+                )),
+            },
+        };
     let len = plan.sched.selection_len(&plan.shape);
     let sel = ctx.alloc("selection", len, Storage::F32, POISON_I32)?;
     let consts = consts(t, gq, d, k);
@@ -82,6 +117,24 @@ pub(crate) fn record(
 mod tests {
     use super::*;
     use crate::runtime::pipeline::assert_workgroup_fits;
+
+    /// The loop count against llvmpipe's 65535: the bench's configuration (GQA 4, D 128, K 16)
+    /// over 512 leaves (32K keys at C 64) fits with the whole tile, 2560 leaves only with a
+    /// smaller one, and 70000 leaves of one key (D 16, K 4) not even one query at a time; the
+    /// count grows with the tile.
+    #[test]
+    fn bsa_loops_against_the_llvmpipe_cap() {
+        let cap = 65535;
+        assert!(tile_iterations(BSA_TILE as u32, 4, 128, 16, 512) <= cap);
+        assert!(tile_iterations(BSA_TILE as u32, 4, 128, 16, 2560) > cap);
+        assert!(tile_iterations(1, 4, 128, 16, 2560) <= cap);
+        assert!(tile_iterations(1, 1, 16, 4, 70000) > cap);
+        for t in 1..BSA_TILE as u32 {
+            assert!(
+                tile_iterations(t, 4, 128, 16, 2560) < tile_iterations(t + 1, 4, 128, 16, 2560)
+            );
+        }
+    }
 
     /// The kernel's workgroup variables (naga's sizes, the constants [`record`] builds
     /// substituted) fit what [`wg_bytes`] charges, for every tile [`fit_tile`] may pick (1 to

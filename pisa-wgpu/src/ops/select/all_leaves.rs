@@ -19,8 +19,8 @@ pub const SHADER: ShaderSource = ShaderSource {
     wgsl: include_str!("../../../../shaders/select_all.wgsl"),
 };
 
-/// Rows a workgroup writes (the shader's `WG`).
-const ROWS_PER_WORKGROUP: u64 = 64;
+/// Entries a workgroup writes, one an invocation (the shader's `WG`).
+const ENTRIES_PER_WORKGROUP: u64 = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -80,7 +80,7 @@ pub(crate) fn record(
     let pipe = ctx
         .pipelines
         .get(&ctx.device, &SHADER, "main", Storage::F32, &[], &[])?;
-    let groups = (rows as u64).div_ceil(ROWS_PER_WORKGROUP);
+    let groups = (len as u64).div_ceil(ENTRIES_PER_WORKGROUP);
     let timer = prof.map(|pr| (pr, "select_all"));
     ctx.dispatch(enc, &pipe, &[(0, &u), (1, &sel.buffer)], groups, timer)?;
     Ok(sel)
