@@ -46,8 +46,10 @@ fn consts(t: u32, gq: u32, d: u32, k: u32) -> [(&'static str, u32); 4] {
 /// group `gq`, head dim `d`, top_k `k` and `nb0` leaves (the most a tile's queries see): the
 /// query-sum staging; per chunk of WG leaves, the head-dim steps, the candidate pass over the
 /// tile's queries and the merge, whose rank loops run over at most K kept and WG new
-/// candidates; then the output (the forced leaves, at most K, each ranked against K). An upper
-/// bound: the merge's rank loops run only for a query that had new candidates in a chunk.
+/// candidates; then the output: the kept leaves, each placed among at most K, and for one
+/// query the forced leaves, F of them each placed among the at most K - F kept (at most
+/// ((K + 1) / 2)^2 in all), and the padding. An upper bound: the merge's rank loops run only
+/// for a query that had new candidates in a chunk.
 fn tile_iterations(t: u32, gq: u32, d: u32, k: u32, nb0: u64) -> u64 {
     let (t, gq, d, k, wg, dc) = (
         t as u64, gq as u64, d as u64, k as u64, WG as u64, DC as u64,
@@ -56,7 +58,7 @@ fn tile_iterations(t: u32, gq: u32, d: u32, k: u32, nb0: u64) -> u64 {
     let staging = (t.div_ceil(4) * 4 * d_p).div_ceil(wg) * (1 + gq);
     let merge = (t * (k + wg)).div_ceil(wg) * (1 + k + wg);
     let chunk = 1 + (d_p / dc) * (1 + dc) + t + merge;
-    let output = (t * k).div_ceil(wg) * (1 + k) + k * (2 + k);
+    let output = (t * k).div_ceil(wg) * (1 + k) + (k + 1).div_ceil(2).pow(2) + k;
     staging + nb0.div_ceil(wg) * chunk + output
 }
 
@@ -129,6 +131,10 @@ mod tests {
         assert!(tile_iterations(BSA_TILE as u32, 4, 128, 16, 2560) > cap);
         assert!(tile_iterations(1, 4, 128, 16, 2560) <= cap);
         assert!(tile_iterations(1, 1, 16, 4, 70000) > cap);
+        // `pisa recall --block-size 1 --top-k 256` over 600 keys at D 16 (tests/cli.rs): one
+        // a smaller tile.
+        assert!(tile_iterations(BSA_TILE as u32, 1, 16, 256, 600) > cap);
+        assert!(tile_iterations(1, 1, 16, 256, 600) <= cap);
         for t in 1..BSA_TILE as u32 {
             assert!(
                 tile_iterations(t, 4, 128, 16, 2560) < tile_iterations(t + 1, 4, 128, 16, 2560)
