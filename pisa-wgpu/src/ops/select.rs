@@ -77,7 +77,10 @@ impl Layouts {
 /// [`PisaError::Zero`] `{ what: "q_tile" }` for a `q_tile` of 0, as [`super::prefill::prefill_host`]),
 /// [`crate::GpuError::Unsupported`] (q and k in different storages; PISA with more than
 /// [`super::route::MAX_GQ`] query heads per KV head), [`crate::GpuError::Limit`] for buffers or
-/// workgroup memory beyond the device's limits.
+/// workgroup memory beyond the device's limits, or, on a device that caps a shader
+/// invocation's loop iterations ([`crate::Context::loop_limit`]: llvmpipe), for a selection
+/// whose kernel would pass the cap even one query at a time (BSA and the oracle over many
+/// leaves, the tile order's leaf stage past its leaf-major fallback).
 ///
 /// Performance note: the kernels stage key / mean rows through workgroup memory with coalesced
 /// reads and unroll their accumulators by hand; on NVIDIA through Vulkan they run several times
