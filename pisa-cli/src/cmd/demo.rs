@@ -138,7 +138,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let visible = attended_fraction(&sel_gpu, s, &cfg);
     // (at most top_k blocks, and never more keys than the input has)
     let most = (cfg.top_k * cfg.block_size).min(s.k_len);
-    crate::args::outln!("  each query attends to at most {most} keys ({} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.top_k, cfg.block_size, 100.0 * visible)?;
+    let blocks = cfg.top_k.min(s.k_len.div_ceil(cfg.block_size));
+    crate::args::outln!("  each query attends to at most {most} keys ({blocks} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.block_size, 100.0 * visible)?;
 
     // 2. decode
     super::decode::demo(&ctx, &l, &cfg, steps)?;

@@ -20,7 +20,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub decode_sizes: Option<String>,
     /// Decode steps per back-to-back burst (10, as the PyTorch peer; a long burst keeps the GPU
-    /// busy long enough to reach its sustained clocks, as an inference loop does).
+    /// busy long enough to reach its sustained clocks, as an inference loop does). At most 2048
+    /// timed passes a query set: K/V parts x steps.
     #[arg(long, default_value_t = super::decode::BURST)]
     pub decode_burst: usize,
     /// Query heads.
