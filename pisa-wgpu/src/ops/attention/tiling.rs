@@ -173,8 +173,8 @@ impl Tiling {
         })
     }
 
-    /// This tiling if it fits the device, else the nearest smaller one: KT halves down to 1,
-    /// then QT, then GH halve. Errors with [`GpuError::Limit`] when even GH = QT = KT = 1
+    /// This tiling if it fits the device, else the nearest smaller one: the larger of KT and QT
+    /// halves (KT while it is the larger), down to both 1, then GH halves. Errors with [`GpuError::Limit`] when even GH = QT = KT = 1
     /// does not fit the workgroup memory.
     pub(crate) fn fit(
         self,
