@@ -95,18 +95,7 @@ fn bsa_matches_reference() {
         let (q, k) = c.inputs(&mut r);
         let (shape, cfg) = (c.shape(), c.cfg());
         let want = select_bsa(&q, &k, &shape, c.layout, &cfg).unwrap();
-        let got = select_host(
-            ctx(),
-            &q,
-            &k,
-            &shape,
-            c.layout,
-            &cfg,
-            c.storage,
-            Method::Bsa,
-            4,
-        )
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = (c.select_gpu(&q, &k, Method::Bsa, 4)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let ties = check(name, &got, &want, c.tol(&q, &k));
         report(name, ties, want.rows());
     }
@@ -136,17 +125,7 @@ fn bsa_over_many_leaves_within_the_loop_limit() {
     for (name, c, fits) in [("2560 leaves", many, true), ("70000 leaves", past, false)] {
         let (q, k) = c.inputs(&mut r);
         let (shape, cfg) = (c.shape(), c.cfg());
-        let got = select_host(
-            ctx(),
-            &q,
-            &k,
-            &shape,
-            c.layout,
-            &cfg,
-            c.storage,
-            Method::Bsa,
-            4,
-        );
+        let got = c.select_gpu(&q, &k, Method::Bsa, 4);
         if !fits && ctx().loop_limit().is_some() {
             let e = got.unwrap_err();
             assert!(matches!(e, GpuError::Limit { .. }), "{name}: {e}");

@@ -97,6 +97,28 @@ impl Case {
         let s = self.cfg().softmax_scale(self.d) as f64;
         tie_tol(self.hq / self.hkv, self.d, s, q, k, self.storage)
     }
+
+    /// The GPU selection of this case by `method` on the shared context, query tile `tile`.
+    pub fn select_gpu(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        method: Method,
+        tile: usize,
+    ) -> pisa_wgpu::Result<Vec<i32>> {
+        let (shape, cfg) = (self.shape(), self.cfg());
+        select_host(
+            ctx(),
+            q,
+            k,
+            &shape,
+            self.layout,
+            &cfg,
+            self.storage,
+            method,
+            tile,
+        )
+    }
 }
 
 /// Tie tolerance on a reference margin (natural-log score units summed over the g_q heads of the
