@@ -31,6 +31,7 @@ struct Params {
     q_len: u32, k_len: u32, top_k: u32, block_size: u32,
     nb0: u32, q_offset: u32, causal: u32, scale: f32,
     entries: u32, ksub: u32, wg_count: u32, rows: u32,
+    splits: u32, split_rows: u32, split_stride: u32, kv_elems: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -46,6 +47,8 @@ struct Params {
 @group(0) @binding(10) var<storage, read_write> dq: array<f32>;
 @group(0) @binding(11) var<storage, read_write> dk: array<f32>;
 @group(0) @binding(12) var<storage, read_write> dv: array<f32>;
+@group(0) @binding(13) var<storage, read> dk_parts: array<f32>;
+@group(0) @binding(14) var<storage, read> dv_parts: array<f32>;
 
 var<workgroup> ks: array<f32, KTILE * HP>;
 var<workgroup> vs: array<f32, KTILE * HP>;
@@ -130,8 +133,8 @@ fn grad_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         qs[e] = f32(q[at]);
         dos[e] = f32(d_o[at]);
     }
-    if (lid < G) {
-        rstat[lid] = stats[(b * p.q_heads + h * G + lid) * p.q_len + i];
+    for (var x = lid; x < G; x += WG) {
+        rstat[x] = stats[(b * p.q_heads + h * G + x) * p.q_len + i];
     }
     var acc: array<f32, EQ>;
     for (var m = 0u; m < EQ; m++) { acc[m] = 0.0; }
@@ -197,18 +200,23 @@ fn lower_bound(lo0: u32, hi0: u32, x: u32) -> u32 {
     return lo;
 }
 
-// dK, dV: one workgroup per (b, kv head, leaf block, key sub-tile of KTILE keys). It reads the
-// queries that selected the block from the key-block-major index (in query order) and walks
-// their G heads QROWS rows at a time; the KTILE x HD accumulators live in registers. No other
-// workgroup writes these keys: no atomics, and the sum order is fixed.
+// dK, dV: one workgroup per (b, kv head, leaf block, split, key sub-tile of KTILE keys). It
+// reads the queries that selected the block from the key-block-major index (in query order) and
+// walks rows split * split_rows .. + split_rows of their (query, head) rows, QROWS at a time;
+// the KTILE x HD accumulators live in registers. With one split (p.splits = 1) the workgroup
+// writes dK and dV themselves; with several (devices that cap an invocation's loop iterations,
+// where one workgroup could not walk a block every query selected) split s writes its partial
+// sums at s * split_stride of dk, dv (then buffers of splits x the elements) and `sum_splits`
+// adds them. No other workgroup writes these elements: no atomics, and the sum order is fixed.
 @compute @workgroup_size(WG)
 fn grad_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
     let id = linear_id(wid, nwg);
     if (id >= p.wg_count) { return; }
     let sub = id % p.ksub;
-    let j = (id / p.ksub) % p.nb0;
-    let bh = id / (p.ksub * p.nb0);
+    let split = (id / p.ksub) % p.splits;
+    let j = (id / (p.ksub * p.splits)) % p.nb0;
+    let bh = id / (p.ksub * p.splits * p.nb0);
     let b = bh / p.kv_heads;
     let h = bh % p.kv_heads;
     let t0 = j * p.block_size + sub * KTILE;
@@ -227,7 +235,9 @@ fn grad_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         wg_hi = lower_bound(lo, seg + p.entries, j + 1u);
     }
     let lo = workgroupUniformLoad(&wg_lo);
-    let rows = (workgroupUniformLoad(&wg_hi) - lo) * G;
+    let all_rows = (workgroupUniformLoad(&wg_hi) - lo) * G;
+    let r_begin = min(split * p.split_rows, all_rows);
+    let rows = min(all_rows - r_begin, p.split_rows);
     var acc_k: array<f32, EK>;
     var acc_v: array<f32, EK>;
     for (var m = 0u; m < EK; m++) {
@@ -237,14 +247,14 @@ fn grad_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var r0 = 0u; r0 < rows; r0 += QROWS) {
         let nr = min(QROWS, rows - r0);
         for (var e = lid; e < nr * HD; e += WG) {
-            let rr = r0 + e / HD;
+            let rr = r_begin + r0 + e / HD;
             let i = pairs[lo + rr / G].y;
             let at = q_at(b, h * G + rr % G, i) + e % HD;
             qs[e] = f32(q[at]);
             dos[e] = f32(d_o[at]);
         }
         if (lid < nr) {
-            let rr = r0 + lid;
+            let rr = r_begin + r0 + lid;
             let i = pairs[lo + rr / G].y;
             rstat[lid] = stats[(b * p.q_heads + h * G + rr % G) * p.q_len + i];
             rpos[lid] = p.q_offset + i;
@@ -297,9 +307,29 @@ fn grad_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         let e = lid + m * WG;
         let t = e / HD;
         if (t < n) {
-            let at = k_at(b, h, t0 + t) + e % HD;
+            let at = split * p.split_stride + k_at(b, h, t0 + t) + e % HD;
             dk[at] = acc_k[m];
             dv[at] = acc_v[m];
         }
     }
+}
+
+// dK, dV as the sums of grad_kv's splits in split order (used only with several splits): one
+// invocation per element e of dK and dV (both [kv_elems], any layout: the element index is the
+// same in the parts), WG elements per workgroup.
+@compute @workgroup_size(WG)
+fn sum_splits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let id = linear_id(wid, nwg);
+    if (id >= p.wg_count) { return; }
+    let e = id * WG + lid;
+    if (e >= p.kv_elems) { return; }
+    var sk = 0.0;
+    var sv = 0.0;
+    for (var s = 0u; s < p.splits; s++) {
+        sk += dk_parts[s * p.split_stride + e];
+        sv += dv_parts[s * p.split_stride + e];
+    }
+    dk[e] = sk;
+    dv[e] = sv;
 }

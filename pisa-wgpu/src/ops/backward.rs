@@ -23,8 +23,10 @@
 //! Every sum runs in a fixed order, so two runs are bitwise equal.
 //!
 //! Known cost: a block selected by every query (a sink) gives its workgroups `Nq * g_q` rows
-//! while the average is about `K * C * g_q`; splitting long lists into chunks with a second,
-//! ordered reduction would balance it.
+//! while the average is about `K * C * g_q`. Only on devices that cap an invocation's loop
+//! iterations are the rows split over several workgroups (sized for that worst case), their
+//! partial sums added in order by a fifth pass, `sum_splits`; elsewhere one workgroup walks
+//! them all (splitting by the actual list lengths would balance the load, not built).
 
 pub mod index;
 mod tiles;
@@ -72,6 +74,10 @@ struct Params {
     ksub: u32,
     wg_count: u32,
     rows: u32,
+    splits: u32,
+    split_rows: u32,
+    split_stride: u32,
+    kv_elems: u32,
 }
 
 pub(crate) fn check_u32(what: &'static str, n: u64) -> Result<usize> {
@@ -110,11 +116,22 @@ pub(crate) fn check_len(what: &'static str, actual: usize, expected: usize) -> R
 /// `layout`; keys no query attended to get exactly 0. Deterministic: two runs are bitwise
 /// equal. Passes are labelled "backward" in `prof`.
 ///
-/// Errors: shape errors as [`AttentionShape::new`] (the shape is checked again: its fields are
-/// public), [`PisaError::BufferLen`] for a tensor of the wrong length,
-/// [`GpuError::Unsupported`] for mixed storage precisions, an LSE or selection tensor not of
-/// 4-byte elements, or a head dim and GQA group that do not fit workgroup memory, [`GpuError::Limit`] / [`PisaError::TooLarge`] for tensors past a
-/// storage binding or u32 indexing, configuration errors.
+/// The LSE is taken as given: a row whose LSE is NaN, or -inf while it selects a block, gets
+/// non-finite gradients (its dQ, and the dK and dV of the keys it attended), as the forward
+/// of such a row would not have produced it.
+///
+/// On a device that caps an invocation's loop iterations ([`Context::loop_limit`]: lavapipe)
+/// the dK/dV kernel walks a block's rows in as many workgroups as a block every query selected
+/// needs, their partial sums added in a fixed order by one more pass (still deterministic).
+///
+/// Errors (checked before anything is recorded into `enc`): shape errors as
+/// [`AttentionShape::new`] (the shape is checked again: its fields are public),
+/// [`PisaError::BufferLen`] for a tensor of the wrong length, [`GpuError::Unsupported`] for
+/// mixed storage precisions, bf16 storage (f32 and f16 only), an LSE or selection tensor not of
+/// 4-byte elements, or a head dim and GQA group that do not fit workgroup memory,
+/// [`GpuError::Limit`] / [`PisaError::TooLarge`] for tensors past a storage binding or u32
+/// indexing, [`GpuError::Limit`] where the dQ kernel's loops for one query (top_k blocks)
+/// pass the device's loop limit, configuration errors.
 #[allow(clippy::too_many_arguments)] // the forward's inputs and outputs, dO and the selection
 pub fn record_backward(
     ctx: &Context,
@@ -169,9 +186,15 @@ pub fn record_backward(
             )));
         }
     }
+    // Every check before anything is recorded: a refused call leaves `enc` as it was.
+    let entries = s.q_len * cfg.top_k;
+    check_len("selection", selection.len, s.batch * s.kv_heads * entries)?;
     let tiles = BackwardTiles::for_device(ctx, hd, g, c)?;
+    let split = KvSplit::plan(ctx, &tiles, s, cfg)?;
     let nb0 = s.k_len.div_ceil(c);
     let ksub = c.div_ceil(tiles.kv_keys);
+    let kv_wgs = s.batch as u64 * s.kv_heads as u64 * nb0 as u64 * ksub as u64 * split.splits;
+    check_u32("grad_kv workgroups", kv_wgs)?;
     let (q_sb, q_sh, q_sn) = layout.strides(s.q_heads, s.q_len, hd);
     let (k_sb, k_sh, k_sn) = layout.strides(s.kv_heads, s.k_len, hd);
     let base = Params {
@@ -191,10 +214,18 @@ pub fn record_backward(
         q_offset: (s.k_len - s.q_len) as u32,
         causal: cfg.causal as u32,
         scale: cfg.softmax_scale(hd),
-        entries: (s.q_len * cfg.top_k) as u32,
+        entries: entries as u32,
         ksub: ksub as u32,
         rows: s.lse_elems() as u32,
         wg_count: 0,
+        splits: split.splits as u32,
+        split_rows: split.rows as u32,
+        split_stride: if split.splits > 1 {
+            s.kv_elems() as u32
+        } else {
+            0
+        },
+        kv_elems: s.kv_elems() as u32,
     };
     let stats = ctx.alloc(
         "backward stats",
@@ -205,6 +236,16 @@ pub fn record_backward(
     let dq = ctx.alloc("dq", s.q_elems(), Storage::F32, POISON_F32)?;
     let dk = ctx.alloc("dk", s.kv_elems(), Storage::F32, POISON_F32)?;
     let dv = ctx.alloc("dv", s.kv_elems(), Storage::F32, POISON_F32)?;
+    // grad_kv's partial sums, one set of dK and dV per split, where it runs several.
+    let parts = if split.splits > 1 {
+        let n = check_u32("backward dK/dV parts", split.splits * s.kv_elems() as u64)?;
+        Some((
+            ctx.alloc("dk parts", n, Storage::F32, POISON_F32)?,
+            ctx.alloc("dv parts", n, Storage::F32, POISON_F32)?,
+        ))
+    } else {
+        None
+    };
     let st = q.storage;
     let pipe = |entry, keys: usize, rows: usize| {
         let consts = tiles::consts(hd, g, keys, rows);
@@ -240,14 +281,84 @@ pub fn record_backward(
     let timer = prof.as_deref_mut().map(|p| (p, "backward"));
     ctx.dispatch(enc, &*pipe("grad_q", tiles.q_keys, g)?, &bind, wg, timer)?;
 
-    let (u, wg) = uni((s.batch * s.kv_heads * nb0 * ksub) as u64)?;
+    let (u, wg) = uni(kv_wgs)?;
+    let (kv_out_k, kv_out_v) = match &parts {
+        Some((pk, pv)) => (&pk.buffer, &pv.buffer),
+        None => (&dk.buffer, &dv.buffer),
+    };
     let mut bind = vec![(0, &u), (7, &stats.buffer), (8, &idx.pairs.buffer)];
     bind.extend(qkv);
-    bind.extend([(11, &dk.buffer), (12, &dv.buffer)]);
-    let timer = prof.map(|p| (p, "backward"));
+    bind.extend([(11, kv_out_k), (12, kv_out_v)]);
+    let timer = prof.as_deref_mut().map(|p| (p, "backward"));
     let kv = pipe("grad_kv", tiles.kv_keys, tiles.kv_rows)?;
     ctx.dispatch(enc, &kv, &bind, wg, timer)?;
+
+    if let Some((pk, pv)) = &parts {
+        let (u, wg) = uni((s.kv_elems() as u64).div_ceil(128))?;
+        let bind = [
+            (0, &u),
+            (11, &dk.buffer),
+            (12, &dv.buffer),
+            (13, &pk.buffer),
+            (14, &pv.buffer),
+        ];
+        let timer = prof.map(|p| (p, "backward"));
+        ctx.dispatch(enc, &*pipe("sum_splits", 1, 1)?, &bind, wg, timer)?;
+    }
     Ok((dq, dk, dv))
+}
+
+/// How `grad_kv` walks a block's (query, head) rows: in `splits` workgroups of at most `rows`
+/// rows each. One split (all rows) unless the device caps an invocation's loop iterations
+/// ([`Context::loop_limit`]) below what a block every query selected (a sink: `Nq * g_q` rows)
+/// needs; then as many splits as that worst case needs, summed by `sum_splits`.
+struct KvSplit {
+    splits: u64,
+    rows: u64,
+}
+
+impl KvSplit {
+    /// Errors: [`GpuError::Limit`] where even `grad_q`, or one round of `grad_kv`, passes the
+    /// device's loop limit.
+    fn plan(
+        ctx: &Context,
+        tiles: &BackwardTiles,
+        s: &AttentionShape,
+        cfg: &SelectionConfig,
+    ) -> Result<Self> {
+        let (hd, g) = (s.head_dim, s.gqa_group());
+        let max_rows = (s.q_len * g) as u64;
+        let Some(limit) = ctx.loop_limit() else {
+            return Ok(Self {
+                splits: 1,
+                rows: max_rows,
+            });
+        };
+        let q_iters = tiles.grad_q_iterations(hd, g, cfg.block_size, cfg.top_k);
+        if q_iters > limit {
+            return Err(ctx.loop_limit_error(
+                "backward grad_q",
+                "dQ",
+                (q_iters, limit),
+                "use a GPU, or a smaller top_k, head dim or GQA group",
+            ));
+        }
+        let (fixed, round) = tiles.grad_kv_iterations(hd, s.q_len * cfg.top_k);
+        let rounds = limit.saturating_sub(fixed) / round;
+        if rounds == 0 {
+            return Err(ctx.loop_limit_error(
+                "backward grad_kv",
+                "dK and dV",
+                (fixed + round, limit),
+                "use a GPU, or a smaller head dim or block size",
+            ));
+        }
+        let rows = (rounds * tiles.kv_rows as u64).min(max_rows).max(1);
+        Ok(Self {
+            splits: max_rows.div_ceil(rows).max(1),
+            rows,
+        })
+    }
 }
 
 /// Uploads the inputs (Q, K, V, O, dO in `storage`; LSE f32; the selection as i32), runs

@@ -75,7 +75,38 @@ impl BackwardTiles {
         let budget = (ctx.limits().max_compute_workgroup_storage_size as u64).min(MAX_SHARED);
         Self::plan(budget, hd, g, c)
     }
+
+    /// The most loop iterations one `grad_q` invocation runs (every loop of the shader counted,
+    /// each selection slot valid) for head dim `hd`, GQA group `g`, block size `c` and `top_k`:
+    /// what a device that caps an invocation's loop iterations ([`Context::loop_limit`]) must
+    /// allow.
+    pub fn grad_q_iterations(&self, hd: usize, g: usize, c: usize, top_k: usize) -> u64 {
+        let (hd, g, c, k) = (hd as u64, g as u64, c as u64, top_k as u64);
+        let (kt, wg) = (self.q_keys as u64, WG);
+        let eq = (g * hd).div_ceil(wg);
+        let tile = 1 + (kt * hd).div_ceil(wg) + (g * kt).div_ceil(wg) * (1 + hd) + eq * (1 + kt);
+        // Q and dO rows, the row statistics, the accumulators' start and end; per slot the
+        // loop step, valid_block's scan of the earlier slots and the block's key tiles.
+        3 * eq + g.div_ceil(wg) + k * (1 + k + c.div_ceil(kt) * tile)
+    }
+
+    /// The loop iterations of one `grad_kv` invocation walking `rows` (query, head) rows of a
+    /// block whose index segment holds `entries` entries: a fixed part, then one round per
+    /// [`Self::kv_rows`] rows. Returns `(fixed, per round)`.
+    pub fn grad_kv_iterations(&self, hd: usize, entries: usize) -> (u64, u64) {
+        let (hd, kt, qr, wg) = (hd as u64, self.kv_keys as u64, self.kv_rows as u64, WG);
+        let ek = (kt * hd).div_ceil(wg);
+        // Two binary searches of the segment (one invocation), the key tile's loads, the
+        // accumulators' start and end.
+        let search = 2 * (u64::BITS - (entries as u64).leading_zeros() + 1) as u64;
+        let fixed = (kt * hd).div_ceil(wg) + search + 2 * ek;
+        let round = 1 + (qr * hd).div_ceil(wg) + (qr * kt).div_ceil(wg) * (1 + hd) + ek * (1 + qr);
+        (fixed, round)
+    }
 }
+
+/// Invocations per workgroup of the gradient kernels (`WG` of `shaders/backward.wgsl`).
+const WG: u64 = 128;
 
 #[cfg(test)]
 mod tests {
