@@ -496,8 +496,12 @@ impl Tuning {
 
 /// Makes `dir` if missing and writes (then removes) a file in it: what the WGSL dump needs.
 fn writable_folder(dir: &std::path::Path) -> std::io::Result<()> {
+    // A probe file per call, not per process: contexts made at once on two threads probed
+    // one file, and one's removal failed the other's ("No such file or directory").
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     std::fs::create_dir_all(dir)?;
-    let probe = dir.join(format!(".pisa-dump-probe-{}", std::process::id()));
+    let probe = dir.join(format!(".pisa-dump-probe-{}-{n}", std::process::id()));
     std::fs::write(&probe, b"")?;
     std::fs::remove_file(&probe)
 }
@@ -505,6 +509,22 @@ fn writable_folder(dir: &std::path::Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Contexts made at once on several threads with one dump folder all find it writable
+    /// (their probes once shared a file name, and one's removal failed another's check).
+    #[test]
+    fn dump_folder_probed_from_many_threads() {
+        let dir = std::env::temp_dir().join(format!("pisa-probe-test-{}", std::process::id()));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let dir = dir.clone();
+                std::thread::spawn(move || (0..200).all(|_| writable_folder(&dir).is_ok()))
+            })
+            .collect();
+        let ok = threads.into_iter().all(|t| t.join().unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(ok, "a probe failed");
+    }
 
     #[test]
     fn every_knob_round_trips_through_its_text() {
