@@ -9,7 +9,8 @@
 # examples/web/package-lock.json (playwright-core).
 # `--build`: build the page (examples/web/pkg) and stop, without chromium or npm (then
 # `node examples/web/serve.mjs` serves it on http://127.0.0.1:8000/examples/web/).
-# Environment: PISA_WEB_QUERY (page parameters, e.g. "tokens=2048&kv_heads=3"), CHROMIUM.
+# Environment: PISA_WEB_QUERY (page parameters, e.g. "tokens=2048&kv_heads=3": that page
+# only), CHROMIUM, PISA_WGSL_CHECK_DIR (a folder of dumped WGSL to compile with Tint).
 set -euo pipefail
 BUILD_ONLY=0
 [ "${1:-}" = "--build" ] && BUILD_ONLY=1
@@ -52,6 +53,23 @@ if [ ! -d node_modules/playwright-core ]; then
   step "npm ci"
   npm ci --no-audit --no-fund
 fi
-step "browser test"
-node test.mjs
+if [ -n "${PISA_WEB_QUERY:-}" ]; then
+  step "browser test ($PISA_WEB_QUERY)"
+  node test.mjs
+else
+  # The leaf-major order (see test.mjs), then a prompt of at most top_k x C tokens (dense
+  # attention: the portable tile kernel).
+  for q in "leaf_order=2" "tokens=256&leaf_order=2"; do
+    step "browser test ($q)"
+    PISA_WEB_QUERY="$q" node test.mjs
+  done
+fi
+# The WGSL of every pipeline the workspace's tests built (scripts/test.sh dumps them there):
+# Tint checks what naga does not (uniformity), so a kernel naga accepts may fail in a browser.
+if [ -n "${PISA_WGSL_CHECK_DIR:-}" ]; then
+  step "Tint check of the tests' pipelines"
+  node wgsl-check.mjs "$PISA_WGSL_CHECK_DIR"
+else
+  echo "PISA_WGSL_CHECK_DIR not set (scripts/test.sh sets it): Tint check of the pipelines skipped"
+fi
 step "done"

@@ -30,7 +30,11 @@ cargo check --target wasm32-unknown-unknown -p pisa-wgpu --locked
 # glslang-tools); without it that test only translates. A failed install does not stop the run.
 command -v glslangValidator >/dev/null 2>&1 || { S=$([ "$(id -u)" = 0 ] || echo sudo); export DEBIAN_FRONTEND=noninteractive; $S apt-get install -y -qq glslang-tools >/dev/null 2>&1 || { $S apt-get update -qq && $S apt-get install -y -qq glslang-tools >/dev/null; }; } || echo "glslang-tools not installed: GLSL translations not compiled"
 phase "workspace tests"
-cargo test --workspace --locked
+# Every pipeline the tests build is also written out as WGSL (PISA_DUMP_WGSL), for the browser
+# compiler's check in scripts/test-web.sh (examples/web/wgsl-check.mjs).
+export PISA_WGSL_CHECK_DIR="$PWD/target/wgsl-dump"
+rm -rf "$PISA_WGSL_CHECK_DIR"
+PISA_DUMP_WGSL="$PISA_WGSL_CHECK_DIR" cargo test --workspace --locked
 # The subgroup kernels in subgroups of 32 and 64 invocations (NVIDIA's and AMD's sizes), as
 # llvmpipe makes them with wider vectors: the shuffle probe, the routing's subgroup score step
 # and the decode route's subgroup level steps, against the reference (lavapipe only: a GPU
@@ -51,7 +55,7 @@ cargo run --release --locked --manifest-path tools/spirv/Cargo.toml -- --check
 phase "OpenGL backend tests"
 bash scripts/test-gl.sh
 # The WebGPU demo page in headless Chromium (Dawn and its WGSL compiler Tint, on SwiftShader),
-# checked against the CPU reference.
+# checked against the CPU reference, and the tests' pipelines compiled by Tint.
 phase "WebGPU demo in Chromium"
 bash scripts/test-web.sh
 phase "done"

@@ -312,7 +312,8 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let id = linear_id(wid, nwg);
     if (id >= p.wg_count) { return; }
     lid = li;
-    setup(id, (id / p.head_chunks) % p.n_qtiles);
+    let qt = (id / p.head_chunks) % p.n_qtiles;
+    setup(id, qt);
     // The ascending union of the tile's selections (attention_common.wgsl).
     let nu = build_union(lid, (b * p.kv_heads + kvh) * p.q_len, i0);
     // Only the keys some row of the tile may see are walked: a block's keys below Nk and, when
@@ -320,11 +321,15 @@ fn sparse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     // for every row; walking hundreds of them (a long block) gave wrong outputs on lavapipe
     // (lavapipe's loop limit: docs/benchmarks.md, A.8; tests/lavapipe_loops.rs), besides costing
     // time.
+    // The loops' bounds are uniform as WGSL's analysis sees it (process_tile has barriers): the
+    // tile's first query from the workgroup id, not from the private i0, and the union's
+    // entries through workgroupUniformLoad. (Tint, the browsers' WGSL compiler, rejected the
+    // module otherwise; naga does not check this.)
     var end = p.k_len;
-    if (p.causal != 0u) { end = p.k_len - p.q_len + min(i0 + QT, p.q_len); }
+    if (p.causal != 0u) { end = p.k_len - p.q_len + min(qt * QT + QT, p.q_len); }
     for (var u = 0u; u < nu; u++) {
-        let blk0 = ublk[u] * p.block_size;
-        let m = umask[u];
+        let blk0 = workgroupUniformLoad(&ublk[u]) * p.block_size;
+        let m = workgroupUniformLoad(&umask[u]);
         let span = min(p.block_size, end - min(blk0, end));
         for (var off = 0u; off < span; off += KT) {
             process_tile(blk0 + off, min(p.block_size - off, KT), m);

@@ -137,13 +137,22 @@ fn attend(st: State, x: KV, s: vec4<f32>, on: vec4<bool>) -> State {
 // Row r's key limit (keys t < n are visible; 0 for a padding row) and lane c's Q share.
 struct Row { n: u32, x: V8 }
 
+// The end of the keys row r sees within a split ending at s1 (0 past the rows): a function of
+// the workgroup's row and split only, so that the key loop's bound is uniform as WGSL's
+// analysis sees it (the loop has barriers; Tint, the browsers' compiler, rejects the module
+// when the bound comes through `row`, whose loads depend on the invocation).
+fn row_end(r: u32, s1: u32) -> u32 {
+    if (r >= p.rows) { return 0u; }
+    if (p.causal != 0u) { return min(s1, p.k_len - p.q_len + r / p.group + 1u); }
+    return s1;
+}
+
 fn row(b: u32, kvh: u32, r: u32, s1: u32, c: u32) -> Row {
     var out = Row(0u, V8(vec4<f32>(0.0), vec4<f32>(0.0)));
     if (r < p.rows) {
         let i = r / p.group;
         let h = kvh * p.group + r % p.group;
-        out.n = s1;
-        if (p.causal != 0u) { out.n = min(s1, p.k_len - p.q_len + i + 1u); }
+        out.n = row_end(r, s1);
         let w = word(b * p.q_sb + h * p.q_sh + i * p.q_sn, c);
         var w2 = vec4<u32>(0u);
         if (F16 == 0u) { w2 = q[w + DC]; }
@@ -200,7 +209,8 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let r1 = row(b, kvh, rbk * 4u + 1u, s1, c);
     let r2 = row(b, kvh, rbk * 4u + 2u, s1, c);
     let r3 = row(b, kvh, rbk * 4u + 3u, s1, c);
-    let lim = vec4<u32>(r0.n, r1.n, r2.n, r3.n);
+    let lim = vec4<u32>(row_end(rbk * 4u, s1), row_end(rbk * 4u + 1u, s1),
+                        row_end(rbk * 4u + 2u, s1), row_end(rbk * 4u + 3u, s1));
     let qlo = mat4x4<f32>(r0.x.lo, r1.x.lo, r2.x.lo, r3.x.lo);
     let qhi = mat4x4<f32>(r0.x.hi, r1.x.hi, r2.x.hi, r3.x.hi);
     let s_end = max(s0, max(max(lim.x, lim.y), max(lim.z, lim.w)));

@@ -30,11 +30,13 @@ function table(rows) {
   return "<table>" + rows.map(([k, v]) => `<tr><th>${esc(k)}</th><td>${v}</td></tr>`).join("") + "</table>";
 }
 
+// The URL's parameters as they are (a number where the value reads as one, else the text): the
+// wasm side refuses an unknown name or a value that is not a count, and the page shows why.
 function params() {
   const p = {};
   for (const [k, v] of new URLSearchParams(location.search)) {
     const n = Number(v);
-    if (Number.isInteger(n) && n >= 0) p[k] = n;
+    p[k] = v.trim() !== "" && Number.isFinite(n) ? n : v;
   }
   return p;
 }

@@ -65,3 +65,21 @@ fn bad_parameters_are_errors() {
     };
     assert!(demo::load(INPUT, &p).unwrap_err().contains("kv_heads 4"));
 }
+
+/// The page's URL parameters (main.js passes them as they are): an unknown name, a negative or
+/// fractional count and a text are refused, so the page shows why instead of running the
+/// defaults; a known name with a count is taken.
+#[test]
+fn url_parameters_are_checked() {
+    let parse = |s: &str| serde_json::from_str::<Params>(s);
+    for bad in [
+        r#"{"token": 64}"#,
+        r#"{"tokens": -5}"#,
+        r#"{"tokens": 1.5}"#,
+        r#"{"tokens": "abc"}"#,
+    ] {
+        assert!(parse(bad).is_err(), "{bad} was taken");
+    }
+    let p = parse(r#"{"tokens": 256, "leaf_order": 2}"#).unwrap();
+    assert_eq!((p.tokens, p.leaf_order, p.top_k), (256, 2, Params::default().top_k));
+}

@@ -448,7 +448,9 @@ pub(crate) const BINDINGS_HINT: &str = "open the device with the adapter's limit
     (`required_limits: adapter.limits()`); wgpu's default limits allow 8 storage buffers per \
     shader stage, its downlevel defaults 4";
 
-/// The hint of a [`GpuError::Limit`] in uniform-buffer "bindings".
+/// The hint of a [`GpuError::Limit`] in uniform-buffer "bindings" (native: wasm32 leaves the
+/// count to the browser, see [`check_bindings`]).
+#[cfg(not(target_arch = "wasm32"))]
 const UNIFORM_BINDINGS_HINT: &str =
     "open the device with the adapter's limits (`required_limits: adapter.limits()`)";
 

@@ -1,0 +1,94 @@
+// Compiles WGSL files with the browser's WGSL compiler (Chromium's Dawn and Tint, headless, on
+// SwiftShader where there is no GPU): `node wgsl-check.mjs <dir>` creates a shader module of
+// every `*.wgsl` in <dir> (the pipelines a native run dumped with PISA_DUMP_WGSL) on a WebGPU
+// device and prints each one Tint reports errors for. Tint checks more than naga, which wgpu
+// uses natively: WGSL's uniformity analysis (a barrier only in uniform control flow) among
+// others, so a kernel naga accepts can fail in a browser. Modules that enable an extension
+// the device does not have are counted as skipped (pisa builds those only where the device
+// has the feature: cooperative matrices never in a browser), and so are the subgroup kernels
+// (below). Exits 1 on any error or when no module was compiled. Environment: CHROMIUM (default /usr/bin/chromium).
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+import { serve } from "./serve.mjs";
+
+const dir = process.argv[2];
+if (!dir) {
+  console.log("usage: node wgsl-check.mjs <folder of .wgsl files>");
+  process.exit(2);
+}
+const files = readdirSync(dir).filter((f) => f.endsWith(".wgsl")).sort();
+const sources = files.map((f) => [f, readFileSync(join(dir, f), "utf8")]);
+const exe = process.env.CHROMIUM || "/usr/bin/chromium";
+const profile = mkdtempSync(join(tmpdir(), "pisa-wgsl-check-"));
+const { server, port } = await serve(0);
+let code = 1;
+let browser;
+try {
+  browser = await chromium.launchPersistentContext(profile, {
+    executablePath: exe,
+    headless: true,
+    args: [
+      "--no-sandbox",
+      "--enable-unsafe-webgpu",
+      "--enable-unsafe-swiftshader",
+      "--use-webgpu-adapter=swiftshader",
+      "--enable-features=Vulkan",
+      "--use-angle=swiftshader",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+  const page = browser.pages()[0] || (await browser.newPage());
+  // Any page of the local server: a secure context, where navigator.gpu exists.
+  await page.goto(`http://127.0.0.1:${port}/examples/web/package.json`);
+  const r = await page.evaluate(async (sources) => {
+    if (!navigator.gpu) return { error: "no navigator.gpu" };
+    const adapter = await navigator.gpu.requestAdapter();
+    if (!adapter) return { error: "no WebGPU adapter" };
+    const wanted = ["shader-f16", "subgroups"].filter((f) => adapter.features.has(f));
+    const device = await adapter.requestDevice({ requiredFeatures: wanted });
+    const have = { f16: device.features.has("shader-f16"), subgroups: device.features.has("subgroups") };
+    const out = { have, failed: [], skipped: [], compiled: 0 };
+    for (const [name, src] of sources) {
+      const enables = [...src.matchAll(/^\s*enable\s+([^;]+);/gm)].flatMap((m) => m[1].split(",").map((x) => x.trim()));
+      const missing = enables.filter((e) => !((e === "f16" && have.f16) || (e === "subgroups" && have.subgroups)));
+      if (missing.length) {
+        out.skipped.push(`${name} (enable ${missing.join(", ")})`);
+        continue;
+      }
+      // Subgroup kernels carry no `enable subgroups;` (naga of wgpu 30 refuses the directive)
+      // and wgpu's WebGPU backend does not expose the feature, so pisa never builds them in a
+      // browser.
+      if (/\bsubgroup[A-Z]\w*\s*\(/.test(src)) {
+        out.skipped.push(`${name} (subgroup builtins: never built in a browser)`);
+        continue;
+      }
+      const info = await device.createShaderModule({ code: src }).getCompilationInfo();
+      const errors = info.messages.filter((m) => m.type === "error");
+      if (errors.length) {
+        out.failed.push(`${name}: ${errors.map((m) => `${m.lineNum}:${m.linePos} ${m.message}`).join(" | ")}`);
+      }
+      out.compiled++;
+    }
+    return out;
+  }, sources);
+  if (r.error) {
+    console.log(`WGSL check FAILED: ${r.error}`);
+  } else {
+    console.log(`WGSL check: ${r.compiled} of ${files.length} modules compiled by Tint (device: shader-f16 ${r.have.f16}, subgroups ${r.have.subgroups}), ${r.skipped.length} skipped, ${r.failed.length} with errors`);
+    for (const s of r.skipped) console.log(`  skipped: ${s}`);
+    for (const f of r.failed) console.log(`  ERROR ${f}`);
+    code = r.failed.length === 0 && r.compiled > 0 ? 0 : 1;
+  }
+} catch (err) {
+  console.log(`WGSL check FAILED: ${err}`);
+} finally {
+  if (browser) await browser.close().catch(() => {});
+  server.close();
+  rmSync(profile, { recursive: true, force: true });
+}
+process.exit(code);
