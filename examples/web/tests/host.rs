@@ -81,5 +81,8 @@ fn url_parameters_are_checked() {
         assert!(parse(bad).is_err(), "{bad} was taken");
     }
     let p = parse(r#"{"tokens": 256, "leaf_order": 2}"#).unwrap();
-    assert_eq!((p.tokens, p.leaf_order, p.top_k), (256, 2, Params::default().top_k));
+    assert_eq!(
+        (p.tokens, p.leaf_order, p.top_k),
+        (256, 2, Params::default().top_k)
+    );
 }
