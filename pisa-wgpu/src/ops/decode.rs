@@ -145,7 +145,9 @@
 //! f32 arithmetic throughout. Subgroup operations only in the split step's `route` where
 //! [`crate::Tuning::decode_route_subgroups`] allows (any subgroup size of 8 lanes or more; a
 //! candidate's lanes are consecutive invocations, which the drivers pisa runs on put in one
-//! subgroup, as the prefill routing kernel assumes); elsewhere none. Lengths
+//! subgroup, as the prefill routing kernel assumes) and, where
+//! [`crate::Tuning::decode_leaf_subgroups`] is on (off by default), in the leaf slots' block
+//! attention (`shaders/decode_attend_sg.wgsl`); elsewhere none. Lengths
 //! live in a storage buffer, so sequences of different lengths share the dispatches. The
 //! semantics are those of `pisa_core::reference::select_pisa` at position `len - 1` (causal,
 //! ancestor never scored, a level with <= K candidates keeps all; ties: higher score then lower
