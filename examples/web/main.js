@@ -80,7 +80,8 @@ function show(r) {
     "<h2>Input</h2>" +
     table([["input", esc(r.input)], ["config", esc(r.config)], ["decode steps", r.params.steps]]) +
     "<h2>Prefill vs CPU reference</h2>" + table(check(r.prefill)) +
-    "<h2>Decode vs CPU reference</h2>" + table(check(r.decode)) +
+    "<h2>Decode vs CPU reference</h2>" +
+    (r.decode_skipped ? `<p>Skipped: ${esc(r.decode_skipped)}</p>` : table(check(r.decode))) +
     "<h2>Times (ms, wall clock on the page)</h2>" +
     table([
       ["open adapter + device", f(t.open_ms)],
@@ -142,7 +143,10 @@ async function main() {
     show(report);
     const p = report.prefill, d = report.decode;
     const errs = report.errors.length ? `; ${report.errors.length} WebGPU error(s), the first: ${report.errors[0].split("\n")[0]}` : "";
-    const summary = `prefill: ${p.rows_equal}/${p.rows} selection rows equal, O rel. err ${e(p.o_rel_err)}; decode: ${d.rows_equal}/${d.rows} rows equal, O rel. err ${e(d.o_rel_err)}; ${report.adapter.kernel_path} kernels, ${report.adapter.storage}${errs}`;
+    const dec = report.decode_skipped
+      ? `decode skipped (${report.decode_skipped})`
+      : `decode: ${d.rows_equal}/${d.rows} rows equal, O rel. err ${e(d.o_rel_err)}`;
+    const summary = `prefill: ${p.rows_equal}/${p.rows} selection rows equal, O rel. err ${e(p.o_rel_err)}; ${dec}; ${report.adapter.kernel_path} kernels, ${report.adapter.storage}${errs}`;
     if (report.ok) finish("pass", "PASS: results equal the CPU reference (" + summary + ").", report);
     else finish("fail", "FAIL: results differ from the CPU reference (" + summary + ").", report);
   } catch (err) {

@@ -149,6 +149,14 @@ pub type Errors = Arc<Mutex<Vec<String>>>;
 /// adapter's limits), with an uncaptured-error handler and a device-lost callback that collect
 /// what they get into the returned [`Errors`], and hands it to pisa ([`Context::from_device`]).
 pub async fn open() -> Result<(Context, Errors), String> {
+    open_with(|limits| limits).await
+}
+
+/// [`open`] with the device's limits `limits(adapter's limits)` (a device of fewer resources
+/// than its adapter offers, as some browsers give).
+pub async fn open_with(
+    limits: impl FnOnce(wgpu::Limits) -> wgpu::Limits,
+) -> Result<(Context, Errors), String> {
     let adapter = pisa_wgpu::instance()
         .request_adapter(&wgpu::RequestAdapterOptions {
             power_preference: wgpu::PowerPreference::HighPerformance,
@@ -162,7 +170,7 @@ pub async fn open() -> Result<(Context, Errors), String> {
         .request_device(&wgpu::DeviceDescriptor {
             label: Some("pisa-web"),
             required_features: features,
-            required_limits: adapter.limits(),
+            required_limits: limits(adapter.limits()),
             ..Default::default()
         })
         .await
@@ -339,8 +347,12 @@ pub struct Report {
     pub config: String,
     /// Prefill against the reference.
     pub prefill: Check,
-    /// Decode steps against the reference.
+    /// Decode steps against the reference (no rows where skipped).
     pub decode: Check,
+    /// Why the decode did not run, where the device cannot hold a decode cache (a
+    /// [`pisa_wgpu::GpuError::Limit`] of `KvCache::new`, e.g. fewer than 9 storage buffers per
+    /// shader stage, WebGPU's default being 8); the prefill is still checked and reported.
+    pub decode_skipped: Option<String>,
     /// Timings.
     pub times: Times,
     /// wgpu errors reported by the device (validation, a lost device); any fails the run.
@@ -560,7 +572,26 @@ pub async fn run(
         "decode: cache of {n} tokens, appending {prefix} tokens"
     ));
     let t = Instant::now();
-    let mut cache = KvCache::new(ctx, 1, n, hq, hkv, d, cfg, Storage::F32).map_err(err)?;
+    let mut cache = match KvCache::new(ctx, 1, n, hq, hkv, d, cfg, Storage::F32) {
+        Ok(cache) => cache,
+        Err(e @ pisa_wgpu::GpuError::Limit { .. }) => {
+            let why = format!("this device cannot hold a decode cache: {e}");
+            progress(&format!("decode skipped: {why}"));
+            let decode = Check::default();
+            return Ok(report(
+                ctx,
+                errors,
+                input,
+                p,
+                &cfg,
+                prefill,
+                decode,
+                Some(why),
+                times,
+            ));
+        }
+        Err(e) => return Err(err(e)),
+    };
     times.cache_ms = ms(t);
     let (k_rows, v_rows, q_rows) = (
         token_major(&input.k, hkv, n, d),
@@ -670,9 +701,29 @@ pub async fn run(
     decode.o_rel_err = (num / den.max(1e-300)).sqrt();
     times.cpu_decode_ms = ms(t);
 
+    Ok(report(
+        ctx, errors, input, p, &cfg, prefill, decode, None, times,
+    ))
+}
+
+/// The report of a run: `ok` when the prefill and (unless skipped) the decode pass and the
+/// device reported no error.
+#[allow(clippy::too_many_arguments)] // the parts of the report
+fn report(
+    ctx: &Context,
+    errors: &Errors,
+    input: &Input,
+    p: &Params,
+    cfg: &SelectionConfig,
+    prefill: Check,
+    decode: Check,
+    decode_skipped: Option<String>,
+    times: Times,
+) -> Report {
+    let d = input.shape.head_dim;
     let errors = errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    Ok(Report {
-        ok: prefill.pass() && decode.pass() && errors.is_empty(),
+    Report {
+        ok: prefill.pass() && (decode_skipped.is_some() || decode.pass()) && errors.is_empty(),
         errors,
         adapter: adapter_info(ctx),
         input: input.source.clone(),
@@ -687,6 +738,7 @@ pub async fn run(
         ),
         prefill,
         decode,
+        decode_skipped,
         times,
-    })
+    }
 }

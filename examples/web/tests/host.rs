@@ -86,3 +86,45 @@ fn url_parameters_are_checked() {
         (256, 2, Params::default().top_k)
     );
 }
+
+/// A device of WebGPU's default 8 storage buffers per shader stage holds no decode cache (its
+/// kernels bind 9): the page reports the prefill, checked, and the decode as skipped with the
+/// reason, instead of only an error.
+#[test]
+fn decode_skipped_on_a_device_of_eight_storage_buffers() {
+    let open = demo::open_with(|mut l| {
+        l.max_storage_buffers_per_shader_stage = 8;
+        l
+    });
+    let Ok((ctx, errors)) = pollster::block_on(open) else {
+        eprintln!("skipped: no adapter");
+        return;
+    };
+    let p = Params {
+        tokens: 256,
+        steps: 2,
+        block_size: 16,
+        repeats: 0,
+        ..Default::default()
+    };
+    let input = demo::load(INPUT, &p).expect("input");
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (device, done) = (ctx.device().clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let _ = device.poll(wgpu::PollType::Poll);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })
+    };
+    let r = pollster::block_on(demo::run(&ctx, &errors, &input, &p, 0.0, &mut |_| {}));
+    done.store(true, Ordering::Relaxed);
+    poller.join().unwrap();
+    let r = r.expect("the prefill runs");
+    let why = r.decode_skipped.as_deref().expect("decode skipped");
+    assert!(why.contains("storage buffers"), "{why}");
+    assert_eq!((r.prefill.rows, r.decode.rows), (256, 0));
+    assert!(r.prefill.pass(), "prefill: {:?}", r.prefill);
+    assert!(r.ok && r.errors.is_empty(), "{:?}", r.errors);
+}
