@@ -6,44 +6,23 @@
 // message. Environment: CHROMIUM (default /usr/bin/chromium), PISA_WEB_QUERY (URL parameters,
 // e.g. "tokens=2048&kv_heads=3"; default "leaf_order=2", see below), PISA_WEB_TIMEOUT_S (default
 // 300).
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { executable as exe, launch } from "./chromium.mjs";
 import { serve } from "./serve.mjs";
 
-const exe = process.env.CHROMIUM || "/usr/bin/chromium";
 // Leaf-major selection stage 2 and attention by default: SwiftShader (the adapter of a machine
 // without a GPU) does not finish compiling the query-tile kernel of selection stage 2
 // (leaf_select) in minutes, and Chromium's GPU watchdog then ends the GPU process. Both orders
 // give the same results; PISA_WEB_QUERY="leaf_order=0" runs the page's own default (auto).
 const query = process.env.PISA_WEB_QUERY ?? "leaf_order=2";
 const timeoutMs = 1000 * Number(process.env.PISA_WEB_TIMEOUT_S || 300);
-const profile = mkdtempSync(join(tmpdir(), "pisa-web-chromium-"));
 
 const { server, port } = await serve(0);
 const url = `http://127.0.0.1:${port}/examples/web/index.html${query ? "?" + query : ""}`;
 let code = 1;
 let browser;
+let close = async () => {};
 try {
-  browser = await chromium.launchPersistentContext(profile, {
-    executablePath: exe,
-    headless: true,
-    args: [
-      "--no-sandbox",
-      "--enable-unsafe-webgpu",
-      "--enable-unsafe-swiftshader",
-      "--use-webgpu-adapter=swiftshader",
-      "--enable-features=Vulkan",
-      "--use-angle=swiftshader",
-      "--disable-quic",
-      "--no-first-run",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--disable-sync",
-      ...(process.env.PISA_WEB_CHROMIUM_ARGS || "").split(" ").filter(Boolean),
-    ],
-  });
+  ({ browser, close } = await launch());
   const page = browser.pages()[0] || (await browser.newPage());
   page.on("console", (m) => console.log(`[page ${m.type()}] ${m.text()}`));
   page.on("pageerror", (err) => console.log(`[page error] ${err}`));
@@ -83,8 +62,7 @@ try {
 } catch (err) {
   console.log(`browser test FAILED: ${err}`);
 } finally {
-  if (browser) await browser.close().catch(() => {});
+  await close();
   server.close();
-  rmSync(profile, { recursive: true, force: true });
 }
 process.exit(code);

@@ -6,11 +6,11 @@
 // others, so a kernel naga accepts can fail in a browser. Modules that enable an extension
 // the device does not have are counted as skipped (pisa builds those only where the device
 // has the feature: cooperative matrices never in a browser), and so are the subgroup kernels
-// (below). Exits 1 on any error or when no module was compiled. Environment: CHROMIUM (default /usr/bin/chromium).
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+// (below). Exits 1 on any error or when no module was compiled. Environment: as
+// chromium.mjs.
+import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { launch } from "./chromium.mjs";
 import { serve } from "./serve.mjs";
 
 const dir = process.argv[2];
@@ -20,28 +20,12 @@ if (!dir) {
 }
 const files = readdirSync(dir).filter((f) => f.endsWith(".wgsl")).sort();
 const sources = files.map((f) => [f, readFileSync(join(dir, f), "utf8")]);
-const exe = process.env.CHROMIUM || "/usr/bin/chromium";
-const profile = mkdtempSync(join(tmpdir(), "pisa-wgsl-check-"));
 const { server, port } = await serve(0);
 let code = 1;
 let browser;
+let close = async () => {};
 try {
-  browser = await chromium.launchPersistentContext(profile, {
-    executablePath: exe,
-    headless: true,
-    args: [
-      "--no-sandbox",
-      "--enable-unsafe-webgpu",
-      "--enable-unsafe-swiftshader",
-      "--use-webgpu-adapter=swiftshader",
-      "--enable-features=Vulkan",
-      "--use-angle=swiftshader",
-      "--no-first-run",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--disable-sync",
-    ],
-  });
+  ({ browser, close } = await launch());
   const page = browser.pages()[0] || (await browser.newPage());
   // Any page of the local server: a secure context, where navigator.gpu exists.
   await page.goto(`http://127.0.0.1:${port}/examples/web/package.json`);
@@ -87,8 +71,7 @@ try {
 } catch (err) {
   console.log(`WGSL check FAILED: ${err}`);
 } finally {
-  if (browser) await browser.close().catch(() => {});
+  await close();
   server.close();
-  rmSync(profile, { recursive: true, force: true });
 }
 process.exit(code);

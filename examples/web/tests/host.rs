@@ -10,6 +10,32 @@ use pisa_wgpu::wgpu;
 
 const INPUT: &[u8] = include_bytes!("../../../data/demo-smollm2-layer15-4096.safetensors");
 
+/// `demo::run` on the demo input cut by `p`, with a thread polling the device meanwhile (as the
+/// browser's event loop does), so that its reads resolve.
+fn run_polled(
+    ctx: &pisa_wgpu::Context,
+    errors: &demo::Errors,
+    p: &Params,
+) -> Result<demo::Report, String> {
+    let input = demo::load(INPUT, p)?;
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (device, done) = (ctx.device().clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let _ = device.poll(wgpu::PollType::Poll);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })
+    };
+    let r = pollster::block_on(demo::run(ctx, errors, &input, p, 0.0, &mut |s| {
+        eprintln!("{s}")
+    }));
+    done.store(true, Ordering::Relaxed);
+    poller.join().unwrap();
+    r
+}
+
 #[test]
 fn demo_matches_the_reference_on_a_native_adapter() {
     let Ok((ctx, errors)) = pollster::block_on(demo::open()) else {
@@ -26,23 +52,7 @@ fn demo_matches_the_reference_on_a_native_adapter() {
         repeats: 1,
         ..Default::default()
     };
-    let input = demo::load(INPUT, &p).expect("input");
-    let done = Arc::new(AtomicBool::new(false));
-    let poller = {
-        let (device, done) = (ctx.device().clone(), done.clone());
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                let _ = device.poll(wgpu::PollType::Poll);
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-        })
-    };
-    let r = pollster::block_on(demo::run(&ctx, &errors, &input, &p, 0.0, &mut |s| {
-        eprintln!("{s}")
-    }));
-    done.store(true, Ordering::Relaxed);
-    poller.join().unwrap();
-    let r = r.expect("demo runs");
+    let r = run_polled(&ctx, &errors, &p).expect("demo runs");
     eprintln!("{}", serde_json::to_string_pretty(&r).unwrap());
     assert_eq!(r.prefill.rows, 384);
     assert_eq!(r.decode.rows, 4);
@@ -107,21 +117,7 @@ fn decode_skipped_on_a_device_of_eight_storage_buffers() {
         repeats: 0,
         ..Default::default()
     };
-    let input = demo::load(INPUT, &p).expect("input");
-    let done = Arc::new(AtomicBool::new(false));
-    let poller = {
-        let (device, done) = (ctx.device().clone(), done.clone());
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                let _ = device.poll(wgpu::PollType::Poll);
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-        })
-    };
-    let r = pollster::block_on(demo::run(&ctx, &errors, &input, &p, 0.0, &mut |_| {}));
-    done.store(true, Ordering::Relaxed);
-    poller.join().unwrap();
-    let r = r.expect("the prefill runs");
+    let r = run_polled(&ctx, &errors, &p).expect("the prefill runs");
     let why = r.decode_skipped.as_deref().expect("decode skipped");
     assert!(why.contains("storage buffers"), "{why}");
     assert_eq!((r.prefill.rows, r.decode.rows), (256, 0));
