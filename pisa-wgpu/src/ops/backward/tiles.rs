@@ -79,30 +79,51 @@ impl BackwardTiles {
     /// The most loop iterations one `grad_q` invocation runs (every loop of the shader counted,
     /// each selection slot valid) for head dim `hd`, GQA group `g`, block size `c` and `top_k`:
     /// what a device that caps an invocation's loop iterations ([`Context::loop_limit`]) must
-    /// allow.
+    /// allow. Each loop is charged one trip more than it runs (its exit test); the backward
+    /// pass keeps a sixteenth of the cap free besides, as naga's GLSL loops run a few trips
+    /// more than this model charges.
     pub fn grad_q_iterations(&self, hd: usize, g: usize, c: usize, top_k: usize) -> u64 {
         let (hd, g, c, k) = (hd as u64, g as u64, c as u64, top_k as u64);
         let (kt, wg) = (self.q_keys as u64, WG);
         let eq = (g * hd).div_ceil(wg);
-        let tile = 1 + (kt * hd).div_ceil(wg) + (g * kt).div_ceil(wg) * (1 + hd) + eq * (1 + kt);
+        let scores = (g * kt).div_ceil(wg);
+        let tile = 1
+            + loop_trips((kt * hd).div_ceil(wg))
+            + loop_trips(scores)
+            + scores * loop_trips(hd)
+            + loop_trips(eq)
+            + eq * loop_trips(kt);
         // Q and dO rows, the row statistics, the accumulators' start and end; per slot the
         // loop step, valid_block's scan of the earlier slots and the block's key tiles.
-        3 * eq + g.div_ceil(wg) + k * (1 + k + c.div_ceil(kt) * tile)
+        let slot = 1 + loop_trips(k) + loop_trips(c.div_ceil(kt)) + c.div_ceil(kt) * tile;
+        3 * loop_trips(eq) + loop_trips(g.div_ceil(wg)) + loop_trips(k) + k * slot
     }
 
-    /// The loop iterations of one `grad_kv` invocation walking `rows` (query, head) rows of a
-    /// block whose index segment holds `entries` entries: a fixed part, then one round per
+    /// The loop iterations of one `grad_kv` invocation walking the (query, head) rows of a
+    /// block whose index segment holds `entries` entries, charged as
+    /// [`Self::grad_q_iterations`] charges them: a fixed part, then one round per
     /// [`Self::kv_rows`] rows. Returns `(fixed, per round)`.
     pub fn grad_kv_iterations(&self, hd: usize, entries: usize) -> (u64, u64) {
         let (hd, kt, qr, wg) = (hd as u64, self.kv_keys as u64, self.kv_rows as u64, WG);
         let ek = (kt * hd).div_ceil(wg);
+        let scores = (qr * kt).div_ceil(wg);
         // Two binary searches of the segment (one invocation), the key tile's loads, the
-        // accumulators' start and end.
-        let search = 2 * (u64::BITS - (entries as u64).leading_zeros() + 1) as u64;
-        let fixed = (kt * hd).div_ceil(wg) + search + 2 * ek;
-        let round = 1 + (qr * hd).div_ceil(wg) + (qr * kt).div_ceil(wg) * (1 + hd) + ek * (1 + qr);
+        // accumulators' start and end, the rounds' loop exit.
+        let search = 2 * loop_trips((u64::BITS - (entries as u64).leading_zeros()) as u64 + 1);
+        let fixed = loop_trips((kt * hd).div_ceil(wg)) + search + 2 * loop_trips(ek) + 1;
+        let round = 1
+            + loop_trips((qr * hd).div_ceil(wg))
+            + loop_trips(scores)
+            + scores * loop_trips(hd)
+            + loop_trips(ek)
+            + ek * loop_trips(qr);
         (fixed, round)
     }
+}
+
+/// What a loop of `n` trips is charged: its trips and its exit test.
+fn loop_trips(n: u64) -> u64 {
+    n + 1
 }
 
 /// Invocations per workgroup of the gradient kernels (`WG` of `shaders/backward.wgsl`).
