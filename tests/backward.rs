@@ -444,3 +444,65 @@ fn tiles_fit_and_split_blocks() {
     assert!(t.q_keys < 48 && t.kv_keys < 48, "{t:?}");
     assert!(BackwardTiles::plan(16384, 256, 8, 64).is_err());
 }
+
+/// A device of 6 storage buffers per shader stage cannot run the gradient kernels (grad_q binds
+/// 7): the call is refused with `GpuError::Limit` before anything is recorded (the profiler,
+/// which every pass of the backward takes a timed slot of, has every slot left).
+#[test]
+fn refused_by_a_device_limit_records_nothing() {
+    use pisa_wgpu::wgpu;
+    let instance = pisa_wgpu::instance();
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default())).unwrap();
+    let mut limits = adapter.limits();
+    limits.max_storage_buffers_per_shader_stage = 6;
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_features: pisa_wgpu::wanted_features(&adapter)
+            - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+        required_limits: limits,
+        ..Default::default()
+    }))
+    .unwrap();
+    let ctx = pisa_wgpu::Context::from_device(&adapter, device, queue).unwrap();
+    assert!(
+        ctx.features().contains(wgpu::Features::TIMESTAMP_QUERY),
+        "the check needs timestamps"
+    );
+    let s = AttentionShape::prefill(1, 4, 2, 40, 64).unwrap();
+    let cfg = SelectionConfig::new(8, 2).unwrap();
+    let mut r = rng(seed("backward_refused_limit"));
+    let mut up = |n, name| {
+        ctx.upload(name, &random(&mut r, n, 1.0), Storage::F32)
+            .unwrap()
+    };
+    let (q, o, d_o) = (
+        up(s.q_elems(), "q"),
+        up(s.q_elems(), "o"),
+        up(s.q_elems(), "d_o"),
+    );
+    let (k, v, lse) = (
+        up(s.kv_elems(), "k"),
+        up(s.kv_elems(), "v"),
+        up(s.lse_elems(), "lse"),
+    );
+    let sel = ctx.upload_u32("sel", &vec![0; s.q_len * 2 * 2]).unwrap();
+    let mut prof = pisa_wgpu::Profiler::new(&ctx, 16);
+    let slots = prof.remaining();
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let e = backward::record_backward(
+        &ctx,
+        &mut enc,
+        &q,
+        &k,
+        &v,
+        &o,
+        &lse,
+        &d_o,
+        &sel,
+        &s,
+        Bhnd,
+        &cfg,
+        Some(&mut prof),
+    );
+    assert!(matches!(e, Err(GpuError::Limit { .. })), "{e:?}");
+    assert_eq!((slots, prof.remaining()), (16, 16), "passes were recorded");
+}

@@ -35,8 +35,8 @@ function table(rows) {
 function params() {
   const p = {};
   for (const [k, v] of new URLSearchParams(location.search)) {
-    const n = Number(v);
-    p[k] = v.trim() !== "" && Number.isFinite(n) ? n : v;
+    // (Decimal numbers only: Number() would also read "0x10" or "1e3".)
+    p[k] = /^-?\d+(\.\d+)?$/.test(v.trim()) ? Number(v) : v;
   }
   return p;
 }

@@ -6,8 +6,8 @@
 // others, so a kernel naga accepts can fail in a browser. Modules that enable an extension
 // the device does not have are counted as skipped (pisa builds those only where the device
 // has the feature: cooperative matrices never in a browser), and so are the subgroup kernels
-// (below). Exits 1 on any error or when no module was compiled. Environment: as
-// chromium.mjs.
+// (below). Exits 1 on any error, a lost device, or fewer modules compiled than
+// PISA_WGSL_CHECK_MIN (default 1). Environment: that, and chromium.mjs's.
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { launch } from "./chromium.mjs";
@@ -18,6 +18,9 @@ if (!dir) {
   console.log("usage: node wgsl-check.mjs <folder of .wgsl files>");
   process.exit(2);
 }
+// The fewest modules that must compile (default 1): scripts/test.sh asks for most of what its
+// tests build, so that a dump that mostly failed does not pass.
+const min = Math.max(1, Number(process.env.PISA_WGSL_CHECK_MIN || 1));
 const files = readdirSync(dir).filter((f) => f.endsWith(".wgsl")).sort();
 const sources = files.map((f) => [f, readFileSync(join(dir, f), "utf8")]);
 const { server, port } = await serve(0);
@@ -35,6 +38,8 @@ try {
     if (!adapter) return { error: "no WebGPU adapter" };
     const wanted = ["shader-f16", "subgroups"].filter((f) => adapter.features.has(f));
     const device = await adapter.requestDevice({ requiredFeatures: wanted });
+    let lost = null;
+    device.lost.then((info) => { lost = `${info.reason}: ${info.message}`; });
     const have = { f16: device.features.has("shader-f16"), subgroups: device.features.has("subgroups") };
     const out = { have, failed: [], skipped: [], compiled: 0 };
     for (const [name, src] of sources) {
@@ -51,13 +56,16 @@ try {
         out.skipped.push(`${name} (subgroup builtins: never built in a browser)`);
         continue;
       }
+      // Both what the compiler says of the module and a validation error of its creation.
+      device.pushErrorScope("validation");
       const info = await device.createShaderModule({ code: src }).getCompilationInfo();
-      const errors = info.messages.filter((m) => m.type === "error");
-      if (errors.length) {
-        out.failed.push(`${name}: ${errors.map((m) => `${m.lineNum}:${m.linePos} ${m.message}`).join(" | ")}`);
-      }
+      const scoped = await device.popErrorScope();
+      const errors = info.messages.filter((m) => m.type === "error").map((m) => `${m.lineNum}:${m.linePos} ${m.message}`);
+      if (scoped) errors.push(`validation: ${scoped.message}`);
+      if (errors.length) out.failed.push(`${name}: ${errors.join(" | ")}`);
       out.compiled++;
     }
+    out.lost = lost;
     return out;
   }, sources);
   if (r.error) {
@@ -66,7 +74,9 @@ try {
     console.log(`WGSL check: ${r.compiled} of ${files.length} modules compiled by Tint (device: shader-f16 ${r.have.f16}, subgroups ${r.have.subgroups}), ${r.skipped.length} skipped, ${r.failed.length} with errors`);
     for (const s of r.skipped) console.log(`  skipped: ${s}`);
     for (const f of r.failed) console.log(`  ERROR ${f}`);
-    code = r.failed.length === 0 && r.compiled > 0 ? 0 : 1;
+    if (r.lost) console.log(`  ERROR the device was lost (${r.lost})`);
+    if (r.compiled < min) console.log(`  ERROR fewer than ${min} modules compiled (PISA_WGSL_CHECK_MIN)`);
+    code = r.failed.length === 0 && !r.lost && r.compiled >= min ? 0 : 1;
   }
 } catch (err) {
   console.log(`WGSL check FAILED: ${err}`);

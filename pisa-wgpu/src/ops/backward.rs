@@ -260,50 +260,59 @@ pub fn record_backward(
         Ok::<_, GpuError>((ctx.uniform("backward params", &p)?, wg))
     };
 
-    let (u, wg) = uni((s.lse_elems() as u64).div_ceil(DROWS))?;
-    let (ob, db, lb) = (&o.buffer, &d_o.buffer, &lse.buffer);
-    let bind = [(0, &u), (4, ob), (5, db), (6, lb), (7, &stats.buffer)];
-    let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-    ctx.dispatch(enc, &*pipe("row_dot", 1, 1)?, &bind, wg, timer)?;
+    // Pipelines and parameters before the first pass (the block index builds its own first
+    // too): a call refused by a device limit records nothing.
+    let row_dot = pipe("row_dot", 1, 1)?;
+    let grad_q = pipe("grad_q", tiles.q_keys, g)?;
+    let grad_kv = pipe("grad_kv", tiles.kv_keys, tiles.kv_rows)?;
+    let sum_splits = match parts {
+        Some(_) => Some(pipe("sum_splits", 1, 1)?),
+        None => None,
+    };
+    let u_dot = uni((s.lse_elems() as u64).div_ceil(DROWS))?;
+    let u_q = uni((s.batch * s.kv_heads * s.q_len) as u64)?;
+    let u_kv = uni(kv_wgs)?;
+    let u_sum = uni((s.kv_elems() as u64).div_ceil(128))?;
 
     let idx = index::record_block_index(ctx, enc, selection, s, cfg, prof.as_deref_mut())?;
 
-    let (u, wg) = uni((s.batch * s.kv_heads * s.q_len) as u64)?;
+    let (ob, db, lb) = (&o.buffer, &d_o.buffer, &lse.buffer);
+    let bind = [(0, &u_dot.0), (4, ob), (5, db), (6, lb), (7, &stats.buffer)];
+    let timer = prof.as_deref_mut().map(|p| (p, "backward"));
+    ctx.dispatch(enc, &row_dot, &bind, u_dot.1, timer)?;
+
     let qkv = [
         (1, &q.buffer),
         (2, &k.buffer),
         (3, &v.buffer),
         (5, &d_o.buffer),
     ];
-    let mut bind = vec![(0, &u), (7, &stats.buffer)];
+    let mut bind = vec![(0, &u_q.0), (7, &stats.buffer)];
     bind.extend(qkv);
     bind.extend([(9, &selection.buffer), (10, &dq.buffer)]);
     let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-    ctx.dispatch(enc, &*pipe("grad_q", tiles.q_keys, g)?, &bind, wg, timer)?;
+    ctx.dispatch(enc, &grad_q, &bind, u_q.1, timer)?;
 
-    let (u, wg) = uni(kv_wgs)?;
     let (kv_out_k, kv_out_v) = match &parts {
         Some((pk, pv)) => (&pk.buffer, &pv.buffer),
         None => (&dk.buffer, &dv.buffer),
     };
-    let mut bind = vec![(0, &u), (7, &stats.buffer), (8, &idx.pairs.buffer)];
+    let mut bind = vec![(0, &u_kv.0), (7, &stats.buffer), (8, &idx.pairs.buffer)];
     bind.extend(qkv);
     bind.extend([(11, kv_out_k), (12, kv_out_v)]);
     let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-    let kv = pipe("grad_kv", tiles.kv_keys, tiles.kv_rows)?;
-    ctx.dispatch(enc, &kv, &bind, wg, timer)?;
+    ctx.dispatch(enc, &grad_kv, &bind, u_kv.1, timer)?;
 
-    if let Some((pk, pv)) = &parts {
-        let (u, wg) = uni((s.kv_elems() as u64).div_ceil(128))?;
+    if let (Some((pk, pv)), Some(sum_splits)) = (&parts, &sum_splits) {
         let bind = [
-            (0, &u),
+            (0, &u_sum.0),
             (11, &dk.buffer),
             (12, &dv.buffer),
             (13, &pk.buffer),
             (14, &pv.buffer),
         ];
         let timer = prof.map(|p| (p, "backward"));
-        ctx.dispatch(enc, &*pipe("sum_splits", 1, 1)?, &bind, wg, timer)?;
+        ctx.dispatch(enc, sum_splits, &bind, u_sum.1, timer)?;
     }
     Ok((dq, dk, dv))
 }
@@ -337,13 +346,15 @@ impl KvSplit {
         // A sixteenth of the cap kept free: the counts model the shader's loops, and naga's
         // GLSL (wgpu's OpenGL backend) runs a few more trips than they charge (llvmpipe's GL,
         // D 256, 4 rows a round: 177 rounds fit the cap, the 178 the model allowed did not).
-        let budget = limit - limit / 16;
+        // A refusal reports the count with the reserve against the device's cap.
+        let reserve = limit / 16;
+        let budget = limit - reserve;
         let q_iters = tiles.grad_q_iterations(hd, g, cfg.block_size, cfg.top_k);
         if q_iters > budget {
             return Err(ctx.loop_limit_error(
                 "backward grad_q",
                 "dQ",
-                (q_iters, budget),
+                (q_iters + reserve, limit),
                 "use a GPU, or a smaller top_k, head dim or GQA group",
             ));
         }
@@ -353,7 +364,7 @@ impl KvSplit {
             return Err(ctx.loop_limit_error(
                 "backward grad_kv",
                 "dK and dV",
-                (fixed + round, budget),
+                (fixed + round + reserve, limit),
                 "use a GPU, or a smaller head dim or block size",
             ));
         }

@@ -98,35 +98,42 @@ pub fn record_block_index(
         ctx.pipelines
             .get(&ctx.device, &SHADER, entry, Storage::F32, &[], &[])
     };
+    // Pipelines and parameters first: a refused call records nothing.
+    let (init, digit_hist) = (pipe("init_pairs")?, pipe("digit_hist")?);
+    let (digit_scan, digit_scatter) = (pipe("digit_scan")?, pipe("digit_scatter")?);
     let u = ctx.uniform("backward index params", &base)?;
+    let bits = 32 - (nb0 as u32).leading_zeros();
+    let tiles_wg = (num_bh * tiles) as u64;
+    let pass_uniforms = (0..bits.div_ceil(4))
+        .map(|pass| {
+            let p = Params {
+                shift: 4 * pass,
+                wg_count: tiles_wg as u32,
+                ..base
+            };
+            ctx.uniform("backward index params", &p)
+        })
+        .collect::<Result<Vec<_>>>()?;
     let timer = prof.as_deref_mut().map(|p| (p, "backward"));
     let bind = [(0, &u), (1, &selection.buffer), (3, &a.buffer)];
     let groups = (total as u64 / 2).div_ceil(WG);
-    ctx.dispatch(enc, &*pipe("init_pairs")?, &bind, groups, timer)?;
-    let bits = 32 - (nb0 as u32).leading_zeros();
+    ctx.dispatch(enc, &init, &bind, groups, timer)?;
     let (mut src, mut dst) = (&a, &b);
-    for pass in 0..bits.div_ceil(4) {
-        let p = Params {
-            shift: 4 * pass,
-            wg_count: (num_bh * tiles) as u32,
-            ..base
-        };
-        let u = ctx.uniform("backward index params", &p)?;
-        let tiles_wg = p.wg_count as u64;
-        let bind = [(0, &u), (2, &src.buffer), (4, &hist.buffer)];
+    for u in &pass_uniforms {
+        let bind = [(0, u), (2, &src.buffer), (4, &hist.buffer)];
         let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-        ctx.dispatch(enc, &*pipe("digit_hist")?, &bind, tiles_wg, timer)?;
+        ctx.dispatch(enc, &digit_hist, &bind, tiles_wg, timer)?;
         let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-        let bind = [(0, &u), (4, &hist.buffer)];
-        ctx.dispatch(enc, &*pipe("digit_scan")?, &bind, num_bh as u64, timer)?;
+        let bind = [(0, u), (4, &hist.buffer)];
+        ctx.dispatch(enc, &digit_scan, &bind, num_bh as u64, timer)?;
         let timer = prof.as_deref_mut().map(|p| (p, "backward"));
         let bind = [
-            (0, &u),
+            (0, u),
             (2, &src.buffer),
             (3, &dst.buffer),
             (4, &hist.buffer),
         ];
-        ctx.dispatch(enc, &*pipe("digit_scatter")?, &bind, tiles_wg, timer)?;
+        ctx.dispatch(enc, &digit_scatter, &bind, tiles_wg, timer)?;
         std::mem::swap(&mut src, &mut dst);
     }
     let pairs = if std::ptr::eq(src, &a) { a } else { b };
