@@ -31,7 +31,7 @@ struct Params {
     q_len: u32, k_len: u32, top_k: u32, block_size: u32,
     nb0: u32, q_offset: u32, causal: u32, scale: f32,
     entries: u32, ksub: u32, wg_count: u32, rows: u32,
-    splits: u32, split_rows: u32, split_stride: u32, kv_elems: u32,
+    splits: u32, split_rows: u32, kv_elems: u32, pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -206,7 +206,7 @@ fn lower_bound(lo0: u32, hi0: u32, x: u32) -> u32 {
 // the KTILE x HD accumulators live in registers. With one split (p.splits = 1) the workgroup
 // writes dK and dV themselves; with several (devices that cap an invocation's loop iterations,
 // where one workgroup could not walk a block every query selected) split s writes its partial
-// sums at s * split_stride of dk, dv (then buffers of splits x the elements) and `sum_splits`
+// sums at s * kv_elems of dk, dv (then buffers of splits x the elements) and `sum_splits`
 // adds them. No other workgroup writes these elements: no atomics, and the sum order is fixed.
 @compute @workgroup_size(WG)
 fn grad_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -307,7 +307,7 @@ fn grad_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         let e = lid + m * WG;
         let t = e / HD;
         if (t < n) {
-            let at = split * p.split_stride + k_at(b, h, t0 + t) + e % HD;
+            let at = split * p.kv_elems + k_at(b, h, t0 + t) + e % HD;
             dk[at] = acc_k[m];
             dv[at] = acc_v[m];
         }
@@ -327,8 +327,8 @@ fn sum_splits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     var sk = 0.0;
     var sv = 0.0;
     for (var s = 0u; s < p.splits; s++) {
-        sk += dk_parts[s * p.split_stride + e];
-        sv += dv_parts[s * p.split_stride + e];
+        sk += dk_parts[s * p.kv_elems + e];
+        sv += dv_parts[s * p.kv_elems + e];
     }
     dk[e] = sk;
     dv[e] = sv;

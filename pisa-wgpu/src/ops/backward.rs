@@ -76,8 +76,8 @@ struct Params {
     rows: u32,
     splits: u32,
     split_rows: u32,
-    split_stride: u32,
     kv_elems: u32,
+    pad: u32,
 }
 
 pub(crate) fn check_u32(what: &'static str, n: u64) -> Result<usize> {
@@ -220,12 +220,8 @@ pub fn record_backward(
         wg_count: 0,
         splits: split.splits as u32,
         split_rows: split.rows as u32,
-        split_stride: if split.splits > 1 {
-            s.kv_elems() as u32
-        } else {
-            0
-        },
         kv_elems: s.kv_elems() as u32,
+        pad: 0,
     };
     let stats = ctx.alloc(
         "backward stats",
@@ -266,13 +262,15 @@ pub fn record_backward(
     let grad_q = pipe("grad_q", tiles.q_keys, g)?;
     let grad_kv = pipe("grad_kv", tiles.kv_keys, tiles.kv_rows)?;
     let sum_splits = match parts {
-        Some(_) => Some(pipe("sum_splits", 1, 1)?),
+        Some(_) => Some((
+            pipe("sum_splits", 1, 1)?,
+            uni((s.kv_elems() as u64).div_ceil(tiles::WG))?,
+        )),
         None => None,
     };
     let u_dot = uni((s.lse_elems() as u64).div_ceil(DROWS))?;
     let u_q = uni((s.batch * s.kv_heads * s.q_len) as u64)?;
     let u_kv = uni(kv_wgs)?;
-    let u_sum = uni((s.kv_elems() as u64).div_ceil(128))?;
 
     let idx = index::record_block_index(ctx, enc, selection, s, cfg, prof.as_deref_mut())?;
 
@@ -303,7 +301,7 @@ pub fn record_backward(
     let timer = prof.as_deref_mut().map(|p| (p, "backward"));
     ctx.dispatch(enc, &grad_kv, &bind, u_kv.1, timer)?;
 
-    if let (Some((pk, pv)), Some(sum_splits)) = (&parts, &sum_splits) {
+    if let (Some((pk, pv)), Some((sum_splits, u_sum))) = (&parts, &sum_splits) {
         let bind = [
             (0, &u_sum.0),
             (11, &dk.buffer),

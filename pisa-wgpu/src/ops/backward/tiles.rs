@@ -127,7 +127,7 @@ fn loop_trips(n: u64) -> u64 {
 }
 
 /// Invocations per workgroup of the gradient kernels (`WG` of `shaders/backward.wgsl`).
-const WG: u64 = 128;
+pub(super) const WG: u64 = 128;
 
 #[cfg(test)]
 mod tests {
