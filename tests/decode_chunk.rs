@@ -370,3 +370,53 @@ fn fused_step_refuses_q_and_output_in_one_buffer() {
     let got: &[f32] = bytemuck::cast_slice(&got[4 * o_at..4 * (o_at + bsz * hq * d)]);
     assert_eq!(got, want.out.as_slice());
 }
+
+/// Regression (found by an embedder's trial): `record_steps_into` with the fused step and a
+/// query in the cache's own output buffer (the last step's O fed back as the next query)
+/// returned Ok and the submit panicked inside wgpu, while `record_step_into` refused the same
+/// query. Both now refuse it with a `View` error that records nothing; the split step, whose
+/// dispatches bind them apart, runs it and equals a step of the same query from the host.
+#[test]
+fn fused_steps_into_refuses_q_in_the_cache_outputs() {
+    let _g = settings_lock();
+    let ctx = ctx();
+    let mut r = rng(seed("fused_steps_into_refuses_q_in_the_cache_outputs"));
+    let (bsz, cap, hq, hkv, d) = (1, 70, 4, 2, 32);
+    let cfg = SelectionConfig::new(16, 2).unwrap();
+    let mut cache = KvCache::new(ctx, bsz, cap, hq, hkv, d, cfg, Storage::F32).unwrap();
+    let k = random(&mut r, hkv * 50 * d, 1.0);
+    let v = random(&mut r, hkv * 50 * d, 1.0);
+    cache.prefill(0, &k, &v, TensorLayout::Bhnd).unwrap();
+    cache
+        .step(&random(&mut r, bsz * hq * d, 1.0), false)
+        .unwrap();
+    let q = cache.outputs().out.clone();
+    let n = bsz * hq * d;
+    let read = |view: &TensorView| {
+        let bytes = ctx.read_bytes(view.buffer()).unwrap();
+        let at = view.offset() as usize;
+        bytemuck::cast_slice::<u8, f32>(&bytes[at..at + 4 * n]).to_vec()
+    };
+    let host_q = read(&q);
+    assert!(host_q.iter().all(|x| x.is_finite()), "{host_q:?}");
+    cache.set_fused(true);
+    if cache.is_fused() {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let e = KvCache::record_steps_into(&mut enc, &[(&cache, &q)], None).unwrap_err();
+        assert!(
+            matches!(e, GpuError::View(ref m) if m.contains("one buffer")),
+            "{e}"
+        );
+        ctx.queue().submit([enc.finish()]);
+    } else {
+        eprintln!("the fused step does not fit this device: only the split step is checked");
+    }
+    cache.set_fused(false);
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    KvCache::record_steps_into(&mut enc, &[(&cache, &q)], None).unwrap();
+    ctx.queue().submit([enc.finish()]);
+    let got = read(cache.outputs().out);
+    let want = cache.step(&host_q, false).unwrap();
+    assert!(got.iter().all(|x| x.is_finite()), "{got:?}");
+    assert_eq!(got, want.out);
+}

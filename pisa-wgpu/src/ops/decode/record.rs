@@ -380,14 +380,8 @@ impl KvCache {
             ),
         };
         let (q, gather) = self.input_binding("q", q, [b, hq, 1, d], &self.q_in)?;
-        // (a gathered q is in the cache's scratch)
-        if self.is_fused() && [&out, &lse, &sel].iter().any(|o| o.buffer == q.buffer) {
-            return Err(GpuError::View(
-                "q and a decode output in one buffer: the fused step binds q read-only and the \
-                 outputs writable in one dispatch, which wgpu refuses for one buffer (even for \
-                 disjoint ranges); put them in separate buffers, or run the split step"
-                    .into(),
-            ));
+        if self.is_fused() {
+            check_q_apart(&q, [&out.buffer, &lse.buffer, &sel.buffer])?;
         }
         let io = StepIo {
             fused: self.is_fused(),
@@ -493,7 +487,9 @@ impl KvCache {
     /// float dtype, an unaligned offset) is gathered first into the cache's own scratch, as by
     /// [`Self::record_step_into`].
     ///
-    /// Errors: [`GpuError::View`] for a `q` of the wrong shape or an integer one;
+    /// Errors: [`GpuError::View`] for a `q` of the wrong shape or an integer one, or, where
+    /// its cache runs the fused step, one in that cache's own output buffers (as
+    /// [`KvCache::outputs`]: the step writes them in the dispatch that reads q);
     /// [`GpuError::Unsupported`] for caches of different contexts; [`GpuError::Misuse`] for a
     /// sequence whose KV heads were loaded at different lengths, or for one cache listed
     /// twice (its steps would share its scratch and outputs); [`GpuError::Validation`] for a
@@ -600,6 +596,11 @@ impl KvCache {
         let mut bound = Vec::with_capacity(steps.len());
         for (cache, q) in steps {
             let (q, gather) = cache.input_binding("q", q, cache.q_shape(), &cache.q_in)?;
+            // The fused step writes the cache's own outputs in the dispatch that reads q.
+            if cache.is_fused() && !by_stage {
+                let own = [&cache.out.buffer, &cache.lse.buffer, &cache.sel.buffer];
+                check_q_apart(&q, own)?;
+            }
             bound.push((*cache, q, gather));
         }
         Self::record_passes(enc, &bound, prof, by_stage)
@@ -833,4 +834,20 @@ impl KvCache {
             merge,
         ])
     }
+}
+
+/// Errors ([`GpuError::View`]) when the fused step's query binding `q` lies in one of the
+/// buffers its dispatch writes (`outputs`: O, LSE, the selection): the fused step binds q
+/// read-only and the outputs writable in one dispatch, which wgpu refuses for one buffer, even
+/// for disjoint ranges (a gathered q is in the cache's own scratch, never an output).
+fn check_q_apart(q: &InPlace, outputs: [&wgpu::Buffer; 3]) -> Result<()> {
+    if outputs.iter().any(|&o| *o == q.buffer) {
+        return Err(GpuError::View(
+            "q and a decode output in one buffer: the fused step binds q read-only and the \
+             outputs writable in one dispatch, which wgpu refuses for one buffer (even for \
+             disjoint ranges); put them in separate buffers, or run the split step"
+                .into(),
+        ));
+    }
+    Ok(())
 }

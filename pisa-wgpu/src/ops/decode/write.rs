@@ -384,7 +384,11 @@ impl KvCache {
     /// N, D]` K and V tensors made for this call and freed once it has run; then the copies).
     /// In that second case the views must still hold the run's keys and values when this
     /// executes: record it in the run's encoder, or at least before anything overwrites them
-    /// (the next layer's QKV projection in a reused buffer, say).
+    /// (the next layer's QKV projection in a reused buffer, say). pisa cannot tell: a cache
+    /// loaded from views the app rewrote in between holds the new keys beside the run's
+    /// pyramid, and its steps select from those stale means without an error; where that
+    /// cannot be promised, [`Self::record_prefill_view`] gathers the keys and builds their
+    /// pyramid.
     /// The cache and the plan must share their context and agree on Hkv, D, storage, block
     /// size, merge factor, and whether the scoring is `meanvar` (second moments): what the
     /// keys, values and pyramid are made of. `top_k`, the forced blocks, causality, the other
