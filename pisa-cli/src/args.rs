@@ -189,17 +189,62 @@ impl SelectArgs {
             causal,
             scale: self.scale.map(|s| s as f32).or(file_scale),
         };
-        // The core's messages name the configuration's fields (top_k, merge_factor): say which
-        // options set them.
-        use anyhow::Context as _;
-        c.validate().context(
-            "the selection options (--block-size, --top-k, --merge, --sink-blocks, --local-blocks)",
-        )?;
+        c.validate().map_err(selection_error)?;
         if self.q_tile == 0 {
             anyhow::bail!("--q-tile must be at least 1");
         }
         Ok(c)
     }
+}
+
+/// The option that sets `SelectionConfig`'s field `field`.
+fn selection_flag(field: &str) -> &str {
+    match field {
+        "block_size" => "--block-size",
+        "top_k" => "--top-k",
+        "merge_factor" => "--merge",
+        "sink_blocks" => "--sink-blocks",
+        "local_blocks" => "--local-blocks",
+        other => other,
+    }
+}
+
+/// A refusal of [`SelectionConfig::validate`] in the words of the command line: the core's
+/// messages name the configuration's fields (top_k, merge_factor), this names the option that
+/// set the value (`--merge 65 is above the limit of 64`).
+pub fn selection_error(e: pisa_core::PisaError) -> anyhow::Error {
+    use pisa_core::PisaError as E;
+    match e {
+        E::Zero { what } => anyhow::anyhow!("{} must be at least 1, got 0", selection_flag(what)),
+        E::MergeFactor { merge_factor } => {
+            anyhow::anyhow!("--merge {merge_factor}: the merge factor must be at least 2")
+        }
+        E::TooLarge { what, value, limit } if value > limit => {
+            anyhow::anyhow!("{} {value} is above the limit of {limit}", selection_flag(what))
+        }
+        E::TopKBelowForced { top_k, forced } => anyhow::anyhow!(
+            "--top-k {top_k} is smaller than the {forced} forced blocks (the query's own block + --sink-blocks + --local-blocks)"
+        ),
+        other => anyhow::Error::new(other).context("the selection options"),
+    }
+}
+
+/// A warning for `--save-selection` when `cfg.top_k` exceeds the leaf blocks of `n_keys` keys:
+/// every query then keeps every block it sees, and the saved selection still holds top_k
+/// entries a row, the rest -1 padding (a short prompt under the default top_k is no news
+/// without a saved selection: nothing is said then).
+pub fn top_k_warning(cfg: &SelectionConfig, n_keys: usize, save_selection: bool) -> Option<String> {
+    let blocks = n_keys.div_ceil(cfg.block_size.max(1));
+    (save_selection && cfg.top_k > blocks).then(|| {
+        format!(
+            "--top-k {} is above the {} leaf blocks of {} tokens (block size {}): every query keeps every block it sees, and the saved selection pads each row to {} entries with -1",
+            cfg.top_k,
+            blocks,
+            n_keys,
+            cfg.block_size,
+            cfg.top_k
+        )
+    })
 }
 
 /// A failure of a call with `cfg` over `n_keys` keys, with a note when `top_k` exceeds the

@@ -40,7 +40,7 @@ pub struct InputArgs {
     /// Read `layer{N}.q`, `layer{N}.k`, `layer{N}.v` (and that layer's scale from the metadata).
     #[arg(long)]
     pub layer: Option<usize>,
-    /// Use only the first N tokens.
+    /// Use only the first N tokens (default: all of them).
     #[arg(long)]
     pub tokens: Option<usize>,
     /// Layout of the tensors in the files.

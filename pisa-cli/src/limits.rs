@@ -12,6 +12,11 @@ use crate::io;
 /// and they treat anything below -1e38 as masked, so scores must stay well inside that.
 pub const MAX_SCORE: f64 = 1e29;
 
+/// The largest `max |v| x keys` accepted: attention adds up to `keys` value rows, each
+/// weighted by at most 1, in f32 before it divides by the softmax sum, so that sum must stay
+/// inside f32's range (3.4e38) with room for the merges of partial states.
+pub const MAX_VALUE_SUM: f64 = 1e37;
+
 /// The largest L2 norm of the rows (of `d` values) of `x`, over rows that are all finite.
 fn max_row_norm(x: &[f32], d: usize) -> f64 {
     x.chunks_exact(d.max(1))
@@ -94,6 +99,53 @@ impl Loaded {
         Ok(())
     }
 
+    /// Errors when the weighted sums of V rows could leave f32's range: `max |v|` over the
+    /// finite values of V times the keys above [`MAX_VALUE_SUM`] (the outputs would read
+    /// infinity where the reference's are finite).
+    pub fn check_value_bound(&self) -> Result<()> {
+        let keys = self.shape.k_len;
+        let (i, vmax) = (self.v.iter().enumerate())
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (i, v.abs() as f64))
+            .fold((0, 0.0), |a, b| if b.1 > a.1 { b } else { a });
+        if vmax * keys as f64 > MAX_VALUE_SUM {
+            bail!(
+                "{}: tensor `v` has {:e} at {:?}: over {keys} keys its weighted sums can reach {:.3e}, above the bound {MAX_VALUE_SUM:.0e} the kernels' f32 sums hold; rescale V",
+                self.source,
+                self.v[i],
+                io::unravel(i, &self.kv_dims),
+                vmax * keys as f64
+            );
+        }
+        Ok(())
+    }
+
+    /// Errors when the output `out` (O, shaped like Q) or `lse` holds a NaN or an infinity
+    /// although Q, K and V are all finite (`--allow-nonfinite` inputs pass theirs on): such an
+    /// output is never written. (LSE -inf, a row without keys, is an output of its own.)
+    pub fn check_out_finite(&self, out: &[f32], lse: &[f32]) -> Result<()> {
+        let finite = |x: &[f32]| x.iter().all(|v| v.is_finite());
+        if !(finite(&self.q) && finite(&self.k) && finite(&self.v)) {
+            return Ok(());
+        }
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "{}: output O has {} at {:?} from finite inputs (a value past f32's range in the kernels; nothing written)",
+                self.source,
+                out[i],
+                io::unravel(i, &self.q_dims)
+            );
+        }
+        if let Some(i) = lse.iter().position(|v| v.is_nan() || *v == f32::INFINITY) {
+            bail!(
+                "{}: output LSE has {} at row {i} from finite inputs (nothing written)",
+                self.source,
+                lse[i]
+            );
+        }
+        Ok(())
+    }
+
     /// Errors when the output `out` (shaped like Q) holds a finite value that `--out-dtype f16`
     /// would write as infinity.
     pub fn check_out_range(&self, out: &[f32], dtype: io::DType) -> Result<()> {
@@ -135,6 +187,75 @@ pub fn llvmpipe_note(name: &str, keys: usize) -> Option<String> {
              for long sequences"
         )
     })
+}
+
+#[cfg(test)]
+mod output_tests {
+    use super::*;
+
+    /// A [`Loaded`] of 1 x 2 x 3 x 4 (B, H, N, D) with finite values, or one NaN in V.
+    fn loaded(nan_in_v: bool) -> Loaded {
+        let shape = pisa_core::AttentionShape::prefill(1, 2, 2, 3, 4).unwrap();
+        let mut v = vec![0.5f32; 24];
+        if nan_in_v {
+            v[5] = f32::NAN;
+        }
+        Loaded {
+            q: vec![0.25; 24],
+            k: vec![-0.5; 24],
+            v,
+            shape,
+            layout: pisa_core::TensorLayout::Bhnd,
+            file_scale: Ok(None),
+            source: "in".into(),
+            tensors: ["q".into(), "k".into(), "v".into()],
+            q_dims: vec![1, 2, 3, 4],
+            kv_dims: vec![1, 2, 3, 4],
+        }
+    }
+
+    #[test]
+    fn non_finite_outputs_of_finite_inputs_are_refused() {
+        let (o, lse) = (vec![1.0f32; 24], vec![0.0f32; 6]);
+        let l = loaded(false);
+        l.check_out_finite(&o, &lse).unwrap();
+        // LSE -inf is a row without keys: an output, not an overflow.
+        let mut empty = lse.clone();
+        empty[2] = f32::NEG_INFINITY;
+        l.check_out_finite(&o, &empty).unwrap();
+        for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+            let mut ob = o.clone();
+            ob[13] = bad;
+            let e = l.check_out_finite(&ob, &lse).unwrap_err().to_string();
+            assert!(
+                e.contains("output O has") && e.contains("[0, 1, 0, 1]"),
+                "{e}"
+            );
+        }
+        for bad in [f32::INFINITY, f32::NAN] {
+            let mut lb = lse.clone();
+            lb[4] = bad;
+            let e = l.check_out_finite(&o, &lb).unwrap_err().to_string();
+            assert!(e.contains("output LSE has") && e.contains("row 4"), "{e}");
+        }
+        // Non-finite inputs (--allow-nonfinite) pass theirs on.
+        let mut ob = o;
+        ob[0] = f32::NAN;
+        loaded(true).check_out_finite(&ob, &lse).unwrap();
+    }
+
+    #[test]
+    fn values_past_the_sum_bound_are_refused() {
+        let mut l = loaded(false);
+        l.check_value_bound().unwrap();
+        // 3 keys x 3.4e36 = 1.02e37 > 1e37; the NaN beside it is not counted.
+        l.v[7] = -3.4e36;
+        l.v[8] = f32::NAN;
+        let e = l.check_value_bound().unwrap_err().to_string();
+        assert!(e.contains("-3.4e36") && e.contains("[0, 0, 1, 3]"), "{e}");
+        l.v[7] = 3.3e36;
+        l.check_value_bound().unwrap();
+    }
 }
 
 #[cfg(test)]

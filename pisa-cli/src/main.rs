@@ -13,8 +13,7 @@ use clap::{Parser, Subcommand};
 #[command(name = "pisa", version, about, long_about = None)]
 struct Cli {
     /// Log more on stderr: -v the device and kernel path, -vv every pipeline built, -vvv also
-    /// wgpu's info logs and every dispatch (`info`, whose report is the device, prints the same
-    /// at every level).
+    /// wgpu's info logs and every dispatch (`pisa info` prints its report alike at every level).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     /// Set a tuning knob of the kernels, KNOB=VALUE (repeatable; after the `PISA_*` variables).
@@ -26,7 +25,10 @@ struct Cli {
     /// leaf_subgroups, leaf_stage_keys, route_lanes, route_max_workgroup, route_tile,
     /// route_subgroups, route_table_nodes, route_table_portable, route_table_queries
     /// (`pisa_wgpu::Tuning`): speed only, results are the same, selections up to near-ties of
-    /// rounding. And dump_wgsl=DIR: write every pipeline's WGSL into DIR (a diagnostic).
+    /// rounding. Values: 1/0 (true/false, on/off) for switches, a whole number for sizes (an
+    /// out-of-range one is refused with its range), auto/tiles/leaves for leaf_order,
+    /// auto/all/bounds/none/driver_bounded for shader_checks. And dump_wgsl=DIR: write every
+    /// pipeline's WGSL into DIR (a diagnostic).
     #[arg(long, value_name = "KNOB=VALUE", global = true)]
     tune: Vec<String>,
     #[command(subcommand)]

@@ -996,11 +996,11 @@ fn paths_that_are_not_utf8() {
 /// Regression: at a size whose every query keeps every leaf it sees (N <= top_k x C: no route or
 /// leaf stage, PISA's selection a list of the leaves), the prefill table gave BSA/PISA as a
 /// speedup of 20x over a selection that never ran; now no ratio there and a line that says why,
-/// while a routed size keeps its ratio.
+/// while a routed size keeps its ratio. The decode table notes such caches too.
 #[test]
 fn bench_gives_no_bsa_ratio_where_nothing_is_selected() {
     let dir = tempfile::tempdir().unwrap();
-    let sizes = ["bench", "--sizes", "48,128", "--decode-sizes="];
+    let sizes = ["bench", "--sizes", "48,128", "--decode-sizes", "40,128"];
     let rest = ["--backward-max", "0"];
     let r = run_in(dir.path(), &[&sizes[..], &TINY_BENCH, &rest].concat()).ok();
     let out = &r.stdout;
@@ -1018,6 +1018,11 @@ fn bench_gives_no_bsa_ratio_where_nothing_is_selected() {
     assert!(row("128").ends_with('x'), "{out}");
     assert!(
         out.contains("(N = 48: every query keeps every leaf it sees"),
+        "{out}"
+    );
+    // The decode table says the same of a cache of at most top_k x C tokens (40, not 128).
+    assert!(
+        out.contains("(cache 40: a decoded token keeps every leaf it sees"),
         "{out}"
     );
 }

@@ -241,6 +241,56 @@ fn outputs_beyond_f16_and_scores_beyond_the_bound() {
     );
 }
 
+/// Regression: V of 1e37 everywhere (finite, far inside f32) gave O of infinity with exit 0 in
+/// `forward` and `decode`, and `decode --check` passed on it (both paths overflowed alike):
+/// the kernels add up to `keys` weighted value rows in f32 before dividing. Such a V is now
+/// refused, naming the tensor, the bound and the fix; a V just under the bound runs and its
+/// outputs are finite.
+#[test]
+fn values_whose_weighted_sums_leave_f32() {
+    let dir = setup();
+    let d = dir.path();
+    let [q, k, v] = Spec::small().qkv();
+    let mut big = v.clone();
+    big.data.iter_mut().for_each(|x| *x = 1e37);
+    write_st(
+        d,
+        "hugev.safetensors",
+        &[q.clone(), k.clone(), big],
+        DType::F32,
+    );
+    for cmd in ["forward", "decode"] {
+        let check: &[&str] = if cmd == "decode" { &["--check"] } else { &[] };
+        let base = [cmd, "-i", "hugev.safetensors", "-o", "o.safetensors"];
+        fails(
+            d,
+            &[&base[..], &SMALL[..], check].concat(),
+            &[
+                "hugev.safetensors",
+                "tensor `v`",
+                "above the bound 1e37",
+                "rescale V",
+            ],
+        );
+        assert!(!d.join("o.safetensors").exists(), "{cmd} wrote an output");
+    }
+    // 150 keys x max |v| 6e34 = 9e36, under the bound: finite outputs, checked against forward.
+    let mut under = v;
+    let most = under.data.iter().fold(0f32, |m, x| m.max(x.abs()));
+    under.data.iter_mut().for_each(|x| *x *= 6e34 / most);
+    write_st(d, "bigv.safetensors", &[q, k, under], DType::F32);
+    let r = run_in(
+        d,
+        &[
+            &["decode", "-i", "bigv.safetensors", "--check"][..],
+            &SMALL[..],
+        ]
+        .concat(),
+    )
+    .ok();
+    assert!(r.stdout.contains("check vs forward"), "{}", r.stdout);
+}
+
 #[test]
 fn bad_decode_lengths() {
     let dir = setup();

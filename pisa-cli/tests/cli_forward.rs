@@ -369,3 +369,27 @@ fn no_warmup_skips_the_untimed_run() {
     assert!(r.stdout.contains("forward:"), "{}", r.stdout);
     assert_eq!(warm_ups(&run(&demo).stderr), 1);
 }
+
+/// A saved selection of a top_k above the input's leaf blocks is padded to top_k entries a
+/// row (100 MB of -1 for 128 tokens at top_k 100000, block size 1): `--save-selection` warns
+/// of it, and says nothing where no selection is saved or top_k fits.
+#[test]
+fn saved_selection_past_the_blocks_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path(), "in.safetensors", &Spec::small());
+    let base = ["forward", "-i", "in.safetensors", "--block-size", "16"];
+    let save = ["-o", "out.safetensors", "--save-selection"];
+    let warned = "the saved selection pads each row to 40 entries";
+    // 150 tokens in blocks of 16: 10 blocks.
+    let r = run_in(dir.path(), &[&base[..], &save, &["--top-k", "40"]].concat()).ok();
+    assert!(
+        r.stderr.contains("--top-k 40 is above the 10 leaf blocks"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains(warned), "{}", r.stderr);
+    let r = run_in(dir.path(), &[&base[..], &["--top-k", "40"]].concat()).ok();
+    assert!(!r.stderr.contains("warning"), "{}", r.stderr);
+    let r = run_in(dir.path(), &[&base[..], &save, &["--top-k", "10"]].concat()).ok();
+    assert!(!r.stderr.contains("warning"), "{}", r.stderr);
+}

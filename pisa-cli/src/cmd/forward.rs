@@ -151,6 +151,10 @@ pub fn run(a: ForwardArgs) -> Result<()> {
         &l.file_scale,
     )?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
+    l.check_value_bound()?;
+    if let Some(w) = crate::args::top_k_warning(&cfg, l.shape.k_len, a.save_selection) {
+        eprintln!("warning: {w}");
+    }
     let ctx = a.device.context()?;
     crate::limits::warn_llvmpipe(&ctx, l.shape.k_len);
     let opts = PrefillOptions {
@@ -165,6 +169,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
     let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, &l.shape, &opts, !a.no_warmup)
         .map_err(|e| crate::args::top_k_note(e.into(), &cfg, l.shape.k_len))
         .with_context(|| format!("{}: prefill failed", l.source))?;
+    l.check_out_finite(&r.out, &r.lse)?;
     let mut written = Vec::new();
     if let Some(path) = &a.output {
         l.check_out_range(&r.out, out_dtype)?;

@@ -24,13 +24,14 @@ pub struct BenchArgs {
     /// timed passes a query set: K/V parts x steps.
     #[arg(long, default_value_t = super::decode::BURST)]
     pub decode_burst: usize,
-    /// Query heads.
+    /// Query heads (a multiple of --hkv; the GQA group is hq / hkv).
     #[arg(long, default_value_t = 32)]
     pub hq: usize,
-    /// Key/value heads.
+    /// Key/value heads (at least 1).
     #[arg(long, default_value_t = 8)]
     pub hkv: usize,
-    /// Head dim.
+    /// Head dim D: a multiple of 16 from 16 to 256 (the prefill's kernels; the decode step
+    /// takes multiples of 4).
     #[arg(long, default_value_t = 128)]
     pub d: usize,
     /// Leaf block size C (1 to 1048576).
@@ -42,7 +43,8 @@ pub struct BenchArgs {
     /// Intermediate scoring.
     #[arg(long, value_enum, default_value_t = ScoringArg::Lse)]
     pub scoring: ScoringArg,
-    /// Stage-2 query tile.
+    /// Consecutive queries per stage-2 tile (PISA.md section 5) in the query-tile order (the
+    /// kernels clamp it; the leaf-major order has none). The result does not depend on it.
     #[arg(long, default_value_t = 4)]
     pub q_tile: usize,
     /// Layout of the prefill's Q, K, V and O: [B, H, N, D] (`bhnd`), or [B, N, H, D] (`bnhd`,
@@ -59,7 +61,7 @@ pub struct BenchArgs {
     /// With --input: read `layer{N}.q`, `layer{N}.k`, `layer{N}.v`.
     #[arg(long, requires = "input")]
     pub layer: Option<usize>,
-    /// With --input: use only its first N tokens.
+    /// With --input: use only its first N tokens (default: all of them).
     #[arg(long, requires = "input")]
     pub tokens: Option<usize>,
     /// Order of selection stage 2 and sparse attention (query tiles or leaf-major).
@@ -197,7 +199,7 @@ pub(super) fn storages(s: &str) -> Result<Vec<Storage>> {
         .collect::<Result<Vec<Storage>>>()
         .and_then(|v| {
             no_repeats(v, |s| {
-                format!("storage {}", format!("{s:?}").to_lowercase())
+                format!("--storages: storage {}", format!("{s:?}").to_lowercase())
             })
         })
 }

@@ -208,8 +208,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         scoring: a.scoring.into(),
         ..SelectionConfig::default()
     };
-    cfg.validate()
-        .context("the selection options (--block-size, --top-k)")?;
+    cfg.validate().map_err(crate::args::selection_error)?;
     if a.hkv == 0 {
         bail!("--hkv must be at least 1");
     }

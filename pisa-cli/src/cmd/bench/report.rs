@@ -292,7 +292,7 @@ pub fn table(r: &Report) -> String {
                 "leaf",
                 "merge"
             );
-            for n in ds {
+            for &n in &ds {
                 let g = |op| r.ms(op, n, st);
                 let (p, d) = (g("decode_pisa"), g("decode_dense"));
                 let (pb, db) = (g("decode_pisa_burst"), g("decode_dense_burst"));
@@ -309,6 +309,25 @@ pub fn table(r: &Report) -> String {
                     cell(g("decode_route")),
                     cell(g("decode_leaf")),
                     cell(g("decode_merge"))
+                );
+            }
+            // Caches of at most top_k x C tokens: a decoded token keeps every leaf it sees,
+            // as the prefill's sizes noted above (files without parameters: no note).
+            let all_kept: Vec<String> = (r.params.as_ref())
+                .map(|p| p.top_k.saturating_mul(p.block_size))
+                .map(|most| {
+                    ds.iter()
+                        .filter(|&&n| n <= most)
+                        .map(|n| n.to_string())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !all_kept.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "(cache {}: a decoded token keeps every leaf it sees (cache <= top_k x C), so \
+                     PISA selects nothing there)",
+                    all_kept.join(", ")
                 );
             }
             let b = r.decode_burst;

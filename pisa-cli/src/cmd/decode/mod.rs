@@ -67,6 +67,10 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         .select
         .config(a.scoring.scoring.into(), true, &l.file_scale)?;
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
+    l.check_value_bound()?;
+    if let Some(w) = crate::args::top_k_warning(&cfg, l.shape.k_len, a.save_selection) {
+        eprintln!("warning: {w}");
+    }
     let p = a.prefill.unwrap_or(l.shape.q_len / 2);
     check_prefill(p, l.shape.q_len).with_context(|| l.source.clone())?;
     let ctx = a.device.context()?;
@@ -75,6 +79,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let r = run_decode(&ctx, &l, &cfg, storage, p)
         .map_err(|e| crate::args::top_k_note(e, &cfg, l.shape.k_len))
         .with_context(|| format!("{}: decode failed", l.source))?;
+    l.check_out_finite(&r.out, &r.lse)?;
     // The first step compiles the decode pipelines: left out of the latency statistics.
     let skip = usize::from(r.step_ms.len() > 1);
     let (med, p99) = percentiles(&r.step_ms[skip..]);
