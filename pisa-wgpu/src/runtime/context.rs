@@ -934,7 +934,8 @@ impl Context {
     /// Whether selection stage 2 scores leaves with the NVIDIA scorer
     /// (`shaders/nv/leaf_score.comp`) where [`Context::nv_cm2`] holds ([`Tuning::nv_scorer`];
     /// on by default: faster than the WGSL tensor-core scorer on the H200, 83.8 against
-    /// 116.4 ms at 256K tokens, docs/benchmarks.md, 2026-12-01).
+    /// 116.4 ms at 256K tokens when it came, 2026-12-01; 43.8 ms since A.57 of
+    /// docs/benchmarks.md).
     pub fn nv_scorer(&self) -> bool {
         self.tuning_ref().nv_scorer
     }

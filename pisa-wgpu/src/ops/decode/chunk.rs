@@ -44,8 +44,9 @@ impl KvCache {
     /// i32, outputs that share bytes with inputs or each other, an LSE that is not f32 or an O
     /// its scatter cannot write; [`PisaError::TooLarge`] when a sequence would pass the cache's
     /// capacity (a zero dimension, T = 0, is refused when its view is made);
-    /// [`GpuError::Validation`] for a buffer of another device. All checked before anything is
-    /// recorded.
+    /// [`GpuError::Validation`] for a buffer of another device; [`GpuError::Misuse`] when a
+    /// sequence's KV heads were loaded at different lengths ([`KvCache::prefill_view_heads`]).
+    /// All checked before anything is recorded.
     ///
     /// ```no_run
     /// # fn f(ctx: &pisa_wgpu::Context, cache: &mut pisa_wgpu::KvCache, q: &pisa_wgpu::TensorView,

@@ -14,7 +14,9 @@ impl KvCache {
     /// Appends one key and value per active sequence (`k_rows`, `v_rows`: `[B, Hkv, D]` f32;
     /// `active`: `[B]`), in one submission. Errors: [`pisa_core::PisaError::BufferLen`] for
     /// rows or `active` of the wrong length, [`pisa_core::PisaError::TooLarge`] when an active
-    /// sequence is full; nothing changes on error. Non-finite rows are not checked (see
+    /// sequence is full, [`crate::GpuError::Misuse`] when a sequence's KV heads were loaded at
+    /// different lengths ([`Self::prefill_view_heads`]); nothing changes on error. Non-finite
+    /// rows are not checked (see
     /// [`KvCache`]'s "Non-finite inputs").
     pub fn append(&mut self, k_rows: &[f32], v_rows: &[f32], active: &[bool]) -> Result<()> {
         self.run(Some((k_rows, v_rows, active)), None, false)

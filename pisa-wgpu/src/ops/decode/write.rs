@@ -399,7 +399,8 @@ impl KvCache {
     /// take-overs load the second run's sequence twice; the crate docs, "Threads", say how
     /// threads sharing a plan keep the pairs apart);
     /// a varlen prefill hands over with [`crate::VarlenPrefillPlan::run_into_cache`]. Errors:
-    /// [`crate::GpuError::Unsupported`] when they differ; [`PisaError::TooLarge`] for a `seq`,
+    /// [`crate::GpuError::Unsupported`] when they differ, or for a plan that has not run yet
+    /// (no pyramid to take over); [`PisaError::TooLarge`] for a `seq`,
     /// `batch` or N past the cache's; [`crate::GpuError::View`] when the last run read K and V
     /// in place and wrote one of its outputs over their bytes (the keys are gone); nothing
     /// changes on error.
@@ -565,8 +566,9 @@ impl KvCache {
     /// [`pisa_core::PisaError::BufferLen`] for an `active` of the wrong length,
     /// [`pisa_core::PisaError::TooLarge`] when an active sequence is full,
     /// [`crate::GpuError::View`] for a view of the wrong shape, [`crate::GpuError::Validation`]
-    /// for a view in a buffer of another device; nothing is recorded and nothing changes on
-    /// error.
+    /// for a view in a buffer of another device, [`crate::GpuError::Misuse`] when a sequence's
+    /// KV heads were loaded at different lengths ([`Self::prefill_view_heads`]); nothing is
+    /// recorded and nothing changes on error.
     pub fn record_append_view(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
