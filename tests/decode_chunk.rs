@@ -9,6 +9,7 @@ use common::*;
 use pisa_core::{SelectionConfig, TensorLayout};
 use pisa_wgpu::ops::decode::{ChunkOutputs, KvCache, StepOutputs};
 use pisa_wgpu::{wgpu, Context, DType, GpuError, Storage, TensorView};
+use rand_chacha::ChaCha8Rng;
 
 fn bits(ctx: &Context, b: &wgpu::Buffer) -> Vec<u32> {
     let bytes = ctx.read_bytes(b).unwrap();
@@ -307,6 +308,18 @@ fn lengths_behind_the_gpu_never_read_the_next_sequence() {
     }
 }
 
+/// A cache of batch 1, capacity 70, Hq 4, Hkv 2, D 32 (f32, blocks of 16, g 2) holding 50
+/// random tokens: the shape of the two tests of a query beside the step's outputs.
+fn cache_of_50_tokens(ctx: &Context, r: &mut ChaCha8Rng) -> KvCache {
+    let (hkv, d) = (2, 32);
+    let cfg = SelectionConfig::new(16, 2).unwrap();
+    let mut cache = KvCache::new(ctx, 1, 70, 4, hkv, d, cfg, Storage::F32).unwrap();
+    let k = random(r, hkv * 50 * d, 1.0);
+    let v = random(r, hkv * 50 * d, 1.0);
+    cache.prefill(0, &k, &v, TensorLayout::Bhnd).unwrap();
+    cache
+}
+
 /// Regression (found by an embedder's trial): with the fused step, a query and an output in one
 /// buffer (disjoint, aligned ranges) made `record_step_into` succeed and the encoder's `finish`
 /// panic inside wgpu (one dispatch binds q read-only and the outputs writable). It is now a
@@ -317,12 +330,8 @@ fn fused_step_refuses_q_and_output_in_one_buffer() {
     let _g = settings_lock();
     let ctx = ctx();
     let mut r = rng(seed("fused_step_refuses_q_and_output_in_one_buffer"));
-    let (bsz, cap, hq, hkv, d) = (1, 70, 4, 2, 32);
-    let cfg = SelectionConfig::new(16, 2).unwrap();
-    let mut cache = KvCache::new(ctx, bsz, cap, hq, hkv, d, cfg, Storage::F32).unwrap();
-    let k = random(&mut r, hkv * 50 * d, 1.0);
-    let v = random(&mut r, hkv * 50 * d, 1.0);
-    cache.prefill(0, &k, &v, TensorLayout::Bhnd).unwrap();
+    let (bsz, hq, d) = (1, 4, 32);
+    let mut cache = cache_of_50_tokens(ctx, &mut r);
     let q = random(&mut r, bsz * hq * d, 1.0);
     let align = ctx.device().limits().min_storage_buffer_offset_alignment as usize / 4;
     let o_at = (bsz * hq * d).div_ceil(align) * align; // O after Q, aligned
@@ -371,7 +380,7 @@ fn fused_step_refuses_q_and_output_in_one_buffer() {
     assert_eq!(got, want.out.as_slice());
 }
 
-/// Regression (found by an embedder's trial): `record_steps_into` with the fused step and a
+/// Regression: `record_steps_into` with the fused step and a
 /// query in the cache's own output buffer (the last step's O fed back as the next query)
 /// returned Ok and the submit panicked inside wgpu, while `record_step_into` refused the same
 /// query. Both now refuse it with a `View` error that records nothing; the split step, whose
@@ -381,12 +390,8 @@ fn fused_steps_into_refuses_q_in_the_cache_outputs() {
     let _g = settings_lock();
     let ctx = ctx();
     let mut r = rng(seed("fused_steps_into_refuses_q_in_the_cache_outputs"));
-    let (bsz, cap, hq, hkv, d) = (1, 70, 4, 2, 32);
-    let cfg = SelectionConfig::new(16, 2).unwrap();
-    let mut cache = KvCache::new(ctx, bsz, cap, hq, hkv, d, cfg, Storage::F32).unwrap();
-    let k = random(&mut r, hkv * 50 * d, 1.0);
-    let v = random(&mut r, hkv * 50 * d, 1.0);
-    cache.prefill(0, &k, &v, TensorLayout::Bhnd).unwrap();
+    let (bsz, hq, d) = (1, 4, 32);
+    let mut cache = cache_of_50_tokens(ctx, &mut r);
     cache
         .step(&random(&mut r, bsz * hq * d, 1.0), false)
         .unwrap();
