@@ -320,6 +320,29 @@ fn cache_of_50_tokens(ctx: &Context, r: &mut ChaCha8Rng) -> KvCache {
     cache
 }
 
+/// With `cache` set to the fused step (where it fits the device), `record` of a step whose
+/// query shares a buffer with its outputs is refused with a `View` error that records nothing
+/// (the encoder submits as it is); the cache is left on the split step.
+fn fused_refuses(
+    ctx: &Context,
+    cache: &mut KvCache,
+    record: impl FnOnce(&mut wgpu::CommandEncoder, &KvCache) -> pisa_wgpu::Result<()>,
+) {
+    cache.set_fused(true);
+    if cache.is_fused() {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let e = record(&mut enc, cache).unwrap_err();
+        assert!(
+            matches!(e, GpuError::View(ref m) if m.contains("one buffer")),
+            "{e}"
+        );
+        ctx.queue().submit([enc.finish()]);
+    } else {
+        eprintln!("the fused step does not fit this device: only the split step is checked");
+    }
+    cache.set_fused(false);
+}
+
 /// Regression (found by an embedder's trial): with the fused step, a query and an output in one
 /// buffer (disjoint, aligned ranges) made `record_step_into` succeed and the encoder's `finish`
 /// panic inside wgpu (one dispatch binds q read-only and the outputs writable). It is now a
@@ -354,21 +377,9 @@ fn fused_step_refuses_q_and_output_in_one_buffer() {
         lse: &lv,
         selection: None,
     };
-    cache.set_fused(true);
-    if cache.is_fused() {
-        let mut enc = ctx.device().create_command_encoder(&Default::default());
-        let e = cache
-            .record_step_into(&mut enc, &qv, Some(&so), None)
-            .unwrap_err();
-        assert!(
-            matches!(e, GpuError::View(ref m) if m.contains("one buffer")),
-            "{e}"
-        );
-        ctx.queue().submit([enc.finish()]);
-    } else {
-        eprintln!("the fused step does not fit this device: only the split step is checked");
-    }
-    cache.set_fused(false);
+    fused_refuses(ctx, &mut cache, |enc, c| {
+        c.record_step_into(enc, &qv, Some(&so), None)
+    });
     let mut enc = ctx.device().create_command_encoder(&Default::default());
     cache
         .record_step_into(&mut enc, &qv, Some(&so), None)
@@ -404,19 +415,9 @@ fn fused_steps_into_refuses_q_in_the_cache_outputs() {
     };
     let host_q = read(&q);
     assert!(host_q.iter().all(|x| x.is_finite()), "{host_q:?}");
-    cache.set_fused(true);
-    if cache.is_fused() {
-        let mut enc = ctx.device().create_command_encoder(&Default::default());
-        let e = KvCache::record_steps_into(&mut enc, &[(&cache, &q)], None).unwrap_err();
-        assert!(
-            matches!(e, GpuError::View(ref m) if m.contains("one buffer")),
-            "{e}"
-        );
-        ctx.queue().submit([enc.finish()]);
-    } else {
-        eprintln!("the fused step does not fit this device: only the split step is checked");
-    }
-    cache.set_fused(false);
+    fused_refuses(ctx, &mut cache, |enc, c| {
+        KvCache::record_steps_into(enc, &[(c, &q)], None)
+    });
     let mut enc = ctx.device().create_command_encoder(&Default::default());
     KvCache::record_steps_into(&mut enc, &[(&cache, &q)], None).unwrap();
     ctx.queue().submit([enc.finish()]);
