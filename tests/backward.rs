@@ -445,16 +445,17 @@ fn tiles_fit_and_split_blocks() {
     assert!(BackwardTiles::plan(16384, 256, 8, 64).is_err());
 }
 
-/// A device of 6 storage buffers per shader stage cannot run the gradient kernels (grad_q binds
-/// 7): the call is refused with `GpuError::Limit` before anything is recorded (the profiler,
-/// which every pass of the backward takes a timed slot of, has every slot left).
-#[test]
-fn refused_by_a_device_limit_records_nothing() {
+/// An app's device on the first adapter, with `limit` storage buffers per shader stage where
+/// given, and the context pisa makes of it (wgpu's default error handler: an error no scope
+/// catches panics).
+fn app_context(storage_buffers: Option<u32>) -> pisa_wgpu::Context {
     use pisa_wgpu::wgpu;
     let instance = pisa_wgpu::instance();
     let adapter = pollster::block_on(instance.request_adapter(&Default::default())).unwrap();
     let mut limits = adapter.limits();
-    limits.max_storage_buffers_per_shader_stage = 6;
+    if let Some(n) = storage_buffers {
+        limits.max_storage_buffers_per_shader_stage = n;
+    }
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         required_features: pisa_wgpu::wanted_features(&adapter)
             - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
@@ -467,6 +468,16 @@ fn refused_by_a_device_limit_records_nothing() {
         ctx.features().contains(wgpu::Features::TIMESTAMP_QUERY),
         "the check needs timestamps"
     );
+    ctx
+}
+
+/// `record_backward` of random inputs of 40 tokens (Hq 4, Hkv 2, D 64, blocks of 8, top_k 2)
+/// into a fresh encoder, with dO replaced by `d_o` where given, timed by a profiler of 16
+/// slots: the result, and whether every slot is left (nothing recorded).
+fn record_small(
+    ctx: &pisa_wgpu::Context,
+    d_o: Option<pisa_wgpu::GpuTensor>,
+) -> (pisa_wgpu::Result<()>, bool) {
     let s = AttentionShape::prefill(1, 4, 2, 40, 64).unwrap();
     let cfg = SelectionConfig::new(8, 2).unwrap();
     let mut r = rng(seed("backward_refused_limit"));
@@ -474,22 +485,19 @@ fn refused_by_a_device_limit_records_nothing() {
         ctx.upload(name, &random(&mut r, n, 1.0), Storage::F32)
             .unwrap()
     };
-    let (q, o, d_o) = (
-        up(s.q_elems(), "q"),
-        up(s.q_elems(), "o"),
-        up(s.q_elems(), "d_o"),
-    );
+    let (q, o) = (up(s.q_elems(), "q"), up(s.q_elems(), "o"));
+    let d_o = d_o.unwrap_or_else(|| up(s.q_elems(), "d_o"));
     let (k, v, lse) = (
         up(s.kv_elems(), "k"),
         up(s.kv_elems(), "v"),
         up(s.lse_elems(), "lse"),
     );
     let sel = ctx.upload_u32("sel", &vec![0; s.q_len * 2 * 2]).unwrap();
-    let mut prof = pisa_wgpu::Profiler::new(&ctx, 16);
+    let mut prof = pisa_wgpu::Profiler::new(ctx, 16);
     let slots = prof.remaining();
     let mut enc = ctx.device().create_command_encoder(&Default::default());
     let e = backward::record_backward(
-        &ctx,
+        ctx,
         &mut enc,
         &q,
         &k,
@@ -503,6 +511,41 @@ fn refused_by_a_device_limit_records_nothing() {
         &cfg,
         Some(&mut prof),
     );
+    let untouched = slots == 16 && prof.remaining() == 16;
+    // The encoder is whole: it submits (an empty one where the call was refused).
+    ctx.queue().submit([enc.finish()]);
+    (e.map(drop), untouched)
+}
+
+/// A device of 6 storage buffers per shader stage cannot run the gradient kernels (grad_q binds
+/// 7): the call is refused with `GpuError::Limit` before anything is recorded (the profiler,
+/// which every pass of the backward takes a timed slot of, has every slot left).
+#[test]
+fn refused_by_a_device_limit_records_nothing() {
+    let (e, untouched) = record_small(&app_context(Some(6)), None);
     assert!(matches!(e, Err(GpuError::Limit { .. })), "{e:?}");
-    assert_eq!((slots, prof.remaining()), (16, 16), "passes were recorded");
+    assert!(untouched, "passes were recorded");
+}
+
+/// Regression: a dO in a buffer without STORAGE usage, on an app's device, made
+/// `record_backward` panic inside wgpu (its bind groups were made outside any error scope; on
+/// pisa's own device the call returned Ok and the submit failed). It is now a
+/// `GpuError::Validation` with nothing recorded; the same call with a usable dO records.
+#[test]
+fn a_buffer_the_passes_cannot_bind_is_a_typed_error() {
+    use pisa_wgpu::wgpu;
+    let ctx = app_context(None);
+    let n = 4 * 40 * 64;
+    let not_storage = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("dO without STORAGE"),
+        size: 4 * n as u64,
+        usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let d_o = pisa_wgpu::GpuTensor::from_buffer(not_storage, n, Storage::F32);
+    let (e, untouched) = record_small(&ctx, Some(d_o));
+    assert!(matches!(e, Err(GpuError::Validation { .. })), "{e:?}");
+    assert!(untouched, "passes were recorded");
+    let (e, untouched) = record_small(&ctx, None);
+    assert!(e.is_ok() && !untouched, "{e:?}");
 }

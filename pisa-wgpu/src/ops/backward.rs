@@ -131,7 +131,8 @@ pub(crate) fn check_len(what: &'static str, actual: usize, expected: usize) -> R
 /// 4-byte elements, or a head dim and GQA group that do not fit workgroup memory,
 /// [`GpuError::Limit`] / [`PisaError::TooLarge`] for tensors past a storage binding or u32
 /// indexing, [`GpuError::Limit`] where the dQ kernel's loops for one query (top_k blocks)
-/// pass the device's loop limit, configuration errors.
+/// pass the device's loop limit, configuration errors, [`GpuError::Validation`] for a tensor
+/// its passes cannot bind (a buffer without STORAGE usage, of another device, or destroyed).
 #[allow(clippy::too_many_arguments)] // the forward's inputs and outputs, dO and the selection
 pub fn record_backward(
     ctx: &Context,
@@ -253,64 +254,62 @@ pub fn record_backward(
             wg_count: wg as u32,
             ..base
         };
-        Ok::<_, GpuError>((ctx.uniform("backward params", &p)?, wg))
+        ctx.uniform("backward params", &p)
     };
-
-    // Pipelines and parameters before the first pass (the block index builds its own first
-    // too): a call refused by a device limit records nothing.
-    let row_dot = pipe("row_dot", 1, 1)?;
-    let grad_q = pipe("grad_q", tiles.q_keys, g)?;
-    let grad_kv = pipe("grad_kv", tiles.kv_keys, tiles.kv_rows)?;
-    let sum_splits = match parts {
-        Some(_) => Some((
-            pipe("sum_splits", 1, 1)?,
-            uni((s.kv_elems() as u64).div_ceil(tiles::WG))?,
-        )),
-        None => None,
-    };
-    let u_dot = uni((s.lse_elems() as u64).div_ceil(DROWS))?;
-    let u_q = uni((s.batch * s.kv_heads * s.q_len) as u64)?;
-    let u_kv = uni(kv_wgs)?;
-
-    let idx = index::record_block_index(ctx, enc, selection, s, cfg, prof.as_deref_mut())?;
-
-    let (ob, db, lb) = (&o.buffer, &d_o.buffer, &lse.buffer);
-    let bind = [(0, &u_dot.0), (4, ob), (5, db), (6, lb), (7, &stats.buffer)];
-    let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-    ctx.dispatch(enc, &row_dot, &bind, u_dot.1, timer)?;
-
-    let qkv = [
-        (1, &q.buffer),
-        (2, &k.buffer),
-        (3, &v.buffer),
-        (5, &d_o.buffer),
-    ];
-    let mut bind = vec![(0, &u_q.0), (7, &stats.buffer)];
-    bind.extend(qkv);
-    bind.extend([(9, &selection.buffer), (10, &dq.buffer)]);
-    let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-    ctx.dispatch(enc, &grad_q, &bind, u_q.1, timer)?;
-
-    let (kv_out_k, kv_out_v) = match &parts {
-        Some((pk, pv)) => (&pk.buffer, &pv.buffer),
-        None => (&dk.buffer, &dv.buffer),
-    };
-    let mut bind = vec![(0, &u_kv.0), (7, &stats.buffer), (8, &idx.pairs.buffer)];
-    bind.extend(qkv);
-    bind.extend([(11, kv_out_k), (12, kv_out_v)]);
-    let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-    ctx.dispatch(enc, &grad_kv, &bind, u_kv.1, timer)?;
-
-    if let (Some((pk, pv)), Some((sum_splits, u_sum))) = (&parts, &sum_splits) {
-        let bind = [
-            (0, &u_sum.0),
-            (11, &dk.buffer),
-            (12, &dv.buffer),
-            (13, &pk.buffer),
-            (14, &pv.buffer),
+    // Every pipeline, parameter buffer and bind group (the block index's too) built before the
+    // first pass, under an error scope: a call refused by a device limit, or given a buffer its
+    // passes cannot bind, records nothing.
+    let (idx_stages, stages) = ctx.scope_now("backward", || {
+        let (idx, idx_stages) = index::build_block_index(ctx, selection, s, cfg)?;
+        let qkv = [
+            (1, &q.buffer),
+            (2, &k.buffer),
+            (3, &v.buffer),
+            (5, &d_o.buffer),
         ];
-        let timer = prof.map(|p| (p, "backward"));
-        ctx.dispatch(enc, sum_splits, &bind, u_sum.1, timer)?;
+        let wgs = (s.lse_elems() as u64).div_ceil(DROWS);
+        let u = uni(wgs)?;
+        let bind = [
+            (0, &u),
+            (4, &o.buffer),
+            (5, &d_o.buffer),
+            (6, &lse.buffer),
+            (7, &stats.buffer),
+        ];
+        let mut stages = vec![ctx.stage(&pipe("row_dot", 1, 1)?, &bind, wgs)?];
+        let wgs = (s.batch * s.kv_heads * s.q_len) as u64;
+        let u = uni(wgs)?;
+        let mut bind = vec![(0, &u), (7, &stats.buffer)];
+        bind.extend(qkv);
+        bind.extend([(9, &selection.buffer), (10, &dq.buffer)]);
+        stages.push(ctx.stage(&pipe("grad_q", tiles.q_keys, g)?, &bind, wgs)?);
+        let (kv_out_k, kv_out_v) = match &parts {
+            Some((pk, pv)) => (&pk.buffer, &pv.buffer),
+            None => (&dk.buffer, &dv.buffer),
+        };
+        let u = uni(kv_wgs)?;
+        let mut bind = vec![(0, &u), (7, &stats.buffer), (8, &idx.pairs.buffer)];
+        bind.extend(qkv);
+        bind.extend([(11, kv_out_k), (12, kv_out_v)]);
+        let grad_kv = pipe("grad_kv", tiles.kv_keys, tiles.kv_rows)?;
+        stages.push(ctx.stage(&grad_kv, &bind, kv_wgs)?);
+        if let Some((pk, pv)) = &parts {
+            let wgs = (s.kv_elems() as u64).div_ceil(tiles::WG);
+            let u = uni(wgs)?;
+            let bind = [
+                (0, &u),
+                (11, &dk.buffer),
+                (12, &dv.buffer),
+                (13, &pk.buffer),
+                (14, &pv.buffer),
+            ];
+            stages.push(ctx.stage(&pipe("sum_splits", 1, 1)?, &bind, wgs)?);
+        }
+        Ok((idx_stages, stages))
+    })?;
+    ctx.check_step()?;
+    for stage in idx_stages.iter().chain(&stages) {
+        ctx.record_pass(enc, "backward", [stage], prof.as_deref_mut());
     }
     Ok((dq, dk, dv))
 }

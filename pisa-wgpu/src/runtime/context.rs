@@ -247,6 +247,10 @@ impl Context {
     /// Buffers given to pisa ([`crate::TensorView`]) must be of this device; one of another
     /// device of the same `wgpu::Instance` is a [`GpuError::Validation`] of the call that binds
     /// it, copies into it or reads it back ([`Context::read_bytes`], [`Context::read_async`]).
+    /// `queue` must be `device`'s own (the pair `request_device` returned): wgpu gives no way
+    /// to tell a queue's device, so a queue of another device is not detected, and the first
+    /// write through it (this call's probe of the device, below) is a wgpu error of that other
+    /// device, reported to its uncaptured-error handler (wgpu's default handler panics).
     ///
     /// A device lost (or destroyed) after the context is made is the application's to see,
     /// through its own device-lost callback; pisa notices it without one (by a probe of the

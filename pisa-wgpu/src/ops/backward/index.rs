@@ -11,7 +11,7 @@ use bytemuck::{Pod, Zeroable};
 use pisa_core::{AttentionShape, SelectionConfig};
 
 use crate::error::Result;
-use crate::runtime::buffers::{GpuTensor, POISON_I32};
+use crate::runtime::buffers::{GpuTensor, Stage, POISON_I32};
 use crate::runtime::context::Context;
 use crate::runtime::pipeline::{ShaderSource, Storage};
 use crate::runtime::profiler::Profiler;
@@ -61,7 +61,10 @@ pub struct BlockIndex {
 /// causality). Passes are labelled "backward" in `prof`.
 ///
 /// Errors: shape errors as [`AttentionShape::new`], [`crate::GpuError::Limit`] when the pairs (8 bytes per entry) exceed a storage
-/// binding, [`pisa_core::PisaError::TooLarge`] past u32 indexing, configuration errors.
+/// binding, [`pisa_core::PisaError::TooLarge`] past u32 indexing, configuration errors,
+/// [`crate::GpuError::Validation`] for a selection the passes cannot bind (a buffer without
+/// STORAGE usage, of another device, or destroyed). Everything is built before anything is
+/// recorded: nothing is recorded on error.
 pub fn record_block_index(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -70,6 +73,25 @@ pub fn record_block_index(
     cfg: &SelectionConfig,
     mut prof: Option<&mut Profiler>,
 ) -> Result<BlockIndex> {
+    let (index, stages) = ctx.scope_now("backward block index", || {
+        build_block_index(ctx, selection, shape, cfg)
+    })?;
+    ctx.check_step()?;
+    for stage in &stages {
+        ctx.record_pass(enc, "backward", [stage], prof.as_deref_mut());
+    }
+    Ok(index)
+}
+
+/// The [`BlockIndex`] of [`record_block_index`] and the dispatches that build it, in order
+/// (one pass each), built but not recorded; the caller runs it under an error scope, where the
+/// bind groups' validation errors are caught.
+pub(super) fn build_block_index(
+    ctx: &Context,
+    selection: &GpuTensor,
+    shape: &AttentionShape,
+    cfg: &SelectionConfig,
+) -> Result<(BlockIndex, Vec<Stage>)> {
     cfg.validate()?;
     shape.validate()?;
     let entries = shape.q_len * cfg.top_k;
@@ -98,44 +120,35 @@ pub fn record_block_index(
         ctx.pipelines
             .get(&ctx.device, &SHADER, entry, Storage::F32, &[], &[])
     };
-    // Pipelines and parameters first: a refused call records nothing.
     let (init, digit_hist) = (pipe("init_pairs")?, pipe("digit_hist")?);
     let (digit_scan, digit_scatter) = (pipe("digit_scan")?, pipe("digit_scatter")?);
     let u = ctx.uniform("backward index params", &base)?;
     let bits = 32 - (nb0 as u32).leading_zeros();
     let tiles_wg = (num_bh * tiles) as u64;
-    let pass_uniforms = (0..bits.div_ceil(4))
-        .map(|pass| {
-            let p = Params {
-                shift: 4 * pass,
-                wg_count: tiles_wg as u32,
-                ..base
-            };
-            ctx.uniform("backward index params", &p)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-    let bind = [(0, &u), (1, &selection.buffer), (3, &a.buffer)];
     let groups = (total as u64 / 2).div_ceil(WG);
-    ctx.dispatch(enc, &init, &bind, groups, timer)?;
+    let bind = [(0, &u), (1, &selection.buffer), (3, &a.buffer)];
+    let mut stages = vec![ctx.stage(&init, &bind, groups)?];
     let (mut src, mut dst) = (&a, &b);
-    for u in &pass_uniforms {
-        let bind = [(0, u), (2, &src.buffer), (4, &hist.buffer)];
-        let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-        ctx.dispatch(enc, &digit_hist, &bind, tiles_wg, timer)?;
-        let timer = prof.as_deref_mut().map(|p| (p, "backward"));
-        let bind = [(0, u), (4, &hist.buffer)];
-        ctx.dispatch(enc, &digit_scan, &bind, num_bh as u64, timer)?;
-        let timer = prof.as_deref_mut().map(|p| (p, "backward"));
+    for pass in 0..bits.div_ceil(4) {
+        let p = Params {
+            shift: 4 * pass,
+            wg_count: tiles_wg as u32,
+            ..base
+        };
+        let u = ctx.uniform("backward index params", &p)?;
+        let bind = [(0, &u), (2, &src.buffer), (4, &hist.buffer)];
+        stages.push(ctx.stage(&digit_hist, &bind, tiles_wg)?);
+        let bind = [(0, &u), (4, &hist.buffer)];
+        stages.push(ctx.stage(&digit_scan, &bind, num_bh as u64)?);
         let bind = [
-            (0, u),
+            (0, &u),
             (2, &src.buffer),
             (3, &dst.buffer),
             (4, &hist.buffer),
         ];
-        ctx.dispatch(enc, &digit_scatter, &bind, tiles_wg, timer)?;
+        stages.push(ctx.stage(&digit_scatter, &bind, tiles_wg)?);
         std::mem::swap(&mut src, &mut dst);
     }
     let pairs = if std::ptr::eq(src, &a) { a } else { b };
-    Ok(BlockIndex { pairs, entries })
+    Ok((BlockIndex { pairs, entries }, stages))
 }
