@@ -26,11 +26,11 @@ fn coop_ctx(test: &str) -> Option<&'static Context> {
     // Ask for CoopMat (the default where supported; kept only where the adapter supports it).
     ctx.set_kernel_path(KernelPath::CoopMat);
     if ctx.kernel_path() != KernelPath::CoopMat {
-        eprintln!(
-            "{test}: SKIPPED: adapter {:?} has no cooperative-matrix path (kernel path {})",
+        skip_unless_required(&format!(
+            "{test}: adapter {:?} has no cooperative-matrix path (kernel path {})",
             ctx.report().name,
             ctx.kernel_path()
-        );
+        ));
         return None;
     }
     Some(ctx)

@@ -79,10 +79,10 @@ fn variants() -> Vec<Variant> {
 fn coop_ctx(test: &str) -> Option<&'static Context> {
     let ctx = ctx();
     if ctx.kernel_path() != KernelPath::CoopMat {
-        eprintln!(
-            "{test}: SKIPPED: adapter {:?} has no cooperative matrices",
+        skip_unless_required(&format!(
+            "{test}: adapter {:?} has no cooperative matrices",
             ctx.report().name
-        );
+        ));
         return None;
     }
     Some(ctx)

@@ -580,7 +580,8 @@ fn step_outputs_that_cannot_be_bound_are_scattered() {
     let (ob, lb, sb) = (
         app_buffer(ctx, &vec![poison; bn * hq * d]),
         app_buffer(ctx, &vec![poison; bn * hq]),
-        app_buffer(ctx, &vec![poison; bn * hkv * k]),
+        // (i32::MIN: no entry, index or -1 padding, is that)
+        app_buffer(ctx, &vec![f32::from_bits(0x8000_0000); bn * hkv * k]),
     );
     let sel_of = |b, strides| {
         pisa_wgpu::TensorView::new(b, 0, pisa_wgpu::DType::I32, [bn, hkv, 1, k], strides).unwrap()
@@ -598,6 +599,11 @@ fn step_outputs_that_cannot_be_bound_are_scattered() {
     .unwrap();
     let (o0, l0, s0) = (words(&ob), words(&lb), words(&sb));
     assert!(o0.iter().all(|&w| w != 0xFFFF_FFFF), "O not written");
+    assert!(l0.iter().all(|&w| w != 0xFFFF_FFFF), "LSE not written");
+    assert!(
+        s0.iter().all(|&w| w != 0x8000_0000),
+        "selection not written"
+    );
     // O with a gap of D after every head, at an unaligned offset where the device has one;
     // LSE f16; the selection with a gap after every KV head.
     let a = ctx.limits().min_storage_buffer_offset_alignment as usize;

@@ -2,7 +2,7 @@
 //! `k_len` tokens (a chunk of a prompt prefilled over its earlier chunks' keys and values).
 //! Each run is checked against the CPU reference: the selection against `select_pisa` (a row
 //! may differ only where the reference's margin, the gap between its K-th and (K+1)-th
-//! scores, is within rounding: `TIE` for f32, `TIE_F16` for f16 storage), O and LSE against
+//! scores, is within rounding: `common::tie_tol`, a still valid row, at most 5% of rows), O and LSE against
 //! `sparse_attention` over the GPU's own selection (relative error 1e-4 for f32, 5e-3 for f16).
 //! Outputs start as NaN, so an unwritten element fails. Inputs are read in place (BHND at byte
 //! 0) or gathered (BNHD at byte 52); a decode cache taking over such a plan holds all `k_len`
@@ -17,8 +17,6 @@ use pisa_wgpu::{
     PrefillPlan, StepOutputs, Storage, TensorView, VarlenPrefillPlan,
 };
 
-const TIE: f64 = 1e-3;
-const TIE_F16: f64 = 2e-2;
 const PAD: usize = 52;
 
 /// The caller's view of BHND `data` of `shape`: BHND at byte 0 (read in place) when
@@ -120,7 +118,7 @@ fn check_reference(
 ) {
     let (s, st) = (&c.shape, c.storage);
     let want = select_pisa(q, k, s, TensorLayout::Bhnd, &c.cfg).unwrap();
-    let tie = if st == Storage::F16 { TIE_F16 } else { TIE };
+    let tie = tie_tol_of(s, &c.cfg, q, k, st);
     let ties = check_selection_ties(what, sel, &want, c.cfg.top_k, tie);
     eprintln!("{what}: {ties} of {} rows differ within a tie", want.rows());
     let (o, lse) = sparse_attention(q, k, v, s, TensorLayout::Bhnd, &c.cfg, sel).unwrap();

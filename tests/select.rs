@@ -2,8 +2,9 @@
 //! `select_pisa`, over scorings, causal / non-causal, forced blocks, merge factors, GQA groups,
 //! head dims, layouts, storages and query tiles; plus input validation. A GPU row may differ from
 //! the reference only where the reference's margin is a near-tie (`select_util::check`), in at
-//! most 5% of the rows; Qtile 1 and 4 must agree exactly where a case runs both. The routing
-//! code paths are in `select_route.rs`.
+//! most 5% of the rows; where a case runs both Qtile 1 and 4, each is judged so against the
+//! reference (they sum a score's terms in different orders, so a near-tie may fall either way
+//! in each: `select_util::run_case`). The routing code paths are in `select_route.rs`.
 mod common;
 #[path = "select_util.rs"]
 mod select_util;

@@ -121,44 +121,13 @@ impl Case {
     }
 }
 
-/// Tie tolerance on a reference margin (natural-log score units summed over the g_q heads of the
-/// group): the f32 GPU arithmetic differs from the f64 reference by about
-/// `eps_f32 * sqrt(D) * |s q.k|` per score, so a row may legitimately differ only where the
-/// margin is below `2e-5 (4e-5 for f16 storage) * g_q * (1 + s * max|q| * max|k| * sqrt(D))`.
-pub fn tie_tol(gq: usize, d: usize, scale: f64, q: &[f32], k: &[f32], storage: Storage) -> f64 {
-    let amax = |v: &[f32]| v.iter().fold(0f64, |m, &x| m.max(x.abs() as f64));
-    let per_head = match storage {
-        // bf16 inputs are widened exactly: f32 arithmetic as for f32 storage.
-        Storage::F32 | Storage::Bf16 => 2e-5,
-        Storage::F16 => 4e-5,
-    };
-    per_head * gq as f64 * (1.0 + scale * amax(q) * amax(k) * (d as f64).sqrt())
-}
+pub use crate::common::tie_tol;
 
-/// Compares a GPU selection with the reference row by row. A row that differs is accepted only
-/// when the reference's margin is below `tol` (a near-tie that f32 rounding may flip) and the
-/// GPU row is still a valid selection (ascending, same count); anything else panics. Returns
-/// the number of rows accepted as ties.
+/// Compares a GPU selection with the reference row by row ([`crate::common::check_rows`]):
+/// a row that differs is accepted only when the reference's margin is below `tol` and the GPU
+/// row is still a valid selection. Returns the number of rows accepted as ties.
 pub fn check(what: &str, gpu: &[i32], want: &Selection, tol: f64) -> usize {
-    let k = want.top_k;
-    assert_eq!(gpu.len(), want.indices.len(), "{what}: length");
-    let mut ties = 0;
-    for r in 0..want.rows() {
-        let g = &gpu[r * k..(r + 1) * k];
-        let w = want.row(r);
-        if g == w {
-            continue;
-        }
-        let m = want.margin[r];
-        let count = |x: &[i32]| x.iter().filter(|&&v| v >= 0).count();
-        let ascending = g[..count(g)].windows(2).all(|p| p[0] < p[1]);
-        assert!(
-            m < tol && count(g) == count(w) && ascending && g[count(g)..].iter().all(|&v| v == -1),
-            "{what}: row {r}: gpu {g:?} reference {w:?}, reference margin {m:.3e} (tie tolerance {tol:.1e})"
-        );
-        ties += 1;
-    }
-    ties
+    crate::common::check_rows(what, gpu, want, want.top_k, tol)
 }
 
 /// Prints the tie count of a case (ties must be rare; the test fails above 5% of the rows).

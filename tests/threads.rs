@@ -17,8 +17,6 @@ use pisa_wgpu::{
     AdapterChoice, Context, DType, GpuError, KernelPath, LeafOrder, TensorView, VarlenPrefillPlan,
 };
 
-const TIE: f64 = 1e-3;
-
 /// An application's outputs of `n` tokens, NaN-filled: O `[1, Hq, n, D]` and LSE `[1, Hq, n, 1]`
 /// f32, the selection `[1, Hkv, n, K]` i32, all BHND.
 struct Outs {
@@ -98,7 +96,8 @@ fn check(
         .flat_map(|hh| sel[(hh * total + t0) * kk..(hh * total + t0 + n) * kk].to_vec())
         .collect();
     let want = select_pisa(q, k, shape, TensorLayout::Bhnd, cfg).unwrap();
-    check_selection_ties(what, &sel, &want, kk, TIE);
+    let tie = tie_tol_of(shape, cfg, q, k, pisa_wgpu::Storage::F32);
+    check_selection_ties(what, &sel, &want, kk, tie);
     let (ro, rl) = sparse_attention(q, k, v, shape, TensorLayout::Bhnd, cfg, &sel).unwrap();
     let (eo, el) = (
         rel_err(&rows(o, hq, d), &ro),
