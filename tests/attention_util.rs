@@ -80,9 +80,52 @@ pub fn selection_rows(
 pub fn check(what: &str, (o, lse): (&[f32], &[f32]), (ro, rl): (&[f64], &[f64]), storage: Storage) {
     let eo = rel_err(o, ro);
     let el = rel_err(lse, rl);
-    eprintln!("  {what}: O rel err {eo:.2e}, LSE rel err {el:.2e}");
+    // Per row too, so that a few wrong rows (a tile's tail) cannot hide in the whole tensor's
+    // L2 error: each row of O within 10x the tolerance of its own norm (an empty row's
+    // reference is zeros: its O must be too), each LSE within the tolerance of max(1, |LSE|).
+    let d = o.len() / lse.len().max(1);
+    let (row, worst) = worst_row(o, ro, d);
+    let (at, lse_worst) = (lse.iter().zip(rl).enumerate())
+        .map(|(i, (&g, &w))| (i, (g as f64 - w).abs() / w.abs().max(1.0)))
+        .fold(
+            (0, 0f64),
+            |a, b| if b.1 > a.1 || b.1.is_nan() { b } else { a },
+        );
+    eprintln!(
+        "  {what}: O rel err {eo:.2e} (worst row {worst:.2e}), LSE rel err {el:.2e} (worst {lse_worst:.2e})"
+    );
     assert!(eo <= tol(storage), "{what}: O rel err {eo}");
     assert!(el <= tol(storage), "{what}: LSE rel err {el}");
+    assert!(
+        worst <= 10.0 * tol(storage),
+        "{what}: O row {row} rel err {worst}"
+    );
+    assert!(
+        lse_worst <= tol(storage),
+        "{what}: LSE {at} rel err {lse_worst}: {} vs {}",
+        lse[at],
+        rl[at]
+    );
+}
+
+/// The row (of `d` values) of `got` farthest from `want` relative to the reference row's L2
+/// norm (absolute where that row is zeros), and that error; NaN counts as infinite.
+fn worst_row(got: &[f32], want: &[f64], d: usize) -> (usize, f64) {
+    let mut worst = (0, 0f64);
+    for (r, (g, w)) in got.chunks(d.max(1)).zip(want.chunks(d.max(1))).enumerate() {
+        let num: f64 = g.iter().zip(w).map(|(&x, &y)| (x as f64 - y).powi(2)).sum();
+        let den: f64 = w.iter().map(|y| y * y).sum();
+        let e = if den > 0.0 {
+            (num / den).sqrt()
+        } else {
+            num.sqrt()
+        };
+        let e = if e.is_nan() { f64::INFINITY } else { e };
+        if e > worst.1 {
+            worst = (r, e);
+        }
+    }
+    worst
 }
 
 /// True, after saying so, when an f16 case must be skipped: the adapter has no SHADER_F16.
