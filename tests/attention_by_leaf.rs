@@ -447,10 +447,10 @@ fn leaf_major_coop_shader_validates_and_writes_spirv() {
     }
 }
 
-/// Leaf-major and query-tile attention agree on selections the f64 reference cannot judge the
-/// same way (it treats a list as a set): out-of-order entries, indices past the last leaf,
-/// all -1 rows (zeros and LSE -inf on both), repeats, future leaves. f32, on whatever path the
-/// adapter runs; O and LSE within 1e-5 relative, -inf exactly where the other has it.
+/// Leaf-major and query-tile attention agree on messy selections: out-of-order entries, indices
+/// past the last leaf, all -1 rows (zeros and LSE -inf on both), repeats, future leaves. f32, on
+/// whatever path the adapter runs; O and LSE within 1e-5 relative, -inf exactly where the other
+/// has it; and both equal the reference over the rows as the kernels document reading them.
 #[test]
 fn leaf_major_equals_tiles_on_messy_selections() {
     let _settings = settings_lock();
@@ -498,6 +498,57 @@ fn leaf_major_equals_tiles_on_messy_selections() {
         let empty = out[0].1.iter().filter(|l| **l == f32::NEG_INFINITY).count();
         eprintln!("  {what}: equal, {empty} empty rows");
         assert!(empty > 0, "{what}: no empty row was tested");
+        // And against the reference over the rows as `record_sparse_attention` documents
+        // reading them: a -1, an index past the last leaf, or an entry not above the last one
+        // kept is ignored (the reference masks future keys itself).
+        let read: Vec<i32> = sel
+            .chunks(kk)
+            .flat_map(|row| {
+                let mut kept = Vec::with_capacity(kk);
+                for &x in row {
+                    if x >= 0 && x < nb0 && kept.last().is_none_or(|&l| x > l) {
+                        kept.push(x);
+                    }
+                }
+                kept.resize(kk, -1);
+                kept
+            })
+            .collect();
+        let (ro, rl) =
+            reference::sparse_attention(&x.q, &x.k, &x.v, &s, Bhnd, &cfg, &read).unwrap();
+        // Rows that attend to nothing (zeros, LSE -inf) apart, the others as every case.
+        let seen: Vec<usize> = (0..rl.len()).filter(|&i| rl[i].is_finite()).collect();
+        for i in (0..rl.len()).filter(|&i| !rl[i].is_finite()) {
+            let (o, l) = (&out[1].0[i * d..(i + 1) * d], out[1].1[i]);
+            assert!(
+                l == f32::NEG_INFINITY && o.iter().all(|&x| x == 0.0),
+                "{what}: row {i} attends to nothing: LSE {l}"
+            );
+        }
+        let rows = |o: &[f32]| -> Vec<f32> {
+            seen.iter()
+                .flat_map(|&i| o[i * d..(i + 1) * d].to_vec())
+                .collect()
+        };
+        let (wo, wl): (Vec<f64>, Vec<f64>) = (
+            seen.iter()
+                .flat_map(|&i| ro[i * d..(i + 1) * d].to_vec())
+                .collect(),
+            seen.iter().map(|&i| rl[i]).collect(),
+        );
+        let gl: Vec<f32> = seen.iter().map(|&i| out[1].1[i]).collect();
+        check(
+            &format!("{what}, against the reference"),
+            (&rows(&out[1].0), &gl),
+            (&wo, &wl),
+            F32,
+        );
+        assert!(
+            seen.len() * 2 > rl.len(),
+            "{what}: {} of {} rows attend to keys",
+            seen.len(),
+            rl.len()
+        );
     }
 }
 
