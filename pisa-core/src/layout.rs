@@ -136,9 +136,16 @@ impl PyramidLayout {
     pub fn total_nodes(&self) -> usize {
         self.total
     }
-    /// Flat index of node `j` of `level`.
+    /// Flat index of node `j` of `level`. Panics when the level or `j` is out of range (a `j`
+    /// past the level's nodes would name a node of the next level).
     pub fn flat(&self, level: usize, j: usize) -> usize {
-        self.offset(level) + j
+        let o = self.offset(level);
+        assert!(
+            j < self.nodes(level),
+            "node {j} of level {level}'s {}",
+            self.nodes(level)
+        );
+        o + j
     }
     /// Parent (at `level + 1`) of node `j`.
     pub fn parent(&self, j: usize) -> usize {
@@ -147,12 +154,17 @@ impl PyramidLayout {
     /// Children (at `level - 1`) of node `j` of `level >= 1`; the last node may have fewer than g.
     pub fn children(&self, level: usize, j: usize) -> Range<usize> {
         assert!(level >= 1, "leaves have no children");
+        assert!(
+            j < self.nodes(level),
+            "node {j} of level {level}'s {}",
+            self.nodes(level)
+        );
         let lo = j * self.merge_factor;
         lo..(lo + self.merge_factor).min(self.nodes(level - 1))
     }
-    /// Leaves per node at `level`: `g^level` (saturating).
+    /// Leaves per node at `level`: `g^level` (saturating, for any `level`).
     pub fn leaves_per_node(&self, level: usize) -> usize {
-        self.merge_factor.saturating_pow(level as u32)
+        u32::try_from(level).map_or(usize::MAX, |l| self.merge_factor.saturating_pow(l))
     }
     /// Ancestor at `level` of leaf `leaf`: `floor(leaf / g^level)`.
     pub fn ancestor(&self, leaf: usize, level: usize) -> usize {
@@ -166,7 +178,9 @@ impl PyramidLayout {
     /// Tokens covered by node `j` of `level`.
     pub fn token_span(&self, level: usize, j: usize) -> Range<usize> {
         let l = self.leaf_span(level, j);
-        (l.start * self.block_size).min(self.key_len)..(l.end * self.block_size).min(self.key_len)
+        // (saturating: the end of the last leaf of a key length near usize::MAX is past it)
+        let at = |leaf: usize| leaf.saturating_mul(self.block_size).min(self.key_len);
+        at(l.start)..at(l.end)
     }
     /// n: token count of node `j` of `level`.
     pub fn node_len(&self, level: usize, j: usize) -> usize {

@@ -56,22 +56,33 @@ impl Real for f64 {
 
 /// `log(e^a + e^b)` without overflow; `-inf` is the identity.
 pub fn log_add_exp<T: Real>(a: T, b: T) -> T {
+    // (NaN propagates: a NaN is not ordered with anything, and x != x holds only for it.)
+    #[allow(clippy::eq_op)]
+    if a != a || b != b {
+        return a + b;
+    }
     let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
-    if hi == T::NEG_INFINITY {
+    // -inf (nothing) and +inf (dominates) are their own sums; inf - inf would be NaN.
+    if hi == T::NEG_INFINITY || hi == T::ZERO - T::NEG_INFINITY {
         return hi;
     }
     hi + (lo - hi).exp().ln_1p()
 }
 
-/// `log sum_i e^{x_i}`, stable (max-shifted); `-inf` for an empty slice.
+/// `log sum_i e^{x_i}`, stable (max-shifted); `-inf` for an empty slice (or one of `-inf`s
+/// only), `+inf` where an element is `+inf`, NaN where one is NaN.
 pub fn logsumexp<T: Real>(xs: &[T]) -> T {
     let mut m = T::NEG_INFINITY;
     for &x in xs {
+        #[allow(clippy::eq_op)]
+        if x != x {
+            return x;
+        }
         if x > m {
             m = x;
         }
     }
-    if m == T::NEG_INFINITY {
+    if m == T::NEG_INFINITY || m == T::ZERO - T::NEG_INFINITY {
         return m;
     }
     let mut s = T::ZERO;
@@ -107,10 +118,24 @@ impl<T: Real> OnlineSoftmax<T> {
         }
     }
 
-    /// Adds one key with score `s` (already scaled) and value row `v` into `acc`.
+    /// Adds one key with score `s` (already scaled) and value row `v` into `acc`. A score of
+    /// `-inf` is a masked key (nothing added); a NaN one makes the row's state, LSE and output
+    /// NaN.
     pub fn push(&mut self, s: T, v: &[T], acc: &mut [T]) {
         debug_assert_eq!(v.len(), acc.len());
         if s == T::NEG_INFINITY {
+            return;
+        }
+        // A NaN score makes the row NaN (its LSE and output), not a masked key: the state
+        // stays NaN whatever comes after (every comparison with NaN is false, and NaN - x is
+        // NaN).
+        #[allow(clippy::eq_op)]
+        if s != s {
+            self.max = s;
+            self.sum = s;
+            for a in acc.iter_mut() {
+                *a = s;
+            }
             return;
         }
         if s > self.max {
@@ -222,6 +247,30 @@ pub fn f16_to_f32_vec(bits: &[u16]) -> alloc::vec::Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: NaN was taken for "no score" (logsumexp([NaN]) and a row of NaN scores gave
+    /// -inf, an empty row's LSE, and the output zeros), and +inf with another +inf or a finite
+    /// value gave NaN (inf - inf).
+    #[test]
+    fn non_finite_scores() {
+        let (nan, inf) = (f64::NAN, f64::INFINITY);
+        assert!(logsumexp(&[nan]).is_nan() && logsumexp(&[nan, -inf]).is_nan());
+        assert!(logsumexp(&[0.0, nan, 1.0]).is_nan());
+        assert_eq!(logsumexp(&[inf, 0.0]), inf);
+        assert_eq!(logsumexp(&[-inf, -inf]), -inf);
+        assert_eq!(logsumexp::<f64>(&[]), -inf);
+        assert_eq!(log_add_exp(inf, inf), inf);
+        assert_eq!(log_add_exp(inf, 3.0), inf);
+        assert_eq!(log_add_exp(-inf, -inf), -inf);
+        assert!(log_add_exp(nan, 1.0).is_nan() && log_add_exp(-inf, nan).is_nan());
+        let mut st = OnlineSoftmax::<f64>::new();
+        let mut acc = [0.0; 2];
+        st.push(1.0, &[1.0, 2.0], &mut acc);
+        st.push(nan, &[1.0, 2.0], &mut acc);
+        st.push(5.0, &[1.0, 2.0], &mut acc);
+        assert!(st.lse().is_nan());
+        assert!(st.finish(&mut acc).is_nan() && acc.iter().all(|a| a.is_nan()));
+    }
 
     #[test]
     fn half_conversions_are_exact_widenings() {

@@ -27,9 +27,17 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// Derives the schedule. Errors: the configuration's own validation errors.
+    /// Derives the schedule. Errors: the configuration's own validation errors;
+    /// [`crate::PisaError::InvalidValue`] for a layout of another block size or merge factor
+    /// than `cfg`'s (the schedule would mix the two).
     pub fn new(layout: &PyramidLayout, cfg: &SelectionConfig) -> Result<Self> {
         cfg.validate()?;
+        if layout.block_size() != cfg.block_size || layout.merge_factor() != cfg.merge_factor {
+            return Err(crate::PisaError::InvalidValue {
+                what:
+                    "the pyramid layout's block size and merge factor must be the configuration's",
+            });
+        }
         let k = cfg.top_k;
         let start_level = (0..layout.num_levels())
             .rev()

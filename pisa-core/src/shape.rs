@@ -15,7 +15,9 @@ pub enum TensorLayout {
 
 impl TensorLayout {
     /// Element strides `(batch, head, token)` for a tensor of `heads` heads, `tokens` tokens and
-    /// head dim `dim` (the stride of `d` is 1).
+    /// head dim `dim` (the stride of `d` is 1). Plain arithmetic, unchecked: for the sizes of a
+    /// shape [`AttentionShape::validate`] accepts (its element counts fit `usize`) it cannot
+    /// overflow; other sizes are the caller's to check.
     pub fn strides(self, heads: usize, tokens: usize, dim: usize) -> (usize, usize, usize) {
         match self {
             TensorLayout::Bhnd => (heads * tokens * dim, tokens * dim, dim),
@@ -24,7 +26,8 @@ impl TensorLayout {
     }
 
     /// Flat index of element `(b, h, n, d)` in a tensor with `heads` heads, `tokens` tokens and
-    /// head dim `dim`.
+    /// head dim `dim` (unchecked, as [`Self::strides`]: in range for the indices of a validated
+    /// shape).
     #[inline]
     #[allow(clippy::too_many_arguments)] // one argument per tensor dimension, as in the math
     pub fn index(
@@ -194,9 +197,10 @@ impl AttentionShape {
         saturating_product(&[self.batch, self.q_heads, self.q_len])
     }
 
-    /// KV head serving query head `h` (`h / g_q`).
+    /// KV head serving query head `h` (`h / g_q`; for a hand-built shape of fewer query heads
+    /// than KV heads, g_q is 0 and this is `h`, never a division by zero).
     pub fn kv_head_of(&self, h: usize) -> usize {
-        h / self.gqa_group()
+        h / self.gqa_group().max(1)
     }
 }
 

@@ -327,12 +327,30 @@ fn huge_sizes_give_errors_not_panics() {
 /// Large sizes that fit, and the reference's own checks.
 #[test]
 fn large_but_valid_sizes() {
-    let cfg = SelectionConfig::new(64, 16).unwrap();
+    let cfg = SelectionConfig::new(1, 16).unwrap();
     let l = no_panic(|| PyramidLayout::new(1 << 62, 1, 2))
         .unwrap()
         .unwrap();
     assert_eq!(l.num_levels(), 63);
     assert!(no_panic(|| Schedule::new(&l, &cfg)).unwrap().is_ok());
+    // A layout of another block size or merge factor than the configuration's: refused (the
+    // schedule mixed the layout's levels with the configuration's sizes).
+    for other in [
+        SelectionConfig::new(64, 16).unwrap(),
+        cfg.with_merge_factor(4),
+    ] {
+        let r = Schedule::new(&l, &other);
+        assert!(matches!(r, Err(PisaError::InvalidValue { .. })), "{r:?}");
+    }
+    // Spans near usize::MAX saturate instead of wrapping: the last leaf holds one token, the
+    // top node all of them.
+    let big = PyramidLayout::new(usize::MAX, 2, 2).unwrap();
+    let (top, last) = (big.num_levels() - 1, big.leaves() - 1);
+    assert_eq!(big.token_span(0, last), usize::MAX - 1..usize::MAX);
+    assert_eq!(big.node_len(0, last), 1);
+    assert_eq!(big.node_len(top, 0), usize::MAX);
+    assert_eq!(big.leaves_per_node(1 << 32), usize::MAX);
+    assert_eq!(big.ancestor(77, 1 << 32), 0);
     // Element counts past usize: refused by `AttentionShape::new`, and the reference re-checks a
     // hand-built shape (public fields) before allocating.
     let r = AttentionShape::new(1 << 20, 1 << 20, 1, 1 << 20, 1 << 20, 1 << 20);
@@ -444,4 +462,38 @@ fn reference_edges_are_typed_errors_and_counted_once() {
     let r = try_recall(&row(1, 1), &row(0, 1), &mass, &s, &c).unwrap();
     assert_eq!(r.recall_at_k, 0.5);
     assert!((r.mass_recall - 0.3).abs() < 1e-12, "{}", r.mass_recall);
+}
+
+/// Regressions: `Pyramid::mean` and `var` read another node, sequence or head for an index past
+/// its range (documented to panic, they did not); `kv_head_of` divided by zero on a hand-built
+/// shape of fewer query heads than KV heads; `try_locality` with a tile past the rows tried to
+/// reserve tile x K entries and aborted.
+#[test]
+fn indices_past_their_range_and_hand_built_shapes() {
+    use pisa_core::reference::metrics::try_locality;
+    use pisa_core::reference::{build_pyramid, select_pisa};
+    let s = AttentionShape::prefill(2, 2, 1, 3, 1).unwrap(); // B 2, Hq 2, Hkv 1, N 3, D 1
+    let cfg = SelectionConfig::new(2, 1).unwrap();
+    let k: Vec<f32> = (0..6).map(|x| x as f32).collect();
+    let p = build_pyramid(&k, &s, TensorLayout::Bhnd, &cfg).unwrap();
+    assert_eq!(p.mean(1, 0, 0, 1), &[5.0]); // sequence 1's last leaf: token 5 alone
+    assert_eq!(p.mean(0, 0, 1, 0), &[1.0]); // sequence 0's top node: tokens 0..3
+    for (b, h, level, j) in [
+        (0, 0, 0, 2),
+        (2, 0, 0, 0),
+        (0, 1, 0, 0),
+        (0, 0, 2, 0),
+        (0, 0, 1, 1),
+    ] {
+        let m = no_panic(|| p.mean(b, h, level, j).to_vec());
+        assert!(m.is_err(), "mean({b}, {h}, {level}, {j}) = {m:?}");
+        assert!(no_panic(|| p.var(b, h, level, j).to_vec()).is_err());
+    }
+    let mut hand = s;
+    (hand.q_heads, hand.kv_heads) = (1, 2);
+    assert_eq!(no_panic(|| hand.kv_head_of(1)), Ok(1));
+    let q: Vec<f32> = (0..12).map(|x| (x as f32).sin()).collect();
+    let sel = select_pisa(&q, &k, &s, TensorLayout::Bhnd, &cfg).unwrap();
+    let r = no_panic(|| try_locality(&sel, &s, &cfg, usize::MAX));
+    assert!(matches!(r, Ok(Ok(_))), "{:?}", r.map(|x| x.map(|_| ())));
 }

@@ -91,8 +91,10 @@ fn for_rows(
 ///
 /// Returns `(O, LSE)`: O in Q's layout, LSE `[B, Hq, Nq]` (natural log of the sum of
 /// `exp(score)` over attended keys). A row attending to nothing gets zeros and `-inf`.
-/// Errors: the configuration's validation errors, [`PisaError::BufferLen`] for a buffer of the
-/// wrong length, [`PisaError::InvalidValue`] for an index below -1 or at least `nb_0`.
+/// Errors: shape errors as [`crate::AttentionShape::new`] (the shape is checked again: its
+/// fields are public), the configuration's validation errors, [`PisaError::BufferLen`] for a
+/// buffer of the wrong length, [`PisaError::InvalidValue`] for an index below -1 or at least
+/// `nb_0`.
 pub fn sparse_attention(
     q: &[f32],
     k: &[f32],
@@ -152,8 +154,8 @@ pub fn sparse_attention(
 
 /// Dense attention (PISA.md section 4): every key, masked to `t <= p_i` when `causal`, scores
 /// `scale * q.k_t`. Shapes, layouts and returns as [`sparse_attention`].
-/// Errors: [`PisaError::BufferLen`], [`PisaError::InvalidValue`] for a non-finite or
-/// non-positive scale.
+/// Errors: shape errors as [`crate::AttentionShape::new`], [`PisaError::BufferLen`],
+/// [`PisaError::InvalidValue`] for a non-finite or non-positive scale.
 pub fn dense_attention(
     q: &[f32],
     k: &[f32],

@@ -197,7 +197,9 @@ pub fn try_locality(
     let g = cfg.merge_factor.max(1);
     let (mut leaves, mut with_sibling) = (0usize, 0usize);
     let (mut tiles, mut union_sum) = (0usize, 0.0f64);
-    let mut members: Vec<i32> = Vec::with_capacity(checked_elems("locality tile", &[tile, k])?);
+    // (A tile holds at most the rows there are: a tile past them reserves no more.)
+    let mut members: Vec<i32> =
+        Vec::with_capacity(checked_elems("locality tile", &[tile.min(rows), k])?);
     let mut in_tile = 0usize;
     for r in 0..rows {
         if r % shape.q_len == 0 {

@@ -63,16 +63,30 @@ impl Pyramid {
     }
 
     /// Mean key (D values) of node `j` of `level` for sequence `b`, KV head `h`.
-    /// Panics when an index is out of range.
+    /// Panics when an index is out of range (b past the batch, h past the KV heads, a level
+    /// past the pyramid's, j past the level's nodes).
     pub fn mean(&self, b: usize, h: usize, level: usize, j: usize) -> &[f64] {
-        let o = self.offset(b, h, level, j);
+        let o = self.checked_offset(b, h, level, j);
         &self.means[o..o + self.head_dim]
     }
 
-    /// Per-dimension key variance (D values) of node `j` of `level`. Panics when out of range.
+    /// Per-dimension key variance (D values) of node `j` of `level`. Panics when out of range,
+    /// as [`Self::mean`].
     pub fn var(&self, b: usize, h: usize, level: usize, j: usize) -> &[f64] {
-        let o = self.offset(b, h, level, j);
+        let o = self.checked_offset(b, h, level, j);
         &self.vars[o..o + self.head_dim]
+    }
+
+    /// [`Self::offset`] after checking every index (a panic naming the one out of range: an
+    /// index past its own range would address another node, sequence or head).
+    fn checked_offset(&self, b: usize, h: usize, level: usize, j: usize) -> usize {
+        assert!(b < self.batch, "sequence {b} of a batch of {}", self.batch);
+        assert!(h < self.kv_heads, "KV head {h} of {}", self.kv_heads);
+        let levels = self.layout.num_levels();
+        assert!(level < levels, "level {level} of {levels}");
+        let nodes = self.layout.nodes(level);
+        assert!(j < nodes, "node {j} of level {level}'s {nodes}");
+        self.offset(b, h, level, j)
     }
 
     /// Recomputes leaf `j` of `(b, h)` from the raw keys (two-pass mean, then variance).
@@ -131,7 +145,9 @@ impl Pyramid {
     }
 
     /// Checks that this pyramid was built for `shape` and `cfg` (same key length, block size,
-    /// merge factor, batch, KV heads and head dim). Errors: [`PisaError::InvalidValue`].
+    /// merge factor, batch, KV heads and head dim). Errors: [`PisaError::InvalidValue`], and
+    /// those of [`PyramidLayout::new`] for `cfg` (a zero or too large block size or merge
+    /// factor) and of the size of the pyramid it implies ([`PisaError::TooLarge`]).
     pub fn check_matches(&self, shape: &AttentionShape, cfg: &SelectionConfig) -> Result<()> {
         let want = PyramidLayout::new(shape.k_len, cfg.block_size, cfg.merge_factor)?;
         let n = checked_elems(

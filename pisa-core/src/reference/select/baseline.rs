@@ -144,7 +144,8 @@ pub fn select_oracle(
 }
 
 /// [`select_oracle`] from a [`block_mass`] computed beforehand (`[B, Hkv, Nq, nb_0]`).
-/// Errors: the configuration's validation errors, [`crate::PisaError::BufferLen`].
+/// Errors: shape errors, the configuration's validation errors,
+/// [`crate::PisaError::BufferLen`], [`crate::PisaError::TooLarge`] as [`super::select_pisa`].
 pub fn select_oracle_from_mass(
     mass: &[f64],
     shape: &AttentionShape,

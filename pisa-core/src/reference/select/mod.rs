@@ -105,9 +105,10 @@ fn views<'a>(
 /// PISA selection (PISA.md section 3) of every query: builds the pyramid of `k`, then
 /// [`select_pisa_with`].
 ///
-/// `q`: `[B, Hq, Nq, D]`, `k`: `[B, Hkv, Nk, D]`, both in `layout`. Errors: the configuration's
-/// validation errors, [`crate::PisaError::BufferLen`] for a buffer whose length does not match
-/// `shape`.
+/// `q`: `[B, Hq, Nq, D]`, `k`: `[B, Hkv, Nk, D]`, both in `layout`. Errors: shape errors as
+/// [`crate::AttentionShape::new`], the configuration's validation errors,
+/// [`crate::PisaError::BufferLen`] for a buffer whose length does not match `shape`,
+/// [`crate::PisaError::TooLarge`] for more leaf blocks than an i32 index holds.
 pub fn select_pisa(
     q: &[f32],
     k: &[f32],
