@@ -371,3 +371,47 @@ fn device_destroyed_with_work_in_flight_gives_device_lost() {
     );
     lost("check_alive", dead.check_alive());
 }
+
+/// `record_prefill` (the hidden entry of device tensors) given a K in a buffer without
+/// `STORAGE` usage, on a device the app opened (whose uncaptured-error handler panics): a
+/// typed `Validation` error, not a panic inside wgpu. The same call with K in a storage
+/// buffer records and runs, so the error comes from the buffer alone.
+#[test]
+fn prefill_of_a_buffer_it_cannot_bind_is_a_typed_error() {
+    let instance = pisa_wgpu::instance();
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
+        .expect("a GPU adapter (install mesa-vulkan-drivers)");
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_features: pisa_wgpu::wanted_features(&adapter)
+            - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+        required_limits: adapter.limits(),
+        ..Default::default()
+    }))
+    .unwrap();
+    let ctx = pisa_wgpu::Context::from_device(&adapter, device, queue).unwrap();
+    let (shape, cfg) = small();
+    let (q, k, v) = inputs(&shape, 6);
+    let up = |x: &[f32], name| ctx.upload(name, x, Storage::F32).unwrap();
+    let (qt, kt, vt) = (up(&q, "q"), up(&k, "k"), up(&v, "v"));
+    let not_storage = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("K without STORAGE"),
+        size: 4 * k.len() as u64,
+        usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let bad_k = pisa_wgpu::GpuTensor::from_buffer(not_storage, k.len(), Storage::F32);
+    let o = opts(cfg);
+    let record = |k: &pisa_wgpu::GpuTensor| {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        let r =
+            pisa_wgpu::ops::prefill::record_prefill(&ctx, &mut enc, &qt, k, &vt, &shape, &o, None);
+        (r.map(drop), enc)
+    };
+    let (r, enc) = record(&bad_k);
+    assert!(matches!(r, Err(GpuError::Validation { .. })), "{r:?}");
+    drop(enc);
+    let (r, enc) = record(&kt);
+    r.unwrap();
+    ctx.queue().submit([enc.finish()]);
+    ctx.wait().unwrap();
+}

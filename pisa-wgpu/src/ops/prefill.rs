@@ -136,7 +136,9 @@ pub struct PrefillOutput {
 
 /// Records the whole prefill of device tensors: returns (O, LSE, selection). Shapes: `q`
 /// `[B, Hq, Nq, D]`, `k`/`v` `[B, Hkv, Nk, D]` in `opts.layout`. Errors: shape and
-/// configuration errors (as [`prefill_host`]), then the stages'. Non-finite inputs are not
+/// configuration errors (as [`prefill_host`]), then the stages', and a
+/// [`crate::GpuError::Validation`] for a tensor the passes cannot bind (nothing then to
+/// submit: the encoder holds the failed recording). Non-finite inputs are not
 /// checked: see the [module docs](self#non-finite-inputs-nan-inf) for what they produce.
 #[allow(clippy::too_many_arguments)]
 #[doc(hidden)]
@@ -154,8 +156,13 @@ pub fn record_prefill(
     // (Its fields are public: checked again, as every entry point does.)
     let shape = &validated(shape, opts)?;
     let layouts = QkvLayouts::from(opts.layout);
-    record_prefill_parts(ctx, enc, [q, k, v], layouts, shape, opts, None, prof)
-        .map(|(o, lse, sel, _)| (o, lse, sel))
+    // Every pipeline, parameter buffer and bind group under an error scope, as a plan's run:
+    // a tensor made from a buffer the passes cannot bind is a typed error, not an error left
+    // to the device's uncaptured-error handler.
+    ctx.scope_now("prefill", || {
+        record_prefill_parts(ctx, enc, [q, k, v], layouts, shape, opts, None, prof)
+            .map(|(o, lse, sel, _)| (o, lse, sel))
+    })
 }
 
 /// [`record_prefill`] with Q, K, V in `layouts` (strided when a plan reads a caller's views in
