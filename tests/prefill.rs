@@ -452,3 +452,59 @@ fn repeated_calls_reuse_buffers_and_stay_correct() {
     own.clear_pool();
     assert_eq!(own.pooled_bytes(), 0);
 }
+
+/// A device with WebGPU's default 16 KiB of workgroup memory (an app's or a browser's): the
+/// selection's query-tile kernel needs more than that for GQA 16 at D 128 even for one query,
+/// so the default order (`LeafOrder::Auto`) runs the leaf-major stage there (it was a `Limit`
+/// error telling the app to change its model); against the reference, f32, GQA 16 at D 128
+/// and GQA 32 at D 64, lengths not multiples of the block. With `LeafOrder::Tiles` asked for,
+/// the same shape stays the typed `Limit` error.
+#[test]
+fn default_order_runs_leaf_major_where_the_tile_kernel_does_not_fit() {
+    use pisa_wgpu::{GpuError, LeafOrder};
+    let instance = pisa_wgpu::instance();
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
+        .expect("a GPU adapter (install mesa-vulkan-drivers)");
+    let mut desc = pisa_wgpu::app_device_descriptor(&adapter);
+    desc.required_limits.max_compute_workgroup_storage_size = 16384;
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
+    let ctx = Context::from_device(&adapter, device, queue).unwrap();
+    assert_eq!(ctx.leaf_order(), LeafOrder::Auto);
+    let seed = seed("default_order_runs_leaf_major");
+    let cases = [
+        (
+            AttentionShape::prefill(1, 16, 1, 700, 128).unwrap(),
+            SelectionConfig::new(64, 8),
+        ),
+        (
+            AttentionShape::prefill(1, 32, 1, 333, 64).unwrap(),
+            SelectionConfig::new(32, 4),
+        ),
+    ];
+    for (i, (shape, cfg)) in cases.iter().enumerate() {
+        let (shape, cfg) = (*shape, cfg.clone().unwrap());
+        let times = check(
+            &ctx,
+            shape,
+            cfg,
+            TensorLayout::Bhnd,
+            Storage::F32,
+            seed + i as u64,
+        )
+        .unwrap();
+        assert!(
+            times.stages.iter().any(|s| s.0 == "leaf_score"),
+            "not the leaf-major stage: {times:?}"
+        );
+    }
+    ctx.set_leaf_order(LeafOrder::Tiles);
+    let (shape, cfg) = (cases[0].0, cases[0].1.clone().unwrap());
+    let q = vec![0.5f32; shape.q_elems()];
+    let kv = vec![0.25f32; shape.kv_elems()];
+    let opts = PrefillOptions {
+        cfg,
+        ..Default::default()
+    };
+    let err = prefill_host(&ctx, &q, &kv, &kv, &shape, &opts).unwrap_err();
+    assert!(matches!(err, GpuError::Limit { .. }), "{err}");
+}

@@ -21,8 +21,10 @@
 //!   (16-bit words widened in the kernels, O written in f32), for prefill and the decode cache.
 //! - [`KvCache`]: the decode cache ([`KvCache::with_sizes`] names its sizes);
 //!   [`KvCache::record_append_view`] and
-//!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no allocation,
-//!   host write or wait; [`KvCache::record_chunk`] ([`ChunkOutputs`]) appends and attends T
+//!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no GPU
+//!   allocation (buffers, bind groups, pipelines), host write or wait (on the host, a few
+//!   small heap allocations of the call's liveness probe, [`Context::check_alive`]);
+//!   [`KvCache::record_chunk`] ([`ChunkOutputs`]) appends and attends T
 //!   tokens per sequence (a chunked prefill into the cache).
 //! - [`Tuning`]: the kernels' knobs (speed only: every setting gives the reference's results,
 //!   selections up to near-ties of f32 rounding and outputs within f32 rounding; one

@@ -10,11 +10,11 @@ use super::Format;
 
 /// The sibling path for tensor `name` of an `.npy` output: `dir/out.npy` → `dir/out.{name}.npy`.
 pub fn npy_sibling(path: &Path, name: &str) -> PathBuf {
-    let stem = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!("{stem}.{name}.npy"))
+    // The stem's bytes as they are (an OsStr: a name that is not UTF-8 keeps its bytes, not
+    // replacement characters that could name another, existing file).
+    let mut file = path.file_stem().unwrap_or_default().to_os_string();
+    file.push(format!(".{name}.npy"));
+    path.with_file_name(file)
 }
 
 /// The files [`write_outputs`](super::write_outputs) writes for `path`: `path` itself for `.safetensors`, the

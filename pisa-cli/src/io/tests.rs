@@ -278,3 +278,20 @@ fn replaced_outputs_keep_their_mode_and_read_only_ones_are_refused() {
     assert!(e.contains("read-only"), "{e}");
     assert_eq!(std::fs::read(&locked).unwrap(), b"keep");
 }
+
+/// An `.npy` output whose name is not UTF-8 names its siblings with the same bytes (a lossy
+/// name wrote `o\u{FFFD}.o.npy`, which could be another, existing file).
+#[cfg(unix)]
+#[test]
+fn npy_siblings_keep_a_name_that_is_not_utf8() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let path = Path::new("dir").join(OsStr::from_bytes(b"o\xfe.npy"));
+    let sib = npy_sibling(&path, "lse");
+    assert_eq!(sib.parent(), Some(Path::new("dir")));
+    assert_eq!(sib.file_name().unwrap().as_bytes(), b"o\xfe.lse.npy");
+    assert_eq!(
+        npy_sibling(Path::new("a/out.npy"), "o"),
+        Path::new("a/out.o.npy")
+    );
+}

@@ -144,9 +144,11 @@ fn common_bytes(t: u32, mc: u32) -> u64 {
 /// [`by_leaf`]). Where the device caps an invocation's loop iterations
 /// ([`Context::loop_limit`]), the portable tile kernel's tile shrinks until its count
 /// ([`tile_iterations`]) fits; past it even at one query, the leaf-major order runs instead
-/// unless [`LeafOrder::Tiles`] was asked for. Profiler stages: see the module docs.
-/// Errors: [`crate::GpuError::Limit`] (buffers, workgroup memory; loop iterations past the
-/// device's cap with [`LeafOrder::Tiles`]).
+/// unless [`LeafOrder::Tiles`] was asked for, as where the tile kernel's workgroup memory
+/// passes the device's for one query (WebGPU's default 16 KiB with GQA 16 at D 128).
+/// Profiler stages: see the module docs. Errors: [`crate::GpuError::Limit`] (buffers;
+/// workgroup memory or loop iterations past the device's where the leaf-major order does not
+/// fit either or [`LeafOrder::Tiles`] was asked for).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
     ctx: &Context,
@@ -179,7 +181,21 @@ pub(crate) fn record(
         return Ok(sel);
     }
     let max_tile = q_tile.clamp(1, (MAX_QG / gq) as usize);
-    let t = fit_tile(ctx, "leaf_select", max_tile, |t| wg_bytes(t, gq, d, mc))?;
+    // The leaf-major order where the portable tile kernel cannot run (its workgroup memory
+    // past the device's even for one query, or its loops past the device's cap), unless tiles
+    // were asked for: it gives the same selection.
+    let portable_by_leaf = || {
+        (ctx.leaf_order() != LeafOrder::Tiles)
+            .then(|| by_leaf::plan(ctx, plan, by_leaf::Scorer::Portable))
+            .flatten()
+    };
+    let t = match fit_tile(ctx, "leaf_select", max_tile, |t| wg_bytes(t, gq, d, mc)) {
+        Ok(t) => t,
+        Err(e) => match portable_by_leaf() {
+            Some(bl) => return by_leaf::record(ctx, enc, plan, q, k, cand, &bl, prof),
+            None => return Err(e),
+        },
+    };
     let p = &plan.params;
     let count = |t: u32| tile_iterations(t, gq, d, mc, p.block_size, p.top_k);
     let t = match ctx.loop_limit() {
@@ -189,10 +205,7 @@ pub(crate) fn record(
             // Past the loop limit even one query at a time: the leaf-major order, whose
             // invocations loop over one leaf's candidates or keys, unless tiles were asked for.
             None => {
-                let bl = (ctx.leaf_order() != LeafOrder::Tiles)
-                    .then(|| by_leaf::plan(ctx, plan, by_leaf::Scorer::Portable))
-                    .flatten();
-                if let Some(bl) = bl {
+                if let Some(bl) = portable_by_leaf() {
                     return by_leaf::record(ctx, enc, plan, q, k, cand, &bl, prof);
                 }
                 return Err(ctx.loop_limit_error(

@@ -65,7 +65,9 @@ pub fn coop_supported(
 pub enum LeafOrder {
     /// The default: [`LeafOrder::Leaves`] where the kernels run on tensor cores and the
     /// leaf-major plan fits (buffers within the binding limit, workgroup memory, 16-byte
-    /// aligned strides; for attention also at least 512 queries), else [`LeafOrder::Tiles`].
+    /// aligned strides; for attention also at least 512 queries), else [`LeafOrder::Tiles`],
+    /// but for a stage whose tile kernel does not fit the device (workgroup memory, loop
+    /// cap), which then runs leaf-major where that fits.
     Auto,
     /// Query tiles (PISA.md 5): a workgroup per Qtile consecutive queries over the union of
     /// their candidates (stage 2) or selected leaves (attention).

@@ -13,10 +13,13 @@ use crate::runtime::view::{
 };
 use pisa_core::PisaError;
 
-/// The caller's outputs of [`KvCache::record_chunk`]: any strides, written token by token.
+/// The caller's outputs of [`KvCache::record_chunk`], written token by token: f32 views of
+/// any strides; an f16 or bf16 O as [`crate::PrefillOutputs::out`] says.
 #[derive(Debug, Clone, Copy)]
 pub struct ChunkOutputs<'a> {
-    /// O `[B, Hq, T, D]`: f32, f16 or bf16 (converted from the cache's output type).
+    /// O `[B, Hq, T, D]`: f32, f16 or bf16 (converted from the cache's output type; an f16 or
+    /// bf16 O, written in whole 4-byte words, needs an even D, a D stride of 1, an even element
+    /// offset and even strides, else [`crate::GpuError::View`]).
     pub out: &'a TensorView,
     /// LSE `[B, Hq, T, 1]` f32 (natural log).
     pub lse: &'a TensorView,

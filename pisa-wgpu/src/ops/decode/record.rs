@@ -205,8 +205,11 @@ impl KvCache {
     /// dispatch when the cache runs fused ([`Self::is_fused`]), else of a few (see the
     /// [module docs](crate::ops::decode)). The plan/run split of an inference loop:
     /// the first step of a given set of buffers builds its bind groups (and pipelines), every
-    /// later one only records the pass: no allocation, no host write, no wait (the lengths live
-    /// on the GPU, advanced by the recorded appends). `q`: `[B, Hq, 1, D]` in the cache's
+    /// later one only records the pass: no GPU allocation (buffer, bind group or pipeline), no
+    /// host write to the GPU, no wait (the lengths live on the GPU, advanced by the recorded
+    /// appends); on the host, the call's liveness probe ([`crate::Context::check_alive`]: a
+    /// non-blocking poll and, on an application's device, a queue write the device refuses in
+    /// an error scope) makes a few small heap allocations. `q`: `[B, Hq, 1, D]` in the cache's
     /// storage dtype, contiguous, at an aligned offset (see [`TensorView`]) to be bound in place;
     /// any other query view (a row of a packed QKV projection, another dtype) is gathered first by one
     /// small dispatch. The outputs are bound in place where they can be, else written by a

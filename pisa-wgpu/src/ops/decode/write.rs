@@ -560,7 +560,9 @@ impl KvCache {
     /// dispatch (its parameter buffer and bind group built for the first gather of that view and
     /// kept). The first append of a given set of buffers builds its bind groups (one set for
     /// appends of every sequence, one for appends of some, whatever the mask); every later one
-    /// only records (no allocation, no host write: positions and lengths are computed on the
+    /// only records (no GPU allocation, no host write to the GPU, only the few small heap
+    /// allocations of the call's liveness probe, [`crate::Context::check_alive`]: positions and
+    /// lengths are computed on the
     /// GPU, and a mask of some sequences is set by a few buffer commands recorded before the
     /// append, one per run of sequences that do or do not append). Errors:
     /// [`pisa_core::PisaError::BufferLen`] for an `active` of the wrong length,

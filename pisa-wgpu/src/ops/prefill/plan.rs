@@ -35,7 +35,10 @@ use crate::runtime::view::{
 /// The caller's outputs of a prefill run.
 #[derive(Debug, Clone, Copy)]
 pub struct PrefillOutputs<'a> {
-    /// O `[B, Hq, Nq, D]`, any strides, f32, f16 or bf16 (converted from the plan's storage).
+    /// O `[B, Hq, Nq, D]`, f32, f16 or bf16 (converted from the plan's storage): an f32 O of
+    /// any strides; an f16 or bf16 O (written in whole 4-byte words) needs an even D, a D
+    /// stride of 1, an even element offset and even strides (those of dimensions of extent
+    /// above 1), else [`crate::GpuError::View`].
     pub out: &'a TensorView,
     /// LSE `[B, Hq, Nq, 1]` f32 (natural log), any strides.
     pub lse: &'a TensorView,
