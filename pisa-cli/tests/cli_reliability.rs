@@ -12,7 +12,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::{pisa, run_cmd, run_in, TINY_BENCH};
+use common::{args, pisa, run_cmd, run_in, setup, snapshot, SMALL, TINY_BENCH};
 use pisa_cli::io::{
     write_outputs, write_safetensors, DType, HostTensor, IndexTensor, OutTensor, Outputs,
 };
@@ -461,6 +461,58 @@ fn a_full_stdout_is_an_error_not_a_panic() {
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert!(r.stderr.contains("cannot write to stdout"), "{}", r.stderr);
     assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    // `forward` and `decode` with an output file: the report cannot be written, so nothing is
+    // written or changed either (the outputs are renamed into place only after the report),
+    // in text and JSON, `.safetensors` and `.npy`.
+    let dir = setup();
+    for cmd in ["forward", "decode"] {
+        for (out, json) in [
+            ("o.safetensors", false),
+            ("o.safetensors", true),
+            ("o.npy", false),
+        ] {
+            let before = snapshot(dir.path());
+            let mut c = pisa();
+            c.current_dir(dir.path())
+                .args([cmd, "-i", "in.safetensors", "-o", out, "--save-selection"])
+                .args(SMALL)
+                .args(json.then_some("--json"))
+                .stdout(
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open("/dev/full")
+                        .unwrap(),
+                );
+            let r = run_cmd(&mut c);
+            let what = format!("{cmd} -o {out} (--json {json})");
+            assert_eq!(r.code, Some(1), "{what}: {}", r.stderr);
+            assert!(
+                r.stderr.contains("cannot write to stdout"),
+                "{what}: {}",
+                r.stderr
+            );
+            let after = snapshot(dir.path());
+            let names = |s: &[(String, Vec<u8>)]| s.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
+            assert!(
+                after == before,
+                "{what}: files written or changed: {:?} -> {:?}",
+                names(&before),
+                names(&after)
+            );
+        }
+    }
+    // And with a stdout that takes the report, the files are there.
+    let r = run_in(
+        dir.path(),
+        &args(
+            &["forward", "-i", "in.safetensors", "-o", "o.npy"],
+            &SMALL,
+            &[],
+        ),
+    )
+    .ok();
+    assert!(r.stdout.contains("wrote"), "{}", r.stdout);
+    assert!(dir.path().join("o.o.npy").is_file() && dir.path().join("o.lse.npy").is_file());
 }
 
 /// `info` and `info --json` agree on the exit code: with no adapter both fail (the JSON listing,

@@ -170,12 +170,14 @@ pub fn run(a: ForwardArgs) -> Result<()> {
         .map_err(|e| crate::args::top_k_note(e.into(), &cfg, l.shape.k_len))
         .with_context(|| format!("{}: prefill failed", l.source))?;
     l.check_out_finite(&r.out, &r.lse)?;
-    let mut written = Vec::new();
+    // The outputs are staged, reported, then renamed into place: a report that cannot be
+    // written (stdout on a full disk, a closed pipe) leaves no output file written or changed.
+    let mut staged = None;
     if let Some(path) = &a.output {
         l.check_out_range(&r.out, out_dtype)?;
         let (o, lse, idx) = output_tensors(&l, &r, cfg.top_k)?;
         let meta = l.output_metadata(&cfg);
-        written = io::write_outputs(
+        staged = Some(io::stage_outputs(
             path,
             &Outputs {
                 o: &o,
@@ -184,8 +186,9 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             },
             out_dtype,
             &meta,
-        )?;
+        )?);
     }
+    let written = staged.as_ref().map_or(&[][..], |s| s.paths());
     let s = &l.shape;
     let clock = if r.times.gpu { "GPU" } else { "wall-clock" };
     if a.device.json {
@@ -195,7 +198,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             opts.storage,
             serde_json::json!({
                 "gpu_timed": r.times.gpu, "stages_ms": r.times.stages,
-                "total_ms": r.times.total(), "chunks": r.chunks, "written": crate::io::paths_text(&written),
+                "total_ms": r.times.total(), "chunks": r.chunks, "written": crate::io::paths_text(written),
             }),
         );
         crate::args::outln!("{}", serde_json::to_string_pretty(&j)?)?;
@@ -233,5 +236,15 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             }
         )?;
     }
-    Ok(())
+    commit(staged)
+}
+
+/// Renames staged outputs into place once the report is out ([`io::Staged`]): stdout flushed
+/// first, so that a report that could not be written leaves no output file.
+pub fn commit(staged: Option<io::Staged>) -> Result<()> {
+    use std::io::Write as _;
+    std::io::stdout()
+        .flush()
+        .map_err(|e| anyhow::anyhow!("cannot write to stdout: {e}"))?;
+    staged.map_or(Ok(()), |s| s.commit().map(drop))
 }

@@ -47,7 +47,8 @@ pub use read::{
 pub(crate) use tensor::unravel;
 pub use tensor::{check_finite, DType, HostTensor, IndexTensor};
 pub use write::{
-    write_file_atomic, write_npy, write_outputs, write_safetensors, OutTensor, Outputs,
+    stage_outputs, write_file_atomic, write_npy, write_outputs, write_safetensors, OutTensor,
+    Outputs, Staged,
 };
 
 /// File format of a tensor file, chosen by its extension.

@@ -52,6 +52,46 @@ pub fn write_outputs(
     o_dtype: DType,
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<PathBuf>> {
+    stage_outputs(path, out, o_dtype, metadata)?.commit()
+}
+
+/// Output files written to temporary files beside their paths, not yet in place: a command
+/// stages its outputs, reports (stdout), then [`Staged::commit`]s, so that a report that fails
+/// (a full disk, a closed pipe) leaves no output file written or changed; dropped, the
+/// temporary files are removed.
+#[derive(Debug)]
+pub struct Staged {
+    temps: Vec<(tempfile::NamedTempFile, PathBuf)>,
+    paths: Vec<PathBuf>,
+}
+
+impl Staged {
+    /// The paths the outputs will have (as given, before following links).
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.paths
+    }
+
+    /// Renames every temporary file into place; returns the paths. Errors: a rename that
+    /// failed (the files renamed before it stay in place).
+    pub fn commit(self) -> Result<Vec<PathBuf>> {
+        for (tmp, path) in self.temps {
+            // `map_err` drops the temporary file now (the error would otherwise keep it alive).
+            tmp.persist(&path)
+                .map_err(|e| e.error)
+                .with_context(|| format!("cannot rename output into place: {}", path.display()))?;
+        }
+        Ok(self.paths)
+    }
+}
+
+/// [`write_outputs`] up to the renames: the files staged, to [`Staged::commit`] once the
+/// command's report is out.
+pub fn stage_outputs(
+    path: &Path,
+    out: &Outputs,
+    o_dtype: DType,
+    metadata: &BTreeMap<String, String>,
+) -> Result<Staged> {
     let o = HostTensor {
         name: "o".into(),
         ..out.o.clone()
@@ -67,20 +107,27 @@ pub fn write_outputs(
     let mut list = vec![OutTensor::Float(&o, o_dtype)];
     list.extend(lse.as_ref().map(|t| OutTensor::Float(t, DType::F32)));
     list.extend(idx.as_ref().map(OutTensor::Index));
-    match Format::from_path(path)? {
-        Format::Safetensors => {
-            write_safetensors(path, &list, metadata)?;
-            Ok(vec![path.to_path_buf()])
-        }
-        Format::Npy => {
-            let files: Vec<(PathBuf, Vec<u8>)> = list
-                .iter()
-                .map(|t| Ok((npy_sibling(path, t.name()), npy::encode(t)?)))
-                .collect::<Result<_>>()?;
-            write_atomic_all(&files)?;
-            Ok(files.into_iter().map(|(p, _)| p).collect())
-        }
-    }
+    let files: Vec<(PathBuf, Vec<u8>)> = match Format::from_path(path)? {
+        Format::Safetensors => vec![(
+            path.to_path_buf(),
+            encode_safetensors(path, &list, metadata)?,
+        )],
+        Format::Npy => list
+            .iter()
+            .map(|t| Ok((npy_sibling(path, t.name()), npy::encode(t)?)))
+            .collect::<Result<_>>()?,
+    };
+    stage_all(&files)
+}
+
+/// The bytes of a `.safetensors` file of `tensors` and `metadata` (`path` names it in errors).
+fn encode_safetensors(
+    path: &Path,
+    tensors: &[OutTensor],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    st::encode(tensors, metadata)
+        .with_context(|| format!("{}: cannot encode safetensors", path.display()))
 }
 
 /// Writes several named tensors and a metadata map into one `.safetensors` file, atomically.
@@ -89,8 +136,7 @@ pub fn write_safetensors(
     tensors: &[OutTensor],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let bytes = st::encode(tensors, metadata)
-        .with_context(|| format!("{}: cannot encode safetensors", path.display()))?;
+    let bytes = encode_safetensors(path, tensors, metadata)?;
     write_atomic_all(&[(path.to_path_buf(), bytes)])
 }
 
@@ -154,6 +200,11 @@ pub(crate) fn refuse_unreplaceable(path: &Path) -> Result<()> {
 /// when all were written; on error the temporary files are removed. A path that is a symbolic
 /// link is written through it: the file it names is replaced, the link kept.
 fn write_atomic_all(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
+    stage_all(files)?.commit().map(drop)
+}
+
+/// [`write_atomic_all`] up to the renames.
+fn stage_all(files: &[(PathBuf, Vec<u8>)]) -> Result<Staged> {
     let targets = (files.iter())
         .map(|(p, _)| link_target(p))
         .collect::<Result<Vec<_>>>()?;
@@ -184,13 +235,10 @@ fn write_atomic_all(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         tmp.write_all(bytes)
             .and_then(|_| tmp.as_file().sync_all())
             .with_context(|| format!("cannot write {}", path.display()))?;
-        temps.push((tmp, path));
+        temps.push((tmp, path.clone()));
     }
-    for (tmp, path) in temps {
-        // `map_err` drops the temporary file now (the error would otherwise keep it alive).
-        tmp.persist(path)
-            .map_err(|e| e.error)
-            .with_context(|| format!("cannot rename output into place: {}", path.display()))?;
-    }
-    Ok(())
+    Ok(Staged {
+        temps,
+        paths: files.iter().map(|(p, _)| p.clone()).collect(),
+    })
 }

@@ -94,14 +94,15 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let check_ok = checked
         .as_ref()
         .is_none_or(|c| c.out_err <= tol && c.lse_err <= tol);
-    let mut written = Vec::new();
+    // Staged, reported, then renamed into place (as `forward`).
+    let mut staged = None;
     if let (Some(path), true) = (&a.output, check_ok) {
         l.check_out_range(&r.out, out_dtype)?;
         let sel = a.save_selection.then_some(&r.selection[..]);
         let (o, lse, idx) = super::forward::output_tensors_of(&l, &r.out, &r.lse, sel, cfg.top_k)?;
         let mut meta = l.output_metadata(&cfg);
         meta.insert("prefill_tokens".to_string(), p.to_string());
-        written = io::write_outputs(
+        staged = Some(io::stage_outputs(
             path,
             &Outputs {
                 o: &o,
@@ -110,8 +111,9 @@ pub fn run(a: DecodeArgs) -> Result<()> {
             },
             out_dtype,
             &meta,
-        )?;
+        )?);
     }
+    let written = staged.as_ref().map_or(&[][..], |s| s.paths());
     let clock = if r.gpu { "GPU" } else { "wall-clock" };
     if a.device.json {
         let mut j = l.run_json(
@@ -121,7 +123,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
             serde_json::json!({
                 "prefill": p, "steps": r.step_ms.len(),
                 "step_ms_median": med, "step_ms_p99": p99, "gpu_timed": r.gpu,
-                "wall_ms_median": wmed, "wall_ms_p99": wp99, "written": crate::io::paths_text(&written),
+                "wall_ms_median": wmed, "wall_ms_p99": wp99, "written": crate::io::paths_text(written),
             }),
         );
         if let Some(c) = &checked {
@@ -155,7 +157,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
             }
         );
     }
-    Ok(())
+    super::forward::commit(staged)
 }
 
 /// The decode part of `pisa demo`: the last `steps` tokens decoded after a prefill of the rest,
