@@ -45,7 +45,7 @@ impl Loaded {
                 bail!(
                     "{}: tensor `{name}` has {} at {:?}, beyond the f16 range (+-65504) of f16 storage; {advice}",
                     self.source,
-                    data[i],
+                    crate::text::number(data[i]),
                     io::unravel(i, dims)
                 );
             }
@@ -156,7 +156,7 @@ impl Loaded {
             bail!(
                 "{}: output O has {} at {:?}, beyond the f16 range (+-65504) of --out-dtype f16; use --out-dtype f32 (nothing written)",
                 self.source,
-                out[i],
+                crate::text::number(out[i]),
                 io::unravel(i, &self.q_dims)
             );
         }

@@ -702,18 +702,14 @@ fn bench_on_a_file() {
 
 /// Regression: `pisa bench` ran sizes above lavapipe's loop limit without the warning that
 /// forward, decode and recall give; it warns over its largest prefill or decode size. (Shapes
-/// the kernels do not take skip every size at once: a GQA group of 128 the prefill, a head dim
-/// of 24 the decode; only the warning is looked at.)
+/// the kernels do not take skip every size at once: a GQA group of 128 the prefill, of 512
+/// the decode; only the warning is looked at.)
 #[test]
 fn bench_on_llvmpipe_warns_above_its_loop_limit() {
     let dir = tempfile::tempdir().unwrap();
     let bench = |sizes: &str, decode_sizes: &str| {
-        let (hq, d) = if sizes.is_empty() {
-            ("2", "24")
-        } else {
-            ("128", "32")
-        };
-        let tiny = ["--hq", hq, "--hkv", "1", "--d", d, "--storages", "f32"];
+        let hq = if sizes.is_empty() { "512" } else { "128" };
+        let tiny = ["--hq", hq, "--hkv", "1", "--d", "32", "--storages", "f32"];
         let sizes = ["--sizes", sizes, "--decode-sizes", decode_sizes];
         let adapter = ["--adapter", "llvmpipe"];
         run_in(

@@ -344,6 +344,17 @@ fn bad_bench_arguments() {
     // before `nothing was measured`, where the other commands refuse it up front.
     bench(&["--q-tile", "0"], &["--q-tile must be at least 1"]);
     bench(&["--d", "24"], &["--d 24", "head dim 24"]);
+    // A decode-only run too (its dense baseline takes the prefill's head dims): refused up
+    // front, with one message whatever D (it named the decode step's wider set at D 1028).
+    for d in ["20", "1028"] {
+        bench(
+            &["--sizes=", "--decode-sizes", "256", "--d", d],
+            &[
+                &format!("--d {d} for the decode sizes"),
+                "multiples of 16 from 16 to 256",
+            ],
+        );
+    }
     bench(
         &["--top-k", "18446744073709551615"],
         &["--top-k 18446744073709551615 is above the limit of 16777216"],
@@ -425,10 +436,8 @@ fn bad_bench_arguments() {
             r#"{{"adapter":"x","vendor":1,"backend":"b","driver":"d","command":"c","shape":"s","records":[{rec}]}}"#
         );
         std::fs::write(d.join(file), json).unwrap();
-        let want = format!(
-            "record pisa_select at N 4096 has {}",
-            ms.parse::<f64>().unwrap()
-        );
+        // (in exponent form past 1e6: the plain form printed 301 digits)
+        let want = format!("record pisa_select at N 4096 has {ms} ms");
         fails(d, &["bench", "--compare", file], &[file, &want]);
     }
     // Regression: a record with N 0 made the plot's log axis start at i32::MIN (the command
@@ -445,6 +454,30 @@ fn bad_bench_arguments() {
         &["n0.json", "record pisa_prefill has N 0"],
     );
     assert!(!d.join("n0.svg").exists());
+    // Regression: two records of one (op, N, storage) were tabled as one cell, the other
+    // dropped without a word.
+    let rec = |ms: f64| {
+        format!(
+            r#"{{"op":"pyramid","n":1024,"storage":"f32","ms":{ms},"reps":1,"gpu_timed":true,"tflops":null,"gbps":null,"path":"portable"}}"#
+        )
+    };
+    std::fs::write(
+        d.join("dup.json"),
+        format!(
+            r#"{{"adapter":"x","vendor":1,"backend":"b","driver":"d","command":"c","shape":"s","records":[{},{}]}}"#,
+            rec(0.57),
+            rec(999.0)
+        ),
+    )
+    .unwrap();
+    fails(
+        d,
+        &["bench", "--compare", "dup.json"],
+        &[
+            "dup.json",
+            "record pyramid at N 1024 (f32) appears more than once",
+        ],
+    );
     // Regression: --plot replaced any file of that name, where --json refuses to.
     std::fs::write(d.join("notes.svg"), b"precious").unwrap();
     fails(

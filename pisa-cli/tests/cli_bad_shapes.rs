@@ -185,7 +185,7 @@ fn values_beyond_f16_with_f16_storage() {
         &[&base[..], &SMALL[..], &["--storage", "f16"]].concat(),
         &[
             "big.safetensors",
-            "`v` has 1000000 at [0, 5, 3]",
+            "`v` has 1e6 at [0, 5, 3]",
             "--storage f32",
         ],
     );
@@ -218,6 +218,25 @@ fn outputs_beyond_f16_and_scores_beyond_the_bound() {
             &["bigv.safetensors", "output O has", "--out-dtype f32"],
         );
     }
+    // A value far past f16's range is named in exponent form (it printed all 39 digits).
+    let mut huge = v.clone();
+    huge.data[0] = 3e38;
+    write_st(
+        d,
+        "hugev.safetensors",
+        &[q.clone(), k.clone(), huge],
+        DType::F32,
+    );
+    fails(
+        d,
+        &[
+            &["forward", "-i", "hugev.safetensors"][..],
+            &SMALL[..],
+            &["--storage", "f16"],
+        ]
+        .concat(),
+        &["tensor `v` has 3e38 at [0, 0, 0], beyond the f16 range"],
+    );
     for cmd in ["forward", "decode", "recall"] {
         let base = [cmd, "-i", "in.safetensors"];
         fails(

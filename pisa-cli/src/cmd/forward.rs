@@ -96,8 +96,16 @@ pub fn check_output(
         Err(e) => crate::args::usage_bail!("-o/--output {e}"),
     };
     let outs = io::output_paths(path, names)?;
+    if out_dtype == DType::BF16 && format == io::Format::Npy {
+        crate::args::usage_bail!(
+            "{}: bf16 cannot be stored in npy (no standard descr); use --out-dtype f16 or f32, or a .safetensors output",
+            path.display()
+        );
+    }
+    io::check_output_paths(&outs, &input.files())?;
     // An .npy set written without --save-selection leaves an earlier run's selection beside
-    // it: say so, since it no longer belongs to these outputs.
+    // it: say so (once the output is known to be usable), since it no longer belongs to these
+    // outputs.
     if format == io::Format::Npy && !save_selection {
         let stale = io::output_paths(path, &["indices"])?.remove(0);
         if stale.exists() {
@@ -107,13 +115,7 @@ pub fn check_output(
             );
         }
     }
-    if out_dtype == DType::BF16 && format == io::Format::Npy {
-        crate::args::usage_bail!(
-            "{}: bf16 cannot be stored in npy (no standard descr); use --out-dtype f16 or f32, or a .safetensors output",
-            path.display()
-        );
-    }
-    io::check_output_paths(&outs, &input.files())
+    Ok(())
 }
 
 /// The element type of O (`--out-dtype`, default f32); refuses `--out-dtype` and

@@ -30,8 +30,9 @@ pub struct BenchArgs {
     /// Key/value heads (at least 1).
     #[arg(long, default_value_t = 8)]
     pub hkv: usize,
-    /// Head dim D: a multiple of 16 from 16 to 256 (the prefill's kernels; the decode step
-    /// takes multiples of 4).
+    /// Head dim D: a multiple of 16 from 16 to 256 (the prefill's and dense attention's
+    /// kernels; the decode benchmark runs dense attention as its baseline, so it takes the
+    /// same, though the library's decode step alone takes multiples of 4 up to 1024).
     #[arg(long, default_value_t = 128)]
     pub d: usize,
     /// Leaf block size C (1 to 1048576).
@@ -83,7 +84,8 @@ pub struct BenchArgs {
     /// Time the backward pass only up to this N (0: never).
     #[arg(long, default_value = "64k")]
     pub backward_max: String,
-    /// Timed repetitions per size (fewer when a size would exceed --budget-s).
+    /// Timed repetitions per size (fewer when a size would exceed --budget-s, but at least
+    /// 3 or --reps, whichever is fewer).
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
     /// Timed repetitions per decode cache size (fewer when one would exceed --budget-s, but at

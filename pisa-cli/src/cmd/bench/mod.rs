@@ -163,13 +163,18 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     if a.d == 0 {
         bail!("--d must be at least 1");
     }
-    // (the prefill sizes' head dims; a decode-only run takes any D its cache does)
-    if !sizes.is_empty() {
-        pisa_wgpu::check_head_dim(a.d).with_context(|| match &a.input {
-            Some(path) => format!("{}: head dim {}", path.display(), a.d),
-            None => format!("--d {} for the prefill sizes (--sizes)", a.d),
-        })?;
-    }
+    // The prefill's head dims, checked before the device opens: the decode sizes take them
+    // too (their dense baseline runs the dense attention kernel, which refused D 20 size by
+    // size after the device had opened).
+    pisa_wgpu::check_head_dim(a.d).map_err(|e| match &a.input {
+        Some(path) => anyhow::anyhow!("{}: {e}", path.display()),
+        None if sizes.is_empty() => anyhow::anyhow!(
+            "--d {} for the decode sizes (--decode-sizes, whose dense baseline takes the \
+             prefill's head dims): {e}",
+            a.d
+        ),
+        None => anyhow::anyhow!("--d {} for the prefill sizes (--sizes): {e}", a.d),
+    })?;
     if a.q_tile == 0 {
         bail!("--q-tile must be at least 1");
     }

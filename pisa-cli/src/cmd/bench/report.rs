@@ -89,8 +89,8 @@ impl Report {
     }
 
     /// Reads a report written by `pisa bench --json`. Errors: unreadable, not such a file, or
-    /// a record whose time is negative, not finite or above a day, or whose N is 0, which no run
-    /// writes.
+    /// a record whose time is negative, not finite or above a day, or whose N is 0, or two
+    /// records of one (op, N, storage), which no run writes.
     pub fn load(path: &Path) -> Result<Self> {
         let bytes = crate::io::read_file(path)?;
         let s = String::from_utf8(bytes)
@@ -103,7 +103,7 @@ impl Report {
                 path.display(),
                 bad.op,
                 bad.n,
-                bad.ms
+                crate::text::number(bad.ms)
             );
         }
         if let Some(bad) = r.records.iter().find(|x| x.n == 0) {
@@ -111,6 +111,18 @@ impl Report {
                 "{}: record {} has N 0, not a length a run writes (at least 1 token)",
                 path.display(),
                 bad.op
+            );
+        }
+        // One record per (op, N, storage): a table cell shows one time, and a second record
+        // of the same key was dropped without a word.
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(bad) = (r.records.iter()).find(|x| !seen.insert((&x.op, x.n, &x.storage))) {
+            anyhow::bail!(
+                "{}: record {} at N {} ({}) appears more than once, which no run writes",
+                path.display(),
+                bad.op,
+                bad.n,
+                bad.storage
             );
         }
         Ok(r)
