@@ -28,7 +28,8 @@ impl From<ScoringArg> for Scoring {
 /// Order of selection stage 2 and sparse attention (`pisa_wgpu::LeafOrder`).
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum LeafOrderArg {
-    /// Leaf-major where the kernels run on tensor cores, query tiles elsewhere (or
+    /// Leaf-major where the kernels run on tensor cores or a stage's query-tile kernel does
+    /// not fit the device (workgroup memory, loop cap), query tiles elsewhere (or
     /// `PISA_LEAF_ORDER` / `--tune leaf_order=...` when set).
     Auto,
     /// Query tiles: a workgroup per tile of consecutive queries, over the union of their leaves.

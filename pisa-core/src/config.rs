@@ -44,8 +44,9 @@ pub const MAX_MERGE_FACTOR: usize = 64;
 
 /// Configuration of block selection and of the attention over the selection.
 ///
-/// Build it with [`SelectionConfig::new`] (defaults of PISA.md: C = 64, K = 16, g = 2, `lse`,
-/// causal, no sink or local blocks) and the `with_*` builders, then call
+/// Build it with [`SelectionConfig::new`]`(C, K)` (the other fields at PISA.md's defaults: g = 2,
+/// `lse`, causal, no sink or local blocks; [`Default`] is C = 64, K = 16 with those) and the
+/// `with_*` builders, then call
 /// [`SelectionConfig::validate`] (done by every operation).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SelectionConfig {

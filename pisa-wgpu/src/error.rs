@@ -68,7 +68,7 @@ pub enum GpuError {
     Unsupported(String),
     /// A NaN or infinite input value, reported by the opt-in checks: the host-side ones
     /// ([`crate::ops::check_finite`], [`crate::ops::prefill::check_finite`]) and the GPU scan
-    /// of a view ([`crate::ops::gather::check_finite_view`] and its `_async` form); the
+    /// of a view ([`crate::ops::check_finite_view`] and its `_async` form); the
     /// operations themselves do not scan their inputs.
     #[error("non-finite input: {tensor} holds {value} at flat index {index} (its first non-finite value)")]
     NonFinite {

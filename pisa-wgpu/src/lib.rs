@@ -1,9 +1,9 @@
 //! # pisa-wgpu
 //!
 //! PISA block-sparse attention (`docs/PISA.md`) as WGSL compute shaders through wgpu: runs on
-//! any Vulkan GPU and on Mesa's lavapipe CPU Vulkan driver (its shaders are translated for Metal
-//! and DX12 and validated by naga, not yet run there). Every kernel is tested against the CPU
-//! reference in `pisa-core`.
+//! any Vulkan GPU and on Mesa's lavapipe CPU Vulkan driver, on OpenGL and in the browser's
+//! WebGPU (its shaders are translated for Metal and DX12 and validated by naga, not yet run
+//! there). Every kernel is tested against the CPU reference in `pisa-core`.
 //!
 //! ## The API an application uses
 //!
@@ -21,8 +21,9 @@
 //!   (16-bit words widened in the kernels, O written in f32), for prefill and the decode cache.
 //! - [`KvCache`]: the decode cache ([`KvCache::with_sizes`] names its sizes);
 //!   [`KvCache::record_append_view`] and
-//!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step with no GPU
-//!   allocation (buffers, bind groups, pipelines), host write or wait (on the host, a few
+//!   [`KvCache::record_step_into`] ([`StepOutputs`]) record a decode step, after the first
+//!   call with a given set of buffers, with no GPU allocation (buffers, bind groups,
+//!   pipelines), host write or wait (on the host, a few
 //!   small heap allocations of the call's liveness probe, [`Context::check_alive`]);
 //!   [`KvCache::record_chunk`] ([`ChunkOutputs`]) appends and attends T
 //!   tokens per sequence (a chunked prefill into the cache).

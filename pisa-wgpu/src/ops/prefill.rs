@@ -1,6 +1,8 @@
 //! PISA prefill end to end (PISA.md section 5): pyramid build, stage-1 routing, stage-2 leaf
-//! scoring with query tiling, and block-sparse attention, recorded into one submission with a
-//! GPU timestamp per stage.
+//! scoring (leaf-major or in query tiles, [`crate::LeafOrder`]), and block-sparse attention,
+//! each stage with a GPU timestamp. [`PrefillPlan`] plans once per shape and records each run
+//! into the caller's encoder; [`prefill_host`] uploads, records into one submission and reads
+//! back.
 //!
 //! Short prompts: where every query sees at most K leaves (`ceil(Nk / C) <= K`: up to 1024 keys
 //! at C 64, K 16), each keeps every leaf it sees whatever the scores (PISA.md 3.3). There the
@@ -9,8 +11,9 @@
 //! dense kernel where there is one): the same selection, and the same output within rounding,
 //! as the sparse stages would give. The pyramid is built as always, for a decode cache.
 //!
-//! Binding-size splitting: a call whose tensors do not fit one storage binding
-//! ([`Context::max_binding_bytes`]) runs in chunks of KV heads (each chunk taking its heads'
+//! Binding-size splitting ([`prefill_host`]; a [`PrefillPlan`] refuses tensors past one binding
+//! with [`GpuError::Limit`], to be planned per head group instead): a call whose tensors do not
+//! fit one storage binding ([`Context::max_binding_bytes`]) runs in chunks of KV heads (each chunk taking its heads'
 //! query heads along), since every (batch, KV head) is independent; a single head too large for
 //! a binding is refused with [`GpuError::Limit`]. Results are identical with or without chunks.
 //! The host-side chunking is in the private `chunks` submodule.
@@ -84,8 +87,7 @@ use crate::error::GpuError;
 pub struct PrefillOptions {
     /// Selection configuration (C, K, g, scoring, forced blocks, causal, scale).
     pub cfg: SelectionConfig,
-    /// Layout of Q, K, V and O in the host slices of [`prefill_host`] and the tensors of
-    /// [`record_prefill`]. A [`PrefillPlan`] does not use it: the views given to its runs
+    /// Layout of Q, K, V and O in the host slices of [`prefill_host`]. A [`PrefillPlan`] does not use it: the views given to its runs
     /// carry their own strides.
     pub layout: TensorLayout,
     /// GPU storage precision of Q, K, V and O: f32, f16, or bf16 ([`Storage::Bf16`]: the
@@ -257,7 +259,7 @@ pub fn check_finite(q: &[f32], k: &[f32], v: &[f32]) -> Result<()> {
     super::check_finite("v", v)
 }
 
-/// Prefill of host tensors: uploads, runs [`record_prefill`] (in KV-head chunks when the
+/// Prefill of host tensors: uploads, records the prefill (in KV-head chunks when the
 /// tensors exceed one storage binding), reads back. `q`: `[B, Hq, Nq, D]`, `k`, `v`:
 /// `[B, Hkv, Nk, D]`, all in `opts.layout`. Errors: [`PisaError::BufferLen`] for wrong lengths,
 /// configuration errors ([`PisaError::Zero`] for a `q_tile` of 0 included), [`GpuError::Limit`]
