@@ -549,3 +549,51 @@ fn a_buffer_the_passes_cannot_bind_is_a_typed_error() {
     let (e, untouched) = record_small(&ctx, None);
     assert!(e.is_ok() && !untouched, "{e:?}");
 }
+
+/// A tensor whose length is not the shape's is named by the shape's need, also where the
+/// tensor claims more elements than its buffer holds (the message said "q has 5120
+/// elements, the shape needs 5220": the buffer's size against the tensor's own claim).
+#[test]
+fn a_tensor_longer_than_its_buffer_is_named_by_the_shape() {
+    let ctx = ctx();
+    let s = AttentionShape::prefill(1, 4, 2, 40, 32).unwrap();
+    let cfg = SelectionConfig::new(8, 2).unwrap();
+    let mut r = rng(seed("a_tensor_longer_than_its_buffer"));
+    let mut up = |n, name| {
+        ctx.upload(name, &random(&mut r, n, 1.0), Storage::F32)
+            .unwrap()
+    };
+    let (q, o, d_o) = (
+        up(s.q_elems(), "q"),
+        up(s.q_elems(), "o"),
+        up(s.q_elems(), "d_o"),
+    );
+    let (k, v, lse) = (
+        up(s.kv_elems(), "k"),
+        up(s.kv_elems(), "v"),
+        up(s.lse_elems(), "lse"),
+    );
+    let sel = ctx.upload_u32("sel", &vec![0; s.q_len * 2 * 2]).unwrap();
+    let q_long =
+        pisa_wgpu::GpuTensor::from_buffer(q.buffer.clone(), s.q_elems() + 100, Storage::F32);
+    let sel_huge = pisa_wgpu::GpuTensor::from_buffer(sel.buffer.clone(), usize::MAX, Storage::F32);
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    for (what, q, sel, want) in [
+        ("q", &q_long, &sel, (s.q_elems(), s.q_elems() + 100)),
+        ("selection", &q, &sel_huge, (s.q_len * 2 * 2, usize::MAX)),
+    ] {
+        let e = backward::record_backward(
+            ctx, &mut enc, q, &k, &v, &o, &lse, &d_o, sel, &s, Bhnd, &cfg, None,
+        )
+        .map(drop)
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                GpuError::Input(pisa_core::PisaError::BufferLen { what: w, expected, actual })
+                    if w == what && (expected, actual) == want
+            ),
+            "{what}: {e}"
+        );
+    }
+}

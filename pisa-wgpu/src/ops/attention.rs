@@ -167,8 +167,9 @@ pub(crate) fn check_o_is_q(layouts: QkvLayouts) -> Result<()> {
     Ok(())
 }
 
+/// `t`'s length against the shape's, then against its buffer (in that order, so that a tensor
+/// claiming more elements than its buffer holds is named by the shape's need).
 fn check_len(what: &'static str, t: &GpuTensor, expected: usize) -> Result<()> {
-    t.check_fits(what)?;
     if t.len != expected {
         return Err(PisaError::BufferLen {
             what,
@@ -177,7 +178,7 @@ fn check_len(what: &'static str, t: &GpuTensor, expected: usize) -> Result<()> {
         }
         .into());
     }
-    Ok(())
+    t.check_fits(what)
 }
 
 /// Checks the head dim, buffer lengths, storages, configuration and u32 indexing of a call.

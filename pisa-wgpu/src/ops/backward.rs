@@ -164,8 +164,10 @@ pub fn record_backward(
     .into_iter()
     .chain([("k", k, s.kv_elems()), ("v", v, s.kv_elems())])
     {
-        t.check_fits(what)?;
+        // The length against the shape first: a tensor claiming more elements than its buffer
+        // holds is then named by the shape's need, not by its own claim.
         check_len(what, t.len, n)?;
+        t.check_fits(what)?;
         if t.storage != q.storage {
             return Err(GpuError::Unsupported(format!(
                 "backward: {what} is {:?} but q is {:?}; use one storage for q, k, v, o, d_o",
@@ -173,9 +175,8 @@ pub fn record_backward(
             )));
         }
     }
-    lse.check_fits("lse")?;
-    selection.check_fits("selection")?;
     check_len("lse", lse.len, s.lse_elems())?;
+    lse.check_fits("lse")?;
     // The kernels read the LSE as f32 and the selection as i32 words (a tensor of 4-byte
     // elements, `Storage::F32`, as pisa's selections are), whatever the inputs' storage.
     for (what, t) in [("lse", lse), ("selection", selection)] {
@@ -190,6 +191,7 @@ pub fn record_backward(
     // Every check before anything is recorded: a refused call leaves `enc` as it was.
     let entries = s.q_len * cfg.top_k;
     check_len("selection", selection.len, s.batch * s.kv_heads * entries)?;
+    selection.check_fits("selection")?;
     let tiles = BackwardTiles::for_device(ctx, hd, g, c)?;
     let split = KvSplit::plan(ctx, &tiles, s, cfg)?;
     let nb0 = s.k_len.div_ceil(c);

@@ -312,7 +312,7 @@ impl KvCache {
                 t.storage, self.storage
             )));
         }
-        t.check_fits(what)?;
-        check_len(what, t.len, len)
+        check_len(what, t.len, len)?;
+        t.check_fits(what)
     }
 }
