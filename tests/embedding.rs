@@ -834,7 +834,7 @@ fn buffer_of_another_device_is_a_validation_error() {
     });
     let q =
         TensorView::contiguous(&foreign, 0, DType::F32, [3, HQ, 1, D], TensorLayout::Bhnd).unwrap();
-    let cache = KvCache::new(&app.ctx, 3, 64, HQ, HKV, D, cfg, Storage::F32).unwrap();
+    let mut cache = KvCache::new(&app.ctx, 3, 64, HQ, HKV, D, cfg, Storage::F32).unwrap();
     expect_validation("record_step_into with another device's buffer", || {
         let mut enc = app.device.create_command_encoder(&Default::default());
         cache.record_step_into(&mut enc, &q, None, None)
@@ -889,8 +889,37 @@ fn buffer_of_another_device_is_a_validation_error() {
     expect_validation("a plan recorded on another device's buffer", || {
         PrefillPlan::new_in_place(&app.ctx, &shape, &opts, &views).map(|_| ())
     });
+    // An O of another device that the run would copy into: a typed error, and nothing
+    // recorded, so that the commands recorded before it (a cache's append) still submit (the
+    // copy, recorded before, failed the submit and every command with it).
+    let fo = other.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("other device o"),
+        size: (HQ * n * D * 4) as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let (fov, own_q) = (v(&fo, HQ, D), v(&own, HQ, D));
+    let foreign_out = PrefillOutputs {
+        out: &fov,
+        lse: &lv,
+        selection: None,
+    };
+    let mut enc = app.device.create_command_encoder(&Default::default());
+    let rows =
+        TensorView::contiguous(&own, 0, DType::F32, [3, HKV, 1, D], TensorLayout::Bhnd).unwrap();
+    cache
+        .record_append_view(&mut enc, &rows, &rows, &[true; 3], None)
+        .unwrap();
+    let r = plan.run(&mut enc, &own_q, &kv, &kv, &foreign_out, None);
+    assert!(
+        matches!(&r, Err(GpuError::Validation { op, .. }) if op.contains("output copy")),
+        "{r:?}"
+    );
+    let scope = app.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    app.queue.submit([enc.finish()]);
+    let err = pollster::block_on(scope.pop());
+    assert!(err.is_none(), "submit after a refused output: {err:?}");
     // The plan still runs on the application's own buffers, and the submit is clean.
-    let own_q = v(&own, HQ, D);
     let mut enc = app.device.create_command_encoder(&Default::default());
     plan.run(&mut enc, &own_q, &kv, &kv, &outs, None).unwrap();
     let scope = app.device.push_error_scope(wgpu::ErrorFilter::Validation);

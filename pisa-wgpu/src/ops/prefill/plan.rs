@@ -932,8 +932,9 @@ fn copy_range(view: &TensorView, shape: [usize; 4]) -> Option<(u64, u64)> {
 
 /// Writes the plan's contiguous BHND `src` of `storage` into the caller's `dst`: a buffer
 /// copy when `dst` is contiguous BHND of the same dtype at a 4-byte offset in a buffer with
-/// `COPY_DST`, else a scatter. Inside the run's error scope: a `dst` of another device is a
-/// validation error there (a copy's, through the zero-byte queue write below).
+/// `COPY_DST`, else a scatter. A `dst` the copy cannot write (another device's, mapped or
+/// destroyed) is a [`GpuError::Validation`] with nothing recorded (through the zero-byte queue
+/// write below, in an error scope of its own).
 fn write_out(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -952,7 +953,18 @@ fn write_out(
             // writes and allocates nothing: it brings the copy's device check into the call.
             // (It also requires `dst` to be unmapped now, where the recorded copy needs that
             // only at submission: a mapped output buffer is refused here.)
-            ctx.queue.write_buffer(dst.buffer(), off, &[]);
+            // In a scope of its own, so that a refused buffer returns before the copy is
+            // recorded: a copy of another device's buffer in the caller's encoder would fail
+            // its submit, and with it every command the encoder held (a decode cache's
+            // appends recorded before this run, which its docs tell the app to submit).
+            // (The error's op names the output copy: wgpu's message names the queue write.)
+            ctx.scope_now(
+                "prefill output copy (a buffer of another device, mapped or destroyed)",
+                || {
+                    ctx.queue.write_buffer(dst.buffer(), off, &[]);
+                    Ok(())
+                },
+            )?;
             enc.copy_buffer_to_buffer(src, 0, dst.buffer(), off, bytes);
             Ok(())
         }
