@@ -40,7 +40,7 @@ const SPLIT: u32 = HD4 / RM;       // S-phase threads per row (= WG / RP)
 const KG: u32 = 4u * SPLIT;        // keys per S-phase group
 const NG: u32 = (KT + KG - 1u) / KG; // groups per tile
 const RP4: u32 = RP / 4u;
-const NEG: f32 = -1.0e30;          // "no score" (finite: no reliance on infinities)
+const NEG: f32 = -3.0e38;          // "no score" (finite: no reliance on infinities)
 
 @group(0) @binding(1) var<storage, read> q: array<vec4<store_t>>;
 @group(0) @binding(2) var<storage, read> k: array<vec4<store_t>>;

@@ -70,7 +70,7 @@ const ST_OFF: u32 = RT * SS;         // per-subgroup 16x16 f32 staging in fsh
 const SPLIT: u32 = WG / RT;          // softmax threads per row
 const KPT: u32 = KT / SPLIT;         // keys per softmax thread
 const NPF: u32 = (KT * (HD / 4u) + WG - 1u) / WG; // K (and V) vec4 per thread per tile
-const NEG: f32 = -1.0e30;            // "no score yet"
+const NEG: f32 = -3.0e38;            // "no score yet"
 const LAZY: f32 = 8.0;               // rescale threshold, log2 units (P <= 256)
 
 @group(0) @binding(1) var<storage, read> q: array<vec4<f16>>;

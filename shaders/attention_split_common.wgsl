@@ -2,7 +2,7 @@
 // attention_split_merge.wgsl; the host appends it to each): the parameters (field order as
 // `SplitParams` in pisa-wgpu/src/ops/attention/split_k.rs) and the "no score" value.
 
-const NEG: f32 = -1.0e30; // "no score" (finite: no reliance on infinities)
+const NEG: f32 = -3.0e38; // "no score" (finite: no reliance on infinities)
 
 struct SplitParams {
     q_sb: u32, q_sh: u32, q_sn: u32, k_sb: u32,

@@ -170,19 +170,26 @@ impl PyramidLayout {
     pub fn ancestor(&self, leaf: usize, level: usize) -> usize {
         leaf / self.leaves_per_node(level)
     }
-    /// Leaves covered by node `j` of `level`.
+    /// Leaves covered by node `j` of `level`. Panics when the level or `j` is out of range (as
+    /// [`Self::flat`]: a node past its level would claim leaves it does not cover).
     pub fn leaf_span(&self, level: usize, j: usize) -> Range<usize> {
+        assert!(
+            j < self.nodes(level),
+            "node {j} of level {level}'s {}",
+            self.nodes(level)
+        );
         let w = self.leaves_per_node(level);
-        (j * w).min(self.leaves())..(j.saturating_add(1).saturating_mul(w)).min(self.leaves())
+        j.saturating_mul(w).min(self.leaves())
+            ..(j.saturating_add(1).saturating_mul(w)).min(self.leaves())
     }
-    /// Tokens covered by node `j` of `level`.
+    /// Tokens covered by node `j` of `level` (panics as [`Self::leaf_span`]).
     pub fn token_span(&self, level: usize, j: usize) -> Range<usize> {
         let l = self.leaf_span(level, j);
         // (saturating: the end of the last leaf of a key length near usize::MAX is past it)
         let at = |leaf: usize| leaf.saturating_mul(self.block_size).min(self.key_len);
         at(l.start)..at(l.end)
     }
-    /// n: token count of node `j` of `level`.
+    /// n: token count of node `j` of `level` (panics as [`Self::leaf_span`]).
     pub fn node_len(&self, level: usize, j: usize) -> usize {
         self.token_span(level, j).len()
     }

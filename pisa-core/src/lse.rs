@@ -120,9 +120,11 @@ impl<T: Real> OnlineSoftmax<T> {
 
     /// Adds one key with score `s` (already scaled) and value row `v` into `acc`. A score of
     /// `-inf` is a masked key (nothing added); a NaN one makes the row's state, LSE and output
-    /// NaN.
+    /// NaN, and so does a `+inf` one (its weight is `e^{inf - inf}`), where [`logsumexp`] of a
+    /// `+inf` score is `+inf`. Panics when `v` and `acc` differ in length (a row of another
+    /// head dim: zipped, it would be truncated silently).
     pub fn push(&mut self, s: T, v: &[T], acc: &mut [T]) {
-        debug_assert_eq!(v.len(), acc.len());
+        assert_eq!(v.len(), acc.len(), "value row and accumulator lengths");
         if s == T::NEG_INFINITY {
             return;
         }
@@ -158,8 +160,10 @@ impl<T: Real> OnlineSoftmax<T> {
     }
 
     /// Merges another partial state (`other`, `other_acc`) into this one (`acc`): the result is
-    /// as if every key of both had been pushed here.
+    /// as if every key of both had been pushed here. Panics when `acc` and `other_acc` differ
+    /// in length.
     pub fn merge(&mut self, acc: &mut [T], other: &Self, other_acc: &[T]) {
+        assert_eq!(acc.len(), other_acc.len(), "accumulator lengths");
         if other.max == T::NEG_INFINITY {
             return;
         }
@@ -247,6 +251,27 @@ pub fn f16_to_f32_vec(bits: &[u16]) -> alloc::vec::Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Value rows and accumulators of another length panic (2026-12-07).
+    #[test]
+    fn rows_of_another_length_panic() {
+        extern crate std;
+        // (zipped, a shorter accumulator dropped the value row's tail without a word)
+        let mut st = OnlineSoftmax::<f64>::new();
+        let mut acc = [0.0; 2];
+        assert!(
+            std::panic::catch_unwind(move || st.push(1.0, &[1.0, 2.0, 3.0], &mut acc)).is_err()
+        );
+        let other = OnlineSoftmax { max: 0.0, sum: 1.0 };
+        let mut st = OnlineSoftmax::<f64> { max: 1.0, sum: 1.0 };
+        let mut acc = [0.0; 2];
+        assert!(std::panic::catch_unwind(move || st.merge(&mut acc, &other, &[1.0])).is_err());
+        // +inf scores: the row is NaN (documented), logsumexp +inf.
+        let mut st = OnlineSoftmax::<f64>::new();
+        let mut acc = [0.0];
+        st.push(f64::INFINITY, &[1.0], &mut acc);
+        assert!(acc[0].is_nan() || st.sum.is_nan());
+    }
 
     /// Regression: NaN was taken for "no score" (logsumexp([NaN]) and a row of NaN scores gave
     /// -inf, an empty row's LSE, and the output zeros), and +inf with another +inf or a finite

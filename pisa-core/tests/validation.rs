@@ -467,7 +467,8 @@ fn reference_edges_are_typed_errors_and_counted_once() {
 /// Regressions: `Pyramid::mean` and `var` read another node, sequence or head for an index past
 /// its range (documented to panic, they did not); `kv_head_of` divided by zero on a hand-built
 /// shape of fewer query heads than KV heads; `try_locality` with a tile past the rows tried to
-/// reserve tile x K entries and aborted.
+/// reserve tile x K entries and aborted; `PyramidLayout::leaf_span`, `token_span` and
+/// `node_len` of a node past its level (2026-12-07).
 #[test]
 fn indices_past_their_range_and_hand_built_shapes() {
     use pisa_core::reference::metrics::try_locality;
@@ -488,6 +489,21 @@ fn indices_past_their_range_and_hand_built_shapes() {
         let m = no_panic(|| p.mean(b, h, level, j).to_vec());
         assert!(m.is_err(), "mean({b}, {h}, {level}, {j}) = {m:?}");
         assert!(no_panic(|| p.var(b, h, level, j).to_vec()).is_err());
+    }
+    // Spans of a node past its level panicked on overflow (debug) or claimed leaves the node
+    // does not cover (release: `leaf_span(1, usize::MAX / 2 + 1)` was every leaf); they panic
+    // as documented, as `flat` does.
+    let l = pisa_core::PyramidLayout::new(10, 2, 2).unwrap();
+    assert_eq!(l.leaf_span(1, 2), 4..5);
+    for (level, j) in [(1, usize::MAX / 2 + 1), (70, 3), (5, 0), (0, 5), (1, 3)] {
+        assert!(
+            no_panic(|| l.leaf_span(level, j)).is_err(),
+            "leaf_span({level}, {j})"
+        );
+        assert!(
+            no_panic(|| l.node_len(level, j)).is_err(),
+            "node_len({level}, {j})"
+        );
     }
     let mut hand = s;
     (hand.q_heads, hand.kv_heads) = (1, 2);

@@ -244,7 +244,11 @@ fn run(
 
 /// Block-sparse attention of host slices (PISA.md section 4): uploads `q` `[B, Hq, Nq, D]`,
 /// `k`, `v` `[B, Hkv, Nk, D]` (all in `layout`) in `storage` precision and `selection`
-/// `[B, Hkv, Nq, K]` (ascending, -1 padded), runs [`super::record_sparse_attention`]'s kernel
+/// `[B, Hkv, Nq, K]` (ascending, -1 padded; read as the kernels read it: a -1, an index past
+/// the last leaf or an entry not above its predecessor is ignored, where the CPU reference
+/// `pisa_core::reference::sparse_attention` sorts a row, counts a repeat once and refuses an
+/// index below -1 or past the last leaf; the two agree on strictly ascending rows), runs
+/// [`super::record_sparse_attention`]'s kernel
 /// and returns `(O in Q's layout, LSE [B, Hq, Nq])` as f32. Splits into (batch, KV head) chunks
 /// when a buffer exceeds the binding limit.
 ///
