@@ -300,6 +300,23 @@ fn lower_device_limits_give_typed_errors() {
         }
         other => panic!("expected GpuError::Unsupported for f16 storage, got {other:?}"),
     }
+    // The plans too, at `new` (a varlen plan refused only at its first run).
+    let f16_opts = pisa_wgpu::PrefillOptions {
+        cfg,
+        storage: Storage::F16,
+        ..Default::default()
+    };
+    let shape = pisa_core::AttentionShape::prefill(1, 4, 2, 100, 16).unwrap();
+    let r = pisa_wgpu::PrefillPlan::new(&ctx, &shape, &f16_opts).map(drop);
+    assert!(
+        matches!(r, Err(GpuError::Unsupported(_))),
+        "PrefillPlan: {r:?}"
+    );
+    let r = pisa_wgpu::VarlenPrefillPlan::new(&ctx, 4, 2, 16, &f16_opts).map(drop);
+    assert!(
+        matches!(r, Err(GpuError::Unsupported(_))),
+        "VarlenPrefillPlan: {r:?}"
+    );
 
     match open(pisa_wgpu::wgpu::Limits::downlevel_webgl2_defaults()) {
         Err(GpuError::Unsupported(msg)) => assert!(msg.contains("compute"), "{msg}"),

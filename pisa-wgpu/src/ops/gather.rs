@@ -354,10 +354,10 @@ fn check_pairs(v: &TensorView) -> Result<()> {
         return Ok(());
     };
     Err(GpuError::View(format!(
-        "a {:?} scatter destination is written in whole 4-byte words (pairs of elements along \
+        "a scatter destination of {} is written in whole 4-byte words (pairs of elements along \
          D), which needs an even D, a D stride of 1, an even element offset and even strides \
          elsewhere, but {why}",
-        v.dtype()
+        format!("{:?}", v.dtype()).to_lowercase()
     )))
 }
 

@@ -49,8 +49,10 @@ pub(super) struct StepIo {
 /// dtype is refused with [`crate::GpuError::View`]).
 #[derive(Debug, Clone, Copy)]
 pub struct StepOutputs<'a> {
-    /// O `[B, Hq, 1, D]` in the cache's storage dtype (f32 for a bf16 cache:
-    /// [`crate::Storage::output`]).
+    /// O `[B, Hq, 1, D]`: bound in place when it is of the cache's output dtype
+    /// ([`crate::Storage::output`]: the storage dtype, f32 for a bf16 cache) and can be bound;
+    /// f32, f16 or bf16 otherwise, written by a scatter (a 2-byte O needs an even D, a D stride
+    /// of 1, an even element offset and even strides, else [`crate::GpuError::View`]).
     pub out: &'a TensorView,
     /// LSE `[B, Hq, 1, 1]` f32 (natural log).
     pub lse: &'a TensorView,

@@ -1059,7 +1059,8 @@ impl VarlenPrefillPlan {
     /// for a `q_tile` of 0 included),
     /// [`PisaError::HeadDim`](pisa_core::PisaError::HeadDim) for a head dim the attention
     /// kernels do not take, and [`GpuError::Unsupported`] for more than 32 query heads per KV
-    /// head (as [`PrefillPlan::new`]), before any run.
+    /// head or f16 storage on a device without `SHADER_F16` (as [`PrefillPlan::new`]), before
+    /// any run.
     pub fn new(
         ctx: &Context,
         q_heads: usize,
@@ -1074,6 +1075,10 @@ impl VarlenPrefillPlan {
         AttentionShape::prefill(1, q_heads, kv_heads, 1, head_dim)?;
         crate::ops::attention::check_head_dim(head_dim)?;
         crate::ops::route::check_query_group(q_heads / kv_heads)?;
+        // (as PrefillPlan::new refuses it: not first at a run, as the plans' allocation)
+        if opts.storage == Storage::F16 && !ctx.has_f16() {
+            return Err(ctx.no_f16(" for a varlen prefill plan"));
+        }
         Ok(Self {
             ctx: ctx.clone(),
             heads: (q_heads, kv_heads, head_dim),
