@@ -380,17 +380,6 @@ impl InputArgs {
             )
         });
         let (qb, qh, qt, qd) = dims(&q, layout, &source)?;
-        if let Some(w) = io::sliding_window(&meta, self.layer) {
-            if (w as usize) < qt {
-                eprintln!(
-                    "warning: {}: layer {} attends a sliding window of {w} tokens (metadata \
-                     `layers`); pisa attends to every past block it selects, so its outputs \
-                     are not that layer's over these {qt} tokens",
-                    qp.display(),
-                    self.layer.unwrap_or_default()
-                );
-            }
-        }
         let (kb, kh, kt, kd) = dims(&k, layout, &source)?;
         ensure!(
             k.shape == v.shape,
@@ -428,6 +417,18 @@ impl InputArgs {
             k = k.narrow(ax, 0, t)?;
             v = v.narrow(ax, 0, t)?;
             n = t;
+        }
+        // (against the tokens used: --tokens within the window attends as the layer does)
+        if let Some(w) = io::sliding_window(&meta, self.layer) {
+            if (w as usize) < n {
+                eprintln!(
+                    "warning: {}: layer {} attends a sliding window of {w} tokens (metadata \
+                     `layers`); pisa attends to every past block it selects, so its outputs \
+                     are not that layer's over these {n} tokens",
+                    qp.display(),
+                    self.layer.unwrap_or_default()
+                );
+            }
         }
         // Only the tokens used are checked (a non-finite value past --tokens is never read).
         if !self.allow_nonfinite {

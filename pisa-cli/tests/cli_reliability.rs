@@ -515,6 +515,42 @@ fn a_full_stdout_is_an_error_not_a_panic() {
     assert!(dir.path().join("o.o.npy").is_file() && dir.path().join("o.lse.npy").is_file());
 }
 
+/// The sliding-window warning (a layer whose metadata says it attends a window of W tokens)
+/// compares W with the tokens used: over all 150 tokens a window of 100 warns, with `--tokens
+/// 64` (inside the window, where pisa attends as the layer does) it does not (it warned,
+/// naming the file's 150 tokens).
+#[test]
+fn sliding_window_warning_counts_the_tokens_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let spec = common::Spec::small();
+    let [q, k, v] = spec.qkv();
+    let named = |t: &pisa_cli::io::HostTensor, n: &str| pisa_cli::io::HostTensor {
+        name: format!("layer0.{n}"),
+        ..t.clone()
+    };
+    let meta = BTreeMap::from([(
+        "layers".to_string(),
+        r#"{"0": {"scale": 0.2, "sliding_window": 100}}"#.to_string(),
+    )]);
+    common::write_st_meta(
+        d,
+        "win.safetensors",
+        &[named(&q, "q"), named(&k, "k"), named(&v, "v")],
+        pisa_cli::io::DType::F32,
+        &meta,
+    );
+    let base = ["forward", "-i", "win.safetensors", "--layer", "0"];
+    let all = run_in(d, &args(&base, &SMALL, &[])).ok();
+    assert!(
+        all.stderr.contains("sliding window of 100"),
+        "{}",
+        all.stderr
+    );
+    let some = run_in(d, &args(&base, &SMALL, &["--tokens", "64"])).ok();
+    assert!(!some.stderr.contains("sliding window"), "{}", some.stderr);
+}
+
 /// `info` and `info --json` agree on the exit code: with no adapter both fail (the JSON listing,
 /// `[]`, still printed) where `info --json` used to print `[]` and exit 0. The Vulkan loader is
 /// pointed at no driver; where another backend still finds an adapter, both succeed.

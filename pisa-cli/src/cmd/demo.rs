@@ -139,7 +139,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     // (at most top_k blocks, and never more keys than the input has)
     let most = (cfg.top_k * cfg.block_size).min(s.k_len);
     let blocks = cfg.top_k.min(s.k_len.div_ceil(cfg.block_size));
-    crate::args::outln!("  each query attends to at most {most} keys ({blocks} blocks of {}); mean fraction of its causal keys: {:.1}%\n", cfg.block_size, 100.0 * visible)?;
+    crate::args::outln!("  each query attends to at most {most} keys ({} of {}); mean fraction of its causal keys: {:.1}%\n", crate::text::plural(blocks, "block"), cfg.block_size, 100.0 * visible)?;
 
     // 2. decode
     super::decode::demo(&ctx, &l, &cfg, steps)?;

@@ -50,15 +50,18 @@ pub(crate) fn record(
             gq as usize,
             kk as usize,
         );
-        // (A reserve below the limit, as the backward pass keeps: the count follows
-        // llvmpipe's loop limiter and its unrolling as measured, not as specified.)
-        if needed > limit - limit / 16 {
+        // A reserve below the limit, as the backward pass keeps: the count follows llvmpipe's
+        // loop limiter and its unrolling as measured, not as specified. A refusal reports the
+        // count with the reserve against the device's cap (as the backward pass does).
+        let reserve = limit / 16;
+        if needed > limit - reserve {
             return Err(ctx.loop_limit_error(
                 "oracle",
                 "selection",
-                (needed, limit),
-                "use a GPU, or fewer keys, fewer leaves (a larger block size) or a smaller \
-                 head dim",
+                (needed + reserve, limit),
+                "use a GPU, or fewer keys, a smaller head dim or GQA group, or a smaller block \
+                 size (each invocation walks whole leaves: fewer than 64 leaves give each one \
+                 leaf of C keys)",
             ));
         }
     }
