@@ -346,7 +346,7 @@ impl KvSplit {
         // GLSL (wgpu's OpenGL backend) runs a few more trips than they charge (llvmpipe's GL,
         // D 256, 4 rows a round: 177 rounds fit the cap, the 178 the model allowed did not).
         // A refusal reports the count with the reserve against the device's cap.
-        let reserve = limit / 16;
+        let reserve = Context::loop_reserve(limit);
         let budget = limit - reserve;
         let q_iters = tiles.grad_q_iterations(hd, g, cfg.block_size, cfg.top_k);
         if q_iters > budget {

@@ -53,7 +53,7 @@ pub(crate) fn record(
         // A reserve below the limit, as the backward pass keeps: the count follows llvmpipe's
         // loop limiter and its unrolling as measured, not as specified. A refusal reports the
         // count with the reserve against the device's cap (as the backward pass does).
-        let reserve = limit / 16;
+        let reserve = Context::loop_reserve(limit);
         if needed > limit - reserve {
             return Err(ctx.loop_limit_error(
                 "oracle",

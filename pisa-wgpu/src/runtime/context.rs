@@ -669,6 +669,13 @@ impl Context {
         self.alive(false)
     }
 
+    /// The part of a loop cap (`limit`, [`Context::loop_limit`]) kept free below it by the
+    /// kernels whose counts model their loops rather than measure them (the backward pass, the
+    /// oracle): a sixteenth. Their refusals report the count with this reserve against the cap.
+    pub(crate) fn loop_reserve(limit: u64) -> u64 {
+        limit / 16
+    }
+
     /// The error of a `kernel` whose loops would pass the device's cap on an invocation's loop
     /// iterations ([`Context::loop_limit`], `limit`): `needed` iterations, the `result` that
     /// would be wrong, and `hint` what to change. One text for every kernel that checks.
