@@ -398,13 +398,8 @@ fn prefill_of_a_buffer_it_cannot_bind_is_a_typed_error() {
     let instance = pisa_wgpu::instance();
     let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
         .expect("a GPU adapter (install mesa-vulkan-drivers)");
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        required_features: pisa_wgpu::wanted_features(&adapter)
-            - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
-        required_limits: adapter.limits(),
-        ..Default::default()
-    }))
-    .unwrap();
+    let desc = pisa_wgpu::app_device_descriptor(&adapter);
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
     let ctx = pisa_wgpu::Context::from_device(&adapter, device, queue).unwrap();
     let (shape, cfg) = small();
     let (q, k, v) = inputs(&shape, 6);
