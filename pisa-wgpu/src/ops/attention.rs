@@ -167,20 +167,6 @@ pub(crate) fn check_o_is_q(layouts: QkvLayouts) -> Result<()> {
     Ok(())
 }
 
-/// `t`'s length against the shape's, then against its buffer (in that order, so that a tensor
-/// claiming more elements than its buffer holds is named by the shape's need).
-fn check_len(what: &'static str, t: &GpuTensor, expected: usize) -> Result<()> {
-    if t.len != expected {
-        return Err(PisaError::BufferLen {
-            what,
-            expected,
-            actual: t.len,
-        }
-        .into());
-    }
-    t.check_fits(what)
-}
-
 /// Checks the head dim, buffer lengths, storages, configuration and u32 indexing of a call.
 pub(crate) fn validate(
     shape: &AttentionShape,
@@ -204,7 +190,7 @@ pub(crate) fn validate(
     ];
     for (what, t, span) in spans {
         u32_of("elements of a strided q, k or v", span)?;
-        check_len(what, t, span)?;
+        t.check_shape(what, span)?;
     }
     for (what, l) in [("q", layouts.q), ("k", layouts.k), ("v", layouts.v)] {
         check_strided(what, l)?;
@@ -220,7 +206,7 @@ pub(crate) fn validate(
             cfg.validate()?;
             let n = shape.batch * shape.kv_heads * shape.q_len * cfg.top_k;
             u32_of("selection elements", n)?;
-            check_len("selection", selection, n)?;
+            selection.check_shape("selection", n)?;
             // Read as i32 words: a selection of 4-byte elements (Storage::F32), as pisa's are.
             if selection.storage != Storage::F32 {
                 return Err(GpuError::Unsupported(format!(
@@ -459,7 +445,7 @@ fn check_out_target(shape: &AttentionShape, q: &GpuTensor, t: &OutTarget) -> Res
             "O written in place needs strides that are multiples of 8 elements (strides {sb}, {sh}, {sn})"
         )));
     }
-    check_len("o", &t.o, t.layout.span(b, hq, shape.q_len, d))
+    t.o.check_shape("o", t.layout.span(b, hq, shape.q_len, d))
 }
 
 /// Records the kernel of `plan` (O into `target.0` when given, timed as `target.1` when given).

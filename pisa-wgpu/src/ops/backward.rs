@@ -92,18 +92,6 @@ pub(crate) fn check_u32(what: &'static str, n: u64) -> Result<usize> {
     Ok(n as usize)
 }
 
-pub(crate) fn check_len(what: &'static str, actual: usize, expected: usize) -> Result<()> {
-    if actual != expected {
-        return Err(PisaError::BufferLen {
-            what,
-            expected,
-            actual,
-        }
-        .into());
-    }
-    Ok(())
-}
-
 /// Records the backward pass of block-sparse attention (PISA.md section 4) into `enc`.
 ///
 /// Inputs, as the forward's: `q`, `o`, `d_o` (dL/dO): `[B, Hq, Nq, D]`; `k`, `v`:
@@ -166,8 +154,7 @@ pub fn record_backward(
     {
         // The length against the shape first: a tensor claiming more elements than its buffer
         // holds is then named by the shape's need, not by its own claim.
-        check_len(what, t.len, n)?;
-        t.check_fits(what)?;
+        t.check_shape(what, n)?;
         if t.storage != q.storage {
             return Err(GpuError::Unsupported(format!(
                 "backward: {what} is {:?} but q is {:?}; use one storage for q, k, v, o, d_o",
@@ -175,8 +162,7 @@ pub fn record_backward(
             )));
         }
     }
-    check_len("lse", lse.len, s.lse_elems())?;
-    lse.check_fits("lse")?;
+    lse.check_shape("lse", s.lse_elems())?;
     // The kernels read the LSE as f32 and the selection as i32 words (a tensor of 4-byte
     // elements, `Storage::F32`, as pisa's selections are), whatever the inputs' storage.
     for (what, t) in [("lse", lse), ("selection", selection)] {
@@ -190,8 +176,7 @@ pub fn record_backward(
     }
     // Every check before anything is recorded: a refused call leaves `enc` as it was.
     let entries = s.q_len * cfg.top_k;
-    check_len("selection", selection.len, s.batch * s.kv_heads * entries)?;
-    selection.check_fits("selection")?;
+    selection.check_shape("selection", s.batch * s.kv_heads * entries)?;
     let tiles = BackwardTiles::for_device(ctx, hd, g, c)?;
     let split = KvSplit::plan(ctx, &tiles, s, cfg)?;
     let nb0 = s.k_len.div_ceil(c);

@@ -178,7 +178,7 @@ pub use self::shaders::{
     APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_LEAF_SG_SHADER,
     ROUTE_LEAF_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER,
 };
-use crate::error::{GpuError, Result};
+use crate::error::GpuError;
 use crate::ops::pyramid::GpuPyramid;
 use crate::runtime::buffers::GpuTensor;
 use crate::runtime::context::Context;
@@ -342,17 +342,6 @@ pub struct KvCache {
 
 fn input(e: PisaError) -> GpuError {
     GpuError::Input(e)
-}
-
-fn check_len(what: &'static str, actual: usize, expected: usize) -> Result<()> {
-    if actual != expected {
-        return Err(input(PisaError::BufferLen {
-            what,
-            expected,
-            actual,
-        }));
-    }
-    Ok(())
 }
 
 mod record;

@@ -86,6 +86,14 @@ impl GpuTensor {
         Ok(())
     }
 
+    /// Checks the tensor's `len` against `expected` (the elements its shape needs), then
+    /// [`check_fits`](Self::check_fits), in that order, so that a tensor claiming more elements
+    /// than its buffer holds is named by the shape's need. Errors: [`PisaError::BufferLen`].
+    pub(crate) fn check_shape(&self, what: &'static str, expected: usize) -> Result<()> {
+        check_len(what, self.len, expected)?;
+        self.check_fits(what)
+    }
+
     /// Another handle on the same elements (the buffer is shared, not copied).
     pub(crate) fn alias(&self) -> GpuTensor {
         GpuTensor {
@@ -389,4 +397,18 @@ impl Context {
             wgpu::BufferUsages::UNIFORM,
         ))
     }
+}
+
+/// `actual` elements against the `expected` a shape needs: [`PisaError::BufferLen`] when they
+/// differ. The one length check of the ops' validation (tensors, host slices, appended rows).
+pub(crate) fn check_len(what: &'static str, actual: usize, expected: usize) -> Result<()> {
+    if actual != expected {
+        return Err(PisaError::BufferLen {
+            what,
+            expected,
+            actual,
+        }
+        .into());
+    }
+    Ok(())
 }

@@ -97,8 +97,7 @@ pub(super) fn build_block_index(
     let entries = shape.q_len * cfg.top_k;
     let num_bh = shape.batch * shape.kv_heads;
     let total = super::check_u32("selection entries", num_bh as u64 * entries as u64 * 2)?;
-    super::check_len("selection", selection.len, total / 2)?;
-    selection.check_fits("selection")?;
+    selection.check_shape("selection", total / 2)?;
     let nb0 = shape.k_len.div_ceil(cfg.block_size);
     let tiles = entries.div_ceil(TILE);
     let a = ctx.alloc("backward index a", total, Storage::F32, POISON_I32)?;

@@ -8,7 +8,7 @@ use pisa_core::{AttentionShape, PisaError, PyramidLayout, SelectionConfig, Tenso
 
 use super::fused::FusedPlan;
 use super::plan::{needs_sq, Params, Plan};
-use super::{check_len, input, KvCache};
+use super::{input, KvCache};
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::{self, KeyGeometry};
 use crate::runtime::buffers::{GpuTensor, POISON_F32, POISON_I32};
@@ -312,7 +312,6 @@ impl KvCache {
                 t.storage, self.storage
             )));
         }
-        check_len(what, t.len, len)?;
-        t.check_fits(what)
+        t.check_shape(what, len)
     }
 }

@@ -2,10 +2,10 @@
 //! accessors); the recording itself is in `record.rs`.
 
 use super::write::AppendIo;
-use super::{check_len, DecodeOutput, FusedPlan, KvCache, Plan, StepOutputs};
+use super::{DecodeOutput, FusedPlan, KvCache, Plan, StepOutputs};
 use crate::error::{GpuError, Result};
 use crate::ops::pyramid::GpuPyramid;
-use crate::runtime::buffers::GpuTensor;
+use crate::runtime::buffers::{check_len, GpuTensor};
 use crate::runtime::pipeline::Storage;
 use crate::runtime::view::InPlace;
 use pisa_core::{AttentionShape, PyramidLayout, SelectionConfig};

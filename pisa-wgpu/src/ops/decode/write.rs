@@ -6,11 +6,11 @@ use std::sync::Arc;
 use pisa_core::{PisaError, TensorLayout};
 
 use super::record::{range, whole, Binds, Stage};
-use super::{check_len, input, KvCache, Params, APPEND_SHADER, APPEND_WG, LENS_SHADER};
+use super::{input, KvCache, Params, APPEND_SHADER, APPEND_WG, LENS_SHADER};
 use crate::error::Result;
 use crate::ops::prefill::PrefillPlan;
 use crate::ops::pyramid;
-use crate::runtime::buffers::GpuTensor;
+use crate::runtime::buffers::{check_len, GpuTensor};
 use crate::runtime::pipeline::Storage;
 use crate::runtime::profiler::Profiler;
 use crate::runtime::view::{InPlace, TensorView};
