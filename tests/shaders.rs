@@ -109,3 +109,34 @@ fn bf16_inputs_are_bound_as_words() {
     assert!(a.contains("var<storage, read> q: array<vec2<u32>>;"));
     assert!(a.contains("fn in4_q(i: u32) -> vec4<f32>"));
 }
+
+/// Every kernel marks "no score" with the same finite value, -3.0e38 (`NEG`, `NEG_SCORE`), and
+/// the decode kernels' "masked" threshold `NEG_T` lies above it and below every real score the
+/// reference keeps. A kernel with its own larger sentinel once dropped rows whose scores were
+/// all below it (`docs/reliability.md` entry 19: -1e30 emptied rows of scores near -7e29); this test
+/// fails when one shader's constant drifts from the others'. At least 10 shaders declare one,
+/// so the test cannot pass on an empty list.
+#[test]
+fn every_no_score_sentinel_is_the_same() {
+    let split_k = [
+        pisa_wgpu::ops::attention::split_k::SHADER,
+        pisa_wgpu::ops::attention::split_k::MERGE_SHADER,
+    ];
+    let value = |line: &str| -> f32 {
+        let v = line.split('=').nth(1).unwrap().split(';').next().unwrap();
+        v.trim().parse().unwrap_or_else(|e| panic!("{line}: {e}"))
+    };
+    let mut declared = 0;
+    for s in pisa_wgpu::ops::all_shaders().into_iter().chain(split_k) {
+        for line in s.wgsl.lines().map(str::trim) {
+            if line.starts_with("const NEG: f32") || line.starts_with("const NEG_SCORE: f32") {
+                assert_eq!(value(line), -3.0e38, "{}: {line}", s.name);
+                declared += 1;
+            } else if line.starts_with("const NEG_T: f32") {
+                let t = value(line);
+                assert!(t > -3.0e38 && t <= -1.0e38, "{}: {line}", s.name);
+            }
+        }
+    }
+    assert!(declared >= 10, "only {declared} shaders declare a sentinel");
+}
