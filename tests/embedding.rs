@@ -865,13 +865,24 @@ fn buffer_of_another_device_is_a_validation_error() {
         selection: None,
     };
     // Every run: the plan keeps the bind groups of the views it ran on, never an invalid one
-    // (a replayed invalid group had made the second run Ok, and the submit fail).
+    // (a replayed invalid group had made the second run Ok, and the submit fail). And nothing
+    // invalid is recorded: a cache's append recorded before the refused run submits cleanly
+    // with the encoder, as the cache's docs tell the application to do (the run had set its
+    // invalid bind group in the encoder, so the submit failed and the append with it, while
+    // the cache's host lengths counted it).
+    let rows =
+        TensorView::contiguous(&own, 0, DType::F32, [3, HKV, 1, D], TensorLayout::Bhnd).unwrap();
     for run in 0..3 {
         let what = format!("run {run} of a plan with another device's buffer");
-        expect_validation(&what, || {
-            let mut enc = app.device.create_command_encoder(&Default::default());
-            plan.run(&mut enc, &qv, &kv, &kv, &outs, None)
-        });
+        let mut enc = app.device.create_command_encoder(&Default::default());
+        cache
+            .record_append_view(&mut enc, &rows, &rows, &[true; 3], None)
+            .unwrap();
+        expect_validation(&what, || plan.run(&mut enc, &qv, &kv, &kv, &outs, None));
+        let scope = app.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        app.queue.submit([enc.finish()]);
+        let err = pollster::block_on(scope.pop());
+        assert!(err.is_none(), "submit after {what}: {err:?}");
     }
     // A plan recorded on views that read another device's buffer in place fails the same way
     // (its recording is discarded, not kept).
@@ -905,8 +916,6 @@ fn buffer_of_another_device_is_a_validation_error() {
         selection: None,
     };
     let mut enc = app.device.create_command_encoder(&Default::default());
-    let rows =
-        TensorView::contiguous(&own, 0, DType::F32, [3, HKV, 1, D], TensorLayout::Bhnd).unwrap();
     cache
         .record_append_view(&mut enc, &rows, &rows, &[true; 3], None)
         .unwrap();

@@ -361,7 +361,12 @@ impl KvSplit {
 }
 
 /// Uploads the inputs (Q, K, V, O, dO in `storage`; LSE f32; the selection as i32), runs
-/// [`record_backward`] and reads `(dQ, dK, dV)` back as f32 (shapes as there). Errors: as
+/// [`record_backward`] and reads `(dQ, dK, dV)` back as f32 (shapes as there). The selection
+/// is read as the kernels read it (a -1, an index past the last leaf or below -1 is ignored;
+/// a repeated block counts once), where the CPU reference
+/// `pisa_core::reference::sparse_attention_backward` refuses an index below -1 or past the
+/// last leaf: the two agree on every selection the reference accepts, as
+/// [`crate::ops::attention::host::sparse_attention_host`] and its reference do. Errors: as
 /// [`record_backward`], plus [`GpuError::Unsupported`] for f16 without SHADER_F16 and wgpu
 /// validation, memory or device-loss errors.
 #[allow(clippy::too_many_arguments)] // as record_backward, with host slices

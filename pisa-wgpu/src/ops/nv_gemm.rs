@@ -63,7 +63,7 @@ pub fn record_gemm(
     let bind = ctx.bind_group(
         &pipe,
         &[(0, &a.buffer), (1, &b.buffer), (2, &c.buffer), (3, &dims)],
-    );
+    )?;
     // Column tiles on x, row tiles on y (the shader reads both ids).
     let grid = [
         n.div_ceil(bn as usize) as u32,
@@ -98,7 +98,7 @@ pub fn record_probe(
     out: &GpuTensor,
 ) -> Result<()> {
     let (pipe, _) = ctx.nv_pipeline(k)?;
-    let bind = ctx.bind_group(&pipe, &[(0, &a.buffer), (1, &b.buffer), (2, &out.buffer)]);
+    let bind = ctx.bind_group(&pipe, &[(0, &a.buffer), (1, &b.buffer), (2, &out.buffer)])?;
     ctx.record_pass(enc, "probe", [&(pipe, bind, [1, 1, 1])], None);
     Ok(())
 }

@@ -16,13 +16,14 @@
 //! still meets a different request (size, usage or count) stops with an error instead of
 //! binding the wrong buffer.
 //!
-//! A bind group made under an arena is created inside its own validation and out-of-memory
-//! scopes (native backends report at creation) and kept only when valid: a run that bound
-//! another device's buffer, or a destroyed one, fails with [`GpuError::Validation`] (a failed
-//! allocation with [`GpuError::OutOfMemory`]), and so does every later run with those buffers,
-//! instead of replaying the invalid group and failing only at the application's submit. (wasm32
-//! has no scopes that resolve at once: there the error goes to the device's uncaptured-error
-//! handler when the group is made, and the group is kept.)
+//! A bind group is created inside its own validation and out-of-memory scopes
+//! (`Context::bind_group`; native backends report at creation) and kept only when valid: a run
+//! that would bind another device's buffer, or a destroyed one, stops with
+//! [`GpuError::Validation`] (a failed allocation with [`GpuError::OutOfMemory`]) before it
+//! records the group, and so does every later run with those buffers, instead of replaying an
+//! invalid group and failing only at the application's submit. (wasm32 has no scopes that
+//! resolve at once: there the error goes to the device's uncaptured-error handler when the
+//! group is made, and the group is kept.)
 //!
 //! The arena is installed per thread ([`with_arena`]), so other threads using the same
 //! context meanwhile allocate as usual.
@@ -61,8 +62,6 @@ pub(crate) struct Arena {
     next_group: usize,
     replay: bool,
     diverged: Option<String>,
-    /// The error of a bind group this run made (not kept).
-    failed: Option<GpuError>,
 }
 
 struct Active {
@@ -75,9 +74,10 @@ thread_local! {
 }
 
 /// Runs `f` with `arena` installed for the context at address `ctx` on this thread: recording
-/// on its first use, replaying afterwards. Errors: what `f` returns; the error of a bind group
-/// it made that failed ([`fail`]: [`GpuError::Validation`], [`GpuError::OutOfMemory`]);
-/// [`GpuError::Unsupported`] when the replay met a request the recording did not make.
+/// on its first use, replaying afterwards. Errors: what `f` returns (among them the error of a
+/// bind group it made that failed, `Context::bind_group`: [`GpuError::Validation`],
+/// [`GpuError::OutOfMemory`]); [`GpuError::Unsupported`] when the replay met a request the
+/// recording did not make.
 pub(crate) fn with_arena<T>(
     ctx: usize,
     arena: &mut Arena,
@@ -87,7 +87,6 @@ pub(crate) fn with_arena<T>(
     a.next_buffer = 0;
     a.next_group = 0;
     a.diverged = None;
-    a.failed = None;
     ACTIVE.with(|s| *s.borrow_mut() = Some(Active { ctx, arena: a }));
     // A panic in `f` (caught by the application) must not leave the arena installed: later
     // calls on this thread would take their buffers from it. The plan's own arena is then
@@ -108,7 +107,6 @@ pub(crate) fn with_arena<T>(
         .unwrap_or_default();
     let replayed = a.replay;
     let mut diverged = a.diverged.take();
-    let failed = a.failed.take();
     if replayed
         && diverged.is_none()
         && out.is_ok()
@@ -117,14 +115,11 @@ pub(crate) fn with_arena<T>(
         diverged = Some("fewer allocations than recorded".into());
     }
     // A failed recording is not kept: the next run records again from an empty arena.
-    if !a.replay && (out.is_err() || failed.is_some()) {
+    if !a.replay && out.is_err() {
         a = Arena::default();
     }
-    a.replay = a.replay || (out.is_ok() && failed.is_none());
+    a.replay = a.replay || out.is_ok();
     *arena = a;
-    if let (Some(e), Ok(_)) = (failed, &out) {
-        return Err(e);
-    }
     if let Some(m) = diverged {
         return Err(GpuError::Unsupported(format!(
             "plan replay diverged from its recording ({m}): make a new plan"
@@ -257,25 +252,6 @@ pub(crate) fn lookup_group(
         Some(g)
     })
     .flatten()
-}
-
-/// Whether an arena is installed for `ctx` on this thread (recording or replaying).
-pub(crate) fn active(ctx: usize) -> bool {
-    with_active(ctx, |_| ()).is_some()
-}
-
-/// Marks this run of the arena failed by a bind group whose creation reported `error` (see
-/// `Context::scope_now`); the group is not kept, and [`with_arena`] returns
-/// the error.
-pub(crate) fn fail(ctx: usize, error: GpuError) {
-    with_active(ctx, |a| {
-        a.failed.get_or_insert(error);
-        // In step with the recording, as insert_group would be (a failed recording is
-        // discarded whole).
-        if a.replay && a.diverged.is_none() {
-            a.next_group += 1;
-        }
-    });
 }
 
 /// Keeps a bind group made after [`lookup_group`] found none.

@@ -61,11 +61,24 @@ pub(crate) type Stage = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, [u32; 3]);
 impl Context {
     /// The bind group of `bindings` (`(i, buffer)` at `@group(0) @binding(i)`) for
     /// `pipeline`'s layout (derived from its entry point: name exactly the bindings it uses).
+    ///
+    /// Made inside its own validation and out-of-memory scopes ([`Context::scope_now`]), so a
+    /// binding wgpu refuses (a buffer of another device, a destroyed one, a range past its
+    /// buffer) is an error here, before the caller records anything with the group: an invalid
+    /// group set in the caller's encoder would fail its `finish` and submit, and with them every
+    /// command the encoder held (a decode cache's appends recorded before, which its docs tell
+    /// the application to submit). (wasm32: the browser's scopes resolve later; there the error
+    /// goes to the device's uncaptured-error handler and the group is returned.) Under a plan's
+    /// arena only a valid group is kept (runtime/arena.rs). Errors: [`GpuError::Validation`],
+    /// [`GpuError::OutOfMemory`].
+    ///
+    /// [`GpuError::Validation`]: crate::GpuError::Validation
+    /// [`GpuError::OutOfMemory`]: crate::GpuError::OutOfMemory
     pub(crate) fn bind_group<'a, B: Copy + Into<Bind<'a>>>(
         &self,
         pipeline: &wgpu::ComputePipeline,
         bindings: &[(u32, B)],
-    ) -> wgpu::BindGroup {
+    ) -> Result<wgpu::BindGroup> {
         let key: Vec<(u32, &wgpu::Buffer, u64, u64)> = bindings
             .iter()
             .map(|&(i, b)| {
@@ -75,7 +88,7 @@ impl Context {
             })
             .collect();
         if let Some(g) = arena::lookup_group(self.id(), pipeline, &key) {
-            return g;
+            return Ok(g);
         }
         let layout = pipeline.get_bind_group_layout(0);
         let entries: Vec<wgpu::BindGroupEntry> = bindings
@@ -90,23 +103,12 @@ impl Context {
             layout: &layout,
             entries: &entries,
         };
-        if !arena::active(self.id()) {
-            return self.device.create_bind_group(&descriptor);
-        }
-        // Under a plan's arena the group is kept for later runs: only a valid one (see
-        // runtime/arena.rs), as its own scopes report it at once on native backends.
-        let mut made = None;
-        let checked = self.scope_now("plan bind group", || {
-            made = Some(self.device.create_bind_group(&descriptor));
-            Ok(())
-        });
-        // (scope_now always runs its closure.)
-        let g = made.unwrap_or_else(|| self.device.create_bind_group(&descriptor));
-        match checked {
-            Ok(()) => arena::insert_group(self.id(), pipeline, &key, &g),
-            Err(e) => arena::fail(self.id(), e),
-        }
-        g
+        let g = self.scope_now(
+            "bind group (a buffer of another device, destroyed, or too small)",
+            || Ok(self.device.create_bind_group(&descriptor)),
+        )?;
+        arena::insert_group(self.id(), pipeline, &key, &g);
+        Ok(g)
     }
 
     /// [`Context::stage`] with bindings of buffer ranges (`(i, buffer, byte offset, bytes)`):
@@ -155,7 +157,7 @@ impl Context {
         let max_dim = self.limits().max_compute_workgroups_per_dimension;
         Ok((
             pipeline.clone(),
-            self.bind_group(pipeline, bindings),
+            self.bind_group(pipeline, bindings)?,
             pisa_core::grid_for(workgroups, max_dim)?,
         ))
     }
@@ -210,7 +212,7 @@ impl Context {
             self.limits().max_compute_workgroups_per_dimension,
         )?;
         log::trace!("dispatch {workgroups} workgroups as grid {grid:?}");
-        let bg = self.bind_group(pipeline, bindings);
+        let bg = self.bind_group(pipeline, bindings)?;
         let mut pass = match timer {
             Some((p, label)) => p.pass_on(self, enc, label),
             None => enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
