@@ -78,6 +78,26 @@ fn info_text_and_json() {
         assert!(a["name"].is_string(), "{a}");
         assert!(a["max_storage_binding"].as_u64().unwrap() > 0, "{a}");
         assert!(a["shader_f16"].is_boolean(), "{a}");
+        let path = a["kernel_path"].as_str().unwrap_or_default();
+        assert!(["portable", "coopmat", "nv_cm2"].contains(&path), "{a}");
+        for k in ["routing", "decode_route", "decode_leaf_attention"] {
+            let v = a[k].as_str().unwrap_or_default();
+            assert!(["subgroups", "workgroup_memory"].contains(&v), "{k}: {a}");
+        }
+    }
+    // The JSON's kernel paths are the text's, adapter by adapter.
+    let portable = list
+        .iter()
+        .filter(|a| a["kernel_path"] == "portable")
+        .count();
+    let text_portable = text.stdout.matches("    kernel path: portable").count();
+    assert_eq!(portable, text_portable, "{}", text.stdout);
+    // Off by name, every adapter's JSON says portable.
+    let off = run_in(dir.path(), &["--tune", "tensor_cores=0", "info", "--json"])
+        .ok()
+        .json();
+    for a in off.as_array().unwrap() {
+        assert_eq!(a["kernel_path"], "portable", "{a}");
     }
 }
 

@@ -18,6 +18,51 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
+/// The kernels each family runs on an adapter under the command's tuning, in the JSON
+/// listing's words (the text listing says the same in sentences).
+#[derive(serde::Serialize)]
+struct Paths {
+    /// `portable`, `coopmat` (KHR cooperative matrices) or `nv_cm2` (the NVIDIA kernels of
+    /// `shaders/nv` for f16 attention and leaf scoring, coopmat for the rest of the hot path).
+    kernel_path: &'static str,
+    /// The prefill routing's score step: `subgroups` (where the selection allows it) or
+    /// `workgroup_memory`.
+    routing: &'static str,
+    /// The decode route's level steps, as `routing`.
+    decode_route: &'static str,
+    /// The decode route_leaf's block attention, as `routing`.
+    decode_leaf_attention: &'static str,
+}
+
+impl Paths {
+    fn of(r: &pisa_wgpu::AdapterReport, tuning: &pisa_wgpu::Tuning) -> Paths {
+        let sg = |on: bool| if on { "subgroups" } else { "workgroup_memory" };
+        let sg8 = r.subgroups && r.shuffle_lanes() >= 8;
+        Paths {
+            kernel_path: match (
+                r.cooperative_matrix && tuning.tensor_cores,
+                r.nv_cooperative_matrix2 && tuning.nv_cm2,
+            ) {
+                (false, _) => "portable",
+                (true, false) => "coopmat",
+                (true, true) => "nv_cm2",
+            },
+            routing: sg(r.subgroups && tuning.route_subgroups),
+            decode_route: sg(sg8 && tuning.decode_route_subgroups),
+            decode_leaf_attention: sg(sg8 && tuning.decode_leaf_subgroups),
+        }
+    }
+}
+
+/// One adapter of the JSON listing: its report's fields, then its [`Paths`].
+#[derive(serde::Serialize)]
+struct JsonEntry<'a> {
+    #[serde(flatten)]
+    report: &'a pisa_wgpu::AdapterReport,
+    #[serde(flatten)]
+    paths: Paths,
+}
+
 /// Lists every adapter.
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     let list = pisa_wgpu::list_adapters();
@@ -29,7 +74,17 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         }
     }
     if a.json {
-        crate::args::outln!("{}", serde_json::to_string_pretty(&list)?)?;
+        let entries = list
+            .iter()
+            .map(|r| {
+                let tuning = crate::args::command_tuning_for(r)?;
+                Ok(JsonEntry {
+                    report: r,
+                    paths: Paths::of(r, &tuning),
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        crate::args::outln!("{}", serde_json::to_string_pretty(&entries)?)?;
     }
     // No adapter fails either way (the JSON listing, `[]`, is still printed first).
     if list.is_empty() {
