@@ -236,7 +236,7 @@ pub fn round_through_f16(xs: &mut [f32]) {
 }
 
 /// Widens bf16 storage (raw bits, e.g. a model's activations) to the f32 the GPU operations
-/// take; the GPU then stores them as f32 or f16 (`Storage`). Exact: every bf16 is an f32.
+/// take; the GPU then stores them as f32, f16 or bf16 (`Storage`). Exact: every bf16 is an f32.
 #[cfg(feature = "alloc")]
 pub fn bf16_to_f32_vec(bits: &[u16]) -> alloc::vec::Vec<f32> {
     bits.iter().map(|&b| bf16_to_f32(b)).collect()

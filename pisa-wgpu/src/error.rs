@@ -95,8 +95,8 @@ pub enum GpuError {
     #[error("waiting for the GPU failed: {0}")]
     Poll(String),
     /// Objects used together that do not belong together, or a call out of order: a
-    /// [`crate::Profiler`] of another device, or its times read before the work it timed was
-    /// submitted. The text says which and what to do.
+    /// [`crate::Profiler`] used with another context than the one it was made on (even on the
+    /// same device), or its times read before the work it timed was submitted. The text says which and what to do.
     #[error("misuse: {0}")]
     Misuse(String),
 }
