@@ -101,7 +101,7 @@ pub struct BenchArgs {
     /// Instead of measuring: print these result files side by side (and, with --plot, their plot).
     #[arg(long, num_args = 1.., conflicts_with_all = [
         "sizes", "decode_sizes", "decode_burst", "hq", "hkv", "d", "block_size", "top_k",
-        "scoring", "q_tile", "layout", "input", "layer", "tokens", "leaf_order", "storages", "dense_max", "backward_max", "reps",
+        "scoring", "q_tile", "layout", "input", "layer", "tokens", "leaf_order", "storages", "queries", "dense_max", "backward_max", "reps",
         "decode_reps", "budget_s", "json", "adapter",
     ])]
     pub compare: Vec<PathBuf>,
@@ -282,5 +282,42 @@ mod tests {
             let e = format!("{:#}", max_size(s, "--backward-max").unwrap_err());
             assert!(e.contains("--backward-max"), "{s}: {e}");
         }
+    }
+
+    /// Every option of a measurement conflicts with `--compare`, which measures nothing (a
+    /// `--queries` beside it was ignored without a word): the test walks clap's own list of
+    /// the command's arguments, so an option added later is covered.
+    #[test]
+    fn every_measuring_option_conflicts_with_compare() {
+        use clap::CommandFactory as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let compare = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == "compare")
+            .expect("--compare");
+        let conflicts: Vec<String> = cmd
+            .get_arg_conflicts_with(compare)
+            .iter()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        let mut checked = 0;
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if ["compare", "plot", "help"].contains(&id) {
+                continue;
+            }
+            assert!(
+                conflicts.iter().any(|c| c == id),
+                "--{id} does not conflict with --compare"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 20, "only {checked} options checked");
     }
 }

@@ -62,19 +62,86 @@ pub fn label(r: &Report) -> String {
 }
 
 /// Where two reports would get the same [`label`] (runs of one adapter and path), prefixes each
-/// report's adapter name with its file's stem, so columns and plot lines stay apart.
+/// such report's adapter name with the part of its file's stem that differs from the others'
+/// (`h100-2026-12-05f3-bench` and `h100-2026-12-06r4-bench` give `05f3` and `06r4`: the label's
+/// 32 characters would cut a whole stem before it differs), so columns and plot lines stay
+/// apart; where labels still clash (files of one name in two folders), by the report's place
+/// in the list (`#1`, `#2`, ...).
 pub fn name_apart(reports: &mut [Report], files: &[&std::path::Path]) {
-    let labels: Vec<String> = reports.iter().map(label).collect();
-    let clash = |i: usize| (0..labels.len()).any(|j| j != i && labels[j] == labels[i]);
-    let rename: Vec<bool> = (0..reports.len()).map(clash).collect();
-    for ((r, f), rename) in reports.iter_mut().zip(files).zip(rename) {
-        if rename {
-            let stem = f
-                .file_stem()
-                .map_or(String::new(), |s| s.to_string_lossy().into());
-            r.adapter = format!("{stem}: {}", r.adapter);
+    let clashing = |reports: &[Report]| -> Vec<bool> {
+        let labels: Vec<String> = reports.iter().map(label).collect();
+        (0..labels.len())
+            .map(|i| (0..labels.len()).any(|j| j != i && labels[j] == labels[i]))
+            .collect()
+    };
+    let rename = clashing(reports);
+    let stems: Vec<String> = files
+        .iter()
+        .zip(&rename)
+        .filter(|(_, &r)| r)
+        .map(|(f, _)| {
+            f.file_stem()
+                .map_or(String::new(), |s| s.to_string_lossy().into())
+        })
+        .collect();
+    let mut parts = distinct_parts(&stems).into_iter();
+    for (r, rename) in reports.iter_mut().zip(&rename) {
+        if *rename {
+            let part = parts.next().unwrap_or_default();
+            r.adapter = format!("{part}: {}", r.adapter);
         }
     }
+    let still = clashing(reports);
+    for (i, (r, still)) in reports.iter_mut().zip(still).enumerate() {
+        if still {
+            r.adapter = format!("#{} {}", i + 1, r.adapter);
+        }
+    }
+}
+
+/// Each of `stems` without the prefix and suffix all of them share, cut at a separator (`-`,
+/// `_`, `.`, space) so that a date or a name is not split; a stem left empty stays whole.
+fn distinct_parts(stems: &[String]) -> Vec<String> {
+    let chars: Vec<Vec<char>> = stems.iter().map(|s| s.chars().collect()).collect();
+    let shortest = chars.iter().map(Vec::len).min().unwrap_or(0);
+    let common = |at: &dyn Fn(&Vec<char>, usize) -> char| {
+        (0..shortest)
+            .take_while(|&i| chars.iter().all(|c| at(c, i) == at(&chars[0], i)))
+            .count()
+    };
+    let sep = |c: char| matches!(c, '-' | '_' | '.' | ' ');
+    let front = |c: &Vec<char>, i: usize| c[i];
+    let back = |c: &Vec<char>, i: usize| c[c.len() - 1 - i];
+    let (mut pre, mut suf) = (common(&front), common(&back));
+    if chars.len() < 2 {
+        (pre, suf) = (0, 0);
+    }
+    // Back to just after the last separator of the shared prefix (before the first of the
+    // shared suffix).
+    if let Some(c) = chars.first() {
+        pre = (0..pre).rev().find(|&i| sep(c[i])).map_or(0, |i| i + 1);
+        suf = (0..suf)
+            .rev()
+            .find(|&i| sep(c[c.len() - 1 - i]))
+            .map_or(0, |i| i + 1);
+    }
+    chars
+        .iter()
+        .zip(stems)
+        .map(|(c, stem)| {
+            let end = c.len().saturating_sub(suf);
+            if pre >= end {
+                return stem.clone();
+            }
+            let part: String = c[pre..end].iter().collect();
+            let part = part.trim_matches(sep).to_string();
+            if part.is_empty() {
+                stem.clone()
+            } else {
+                part
+            }
+        })
+        .collect()
 }
 
 /// One table of every (op, N, storage) across several reports, a column per report
@@ -325,6 +392,39 @@ mod tests {
         assert!(labels[1].starts_with("after: NVIDIA"), "{labels:?}");
         assert_ne!(labels[0], labels[1]);
         assert_eq!(labels[2], "llvmpipe (vk coopmat)");
+    }
+
+    /// Regression: stems that differ only past the label's 32 characters (dated runs of one
+    /// GPU) gave columns of one name; each keeps the part of its stem that differs, and files
+    /// of one name in two folders are told apart by their place in the list.
+    #[test]
+    fn dated_runs_of_one_adapter_get_labels_that_differ() {
+        let shape = "Hq=32 Hkv=8 D=128 C=64 K=16 g=2 Lse Qtile=4, kernel path coopmat+nv-cm2 (x)";
+        let mut rs = vec![
+            report("NVIDIA H100 80GB HBM3", shape),
+            report("NVIDIA H100 80GB HBM3", shape),
+            report("NVIDIA H100 80GB HBM3", shape),
+        ];
+        let files = [
+            std::path::Path::new("docs/runs/h100-2026-12-05f3-bench.json"),
+            std::path::Path::new("docs/runs/h100-2026-12-06r4-bench.json"),
+            std::path::Path::new("docs/runs/h100-2026-12-06r5-bench.json"),
+        ];
+        name_apart(&mut rs, &files);
+        let labels: Vec<String> = rs.iter().map(label).collect();
+        assert!(labels[0].starts_with("05f3: NVIDIA"), "{labels:?}");
+        assert!(labels[1].starts_with("06r4: NVIDIA"), "{labels:?}");
+        assert!(labels[2].starts_with("06r5: NVIDIA"), "{labels:?}");
+        assert!(labels.iter().all(|l| l.chars().count() <= 32), "{labels:?}");
+        let mut same = vec![report("llvmpipe", shape), report("llvmpipe", shape)];
+        let files = [
+            std::path::Path::new("a/run.json"),
+            std::path::Path::new("b/run.json"),
+        ];
+        name_apart(&mut same, &files);
+        let labels: Vec<String> = same.iter().map(label).collect();
+        assert_ne!(labels[0], labels[1], "{labels:?}");
+        assert!(labels[0].starts_with("#1 "), "{labels:?}");
     }
 
     #[test]
