@@ -295,16 +295,10 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                 inputs: inputs.clone(),
             };
             pb.set_message(format!("prefill {stn} N={n}"));
-            // A size whose dense baseline cannot run here (e.g. past a driver's loop limit)
-            // keeps its PISA rows: measured again without the baseline.
-            let mut measured = measure::prefill(&ctx, &plan);
-            if let (Err(e), true) = (&measured, plan.dense) {
-                plan.dense = false;
-                let again = measure::prefill(&ctx, &plan);
-                if again.is_ok() {
-                    eprintln!("N={n} {stn}: dense baseline skipped: {e:#}");
-                    measured = again;
-                }
+            let (measured, skipped) =
+                without_failing_rows(&mut plan, |p| measure::prefill(&ctx, p));
+            if let Some((left, e)) = skipped {
+                eprintln!("N={n} {stn}: {left} skipped: {e}");
             }
             let (t, reps, kernels) = match measured {
                 Ok(x) => x,
@@ -465,5 +459,92 @@ fn progress_line(out: &Report, first_new: usize) {
         .collect();
     if let Some(r) = out.records.get(first_new) {
         eprintln!("[{} N={}] {}", r.storage, r.n, line.join(", "));
+    }
+}
+
+/// Measures `plan` with `measure`; where that fails and the plan has a dense baseline or a
+/// backward pass that may be what cannot run here (past a driver's loop limit, a binding or
+/// buffer limit), measures it again without the dense baseline, then without the backward
+/// pass, then without both, so that the size keeps its PISA rows. Returns the measurement (the
+/// first error when every try failed) and, on a later try's success, what it left out with the
+/// first error's text.
+fn without_failing_rows<T>(
+    plan: &mut measure::Plan,
+    mut measure: impl FnMut(&measure::Plan) -> Result<T>,
+) -> (Result<T>, Option<(&'static str, String)>) {
+    let first = measure(plan);
+    let Err(e) = &first else {
+        return (first, None);
+    };
+    let (dense, backward) = (plan.dense, plan.backward);
+    let tries = [(false, backward), (dense, false), (false, false)];
+    for (d, b) in tries.into_iter().filter(|&t| t != (dense, backward)) {
+        (plan.dense, plan.backward) = (d, b);
+        if let Ok(x) = measure(plan) {
+            let left = match (dense && !d, backward && !b) {
+                (true, true) => "dense baseline and backward pass",
+                (true, false) => "dense baseline",
+                _ => "backward pass",
+            };
+            return (Ok(x), Some((left, format!("{e:#}"))));
+        }
+    }
+    (plan.dense, plan.backward) = (dense, backward);
+    (first, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A size whose backward pass (or dense baseline) fails keeps its other rows: the
+    /// backward pass's refusal had thrown away the whole size (`pisa bench --sizes 4k` on
+    /// lavapipe: "nothing was measured") while a failing dense baseline was retried without.
+    #[test]
+    fn a_failing_baseline_or_backward_pass_leaves_the_other_rows() {
+        let plan = |dense, backward| measure::Plan {
+            n: 4096,
+            q_len: 4096,
+            hq: 8,
+            hkv: 2,
+            d: 64,
+            cfg: pisa_core::SelectionConfig::default(),
+            storage: pisa_wgpu::Storage::F16,
+            q_tile: 4,
+            layout: pisa_core::TensorLayout::Bhnd,
+            dense,
+            backward,
+            baselines: true,
+            reps: 1,
+            budget_s: 0.0,
+            burst: 1,
+            inputs: None,
+        };
+        // (what fails, what is left out)
+        for (fails_dense, fails_backward, left) in [
+            (false, true, Some("backward pass")),
+            (true, false, Some("dense baseline")),
+            (true, true, Some("dense baseline and backward pass")),
+            (false, false, None),
+        ] {
+            let mut p = plan(true, true);
+            let (r, skipped) = without_failing_rows(&mut p, |p| {
+                if (p.dense && fails_dense) || (p.backward && fails_backward) {
+                    anyhow::bail!("limit")
+                }
+                Ok((p.dense, p.backward))
+            });
+            assert_eq!(skipped.as_ref().map(|s| s.0), left);
+            let (d, b) = r.unwrap();
+            assert_eq!((d, b), (!fails_dense, !fails_backward));
+            assert_eq!((p.dense, p.backward), (d, b));
+        }
+        // A failure of PISA itself: the first error, the plan as it was.
+        let mut p = plan(true, false);
+        let (r, skipped) =
+            without_failing_rows(&mut p, |_| -> Result<()> { anyhow::bail!("pisa") });
+        assert_eq!(format!("{:#}", r.unwrap_err()), "pisa");
+        assert!(skipped.is_none());
+        assert!(p.dense && !p.backward);
     }
 }
