@@ -83,7 +83,7 @@ pub struct Loaded {
     pub q: Vec<f32>,
     /// K.
     pub k: Vec<f32>,
-    /// V.
+    /// V (empty where the command does not read it: `pisa recall`).
     pub v: Vec<f32>,
     /// Shape (prefill: q_len == k_len).
     pub shape: AttentionShape,
@@ -288,9 +288,11 @@ impl InputArgs {
     }
 
     /// [`InputArgs::load`] of a file (no demo input) for GPU storage `storage`: with f16 storage,
-    /// values that f16 cannot hold are refused unless `--allow-nonfinite` (`with_v`: V is used).
+    /// values that f16 cannot hold are refused unless `--allow-nonfinite`. `with_v`: V is used;
+    /// without it (a selection only: `pisa recall`) V is neither required nor read, and
+    /// [`Loaded::v`] is empty.
     pub fn load_for(&self, storage: StorageArg, with_v: bool) -> Result<Loaded> {
-        let l = self.load(false)?;
+        let l = self.load_with(false, with_v)?;
         if storage == StorageArg::F16 && !self.allow_nonfinite {
             l.check_f16_range(with_v, self.advice.f16_range)?;
         }
@@ -313,6 +315,12 @@ impl InputArgs {
 
     /// Loads Q, K, V (the embedded demo input when `--input` is absent and `allow_demo`).
     pub fn load(&self, allow_demo: bool) -> Result<Loaded> {
+        self.load_with(allow_demo, true)
+    }
+
+    /// [`InputArgs::load`]; without `with_v` V is neither required (no `--v-file` needed, no
+    /// tensor `v` in a safetensors file) nor read, and [`Loaded::v`] is empty.
+    fn load_with(&self, allow_demo: bool, with_v: bool) -> Result<Loaded> {
         if self.layer.is_some() && self.names_given() {
             usage_bail!(
                 "--layer N reads layer{{N}}.q/k/v: it cannot be combined with --q-name, --k-name or --v-name"
@@ -336,11 +344,13 @@ impl InputArgs {
                     );
                 }
                 let missing = match (&self.k_file, &self.v_file) {
+                    (None, _) if !with_v => "K with --k-file",
                     (None, None) => "K and V with --k-file and --v-file",
                     (None, Some(_)) => "K with --k-file",
                     _ => "V with --v-file",
                 };
-                let (Some(k), Some(v)) = (self.k_file.clone(), self.v_file.clone()) else {
+                let v = self.v_file.clone().or_else(|| (!with_v).then(PathBuf::new));
+                let (Some(k), Some(v)) = (self.k_file.clone(), v) else {
                     usage_bail!("--input is a .npy file: give {missing}");
                 };
                 (p.clone(), k, v)
@@ -367,11 +377,21 @@ impl InputArgs {
         // Messages name every file the tensors came from (K and V may have their own).
         let source = match &self.input {
             None => "embedded demo input".to_string(),
-            Some(p) if kp == qp && vp == qp => p.display().to_string(),
+            Some(p) if kp == qp && (vp == qp || !with_v) => p.display().to_string(),
+            Some(p) if !with_v => format!("{} (K {})", p.display(), kp.display()),
             Some(p) => format!("{} (K {}, V {})", p.display(), kp.display(), vp.display()),
         };
         let read = |p: &Path, n: &str| -> Result<HostTensor> { io::read_tensor(p, n) };
-        let (mut q, mut k, mut v) = (read(&qp, &qn)?, read(&kp, &kn)?, read(&vp, &vn)?);
+        let (mut q, mut k) = (read(&qp, &qn)?, read(&kp, &kn)?);
+        // (unread without `with_v`: an empty V of K's shape stands for it in the checks)
+        let mut v = match with_v {
+            true => read(&vp, &vn)?,
+            false => HostTensor {
+                name: vn.clone(),
+                shape: k.shape.clone(),
+                data: Vec::new(),
+            },
+        };
         let meta = io::read_metadata(&qp)?;
         let file_scale = io::softmax_scale(&meta, self.layer).map_err(|e| {
             format!(
@@ -415,7 +435,9 @@ impl InputArgs {
             let ax = axes(q.shape.len(), layout).map(|a| a.tokens).unwrap_or(1);
             q = q.narrow(ax, 0, t)?;
             k = k.narrow(ax, 0, t)?;
-            v = v.narrow(ax, 0, t)?;
+            if with_v {
+                v = v.narrow(ax, 0, t)?;
+            }
             n = t;
         }
         // (against the tokens used: --tokens within the window attends as the layer does)
@@ -432,7 +454,10 @@ impl InputArgs {
         }
         // Only the tokens used are checked (a non-finite value past --tokens is never read).
         if !self.allow_nonfinite {
-            for (t, p) in [(&q, &qp), (&k, &kp), (&v, &vp)] {
+            for (t, p) in [(&q, &qp), (&k, &kp), (&v, &vp)]
+                .into_iter()
+                .take(2 + with_v as usize)
+            {
                 io::check_finite(t).with_context(|| {
                     let hint = self.advice.nonfinite;
                     format!("{}: refusing non-finite input{hint}", p.display())

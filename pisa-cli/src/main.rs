@@ -43,7 +43,8 @@ enum Command {
     Forward(cmd::forward::ForwardArgs),
     /// Prefill the first P tokens, then decode the rest one token at a time through the KV cache.
     Decode(cmd::decode::DecodeArgs),
-    /// Selection quality: Recall@K and mass recall of lse, mean, meanvar and BSA vs the oracle.
+    /// Selection quality: Recall@K and mass recall of lse, mean, meanvar and BSA vs the oracle
+    /// (reads Q and K only: V may be absent).
     Recall(cmd::recall::RecallArgs),
     /// Forward, decode and recall on the embedded default input (no arguments needed).
     Demo(cmd::demo::DemoArgs),

@@ -8,7 +8,8 @@ mod common;
 
 use std::path::Path;
 
-use common::{run_in, write_input, Spec, TINY_BENCH};
+use common::{run_in, usage_fails, write_input, write_npy_input, write_st, Spec, TINY_BENCH};
+use pisa_cli::io::HostTensor;
 use pisa_cli::io::{read_index_tensor, read_tensor};
 
 #[test]
@@ -229,6 +230,52 @@ fn recall_json() {
     let text = run_in(dir.path(), &args).ok();
     assert!(text.stdout.contains("pisa-lse"), "{}", text.stdout);
     assert!(text.stdout.contains("16q union"), "{}", text.stdout);
+}
+
+/// `recall` selects with Q and K only: V is neither required nor read (a file of Q and K, .npy
+/// inputs without `--v-file`, a V holding inf), and the figures equal those of the full input.
+/// Regression: V was required, checked against K and refused when non-finite.
+#[test]
+fn recall_needs_no_v() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = Spec::small();
+    let [q, k, v] = spec.qkv();
+    write_st(
+        dir.path(),
+        "in.safetensors",
+        &[q.clone(), k.clone(), v.clone()],
+        spec.dtype,
+    );
+    write_st(
+        dir.path(),
+        "qk.safetensors",
+        &[q.clone(), k.clone()],
+        spec.dtype,
+    );
+    let bad_v = HostTensor::new("v", v.shape.clone(), vec![f32::INFINITY; v.data.len()]).unwrap();
+    write_st(
+        dir.path(),
+        "qk_inf_v.safetensors",
+        &[q, k, bad_v],
+        spec.dtype,
+    );
+    let [qn, kn, _] = write_npy_input(dir.path(), &spec);
+    let (qn, kn) = (qn.to_str().unwrap(), kn.to_str().unwrap());
+    let cfg = ["--block-size", "16", "--top-k", "4", "--json"];
+    let run = |input: &[&str]| {
+        let mut a = vec!["recall"];
+        a.extend_from_slice(input);
+        a.extend_from_slice(&cfg);
+        run_in(dir.path(), &a).ok().json()["methods"].clone()
+    };
+    let full = run(&["-i", "in.safetensors"]);
+    assert!(full.as_array().is_some_and(|m| m.len() == 4), "{full}");
+    assert_eq!(run(&["-i", "qk.safetensors"]), full);
+    assert_eq!(run(&["-i", "qk_inf_v.safetensors"]), full);
+    let npy = run(&["-i", qn, "--k-file", kn]);
+    assert_eq!(npy.as_array().map(Vec::len), Some(4), "{npy}");
+    // (K is still required)
+    usage_fails(dir.path(), &["recall", "-i", qn], &["--k-file"]);
 }
 
 /// A method the device cannot run at the configuration is left out with a warning and the
