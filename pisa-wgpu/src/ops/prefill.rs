@@ -285,14 +285,7 @@ pub fn prefill_host(
         ("k", k.len(), shape.kv_elems()),
         ("v", v.len(), shape.kv_elems()),
     ] {
-        if actual != expected {
-            return Err(PisaError::BufferLen {
-                what,
-                expected,
-                actual,
-            }
-            .into());
-        }
+        crate::runtime::buffers::check_len(what, actual, expected)?;
     }
     let units = chunks::units_per_chunk(ctx, &shape, opts)?;
     if units >= shape.batch * shape.kv_heads {

@@ -204,14 +204,7 @@ fn check_host(q: &[f32], k: &[f32], shape: &AttentionShape) -> Result<()> {
         ("q", q.len(), shape.q_elems()),
         ("k", k.len(), shape.kv_elems()),
     ] {
-        if actual != expected {
-            return Err(PisaError::BufferLen {
-                what,
-                expected,
-                actual,
-            }
-            .into());
-        }
+        crate::runtime::buffers::check_len(what, actual, expected)?;
     }
     Ok(())
 }

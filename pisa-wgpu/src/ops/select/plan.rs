@@ -110,17 +110,7 @@ pub(crate) fn plan(
         }
         .into());
     }
-    let len_check = |what, actual: usize, expected: usize| -> Result<()> {
-        if actual != expected {
-            return Err(PisaError::BufferLen {
-                what,
-                expected,
-                actual,
-            }
-            .into());
-        }
-        Ok(())
-    };
+    let len_check = crate::runtime::buffers::check_len;
     crate::ops::attention::check_strided("q", layouts.q)?;
     crate::ops::attention::check_strided("k", layouts.k)?;
     q.check_fits("q")?;
