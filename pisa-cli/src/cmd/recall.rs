@@ -70,7 +70,9 @@ pub struct MethodRecall {
 /// GPU kernels at GQA group 4 (what one gathered key block can serve).
 pub const LOCALITY_TILE: usize = 16;
 
-/// Query-weighted averages; NaN (JSON `null`, "-" in the table) when no query counted.
+/// Query-weighted averages; NaN (JSON `null`, "-" in the table) when no query counted. (A
+/// counted row of non-finite scores, from inputs `--allow-nonfinite` let through, makes the
+/// mass recall NaN too: `null` in JSON, `NaN` in the table, with a note.)
 fn average(per: &[Recall]) -> (f64, f64, usize) {
     let n: usize = per.iter().map(|r| r.queries).sum();
     if n == 0 {
@@ -241,19 +243,19 @@ fn measure_in_ranges(
     Ok(out)
 }
 
-/// `x * scale` with `prec` decimals, or `-` for NaN (nothing counted).
+/// `x * scale` with `prec` decimals, `NaN` for NaN (a counted figure of non-finite scores).
 fn num(x: f64, scale: f64, prec: usize) -> String {
     if x.is_nan() {
-        "-".into()
+        "NaN".into()
     } else {
         format!("{:.prec$}", x * scale)
     }
 }
 
-/// `x` as a percentage with `prec` decimals, or `-` for NaN.
+/// `x` as a percentage with `prec` decimals, `NaN` for NaN.
 fn pct(x: f64, prec: usize) -> String {
     if x.is_nan() {
-        "-".into()
+        "NaN".into()
     } else {
         num(x, 100.0, prec) + "%"
     }
@@ -274,20 +276,31 @@ pub fn table(rows: &[MethodRecall], top_k: usize, hint: &str) -> String {
         let per: Vec<String> = r
             .per_kv_head
             .iter()
-            .map(|&(a, b)| match (a.is_nan(), b.is_nan()) {
-                (true, true) => "-".into(),
-                _ => format!("{}/{}", num(a, 1.0, 3), num(b, 1.0, 3)),
+            // (a recall is a ratio of counts: NaN only where the head counted no query)
+            .map(|&(a, b)| match a.is_nan() {
+                true => "-".into(),
+                false => format!("{}/{}", num(a, 1.0, 3), num(b, 1.0, 3)),
             })
             .collect();
+        // "-": no query counted; NaN: counted rows whose scores were not finite.
+        let cell = |x: f64, prec| match r.queries {
+            0 => "-".to_string(),
+            _ => pct(x, prec),
+        };
         s.push_str(&format!(
             "{:<14} {:>10} {:>12} {:>9} {:>9}   {}\n",
             r.method,
-            pct(r.recall_at_k, 2),
-            pct(r.mass_recall, 2),
-            pct(r.sibling_fraction, 1),
-            pct(r.tile_union, 1),
+            cell(r.recall_at_k, 2),
+            cell(r.mass_recall, 2),
+            cell(r.sibling_fraction, 1),
+            cell(r.tile_union, 1),
             per.join("  ")
         ));
+    }
+    if rows.iter().any(|r| r.queries > 0 && r.mass_recall.is_nan()) {
+        s.push_str(
+            "(NaN: the mass of rows whose scores are not finite, from inputs --allow-nonfinite let through)\n",
+        );
     }
     if let Some(r) = rows.first() {
         s.push_str(&format!(
@@ -405,5 +418,42 @@ mod tests {
         ctx.set_max_binding_bytes(row * 70 + 5);
         assert_eq!(oracle_queries(&ctx, &shape, &causal), 70);
         ctx.set_max_binding_bytes(before);
+    }
+
+    /// "-" marks a figure of no counted query, `NaN` a counted one of non-finite scores (a
+    /// mass recall of inputs `--allow-nonfinite` let through), with a note. Regression: both
+    /// printed "-", which the table's line says means nothing was counted, beside 136 counted
+    /// rows.
+    #[test]
+    fn table_tells_nothing_counted_from_non_finite() {
+        let row = |queries, mass: f64| MethodRecall {
+            method: "pisa-lse".into(),
+            recall_at_k: if queries == 0 { f64::NAN } else { 0.75 },
+            mass_recall: mass,
+            per_kv_head: match queries {
+                0 => vec![(f64::NAN, f64::NAN); 2],
+                _ => vec![(f64::NAN, f64::NAN), (0.75, mass)],
+            },
+            queries,
+            sibling_fraction: if queries == 0 { f64::NAN } else { 0.5 },
+            tile_union: if queries == 0 { f64::NAN } else { 0.25 },
+        };
+        let t = table(&[row(136, f64::NAN)], 4, "hint");
+        let line = t.lines().nth(1).unwrap();
+        assert!(line.contains("75.00%") && line.contains("NaN"), "{t}");
+        assert!(line.contains("  -  0.750/NaN"), "{t}");
+        assert!(
+            t.contains("(NaN: the mass of rows whose scores are not finite"),
+            "{t}"
+        );
+        let t = table(&[row(0, f64::NAN)], 4, "hint");
+        let line = t.lines().nth(1).unwrap();
+        assert!(
+            !line.contains("NaN") && line.matches(" -").count() >= 4,
+            "{t}"
+        );
+        assert!(!t.contains("(NaN:"), "{t}");
+        let t = table(&[row(136, 0.5)], 4, "hint");
+        assert!(!t.contains("NaN") && t.contains("50.00%"), "{t}");
     }
 }
