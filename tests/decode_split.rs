@@ -295,6 +295,28 @@ fn steps_of_several_caches_in_one_pass() {
     ];
     let e = KvCache::record_steps_into(&mut enc, &twice, None).unwrap_err();
     assert!(matches!(e, GpuError::Misuse(_)), "{e}");
+    // A query in another listed cache's outputs is refused, in either order: the steps run
+    // side by side, so it would read that cache's earlier outputs (it was `Ok`, and the step
+    // silently took the stale rows), where separate steps read the new ones.
+    let o0 = caches[0].outputs().out.clone();
+    assert_eq!(o0.shape(), q_views[1].shape());
+    for by_stage in [false, true] {
+        for steps in [
+            [(&caches[0], &q_views[0]), (&caches[1], &o0)],
+            [(&caches[1], &o0), (&caches[0], &q_views[0])],
+        ] {
+            let mut enc = ctx.device().create_command_encoder(&Default::default());
+            let e = match by_stage {
+                false => KvCache::record_steps_into(&mut enc, &steps, None),
+                true => KvCache::record_steps_by_stage_into(&mut enc, &steps, None),
+            }
+            .unwrap_err();
+            assert!(
+                matches!(&e, GpuError::View(m) if m.contains("outputs of step")),
+                "{e}"
+            );
+        }
+    }
 }
 
 pub(crate) fn check_outputs(

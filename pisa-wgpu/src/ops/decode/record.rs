@@ -494,7 +494,9 @@ impl KvCache {
     ///
     /// Errors: [`GpuError::View`] for a `q` of the wrong shape or an integer one, or, where
     /// its cache runs the fused step, one in that cache's own output buffers (as
-    /// [`KvCache::outputs`]: the step writes them in the dispatch that reads q);
+    /// [`KvCache::outputs`]: the step writes them in the dispatch that reads q), or one in
+    /// another listed cache's output buffers (the steps run side by side: it would read that
+    /// cache's earlier outputs);
     /// [`GpuError::Unsupported`] for caches of different contexts; [`GpuError::Misuse`] for a
     /// sequence whose KV heads were loaded at different lengths, or for one cache listed
     /// twice (its steps would share its scratch and outputs); [`GpuError::Validation`] for a
@@ -595,6 +597,23 @@ impl KvCache {
                 return Err(GpuError::Misuse(format!(
                     "decode steps: the cache of step {i} is also an earlier step's; one pass \
                      takes one step a cache (record the next step after this one)"
+                )));
+            }
+            // The steps run side by side (every gather first, then the steps' dispatches by
+            // stage): a q in another listed cache's outputs would read what that cache held
+            // before this pass, not what its step writes in it.
+            let reads_another = steps.iter().enumerate().find(|(j, (c, _))| {
+                *j != i
+                    && [&c.out, &c.lse, &c.sel]
+                        .iter()
+                        .any(|t| t.buffer == *q.buffer())
+            });
+            if let Some((j, _)) = reads_another {
+                return Err(GpuError::View(format!(
+                    "decode steps: the q of step {i} is in the outputs of step {j}'s cache, \
+                     which this pass writes while the steps run side by side (q would read \
+                     its earlier outputs); record step {j} first on its own \
+                     (record_step_into), then this one"
                 )));
             }
         }
