@@ -124,6 +124,7 @@ impl PyramidLayout {
         self.counts[0]
     }
     /// Offset, in nodes, of level `level` in one flat buffer holding all levels from 0 up.
+    /// Panics when `level` is not one of the pyramid's.
     pub fn offset(&self, level: usize) -> usize {
         assert!(
             level < self.levels,
@@ -152,6 +153,8 @@ impl PyramidLayout {
         j / self.merge_factor
     }
     /// Children (at `level - 1`) of node `j` of `level >= 1`; the last node may have fewer than g.
+    /// Panics when `level` is 0 (leaves have no children) or not one of the pyramid's, or `j`
+    /// is past the level's nodes.
     pub fn children(&self, level: usize, j: usize) -> Range<usize> {
         assert!(level >= 1, "leaves have no children");
         assert!(

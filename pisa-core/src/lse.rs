@@ -298,6 +298,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "alloc")]
     fn half_conversions_are_exact_widenings() {
         let xs = [1.5f32, -0.0, 65504.0, 1e-3, -3.25];
         let bf: alloc::vec::Vec<u16> = xs.iter().map(|&x| f32_to_bf16(x)).collect();

@@ -386,7 +386,7 @@ fn large_but_valid_sizes() {
 #[test]
 fn reference_edges_are_typed_errors_and_counted_once() {
     use pisa_core::reference::{
-        select_oracle_from_mass, sparse_attention_backward, try_recall, Selection,
+        recall, select_oracle_from_mass, sparse_attention_backward, try_recall, Selection,
     };
     let cfg = SelectionConfig::new(2, 1).unwrap();
     // GQA not divisible, then 0 KV heads, then more queries than keys: typed errors.
@@ -462,6 +462,20 @@ fn reference_edges_are_typed_errors_and_counted_once() {
     let r = try_recall(&row(1, 1), &row(0, 1), &mass, &s, &c).unwrap();
     assert_eq!(r.recall_at_k, 0.5);
     assert!((r.mass_recall - 0.3).abs() < 1e-12, "{}", r.mass_recall);
+    // A block index below -1 or past the last leaf, in either selection, is refused as
+    // `sparse_attention` refuses it (it was skipped: [0, 99] against [0, 1] gave Ok(0.5)).
+    assert!(try_recall(&row(0, -1), &row(0, 1), &mass, &s, &c).is_ok());
+    for (a, b) in [
+        (row(0, 99), row(0, 1)),
+        (row(-7, 0), row(0, 1)),
+        (row(0, 1), row(0, 4)),
+    ] {
+        let e = try_recall(&a, &b, &mass, &s, &c).unwrap_err();
+        assert!(matches!(e, PisaError::InvalidValue { .. }), "{e}");
+        assert!(no_panic(|| recall(&a, &b, &mass, &s, &c).queries) == Ok(0));
+    }
+    let e = try_recall(&row(i32::MIN, i32::MAX), &row(0, 1), &mass, &s, &c).unwrap_err();
+    assert!(e.to_string().contains("selection holds"), "{e}");
 }
 
 /// Regressions: `Pyramid::mean` and `var` read another node, sequence or head for an index past
@@ -489,6 +503,18 @@ fn indices_past_their_range_and_hand_built_shapes() {
         let m = no_panic(|| p.mean(b, h, level, j).to_vec());
         assert!(m.is_err(), "mean({b}, {h}, {level}, {j}) = {m:?}");
         assert!(no_panic(|| p.var(b, h, level, j).to_vec()).is_err());
+        // (`offset` too: KV head 1 of one gave sequence 1's node, b past the batch overflowed)
+        assert!(no_panic(|| p.offset(b, h, level, j)).is_err(), "offset");
+    }
+    assert!(no_panic(|| p.offset(usize::MAX, 0, 0, 0)).is_err());
+    assert_eq!(p.offset(1, 0, 0, 1), p.offset(0, 0, 0, 0) + 4); // (3 nodes a sequence, D 1)
+    let lay = &p.layout;
+    assert!(no_panic(|| lay.offset(9)).is_err());
+    for (level, j) in [(0, 0), (9, 0), (1, 3)] {
+        assert!(
+            no_panic(|| lay.children(level, j)).is_err(),
+            "children({level}, {j})"
+        );
     }
     // Spans of a node past its level panicked on overflow (debug) or claimed leaves the node
     // does not cover (release: `leaf_span(1, usize::MAX / 2 + 1)` was every leaf); they panic

@@ -28,7 +28,8 @@ pub struct Recall {
 /// KV head, query) whose query sees more than K leaves (causal: `p / C + 1 > K`; else
 /// `nb_0 > K`, per `cfg`). K is `selection.top_k`.
 ///
-/// Never panics: buffers whose sizes do not match give `queries == 0` and NaN (use
+/// Never panics: buffers whose sizes do not match, or block indices past the leaves, give
+/// `queries == 0` and NaN (use
 /// [`try_recall`] for the error).
 pub fn recall(
     selection: &Selection,
@@ -45,7 +46,8 @@ pub fn recall(
 }
 
 /// [`recall`] reporting size mismatches. Errors: [`PisaError::BufferLen`],
-/// [`PisaError::InvalidValue`] when the two selections have different K, the shape's and the
+/// [`PisaError::InvalidValue`] when the two selections have different K or one holds a block
+/// index below -1 or past the last leaf (-1 pads a row), the shape's and the
 /// configuration's validation errors.
 pub fn try_recall(
     selection: &Selection,
@@ -98,6 +100,22 @@ pub fn try_recall_per_kv_head(
         checked_elems("oracle", &[rows, k])?,
     )?;
     check_len("mass", mass.len(), checked_elems("mass", &[rows, nb0])?)?;
+    // (as `sparse_attention`: -1 pads a row; an index below it or past the last leaf is no
+    // leaf, and was skipped without a word)
+    for (s, what) in [
+        (
+            selection,
+            "selection holds a block index below -1 or past the last leaf",
+        ),
+        (
+            oracle,
+            "oracle holds a block index below -1 or past the last leaf",
+        ),
+    ] {
+        if s.indices.iter().any(|&j| j < -1 || j as i64 >= nb0 as i64) {
+            return Err(PisaError::InvalidValue { what });
+        }
+    }
     let mut sums = vec![(0.0f64, 0.0f64, 0usize); shape.kv_heads];
     for r in 0..rows {
         let p = shape.query_position(r % shape.q_len);

@@ -55,9 +55,13 @@ impl Pyramid {
         })
     }
 
-    /// Offset of node `(b, h, level, j)`'s first dimension in `means` / `vars`.
+    /// Offset of node `(b, h, level, j)`'s first dimension in `means` / `vars`. Panics when an
+    /// index is out of range, as [`Self::mean`] (a KV head past the last named another
+    /// sequence's node).
     #[inline]
     pub fn offset(&self, b: usize, h: usize, level: usize, j: usize) -> usize {
+        assert!(b < self.batch, "sequence {b} of a batch of {}", self.batch);
+        assert!(h < self.kv_heads, "KV head {h} of {}", self.kv_heads);
         ((b * self.kv_heads + h) * self.layout.total_nodes() + self.layout.flat(level, j))
             * self.head_dim
     }
@@ -66,27 +70,15 @@ impl Pyramid {
     /// Panics when an index is out of range (b past the batch, h past the KV heads, a level
     /// past the pyramid's, j past the level's nodes).
     pub fn mean(&self, b: usize, h: usize, level: usize, j: usize) -> &[f64] {
-        let o = self.checked_offset(b, h, level, j);
+        let o = self.offset(b, h, level, j);
         &self.means[o..o + self.head_dim]
     }
 
     /// Per-dimension key variance (D values) of node `j` of `level`. Panics when out of range,
     /// as [`Self::mean`].
     pub fn var(&self, b: usize, h: usize, level: usize, j: usize) -> &[f64] {
-        let o = self.checked_offset(b, h, level, j);
+        let o = self.offset(b, h, level, j);
         &self.vars[o..o + self.head_dim]
-    }
-
-    /// [`Self::offset`] after checking every index (a panic naming the one out of range: an
-    /// index past its own range would address another node, sequence or head).
-    fn checked_offset(&self, b: usize, h: usize, level: usize, j: usize) -> usize {
-        assert!(b < self.batch, "sequence {b} of a batch of {}", self.batch);
-        assert!(h < self.kv_heads, "KV head {h} of {}", self.kv_heads);
-        let levels = self.layout.num_levels();
-        assert!(level < levels, "level {level} of {levels}");
-        let nodes = self.layout.nodes(level);
-        assert!(j < nodes, "node {j} of level {level}'s {nodes}");
-        self.offset(b, h, level, j)
     }
 
     /// Recomputes leaf `j` of `(b, h)` from the raw keys (two-pass mean, then variance).
