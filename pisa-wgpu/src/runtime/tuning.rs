@@ -357,7 +357,7 @@ impl Tuning {
             "decode_key_lanes" => {
                 let n = num(1, 64)?;
                 if !n.is_power_of_two() {
-                    return Err(bad("a power of two"));
+                    return Err(bad("1, 2, 4, 8, 16, 32, 64 or auto"));
                 }
                 self.decode_key_lanes = Some(n)
             }
@@ -608,6 +608,10 @@ mod tests {
                 "{name}={v} was taken"
             );
         }
+        // A refusal names the values taken (a lane count of 6 was "not a power of two"
+        // without its range).
+        let e = t.set("decode_key_lanes", "6").unwrap_err().to_string();
+        assert!(e.contains("64") && e.contains("auto"), "{e}");
         assert_eq!(t, Tuning::default(), "a refused value changed the tuning");
         // The variable names work too.
         t.set("PISA_ROUTE_TILE", "8").unwrap();
