@@ -96,7 +96,8 @@ pub enum GpuError {
     Poll(String),
     /// Objects used together that do not belong together, or a call out of order: a
     /// [`crate::Profiler`] used with another context than the one it was made on (even on the
-    /// same device), or its times read before the work it timed was submitted. The text says which and what to do.
+    /// same device), or its times read before the work it timed was submitted. The text says
+    /// which and what to do.
     #[error("misuse: {0}")]
     Misuse(String),
 }

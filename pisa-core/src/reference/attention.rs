@@ -8,7 +8,7 @@ use crate::error::{PisaError, Result};
 use crate::lse::OnlineSoftmax;
 use crate::shape::{AttentionShape, TensorLayout};
 
-use super::tensor::{check_len, check_shape, dot, View};
+use super::tensor::{check_block_indices, check_len, check_shape, dot, View, SELECTION_INDEX};
 
 /// Attends one query row over the keys `tokens` (ascending), skipping `t > limit`; writes the
 /// output into `out` (D values) and returns the LSE. `scratch` holds D values.
@@ -113,11 +113,7 @@ pub fn sparse_attention(
         shape.kv_heads * shape.batch * shape.q_len * kk,
     )?;
     let nb0 = shape.k_len.div_ceil(cfg.block_size);
-    if selection.iter().any(|&j| j < -1 || j as i64 >= nb0 as i64) {
-        return Err(PisaError::InvalidValue {
-            what: "selection holds a block index below -1 or past the last leaf",
-        });
-    }
+    check_block_indices(selection, nb0, SELECTION_INDEX)?;
     let scale = cfg.softmax_scale(shape.head_dim) as f64;
     let c = cfg.block_size;
     let mut blocks = Vec::with_capacity(kk);

@@ -16,10 +16,10 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::config::SelectionConfig;
-use crate::error::{PisaError, Result};
+use crate::error::Result;
 use crate::shape::{AttentionShape, TensorLayout};
 
-use super::tensor::{check_len, check_shape, dot, View};
+use super::tensor::{check_block_indices, check_len, check_shape, dot, View, SELECTION_INDEX};
 
 /// The gradients of a loss with respect to Q, K and V, f64.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,11 +74,7 @@ pub fn sparse_attention_backward(
         s.batch * s.kv_heads * s.q_len * kk,
     )?;
     let nb0 = s.k_len.div_ceil(c);
-    if selection.iter().any(|&j| j < -1 || j >= nb0 as i32) {
-        return Err(PisaError::InvalidValue {
-            what: "selection holds a block index below -1 or past the last leaf",
-        });
-    }
+    check_block_indices(selection, nb0, SELECTION_INDEX)?;
     let scale = cfg.softmax_scale(d) as f64;
     let mut g = Gradients {
         dq: vec![0.0; s.q_elems()],

@@ -9,7 +9,7 @@ use crate::error::{PisaError, Result};
 use crate::shape::AttentionShape;
 
 use super::select::Selection;
-use super::tensor::{check_len, check_shape, checked_elems};
+use super::tensor::{check_block_indices, check_len, check_shape, checked_elems, SELECTION_INDEX};
 
 /// Selection quality averaged over the rows that count.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -102,20 +102,12 @@ pub fn try_recall_per_kv_head(
     check_len("mass", mass.len(), checked_elems("mass", &[rows, nb0])?)?;
     // (as `sparse_attention`: -1 pads a row; an index below it or past the last leaf is no
     // leaf, and was skipped without a word)
-    for (s, what) in [
-        (
-            selection,
-            "selection holds a block index below -1 or past the last leaf",
-        ),
-        (
-            oracle,
-            "oracle holds a block index below -1 or past the last leaf",
-        ),
-    ] {
-        if s.indices.iter().any(|&j| j < -1 || j as i64 >= nb0 as i64) {
-            return Err(PisaError::InvalidValue { what });
-        }
-    }
+    check_block_indices(&selection.indices, nb0, SELECTION_INDEX)?;
+    check_block_indices(
+        &oracle.indices,
+        nb0,
+        "oracle holds a block index below -1 or past the last leaf",
+    )?;
     let mut sums = vec![(0.0f64, 0.0f64, 0usize); shape.kv_heads];
     for r in 0..rows {
         let p = shape.query_position(r % shape.q_len);

@@ -26,6 +26,19 @@ pub(crate) fn checked_elems(what: &'static str, dims: &[usize]) -> Result<usize>
     })
 }
 
+/// The error of a selection entry that names no leaf ([`check_block_indices`]).
+pub(crate) const SELECTION_INDEX: &str =
+    "selection holds a block index below -1 or past the last leaf";
+
+/// Checks that every entry of a selection (`indices`) names a leaf of `nb0` or is -1 (the
+/// padding): an index below -1 or past the last leaf is [`PisaError::InvalidValue`] `what`.
+pub(crate) fn check_block_indices(indices: &[i32], nb0: usize, what: &'static str) -> Result<()> {
+    if indices.iter().any(|&j| j < -1 || j as i64 >= nb0 as i64) {
+        return Err(PisaError::InvalidValue { what });
+    }
+    Ok(())
+}
+
 /// Checks `data.len() == expected`, naming the buffer.
 pub(crate) fn check_len(what: &'static str, actual: usize, expected: usize) -> Result<()> {
     if actual != expected {
