@@ -98,6 +98,8 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     for (i, r) in list.iter().enumerate() {
         let tuning = crate::args::command_tuning_for(r)?;
+        // (the same choices as the JSON listing's, said with their reasons)
+        let paths = Paths::of(r, &tuning);
         crate::args::outln!("[{i}] {} ({}, {})", r.name, r.backend, r.device_type)?;
         crate::args::outln!(
             "    vendor 0x{:04x} device 0x{:04x}, driver {} {}",
@@ -132,14 +134,14 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             r.max_invocations
         )?;
         if r.cooperative_matrix {
-            let path = if !tuning.tensor_cores {
+            let path = if paths.kernel_path == "portable" {
                 "portable (tuning tensor_cores=false)"
             } else {
                 "coopmat where the device supports it: f16 attention and PISA leaf scoring on tensor cores, the rest portable (--tune tensor_cores=false or PISA_KERNEL_PATH=portable turns it off)"
             };
             crate::args::outln!("    kernel path: {path}")?;
             if r.nv_cooperative_matrix2 {
-                let on = match tuning.tensor_cores && tuning.nv_cm2 {
+                let on = match paths.kernel_path == "nv_cm2" {
                     true => "f16 sparse and dense attention and leaf scoring run the NVIDIA kernels (shaders/nv; --tune nv_cm2=0 or PISA_NV_CM2=0 turns them off)",
                     false => "not used (tuning nv_cm2=false or tensor_cores=false)",
                 };
@@ -150,7 +152,8 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         }
         // The routing's score step (pisa_wgpu::Tuning::route_subgroups; the library's rule
         // also needs `lse`, a GQA group of at most 16 and a fitting head dim).
-        let route = match (r.subgroups, tuning.route_subgroups) {
+        let sg = |p: &str| p == "subgroups";
+        let route = match (r.subgroups, sg(paths.routing)) {
             (true, true) => "subgroup lanes for lse selections with GQA groups up to 16 (--tune route_subgroups=0 turns them off), workgroup memory otherwise",
             (true, false) => "workgroup memory (tuning route_subgroups=false)",
             (false, _) => "workgroup memory (no subgroups)",
@@ -159,7 +162,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         // The decode route's level steps (pisa_wgpu::Tuning::decode_route_subgroups; the
         // library's rule also needs `lse`, g_q up to 8 and a power-of-two merge factor).
         let sg8 = r.subgroups && r.shuffle_lanes() >= 8;
-        let decode_route = match (sg8, tuning.decode_route_subgroups) {
+        let decode_route = match (sg8, sg(paths.decode_route)) {
             (true, true) => "subgroup level steps in the split step for lse selections with GQA groups up to 8 and a power-of-two merge factor (--tune decode_route_subgroups=0 turns them off), workgroup memory otherwise",
             (true, false) => "workgroup memory (tuning decode_route_subgroups=false)",
             (false, _) => "workgroup memory (no subgroups of 8 lanes or more)",
@@ -167,7 +170,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         crate::args::outln!("    decode route: {decode_route}")?;
         // The block attention of route_leaf (pisa_wgpu::Tuning::decode_leaf_subgroups, off by
         // default; the library's rule also needs the route's subgroup steps and fitting shapes).
-        let decode_leaf = match (sg8, tuning.decode_leaf_subgroups) {
+        let decode_leaf = match (sg8, sg(paths.decode_leaf_attention)) {
             (true, true) => "subgroup shuffles in the one-dispatch route and leaf (where decode_route_workgroups allows it) when the route takes its subgroup steps and the block is one chunk, workgroup memory otherwise",
             (true, false) => "workgroup memory (tuning decode_leaf_subgroups=false, the default: 1.9 to 2.9 us slower a step on the H100, docs/benchmarks.md A.60)",
             (false, _) => "workgroup memory (no subgroups of 8 lanes or more)",
