@@ -677,6 +677,60 @@ fn varlen_prefill_equals_each_sequence_alone() {
         matches!(e, GpuError::View(ref m) if m.contains("share bytes")),
         "{e}"
     );
+    // O and LSE in one buffer, apart within every sequence but not across them: the LSE rows
+    // of the sequences before the last lie in the last sequence's O rows, which are written
+    // after them. Refused, as PrefillPlan::run refuses outputs that share bytes.
+    let last = cu[lens.iter().rposition(|&n| n > 0).unwrap()];
+    let (o_bytes, row) = (total * hq * d * 4, hq * 4);
+    let both = buffer_with(ctx, 0, &vec![nan; total * hq * d + (total - last) * hq]);
+    let o_both =
+        TensorView::contiguous(&both, 0, DType::F32, [1, hq, total, d], TensorLayout::Bnhd)
+            .unwrap();
+    let l0 = (o_bytes - last * row) as u64;
+    let l_both = TensorView::new(&both, l0, DType::F32, [1, hq, total, 1], [0, 1, hq, 1]).unwrap();
+    for (i, &n) in lens.iter().enumerate().filter(|(_, &n)| n > 0) {
+        // (sequence i's O bytes end where its LSE bytes could begin: apart within it)
+        let (o_end, l_start) = ((cu[i] + n) * hq * d * 4, l0 as usize + cu[i] * row);
+        let (o_start, l_end) = (cu[i] * hq * d * 4, l0 as usize + (cu[i] + n) * row);
+        assert!(
+            l_start >= o_end || o_start >= l_end,
+            "sequence {i}'s own outputs overlap"
+        );
+    }
+    let cross = PrefillOutputs {
+        out: &o_both,
+        lse: &l_both,
+        selection: None,
+    };
+    let e = plan
+        .run(&mut enc, &cu, &qv, &kv, &vv, &cross, None)
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.contains("output and lse share bytes")),
+        "{e}"
+    );
+    // A selection of more tokens than T (its last rows would be left unwritten): refused like
+    // an O or LSE of another token count.
+    let long_buf = buffer_with(ctx, 0, &vec![nan; (total + 5) * hkv * top_k]);
+    let sel_long = TensorView::contiguous(
+        &long_buf,
+        0,
+        DType::I32,
+        [1, hkv, total + 5, top_k],
+        TensorLayout::Bhnd,
+    )
+    .unwrap();
+    let outs_long = PrefillOutputs {
+        selection: Some(&sel_long),
+        ..outs
+    };
+    let e = plan
+        .run(&mut enc, &cu, &qv, &kv, &vv, &outs_long, None)
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::View(ref m) if m.starts_with("selection: expected shape")),
+        "{e}"
+    );
     plan.run_into_cache(
         &mut enc,
         &cu,

@@ -1428,14 +1428,18 @@ impl VarlenPrefillPlan {
         check_shape("v", v, [1, hkv, tk, d])?;
         check_shape("output", outputs.out, [1, hq, tq, d])?;
         check_shape("lse", outputs.lse, [1, hq, tq, 1])?;
+        if let Some(sel) = outputs.selection {
+            check_shape("selection", sel, [1, hkv, tq, self.opts.cfg.top_k])?;
+        }
         // (Each sequence's views lie within these: their ends are checked with them.)
         check_inputs([q, k, v], self.opts.storage)?;
         // Sequence i's outputs are written before sequence i + 1's inputs are read: outputs
-        // must not share bytes with inputs (nor with each other: `check_outputs` below).
-        check_disjoint_between(
-            &output_views(outputs).collect::<Vec<_>>(),
-            &[("q", q), ("k", k), ("v", v)],
-        )?;
+        // must not share bytes with inputs, nor with each other across sequences (sequence
+        // i + 1's O written over sequence i's LSE); `check_outputs` below checks each
+        // sequence's own.
+        let outs = output_views(outputs).collect::<Vec<_>>();
+        check_disjoint_between(&outs, &[("q", q), ("k", k), ("v", v)])?;
+        check_disjoint_among(&outs)?;
         // Every sequence's views are checked before any is recorded (whether a view is read in
         // place, or an output written by a scatter, depends on where its sequence starts).
         let kk = self.opts.cfg.top_k;
