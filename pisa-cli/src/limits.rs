@@ -121,10 +121,14 @@ impl Loaded {
     }
 
     /// Errors when the output `out` (O, shaped like Q) or `lse` holds a NaN or an infinity
-    /// although Q, K and V are all finite (`--allow-nonfinite` inputs pass theirs on): such an
-    /// output is never written. (LSE -inf, a row without keys, is an output of its own.)
-    pub fn check_out_finite(&self, out: &[f32], lse: &[f32]) -> Result<()> {
-        let finite = |x: &[f32]| x.iter().all(|v| v.is_finite());
+    /// although Q, K and V are all finite as the kernels read them (`--allow-nonfinite`
+    /// inputs pass theirs on; with `f16` storage, a value beyond f16's range is read as an
+    /// infinity): such an output is never written. (LSE -inf, a row without keys, is an
+    /// output of its own.)
+    pub fn check_out_finite(&self, out: &[f32], lse: &[f32], f16: bool) -> Result<()> {
+        let finite = |x: &[f32]| {
+            x.iter().all(|v| v.is_finite()) && !(f16 && first_f16_overflow(x).is_some())
+        };
         if !(finite(&self.q) && finite(&self.k) && finite(&self.v)) {
             return Ok(());
         }
@@ -218,15 +222,18 @@ mod output_tests {
     fn non_finite_outputs_of_finite_inputs_are_refused() {
         let (o, lse) = (vec![1.0f32; 24], vec![0.0f32; 6]);
         let l = loaded(false);
-        l.check_out_finite(&o, &lse).unwrap();
+        l.check_out_finite(&o, &lse, false).unwrap();
         // LSE -inf is a row without keys: an output, not an overflow.
         let mut empty = lse.clone();
         empty[2] = f32::NEG_INFINITY;
-        l.check_out_finite(&o, &empty).unwrap();
+        l.check_out_finite(&o, &empty, false).unwrap();
         for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
             let mut ob = o.clone();
             ob[13] = bad;
-            let e = l.check_out_finite(&ob, &lse).unwrap_err().to_string();
+            let e = l
+                .check_out_finite(&ob, &lse, false)
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains("output O has") && e.contains("[0, 1, 0, 1]"),
                 "{e}"
@@ -235,13 +242,19 @@ mod output_tests {
         for bad in [f32::INFINITY, f32::NAN] {
             let mut lb = lse.clone();
             lb[4] = bad;
-            let e = l.check_out_finite(&o, &lb).unwrap_err().to_string();
+            let e = l.check_out_finite(&o, &lb, false).unwrap_err().to_string();
             assert!(e.contains("output LSE has") && e.contains("row 4"), "{e}");
         }
-        // Non-finite inputs (--allow-nonfinite) pass theirs on.
+        // Non-finite inputs (--allow-nonfinite) pass theirs on, and so do inputs past f16's
+        // range with f16 storage (read as infinities), not with f32 storage.
         let mut ob = o;
         ob[0] = f32::NAN;
-        loaded(true).check_out_finite(&ob, &lse).unwrap();
+        loaded(true).check_out_finite(&ob, &lse, false).unwrap();
+        let mut big = loaded(false);
+        big.v[3] = 1e5;
+        big.check_out_finite(&ob, &lse, true).unwrap();
+        let e = big.check_out_finite(&ob, &lse, false).unwrap_err();
+        assert!(e.to_string().contains("from finite inputs"), "{e}");
     }
 
     #[test]

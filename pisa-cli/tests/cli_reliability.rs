@@ -17,13 +17,14 @@ use pisa_cli::io::{
     write_outputs, write_safetensors, DType, HostTensor, IndexTensor, OutTensor, Outputs,
 };
 
-/// Q `[2, 64, 32]`, K and V `[1, 64, 32]`, finite, in `dir/name`, with `edit` applied to K.
-fn input(dir: &Path, name: &str, edit: impl FnOnce(&mut [f32])) -> PathBuf {
+/// Q `[2, 64, 32]`, K and V `[1, 64, 32]`, finite, in `dir/name`, with `edit` applied to K and
+/// V.
+fn input(dir: &Path, name: &str, edit: impl FnOnce(&mut [f32], &mut [f32])) -> PathBuf {
     let vals = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32) * s).sin()).collect() };
     let q = HostTensor::new("q", vec![2, 64, 32], vals(2 * 64 * 32, 0.37)).unwrap();
     let mut k = HostTensor::new("k", vec![1, 64, 32], vals(64 * 32, 0.11)).unwrap();
-    let v = HostTensor::new("v", vec![1, 64, 32], vals(64 * 32, 0.53)).unwrap();
-    edit(&mut k.data);
+    let mut v = HostTensor::new("v", vec![1, 64, 32], vals(64 * 32, 0.53)).unwrap();
+    edit(&mut k.data, &mut v.data);
     let p = dir.join(name);
     write_safetensors(
         &p,
@@ -68,7 +69,9 @@ fn forward(inp: &Path, out: &Path, extra: &[&str]) -> (bool, String) {
 fn nonfinite_input_is_refused_with_its_position_and_nothing_is_written() {
     let dir = tempfile::tempdir().unwrap();
     // K is [1, 64, 32]: flat index 5 * 32 + 2 is [0, 5, 2].
-    let inp = input(dir.path(), "in.safetensors", |k| k[5 * 32 + 2] = f32::NAN);
+    let inp = input(dir.path(), "in.safetensors", |k, _| {
+        k[5 * 32 + 2] = f32::NAN
+    });
     let out = dir.path().join("out.safetensors");
     let (ok, err) = forward(&inp, &out, &[]);
     assert!(!ok, "accepted a NaN input");
@@ -86,7 +89,7 @@ fn nonfinite_input_is_refused_with_its_position_and_nothing_is_written() {
     assert!(!ok);
     assert_eq!(std::fs::read(&out).unwrap(), b"previous result");
     // Infinity too, reported as such.
-    let inf = input(dir.path(), "inf.safetensors", |k| {
+    let inf = input(dir.path(), "inf.safetensors", |k, _| {
         k[64 * 32 - 1] = f32::NEG_INFINITY
     });
     let (ok, err) = forward(&inf, &dir.path().join("o2.safetensors"), &[]);
@@ -97,7 +100,9 @@ fn nonfinite_input_is_refused_with_its_position_and_nothing_is_written() {
 #[test]
 fn allow_nonfinite_passes_the_input_on() {
     let dir = tempfile::tempdir().unwrap();
-    let inp = input(dir.path(), "in.safetensors", |k| k[5 * 32 + 2] = f32::NAN);
+    let inp = input(dir.path(), "in.safetensors", |k, _| {
+        k[5 * 32 + 2] = f32::NAN
+    });
     let out = dir.path().join("out.safetensors");
     let (ok, err) = forward(&inp, &out, &["--allow-nonfinite"]);
     assert!(ok, "{err}");
@@ -105,12 +110,28 @@ fn allow_nonfinite_passes_the_input_on() {
     assert_eq!(o.shape, [2, 64, 32]);
     // Rows before the NaN key's block never see it (causal): finite.
     assert!(o.data[..16 * 32].iter().all(|x| x.is_finite()));
+    // A V value past f16's range with f16 storage: refused (naming --allow-nonfinite), then
+    // passed on as the infinity f16 makes of it, which reaches O; not taken for an overflow
+    // of the kernels from finite inputs.
+    let big = input(dir.path(), "big.safetensors", |_, v| v[10 * 32] = 1e5);
+    let out = dir.path().join("big-out.safetensors");
+    let (ok, err) = forward(&big, &out, &["--storage", "f16"]);
+    assert!(!ok && err.contains("beyond the f16 range"), "{err}");
+    assert!(err.contains("--allow-nonfinite"), "{err}");
+    let (ok, err) = forward(&big, &out, &["--storage", "f16", "--allow-nonfinite"]);
+    assert!(ok, "{err}");
+    let o = pisa_cli::io::read_tensor(&out, "o").unwrap();
+    assert!(o.data[..10 * 32].iter().all(|x| x.is_finite()));
+    assert!(
+        o.data.iter().any(|x| !x.is_finite()),
+        "the infinity of V vanished"
+    );
 }
 
 #[test]
 fn failing_runs_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let inp = input(dir.path(), "in.safetensors", |_| {});
+    let inp = input(dir.path(), "in.safetensors", |_, _| {});
     let out = dir.path().join("out.npy");
     for (what, extra) in [
         ("no adapter", &["--adapter", "no-such-gpu"][..]),

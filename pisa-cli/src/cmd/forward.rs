@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use clap::Args;
 use pisa_wgpu::ops::prefill::{PrefillOptions, PrefillOutput};
+use pisa_wgpu::Storage;
 
 use crate::args::{CausalArgs, DeviceArgs, ScoringArgs, SelectArgs};
 use crate::input::{InputArgs, Loaded};
@@ -171,7 +172,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
     let r = super::embed::prefill(&ctx, &l.q, &l.k, &l.v, &l.shape, &opts, !a.no_warmup)
         .map_err(|e| crate::args::top_k_note(e.into(), &cfg, l.shape.k_len))
         .with_context(|| format!("{}: prefill failed", l.source))?;
-    l.check_out_finite(&r.out, &r.lse)?;
+    l.check_out_finite(&r.out, &r.lse, opts.storage == Storage::F16)?;
     // The outputs are staged, reported, then renamed into place: a report that cannot be
     // written (stdout on a full disk, a closed pipe) leaves no output file written or changed.
     let mut staged = None;
