@@ -311,12 +311,20 @@ fn recall_reports_the_methods_that_run() {
     for m in ["pisa-lse", "pisa-mean", "bsa"] {
         assert!(methods.contains(&m), "{methods:?}\n{}", r.stderr);
     }
+    // A method left out is named on stderr and in the JSON's left_out, with the reason.
+    let left: Vec<&str> = (j["left_out"].as_array().unwrap().iter())
+        .map(|m| m["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods.len() + left.len(), 4, "{j}");
     if !methods.contains(&"pisa-meanvar") {
         assert!(
             r.stderr.contains("warning: pisa-meanvar left out"),
             "{}",
             r.stderr
         );
+        assert_eq!(left, ["pisa-meanvar"], "{j}");
+        let why = j["left_out"][0]["reason"].as_str().unwrap();
+        assert!(why.contains("workgroup memory"), "{why}");
     }
     // PISA's selection is right there (rows past ~380 came out wrong on lavapipe's loop limit).
     let lse = &j["methods"][0];

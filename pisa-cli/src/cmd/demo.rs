@@ -148,7 +148,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
     crate::args::outln!(
         "\nselection quality against the full-attention oracle (PISA.md section 3):"
     )?;
-    let rows = super::recall::measure(&ctx, &l, &cfg, sel.q_tile, pisa_wgpu::Storage::F32)?;
+    let (rows, _left_out) =
+        super::recall::measure(&ctx, &l, &cfg, sel.q_tile, pisa_wgpu::Storage::F32)?;
     let hint = format!(
         "use --tokens above {} (the demo selects {} blocks of {} tokens)",
         cfg.top_k * cfg.block_size,

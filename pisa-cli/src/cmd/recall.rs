@@ -66,6 +66,17 @@ pub struct MethodRecall {
     pub tile_union: f64,
 }
 
+/// A method [`measure`] left out: the device cannot run it at the configuration (a device
+/// limit, an unsupported combination). Printed as a warning, and listed in `--json`'s
+/// `left_out`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LeftOut {
+    /// The method's name, as [`MethodRecall::method`].
+    pub method: String,
+    /// The device's refusal.
+    pub reason: String,
+}
+
 /// The query tile of [`MethodRecall::tile_union`]: the 16 queries of a leaf-major chunk of the
 /// GPU kernels at GQA group 4 (what one gathered key block can serve).
 pub const LOCALITY_TILE: usize = 16;
@@ -117,7 +128,7 @@ pub fn measure(
     cfg: &SelectionConfig,
     q_tile: usize,
     storage: pisa_wgpu::Storage,
-) -> Result<Vec<MethodRecall>> {
+) -> Result<(Vec<MethodRecall>, Vec<LeftOut>)> {
     let chunk = oracle_queries(ctx, &l.shape, cfg);
     measure_in_ranges(ctx, l, cfg, q_tile, storage, chunk)
 }
@@ -130,7 +141,7 @@ fn measure_in_ranges(
     q_tile: usize,
     storage: pisa_wgpu::Storage,
     chunk: usize,
-) -> Result<Vec<MethodRecall>> {
+) -> Result<(Vec<MethodRecall>, Vec<LeftOut>)> {
     let s = &l.shape;
     let chunk = chunk.max(1);
     let ranges: Vec<(usize, usize)> = (0..s.q_len)
@@ -240,7 +251,13 @@ fn measure_in_ranges(
         });
     }
     pb.finish_and_clear();
-    Ok(out)
+    let left_out = (skipped.iter())
+        .map(|(name, e)| LeftOut {
+            method: name.to_string(),
+            reason: e.to_string(),
+        })
+        .collect();
+    Ok((out, left_out))
 }
 
 /// `x * scale` with `prec` decimals, `NaN` for NaN (a counted figure of non-finite scores).
@@ -337,7 +354,7 @@ pub fn run(a: RecallArgs) -> Result<()> {
     l.check_score_bound(cfg.softmax_scale(l.shape.head_dim))?;
     let ctx = a.device.context()?;
     crate::limits::warn_llvmpipe(&ctx, l.shape.k_len);
-    let rows = measure(&ctx, &l, &cfg, a.select.q_tile, a.device.storage.into())
+    let (rows, left_out) = measure(&ctx, &l, &cfg, a.select.q_tile, a.device.storage.into())
         .map_err(|e| crate::args::top_k_note(e, &cfg, l.shape.k_len))
         .with_context(|| format!("{}: recall failed", l.source))?;
     if a.device.json {
@@ -347,7 +364,7 @@ pub fn run(a: RecallArgs) -> Result<()> {
             &ctx.report().name,
             &cfg,
             a.device.storage.into(),
-            serde_json::json!({ "methods": rows }),
+            serde_json::json!({ "methods": rows, "left_out": left_out }),
         );
         j["config"]["scoring"] = serde_json::Value::Null;
         crate::args::outln!("{}", serde_json::to_string_pretty(&j)?)?;
@@ -395,9 +412,9 @@ mod tests {
         ] {
             let l = crate::cmd::embed::tests::loaded(shape, layout, 5);
             let storage = pisa_wgpu::Storage::F32;
-            let one = measure_in_ranges(&ctx, &l, &cfg, 4, storage, n).unwrap();
-            let many = measure_in_ranges(&ctx, &l, &cfg, 4, storage, 70).unwrap();
-            assert_eq!(one.len(), 4);
+            let (one, none) = measure_in_ranges(&ctx, &l, &cfg, 4, storage, n).unwrap();
+            let (many, _) = measure_in_ranges(&ctx, &l, &cfg, 4, storage, 70).unwrap();
+            assert_eq!((one.len(), none.len()), (4, 0));
             for (a, z) in one.iter().zip(&many) {
                 let what = format!("{layout:?} causal {} {}", cfg.causal, a.method);
                 assert!(a.queries > 0, "{what}");
