@@ -33,9 +33,10 @@
 //!   `-inf` (ties go to the lower block index) and `+inf` beats every finite score; which
 //!   scores come out NaN or infinite is up to the adapter;
 //! - a bad **key or value** at position `t` reaches only the rows that attend it (their
-//!   selection holds its block and their position is `>= t`): rows at earlier positions
-//!   (earlier blocks, and earlier rows of its own block) are bitwise unchanged, and a row whose
-//!   selection skips its block only reads finite data. A bad value leaves every selection
+//!   selection holds its block and, causal, their position is `>= t`; without the causal mask
+//!   any row may select its block, and a bad key can change any row's selection): causal,
+//!   rows at earlier positions (earlier blocks, and earlier rows of its own block) are bitwise
+//!   unchanged, and a row whose selection skips its block only reads finite data. A bad value leaves every selection
 //!   unchanged, so those rows are bitwise unchanged too; a bad key can change the selection (and
 //!   so the finite output) of later rows, because it enters the scores of its block and of the
 //!   block's ancestors in the pyramid;
