@@ -263,8 +263,11 @@ pub(crate) fn element_strides(
 ///
 /// Errors: shape errors as [`AttentionShape::new`] (checked again: the fields are public),
 /// [`PisaError::HeadDim`] (see [`SUPPORTED_HEAD_DIMS`]), [`PisaError::BufferLen`],
-/// configuration errors, [`GpuError::Limit`] for outputs above the binding limit (split with
-/// [`sparse_attention_host`]) or a workgroup-memory shortfall.
+/// configuration errors, [`GpuError::Unsupported`] for Q, K and V in different storages, a
+/// selection not of 4-byte elements (a tensor of `Storage::F32` holding i32) or strides that
+/// are not multiples of 4 elements, [`GpuError::Limit`] for outputs above the binding limit
+/// (split with [`sparse_attention_host`]), a workgroup-memory shortfall or, on devices that cap
+/// a shader invocation's loop iterations (llvmpipe), loops past the cap.
 #[allow(clippy::too_many_arguments)]
 pub fn record_sparse_attention(
     ctx: &Context,
@@ -285,7 +288,10 @@ pub fn record_sparse_attention(
 
 /// Records dense attention (the baseline of PISA.md section 4): every key, masked to
 /// `t <= p_i` when `causal`, scores `scale * q.k`. Shapes, layouts, outputs and errors as
-/// [`record_sparse_attention`]; profiler stage "dense".
+/// [`record_sparse_attention`] (no selection), plus [`PisaError::InvalidValue`] for a `scale`
+/// that is not finite and positive, and [`GpuError::Unsupported`] where the kernel chosen
+/// writes O at Q's strides (split-K, the NVIDIA dense kernel) and O's layout is not Q's;
+/// profiler stage "dense".
 #[allow(clippy::too_many_arguments)]
 pub fn record_dense_attention(
     ctx: &Context,

@@ -932,9 +932,10 @@ fn copy_range(view: &TensorView, shape: [usize; 4]) -> Option<(u64, u64)> {
 
 /// Writes the plan's contiguous BHND `src` of `storage` into the caller's `dst`: a buffer
 /// copy when `dst` is contiguous BHND of the same dtype at a 4-byte offset in a buffer with
-/// `COPY_DST`, else a scatter. A `dst` the copy cannot write (another device's, mapped or
-/// destroyed) is a [`GpuError::Validation`] with nothing recorded (through the zero-byte queue
-/// write below, in an error scope of its own).
+/// `COPY_DST`, else a scatter. A `dst` the copy cannot write (another device's, or mapped) is
+/// a [`GpuError::Validation`] with nothing recorded (through the zero-byte queue write below,
+/// in an error scope of its own); a destroyed one is not caught there (wgpu's zero-byte write
+/// does not check it) and fails where the encoder is submitted, as `PrefillPlan::run` says.
 fn write_out(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
