@@ -14,7 +14,9 @@ use crate::runtime::view::{
 use pisa_core::PisaError;
 
 /// The caller's outputs of [`KvCache::record_chunk`], written token by token: f32 views of
-/// any strides; an f16 or bf16 O as [`crate::PrefillOutputs::out`] says.
+/// any strides; an f16 or bf16 O as [`crate::PrefillOutputs::out`] says; in the caller's own
+/// buffers, not the cache's ([`KvCache::outputs`], the source of the scatters: a
+/// [`crate::GpuError::View`]).
 #[derive(Debug, Clone, Copy)]
 pub struct ChunkOutputs<'a> {
     /// O `[B, Hq, T, D]`: f32, f16 or bf16 (converted from the cache's output type; an f16 or
@@ -44,8 +46,8 @@ impl KvCache {
     /// before token `t + 1`'s inputs are read).
     ///
     /// Errors: [`GpuError::View`] for views of the wrong shape or of different T, an input of
-    /// i32, outputs that share bytes with inputs or each other, an LSE that is not f32 or an O
-    /// its scatter cannot write; [`PisaError::TooLarge`] when a sequence would pass the cache's
+    /// i32, outputs that share bytes with inputs or each other, an LSE that is not f32, an O
+    /// its scatter cannot write, or an output in the cache's own output buffers; [`PisaError::TooLarge`] when a sequence would pass the cache's
     /// capacity (a zero dimension, T = 0, is refused when its view is made);
     /// [`GpuError::Validation`] for a buffer of another device; [`GpuError::Misuse`] when a
     /// sequence's KV heads were loaded at different lengths ([`KvCache::prefill_view_heads`]).

@@ -219,8 +219,9 @@ impl KvCache {
     ///
     /// Errors: [`GpuError::View`] for a view of the wrong shape, an output of the wrong dtype
     /// (an integer O, an LSE that is not f32, a float selection) or one the scatter cannot
-    /// write, or, when the
-    /// step runs fused, an output bound in place in the buffer of a `q` bound in place; [`GpuError::Validation`] for a buffer of
+    /// write (an output written by a scatter that lies in the cache's own output buffers,
+    /// [`Self::outputs`], its source), or, when the step runs fused, an output bound in place
+    /// in the buffer of a `q` bound in place; [`GpuError::Validation`] for a buffer of
     /// another device; [`GpuError::Misuse`] for a sequence whose KV heads were loaded at
     /// different lengths ([`Self::prefill_view_heads`]).
     ///
