@@ -54,19 +54,24 @@ impl Schedule {
 
     /// Most node scorings one selection (one query, one KV head, one query head of the group)
     /// performs: `max_candidates` per level from the start level down to the leaves.
-    /// Grows as O(log N): the count the tests hold the reference to.
+    /// Grows as O(log N): the count the tests hold the reference to. (`usize::MAX` where the
+    /// count overflows, as every size here: a 32-bit target, or hand-set fields.)
     pub fn max_scored_nodes(&self) -> usize {
-        self.start_level
-            .map_or(0, |s| (s + 1) * self.max_candidates)
+        self.start_level.map_or(0, |s| {
+            saturating_product(&[s.saturating_add(1), self.max_candidates])
+        })
     }
 
     /// Dot products of length D one selection needs at most, per query head: an intermediate
     /// candidate reads its g children's means (`lse`) and a leaf candidate its C keys.
+    /// (`usize::MAX` where the count overflows, as every size here: e.g. C = 2^20 with 65,600
+    /// candidates on a 32-bit target such as wasm32.)
     pub fn max_dot_products(&self) -> usize {
         match self.start_level {
             None => 0,
             Some(s) => {
-                s * self.max_candidates * self.merge_factor + self.max_candidates * self.block_size
+                let inner = saturating_product(&[s, self.max_candidates, self.merge_factor]);
+                inner.saturating_add(saturating_product(&[self.max_candidates, self.block_size]))
             }
         }
     }
@@ -148,6 +153,23 @@ mod tests {
         let l = PyramidLayout::new(64 * 16, 64, 2).unwrap();
         let s = Schedule::new(&l, &SelectionConfig::new(64, 16).unwrap()).unwrap();
         assert_eq!(s.start_level, None);
+    }
+
+    /// The counts saturate instead of overflowing (a panic in debug builds, a wrapped count in
+    /// release): hand-set fields here, as a 32-bit target (wasm32) reaches with a valid
+    /// configuration (C = 2^20, 65,600 candidates).
+    #[test]
+    fn counts_saturate() {
+        let l = PyramidLayout::new(64 * 100, 64, 2).unwrap();
+        let mut s = Schedule::new(&l, &SelectionConfig::new(64, 16).unwrap()).unwrap();
+        assert_eq!(s.max_dot_products(), 2 * 34 * 2 + 34 * 64);
+        assert_eq!(s.max_scored_nodes(), 3 * 34);
+        s.start_level = Some(usize::MAX);
+        assert_eq!(s.max_scored_nodes(), usize::MAX);
+        assert_eq!(s.max_dot_products(), usize::MAX);
+        s.start_level = Some(1);
+        s.block_size = usize::MAX / 2;
+        assert_eq!(s.max_dot_products(), usize::MAX);
     }
 
     #[test]

@@ -508,6 +508,12 @@ fn indices_past_their_range_and_hand_built_shapes() {
     }
     assert!(no_panic(|| p.offset(usize::MAX, 0, 0, 0)).is_err());
     assert_eq!(p.offset(1, 0, 0, 1), p.offset(0, 0, 0, 0) + 4); // (3 nodes a sequence, D 1)
+                                                                // A batch set by hand past the buffers (the fields are public): the documented panic, not
+                                                                // an overflow (debug) or a wrapped offset into another node (release).
+    let mut big = p.clone();
+    big.batch = usize::MAX;
+    let e = no_panic(|| big.offset(usize::MAX - 1, 0, 0, 0)).unwrap_err();
+    assert!(e.contains("past the pyramid's size"), "{e}");
     let lay = &p.layout;
     assert!(no_panic(|| lay.offset(9)).is_err());
     for (level, j) in [(0, 0), (9, 0), (1, 3)] {
@@ -538,4 +544,20 @@ fn indices_past_their_range_and_hand_built_shapes() {
     let sel = select_pisa(&q, &k, &s, TensorLayout::Bhnd, &cfg).unwrap();
     let r = no_panic(|| try_locality(&sel, &s, &cfg, usize::MAX));
     assert!(matches!(r, Ok(Ok(_))), "{:?}", r.map(|x| x.map(|_| ())));
+}
+
+/// `Selection::rows` counts the rows of its indices: a selection built by hand, without
+/// margins, counted 0.
+#[test]
+fn selection_rows_of_a_hand_built_selection() {
+    let s = pisa_core::reference::Selection {
+        top_k: 2,
+        indices: vec![0, 1, 0, 1, 2, -1],
+        margin: Vec::new(),
+        scored_nodes: Vec::new(),
+    };
+    assert_eq!(s.rows(), 3);
+    assert_eq!(s.row(2), [2, -1]);
+    let empty = pisa_core::reference::Selection { top_k: 0, ..s };
+    assert_eq!(empty.rows(), 0);
 }

@@ -40,8 +40,10 @@ pub struct Gradients {
 /// -1 entries ignored, a repeated block counted once. `d_o` is dL/dO.
 ///
 /// Returns [`Gradients`]. A row that attended to nothing (LSE `-inf`) contributes nothing.
-/// Errors: the configuration's validation errors, [`PisaError::BufferLen`] for a buffer of the
-/// wrong length, [`PisaError::InvalidValue`] for an index below -1 or at least `nb_0`.
+/// Errors: the shape's validation errors (as [`AttentionShape::new`]: its fields are public)
+/// and the configuration's, [`PisaError::TooLarge`] for leaf indices or a selection past
+/// `i32` / `usize`, [`PisaError::BufferLen`] for a buffer of the wrong length,
+/// [`PisaError::InvalidValue`] for an index below -1 or at least `nb_0`.
 #[allow(clippy::too_many_arguments)] // the forward's inputs, its outputs and dO
 pub fn sparse_attention_backward(
     q: &[f32],

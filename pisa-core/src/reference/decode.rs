@@ -46,7 +46,7 @@ pub struct DecodeState {
 impl DecodeState {
     /// An empty cache for `q_heads` (Hq) query heads, `kv_heads` (Hkv) KV heads and head dim D.
     /// Errors: [`PisaError::Zero`], [`PisaError::GqaNotDivisible`], the configuration's
-    /// validation errors, [`PisaError::TooLarge`] when Hkv x D overflows `usize`. (Its
+    /// validation errors, [`PisaError::TooLarge`] when Hq x D or Hkv x D overflows `usize`. (Its
     /// buffers start at one token's pyramid, `Hkv x D` values: absurd head counts and dims are
     /// allocated as asked, as any `Vec` is.)
     pub fn new(

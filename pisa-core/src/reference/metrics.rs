@@ -181,9 +181,10 @@ pub struct Locality {
 /// [`Locality`] of `selection` (`[B, Hkv, Nq, K]`, ascending leaves padded with -1) for query
 /// tiles of `tile` rows. Rows whose query sees K or fewer leaves are skipped, and a tile is
 /// `tile` consecutive counted rows of one (sequence, KV head). Means are NaN when nothing
-/// counted. Errors: [`PisaError::BufferLen`] for a selection of another size,
-/// [`PisaError::InvalidValue`] for `tile == 0` or K == 0, the shape's and the configuration's
-/// validation errors.
+/// counted; a leaf a row lists twice counts once. Errors: [`PisaError::BufferLen`] for a
+/// selection of another size, [`PisaError::InvalidValue`] for `tile == 0` or K == 0 and for an
+/// index below -1 or past the last leaf (as [`try_recall`]), the shape's and the
+/// configuration's validation errors.
 pub fn try_locality(
     selection: &Selection,
     shape: &AttentionShape,
@@ -204,6 +205,9 @@ pub fn try_locality(
         selection.indices.len(),
         checked_elems("selection", &[rows, k])?,
     )?;
+    // (-1 pads a row; an index below it or past the last leaf names no leaf: leaf nb0 - 1's
+    // "sibling" nb0 was counted as selected, and i32::MIN put the union below 0)
+    check_block_indices(&selection.indices, nb0, SELECTION_INDEX)?;
     let g = cfg.merge_factor.max(1);
     let (mut leaves, mut with_sibling) = (0usize, 0usize);
     let (mut tiles, mut union_sum) = (0usize, 0.0f64);
@@ -227,7 +231,12 @@ pub fn try_locality(
             continue;
         }
         let row = selection.row(r);
-        for &j in row.iter().filter(|&&j| j >= 0 && (j as usize) < nb0) {
+        // Each distinct leaf once, as in try_recall (a row listing a leaf twice counted it
+        // twice, and as its own sibling).
+        let distinct = (row.iter().enumerate())
+            .filter(|&(i, &j)| j >= 0 && !row[..i].contains(&j))
+            .map(|(_, &j)| j);
+        for j in distinct {
             leaves += 1;
             let parent = j as usize / g;
             let sibling = row
@@ -320,5 +329,29 @@ mod locality_tests {
         assert!(l.sibling_fraction.is_nan() && l.tile_union.is_nan());
         assert!(try_locality(&sel(&rows), &shape, &cfg, 0).is_err());
         assert!(try_locality(&sel(&rows[..7]), &shape, &cfg, 2).is_err());
+    }
+
+    /// An index below -1 or past the last leaf is refused, as try_recall refuses it (leaf 7's
+    /// "sibling" 8 of 8 leaves counted as selected; i32::MIN put the union below 0); a leaf
+    /// listed twice counts once, and not as its own sibling.
+    #[test]
+    fn bad_indices_are_refused_and_repeats_count_once() {
+        let shape = AttentionShape::new(1, 1, 1, 8, 32, 8).unwrap();
+        let cfg = SelectionConfig {
+            block_size: 4,
+            top_k: 4,
+            ..Default::default()
+        };
+        for bad in [8, i32::MAX, -2, i32::MIN] {
+            let rows = [[0, 2, 7, bad]; 8];
+            let e = try_locality(&sel(&rows), &shape, &cfg, 2).unwrap_err();
+            assert!(matches!(e, PisaError::InvalidValue { .. }), "{bad}: {e:?}");
+        }
+        let rows = [[0, 3, 3, -1]; 8];
+        let l = try_locality(&sel(&rows), &shape, &cfg, 2).unwrap();
+        assert_eq!(l.leaves, 16, "{l:?}");
+        assert_eq!(l.sibling_fraction, 0.0, "{l:?}");
+        // Each tile of 2 rows: 2 distinct leaves over 8 slots.
+        assert!((l.tile_union - 0.25).abs() < 1e-12, "{l:?}");
     }
 }

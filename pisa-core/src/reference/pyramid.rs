@@ -62,8 +62,14 @@ impl Pyramid {
     pub fn offset(&self, b: usize, h: usize, level: usize, j: usize) -> usize {
         assert!(b < self.batch, "sequence {b} of a batch of {}", self.batch);
         assert!(h < self.kv_heads, "KV head {h} of {}", self.kv_heads);
-        ((b * self.kv_heads + h) * self.layout.total_nodes() + self.layout.flat(level, j))
-            * self.head_dim
+        // (checked: the fields are public, and a batch set past the buffers must not wrap to
+        // another node's offset)
+        b.checked_mul(self.kv_heads)
+            .and_then(|o| o.checked_add(h))
+            .and_then(|o| o.checked_mul(self.layout.total_nodes()))
+            .and_then(|o| o.checked_add(self.layout.flat(level, j)))
+            .and_then(|o| o.checked_mul(self.head_dim))
+            .unwrap_or_else(|| panic!("node ({b}, {h}, {level}, {j}) past the pyramid's size"))
     }
 
     /// Mean key (D values) of node `j` of `level` for sequence `b`, KV head `h`.
@@ -137,9 +143,10 @@ impl Pyramid {
     }
 
     /// Checks that this pyramid was built for `shape` and `cfg` (same key length, block size,
-    /// merge factor, batch, KV heads and head dim). Errors: [`PisaError::InvalidValue`], and
-    /// those of [`PyramidLayout::new`] for `cfg` (a zero or too large block size or merge
-    /// factor) and of the size of the pyramid it implies ([`PisaError::TooLarge`]).
+    /// merge factor, batch, KV heads and head dim). Errors: [`PisaError::InvalidValue`] (a
+    /// mismatch, e.g. a block size or merge factor other than the pyramid's), and those of
+    /// [`PyramidLayout::new`] for `cfg` (a zero block size, a merge factor below 2) and of the
+    /// size of the pyramid it implies ([`PisaError::TooLarge`]).
     pub fn check_matches(&self, shape: &AttentionShape, cfg: &SelectionConfig) -> Result<()> {
         let want = PyramidLayout::new(shape.k_len, cfg.block_size, cfg.merge_factor)?;
         let n = checked_elems(

@@ -48,9 +48,10 @@ impl Selection {
         &self.indices[r * self.top_k..(r + 1) * self.top_k]
     }
 
-    /// Number of rows (`B * Hkv * Nq`).
+    /// Number of rows (`B * Hkv * Nq`): `indices.len() / top_k` (0 for `top_k == 0`), so
+    /// that a selection built by hand without margins counts its rows too.
     pub fn rows(&self) -> usize {
-        self.margin.len()
+        self.indices.len().checked_div(self.top_k).unwrap_or(0)
     }
 
     pub(crate) fn with_rows(rows: usize, top_k: usize) -> Self {
