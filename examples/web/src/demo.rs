@@ -42,8 +42,10 @@ pub struct Params {
     pub repeats: usize,
     /// Consecutive queries per stage-2 tile (prefill).
     pub q_tile: usize,
-    /// Order of selection stage 2 and attention: 0 auto, 1 query tiles, 2 leaf-major.
-    pub leaf_order: usize,
+    /// Order of selection stage 2 and attention: 0 auto, 1 query tiles, 2 leaf-major; absent:
+    /// the context's, the adapter's default (`Tuning::for_adapter`: leaf-major on a browser's
+    /// fallback adapter, SwiftShader, which does not finish compiling the query-tile kernel).
+    pub leaf_order: Option<usize>,
 }
 
 impl Default for Params {
@@ -57,7 +59,7 @@ impl Default for Params {
             merge: 2,
             repeats: 3,
             q_tile: 4,
-            leaf_order: 0,
+            leaf_order: None,
         }
     }
 }
@@ -469,16 +471,18 @@ pub async fn run(
         return Err(format!("steps {}: between 1 and {}", p.steps, n - 1));
     }
     let cfg = config(p, input)?;
-    ctx.set_leaf_order(match p.leaf_order {
-        0 => LeafOrder::Auto,
-        1 => LeafOrder::Tiles,
-        2 => LeafOrder::Leaves,
-        x => {
-            return Err(format!(
-                "leaf_order {x}: 0 (auto), 1 (query tiles) or 2 (leaf-major)"
-            ))
-        }
-    });
+    if let Some(order) = p.leaf_order {
+        ctx.set_leaf_order(match order {
+            0 => LeafOrder::Auto,
+            1 => LeafOrder::Tiles,
+            2 => LeafOrder::Leaves,
+            x => {
+                return Err(format!(
+                    "leaf_order {x}: 0 (auto), 1 (query tiles) or 2 (leaf-major)"
+                ))
+            }
+        });
+    }
     let k_top = cfg.top_k;
     let mut times = Times {
         open_ms,

@@ -93,8 +93,10 @@ fn url_parameters_are_checked() {
     let p = parse(r#"{"tokens": 256, "leaf_order": 2}"#).unwrap();
     assert_eq!(
         (p.tokens, p.leaf_order, p.top_k),
-        (256, 2, Params::default().top_k)
+        (256, Some(2), Params::default().top_k)
     );
+    // Absent: the context's order (the adapter's default) is kept.
+    assert_eq!(parse(r#"{"tokens": 256}"#).unwrap().leaf_order, None);
 }
 
 /// A device of WebGPU's default 8 storage buffers per shader stage holds no decode cache (its

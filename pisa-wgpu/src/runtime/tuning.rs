@@ -241,12 +241,22 @@ pub const KNOBS: [(&str, &str); 23] = [
 impl Tuning {
     /// The defaults for an adapter: measured on the NVIDIA H200, and right (not tuned)
     /// elsewhere. They are [`Tuning::default`] on every adapter but the H100 and H200, where the
-    /// decode route runs as 104 workgroups ([`Tuning::decode_route_workgroups`]).
+    /// decode route runs as 104 workgroups ([`Tuning::decode_route_workgroups`]), and a
+    /// browser's fallback adapter (WebGPU on a CPU: Chrome's SwiftShader on a machine without
+    /// a GPU), where selection stage 2 and sparse attention run leaf-major
+    /// ([`Tuning::leaf_order`] [`LeafOrder::Leaves`]): SwiftShader does not finish compiling
+    /// the query-tile kernel of stage 2 in minutes, and the browser's GPU watchdog then ends
+    /// its GPU process, which loses the device (`examples/web/test.mjs`).
     pub fn for_adapter(report: &AdapterReport) -> Self {
         let mut t = Self::default();
         // 132 SMs: the decode route's copies run on SMs the route leaves idle.
         if report.name.contains("H100") || report.name.contains("H200") {
             t.decode_route_workgroups = 104;
+        }
+        // (the report holds the Debug names of wgpu's enums)
+        let web = report.backend == format!("{:?}", wgpu::Backend::BrowserWebGpu);
+        if web && report.device_type == format!("{:?}", wgpu::DeviceType::Cpu) {
+            t.leaf_order = LeafOrder::Leaves;
         }
         t
     }
@@ -509,6 +519,69 @@ fn writable_folder(dir: &std::path::Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A browser's fallback adapter (SwiftShader) runs leaf-major by default; a native CPU
+    /// adapter (lavapipe) and a browser's GPU keep the default order; the H100 and H200 their
+    /// decode route workgroups.
+    #[test]
+    fn per_adapter_defaults() {
+        let report = |name: &str, backend: wgpu::Backend, ty: wgpu::DeviceType| AdapterReport {
+            name: name.into(),
+            vendor: 0,
+            device: 0,
+            backend: format!("{backend:?}"),
+            device_type: format!("{ty:?}"),
+            driver: String::new(),
+            driver_info: String::new(),
+            shader_f16: false,
+            subgroups: false,
+            subgroup_size: (0, 0),
+            timestamps: false,
+            cooperative_matrix: false,
+            nv_cooperative_matrix2: false,
+            max_storage_binding: 1 << 27,
+            max_buffer: 1 << 28,
+            workgroup_memory: 16384,
+            max_workgroups_per_dim: 65535,
+            max_invocations: 256,
+        };
+        use wgpu::{Backend, DeviceType};
+        let swiftshader = Tuning::for_adapter(&report("", Backend::BrowserWebGpu, DeviceType::Cpu));
+        assert_eq!(swiftshader.leaf_order, LeafOrder::Leaves);
+        assert_eq!(
+            swiftshader,
+            Tuning {
+                leaf_order: LeafOrder::Leaves,
+                ..Tuning::default()
+            }
+        );
+        for (name, b, ty) in [
+            (
+                "llvmpipe (LLVM 15.0.6, 256 bits)",
+                Backend::Vulkan,
+                DeviceType::Cpu,
+            ),
+            ("", Backend::BrowserWebGpu, DeviceType::Other),
+            (
+                "NVIDIA GeForce RTX 4090",
+                Backend::Vulkan,
+                DeviceType::DiscreteGpu,
+            ),
+        ] {
+            assert_eq!(
+                Tuning::for_adapter(&report(name, b, ty)),
+                Tuning::default(),
+                "{name}"
+            );
+        }
+        let h200 = Tuning::for_adapter(&report(
+            "NVIDIA H200",
+            Backend::Vulkan,
+            DeviceType::DiscreteGpu,
+        ));
+        assert_eq!(h200.decode_route_workgroups, 104);
+        assert_eq!(h200.leaf_order, LeafOrder::Auto);
+    }
 
     /// Contexts made at once on several threads with one dump folder all find it writable
     /// (their probes once shared a file name, and one's removal failed another's check).
