@@ -255,7 +255,10 @@ impl Context {
     /// A device lost (or destroyed) after the context is made is the application's to see,
     /// through its own device-lost callback; pisa notices it without one (by a probe of the
     /// device at the start of each of its calls, see [`Context::check_alive`]): its later calls
-    /// return [`GpuError::DeviceLost`], as on pisa's own device. (A call during which the
+    /// return [`GpuError::DeviceLost`], as on pisa's own device. Not on wasm32: a browser's
+    /// error scopes answer asynchronously, so the probe is off there and a lost device shows
+    /// as the error of the call that meets it (a failed readback is [`GpuError::Poll`]); the
+    /// application's device-lost callback is what tells. (A call during which the
     /// device is lost may still return `Ok`, a recording call such as a
     /// [`crate::PrefillPlan::run`] or [`crate::KvCache::record_step_into`] in particular: its
     /// commands fail where the application finishes or submits the encoder.)

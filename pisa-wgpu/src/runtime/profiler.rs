@@ -209,7 +209,10 @@ impl Profiler {
     /// operations go untimed; make a profiler per context, even on a shared device), or it is
     /// asked for its times before the work
     /// it timed was submitted (its passes' timestamps were never written);
-    /// [`GpuError::Poll`] when reading the timestamps fails.
+    /// [`GpuError::Poll`] when reading the timestamps fails; [`GpuError::Unsupported`] on
+    /// wasm32 with timestamps (it waits for their readback, which a browser does not allow;
+    /// there is no async variant yet: time a browser's runs on the host, around
+    /// [`Context::read_async`]).
     pub fn finish(mut self, ctx: &Context) -> Result<StageTimes> {
         if self.untimed > 0 {
             log::warn!(
@@ -239,7 +242,7 @@ impl Profiler {
     /// one command encoder this is the burst's GPU time, as two CUDA events around the burst
     /// would measure it. `None` without timestamps, when no pass has that label, or when a
     /// pass went untimed because more passes were recorded than the profiler was made for
-    /// (the span would be cut short).
+    /// (the span would be cut short). Errors: those of [`Self::finish`].
     pub fn finish_span(mut self, ctx: &Context, stage: &str) -> Result<Option<f64>> {
         if self.untimed > 0 {
             return Ok(None);
@@ -265,6 +268,8 @@ impl Profiler {
         if self.labels.is_empty() {
             return Ok(Some(Vec::new()));
         }
+        // (named here: the wait below would name Context::wait, not the caller's call)
+        super::block::refuse_on_wasm("Profiler::finish (reading the timestamps back)")?;
         if let Some(mark) = &self.submitted {
             if ctx.read_bytes(mark)? != [0; 4] {
                 return Err(GpuError::Misuse(format!(
