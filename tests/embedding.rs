@@ -1194,6 +1194,35 @@ fn profiler_misuse_is_an_error_of_finish() {
         app.queue.submit([enc.finish()]);
         let t = p.finish(&app.ctx).unwrap();
         assert!(t.gpu && t.total() > 0.0, "{t:?}");
+        // The same through finish_async and finish_span_async (the browser's way, awaited
+        // here): the misuse, the times, and the span of the first stage's passes.
+        let mut p = pisa_wgpu::Profiler::new(&app.ctx, 64);
+        let enc = run(Some(&mut p));
+        let early = pollster::block_on(p.finish_async(&app.ctx));
+        let m = misuse(early, "finish_async before the submit");
+        assert!(m.contains("was not submitted"), "{m}");
+        app.queue.submit([enc.finish()]);
+        let mut p = pisa_wgpu::Profiler::new(&app.ctx, 64);
+        let enc = run(Some(&mut p));
+        app.queue.submit([enc.finish()]);
+        let ta = pollster::block_on(p.finish_async(&app.ctx)).unwrap();
+        assert!(ta.gpu && ta.total() > 0.0, "{ta:?}");
+        let names =
+            |t: &pisa_wgpu::StageTimes| t.stages.iter().map(|s| s.0.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&ta), names(&t), "stages of finish_async");
+        let stage = &t.stages[0].0;
+        let mut p = pisa_wgpu::Profiler::new(&app.ctx, 64);
+        let enc = run(Some(&mut p));
+        app.queue.submit([enc.finish()]);
+        let span = pollster::block_on(p.finish_span_async(&app.ctx, stage)).unwrap();
+        assert!(span.is_some_and(|s| s > 0.0), "{stage}: {span:?}");
+        let mut p = pisa_wgpu::Profiler::new(&other.ctx, 64);
+        drop(run(Some(&mut p)));
+        let m = misuse(
+            pollster::block_on(p.finish_async(&other.ctx)),
+            "another device's, async",
+        );
+        assert!(m.contains("another context"), "{m}");
     } else {
         eprintln!("adapter without TIMESTAMP_QUERY: the read-before-submit case not run");
     }

@@ -88,6 +88,7 @@ function show(r) {
       ["prefill plan", f(t.plan_ms)],
       ["prefill, first run (to readback)", f(t.prefill_first_ms)],
       ["prefill, best later run", f(t.prefill_best_ms)],
+      ["prefill, last run on the GPU (timestamps)", t.prefill_gpu_ms == null ? "no timestamp-query" : `${f(t.prefill_gpu_ms)}: ${t.prefill_gpu_stages.map(([s, x]) => `${esc(s)} ${f(x)}`).join(", ")}`],
       ["KV cache", f(t.cache_ms)],
       [`decode prefix (${r.params.tokens - r.params.steps} appends)`, f(t.prefix_ms)],
       ["decode step (append + step + readback)", `mean ${f(mean)}; ${steps.map((x) => f(x)).join(", ")}`],

@@ -45,6 +45,9 @@ try {
     console.log(`times: ${JSON.stringify(r.report.times)}`);
     const failures = [];
     for (const err of r.report.errors) failures.push(`WebGPU error: ${err}`);
+    // The last prefill run is timed by Profiler::finish_async where the adapter has timestamps.
+    const gpu = r.report.times.prefill_gpu_ms;
+    if (a.timestamps && !(typeof gpu === "number" && gpu > 0)) failures.push(`no GPU time of the prefill (timestamps ${a.timestamps}): ${gpu}`);
     if (a.device_type === "Cpu" && !new URLSearchParams(query).has("leaf_order") && a.leaf_order !== "Leaves")
       failures.push(`order ${a.leaf_order} on a fallback adapter: the default should be Leaves`);
     // (The page skips the decode on a device that cannot hold a cache; this one can.)

@@ -34,7 +34,8 @@
 //!   [`TUNING_KNOBS`].
 //! - [`Context::read_async`] reads a view back without blocking.
 //! - [`Profiler`]: GPU time per stage from timestamp queries, handed to a `run` or `record_*`
-//!   call of its own context, read after the submit ([`Profiler::finish`]).
+//!   call of its own context, read after the submit ([`Profiler::finish`], or
+//!   [`Profiler::finish_async`] in a browser).
 //! - The kernels do not scan their inputs for NaN or infinities: [`ops::check_finite`] (host
 //!   slices) and [`ops::check_finite_view`] (a view, on the GPU) do, where they cannot be ruled
 //!   out upstream.

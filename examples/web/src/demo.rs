@@ -320,6 +320,11 @@ pub struct Times {
     pub prefill_first_ms: f64,
     /// The fastest of the later runs.
     pub prefill_best_ms: f64,
+    /// GPU time of the last run, from timestamp queries (`Profiler::finish_async`), summed
+    /// over its stages; `None` where the adapter has no `timestamp-query`.
+    pub prefill_gpu_ms: Option<f64>,
+    /// That run's stages, `(stage, ms)`.
+    pub prefill_gpu_stages: Vec<(String, f64)>,
     /// `KvCache::new`.
     pub cache_ms: f64,
     /// The prefix appended token by token (one submission).
@@ -529,14 +534,24 @@ pub async fn run(
     for run in 0..=p.repeats {
         progress(&format!("prefill: run {} of {}", run + 1, p.repeats + 1));
         let t = Instant::now();
+        // The last run timed on the GPU too (stages from timestamp queries, read back without
+        // blocking the page).
+        let mut prof = (run == p.repeats).then(|| pisa_wgpu::Profiler::new(ctx, 64));
         let mut enc = ctx.device().create_command_encoder(&Default::default());
-        plan.run(&mut enc, &qv, &kv, &vv, &outs, None)
+        plan.run(&mut enc, &qv, &kv, &vv, &outs, prof.as_mut())
             .map_err(err)?;
         ctx.queue().submit([enc.finish()]);
         let o = read_f32(ctx, &ov).await?;
         let l = read_f32(ctx, &lv).await?;
         let sel = read_i32(ctx, &sv).await?;
         let took = ms(t);
+        if let Some(prof) = prof {
+            let st = prof.finish_async(ctx).await.map_err(err)?;
+            if st.gpu {
+                times.prefill_gpu_ms = Some(st.total());
+                times.prefill_gpu_stages = st.stages;
+            }
+        }
         if run == 0 {
             times.prefill_first_ms = took;
             result = Some((o, l, sel));

@@ -7,7 +7,8 @@
 //! Each timed compute pass writes a begin and an end timestamp; [`Profiler::finish`] resolves
 //! them and sums the time per stage label (the passes alone, not the gaps between them);
 //! [`Profiler::finish_span`] instead gives the span of a label's passes, first begin to last
-//! end, gaps included (a burst of passes recorded back to back). Without timestamps every
+//! end, gaps included (a burst of passes recorded back to back). Both block on the readback;
+//! [`Profiler::finish_async`] and [`Profiler::finish_span_async`] await it (the browser). Without timestamps every
 //! method is a no-op and [`StageTimes::gpu`] is false, so callers can fall back to wall-clock
 //! and say so.
 
@@ -107,7 +108,10 @@ impl Profiler {
                 let b = ctx.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("profiler submitted mark"),
                     size: 4,
-                    usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                    // (STORAGE: finish_async reads it through a view, Context::read_async)
+                    usage: wgpu::BufferUsages::COPY_DST
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::STORAGE,
                     mapped_at_creation: true,
                 });
                 if let Ok(mut m) = b.slice(..).get_mapped_range_mut() {
@@ -202,7 +206,8 @@ impl Profiler {
     /// Resolves the timestamps of a finished submission (call after the work was submitted).
     /// Sums the time of the passes per label, ms. Without timestamps: empty, `gpu` false.
     /// Passes recorded past the profiler's capacity are not timed (a warning says how many):
-    /// their stages are under-reported.
+    /// their stages are under-reported. Blocks until the timestamps are read back; in a
+    /// browser use [`Self::finish_async`].
     ///
     /// Errors: [`GpuError::Misuse`] when the profiler was handed to operations of another
     /// context than the one it was made on, or `ctx` is another (the passes of such
@@ -210,29 +215,20 @@ impl Profiler {
     /// asked for its times before the work
     /// it timed was submitted (its passes' timestamps were never written);
     /// [`GpuError::Poll`] when reading the timestamps fails; [`GpuError::Unsupported`] on
-    /// wasm32 with timestamps (it waits for their readback, which a browser does not allow;
-    /// there is no async variant yet: time a browser's runs on the host, around
-    /// [`Context::read_async`]).
+    /// wasm32 with timestamps (it would wait for their readback, which a browser does not
+    /// allow).
     pub fn finish(mut self, ctx: &Context) -> Result<StageTimes> {
-        if self.untimed > 0 {
-            log::warn!(
-                "{} passes past the profiler's capacity of {} went untimed: their stages' times \
-                 are under-reported",
-                self.untimed,
-                self.capacity
-            );
-        }
-        let Some(results) = self.results(ctx)? else {
-            return Ok(StageTimes::default());
-        };
-        let mut t = StageTimes {
-            stages: Vec::new(),
-            gpu: true,
-        };
-        for (label, r) in self.labels.iter().zip(&results) {
-            t.add(label, r.1 - r.0);
-        }
-        Ok(t)
+        let results = self.results(ctx)?;
+        Ok(self.stage_times(results))
+    }
+
+    /// [`Self::finish`] without blocking, for the browser (and async native code): the
+    /// timestamps' readback is awaited, not waited for. Errors: those of [`Self::finish`] but
+    /// `Unsupported`; in a browser, [`GpuError::Poll`] also when the readback did not complete
+    /// within a bounded number of event-loop turns.
+    pub async fn finish_async(mut self, ctx: &Context) -> Result<StageTimes> {
+        let results = self.results_async(ctx).await?;
+        Ok(self.stage_times(results))
     }
 
     /// Resolves the timestamps of a finished submission and returns the span of the passes
@@ -247,66 +243,151 @@ impl Profiler {
         if self.untimed > 0 {
             return Ok(None);
         }
-        let Some(results) = self.results(ctx)? else {
-            return Ok(None);
-        };
-        Ok(span_ms(&self.labels, &results, stage))
+        let results = self.results(ctx)?;
+        Ok(results.and_then(|r| span_ms(&self.labels, &r, stage)))
     }
 
-    /// `(begin, end)` ms of every timed pass in recording order, `None` without timestamps.
-    /// Errors: those of [`Self::finish`].
+    /// [`Self::finish_span`] without blocking, as [`Self::finish_async`].
+    pub async fn finish_span_async(mut self, ctx: &Context, stage: &str) -> Result<Option<f64>> {
+        if self.untimed > 0 {
+            return Ok(None);
+        }
+        let results = self.results_async(ctx).await?;
+        Ok(results.and_then(|r| span_ms(&self.labels, &r, stage)))
+    }
+
+    /// The stage sums of `results` (`None`: no timestamps, empty and `gpu` false).
+    fn stage_times(&self, results: Option<Vec<(f64, f64)>>) -> StageTimes {
+        if self.untimed > 0 {
+            log::warn!(
+                "{} passes past the profiler's capacity of {} went untimed: their stages' times \
+                 are under-reported",
+                self.untimed,
+                self.capacity
+            );
+        }
+        let Some(results) = results else {
+            return StageTimes::default();
+        };
+        let mut t = StageTimes {
+            stages: Vec::new(),
+            gpu: true,
+        };
+        for (label, r) in self.labels.iter().zip(&results) {
+            t.add(label, r.1 - r.0);
+        }
+        t
+    }
+
+    /// `(begin, end)` ms of every timed pass in recording order, `None` without timestamps,
+    /// blocking on the readback. Errors: those of [`Self::finish`].
     fn results(&mut self, ctx: &Context) -> Result<Option<Vec<(f64, f64)>>> {
+        if !self.check_results(ctx)? {
+            return Ok(self.inner.as_ref().map(|_| Vec::new()));
+        }
+        // (named here: the wait below would name Context::wait, not the caller's call)
+        super::block::refuse_on_wasm("Profiler::finish (reading the timestamps back)")?;
+        if let Some(mark) = &self.submitted {
+            self.check_submitted(ctx.read_bytes(mark)?)?;
+        }
+        self.resolve(ctx)?;
+        loop {
+            ctx.wait()?;
+            if let Some(t) = self.read_frame(ctx)? {
+                return Ok(Some(t));
+            }
+        }
+    }
+
+    /// [`Self::results`] awaiting the readback: each turn awaits a read of the submitted mark
+    /// ([`Context::read_async`], queued after the timestamps' resolve and mapping), which in a
+    /// browser yields to the event loop that completes the mappings, and natively polls the
+    /// device.
+    async fn results_async(&mut self, ctx: &Context) -> Result<Option<Vec<(f64, f64)>>> {
+        if !self.check_results(ctx)? {
+            return Ok(self.inner.as_ref().map(|_| Vec::new()));
+        }
+        let Some(mark) = self.submitted.clone() else {
+            return Ok(None);
+        };
+        let view = crate::TensorView::new(&mark, 0, crate::DType::I32, [1; 4], [1; 4])?;
+        self.check_submitted(ctx.read_async(&view).await?)?;
+        self.resolve(ctx)?;
+        // (a bound on the turns, so that a readback that never completes is an error, not a
+        // page that waits for ever: each turn is a queue round trip)
+        for _ in 0..1000 {
+            ctx.read_async(&view).await?;
+            if let Some(t) = self.read_frame(ctx)? {
+                return Ok(Some(t));
+            }
+        }
+        Err(GpuError::Poll(
+            "profiler timestamps: not read back after 1000 queue round trips".into(),
+        ))
+    }
+
+    /// Whether there are timestamps to read: `false` without timestamps or timed passes.
+    /// Errors: [`GpuError::Misuse`] for a profiler of another context.
+    fn check_results(&self, ctx: &Context) -> Result<bool> {
         if self.foreign > 0 || self.ctx_id.is_some_and(|id| id != ctx.id()) {
             return Err(GpuError::Misuse(format!(
                 "a profiler used with another context than the one it was made on ({} passes went untimed); make the profiler with Profiler::new on the context whose operations it times",
                 self.foreign
             )));
         }
+        Ok(self.inner.is_some() && !self.labels.is_empty())
+    }
+
+    /// Errors ([`GpuError::Misuse`]) when the submitted mark read back as `mark` is still set:
+    /// the encoder holding the timed passes was not submitted.
+    fn check_submitted(&self, mark: Vec<u8>) -> Result<()> {
+        if mark != [0; 4] {
+            return Err(GpuError::Misuse(format!(
+                "profiler times read before the work they time ran (the encoder holding its {} passes, from `{}` on, was not submitted): submit it, then call finish",
+                self.labels.len(),
+                self.labels[0]
+            )));
+        }
+        Ok(())
+    }
+
+    /// Submits the resolve of the timestamp queries and asks for their readback.
+    fn resolve(&mut self, ctx: &Context) -> Result<()> {
         let Some(p) = self.inner.as_mut() else {
-            return Ok(None);
+            return Ok(());
         };
-        if self.labels.is_empty() {
-            return Ok(Some(Vec::new()));
-        }
-        // (named here: the wait below would name Context::wait, not the caller's call)
-        super::block::refuse_on_wasm("Profiler::finish (reading the timestamps back)")?;
-        if let Some(mark) = &self.submitted {
-            if ctx.read_bytes(mark)? != [0; 4] {
-                return Err(GpuError::Misuse(format!(
-                    "profiler times read before the work they time ran (the encoder holding its {} passes, from `{}` on, was not submitted): submit it, then call finish",
-                    self.labels.len(),
-                    self.labels[0]
-                )));
-            }
-        }
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         p.resolve_queries(&mut enc);
         ctx.queue.submit([enc.finish()]);
         p.end_frame()
-            .map_err(|e| crate::GpuError::Poll(format!("timestamps: {e}")))?;
-        loop {
-            ctx.wait()?;
-            if let Some(r) = p.process_finished_frame(ctx.queue.get_timestamp_period()) {
-                let times: Vec<(f64, f64)> = r
-                    .iter()
-                    .map(|q| {
-                        q.time
-                            .clone()
-                            .map_or((0.0, 0.0), |t| (t.start * 1e3, t.end * 1e3))
-                    })
-                    .collect();
-                // A timestamp the GPU wrote is a clock reading, never 0; a pass whose
-                // timestamps are both 0 was never run: the application's encoder holding
-                // it was not submitted (yet).
-                if let Some(i) = times.iter().position(|t| t.0 == 0.0 && t.1 == 0.0) {
-                    return Err(GpuError::Misuse(format!(
-                        "profiler times read before the work they time ran (pass {i}, `{}`, has no timestamps): submit the encoder the operations recorded into, then call finish",
-                        self.labels[i]
-                    )));
-                }
-                return Ok(Some(times));
-            }
+            .map_err(|e| crate::GpuError::Poll(format!("timestamps: {e}")))
+    }
+
+    /// The timestamps, ms, once their readback has completed (`None` before).
+    fn read_frame(&mut self, ctx: &Context) -> Result<Option<Vec<(f64, f64)>>> {
+        let Some(p) = self.inner.as_mut() else {
+            return Ok(None);
+        };
+        let Some(r) = p.process_finished_frame(ctx.queue.get_timestamp_period()) else {
+            return Ok(None);
+        };
+        let times: Vec<(f64, f64)> = r
+            .iter()
+            .map(|q| {
+                q.time
+                    .clone()
+                    .map_or((0.0, 0.0), |t| (t.start * 1e3, t.end * 1e3))
+            })
+            .collect();
+        // A timestamp the GPU wrote is a clock reading, never 0; a pass whose timestamps are
+        // both 0 was never run: the application's encoder holding it was not submitted (yet).
+        if let Some(i) = times.iter().position(|t| t.0 == 0.0 && t.1 == 0.0) {
+            return Err(GpuError::Misuse(format!(
+                "profiler times read before the work they time ran (pass {i}, `{}`, has no timestamps): submit the encoder the operations recorded into, then call finish",
+                self.labels[i]
+            )));
         }
+        Ok(Some(times))
     }
 }
 
