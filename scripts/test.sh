@@ -17,7 +17,7 @@ export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 # rustfmt is installed through rustup where missing; without rustup (or a network), the
 # check is skipped with a note rather than failing the run.
 if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null 2>&1; then
-  rustup component add rustfmt >/dev/null 2>&1 || true
+  timeout 300 rustup component add rustfmt >/dev/null 2>&1 || true
 fi
 if cargo fmt --version >/dev/null 2>&1; then
   cargo fmt --all -- --check
