@@ -1223,6 +1223,20 @@ fn profiler_misuse_is_an_error_of_finish() {
             "another device's, async",
         );
         assert!(m.contains("another context"), "{m}");
+        // A span asked of another context is refused too when passes went past the
+        // profiler's capacity (it returned Ok(None), the cut-short span's answer, first).
+        for asynchronous in [false, true] {
+            let mut p = pisa_wgpu::Profiler::new(&app.ctx, 1);
+            app.queue.submit([run(Some(&mut p)).finish()]);
+            let span = match asynchronous {
+                false => p.finish_span(&other.ctx, stage),
+                true => pollster::block_on(p.finish_span_async(&other.ctx, stage)),
+            };
+            assert!(
+                matches!(span, Err(GpuError::Misuse(ref m)) if m.contains("another context")),
+                "async {asynchronous}: {span:?}"
+            );
+        }
     } else {
         eprintln!("adapter without TIMESTAMP_QUERY: the read-before-submit case not run");
     }

@@ -545,11 +545,16 @@ pub async fn run(
         let l = read_f32(ctx, &lv).await?;
         let sel = read_i32(ctx, &sv).await?;
         let took = ms(t);
+        // (the time is informational: a failed readback of it is a note, not a failed run;
+        // the browser test fails where the adapter has timestamps and no time came back)
         if let Some(prof) = prof {
-            let st = prof.finish_async(ctx).await.map_err(err)?;
-            if st.gpu {
-                times.prefill_gpu_ms = Some(st.total());
-                times.prefill_gpu_stages = st.stages;
+            match prof.finish_async(ctx).await {
+                Ok(st) if st.gpu => {
+                    times.prefill_gpu_ms = Some(st.total());
+                    times.prefill_gpu_stages = st.stages;
+                }
+                Ok(_) => {}
+                Err(e) => progress(&format!("prefill: GPU time not read: {e}")),
             }
         }
         if run == 0 {

@@ -240,6 +240,8 @@ impl Profiler {
     /// pass went untimed because more passes were recorded than the profiler was made for
     /// (the span would be cut short). Errors: those of [`Self::finish`].
     pub fn finish_span(mut self, ctx: &Context, stage: &str) -> Result<Option<f64>> {
+        // (a profiler of another context is refused before the cut-short span's None)
+        self.check_results(ctx)?;
         if self.untimed > 0 {
             return Ok(None);
         }
@@ -249,6 +251,8 @@ impl Profiler {
 
     /// [`Self::finish_span`] without blocking, as [`Self::finish_async`].
     pub async fn finish_span_async(mut self, ctx: &Context, stage: &str) -> Result<Option<f64>> {
+        // (a profiler of another context is refused before the cut-short span's None)
+        self.check_results(ctx)?;
         if self.untimed > 0 {
             return Ok(None);
         }

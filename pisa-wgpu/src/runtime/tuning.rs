@@ -69,7 +69,8 @@ pub struct Tuning {
     /// keys. Where the leaf-major kernel has no pair variant (the WGSL tensor-core one) it is
     /// not used. Default `true`. Variable `PISA_ATTENTION_PAIRS` (`0` or `1`).
     pub attention_pairs: bool,
-    /// The order of selection stage 2 and sparse attention ([`LeafOrder`]). Default `Auto`.
+    /// The order of selection stage 2 and sparse attention ([`LeafOrder`]). Default `Auto`
+    /// (`Leaves` on a browser's fallback adapter: [`Tuning::for_adapter`]).
     /// Variable `PISA_LEAF_ORDER` (`auto`, `tiles` or `leaves`).
     pub leaf_order: LeafOrder,
     /// The shaders' runtime checks; `None` chooses per device ([`ShaderChecks::for_device`]).
