@@ -507,9 +507,11 @@ fn indices_past_their_range_and_hand_built_shapes() {
         assert!(no_panic(|| p.offset(b, h, level, j)).is_err(), "offset");
     }
     assert!(no_panic(|| p.offset(usize::MAX, 0, 0, 0)).is_err());
-    assert_eq!(p.offset(1, 0, 0, 1), p.offset(0, 0, 0, 0) + 4); // (3 nodes a sequence, D 1)
-                                                                // A batch set by hand past the buffers (the fields are public): the documented panic, not
-                                                                // an overflow (debug) or a wrapped offset into another node (release).
+    // (3 nodes a sequence, D 1)
+    assert_eq!(p.offset(1, 0, 0, 1), p.offset(0, 0, 0, 0) + 4);
+
+    // A batch set by hand past the buffers (the fields are public): the documented panic, not
+    // an overflow (debug) or a wrapped offset into another node (release).
     let mut big = p.clone();
     big.batch = usize::MAX;
     let e = no_panic(|| big.offset(usize::MAX - 1, 0, 0, 0)).unwrap_err();

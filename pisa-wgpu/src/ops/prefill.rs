@@ -36,10 +36,10 @@
 //!   selection holds its block and, causal, their position is `>= t`; without the causal mask
 //!   any row may select its block, and a bad key can change any row's selection): causal,
 //!   rows at earlier positions (earlier blocks, and earlier rows of its own block) are bitwise
-//!   unchanged, and a row whose selection skips its block only reads finite data. A bad value leaves every selection
-//!   unchanged, so those rows are bitwise unchanged too; a bad key can change the selection (and
-//!   so the finite output) of later rows, because it enters the scores of its block and of the
-//!   block's ancestors in the pyramid;
+//!   unchanged, and a row whose selection skips its block only reads finite data. A bad value
+//!   leaves every selection unchanged, so those rows are bitwise unchanged too; a bad key can
+//!   change the selection (and so the finite output) of later rows, because it enters the
+//!   scores of its block and of the block's ancestors in the pyramid;
 //! - a bad **query** element reaches only its own row, and the selection of its token for its
 //!   KV head (shared by the GQA group), which can change the other heads' rows of that token.
 //!

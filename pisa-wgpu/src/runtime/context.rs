@@ -608,8 +608,9 @@ impl Context {
 
     /// The order of PISA selection's stage 2 and of block-sparse attention ([`LeafOrder`]):
     /// [`Tuning::leaf_order`] ([`Context::set_leaf_order`]); [`LeafOrder::Auto`] by default
-    /// ([`LeafOrder::Leaves`] on a browser's fallback adapter, [`Tuning::for_adapter`]). Every order gives the same
-    /// results (selections up to near-ties of f32 rounding, attention within f32 rounding).
+    /// ([`LeafOrder::Leaves`] on a browser's fallback adapter, [`Tuning::for_adapter`]). Every
+    /// order gives the same results (selections up to near-ties of f32 rounding, attention
+    /// within f32 rounding).
     pub fn leaf_order(&self) -> LeafOrder {
         self.tuning_ref().leaf_order
     }

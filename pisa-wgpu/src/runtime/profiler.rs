@@ -8,9 +8,9 @@
 //! them and sums the time per stage label (the passes alone, not the gaps between them);
 //! [`Profiler::finish_span`] instead gives the span of a label's passes, first begin to last
 //! end, gaps included (a burst of passes recorded back to back). Both block on the readback;
-//! [`Profiler::finish_async`] and [`Profiler::finish_span_async`] await it (the browser). Without timestamps every
-//! method is a no-op and [`StageTimes::gpu`] is false, so callers can fall back to wall-clock
-//! and say so.
+//! [`Profiler::finish_async`] and [`Profiler::finish_span_async`] await it (the browser).
+//! Without timestamps every method is a no-op and [`StageTimes::gpu`] is false, so callers
+//! can fall back to wall-clock and say so.
 
 use super::context::Context;
 use crate::error::{GpuError, Result};

@@ -5,10 +5,10 @@
 //! the values measured fastest on the GPUs measured so far (`docs/benchmarks.md`): the same
 //! for every adapter but the H100 and H200, whose decode route runs as 104 workgroups
 //! ([`Tuning::decode_route_workgroups`]), and a browser's fallback adapter (SwiftShader),
-//! which runs leaf-major ([`Tuning::leaf_order`]). The library itself never reads the environment for them,
-//! with one convenience for programs: [`Context::new`] applies the `PISA_*` variables through
-//! [`Tuning::with_env`] (the table of [`KNOBS`]); [`Context::from_device`] (an application's
-//! device) takes the defaults only.
+//! which runs leaf-major ([`Tuning::leaf_order`]). The library itself never reads the
+//! environment for them, with one convenience for programs: [`Context::new`] applies the
+//! `PISA_*` variables through [`Tuning::with_env`] (the table of [`KNOBS`]);
+//! [`Context::from_device`] (an application's device) takes the defaults only.
 //!
 //! Every knob changes speed only: the results of every setting are the ones the reference
 //! tests check (selections up to near-ties of f32 rounding, outputs within f32 rounding). One

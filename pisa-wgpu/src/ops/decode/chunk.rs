@@ -47,8 +47,9 @@ impl KvCache {
     ///
     /// Errors: [`GpuError::View`] for views of the wrong shape or of different T, an input of
     /// i32, outputs that share bytes with inputs or each other, an LSE that is not f32, an O
-    /// its scatter cannot write, or an output in the cache's own output buffers; [`PisaError::TooLarge`] when a sequence would pass the cache's
-    /// capacity (a zero dimension, T = 0, is refused when its view is made);
+    /// its scatter cannot write, or an output in the cache's own output buffers;
+    /// [`PisaError::TooLarge`] when a sequence would pass the cache's capacity (a zero
+    /// dimension, T = 0, is refused when its view is made);
     /// [`GpuError::Validation`] for a buffer of another device; [`GpuError::Misuse`] when a
     /// sequence's KV heads were loaded at different lengths ([`KvCache::prefill_view_heads`]).
     /// All checked before anything is recorded.
