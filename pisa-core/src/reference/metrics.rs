@@ -121,14 +121,8 @@ pub fn try_recall_per_kv_head(
         }
         // Each distinct leaf once (|selected ∩ oracle top K|, PISA.md 3: a row listing a leaf
         // twice was credited twice).
-        let row = selection.row(r);
-        let sel = row
-            .iter()
-            .enumerate()
-            .filter(|&(i, &j)| j >= 0 && (j as usize) < nb0 && !row[..i].contains(&j))
-            .map(|(_, j)| j);
         let (mut hit, mut m) = (0usize, 0.0);
-        for &j in sel {
+        for j in distinct_leaves(selection.row(r)) {
             hit += oracle.row(r).contains(&j) as usize;
             m += mass[r * nb0 + j as usize];
         }
@@ -156,6 +150,14 @@ pub fn recall_per_kv_head(
     cfg: &SelectionConfig,
 ) -> Vec<Recall> {
     try_recall_per_kv_head(selection, oracle, mass, shape, cfg).unwrap_or_default()
+}
+
+/// The leaves of a selection row (its indices checked to be leaves or -1), each once, in row
+/// order: the -1 padding and repeats left out.
+fn distinct_leaves(row: &[i32]) -> impl Iterator<Item = i32> + '_ {
+    (row.iter().enumerate())
+        .filter(|&(i, &j)| j >= 0 && !row[..i].contains(&j))
+        .map(|(_, &j)| j)
 }
 
 /// How much a selection's rows share, which bounds what kernels can reuse (PISA.md section 5:
@@ -231,12 +233,8 @@ pub fn try_locality(
             continue;
         }
         let row = selection.row(r);
-        // Each distinct leaf once, as in try_recall (a row listing a leaf twice counted it
-        // twice, and as its own sibling).
-        let distinct = (row.iter().enumerate())
-            .filter(|&(i, &j)| j >= 0 && !row[..i].contains(&j))
-            .map(|(_, &j)| j);
-        for j in distinct {
+        // (a row listing a leaf twice counted it twice, and as its own sibling)
+        for j in distinct_leaves(row) {
             leaves += 1;
             let parent = j as usize / g;
             let sibling = row
