@@ -95,6 +95,12 @@ pub struct BenchArgs {
     /// Seconds one size may take.
     #[arg(long, default_value_t = 8.0, allow_hyphen_values = true)]
     pub budget_s: f64,
+    /// Milliseconds of GPU time a spin kernel keeps the GPU busy at the start of each timed
+    /// submission, untimed, so that the timed work runs at the clocks of a busy GPU whatever
+    /// ran before it (0: none). Default: 5 on a GPU, 0 on a CPU adapter; never without GPU
+    /// timestamps (the wall clock would count it).
+    #[arg(long, value_parser = warmup_ms)]
+    pub warmup_ms: Option<f64>,
     /// Write the results as JSON here (and an SVG plot beside it).
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -102,7 +108,7 @@ pub struct BenchArgs {
     #[arg(long, num_args = 1.., conflicts_with_all = [
         "sizes", "decode_sizes", "decode_burst", "hq", "hkv", "d", "block_size", "top_k",
         "scoring", "q_tile", "layout", "input", "layer", "tokens", "leaf_order", "storages", "queries", "dense_max", "backward_max", "reps",
-        "decode_reps", "budget_s", "json", "adapter",
+        "decode_reps", "budget_s", "warmup_ms", "json", "adapter",
     ])]
     pub compare: Vec<PathBuf>,
     /// With --compare: also write the SVG plot of the compared results here (*.svg).
@@ -111,6 +117,14 @@ pub struct BenchArgs {
     /// Adapter name fragment or index.
     #[arg(long, value_parser = crate::args::adapter_arg)]
     pub adapter: Option<String>,
+}
+
+/// `--warmup-ms`: a finite number of milliseconds from 0 to 1000.
+fn warmup_ms(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(ms) if ms.is_finite() && (0.0..=1000.0).contains(&ms) => Ok(ms),
+        _ => Err(format!("{s:?}: a number of milliseconds from 0 to 1000")),
+    }
 }
 
 /// The entries of a comma-separated option value `s` of option `what`, trimmed: none for an
@@ -264,6 +278,18 @@ pub(super) fn check_reps(reps: usize, budget_s: f64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--warmup-ms`: a finite number from 0 to 1000; a negative, non-finite or larger value is
+    /// refused (a NaN would have made every warm-up one dispatch, an infinity the most).
+    #[test]
+    fn warmup_ms_takes_a_finite_number_up_to_a_second() {
+        for (s, ms) in [("0", 0.0), ("5", 5.0), (" 0.5 ", 0.5), ("1000", 1000.0)] {
+            assert_eq!(warmup_ms(s).unwrap(), ms, "{s}");
+        }
+        for s in ["", "-1", "nan", "inf", "1000.5", "5ms"] {
+            assert!(warmup_ms(s).is_err(), "{s}");
+        }
+    }
 
     /// `--dense-max` / `--backward-max`: one size or 0; a list or an empty value is refused by
     /// name (it was read as the list's first size, or as 0).

@@ -477,6 +477,7 @@ mod tests {
             shader_checks: String::new(),
             tuning: Vec::new(),
             queries: None,
+            warmup_ms: None,
         };
         c.params = Some(p.clone());
         let t = compare(&[a.clone(), c.clone()]);

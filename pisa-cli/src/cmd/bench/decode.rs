@@ -16,6 +16,7 @@ use pisa_wgpu::{wgpu, Context, DType, GpuTensor, Profiler, TensorView};
 
 use super::burst::{burst, check_burst};
 use super::measure::Plan;
+use super::warm;
 use crate::cmd::embed;
 
 /// Default steps per burst (`--decode-burst`): as `benches/peers/torch_peers.py` (`timeit`,
@@ -219,6 +220,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let started = std::time::Instant::now();
         ctx.scoped("bench decode", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
+            warm::record(p.warmup.as_deref(), &mut enc);
             record_pisa(&mut enc, &caches, r, None, Some(&mut prof))?;
             ctx.queue().submit([enc.finish()]);
             Ok(())
@@ -227,6 +229,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let started = std::time::Instant::now();
         ctx.scoped("bench dense decode", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
+            warm::record(p.warmup.as_deref(), &mut enc);
             for x in &parts {
                 record_dense_attention(
                     ctx,
@@ -247,6 +250,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let wall_dense = started.elapsed().as_secs_f64() * 1e3;
         ctx.scoped("bench decode by stage", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
+            warm::record(p.warmup.as_deref(), &mut enc);
             let steps: Vec<_> = (caches.iter())
                 .map(|x| (&x.cache, &x.q_views[r % 2]))
                 .collect();
@@ -258,6 +262,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         gpu &= t.gpu;
         let pisa_burst = burst(ctx, parts.len(), p.burst, "decode", |prof, _| {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
+            warm::record(p.warmup.as_deref(), &mut enc);
             for s in 0..p.burst {
                 record_pisa(&mut enc, &caches, r, Some(s % BURST), Some(&mut *prof))?;
             }
@@ -266,6 +271,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         })?;
         let dense_burst = burst(ctx, parts.len(), p.burst, "dense", |prof, outs| {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
+            warm::record(p.warmup.as_deref(), &mut enc);
             let np = parts.len();
             for s in 0..p.burst {
                 for (i, x) in parts.iter().enumerate() {
@@ -392,6 +398,7 @@ mod tests {
             budget_s: 1.0,
             burst: 2,
             inputs: None,
+            warmup: None,
         };
         let t = decode(&ctx, &p).unwrap();
         assert!(t.pisa > 0.0 && t.dense > 0.0 && t.pisa_burst > 0.0, "{t:?}");

@@ -21,6 +21,7 @@ use pisa_wgpu::ops::select::{select, Layouts, Method};
 use pisa_wgpu::{Context, DType, GpuError, GpuTensor, Profiler, StageTimes, Storage, TensorView};
 
 use super::kernels::Kernels;
+use super::warm;
 use crate::cmd::embed;
 
 /// Q, K, V read from a file (`pisa bench --input`), f32 in [`Plan::layout`], batch 1.
@@ -66,6 +67,8 @@ pub struct Plan {
     pub burst: usize,
     /// The prefill's Q, K, V (of shape `[1, hq, n, d]`, `[1, hkv, n, d]`); `None`: random.
     pub inputs: Option<std::sync::Arc<HostInputs>>,
+    /// The GPU warm-up recorded at the start of each timed submission (`--warmup-ms`).
+    pub warmup: Option<std::sync::Arc<super::warm::Warmup>>,
 }
 
 struct Inputs {
@@ -310,6 +313,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
             let mut prof = Profiler::new(ctx, 512);
             ctx.scoped("bench", || {
                 let mut enc = ctx.device().create_command_encoder(&Default::default());
+                warm::record(p.warmup.as_deref(), &mut enc);
                 let [qv, kv, vv] = &inp.views;
                 planned
                     .plan

@@ -13,6 +13,7 @@ pub mod kernels;
 pub mod measure;
 pub mod params;
 pub mod report;
+pub mod warm;
 
 use std::path::PathBuf;
 
@@ -234,6 +235,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     let most_keys = sizes.iter().chain(&decode_sizes).copied().max();
     crate::limits::warn_llvmpipe(&ctx, most_keys.unwrap_or(0));
     a.leaf_order.apply(&ctx);
+    let warmup = warm::for_run(&ctx, a.warmup_ms)?;
     let r = ctx.report().clone();
     let mut out = Report {
         adapter: r.name.clone(),
@@ -250,6 +252,9 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         params: Some(params::Params::of(&a, &cfg, &ctx)),
         records: Vec::new(),
     };
+    if let Some(p) = out.params.as_mut() {
+        p.warmup_ms = warmup.as_ref().map(|w| w.ms());
+    }
     out.shape = out
         .params
         .as_ref()
@@ -293,6 +298,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                 budget_s: a.budget_s,
                 burst: a.decode_burst,
                 inputs: inputs.clone(),
+                warmup: warmup.clone(),
             };
             pb.set_message(format!("prefill {stn} N={n}"));
             let (measured, skipped) =
@@ -409,6 +415,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                 budget_s: a.budget_s,
                 burst: a.decode_burst,
                 inputs: None,
+                warmup: warmup.clone(),
             };
             match decode::decode(&ctx, &plan) {
                 Ok(t) => {
@@ -519,6 +526,7 @@ mod tests {
             budget_s: 0.0,
             burst: 1,
             inputs: None,
+            warmup: None,
         };
         // (what fails, what is left out)
         for (fails_dense, fails_backward, left) in [

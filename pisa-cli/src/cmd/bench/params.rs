@@ -45,6 +45,10 @@ pub struct Params {
     /// whole prompts and in files written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queries: Option<usize>,
+    /// The GPU warm-up before each timed submission, ms of GPU time as calibrated
+    /// (`--warmup-ms`); absent when none ran and in files written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_ms: Option<f64>,
 }
 
 impl Params {
@@ -90,6 +94,8 @@ impl Params {
                 .queries
                 .as_deref()
                 .and_then(|q| super::args::parse_sizes(q).ok()?.first().copied()),
+            // (set by the run once the warm-up is calibrated)
+            warmup_ms: None,
         }
     }
 
@@ -126,6 +132,9 @@ impl Params {
         };
         if let Some(q) = self.queries {
             tuning += &format!(", prefill of the last min({q}, N) queries over N keys");
+        }
+        if let Some(ms) = self.warmup_ms {
+            tuning += &format!(", GPU warm-up {ms:.1} ms before each timed submission");
         }
         format!(
             "Hq {}, Hkv {}, D {}, C {}, top_k {}, g {}, {}, Qtile {}, layout {}, inputs {}, leaf order {}, kernel path {} ({what}), shader checks {}{tuning}",
