@@ -196,7 +196,8 @@ impl SelectionConfig {
         Ok(())
     }
 
-    /// The softmax scale s for head dim `head_dim`: the configured one, else `1 / sqrt(D)`.
+    /// The softmax scale s for head dim `head_dim`: the configured one, else `1 / sqrt(D)`
+    /// (+inf for a head dim of 0, which no validated shape has).
     pub fn softmax_scale(&self, head_dim: usize) -> f32 {
         self.scale
             .unwrap_or_else(|| 1.0 / libm::sqrtf(head_dim as f32))

@@ -39,6 +39,9 @@ pub enum PisaError {
     },
     /// A non-finite softmax scale or a value out of its domain.
     InvalidValue { what: &'static str },
+    /// A NaN or an infinity in an input tensor (`what` names it) at flat `index`, its first
+    /// non-finite element: the reference's results are defined for finite inputs only.
+    NonFinite { what: &'static str, index: usize },
 }
 
 impl fmt::Display for PisaError {
@@ -75,6 +78,11 @@ impl fmt::Display for PisaError {
                 write!(f, "{what} is {value}, above the limit of {limit}")
             }
             PisaError::InvalidValue { what } => write!(f, "invalid value: {what}"),
+            PisaError::NonFinite { what, index } => write!(
+                f,
+                "{what} holds a NaN or an infinity at flat index {index} (its first non-finite \
+                 element)"
+            ),
         }
     }
 }
@@ -83,3 +91,23 @@ impl core::error::Error for PisaError {}
 
 /// Result alias of `pisa-core`.
 pub type Result<T> = core::result::Result<T, PisaError>;
+
+/// Checks that every element of `data` is finite: [`PisaError::NonFinite`] naming `what` and the
+/// flat index of the first NaN or infinity otherwise. The reference functions run it on their
+/// input tensors (Q, K, V, dO, the forward's O); it is public for a caller that checks its own
+/// buffers first, as `pisa_wgpu::ops::check_finite` does for the GPU functions.
+///
+/// ```
+/// use pisa_core::{check_finite, PisaError};
+/// assert!(check_finite("q", &[1.0, -2.5]).is_ok());
+/// assert_eq!(
+///     check_finite("q", &[1.0, f32::NAN]),
+///     Err(PisaError::NonFinite { what: "q", index: 1 })
+/// );
+/// ```
+pub fn check_finite(what: &'static str, data: &[f32]) -> Result<()> {
+    match data.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(index) => Err(PisaError::NonFinite { what, index }),
+    }
+}

@@ -148,7 +148,7 @@ impl PyramidLayout {
         );
         o + j
     }
-    /// Parent (at `level + 1`) of node `j`.
+    /// Parent (at `level + 1`) of node `j`: `floor(j / g)` (arithmetic only, as [`Self::ancestor`]).
     pub fn parent(&self, j: usize) -> usize {
         j / self.merge_factor
     }
@@ -169,7 +169,8 @@ impl PyramidLayout {
     pub fn leaves_per_node(&self, level: usize) -> usize {
         u32::try_from(level).map_or(usize::MAX, |l| self.merge_factor.saturating_pow(l))
     }
-    /// Ancestor at `level` of leaf `leaf`: `floor(leaf / g^level)`.
+    /// Ancestor at `level` of leaf `leaf`: `floor(leaf / g^level)` (arithmetic only: neither
+    /// `leaf` nor `level` is checked against the layout; a level past the top gives 0).
     pub fn ancestor(&self, leaf: usize, level: usize) -> usize {
         leaf / self.leaves_per_node(level)
     }
@@ -201,12 +202,20 @@ impl PyramidLayout {
         p / self.block_size
     }
     /// The ancestor path of `leaf`: `(level, node)` for every level from 0 (the leaf itself) to
-    /// the top. A decode step that appends a key to `leaf` changes exactly these nodes.
+    /// the top. A decode step that appends a key to `leaf` changes exactly these nodes. Panics
+    /// when `leaf` is not one of the layout's leaves (its path would name nodes past their
+    /// levels' ends, as [`Self::leaf_span`] refuses).
     pub fn ancestor_path(&self, leaf: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        assert!(
+            leaf < self.leaves(),
+            "leaf {leaf} of {} leaves",
+            self.leaves()
+        );
         (0..self.levels).map(move |l| (l, self.ancestor(leaf, l)))
     }
     /// Class of node `j` at `level` for a query whose own leaf is `own_block`; `None` means not
-    /// causal, where every node is complete-past (PISA.md section 3).
+    /// causal, where every node is complete-past (PISA.md section 3). Arithmetic only, as
+    /// [`Self::ancestor`]: a node past its level's end classes as the position it would have.
     pub fn classify(&self, level: usize, j: usize, own_block: Option<usize>) -> NodeClass {
         match own_block {
             None => NodeClass::CompletePast,

@@ -5,7 +5,7 @@
 //! The pure math of PISA (Pyramid Top-K Selection Attention; `docs/PISA.md` of the project,
 //! paper arXiv 2609.31093): shapes and configuration, the pyramid layout, complexity-bounded
 //! candidate scheduling, LogSumExp / online-softmax math, and, with the `alloc` feature (on by
-//! default), the CPU reference of every operation in [`mod@reference`]. No GPU types live here.
+//! default), the CPU reference of every operation in the `reference` module. No GPU types live here.
 //!
 //! The reference of a PISA prefill: the selection (PISA.md section 3), then attention over the
 //! selected leaf blocks (section 4), in f64 from f32 inputs:
@@ -48,7 +48,7 @@ pub mod shape;
 pub mod reference;
 
 pub use config::{Scoring, SelectionConfig, MAX_BLOCK_SIZE, MAX_MERGE_FACTOR, MAX_TOP_K};
-pub use error::{PisaError, Result};
+pub use error::{check_finite, PisaError, Result};
 pub use layout::{NodeClass, PyramidLayout, MAX_LEVELS};
 pub use schedule::{grid_for, pyramid_len, Schedule};
 pub use shape::{AttentionShape, TensorLayout};

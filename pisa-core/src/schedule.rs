@@ -116,6 +116,8 @@ pub fn pyramid_len(
 /// `max_per_dim` (65535 on most adapters). Shaders recover the linear id as
 /// `x + y * gx + z * gx * gy` and skip ids `>= workgroups`.
 ///
+/// A `max_per_dim` of 0 is taken as 1 (and reported as 1 in the error).
+///
 /// Errors: [`PisaError::TooLarge`] when even `max_per_dim^3` is not enough.
 pub fn grid_for(workgroups: u64, max_per_dim: u32) -> Result<[u32; 3]> {
     let m = max_per_dim.max(1) as u64;

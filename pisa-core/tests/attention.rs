@@ -1,6 +1,7 @@
 //! Attention (PISA.md section 4): dense against a naive two-pass softmax, sparse against a
 //! naive masked softmax over the selected blocks, and sparse with every visible block (PISA
 //! with top_k >= visible leaves) against dense to 1e-12.
+#![cfg(feature = "alloc")] // the CPU reference needs `alloc`
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Backward pass of block-sparse attention (PISA.md section 4) against central finite
 //! differences of the forward `sparse_attention`, with the selection held fixed: the loss is
 //! `L = sum dO * O`, so dL/dx is the reference's gradient for every input element x.
+#![cfg(feature = "alloc")] // the CPU reference needs `alloc`
 
 mod common;
 

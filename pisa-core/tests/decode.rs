@@ -1,6 +1,7 @@
 //! Decode against prefill (PISA.md sections 1 and 3): the selection and output of each decode
 //! step equal prefill's at the same position; `append` changes only the new key's ancestor
 //! path and leaves the pyramid equal to a full rebuild; causality of prefill.
+#![cfg(feature = "alloc")] // the CPU reference needs `alloc`
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Hand-worked selections (PISA.md sections 2 and 3) with 1-D keys and queries (D = 1), softmax
 //! scale 1 and q = 1 unless stated, so every score is worked out in the comments. Each leaf's
 //! keys are written `leaf j = [k, k]` (C = 2) or one key per leaf (C = 1).
+#![cfg(feature = "alloc")] // the CPU reference needs `alloc`
 
 use pisa_core::reference::{block_mass, recall, select_bsa, select_oracle, select_pisa, Selection};
 use pisa_core::{AttentionShape, Scoring, SelectionConfig, TensorLayout};
@@ -258,4 +259,26 @@ fn case_f_merge_factor_three() {
     // Without k24 the best leaf is k6: [6, 26].
     keys[24] = 0.0;
     assert_eq!(pisa(&keys, &[1.0], 1, &c).indices, [6, 26]);
+}
+
+/// Equal scores of opposite zero signs tie, broken by the lower block (PISA.md 3.4), as the GPU
+/// kernels' comparisons break them: a zero query's BSA scores are -0.0 against a block mean of
+/// negative components and +0.0 against a positive one, and the reference ranked +0.0 first.
+#[test]
+fn zero_scores_of_either_sign_tie_to_the_lower_block() {
+    use pisa_core::reference::{select_bsa, select_pisa};
+    use pisa_core::{AttentionShape, SelectionConfig, TensorLayout};
+    // D 2, C 2, K 2: block means (-1, -1), (1, 1), (-1, -1), then the query's own block 3.
+    let k: Vec<f32> = [
+        -1.0, -1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0, 0.5, 0.5,
+    ]
+    .to_vec();
+    let s = AttentionShape::new(1, 1, 1, 1, 7, 2).unwrap();
+    let cfg = SelectionConfig::new(2, 2).unwrap();
+    let q = [0.0f32, 0.0];
+    let bsa = select_bsa(&q, &k, &s, TensorLayout::Bhnd, &cfg).unwrap();
+    assert_eq!(bsa.row(0), &[0, 3], "a tie keeps the lower block");
+    assert_eq!(bsa.margin[0], 0.0, "and is flagged as one");
+    let pisa = select_pisa(&q, &k, &s, TensorLayout::Bhnd, &cfg).unwrap();
+    assert_eq!(pisa.row(0), &[0, 3]);
 }

@@ -1,6 +1,7 @@
 //! Property tests of the pyramid layout (PISA.md section 1): spans partition the keys, counts
 //! add up, each leaf has one ancestor per level, and the ancestor path is exactly what a full
 //! rebuild changes when one key is appended.
+#![cfg(feature = "alloc")] // the CPU reference needs `alloc`
 
 mod common;
 

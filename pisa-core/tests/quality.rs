@@ -1,5 +1,6 @@
 //! Oracle and recall (PISA.md section 3, "Quality"): block mass, the oracle's top K, Recall@K
 //! and mass recall bounds, per-KV-head recall, and a planted needle every method must find.
+#![cfg(feature = "alloc")] // the CPU reference needs `alloc`
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! PISA selection against the brute-force selector of `common` over all three scorings, GQA
 //! groups 1-3, g = 2 and 3, sink/local blocks, causal and not, both layouts (PISA.md 2, 3);
 //! selection invariants; the O(log N) scored-node bound; input validation.
+#![cfg(feature = "alloc")] // the CPU reference needs `alloc`
 
 mod common;
 

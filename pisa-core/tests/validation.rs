@@ -1,6 +1,7 @@
 //! Library input validation: every validating constructor of `pisa-core` returns a
 //! typed [`PisaError`] naming the bad value, and its `Display` names the accepted range.
 //! Inputs at the edges of `usize` must give an error, never a panic or a wrapped size.
+#![cfg(feature = "alloc")] // the CPU reference needs `alloc`
 
 use pisa_core::reference::{dense_attention, sparse_attention, DecodeState};
 use pisa_core::{
@@ -562,4 +563,171 @@ fn selection_rows_of_a_hand_built_selection() {
     assert_eq!(s.row(2), [2, -1]);
     let empty = pisa_core::reference::Selection { top_k: 0, ..s };
     assert_eq!(empty.rows(), 0);
+}
+
+/// A NaN or an infinity in any input tensor of a reference function is
+/// [`PisaError::NonFinite`] naming the tensor and the first bad element (it was `Ok`: a +inf key
+/// scored as masked, a NaN ranked by its sign bit); an LSE of -inf (a row that attended to
+/// nothing) stays accepted by the backward pass.
+#[test]
+fn non_finite_inputs_are_named() {
+    use pisa_core::reference::{
+        block_mass, build_pyramid, select_bsa, select_oracle, select_oracle_from_mass, select_pisa,
+        sparse_attention_backward,
+    };
+    let l = TensorLayout::Bhnd;
+    let s = AttentionShape::prefill(1, 2, 1, 20, 4).unwrap();
+    let cfg = SelectionConfig::new(4, 2).unwrap();
+    let x = |n: usize, seed: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 37 + seed) % 11) as f32 * 0.1 - 0.5)
+            .collect()
+    };
+    let (q, k, v) = (x(s.q_elems(), 1), x(s.kv_elems(), 2), x(s.kv_elems(), 3));
+    let sel = select_pisa(&q, &k, &s, l, &cfg).unwrap();
+    let (o, lse) = sparse_attention(&q, &k, &v, &s, l, &cfg, &sel.indices).unwrap();
+    let d_o = x(s.q_elems(), 4);
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let at = 7;
+        let poison = |t: &[f32]| {
+            let mut t = t.to_vec();
+            t[at] = bad;
+            t
+        };
+        let want = |what| Err::<(), _>(PisaError::NonFinite { what, index: at });
+        let (qb, kb, vb) = (poison(&q), poison(&k), poison(&v));
+        let i = &sel.indices;
+        assert_eq!(
+            dense_attention(&qb, &k, &v, &s, l, true, 0.5).map(|_| ()),
+            want("q")
+        );
+        assert_eq!(
+            dense_attention(&q, &kb, &v, &s, l, true, 0.5).map(|_| ()),
+            want("k")
+        );
+        assert_eq!(
+            dense_attention(&q, &k, &vb, &s, l, true, 0.5).map(|_| ()),
+            want("v")
+        );
+        assert_eq!(
+            sparse_attention(&q, &k, &vb, &s, l, &cfg, i).map(|_| ()),
+            want("v")
+        );
+        assert_eq!(select_pisa(&qb, &k, &s, l, &cfg).map(|_| ()), want("q"));
+        assert_eq!(select_pisa(&q, &kb, &s, l, &cfg).map(|_| ()), want("k"));
+        assert_eq!(select_bsa(&q, &kb, &s, l, &cfg).map(|_| ()), want("k"));
+        assert_eq!(select_oracle(&qb, &k, &s, l, &cfg).map(|_| ()), want("q"));
+        assert_eq!(block_mass(&q, &kb, &s, l, &cfg).map(|_| ()), want("k"));
+        assert_eq!(build_pyramid(&kb, &s, l, &cfg).map(|_| ()), want("k"));
+        let bw = |q: &[f32], v: &[f32], o: &[f64], lse: &[f64], d_o: &[f32]| {
+            sparse_attention_backward(q, &k, v, o, lse, d_o, &s, l, &cfg, i).map(|_| ())
+        };
+        assert_eq!(bw(&qb, &v, &o, &lse, &d_o), want("q"));
+        assert_eq!(bw(&q, &vb, &o, &lse, &d_o), want("v"));
+        assert_eq!(bw(&q, &v, &o, &lse, &poison(&d_o)), want("d_o"));
+        let mut ob = o.clone();
+        ob[at] = bad as f64;
+        assert_eq!(bw(&q, &v, &ob, &lse, &d_o), want("o"));
+        let mut lb = lse.clone();
+        lb[at] = bad as f64;
+        let got = bw(&q, &v, &o, &lb, &d_o);
+        if bad == f32::NEG_INFINITY {
+            assert!(
+                got.is_ok(),
+                "an LSE of -inf is a row that attended to nothing: {got:?}"
+            );
+        } else {
+            assert_eq!(got, want("lse"));
+        }
+        let mut st = DecodeState::new(2, 1, 4, cfg).unwrap();
+        assert_eq!(
+            st.append(&[0.0, 1.0, bad, 0.5], &[0.0; 4]),
+            Err(PisaError::NonFinite {
+                what: "k_row",
+                index: 2
+            })
+        );
+        assert_eq!(
+            st.append(&[0.0; 4], &[bad, 0.0, 0.0, 0.0]),
+            Err(PisaError::NonFinite {
+                what: "v_row",
+                index: 0
+            })
+        );
+        assert_eq!(st.len(), 0, "a refused row is not appended");
+        st.append(&[0.5; 4], &[0.25; 4]).unwrap();
+        let e = st
+            .step(&[0.0, 0.0, 0.0, 0.0, 1.0, bad, 0.0, 0.0])
+            .unwrap_err();
+        assert_eq!(
+            e,
+            PisaError::NonFinite {
+                what: "q_row",
+                index: 5
+            }
+        );
+        assert!(
+            e.to_string().contains("q_row") && e.to_string().contains("index 5"),
+            "{e}"
+        );
+    }
+    // The oracle's masses: probabilities, so NaN, infinite or negative is refused.
+    let mass = block_mass(&q, &k, &s, l, &cfg).unwrap();
+    assert!(select_oracle_from_mass(&mass, &s, &cfg).is_ok());
+    for bad in [f64::NAN, f64::INFINITY, -0.25] {
+        let mut m = mass.clone();
+        m[3] = bad;
+        let e = select_oracle_from_mass(&m, &s, &cfg).unwrap_err();
+        assert_eq!(
+            e,
+            PisaError::NonFinite {
+                what: "mass",
+                index: 3
+            }
+        );
+    }
+    assert_eq!(pisa_core::check_finite("x", &[0.0, -1.0, 3.0e38]), Ok(()));
+}
+
+/// A pyramid or a selection too large to allocate is [`PisaError::TooLarge`] (it aborted the
+/// process: `vec!` of a size past the memory); a pyramid of 0 sequences, KV heads or dims is
+/// [`PisaError::Zero`].
+#[test]
+fn allocations_past_memory_and_empty_pyramids_are_errors() {
+    use pisa_core::reference::Pyramid;
+    // 2^41 nodes of 2^21 dims: 2^62 f64, past what an allocation may hold (2^60 of 8 bytes).
+    let big = PyramidLayout::new(1 << 40, 1, 2).unwrap();
+    let e = no_panic(|| Pyramid::zeros(big, 1, 1, 1 << 21))
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PisaError::TooLarge {
+                what: "pyramid means",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let small = PyramidLayout::new(10, 2, 2).unwrap();
+    for (dims, what) in [
+        ([0, 1, 4], "batch"),
+        ([1, 0, 4], "kv_heads"),
+        ([1, 1, 0], "head_dim"),
+    ] {
+        let e = Pyramid::zeros(small, dims[0], dims[1], dims[2]).unwrap_err();
+        assert_eq!(e, PisaError::Zero { what });
+    }
+    assert!(Pyramid::zeros(small, 1, 2, 4).is_ok());
+}
+
+/// The ancestor path of a leaf past the layout's leaves panics, as `leaf_span` of a node past
+/// its level does (it named nodes past their levels' ends).
+#[test]
+fn ancestor_path_of_a_leaf_past_the_layout_panics() {
+    let l = PyramidLayout::new(10, 2, 2).unwrap(); // 5 leaves
+    assert_eq!(l.ancestor_path(4).count(), l.num_levels());
+    let e = no_panic(|| l.ancestor_path(5).count()).unwrap_err();
+    assert!(e.contains("leaf 5 of 5 leaves"), "{e}");
 }

@@ -94,7 +94,8 @@ fn for_rows(
 /// Errors: shape errors as [`crate::AttentionShape::new`] (the shape is checked again: its
 /// fields are public), the configuration's validation errors, [`PisaError::BufferLen`] for a
 /// buffer of the wrong length, [`PisaError::InvalidValue`] for an index below -1 or at least
-/// `nb_0`.
+/// `nb_0`,
+/// [`PisaError::NonFinite`] for a NaN or an infinity in `q`, `k` or `v`.
 pub fn sparse_attention(
     q: &[f32],
     k: &[f32],
@@ -151,7 +152,8 @@ pub fn sparse_attention(
 /// Dense attention (PISA.md section 4): every key, masked to `t <= p_i` when `causal`, scores
 /// `scale * q.k_t`. Shapes, layouts and returns as [`sparse_attention`].
 /// Errors: shape errors as [`crate::AttentionShape::new`], [`PisaError::BufferLen`],
-/// [`PisaError::InvalidValue`] for a non-finite or non-positive scale.
+/// [`PisaError::InvalidValue`] for a non-finite or non-positive scale, [`PisaError::NonFinite`]
+/// for a NaN or an infinity in `q`, `k` or `v`.
 pub fn dense_attention(
     q: &[f32],
     k: &[f32],

@@ -16,7 +16,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::config::SelectionConfig;
-use crate::error::Result;
+use crate::error::{PisaError, Result};
 use crate::shape::{AttentionShape, TensorLayout};
 
 use super::tensor::{check_block_indices, check_len, check_shape, dot, View, SELECTION_INDEX};
@@ -43,7 +43,9 @@ pub struct Gradients {
 /// Errors: the shape's validation errors (as [`AttentionShape::new`]: its fields are public)
 /// and the configuration's, [`PisaError::TooLarge`] for leaf indices or a selection past
 /// `i32` / `usize`, [`PisaError::BufferLen`] for a buffer of the wrong length,
-/// [`PisaError::InvalidValue`] for an index below -1 or at least `nb_0`.
+/// [`PisaError::InvalidValue`] for an index below -1 or at least `nb_0`,
+/// [`PisaError::NonFinite`] for a NaN or an infinity in `q`, `k`, `v`, `d_o` or `o`, or a NaN
+/// or +inf in `lse`.
 #[allow(clippy::too_many_arguments)] // the forward's inputs, its outputs and dO
 pub fn sparse_attention_backward(
     q: &[f32],
@@ -70,6 +72,13 @@ pub fn sparse_attention_backward(
     let vv = View::new("v", v, layout, ks)?;
     check_len("o", o.len(), s.q_elems())?;
     check_len("lse", lse.len(), s.lse_elems())?;
+    // The forward's outputs: O finite, an LSE finite or -inf (a row that attended to nothing).
+    if let Some(index) = o.iter().position(|x| !x.is_finite()) {
+        return Err(PisaError::NonFinite { what: "o", index });
+    }
+    if let Some(index) = lse.iter().position(|x| x.is_nan() || *x == f64::INFINITY) {
+        return Err(PisaError::NonFinite { what: "lse", index });
+    }
     check_len(
         "selection",
         selection.len(),

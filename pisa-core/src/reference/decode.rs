@@ -77,11 +77,15 @@ impl DecodeState {
     /// each ancestor from its children: O(C*D + log N * g*D) per KV head). When the key opens a
     /// new leaf, the layout grows: existing nodes are copied, not recomputed, to their new
     /// offsets (a reference-only cost; a GPU cache allocates its capacity's layout up front).
-    /// Errors: [`PisaError::BufferLen`] for a row of the wrong length.
+    /// Errors: [`PisaError::BufferLen`] for a row of the wrong length, [`PisaError::NonFinite`]
+    /// for a NaN or an infinity in a row (nothing is appended then).
     pub fn append(&mut self, k_row: &[f32], v_row: &[f32]) -> Result<()> {
         let n = self.kv_heads * self.head_dim;
         check_len("k_row", k_row.len(), n)?;
         check_len("v_row", v_row.len(), n)?;
+        // (checked here, row by row, so that the views of the whole cache need no scan)
+        crate::error::check_finite("k_row", k_row)?;
+        crate::error::check_finite("v_row", v_row)?;
         self.keys.extend_from_slice(k_row);
         self.values.extend_from_slice(v_row);
         self.len += 1;
@@ -107,7 +111,7 @@ impl DecodeState {
             self.pyramid = grown;
         }
         self.pyramid.layout = new;
-        let keys = View::new(
+        let keys = View::checked_len(
             "keys",
             &self.keys,
             TensorLayout::Bnhd,
@@ -130,7 +134,8 @@ impl DecodeState {
     /// selection (PISA.md 3, same as prefill at that position) and attention over it
     /// (PISA.md 4). Returns `(selection [Hkv, K] ascending -1 padded, out [Hq, D], lse [Hq])`.
     /// With `cfg.causal == false` the selection is the non-causal one over the keys so far.
-    /// Errors: [`PisaError::Zero`] before any append, [`PisaError::BufferLen`].
+    /// Errors: [`PisaError::Zero`] before any append, [`PisaError::BufferLen`],
+    /// [`PisaError::NonFinite`] for a NaN or an infinity in `q_row`.
     pub fn step(&self, q_row: &[f32]) -> Result<(Vec<i32>, Vec<f64>, Vec<f64>)> {
         let s = self.step_detailed(q_row)?;
         Ok((s.selection, s.out, s.lse))
@@ -145,8 +150,8 @@ impl DecodeState {
         let (hq, hkv, d) = (self.q_heads, self.kv_heads, self.head_dim);
         let qv = View::new("q_row", q_row, TensorLayout::Bnhd, [1, hq, 1, d])?;
         let shape = [1, hkv, self.len, d];
-        let keys = View::new("keys", &self.keys, TensorLayout::Bnhd, shape)?;
-        let values = View::new("values", &self.values, TensorLayout::Bnhd, shape)?;
+        let keys = View::checked_len("keys", &self.keys, TensorLayout::Bnhd, shape)?;
+        let values = View::checked_len("values", &self.values, TensorLayout::Bnhd, shape)?;
         let start_level = Schedule::new(&self.pyramid.layout, &self.cfg)?.start_level;
         let (k, g, c, p) = (self.cfg.top_k, hq / hkv, self.cfg.block_size, self.len - 1);
         let scale = self.cfg.softmax_scale(d) as f64;

@@ -1,6 +1,5 @@
 //! The key pyramid (PISA.md section 1): per-node mean key and per-dimension key variance.
 
-use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::config::SelectionConfig;
@@ -8,7 +7,7 @@ use crate::error::{PisaError, Result};
 use crate::layout::PyramidLayout;
 use crate::shape::{AttentionShape, TensorLayout};
 
-use super::tensor::{check_shape, checked_elems, View};
+use super::tensor::{check_shape, checked_elems, filled, View};
 
 /// The key pyramid of `B` sequences with `Hkv` key heads (PISA.md section 1), in f64.
 ///
@@ -34,13 +33,23 @@ pub struct Pyramid {
 
 impl Pyramid {
     /// An all-zero pyramid of the given layout and sizes (filled by [`build_pyramid`] or the
-    /// decode state). Errors: [`PisaError::TooLarge`] when the buffer size overflows `usize`.
+    /// decode state). Errors: [`PisaError::Zero`] for a batch, KV head count or head dim of 0,
+    /// [`PisaError::TooLarge`] when the buffer size overflows `usize` or cannot be allocated.
     pub fn zeros(
         layout: PyramidLayout,
         batch: usize,
         kv_heads: usize,
         head_dim: usize,
     ) -> Result<Self> {
+        for (what, n) in [
+            ("batch", batch),
+            ("kv_heads", kv_heads),
+            ("head_dim", head_dim),
+        ] {
+            if n == 0 {
+                return Err(PisaError::Zero { what });
+            }
+        }
         let n = checked_elems(
             "pyramid",
             &[batch, kv_heads, layout.total_nodes(), head_dim],
@@ -50,8 +59,8 @@ impl Pyramid {
             batch,
             kv_heads,
             head_dim,
-            means: vec![0.0; n],
-            vars: vec![0.0; n],
+            means: filled("pyramid means", n, 0.0)?,
+            vars: filled("pyramid variances", n, 0.0)?,
         })
     }
 
@@ -171,8 +180,12 @@ impl Pyramid {
 /// Builds the key pyramid of `k` (PISA.md section 1).
 ///
 /// `k` is `[B, Hkv, Nk, D]` in `layout` (sizes from `shape`); the layout of the pyramid is
-/// `PyramidLayout::new(Nk, C, g)` of `cfg`. Errors: the configuration's validation errors,
-/// [`PisaError::BufferLen`] when `k.len() != shape.kv_elems()`.
+/// `PyramidLayout::new(Nk, C, g)` of `cfg`. Errors: shape errors as
+/// [`AttentionShape::new`] (the shape is checked again: its fields are public), the
+/// configuration's validation errors, [`PisaError::TooLarge`] for more leaves than an i32
+/// index holds or a selection of `shape` past `usize` (the checks every selection takes) and
+/// for a pyramid that cannot be allocated, [`PisaError::BufferLen`] when `k.len() !=
+/// shape.kv_elems()`, [`PisaError::NonFinite`] for a NaN or an infinity in `k`.
 pub fn build_pyramid(
     k: &[f32],
     shape: &AttentionShape,

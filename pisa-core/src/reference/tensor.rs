@@ -26,6 +26,27 @@ pub(crate) fn checked_elems(what: &'static str, dims: &[usize]) -> Result<usize>
     })
 }
 
+/// A vector of `n` copies of `value`, allocated fallibly: [`PisaError::TooLarge`] naming `what`
+/// (with `n` and the most elements of that type an allocation may hold) when it cannot be,
+/// instead of the allocation failure that aborts the process.
+pub(crate) fn filled<T: Clone>(
+    what: &'static str,
+    n: usize,
+    value: T,
+) -> Result<alloc::vec::Vec<T>> {
+    let most = isize::MAX as usize / core::mem::size_of::<T>().max(1);
+    let mut v = alloc::vec::Vec::new();
+    if n > most || v.try_reserve_exact(n).is_err() {
+        return Err(PisaError::TooLarge {
+            what,
+            value: n as u64,
+            limit: most as u64,
+        });
+    }
+    v.resize(n, value);
+    Ok(v)
+}
+
 /// The error of a selection entry that names no leaf ([`check_block_indices`]).
 pub(crate) const SELECTION_INDEX: &str =
     "selection holds a block index below -1 or past the last leaf";
@@ -72,8 +93,25 @@ pub(crate) fn check_shape(s: &AttentionShape, cfg: Option<&SelectionConfig>) -> 
 }
 
 impl<'a> View<'a> {
-    /// Errors: [`PisaError::BufferLen`] when `data.len() != batch * heads * tokens * dim`.
+    /// A view of an input tensor. Errors: [`PisaError::BufferLen`] when `data.len() != batch *
+    /// heads * tokens * dim`, [`PisaError::NonFinite`] for a NaN or an infinity in it (the
+    /// reference is defined for finite inputs; with them, a +inf key scored as masked and a NaN
+    /// ranked by its sign bit, with `Ok`).
     pub(crate) fn new(
+        what: &'static str,
+        data: &'a [f32],
+        layout: TensorLayout,
+        dims: [usize; 4],
+    ) -> Result<Self> {
+        let v = Self::checked_len(what, data, layout, dims)?;
+        crate::error::check_finite(what, data)?;
+        Ok(v)
+    }
+
+    /// [`Self::new`] without the finiteness scan, for data checked as it was added (a decode
+    /// state's keys and values, checked row by row on append: a scan per step would make a
+    /// step O(N)).
+    pub(crate) fn checked_len(
         what: &'static str,
         data: &'a [f32],
         layout: TensorLayout,

@@ -5,7 +5,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::config::SelectionConfig;
-use crate::error::Result;
+use crate::error::{PisaError, Result};
 use crate::lse::log_add_exp;
 use crate::shape::{AttentionShape, TensorLayout};
 
@@ -40,7 +40,7 @@ pub fn select_bsa(
     let nb0 = pyr.layout.leaves();
     let s = cfg.softmax_scale(shape.head_dim) as f64;
     let g = shape.gqa_group();
-    let mut sel = Selection::with_rows(shape.batch * shape.kv_heads * shape.q_len, cfg.top_k);
+    let mut sel = Selection::with_rows(shape.batch * shape.kv_heads * shape.q_len, cfg.top_k)?;
     for b in 0..shape.batch {
         for h in 0..shape.kv_heads {
             for i in 0..shape.q_len {
@@ -145,7 +145,8 @@ pub fn select_oracle(
 
 /// [`select_oracle`] from a [`block_mass`] computed beforehand (`[B, Hkv, Nq, nb_0]`).
 /// Errors: shape errors, the configuration's validation errors,
-/// [`crate::PisaError::BufferLen`], [`crate::PisaError::TooLarge`] as [`super::select_pisa`].
+/// [`crate::PisaError::BufferLen`], [`crate::PisaError::TooLarge`] as [`super::select_pisa`],
+/// [`crate::PisaError::NonFinite`] for a mass that is NaN, infinite or negative.
 pub fn select_oracle_from_mass(
     mass: &[f64],
     shape: &AttentionShape,
@@ -155,7 +156,14 @@ pub fn select_oracle_from_mass(
     let nb0 = shape.k_len.div_ceil(cfg.block_size);
     let rows = shape.batch * shape.kv_heads * shape.q_len;
     check_len("mass", mass.len(), checked_elems("mass", &[rows, nb0])?)?;
-    let mut sel = Selection::with_rows(rows, cfg.top_k);
+    // A mass is a probability: NaN or negative (or infinite) ranks by bits, not by mass.
+    if let Some(index) = mass.iter().position(|x| !(x.is_finite() && *x >= 0.0)) {
+        return Err(PisaError::NonFinite {
+            what: "mass",
+            index,
+        });
+    }
+    let mut sel = Selection::with_rows(rows, cfg.top_k)?;
     for r in 0..rows {
         let p = shape.query_position(r % shape.q_len);
         let vis = visible(p, nb0, cfg);

@@ -1,13 +1,13 @@
 //! Block selection (PISA.md section 3): PISA's coarse-to-fine Top-K, the BSA baseline, and the
 //! full-attention oracle.
 //!
-//! Scores are ranked by `f64::total_cmp` (higher first, then the lower index): with non-finite
-//! inputs a NaN score whose sign bit is clear ranks above +inf and one whose sign bit is set
-//! below -inf, and the sign of a NaN depends on how it arose. The GPU kernels promise nothing
-//! for non-finite inputs (check them first: `pisa_wgpu::ops::check_finite`); finite inputs
-//! whose scores overflow are a different matter, documented with the kernels.
+//! Scores are ranked higher first, then the lower index, with -0.0 and +0.0 equal (a tie, as
+//! the GPU kernels' comparisons see them). The reference refuses non-finite inputs
+//! ([`crate::PisaError::NonFinite`]): their scores would rank by a NaN's sign bit. The GPU
+//! kernels promise nothing for them either (check them first: `pisa_wgpu::ops::check_finite`);
+//! finite inputs whose scores overflow f32 are a different matter, documented with the kernels
+//! (the reference's f64 scores of finite f32 inputs do not overflow).
 
-use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::config::SelectionConfig;
@@ -16,7 +16,7 @@ use crate::schedule::Schedule;
 use crate::shape::{AttentionShape, TensorLayout};
 
 use super::pyramid::{build_pyramid, Pyramid};
-use super::tensor::{check_shape, View};
+use super::tensor::{check_shape, checked_elems, filled, View};
 
 mod baseline;
 mod pisa;
@@ -32,7 +32,7 @@ pub struct Selection {
     /// `[B, Hkv, Nq, K]` i32: ascending leaf-block indices, padded with -1.
     pub indices: Vec<i32>,
     /// `[B, Hkv, Nq]`: the smallest gap, over every cut of this row (each intermediate level
-    /// that kept K of more candidates, and the final leaf cut), between the worst kept score
+    /// that cut its candidates to K, and the final leaf cut), between the worst kept score
     /// and the best dropped score (scores are summed over the GQA group, natural-log units;
     /// the oracle's are probability mass). `f64::INFINITY` when nothing was cut. A selection
     /// computed with different rounding may legitimately differ only where this is tiny.
@@ -54,13 +54,17 @@ impl Selection {
         self.indices.len().checked_div(self.top_k).unwrap_or(0)
     }
 
-    pub(crate) fn with_rows(rows: usize, top_k: usize) -> Self {
-        Self {
+    /// An empty selection of `rows` rows of `top_k` entries. Errors: [`crate::PisaError::TooLarge`]
+    /// when its buffers cannot be allocated (a `top_k` far past the leaves asks for an absurd
+    /// padded output, which aborted the process).
+    pub(crate) fn with_rows(rows: usize, top_k: usize) -> Result<Self> {
+        let n = checked_elems("selection", &[rows, top_k])?;
+        Ok(Self {
             top_k,
-            indices: vec![-1; rows * top_k],
-            margin: vec![f64::INFINITY; rows],
-            scored_nodes: vec![0; rows],
-        }
+            indices: filled("selection", n, -1)?,
+            margin: filled("selection margins", rows, f64::INFINITY)?,
+            scored_nodes: filled("selection counts", rows, 0)?,
+        })
     }
 
     /// Writes row `r` from ascending `blocks` (at most K of them).
@@ -78,6 +82,12 @@ impl Selection {
 /// (PISA.md 3.4). Returns the kept indices (in rank order) and the gap between the worst kept
 /// and the best dropped score (`INFINITY` when nothing is dropped or nothing is kept).
 pub(crate) fn cut(mut scored: Vec<(f64, usize)>, keep: usize) -> (Vec<usize>, f64) {
+    // -0.0 + 0.0 is +0.0: equal scores of either sign tie (total_cmp ranks +0.0 above -0.0, so
+    // a zero query's BSA scores, -0.0 against a negative mean and +0.0 against a positive one,
+    // broke the tie by sign instead of by the lower block).
+    for s in &mut scored {
+        s.0 += 0.0;
+    }
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let gap = if keep == 0 || keep >= scored.len() {
         f64::INFINITY
@@ -109,7 +119,9 @@ fn views<'a>(
 /// `q`: `[B, Hq, Nq, D]`, `k`: `[B, Hkv, Nk, D]`, both in `layout`. Errors: shape errors as
 /// [`crate::AttentionShape::new`], the configuration's validation errors,
 /// [`crate::PisaError::BufferLen`] for a buffer whose length does not match `shape`,
-/// [`crate::PisaError::TooLarge`] for more leaf blocks than an i32 index holds.
+/// [`crate::PisaError::TooLarge`] for more leaf blocks than an i32 index holds or a selection
+/// past the memory an allocation may take, [`crate::PisaError::NonFinite`] for a NaN or an
+/// infinity in `q` or `k`.
 pub fn select_pisa(
     q: &[f32],
     k: &[f32],
@@ -141,7 +153,7 @@ pub fn select_pisa_with(
     pyramid.check_matches(shape, cfg)?;
     let start_level = Schedule::new(&pyramid.layout, cfg)?.start_level;
     let g = shape.gqa_group();
-    let mut sel = Selection::with_rows(shape.batch * shape.kv_heads * shape.q_len, cfg.top_k);
+    let mut sel = Selection::with_rows(shape.batch * shape.kv_heads * shape.q_len, cfg.top_k)?;
     for b in 0..shape.batch {
         for h in 0..shape.kv_heads {
             for i in 0..shape.q_len {
