@@ -525,6 +525,11 @@ fn pair_key(p: &str) -> &str {
 /// The `--tune` pairs of this command ([`set_tuning`]).
 static PAIRS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
+/// The `--tune` pairs of this command as given (none before [`set_tuning`]).
+pub fn tune_pairs() -> &'static [String] {
+    PAIRS.get().map_or(&[], Vec::as_slice)
+}
+
 /// `base` with the `PISA_*` variables, then the `--tune` pairs, applied. A variable whose knob a
 /// pair sets is not read (the pair overrides it, even where the variable's value is bad); every
 /// other is, as `Tuning::with_env` reads them.

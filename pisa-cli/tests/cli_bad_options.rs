@@ -307,6 +307,30 @@ fn bad_bench_arguments() {
         &["nothing to measure"],
     );
     usage(&["--storages", "f64"], &["unknown storage \"f64\""]);
+    // Regression: a negative warm-up was "unexpected argument '-1'", naming no option (clap's
+    // error: its first line names the option and the range).
+    for bad in ["-1", "nan", "1001"] {
+        let r = run_in(d, &args(&["bench"], &TINY_BENCH, &["--warmup-ms", bad]));
+        let first = r.stderr.lines().next().unwrap_or_default();
+        assert_eq!(r.code, Some(2), "{bad}: {}", r.stderr);
+        assert!(
+            first.starts_with("error: ")
+                && first.contains("--warmup-ms")
+                && first.contains("from 0 to 1000"),
+            "{bad}: {}",
+            r.stderr
+        );
+    }
+    // Regression: --tune (a global option) was accepted and ignored by --compare.
+    let saved = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/runs/h100-2026-12-07y5-bench.json"
+    );
+    common::usage_fails(
+        d,
+        &["--tune", "leaf_order=tiles", "bench", "--compare", saved],
+        &["--tune leaf_order=tiles", "--compare prints saved runs"],
+    );
     usage(&["--dense-max", "x"], &["--dense-max"]);
     usage(&["--backward-max", "x"], &["--backward-max"]);
     // Regressions: a list was read as its first size, an empty value as 0 (never); each ran.

@@ -89,7 +89,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
     /// Timed repetitions per decode cache size (fewer when one would exceed --budget-s, but at
-    /// least 3): more than --reps by default, as a step is short and its median noisy.
+    /// least 3 or --decode-reps, whichever is fewer): more than --reps by default, as a step is
+    /// short and its median noisy.
     #[arg(long, default_value_t = 20)]
     pub decode_reps: usize,
     /// Seconds one size may take.
@@ -97,9 +98,10 @@ pub struct BenchArgs {
     pub budget_s: f64,
     /// Milliseconds of GPU time a spin kernel keeps the GPU busy at the start of each timed
     /// submission, untimed, so that the timed work runs at the clocks of a busy GPU whatever
-    /// ran before it (0: none). Default: 5 on a GPU, 0 on a CPU adapter; never without GPU
-    /// timestamps (the wall clock would count it).
-    #[arg(long, value_parser = warmup_ms)]
+    /// ran before it (0: none). Rounded up to whole dispatches of the spin (about 1 ms each on a
+    /// GPU); the report's shape line gives the length as calibrated. Default: 5 on a GPU, 0 on
+    /// a CPU adapter; none without GPU timestamps (the wall clock would count it).
+    #[arg(long, value_parser = warmup_ms, allow_hyphen_values = true)]
     pub warmup_ms: Option<f64>,
     /// Write the results as JSON here (and an SVG plot beside it).
     #[arg(long)]

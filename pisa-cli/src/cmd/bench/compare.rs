@@ -25,6 +25,12 @@ fn shorten(name: &str, most: usize) -> String {
 /// `gl`, `webgpu`, `metal`, `dx12`) and the kernel path that ran (`portable`, `coopmat`), so
 /// runs of one GPU through two backends or on both paths stay apart.
 pub fn label(r: &Report) -> String {
+    // The adapter's name in `budget` characters: whole where it fits, else without its vendor
+    // word before it is cut.
+    let fit = |budget: usize| match r.adapter.chars().count() <= budget {
+        true => r.adapter.clone(),
+        false => shorten(&without_vendor(&r.adapter), budget),
+    };
     let backend = match r.backend.as_str() {
         "Vulkan" => "vk",
         "Gl" => "gl",
@@ -49,16 +55,29 @@ pub fn label(r: &Report) -> String {
             } else {
                 format!("{backend} {p}")
             };
-            format!("{} ({p})", shorten(&r.adapter, 32 - p.len() - 3))
+            format!("{} ({p})", fit(32 - p.len() - 3))
         }
-        None if !backend.is_empty() => {
-            format!(
-                "{} ({backend})",
-                shorten(&r.adapter, 24 - backend.len() - 3)
-            )
-        }
-        None => shorten(&r.adapter, 32),
+        None if !backend.is_empty() => format!("{} ({backend})", fit(24 - backend.len() - 3)),
+        None => fit(32),
     }
+}
+
+/// `name` without a leading vendor word (`NVIDIA`, `AMD`, `Intel(R)`, `Apple`), also after
+/// a `name_apart` prefix (`07v1: NVIDIA H100 80GB HBM3` gives `07v1: H100 80GB HBM3`): the
+/// label's 32 characters cut the model off after it (`NVIDIA H` for an H100 and an H200 alike).
+fn without_vendor(name: &str) -> String {
+    let (prefix, rest) = match name.split_once(": ") {
+        Some((p, r)) => (format!("{p}: "), r),
+        None => (String::new(), name),
+    };
+    for vendor in ["NVIDIA ", "AMD ", "Intel(R) ", "Apple "] {
+        if let Some(model) = rest.strip_prefix(vendor) {
+            if !model.trim().is_empty() {
+                return format!("{prefix}{model}");
+            }
+        }
+    }
+    name.to_string()
 }
 
 /// Where two reports would get the same [`label`] (runs of one adapter and path), prefixes each
@@ -200,6 +219,49 @@ pub fn compare(reports: &[Report]) -> String {
             each.join("; ")
         );
     }
+    // How each run measured: scoring, leaf order, kernel path, shader checks and tuning, the
+    // GPU warm-up (none in files of before it existed) and the decode burst; the times of runs
+    // that differ here are not the same measurement (the warm-up alone changed some 1.7 to 4.3
+    // times, docs/benchmarks.md A.77).
+    let measured = |r: &Report| {
+        let burst = format!("decode burst {}", r.decode_burst);
+        match &r.params {
+            Some(p) => {
+                let tuning = match p.tuning.is_empty() {
+                    true => String::new(),
+                    false => format!(", tuning {}", p.tuning.join(" ")),
+                };
+                let warm = p
+                    .warmup_ms
+                    .map_or("no warm-up".to_string(), |ms| format!("warm-up {ms:.1} ms"));
+                format!(
+                    "{}, leaf order {}, kernel path {}, checks {}{tuning}, {warm}, {burst}",
+                    p.scoring,
+                    p.leaf_order,
+                    p.kernel_path,
+                    if p.shader_checks.is_empty() {
+                        "unrecorded"
+                    } else {
+                        &p.shader_checks
+                    }
+                )
+            }
+            None => format!("unrecorded, {burst}"),
+        }
+    };
+    let ms: Vec<String> = reports.iter().map(measured).collect();
+    if ms.iter().any(|m| *m != ms[0]) {
+        let each: Vec<String> = reports
+            .iter()
+            .zip(&ms)
+            .map(|(r, m)| format!("{}: {m}", label(r)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "note: the runs differ in scoring, kernels, tuning, warm-up or decode burst ({})",
+            each.join("; ")
+        );
+    }
     let labels: Vec<String> = reports.iter().map(label).collect();
     let w = labels
         .iter()
@@ -262,6 +324,16 @@ pub fn svg(reports: &[Report]) -> String {
     if all.is_empty() {
         return format!("<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='14'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{m}' y='40'>pisa bench: no timed results to plot</text>\n</svg>\n");
     }
+    // The legend, right of the plot, one 16-pixel line per series: the canvas grows to hold
+    // it (35 series ran past a fixed 560 x 900 canvas), about 7 pixels a character.
+    let chars = series
+        .iter()
+        .map(|x| x.0.chars().count())
+        .max()
+        .unwrap_or(0);
+    let w = (w - 265.0 + 7.0 * chars as f64 + 10.0).max(w);
+    let h = (m + 16.0 * series.len() as f64 + 10.0).max(h);
+    let plot_w = 900.0 - 2.0 * m - 220.0;
     let lx = |v: f64| v.log10();
     let (x0, x1) = all.iter().fold((f64::MAX, f64::MIN), |a, p| {
         (a.0.min(lx(p.0)), a.1.max(lx(p.0)))
@@ -271,7 +343,7 @@ pub fn svg(reports: &[Report]) -> String {
     });
     let (x0, x1) = (x0.floor(), x1.ceil().max(x0.floor() + 1.0));
     let (y0, y1) = (y0.floor(), y1.ceil().max(y0.floor() + 1.0));
-    let px = |v: f64| m + (lx(v) - x0) / (x1 - x0) * (w - 2.0 * m - 220.0);
+    let px = |v: f64| m + (lx(v) - x0) / (x1 - x0) * plot_w;
     let py = |v: f64| h - m - (lx(v) - y0) / (y1 - y0) * (h - 2.0 * m);
     let colors = [
         "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -285,7 +357,7 @@ pub fn svg(reports: &[Report]) -> String {
     }
     for e in (y0 as i32)..=(y1 as i32) {
         let y = py(10f64.powi(e));
-        let _ = writeln!(s, "<line x1='{m}' y1='{y}' x2='{}' y2='{y}' stroke='#ddd'/><text x='{}' y='{}' text-anchor='end'>1e{e} ms</text>", w - m - 220.0, m - 4.0, y + 4.0);
+        let _ = writeln!(s, "<line x1='{m}' y1='{y}' x2='{}' y2='{y}' stroke='#ddd'/><text x='{}' y='{}' text-anchor='end'>1e{e} ms</text>", m + plot_w, m - 4.0, y + 4.0);
     }
     for (i, (name, pts)) in series.iter().enumerate() {
         let c = colors[i % colors.len()];
@@ -310,9 +382,9 @@ pub fn svg(reports: &[Report]) -> String {
         let _ = writeln!(
             s,
             "<rect x='{}' y='{}' width='10' height='10' fill='{c}'/><text x='{}' y='{}'>{}</text>",
-            w - 280.0,
+            m + plot_w + 10.0,
             ly - 9.0,
-            w - 265.0,
+            m + plot_w + 25.0,
             ly,
             xml(name)
         );
@@ -412,9 +484,10 @@ mod tests {
         ];
         name_apart(&mut rs, &files);
         let labels: Vec<String> = rs.iter().map(label).collect();
-        assert!(labels[0].starts_with("05f3: NVIDIA"), "{labels:?}");
-        assert!(labels[1].starts_with("06r4: NVIDIA"), "{labels:?}");
-        assert!(labels[2].starts_with("06r5: NVIDIA"), "{labels:?}");
+        // (the vendor word dropped where the name is cut: "05f3: NVIDIA H" named no GPU model)
+        assert!(labels[0].starts_with("05f3: H100"), "{labels:?}");
+        assert!(labels[1].starts_with("06r4: H100"), "{labels:?}");
+        assert!(labels[2].starts_with("06r5: H100"), "{labels:?}");
         assert!(labels.iter().all(|l| l.chars().count() <= 32), "{labels:?}");
         let mut same = vec![report("llvmpipe", shape), report("llvmpipe", shape)];
         let files = [
@@ -425,6 +498,111 @@ mod tests {
         let labels: Vec<String> = same.iter().map(label).collect();
         assert_ne!(labels[0], labels[1], "{labels:?}");
         assert!(labels[0].starts_with("#1 "), "{labels:?}");
+    }
+
+    /// Runs that measured differently (the GPU warm-up, the decode burst, the kernel path or
+    /// tuning) get a note naming each run's; they printed side by side without one.
+    #[test]
+    fn runs_measured_differently_get_a_note() {
+        let p = params::Params {
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            block_size: 64,
+            top_k: 16,
+            merge_factor: 2,
+            scoring: "lse".into(),
+            q_tile: 4,
+            layout: "bhnd".into(),
+            leaf_order: "auto".into(),
+            input: "random".into(),
+            kernel_path: "coopmat+nv-cm2".into(),
+            shader_checks: "driver_bounded".into(),
+            tuning: Vec::new(),
+            queries: None,
+            warmup_ms: None,
+        };
+        let mut a = report("NVIDIA H100 80GB HBM3", "");
+        a.params = Some(p.clone());
+        let mut b = a.clone();
+        assert!(!compare(&[a.clone(), b.clone()]).contains("note:"));
+        b.params.as_mut().unwrap().warmup_ms = Some(5.6);
+        let t = compare(&[a.clone(), b.clone()]);
+        assert!(
+            t.contains(
+                "note: the runs differ in scoring, kernels, tuning, warm-up or decode burst"
+            ) && t.contains("no warm-up")
+                && t.contains("warm-up 5.6 ms"),
+            "{t}"
+        );
+        let mut c = a.clone();
+        c.decode_burst = 1;
+        assert!(compare(&[a.clone(), c]).contains("decode burst 1)"));
+        let mut d = a.clone();
+        d.params.as_mut().unwrap().tuning = vec!["nv_cm2=false".into()];
+        assert!(compare(&[a.clone(), d]).contains("tuning nv_cm2=false"));
+        // A label that must be cut keeps the GPU model: an H100 and an H200 stay apart.
+        let mut h200 = a.clone();
+        h200.adapter = "07v1: NVIDIA H200 141GB HBM3e".into();
+        let mut h100 = a.clone();
+        h100.adapter = "07v1: NVIDIA H100 80GB HBM3".into();
+        let (l0, l1) = (label(&h100), label(&h200));
+        assert!(
+            l0.starts_with("07v1: H100") && l1.starts_with("07v1: H200"),
+            "{l0} / {l1}"
+        );
+    }
+
+    /// The plot's canvas holds its legend: 35 series ran past a fixed 560-pixel height.
+    #[test]
+    fn the_plot_grows_with_its_legend() {
+        let rec = |op: &str, n: usize| Record {
+            op: op.into(),
+            n,
+            storage: "f16".into(),
+            ms: 1.0 + n as f64 / 1000.0,
+            reps: 3,
+            gpu_timed: true,
+            tflops: None,
+            gbps: None,
+            path: String::new(),
+            kernel: None,
+        };
+        let runs: Vec<Report> = (0..8)
+            .map(|i| {
+                let mut r = report(&format!("a long adapter name number {i}"), "");
+                for op in [
+                    "pisa_select",
+                    "bsa_select",
+                    "pisa_prefill",
+                    "dense",
+                    "decode_pisa",
+                ] {
+                    r.records.push(rec(op, 1024));
+                    r.records.push(rec(op, 4096));
+                }
+                r
+            })
+            .collect();
+        let svg = super::svg(&runs);
+        let attr = |name: &str| -> f64 {
+            let at = svg.find(&format!("{name}='")).unwrap() + name.len() + 2;
+            svg[at..].split('\'').next().unwrap().parse().unwrap()
+        };
+        let (w, h) = (attr("width"), attr("height"));
+        assert!(h > 560.0 && w >= 900.0, "{w} x {h}");
+        let last_y = svg
+            .split("<text x='")
+            .filter_map(|t| {
+                t.split("y='")
+                    .nth(1)?
+                    .split('\'')
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .fold(0.0, f64::max);
+        assert!(last_y < h, "legend at {last_y} of {h}");
     }
 
     #[test]

@@ -118,6 +118,14 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         );
     }
     if !a.compare.is_empty() {
+        // (--tune is a global option, outside the conflicts of --compare with every option
+        // that measures: it was accepted and ignored)
+        if let Some(p) = crate::args::tune_pairs().first() {
+            crate::args::usage_bail!(
+                "--tune {p}: --compare prints saved runs and measures nothing; each file records \
+                 the tuning it ran with"
+            );
+        }
         let mut reports: Vec<Report> = a
             .compare
             .iter()

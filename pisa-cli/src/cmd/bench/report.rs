@@ -343,12 +343,22 @@ pub fn table(r: &Report) -> String {
                 );
             }
             let b = r.decode_burst;
+            // Where the route and the leaf slots run as one dispatch (the default on NVIDIA),
+            // there is no leaf pass: its column is empty and `route` times both.
+            let fused = ds.iter().any(|&n| {
+                r.ms("decode_route", n, st).is_some() && r.ms("decode_leaf", n, st).is_none()
+            });
+            let passes = if fused {
+                "route / merge: the step's two dispatches timed as separate passes (route and \
+                 leaf slots\n run as one dispatch, timed as route: no leaf pass)"
+            } else {
+                "route / leaf / merge: the step's three dispatches timed as separate passes"
+            };
             let _ = writeln!(
                 s,
                 "(PISA / dense ms: one isolated step per submission; burst: ms per step of {b} \
                  back-to-back steps\n in one submission, first begin to last end / {b}, as the \
-                 PyTorch peer times decode;\n route / leaf / merge: the step's three dispatches \
-                 timed as separate passes)"
+                 PyTorch peer times decode;\n {passes})"
             );
         }
         if let Some(line) = super::kernels::note(r, st) {
@@ -423,5 +433,34 @@ mod tests {
         }
         assert!(attn.contains("65536: 2.058 / 17.646 / 2.732"), "{attn}");
         assert!(leaf.contains("262144: 6.511 / 61.000 / 4.122"), "{leaf}");
+    }
+
+    /// Where the route and the leaf slots ran as one dispatch (no `decode_leaf` record, the
+    /// default on NVIDIA), the footnote says that `route` times both: the empty leaf column
+    /// was left unexplained under "the step's three dispatches".
+    #[test]
+    fn the_decode_footnote_names_the_dispatches_that_ran() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/runs/h100-2026-12-07y5-bench.json");
+        let r = Report::load(&path).unwrap();
+        assert!(r.ms("decode_route", 1 << 20, "f16").is_some());
+        assert!(r.ms("decode_leaf", 1 << 20, "f16").is_none());
+        let t = table(&r);
+        assert!(
+            t.contains("route and leaf slots") && !t.contains("three dispatches"),
+            "{t}"
+        );
+        let mut three = r.clone();
+        let mut leaf = (three.records.iter())
+            .find(|x| x.op == "decode_route")
+            .unwrap()
+            .clone();
+        leaf.op = "decode_leaf".into();
+        three.records.push(leaf);
+        let t = table(&three);
+        assert!(
+            t.contains("three dispatches") && !t.contains("route and leaf slots"),
+            "{t}"
+        );
     }
 }

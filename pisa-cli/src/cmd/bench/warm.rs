@@ -163,6 +163,11 @@ pub fn record(w: Option<&Warmup>, enc: &mut wgpu::CommandEncoder) {
 }
 
 /// The warm-up of `ms` (`None`: [`default_ms`]) for `ctx`, with what it was calibrated to.
+///
+/// Not covered: on an NVIDIA H100 just started, the first process's first size (a 2K-token
+/// prefill, memory-bound kernels of microseconds) ran 3 to 4 times slower than in every later
+/// process, with this warm-up or with a first one of 280 ms, while the spin kernel itself ran
+/// at its usual speed (docs/benchmarks.md A.80).
 pub fn for_run(ctx: &Context, ms: Option<f64>) -> Result<Option<std::sync::Arc<Warmup>>> {
     let ms = ms.unwrap_or_else(|| default_ms(ctx));
     let w = Warmup::new(ctx, ms).context("calibrating the GPU warm-up (--warmup-ms)")?;
