@@ -465,7 +465,7 @@ fn unavailable(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> 
             "the workgroup-memory attention runs there",
         ),
     ];
-    checks
+    let mut lines: Vec<String> = checks
         .into_iter()
         .filter_map(|(knob, on, lacks, asks, runs)| {
             let lacks = lacks.filter(|_| on && asked(knob))?;
@@ -473,6 +473,74 @@ fn unavailable(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> 
                 "{knob} asks for {asks}, but {name} {lacks}: {runs}"
             ))
         })
+        .collect();
+    lines.extend(unused(t, hw, name));
+    lines
+}
+
+/// One line per knob this command set by name that shapes a kernel the other choices leave out
+/// on `hw` (the library reads such a knob only where its kernel runs, as the `Tuning` field docs
+/// say: it was set and recorded without effect, and without a word): the knob, the kernel it
+/// shapes and why that does not run. Selection-dependent rules (the subgroup routing's `lse`
+/// and GQA groups up to 16) are named, not evaluated: the shapes are not known here.
+fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
+    let tc = hw.tensor_cores.is_ok() && t.tensor_cores;
+    let nv = tc && hw.nv_cm2 && t.nv_cm2;
+    let nv_scorer = nv && t.nv_scorer;
+    let sg_route = hw.subgroups && t.route_subgroups;
+    let route = "shapes the workgroup-memory routing, but the subgroup routing runs on {name} for \
+                 lse selections with GQA groups up to 16 (route_subgroups=0 runs the other)";
+    let table = "sizes the routing table, which runs on the NVIDIA path or with \
+                 route_table_portable=1: neither on {name}";
+    let checks: [(&str, bool, &str); 10] = [
+        (
+            "nv_scorer",
+            !nv,
+            "chooses the NVIDIA leaf scorer, which runs on the NVIDIA path only (not on {name})",
+        ),
+        (
+            "leaf_score_pairs",
+            !nv_scorer,
+            "asks the NVIDIA leaf scorer for pairs of leaves, but that scorer does not run on \
+             {name}",
+        ),
+        (
+            "leaf_subgroups",
+            !tc || nv_scorer,
+            "sizes the WGSL tensor-core leaf scorer, which does not run on {name} (it needs \
+             tensor cores, and the NVIDIA scorer replaces it where that runs)",
+        ),
+        (
+            "leaf_tiles_per_iteration",
+            !tc,
+            "sizes the tensor-core query-tile leaf stage, which needs tensor cores {name} does not \
+             run",
+        ),
+        ("route_lanes", sg_route, route),
+        ("route_tile", sg_route, route),
+        ("route_max_workgroup", sg_route, route),
+        ("route_table_nodes", !nv && !t.route_table_portable, table),
+        ("route_table_queries", !nv && !t.route_table_portable, table),
+        (
+            "decode_key_lanes",
+            !t.decode_fused,
+            "shapes the fused decode step, but the split step runs (decode_fused=1 runs the other)",
+        ),
+    ];
+    let leaf_sg = (
+        "decode_leaf_subgroups",
+        hw.subgroups8
+            && t.decode_leaf_subgroups
+            && (!t.decode_route_subgroups || t.decode_route_workgroups == 0),
+        "applies to the one-dispatch route and leaf with the route's subgroup steps, which \
+         decode_route_workgroups=0 or decode_route_subgroups=false leaves out: the leaf attention \
+         runs in workgroup memory",
+    );
+    checks
+        .into_iter()
+        .chain([leaf_sg])
+        .filter(|&(knob, unused, _)| unused && asked(knob))
+        .map(|(knob, _, why)| format!("{knob} {}", why.replace("{name}", name)))
         .collect()
 }
 
@@ -514,7 +582,49 @@ pub fn set_tuning(pairs: &[String]) -> anyhow::Result<()> {
     let _ = TUNE.set(t);
     let _ = PAIRS.set(pairs.to_vec());
     let _ = EXPLICIT.set(explicit);
+    for var in unknown_pisa_variables(std::env::vars_os().map(|(k, _)| k)) {
+        eprintln!(
+            "warning: {var} is not a variable pisa reads (tuning knobs' variables: {}; or --tune \
+             KNOB=VALUE)",
+            pisa_wgpu::TUNING_KNOBS
+                .iter()
+                .map(|k| k.1)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     Ok(())
+}
+
+/// The `PISA_*` variables pisa reads besides the tuning knobs' (`pisa_wgpu::TUNING_KNOBS`): the
+/// GPU tests' and the development tools'.
+const OTHER_PISA_VARIABLES: [&str; 12] = [
+    "PISA_REQUIRE_NV_CM2",
+    "PISA_SEED",
+    "PISA_SOAK_STEPS",
+    "PISA_GEMM_SIZES",
+    "PISA_BENCH_N",
+    "PISA_BENCH_LENS",
+    "PISA_CORPUS_PRINT",
+    "PISA_WGSL_DIR",
+    "PISA_WGSL_CHECK_DIR",
+    "PISA_WGSL_CHECK_MIN",
+    "PISA_NV_SPV_DIR",
+    "PISA_WEB_QUERY",
+];
+
+/// The names among `vars` that start with `PISA_` and that pisa does not read: a misspelt
+/// knob variable (`PISA_ROUTE_LANE`, `PISA_DECODE_FUSED` for `PISA_DECODE`) was ignored
+/// without a word, where a bad value of a known one is refused.
+fn unknown_pisa_variables(vars: impl Iterator<Item = std::ffi::OsString>) -> Vec<String> {
+    let mut unknown: Vec<String> = vars
+        .filter_map(|k| k.into_string().ok())
+        .filter(|k| k.starts_with("PISA_"))
+        .filter(|k| !pisa_wgpu::TUNING_KNOBS.iter().any(|(_, var)| var == k))
+        .filter(|k| !OTHER_PISA_VARIABLES.contains(&k.as_str()))
+        .collect();
+    unknown.sort();
+    unknown
 }
 
 /// The knob (or variable) name of a `--tune KNOB=VALUE` pair, trimmed; empty without `=`.

@@ -593,3 +593,114 @@ fn info_text_and_json_agree_without_an_adapter() {
         assert_eq!(json.stdout.trim(), "[]", "{}", json.stdout);
     }
 }
+
+/// A knob set by name that shapes a kernel the other choices leave out is said (14 of the 23
+/// were taken and recorded without effect or a word), on every adapter `pisa info` lists; a
+/// `PISA_*` variable pisa does not read (a misspelt knob variable) is said too; `info --json`'s
+/// decode leaf attention is the one that runs (it said `subgroups` where the leaf runs as its
+/// own dispatch).
+#[test]
+fn knobs_without_effect_and_unknown_variables_are_said() {
+    let run = |args: &[&str], envs: &[(&str, &str)]| {
+        let mut c = pisa();
+        for (_, var) in pisa_wgpu::TUNING_KNOBS {
+            c.env_remove(var);
+        }
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        run_cmd(c.args(args)).ok()
+    };
+    let listed = run(&["info", "--json"], &[]);
+    let adapters: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
+    let adapters = adapters.as_array().unwrap();
+    assert!(!listed.stderr.contains("warning:"), "{}", listed.stderr);
+    // The split decode step is every adapter's default: the fused step's lane count is unused.
+    let r = run(&["--tune", "decode_key_lanes=8", "info"], &[]);
+    assert!(
+        r.stderr
+            .contains("warning: decode_key_lanes shapes the fused decode step"),
+        "{}",
+        r.stderr
+    );
+    let r = run(
+        &[
+            "--tune",
+            "decode_fused=1",
+            "--tune",
+            "decode_key_lanes=8",
+            "info",
+        ],
+        &[],
+    );
+    assert!(!r.stderr.contains("decode_key_lanes"), "{}", r.stderr);
+    // The WGSL tensor-core scorer's subgroups, on an adapter without cooperative matrices.
+    let r = run(&["--tune", "leaf_subgroups=2", "info"], &[]);
+    for (i, a) in adapters.iter().enumerate() {
+        let line = format!(
+            "warning: leaf_subgroups sizes the WGSL tensor-core leaf scorer, which does not run on [{i}] {}",
+            a["name"].as_str().unwrap()
+        );
+        let unused = a["cooperative_matrix"] == false || a["nv_cooperative_matrix2"] == true;
+        assert_eq!(r.stderr.contains(&line), unused, "{a}\n{}", r.stderr);
+    }
+    // The workgroup-memory routing's lanes, where the subgroup routing runs; not once it is off.
+    let r = run(&["--tune", "route_lanes=4", "info"], &[]);
+    let sg = adapters
+        .iter()
+        .filter(|a| a["routing"] == "subgroups")
+        .count();
+    assert_eq!(
+        r.stderr.matches("warning: route_lanes shapes").count(),
+        sg,
+        "{}",
+        r.stderr
+    );
+    let r = run(
+        &[
+            "--tune",
+            "route_subgroups=0",
+            "--tune",
+            "route_lanes=4",
+            "info",
+        ],
+        &[],
+    );
+    assert!(!r.stderr.contains("route_lanes"), "{}", r.stderr);
+    // The decode leaf attention on shuffles needs the one-dispatch route and leaf.
+    let r = run(
+        &["--tune", "decode_leaf_subgroups=1", "info", "--json"],
+        &[],
+    );
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    for a in j.as_array().unwrap() {
+        assert_eq!(a["decode_leaf_attention"], "workgroup_memory", "{a}");
+    }
+    let r = run(
+        &[
+            "--tune",
+            "decode_leaf_subgroups=1",
+            "--tune",
+            "decode_route_workgroups=64",
+            "info",
+            "--json",
+        ],
+        &[],
+    );
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    for a in j.as_array().unwrap() {
+        let sg8 = a["subgroups"] == true && a["subgroup_size"][0].as_u64().unwrap() >= 8;
+        let want = if sg8 { "subgroups" } else { "workgroup_memory" };
+        assert_eq!(a["decode_leaf_attention"], want, "{a}");
+    }
+    // A misspelt knob variable is said; the knobs' and the tools' variables are not.
+    let r = run(&["info"], &[("PISA_ROUTE_LANE", "3"), ("PISA_SEED", "1")]);
+    assert!(
+        r.stderr
+            .contains("warning: PISA_ROUTE_LANE is not a variable pisa reads")
+            && r.stderr.contains("PISA_ROUTE_LANES")
+            && !r.stderr.contains("PISA_SEED is not"),
+        "{}",
+        r.stderr
+    );
+}

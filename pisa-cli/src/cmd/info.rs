@@ -49,7 +49,13 @@ impl Paths {
             },
             routing: sg(r.subgroups && tuning.route_subgroups),
             decode_route: sg(sg8 && tuning.decode_route_subgroups),
-            decode_leaf_attention: sg(sg8 && tuning.decode_leaf_subgroups),
+            // (the library runs it only in the one-dispatch route and leaf, which a
+            // decode_route_workgroups of 0 turns off, and with the route's subgroup steps:
+            // ops/decode/record.rs, attend_subgroup_lanes and route_leaf_blocks)
+            decode_leaf_attention: sg(sg8
+                && tuning.decode_leaf_subgroups
+                && tuning.decode_route_subgroups
+                && tuning.decode_route_workgroups > 0),
         }
     }
 }
@@ -170,10 +176,16 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         crate::args::outln!("    decode route: {decode_route}")?;
         // The block attention of route_leaf (pisa_wgpu::Tuning::decode_leaf_subgroups, off by
         // default; the library's rule also needs the route's subgroup steps and fitting shapes).
-        let decode_leaf = match (sg8, sg(paths.decode_leaf_attention)) {
-            (true, true) => "subgroup shuffles in the one-dispatch route and leaf (where decode_route_workgroups allows it) when the route takes its subgroup steps and the block is one chunk, workgroup memory otherwise",
-            (true, false) => "workgroup memory (tuning decode_leaf_subgroups=false, the default: 1.9 to 2.9 us slower a step on the H100, docs/benchmarks.md A.60)",
-            (false, _) => "workgroup memory (no subgroups of 8 lanes or more)",
+        let decode_leaf = if !sg8 {
+            "workgroup memory (no subgroups of 8 lanes or more)"
+        } else if sg(paths.decode_leaf_attention) {
+            "subgroup shuffles in the one-dispatch route and leaf (where decode_route_workgroups allows it) when the route takes its subgroup steps and the block is one chunk, workgroup memory otherwise"
+        } else if !tuning.decode_leaf_subgroups {
+            "workgroup memory (tuning decode_leaf_subgroups=false, the default: 1.9 to 2.9 us slower a step on the H100, docs/benchmarks.md A.60)"
+        } else if !tuning.decode_route_subgroups {
+            "workgroup memory (decode_leaf_subgroups needs the route's subgroup steps: tuning decode_route_subgroups=false)"
+        } else {
+            "workgroup memory (decode_leaf_subgroups applies to the one-dispatch route and leaf, which tuning decode_route_workgroups=0 turns off: the leaf runs as its own dispatch)"
         };
         crate::args::outln!("    decode leaf attention: {decode_leaf}")?;
     }

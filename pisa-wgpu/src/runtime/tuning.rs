@@ -326,6 +326,14 @@ impl Tuning {
                 .filter(|n| (lo..=hi).contains(n))
                 .ok_or_else(|| bad(&format!("a whole number from {lo} to {hi}")))
         };
+        // A number from one of `set` (named in full by the error: a range would claim the
+        // values between its members).
+        let one_of = |set: &[u32], what: &str| {
+            v.parse::<u32>()
+                .ok()
+                .filter(|n| set.contains(n))
+                .ok_or_else(|| bad(what))
+        };
         let auto = v == "auto";
         let name = KNOBS
             .iter()
@@ -367,35 +375,28 @@ impl Tuning {
             "decode_route_workgroups" => self.decode_route_workgroups = num(0, 65536)?,
             "decode_key_lanes" if auto => self.decode_key_lanes = None,
             "decode_key_lanes" => {
-                let n = num(1, 64)?;
-                if !n.is_power_of_two() {
-                    return Err(bad("1, 2, 4, 8, 16, 32, 64 or auto"));
-                }
+                let n = one_of(&[1, 2, 4, 8, 16, 32, 64], "1, 2, 4, 8, 16, 32, 64 or auto")?;
                 self.decode_key_lanes = Some(n)
             }
             "leaf_tiles_per_iteration" => self.leaf_tiles_per_iteration = num(1, 4)?,
-            "leaf_subgroups" => {
-                self.leaf_subgroups = match num(2, 4)? {
-                    3 => return Err(bad("2 or 4")),
-                    n => n,
-                }
-            }
+            "leaf_subgroups" => self.leaf_subgroups = one_of(&[2, 4], "2 or 4")?,
             "leaf_stage_keys" => self.leaf_stage_keys = switch("", "")?,
-            "route_lanes" => {
-                let n = num(1, 16)?;
-                if !n.is_power_of_two() {
-                    return Err(bad("1, 2, 4, 8 or 16"));
-                }
-                self.route_lanes = n
-            }
+            "route_lanes" => self.route_lanes = one_of(&[1, 2, 4, 8, 16], "1, 2, 4, 8 or 16")?,
             "route_max_workgroup" => self.route_max_workgroup = num(32, 1024)?,
             "route_tile" if auto => self.route_tile = None,
-            "route_tile" => self.route_tile = Some(num(1, 16)?),
+            "route_tile" => {
+                let n = num(1, 16).map_err(|_| bad("a whole number from 1 to 16 or auto"))?;
+                self.route_tile = Some(n)
+            }
             "route_subgroups" => self.route_subgroups = switch("", "")?,
             "route_table_nodes" => self.route_table_nodes = num(0, 4096)?,
             "route_table_portable" => self.route_table_portable = switch("", "")?,
             "route_table_queries" if auto => self.route_table_queries = None,
-            "route_table_queries" => self.route_table_queries = Some(num(1, 1 << 24)?),
+            "route_table_queries" => {
+                let n = num(1, 1 << 24)
+                    .map_err(|_| bad("a whole number from 1 to 16777216 or auto"))?;
+                self.route_table_queries = Some(n)
+            }
             "dump_wgsl" if v == "off" => self.dump_wgsl = None,
             "dump_wgsl" if v.is_empty() => return Err(bad("a folder or off")),
             // A path that exists and is not a folder could never take the files (each write
@@ -452,6 +453,11 @@ impl Tuning {
             let bad = |what: String| {
                 GpuError::Tuning(format!("dump_wgsl: `{}` is not {what}", dir.display()))
             };
+            // (an empty or blank path, which `set` refuses, dumped into the working directory or
+            // made a folder named by the blanks)
+            if dir.to_str().is_some_and(|s| s.trim().is_empty()) {
+                return Err(bad("a folder or off".into()));
+            }
             if dir.exists() && !dir.is_dir() {
                 return Err(bad("a folder or off (this path is a file)".into()));
             }
@@ -646,6 +652,38 @@ mod tests {
             .changes_from(&Tuning::default())
             .is_empty());
         t.check().unwrap();
+    }
+
+    /// `check` refuses an empty or blank dump folder set directly, as `set` does (it dumped
+    /// into the working directory, or made a folder named by the blanks).
+    #[test]
+    fn check_refuses_a_blank_dump_folder() {
+        for p in ["", " "] {
+            let t = Tuning {
+                dump_wgsl: Some(std::path::PathBuf::from(p)),
+                ..Tuning::default()
+            };
+            assert!(matches!(t.check(), Err(GpuError::Tuning(_))), "{p:?}");
+        }
+    }
+
+    /// A refusal of a knob taking a few values names them all (`route_lanes=0` said "from 1 to
+    /// 16", as if 3 were taken), and `auto` where the knob takes it.
+    #[test]
+    fn refusals_name_every_value_taken() {
+        let mut t = Tuning::default();
+        for (name, v, want) in [
+            ("route_lanes", "0", "1, 2, 4, 8 or 16"),
+            ("route_lanes", "32", "1, 2, 4, 8 or 16"),
+            ("decode_key_lanes", "0", "1, 2, 4, 8, 16, 32, 64 or auto"),
+            ("decode_key_lanes", "Auto", "1, 2, 4, 8, 16, 32, 64 or auto"),
+            ("leaf_subgroups", "1", "2 or 4"),
+            ("route_tile", "17", "from 1 to 16 or auto"),
+            ("route_table_queries", "0", "or auto"),
+        ] {
+            let e = t.set(name, v).unwrap_err().to_string();
+            assert!(e.contains(want), "{name}={v}: {e}");
+        }
     }
 
     #[test]
