@@ -313,3 +313,50 @@ fn scores_far_below_zero_are_not_masked() {
         );
     }
 }
+
+/// A shape whose query-tile stage-2 kernel passes the device's workgroup memory (GQA 32, D 128,
+/// `meanvar`: 34 KiB against lavapipe's 32), run with the tile order asked for: the refusal
+/// names the knob and the leaf-major order that runs the shape (it told the app to shrink its
+/// head dim or GQA group), and the default order runs it, as the reference selects. Where the
+/// device's memory holds the tile kernel, that run must simply succeed.
+#[test]
+fn tiles_asked_past_the_memory_name_the_knob() {
+    use pisa_wgpu::LeafOrder;
+    let ctx = Context::new(&AdapterChoice::HighPerformance).unwrap();
+    let mut r = rng(seed("tiles_asked_past_the_memory"));
+    let s = AttentionShape::prefill(1, 32, 1, 256, 128).unwrap();
+    let cfg = SelectionConfig {
+        scoring: pisa_core::Scoring::MeanVar,
+        ..SelectionConfig::new(8, 4).unwrap()
+    };
+    let (q, k, v) = (
+        random(&mut r, s.q_elems(), 1.0),
+        random(&mut r, s.kv_elems(), 1.0),
+        random(&mut r, s.kv_elems(), 1.0),
+    );
+    let opts = pisa_wgpu::PrefillOptions {
+        cfg,
+        return_selection: true,
+        ..Default::default()
+    };
+    ctx.set_leaf_order(LeafOrder::Tiles);
+    if let Err(e) = pisa_wgpu::prefill_host(&ctx, &q, &k, &v, &s, &opts) {
+        let m = e.to_string();
+        assert!(
+            matches!(e, GpuError::Limit { .. })
+                && m.contains("leaf_order=tiles")
+                && m.contains("leaf-major order"),
+            "{m}"
+        );
+    }
+    ctx.set_leaf_order(LeafOrder::Auto);
+    let got = pisa_wgpu::prefill_host(&ctx, &q, &k, &v, &s, &opts).unwrap();
+    let want = reference::select_pisa(&q, &k, &s, Bhnd, &cfg).unwrap();
+    check_rows(
+        "auto order",
+        &got.selection.unwrap(),
+        &want,
+        cfg.top_k,
+        1e-5,
+    );
+}

@@ -328,10 +328,10 @@ fn out_of_range_tuning_values_are_usage_errors() {
     for (arg, range) in [
         ("route_tile=99", "from 1 to 16"),
         ("route_tile=0", "from 1 to 16"),
-        ("decode_key_lanes=128", "from 1 to 64"),
+        ("decode_key_lanes=128", "1, 2, 4, 8, 16, 32, 64 or auto"),
         ("leaf_tiles_per_iteration=5", "from 1 to 4"),
-        ("leaf_subgroups=8", "from 2 to 4"),
-        ("route_lanes=32", "from 1 to 16"),
+        ("leaf_subgroups=8", "2 or 4"),
+        ("route_lanes=32", "1, 2, 4, 8 or 16"),
         ("route_max_workgroup=2048", "from 32 to 1024"),
         ("route_table_nodes=5000", "from 0 to 4096"),
         ("route_table_queries=16777217", "from 1 to 16777216"),

@@ -183,7 +183,7 @@ pub fn prefill(
         words(s.lse_elems(), DType::F32),
         words(sel_elems, DType::I32),
     ];
-    let mut prof = Profiler::new(ctx, 512);
+    let mut prof = Profiler::new(ctx, Profiler::MAX_PASSES);
     let total = bytes[0] + bytes[1] + if opts.return_selection { bytes[2] } else { 0 };
     let read = staging(ctx, total);
     ctx.scoped("prefill", || {

@@ -194,6 +194,11 @@ pub fn run(a: ForwardArgs) -> Result<()> {
     let written = staged.as_ref().map_or(&[][..], |s| s.paths());
     let s = &l.shape;
     let clock = if r.times.gpu { "GPU" } else { "wall-clock" };
+    // (passes past the profiler's capacity went untimed: the total leaves them out)
+    let partial = match r.times.untimed {
+        0 => String::new(),
+        n => format!(" partial: {n} passes untimed,"),
+    };
     if a.device.json {
         let j = l.run_json(
             &ctx.report().name,
@@ -201,7 +206,8 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             opts.storage,
             serde_json::json!({
                 "gpu_timed": r.times.gpu, "stages_ms": r.times.stages,
-                "total_ms": r.times.total(), "chunks": r.chunks, "written": crate::io::paths_text(written),
+                "total_ms": r.times.total(), "untimed_passes": r.times.untimed,
+                "chunks": r.chunks, "written": crate::io::paths_text(written),
             }),
         );
         crate::args::outln!("{}", serde_json::to_string_pretty(&j)?)?;
@@ -213,7 +219,7 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             .map(|(n, ms)| format!("{n} {ms:.3}"))
             .collect();
         crate::args::outln!(
-            "forward: B={} Hq={} Hkv={} N={} D={} C={} K={} {} on {}: {clock} {:.3} ms ({}){}",
+            "forward: B={} Hq={} Hkv={} N={} D={} C={} K={} {} on {}: {clock}{partial} {:.3} ms ({}){}",
             s.batch,
             s.q_heads,
             s.kv_heads,

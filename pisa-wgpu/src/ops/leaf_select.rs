@@ -193,7 +193,7 @@ pub(crate) fn record(
         Ok(t) => t,
         Err(e) => match portable_by_leaf() {
             Some(bl) => return by_leaf::record(ctx, enc, plan, q, k, cand, &bl, prof),
-            None => return Err(e),
+            None => return Err(tiles_asked(ctx, plan, e)),
         },
     };
     let p = &plan.params;
@@ -241,6 +241,31 @@ pub(crate) fn record(
     let timer = prof.map(|pr| (pr, "leaf_select"));
     ctx.dispatch(enc, &pipe, &b, p.wg_count as u64, timer)?;
     Ok(sel)
+}
+
+/// What the tile kernel's refusal `e` says to do, where the tile order was asked for
+/// ([`LeafOrder::Tiles`]) and the leaf-major order would run the shape: the knob, not the
+/// model's shape (it told the app to shrink its head dim or GQA group, for a knob's choice).
+fn tiles_asked(ctx: &Context, plan: &Plan, e: crate::GpuError) -> crate::GpuError {
+    let leaf_major_runs = || by_leaf::plan(ctx, plan, by_leaf::Scorer::Portable).is_some();
+    match e {
+        crate::GpuError::Limit {
+            what,
+            needed,
+            limit,
+            unit,
+            ..
+        } if ctx.leaf_order() == LeafOrder::Tiles && leaf_major_runs() => crate::GpuError::Limit {
+            what,
+            needed,
+            limit,
+            unit,
+            hint: "the query-tile order was asked for (tuning knob leaf_order=tiles, \
+                   PISA_LEAF_ORDER, Context::set_leaf_order): the leaf-major order (auto or \
+                   leaves) runs this shape, with the same selection",
+        },
+        e => e,
+    }
 }
 
 #[cfg(test)]

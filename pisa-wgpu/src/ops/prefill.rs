@@ -327,7 +327,9 @@ fn run_once(
         ctx.upload("k", k, opts.storage)?,
         ctx.upload("v", v, opts.storage)?,
     );
-    let mut prof = Profiler::new(ctx, 512);
+    // (as many passes as one query set times: a tuning of many routing-table chunks records
+    // over a thousand, whose stages a capacity of 512 left out of the times)
+    let mut prof = Profiler::new(ctx, Profiler::MAX_PASSES);
     let (o, lse, sel) = ctx.scoped("prefill", || {
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         let r = record_prefill(ctx, &mut enc, &qt, &kt, &vt, s, opts, Some(&mut prof))?;

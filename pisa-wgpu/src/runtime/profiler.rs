@@ -22,6 +22,14 @@ pub struct StageTimes {
     pub stages: Vec<(String, f64)>,
     /// True when the times come from GPU timestamps.
     pub gpu: bool,
+    /// Passes recorded past the profiler's capacity, untimed: where this is not 0, the stages'
+    /// times (and [`Self::total`]) leave them out.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub untimed: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl StageTimes {
@@ -276,6 +284,7 @@ impl Profiler {
         let mut t = StageTimes {
             stages: Vec::new(),
             gpu: true,
+            untimed: self.untimed,
         };
         for (label, r) in self.labels.iter().zip(&results) {
             t.add(label, r.1 - r.0);
@@ -418,11 +427,13 @@ mod tests {
         let t = StageTimes {
             stages: vec![],
             gpu: false,
+            untimed: 0,
         };
         assert!(t.total() == 0.0 && t.total().is_sign_positive());
         let t = StageTimes {
             stages: vec![("a".into(), 1.5), ("b".into(), 2.0)],
             gpu: true,
+            untimed: 0,
         };
         assert_eq!(t.total(), 3.5);
     }

@@ -102,6 +102,7 @@ fn medians(reps: &[StageTimes]) -> StageTimes {
     StageTimes {
         stages,
         gpu: reps.iter().all(|r| r.gpu),
+        untimed: reps.iter().map(|r| r.untimed).max().unwrap_or(0),
     }
 }
 
@@ -307,10 +308,11 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
         let mut total = StageTimes {
             stages: Vec::new(),
             gpu: true,
+            untimed: 0,
         };
         for c in 0..chunks {
             let inp = &sets[(rep * chunks + c) % pool];
-            let mut prof = Profiler::new(ctx, 512);
+            let mut prof = Profiler::new(ctx, Profiler::MAX_PASSES);
             ctx.scoped("bench", || {
                 let mut enc = ctx.device().create_command_encoder(&Default::default());
                 warm::record(p.warmup.as_deref(), &mut enc);
@@ -371,6 +373,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
             })?;
             let t = prof.finish(ctx)?;
             total.gpu &= t.gpu;
+            total.untimed += t.untimed;
             for (n, ms) in t.stages {
                 match total.stages.iter_mut().find(|x| x.0 == n) {
                     Some(x) => x.1 += ms,

@@ -322,6 +322,14 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                     continue;
                 }
             };
+            if t.untimed > 0 {
+                eprintln!(
+                    "warning: N={n} {stn}: {} passes past the profiler's {} went untimed: the \
+                     stage times leave them out",
+                    t.untimed,
+                    pisa_wgpu::Profiler::MAX_PASSES
+                );
+            }
             let rec = |op: &str, ms: f64, tflops: Option<f64>| Record {
                 op: op.into(),
                 n,
