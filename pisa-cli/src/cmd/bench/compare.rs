@@ -163,6 +163,26 @@ fn distinct_parts(stems: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// Writes to `s` a note naming each report's `describe` where they are not all the same: "note:
+/// the runs differ in {what} (label: description; ...)".
+fn note_where_they_differ(
+    s: &mut String,
+    reports: &[Report],
+    what: &str,
+    describe: impl Fn(&Report) -> String,
+) {
+    let each: Vec<String> = reports.iter().map(describe).collect();
+    if each.iter().all(|d| *d == each[0]) {
+        return;
+    }
+    let named: Vec<String> = reports
+        .iter()
+        .zip(&each)
+        .map(|(r, d)| format!("{}: {d}", label(r)))
+        .collect();
+    let _ = writeln!(s, "note: the runs differ in {what} ({})", named.join("; "));
+}
+
 /// One table of every (op, N, storage) across several reports, a column per report
 /// ([`label`]); a line first when the reports differ in Hq, Hkv, D, C or top_k, and a line
 /// that says so where no report has a timed result.
@@ -206,19 +226,12 @@ pub fn compare(reports: &[Report]) -> String {
         }
         None => "layout bhnd, inputs random".to_string(),
     };
-    let hows: Vec<String> = reports.iter().map(how).collect();
-    if hows.iter().any(|h| *h != hows[0]) {
-        let each: Vec<String> = reports
-            .iter()
-            .zip(&hows)
-            .map(|(r, h)| format!("{}: {h}", label(r)))
-            .collect();
-        let _ = writeln!(
-            s,
-            "note: the runs differ in the prefill's layout, inputs or queries ({})",
-            each.join("; ")
-        );
-    }
+    note_where_they_differ(
+        &mut s,
+        reports,
+        "the prefill's layout, inputs or queries",
+        how,
+    );
     // How each run measured: scoring, leaf order, kernel path, shader checks and tuning, the
     // GPU warm-up (none in files of before it existed) and the decode burst; the times of runs
     // that differ here are not the same measurement (the warm-up alone changed some 1.7 to 4.3
@@ -249,19 +262,8 @@ pub fn compare(reports: &[Report]) -> String {
             None => format!("unrecorded, {burst}"),
         }
     };
-    let ms: Vec<String> = reports.iter().map(measured).collect();
-    if ms.iter().any(|m| *m != ms[0]) {
-        let each: Vec<String> = reports
-            .iter()
-            .zip(&ms)
-            .map(|(r, m)| format!("{}: {m}", label(r)))
-            .collect();
-        let _ = writeln!(
-            s,
-            "note: the runs differ in scoring, kernels, tuning, warm-up or decode burst ({})",
-            each.join("; ")
-        );
-    }
+    let what = "scoring, kernels, tuning, warm-up or decode burst";
+    note_where_they_differ(&mut s, reports, what, measured);
     let labels: Vec<String> = reports.iter().map(label).collect();
     let w = labels
         .iter()
