@@ -407,6 +407,28 @@ mod tests {
     use crate::cmd::bench::params;
     use crate::cmd::bench::report::Record;
 
+    /// The parameters of `pisa bench`'s default shapes in `layout`, on the portable path.
+    fn params_of(layout: &str) -> params::Params {
+        params::Params {
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            block_size: 64,
+            top_k: 16,
+            merge_factor: 2,
+            scoring: "lse".into(),
+            q_tile: 4,
+            layout: layout.into(),
+            leaf_order: "auto".into(),
+            input: "random".into(),
+            kernel_path: "portable".into(),
+            shader_checks: String::new(),
+            tuning: Vec::new(),
+            queries: None,
+            warmup_ms: None,
+        }
+    }
+
     fn report(adapter: &str, shape: &str) -> Report {
         Report {
             adapter: adapter.into(),
@@ -507,22 +529,9 @@ mod tests {
     #[test]
     fn runs_measured_differently_get_a_note() {
         let p = params::Params {
-            hq: 32,
-            hkv: 8,
-            d: 128,
-            block_size: 64,
-            top_k: 16,
-            merge_factor: 2,
-            scoring: "lse".into(),
-            q_tile: 4,
-            layout: "bhnd".into(),
-            leaf_order: "auto".into(),
-            input: "random".into(),
             kernel_path: "coopmat+nv-cm2".into(),
             shader_checks: "driver_bounded".into(),
-            tuning: Vec::new(),
-            queries: None,
-            warmup_ms: None,
+            ..params_of("bhnd")
         };
         let mut a = report("NVIDIA H100 80GB HBM3", "");
         a.params = Some(p.clone());
@@ -641,24 +650,7 @@ mod tests {
         assert!(!compare(&[a.clone(), a.clone()]).contains("note:"));
         // A run in BNHD beside one in BHND (recorded, or unrecorded in an older file).
         let mut c = a.clone();
-        let mut p = params::Params {
-            hq: 32,
-            hkv: 8,
-            d: 128,
-            block_size: 64,
-            top_k: 16,
-            merge_factor: 2,
-            scoring: "lse".into(),
-            q_tile: 4,
-            layout: "bnhd".into(),
-            leaf_order: "auto".into(),
-            input: "random".into(),
-            kernel_path: "portable".into(),
-            shader_checks: String::new(),
-            tuning: Vec::new(),
-            queries: None,
-            warmup_ms: None,
-        };
+        let mut p = params_of("bnhd");
         c.params = Some(p.clone());
         let t = compare(&[a.clone(), c.clone()]);
         assert!(
