@@ -594,7 +594,7 @@ fn info_text_and_json_agree_without_an_adapter() {
     }
 }
 
-/// A knob set by name that shapes a kernel the other choices leave out is said (14 of the 23
+/// A knob set by name that shapes a kernel the other choices leave out is said (11 of the 23
 /// were taken and recorded without effect or a word), on every adapter `pisa info` lists; a
 /// `PISA_*` variable pisa does not read (a misspelt knob variable) is said too; `info --json`'s
 /// decode leaf attention is the one that runs (it said `subgroups` where the leaf runs as its

@@ -234,7 +234,7 @@ pub fn compare(reports: &[Report]) -> String {
     );
     // How each run measured: scoring, leaf order, kernel path, shader checks and tuning, the
     // GPU warm-up (none in files of before it existed) and the decode burst; the times of runs
-    // that differ here are not the same measurement (the warm-up alone changed some 1.7 to 4.3
+    // that differ here are not the same measurement (the warm-up alone changed some 1.2 to 4.6
     // times, docs/benchmarks.md A.77).
     let measured = |r: &Report| {
         let burst = format!("decode burst {}", r.decode_burst);

@@ -7,12 +7,12 @@
 //! state that depends on what ran before (in the same process or another). Measured on an
 //! NVIDIA H100, driver 580.159.04 (docs/benchmarks.md A.77, 2026-12-07, commit `e8d4c1e`),
 //! without a warm-up: the decode step at a 64K-token cache took 64.0 us instead of 38.6 when
-//! the smaller caches had been measured first in the same run, at 256K 75 to 107 us instead of
-//! 42 (dense decode 0.79 to 1.15 ms instead of 0.44, so not the kernels), and 2K to 8K-token
-//! prefills 3.2 to 4.3 times their usual time after an earlier run; measured alone, while
-//! another process kept the GPU busy, or with a warm-up of 1, 5 or 20 ms, every size took its
-//! usual time. An inference loop keeps the GPU busy, so the warm GPU's times are the ones it
-//! sees.
+//! the smaller caches had been measured first in the same run, at 256K 69 to 126 us instead of
+//! 42 (dense decode 0.70 to 1.41 ms instead of 0.44, so not the kernels), and 2K to 8K-token
+//! prefills 4.3 to 4.6 times their usual time after an earlier run; measured alone, while
+//! another process kept the GPU busy, or with a warm-up (of 14.7 or 29.4 ms in that run, whose
+//! dispatch was longer), every size took its usual time. An inference loop keeps the GPU busy,
+//! so the warm GPU's times are the ones it sees.
 
 use anyhow::{Context as _, Result};
 use pisa_wgpu::wgpu::{self, util::DeviceExt};

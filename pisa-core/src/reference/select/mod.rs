@@ -180,3 +180,34 @@ pub fn select_pisa_with(
     }
     Ok(sel)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Selection;
+    use crate::PisaError;
+
+    /// A selection too large to allocate is [`PisaError::TooLarge`] before anything is
+    /// allocated (a `top_k` of 2^24 over 64 KiB of input asked for 1 TiB and aborted), and one
+    /// whose element count overflows too.
+    #[test]
+    #[cfg(target_pointer_width = "64")] // (sizes past a 32-bit usize)
+    fn a_selection_past_memory_is_an_error() {
+        // 2^40 rows of 2^22 entries: 2^62 i32, past the 2^61 an allocation may hold.
+        let e = Selection::with_rows(1 << 40, 1 << 22).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PisaError::TooLarge {
+                    what: "selection",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = Selection::with_rows(usize::MAX, 2).unwrap_err();
+        assert!(matches!(e, PisaError::TooLarge { .. }), "{e:?}");
+        let s = Selection::with_rows(3, 4).unwrap();
+        assert_eq!((s.rows(), s.indices.len()), (3, 12));
+        assert!(s.indices.iter().all(|&j| j == -1));
+    }
+}
