@@ -352,11 +352,12 @@ fn tiles_asked_past_the_memory_name_the_knob() {
     ctx.set_leaf_order(LeafOrder::Auto);
     let got = pisa_wgpu::prefill_host(&ctx, &q, &k, &v, &s, &opts).unwrap();
     let want = reference::select_pisa(&q, &k, &s, Bhnd, &cfg).unwrap();
-    check_rows(
-        "auto order",
-        &got.selection.unwrap(),
-        &want,
-        cfg.top_k,
-        1e-5,
+    // (the tolerance of every selection test: scores summed over 32 heads, near-ties rare)
+    let tol = tie_tol_of(&s, &cfg, &q, &k, Storage::F32);
+    let ties = check_rows("auto order", &got.selection.unwrap(), &want, cfg.top_k, tol);
+    assert!(
+        ties * 20 <= want.rows(),
+        "{ties} ties of {} rows",
+        want.rows()
     );
 }
