@@ -199,12 +199,22 @@ pub fn build_pyramid(
         layout,
         [shape.batch, shape.kv_heads, shape.k_len, shape.head_dim],
     )?;
+    pyramid_of(&keys, shape, cfg)
+}
+
+/// [`build_pyramid`] of keys already validated as a view of `shape` (the selections, which
+/// check Q and K once).
+pub(crate) fn pyramid_of(
+    keys: &View<'_>,
+    shape: &AttentionShape,
+    cfg: &SelectionConfig,
+) -> Result<Pyramid> {
     let pl = PyramidLayout::new(shape.k_len, cfg.block_size, cfg.merge_factor)?;
     let mut p = Pyramid::zeros(pl, shape.batch, shape.kv_heads, shape.head_dim)?;
     for b in 0..shape.batch {
         for h in 0..shape.kv_heads {
             for j in 0..pl.leaves() {
-                p.compute_leaf(&keys, b, h, j);
+                p.compute_leaf(keys, b, h, j);
             }
             for level in 1..pl.num_levels() {
                 for j in 0..pl.nodes(level) {

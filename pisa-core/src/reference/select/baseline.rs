@@ -9,7 +9,7 @@ use crate::error::{PisaError, Result};
 use crate::lse::log_add_exp;
 use crate::shape::{AttentionShape, TensorLayout};
 
-use super::super::pyramid::build_pyramid;
+use super::super::pyramid::pyramid_of;
 use super::super::tensor::{check_len, check_shape, checked_elems, dot, dot_mean};
 use super::{cut, views, Selection};
 
@@ -35,8 +35,8 @@ pub fn select_bsa(
     layout: TensorLayout,
     cfg: &SelectionConfig,
 ) -> Result<Selection> {
-    let (qv, _) = views(q, k, shape, layout, cfg)?;
-    let pyr = build_pyramid(k, shape, layout, cfg)?;
+    let (qv, kv) = views(q, k, shape, layout, cfg)?;
+    let pyr = pyramid_of(&kv, shape, cfg)?;
     let nb0 = pyr.layout.leaves();
     let s = cfg.softmax_scale(shape.head_dim) as f64;
     let g = shape.gqa_group();

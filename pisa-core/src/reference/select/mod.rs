@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::schedule::Schedule;
 use crate::shape::{AttentionShape, TensorLayout};
 
-use super::pyramid::{build_pyramid, Pyramid};
+use super::pyramid::{pyramid_of, Pyramid};
 use super::tensor::{check_shape, checked_elems, filled, View};
 
 mod baseline;
@@ -129,13 +129,13 @@ pub fn select_pisa(
     layout: TensorLayout,
     cfg: &SelectionConfig,
 ) -> Result<Selection> {
-    views(q, k, shape, layout, cfg)?;
-    let pyr = build_pyramid(k, shape, layout, cfg)?;
-    select_pisa_with(&pyr, q, k, shape, layout, cfg)
+    let (qv, kv) = views(q, k, shape, layout, cfg)?;
+    let pyr = pyramid_of(&kv, shape, cfg)?;
+    select_with(&pyr, &qv, &kv, shape, cfg)
 }
 
-/// PISA selection with a pyramid built beforehand (by [`build_pyramid`] over the same `k`, or
-/// by a decode state). Query `i` sits at `p = Nk - Nq + i` (causal: sees `0..=p`).
+/// PISA selection with a pyramid built beforehand (by [`super::build_pyramid`] over the same
+/// `k`, or by a decode state). Query `i` sits at `p = Nk - Nq + i` (causal: sees `0..=p`).
 ///
 /// Returns a [`Selection`] `[B, Hkv, Nq, K]`. Intermediate scores follow `cfg.scoring`, leaf
 /// scores are exact LSE over raw keys, all summed over the GQA group (PISA.md section 2).
@@ -150,6 +150,17 @@ pub fn select_pisa_with(
     cfg: &SelectionConfig,
 ) -> Result<Selection> {
     let (qv, kv) = views(q, k, shape, layout, cfg)?;
+    select_with(pyramid, &qv, &kv, shape, cfg)
+}
+
+/// [`select_pisa_with`] of Q and K already validated as views of `shape`.
+fn select_with(
+    pyramid: &Pyramid,
+    qv: &View<'_>,
+    kv: &View<'_>,
+    shape: &AttentionShape,
+    cfg: &SelectionConfig,
+) -> Result<Selection> {
     pyramid.check_matches(shape, cfg)?;
     let start_level = Schedule::new(&pyramid.layout, cfg)?.start_level;
     let g = shape.gqa_group();
@@ -160,7 +171,7 @@ pub fn select_pisa_with(
                 let q_rows: Vec<&[f32]> = (h * g..(h + 1) * g).map(|hq| qv.row(b, hq, i)).collect();
                 let ctx = QueryCtx {
                     pyramid,
-                    keys: &kv,
+                    keys: kv,
                     b,
                     kv_head: h,
                     q_rows: &q_rows,
