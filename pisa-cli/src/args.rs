@@ -492,7 +492,7 @@ fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
                  lse selections with GQA groups up to 16 (route_subgroups=0 runs the other)";
     let table = "sizes the routing table, which runs on the NVIDIA path or with \
                  route_table_portable=1: neither on {name}";
-    let checks: [(&str, bool, &str); 10] = [
+    let checks: [(&str, bool, &str); 11] = [
         (
             "nv_scorer",
             !nv,
@@ -526,19 +526,18 @@ fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
             !t.decode_fused,
             "shapes the fused decode step, but the split step runs (decode_fused=1 runs the other)",
         ),
+        (
+            "decode_leaf_subgroups",
+            hw.subgroups8
+                && t.decode_leaf_subgroups
+                && (!t.decode_route_subgroups || t.decode_route_workgroups == 0),
+            "applies to the one-dispatch route and leaf with the route's subgroup steps, which \
+             decode_route_workgroups=0 or decode_route_subgroups=false leaves out: the leaf \
+             attention runs in workgroup memory",
+        ),
     ];
-    let leaf_sg = (
-        "decode_leaf_subgroups",
-        hw.subgroups8
-            && t.decode_leaf_subgroups
-            && (!t.decode_route_subgroups || t.decode_route_workgroups == 0),
-        "applies to the one-dispatch route and leaf with the route's subgroup steps, which \
-         decode_route_workgroups=0 or decode_route_subgroups=false leaves out: the leaf attention \
-         runs in workgroup memory",
-    );
     checks
         .into_iter()
-        .chain([leaf_sg])
         .filter(|&(knob, unused, _)| unused && asked(knob))
         .map(|(knob, _, why)| format!("{knob} {}", why.replace("{name}", name)))
         .collect()

@@ -148,7 +148,8 @@ impl PyramidLayout {
         );
         o + j
     }
-    /// Parent (at `level + 1`) of node `j`: `floor(j / g)` (arithmetic only, as [`Self::ancestor`]).
+    /// Parent (at `level + 1`) of node `j`: `floor(j / g)` (arithmetic only, as
+    /// [`Self::ancestor`]).
     pub fn parent(&self, j: usize) -> usize {
         j / self.merge_factor
     }

@@ -5,7 +5,8 @@
 //! The pure math of PISA (Pyramid Top-K Selection Attention; `docs/PISA.md` of the project,
 //! paper arXiv 2609.31093): shapes and configuration, the pyramid layout, complexity-bounded
 //! candidate scheduling, LogSumExp / online-softmax math, and, with the `alloc` feature (on by
-//! default), the CPU reference of every operation in the `reference` module. No GPU types live here.
+//! default), the CPU reference of every operation in the `reference` module. No GPU types live
+//! here.
 //!
 //! The reference of a PISA prefill: the selection (PISA.md section 3), then attention over the
 //! selected leaf blocks (section 4), in f64 from f32 inputs:

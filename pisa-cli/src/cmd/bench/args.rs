@@ -99,8 +99,9 @@ pub struct BenchArgs {
     /// Milliseconds of GPU time a spin kernel keeps the GPU busy at the start of each timed
     /// submission, untimed, so that the timed work runs at the clocks of a busy GPU whatever
     /// ran before it (0: none). Rounded up to whole dispatches of the spin (about 0.9 ms each on
-    /// an H100), at most 1000 of them; the report's shape line gives the length as calibrated. Default: 5 on a GPU, 0 on
-    /// a CPU adapter; none without GPU timestamps (the wall clock would count it).
+    /// an H100), at most 1000 of them; the report's shape line gives the length as calibrated.
+    /// Default: 5 on a GPU, 0 on a CPU adapter; none without GPU timestamps (the wall clock
+    /// would count it).
     #[arg(long, value_parser = warmup_ms, allow_hyphen_values = true)]
     pub warmup_ms: Option<f64>,
     /// Write the results as JSON here (and an SVG plot beside it).

@@ -16,7 +16,6 @@ use pisa_wgpu::{wgpu, Context, DType, GpuTensor, Profiler, TensorView};
 
 use super::burst::{burst, check_burst};
 use super::measure::Plan;
-use super::warm;
 use crate::cmd::embed;
 
 /// Default steps per burst (`--decode-burst`): as `benches/peers/torch_peers.py` (`timeit`,
@@ -219,8 +218,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let mut prof = Profiler::new(ctx, 32);
         let started = std::time::Instant::now();
         ctx.scoped("bench decode", || {
-            let mut enc = ctx.device().create_command_encoder(&Default::default());
-            warm::record(p.warmup.as_deref(), &mut enc);
+            let mut enc = p.timed_encoder(ctx);
             record_pisa(&mut enc, &caches, r, None, Some(&mut prof))?;
             ctx.queue().submit([enc.finish()]);
             Ok(())
@@ -228,8 +226,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let wall_pisa = started.elapsed().as_secs_f64() * 1e3;
         let started = std::time::Instant::now();
         ctx.scoped("bench dense decode", || {
-            let mut enc = ctx.device().create_command_encoder(&Default::default());
-            warm::record(p.warmup.as_deref(), &mut enc);
+            let mut enc = p.timed_encoder(ctx);
             for x in &parts {
                 record_dense_attention(
                     ctx,
@@ -249,8 +246,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         })?;
         let wall_dense = started.elapsed().as_secs_f64() * 1e3;
         ctx.scoped("bench decode by stage", || {
-            let mut enc = ctx.device().create_command_encoder(&Default::default());
-            warm::record(p.warmup.as_deref(), &mut enc);
+            let mut enc = p.timed_encoder(ctx);
             let steps: Vec<_> = (caches.iter())
                 .map(|x| (&x.cache, &x.q_views[r % 2]))
                 .collect();
@@ -261,8 +257,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         let t = prof.finish(ctx)?;
         gpu &= t.gpu;
         let pisa_burst = burst(ctx, parts.len(), p.burst, "decode", |prof, _| {
-            let mut enc = ctx.device().create_command_encoder(&Default::default());
-            warm::record(p.warmup.as_deref(), &mut enc);
+            let mut enc = p.timed_encoder(ctx);
             for s in 0..p.burst {
                 record_pisa(&mut enc, &caches, r, Some(s % BURST), Some(&mut *prof))?;
             }
@@ -270,8 +265,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
             Ok(())
         })?;
         let dense_burst = burst(ctx, parts.len(), p.burst, "dense", |prof, outs| {
-            let mut enc = ctx.device().create_command_encoder(&Default::default());
-            warm::record(p.warmup.as_deref(), &mut enc);
+            let mut enc = p.timed_encoder(ctx);
             let np = parts.len();
             for s in 0..p.burst {
                 for (i, x) in parts.iter().enumerate() {

@@ -21,7 +21,6 @@ use pisa_wgpu::ops::select::{select, Layouts, Method};
 use pisa_wgpu::{Context, DType, GpuError, GpuTensor, Profiler, StageTimes, Storage, TensorView};
 
 use super::kernels::Kernels;
-use super::warm;
 use crate::cmd::embed;
 
 /// Q, K, V read from a file (`pisa bench --input`), f32 in [`Plan::layout`], batch 1.
@@ -69,6 +68,18 @@ pub struct Plan {
     pub inputs: Option<std::sync::Arc<HostInputs>>,
     /// The GPU warm-up recorded at the start of each timed submission (`--warmup-ms`).
     pub warmup: Option<std::sync::Arc<super::warm::Warmup>>,
+}
+
+impl Plan {
+    /// A command encoder for one timed submission, the GPU warm-up ([`Self::warmup`]) recorded
+    /// into it first, untimed: every timed submission of the benchmark starts so.
+    pub fn timed_encoder(&self, ctx: &Context) -> pisa_wgpu::wgpu::CommandEncoder {
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        if let Some(w) = &self.warmup {
+            w.record(&mut enc);
+        }
+        enc
+    }
 }
 
 struct Inputs {
@@ -314,8 +325,7 @@ pub fn prefill(ctx: &Context, p: &Plan) -> Result<(StageTimes, usize, Kernels)> 
             let inp = &sets[(rep * chunks + c) % pool];
             let mut prof = Profiler::new(ctx, Profiler::MAX_PASSES);
             ctx.scoped("bench", || {
-                let mut enc = ctx.device().create_command_encoder(&Default::default());
-                warm::record(p.warmup.as_deref(), &mut enc);
+                let mut enc = p.timed_encoder(ctx);
                 let [qv, kv, vv] = &inp.views;
                 planned
                     .plan

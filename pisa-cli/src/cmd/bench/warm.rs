@@ -155,13 +155,6 @@ impl Warmup {
     }
 }
 
-/// Records `w`'s warm-up into `enc` where there is one.
-pub fn record(w: Option<&Warmup>, enc: &mut wgpu::CommandEncoder) {
-    if let Some(w) = w {
-        w.record(enc);
-    }
-}
-
 /// The warm-up of `ms` (`None`: [`default_ms`]) for `ctx`, with what it was calibrated to.
 ///
 /// Not covered: on an NVIDIA H100 just started, the first process's first size (a 2K-token
@@ -200,7 +193,7 @@ mod tests {
         let mut prof = Profiler::new(&ctx, 1);
         ctx.scoped("warm-up test", || {
             let mut enc = ctx.device().create_command_encoder(&Default::default());
-            record(Some(&w), &mut enc);
+            w.record(&mut enc);
             drop(prof.compute_pass(&mut enc, "timed"));
             ctx.queue().submit([enc.finish()]);
             Ok(())
