@@ -12,18 +12,26 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
          @builtin(local_invocation_index) lid: u32) {
     let id = linear_id(wid, nwg);
     if (id >= p.wg_count) { return; }
+    if (lid == 0u) { wlen = lens[id / p.kv_heads]; }
+    let len = workgroupUniformLoad(&wlen);
+    for (var i = lid; i < NS; i += WG) { mc[i] = cands[id * NS + i]; }
+    merge_slots(id, len, lid);
+}
+
+// The cut and the merge of (sequence, KV head) `id` whose length is `len`, by the whole
+// workgroup, once each invocation has written its share of the slots into `mc` (i = lid, lid +
+// WG, ...; the barrier before the cut orders them) and the slots' states are in `parts`: the
+// `merge` dispatch, or the last workgroup of `route_leaf_merge` (decode_route_leaf_merge.wgsl).
+fn merge_slots(id: u32, len: u32, lid: u32) {
     let b = id / p.kv_heads;
     let h = id % p.kv_heads;
     let qrow = (b * p.q_heads + h * GQ) * DD;
-    if (lid == 0u) { wlen = lens[b]; }
-    let len = workgroupUniformLoad(&wlen);
     let so = id * KMAX;
     if (len == 0u) {
         write_empty(qrow, so, lid); // zeros, LSE -inf, no blocks
         return;
     }
     let po = id * NS * GQ * PW;
-    for (var i = lid; i < NS; i += WG) { mc[i] = cands[id * NS + i]; }
     for (var i = lid; i < KMAX; i += WG) { mrank[i] = INVALID; }
     // Scores of every candidate slot, loaded together with the slots (an empty slot's stale
     // state is never ranked: the cut reads a score only beside a valid slot).

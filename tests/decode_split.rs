@@ -487,11 +487,13 @@ fn route_leaf_case(
 }
 
 /// A context of the default tuning but `decode_route_workgroups` 4096 (so that `route_leaf`
-/// runs wherever it fits) and `decode_leaf_subgroups` `leaf_sg`, kept for the test's life.
-fn route_leaf_context(leaf_sg: bool) -> &'static pisa_wgpu::Context {
+/// runs wherever it fits), `decode_leaf_subgroups` `leaf_sg` and `decode_merge_in_route`
+/// `merge`, kept for the test's life.
+fn route_leaf_context(leaf_sg: bool, merge: bool) -> &'static pisa_wgpu::Context {
     let mut t = pisa_wgpu::Tuning::default();
     t.decode_route_workgroups = 4096;
     t.decode_leaf_subgroups = leaf_sg;
+    t.decode_merge_in_route = merge;
     Box::leak(Box::new(
         pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t).unwrap(),
     ))
@@ -500,16 +502,26 @@ fn route_leaf_context(leaf_sg: bool) -> &'static pisa_wgpu::Context {
 /// The split step's `route` and `leaf` as one dispatch (`route_leaf`, asked for by
 /// `decode_route_workgroups`): several workgroups per (sequence, KV head) route the token the
 /// same way, then each attends its share of the leaf slots, several blocks at once, before the
-/// `merge` dispatch. Every step against the reference (selection exactly unless tied, output
-/// and LSE within rounding): GQA 1, 2, 3, 4, 7, 8, head dims 12 to 128, f32 and f16 storage,
-/// blocks of 16 and 64 keys (whole and partial), top_k 4 and 40, a sink and a local block, a
-/// batch of two sequences of different lengths (one empty at first); and a cache split over
-/// two storage bindings. The kernel must have been built for every case (counted per thread),
-/// so the test cannot pass on the three dispatches.
+/// `merge` dispatch, or (`decode_merge_in_route`, `route_leaf_merge`) with the merge done by
+/// the last of them to finish, every step one dispatch. Both ways, every step against the
+/// reference (selection exactly unless tied, output and LSE within rounding): GQA 1, 2, 3, 4,
+/// 7, 8, head dims 12 to 128, f32 and f16 storage, blocks of 16 and 64 keys (whole and
+/// partial), top_k 4 and 40 (the merge's loops past 32), a sink and a local block, a batch of
+/// two sequences of different lengths (one empty at first: the merge's empty outputs); and a
+/// cache split over two storage bindings. The kernel asked for must have been built for every
+/// case (counted per thread), so the test cannot pass on the other dispatches.
 #[test]
 fn route_and_leaf_in_one_dispatch() {
-    use pisa_wgpu::ops::decode::route_leaves_on_this_thread;
-    let own = route_leaf_context(pisa_wgpu::Tuning::default().decode_leaf_subgroups);
+    for merge in [true, false] {
+        route_and_leaf_cases(merge);
+    }
+}
+
+/// [`route_and_leaf_in_one_dispatch`] with `decode_merge_in_route` `merge`.
+fn route_and_leaf_cases(merge: bool) {
+    use pisa_wgpu::ops::decode::{route_leaves_on_this_thread, route_merges_on_this_thread};
+    let leaf_sg = pisa_wgpu::Tuning::default().decode_leaf_subgroups;
+    let own = route_leaf_context(leaf_sg, merge);
     let cases = [
         ("rl_gqa1_d64", 1, 64, 16, 4, Storage::F32),
         ("rl_gqa2_d12", 2, 12, 16, 4, Storage::F32),
@@ -524,7 +536,7 @@ fn route_and_leaf_in_one_dispatch() {
         if storage == Storage::F16 && !own.has_f16() {
             continue;
         }
-        let before = route_leaves_on_this_thread();
+        let before = (route_leaves_on_this_thread(), route_merges_on_this_thread());
         let prefill = if k > 4 {
             vec![0, 1300]
         } else {
@@ -534,12 +546,19 @@ fn route_and_leaf_in_one_dispatch() {
         let r = Run::new_in(own, case, 1400);
         let blocks = r.cache.route_leaf_blocks();
         assert!(blocks.is_some(), "{name}: route_leaf does not run");
+        assert_eq!(r.cache.merges_in_route(), merge, "{name}");
         r.run();
-        assert_eq!(route_leaves_on_this_thread() - before, 1, "{name}: builds");
+        assert_eq!(
+            route_leaves_on_this_thread() - before.0,
+            1,
+            "{name}: builds"
+        );
+        let merges = route_merges_on_this_thread() - before.1;
+        assert_eq!(merges, merge as u64, "{name}: builds of route_leaf_merge");
         built += 1;
     }
     assert!(built >= 5, "only {built} cases ran");
-    let small = route_leaf_context(pisa_wgpu::Tuning::default().decode_leaf_subgroups);
+    let small = route_leaf_context(leaf_sg, merge);
     small.set_max_binding_bytes(5 * 400 * 32 * 4); // 5 rows of capacity 400, D 32, f32
     let cf = cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1);
     let mut case = base("rl_two_shards", 6, 3, 32, cf);
@@ -548,6 +567,7 @@ fn route_and_leaf_in_one_dispatch() {
     let r = Run::new_in(small, case, 400);
     assert_eq!(r.cache.kv_shards().0.len(), 2, "split over two bindings");
     assert!(r.cache.route_leaf_blocks().is_some());
+    assert_eq!(r.cache.merges_in_route(), merge);
     r.run();
 }
 
@@ -574,7 +594,7 @@ fn route_leaf_attention_with_and_without_subgroups() {
         ("sga_gqa4_d128_k16", 4, 128, 64, 16, Storage::F16),
     ];
     for on in [true, false] {
-        let own = route_leaf_context(on);
+        let own = route_leaf_context(on, true);
         let has_sg = own.features().contains(wgpu::Features::SUBGROUP) && own.shuffle_lanes() >= 8;
         let before = subgroup_leaves_on_this_thread();
         let mut ran = 0;

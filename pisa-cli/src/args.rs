@@ -492,7 +492,7 @@ fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
                  lse selections with GQA groups up to 16 (route_subgroups=0 runs the other)";
     let table = "sizes the routing table, which runs on the NVIDIA path or with \
                  route_table_portable=1: neither on {name}";
-    let checks: [(&str, bool, &str); 11] = [
+    let checks: [(&str, bool, &str); 12] = [
         (
             "nv_scorer",
             !nv,
@@ -534,6 +534,12 @@ fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
             "applies to the one-dispatch route and leaf with the route's subgroup steps, which \
              decode_route_workgroups=0 or decode_route_subgroups=false leaves out: the leaf \
              attention runs in workgroup memory",
+        ),
+        (
+            "decode_merge_in_route",
+            t.decode_route_workgroups == 0 || t.decode_fused,
+            "applies to the one-dispatch route and leaf, which decode_route_workgroups=0 or \
+             decode_fused=1 leaves out",
         ),
     ];
     checks

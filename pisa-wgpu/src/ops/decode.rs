@@ -171,8 +171,8 @@ pub use self::chunk::ChunkOutputs;
 use self::fused::FusedPlan;
 use self::plan::{Params, Plan};
 pub use self::record::{
-    route_leaves_on_this_thread, subgroup_leaves_on_this_thread, subgroup_routes_on_this_thread,
-    StepOutputs,
+    route_leaves_on_this_thread, route_merges_on_this_thread, subgroup_leaves_on_this_thread,
+    subgroup_routes_on_this_thread, StepOutputs,
 };
 pub use self::shaders::{
     APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_LEAF_SG_SHADER,
@@ -289,6 +289,11 @@ pub struct KvCache {
     /// The most workgroups of a `route_leaf` dispatch ([`crate::Tuning::decode_route_workgroups`]
     /// when the cache was made).
     route_workgroups: u32,
+    /// Whether `route_leaf` may merge in its last workgroup (`route_leaf_merge`,
+    /// [`crate::Tuning::decode_merge_in_route`] when the cache was made).
+    merge_in_route: bool,
+    /// `route_leaf_merge`'s counters of finished copies, u32 `[B*Hkv]`, 0 between steps.
+    done: wgpu::Buffer,
     /// K/V shards `[rows, capacity, D]` each: flat (sequence, KV head) rows `i * kv_rows ..`
     /// in shard i; one shard unless the cache exceeds one storage binding, two at most.
     kv: Vec<(GpuTensor, GpuTensor)>,

@@ -119,6 +119,13 @@ pub struct Tuning {
     /// there, 50 nearly three times as long, docs/benchmarks.md A.26), 0 (never) elsewhere
     /// until measured. Variable `PISA_DECODE_ROUTE_WG`.
     pub decode_route_workgroups: u32,
+    /// Where `route_leaf` runs ([`Self::decode_route_workgroups`]), its last workgroup of each
+    /// (sequence, KV head) to finish also does the `merge` dispatch's cut and merge
+    /// (`route_leaf_merge`, `shaders/decode_route_leaf_merge.wgsl`), so the step is one
+    /// dispatch; it needs 13 storage buffers per shader stage (the two dispatches run where
+    /// the device has fewer). Read by decode caches made from now on. Default `true`.
+    /// Variable `PISA_DECODE_MERGE_IN_ROUTE` (`0` or `1`).
+    pub decode_merge_in_route: bool,
     /// Leaves scored per iteration by the query-tile tensor-core scorer (1 to 4). Default 2.
     /// Variable `PISA_LEAF_LPI`.
     pub leaf_tiles_per_iteration: u32,
@@ -197,6 +204,7 @@ impl Default for Tuning {
             decode_route_subgroups: true,
             decode_leaf_subgroups: false,
             decode_route_workgroups: 0,
+            decode_merge_in_route: true,
             leaf_tiles_per_iteration: 2,
             leaf_subgroups: COOP_SUBGROUPS,
             leaf_stage_keys: true,
@@ -214,7 +222,7 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 23] = [
+pub const KNOBS: [(&str, &str); 24] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -227,6 +235,7 @@ pub const KNOBS: [(&str, &str); 23] = [
     ("decode_route_subgroups", "PISA_DECODE_ROUTE_SG"),
     ("decode_leaf_subgroups", "PISA_DECODE_LEAF_SG"),
     ("decode_route_workgroups", "PISA_DECODE_ROUTE_WG"),
+    ("decode_merge_in_route", "PISA_DECODE_MERGE_IN_ROUTE"),
     ("leaf_tiles_per_iteration", "PISA_LEAF_LPI"),
     ("leaf_subgroups", "PISA_LEAF_NSG"),
     ("leaf_stage_keys", "PISA_LEAF_KSTAGE"),
@@ -373,6 +382,7 @@ impl Tuning {
             "decode_route_subgroups" => self.decode_route_subgroups = switch("", "")?,
             "decode_leaf_subgroups" => self.decode_leaf_subgroups = switch("", "")?,
             "decode_route_workgroups" => self.decode_route_workgroups = num(0, 65536)?,
+            "decode_merge_in_route" => self.decode_merge_in_route = switch("", "")?,
             "decode_key_lanes" if auto => self.decode_key_lanes = None,
             "decode_key_lanes" => {
                 let n = one_of(&[1, 2, 4, 8, 16, 32, 64], "1, 2, 4, 8, 16, 32, 64 or auto")?;
@@ -494,6 +504,7 @@ impl Tuning {
             self.decode_route_subgroups.to_string(),
             self.decode_leaf_subgroups.to_string(),
             self.decode_route_workgroups.to_string(),
+            self.decode_merge_in_route.to_string(),
             self.leaf_tiles_per_iteration.to_string(),
             self.leaf_subgroups.to_string(),
             self.leaf_stage_keys.to_string(),
@@ -623,6 +634,7 @@ mod tests {
             ("decode_route_subgroups", "0"),
             ("decode_leaf_subgroups", "1"),
             ("decode_route_workgroups", "40"),
+            ("decode_merge_in_route", "0"),
             ("leaf_tiles_per_iteration", "3"),
             ("leaf_subgroups", "2"),
             ("leaf_stage_keys", "0"),

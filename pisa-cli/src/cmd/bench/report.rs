@@ -349,8 +349,10 @@ pub fn table(r: &Report) -> String {
                 r.ms("decode_route", n, st).is_some() && r.ms("decode_leaf", n, st).is_none()
             });
             let passes = if fused {
-                "route / merge: the step's two dispatches timed as separate passes (route and \
-                 leaf slots\n run as one dispatch, timed as route: no leaf pass)"
+                "route / merge: the step's parts timed as separate passes (route and leaf \
+                 slots\n run as one dispatch, timed as route: no leaf pass; merge, which the \
+                 step itself runs\n in that dispatch's last workgroups by default, as its \
+                 own dispatch)"
             } else {
                 "route / leaf / merge: the step's three dispatches timed as separate passes"
             };

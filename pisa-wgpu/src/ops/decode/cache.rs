@@ -192,6 +192,9 @@ impl KvCache {
             route_subgroups: tuning.decode_route_subgroups,
             leaf_subgroups: tuning.decode_leaf_subgroups,
             route_workgroups: tuning.decode_route_workgroups,
+            merge_in_route: tuning.decode_merge_in_route,
+            // (zeroed by wgpu: every counter starts at 0)
+            done: Self::u32_buffer(ctx, "decode copies done", batch * kv_heads),
             kv,
             kv_rows: kv_rows as usize,
             pyr,

@@ -317,9 +317,14 @@ impl Plan {
     /// each workgroup attends at once (NB: as many `leaf` workgroups of `wg` invocations as
     /// the route's `wr` hold, fewer where memory needs it) and the workgroups per (sequence,
     /// KV head), `(nb, ceil(NS / nb))`; `None` where not even one block fits beside the route.
-    pub fn route_leaf_blocks(&self, limit: u64) -> Option<(u32, u32)> {
+    /// With `merge`, the same for `route_leaf_merge` ([`Self::route_leaf_merge_smem`]).
+    pub fn route_leaf_blocks(&self, limit: u64, merge: bool) -> Option<(u32, u32)> {
+        let smem = |nb: u32| match merge {
+            true => self.route_leaf_merge_smem(nb),
+            false => self.route_leaf_smem(nb),
+        };
         let mut nb = (self.wr / self.wg) as u64;
-        while nb > 0 && self.route_leaf_smem(nb as u32) > limit {
+        while nb > 0 && smem(nb as u32) > limit {
             nb -= 1;
         }
         (nb > 0).then(|| (nb as u32, self.slots().div_ceil(nb as u32)))
@@ -329,6 +334,20 @@ impl Plan {
     /// `nb` blocks' leaf scratch.
     pub fn route_leaf_smem(&self, nb: u32) -> u64 {
         self.route_smem + nb as u64 * self.leaf_smem
+    }
+
+    /// Workgroup memory of `route_leaf_merge` attending `nb` blocks at once, bytes:
+    /// `route_leaf`'s and the cut's and merge's (decode_cut.wgsl, decode_merge.wgsl) in a
+    /// workgroup of `wr` invocations, and the count of finished copies.
+    pub fn route_leaf_merge_smem(&self, nb: u32) -> u64 {
+        let (k, maxc) = (self.kmax as u64, self.maxc as u64);
+        let merge = self.slots() as u64
+            + maxc
+            + 3 * k
+            + cut_words(self.wr as u64, maxc)
+            + 3 * self.gq as u64 * k.min(32)
+            + 1;
+        self.route_leaf_smem(nb) + 4 * merge
     }
 
     /// Lanes per group of the block attention with subgroup shuffles

@@ -29,6 +29,7 @@ fn workgroup_memory_accounting_covers_the_shaders() {
     let mut checked = 0;
     let mut sg_checked = 0;
     let mut rl_checked = 0;
+    let mut rlm_checked = 0;
     for (gq, d, c, k, g, scoring) in cases {
         let cfg = SelectionConfig::new(c, k)
             .unwrap()
@@ -57,7 +58,7 @@ fn workgroup_memory_accounting_covers_the_shaders() {
                 assert_workgroup_fits(shader, entry, Storage::F32, &consts, plan.smem, &what);
             }
             // The route and the leaf in one kernel (both level steps), where it fits.
-            if let Some((nb, _)) = plan.route_leaf_blocks(mem as u64) {
+            if let Some((nb, _)) = plan.route_leaf_blocks(mem as u64, false) {
                 let charged = plan.route_leaf_smem(nb);
                 let consts = plan.route_leaf_consts(plan.consts(plan.wr).to_vec(), nb);
                 let rl = &ROUTE_LEAF_SHADER;
@@ -68,6 +69,19 @@ fn workgroup_memory_accounting_covers_the_shaders() {
                     assert_workgroup_fits(rl, "route_leaf", Storage::F32, &consts, charged, &what);
                 }
                 rl_checked += 1;
+            }
+            // ... and with the merge in its last workgroup, where that fits.
+            if let Some((nb, _)) = plan.route_leaf_blocks(mem as u64, true) {
+                let charged = plan.route_leaf_merge_smem(nb);
+                let consts = plan.route_leaf_consts(plan.consts(plan.wr).to_vec(), nb);
+                let (rl, entry) = (&ROUTE_LEAF_SHADER, "route_leaf_merge");
+                assert_workgroup_fits(rl, entry, Storage::F32, &consts, charged, &what);
+                if let Some(lr) = plan.route_subgroup_lanes(32, scoring == Scoring::Lse) {
+                    let consts = plan.route_leaf_consts(plan.route_subgroup_consts(lr, 32), nb);
+                    let rl = &ROUTE_LEAF_SG_SHADER;
+                    assert_workgroup_fits(rl, entry, Storage::F32, &consts, charged, &what);
+                }
+                rlm_checked += 1;
             }
             // The route with its subgroup level steps, where it runs on 32-lane subgroups.
             if let Some(lr) = plan.route_subgroup_lanes(32, scoring == Scoring::Lse) {
@@ -95,6 +109,10 @@ fn workgroup_memory_accounting_covers_the_shaders() {
     assert!(
         rl_checked > 12,
         "only {rl_checked} route_leaf kernels checked"
+    );
+    assert!(
+        rlm_checked > 12,
+        "only {rlm_checked} route_leaf_merge kernels checked"
     );
 }
 

@@ -34,6 +34,8 @@ pub(super) fn range(i: u32, r: &InPlace) -> (u32, &wgpu::Buffer, u64, u64) {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct StepIo {
     pub fused: bool,
+    /// The split step as one dispatch, `route_leaf_merge` ([`KvCache::merges_in_route`]).
+    pub merge_in_route: bool,
     pub q: InPlace,
     pub out: InPlace,
     pub lse: InPlace,
@@ -67,6 +69,14 @@ thread_local! {
     static SG_ROUTES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     static ROUTE_LEAVES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     static SG_LEAVES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static ROUTE_MERGES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Split decode steps built on the calling thread so far that run as one dispatch
+/// (`route_leaf_merge`, [`KvCache::merges_in_route`]): lets a test tell that a case took it.
+#[doc(hidden)]
+pub fn route_merges_on_this_thread() -> u64 {
+    ROUTE_MERGES.with(|c| c.get())
 }
 
 /// Split decode steps built on the calling thread so far whose `route_leaf` attends its blocks
@@ -386,11 +396,12 @@ impl KvCache {
             ),
         };
         let (q, gather) = self.input_binding("q", q, [b, hq, 1, d], &self.q_in)?;
-        if self.is_fused() {
+        if self.is_fused() || self.merges_in_route() {
             check_q_apart(&q, [&out.buffer, &lse.buffer, &sel.buffer])?;
         }
         let io = StepIo {
             fused: self.is_fused(),
+            merge_in_route: self.merges_in_route(),
             q,
             out,
             lse,
@@ -621,8 +632,9 @@ impl KvCache {
         let mut bound = Vec::with_capacity(steps.len());
         for (cache, q) in steps {
             let (q, gather) = cache.input_binding("q", q, cache.q_shape(), &cache.q_in)?;
-            // The fused step writes the cache's own outputs in the dispatch that reads q.
-            if cache.is_fused() && !by_stage {
+            // The fused step (and the split step as one dispatch) writes the cache's own
+            // outputs in the dispatch that reads q.
+            if (cache.is_fused() || cache.merges_in_route()) && !by_stage {
                 let own = [&cache.out.buffer, &cache.lse.buffer, &cache.sel.buffer];
                 check_q_apart(&q, own)?;
             }
@@ -663,13 +675,14 @@ impl KvCache {
         for (cache, q, _) in steps {
             let io = StepIo {
                 fused: cache.is_fused() && !by_stage,
+                merge_in_route: cache.merges_in_route() && !by_stage,
                 q: q.clone(),
                 out: InPlace::whole(&cache.out.buffer),
                 lse: InPlace::whole(&cache.lse.buffer),
                 sel: InPlace::whole(&cache.sel.buffer),
             };
             let st = cache.cached_stages(&io)?;
-            if io.fused {
+            if io.fused || io.merge_in_route {
                 stages[0].extend(st.iter().cloned());
                 continue;
             }
@@ -742,17 +755,47 @@ impl KvCache {
     /// the leaf slots each of its workgroups attends at once and the workgroups per (sequence,
     /// KV head), `(NB, copies)`. `None` runs them apart: B * Hkv * copies above
     /// [`crate::Tuning::decode_route_workgroups`] (as the cache was made), or the kernel's
-    /// workgroup memory above the cache's limit.
+    /// workgroup memory above the cache's limit. Where the step merges in it too
+    /// ([`Self::merges_in_route`]), the sizes of `route_leaf_merge`.
     pub fn route_leaf_blocks(&self) -> Option<(u32, u32)> {
+        self.route_leaf_plan().map(|(nb, copies, _)| (nb, copies))
+    }
+
+    /// Whether this cache's split step runs as ONE dispatch, `route_leaf_merge`
+    /// (`shaders/decode_route_leaf_merge.wgsl`: `route_leaf` whose last workgroup of each
+    /// (sequence, KV head) to finish does `merge`'s work): where `route_leaf` runs
+    /// ([`Self::route_leaf_blocks`]), [`crate::Tuning::decode_merge_in_route`] asked for it
+    /// when the cache was made, the step is not fused, and the kernel's 13 storage buffers and
+    /// workgroup memory fit the cache's limits (with fewer blocks at once than `route_leaf`
+    /// would attend, where memory needs it). Steps recorded by stage
+    /// ([`Self::record_steps_by_stage_into`]) keep `merge` apart, to time it.
+    pub fn merges_in_route(&self) -> bool {
+        self.route_leaf_plan().is_some_and(|(_, _, merge)| merge)
+    }
+
+    /// `(NB, copies, merge)` of [`Self::route_leaf_blocks`] and [`Self::merges_in_route`]:
+    /// `route_leaf_merge`'s where it runs, else `route_leaf`'s.
+    fn route_leaf_plan(&self) -> Option<(u32, u32, bool)> {
         let heads = (self.shape.batch * self.shape.kv_heads) as u64;
         let limit = self.limits.max_compute_workgroup_storage_size as u64;
-        self.plan
-            .route_leaf_blocks(limit)
-            .filter(|&(_, copies)| heads * copies as u64 <= self.route_workgroups as u64)
+        let within = |merge: bool| {
+            self.plan
+                .route_leaf_blocks(limit, merge)
+                .filter(|&(_, copies)| heads * copies as u64 <= self.route_workgroups as u64)
+                .map(|(nb, copies)| (nb, copies, merge))
+        };
+        let merge = self.merge_in_route
+            && !self.is_fused()
+            && self.limits.max_storage_buffers_per_shader_stage >= 13;
+        merge
+            .then(|| within(true))
+            .flatten()
+            .or_else(|| within(false))
     }
 
     /// The dispatches of this cache's split step for `q`: `route`, `leaf`, `merge`, or
-    /// `route_leaf`, `merge` ([`Self::route_leaf_blocks`]).
+    /// `route_leaf`, `merge` ([`Self::route_leaf_blocks`]), or `route_leaf_merge` alone
+    /// (`io.merge_in_route`, [`Self::merges_in_route`]).
     fn stages(&self, io: &StepIo) -> Result<Vec<Stage>> {
         let s = &self.shape;
         let ctx = &self.ctx;
@@ -784,6 +827,7 @@ impl KvCache {
             }
             None => self.plan.consts(self.plan.wr).to_vec(),
         };
+        let one = io.merge_in_route && route_leaf.is_some();
         let (shader, entry, consts) = match route_leaf {
             Some((nb, _)) => {
                 let mut consts = self.plan.route_leaf_consts(route_consts, nb);
@@ -797,7 +841,15 @@ impl KvCache {
                     Some(_) => &ROUTE_LEAF_SG_SHADER,
                     None => &ROUTE_LEAF_SHADER,
                 };
-                (shader, "route_leaf", consts)
+                (
+                    shader,
+                    if one {
+                        "route_leaf_merge"
+                    } else {
+                        "route_leaf"
+                    },
+                    consts,
+                )
             }
             None => {
                 let shader = match sg_lanes {
@@ -842,6 +894,7 @@ impl KvCache {
             whole(11, pa),
         ];
         let stage = |p, b: Binds, n| self.make_stage(p, &b, n);
+        let merge_binds = merge.clone();
         let merge = stage(pipe(&MERGE_SHADER, "merge", self.plan.wm)?, merge, heads)?;
         if let Some((_, copies)) = route_leaf {
             ROUTE_LEAVES.with(|c| c.set(c.get() + 1));
@@ -851,6 +904,14 @@ impl KvCache {
             let n = heads * copies as u64;
             let u_copies = uniform(n)?;
             both[0] = whole(0, &u_copies);
+            if one {
+                // and the merge's but the slots (each copy holds its own), and the counters.
+                ROUTE_MERGES.with(|c| c.set(c.get() + 1));
+                both.retain(|b| b.0 != 10);
+                both.extend(merge_binds.into_iter().filter(|b| [7, 8, 9].contains(&b.0)));
+                both.push(whole(14, &self.done));
+                return Ok(vec![stage(route_pipe, both, n)?]);
+            }
             return Ok(vec![stage(route_pipe, both, n)?, merge]);
         }
         Ok(vec![

@@ -29,9 +29,10 @@ pub const ROUTE_SG_SHADER: ShaderSource = ShaderSource {
     ),
 };
 /// `shaders/decode.wgsl`, `decode_levels.wgsl`, `decode_levels_nosg.wgsl`,
-/// `decode_attend.wgsl`, `decode_attend_nosg.wgsl` and `decode_route_leaf.wgsl`: split step
-/// dispatches 1 and 2 as one (`route_leaf`), its levels and block attention through workgroup
-/// memory.
+/// `decode_attend.wgsl`, `decode_attend_nosg.wgsl`, `decode_route_leaf.wgsl`,
+/// `decode_cut.wgsl`, `decode_merge.wgsl` and `decode_route_leaf_merge.wgsl`: split step
+/// dispatches 1 and 2 as one (`route_leaf`), or all three (`route_leaf_merge`), its levels and
+/// block attention through workgroup memory.
 pub const ROUTE_LEAF_SHADER: ShaderSource = ShaderSource {
     name: "decode_route_leaf",
     wgsl: concat!(
@@ -40,7 +41,10 @@ pub const ROUTE_LEAF_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/decode_levels_nosg.wgsl"),
         include_str!("../../../../shaders/decode_attend.wgsl"),
         include_str!("../../../../shaders/decode_attend_nosg.wgsl"),
-        include_str!("../../../../shaders/decode_route_leaf.wgsl")
+        include_str!("../../../../shaders/decode_route_leaf.wgsl"),
+        include_str!("../../../../shaders/decode_cut.wgsl"),
+        include_str!("../../../../shaders/decode_merge.wgsl"),
+        include_str!("../../../../shaders/decode_route_leaf_merge.wgsl")
     ),
 };
 /// [`ROUTE_LEAF_SHADER`] with the level steps of `decode_levels_sg.wgsl` and the block
@@ -53,7 +57,10 @@ pub const ROUTE_LEAF_SG_SHADER: ShaderSource = ShaderSource {
         include_str!("../../../../shaders/decode_levels_sg.wgsl"),
         include_str!("../../../../shaders/decode_attend.wgsl"),
         include_str!("../../../../shaders/decode_attend_sg.wgsl"),
-        include_str!("../../../../shaders/decode_route_leaf.wgsl")
+        include_str!("../../../../shaders/decode_route_leaf.wgsl"),
+        include_str!("../../../../shaders/decode_cut.wgsl"),
+        include_str!("../../../../shaders/decode_merge.wgsl"),
+        include_str!("../../../../shaders/decode_route_leaf_merge.wgsl")
     ),
 };
 /// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl` and
