@@ -77,7 +77,7 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> lse_out: array<f32>;
 @group(0) @binding(9) var<storage, read_write> sel_out: array<i32>;
 @group(0) @binding(10) var<storage, read_write> cands: array<u32>;
-@group(0) @binding(11) var<storage, read_write> parts: array<f32>;
+// (binding 11, `parts`: decode_parts.wgsl, or decode_parts_coherent.wgsl, appended last)
 // Shard 1 of a cache whose K/V exceed one storage binding (flat (sequence, KV head) rows
 // kv_split.. of kc/vc live here, at row - kv_split); the `leaf` dispatch reads it (bound to shard
 // 0 again when there is one shard). See decode_attend.wgsl.

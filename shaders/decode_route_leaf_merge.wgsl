@@ -6,14 +6,15 @@
 // The dependent `merge` dispatch and its own load of the slots are gone.
 //
 // "Last": each copy, once its states are written, adds 1 to the (sequence, KV head)'s counter
-// in `done`; the copy that sees PF - 1 merges and sets the counter back to 0 for the next step
+// in `done`; the copy that sees copies - 1 merges and sets the counter back to 0 for the next step
 // (the counters start at 0: the buffer is zeroed when the cache is made). The states are
 // written before the count and read after it across workgroups: storageBarrier is a control
 // barrier with device-scope acquire-release semantics on storage memory (naga emits
 // OpControlBarrier Workgroup Device AcquireRelease|UniformMemory), so each copy's writes are
 // released before its invocation 0 counts, and the last copy's reads are acquired after its
 // invocation 0 has seen every other count (the fences order the atomic, as in the
-// "last block" reduction of CUDA's threadfence sample).
+// "last block" reduction of CUDA's threadfence sample); `parts` is bound `@coherent`
+// (decode_parts_coherent.wgsl) so that those loads see other workgroups' stores.
 
 // Per (sequence, KV head): copies that have finished this step (0 between steps).
 @group(0) @binding(14) var<storage, read_write> done: array<atomic<u32>>;
@@ -34,5 +35,6 @@ fn route_leaf_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     storageBarrier();
     if (lid == 0u) { atomicStore(&done[id], 0u); }
     for (var i = lid; i < NS; i += WG) { mc[i] = routed_slot(rt, i); }
-    merge_slots(id, rt.len, lid);
+    // (the length as a uniform load, not through rt: merge_slots' barriers follow a branch on it)
+    merge_slots(id, workgroupUniformLoad(&wlen), lid);
 }

@@ -176,7 +176,14 @@ fn leaf_grid_past_one_dimension() {
 /// the three stages where the adapter has timestamps.
 #[test]
 fn steps_of_several_caches_in_one_pass() {
-    let ctx = ctx();
+    several_caches_in_one_pass(ctx(), false);
+    // ... and where each cache's step is one dispatch (`route_leaf_merge`).
+    several_caches_in_one_pass(route_leaf_context(false, true), true);
+}
+
+/// [`steps_of_several_caches_in_one_pass`] in `ctx`, whose caches run the one-dispatch step
+/// where `merge` (asserted).
+fn several_caches_in_one_pass(ctx: &'static pisa_wgpu::Context, merge: bool) {
     let cf = cfg(8, 4, 2, Scoring::Lse).with_forced(1, 0);
     let (hq, hkv, d, n) = (6, 2, 32, 151);
     let g = hq / hkv;
@@ -238,6 +245,7 @@ fn steps_of_several_caches_in_one_pass() {
     ];
     for (views, by_stage) in [(false, false), (false, true), (true, false), (true, true)] {
         let caches = make_caches();
+        assert_eq!(caches[0].merges_in_route(), merge);
         let steps: Vec<_> = caches.iter().zip(&qs).collect();
         let view_steps: Vec<_> = caches.iter().zip(&q_views).collect();
         let mut prof = pisa_wgpu::Profiler::new(ctx, 8);
@@ -267,6 +275,15 @@ fn steps_of_several_caches_in_one_pass() {
             assert_eq!(names, want_names, "views {views} by_stage {by_stage}");
         }
         check_outputs(ctx, &caches, &want, &want_sel, (g, d, cf.top_k));
+        if merge {
+            for c in &caches {
+                assert_eq!(
+                    c.route_merge_counts().unwrap(),
+                    vec![0],
+                    "by_stage {by_stage}"
+                );
+            }
+        }
     }
     // Misuse: a query of the wrong shape, or an integer one, is refused before anything is
     // recorded.
@@ -547,12 +564,19 @@ fn route_and_leaf_cases(merge: bool) {
         let blocks = r.cache.route_leaf_blocks();
         assert!(blocks.is_some(), "{name}: route_leaf does not run");
         assert_eq!(r.cache.merges_in_route(), merge, "{name}");
-        r.run();
+        let r = r.run();
         assert_eq!(
             route_leaves_on_this_thread() - before.0,
             1,
             "{name}: builds"
         );
+        // (every step's last copy set its head's count back to 0)
+        assert!(r
+            .cache
+            .route_merge_counts()
+            .unwrap()
+            .iter()
+            .all(|&c| c == 0));
         let merges = route_merges_on_this_thread() - before.1;
         assert_eq!(merges, merge as u64, "{name}: builds of route_leaf_merge");
         built += 1;
@@ -569,6 +593,48 @@ fn route_and_leaf_cases(merge: bool) {
     assert!(r.cache.route_leaf_blocks().is_some());
     assert_eq!(r.cache.merges_in_route(), merge);
     r.run();
+}
+
+/// The one-dispatch step (`route_leaf_merge`) where the merge's inputs are unusual: an empty
+/// sequence beside a non-empty one (its outputs written by the last copy to finish: zeros, LSE
+/// -inf, -1s), at the benchmark's shape (GQA 4, D 128, C 64, K 16) and at K 40 (the merge's
+/// loops past 32), three steps of each against the reference, the counts of finished copies 0
+/// after every step; and a query in the cache's own output buffer, which runs the two
+/// dispatches instead (one dispatch would bind it read-only beside the outputs, which wgpu
+/// refuses) and equals a step of the same query from the host.
+#[test]
+fn one_dispatch_step_beside_an_empty_sequence() {
+    let own = route_leaf_context(false, true);
+    for (name, g_q, d, c, k) in [
+        ("rlm_empty_k16", 4, 128, 64, 16),
+        ("rlm_empty_k40", 2, 32, 16, 40),
+    ] {
+        let hq = 2 * g_q;
+        let mut case = base(name, hq, 2, d, cfg(c, k, 2, Scoring::Lse));
+        case.prefill = vec![0, 1201];
+        let mut r = Run::new_in(own, case, 1400);
+        assert!(r.cache.merges_in_route(), "{name}");
+        for step in 0..3 {
+            let q = random(&mut r.rng, 2 * hq * d, 1.5);
+            let o = r.cache.step(&q, true).unwrap();
+            r.check(step, 0, &q[..hq * d], &o);
+            r.check(step, 1, &q[hq * d..], &o);
+            assert_eq!(r.cache.route_merge_counts().unwrap(), vec![0; 4], "{name}");
+        }
+        let read = |v: &TensorView| {
+            let bytes = own.read_bytes(v.buffer()).unwrap();
+            let at = v.offset() as usize;
+            bytemuck::cast_slice::<u8, f32>(&bytes[at..at + 4 * v.elems()]).to_vec()
+        };
+        let qv = r.cache.outputs().out.clone();
+        let host_q = read(&qv);
+        let mut enc = own.device().create_command_encoder(&Default::default());
+        KvCache::record_steps_into(&mut enc, &[(&r.cache, &qv)], None).unwrap();
+        own.queue().submit([enc.finish()]);
+        let got = read(r.cache.outputs().out);
+        let want = r.cache.step(&host_q, false).unwrap();
+        assert_eq!(got, want.out, "{name}: q in the outputs");
+    }
 }
 
 /// `route_leaf`'s block attention both ways, each against the reference: on subgroup shuffles

@@ -175,8 +175,9 @@ pub use self::record::{
     subgroup_routes_on_this_thread, StepOutputs,
 };
 pub use self::shaders::{
-    APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_LEAF_SG_SHADER,
-    ROUTE_LEAF_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER,
+    APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_LEAF_MERGE_SG_SHADER,
+    ROUTE_LEAF_MERGE_SHADER, ROUTE_LEAF_SG_SHADER, ROUTE_LEAF_SHADER, ROUTE_SG_SHADER,
+    ROUTE_SHADER, SHADER,
 };
 use crate::error::GpuError;
 use crate::ops::pyramid::GpuPyramid;

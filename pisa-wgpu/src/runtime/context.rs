@@ -99,7 +99,8 @@ impl std::ops::Deref for Context {
 /// running),
 /// `TIMESTAMP_QUERY` (GPU time per stage; without it times read 0), and
 /// `EXPERIMENTAL_COOPERATIVE_MATRIX` (the tensor-core kernels; without it the portable kernels
-/// run). Nothing is required: pisa runs on a device with none of them. Request
+/// run), and `MEMORY_DECORATION_COHERENT` (the decode step as one dispatch,
+/// [`crate::Tuning::decode_merge_in_route`]; without it two). Nothing is required: pisa runs on a device with none of them. Request
 /// `wanted_features(&adapter)` and the adapter's limits (`adapter.limits()`; the kernels size
 /// themselves to the device's limits, and larger storage bindings mean fewer chunks). The
 /// experimental feature also needs `wgpu::ExperimentalFeatures::enabled()` in the device
@@ -138,7 +139,8 @@ pub fn app_device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<
 const WANTED: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::TIMESTAMP_QUERY)
-    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    .union(wgpu::Features::MEMORY_DECORATION_COHERENT);
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -193,8 +193,13 @@ impl KvCache {
             leaf_subgroups: tuning.decode_leaf_subgroups,
             route_workgroups: tuning.decode_route_workgroups,
             merge_in_route: tuning.decode_merge_in_route,
-            // (zeroed by wgpu: every counter starts at 0)
-            done: Self::u32_buffer(ctx, "decode copies done", batch * kv_heads),
+            // (zeroed by wgpu: every counter starts at 0; COPY_SRC for the tests' read back)
+            done: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("decode copies done"),
+                size: (batch * kv_heads) as u64 * 4,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
             kv,
             kv_rows: kv_rows as usize,
             pyr,

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use pisa_core::TensorLayout;
 
 use super::{
-    KvCache, Params, MERGE_SHADER, ROUTE_LEAF_SG_SHADER, ROUTE_LEAF_SHADER, ROUTE_SG_SHADER,
-    ROUTE_SHADER, SHADER,
+    KvCache, Params, MERGE_SHADER, ROUTE_LEAF_MERGE_SG_SHADER, ROUTE_LEAF_MERGE_SHADER,
+    ROUTE_LEAF_SG_SHADER, ROUTE_LEAF_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER,
 };
 use crate::error::{GpuError, Result};
 use crate::runtime::buffers::GpuTensor;
@@ -396,12 +396,14 @@ impl KvCache {
             ),
         };
         let (q, gather) = self.input_binding("q", q, [b, hq, 1, d], &self.q_in)?;
-        if self.is_fused() || self.merges_in_route() {
-            check_q_apart(&q, [&out.buffer, &lse.buffer, &sel.buffer])?;
+        let outputs = [&out.buffer, &lse.buffer, &sel.buffer];
+        if self.is_fused() {
+            check_q_apart(&q, outputs)?;
         }
         let io = StepIo {
             fused: self.is_fused(),
-            merge_in_route: self.merges_in_route(),
+            // (q in an output buffer: the two dispatches, which bind them apart)
+            merge_in_route: self.merges_in_route() && !q_in_outputs(&q, outputs),
             q,
             out,
             lse,
@@ -632,9 +634,8 @@ impl KvCache {
         let mut bound = Vec::with_capacity(steps.len());
         for (cache, q) in steps {
             let (q, gather) = cache.input_binding("q", q, cache.q_shape(), &cache.q_in)?;
-            // The fused step (and the split step as one dispatch) writes the cache's own
-            // outputs in the dispatch that reads q.
-            if (cache.is_fused() || cache.merges_in_route()) && !by_stage {
+            // The fused step writes the cache's own outputs in the dispatch that reads q.
+            if cache.is_fused() && !by_stage {
                 let own = [&cache.out.buffer, &cache.lse.buffer, &cache.sel.buffer];
                 check_q_apart(&q, own)?;
             }
@@ -673,9 +674,10 @@ impl KvCache {
         };
         let mut stages: [Vec<Stage>; 3] = Default::default();
         for (cache, q, _) in steps {
+            let own = [&cache.out.buffer, &cache.lse.buffer, &cache.sel.buffer];
             let io = StepIo {
                 fused: cache.is_fused() && !by_stage,
-                merge_in_route: cache.merges_in_route() && !by_stage,
+                merge_in_route: cache.merges_in_route() && !by_stage && !q_in_outputs(q, own),
                 q: q.clone(),
                 out: InPlace::whole(&cache.out.buffer),
                 lse: InPlace::whole(&cache.lse.buffer),
@@ -773,6 +775,14 @@ impl KvCache {
         self.route_leaf_plan().is_some_and(|(_, _, merge)| merge)
     }
 
+    /// `route_leaf_merge`'s counts of finished copies, one per (sequence, KV head), read back:
+    /// 0 between steps (the last copy of each step sets its head's back to 0). For tests.
+    #[doc(hidden)]
+    pub fn route_merge_counts(&self) -> Result<Vec<u32>> {
+        let bytes = self.ctx.read_bytes(&self.done)?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
     /// `(NB, copies, merge)` of [`Self::route_leaf_blocks`] and [`Self::merges_in_route`]:
     /// `route_leaf_merge`'s where it runs, else `route_leaf`'s.
     fn route_leaf_plan(&self) -> Option<(u32, u32, bool)> {
@@ -784,8 +794,10 @@ impl KvCache {
                 .filter(|&(_, copies)| heads * copies as u64 <= self.route_workgroups as u64)
                 .map(|(nb, copies)| (nb, copies, merge))
         };
+        let coherent = wgpu::Features::MEMORY_DECORATION_COHERENT;
         let merge = self.merge_in_route
             && !self.is_fused()
+            && self.ctx.features().contains(coherent)
             && self.limits.max_storage_buffers_per_shader_stage >= 13;
         merge
             .then(|| within(true))
@@ -837,19 +849,12 @@ impl KvCache {
                     SG_LEAVES.with(|c| c.set(c.get() + 1));
                     consts.extend([("SGA", 1), ("SGA_G", g)]);
                 }
-                let shader = match sg_lanes {
-                    Some(_) => &ROUTE_LEAF_SG_SHADER,
-                    None => &ROUTE_LEAF_SHADER,
-                };
-                (
-                    shader,
-                    if one {
-                        "route_leaf_merge"
-                    } else {
-                        "route_leaf"
-                    },
-                    consts,
-                )
+                match (one, sg_lanes.is_some()) {
+                    (true, true) => (&ROUTE_LEAF_MERGE_SG_SHADER, "route_leaf_merge", consts),
+                    (true, false) => (&ROUTE_LEAF_MERGE_SHADER, "route_leaf_merge", consts),
+                    (false, true) => (&ROUTE_LEAF_SG_SHADER, "route_leaf", consts),
+                    (false, false) => (&ROUTE_LEAF_SHADER, "route_leaf", consts),
+                }
             }
             None => {
                 let shader = match sg_lanes {
@@ -922,12 +927,20 @@ impl KvCache {
     }
 }
 
+/// Whether the query binding `q` lies in one of the step's output buffers `outputs` (O, LSE,
+/// the selection): the split step then runs `merge` as its own dispatch (the one-dispatch step,
+/// as the fused one, binds q read-only and the outputs writable in one dispatch, which wgpu
+/// refuses for one buffer).
+fn q_in_outputs(q: &InPlace, outputs: [&wgpu::Buffer; 3]) -> bool {
+    outputs.iter().any(|&o| *o == q.buffer)
+}
+
 /// Errors ([`GpuError::View`]) when the fused step's query binding `q` lies in one of the
 /// buffers its dispatch writes (`outputs`: O, LSE, the selection): the fused step binds q
 /// read-only and the outputs writable in one dispatch, which wgpu refuses for one buffer, even
 /// for disjoint ranges (a gathered q is in the cache's own scratch, never an output).
 fn check_q_apart(q: &InPlace, outputs: [&wgpu::Buffer; 3]) -> Result<()> {
-    if outputs.iter().any(|&o| *o == q.buffer) {
+    if q_in_outputs(q, outputs) {
         return Err(GpuError::View(
             "q and a decode output in one buffer: the fused step binds q read-only and the \
              outputs writable in one dispatch, which wgpu refuses for one buffer (even for \
