@@ -122,6 +122,16 @@
 //! `merge`. The step is then two dependent dispatches: 43.8 against 46.1 us at 1M on the H200
 //! (docs/benchmarks.md A.28).
 //!
+//! And the whole split step as ONE dispatch (`route_leaf_merge`,
+//! `shaders/decode_route_leaf_merge.wgsl`), where `route_leaf` runs,
+//! [`crate::Tuning::decode_merge_in_route`] allows it (default on), the device has
+//! `Features::MEMORY_DECORATION_COHERENT` and 13 storage buffers per stage
+//! ([`KvCache::merges_in_route`]): each copy, its states written, counts itself in a per-head
+//! atomic (`done`, u32 `[B*Hkv]`, 0 between steps), and the last to finish runs `merge`'s cut
+//! and merge over the states of all of them, read through a `@coherent` binding after a
+//! device-scope barrier. A step whose query lies in one of its output buffers runs the two
+//! dispatches (one would bind it read-only beside the writable outputs).
+//!
 //! What the H200 showed about these small kernels (docs/benchmarks.md, A.6): their time
 //! goes to each invocation's chain of dependent instructions, not to bandwidth. Runtime u32
 //! divisions in the route (2.8 us of 38 at 1M), a serial 34-step rank loop in the cut (3.2 us),
@@ -135,12 +145,13 @@
 //! writes dispatch once per shard; the fused step reads one, so such a cache runs split).
 //! [`KvCache::record_steps_into`] records the steps of several caches (KV heads
 //! past two bindings) in one pass, their dispatches interleaved by stage, so they run as one
-//! chain of three dispatches rather than one chain per cache; even so they wait on each other's
+//! chain of (up to) three dispatches rather than one chain per cache; even so they wait on each other's
 //! barriers (two caches of 4 heads cost 15 us more per step than one of 8 at 1M on the H200:
 //! docs/benchmarks.md, A.5).
 //!
-//! Scratch between the dispatches: `cands` (u32 `[B*Hkv, NS]`) and the block states (f32
-//! `[B*Hkv, NS, g_q, D+2]`), allocated with the cache.
+//! Scratch between the dispatches: `cands` (u32 `[B*Hkv, NS]`), the block states (f32
+//! `[B*Hkv, NS, g_q, D+2]`) and `route_leaf_merge`'s counts (u32 `[B*Hkv]`), allocated with
+//! the cache.
 //!
 //! f32 arithmetic throughout. Subgroup operations only in the split step's `route` where
 //! [`crate::Tuning::decode_route_subgroups`] allows (any subgroup size of 8 lanes or more; a
