@@ -5,8 +5,8 @@
 
 use super::super::fused::FusedPlan;
 use super::super::{
-    FUSED_SHADER, MERGE_SHADER, ROUTE_LEAF_SG_SHADER, ROUTE_LEAF_SHADER, ROUTE_SG_SHADER,
-    ROUTE_SHADER, SHADER,
+    FUSED_SHADER, MERGE_SHADER, ROUTE_LEAF_MERGE_SG_SHADER, ROUTE_LEAF_MERGE_SHADER,
+    ROUTE_LEAF_SG_SHADER, ROUTE_LEAF_SHADER, ROUTE_SG_SHADER, ROUTE_SHADER, SHADER,
 };
 use super::*;
 use crate::runtime::pipeline::{assert_workgroup_fits, Storage};
@@ -74,11 +74,11 @@ fn workgroup_memory_accounting_covers_the_shaders() {
             if let Some((nb, _)) = plan.route_leaf_blocks(mem as u64, true) {
                 let charged = plan.route_leaf_merge_smem(nb);
                 let consts = plan.route_leaf_consts(plan.consts(plan.wr).to_vec(), nb);
-                let (rl, entry) = (&ROUTE_LEAF_SHADER, "route_leaf_merge");
+                let (rl, entry) = (&ROUTE_LEAF_MERGE_SHADER, "route_leaf_merge");
                 assert_workgroup_fits(rl, entry, Storage::F32, &consts, charged, &what);
                 if let Some(lr) = plan.route_subgroup_lanes(32, scoring == Scoring::Lse) {
                     let consts = plan.route_leaf_consts(plan.route_subgroup_consts(lr, 32), nb);
-                    let rl = &ROUTE_LEAF_SG_SHADER;
+                    let rl = &ROUTE_LEAF_MERGE_SG_SHADER;
                     assert_workgroup_fits(rl, entry, Storage::F32, &consts, charged, &what);
                 }
                 rlm_checked += 1;
