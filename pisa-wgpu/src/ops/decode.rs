@@ -124,7 +124,7 @@
 //!
 //! And the whole split step as ONE dispatch (`route_leaf_merge`,
 //! `shaders/decode_route_leaf_merge.wgsl`), where `route_leaf` runs,
-//! [`crate::Tuning::decode_merge_in_route`] allows it (default on), the device has
+//! [`crate::Tuning::decode_merge_in_route`] asks for it (off by default), the device has
 //! `Features::MEMORY_DECORATION_COHERENT` and 13 storage buffers per stage
 //! ([`KvCache::merges_in_route`]): each copy, its states written, counts itself in a per-head
 //! atomic (`done`, u32 `[B*Hkv]`, 0 between steps), and the last to finish runs `merge`'s cut
