@@ -145,9 +145,9 @@
 //! writes dispatch once per shard; the fused step reads one, so such a cache runs split).
 //! [`KvCache::record_steps_into`] records the steps of several caches (KV heads
 //! past two bindings) in one pass, their dispatches interleaved by stage, so they run as one
-//! chain of (up to) three dispatches rather than one chain per cache; even so they wait on each other's
-//! barriers (two caches of 4 heads cost 15 us more per step than one of 8 at 1M on the H200:
-//! docs/benchmarks.md, A.5).
+//! chain of (up to) three dispatches rather than one chain per cache; even so they wait on
+//! each other's barriers (two caches of 4 heads cost 15 us more per step than one of 8 at 1M
+//! on the H200: docs/benchmarks.md, A.5).
 //!
 //! Scratch between the dispatches: `cands` (u32 `[B*Hkv, NS]`), the block states (f32
 //! `[B*Hkv, NS, g_q, D+2]`) and `route_leaf_merge`'s counts (u32 `[B*Hkv]`), allocated with

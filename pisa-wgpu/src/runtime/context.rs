@@ -100,9 +100,10 @@ impl std::ops::Deref for Context {
 /// `TIMESTAMP_QUERY` (GPU time per stage; without it times read 0), and
 /// `EXPERIMENTAL_COOPERATIVE_MATRIX` (the tensor-core kernels; without it the portable kernels
 /// run), and `MEMORY_DECORATION_COHERENT` (the decode step as one dispatch,
-/// [`crate::Tuning::decode_merge_in_route`]; without it two). Nothing is required: pisa runs on a device with none of them. Request
-/// `wanted_features(&adapter)` and the adapter's limits (`adapter.limits()`; the kernels size
-/// themselves to the device's limits, and larger storage bindings mean fewer chunks). The
+/// [`crate::Tuning::decode_merge_in_route`]; without it two). Nothing is required: pisa runs
+/// on a device with none of them. Request `wanted_features(&adapter)` and the adapter's limits
+/// (`adapter.limits()`; the kernels size themselves to the device's limits, and larger storage
+/// bindings mean fewer chunks). The
 /// experimental feature also needs `wgpu::ExperimentalFeatures::enabled()` in the device
 /// descriptor (unsafe in wgpu; the cooperative-matrix shaders are tested against the CPU
 /// reference).
