@@ -32,6 +32,10 @@ struct Paths {
     decode_route: &'static str,
     /// The decode route_leaf's block attention, as `routing`.
     decode_leaf_attention: &'static str,
+    /// The decode step's dispatches where its kernels fit: `fused` (one workgroup per KV
+    /// head), `one_dispatch` (`route_leaf_merge`), `route_leaf_and_merge` or
+    /// `three_dispatches` (route, leaf, merge).
+    decode_step: &'static str,
 }
 
 impl Paths {
@@ -56,6 +60,16 @@ impl Paths {
                 && tuning.decode_leaf_subgroups
                 && tuning.decode_route_subgroups
                 && tuning.decode_route_workgroups > 0),
+            // (ops/decode/record.rs, route_leaf_plan: the one dispatch also needs the
+            // coherent decoration and 13 storage buffers, which every such adapter has)
+            decode_step: match (tuning.decode_fused, tuning.decode_route_workgroups > 0) {
+                (true, _) => "fused",
+                (false, false) => "three_dispatches",
+                (false, true) if tuning.decode_merge_in_route && r.memory_coherent => {
+                    "one_dispatch"
+                }
+                (false, true) => "route_leaf_and_merge",
+            },
         }
     }
 }
@@ -188,6 +202,14 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             "workgroup memory (decode_leaf_subgroups applies to the one-dispatch route and leaf, which tuning decode_route_workgroups=0 turns off: the leaf runs as its own dispatch)"
         };
         crate::args::outln!("    decode leaf attention: {decode_leaf}")?;
+        let decode_step = match paths.decode_step {
+            "fused" => "one dispatch, one workgroup per KV head (tuning decode_fused=true), where it fits",
+            "one_dispatch" => "one dispatch: route and leaf slots in several workgroups per KV head, the last to finish merging (decode_merge_in_route), where they fit",
+            "route_leaf_and_merge" if r.memory_coherent => "two dispatches: route and leaf slots in several workgroups per KV head, then the merge (--tune decode_merge_in_route=1 makes it one), where they fit",
+            "route_leaf_and_merge" => "two dispatches: route and leaf slots in several workgroups per KV head, then the merge (decode_merge_in_route needs MEMORY_DECORATION_COHERENT, which this adapter lacks)",
+            _ => "three dispatches: route, leaf slots, merge (decode_route_workgroups=0, the default except on the H100 and H200)",
+        };
+        crate::args::outln!("    decode step: {decode_step}")?;
     }
     Ok(())
 }

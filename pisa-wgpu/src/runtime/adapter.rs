@@ -47,6 +47,9 @@ pub struct AdapterReport {
     /// `VK_NV_cooperative_matrix2` with the features pisa's NVIDIA kernels use
     /// ([`crate::nv_cm2_supported`]).
     pub nv_cooperative_matrix2: bool,
+    /// MEMORY_DECORATION_COHERENT (`@coherent` storage: the decode step as one dispatch,
+    /// [`crate::Tuning::decode_merge_in_route`]).
+    pub memory_coherent: bool,
     /// Largest storage buffer binding, bytes.
     pub max_storage_binding: u64,
     /// Largest buffer, bytes.
@@ -96,6 +99,7 @@ impl AdapterReport {
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
             cooperative_matrix: f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
             nv_cooperative_matrix2: super::nv::nv_cm2_supported(adapter),
+            memory_coherent: f.contains(wgpu::Features::MEMORY_DECORATION_COHERENT),
             max_storage_binding: l.max_storage_buffer_binding_size,
             max_buffer: l.max_buffer_size,
             workgroup_memory: l.max_compute_workgroup_storage_size,

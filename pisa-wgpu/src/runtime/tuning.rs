@@ -559,6 +559,7 @@ mod tests {
             timestamps: false,
             cooperative_matrix: false,
             nv_cooperative_matrix2: false,
+            memory_coherent: false,
             max_storage_binding: 1 << 27,
             max_buffer: 1 << 28,
             workgroup_memory: 16384,
