@@ -176,14 +176,17 @@ fn leaf_grid_past_one_dimension() {
 /// the three stages where the adapter has timestamps.
 #[test]
 fn steps_of_several_caches_in_one_pass() {
-    several_caches_in_one_pass(ctx(), false);
-    // ... and where each cache's step is one dispatch (`route_leaf_merge`).
-    several_caches_in_one_pass(route_leaf_context(false, true), true);
+    // (the default tuning: the one dispatch or not, as the adapter's defaults and PISA_*
+    // variables say)
+    several_caches_in_one_pass(ctx(), None);
+    // ... and where each cache's step is one dispatch (`route_leaf_merge`), and where not.
+    several_caches_in_one_pass(route_leaf_context(false, true), Some(true));
+    several_caches_in_one_pass(route_leaf_context(false, false), Some(false));
 }
 
 /// [`steps_of_several_caches_in_one_pass`] in `ctx`, whose caches run the one-dispatch step
-/// where `merge` (asserted).
-fn several_caches_in_one_pass(ctx: &'static pisa_wgpu::Context, merge: bool) {
+/// where `merge` says so (asserted; `None`: either).
+fn several_caches_in_one_pass(ctx: &'static pisa_wgpu::Context, merge: Option<bool>) {
     let cf = cfg(8, 4, 2, Scoring::Lse).with_forced(1, 0);
     let (hq, hkv, d, n) = (6, 2, 32, 151);
     let g = hq / hkv;
@@ -245,7 +248,8 @@ fn several_caches_in_one_pass(ctx: &'static pisa_wgpu::Context, merge: bool) {
     ];
     for (views, by_stage) in [(false, false), (false, true), (true, false), (true, true)] {
         let caches = make_caches();
-        assert_eq!(caches[0].merges_in_route(), merge);
+        let merges = caches[0].merges_in_route();
+        assert!(merge.is_none_or(|m| m == merges), "{merge:?}");
         let steps: Vec<_> = caches.iter().zip(&qs).collect();
         let view_steps: Vec<_> = caches.iter().zip(&q_views).collect();
         let mut prof = pisa_wgpu::Profiler::new(ctx, 8);
@@ -275,7 +279,7 @@ fn several_caches_in_one_pass(ctx: &'static pisa_wgpu::Context, merge: bool) {
             assert_eq!(names, want_names, "views {views} by_stage {by_stage}");
         }
         check_outputs(ctx, &caches, &want, &want_sel, (g, d, cf.top_k));
-        if merge {
+        if merges {
             for c in &caches {
                 assert_eq!(
                     c.route_merge_counts().unwrap(),
@@ -633,7 +637,15 @@ fn one_dispatch_step_beside_an_empty_sequence() {
         own.queue().submit([enc.finish()]);
         let got = read(r.cache.outputs().out);
         let want = r.cache.step(&host_q, false).unwrap();
-        assert_eq!(got, want.out, "{name}: q in the outputs");
+        // (another pipeline than the one-dispatch step's: equal within f32 rounding, not bit
+        // for bit, on a GPU whose compiler contracts the two kernels' arithmetic differently)
+        let want: Vec<f64> = want.out.iter().map(|&x| x as f64).collect();
+        let e = rel_err(&got, &want);
+        assert!(e <= 1e-5, "{name}: q in the outputs: rel err {e}");
+        assert!(
+            got[..hq * d].iter().all(|&x| x == 0.0),
+            "{name}: the empty sequence"
+        );
     }
 }
 

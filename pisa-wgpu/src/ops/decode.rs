@@ -124,13 +124,15 @@
 //!
 //! And the whole split step as ONE dispatch (`route_leaf_merge`,
 //! `shaders/decode_route_leaf_merge.wgsl`), where `route_leaf` runs,
-//! [`crate::Tuning::decode_merge_in_route`] asks for it (off by default), the device has
+//! [`crate::Tuning::decode_merge_in_route`] allows it (default on), the device has
 //! `Features::MEMORY_DECORATION_COHERENT` and 13 storage buffers per stage
 //! ([`KvCache::merges_in_route`]): each copy, its states written, counts itself in a per-head
 //! atomic (`done`, u32 `[B*Hkv]`, 0 between steps), and the last to finish runs `merge`'s cut
 //! and merge over the states of all of them, read through a `@coherent` binding after a
 //! device-scope barrier. A step whose query lies in one of its output buffers runs the two
-//! dispatches (one would bind it read-only beside the writable outputs).
+//! dispatches (one would bind it read-only beside the writable outputs). On the H100 the step
+//! took 44.2 against 46.4 us at 1M and 20.0 against 20.8 at 1K (docs/benchmarks.md A.81): the
+//! merge's own chain in the last workgroup (about 7 us at 1M) stays, its dispatch is gone.
 //!
 //! What the H200 showed about these small kernels (docs/benchmarks.md, A.6): their time
 //! goes to each invocation's chain of dependent instructions, not to bandwidth. Runtime u32

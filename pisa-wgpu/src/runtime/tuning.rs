@@ -124,8 +124,9 @@ pub struct Tuning {
     /// (`route_leaf_merge`, `shaders/decode_route_leaf_merge.wgsl`), so the step is one
     /// dispatch; it needs 13 storage buffers per shader stage (the two dispatches run where
     /// the device has fewer, or lacks `Features::MEMORY_DECORATION_COHERENT`). Read by decode
-    /// caches made from now on. Default `false` until its speed is measured on the GPUs where
-    /// `route_leaf` runs. Variable `PISA_DECODE_MERGE_IN_ROUTE` (`0` or `1`).
+    /// caches made from now on. Default `true`: on the H100 the step took 44.2 / 36.9 / 32.4 /
+    /// 20.0 us at 1M / 64K / 8K / 1K tokens against 46.4 / 39.1 / 34.4 / 20.8 with the two
+    /// dispatches (docs/benchmarks.md A.81). Variable `PISA_DECODE_MERGE_IN_ROUTE` (`0` or `1`).
     pub decode_merge_in_route: bool,
     /// Leaves scored per iteration by the query-tile tensor-core scorer (1 to 4). Default 2.
     /// Variable `PISA_LEAF_LPI`.
@@ -205,7 +206,7 @@ impl Default for Tuning {
             decode_route_subgroups: true,
             decode_leaf_subgroups: false,
             decode_route_workgroups: 0,
-            decode_merge_in_route: false,
+            decode_merge_in_route: true,
             leaf_tiles_per_iteration: 2,
             leaf_subgroups: COOP_SUBGROUPS,
             leaf_stage_keys: true,
@@ -636,7 +637,7 @@ mod tests {
             ("decode_route_subgroups", "0"),
             ("decode_leaf_subgroups", "1"),
             ("decode_route_workgroups", "40"),
-            ("decode_merge_in_route", "1"),
+            ("decode_merge_in_route", "0"),
             ("leaf_tiles_per_iteration", "3"),
             ("leaf_subgroups", "2"),
             ("leaf_stage_keys", "0"),

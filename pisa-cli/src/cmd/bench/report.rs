@@ -351,8 +351,8 @@ pub fn table(r: &Report) -> String {
             let passes = if fused {
                 "route / merge: the step's parts timed as separate passes (route and leaf \
                  slots\n run as one dispatch, timed as route: no leaf pass; merge, which the \
-                 step runs\n in that dispatch's last workgroups with decode_merge_in_route, \
-                 as its own dispatch)"
+                 step runs\n in that dispatch's last workgroups by default \
+                 (decode_merge_in_route), as its own dispatch)"
             } else {
                 "route / leaf / merge: the step's three dispatches timed as separate passes"
             };
