@@ -1,5 +1,5 @@
 // Decode step (PISA.md sections 3, 4, 5) for the new token of every sequence: THREE dispatches
-// of one compute pass (or one: decode_route_leaf.wgsl, decode_route_leaf_merge.wgsl), so that the GPU's many cores share a step that one workgroup per KV head
+// of one compute pass (two: decode_route_leaf.wgsl; one: decode_route_leaf_merge.wgsl), so that the GPU's many cores share a step that one workgroup per KV head
 // (8 workgroups at Hkv = 8) left latency-bound:
 //   1. `route` (decode_route.wgsl), one workgroup per (sequence, KV head): walks the pyramid's
 //      intermediate levels (inherently serial: a level's candidates are the previous level's
@@ -15,8 +15,9 @@
 //      FlashDecoding merge of the K selected blocks' states into O and LSE (PISA.md 4).
 // Every candidate block is attended speculatively (at most g*(K+1) of them, ~2x the K needed),
 // which costs little bandwidth and removes a dependent pass over the keys.
-// This file holds the declarations and helpers shared by the three modules (each module is this
-// file followed by one of the three). The append and the prefill copy live in
+// This file holds the declarations and helpers shared by the modules (each module is this file
+// followed by its parts, then the block states' declaration, decode_parts.wgsl or
+// decode_parts_coherent.wgsl: ops/decode/shaders.rs). The append and the prefill copy live in
 // decode_append.wgsl.
 //
 // Layouts: q, out [B, Hq, D]; kc, vc [B, Hkv, capacity, D] (store_t, read as vec4 rows through

@@ -85,6 +85,15 @@ fn info_text_and_json() {
             let v = a[k].as_str().unwrap_or_default();
             assert!(["subgroups", "workgroup_memory"].contains(&v), "{k}: {a}");
         }
+        assert!(a["memory_coherent"].is_boolean(), "{a}");
+        let step = a["decode_step"].as_str().unwrap_or_default();
+        let steps = [
+            "fused",
+            "one_dispatch",
+            "route_leaf_and_merge",
+            "three_dispatches",
+        ];
+        assert!(steps.contains(&step), "decode_step: {a}");
     }
     // The JSON's kernel paths are the text's, adapter by adapter.
     let portable = list

@@ -65,7 +65,11 @@ impl Paths {
             decode_step: match (tuning.decode_fused, tuning.decode_route_workgroups > 0) {
                 (true, _) => "fused",
                 (false, false) => "three_dispatches",
-                (false, true) if tuning.decode_merge_in_route && r.memory_coherent => {
+                (false, true)
+                    if tuning.decode_merge_in_route
+                        && crate::args::one_dispatch_decode(&r.backend, r.memory_coherent)
+                            .is_ok() =>
+                {
                     "one_dispatch"
                 }
                 (false, true) => "route_leaf_and_merge",
@@ -205,8 +209,10 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         let decode_step = match paths.decode_step {
             "fused" => "one dispatch, one workgroup per KV head (tuning decode_fused=true), where it fits",
             "one_dispatch" => "one dispatch: route and leaf slots in several workgroups per KV head, the last to finish merging (decode_merge_in_route), where they fit",
-            "route_leaf_and_merge" if r.memory_coherent => "two dispatches: route and leaf slots in several workgroups per KV head, then the merge (--tune decode_merge_in_route=1 makes it one), where they fit",
-            "route_leaf_and_merge" => "two dispatches: route and leaf slots in several workgroups per KV head, then the merge (decode_merge_in_route needs MEMORY_DECORATION_COHERENT, which this adapter lacks)",
+            "route_leaf_and_merge" => match crate::args::one_dispatch_decode(&r.backend, r.memory_coherent) {
+                Ok(()) => "two dispatches: route and leaf slots in several workgroups per KV head, then the merge (--tune decode_merge_in_route=1 makes it one), where they fit",
+                Err(_) => "two dispatches: route and leaf slots in several workgroups per KV head, then the merge (the one dispatch, decode_merge_in_route, needs Vulkan and MEMORY_DECORATION_COHERENT)",
+            },
             _ => "three dispatches: route, leaf slots, merge (decode_route_workgroups=0, the default except on the H100 and H200)",
         };
         crate::args::outln!("    decode step: {decode_step}")?;

@@ -50,8 +50,11 @@
 //! Shaders `shaders/decode.wgsl` (shared declarations),
 //! `decode_levels.wgsl` (the routing) and `decode_cut.wgsl` (the top-K cut), followed by
 //! `decode_route.wgsl`, `decode_attend.wgsl` or `decode_merge.wgsl` (the split step's three
-//! modules) or `decode_fused.wgsl` (the fused step), and `shaders/decode_append.wgsl` (the
-//! append and the prefill copy).
+//! modules), `decode_route_leaf.wgsl` (route and leaf as one) and
+//! `decode_route_leaf_merge.wgsl` (the whole split step as one), or `decode_fused.wgsl` (the
+//! fused step), each ending with the block states' declaration (`decode_parts.wgsl`, or
+//! `decode_parts_coherent.wgsl` for the one-dispatch split step); and
+//! `shaders/decode_append.wgsl` (the append and the prefill copy).
 //!
 //! Paths. [`crate::Tuning::decode_fused`] of the context when a cache is made (default
 //! split), or [`KvCache::set_fused`] per cache; [`KvCache::is_fused`] says which runs (the fused step
@@ -125,14 +128,17 @@
 //! And the whole split step as ONE dispatch (`route_leaf_merge`,
 //! `shaders/decode_route_leaf_merge.wgsl`), where `route_leaf` runs,
 //! [`crate::Tuning::decode_merge_in_route`] allows it (default on), the device has
-//! `Features::MEMORY_DECORATION_COHERENT` and 13 storage buffers per stage
+//! `Features::MEMORY_DECORATION_COHERENT` and 13 storage buffers per stage, on Vulkan
 //! ([`KvCache::merges_in_route`]): each copy, its states written, counts itself in a per-head
 //! atomic (`done`, u32 `[B*Hkv]`, 0 between steps), and the last to finish runs `merge`'s cut
 //! and merge over the states of all of them, read through a `@coherent` binding after a
 //! device-scope barrier. A step whose query lies in one of its output buffers runs the two
 //! dispatches (one would bind it read-only beside the writable outputs). On the H100 the step
 //! took 44.2 against 46.4 us at 1M and 20.0 against 20.8 at 1K (docs/benchmarks.md A.81): the
-//! merge's own chain in the last workgroup (about 7 us at 1M) stays, its dispatch is gone.
+//! merge's own chain in the last workgroup (about 7.5 us at 1M) stays, its dispatch is gone.
+//! Vulkan only: the visibility of the other workgroups' states rests on SPIR-V's device-scope
+//! barrier semantics and the `Coherent` decoration (naga's Metal barrier orders a workgroup
+//! only).
 //!
 //! What the H200 showed about these small kernels (docs/benchmarks.md, A.6): their time
 //! goes to each invocation's chain of dependent instructions, not to bandwidth. Runtime u32

@@ -78,8 +78,9 @@ pub struct Tuning {
     /// Variable `PISA_SHADER_CHECKS` (`all`, `bounds`, `none`, `driver_bounded`, or `auto` for
     /// the per-device choice).
     pub shader_checks: Option<ShaderChecks>,
-    /// Decode caches made from now on run the step as one dispatch (`decode_fused.wgsl`)
-    /// rather than three. Default `false` (the split step was faster on the H200). Variable
+    /// Decode caches made from now on run the step as one dispatch of one workgroup per
+    /// (sequence, KV head) (`decode_fused.wgsl`) rather than the split step's three (two or
+    /// one: [`Self::decode_route_workgroups`], [`Self::decode_merge_in_route`]). Default `false` (the split step was faster on the H200). Variable
     /// `PISA_DECODE` (`fused` or `split`).
     pub decode_fused: bool,
     /// Lanes per key row of the fused decode step's attention (a power of two up to 64);
@@ -112,7 +113,8 @@ pub struct Tuning {
     /// one (`route_leaf`, `shaders/decode_route_leaf.wgsl`; 0 to 65536): each (sequence, KV
     /// head) is routed by as many workgroups as its leaf slots need (NS / NB, NB slots
     /// attended at once by each), each routing the same way and then attending its slots, so
-    /// the step is two dependent dispatches instead of three. Where B * Hkv times that is
+    /// the step is two dependent dispatches instead of three (one with
+    /// [`Self::decode_merge_in_route`]). Where B * Hkv times that is
     /// above this (or the kernel does not fit the device), the three dispatches run. Read by
     /// decode caches made from now on. Default 104 on adapters named H100 or H200 (132 SMs: 13
     /// workgroups per KV head at B * Hkv = 8; 13 copies of the route took no longer than one
@@ -124,9 +126,9 @@ pub struct Tuning {
     /// (`route_leaf_merge`, `shaders/decode_route_leaf_merge.wgsl`), so the step is one
     /// dispatch; it needs 13 storage buffers per shader stage (the two dispatches run where
     /// the device has fewer, or lacks `Features::MEMORY_DECORATION_COHERENT`). Read by decode
-    /// caches made from now on. Default `true`: on the H100 the step took 44.2 / 36.9 / 32.4 /
+    /// caches made from now on. Default `true`: on the H100 the step took 44.2 / 37.1 / 32.5 /
     /// 20.0 us at 1M / 64K / 8K / 1K tokens against 46.4 / 39.1 / 34.4 / 20.8 with the two
-    /// dispatches (docs/benchmarks.md A.81). Variable `PISA_DECODE_MERGE_IN_ROUTE` (`0` or `1`).
+    /// dispatches (one round of docs/benchmarks.md A.81; the other within 0.3 us). Variable `PISA_DECODE_MERGE_IN_ROUTE` (`0` or `1`).
     pub decode_merge_in_route: bool,
     /// Leaves scored per iteration by the query-tile tensor-core scorer (1 to 4). Default 2.
     /// Variable `PISA_LEAF_LPI`.

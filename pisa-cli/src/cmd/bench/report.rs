@@ -350,9 +350,9 @@ pub fn table(r: &Report) -> String {
             });
             let passes = if fused {
                 "route / merge: the step's parts timed as separate passes (route and leaf \
-                 slots\n run as one dispatch, timed as route: no leaf pass; merge, which the \
-                 step runs\n in that dispatch's last workgroups by default \
-                 (decode_merge_in_route), as its own dispatch)"
+                 slots\n run as one dispatch, timed as route: no leaf pass; merge as its own \
+                 dispatch,\n which the step itself may run in that dispatch's last \
+                 workgroups: decode_merge_in_route)"
             } else {
                 "route / leaf / merge: the step's three dispatches timed as separate passes"
             };

@@ -1,6 +1,7 @@
 //! Recording of the decode step: [`KvCache::record_step`] and [`KvCache::record_steps`], ONE
-//! compute pass of one dispatch per cache (`fused`) or three (`route`, `leaf`, `merge`; see the
-//! module docs of [`crate::ops::decode`] for the two paths).
+//! compute pass of one dispatch per cache (`fused`, or `route_leaf_merge`), two (`route_leaf`,
+//! `merge`) or three (`route`, `leaf`, `merge`; see the module docs of [`crate::ops::decode`]
+//! for the paths).
 
 use std::sync::Arc;
 
@@ -193,7 +194,8 @@ impl KvCache {
     /// `prof`: ONE compute pass of one dispatch when the cache runs fused ([`Self::is_fused`]:
     /// `fused`, one workgroup per (sequence, KV head)), else of three (see the module docs:
     /// `route`, one workgroup per (sequence, KV head); `leaf`, one per (sequence, KV head,
-    /// leaf slot); `merge`, one per (sequence, KV head)). `q`: `[B, Hq, D]` in the cache's storage
+    /// leaf slot); `merge`, one per (sequence, KV head)), two ([`Self::route_leaf_blocks`]) or
+    /// one ([`Self::merges_in_route`]). `q`: `[B, Hq, D]` in the cache's storage
     /// precision, the token at position `len(b) - 1` of each sequence (append its key first).
     /// Writes [`Self::outputs`]: O `[B, Hq, D]` (storage precision; f32 for bf16), LSE `[B, Hq]` f32,
     /// selection `[B, Hkv, K]` i32. An empty sequence gets zeros, LSE `-inf` and no blocks.
@@ -788,17 +790,24 @@ impl KvCache {
     fn route_leaf_plan(&self) -> Option<(u32, u32, bool)> {
         let heads = (self.shape.batch * self.shape.kv_heads) as u64;
         let limit = self.limits.max_compute_workgroup_storage_size as u64;
+        // (route_leaf binds 10 storage buffers, route_leaf_merge 13)
+        let buffers = self.limits.max_storage_buffers_per_shader_stage;
         let within = |merge: bool| {
-            self.plan
-                .route_leaf_blocks(limit, merge)
+            (buffers >= if merge { 13 } else { 10 })
+                .then(|| self.plan.route_leaf_blocks(limit, merge))
+                .flatten()
                 .filter(|&(_, copies)| heads * copies as u64 <= self.route_workgroups as u64)
                 .map(|(nb, copies)| (nb, copies, merge))
         };
+        // Vulkan only: the other workgroups' states are visible to the last by SPIR-V's
+        // device-scope barrier and Coherent decoration (naga's Metal and HLSL barriers order
+        // one workgroup's memory only).
         let coherent = wgpu::Features::MEMORY_DECORATION_COHERENT;
+        let vulkan = self.ctx.report().backend == format!("{:?}", wgpu::Backend::Vulkan);
         let merge = self.merge_in_route
             && !self.is_fused()
-            && self.ctx.features().contains(coherent)
-            && self.limits.max_storage_buffers_per_shader_stage >= 13;
+            && vulkan
+            && self.ctx.features().contains(coherent);
         merge
             .then(|| within(true))
             .flatten()
