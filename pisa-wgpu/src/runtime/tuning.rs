@@ -80,7 +80,8 @@ pub struct Tuning {
     pub shader_checks: Option<ShaderChecks>,
     /// Decode caches made from now on run the step as one dispatch of one workgroup per
     /// (sequence, KV head) (`decode_fused.wgsl`) rather than the split step's three (two or
-    /// one: [`Self::decode_route_workgroups`], [`Self::decode_merge_in_route`]). Default `false` (the split step was faster on the H200). Variable
+    /// one: [`Self::decode_route_workgroups`], [`Self::decode_merge_in_route`]). Default
+    /// `false` (the split step was faster on the H200). Variable
     /// `PISA_DECODE` (`fused` or `split`).
     pub decode_fused: bool,
     /// Lanes per key row of the fused decode step's attention (a power of two up to 64);
@@ -128,7 +129,8 @@ pub struct Tuning {
     /// the device has fewer, or lacks `Features::MEMORY_DECORATION_COHERENT`). Read by decode
     /// caches made from now on. Default `true`: on the H100 the step took 44.2 / 37.1 / 32.5 /
     /// 20.0 us at 1M / 64K / 8K / 1K tokens against 46.4 / 39.1 / 34.4 / 20.8 with the two
-    /// dispatches (one round of docs/benchmarks.md A.81; the other within 0.3 us). Variable `PISA_DECODE_MERGE_IN_ROUTE` (`0` or `1`).
+    /// dispatches (one round of docs/benchmarks.md A.81; the other within 0.3 us). Variable
+    /// `PISA_DECODE_MERGE_IN_ROUTE` (`0` or `1`).
     pub decode_merge_in_route: bool,
     /// Leaves scored per iteration by the query-tile tensor-core scorer (1 to 4). Default 2.
     /// Variable `PISA_LEAF_LPI`.

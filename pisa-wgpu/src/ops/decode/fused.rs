@@ -198,10 +198,10 @@ impl KvCache {
 
     /// Selects the step's path: `true`, the fused step (ONE dispatch per step: routing, leaf
     /// scores, cut and attention in one workgroup per (sequence, KV head)) where its workgroup
-    /// memory fits and the cache's K/V are in one storage binding, else the split one; `false`, the split step (three dispatches: `route`,
-    /// `leaf`, `merge`; two or one where [`Self::route_leaf_blocks`] and
-    /// [`Self::merges_in_route`] say so). New caches take the context's [`crate::Tuning::decode_fused`]. Results agree
-    /// within rounding.
+    /// memory fits and the cache's K/V are in one storage binding, else the split one;
+    /// `false`, the split step (three dispatches: `route`, `leaf`, `merge`; two or one where
+    /// [`Self::route_leaf_blocks`] and [`Self::merges_in_route`] say so). New caches take the
+    /// context's [`crate::Tuning::decode_fused`]. Results agree within rounding.
     pub fn set_fused(&mut self, fused: bool) {
         self.fused = fused;
     }
