@@ -5,17 +5,33 @@
 
 use crate::runtime::pipeline::ShaderSource;
 
+/// The WGSL of a decode module: `shaders/decode.wgsl`, the named files of `shaders/` in order,
+/// then the block states' declaration, `decode_parts.wgsl` (`plain`) or
+/// `decode_parts_coherent.wgsl` (`coherent`).
+macro_rules! decode_module {
+    (plain; $($f:literal),* $(,)?) => {
+        decode_module!(@ "decode_parts.wgsl"; $($f),*)
+    };
+    (coherent; $($f:literal),* $(,)?) => {
+        decode_module!(@ "decode_parts_coherent.wgsl"; $($f),*)
+    };
+    (@ $parts:literal; $($f:literal),*) => {
+        concat!(
+            include_str!("../../../../shaders/decode.wgsl"),
+            $(include_str!(concat!("../../../../shaders/", $f)),)*
+            include_str!(concat!("../../../../shaders/", $parts))
+        )
+    };
+}
+
 /// `shaders/decode.wgsl`, `decode_levels.wgsl` (the routing, shared with the fused step),
 /// `decode_levels_nosg.wgsl` and `decode_route.wgsl`: split step dispatch 1 (`route`), its
 /// levels through workgroup memory (SGR = 0).
 pub const ROUTE_SHADER: ShaderSource = ShaderSource {
     name: "decode_route",
-    wgsl: concat!(
-        include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_levels.wgsl"),
-        include_str!("../../../../shaders/decode_levels_nosg.wgsl"),
-        include_str!("../../../../shaders/decode_route.wgsl"),
-        include_str!("../../../../shaders/decode_parts.wgsl")
+    wgsl: decode_module!(
+        plain;
+        "decode_levels.wgsl", "decode_levels_nosg.wgsl", "decode_route.wgsl",
     ),
 };
 /// [`ROUTE_SHADER`] with the level steps of `decode_levels_sg.wgsl` (SGR = 1: lane sums, the
@@ -23,13 +39,7 @@ pub const ROUTE_SHADER: ShaderSource = ShaderSource {
 /// `Features::SUBGROUP`.
 pub const ROUTE_SG_SHADER: ShaderSource = ShaderSource {
     name: "decode_route_sg",
-    wgsl: concat!(
-        include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_levels.wgsl"),
-        include_str!("../../../../shaders/decode_levels_sg.wgsl"),
-        include_str!("../../../../shaders/decode_route.wgsl"),
-        include_str!("../../../../shaders/decode_parts.wgsl")
-    ),
+    wgsl: decode_module!(plain; "decode_levels.wgsl", "decode_levels_sg.wgsl", "decode_route.wgsl"),
 };
 /// `shaders/decode.wgsl`, `decode_levels.wgsl`, `decode_levels_nosg.wgsl`,
 /// `decode_attend.wgsl`, `decode_attend_nosg.wgsl` and `decode_route_leaf.wgsl`: split step
@@ -37,28 +47,20 @@ pub const ROUTE_SG_SHADER: ShaderSource = ShaderSource {
 /// memory.
 pub const ROUTE_LEAF_SHADER: ShaderSource = ShaderSource {
     name: "decode_route_leaf",
-    wgsl: concat!(
-        include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_levels.wgsl"),
-        include_str!("../../../../shaders/decode_levels_nosg.wgsl"),
-        include_str!("../../../../shaders/decode_attend.wgsl"),
-        include_str!("../../../../shaders/decode_attend_nosg.wgsl"),
-        include_str!("../../../../shaders/decode_route_leaf.wgsl"),
-        include_str!("../../../../shaders/decode_parts.wgsl")
+    wgsl: decode_module!(
+        plain;
+        "decode_levels.wgsl", "decode_levels_nosg.wgsl", "decode_attend.wgsl",
+        "decode_attend_nosg.wgsl", "decode_route_leaf.wgsl",
     ),
 };
 /// [`ROUTE_LEAF_SHADER`] with the level steps of `decode_levels_sg.wgsl` and the block
 /// attention of `decode_attend_sg.wgsl` (used where SGA = 1).
 pub const ROUTE_LEAF_SG_SHADER: ShaderSource = ShaderSource {
     name: "decode_route_leaf_sg",
-    wgsl: concat!(
-        include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_levels.wgsl"),
-        include_str!("../../../../shaders/decode_levels_sg.wgsl"),
-        include_str!("../../../../shaders/decode_attend.wgsl"),
-        include_str!("../../../../shaders/decode_attend_sg.wgsl"),
-        include_str!("../../../../shaders/decode_route_leaf.wgsl"),
-        include_str!("../../../../shaders/decode_parts.wgsl")
+    wgsl: decode_module!(
+        plain;
+        "decode_levels.wgsl", "decode_levels_sg.wgsl", "decode_attend.wgsl",
+        "decode_attend_sg.wgsl", "decode_route_leaf.wgsl",
     ),
 };
 /// `shaders/decode.wgsl`, `decode_levels.wgsl`, `decode_levels_nosg.wgsl`,
@@ -69,69 +71,43 @@ pub const ROUTE_LEAF_SG_SHADER: ShaderSource = ShaderSource {
 /// attention through workgroup memory. Needs `Features::MEMORY_DECORATION_COHERENT`.
 pub const ROUTE_LEAF_MERGE_SHADER: ShaderSource = ShaderSource {
     name: "decode_route_leaf_merge",
-    wgsl: concat!(
-        include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_levels.wgsl"),
-        include_str!("../../../../shaders/decode_levels_nosg.wgsl"),
-        include_str!("../../../../shaders/decode_attend.wgsl"),
-        include_str!("../../../../shaders/decode_attend_nosg.wgsl"),
-        include_str!("../../../../shaders/decode_route_leaf.wgsl"),
-        include_str!("../../../../shaders/decode_cut.wgsl"),
-        include_str!("../../../../shaders/decode_merge.wgsl"),
-        include_str!("../../../../shaders/decode_route_leaf_merge.wgsl"),
-        include_str!("../../../../shaders/decode_parts_coherent.wgsl")
+    wgsl: decode_module!(
+        coherent;
+        "decode_levels.wgsl", "decode_levels_nosg.wgsl", "decode_attend.wgsl",
+        "decode_attend_nosg.wgsl", "decode_route_leaf.wgsl", "decode_cut.wgsl", "decode_merge.wgsl",
+        "decode_route_leaf_merge.wgsl",
     ),
 };
 /// [`ROUTE_LEAF_MERGE_SHADER`] with the level steps of `decode_levels_sg.wgsl` and the block
 /// attention of `decode_attend_sg.wgsl` (used where SGA = 1).
 pub const ROUTE_LEAF_MERGE_SG_SHADER: ShaderSource = ShaderSource {
     name: "decode_route_leaf_merge_sg",
-    wgsl: concat!(
-        include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_levels.wgsl"),
-        include_str!("../../../../shaders/decode_levels_sg.wgsl"),
-        include_str!("../../../../shaders/decode_attend.wgsl"),
-        include_str!("../../../../shaders/decode_attend_sg.wgsl"),
-        include_str!("../../../../shaders/decode_route_leaf.wgsl"),
-        include_str!("../../../../shaders/decode_cut.wgsl"),
-        include_str!("../../../../shaders/decode_merge.wgsl"),
-        include_str!("../../../../shaders/decode_route_leaf_merge.wgsl"),
-        include_str!("../../../../shaders/decode_parts_coherent.wgsl")
+    wgsl: decode_module!(
+        coherent;
+        "decode_levels.wgsl", "decode_levels_sg.wgsl", "decode_attend.wgsl",
+        "decode_attend_sg.wgsl", "decode_route_leaf.wgsl", "decode_cut.wgsl", "decode_merge.wgsl",
+        "decode_route_leaf_merge.wgsl",
     ),
 };
 /// `shaders/decode.wgsl` followed by `shaders/decode_attend.wgsl` and
 /// `decode_attend_nosg.wgsl`: step dispatch 2 (`leaf`).
 pub const SHADER: ShaderSource = ShaderSource {
     name: "decode",
-    wgsl: concat!(
-        include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_attend.wgsl"),
-        include_str!("../../../../shaders/decode_attend_nosg.wgsl"),
-        include_str!("../../../../shaders/decode_parts.wgsl")
-    ),
+    wgsl: decode_module!(plain; "decode_attend.wgsl", "decode_attend_nosg.wgsl"),
 };
 /// `shaders/decode.wgsl`, `decode_cut.wgsl` (the top-K cut, shared with the fused step) and
 /// `decode_merge.wgsl`: split step dispatch 3 (`merge`).
 pub const MERGE_SHADER: ShaderSource = ShaderSource {
     name: "decode_merge",
-    wgsl: concat!(
-        include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_cut.wgsl"),
-        include_str!("../../../../shaders/decode_merge.wgsl"),
-        include_str!("../../../../shaders/decode_parts.wgsl")
-    ),
+    wgsl: decode_module!(plain; "decode_cut.wgsl", "decode_merge.wgsl"),
 };
 /// `shaders/decode.wgsl`, `decode_levels.wgsl`, `decode_cut.wgsl` and `decode_fused.wgsl`: the
 /// fused step (`fused`), one dispatch.
 pub const FUSED_SHADER: ShaderSource = ShaderSource {
     name: "decode_fused",
-    wgsl: concat!(
-        include_str!("../../../../shaders/decode.wgsl"),
-        include_str!("../../../../shaders/decode_levels.wgsl"),
-        include_str!("../../../../shaders/decode_levels_nosg.wgsl"),
-        include_str!("../../../../shaders/decode_cut.wgsl"),
-        include_str!("../../../../shaders/decode_fused.wgsl"),
-        include_str!("../../../../shaders/decode_parts.wgsl")
+    wgsl: decode_module!(
+        plain;
+        "decode_levels.wgsl", "decode_levels_nosg.wgsl", "decode_cut.wgsl", "decode_fused.wgsl",
     ),
 };
 /// `shaders/decode_append.wgsl`: append with ancestor-path update, prefill copy.
