@@ -125,9 +125,10 @@ pub struct Tuning {
     /// Where `route_leaf` runs ([`Self::decode_route_workgroups`]), its last workgroup of each
     /// (sequence, KV head) to finish also does the `merge` dispatch's cut and merge
     /// (`route_leaf_merge`, `shaders/decode_route_leaf_merge.wgsl`), so the step is one
-    /// dispatch; it needs 13 storage buffers per shader stage (the two dispatches run where
-    /// the device has fewer, or lacks `Features::MEMORY_DECORATION_COHERENT`). Read by decode
-    /// caches made from now on. Default `true`: on the H100 the step took 44.2 / 37.1 / 32.5 /
+    /// dispatch, on Vulkan devices with `Features::MEMORY_DECORATION_COHERENT` and 13 storage
+    /// buffers per shader stage (the two dispatches run elsewhere: the last workgroup's view
+    /// of the others' states rests on SPIR-V's barrier semantics). Read by decode caches made
+    /// from now on. Default `true`: on the H100 the step took 44.2 / 37.1 / 32.5 /
     /// 20.0 us at 1M / 64K / 8K / 1K tokens against 46.4 / 39.1 / 34.4 / 20.8 with the two
     /// dispatches (one round of docs/benchmarks.md A.81; the other within 0.3 us). Variable
     /// `PISA_DECODE_MERGE_IN_ROUTE` (`0` or `1`).
