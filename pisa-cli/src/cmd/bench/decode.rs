@@ -205,6 +205,13 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         .iter()
         .map(|x| attention_kernel(ctx, &x.shape, p.storage, dense_layouts, &kind, None));
     let dense_kernel = super::kernels::names(kernels);
+    let mut pisa_step: Vec<&str> = Vec::new();
+    for c in &caches {
+        let name = step_dispatches(&c.cache);
+        if !pisa_step.contains(&name) {
+            pisa_step.push(name);
+        }
+    }
     let mut pisa = Vec::new();
     let mut dense = Vec::new();
     let mut bursts: [Vec<f64>; 2] = Default::default();
@@ -334,7 +341,23 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
         reps,
         gpu,
         dense_kernel,
+        pisa_step: (!pisa_step.is_empty()).then(|| pisa_step.join(", ")),
     })
+}
+
+/// The dispatches of `cache`'s step in one pass, as the records name them ([`DecodeTimes`]):
+/// `fused`, `one-dispatch` (`route_leaf_merge`), `route-leaf+merge` or `route+leaf+merge`
+/// ([`KvCache::is_fused`], [`KvCache::merges_in_route`], [`KvCache::route_leaf_blocks`]).
+fn step_dispatches(cache: &KvCache) -> &'static str {
+    if cache.is_fused() {
+        "fused"
+    } else if cache.merges_in_route() {
+        "one-dispatch"
+    } else if cache.route_leaf_blocks().is_some() {
+        "route-leaf+merge"
+    } else {
+        "route+leaf+merge"
+    }
 }
 
 /// Medians of [`decode`], ms.
@@ -356,6 +379,9 @@ pub struct DecodeTimes {
     pub gpu: bool,
     /// The dense calls' attention kernel ([`super::kernels::names`]).
     pub dense_kernel: Option<String>,
+    /// The PISA step's dispatches in its one pass (`step_dispatches`), each once, in
+    /// order, joined by `, ` (caches may differ).
+    pub pisa_step: Option<String>,
 }
 
 #[cfg(test)]
@@ -396,6 +422,17 @@ mod tests {
         };
         let t = decode(&ctx, &p).unwrap();
         assert!(t.pisa > 0.0 && t.dense > 0.0 && t.pisa_burst > 0.0, "{t:?}");
+        // (the caches' step, named once: they have one shape)
+        let steps = [
+            "fused",
+            "one-dispatch",
+            "route-leaf+merge",
+            "route+leaf+merge",
+        ];
+        assert!(
+            steps.contains(&t.pisa_step.as_deref().unwrap_or_default()),
+            "{t:?}"
+        );
         if t.gpu {
             assert!(t.stages.is_some(), "{t:?}");
         }

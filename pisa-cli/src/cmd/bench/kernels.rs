@@ -1,4 +1,5 @@
-//! The attention kernel behind each attention record of `pisa bench` ([`Record::kernel`]):
+//! The attention kernel behind each attention record of `pisa bench` ([`Record::kernel`];
+//! for the PISA decode step, its dispatches):
 //! named by [`pisa_wgpu::ops::attention::attention_kernel`], the rule `record_attention` itself dispatches on, for the
 //! arguments of the timed calls (so the name is the kernel that ran); and the table line that
 //! lists them.
@@ -48,7 +49,7 @@ pub fn names(kernels: impl IntoIterator<Item = AttentionKernel>) -> Option<Strin
 /// [`Record::kernel`] existed).
 pub fn note(r: &Report, st: &str) -> Option<String> {
     let mut parts = Vec::new();
-    for op in ["attention", "dense", "decode_dense"] {
+    for op in ["attention", "dense", "decode_pisa", "decode_dense"] {
         let mut by_kernel: Vec<(&str, Vec<usize>)> = Vec::new();
         let recs = r.records.iter().filter(|x| x.storage == st && x.op == op);
         for (k, n) in recs.filter_map(|x: &Record| Some((x.kernel.as_deref()?, x.n))) {

@@ -44,7 +44,9 @@ pub struct Record {
     pub path: String,
     /// The attention kernel that ran (`split-k`, `leaf-major-coopmat`, `leaf-major-portable`,
     /// `coop-tile`, `portable-tile`; see [`super::kernels`]) for `attention`, `dense`,
-    /// `decode_dense` and `decode_dense_burst`; absent for other ops and in older files.
+    /// `decode_dense` and `decode_dense_burst`; the PISA decode step's dispatches (`fused`,
+    /// `one-dispatch`, `route-leaf+merge`, `route+leaf+merge`) for `decode_pisa` and
+    /// `decode_pisa_burst`; absent for other ops and in older files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<String>,
 }
@@ -408,10 +410,11 @@ pub fn decode_records(
             tflops: None,
             gbps,
             path: path.into(),
-            kernel: op
-                .starts_with("decode_dense")
-                .then(|| t.dense_kernel.clone())
-                .flatten(),
+            kernel: match op {
+                "decode_dense" | "decode_dense_burst" => t.dense_kernel.clone(),
+                "decode_pisa" | "decode_pisa_burst" => t.pisa_step.clone(),
+                _ => None,
+            },
         })
         .collect()
 }
