@@ -521,7 +521,8 @@ fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
                  lse selections with GQA groups up to 16 (route_subgroups=0 runs the other)";
     let table = "sizes the routing table, which runs on the NVIDIA path or with \
                  route_table_portable=1: neither on {name}";
-    let checks: [(&str, bool, &str); 12] = [
+    let tiles = t.leaf_order == pisa_wgpu::LeafOrder::Tiles;
+    let checks: [(&str, bool, &str); 14] = [
         (
             "nv_scorer",
             !nv,
@@ -538,6 +539,19 @@ fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
             !tc || nv_scorer,
             "sizes the WGSL tensor-core leaf scorer, which does not run on {name} (it needs \
              tensor cores, and the NVIDIA scorer replaces it where that runs)",
+        ),
+        (
+            "leaf_stage_keys",
+            !tc || nv_scorer || tiles,
+            "stages the keys of the WGSL tensor-core leaf-major scorer, which does not run on \
+             {name} (it needs tensor cores and the leaf-major order, and the NVIDIA scorer \
+             replaces it where that runs)",
+        ),
+        (
+            "attention_pairs",
+            tiles,
+            "pairs the entries of leaf-major sparse attention, but leaf_order=tiles runs the \
+             query-tile kernels on {name}",
         ),
         (
             "leaf_tiles_per_iteration",

@@ -644,6 +644,27 @@ fn knobs_without_effect_and_unknown_variables_are_said() {
         let unused = a["cooperative_matrix"] == false || a["nv_cooperative_matrix2"] == true;
         assert_eq!(r.stderr.contains(&line), unused, "{a}\n{}", r.stderr);
     }
+    // The leaf-major WGSL tensor-core scorer's key staging, as its subgroups; and sibling
+    // pairs of leaf-major attention, where the query-tile order is asked for (not otherwise).
+    let r = run(&["--tune", "leaf_stage_keys=0", "info"], &[]);
+    for (i, a) in adapters.iter().enumerate() {
+        let line = format!(
+            "warning: leaf_stage_keys stages the keys of the WGSL tensor-core leaf-major scorer, which does not run on [{i}] {}",
+            a["name"].as_str().unwrap()
+        );
+        let unused = a["cooperative_matrix"] == false || a["nv_cooperative_matrix2"] == true;
+        assert_eq!(r.stderr.contains(&line), unused, "{a}\n{}", r.stderr);
+    }
+    let pairs = |order: &str| {
+        let order = format!("leaf_order={order}");
+        let r = run(
+            &["--tune", "attention_pairs=0", "--tune", &order, "info"],
+            &[],
+        );
+        r.stderr.matches("warning: attention_pairs pairs").count()
+    };
+    assert_eq!(pairs("tiles"), adapters.len());
+    assert_eq!(pairs("leaves"), 0);
     // The workgroup-memory routing's lanes, where the subgroup routing runs; not once it is off.
     let r = run(&["--tune", "route_lanes=4", "info"], &[]);
     let sg = adapters
