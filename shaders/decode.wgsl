@@ -1,6 +1,7 @@
 // Decode step (PISA.md sections 3, 4, 5) for the new token of every sequence: THREE dispatches
-// of one compute pass (two: decode_route_leaf.wgsl; one: decode_route_leaf_merge.wgsl), so that the GPU's many cores share a step that one workgroup per KV head
-// (8 workgroups at Hkv = 8) left latency-bound:
+// of one compute pass (two: decode_route_leaf.wgsl; one: decode_route_leaf_merge.wgsl), so
+// that the GPU's many cores share a step that one workgroup per KV head (8 workgroups at
+// Hkv = 8) left latency-bound:
 //   1. `route` (decode_route.wgsl), one workgroup per (sequence, KV head): walks the pyramid's
 //      intermediate levels (inherently serial: a level's candidates are the previous level's
 //      kept children) and writes NS = g*(K+1) + K leaf slots: the scored leaf candidates

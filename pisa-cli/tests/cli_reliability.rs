@@ -634,27 +634,28 @@ fn knobs_without_effect_and_unknown_variables_are_said() {
         &[],
     );
     assert!(!r.stderr.contains("decode_key_lanes"), "{}", r.stderr);
-    // The WGSL tensor-core scorer's subgroups, on an adapter without cooperative matrices.
-    let r = run(&["--tune", "leaf_subgroups=2", "info"], &[]);
-    for (i, a) in adapters.iter().enumerate() {
-        let line = format!(
-            "warning: leaf_subgroups sizes the WGSL tensor-core leaf scorer, which does not run on [{i}] {}",
-            a["name"].as_str().unwrap()
-        );
-        let unused = a["cooperative_matrix"] == false || a["nv_cooperative_matrix2"] == true;
-        assert_eq!(r.stderr.contains(&line), unused, "{a}\n{}", r.stderr);
+    // The WGSL tensor-core scorer's subgroups and key staging, on an adapter without
+    // cooperative matrices (or with the NVIDIA scorer).
+    for (knob, says) in [
+        (
+            "leaf_subgroups=2",
+            "leaf_subgroups sizes the WGSL tensor-core leaf scorer",
+        ),
+        (
+            "leaf_stage_keys=0",
+            "leaf_stage_keys stages the keys of the WGSL tensor-core leaf-major scorer",
+        ),
+    ] {
+        let r = run(&["--tune", knob, "info"], &[]);
+        for (i, a) in adapters.iter().enumerate() {
+            let name = a["name"].as_str().unwrap();
+            let line = format!("warning: {says}, which does not run on [{i}] {name}");
+            let unused = a["cooperative_matrix"] == false || a["nv_cooperative_matrix2"] == true;
+            assert_eq!(r.stderr.contains(&line), unused, "{a}\n{}", r.stderr);
+        }
     }
-    // The leaf-major WGSL tensor-core scorer's key staging, as its subgroups; and sibling
-    // pairs of leaf-major attention, where the query-tile order is asked for (not otherwise).
-    let r = run(&["--tune", "leaf_stage_keys=0", "info"], &[]);
-    for (i, a) in adapters.iter().enumerate() {
-        let line = format!(
-            "warning: leaf_stage_keys stages the keys of the WGSL tensor-core leaf-major scorer, which does not run on [{i}] {}",
-            a["name"].as_str().unwrap()
-        );
-        let unused = a["cooperative_matrix"] == false || a["nv_cooperative_matrix2"] == true;
-        assert_eq!(r.stderr.contains(&line), unused, "{a}\n{}", r.stderr);
-    }
+    // Sibling pairs of leaf-major attention, where the query-tile order is asked for (not
+    // otherwise).
     let pairs = |order: &str| {
         let order = format!("leaf_order={order}");
         let r = run(

@@ -309,8 +309,9 @@ pub struct KvCache {
     /// The most workgroups of a `route_leaf` dispatch ([`crate::Tuning::decode_route_workgroups`]
     /// when the cache was made).
     route_workgroups: u32,
-    /// Whether `route_leaf` may merge in its last workgroup (`route_leaf_merge`,
-    /// [`crate::Tuning::decode_merge_in_route`] when the cache was made).
+    /// Whether `route_leaf` may merge in its last workgroup (`route_leaf_merge`):
+    /// [`crate::Tuning::decode_merge_in_route`] when the cache was made, on a Vulkan device with
+    /// `MEMORY_DECORATION_COHERENT` (decided once: the device does not change).
     merge_in_route: bool,
     /// `route_leaf_merge`'s counters of finished copies, u32 `[B*Hkv]`, 0 between steps.
     done: wgpu::Buffer,

@@ -769,7 +769,8 @@ impl KvCache {
     /// (`shaders/decode_route_leaf_merge.wgsl`: `route_leaf` whose last workgroup of each
     /// (sequence, KV head) to finish does `merge`'s work): where `route_leaf` runs
     /// ([`Self::route_leaf_blocks`]), [`crate::Tuning::decode_merge_in_route`] asked for it
-    /// when the cache was made, the step is not fused, and the kernel's 13 storage buffers and
+    /// when the cache was made on a Vulkan device with `MEMORY_DECORATION_COHERENT`, the step
+    /// is not fused, and the kernel's 13 storage buffers and
     /// workgroup memory fit the cache's limits (with fewer blocks at once than `route_leaf`
     /// would attend, where memory needs it). Steps recorded by stage
     /// ([`Self::record_steps_by_stage_into`]) keep `merge` apart, to time it.
@@ -799,15 +800,8 @@ impl KvCache {
                 .filter(|&(_, copies)| heads * copies as u64 <= self.route_workgroups as u64)
                 .map(|(nb, copies)| (nb, copies, merge))
         };
-        // Vulkan only: the other workgroups' states are visible to the last by SPIR-V's
-        // device-scope barrier and Coherent decoration (naga's Metal and HLSL barriers order
-        // one workgroup's memory only).
-        let coherent = wgpu::Features::MEMORY_DECORATION_COHERENT;
-        let vulkan = self.ctx.report().backend == format!("{:?}", wgpu::Backend::Vulkan);
-        let merge = self.merge_in_route
-            && !self.is_fused()
-            && vulkan
-            && self.ctx.features().contains(coherent);
+        // (`merge_in_route` holds the device's condition: cache.rs, one_dispatch_device)
+        let merge = self.merge_in_route && !self.is_fused();
         merge
             .then(|| within(true))
             .flatten()
@@ -908,8 +902,7 @@ impl KvCache {
             whole(11, pa),
         ];
         let stage = |p, b: Binds, n| self.make_stage(p, &b, n);
-        let merge_binds = merge.clone();
-        let merge = stage(pipe(&MERGE_SHADER, "merge", self.plan.wm)?, merge, heads)?;
+        let merge_stage = |b: Binds| stage(pipe(&MERGE_SHADER, "merge", self.plan.wm)?, b, heads);
         if let Some((_, copies)) = route_leaf {
             ROUTE_LEAVES.with(|c| c.set(c.get() + 1));
             // The route's bindings and the leaf's, as one.
@@ -922,16 +915,16 @@ impl KvCache {
                 // and the merge's but the slots (each copy holds its own), and the counters.
                 ROUTE_MERGES.with(|c| c.set(c.get() + 1));
                 both.retain(|b| b.0 != 10);
-                both.extend(merge_binds.into_iter().filter(|b| [7, 8, 9].contains(&b.0)));
+                both.extend(merge.into_iter().filter(|b| [7, 8, 9].contains(&b.0)));
                 both.push(whole(14, &self.done));
                 return Ok(vec![stage(route_pipe, both, n)?]);
             }
-            return Ok(vec![stage(route_pipe, both, n)?, merge]);
+            return Ok(vec![stage(route_pipe, both, n)?, merge_stage(merge)?]);
         }
         Ok(vec![
             stage(route_pipe, route, heads)?,
             stage(pipe(&SHADER, "leaf", self.plan.wg)?, leaf, slots)?,
-            merge,
+            merge_stage(merge)?,
         ])
     }
 }
