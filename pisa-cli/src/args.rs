@@ -391,11 +391,7 @@ fn unavailable_asked(ctx: &Context) -> Vec<String> {
         nv_cm2: ctx.nv_cm2(),
         subgroups,
         subgroups8: subgroups && ctx.shuffle_lanes() >= 8,
-        one_dispatch_decode: one_dispatch_decode(
-            &ctx.report().backend,
-            ctx.features()
-                .contains(pisa_wgpu::wgpu::Features::MEMORY_DECORATION_COHERENT),
-        ),
+        one_dispatch_decode: ctx.one_dispatch_decode(),
     };
     unavailable(&ctx.tuning(), &hw, &ctx.report().name)
 }
@@ -415,7 +411,7 @@ pub fn unavailable_asked_on(r: &pisa_wgpu::AdapterReport, name: &str) -> Vec<Str
         nv_cm2: r.nv_cooperative_matrix2,
         subgroups: r.subgroups,
         subgroups8: r.subgroups && r.shuffle_lanes() >= 8,
-        one_dispatch_decode: one_dispatch_decode(&r.backend, r.memory_coherent),
+        one_dispatch_decode: r.one_dispatch_decode(),
     };
     unavailable(&t, &hw, name)
 }
@@ -432,19 +428,6 @@ struct Hardware {
     /// `Err(why)` where the decode step cannot run as one dispatch
     /// (`pisa_wgpu::Tuning::decode_merge_in_route`), in words after the name.
     one_dispatch_decode: Result<(), &'static str>,
-}
-
-/// Whether an adapter of `backend` (the Debug name of wgpu's enum) whose device has
-/// `MEMORY_DECORATION_COHERENT` (`coherent`) can run the decode step as one dispatch, by the
-/// library's rule (`KvCache::merges_in_route`: Vulkan and the feature; its memory and binding
-/// limits, which hold on every such adapter, aside).
-pub fn one_dispatch_decode(backend: &str, coherent: bool) -> Result<(), &'static str> {
-    if backend != format!("{:?}", pisa_wgpu::wgpu::Backend::Vulkan) {
-        return Err("is not a Vulkan adapter");
-    }
-    coherent
-        .then_some(())
-        .ok_or("has no MEMORY_DECORATION_COHERENT")
 }
 
 /// One line per knob this command set by name (`--tune` or its `PISA_*` variable) that asks

@@ -66,9 +66,7 @@ impl Paths {
                 (true, _) => "fused",
                 (false, false) => "three_dispatches",
                 (false, true)
-                    if tuning.decode_merge_in_route
-                        && crate::args::one_dispatch_decode(&r.backend, r.memory_coherent)
-                            .is_ok() =>
+                    if tuning.decode_merge_in_route && r.one_dispatch_decode().is_ok() =>
                 {
                     "one_dispatch"
                 }
@@ -209,7 +207,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         let decode_step = match paths.decode_step {
             "fused" => "one dispatch, one workgroup per KV head (tuning decode_fused=true), where it fits",
             "one_dispatch" => "one dispatch: route and leaf slots in several workgroups per KV head, the last to finish merging (decode_merge_in_route), where they fit",
-            "route_leaf_and_merge" => match crate::args::one_dispatch_decode(&r.backend, r.memory_coherent) {
+            "route_leaf_and_merge" => match r.one_dispatch_decode() {
                 Ok(()) => "two dispatches: route and leaf slots in several workgroups per KV head, then the merge (--tune decode_merge_in_route=1 makes it one), where they fit",
                 Err(_) => "two dispatches: route and leaf slots in several workgroups per KV head, then the merge (the one dispatch, decode_merge_in_route, needs Vulkan and MEMORY_DECORATION_COHERENT)",
             },

@@ -80,6 +80,16 @@ impl AdapterReport {
         }
     }
 
+    /// `Err(why)` where a device of this adapter cannot run the decode step as one dispatch
+    /// ([`crate::Tuning::decode_merge_in_route`]), `why` in words after the adapter's name. The
+    /// rule: Vulkan and [`Self::memory_coherent`] (the adapter's feature; a device opened
+    /// without it cannot either: [`crate::Context::one_dispatch_decode`]). The last workgroup's
+    /// view of the other workgroups' block states rests on SPIR-V's device-scope barriers and
+    /// `Coherent` decoration; naga's Metal and HLSL barriers order one workgroup's memory only.
+    pub fn one_dispatch_decode(&self) -> std::result::Result<(), &'static str> {
+        one_dispatch_decode(&self.backend, self.memory_coherent)
+    }
+
     /// The report of `adapter` (its own features and limits, before a device is opened).
     pub(super) fn of(adapter: &wgpu::Adapter) -> Self {
         let i = adapter.get_info();
@@ -194,4 +204,21 @@ pub(super) async fn find_adapter(choice: &AdapterChoice) -> Result<wgpu::Adapter
             format!("{asked}; adapters found: {}", found.join(", "))
         })
     })
+}
+
+/// `Err(why)` where a device of `backend` (the Debug name of [`wgpu::Backend`], as in
+/// [`AdapterReport::backend`]) with `MEMORY_DECORATION_COHERENT` enabled or not (`coherent`)
+/// cannot run the split decode step as one dispatch (`route_leaf_merge`): the rule of
+/// [`AdapterReport::one_dispatch_decode`]. (The plan's workgroup memory and storage bindings,
+/// which every such adapter has, are checked per cache.)
+pub(crate) fn one_dispatch_decode(
+    backend: &str,
+    coherent: bool,
+) -> std::result::Result<(), &'static str> {
+    if backend != format!("{:?}", wgpu::Backend::Vulkan) {
+        return Err("is not a Vulkan adapter");
+    }
+    coherent
+        .then_some(())
+        .ok_or("has no MEMORY_DECORATION_COHERENT")
 }

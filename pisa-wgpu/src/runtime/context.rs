@@ -534,6 +534,17 @@ impl Context {
     pub fn report(&self) -> &AdapterReport {
         &self.report
     }
+    /// `Err(why)` where this device cannot run the decode step as one dispatch
+    /// ([`crate::Tuning::decode_merge_in_route`]; the two-dispatch step runs instead), `why` in
+    /// words after the adapter's name: the rule of [`AdapterReport::one_dispatch_decode`] with
+    /// the device's own `MEMORY_DECORATION_COHERENT` (an app's device may lack what its adapter
+    /// offers).
+    pub fn one_dispatch_decode(&self) -> std::result::Result<(), &'static str> {
+        let coherent = self
+            .features()
+            .contains(wgpu::Features::MEMORY_DECORATION_COHERENT);
+        super::adapter::one_dispatch_decode(&self.report.backend, coherent)
+    }
     /// The most consecutive invocations of a subgroup that the kernels exchange values across
     /// with `subgroupShuffleXor`: [`AdapterReport::shuffle_lanes`].
     pub fn shuffle_lanes(&self) -> u32 {

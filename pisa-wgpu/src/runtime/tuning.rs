@@ -608,6 +608,22 @@ mod tests {
         ));
         assert_eq!(h200.decode_route_workgroups, 104);
         assert_eq!(h200.leaf_order, LeafOrder::Auto);
+        // The one-dispatch decode step's rule: Vulkan with the coherent feature, nothing else.
+        let coherent = |b: Backend, c: bool| AdapterReport {
+            memory_coherent: c,
+            ..report("", b, DeviceType::DiscreteGpu)
+        };
+        assert_eq!(
+            coherent(Backend::Vulkan, true).one_dispatch_decode(),
+            Ok(())
+        );
+        for (b, c) in [
+            (Backend::Vulkan, false),
+            (Backend::Metal, true),
+            (Backend::Dx12, true),
+        ] {
+            assert!(coherent(b, c).one_dispatch_decode().is_err(), "{b:?} {c}");
+        }
     }
 
     /// Contexts made at once on several threads with one dump folder all find it writable

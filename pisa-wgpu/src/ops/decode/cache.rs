@@ -192,7 +192,7 @@ impl KvCache {
             route_subgroups: tuning.decode_route_subgroups,
             leaf_subgroups: tuning.decode_leaf_subgroups,
             route_workgroups: tuning.decode_route_workgroups,
-            merge_in_route: tuning.decode_merge_in_route && one_dispatch_device(ctx),
+            merge_in_route: tuning.decode_merge_in_route && ctx.one_dispatch_decode().is_ok(),
             // (zeroed by wgpu: every counter starts at 0; COPY_SRC for the tests' read back)
             done: ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("decode copies done"),
@@ -322,13 +322,4 @@ impl KvCache {
         }
         t.check_shape(what, len)
     }
-}
-
-/// Whether `ctx`'s device can run the split decode step as one dispatch (`route_leaf_merge`):
-/// Vulkan with `MEMORY_DECORATION_COHERENT`. The last workgroup's view of the other workgroups'
-/// block states rests on SPIR-V's device-scope barriers and `Coherent` decoration; naga's
-/// Metal and HLSL barriers order one workgroup's memory only.
-fn one_dispatch_device(ctx: &Context) -> bool {
-    let vulkan = ctx.report().backend == format!("{:?}", wgpu::Backend::Vulkan);
-    vulkan && (ctx.features()).contains(wgpu::Features::MEMORY_DECORATION_COHERENT)
 }

@@ -800,7 +800,7 @@ impl KvCache {
                 .filter(|&(_, copies)| heads * copies as u64 <= self.route_workgroups as u64)
                 .map(|(nb, copies)| (nb, copies, merge))
         };
-        // (`merge_in_route` holds the device's condition: cache.rs, one_dispatch_device)
+        // (`merge_in_route` holds the device's condition: Context::one_dispatch_decode)
         let merge = self.merge_in_route && !self.is_fused();
         merge
             .then(|| within(true))
