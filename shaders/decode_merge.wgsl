@@ -4,11 +4,8 @@
 // (FlashDecoding): M = max m, L = sum l e^(m - M), O = sum O_b e^(m - M) / L, LSE = M + log L.
 
 const MK: u32 = min(KMAX, 32u); // K of the weighted merge (K <= 32; larger K: loops)
-// (m, l) of every slot per head, [slot][head], loaded once with the scores when K <= 32 (one
-// entry, unused, for a larger K, whose loops load the selected blocks' states themselves).
-const MSN: u32 = select(1u, NS * GQ, KMAX <= MK);
-var<workgroup> mst: array<vec2<f32>, MSN>;
-var<workgroup> mw: array<f32, GQ * MK>; // merge weight per (head, selection entry)
+var<workgroup> mml: array<vec2<f32>, GQ * MK>; // (m, l) per (head, selection entry), K <= 32
+var<workgroup> mw: array<f32, GQ * MK>;        // merge weight per (head, selection entry)
 
 @compute @workgroup_size(WG)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -37,18 +34,14 @@ fn merge_slots(id: u32, len: u32, lid: u32) {
     let po = id * NS * GQ * PW;
     for (var i = lid; i < KMAX; i += WG) { mrank[i] = INVALID; }
     // Scores of every candidate slot, loaded together with the slots (an empty slot's stale
-    // state is never ranked: the cut reads a score only beside a valid slot); when K <= 32, the
-    // (m, l) of every slot, the forced ones too, kept in mst for the merge, which then loads
-    // only the selected blocks' O rows after the cut.
-    for (var s = lid; s < select(MAXC, NS, KMAX <= MK); s += WG) {
+    // state is never ranked: the cut reads a score only beside a valid slot).
+    for (var s = lid; s < MAXC; s += WG) {
         var tot = 0.0;
         for (var hh = 0u; hh < GQ; hh++) {
             let w = po + (s * GQ + hh) * PW;
-            let st = vec2<f32>(parts[w + DD], parts[w + DD + 1u]);
-            if (KMAX <= MK) { mst[s * GQ + hh] = st; }
-            tot += state_lse(st.x, st.y);
+            tot += state_lse(parts[w + DD], parts[w + DD + 1u]);
         }
-        if (s < MAXC) { msc[s] = bitcast<u32>(tot); }
+        msc[s] = bitcast<u32>(tot);
     }
     workgroupBarrier();
     cut_top_k(so, lid);
@@ -86,35 +79,39 @@ fn merge_slots(id: u32, len: u32, lid: u32) {
     }
 }
 
-// The (m, l) of selection entry j for head hh (K <= 32: from mst), (NEG, 0) for an empty entry.
-fn entry_state(hh: u32, j: u32) -> vec2<f32> {
-    let sv = msel[j];
-    if (sv == INVALID) { return vec2<f32>(NEG, 0.0); }
-    return mst[sv * GQ + hh];
-}
-
-// The merge for K <= 32 (after cut_top_k, whose last barrier orders mst and msel), in two
-// phases: per (head, entry): M = max m, L = sum l e^(m - M) over the head's entries (their
-// (m, l) in mst since the scores were loaded), the entry's weight e^(m - M) / L into mw (0 for
-// an empty entry), LSE = M + log L | per output element (head, dim): its K values of O loaded
-// together (an empty entry reads the first selected block, always present, with weight 0), O =
-// sum weight x O_b.
+// The merge for K <= 32 (after cut_top_k), in three phases: the (m, l) of each selected block
+// per head, loaded once into mml | per (head, entry): M = max m, L = sum l e^(m - M) over the
+// head's entries, the entry's weight e^(m - M) / L into mw (0 for an empty entry), LSE = M +
+// log L | per output element (head, dim): its K values of O loaded together (an empty entry
+// reads the first selected block, always present, with weight 0), O = sum weight x O_b.
 // (Each output element loaded its own K copies of (m, l) before: 3K loads per invocation
 // instead of K, 0.3 us slower per merge and 0.9 us per isolated step on the H200 at 1M:
-// docs/benchmarks.md, A.6, commit 1e2830d. The (m, l) of the selected entries were then a
-// third chain of loads after the cut, and are now kept from the scores' load.)
+// docs/benchmarks.md, A.6, commit 1e2830d. Keeping every slot's (m, l) in workgroup memory from
+// the scores' load instead, read per entry through msel in the weights' loops, made the merge
+// 1.1 us slower on the H100, and its NS g_q pairs took route_leaf_merge past 48 KiB at the
+// bench's shape: A.82, commit fa0a896.)
 fn merge_weighted(po: u32, qrow: u32, lid: u32) {
+    for (var it = lid; it < GQ * KMAX; it += WG) {
+        let sv = msel[it % KMAX];
+        var st = vec2<f32>(NEG, 0.0);
+        if (sv != INVALID) {
+            let w = po + (sv * GQ + it / KMAX) * PW;
+            st = vec2<f32>(parts[w + DD], parts[w + DD + 1u]);
+        }
+        mml[it] = st;
+    }
+    workgroupBarrier();
     for (var it = lid; it < GQ * KMAX; it += WG) {
         let hh = it / KMAX;
         let i = it % KMAX;
         var m = NEG;
-        for (var j = 0u; j < KMAX; j++) { m = max(m, entry_state(hh, j).x); }
+        for (var j = 0u; j < KMAX; j++) { m = max(m, mml[hh * KMAX + j].x); }
         var l = 0.0;
         for (var j = 0u; j < KMAX; j++) {
-            let st = entry_state(hh, j);
+            let st = mml[hh * KMAX + j];
             l += st.y * exp(st.x - m);
         }
-        mw[it] = select(0.0, exp(entry_state(hh, i).x - m) / l, msel[i] != INVALID && l > 0.0);
+        mw[it] = select(0.0, exp(mml[it].x - m) / l, msel[i] != INVALID && l > 0.0);
         if (i == 0u) {
             lse_out[qrow / DD + hh] = select(bitcast<f32>(neg_inf_bits()), m + log(l), l > 0.0);
         }

@@ -186,10 +186,8 @@ impl Plan {
         });
         let xr = maxc * g.max(2) * lr * gq;
         let route = route_mem(lr);
-        // + the weights per (head, selection entry) and the (m, l) per (slot, head) of K <= 32
-        // (decode_merge.wgsl).
-        let merge_k =
-            common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc) + merge_words(gq, k, ns));
+        // + the (m, l) and weights per (head, selection entry) of K <= 32 (decode_merge.wgsl).
+        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc) + 3 * gq * k.min(32));
         // red, hm, halpha, wleaf (vec2).
         let leaf_fixed = common + 4 * (wg + 2 * gq + 2);
         let budget = limit.saturating_sub(leaf_fixed) / 4;
@@ -347,7 +345,7 @@ impl Plan {
             + maxc
             + 3 * k
             + cut_words(self.wr as u64, maxc)
-            + merge_words(self.gq as u64, k, self.slots() as u64)
+            + 3 * self.gq as u64 * k.min(32)
             + 1;
         self.route_leaf_smem(nb) + 4 * merge
     }
@@ -401,13 +399,6 @@ pub(super) fn cut_words(wg: u64, maxc: u64) -> u64 {
     } else {
         1
     }
-}
-
-/// Words of the weighted merge's arrays (`decode_merge.wgsl`) for g_q `gq`, K `k` and `ns` leaf
-/// slots: a weight per (head, selection entry) (K up to 32) and, when K <= 32, the (m, l) pair
-/// of every (slot, head) (one pair otherwise).
-pub(super) fn merge_words(gq: u64, k: u64, ns: u64) -> u64 {
-    gq * k.min(32) + 2 * if k <= 32 { gq * ns } else { 1 }
 }
 
 /// Whether the pyramid keeps second moments (needed by the `meanvar` scoring only).
