@@ -248,9 +248,7 @@ impl Profiler {
     /// pass went untimed because more passes were recorded than the profiler was made for
     /// (the span would be cut short). Errors: those of [`Self::finish`].
     pub fn finish_span(mut self, ctx: &Context, stage: &str) -> Result<Option<f64>> {
-        // (a profiler of another context is refused before the cut-short span's None)
-        self.check_results(ctx)?;
-        if self.untimed > 0 {
+        if self.span_cut_short(ctx)? {
             return Ok(None);
         }
         let results = self.results(ctx)?;
@@ -259,13 +257,19 @@ impl Profiler {
 
     /// [`Self::finish_span`] without blocking, as [`Self::finish_async`].
     pub async fn finish_span_async(mut self, ctx: &Context, stage: &str) -> Result<Option<f64>> {
-        // (a profiler of another context is refused before the cut-short span's None)
-        self.check_results(ctx)?;
-        if self.untimed > 0 {
+        if self.span_cut_short(ctx)? {
             return Ok(None);
         }
         let results = self.results_async(ctx).await?;
         Ok(results.and_then(|r| span_ms(&self.labels, &r, stage)))
+    }
+
+    /// Whether a span would be cut short (a pass went untimed: [`Self::finish_span`] is then
+    /// `None`), after the checks of the results (a profiler of another context is refused
+    /// first).
+    fn span_cut_short(&self, ctx: &Context) -> Result<bool> {
+        self.check_results(ctx)?;
+        Ok(self.untimed > 0)
     }
 
     /// The stage sums of `results` (`None`: no timestamps, empty and `gpu` false).
