@@ -626,6 +626,65 @@ fn cache_outputs_are_views_the_app_can_read() {
     assert!(want_sel.iter().any(|&x| x >= 0), "{want_sel:?}");
 }
 
+/// An application's device opened without `MEMORY_DECORATION_COHERENT` on an adapter that has
+/// it: the context's report gives the device's feature flags, not the adapter's, and a cache
+/// asked for the one-dispatch decode step (`decode_merge_in_route`, with `route_leaf` allowed
+/// everywhere) runs the two dispatches there, where the same cache on a device with the feature
+/// runs one (on a Vulkan adapter with it: lavapipe in CI, asserted there so that the test cannot
+/// pass without its case).
+#[test]
+fn app_device_without_coherent_memory_decodes_in_two_dispatches() {
+    let app = App::new();
+    let coherent = wgpu::Features::MEMORY_DECORATION_COHERENT;
+    if app.adapter.get_info().name.contains("llvmpipe") {
+        assert!(
+            app.adapter.features().contains(coherent),
+            "lavapipe lost the feature"
+        );
+    }
+    let mut t = pisa_wgpu::Tuning::default();
+    t.decode_route_workgroups = 4096;
+    t.decode_merge_in_route = true;
+    let (device, queue) = pollster::block_on(app.adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("app without coherent memory"),
+        required_features: pisa_wgpu::wanted_features(&app.adapter)
+            - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            - coherent,
+        required_limits: app.adapter.limits(),
+        ..Default::default()
+    }))
+    .unwrap();
+    let plain = Context::from_device_with_tuning(&app.adapter, device, queue, t.clone()).unwrap();
+    assert!(
+        !plain.report().memory_coherent,
+        "the report kept the adapter's feature"
+    );
+    assert!(plain.one_dispatch_decode().is_err());
+    assert_eq!(
+        plain.report().one_dispatch_decode(),
+        plain.one_dispatch_decode()
+    );
+    let full =
+        Context::from_device_with_tuning(&app.adapter, app.device.clone(), app.queue.clone(), t)
+            .unwrap();
+    assert_eq!(
+        full.report().memory_coherent,
+        app.adapter.features().contains(coherent)
+    );
+    let cache = |ctx: &Context| KvCache::new(ctx, 2, 200, HQ, HKV, D, cfg(), Storage::F32).unwrap();
+    assert!(!cache(&plain).merges_in_route());
+    assert_eq!(
+        cache(&full).merges_in_route(),
+        full.one_dispatch_decode().is_ok()
+    );
+    if app.adapter.get_info().name.contains("llvmpipe") {
+        assert!(
+            cache(&full).merges_in_route(),
+            "no one-dispatch step to compare with"
+        );
+    }
+}
+
 /// A destroyed device of the application's (`Context::from_device`: no device-lost callback of
 /// pisa's on it): pisa's later calls, the recording ones of a plan and a cache made before
 /// included, return `GpuError::DeviceLost`, neither a validation error about invalid objects

@@ -82,8 +82,8 @@ impl AdapterReport {
 
     /// `Err(why)` where a device of this adapter cannot run the decode step as one dispatch
     /// ([`crate::Tuning::decode_merge_in_route`]), `why` in words after the adapter's name. The
-    /// rule: Vulkan and [`Self::memory_coherent`] (the adapter's feature; a device opened
-    /// without it cannot either: [`crate::Context::one_dispatch_decode`]). The last workgroup's
+    /// rule: Vulkan and [`Self::memory_coherent`] (the adapter's feature here; the device's in
+    /// a context's report, [`crate::Context::report`]). The last workgroup's
     /// view of the other workgroups' block states rests on SPIR-V's device-scope barriers and
     /// `Coherent` decoration; naga's Metal and HLSL barriers order one workgroup's memory only.
     pub fn one_dispatch_decode(&self) -> std::result::Result<(), &'static str> {

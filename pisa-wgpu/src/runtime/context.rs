@@ -386,9 +386,16 @@ impl Context {
         });
         let mut report = AdapterReport::of(adapter);
         let adapter_f16 = report.shader_f16;
-        report.shader_f16 = features.contains(wgpu::Features::SHADER_F16);
+        // The feature flags are the device's: an app's device may lack what its adapter offers.
+        use wgpu::Features as F;
+        report.shader_f16 = features.contains(F::SHADER_F16);
+        report.subgroups = features.contains(F::SUBGROUP);
+        report.timestamps = features.contains(F::TIMESTAMP_QUERY);
+        report.cooperative_matrix = features.contains(F::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        report.memory_coherent = features.contains(F::MEMORY_DECORATION_COHERENT);
         let coop_ok = coop_supported(features, &limits, report.subgroup_size, &coop_props);
         let nv_ok = coop_ok && super::nv::device_has_nv_cm2(&device);
+        report.nv_cooperative_matrix2 = nv_ok;
         // On by default where the adapter supports them (their reference tests passed on an
         // NVIDIA H200: docs/runs/h200-2026-11-29b-coopmat.txt); `tuning.tensor_cores = false`
         // keeps the portable kernels.
@@ -530,20 +537,22 @@ impl Context {
         self.pipelines.checks()
     }
 
-    /// The adapter's report (name, backend, driver, features, limits).
+    /// The adapter's report (name, backend, driver, limits), its feature flags those of this
+    /// context's device (`shader_f16`, `subgroups`, `timestamps`, `cooperative_matrix`,
+    /// `memory_coherent`; `nv_cooperative_matrix2` where the device has the extension and the
+    /// cooperative matrices pisa's kernels need): a device an app opened may lack what its
+    /// adapter offers, so [`AdapterReport::one_dispatch_decode`] of this report is
+    /// [`Self::one_dispatch_decode`].
     pub fn report(&self) -> &AdapterReport {
         &self.report
     }
     /// `Err(why)` where this device cannot run the decode step as one dispatch
     /// ([`crate::Tuning::decode_merge_in_route`]; the two-dispatch step runs instead), `why` in
-    /// words after the adapter's name: the rule of [`AdapterReport::one_dispatch_decode`] with
-    /// the device's own `MEMORY_DECORATION_COHERENT` (an app's device may lack what its adapter
-    /// offers).
+    /// words after the adapter's name: the rule of [`AdapterReport::one_dispatch_decode`] on
+    /// [`Self::report`], whose `memory_coherent` is the device's own feature (an app's device
+    /// may lack what its adapter offers).
     pub fn one_dispatch_decode(&self) -> std::result::Result<(), &'static str> {
-        let coherent = self
-            .features()
-            .contains(wgpu::Features::MEMORY_DECORATION_COHERENT);
-        super::adapter::one_dispatch_decode(&self.report.backend, coherent)
+        self.report.one_dispatch_decode()
     }
     /// The most consecutive invocations of a subgroup that the kernels exchange values across
     /// with `subgroupShuffleXor`: [`AdapterReport::shuffle_lanes`].
