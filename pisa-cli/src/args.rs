@@ -563,14 +563,23 @@ fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
         ),
         (
             "decode_merge_in_route",
-            t.decode_route_workgroups == 0 || t.decode_fused,
+            t.decode_merge_in_route && (t.decode_route_workgroups == 0 || t.decode_fused),
             "applies to the one-dispatch route and leaf, which decode_route_workgroups=0 or \
              decode_fused=1 leaves out",
         ),
     ];
+    // (a knob asked at its default value changes nothing, used or not: no line)
+    let default = pisa_wgpu::Tuning::default().pairs();
+    let pairs = t.pairs();
+    let at_default = |knob: &str| {
+        pairs
+            .iter()
+            .zip(&default)
+            .any(|(a, b)| a.0 == knob && a == b)
+    };
     checks
         .into_iter()
-        .filter(|&(knob, unused, _)| unused && asked(knob))
+        .filter(|&(knob, unused, _)| unused && asked(knob) && !at_default(knob))
         .map(|(knob, _, why)| format!("{knob} {}", why.replace("{name}", name)))
         .collect()
 }

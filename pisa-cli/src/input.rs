@@ -328,6 +328,10 @@ impl InputArgs {
         }
         let layout: TensorLayout = self.layout.into();
         let (qn, kn, vn) = self.names();
+        if !with_v && self.v_file.is_some() {
+            // (it was accepted and never read, a missing file included)
+            usage_bail!("--v-file: this command reads no V (its selection is of Q and K)");
+        }
         let demo_file;
         let (qp, kp, vp): (PathBuf, PathBuf, PathBuf) = match &self.input {
             Some(p) if io::Format::from_path(p)? == io::Format::Npy => {

@@ -25,8 +25,10 @@ struct Cli {
     /// leaf_subgroups, leaf_stage_keys, route_lanes, route_max_workgroup, route_tile,
     /// route_subgroups, route_table_nodes, route_table_portable, route_table_queries
     /// (`pisa_wgpu::Tuning`): speed only, results are the same, selections up to near-ties of
-    /// rounding. Values: 1/0 (true/false, on/off) for switches, a whole number for sizes (an
-    /// out-of-range one is refused with its range), auto/tiles/leaves for leaf_order,
+    /// rounding. Values: 1/0 (true/false, on/off) for switches, a whole number for sizes and
+    /// budgets (an out-of-range one is refused with its range; decode_route_workgroups is the
+    /// most workgroups the decode step's route and leaf may take as one dispatch, 0 never: a
+    /// cache that needs more runs three dispatches), auto/tiles/leaves for leaf_order,
     /// auto/all/bounds/none/driver_bounded for shader_checks. And dump_wgsl=DIR: write every
     /// pipeline's WGSL into DIR (a diagnostic).
     #[arg(long, value_name = "KNOB=VALUE", global = true)]

@@ -285,6 +285,20 @@ fn recall_needs_no_v() {
     assert_eq!(npy.as_array().map(Vec::len), Some(4), "{npy}");
     // (K is still required)
     usage_fails(dir.path(), &["recall", "-i", qn], &["--k-file"]);
+    // A V file is refused by name (it was accepted and never read, a missing one included).
+    usage_fails(
+        dir.path(),
+        &[
+            "recall",
+            "-i",
+            qn,
+            "--k-file",
+            kn,
+            "--v-file",
+            "missing.npy",
+        ],
+        &["--v-file", "reads no V"],
+    );
 }
 
 /// A method the device cannot run at the configuration is left out with a warning and the

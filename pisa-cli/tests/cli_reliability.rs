@@ -667,7 +667,7 @@ fn knobs_without_effect_and_unknown_variables_are_said() {
     assert_eq!(pairs("tiles"), adapters.len());
     assert_eq!(pairs("leaves"), 0);
     // The workgroup-memory routing's lanes, where the subgroup routing runs; not once it is off.
-    let r = run(&["--tune", "route_lanes=4", "info"], &[]);
+    let r = run(&["--tune", "route_lanes=2", "info"], &[]);
     let sg = adapters
         .iter()
         .filter(|a| a["routing"] == "subgroups")
@@ -683,12 +683,30 @@ fn knobs_without_effect_and_unknown_variables_are_said() {
             "--tune",
             "route_subgroups=0",
             "--tune",
-            "route_lanes=4",
+            "route_lanes=2",
             "info",
         ],
         &[],
     );
     assert!(!r.stderr.contains("route_lanes"), "{}", r.stderr);
+    // A knob asked at its default changes nothing, used or not: no line (route_lanes and
+    // route_tile where the subgroup routing runs, decode_merge_in_route=0 where the route and
+    // leaf are not one dispatch, the default off the H100 and H200).
+    let r = run(
+        &[
+            "--tune",
+            "route_lanes=4",
+            "--tune",
+            "route_tile=auto",
+            "--tune",
+            "decode_merge_in_route=0",
+            "--tune",
+            "decode_route_workgroups=0",
+            "info",
+        ],
+        &[],
+    );
+    assert!(!r.stderr.contains("warning:"), "{}", r.stderr);
     // The decode leaf attention on shuffles needs the one-dispatch route and leaf.
     let r = run(
         &["--tune", "decode_leaf_subgroups=1", "info", "--json"],

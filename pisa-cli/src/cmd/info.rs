@@ -204,14 +204,21 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             "workgroup memory (decode_leaf_subgroups applies to the one-dispatch route and leaf, which tuning decode_route_workgroups=0 turns off: the leaf runs as its own dispatch)"
         };
         crate::args::outln!("    decode leaf attention: {decode_leaf}")?;
+        // (The route and leaf run as one only where a cache's sequences x KV heads x copies
+        // per head fit the budget: a cache past it runs the three dispatches, as `pisa bench`
+        // and `pisa -vv decode` name.)
+        let budget = format!(
+            "where they fit and each cache's sequences x KV heads x copies per head are at most decode_route_workgroups={} (else three dispatches)",
+            tuning.decode_route_workgroups
+        );
         let decode_step = match paths.decode_step {
-            "fused" => "one dispatch, one workgroup per KV head (tuning decode_fused=true), where it fits",
-            "one_dispatch" => "one dispatch: route and leaf slots in several workgroups per KV head, the last to finish merging (decode_merge_in_route), where they fit",
+            "fused" => "one dispatch, one workgroup per KV head (tuning decode_fused=true), where it fits".to_string(),
+            "one_dispatch" => format!("one dispatch: route and leaf slots in several workgroups per KV head, the last to finish merging (decode_merge_in_route), {budget}"),
             "route_leaf_and_merge" => match r.one_dispatch_decode() {
-                Ok(()) => "two dispatches: route and leaf slots in several workgroups per KV head, then the merge (--tune decode_merge_in_route=1 makes it one), where they fit",
-                Err(_) => "two dispatches: route and leaf slots in several workgroups per KV head, then the merge (the one dispatch, decode_merge_in_route, needs Vulkan and MEMORY_DECORATION_COHERENT)",
+                Ok(()) => format!("two dispatches: route and leaf slots in several workgroups per KV head, then the merge (--tune decode_merge_in_route=1 makes it one), {budget}"),
+                Err(_) => format!("two dispatches: route and leaf slots in several workgroups per KV head, then the merge (the one dispatch, decode_merge_in_route, needs Vulkan and MEMORY_DECORATION_COHERENT), {budget}"),
             },
-            _ => "three dispatches: route, leaf slots, merge (decode_route_workgroups=0, the default except on the H100 and H200)",
+            _ => "three dispatches: route, leaf slots, merge (decode_route_workgroups=0, the default except on the H100 and H200)".to_string(),
         };
         crate::args::outln!("    decode step: {decode_step}")?;
     }

@@ -333,8 +333,10 @@ impl Tuning {
             "0" | "false" | "off" => Ok(false),
             _ if !yes.is_empty() && v == yes => Ok(true),
             _ if !no.is_empty() && v == no => Ok(false),
-            _ if yes.is_empty() => Err(bad("a switch (1/0, true/false)")),
-            _ => Err(bad(&format!("{yes}, {no} or a switch (1/0, true/false)"))),
+            _ if yes.is_empty() => Err(bad("a switch (1/0, true/false, on/off)")),
+            _ => Err(bad(&format!(
+                "{yes}, {no} or a switch (1/0, true/false, on/off)"
+            ))),
         };
         let num = |lo: u32, hi: u32| {
             v.parse::<u32>()

@@ -78,7 +78,8 @@ pub struct BenchArgs {
     /// pass). Default: N, the whole prompt.
     #[arg(long, conflicts_with = "input")]
     pub queries: Option<String>,
-    /// Time dense attention only up to this N (the portable kernel is O(N^2); 0: never).
+    /// Time dense prefill attention only up to this N (the portable kernel is O(N^2); 0: never;
+    /// the dense decode baseline of --decode-sizes is timed at every size).
     #[arg(long, default_value = "64k")]
     pub dense_max: String,
     /// Time the backward pass only up to this N (0: never).
@@ -124,10 +125,9 @@ pub struct BenchArgs {
 
 /// `--warmup-ms`: a finite number of milliseconds from 0 to 1000.
 fn warmup_ms(s: &str) -> std::result::Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(ms) if ms.is_finite() && (0.0..=1000.0).contains(&ms) => Ok(ms),
-        _ => Err(format!("{s:?}: a number of milliseconds from 0 to 1000")),
-    }
+    s.trim()
+        .parse::<f64>()
+        .map_err(|_| format!("{s:?}: a number of milliseconds from 0 to 1000"))
 }
 
 /// The entries of a comma-separated option value `s` of option `what`, trimmed: none for an
@@ -267,13 +267,19 @@ pub(super) fn budget_reps(reps: usize, budget_s: f64, one_s: f64) -> usize {
         .max(1)
 }
 
-/// Refuses `--reps 0` and a `--budget-s` that is NaN, infinite or negative.
-pub(super) fn check_reps(reps: usize, budget_s: f64) -> Result<()> {
+/// Refuses `--reps 0`, a `--budget-s` that is NaN, infinite or negative, and a `--warmup-ms`
+/// past 0 to 1000 (a NaN would have made every warm-up one dispatch, an infinity the most): out
+/// of range, exit code 1, as every option's range (a value that does not parse is clap's usage
+/// error).
+pub(super) fn check_reps(reps: usize, budget_s: f64, warmup_ms: Option<f64>) -> Result<()> {
     if reps == 0 {
         bail!("--reps must be at least 1");
     }
     if !(budget_s.is_finite() && budget_s >= 0.0) {
         bail!("--budget-s {budget_s}: must be a finite number of seconds, 0 or more");
+    }
+    if let Some(ms) = warmup_ms.filter(|ms| !(ms.is_finite() && (0.0..=1000.0).contains(ms))) {
+        bail!("--warmup-ms {ms}: must be a number of milliseconds from 0 to 1000");
     }
     Ok(())
 }
@@ -283,15 +289,24 @@ mod tests {
     use super::*;
 
     /// `--warmup-ms`: a finite number from 0 to 1000; a negative, non-finite or larger value is
-    /// refused (a NaN would have made every warm-up one dispatch, an infinity the most).
+    /// refused by check_reps (a NaN would have made every warm-up one dispatch, an infinity the
+    /// most), what is not a number by clap.
     #[test]
     fn warmup_ms_takes_a_finite_number_up_to_a_second() {
         for (s, ms) in [("0", 0.0), ("5", 5.0), (" 0.5 ", 0.5), ("1000", 1000.0)] {
             assert_eq!(warmup_ms(s).unwrap(), ms, "{s}");
+            assert!(check_reps(1, 1.0, Some(ms)).is_ok(), "{s}");
         }
-        for s in ["", "-1", "nan", "inf", "1000.5", "5ms"] {
+        for s in ["", "5ms", "abc"] {
             assert!(warmup_ms(s).is_err(), "{s}");
         }
+        for s in ["-1", "nan", "inf", "1000.5"] {
+            assert!(
+                check_reps(1, 1.0, Some(warmup_ms(s).unwrap())).is_err(),
+                "{s}"
+            );
+        }
+        assert!(check_reps(1, 1.0, None).is_ok());
     }
 
     /// `--dense-max` / `--backward-max`: one size or 0; a list or an empty value is refused by

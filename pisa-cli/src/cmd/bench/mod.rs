@@ -194,7 +194,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     if a.decode_burst > most {
         bail!("--decode-burst must be at most {most} (the timed passes of one query set)");
     }
-    args::check_reps(a.reps, a.budget_s)?;
+    args::check_reps(a.reps, a.budget_s, a.warmup_ms)?;
     if a.decode_reps == 0 {
         bail!("--decode-reps must be at least 1");
     }

@@ -350,7 +350,18 @@ pub fn table(r: &Report) -> String {
             let fused = ds.iter().any(|&n| {
                 r.ms("decode_route", n, st).is_some() && r.ms("decode_leaf", n, st).is_none()
             });
-            let passes = if fused {
+            // A fused step (decode_fused) runs none of the passes timed apart: they are the
+            // split step's, recorded by stage for the parts.
+            let step_fused = r.records.iter().any(|x| {
+                x.storage == st
+                    && x.op == "decode_pisa"
+                    && x.kernel.as_deref().is_some_and(|k| k.contains("fused"))
+            });
+            let passes = if step_fused {
+                "route / leaf / merge: the split step's dispatches timed as separate passes, \
+                 for its parts;\n the step itself runs fused (decode_fused: one dispatch, one \
+                 workgroup per KV head)"
+            } else if fused {
                 "route / merge: the step's parts timed as separate passes (route and leaf \
                  slots\n run as one dispatch, timed as route: no leaf pass; merge as its own \
                  dispatch,\n which the step itself may run in that dispatch's last \
