@@ -145,6 +145,7 @@ fn fused_blocks_over_several_passes() {
     }
     r.cache.set_workgroup_memory_limit(hi).unwrap();
     assert!(r.cache.is_fused());
+    assert_eq!(r.cache.decode_step(), pisa_wgpu::DecodeStep::Fused);
     let least = r.cache.workgroup_memory();
     assert!(least < full, "{least} vs {full}");
     eprintln!("fused_chunks: {least} bytes (full {full})");

@@ -577,6 +577,17 @@ fn route_and_leaf_cases(merge: bool) {
         let blocks = r.cache.route_leaf_blocks();
         assert!(blocks.is_some(), "{name}: route_leaf does not run");
         assert_eq!(r.cache.merges_in_route(), merge, "{name}");
+        // (the step it names, and what the adapter's plan says of the same tuning)
+        let step = match merge {
+            true => pisa_wgpu::DecodeStep::OneDispatch,
+            false => pisa_wgpu::DecodeStep::RouteLeafAndMerge,
+        };
+        assert_eq!(r.cache.decode_step(), step, "{name}");
+        assert_eq!(
+            pisa_wgpu::DecodeStep::planned(&own.tuning(), own.report()),
+            step,
+            "{name}"
+        );
         let r = r.run();
         assert_eq!(
             route_leaves_on_this_thread() - before.0,

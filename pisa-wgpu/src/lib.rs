@@ -137,7 +137,7 @@ pub mod runtime;
 
 pub use error::{GpuError, Result};
 pub use ops::attention::{check_head_dim, SUPPORTED_HEAD_DIMS};
-pub use ops::decode::{CacheSizes, ChunkOutputs, DecodeOutput, KvCache, StepOutputs};
+pub use ops::decode::{CacheSizes, ChunkOutputs, DecodeOutput, DecodeStep, KvCache, StepOutputs};
 pub use ops::prefill::{
     prefill_host, PlanViews, PrefillOptions, PrefillOutput, PrefillOutputs, PrefillPlan,
     VarlenPrefillPlan,

@@ -1,6 +1,7 @@
 //! `pisa info`: adapters found, with the features and limits that matter.
 
 use clap::Args;
+use pisa_wgpu::DecodeStep;
 
 /// Arguments of `pisa info`.
 #[derive(Args, Debug)]
@@ -60,17 +61,11 @@ impl Paths {
                 && tuning.decode_leaf_subgroups
                 && tuning.decode_route_subgroups
                 && tuning.decode_route_workgroups > 0),
-            // (ops/decode/record.rs, route_leaf_plan: the one dispatch also needs the
-            // coherent decoration and 13 storage buffers, which every such adapter has)
-            decode_step: match (tuning.decode_fused, tuning.decode_route_workgroups > 0) {
-                (true, _) => "fused",
-                (false, false) => "three_dispatches",
-                (false, true)
-                    if tuning.decode_merge_in_route && r.one_dispatch_decode().is_ok() =>
-                {
-                    "one_dispatch"
-                }
-                (false, true) => "route_leaf_and_merge",
+            decode_step: match DecodeStep::planned(tuning, r) {
+                DecodeStep::Fused => "fused",
+                DecodeStep::OneDispatch => "one_dispatch",
+                DecodeStep::RouteLeafAndMerge => "route_leaf_and_merge",
+                DecodeStep::ThreeDispatches => "three_dispatches",
             },
         }
     }
@@ -211,14 +206,14 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             "where they fit and each cache's sequences x KV heads x copies per head are at most decode_route_workgroups={} (else three dispatches)",
             tuning.decode_route_workgroups
         );
-        let decode_step = match paths.decode_step {
-            "fused" => "one dispatch, one workgroup per KV head (tuning decode_fused=true), where it fits".to_string(),
-            "one_dispatch" => format!("one dispatch: route and leaf slots in several workgroups per KV head, the last to finish merging (decode_merge_in_route), {budget}"),
-            "route_leaf_and_merge" => match r.one_dispatch_decode() {
+        let decode_step = match DecodeStep::planned(&tuning, r) {
+            DecodeStep::Fused => "one dispatch, one workgroup per KV head (tuning decode_fused=true), where it fits".to_string(),
+            DecodeStep::OneDispatch => format!("one dispatch: route and leaf slots in several workgroups per KV head, the last to finish merging (decode_merge_in_route), {budget}"),
+            DecodeStep::RouteLeafAndMerge => match r.one_dispatch_decode() {
                 Ok(()) => format!("two dispatches: route and leaf slots in several workgroups per KV head, then the merge (--tune decode_merge_in_route=1 makes it one), {budget}"),
                 Err(_) => format!("two dispatches: route and leaf slots in several workgroups per KV head, then the merge (the one dispatch, decode_merge_in_route, needs Vulkan and MEMORY_DECORATION_COHERENT), {budget}"),
             },
-            _ => "three dispatches: route, leaf slots, merge (decode_route_workgroups=0, the default except on the H100 and H200)".to_string(),
+            DecodeStep::ThreeDispatches => "three dispatches: route, leaf slots, merge (decode_route_workgroups=0, the default except on the H100 and H200)".to_string(),
         };
         crate::args::outln!("    decode step: {decode_step}")?;
     }

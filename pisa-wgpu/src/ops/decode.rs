@@ -191,7 +191,7 @@ use self::fused::FusedPlan;
 use self::plan::{Params, Plan};
 pub use self::record::{
     route_leaves_on_this_thread, route_merges_on_this_thread, subgroup_leaves_on_this_thread,
-    subgroup_routes_on_this_thread, StepOutputs,
+    subgroup_routes_on_this_thread, DecodeStep, StepOutputs,
 };
 pub use self::shaders::{
     APPEND_SHADER, FUSED_SHADER, LENS_SHADER, MERGE_SHADER, ROUTE_LEAF_MERGE_SG_SHADER,

@@ -83,11 +83,18 @@ impl AdapterReport {
     /// `Err(why)` where a device of this adapter cannot run the decode step as one dispatch
     /// ([`crate::Tuning::decode_merge_in_route`]), `why` in words after the adapter's name. The
     /// rule: Vulkan and [`Self::memory_coherent`] (the adapter's feature here; the device's in
-    /// a context's report, [`crate::Context::report`]). The last workgroup's
-    /// view of the other workgroups' block states rests on SPIR-V's device-scope barriers and
-    /// `Coherent` decoration; naga's Metal and HLSL barriers order one workgroup's memory only.
+    /// a context's report, [`crate::Context::report`]). The last workgroup's view of the other
+    /// workgroups' block states rests on SPIR-V's device-scope barriers and `Coherent`
+    /// decoration; naga's Metal and HLSL barriers order one workgroup's memory only. (The
+    /// plan's workgroup memory and storage bindings, which every such adapter has, are checked
+    /// per cache.)
     pub fn one_dispatch_decode(&self) -> std::result::Result<(), &'static str> {
-        one_dispatch_decode(&self.backend, self.memory_coherent)
+        if self.backend != format!("{:?}", wgpu::Backend::Vulkan) {
+            return Err("is not a Vulkan adapter");
+        }
+        self.memory_coherent
+            .then_some(())
+            .ok_or("has no MEMORY_DECORATION_COHERENT")
     }
 
     /// The report of `adapter` (its own features and limits, before a device is opened).
@@ -204,21 +211,4 @@ pub(super) async fn find_adapter(choice: &AdapterChoice) -> Result<wgpu::Adapter
             format!("{asked}; adapters found: {}", found.join(", "))
         })
     })
-}
-
-/// `Err(why)` where a device of `backend` (the Debug name of [`wgpu::Backend`], as in
-/// [`AdapterReport::backend`]) with `MEMORY_DECORATION_COHERENT` enabled or not (`coherent`)
-/// cannot run the split decode step as one dispatch (`route_leaf_merge`): the rule of
-/// [`AdapterReport::one_dispatch_decode`]. (The plan's workgroup memory and storage bindings,
-/// which every such adapter has, are checked per cache.)
-pub(crate) fn one_dispatch_decode(
-    backend: &str,
-    coherent: bool,
-) -> std::result::Result<(), &'static str> {
-    if backend != format!("{:?}", wgpu::Backend::Vulkan) {
-        return Err("is not a Vulkan adapter");
-    }
-    coherent
-        .then_some(())
-        .ok_or("has no MEMORY_DECORATION_COHERENT")
 }

@@ -207,7 +207,7 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     let dense_kernel = super::kernels::names(kernels);
     let mut pisa_step: Vec<&str> = Vec::new();
     for c in &caches {
-        let name = step_dispatches(&c.cache);
+        let name = c.cache.decode_step().name();
         if !pisa_step.contains(&name) {
             pisa_step.push(name);
         }
@@ -345,21 +345,6 @@ pub fn decode(ctx: &Context, p: &Plan) -> Result<DecodeTimes> {
     })
 }
 
-/// The dispatches of `cache`'s step in one pass, as the records name them ([`DecodeTimes`]):
-/// `fused`, `one-dispatch` (`route_leaf_merge`), `route-leaf+merge` or `route+leaf+merge`
-/// ([`KvCache::is_fused`], [`KvCache::merges_in_route`], [`KvCache::route_leaf_blocks`]).
-fn step_dispatches(cache: &KvCache) -> &'static str {
-    if cache.is_fused() {
-        "fused"
-    } else if cache.merges_in_route() {
-        "one-dispatch"
-    } else if cache.route_leaf_blocks().is_some() {
-        "route-leaf+merge"
-    } else {
-        "route+leaf+merge"
-    }
-}
-
 /// Medians of [`decode`], ms.
 #[derive(Debug)]
 pub struct DecodeTimes {
@@ -379,7 +364,8 @@ pub struct DecodeTimes {
     pub gpu: bool,
     /// The dense calls' attention kernel ([`super::kernels::names`]).
     pub dense_kernel: Option<String>,
-    /// The PISA step's dispatches in its one pass (`step_dispatches`), each once, in
+    /// The PISA step's dispatches in its one pass (`pisa_wgpu::DecodeStep::name` of each
+    /// cache's `KvCache::decode_step`), each once, in
     /// order, joined by `, ` (caches may differ).
     pub pisa_step: Option<String>,
 }

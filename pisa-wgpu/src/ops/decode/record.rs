@@ -778,6 +778,21 @@ impl KvCache {
         self.route_leaf_plan().is_some_and(|(_, _, merge)| merge)
     }
 
+    /// The dispatches of this cache's step ([`DecodeStep`]): fused ([`Self::is_fused`]), one
+    /// ([`Self::merges_in_route`]), route and leaf then merge ([`Self::route_leaf_blocks`]), or
+    /// three.
+    pub fn decode_step(&self) -> DecodeStep {
+        if self.is_fused() {
+            DecodeStep::Fused
+        } else {
+            match self.route_leaf_plan() {
+                Some((_, _, true)) => DecodeStep::OneDispatch,
+                Some(_) => DecodeStep::RouteLeafAndMerge,
+                None => DecodeStep::ThreeDispatches,
+            }
+        }
+    }
+
     /// `route_leaf_merge`'s counts of finished copies, one per (sequence, KV head), read back:
     /// 0 between steps (the last copy of each step sets its head's back to 0). For tests.
     #[doc(hidden)]
@@ -951,4 +966,50 @@ fn check_q_apart(q: &InPlace, outputs: [&wgpu::Buffer; 3]) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The dispatches of a decode step (the paths of the module docs of [`crate::ops::decode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeStep {
+    /// `fused`: one dispatch, one workgroup per (sequence, KV head)
+    /// ([`crate::Tuning::decode_fused`]).
+    Fused,
+    /// `route_leaf_merge`: route and leaf slots in several workgroups per (sequence, KV head),
+    /// the last to finish merging ([`crate::Tuning::decode_merge_in_route`]).
+    OneDispatch,
+    /// `route_leaf`, then `merge` ([`crate::Tuning::decode_route_workgroups`]).
+    RouteLeafAndMerge,
+    /// `route`, `leaf`, `merge`.
+    ThreeDispatches,
+}
+
+impl DecodeStep {
+    /// The step a cache made with `tuning` on a device of `report` runs where its kernels fit
+    /// and its sequences x KV heads x workgroups per head are within
+    /// [`crate::Tuning::decode_route_workgroups`] (else [`Self::ThreeDispatches`]; a cache's
+    /// own is [`KvCache::decode_step`]): fused where `decode_fused`, else route and leaf as one
+    /// where `decode_route_workgroups` is above 0, merging there too where
+    /// `decode_merge_in_route` and [`crate::AdapterReport::one_dispatch_decode`] allow.
+    pub fn planned(tuning: &crate::Tuning, report: &crate::AdapterReport) -> Self {
+        if tuning.decode_fused {
+            Self::Fused
+        } else if tuning.decode_route_workgroups == 0 {
+            Self::ThreeDispatches
+        } else if tuning.decode_merge_in_route && report.one_dispatch_decode().is_ok() {
+            Self::OneDispatch
+        } else {
+            Self::RouteLeafAndMerge
+        }
+    }
+
+    /// The step's name as `pisa bench` records it: `fused`, `one-dispatch`, `route-leaf+merge`
+    /// or `route+leaf+merge`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fused => "fused",
+            Self::OneDispatch => "one-dispatch",
+            Self::RouteLeafAndMerge => "route-leaf+merge",
+            Self::ThreeDispatches => "route+leaf+merge",
+        }
+    }
 }
