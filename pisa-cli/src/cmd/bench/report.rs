@@ -355,7 +355,10 @@ pub fn table(r: &Report) -> String {
             let step_fused = r.records.iter().any(|x| {
                 x.storage == st
                     && x.op == "decode_pisa"
-                    && x.kernel.as_deref().is_some_and(|k| k.contains("fused"))
+                    && x.kernel.as_deref().is_some_and(|k| {
+                        k.split(", ")
+                            .any(|n| n == pisa_wgpu::DecodeStep::Fused.name())
+                    })
             });
             let passes = if step_fused {
                 "route / leaf / merge: the split step's dispatches timed as separate passes, \
@@ -476,6 +479,17 @@ mod tests {
         let t = table(&three);
         assert!(
             t.contains("three dispatches") && !t.contains("route and leaf slots"),
+            "{t}"
+        );
+        // A fused step's parts are the split step's passes, whatever they were.
+        assert!(!t.contains("runs fused"), "{t}");
+        let mut fused = three.clone();
+        for x in fused.records.iter_mut().filter(|x| x.op == "decode_pisa") {
+            x.kernel = Some(pisa_wgpu::DecodeStep::Fused.name().into());
+        }
+        let t = table(&fused);
+        assert!(
+            t.contains("runs fused") && !t.contains("three dispatches timed"),
             "{t}"
         );
     }

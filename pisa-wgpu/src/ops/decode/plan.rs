@@ -187,7 +187,7 @@ impl Plan {
         let xr = maxc * g.max(2) * lr * gq;
         let route = route_mem(lr);
         // + the (m, l) and weights per (head, selection entry) of K <= 32 (decode_merge.wgsl).
-        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc) + 3 * gq * k.min(32));
+        let merge_k = common + 4 * (ns + maxc + 3 * k + cut_words(wm, maxc) + merge_words(gq, k));
         // red, hm, halpha, wleaf (vec2).
         let leaf_fixed = common + 4 * (wg + 2 * gq + 2);
         let budget = limit.saturating_sub(leaf_fixed) / 4;
@@ -345,7 +345,7 @@ impl Plan {
             + maxc
             + 3 * k
             + cut_words(self.wr as u64, maxc)
-            + 3 * self.gq as u64 * k.min(32)
+            + merge_words(self.gq as u64, k)
             + 1;
         self.route_leaf_smem(nb) + 4 * merge
     }
@@ -399,6 +399,12 @@ pub(super) fn cut_words(wg: u64, maxc: u64) -> u64 {
     } else {
         1
     }
+}
+
+/// Words of the weighted merge's arrays (`decode_merge.wgsl`, `mml` and `mw`) for g_q `gq` and
+/// K `k`: an (m, l) pair and a weight per (head, selection entry), K up to 32.
+pub(super) fn merge_words(gq: u64, k: u64) -> u64 {
+    3 * gq * k.min(32)
 }
 
 /// Whether the pyramid keeps second moments (needed by the `meanvar` scoring only).
