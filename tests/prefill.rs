@@ -214,6 +214,49 @@ fn every_leaf_selection_past_the_loop_cap() {
     );
 }
 
+/// A prompt whose queries keep every leaf allocates no stage-1 candidates (no route runs), so a
+/// top_k whose candidates would pass the binding limit, while its selection fits, runs and is
+/// right (it was refused, the hint naming the candidates). A context of its own with a binding
+/// of 600,000 bytes: candidates 100 x 2 (1000 + 1) x 4 = 800,800 bytes, selection 100 x 1000 x
+/// 4 = 400,000.
+#[test]
+fn every_leaf_prefill_sizes_by_its_selection_not_candidates() {
+    let own = Context::new(&AdapterChoice::HighPerformance).unwrap();
+    own.set_max_binding_bytes(600_000);
+    let mut r = rng(seed("every_leaf_prefill_sizes_by_its_selection"));
+    let (c, k) = (16, 1000);
+    let shape = AttentionShape::prefill(1, 2, 1, 100, 16).unwrap();
+    let cfg = SelectionConfig::new(c, k).unwrap();
+    let (q, kk, v) = (
+        random(&mut r, shape.q_elems(), 1.0),
+        random(&mut r, shape.kv_elems(), 1.0),
+        random(&mut r, shape.kv_elems(), 1.0),
+    );
+    let opts = PrefillOptions {
+        cfg,
+        return_selection: true,
+        ..Default::default()
+    };
+    let got = prefill_host(&own, &q, &kk, &v, &shape, &opts).unwrap();
+    let sel = got.selection.expect("selection asked for");
+    let want = select_pisa(&q, &kk, &shape, TensorLayout::Bhnd, &cfg).unwrap();
+    assert_eq!(sel.len(), want.rows() * k);
+    assert_eq!(sel, want.indices, "every visible leaf, ascending, then -1");
+    let (o, lse) = sparse_attention(&q, &kk, &v, &shape, TensorLayout::Bhnd, &cfg, &sel).unwrap();
+    let (eo, el) = (rel_err(&got.out, &o), rel_err(&got.lse, &lse));
+    assert!(
+        eo <= 1e-4 && el <= 1e-4,
+        "relative error O {eo:.2e}, LSE {el:.2e}"
+    );
+    // The same call past the selection too (400,000 > 300,000 bytes) is refused, naming top_k.
+    own.set_max_binding_bytes(300_000);
+    let e = prefill_host(&own, &q, &kk, &v, &shape, &opts).unwrap_err();
+    assert!(
+        matches!(&e, pisa_wgpu::GpuError::Limit { hint, .. } if hint.contains("the selection")),
+        "{e}"
+    );
+}
+
 #[test]
 fn split_prefill_equals_unsplit() {
     let seed = seed("split prefill");

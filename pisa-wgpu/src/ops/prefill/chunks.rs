@@ -7,6 +7,7 @@ use pisa_core::{AttentionShape, PyramidLayout, Schedule, TensorLayout};
 
 use super::{run_once, PrefillOptions, PrefillOutput};
 use crate::error::{GpuError, Result};
+use crate::ops::select::every_leaf_selected;
 use crate::runtime::context::Context;
 use crate::runtime::profiler::StageTimes;
 
@@ -34,9 +35,14 @@ pub(super) fn units_per_chunk(
         (shape.k_len as u64 * d * e, Shrink::Storage),     // K, V
         (lay.total_nodes() as u64 * d * 4, Shrink::Length), // pyramid (f32 means)
         (
-            shape.q_len as u64 * sched.max_candidates as u64 * 4,
-            Shrink::TopK,
+            // (none where every query keeps every leaf it sees: no route runs)
+            match every_leaf_selected(shape, &opts.cfg) {
+                true => 0,
+                false => shape.q_len as u64 * sched.max_candidates as u64 * 4,
+            },
+            Shrink::Candidates,
         ), // stage-1 candidates
+        (shape.q_len as u64 * opts.cfg.top_k as u64 * 4, Shrink::TopK), // selection (i32)
         (g * shape.q_len as u64 * 4, Shrink::Length),      // LSE
     ]
     .into_iter()
@@ -50,9 +56,13 @@ pub(super) fn units_per_chunk(
             limit,
             unit: "bytes",
             hint: match by {
-                Shrink::TopK => {
+                Shrink::Candidates => {
                     "use a smaller top_k (the stage-1 candidates, g (top_k + 1) per query, are \
                      the largest tensor) or a shorter sequence"
+                }
+                Shrink::TopK => {
+                    "use a smaller top_k (the selection, top_k entries per query, is the \
+                     largest tensor) or a shorter sequence"
                 }
                 Shrink::Storage if f32_storage => "use f16 storage or a shorter sequence",
                 _ => {
@@ -193,6 +203,8 @@ pub(super) fn prefill_chunked(
 #[derive(Clone, Copy)]
 enum Shrink {
     /// The stage-1 candidates: a smaller top_k.
+    Candidates,
+    /// The selection: a smaller top_k.
     TopK,
     /// Q, O, K, V: 2-byte storage, where the storage is f32.
     Storage,
