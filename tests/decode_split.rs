@@ -519,10 +519,20 @@ fn one_dispatch_runs(ctx: &pisa_wgpu::Context) -> bool {
 /// runs wherever it fits), `decode_leaf_subgroups` `leaf_sg` and `decode_merge_in_route`
 /// `merge`, kept for the test's life.
 fn route_leaf_context(leaf_sg: bool, merge: bool) -> &'static pisa_wgpu::Context {
+    route_leaf_context_with(leaf_sg, merge, true)
+}
+
+/// [`route_leaf_context`] with `decode_leaf_prefetch` `prefetch`.
+fn route_leaf_context_with(
+    leaf_sg: bool,
+    merge: bool,
+    prefetch: bool,
+) -> &'static pisa_wgpu::Context {
     let mut t = pisa_wgpu::Tuning::default();
     t.decode_route_workgroups = 4096;
     t.decode_leaf_subgroups = leaf_sg;
     t.decode_merge_in_route = merge;
+    t.decode_leaf_prefetch = prefetch;
     Box::leak(Box::new(
         pisa_wgpu::Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, t).unwrap(),
     ))
@@ -537,20 +547,22 @@ fn route_leaf_context(leaf_sg: bool, merge: bool) -> &'static pisa_wgpu::Context
 /// 7, 8, head dims 12 to 128, f32 and f16 storage, blocks of 16 and 64 keys (whole and
 /// partial), top_k 4 and 40 (the merge's loops past 32), a sink and a local block, a batch of
 /// two sequences of different lengths (one empty at first: the merge's empty outputs); and a
-/// cache split over two storage bindings. The kernel asked for must have been built for every
-/// case (counted per thread), so the test cannot pass on the other dispatches.
+/// cache split over two storage bindings; the one-dispatch step also with its value rows
+/// loaded in the P.V loop (`decode_leaf_prefetch` off). The kernel asked for must have been
+/// built for every case (counted per thread), so the test cannot pass on the other dispatches.
 #[test]
 fn route_and_leaf_in_one_dispatch() {
-    for merge in [true, false] {
-        route_and_leaf_cases(merge);
+    for (merge, prefetch) in [(true, true), (false, true), (true, false)] {
+        route_and_leaf_cases(merge, prefetch);
     }
 }
 
-/// [`route_and_leaf_in_one_dispatch`] with `decode_merge_in_route` `merge`.
-fn route_and_leaf_cases(merge: bool) {
+/// [`route_and_leaf_in_one_dispatch`] with `decode_merge_in_route` `merge` and
+/// `decode_leaf_prefetch` `prefetch`.
+fn route_and_leaf_cases(merge: bool, prefetch: bool) {
     use pisa_wgpu::ops::decode::{route_leaves_on_this_thread, route_merges_on_this_thread};
     let leaf_sg = pisa_wgpu::Tuning::default().decode_leaf_subgroups;
-    let own = route_leaf_context(leaf_sg, merge);
+    let own = route_leaf_context_with(leaf_sg, merge, prefetch);
     let merge = merge && one_dispatch_runs(own);
     let cases = [
         ("rl_gqa1_d64", 1, 64, 16, 4, Storage::F32),
@@ -606,7 +618,7 @@ fn route_and_leaf_cases(merge: bool) {
         built += 1;
     }
     assert!(built >= 5, "only {built} cases ran");
-    let small = route_leaf_context(leaf_sg, merge);
+    let small = route_leaf_context_with(leaf_sg, merge, prefetch);
     small.set_max_binding_bytes(5 * 400 * 32 * 4); // 5 rows of capacity 400, D 32, f32
     let cf = cfg(4, 5, 2, Scoring::Lse).with_forced(1, 1);
     let mut case = base("rl_two_shards", 6, 3, 32, cf);

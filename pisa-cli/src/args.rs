@@ -505,7 +505,7 @@ fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
     let table = "sizes the routing table, which runs on the NVIDIA path or with \
                  route_table_portable=1: neither on {name}";
     let tiles = t.leaf_order == pisa_wgpu::LeafOrder::Tiles;
-    let checks: [(&str, bool, &str); 14] = [
+    let checks: [(&str, bool, &str); 15] = [
         (
             "nv_scorer",
             !nv,
@@ -551,6 +551,12 @@ fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
             "decode_key_lanes",
             !t.decode_fused,
             "shapes the fused decode step, but the split step runs (decode_fused=1 runs the other)",
+        ),
+        (
+            "decode_leaf_prefetch",
+            !t.decode_leaf_prefetch && (t.decode_route_workgroups == 0 || t.decode_fused),
+            "applies to the one-dispatch route and leaf, which decode_route_workgroups=0 or \
+             decode_fused=1 leaves out",
         ),
         (
             "decode_leaf_subgroups",

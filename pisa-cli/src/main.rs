@@ -20,6 +20,7 @@ struct Cli {
     /// Knobs: tensor_cores, nv_cm2, nv_scorer, leaf_score_pairs, attention_pairs, leaf_order,
     /// shader_checks,
     /// decode_fused, decode_key_lanes, decode_route_subgroups, decode_leaf_subgroups,
+    /// decode_leaf_prefetch,
     /// decode_route_workgroups, decode_merge_in_route,
     /// leaf_tiles_per_iteration,
     /// leaf_subgroups, leaf_stage_keys, route_lanes, route_max_workgroup, route_tile,

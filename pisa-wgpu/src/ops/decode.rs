@@ -306,6 +306,9 @@ pub struct KvCache {
     /// Whether `route_leaf`'s block attention may run on subgroup shuffles
     /// ([`crate::Tuning::decode_leaf_subgroups`] when the cache was made).
     leaf_subgroups: bool,
+    /// `route_leaf`'s value rows loaded with the keys
+    /// ([`crate::Tuning::decode_leaf_prefetch`] when the cache was made).
+    leaf_prefetch: bool,
     /// The most workgroups of a `route_leaf` dispatch ([`crate::Tuning::decode_route_workgroups`]
     /// when the cache was made).
     route_workgroups: u32,

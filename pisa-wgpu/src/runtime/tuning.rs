@@ -110,6 +110,13 @@ pub struct Tuning {
     /// lanes are capped at 16) and on the H100 (groups of 32). Variable `PISA_DECODE_LEAF_SG`
     /// (`0` or `1`).
     pub decode_leaf_subgroups: bool,
+    /// The leaf slots' block attention of the split decode step's `route_leaf` dispatch loads
+    /// each P.V invocation's value rows with the keys (`PVR` rows held in registers, so that
+    /// their memory round trip overlaps the keys'), as the `leaf` dispatch does; `false` loads
+    /// them in the P.V loop (`PVR` 1), for the registers of a workgroup as wide as the
+    /// route's (up to 1024 invocations, so fewer registers each). Read by decode caches made
+    /// from now on. Default `true`. Variable `PISA_DECODE_LEAF_PREFETCH` (`0` or `1`).
+    pub decode_leaf_prefetch: bool,
     /// The most workgroups the split decode step may give its `route` and `leaf` dispatches as
     /// one (`route_leaf`, `shaders/decode_route_leaf.wgsl`; 0 to 65536): each (sequence, KV
     /// head) is routed by as many workgroups as its leaf slots need (NS / NB, NB slots
@@ -210,6 +217,7 @@ impl Default for Tuning {
             decode_key_lanes: None,
             decode_route_subgroups: true,
             decode_leaf_subgroups: false,
+            decode_leaf_prefetch: true,
             decode_route_workgroups: 0,
             decode_merge_in_route: true,
             leaf_tiles_per_iteration: 2,
@@ -229,7 +237,7 @@ impl Default for Tuning {
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 24] = [
+pub const KNOBS: [(&str, &str); 25] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -241,6 +249,7 @@ pub const KNOBS: [(&str, &str); 24] = [
     ("decode_key_lanes", "PISA_DECODE_LK"),
     ("decode_route_subgroups", "PISA_DECODE_ROUTE_SG"),
     ("decode_leaf_subgroups", "PISA_DECODE_LEAF_SG"),
+    ("decode_leaf_prefetch", "PISA_DECODE_LEAF_PREFETCH"),
     ("decode_route_workgroups", "PISA_DECODE_ROUTE_WG"),
     ("decode_merge_in_route", "PISA_DECODE_MERGE_IN_ROUTE"),
     ("leaf_tiles_per_iteration", "PISA_LEAF_LPI"),
@@ -390,6 +399,7 @@ impl Tuning {
             "decode_fused" => self.decode_fused = switch("fused", "split")?,
             "decode_route_subgroups" => self.decode_route_subgroups = switch("", "")?,
             "decode_leaf_subgroups" => self.decode_leaf_subgroups = switch("", "")?,
+            "decode_leaf_prefetch" => self.decode_leaf_prefetch = switch("", "")?,
             "decode_route_workgroups" => self.decode_route_workgroups = num(0, 65536)?,
             "decode_merge_in_route" => self.decode_merge_in_route = switch("", "")?,
             "decode_key_lanes" if auto => self.decode_key_lanes = None,
@@ -512,6 +522,7 @@ impl Tuning {
             opt(self.decode_key_lanes),
             self.decode_route_subgroups.to_string(),
             self.decode_leaf_subgroups.to_string(),
+            self.decode_leaf_prefetch.to_string(),
             self.decode_route_workgroups.to_string(),
             self.decode_merge_in_route.to_string(),
             self.leaf_tiles_per_iteration.to_string(),
@@ -659,6 +670,7 @@ mod tests {
             ("decode_key_lanes", "8"),
             ("decode_route_subgroups", "0"),
             ("decode_leaf_subgroups", "1"),
+            ("decode_leaf_prefetch", "0"),
             ("decode_route_workgroups", "40"),
             ("decode_merge_in_route", "0"),
             ("leaf_tiles_per_iteration", "3"),

@@ -191,6 +191,7 @@ impl KvCache {
             key_lanes: tuning.decode_key_lanes,
             route_subgroups: tuning.decode_route_subgroups,
             leaf_subgroups: tuning.decode_leaf_subgroups,
+            leaf_prefetch: tuning.decode_leaf_prefetch,
             route_workgroups: tuning.decode_route_workgroups,
             merge_in_route: tuning.decode_merge_in_route && ctx.one_dispatch_decode().is_ok(),
             // (zeroed by wgpu: every counter starts at 0; COPY_SRC for the tests' read back)

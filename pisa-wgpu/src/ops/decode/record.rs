@@ -861,6 +861,11 @@ impl KvCache {
         let (shader, entry, consts) = match route_leaf {
             Some((nb, _)) => {
                 let mut consts = self.plan.route_leaf_consts(route_consts, nb);
+                if !self.leaf_prefetch {
+                    // (value rows loaded in the P.V loop: Tuning::decode_leaf_prefetch)
+                    consts.retain(|c| c.0 != "PVR");
+                    consts.push(("PVR", 1));
+                }
                 // The block attention on subgroup shuffles (decode_attend_sg.wgsl, in the
                 // subgroup route's shader only) where the plan's shapes allow it.
                 if let Some(g) = self.attend_subgroup_lanes(sg_lanes.is_some()) {
