@@ -14,7 +14,8 @@
 const SGA: u32 = 0u;
 const SGA_G: u32 = 8u;
 const PV_IT: u32 = (CH + PARTS - 1u) / PARTS; // keys of a chunk per P.V invocation
-const PREFETCH: bool = PVR == PV_IT;           // value rows loaded with the keys (see below)
+const PREFETCH: bool = PVR == PV_IT;           // value rows loaded with the keys (see below;
+                                               // PVR 1 in route_leaf: decode_leaf_prefetch off)
 const XP: u32 = CH * GQ;                       // start of the partial scores in xs
 
 // (NB instances of AW invocations each: one in `leaf`, several in `route_leaf`.)
