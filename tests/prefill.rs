@@ -257,6 +257,71 @@ fn every_leaf_prefill_sizes_by_its_selection_not_candidates() {
     );
 }
 
+/// The WGSL override (`Tuning::wgsl_override`, a diagnostic): a pipeline whose file (named as
+/// the dump names it) is in the folder is built from that file. The every-leaf selection's
+/// shader (`select_all.main`) dumped by one context, edited to pad rows with -7 instead of -1,
+/// and run by a context given the folder: its padding is -7 and its leaves as before, where
+/// a context without it keeps -1. A file that is not WGSL is an error of the call, not a
+/// panic; a folder that does not exist is refused by the knob.
+#[test]
+fn a_wgsl_override_replaces_the_pipeline_it_names() {
+    let base = std::env::temp_dir().join(format!("pisa-override-{}", std::process::id()));
+    let (dump, edit) = (base.join("dump"), base.join("edit"));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&edit).unwrap();
+    let with = |f: &dyn Fn(&mut pisa_wgpu::Tuning)| {
+        let mut t = pisa_wgpu::Tuning::default();
+        f(&mut t);
+        Context::with_tuning(&AdapterChoice::HighPerformance, t).unwrap()
+    };
+    let mut r = rng(seed("a_wgsl_override_replaces_the_pipeline_it_names"));
+    let shape = AttentionShape::prefill(1, 2, 1, 40, 16).unwrap();
+    let cfg = SelectionConfig::new(16, 8).unwrap();
+    let (q, k, v) = (
+        random(&mut r, shape.q_elems(), 1.0),
+        random(&mut r, shape.kv_elems(), 1.0),
+        random(&mut r, shape.kv_elems(), 1.0),
+    );
+    let opts = PrefillOptions {
+        cfg,
+        return_selection: true,
+        ..Default::default()
+    };
+    let run = |ctx: &Context| prefill_host(ctx, &q, &k, &v, &shape, &opts);
+    let plain = run(&with(&|t| t.dump_wgsl = Some(dump.clone()))).unwrap();
+    let name = std::fs::read_dir(&dump)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .find(|n| n.starts_with("select_all.main."))
+        .expect("the dump holds the selection's pipeline");
+    let text = std::fs::read_to_string(dump.join(&name)).unwrap();
+    let padding = "select(-1, i32(j), j <= last)";
+    assert!(text.contains(padding), "the shader pads with -1");
+    std::fs::write(
+        edit.join(&name),
+        text.replace(padding, "select(-7, i32(j), j <= last)"),
+    )
+    .unwrap();
+    let edited = run(&with(&|t| t.wgsl_override = Some(edit.clone()))).unwrap();
+    let (a, b) = (plain.selection.unwrap(), edited.selection.unwrap());
+    assert!(
+        a.contains(&-1) && !a.contains(&-7),
+        "rows padded with -1 without the override"
+    );
+    let swapped: Vec<i32> = a.iter().map(|&x| if x == -1 { -7 } else { x }).collect();
+    assert_eq!(b, swapped, "the edited pipeline ran, and only it changed");
+    std::fs::write(edit.join(&name), "this is not WGSL").unwrap();
+    let e = run(&with(&|t| t.wgsl_override = Some(edit.clone())));
+    assert!(
+        matches!(e, Err(pisa_wgpu::GpuError::Validation { .. })),
+        "a broken override file: {:?}",
+        e.map(|_| ())
+    );
+    let _ = std::fs::remove_dir_all(&base);
+    let mut t = pisa_wgpu::Tuning::default();
+    assert!(t.set("wgsl_override", &base.display().to_string()).is_err());
+}
+
 #[test]
 fn split_prefill_equals_unsplit() {
     let seed = seed("split prefill");

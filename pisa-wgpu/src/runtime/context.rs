@@ -424,7 +424,11 @@ impl Context {
             device,
             queue,
             owned,
-            pipelines: PipelineCache::new(checks, tuning.dump_wgsl.clone()),
+            pipelines: PipelineCache::new(
+                checks,
+                tuning.dump_wgsl.clone(),
+                tuning.wgsl_override.clone(),
+            ),
             loop_limit: report.name.contains("llvmpipe").then_some(65535),
             report,
             features,
@@ -512,6 +516,13 @@ impl Context {
                 "the WGSL dump folder is fixed when a context is made (this one: {:?}, asked: {:?}); make a new context (Context::with_tuning)",
                 self.tuning_ref().dump_wgsl,
                 tuning.dump_wgsl
+            )));
+        }
+        if tuning.wgsl_override != self.tuning_ref().wgsl_override {
+            return Err(GpuError::Unsupported(format!(
+                "the WGSL override folder is fixed when a context is made (this one: {:?}, asked: {:?}); make a new context (Context::with_tuning)",
+                self.tuning_ref().wgsl_override,
+                tuning.wgsl_override
             )));
         }
         self.change_tuning(|t| *t = tuning);

@@ -296,6 +296,50 @@ pub struct PipelineCache {
     checks: ShaderChecks,
     /// Where [`dump_wgsl`] writes (the context's `Tuning::dump_wgsl`).
     dump: Option<std::path::PathBuf>,
+    /// Where [`override_wgsl`] reads (the context's `Tuning::wgsl_override`).
+    replace: Option<std::path::PathBuf>,
+}
+
+/// The text of the file named as [`dump_wgsl`] names `key`'s in `dir` (the context's
+/// `Tuning::wgsl_override`, which documents it) when there is one, else `None`. Errors:
+/// [`GpuError::Unsupported`] for a file that is there but cannot be read.
+fn override_wgsl(dir: Option<&std::path::Path>, key: &Key) -> Result<Option<String>> {
+    let Some(dir) = dir else {
+        return Ok(None);
+    };
+    let path = dir.join(file_name(key));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            log::warn!(
+                "pipeline {}.{} built from {}",
+                key.name,
+                key.entry,
+                path.display()
+            );
+            Ok(Some(text))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(GpuError::Unsupported(format!(
+            "WGSL override {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// The file name of `key`'s pipeline in a WGSL dump (`Tuning::dump_wgsl`):
+/// `<shader>.<entry>.<storage>.<hash of constants and overrides>.wgsl`.
+fn file_name(key: &Key) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.consts.hash(&mut h);
+    key.overrides.hash(&mut h);
+    format!(
+        "{}.{}.{:?}.{:016x}.wgsl",
+        key.name,
+        key.entry,
+        key.storage,
+        h.finish()
+    )
 }
 
 /// Writes the preprocessed WGSL of a pipeline into `dir` when given (the context's
@@ -312,18 +356,7 @@ fn dump_wgsl(dir: Option<&std::path::Path>, key: &Key, src: &str) {
 
 /// [`dump_wgsl`] into `dir` (made if missing); returns the file written.
 fn dump_to(dir: &std::path::Path, key: &Key, src: &str) -> std::io::Result<std::path::PathBuf> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.consts.hash(&mut h);
-    key.overrides.hash(&mut h);
-    let name = format!(
-        "{}.{}.{:?}.{:016x}.wgsl",
-        key.name,
-        key.entry,
-        key.storage,
-        h.finish()
-    );
-    let path = dir.join(name);
+    let path = dir.join(file_name(key));
     let overrides: Vec<String> = (key.overrides.iter())
         .map(|(n, b)| format!("{n}={}", f64::from_bits(*b)))
         .collect();
@@ -339,12 +372,18 @@ fn dump_to(dir: &std::path::Path, key: &Key, src: &str) -> std::io::Result<std::
 
 impl PipelineCache {
     /// An empty cache whose pipelines will be built with `checks`, their WGSL written into
-    /// `dump` when given ([`dump_wgsl`]).
-    pub fn new(checks: ShaderChecks, dump: Option<std::path::PathBuf>) -> Self {
+    /// `dump` when given ([`dump_wgsl`]) and read from `replace` where a file there names
+    /// them ([`override_wgsl`]).
+    pub fn new(
+        checks: ShaderChecks,
+        dump: Option<std::path::PathBuf>,
+        replace: Option<std::path::PathBuf>,
+    ) -> Self {
         Self {
             map: Mutex::default(),
             checks,
             dump,
+            replace,
         }
     }
 
@@ -383,8 +422,11 @@ impl PipelineCache {
             return Ok(p.clone());
         }
         let t0 = web_time::Instant::now();
-        let src = preprocess(shader, storage, consts)?;
+        let mut src = preprocess(shader, storage, consts)?;
         dump_wgsl(self.dump.as_deref(), &key, &src);
+        if let Some(text) = override_wgsl(self.replace.as_deref(), &key)? {
+            src = text;
+        }
         check_bindings(&device.limits(), shader.name, entry, &src)?;
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),

@@ -202,6 +202,17 @@ pub struct Tuning {
     /// by name (a folder named so: `./off`); by name or variable the folder's name is trimmed
     /// and must be UTF-8 (a [`GpuError::Tuning`] otherwise). Variable `PISA_DUMP_WGSL`.
     pub dump_wgsl: Option<std::path::PathBuf>,
+    /// A diagnostic for kernel development, not a speed knob: a folder of WGSL files named as
+    /// [`Self::dump_wgsl`] writes them; a pipeline whose file is there is built from that file
+    /// instead of its preprocessed source (the constants already in the text), so that a
+    /// variant of a kernel can be timed with a release build: dump, edit a copy, run with
+    /// this folder. The file is trusted as the library's own shaders are (the same runtime
+    /// checks: a variant that breaks its kernel's invariants may read or write out of bounds,
+    /// and its results are its own), and each use is logged as a warning. Fixed when the
+    /// context is made. Default `None`; `off` by name; the folder must exist. A file that
+    /// cannot be read is an [`GpuError::Unsupported`] of the pipeline, one that is not valid
+    /// WGSL a [`GpuError::Validation`]. Variable `PISA_WGSL_OVERRIDE`.
+    pub wgsl_override: Option<std::path::PathBuf>,
 }
 
 impl Default for Tuning {
@@ -232,13 +243,14 @@ impl Default for Tuning {
             route_table_portable: false,
             route_table_queries: None,
             dump_wgsl: None,
+            wgsl_override: None,
         }
     }
 }
 
 /// The knobs by name: `(name, environment variable)`, in the order of [`Tuning`]'s fields.
 /// [`Tuning::set`] takes the names, [`Tuning::with_env`] the variables.
-pub const KNOBS: [(&str, &str); 25] = [
+pub const KNOBS: [(&str, &str); 26] = [
     ("tensor_cores", "PISA_KERNEL_PATH"),
     ("nv_cm2", "PISA_NV_CM2"),
     ("nv_scorer", "PISA_NV_SCORER"),
@@ -264,6 +276,7 @@ pub const KNOBS: [(&str, &str); 25] = [
     ("route_table_portable", "PISA_ROUTE_TABLE_PORTABLE"),
     ("route_table_queries", "PISA_ROUTE_TABLE_QUERIES"),
     ("dump_wgsl", "PISA_DUMP_WGSL"),
+    ("wgsl_override", "PISA_WGSL_OVERRIDE"),
 ];
 
 impl Tuning {
@@ -326,10 +339,11 @@ impl Tuning {
     /// optional one (`decode_key_lanes`, `route_tile`); `auto`, `tiles` or `leaves` for
     /// `leaf_order`; `auto`, `all`, `bounds`, `none` (no checks) or `driver_bounded` for
     /// `shader_checks`; a folder, or `off`, for `dump_wgsl` (made if missing, and written once
-    /// to check it can be).
+    /// to check it can be) and `wgsl_override` (which must exist).
     ///
-    /// Errors: [`GpuError::Tuning`] for an unknown name, a value out of the knob's range, or a
-    /// `dump_wgsl` folder that cannot be made or written.
+    /// Errors: [`GpuError::Tuning`] for an unknown name, a value out of the knob's range, a
+    /// `dump_wgsl` folder that cannot be made or written, or a `wgsl_override` folder that is
+    /// not there.
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
         self.set_text(name, value).map_err(GpuError::Tuning)
     }
@@ -445,6 +459,11 @@ impl Tuning {
                 }
                 self.dump_wgsl = Some(dir.to_path_buf())
             }
+            "wgsl_override" if v == "off" => self.wgsl_override = None,
+            "wgsl_override" if !std::path::Path::new(v).is_dir() => {
+                return Err(bad("an existing folder or off"))
+            }
+            "wgsl_override" => self.wgsl_override = Some(std::path::PathBuf::from(v)),
             _ => unreachable!("every name of KNOBS has a case"),
         }
         Ok(())
@@ -537,6 +556,9 @@ impl Tuning {
             self.route_table_portable.to_string(),
             opt(self.route_table_queries),
             self.dump_wgsl
+                .as_ref()
+                .map_or("off".to_string(), |d| d.display().to_string()),
+            self.wgsl_override
                 .as_ref()
                 .map_or("off".to_string(), |d| d.display().to_string()),
         ];
@@ -685,6 +707,7 @@ mod tests {
             ("route_table_portable", "1"),
             ("route_table_queries", "1000"),
             ("dump_wgsl", "/tmp/wgsl"),
+            ("wgsl_override", "/tmp/wgsl"),
         ] {
             t.set(name, v).unwrap();
         }
