@@ -63,6 +63,40 @@ fn embedded_spirv_is_spirv_with_dense_bindings() {
     }
 }
 
+/// The shader override (`Tuning::shader_override`) of an NVIDIA kernel: `<kernel>.spv` in the
+/// folder is read as the kernel's SPIR-V (here the embedded bytes of the first kernel, so the
+/// words are the same); no file is no override; bytes that are not SPIR-V, or SPIR-V whose
+/// bindings are another kernel's, are refused with the kernel and the file named. (Building a
+/// pipeline from it needs the extension: the GPU runs of the kernels' own tests.)
+#[test]
+fn an_nvidia_kernel_override_is_read_and_checked() {
+    use pisa_wgpu::runtime::nv::{embedded_kernels, override_words};
+    let dir = std::env::temp_dir().join(format!("pisa-nv-override-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let all = embedded_kernels();
+    let k = all[0];
+    // (a kernel whose module declares bindings that k's layout does not have)
+    let other = (all.iter())
+        .find(|o| pisa_wgpu::runtime::nv::check_bindings(&k, &o.words().unwrap()).is_err())
+        .expect("a kernel of other bindings");
+    let file = dir.join(format!("{}.spv", k.name));
+    assert_eq!(override_words(None, &k), Ok(None), "no folder");
+    assert_eq!(override_words(Some(&dir), &k), Ok(None), "no file");
+    std::fs::write(&file, k.spirv).unwrap();
+    assert_eq!(override_words(Some(&dir), &k), Ok(Some(k.words().unwrap())));
+    std::fs::write(&file, b"not SPIR-V at all, 32 bytes long").unwrap();
+    let e = override_words(Some(&dir), &k).unwrap_err();
+    assert!(
+        e.contains(k.name) && e.contains("not a SPIR-V module"),
+        "{e}"
+    );
+    std::fs::write(&file, other.spirv).unwrap();
+    let e = override_words(Some(&dir), &k).unwrap_err();
+    assert!(e.contains(k.name) && e.contains(".spv"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn devices_without_the_extension_get_typed_errors() {
     let ctx = ctx();

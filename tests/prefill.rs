@@ -257,14 +257,14 @@ fn every_leaf_prefill_sizes_by_its_selection_not_candidates() {
     );
 }
 
-/// The WGSL override (`Tuning::wgsl_override`, a diagnostic): a pipeline whose file (named as
+/// The shader override (`Tuning::shader_override`, a diagnostic): a pipeline whose file (named as
 /// the dump names it) is in the folder is built from that file. The every-leaf selection's
 /// shader (`select_all.main`) dumped by one context, edited to pad rows with -7 instead of -1,
 /// and run by a context given the folder: its padding is -7 and its leaves as before, where
 /// a context without it keeps -1. A file that is not WGSL is an error of the call, not a
 /// panic; a folder that does not exist is refused by the knob.
 #[test]
-fn a_wgsl_override_replaces_the_pipeline_it_names() {
+fn a_shader_override_replaces_the_pipeline_it_names() {
     let base = std::env::temp_dir().join(format!("pisa-override-{}", std::process::id()));
     let (dump, edit) = (base.join("dump"), base.join("edit"));
     let _ = std::fs::remove_dir_all(&base);
@@ -274,7 +274,7 @@ fn a_wgsl_override_replaces_the_pipeline_it_names() {
         f(&mut t);
         Context::with_tuning(&AdapterChoice::HighPerformance, t).unwrap()
     };
-    let mut r = rng(seed("a_wgsl_override_replaces_the_pipeline_it_names"));
+    let mut r = rng(seed("a_shader_override_replaces_the_pipeline_it_names"));
     let shape = AttentionShape::prefill(1, 2, 1, 40, 16).unwrap();
     let cfg = SelectionConfig::new(16, 8).unwrap();
     let (q, k, v) = (
@@ -302,7 +302,7 @@ fn a_wgsl_override_replaces_the_pipeline_it_names() {
         text.replace(padding, "select(-7, i32(j), j <= last)"),
     )
     .unwrap();
-    let edited = run(&with(&|t| t.wgsl_override = Some(edit.clone()))).unwrap();
+    let edited = run(&with(&|t| t.shader_override = Some(edit.clone()))).unwrap();
     let (a, b) = (plain.selection.unwrap(), edited.selection.unwrap());
     assert!(
         a.contains(&-1) && !a.contains(&-7),
@@ -311,7 +311,7 @@ fn a_wgsl_override_replaces_the_pipeline_it_names() {
     let swapped: Vec<i32> = a.iter().map(|&x| if x == -1 { -7 } else { x }).collect();
     assert_eq!(b, swapped, "the edited pipeline ran, and only it changed");
     std::fs::write(edit.join(&name), "this is not WGSL").unwrap();
-    let e = run(&with(&|t| t.wgsl_override = Some(edit.clone())));
+    let e = run(&with(&|t| t.shader_override = Some(edit.clone())));
     assert!(
         matches!(e, Err(pisa_wgpu::GpuError::Validation { .. })),
         "a broken override file: {:?}",
@@ -319,7 +319,9 @@ fn a_wgsl_override_replaces_the_pipeline_it_names() {
     );
     let _ = std::fs::remove_dir_all(&base);
     let mut t = pisa_wgpu::Tuning::default();
-    assert!(t.set("wgsl_override", &base.display().to_string()).is_err());
+    assert!(t
+        .set("shader_override", &base.display().to_string())
+        .is_err());
 }
 
 #[test]

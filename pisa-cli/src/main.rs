@@ -31,8 +31,9 @@ struct Cli {
     /// most workgroups the decode step's route and leaf may take as one dispatch, 0 never: a
     /// cache that needs more runs three dispatches), auto/tiles/leaves for leaf_order,
     /// auto/all/bounds/none/driver_bounded for shader_checks. And dump_wgsl=DIR: write every
-    /// pipeline's WGSL into DIR; wgsl_override=DIR: build a pipeline from the file of DIR named
-    /// as the dump names it, where there is one (diagnostics, for timing a kernel's variant).
+    /// pipeline's WGSL into DIR; shader_override=DIR: build a pipeline from the file of DIR named
+    /// as the dump names it, an NVIDIA kernel from DIR/<kernel>.spv, where there is one
+    /// (diagnostics, for timing a kernel's variant).
     #[arg(long, value_name = "KNOB=VALUE", global = true)]
     tune: Vec<String>,
     #[command(subcommand)]

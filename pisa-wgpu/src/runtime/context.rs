@@ -419,6 +419,7 @@ impl Context {
             limits.max_storage_buffer_binding_size >> 20
         );
         static NEXT_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        let nv_pipelines = super::nv::NvPipelines::new(tuning.shader_override.clone());
         let ctx = Self(Arc::new(ContextInner {
             uid: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             device,
@@ -427,7 +428,7 @@ impl Context {
             pipelines: PipelineCache::new(
                 checks,
                 tuning.dump_wgsl.clone(),
-                tuning.wgsl_override.clone(),
+                tuning.shader_override.clone(),
             ),
             loop_limit: report.name.contains("llvmpipe").then_some(65535),
             report,
@@ -446,7 +447,7 @@ impl Context {
             driver_bounds,
             tuning: Mutex::new(tuning),
             gate: Default::default(),
-            nv_pipelines: Default::default(),
+            nv_pipelines,
         }));
         ctx.check_alive()?;
         Ok(ctx)
@@ -518,11 +519,11 @@ impl Context {
                 tuning.dump_wgsl
             )));
         }
-        if tuning.wgsl_override != self.tuning_ref().wgsl_override {
+        if tuning.shader_override != self.tuning_ref().shader_override {
             return Err(GpuError::Unsupported(format!(
-                "the WGSL override folder is fixed when a context is made (this one: {:?}, asked: {:?}); make a new context (Context::with_tuning)",
-                self.tuning_ref().wgsl_override,
-                tuning.wgsl_override
+                "the shader override folder is fixed when a context is made (this one: {:?}, asked: {:?}); make a new context (Context::with_tuning)",
+                self.tuning_ref().shader_override,
+                tuning.shader_override
             )));
         }
         self.change_tuning(|t| *t = tuning);

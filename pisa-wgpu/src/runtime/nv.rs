@@ -54,17 +54,26 @@ impl NvKernel {
     /// The SPIR-V as words. Errors: a message when the bytes are not a SPIR-V module (length,
     /// magic number).
     pub fn words(&self) -> std::result::Result<Vec<u32>, String> {
-        let s = self.spirv;
-        if !s.len().is_multiple_of(4) || s.len() < 20 || s[..4] != [0x03, 0x02, 0x23, 0x07] {
-            return Err(format!(
+        spirv_words(self.spirv).ok_or_else(|| {
+            format!(
                 "NVIDIA kernel {}: the embedded SPIR-V is not a SPIR-V module",
                 self.name
-            ));
-        }
-        Ok(s.chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+            )
+        })
     }
+}
+
+/// Little-endian SPIR-V bytes as words, or `None` when they are not a SPIR-V module (length,
+/// magic number).
+fn spirv_words(s: &[u8]) -> Option<Vec<u32>> {
+    if !s.len().is_multiple_of(4) || s.len() < 20 || s[..4] != [0x03, 0x02, 0x23, 0x07] {
+        return None;
+    }
+    Some(
+        s.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
 }
 
 /// `include_bytes!` of `shaders/nv/spv/<name>.spv` as an [`NvKernel`].
@@ -92,9 +101,49 @@ pub(crate) struct NvPipelines {
     /// Kernels the device refused, with the error: not tried again, and the choosers of the
     /// operations fall back to the WGSL kernels for them ([`crate::Context::nv_kernel_ok`]).
     refused: Mutex<HashMap<&'static str, String>>,
+    /// Where [`override_words`] reads (the context's `Tuning::shader_override`).
+    replace: Option<std::path::PathBuf>,
+}
+
+/// The SPIR-V words of `dir/<kernel>.spv` (the context's `Tuning::shader_override`, which
+/// documents it) where `dir` is given and holds that file, else `None`. Errors (as text, for
+/// [`GpuError::Unsupported`]): a file that cannot be read, is not a SPIR-V module, or whose
+/// bindings are not the embedded kernel's ([`check_bindings`]).
+pub fn override_words(
+    dir: Option<&std::path::Path>,
+    k: &NvKernel,
+) -> std::result::Result<Option<Vec<u32>>, String> {
+    let Some(dir) = dir else {
+        return Ok(None);
+    };
+    let path = dir.join(format!("{}.spv", k.name));
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("NVIDIA kernel override {}: {e}", path.display())),
+    };
+    let words = spirv_words(&bytes).ok_or_else(|| {
+        format!(
+            "NVIDIA kernel {}: the override {} is not a SPIR-V module",
+            k.name,
+            path.display()
+        )
+    })?;
+    check_bindings(k, &words).map_err(|e| format!("{e} (the override {})", path.display()))?;
+    log::warn!("NVIDIA kernel {} built from {}", k.name, path.display());
+    Ok(Some(words))
 }
 
 impl NvPipelines {
+    /// No pipeline built yet; the kernels of `replace/<kernel>.spv` replace the embedded ones
+    /// ([`override_words`]).
+    pub(crate) fn new(replace: Option<std::path::PathBuf>) -> Self {
+        Self {
+            replace,
+            ..Default::default()
+        }
+    }
+
     /// The pipeline of `k` on `device` (built once).
     pub(crate) fn get(
         &self,
@@ -126,7 +175,11 @@ impl NvPipelines {
         if let Some(p) = built.get(k.name) {
             return Ok(p.clone());
         }
-        let words = k.words().map_err(GpuError::Unsupported)?;
+        let words = match override_words(self.replace.as_deref(), k) {
+            Ok(Some(words)) => words,
+            Ok(None) => k.words().map_err(GpuError::Unsupported)?,
+            Err(e) => return Err(GpuError::Unsupported(e)),
+        };
         check_bindings(k, &words).map_err(GpuError::Unsupported)?;
         let entries: Vec<wgpu::BindGroupLayoutEntry> = (k.bindings.iter())
             .map(|&(i, b)| wgpu::BindGroupLayoutEntry {

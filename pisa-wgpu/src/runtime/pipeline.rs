@@ -296,12 +296,12 @@ pub struct PipelineCache {
     checks: ShaderChecks,
     /// Where [`dump_wgsl`] writes (the context's `Tuning::dump_wgsl`).
     dump: Option<std::path::PathBuf>,
-    /// Where [`override_wgsl`] reads (the context's `Tuning::wgsl_override`).
+    /// Where [`override_wgsl`] reads (the context's `Tuning::shader_override`).
     replace: Option<std::path::PathBuf>,
 }
 
 /// The text of the file named as [`dump_wgsl`] names `key`'s in `dir` (the context's
-/// `Tuning::wgsl_override`, which documents it) when there is one, else `None`. Errors:
+/// `Tuning::shader_override`, which documents it) when there is one, else `None`. Errors:
 /// [`GpuError::Unsupported`] for a file that is there but cannot be read.
 fn override_wgsl(dir: Option<&std::path::Path>, key: &Key) -> Result<Option<String>> {
     let Some(dir) = dir else {

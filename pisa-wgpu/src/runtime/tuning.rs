@@ -202,17 +202,21 @@ pub struct Tuning {
     /// by name (a folder named so: `./off`); by name or variable the folder's name is trimmed
     /// and must be UTF-8 (a [`GpuError::Tuning`] otherwise). Variable `PISA_DUMP_WGSL`.
     pub dump_wgsl: Option<std::path::PathBuf>,
-    /// A diagnostic for kernel development, not a speed knob: a folder of WGSL files named as
-    /// [`Self::dump_wgsl`] writes them; a pipeline whose file is there is built from that file
-    /// instead of its preprocessed source (the constants already in the text), so that a
-    /// variant of a kernel can be timed with a release build: dump, edit a copy, run with
-    /// this folder. The file is trusted as the library's own shaders are (the same runtime
-    /// checks: a variant that breaks its kernel's invariants may read or write out of bounds,
-    /// and its results are its own), and each use is logged as a warning. Fixed when the
-    /// context is made. Default `None`; `off` by name; the folder must exist. A file that
-    /// cannot be read is an [`GpuError::Unsupported`] of the pipeline, one that is not valid
-    /// WGSL a [`GpuError::Validation`]. Variable `PISA_WGSL_OVERRIDE`.
-    pub wgsl_override: Option<std::path::PathBuf>,
+    /// A diagnostic for kernel development, not a speed knob: a folder of kernels that replace
+    /// the library's, so that a variant of a kernel can be timed with a release build. A WGSL
+    /// pipeline whose file, named as [`Self::dump_wgsl`] names it, is there is built from that
+    /// file instead of its preprocessed source (the constants already in the text): dump,
+    /// edit a copy, run with this folder. An NVIDIA kernel (`shaders/nv`) whose
+    /// `<kernel>.spv` is there (the name of `shaders/nv/kernels.txt`) is built from that
+    /// SPIR-V instead of the embedded one, which must declare the same bindings. The files are
+    /// trusted as the library's own kernels are (the same runtime checks: a variant that
+    /// breaks its kernel's invariants may read or write out of bounds, and its results are
+    /// its own), and each use is logged as a warning. Fixed when the context is made. Default
+    /// `None`; `off` by name; the folder must exist. A file that cannot be read, SPIR-V that
+    /// is not a module or whose bindings differ, is an [`GpuError::Unsupported`] of that
+    /// kernel (an NVIDIA kernel then runs its WGSL fallback, as for one the driver refuses);
+    /// WGSL that is not valid a [`GpuError::Validation`]. Variable `PISA_SHADER_OVERRIDE`.
+    pub shader_override: Option<std::path::PathBuf>,
 }
 
 impl Default for Tuning {
@@ -243,7 +247,7 @@ impl Default for Tuning {
             route_table_portable: false,
             route_table_queries: None,
             dump_wgsl: None,
-            wgsl_override: None,
+            shader_override: None,
         }
     }
 }
@@ -276,7 +280,7 @@ pub const KNOBS: [(&str, &str); 26] = [
     ("route_table_portable", "PISA_ROUTE_TABLE_PORTABLE"),
     ("route_table_queries", "PISA_ROUTE_TABLE_QUERIES"),
     ("dump_wgsl", "PISA_DUMP_WGSL"),
-    ("wgsl_override", "PISA_WGSL_OVERRIDE"),
+    ("shader_override", "PISA_SHADER_OVERRIDE"),
 ];
 
 impl Tuning {
@@ -339,10 +343,10 @@ impl Tuning {
     /// optional one (`decode_key_lanes`, `route_tile`); `auto`, `tiles` or `leaves` for
     /// `leaf_order`; `auto`, `all`, `bounds`, `none` (no checks) or `driver_bounded` for
     /// `shader_checks`; a folder, or `off`, for `dump_wgsl` (made if missing, and written once
-    /// to check it can be) and `wgsl_override` (which must exist).
+    /// to check it can be) and `shader_override` (which must exist).
     ///
     /// Errors: [`GpuError::Tuning`] for an unknown name, a value out of the knob's range, a
-    /// `dump_wgsl` folder that cannot be made or written, or a `wgsl_override` folder that is
+    /// `dump_wgsl` folder that cannot be made or written, or a `shader_override` folder that is
     /// not there.
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
         self.set_text(name, value).map_err(GpuError::Tuning)
@@ -459,11 +463,11 @@ impl Tuning {
                 }
                 self.dump_wgsl = Some(dir.to_path_buf())
             }
-            "wgsl_override" if v == "off" => self.wgsl_override = None,
-            "wgsl_override" if !std::path::Path::new(v).is_dir() => {
+            "shader_override" if v == "off" => self.shader_override = None,
+            "shader_override" if !std::path::Path::new(v).is_dir() => {
                 return Err(bad("an existing folder or off"))
             }
-            "wgsl_override" => self.wgsl_override = Some(std::path::PathBuf::from(v)),
+            "shader_override" => self.shader_override = Some(std::path::PathBuf::from(v)),
             _ => unreachable!("every name of KNOBS has a case"),
         }
         Ok(())
@@ -558,7 +562,7 @@ impl Tuning {
             self.dump_wgsl
                 .as_ref()
                 .map_or("off".to_string(), |d| d.display().to_string()),
-            self.wgsl_override
+            self.shader_override
                 .as_ref()
                 .map_or("off".to_string(), |d| d.display().to_string()),
         ];
@@ -707,7 +711,7 @@ mod tests {
             ("route_table_portable", "1"),
             ("route_table_queries", "1000"),
             ("dump_wgsl", "/tmp/wgsl"),
-            ("wgsl_override", "/tmp/wgsl"),
+            ("shader_override", "/tmp/wgsl"),
         ] {
             t.set(name, v).unwrap();
         }
