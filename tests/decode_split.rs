@@ -707,8 +707,10 @@ fn route_leaf_attention_with_and_without_subgroups() {
         ("sga_gqa8_d128_c16", 8, 128, 16, 4, Storage::F32),
         ("sga_gqa4_d128_k16", 4, 128, 64, 16, Storage::F16),
     ];
-    for on in [true, false] {
-        let own = route_leaf_context(on, true);
+    // (the subgroup attention also with decode_leaf_prefetch off, which it leaves out: its
+    // rows are always loaded ahead, and the build refused PVR 1)
+    for (on, prefetch) in [(true, true), (false, true), (true, false)] {
+        let own = route_leaf_context_with(on, true, prefetch);
         let has_sg = own.features().contains(wgpu::Features::SUBGROUP) && own.shuffle_lanes() >= 8;
         let before = subgroup_leaves_on_this_thread();
         let mut ran = 0;

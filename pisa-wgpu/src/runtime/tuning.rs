@@ -113,10 +113,12 @@ pub struct Tuning {
     /// The leaf slots' block attention of the split decode step's `route_leaf` dispatch loads
     /// each P.V invocation's value rows with the keys (`PVR` rows held in registers, so that
     /// their memory round trip overlaps the keys'), as the `leaf` dispatch does; `false` loads
-    /// them in the P.V loop (`PVR` 1), for the registers of a workgroup as wide as the
-    /// route's (544 invocations at K 16: at most 120 registers each). Read by decode caches
-    /// made from now on. Default `true`, the form measured so far; `false` is not measured
-    /// yet (docs/benchmarks.md A.86). Variable `PISA_DECODE_LEAF_PREFETCH` (`0` or `1`).
+    /// them in the P.V loop (`PVR` 1; not the subgroup attention of
+    /// [`Self::decode_leaf_subgroups`], which always loads them ahead), for the registers of
+    /// a workgroup as wide as the route's (544 invocations at K 16: at most 120 registers
+    /// each). Read by decode caches made from now on. Default `true`, the form measured so
+    /// far; `false` is not measured yet (docs/benchmarks.md A.86). Variable
+    /// `PISA_DECODE_LEAF_PREFETCH` (`0` or `1`).
     pub decode_leaf_prefetch: bool,
     /// The most workgroups the split decode step may give its `route` and `leaf` dispatches as
     /// one (`route_leaf`, `shaders/decode_route_leaf.wgsl`; 0 to 65536): each (sequence, KV

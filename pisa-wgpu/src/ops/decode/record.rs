@@ -861,16 +861,18 @@ impl KvCache {
         let (shader, entry, consts) = match route_leaf {
             Some((nb, _)) => {
                 let mut consts = self.plan.route_leaf_consts(route_consts, nb);
-                if !self.leaf_prefetch {
-                    // (value rows loaded in the P.V loop: Tuning::decode_leaf_prefetch)
-                    consts.retain(|c| c.0 != "PVR");
-                    consts.push(("PVR", 1));
-                }
                 // The block attention on subgroup shuffles (decode_attend_sg.wgsl, in the
                 // subgroup route's shader only) where the plan's shapes allow it.
-                if let Some(g) = self.attend_subgroup_lanes(sg_lanes.is_some()) {
+                let sga = self.attend_subgroup_lanes(sg_lanes.is_some());
+                if let Some(g) = sga {
                     SG_LEAVES.with(|c| c.set(c.get() + 1));
                     consts.extend([("SGA", 1), ("SGA_G", g)]);
+                }
+                // Value rows loaded in the P.V loop (Tuning::decode_leaf_prefetch), but by the
+                // subgroup attention, which always loads its rows ahead (PVR = CH / PARTS).
+                if !self.leaf_prefetch && sga.is_none() {
+                    consts.retain(|c| c.0 != "PVR");
+                    consts.push(("PVR", 1));
                 }
                 match (one, sg_lanes.is_some()) {
                     (true, true) => (&ROUTE_LEAF_MERGE_SG_SHADER, "route_leaf_merge", consts),
