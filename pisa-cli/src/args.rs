@@ -554,9 +554,13 @@ fn unused(t: &pisa_wgpu::Tuning, hw: &Hardware, name: &str) -> Vec<String> {
         ),
         (
             "decode_leaf_prefetch",
-            !t.decode_leaf_prefetch && (t.decode_route_workgroups == 0 || t.decode_fused),
-            "applies to the one-dispatch route and leaf, which decode_route_workgroups=0 or \
-             decode_fused=1 leaves out",
+            !t.decode_leaf_prefetch
+                && (t.decode_route_workgroups == 0
+                    || t.decode_fused
+                    || (hw.subgroups8 && t.decode_leaf_subgroups && t.decode_route_subgroups)),
+            "applies to the workgroup-memory attention of the one-dispatch route and leaf, which \
+             decode_route_workgroups=0 or decode_fused=1 leaves out, and the subgroup attention \
+             (decode_leaf_subgroups=1, which loads its rows ahead) replaces",
         ),
         (
             "decode_leaf_subgroups",

@@ -634,6 +634,24 @@ fn knobs_without_effect_and_unknown_variables_are_said() {
         &[],
     );
     assert!(!r.stderr.contains("decode_key_lanes"), "{}", r.stderr);
+    // The one-dispatch route and leaf's value rows loaded in the P.V loop: unused where that
+    // dispatch does not run, used where it does (the workgroup-memory attention).
+    let prefetch = |more: &[&str]| {
+        let mut args = vec!["--tune", "decode_leaf_prefetch=0"];
+        args.extend(more);
+        args.push("info");
+        run(&args, &[])
+            .stderr
+            .contains("warning: decode_leaf_prefetch applies")
+    };
+    assert!(prefetch(&["--tune", "decode_route_workgroups=0"]));
+    assert!(!prefetch(&["--tune", "decode_route_workgroups=64"]));
+    assert!(prefetch(&[
+        "--tune",
+        "decode_route_workgroups=64",
+        "--tune",
+        "decode_fused=1"
+    ]));
     // The WGSL tensor-core scorer's subgroups and key staging, on an adapter without
     // cooperative matrices (or with the NVIDIA scorer).
     for (knob, says) in [

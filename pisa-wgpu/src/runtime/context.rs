@@ -500,8 +500,9 @@ impl Context {
     /// [`Context::set_nv_cm2`] and [`Context::set_nv_scorer`]).
     ///
     /// Errors: [`GpuError::Tuning`] for a knob out of range ([`Tuning::check`]);
-    /// [`GpuError::Unsupported`] for shader checks, or a WGSL dump folder, other than those
-    /// the context's pipelines are built with (fixed when it is made: [`Context::with_tuning`]).
+    /// [`GpuError::Unsupported`] for shader checks, a WGSL dump folder or a shader override
+    /// folder other than those the context's pipelines are built with (fixed when it is made:
+    /// [`Context::with_tuning`]).
     /// Nothing changes on error.
     pub fn set_tuning(&self, tuning: Tuning) -> Result<()> {
         tuning.check()?;
@@ -1039,7 +1040,8 @@ impl Context {
     /// The compute pipeline of entry point `entry` of `shader` for `storage`, its `const`
     /// lines of `consts` substituted ([`super::pipeline::preprocess`]), built once per context
     /// exactly as the library's own kernels are: the runtime checks of
-    /// [`Context::shader_checks`], the [`Tuning::dump_wgsl`] dump. For kernels kept outside
+    /// [`Context::shader_checks`], the [`Tuning::dump_wgsl`] dump and the
+    /// [`Tuning::shader_override`] files. For kernels kept outside
     /// the library (benchmarks, tests). Errors: a constant the shader does not declare.
     #[doc(hidden)]
     pub fn pipeline(

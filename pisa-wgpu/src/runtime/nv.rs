@@ -130,7 +130,6 @@ pub fn override_words(
         )
     })?;
     check_bindings(k, &words).map_err(|e| format!("{e} (the override {})", path.display()))?;
-    log::warn!("NVIDIA kernel {} built from {}", k.name, path.display());
     Ok(Some(words))
 }
 
@@ -175,11 +174,18 @@ impl NvPipelines {
         if let Some(p) = built.get(k.name) {
             return Ok(p.clone());
         }
-        let words = match override_words(self.replace.as_deref(), k) {
-            Ok(Some(words)) => words,
+        // (An override refused here or by the driver leaves the kernel's WGSL fallback to run,
+        // as for any refused kernel: said as a warning, so that a timing is not taken for the
+        // variant's.)
+        let replaced = override_words(self.replace.as_deref(), k).inspect_err(|e| {
+            log::warn!("{e}: refused, the kernel's WGSL fallback runs");
+        });
+        let words = match replaced {
+            Ok(Some(ref words)) => words.clone(),
             Ok(None) => k.words().map_err(GpuError::Unsupported)?,
             Err(e) => return Err(GpuError::Unsupported(e)),
         };
+        let from_override = matches!(replaced, Ok(Some(_)));
         check_bindings(k, &words).map_err(GpuError::Unsupported)?;
         let entries: Vec<wgpu::BindGroupLayoutEntry> = (k.bindings.iter())
             .map(|&(i, b)| wgpu::BindGroupLayoutEntry {
@@ -237,10 +243,20 @@ impl NvPipelines {
         let v = crate::runtime::block::ready(scope.pop()).flatten();
         let i = crate::runtime::block::ready(internal.pop()).flatten();
         if let Some(e) = v.or(i) {
+            if from_override {
+                log::warn!(
+                    "NVIDIA kernel {}: the device refused its override: {e}; the kernel's WGSL \
+                     fallback runs",
+                    k.name
+                );
+            }
             return Err(GpuError::Unsupported(format!(
                 "NVIDIA kernel {}: the device refused it: {e}",
                 k.name
             )));
+        }
+        if from_override {
+            log::warn!("NVIDIA kernel {} built from its override", k.name);
         }
         let pipe = Arc::new(pipe);
         built.insert(k.name, (pipe.clone(), layout.clone()));

@@ -307,6 +307,13 @@ fn override_wgsl(dir: Option<&std::path::Path>, key: &Key) -> Result<Option<Stri
     let Some(dir) = dir else {
         return Ok(None);
     };
+    // (a folder removed after the context was made would otherwise run every original)
+    if !dir.is_dir() {
+        return Err(GpuError::Unsupported(format!(
+            "the shader override folder {} is not there",
+            dir.display()
+        )));
+    }
     let path = dir.join(file_name(key));
     match std::fs::read_to_string(&path) {
         Ok(text) => {
@@ -327,7 +334,9 @@ fn override_wgsl(dir: Option<&std::path::Path>, key: &Key) -> Result<Option<Stri
 }
 
 /// The file name of `key`'s pipeline in a WGSL dump (`Tuning::dump_wgsl`):
-/// `<shader>.<entry>.<storage>.<hash of constants and overrides>.wgsl`.
+/// `<shader>.<entry>.<storage>.<hash of constants and overrides>.wgsl`. (The hash is std's
+/// `DefaultHasher`, whose output may change between Rust releases: an override folder is
+/// made from a dump of the same build.)
 fn file_name(key: &Key) -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -11,9 +11,10 @@
 //! [`Context::from_device`] (an application's device) takes the defaults only.
 //!
 //! Every knob changes speed only: the results of every setting are the ones the reference
-//! tests check (selections up to near-ties of f32 rounding, outputs within f32 rounding). One
-//! field is a diagnostic rather than a knob, kept here so that it travels the same ways
-//! (`--tune`, the variables): [`Tuning::dump_wgsl`].
+//! tests check (selections up to near-ties of f32 rounding, outputs within f32 rounding). Two
+//! fields are diagnostics rather than knobs, kept here so that they travel the same ways
+//! (`--tune`, the variables): [`Tuning::dump_wgsl`], and [`Tuning::shader_override`], whose
+//! kernels are whatever its files make them (for timing a kernel's variant).
 //!
 //! [`Context::tuning`]: super::context::Context::tuning
 //! [`Context::set_tuning`]: super::context::Context::set_tuning
@@ -475,8 +476,9 @@ impl Tuning {
         Ok(())
     }
 
-    /// Checks every knob's range, and that a `dump_wgsl` folder can be made and written (fields
-    /// set directly skip [`Tuning::set`]'s checks).
+    /// Checks every knob's range, that a `dump_wgsl` folder can be made and written, and that
+    /// a `shader_override` folder exists and is not the dump's (whose writes would replace
+    /// the edited files); fields set directly skip [`Tuning::set`]'s checks.
     /// Errors: [`GpuError::Tuning`] naming the first knob out of range.
     pub fn check(&self) -> Result<()> {
         let mut t = self.clone();
@@ -518,11 +520,24 @@ impl Tuning {
             }
             writable_folder(dir).map_err(|e| bad(format!("a folder pisa can write ({e})")))?;
         }
+        if let Some(dir) = &self.shader_override {
+            let bad = |what: &str| {
+                GpuError::Tuning(format!("shader_override: `{}` {what}", dir.display()))
+            };
+            if !dir.is_dir() {
+                return Err(bad("is not an existing folder or off"));
+            }
+            if self.dump_wgsl.as_ref().is_some_and(|d| same_folder(d, dir)) {
+                return Err(bad(
+                    "is the dump_wgsl folder, whose dump would overwrite the files: use another",
+                ));
+            }
+        }
         Ok(())
     }
 
     /// The speed knobs that differ from `base`, as `name=value` (what `pisa bench` records;
-    /// the diagnostic `dump_wgsl` is not one).
+    /// the diagnostic `dump_wgsl` is not one, `shader_override` is: it changes what runs).
     pub fn changes_from(&self, base: &Tuning) -> Vec<String> {
         let (a, b) = (self.pairs(), base.pairs());
         a.into_iter()
@@ -573,6 +588,14 @@ impl Tuning {
 }
 
 /// Makes `dir` if missing and writes (then removes) a file in it: what the WGSL dump needs.
+/// Whether `a` and `b` name one folder (by their canonical paths where both resolve).
+fn same_folder(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
 fn writable_folder(dir: &std::path::Path) -> std::io::Result<()> {
     // A probe file per call, not per process: contexts made at once on two threads probed
     // one file, and one's removal failed the other's ("No such file or directory").
@@ -713,7 +736,7 @@ mod tests {
             ("route_table_portable", "1"),
             ("route_table_queries", "1000"),
             ("dump_wgsl", "/tmp/wgsl"),
-            ("shader_override", "/tmp/wgsl"),
+            ("shader_override", env!("CARGO_MANIFEST_DIR")),
         ] {
             t.set(name, v).unwrap();
         }
@@ -764,6 +787,30 @@ mod tests {
             let e = t.set(name, v).unwrap_err().to_string();
             assert!(e.contains(want), "{name}={v}: {e}");
         }
+    }
+
+    /// `check` refuses a `shader_override` set directly (skipping `set`) that is not an
+    /// existing folder, or that is the dump's folder (the dump would overwrite the edits).
+    #[test]
+    fn check_refuses_an_override_folder_it_cannot_use() {
+        let here = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let dir = std::env::temp_dir().join(format!("pisa-check-override-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let with = |o: std::path::PathBuf, d: Option<std::path::PathBuf>| Tuning {
+            shader_override: Some(o),
+            dump_wgsl: d,
+            ..Tuning::default()
+        };
+        assert!(with(dir.clone(), None).check().is_ok());
+        assert!(with(dir.join("."), Some(here.clone())).check().is_ok());
+        for t in [
+            with(dir.join("missing"), None),
+            with(here.join("Cargo.toml"), None),
+            with(dir.join("."), Some(dir.clone())),
+        ] {
+            assert!(matches!(t.check(), Err(GpuError::Tuning(_))), "{t:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
