@@ -178,23 +178,37 @@ fn prefill_where_every_query_selects_every_leaf() {
 /// 65535 onwards kept the output's poison instead of -1. One invocation an entry now: with
 /// top_k 100000 (past the cap) every row is its visible leaves ascending, then -1 to the end;
 /// O and LSE against the reference (dense attention, as every leaf is kept).
-#[test]
-fn every_leaf_selection_past_the_loop_cap() {
-    let ctx = ctx();
-    let mut r = rng(seed("every_leaf_selection_past_the_loop_cap"));
-    let (c, k) = (16, 100_000);
-    let shape = AttentionShape::prefill(1, 2, 1, 100, 16).unwrap();
-    let cfg = SelectionConfig::new(c, k).unwrap();
-    let (q, kk, v) = (
+/// A prompt of `n` tokens (Hq 2, Hkv 1, D 16) whose queries keep every leaf at blocks of `c`
+/// keys and top_k `k` (`k * c >= n`): its shape, random Q, K, V from the seed of `name`, and
+/// options returning the selection.
+fn every_leaf_case(
+    name: &str,
+    n: usize,
+    c: usize,
+    k: usize,
+) -> (AttentionShape, [Vec<f32>; 3], PrefillOptions) {
+    let mut r = rng(seed(name));
+    let shape = AttentionShape::prefill(1, 2, 1, n, 16).unwrap();
+    let qkv = [
         random(&mut r, shape.q_elems(), 1.0),
         random(&mut r, shape.kv_elems(), 1.0),
         random(&mut r, shape.kv_elems(), 1.0),
-    );
+    ];
     let opts = PrefillOptions {
-        cfg,
+        cfg: SelectionConfig::new(c, k).unwrap(),
         return_selection: true,
         ..Default::default()
     };
+    (shape, qkv, opts)
+}
+
+#[test]
+fn every_leaf_selection_past_the_loop_cap() {
+    let ctx = ctx();
+    let (c, k) = (16, 100_000);
+    let name = "every_leaf_selection_past_the_loop_cap";
+    let (shape, [q, kk, v], opts) = every_leaf_case(name, 100, c, k);
+    let cfg = opts.cfg;
     let got = prefill_host(ctx, &q, &kk, &v, &shape, &opts).unwrap();
     let sel = got.selection.expect("selection asked for");
     assert_eq!(sel.len(), shape.q_len * k);
@@ -223,20 +237,10 @@ fn every_leaf_selection_past_the_loop_cap() {
 fn every_leaf_prefill_sizes_by_its_selection_not_candidates() {
     let own = Context::new(&AdapterChoice::HighPerformance).unwrap();
     own.set_max_binding_bytes(600_000);
-    let mut r = rng(seed("every_leaf_prefill_sizes_by_its_selection"));
-    let (c, k) = (16, 1000);
-    let shape = AttentionShape::prefill(1, 2, 1, 100, 16).unwrap();
-    let cfg = SelectionConfig::new(c, k).unwrap();
-    let (q, kk, v) = (
-        random(&mut r, shape.q_elems(), 1.0),
-        random(&mut r, shape.kv_elems(), 1.0),
-        random(&mut r, shape.kv_elems(), 1.0),
-    );
-    let opts = PrefillOptions {
-        cfg,
-        return_selection: true,
-        ..Default::default()
-    };
+    let k = 1000;
+    let name = "every_leaf_prefill_sizes_by_its_selection";
+    let (shape, [q, kk, v], opts) = every_leaf_case(name, 100, 16, k);
+    let cfg = opts.cfg;
     let got = prefill_host(&own, &q, &kk, &v, &shape, &opts).unwrap();
     let sel = got.selection.expect("selection asked for");
     let want = select_pisa(&q, &kk, &shape, TensorLayout::Bhnd, &cfg).unwrap();
@@ -274,19 +278,8 @@ fn a_shader_override_replaces_the_pipeline_it_names() {
         f(&mut t);
         Context::with_tuning(&AdapterChoice::HighPerformance, t).unwrap()
     };
-    let mut r = rng(seed("a_shader_override_replaces_the_pipeline_it_names"));
-    let shape = AttentionShape::prefill(1, 2, 1, 40, 16).unwrap();
-    let cfg = SelectionConfig::new(16, 8).unwrap();
-    let (q, k, v) = (
-        random(&mut r, shape.q_elems(), 1.0),
-        random(&mut r, shape.kv_elems(), 1.0),
-        random(&mut r, shape.kv_elems(), 1.0),
-    );
-    let opts = PrefillOptions {
-        cfg,
-        return_selection: true,
-        ..Default::default()
-    };
+    let name = "a_shader_override_replaces_the_pipeline_it_names";
+    let (shape, [q, k, v], opts) = every_leaf_case(name, 40, 16, 8);
     let run = |ctx: &Context| prefill_host(ctx, &q, &k, &v, &shape, &opts);
     let plain = run(&with(&|t| t.dump_wgsl = Some(dump.clone()))).unwrap();
     let name = std::fs::read_dir(&dump)
