@@ -117,8 +117,9 @@ pub struct Tuning {
     /// them in the P.V loop (`PVR` 1; not the subgroup attention of
     /// [`Self::decode_leaf_subgroups`], which always loads them ahead), for the registers of
     /// a workgroup as wide as the route's (544 invocations at K 16: at most 120 registers
-    /// each). Read by decode caches made from now on. Default `true`, the form measured so
-    /// far; `false` is not measured yet (docs/benchmarks.md A.86). Variable
+    /// each). Read by decode caches made from now on. Default `true`: on the H100 `false` made
+    /// the step at 1M 3.8 us slower (47.5 against 43.7), and the kernel holds 96 registers
+    /// and spills nothing either way (docs/benchmarks.md A.86). Variable
     /// `PISA_DECODE_LEAF_PREFETCH` (`0` or `1`).
     pub decode_leaf_prefetch: bool,
     /// The most workgroups the split decode step may give its `route` and `leaf` dispatches as
