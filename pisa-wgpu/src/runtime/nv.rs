@@ -180,13 +180,16 @@ impl NvPipelines {
         let replaced = override_words(self.replace.as_deref(), k).inspect_err(|e| {
             log::warn!("{e}: refused, the kernel's WGSL fallback runs");
         });
-        let words = match replaced {
-            Ok(Some(ref words)) => words.clone(),
-            Ok(None) => k.words().map_err(GpuError::Unsupported)?,
+        // (an override's bindings are checked as it is read)
+        let (words, from_override) = match replaced {
+            Ok(Some(words)) => (words, true),
+            Ok(None) => {
+                let words = k.words().map_err(GpuError::Unsupported)?;
+                check_bindings(k, &words).map_err(GpuError::Unsupported)?;
+                (words, false)
+            }
             Err(e) => return Err(GpuError::Unsupported(e)),
         };
-        let from_override = matches!(replaced, Ok(Some(_)));
-        check_bindings(k, &words).map_err(GpuError::Unsupported)?;
         let entries: Vec<wgpu::BindGroupLayoutEntry> = (k.bindings.iter())
             .map(|&(i, b)| wgpu::BindGroupLayoutEntry {
                 binding: i,
