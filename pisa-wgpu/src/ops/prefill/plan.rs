@@ -486,9 +486,11 @@ impl PrefillPlan {
     ///
     /// Errors: [`GpuError::View`] for a view of the wrong shape, an output the plan cannot
     /// write, or, for a plan made by [`Self::new_in_place`], an input it cannot read in place;
-    /// [`GpuError::Unsupported`] when the context's tuning ([`Context::set_tuning`] and
-    /// the switches that set it) or binding limit changed since the plan was made (make a new
-    /// plan); [`GpuError::Validation`] for a buffer of another device, at every run that binds
+    /// [`GpuError::Unsupported`] when a setting the prefill's kernels depend on changed since
+    /// the plan was made (make a new plan): the kernel path, the leaf order, the NVIDIA kernels'
+    /// switches, a prefill stage's knob of [`crate::Tuning`] (through [`Context::set_tuning`] and
+    /// the switches that set it), or the binding limit; a change to the other knobs (the
+    /// decode step's, for one) leaves the plan usable; [`GpuError::Validation`] for a buffer of another device, at every run that binds
     /// it, or a destroyed one that the run binds (an input; an output written in place or
     /// scattered) when it makes the bind group: a buffer destroyed after a run with the same
     /// views (whose bind groups the plan keeps), and an output the run only copies into
