@@ -97,6 +97,71 @@ fn an_nvidia_kernel_override_is_read_and_checked() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// On a device with the extension, the override is what the pipeline is built from: a context
+/// whose `shader_override` folder holds the first GEMM variant's own SPIR-V runs that variant
+/// from the file and matches the CPU product (C poisoned, sizes no multiple of a tile); one
+/// whose file for that kernel holds another kernel's module (other bindings) refuses the kernel
+/// with a typed error naming the file, and the variant without the file still runs.
+#[test]
+fn an_nvidia_kernel_override_builds_the_pipeline() {
+    let Some(base) = nv_ctx("an_nvidia_kernel_override_builds_the_pipeline") else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("pisa-nv-build-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (kernel, _, _) = VARIANTS[0];
+    let file = dir.join(format!("{}.spv", kernel.name));
+    let with_override = || {
+        let mut tuning = base.tuning();
+        tuning.shader_override = Some(dir.clone());
+        Context::with_tuning(&pisa_wgpu::AdapterChoice::HighPerformance, tuning).unwrap()
+    };
+    let seed = seed("nv_gemm_override");
+    let mut r = rng(seed);
+    let (m, n, k) = (300, 200, 136);
+    let a: Vec<f32> = through_f16(&random(&mut r, m * k, 1.0));
+    let b: Vec<f32> = through_f16(&random(&mut r, n * k, 1.0));
+    let run = |ctx: &Context, v: usize| -> pisa_wgpu::Result<Vec<f32>> {
+        let ga = ctx.upload("A", &a, Storage::F16)?;
+        let gb = ctx.upload("B", &b, Storage::F16)?;
+        let c = ctx.alloc("C", m * n, Storage::F32, POISON_F32)?;
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        record_gemm(ctx, &mut enc, v, &ga, &gb, &c, (m, n, k), None)?;
+        ctx.queue().submit([enc.finish()]);
+        ctx.read_f32(&c)
+    };
+    std::fs::write(&file, kernel.spirv).unwrap();
+    let ctx = with_override();
+    assert!(ctx.nv_cm2(), "the override context has the extension too");
+    let got = run(&ctx, 0).unwrap();
+    let (worst, at) = worst_gemm_error(&a, &b, &got, (m, n, k));
+    assert!(
+        worst <= 1e-5,
+        "override: error {worst:.2e} at {at} (seed {seed})"
+    );
+    // Another kernel's module in the file: refused, so the file is read for this kernel.
+    let all = pisa_wgpu::runtime::nv::embedded_kernels();
+    let other = (all.iter())
+        .find(|o| pisa_wgpu::runtime::nv::check_bindings(&kernel, &o.words().unwrap()).is_err())
+        .expect("a kernel of other bindings");
+    std::fs::write(&file, other.spirv).unwrap();
+    let ctx = with_override();
+    match run(&ctx, 0) {
+        Err(GpuError::Unsupported(e)) => assert!(e.contains(".spv"), "{e}"),
+        other => panic!("another kernel's module ran as {}: {other:?}", kernel.name),
+    }
+    if VARIANTS.len() > 1 && VARIANTS[1].0.name != kernel.name {
+        let got = run(&ctx, 1).unwrap();
+        let (worst, at) = worst_gemm_error(&a, &b, &got, (m, n, k));
+        assert!(
+            worst <= 1e-5,
+            "variant 1: error {worst:.2e} at {at} (seed {seed})"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn devices_without_the_extension_get_typed_errors() {
     let ctx = ctx();
