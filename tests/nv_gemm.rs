@@ -67,7 +67,7 @@ fn embedded_spirv_is_spirv_with_dense_bindings() {
 /// folder is read as the kernel's SPIR-V (here the embedded bytes of the first kernel, so the
 /// words are the same); no file is no override; bytes that are not SPIR-V, or SPIR-V whose
 /// bindings are another kernel's, are refused with the kernel and the file named. (Building a
-/// pipeline from it needs the extension: the GPU runs of the kernels' own tests.)
+/// pipeline from it needs the extension: `an_nvidia_kernel_override_builds_the_pipeline`.)
 #[test]
 fn an_nvidia_kernel_override_is_read_and_checked() {
     use pisa_wgpu::runtime::nv::{embedded_kernels, override_words};
