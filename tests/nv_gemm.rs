@@ -30,6 +30,24 @@ fn nv_ctx(test: &str) -> Option<&'static Context> {
     None
 }
 
+/// C = A B^T of f16 `a` (`m x k`) and `b` (`n x k`) by GEMM variant `v` on `ctx`, into a
+/// poisoned C, read back.
+fn run_gemm(
+    ctx: &Context,
+    v: usize,
+    a: &[f32],
+    b: &[f32],
+    (m, n, k): (usize, usize, usize),
+) -> pisa_wgpu::Result<Vec<f32>> {
+    let ga = ctx.upload("A", a, Storage::F16)?;
+    let gb = ctx.upload("B", b, Storage::F16)?;
+    let c = ctx.alloc("C", m * n, Storage::F32, POISON_F32)?;
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    record_gemm(ctx, &mut enc, v, &ga, &gb, &c, (m, n, k), None)?;
+    ctx.queue().submit([enc.finish()]);
+    ctx.read_f32(&c)
+}
+
 /// Every embedded module is SPIR-V and declares only the Vulkan bindings its layout has, each of
 /// the layout's kind: wgpu numbers a layout's bindings densely in order (shaders/nv/common.glsl),
 /// so a module that declared a WGSL-style sparse number would read another buffer. A layout
@@ -122,15 +140,7 @@ fn an_nvidia_kernel_override_builds_the_pipeline() {
     let (m, n, k) = (300, 200, 136);
     let a: Vec<f32> = through_f16(&random(&mut r, m * k, 1.0));
     let b: Vec<f32> = through_f16(&random(&mut r, n * k, 1.0));
-    let run = |ctx: &Context, v: usize| -> pisa_wgpu::Result<Vec<f32>> {
-        let ga = ctx.upload("A", &a, Storage::F16)?;
-        let gb = ctx.upload("B", &b, Storage::F16)?;
-        let c = ctx.alloc("C", m * n, Storage::F32, POISON_F32)?;
-        let mut enc = ctx.device().create_command_encoder(&Default::default());
-        record_gemm(ctx, &mut enc, v, &ga, &gb, &c, (m, n, k), None)?;
-        ctx.queue().submit([enc.finish()]);
-        ctx.read_f32(&c)
-    };
+    let run = |ctx: &Context, v: usize| run_gemm(ctx, v, &a, &b, (m, n, k));
     std::fs::write(&file, kernel.spirv).unwrap();
     let ctx = with_override();
     assert!(ctx.nv_cm2(), "the override context has the extension too");
@@ -202,14 +212,8 @@ fn gemm_variants_match_cpu() {
     for (m, n, k) in [(300, 200, 136), (77, 333, 40)] {
         let a: Vec<f32> = through_f16(&random(&mut r, m * k, 1.0));
         let b: Vec<f32> = through_f16(&random(&mut r, n * k, 1.0));
-        let ga = ctx.upload("A", &a, Storage::F16).unwrap();
-        let gb = ctx.upload("B", &b, Storage::F16).unwrap();
         for (v, (kernel, _, _)) in VARIANTS.iter().enumerate() {
-            let c = ctx.alloc("C", m * n, Storage::F32, POISON_F32).unwrap();
-            let mut enc = ctx.device().create_command_encoder(&Default::default());
-            record_gemm(ctx, &mut enc, v, &ga, &gb, &c, (m, n, k), None).unwrap();
-            ctx.queue().submit([enc.finish()]);
-            let got = ctx.read_f32(&c).unwrap();
+            let got = run_gemm(ctx, v, &a, &b, (m, n, k)).unwrap();
             let (worst, at) = worst_gemm_error(&a, &b, &got, (m, n, k));
             eprintln!(
                 "{} {m}x{n}x{k}: worst error {worst:.2e} of the row's |products| at {at} (seed {seed})",

@@ -173,11 +173,6 @@ fn prefill_where_every_query_selects_every_leaf() {
     assert_eq!(routed, 1, "cases past top_k leaves");
 }
 
-/// Regression (found by an embedder's trial): the every-leaf selection wrote a row of top_k
-/// entries from one invocation, whose loop llvmpipe ends after 65535 iterations, so entries
-/// 65535 onwards kept the output's poison instead of -1. One invocation an entry now: with
-/// top_k 100000 (past the cap) every row is its visible leaves ascending, then -1 to the end;
-/// O and LSE against the reference (dense attention, as every leaf is kept).
 /// A prompt of `n` tokens (Hq 2, Hkv 1, D 16) whose queries keep every leaf at blocks of `c`
 /// keys and top_k `k` (`k * c >= n`): its shape, random Q, K, V from the seed of `name`, and
 /// options returning the selection.
@@ -202,6 +197,11 @@ fn every_leaf_case(
     (shape, qkv, opts)
 }
 
+/// Regression (found by an embedder's trial): the every-leaf selection wrote a row of top_k
+/// entries from one invocation, whose loop llvmpipe ends after 65535 iterations, so entries
+/// 65535 onwards kept the output's poison instead of -1. One invocation an entry now: with
+/// top_k 100000 (past the cap) every row is its visible leaves ascending, then -1 to the end;
+/// O and LSE against the reference (dense attention, as every leaf is kept).
 #[test]
 fn every_leaf_selection_past_the_loop_cap() {
     let ctx = ctx();

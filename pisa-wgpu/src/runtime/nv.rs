@@ -178,7 +178,7 @@ impl NvPipelines {
         // as for any refused kernel: said as a warning, so that a timing is not taken for the
         // variant's.)
         let replaced = override_words(self.replace.as_deref(), k).inspect_err(|e| {
-            log::warn!("{e}: refused, the kernel's WGSL fallback runs");
+            log::warn!("{e}: refused (the kernel's WGSL fallback runs where it has one)");
         });
         // (an override's bindings are checked as it is read)
         let (words, from_override) = match replaced {
@@ -248,8 +248,8 @@ impl NvPipelines {
         if let Some(e) = v.or(i) {
             if from_override {
                 log::warn!(
-                    "NVIDIA kernel {}: the device refused its override: {e}; the kernel's WGSL \
-                     fallback runs",
+                    "NVIDIA kernel {}: the device refused its override: {e} (the kernel's WGSL \
+                     fallback runs where it has one)",
                     k.name
                 );
             }

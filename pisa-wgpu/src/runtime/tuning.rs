@@ -588,7 +588,6 @@ impl Tuning {
     }
 }
 
-/// Makes `dir` if missing and writes (then removes) a file in it: what the WGSL dump needs.
 /// Whether `a` and `b` name one folder (by their canonical paths where both resolve).
 fn same_folder(a: &std::path::Path, b: &std::path::Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
@@ -597,6 +596,7 @@ fn same_folder(a: &std::path::Path, b: &std::path::Path) -> bool {
     }
 }
 
+/// Makes `dir` if missing and writes (then removes) a file in it: what the WGSL dump needs.
 fn writable_folder(dir: &std::path::Path) -> std::io::Result<()> {
     // A probe file per call, not per process: contexts made at once on two threads probed
     // one file, and one's removal failed the other's ("No such file or directory").

@@ -490,14 +490,14 @@ impl PrefillPlan {
     /// the plan was made (make a new plan): the kernel path, the leaf order, the NVIDIA kernels'
     /// switches, a prefill stage's knob of [`crate::Tuning`] (through [`Context::set_tuning`] and
     /// the switches that set it), or the binding limit; a change to the other knobs (the
-    /// decode step's, for one) leaves the plan usable; [`GpuError::Validation`] for a buffer of another device, at every run that binds
-    /// it, or a destroyed one that the run binds (an input; an output written in place or
-    /// scattered) when it makes the bind group: a buffer destroyed after a run with the same
-    /// views (whose bind groups the plan keeps), and an output the run only copies into
-    /// (contiguous in a `COPY_DST` buffer), are checked by wgpu where the encoder is
-    /// submitted, as every recorded copy is. (On wasm32 these errors go to the device's
-    /// uncaptured-error handler instead: the browser's error scopes resolve later.) The views
-    /// are checked
+    /// decode step's, for one) leaves the plan usable; [`GpuError::Validation`] for a buffer
+    /// of another device, at every run that binds it, or a destroyed one that the run binds
+    /// (an input; an output written in place or scattered) when it makes the bind group: a
+    /// buffer destroyed after a run with the same views (whose bind groups the plan keeps),
+    /// and an output the run only copies into (contiguous in a `COPY_DST` buffer), are checked
+    /// by wgpu where the encoder is submitted, as every recorded copy is. (On wasm32 these
+    /// errors go to the device's uncaptured-error handler instead: the browser's error scopes
+    /// resolve later.) The views are checked
     /// before anything is recorded; an error found later (wgpu's own while recording, a replay
     /// that does not match the plan's recording, an output copy that fails) leaves part of the
     /// prefill recorded in `enc`: drop the encoder, unless it also holds commands of a decode
